@@ -1,0 +1,42 @@
+# Cascade: `make demo` runs the main job on the local stack; `make test` runs the whole suite.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.cascade-installed
+export SPARK_LOCAL_IP ?= 127.0.0.1
+export DS_ACCELERATOR ?= cpu
+
+.PHONY: venv demo test test-fast e2e up down status lint bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml infra/install.sh
+	bash infra/install.sh $(VENV)
+	touch $(STAMP)
+
+demo: venv
+	$(VENV)/bin/cascade demo
+
+up: venv
+	$(VENV)/bin/cascade up
+
+down:
+	$(VENV)/bin/cascade down
+
+status:
+	$(VENV)/bin/cascade status
+
+test: venv
+	$(PY) -m pytest -m "not gpu" -p no:cacheprovider
+
+test-fast: venv
+	$(PY) -m pytest -m "not gpu and not e2e and not slow" -p no:cacheprovider
+
+e2e: venv
+	$(PY) -m pytest -m "e2e" -p no:cacheprovider
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf .cascade .pytest_cache

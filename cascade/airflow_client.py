@@ -1,0 +1,97 @@
+"""A small client of Airflow's public REST API (v2), for the CLI, the demo and the tests."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import requests
+
+from cascade.config import Settings, load_settings
+
+TERMINAL_STATES = ("success", "failed")
+
+
+class AirflowClient:
+    def __init__(self, settings: Settings | None = None, *, username: str = "admin", password: str | None = None) -> None:
+        from infra.stack import airflow_password
+
+        self.settings = settings or load_settings()
+        self.base = self.settings.airflow_url
+        self.username = username
+        self.password = password or airflow_password(self.settings)
+        if not self.password:
+            raise RuntimeError("no Airflow admin password yet; start the stack with `cascade up`")
+        self._token: str | None = None
+
+    def _headers(self) -> dict[str, str]:
+        if self._token is None:
+            response = requests.post(
+                f"{self.base}/auth/token",
+                json={"username": self.username, "password": self.password},
+                timeout=10,
+            )
+            response.raise_for_status()
+            self._token = response.json()["access_token"]
+        return {"Authorization": f"Bearer {self._token}"}
+
+    def get(self, path: str, **params: Any) -> Any:
+        response = requests.get(f"{self.base}/api/v2{path}", headers=self._headers(), params=params, timeout=15)
+        response.raise_for_status()
+        return response.json()
+
+    def patch(self, path: str, body: dict[str, Any]) -> Any:
+        response = requests.patch(f"{self.base}/api/v2{path}", headers=self._headers(), json=body, timeout=15)
+        response.raise_for_status()
+        return response.json()
+
+    def dag_runs(self, dag_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
+        return self.get(f"/dags/{dag_id}/dagRuns", order_by="-run_after", limit=limit)["dag_runs"]
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        return self.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str) -> Any:
+        entry = self.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value")
+        return entry.get("value")
+
+    def wait_for_dag(self, dag_id: str, timeout_s: float = 180) -> dict[str, Any]:
+        """Wait until the DAG is parsed and has no import error."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                return self.get(f"/dags/{dag_id}")
+            except requests.HTTPError:
+                time.sleep(2)
+        errors = self.get("/importErrors").get("import_errors", [])
+        raise TimeoutError(f"DAG {dag_id} not parsed after {timeout_s:.0f} s; import errors: {errors}")
+
+    def wait_for_run(
+        self,
+        dag_id: str,
+        *,
+        match: Callable[[dict[str, Any]], bool],
+        timeout_s: float = 900,
+        echo: Callable[[str], None] = print,
+    ) -> dict[str, Any]:
+        """Wait for a run that ``match`` accepts to reach a terminal state, printing task progress."""
+        deadline = time.monotonic() + timeout_s
+        seen: dict[str, str] = {}
+        run: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            runs = [r for r in self.dag_runs(dag_id) if match(r)]
+            if runs:
+                run = runs[0]
+                for ti in self.task_instances(dag_id, run["dag_run_id"]):
+                    state = ti.get("state") or "none"
+                    if seen.get(ti["task_id"]) != state:
+                        seen[ti["task_id"]] = state
+                        echo(f"  {dag_id} {run['dag_run_id']}: {ti['task_id']} -> {state}")
+                if run["state"] in TERMINAL_STATES:
+                    return run
+            time.sleep(3)
+        raise TimeoutError(
+            f"no finished {dag_id} run after {timeout_s:.0f} s (last seen: {run and run['state']}); "
+            f"see {self.base}/dags/{dag_id}"
+        )

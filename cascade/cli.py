@@ -1,0 +1,139 @@
+"""The ``cascade`` command.
+
+    cascade up | down | status
+    cascade demo [--ds YYYY-MM-DD]
+    cascade events publish cascade.data.landed --dataset ml100k --partition 2026-11-22
+    cascade step NAME --ds YYYY-MM-DD
+    cascade score --user 1 --items 10 20 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from typing import Any
+
+from cascade.config import load_settings
+
+
+def _print_status(settings: Any) -> None:
+    from infra.stack import airflow_password, status
+
+    print(f"profile {settings.profile}, state folder {settings.home}")
+    for s in status(settings):
+        mark = "up" if s.healthy else ("starting/unhealthy" if s.up else "down")
+        pid = f"pid {s.pid}" if s.pid else "-"
+        print(f"  {s.name:<8} {mark:<18} {s.url:<32} {pid:<12} log {s.log}")
+    password = airflow_password(settings)
+    if password:
+        print(f"Airflow UI {settings.airflow_url}  user admin  password {password}")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from infra.stack import up
+
+    settings = load_settings()
+    up(settings)
+    _print_status(settings)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from infra.stack import down
+
+    stopped = down(load_settings())
+    print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    _print_status(load_settings())
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from cascade.events import make_event, publish
+
+    payload: dict[str, Any] = json.loads(args.payload) if args.payload else {}
+    if args.dataset:
+        payload["dataset"] = args.dataset
+    if args.partition:
+        payload["partition"] = args.partition
+    event = make_event(args.type, payload)
+    print(json.dumps(publish(event)))
+    return 0
+
+
+def cmd_step(args: argparse.Namespace) -> int:
+    from cascade.steps import run_step
+
+    print(json.dumps(run_step(args.name, args.ds), indent=2, default=str))
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from serving.deploy import score
+
+    print(json.dumps(score(args.user, args.items), indent=2))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from cascade.demo import run_demo
+
+    summary = run_demo(ds=args.ds, timeout_s=args.timeout)
+    return 0 if summary["dag_run_state"] == "success" else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cascade", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("up", help="start the local stack and wait until healthy").set_defaults(func=cmd_up)
+    sub.add_parser("down", help="stop what `cascade up` started").set_defaults(func=cmd_down)
+    sub.add_parser("status", help="each service: up/down, URL, pid").set_defaults(func=cmd_status)
+
+    demo = sub.add_parser("demo", help="start the stack and run the pre-ranking path end to end")
+    demo.add_argument("--ds", default=dt.datetime.now(dt.UTC).date().isoformat(), help="partition date")
+    demo.add_argument("--timeout", type=float, default=1500, help="seconds to wait for the DAG run")
+    demo.set_defaults(func=cmd_demo)
+
+    events = sub.add_parser("events", help="Kafka events").add_subparsers(dest="events_command", required=True)
+    pub = events.add_parser("publish", help="publish one event (acks=all)")
+    pub.add_argument("type", help="event type = topic, e.g. cascade.data.landed")
+    pub.add_argument("--dataset")
+    pub.add_argument("--partition", help="YYYY-MM-DD")
+    pub.add_argument("--payload", help="JSON object merged into the payload")
+    pub.set_defaults(func=cmd_publish)
+
+    step = sub.add_parser("step", help="run one pipeline step (the DAG task / DVC stage of that name)")
+    step.add_argument("name")
+    step.add_argument("--ds", required=True, help="partition date YYYY-MM-DD")
+    step.set_defaults(func=cmd_step)
+
+    score = sub.add_parser("score", help="score candidates with the served champion")
+    score.add_argument("--user", type=int, required=True)
+    score.add_argument("--items", type=int, nargs="+", required=True)
+    score.set_defaults(func=cmd_score)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a CLI error is one clear line, not a traceback
+        from cascade.events import InvalidEvent
+        from infra.stack import StackError
+
+        if isinstance(exc, (StackError, InvalidEvent, ValueError, KeyError, TimeoutError)):
+            print(f"cascade {args.command}: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

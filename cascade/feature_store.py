@@ -1,0 +1,315 @@
+"""The Feast feature store of the CTR features: apply + materialize, training sets, lookups.
+
+Run (after ``jobs.ctr_cross_features`` wrote the ``ds`` partitions of the lake):
+
+    python -m cascade.feature_store materialize --ds 2026-01-15
+    python -m cascade.feature_store training-set --ds 2026-01-15
+
+The feature repo is ``features/`` (definitions only, so ``feast apply`` works on it too); its
+``feature_store.yaml`` for the active profile is ``features/profiles/<profile>/``. Every
+path (registry, online store, lake) comes from :func:`cascade.config.load_settings`, so
+``CASCADE_HOME`` moves all of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import feast
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from feast.repo_config import RepoConfig
+
+from cascade.config import REPO_ROOT, Settings, load_settings
+from cascade.ctr_schema import (
+    ITEM_FEATURES,
+    ITEM_GENRE,
+    LABEL,
+    MODEL_FEATURES,
+    TIMESTAMP,
+    USER_FEATURES,
+    USER_GENRE_FEATURES,
+)
+from cascade.lake import CTR_VIEWS, Lake, check_ds
+
+FEATURE_REPO = REPO_ROOT / "features"
+FEATURE_SERVICE = "preranking_v1"
+USER_VIEW = "user_stats"
+ITEM_VIEW = "item_stats"
+USER_GENRE_VIEW = "user_genre_stats"
+IMPRESSION_COLUMNS = ("user_id", "item_id", "genre", TIMESTAMP, LABEL)
+TRAINING_SET_FILE = "data.parquet"
+# Materialization starts here: re-reading everything each run keeps a run idempotent (the
+# online row is the latest snapshot up to ds whatever ran before), and ML-100k is small.
+MATERIALIZE_FROM = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+_PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
+
+
+def feature_store_yaml(profile: str) -> Path:
+    """The ``feature_store.yaml`` of one settings profile."""
+    return FEATURE_REPO / "profiles" / profile / "feature_store.yaml"
+
+
+def repo_config(settings: Settings) -> RepoConfig:
+    """The profile's ``feature_store.yaml`` with ``${...}`` filled from settings, then env."""
+    path = feature_store_yaml(settings.profile)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no Feast config for profile {settings.profile!r} at {path}; add one there"
+        )
+    from_settings = {
+        "CASCADE_HOME": str(settings.home),
+        "CASCADE_SPARK_MASTER": settings.spark_master,
+    }
+    text = path.read_text()
+    for name, value in from_settings.items():
+        text = text.replace("${" + name + "}", value)
+    text = os.path.expandvars(text)
+    missing = sorted(set(_PLACEHOLDER.findall(text)))
+    if missing:
+        raise ValueError(
+            f"{path} needs environment variables {missing}; export them before using the "
+            f"{settings.profile!r} profile"
+        )
+    config = RepoConfig(**yaml.safe_load(text))
+    config.repo_path = FEATURE_REPO
+    return config
+
+
+def feature_store(settings: Settings | None = None) -> feast.FeatureStore:
+    """A FeatureStore for the active (or given) settings; creates ``<home>/feast`` if needed."""
+    settings = settings or load_settings()
+    if settings.profile == "local":
+        (settings.home / "feast").mkdir(parents=True, exist_ok=True)
+    return feast.FeatureStore(repo_path=str(FEATURE_REPO), config=repo_config(settings))
+
+
+def repo_module(name: str) -> ModuleType:
+    """Import a module of the feature repo the way ``feast apply`` does (repo on sys.path).
+
+    Feast names repo modules by their path inside the repo (``ctr.views``), so the repo's own
+    imports use those names; importing them any other way would create second copies.
+    """
+    if str(FEATURE_REPO) not in sys.path:
+        sys.path.append(str(FEATURE_REPO))
+    module = importlib.import_module(name)
+    origin = Path(module.__file__ or "").resolve()
+    if FEATURE_REPO.resolve() not in origin.parents:
+        raise ImportError(
+            f"module {name!r} came from {origin}, not the feature repo {FEATURE_REPO}; "
+            "an installed package shadows it: rename the repo folder or uninstall that package"
+        )
+    return module
+
+
+def repo_objects(ds: str, *, settings: Settings) -> list[Any]:
+    """Every definition of the feature repo, with sources reading the ``ds`` partition."""
+    entities = repo_module("common.entities")
+    sources = repo_module("common.sources")
+    views = repo_module("ctr.views")
+    feature_views = views.ctr_feature_views(sources.ctr_sources(settings, check_ds(ds)))
+    service = views.preranking_service(feature_views)
+    if service.name != FEATURE_SERVICE:
+        raise RuntimeError(
+            f"the repo defines {service.name!r} but cascade.feature_store serves "
+            f"{FEATURE_SERVICE!r}; update FEATURE_SERVICE together with the views"
+        )
+    return [entities.user, entities.item, entities.genre, *feature_views, service]
+
+
+def _require_partitions(ds: str, settings: Settings) -> None:
+    lake = Lake(settings.lake_root)
+    absent = [
+        str(lake.ctr_features(v, ds)) for v in CTR_VIEWS if not lake.ctr_features(v, ds).is_dir()
+    ]
+    if absent:
+        raise FileNotFoundError(
+            f"CTR feature partitions for ds={ds} are missing: {absent}; run "
+            f"jobs.ctr_cross_features for {ds} first"
+        )
+
+
+def _apply(ds: str, settings: Settings) -> tuple[feast.FeatureStore, list[Any]]:
+    _require_partitions(ds, settings)
+    store = feature_store(settings)
+    objects = repo_objects(ds, settings=settings)
+    store.apply(objects)
+    return store, objects
+
+
+def apply_and_materialize(ds: str, *, settings: Settings | None = None) -> dict:
+    """Apply the repo (sources on partition ``ds``) and load the online store up to ds 00:00 UTC.
+
+    Idempotent: applying equal definitions changes nothing, and materialization always covers
+    the whole history, so the online store ends with the latest snapshot before ``ds``.
+    """
+    settings = settings or load_settings()
+    check_ds(ds)
+    started = time.perf_counter()
+    store, objects = _apply(ds, settings)
+    view_names = [o.name for o in objects if isinstance(o, feast.FeatureView)]
+    print(f"[feature_store] applied {view_names} + {FEATURE_SERVICE} for ds={ds}", flush=True)
+    until = dt.datetime.combine(dt.date.fromisoformat(ds), dt.time(), tzinfo=dt.UTC)
+    store.materialize(start_date=MATERIALIZE_FROM, end_date=until, feature_views=view_names)
+    print(
+        f"[feature_store] materialized until {until.isoformat()} "
+        f"in {time.perf_counter() - started:.1f} s",
+        flush=True,
+    )
+    return {
+        "ds": ds,
+        "feature_views": view_names,
+        "feature_service": FEATURE_SERVICE,
+        "materialized_until": until.isoformat(),
+    }
+
+
+def _read_impressions(ds: str, settings: Settings) -> pd.DataFrame:
+    path = Lake(settings.lake_root).impressions(ds)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"impressions partition {path} is missing; run jobs.ctr_cross_features for {ds} first"
+        )
+    frame = pq.read_table(path).to_pandas()
+    absent = [c for c in IMPRESSION_COLUMNS if c not in frame.columns]
+    if absent:
+        raise ValueError(
+            f"impressions at {path} lack columns {absent}; the job must write {IMPRESSION_COLUMNS}"
+        )
+    frame = frame[list(IMPRESSION_COLUMNS)].copy()
+    frame[TIMESTAMP] = pd.to_datetime(frame[TIMESTAMP], utc=True).astype("datetime64[ns, UTC]")
+    return frame
+
+
+def build_training_set(ds: str, *, settings: Settings | None = None) -> Path:
+    """Point-in-time join of the ``ds`` impressions with ``preranking_v1``; returns the file.
+
+    Each impression gets, per view, the snapshot row with the largest ``event_timestamp`` not
+    after the impression (NaN when there is none). Feast is asked one view at a time with that
+    view's distinct (keys, timestamp) rows because its file (dask) store deduplicates the
+    entity rows on the join keys seen so far plus the timestamp, which would merge two
+    impressions of one user at the same second, and drops entity rows whose only matches
+    are in the future; the per-view answers are then left-joined back onto every impression.
+    """
+    settings = settings or load_settings()
+    check_ds(ds)
+    started = time.perf_counter()
+    impressions = _read_impressions(ds, settings)
+    print(f"[feature_store] {len(impressions):,} impressions for ds={ds}", flush=True)
+    store, _ = _apply(ds, settings)
+    service = store.get_feature_service(FEATURE_SERVICE)
+    joined = impressions
+    for projection in service.feature_view_projections:
+        view = store.get_feature_view(projection.name)
+        keys = [projection.join_key_map.get(c.name, c.name) for c in view.entity_columns]
+        refs = [f"{projection.name_to_use()}:{f.name}" for f in projection.features]
+        entity_rows = impressions[[*keys, TIMESTAMP]].drop_duplicates().dropna(subset=keys)
+        found = store.get_historical_features(entity_df=entity_rows, features=refs).to_df()
+        found[TIMESTAMP] = pd.to_datetime(found[TIMESTAMP], utc=True).astype("datetime64[ns, UTC]")
+        names = [f.name for f in projection.features]
+        joined = joined.merge(found[[*keys, TIMESTAMP, *names]], on=[*keys, TIMESTAMP], how="left")
+        print(
+            f"[feature_store] joined {projection.name}: {len(entity_rows):,} entity rows, "
+            f"{found[names[0]].notna().sum():,} with a snapshot",
+            flush=True,
+        )
+    if len(joined) != len(impressions):
+        raise RuntimeError(
+            f"point-in-time join returned {len(joined)} rows for {len(impressions)} impressions; "
+            "a feature source has duplicate (keys, event_timestamp) rows"
+        )
+    out = joined[list(IMPRESSION_COLUMNS)].copy()
+    for name in MODEL_FEATURES:
+        out[name] = pd.to_numeric(joined[name], errors="coerce") if name in joined else math.nan
+        out[name] = out[name].astype("float64")
+    out = out.sort_values(TIMESTAMP, kind="stable").reset_index(drop=True)
+    # Microseconds: Spark cannot read nanosecond parquet timestamps.
+    out[TIMESTAMP] = out[TIMESTAMP].astype("datetime64[us, UTC]")
+    folder = Lake(settings.lake_root).training_set("preranking", ds)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / TRAINING_SET_FILE
+    tmp = path.with_suffix(".parquet.tmp")
+    pq.write_table(pa.Table.from_pandas(out, preserve_index=False), tmp)
+    tmp.replace(path)  # a rerun never leaves a half-written file behind
+    print(
+        f"[feature_store] wrote {len(out):,} rows to {path} "
+        f"in {time.perf_counter() - started:.1f} s",
+        flush=True,
+    )
+    return path
+
+
+def _nan_if_missing(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def online_user_features(
+    store: feast.FeatureStore, user_id: int, genres: Sequence[str]
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """The user's USER_FEATURES, and USER_GENRE_FEATURES per genre; NaN where unknown."""
+    response = store.get_online_features(
+        features=[f"{USER_VIEW}:{f}" for f in USER_FEATURES],
+        entity_rows=[{"user_id": int(user_id)}],
+    ).to_dict()
+    user = {f: _nan_if_missing(response[f][0]) for f in USER_FEATURES}
+    distinct = list(dict.fromkeys(genres))
+    per_genre: dict[str, dict[str, float]] = {}
+    if distinct:
+        response = store.get_online_features(
+            features=[f"{USER_GENRE_VIEW}:{f}" for f in USER_GENRE_FEATURES],
+            entity_rows=[{"user_id": int(user_id), "genre": g} for g in distinct],
+        ).to_dict()
+        per_genre = {
+            g: {f: _nan_if_missing(response[f][i]) for f in USER_GENRE_FEATURES}
+            for i, g in enumerate(distinct)
+        }
+    return user, per_genre
+
+
+def online_item_features(store: feast.FeatureStore, item_ids: Sequence[int]) -> pd.DataFrame:
+    """ITEM_FEATURES (float, NaN where unknown) and item_genre (None where unknown) per item."""
+    ids = [int(i) for i in item_ids]
+    columns = [*ITEM_FEATURES, ITEM_GENRE]
+    if not ids:
+        empty = pd.DataFrame(columns=columns, index=pd.Index([], name="item_id", dtype="int64"))
+        return empty.astype({f: "float64" for f in ITEM_FEATURES})
+    response = store.get_online_features(
+        features=[f"{ITEM_VIEW}:{f}" for f in columns],
+        entity_rows=[{"item_id": i} for i in ids],
+    ).to_dict()
+    frame = pd.DataFrame(
+        {f: [_nan_if_missing(v) for v in response[f]] for f in ITEM_FEATURES},
+        index=pd.Index(ids, name="item_id", dtype="int64"),
+    )
+    frame[ITEM_GENRE] = pd.Series(response[ITEM_GENRE], index=frame.index, dtype="object")
+    return frame
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m cascade.feature_store", description=__doc__)
+    parser.add_argument("command", choices=("materialize", "training-set"))
+    parser.add_argument("--ds", required=True, help="partition date YYYY-MM-DD")
+    args = parser.parse_args(argv)
+    if args.command == "materialize":
+        print(json.dumps(apply_and_materialize(args.ds)))
+    else:
+        print(build_training_set(args.ds))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Where data lives in the lake. Every writer keys its output on a partition date (``ds``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+
+CTR_VIEWS = ("user", "item", "user_genre")
+
+
+def check_ds(ds: str) -> str:
+    """Validate a partition date ``YYYY-MM-DD`` and return it unchanged."""
+    try:
+        dt.date.fromisoformat(ds)
+    except ValueError as exc:
+        raise ValueError(f"partition date {ds!r} is not YYYY-MM-DD") from exc
+    return ds
+
+
+@dataclass(frozen=True)
+class Lake:
+    """Paths under the lake root; nothing here touches the disk."""
+
+    root: Path
+
+    def ctr_view_root(self, view: str) -> Path:
+        """All partitions of one CTR feature view (the Feast source reads this folder)."""
+        if view not in CTR_VIEWS:
+            raise ValueError(f"unknown CTR view {view!r}; one of {CTR_VIEWS}")
+        return self.root / "features" / "ctr" / view
+
+    def ctr_features(self, view: str, ds: str) -> Path:
+        return self.ctr_view_root(view) / f"dt={check_ds(ds)}"
+
+    def impressions(self, ds: str) -> Path:
+        """Labelled impressions (user_id, item_id, genre, event_timestamp, click) for training."""
+        return self.root / "impressions" / "ml100k" / f"dt={check_ds(ds)}"
+
+    def quarantine(self, dataset: str, ds: str) -> Path:
+        return self.root / "quarantine" / dataset / f"dt={check_ds(ds)}"
+
+    def training_set(self, model: str, ds: str) -> Path:
+        return self.root / "training" / model / f"dt={check_ds(ds)}"
+
+    def reports(self, kind: str, ds: str) -> Path:
+        return self.root / "reports" / kind / f"dt={check_ds(ds)}"
+
+
+def lake_from_settings() -> Lake:
+    from cascade.config import load_settings
+
+    return Lake(load_settings().lake_root)

@@ -1,0 +1,165 @@
+"""MLflow model registry: register a trained pre-ranking model and decide its promotion.
+
+The new version always gets the ``challenger`` alias; ``champion`` moves to it only if its
+hold-out AUC is at least the champion's minus ``settings.promotion_tolerance`` (the first version
+is always promoted). Run for one partition date after training::
+
+    python -c "from cascade.registry import register_and_promote as r; print(r('2026-01-31'))"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from cascade.config import Settings, load_settings
+from cascade.lake import Lake, check_ds
+
+CHAMPION = "champion"
+CHALLENGER = "challenger"
+DECISION_TAG = "cascade.promotion"
+"""Model-version tag holding the decision as JSON, so a repeated call returns the same answer."""
+TEST_AUC_TAG = "test_auc"
+"""Model-version tag holding the hold-out AUC measured at training time."""
+PREVIOUS_CHAMPION_TAG = "cascade.previous_champion"
+"""Written before the champion alias moves, so a retry after a crash still knows it."""
+
+
+def _read_train_result(lake: Lake, ds: str) -> dict[str, Any]:
+    path = lake.reports("train", ds) / "result.json"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no training result {path}; train first "
+            f"(models.preranking.train.launch({ds!r}) writes it)"
+        )
+    result = json.loads(path.read_text())
+    missing = [k for k in ("run_id", "test_auc", "model_uri") if k not in result]
+    if missing:
+        raise ValueError(f"training result {path} lacks {missing}; rerun training for ds={ds}")
+    if result.get("ds") not in (None, "", ds):
+        raise ValueError(f"training result {path} is for ds={result['ds']}, not {ds}; retrain")
+    return result
+
+
+def _write_report(lake: Lake, ds: str, report: dict[str, Any]) -> None:
+    out = lake.reports("register", ds)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "result.json.tmp"
+    tmp.write_text(json.dumps(report, indent=2))
+    os.replace(tmp, out / "result.json")
+
+
+def version_by_alias(client: Any, name: str, alias: str) -> Any | None:
+    """The ``ModelVersion`` behind ``name@alias``, or None if the model or alias does not exist."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(name, alias)
+    except MlflowException as exc:
+        # Both "no such registered model" and "no such alias" mean: nothing there yet.
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+            return None
+        raise
+
+
+def _version_auc(client: Any, version: Any) -> float:
+    tag = version.tags.get(TEST_AUC_TAG)
+    if tag is not None:
+        return float(tag)
+    metric = client.get_run(version.run_id).data.metrics.get("test_auc")
+    if metric is None:
+        raise ValueError(
+            f"model version {version.name}/{version.version} has no test_auc tag or run metric; "
+            "tag it with test_auc or retrain it"
+        )
+    return float(metric)
+
+
+def register_and_promote(ds: str, *, settings: Settings | None = None) -> dict:
+    """Register the model trained for ``ds`` and move the aliases; returns and writes the decision.
+
+    Returns ``{"version", "promoted", "test_auc", "champion_version", "champion_auc",
+    "previous_champion"}`` (versions as strings; ``previous_champion`` None for the first one),
+    also written to ``Lake.reports("register", ds) / "result.json"``. Calling it again for the
+    same training run registers nothing new and returns the first decision.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    check_ds(ds)
+    settings = settings or load_settings()
+    lake = Lake(settings.lake_root)
+    trained = _read_train_result(lake, ds)
+    name = settings.registered_model
+    uri = settings.tracking_uri
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+    try:
+        client.create_registered_model(name, description="Pre-ranking CTR model (Cascade)")
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+
+    run_id = trained["run_id"]
+    existing = client.search_model_versions(f"name='{name}' and run_id='{run_id}'")
+    if existing:
+        version = max(existing, key=lambda v: int(v.version))
+        stored = version.tags.get(DECISION_TAG)
+        if stored is not None:
+            report = json.loads(stored)
+            _write_report(lake, ds, report)
+            return report
+    else:
+        model_uri = trained["model_uri"]
+        version = client.create_model_version(
+            name,
+            source=model_uri,
+            run_id=run_id,
+            # Links the version to MLflow 3's logged model (models:/m-<id>).
+            model_id=model_uri.removeprefix("models:/")
+            if model_uri.startswith("models:/m-")
+            else None,
+            tags={"ds": ds, TEST_AUC_TAG: repr(float(trained["test_auc"])), "run_id": run_id},
+            description=f"trained for ds={ds} with config {trained.get('config')}",
+        )
+    new_version = str(version.version)
+    new_auc = float(trained["test_auc"])
+
+    champion = version_by_alias(client, name, CHAMPION)
+    if champion is None:
+        previous, previous_auc, promoted = None, None, True
+    elif str(champion.version) == new_version:
+        # A retry after the alias moved but before the decision was stored.
+        previous = version.tags.get(PREVIOUS_CHAMPION_TAG) or None
+        previous_auc, promoted = None, True
+    else:
+        previous = str(champion.version)
+        previous_auc = _version_auc(client, champion)
+        promoted = new_auc >= previous_auc - settings.promotion_tolerance
+
+    client.set_registered_model_alias(name, CHALLENGER, new_version)
+    if promoted:
+        client.set_model_version_tag(name, new_version, PREVIOUS_CHAMPION_TAG, previous or "")
+        client.set_registered_model_alias(name, CHAMPION, new_version)
+    report = {
+        "version": new_version,
+        "promoted": promoted,
+        "test_auc": new_auc,
+        "champion_version": new_version if promoted else previous,
+        "champion_auc": new_auc if promoted else previous_auc,
+        "previous_champion": previous,
+        "ds": ds,
+        "run_id": run_id,
+        "tolerance": settings.promotion_tolerance,
+    }
+    client.set_model_version_tag(name, new_version, DECISION_TAG, json.dumps(report))
+    _write_report(lake, ds, report)
+    return report
+
+
+def registry_report_path(ds: str, settings: Settings | None = None) -> Path:
+    """Where :func:`register_and_promote` writes its decision for ``ds``."""
+    settings = settings or load_settings()
+    return Lake(settings.lake_root).reports("register", ds) / "result.json"

@@ -1,0 +1,112 @@
+"""The pipeline steps of ``ctr_preranking``: one table used by the Airflow DAG, DVC and the CLI.
+
+    cascade step features --ds 2026-11-22
+
+Each step takes the partition date and returns a JSON-able summary. Imports are lazy so that
+the DAG file stays cheap to parse.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from cascade.lake import check_ds, lake_from_settings
+
+
+def features(ds: str) -> dict[str, Any]:
+    from jobs.ctr_cross_features import run
+
+    return run(ds)
+
+
+def validate(ds: str) -> dict[str, Any]:
+    from jobs.ctr_cross_features_gate import validate as run_gate
+
+    return run_gate(ds)
+
+
+def feast_materialize(ds: str) -> dict[str, Any]:
+    from cascade.feature_store import apply_and_materialize
+
+    return apply_and_materialize(ds)
+
+
+def training_set(ds: str) -> dict[str, Any]:
+    from cascade.feature_store import build_training_set
+
+    return {"ds": ds, "path": str(build_training_set(ds))}
+
+
+def train(ds: str) -> dict[str, Any]:
+    from models.preranking.train import launch
+
+    return launch(ds)
+
+
+def register(ds: str) -> dict[str, Any]:
+    from cascade.registry import register_and_promote
+
+    return register_and_promote(ds)
+
+
+def deploy(ds: str) -> dict[str, Any]:
+    from serving.deploy import roll_out
+
+    return roll_out(ds)
+
+
+STEPS: dict[str, Callable[[str], dict[str, Any]]] = {
+    "features": features,
+    "validate": validate,
+    "feast_materialize": feast_materialize,
+    "training_set": training_set,
+    "train": train,
+    "register": register,
+    "deploy": deploy,
+}
+"""Step name -> function, in pipeline order. DAG task ids and DVC stage names are these names."""
+
+
+def summary_path(name: str, ds: str) -> Path:
+    """Where a step leaves its summary (a DVC output, and what the next stage depends on)."""
+    return lake_from_settings().reports(f"step_{name}", ds) / "summary.json"
+
+
+def run_step(name: str, ds: str) -> dict[str, Any]:
+    """Run one step for partition ``ds`` and record its JSON summary."""
+    if name not in STEPS:
+        raise KeyError(f"unknown step {name!r}; one of {', '.join(STEPS)}")
+    result = STEPS[name](check_ds(ds))
+    path = summary_path(name, ds)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str))
+    return result
+
+
+def resolve_partition(
+    event_extras: Iterable[Mapping[str, Any]],
+    logical_date: dt.datetime | None,
+    run_after: dt.datetime | None,
+) -> str:
+    """The partition a run works on.
+
+    An asset-triggered run takes the newest partition named by its events; a scheduled run
+    takes its logical date; a manual run without either takes the day it ran after.
+    """
+    partitions = sorted(
+        str(extra["payload"]["partition"])
+        for extra in event_extras
+        if isinstance(extra, Mapping)
+        and isinstance(extra.get("payload"), Mapping)
+        and extra["payload"].get("partition")
+    )
+    if partitions:
+        return check_ds(partitions[-1][:10])
+    for moment in (logical_date, run_after):
+        if moment is not None:
+            return moment.date().isoformat()
+    raise ValueError("cannot resolve a partition: no event partition, logical date or run_after")

@@ -1,0 +1,397 @@
+"""The local stack: start, health-check, report and stop the broker, MLflow, Airflow and serving.
+
+Each service runs in its own process group; its pid/pgid, command and log live under
+``$CASCADE_HOME/run`` and ``$CASCADE_HOME/logs``. ``stop`` signals exactly the process groups
+that ``start`` recorded, so nothing else on the machine is touched.
+
+    cascade up        # start what is not running, wait until healthy
+    cascade status    # each service: up/down, URL, pid
+    cascade down      # stop what `cascade up` started
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from cascade.assets import KAFKA_CONN_ID
+from cascade.config import REPO_ROOT, Settings, load_settings
+
+SERVICES = ("broker", "mlflow", "airflow", "serving")
+
+
+class StackError(RuntimeError):
+    """A service could not be started or stopped; the message says which and what to do."""
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    port: int
+    command: list[str]
+    env: dict[str, str]
+    url: str
+    healthy: Callable[[], bool]
+    start_timeout_s: float
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    name: str
+    up: bool
+    healthy: bool
+    url: str
+    pid: int | None
+    log: Path
+
+
+def venv_bin() -> Path:
+    return Path(sys.executable).parent
+
+
+def broker_binary() -> Path:
+    """The broker binary inside the ``noida-db`` wheel (its console script would not pass signals on)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("noida_db")
+    if spec is None or not spec.submodule_search_locations:
+        raise StackError("the broker package noida-db is not installed; run `make venv`")
+    binary = Path(spec.submodule_search_locations[0]) / "noida-db"
+    if not binary.exists():
+        raise StackError(f"broker binary missing at {binary}; reinstall noida-db")
+    return binary
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        return sock.connect_ex((host, port)) == 0
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        return requests.get(url, timeout=timeout).status_code < 500
+    except requests.RequestException:
+        return False
+
+
+def airflow_healthy(settings: Settings) -> bool:
+    try:
+        body = requests.get(f"{settings.airflow_url}/api/v2/monitor/health", timeout=3).json()
+    except (requests.RequestException, ValueError):
+        return False
+    needed = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+    return all(body.get(k, {}).get("status") == "healthy" for k in needed)
+
+
+def airflow_home(settings: Settings) -> Path:
+    return settings.home / "airflow"
+
+
+def airflow_password(settings: Settings) -> str | None:
+    path = airflow_home(settings) / "simple_auth_manager_passwords.json.generated"
+    try:
+        return json.loads(path.read_text()).get("admin")
+    except (OSError, ValueError):
+        return None
+
+
+def service_env(settings: Settings) -> dict[str, str]:
+    """Environment every service and every Airflow task inherits."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "PATH": f"{venv_bin()}{os.pathsep}{env.get('PATH', '')}",
+            "CASCADE_HOME": str(settings.home),
+            "CASCADE_PROFILE": settings.profile,
+            "CASCADE_BROKER_PORT": str(settings.ports.broker),
+            "CASCADE_AIRFLOW_PORT": str(settings.ports.airflow),
+            "CASCADE_MLFLOW_PORT": str(settings.ports.mlflow),
+            "CASCADE_SERVING_PORT": str(settings.ports.serving),
+            "MLFLOW_TRACKING_URI": settings.tracking_uri,
+            "SPARK_LOCAL_IP": settings.host,
+            "DS_ACCELERATOR": env.get("DS_ACCELERATOR", "cpu"),
+            "TORCH_EXTENSIONS_DIR": str(settings.home / "torch_extensions"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def airflow_env(settings: Settings) -> dict[str, str]:
+    home = airflow_home(settings)
+    port = settings.ports.airflow
+    kafka_conn = {
+        "conn_type": "kafka",
+        "extra": {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": "cascade-airflow",
+            "auto.offset.reset": "earliest",
+        },
+    }
+    env = service_env(settings)
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__PARALLELISM": str(settings.airflow_parallelism),
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(settings.airflow_parallelism),
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{settings.host}:{port}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__API__HOST": settings.host,
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__BASE_URL": f"http://{settings.host}:{port}",
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "10",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "10",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            f"AIRFLOW_CONN_{KAFKA_CONN_ID.upper()}": json.dumps(kafka_conn),
+        }
+    )
+    return env
+
+
+def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
+    host, ports, home = settings.host, settings.ports, settings.home
+    py = sys.executable
+    mlflow_dir = home / "mlflow"
+    return {
+        "broker": ServiceSpec(
+            name="broker",
+            port=ports.broker,
+            command=[
+                str(broker_binary()),
+                "start",
+                "--only",
+                "kafka",
+                "--kafka-port",
+                str(ports.broker),
+                "--host",
+                host,
+                "--data-dir",
+                str(home / "broker"),
+            ],
+            env=service_env(settings),
+            url=f"kafka://{host}:{ports.broker}",
+            healthy=lambda: port_open(host, ports.broker),
+            start_timeout_s=30,
+        ),
+        "mlflow": ServiceSpec(
+            name="mlflow",
+            port=ports.mlflow,
+            command=[
+                py,
+                "-m",
+                "mlflow",
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{mlflow_dir / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(mlflow_dir / "artifacts"),
+                "--host",
+                host,
+                "--port",
+                str(ports.mlflow),
+                "--workers",
+                "1",
+            ],
+            env=service_env(settings),
+            url=settings.tracking_uri,
+            healthy=lambda: http_ok(f"{settings.tracking_uri}/health"),
+            start_timeout_s=120,
+        ),
+        "airflow": ServiceSpec(
+            name="airflow",
+            port=ports.airflow,
+            command=[py, "-m", "infra.airflow_local"],
+            env=airflow_env(settings),
+            url=settings.airflow_url,
+            healthy=lambda: airflow_healthy(settings),
+            start_timeout_s=240,
+        ),
+        "serving": ServiceSpec(
+            name="serving",
+            port=ports.serving,
+            command=[py, "-m", "serving.server"],
+            env=service_env(settings),
+            url=settings.serving_url,
+            healthy=lambda: http_ok(f"{settings.serving_url}/v2/health/live"),
+            start_timeout_s=120,
+        ),
+    }
+
+
+def _run_dir(settings: Settings) -> Path:
+    return settings.home / "run"
+
+
+def _pid_file(settings: Settings, name: str) -> Path:
+    return _run_dir(settings) / f"{name}.json"
+
+
+def _log_file(settings: Settings, name: str) -> Path:
+    return settings.logs_dir / f"{name}.log"
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _recorded(settings: Settings, name: str) -> dict | None:
+    try:
+        return json.loads(_pid_file(settings, name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _running_pgid(settings: Settings, name: str) -> int | None:
+    record = _recorded(settings, name)
+    if record and _group_alive(int(record["pgid"])):
+        return int(record["pgid"])
+    return None
+
+
+def state(settings: Settings, name: str) -> ServiceState:
+    spec = service_specs(settings)[name]
+    pgid = _running_pgid(settings, name)
+    return ServiceState(
+        name=name,
+        up=pgid is not None,
+        healthy=pgid is not None and spec.healthy(),
+        url=spec.url,
+        pid=pgid,
+        log=_log_file(settings, name),
+    )
+
+
+def start_service(settings: Settings, name: str, *, echo: Callable[[str], None] = print) -> ServiceState:
+    spec = service_specs(settings)[name]
+    if _running_pgid(settings, name) is not None:
+        echo(f"{name}: already running (pid {_running_pgid(settings, name)})")
+    else:
+        if port_open(settings.host, spec.port):
+            raise StackError(
+                f"{name}: port {spec.port} on {settings.host} is already taken by another process; "
+                f"stop it or choose another port with CASCADE_{name.upper()}_PORT"
+            )
+        for folder in (settings.home, settings.logs_dir, _run_dir(settings)):
+            folder.mkdir(parents=True, exist_ok=True)
+        log_path = _log_file(settings, name)
+        with log_path.open("ab") as log:
+            log.write(f"\n=== start {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(spec.command)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                spec.command,
+                env=spec.env,
+                cwd=str(REPO_ROOT),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        _pid_file(settings, name).write_text(
+            json.dumps({"pid": proc.pid, "pgid": proc.pid, "command": spec.command, "port": spec.port})
+        )
+        echo(f"{name}: started (pid {proc.pid}), log {log_path}")
+    deadline = time.monotonic() + spec.start_timeout_s
+    while time.monotonic() < deadline:
+        if spec.healthy():
+            echo(f"{name}: healthy at {spec.url}")
+            return state(settings, name)
+        if _running_pgid(settings, name) is None:
+            raise StackError(f"{name}: exited during start-up; see {_log_file(settings, name)}")
+        time.sleep(1)
+    raise StackError(
+        f"{name}: not healthy after {spec.start_timeout_s:.0f} s; see {_log_file(settings, name)}"
+    )
+
+
+def stop_service(settings: Settings, name: str, *, grace_s: float = 30, echo: Callable[[str], None] = print) -> bool:
+    """Stop the process group ``start`` recorded; True if something was stopped."""
+    record = _recorded(settings, name)
+    pgid = _running_pgid(settings, name)
+    if pgid is None:
+        _pid_file(settings, name).unlink(missing_ok=True)
+        return False
+    assert record is not None
+    # The main process gets SIGTERM first so it can save state (the broker writes its
+    # snapshot, Airflow standalone stops its components); stragglers in the group follow.
+    try:
+        os.kill(int(record["pid"]), signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s / 2
+    while time.monotonic() < deadline and _pid_alive(int(record["pid"])):
+        time.sleep(0.2)
+    for sig, wait_s in ((signal.SIGTERM, grace_s / 2), (signal.SIGKILL, 5.0)):
+        if not _group_alive(pgid):
+            break
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and _group_alive(pgid):
+            time.sleep(0.2)
+    if _group_alive(pgid):
+        raise StackError(f"{name}: process group {pgid} survived SIGKILL")
+    _pid_file(settings, name).unlink(missing_ok=True)
+    echo(f"{name}: stopped (pid {pgid})")
+    return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie child of this process counts as gone.
+    try:
+        finished, _ = os.waitpid(pid, os.WNOHANG)
+        return finished == 0
+    except ChildProcessError:
+        return True
+
+
+def up(settings: Settings | None = None, services: tuple[str, ...] = SERVICES, *, echo: Callable[[str], None] = print) -> list[ServiceState]:
+    settings = settings or load_settings()
+    states = []
+    for name in services:
+        states.append(start_service(settings, name, echo=echo))
+        if name == "broker":
+            from cascade.events import ensure_topics
+
+            created = ensure_topics(settings)
+            if created:
+                echo(f"broker: created topics {', '.join(created)}")
+    return states
+
+
+def down(settings: Settings | None = None, services: tuple[str, ...] = SERVICES, *, echo: Callable[[str], None] = print) -> list[str]:
+    settings = settings or load_settings()
+    # Reverse order: consumers of the broker and registry go first.
+    return [name for name in reversed(services) if stop_service(settings, name, echo=echo)]
+
+
+def status(settings: Settings | None = None) -> list[ServiceState]:
+    settings = settings or load_settings()
+    return [state(settings, name) for name in SERVICES]

@@ -1,0 +1,79 @@
+"""Look at the Airflow UI as a user does: log in, open a DAG, read its runs, take a screenshot.
+
+    python -m infra.ui_check --dag ctr_preranking --out ui.png
+
+Drives Debian's Chromium (``/usr/bin/chromium``, installed by ``infra/install.sh``) headless
+through Playwright; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def check_dag_runs(
+    base_url: str, password: str, dag_id: str, run_id: str, screenshot: Path, *, username: str = "admin", timeout_ms: int = 90_000
+) -> dict[str, Any]:
+    """Log in, open the DAG's runs list, and return what the page says about ``run_id``."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            page.set_default_timeout(timeout_ms)
+            page.goto(f"{base_url}/dags/{dag_id}/runs")
+            page.get_by_label("Username").fill(username)
+            page.get_by_label("Password").fill(password)
+            page.get_by_role("button", name="Sign in").click()
+            page.wait_for_url(re.compile(rf".*/dags/{dag_id}.*"))
+            row = page.get_by_role("row").filter(has_text=run_id)
+            expect(row).to_be_visible(timeout=timeout_ms)
+            row_text = row.inner_text()
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(screenshot), full_page=True)
+            return {"url": page.url, "row": row_text, "screenshot": str(screenshot)}
+        finally:
+            browser.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cascade.airflow_client import AirflowClient
+    from cascade.config import load_settings
+    from infra.stack import airflow_password
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dag", default="ctr_preranking")
+    parser.add_argument("--out", type=Path, default=Path("airflow-ui.png"))
+    args = parser.parse_args(argv)
+    settings = load_settings()
+    password = airflow_password(settings)
+    if not password:
+        print("no Airflow password: start the stack with `cascade up`", file=sys.stderr)
+        return 2
+    runs = AirflowClient(settings).dag_runs(args.dag, limit=1)
+    if not runs:
+        print(f"{args.dag} has no runs yet", file=sys.stderr)
+        return 2
+    print(json.dumps(check_dag_runs(settings.airflow_url, password, args.dag, runs[0]["dag_run_id"], args.out), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Pre-ranking model of the CTR cascade."""

@@ -1,0 +1,483 @@
+"""The pre-ranking KServe model: one user x N candidate items in, N click scores out.
+
+Served by ``python -m serving.server`` (see :mod:`serving.server`). Request, Open Inference
+Protocol v2 JSON, ``POST /v2/models/preranking/infer``::
+
+    {"id": "r1",
+     "inputs": [{"name": "user_id", "datatype": "INT64", "shape": [1], "data": [42]},
+                {"name": "item_ids", "datatype": "INT64", "shape": [3], "data": [7, 9, 11]}]}
+
+Response: output ``scores`` (FP32, shape ``[N]``, sigmoid of the logits) and
+``parameters.model_version``. Requests carry ids, never feature tensors: per request only the
+user's features come from the online store; item features of the catalogue are held in memory,
+loaded together with each model version. A background thread polls the registry's champion
+alias and swaps a new version in without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+import torch
+from kserve import InferRequest, InferResponse, Model
+from kserve.errors import InferenceError, InvalidInput, ModelNotReady
+from kserve.protocol.infer_type import InferInput, InferOutput
+
+from cascade.config import Settings, load_settings
+from cascade.ctr_schema import (
+    ITEM_FEATURES,
+    ITEM_GENRE,
+    MODEL_FEATURES,
+    USER_FEATURES,
+    USER_GENRE_FEATURES,
+)
+from cascade.lake import Lake
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "preranking"
+USER_INPUT = "user_id"
+ITEMS_INPUT = "item_ids"
+SCORES_OUTPUT = "scores"
+ID_DATATYPE = "INT64"
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+# Column positions in the dense model input, so assembly never depends on tuple slicing.
+_USER_COLS = [MODEL_FEATURES.index(name) for name in USER_FEATURES]
+_ITEM_COLS = [MODEL_FEATURES.index(name) for name in ITEM_FEATURES]
+_UG_COLS = [MODEL_FEATURES.index(name) for name in USER_GENRE_FEATURES]
+
+
+@dataclass(kw_only=True)
+class ServingConfig:
+    """Knobs of the pre-ranking server that are not in :class:`cascade.config.Settings`."""
+
+    max_candidates: int = 10_000
+    """Most item ids one request may carry; larger lists get a 400."""
+    poll_s: float = 2.0
+    """Seconds between checks of the registry's champion alias (``CASCADE_SERVING_POLL_S``)."""
+    alias: str = "champion"
+    """Registry alias whose version is served."""
+    item_batch: int = 5_000
+    """Item ids per online-store call while loading the in-memory item table."""
+
+    def __post_init__(self) -> None:
+        if self.max_candidates < 1:
+            raise ValueError(
+                f"max_candidates must be >= 1, got {self.max_candidates} "
+                "(CASCADE_SERVING_MAX_CANDIDATES)"
+            )
+        if not (self.poll_s > 0 and math.isfinite(self.poll_s)):
+            raise ValueError(
+                f"poll_s must be a positive number of seconds, got {self.poll_s} "
+                "(CASCADE_SERVING_POLL_S)"
+            )
+        if self.item_batch < 1:
+            raise ValueError(f"item_batch must be >= 1, got {self.item_batch}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ServingConfig:
+        """Defaults, overridden by CASCADE_SERVING_POLL_S and CASCADE_SERVING_MAX_CANDIDATES."""
+        env = os.environ if env is None else env
+        overrides: dict[str, Any] = {}
+        try:
+            if "CASCADE_SERVING_POLL_S" in env:
+                overrides["poll_s"] = float(env["CASCADE_SERVING_POLL_S"])
+            if "CASCADE_SERVING_MAX_CANDIDATES" in env:
+                overrides["max_candidates"] = int(env["CASCADE_SERVING_MAX_CANDIDATES"])
+        except ValueError as exc:
+            raise ValueError(
+                f"bad serving setting in the environment: {exc}; "
+                "CASCADE_SERVING_POLL_S takes seconds, CASCADE_SERVING_MAX_CANDIDATES an integer"
+            ) from exc
+        return cls(**overrides)
+
+
+class ChampionModel(Protocol):
+    """What the server needs of ``models.preranking.inference.LoadedModel`` (read-only)."""
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def run_id(self) -> str: ...
+
+
+UserFeatures = tuple[Mapping[str, Any], Mapping[str, Mapping[str, Any]]]
+
+
+@dataclass(kw_only=True)
+class Backends:
+    """Where models and features come from: MLflow and Feast by default, fakes in tests."""
+
+    champion_version: Callable[[Settings, str], str | None]
+    """``(settings, alias) -> version`` of the alias in the registry, None if unset."""
+    load_champion: Callable[[Settings, str], ChampionModel | None]
+    """``(settings, alias) -> LoadedModel`` of the alias, None if unset."""
+    open_feature_store: Callable[[Settings], Any]
+    """``settings -> store`` handle passed to the two lookups below."""
+    user_features: Callable[[Any, int, Sequence[str]], UserFeatures]
+    """``(store, user_id, genres) -> (user features, {genre: user x genre features})``."""
+    item_features: Callable[[Any, Sequence[int]], pd.DataFrame]
+    """``(store, item_ids) -> frame`` indexed by item_id with ITEM_FEATURES + item_genre."""
+    catalog_item_ids: Callable[[Settings], Sequence[int]]
+    """``settings -> item ids`` whose features are held in memory."""
+
+
+def lake_item_ids(settings: Settings) -> list[int]:
+    """Every item id in the lake's CTR item view (all partitions): the servable catalogue."""
+    import pyarrow.dataset as ds
+
+    root = Lake(settings.lake_root).ctr_view_root("item")
+    if not root.exists():
+        log.warning(
+            "no item view at %s: every candidate will be scored with unknown (NaN) item "
+            "features; run the ctr_cross_features job to fill it",
+            root,
+        )
+        return []
+    table = ds.dataset(root, format="parquet", partitioning="hive").to_table(columns=["item_id"])
+    return sorted({int(v) for v in table.column("item_id").to_pylist() if v is not None})
+
+
+def default_backends() -> Backends:
+    """MLflow registry + Feast online store; imported lazily so tests never need them."""
+    from cascade.feature_store import feature_store, online_item_features, online_user_features
+    from models.preranking.inference import alias_version, load_registered
+
+    return Backends(
+        champion_version=lambda settings, alias: alias_version(settings, alias=alias),
+        load_champion=lambda settings, alias: load_registered(settings, alias=alias),
+        open_feature_store=feature_store,
+        user_features=online_user_features,
+        item_features=online_item_features,
+        catalog_item_ids=lake_item_ids,
+    )
+
+
+def _ids_from_input(infer_input: InferInput, *, expected_len: int | None) -> np.ndarray:
+    """The int64 ids of one input tensor, or InvalidInput naming what is wrong with it."""
+    name = infer_input.name
+    if infer_input.datatype != ID_DATATYPE:
+        raise InvalidInput(
+            f"input '{name}' has datatype {infer_input.datatype}; send ids as {ID_DATATYPE}"
+        )
+    shape = list(infer_input.shape or [])
+    if len(shape) != 1 or shape[0] < 0:
+        raise InvalidInput(f"input '{name}' has shape {shape}; it must be one-dimensional, [N]")
+    if expected_len is not None and shape[0] != expected_len:
+        raise InvalidInput(f"input '{name}' has shape {shape}; it must be [{expected_len}]")
+    data = infer_input.data
+    if isinstance(data, list):
+        # JSON numbers: np.array(..., dtype=int64) would silently truncate 1.5 and accept True.
+        if not all(type(v) is int for v in data):
+            bad = next(v for v in data if type(v) is not int)
+            raise InvalidInput(f"input '{name}' holds {bad!r}; ids must be integers")
+        if any(v < _INT64_MIN or v > _INT64_MAX for v in data):
+            raise InvalidInput(f"input '{name}' holds an id outside the INT64 range")
+        ids = np.asarray(data, dtype=np.int64)
+    else:
+        # Binary tensor extension: the bytes are decoded with the declared datatype.
+        try:
+            ids = np.asarray(infer_input.as_numpy(), dtype=np.int64).reshape(-1)
+        except (ValueError, TypeError, InvalidInput) as exc:
+            raise InvalidInput(f"input '{name}' could not be decoded as {shape}: {exc}") from exc
+    if ids.shape[0] != shape[0]:
+        raise InvalidInput(
+            f"input '{name}' declares shape {shape} but carries {ids.shape[0]} values"
+        )
+    return ids
+
+
+def parse_request(request: InferRequest, *, max_candidates: int) -> tuple[int, np.ndarray]:
+    """``(user_id, item_ids)`` of a v2 request; InvalidInput (HTTP 400) naming the problem."""
+    inputs: dict[str, InferInput] = {}
+    for infer_input in request.inputs or []:
+        if infer_input.name in inputs:
+            raise InvalidInput(f"input '{infer_input.name}' is given twice; send it once")
+        inputs[infer_input.name] = infer_input
+    unknown = sorted(set(inputs) - {USER_INPUT, ITEMS_INPUT})
+    if unknown:
+        raise InvalidInput(
+            f"unknown inputs {unknown}; the model takes '{USER_INPUT}' and '{ITEMS_INPUT}'"
+        )
+    for required in (USER_INPUT, ITEMS_INPUT):
+        if required not in inputs:
+            raise InvalidInput(
+                f"missing input '{required}'; send '{USER_INPUT}' INT64 [1] and "
+                f"'{ITEMS_INPUT}' INT64 [N]"
+            )
+    user = _ids_from_input(inputs[USER_INPUT], expected_len=1)
+    items_input = inputs[ITEMS_INPUT]
+    declared = list(items_input.shape or [])
+    if len(declared) == 1 and declared[0] == 0:
+        raise InvalidInput(f"input '{ITEMS_INPUT}' is empty; send at least one candidate")
+    if len(declared) == 1 and declared[0] > max_candidates:
+        raise InvalidInput(
+            f"input '{ITEMS_INPUT}' has {declared[0]} candidates; at most {max_candidates} "
+            "per request (split the list or raise CASCADE_SERVING_MAX_CANDIDATES)"
+        )
+    items = _ids_from_input(items_input, expected_len=None)
+    return int(user[0]), items
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemTable:
+    """In-memory item features: row ``i`` belongs to ``ids[i]``."""
+
+    ids: pd.Index
+    """Item ids, unique."""
+    dense: np.ndarray
+    """float32 ``[M, len(ITEM_FEATURES)]``, NaN where unknown."""
+    genre_codes: np.ndarray
+    """int64 ``[M]``: index into ``genres``, -1 where the genre is unknown."""
+    genres: tuple[str, ...]
+    """Distinct genres."""
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> ItemTable:
+        """Build from ``online_item_features`` output (indexed by item_id)."""
+        missing = [c for c in (*ITEM_FEATURES, ITEM_GENRE) if c not in frame.columns]
+        if missing:
+            raise ValueError(
+                f"item features lack columns {missing}; online_item_features must return "
+                f"{list(ITEM_FEATURES) + [ITEM_GENRE]}"
+            )
+        frame = frame[~frame.index.duplicated(keep="last")]
+        dense = (
+            frame[list(ITEM_FEATURES)]
+            .apply(pd.to_numeric, errors="coerce")
+            .to_numpy(dtype=np.float32, na_value=np.nan)
+        )
+        genre = frame[ITEM_GENRE].where(frame[ITEM_GENRE].notna(), None)
+        codes, uniques = pd.factorize(genre, use_na_sentinel=True)
+        return cls(
+            ids=pd.Index(frame.index.astype(np.int64)),
+            dense=dense.reshape(len(frame), len(ITEM_FEATURES)),
+            genre_codes=codes.astype(np.int64),
+            genres=tuple(str(g) for g in uniques),
+        )
+
+    def lookup(self, item_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(dense [N, 4], genre_codes [N])`` for the candidates; unknown ids get NaN / -1."""
+        rows = self.ids.get_indexer(item_ids)
+        known = rows >= 0
+        dense = np.full((len(item_ids), len(ITEM_FEATURES)), np.nan, dtype=np.float32)
+        codes = np.full(len(item_ids), -1, dtype=np.int64)
+        dense[known] = self.dense[rows[known]]
+        codes[known] = self.genre_codes[rows[known]]
+        return dense, codes
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServedVersion:
+    """Everything one model version needs; swapped in as one reference."""
+
+    network: torch.nn.Module
+    version: str
+    run_id: str
+    items: ItemTable
+
+
+def _as_float(value: Any) -> float:
+    try:
+        return float("nan") if value is None else float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+class PreRankingModel(Model):
+    """KServe model ``preranking`` with hot swap of the registry's champion."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings | None = None,
+        config: ServingConfig | None = None,
+        backends: Backends | None = None,
+        name: str = MODEL_NAME,
+    ) -> None:
+        super().__init__(name)
+        self.settings = settings or load_settings()
+        self.config = config or ServingConfig.from_env()
+        self.backends = backends or default_backends()
+        self._store: Any = None
+        self._served: ServedVersion | None = None
+        self._refresh_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+
+    # Lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def served_version(self) -> str | None:
+        served = self._served
+        return served.version if served else None
+
+    def start(self) -> None:
+        """Start polling the registry. Unlike KServe's default, this does not mark us ready."""
+        if self._poller and self._poller.is_alive():
+            return
+        self._stop.clear()
+        self._poller = threading.Thread(
+            target=self._poll_forever, name="champion-poll", daemon=True
+        )
+        self._poller.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.ready = False
+
+    def load(self) -> bool:
+        """Load the champion now if there is one; True when a version is being served."""
+        self.refresh()
+        return self.ready
+
+    def _poll_forever(self) -> None:
+        last_error = ""
+        while not self._stop.is_set():
+            try:
+                self.refresh()
+                if last_error:
+                    log.info("champion refresh works again")
+                last_error = ""
+            except Exception as exc:
+                # The registry or store being down must not kill the poller: keep serving the
+                # version we have and try again on the next tick. The traceback once, then a
+                # line per tick, so a registry outage does not flood the log.
+                error = f"{type(exc).__name__}: {exc}"
+                if error != last_error:
+                    log.exception("champion refresh failed; serving %s", self.served_version)
+                else:
+                    log.warning("champion refresh still failing: %s", error[:200])
+                last_error = error
+            self._stop.wait(self.config.poll_s)
+
+    def refresh(self) -> bool:
+        """Swap in the champion if its version differs from the served one; True if swapped."""
+        with self._refresh_lock:
+            wanted = self.backends.champion_version(self.settings, self.config.alias)
+            if wanted is None:
+                if self._served is None:
+                    log.info("no '%s' alias in the registry yet; not ready", self.config.alias)
+                return False
+            if self._served is not None and str(wanted) == self._served.version:
+                return False
+            loaded = self.backends.load_champion(self.settings, self.config.alias)
+            if loaded is None:
+                return False
+            served = self._prepare(loaded)
+            previous = self.served_version
+            # One reference assignment: a request that already read the old ServedVersion
+            # finishes on it, every later request sees the new one.
+            self._served = served
+            self.ready = True
+            log.info("serving %s version %s (was %s)", self.name, served.version, previous)
+            return True
+
+    def _feature_store(self) -> Any:
+        if self._store is None:
+            self._store = self.backends.open_feature_store(self.settings)
+        return self._store
+
+    def _prepare(self, loaded: ChampionModel) -> ServedVersion:
+        network = loaded.model
+        network.eval()
+        item_ids = [int(i) for i in self.backends.catalog_item_ids(self.settings)]
+        store = self._feature_store()
+        frames = [
+            self.backends.item_features(store, item_ids[start : start + self.config.item_batch])
+            for start in range(0, len(item_ids), self.config.item_batch)
+        ]
+        frame = (
+            pd.concat(frames)
+            if frames
+            else pd.DataFrame(
+                columns=[*ITEM_FEATURES, ITEM_GENRE], index=pd.Index([], name="item_id")
+            )
+        )
+        items = ItemTable.from_frame(frame)
+        log.info("version %s: %d items held in memory", loaded.version, len(items.ids))
+        return ServedVersion(
+            network=network, version=str(loaded.version), run_id=str(loaded.run_id), items=items
+        )
+
+    # Inference -------------------------------------------------------------------------------
+
+    def get_input_types(self) -> list[dict[str, Any]]:
+        return [
+            {"name": USER_INPUT, "datatype": ID_DATATYPE, "shape": [1]},
+            {"name": ITEMS_INPUT, "datatype": ID_DATATYPE, "shape": [-1]},
+        ]
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        return [{"name": SCORES_OUTPUT, "datatype": "FP32", "shape": [-1]}]
+
+    def score(self, served: ServedVersion, user_id: int, item_ids: np.ndarray) -> np.ndarray:
+        """Scores in ``(0, 1)`` for one user and N candidates, with ``served``'s network."""
+        item_dense, codes = served.items.lookup(item_ids)
+        # Sorted by name: the store sees the same genre list for the same candidate set.
+        present = sorted(np.unique(codes[codes >= 0]).tolist(), key=served.items.genres.__getitem__)
+        genres = [served.items.genres[c] for c in present]
+        user, per_genre = self.backends.user_features(self._feature_store(), user_id, genres)
+        # Row g of ug_table holds genre g's user x genre features; the last row (code -1) is NaN.
+        ug_table = np.full(
+            (len(served.items.genres) + 1, len(USER_GENRE_FEATURES)), np.nan, dtype=np.float32
+        )
+        for code, genre in zip(present, genres, strict=True):
+            values = per_genre.get(genre) or {}
+            ug_table[code] = [_as_float(values.get(f)) for f in USER_GENRE_FEATURES]
+        dense = np.empty((len(item_ids), len(MODEL_FEATURES)), dtype=np.float32)
+        dense[:, _USER_COLS] = [_as_float(user.get(f)) for f in USER_FEATURES]
+        dense[:, _ITEM_COLS] = item_dense
+        dense[:, _UG_COLS] = ug_table[codes]
+        with torch.inference_mode():
+            logits = served.network(
+                torch.from_numpy(dense),
+                torch.full((len(item_ids),), user_id, dtype=torch.int64),
+                torch.from_numpy(item_ids),
+            )
+            scores = torch.sigmoid(logits.float()).reshape(-1).numpy()
+        if scores.shape[0] != len(item_ids) or not np.isfinite(scores).all():
+            raise InferenceError(
+                f"model version {served.version} returned {scores.shape[0]} scores with "
+                f"non-finite values for {len(item_ids)} candidates; roll back the champion alias"
+            )
+        return scores.astype(np.float32, copy=False)
+
+    async def predict(
+        self,
+        payload: InferRequest | dict[str, Any],
+        headers: dict[str, str] | None = None,
+        response_headers: dict[str, str] | None = None,
+    ) -> InferResponse:
+        if not isinstance(payload, InferRequest):
+            raise InvalidInput(
+                f"send an Open Inference Protocol v2 request to /v2/models/{self.name}/infer"
+            )
+        served = self._served
+        if served is None:
+            raise ModelNotReady(self.name, "No champion version has been loaded yet.")
+        user_id, item_ids = parse_request(payload, max_candidates=self.config.max_candidates)
+        # Off the event loop: the store lookup and the forward pass block.
+        scores = await asyncio.to_thread(self.score, served, user_id, item_ids)
+        return InferResponse(
+            response_id=payload.id or uuid.uuid4().hex,
+            model_name=self.name,
+            model_version=served.version,
+            infer_outputs=[
+                InferOutput(name=SCORES_OUTPUT, shape=[len(scores)], datatype="FP32", data=scores)
+            ],
+            parameters={"model_version": served.version, "run_id": served.run_id},
+        )

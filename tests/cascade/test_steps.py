@@ -1,0 +1,44 @@
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+
+from cascade import steps
+
+
+def test_asset_triggered_run_takes_newest_event_partition() -> None:
+    extras = [
+        {"payload": {"partition": "2026-11-20"}},
+        {"payload": {"partition": "2026-11-21"}},
+        {"payload": {}},
+        "not a mapping",
+    ]
+    logical = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    assert steps.resolve_partition(extras, logical, None) == "2026-11-21"
+
+
+def test_scheduled_run_takes_logical_date_then_run_after() -> None:
+    logical = dt.datetime(2026, 11, 22, 3, tzinfo=dt.UTC)
+    assert steps.resolve_partition([], logical, None) == "2026-11-22"
+    assert steps.resolve_partition([], None, logical + dt.timedelta(days=1)) == "2026-11-23"
+    with pytest.raises(ValueError, match="cannot resolve"):
+        steps.resolve_partition([], None, None)
+
+
+def test_bad_event_partition_is_refused() -> None:
+    with pytest.raises(ValueError, match="YYYY-MM-DD"):
+        steps.resolve_partition([{"payload": {"partition": "22/11/2026"}}], None, None)
+
+
+def test_run_step_records_a_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    monkeypatch.setitem(steps.STEPS, "features", lambda ds: {"ds": ds, "rows": 3})
+    assert steps.run_step("features", "2026-11-22") == {"ds": "2026-11-22", "rows": 3}
+    summary = steps.summary_path("features", "2026-11-22")
+    assert summary.is_relative_to(tmp_path)
+    assert json.loads(summary.read_text())["rows"] == 3
+    with pytest.raises(KeyError, match="unknown step"):
+        steps.run_step("nope", "2026-11-22")
+    with pytest.raises(ValueError, match="YYYY-MM-DD"):
+        steps.run_step("features", "2026-13-40")

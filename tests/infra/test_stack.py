@@ -1,0 +1,74 @@
+"""The stack manager against the real broker: idempotent start, clear port errors, clean stop."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from cascade.config import load_settings
+from infra import stack
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    for name in ("broker", "airflow", "mlflow", "serving"):
+        monkeypatch.setenv(f"CASCADE_{name.upper()}_PORT", str(free_port()))
+    return load_settings()
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_broker_starts_once_reports_status_and_stops_without_leftovers(settings) -> None:  # type: ignore[no-untyped-def]
+    lines: list[str] = []
+    try:
+        (first,) = stack.up(settings, ("broker",), echo=lines.append)
+        assert first.healthy and first.pid
+        assert any("created topics" in line for line in lines)
+        (second,) = stack.up(settings, ("broker",), echo=lines.append)
+        assert second.pid == first.pid, "a second start must reuse the running broker"
+        assert any("already running" in line for line in lines)
+        states = {s.name: s for s in stack.status(settings)}
+        assert states["broker"].healthy and not states["mlflow"].up
+        assert states["broker"].log.exists()
+    finally:
+        stopped = stack.down(settings, ("broker",), echo=lines.append)
+    assert stopped == ["broker"]
+    assert not group_alive(first.pid)
+    assert not stack.state(settings, "broker").up
+    assert stack.down(settings, ("broker",)) == []
+
+
+def test_port_taken_by_someone_else_gives_a_clear_error(settings) -> None:  # type: ignore[no-untyped-def]
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", settings.ports.broker))
+        squatter.listen(1)
+        with pytest.raises(stack.StackError, match=r"already taken.*CASCADE_BROKER_PORT"):
+            stack.start_service(settings, "broker", echo=lambda _: None)
+    assert not stack.state(settings, "broker").up
+
+
+def test_services_bind_loopback_and_airflow_gets_the_kafka_connection(settings) -> None:  # type: ignore[no-untyped-def]
+    specs = stack.service_specs(settings)
+    assert set(specs) == set(stack.SERVICES)
+    assert "127.0.0.1" in specs["broker"].command
+    env = stack.airflow_env(settings)
+    assert env["AIRFLOW__API__HOST"] == "127.0.0.1"
+    assert str(settings.bootstrap_servers) in env["AIRFLOW_CONN_CASCADE_KAFKA"]
+    assert env["CASCADE_HOME"] == str(settings.home)
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"].endswith("dags")

@@ -1,0 +1,167 @@
+"""Pre-ranking training: data checks, time split, launch outcome, and a real 2-process run."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from cascade.config import Settings, load_settings
+from cascade.ctr_schema import LABEL, MODEL_FEATURES, TIMESTAMP
+from cascade.lake import Lake
+from models.preranking.config_registry import preranking_debug
+from models.preranking.inference import build_model, frame_inputs, load_model_dir
+from models.preranking.model import PreRanker
+from models.preranking.synthetic_data import synthetic_training_frame
+from models.preranking.train import (
+    check_launch_outcome,
+    launch,
+    load_training_frame,
+    time_split,
+)
+
+DS = "2026-01-31"
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CASCADE_MLFLOW_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return load_settings()
+
+
+def test_synthetic_frame_follows_the_training_contract() -> None:
+    frame = synthetic_training_frame(2_000, seed=3)
+    assert list(frame.columns[:5]) == ["user_id", "item_id", "genre", TIMESTAMP, LABEL]
+    assert tuple(frame.columns[5:]) == MODEL_FEATURES
+    assert frame["user_id"].dtype == np.int64 and frame[LABEL].isin([0, 1]).all()
+    assert str(frame[TIMESTAMP].dtype) == "datetime64[us, UTC]"
+    assert 0.3 < frame[LABEL].mean() < 0.8
+    assert frame["ug_ctr"].isna().any() and not frame["user_ctr"].isna().any()
+    # Deterministic for a seed, different across seeds.
+    pd.testing.assert_frame_equal(frame, synthetic_training_frame(2_000, seed=3))
+    assert not frame[LABEL].equals(synthetic_training_frame(2_000, seed=4)[LABEL])
+
+
+def test_time_split_holds_out_the_latest_rows() -> None:
+    frame = synthetic_training_frame(1_001, seed=1).sample(frac=1.0, random_state=0)
+    train, test = time_split(frame, 0.2)
+    assert len(test) == 201 and len(train) == 800
+    assert train[TIMESTAMP].max() <= test[TIMESTAMP].min()
+    assert sorted(train.index.tolist() + test.index.tolist()) == list(range(1_001))
+    again_train, _ = time_split(frame, 0.2)
+    pd.testing.assert_frame_equal(train, again_train)
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        time_split(frame.head(1), 0.5)
+
+
+def test_load_training_frame_names_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="training set .* does not exist"):
+        load_training_frame(tmp_path / "missing.parquet")
+    frame = synthetic_training_frame(50)
+    frame.drop(columns=["item_ctr"]).to_parquet(tmp_path / "no_ctr.parquet")
+    with pytest.raises(ValueError, match=r"lacks columns \['item_ctr'\]"):
+        load_training_frame(tmp_path / "no_ctr.parquet")
+    frame.assign(click=frame[LABEL] * 2).to_parquet(tmp_path / "bad_label.parquet")
+    with pytest.raises(ValueError, match="must be 0/1"):
+        load_training_frame(tmp_path / "bad_label.parquet")
+    frame.to_parquet(tmp_path / "good.parquet")
+    assert len(load_training_frame(tmp_path / "good.parquet")) == 50
+
+
+def _result(ds: str = DS, **changes: object) -> dict[str, object]:
+    result = {"run_id": "r1", "test_auc": 0.7, "model_uri": "models:/m-1", "config": "debug"}
+    return {**result, "ds": ds, **changes}
+
+
+def test_launch_outcome_accepts_a_complete_result_after_a_crash_at_exit(tmp_path: Path) -> None:
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(_result()))
+    assert check_launch_outcome(0, path, DS, "")["run_id"] == "r1"
+    with pytest.warns(RuntimeWarning, match="exited with code -6 .* accepting run r1"):
+        assert check_launch_outcome(-6, path, DS, "")["test_auc"] == 0.7
+
+
+@pytest.mark.parametrize(
+    "content",
+    [None, "{not json", json.dumps(_result(run_id="")), json.dumps(_result(ds="2026-01-30"))],
+)
+def test_launch_outcome_raises_with_the_log_tail(tmp_path: Path, content: str | None) -> None:
+    path = tmp_path / "result.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(RuntimeError, match=r"failed \(exit code -6\)(.|\n)*Traceback: boom"):
+        check_launch_outcome(-6, path, DS, "Traceback: boom\n")
+    # A clean exit without a usable result is a failure too.
+    with pytest.raises(RuntimeError, match="exit code 0"):
+        check_launch_outcome(0, path, DS, "")
+
+
+def test_bf16_module_accepts_fp32_inputs() -> None:
+    config = preranking_debug().model
+    model = PreRanker(config)
+    frame = synthetic_training_frame(64)
+    inputs = frame_inputs(frame)
+    model.fit_normalizer(inputs[0])
+    out = model.bfloat16()(*inputs)
+    assert out.dtype == torch.bfloat16 and out.shape == (64,)
+    restored = build_model(model.state_dict(), preranking_debug())
+    assert restored.mean.dtype == torch.float32 and not restored.training
+
+
+def test_launch_refuses_a_missing_training_set(settings: Settings) -> None:
+    with pytest.raises(FileNotFoundError, match="run the training-set task for ds=2026-01-31"):
+        launch(DS, config="debug", settings=settings)
+    with pytest.raises(ValueError, match="unknown pre-ranking config"):
+        launch(DS, config="nope", settings=settings)
+
+
+@pytest.mark.slow
+def test_two_process_debug_run_learns_and_logs_to_mlflow(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lake = Lake(settings.lake_root)
+    data = lake.training_set("preranking", DS) / "data.parquet"
+    data.parent.mkdir(parents=True)
+    synthetic_training_frame(20_000, seed=0).to_parquet(data)
+    out = lake.reports("train", DS)
+    out.mkdir(parents=True)
+    # A stale result from an earlier launch must not be returned for this one.
+    (out / "result.json").write_text(json.dumps(_result(run_id="stale")))
+
+    started = time.monotonic()
+    result = launch(DS, config="debug", settings=settings)
+    wall = time.monotonic() - started
+    logged = capsys.readouterr().out
+    print(f"2-process debug run: {wall:.1f} s wall")
+
+    assert result["run_id"] != "stale"
+    assert result["config"] == "debug" and result["ds"] == DS
+    assert result["test_auc"] > 0.7, result  # the synthetic signal is strong (oracle ~0.8)
+    assert json.loads((out / "result.json").read_text()) == result
+    assert "world=2" in logged and "step=10 loss=" in logged
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=settings.tracking_uri)
+    run = client.get_run(result["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["test_auc"] == pytest.approx(result["test_auc"])
+    assert run.data.metrics["train_loss"] < 0.69  # below the loss of a constant guess
+    assert run.data.params["world_size"] == "2" and run.data.params["zero_stage"] == "1"
+    losses = client.get_metric_history(result["run_id"], "loss")
+    assert len(losses) >= 5 and losses[-1].value < losses[0].value
+
+    # The logged pyfunc and the files beside result.json give the same scores.
+    model, config = load_model_dir(out / "state_dict.pt", out / "train_config.json")
+    assert config == preranking_debug()
+    sample = synthetic_training_frame(32, seed=9)
+    with torch.no_grad():
+        expected = torch.sigmoid(model(*frame_inputs(sample))).numpy()
+    mlflow.set_tracking_uri(settings.tracking_uri)
+    pyfunc = mlflow.pyfunc.load_model(result["model_uri"])
+    np.testing.assert_allclose(pyfunc.predict(sample), expected, rtol=1e-5)

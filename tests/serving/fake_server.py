@@ -1,0 +1,31 @@
+"""The real KServe model server with fake registry and store, for tests/serving.
+
+    CASCADE_TEST_CHAMPION_FILE=/tmp/champion.json CASCADE_SERVING_PORT=28181 \
+        .venv/bin/python tests/serving/fake_server.py
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import serving_fakes
+
+from cascade.config import load_settings
+from serving.preranking import PreRankingModel, ServingConfig
+from serving.server import serve
+
+
+def main() -> None:
+    settings = load_settings()
+    champion_file = Path(os.environ["CASCADE_TEST_CHAMPION_FILE"])
+    model = PreRankingModel(
+        settings=settings,
+        config=ServingConfig.from_env(),
+        backends=serving_fakes.backends(champion_file),
+    )
+    serve([model], settings)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Fakes of the registry and the online store for the serving tests (no MLflow, no Feast).
+
+The champion lives in a JSON file ``{"version": "3", "seed": 3}`` that a test rewrites to
+promote another version; the network of a version is a PreRanker initialised from its seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from cascade.config import Settings
+from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE, USER_FEATURES, USER_GENRE_FEATURES
+from models.preranking.model import PreRanker, PreRankerConfig
+from serving.preranking import Backends
+
+GENRES = ("Action", "Comedy", "Drama")
+CATALOG = tuple(range(1, 201))
+"""Items with known features; every other id is unknown to the store."""
+
+
+@dataclass
+class FakeLoaded:
+    """Stands in for models.preranking.inference.LoadedModel."""
+
+    model: PreRanker
+    version: str
+    run_id: str
+    test_auc: float = 0.7
+
+
+def network(seed: int) -> PreRanker:
+    torch.manual_seed(seed)
+    net = PreRanker(PreRankerConfig(id_buckets=512, embedding_dim=8, hidden=(16,)))
+    # Standardize like training would, so the scores are spread and not saturated at 1.0.
+    rows = []
+    for user_id in range(1, 12):
+        user, per_genre = user_features(FakeStore(), user_id, GENRES)
+        items = item_features(FakeStore(), CATALOG)
+        for _, item in items.iterrows():
+            ug = per_genre[item[ITEM_GENRE]]
+            rows.append(
+                [user[f] for f in USER_FEATURES]
+                + [item[f] for f in ITEM_FEATURES]
+                + [ug[f] for f in USER_GENRE_FEATURES]
+            )
+    net.fit_normalizer(torch.tensor(rows, dtype=torch.float32))
+    return net
+
+
+def genre_of(item_id: int) -> str:
+    return GENRES[item_id % len(GENRES)]
+
+
+@dataclass
+class FakeStore:
+    """Records the lookups so tests can check what the server asked for."""
+
+    user_calls: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
+    item_calls: list[tuple[int, ...]] = field(default_factory=list)
+
+
+def user_features(
+    store: FakeStore, user_id: int, genres: Sequence[str]
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    store.user_calls.append((user_id, tuple(genres)))
+    if user_id <= 0:
+        nan = math.nan
+        return (
+            {"user_impressions": nan, "user_clicks": nan, "user_ctr": nan, "user_age": nan},
+            {g: dict.fromkeys(USER_GENRE_FEATURES, nan) for g in genres},
+        )
+    user = {
+        "user_impressions": 10.0 * user_id,
+        "user_clicks": float(user_id % 9 + 1),
+        "user_ctr": (user_id % 9 + 1) / (10.0 * user_id),
+        "user_age": 20.0 + user_id % 40,
+    }
+    per_genre = {
+        g: {
+            "ug_impressions": 5.0 + i + user_id % 5,
+            "ug_clicks": 1.0 + i,
+            "ug_ctr": (1.0 + i) / (5.0 + i + user_id % 5),
+        }
+        for g in genres
+        for i in [GENRES.index(g) if g in GENRES else 0]
+    }
+    return user, per_genre
+
+
+def item_features(store: FakeStore, item_ids: Sequence[int]) -> pd.DataFrame:
+    store.item_calls.append(tuple(item_ids))
+    rows = []
+    for item_id in item_ids:
+        known = item_id in CATALOG
+        rows.append(
+            {
+                "item_id": item_id,
+                "item_impressions": 100.0 + item_id if known else math.nan,
+                "item_clicks": 10.0 + item_id % 7 if known else math.nan,
+                "item_ctr": (10.0 + item_id % 7) / (100.0 + item_id) if known else math.nan,
+                "item_release_year": 1990.0 + item_id % 10 if known else math.nan,
+                ITEM_GENRE: genre_of(item_id) if known else None,
+            }
+        )
+    frame = pd.DataFrame(rows, columns=["item_id", *ITEM_FEATURES, ITEM_GENRE])
+    return frame.set_index("item_id")
+
+
+def write_champion(path: Path, version: str | None, seed: int = 0) -> None:
+    """Promote ``version`` (None removes the alias); written atomically for the poller."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(None if version is None else {"version": version, "seed": seed}))
+    tmp.replace(path)
+
+
+def _champion(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def backends(champion_file: Path, store: FakeStore | None = None) -> Backends:
+    store = store or FakeStore()
+
+    def champion_version(settings: Settings, alias: str) -> str | None:
+        champ = _champion(champion_file)
+        return None if champ is None else str(champ["version"])
+
+    def load_champion(settings: Settings, alias: str) -> FakeLoaded | None:
+        champ = _champion(champion_file)
+        if champ is None:
+            return None
+        return FakeLoaded(
+            model=network(int(champ["seed"])),
+            version=str(champ["version"]),
+            run_id=f"run-{champ['version']}",
+        )
+
+    return Backends(
+        champion_version=champion_version,
+        load_champion=load_champion,
+        open_feature_store=lambda settings: store,
+        user_features=user_features,
+        item_features=item_features,
+        catalog_item_ids=lambda settings: CATALOG,
+    )

@@ -1,0 +1,311 @@
+"""Unit tests of the pre-ranking KServe model, in process, with fake registry and store."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import serving_fakes
+import torch
+from kserve import InferRequest
+from kserve.errors import InvalidInput, ModelNotReady
+from kserve.protocol.infer_type import InferInput
+
+from cascade.config import Settings
+from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE, MODEL_FEATURES
+from cascade.lake import Lake
+from serving.preranking import (
+    ItemTable,
+    PreRankingModel,
+    ServingConfig,
+    lake_item_ids,
+    parse_request,
+)
+
+
+def request(*inputs: InferInput, request_id: str | None = None) -> InferRequest:
+    return InferRequest(model_name="preranking", infer_inputs=list(inputs), request_id=request_id)
+
+
+def user(
+    value: object = 7, *, datatype: str = "INT64", shape: list[int] | None = None
+) -> InferInput:
+    return InferInput(name="user_id", shape=shape or [1], datatype=datatype, data=[value])
+
+
+def items(
+    data: Sequence[object], *, datatype: str = "INT64", shape: list[int] | None = None
+) -> InferInput:
+    return InferInput(
+        name="item_ids",
+        shape=[len(data)] if shape is None else shape,
+        datatype=datatype,
+        data=list(data),
+    )
+
+
+# Request parsing --------------------------------------------------------------------------------
+
+
+def test_parse_request_returns_user_and_item_ids() -> None:
+    user_id, item_ids = parse_request(request(user(7), items([3, 1, 2**40])), max_candidates=10)
+    assert user_id == 7
+    assert item_ids.dtype == np.int64
+    assert item_ids.tolist() == [3, 1, 2**40]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ((items([1]),), "missing input 'user_id'"),
+        ((user(),), "missing input 'item_ids'"),
+        ((user(), items([1]), InferInput("extra", [1], "INT64", [1])), "unknown inputs ['extra']"),
+        ((user(), items([1]), items([2])), "'item_ids' is given twice"),
+        ((user(), items([1], datatype="FP32")), "datatype FP32"),
+        ((user(datatype="INT32"), items([1])), "datatype INT32"),
+        ((user(), items([1, 2], shape=[1, 2])), "one-dimensional"),
+        ((user(shape=[2]), items([1])), "must be [1]"),
+        ((user(), items([])), "'item_ids' is empty"),
+        ((user(), items(list(range(11)))), "at most 10"),
+        ((user(), items([1, 2.5])), "holds 2.5; ids must be integers"),
+        ((user(), items([1, True])), "holds True"),
+        ((user("12"), items([1])), "'user_id' holds '12'"),
+        ((user(), items([1, 2], shape=[3])), "declares shape [3] but carries 2"),
+        ((user(), items([2**63])), "outside the INT64 range"),
+    ],
+)
+def test_parse_request_rejects_malformed_input(
+    inputs: tuple[InferInput, ...], message: str
+) -> None:
+    with pytest.raises(InvalidInput) as info:
+        parse_request(request(*inputs), max_candidates=10)
+    assert message in str(info.value)
+
+
+def test_serving_config_reads_and_validates_environment() -> None:
+    config = ServingConfig.from_env(
+        {"CASCADE_SERVING_POLL_S": "0.5", "CASCADE_SERVING_MAX_CANDIDATES": "9"}
+    )
+    assert (config.poll_s, config.max_candidates) == (0.5, 9)
+    with pytest.raises(ValueError, match="CASCADE_SERVING_POLL_S"):
+        ServingConfig.from_env({"CASCADE_SERVING_POLL_S": "0"})
+    with pytest.raises(ValueError, match="CASCADE_SERVING_MAX_CANDIDATES"):
+        ServingConfig.from_env({"CASCADE_SERVING_MAX_CANDIDATES": "many"})
+
+
+# Item table -------------------------------------------------------------------------------------
+
+
+def test_item_table_gives_nan_features_to_unknown_items() -> None:
+    frame = serving_fakes.item_features(serving_fakes.FakeStore(), [1, 2, 500])
+    table = ItemTable.from_frame(frame)
+    dense, codes = table.lookup(np.array([2, 123456, 1, 500]))
+    assert dense.shape == (4, len(ITEM_FEATURES))
+    assert np.isfinite(dense[[0, 2]]).all()
+    assert np.isnan(dense[[1, 3]]).all()  # 123456: not in the table; 500: store knows nothing
+    assert table.genres[codes[0]] == serving_fakes.genre_of(2)
+    assert table.genres[codes[2]] == serving_fakes.genre_of(1)
+    assert codes[1] == -1 and codes[3] == -1
+
+
+def test_item_table_names_missing_columns() -> None:
+    frame = pd.DataFrame({"item_ctr": [0.1]}, index=pd.Index([1], name="item_id"))
+    with pytest.raises(ValueError, match=ITEM_GENRE):
+        ItemTable.from_frame(frame)
+
+
+# The model --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def champion_file(tmp_path: Path) -> Path:
+    return tmp_path / "champion.json"
+
+
+@pytest.fixture
+def store() -> serving_fakes.FakeStore:
+    return serving_fakes.FakeStore()
+
+
+@pytest.fixture
+def model(tmp_path: Path, champion_file: Path, store: serving_fakes.FakeStore) -> PreRankingModel:
+    return PreRankingModel(
+        settings=Settings(home=tmp_path / "home"),
+        config=ServingConfig(poll_s=0.05, max_candidates=100),
+        backends=serving_fakes.backends(champion_file, store),
+    )
+
+
+def infer(model: PreRankingModel, user_id: int, item_ids: list[int], request_id: str | None = None):
+    return asyncio.run(
+        model.predict(request(user(user_id), items(item_ids), request_id=request_id))
+    )
+
+
+def test_not_ready_until_a_champion_exists(model: PreRankingModel, champion_file: Path) -> None:
+    assert model.load() is False
+    assert model.ready is False
+    with pytest.raises(ModelNotReady):
+        infer(model, 1, [1])
+    serving_fakes.write_champion(champion_file, "4", seed=4)
+    assert model.load() is True
+    assert model.served_version == "4"
+
+
+def test_predict_scores_each_candidate_with_only_the_needed_features(
+    model: PreRankingModel, champion_file: Path, store: serving_fakes.FakeStore
+) -> None:
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+    # Items were read once, at load time, in one batch.
+    assert store.item_calls == [serving_fakes.CATALOG]
+    candidates = [3, 4, 6, 999_999]  # 3, 6: Action; 4: Comedy; 999999: unknown
+    response = infer(model, 5, candidates, request_id="req-1")
+    scores = response.outputs[0].data
+    assert response.id == "req-1"
+    assert response.parameters == {"model_version": "1", "run_id": "run-1"}
+    assert response.outputs[0].name == "scores" and response.outputs[0].datatype == "FP32"
+    assert scores.shape == (4,) and scores.dtype == np.float32
+    assert np.isfinite(scores).all() and ((scores >= 0) & (scores <= 1)).all()
+    # Only the user's features are fetched per request, for the candidates' genres only.
+    assert store.user_calls == [(5, ("Action", "Comedy"))]
+    assert len(store.item_calls) == 1
+    # A generated id when the request has none.
+    assert infer(model, 5, candidates).id
+
+
+def test_predict_matches_the_network_on_assembled_features(
+    model: PreRankingModel, champion_file: Path
+) -> None:
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+    store = serving_fakes.FakeStore()
+    user_feats, per_genre = serving_fakes.user_features(store, 5, serving_fakes.GENRES)
+    item_frame = serving_fakes.item_features(store, [7])
+    row = {**user_feats, **item_frame.loc[7].to_dict(), **per_genre[serving_fakes.genre_of(7)]}
+    dense = torch.tensor([[row[f] for f in MODEL_FEATURES]], dtype=torch.float32)
+    expected = torch.sigmoid(
+        serving_fakes.network(1)(dense, torch.tensor([5]), torch.tensor([7]))
+    ).item()
+    got = infer(model, 5, [7]).outputs[0].data[0]
+    assert math.isclose(float(got), expected, rel_tol=1e-5)
+
+
+def test_swap_changes_version_and_scores(model: PreRankingModel, champion_file: Path) -> None:
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+    before = infer(model, 9, [1, 2, 3])
+    assert model.refresh() is False  # same version: nothing reloads
+    serving_fakes.write_champion(champion_file, "2", seed=2)
+    assert model.refresh() is True
+    after = infer(model, 9, [1, 2, 3])
+    assert (before.model_version, after.model_version) == ("1", "2")
+    assert not np.allclose(before.outputs[0].data, after.outputs[0].data)
+
+
+def test_request_in_flight_finishes_on_the_old_version(
+    model: PreRankingModel, champion_file: Path
+) -> None:
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+    assert model._served is not None
+    old_net = model._served.network
+    entered, release = threading.Event(), threading.Event()
+
+    class BlockingNet(torch.nn.Module):
+        def forward(self, *args: torch.Tensor) -> torch.Tensor:
+            entered.set()
+            assert release.wait(5)
+            return old_net(*args)
+
+    assert model._served is not None
+    model._served = dataclasses.replace(model._served, network=BlockingNet())
+    result: dict[str, object] = {}
+    worker = threading.Thread(target=lambda: result.update(r=infer(model, 2, [1, 2])))
+    worker.start()
+    assert entered.wait(5)
+    serving_fakes.write_champion(champion_file, "2", seed=2)
+    assert model.refresh() is True  # swapped while the request is inside the old network
+    release.set()
+    worker.join(5)
+    assert result["r"].model_version == "1"  # type: ignore[attr-defined]
+    assert infer(model, 2, [1, 2]).model_version == "2"
+
+
+def test_failed_load_keeps_serving_the_old_version(
+    model: PreRankingModel, champion_file: Path
+) -> None:
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+
+    def broken(settings: Settings, alias: str) -> None:
+        raise OSError("registry unreachable")
+
+    model.backends.load_champion = broken  # type: ignore[assignment]
+    serving_fakes.write_champion(champion_file, "2", seed=2)
+    with pytest.raises(OSError):
+        model.refresh()
+    assert model.served_version == "1"
+    assert infer(model, 1, [1]).model_version == "1"
+
+
+def test_poller_makes_the_model_ready_when_a_champion_appears(
+    model: PreRankingModel, champion_file: Path
+) -> None:
+    model.start()
+    try:
+        time.sleep(0.2)
+        assert model.ready is False
+        serving_fakes.write_champion(champion_file, "3", seed=3)
+        deadline = time.monotonic() + 5
+        while not model.ready and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert model.served_version == "3"
+    finally:
+        model.stop()
+    assert model.ready is False
+
+
+def test_poller_survives_registry_errors(model: PreRankingModel, champion_file: Path) -> None:
+    real = model.backends.champion_version
+    failures = {"left": 3}
+
+    def flaky(settings: Settings, alias: str) -> str | None:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise ConnectionError("registry down")
+        return real(settings, alias)
+
+    model.backends.champion_version = flaky  # type: ignore[assignment]
+    serving_fakes.write_champion(champion_file, "5", seed=5)
+    model.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not model.ready and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        model.stop()
+    assert failures["left"] == 0
+    assert model.served_version == "5"
+
+
+def test_lake_item_ids_reads_every_partition_of_the_item_view(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path)
+    assert lake_item_ids(settings) == []  # no item view yet: empty catalogue, not an error
+    root = Lake(settings.lake_root).ctr_view_root("item")
+    for ds, ids in (("2026-11-21", [3, 1]), ("2026-11-22", [1, 2])):
+        part = root / f"dt={ds}"
+        part.mkdir(parents=True)
+        pd.DataFrame({"item_id": ids, "item_ctr": [0.1] * len(ids)}).to_parquet(
+            part / "part-0.parquet"
+        )
+    (root / "_SUCCESS").write_text("")
+    assert lake_item_ids(settings) == [1, 2, 3]
