@@ -121,7 +121,6 @@ def service_env(settings: Settings) -> dict[str, str]:
             "MLFLOW_TRACKING_URI": settings.tracking_uri,
             "SPARK_LOCAL_IP": settings.host,
             "DS_ACCELERATOR": env.get("DS_ACCELERATOR", "cpu"),
-            "TORCH_EXTENSIONS_DIR": str(settings.home / "torch_extensions"),
             "PYTHONUNBUFFERED": "1",
         }
     )

@@ -28,8 +28,9 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
 from cascade.config import Settings, load_settings
@@ -249,10 +250,19 @@ def build_session(settings: Settings) -> SparkSession:
     return spark
 
 
-def _write(frame: DataFrame, path: Path, files: int) -> int:
-    frame.coalesce(files).write.mode("overwrite").parquet(str(path))
-    # Count what landed, not what was planned: the number reported is the number on disk.
-    return frame.sparkSession.read.parquet(str(path)).count()
+def _write(frame: DataFrame, path: Path, files: int, **metrics: Column) -> dict[str, Any]:
+    """Overwrite ``path`` with ``frame``; return ``rows`` and ``metrics`` seen by the write.
+
+    An Observation collects them in the write's own pass, so no second Spark job recounts.
+    """
+    observation = Observation(f"write {path.name}")
+    observed = frame.observe(
+        observation,
+        F.count(F.lit(1)).alias("rows"),
+        *[column.alias(name) for name, column in metrics.items()],
+    )
+    observed.coalesce(files).write.mode("overwrite").parquet(str(path))
+    return observation.get
 
 
 def run(
@@ -287,16 +297,19 @@ def _run(ds: str, *, lake: Lake, spark: SparkSession, config: CtrJobConfig) -> d
 
     # extract
     source = movielens.read_ml100k(spark, config.source_dir)
+    # Both dimension tables are read by several writes below; parse them once.
+    users, items = source.users.cache(), source.items.cache()
     print(f"[ctr] read {movielens.DATASET} from {config.source_dir or 'recbole package'}")
 
     quarantine_path = lake.quarantine(movielens.DATASET, ds)
-    quarantined = _write(source.quarantine, quarantine_path, config.output_files)
+    quarantined = _write(source.quarantine, quarantine_path, config.output_files)["rows"]
     print(f"[ctr] quarantined {quarantined} raw rows -> {quarantine_path}")
 
     # transform
-    labelled = label_impressions(before_cutoff(source.impressions, cutoff=cutoff), source.items)
+    labelled = label_impressions(before_cutoff(source.impressions, cutoff=cutoff), items)
     impressions_path = lake.impressions(ds)
-    n_impressions = _write(labelled, impressions_path, config.output_files)
+    written = _write(labelled, impressions_path, config.output_files, click_rate=F.avg(LABEL))
+    n_impressions = written["rows"]
     print(f"[ctr] {n_impressions} labelled impressions before {cutoff:%Y-%m-%dT%H:%MZ}")
     print(f"[ctr]   -> {impressions_path}")
     if n_impressions == 0:
@@ -307,13 +320,13 @@ def _run(ds: str, *, lake: Lake, spark: SparkSession, config: CtrJobConfig) -> d
 
     # Read back the written partition so every view is computed from exactly what was stored.
     stored = spark.read.parquet(str(impressions_path))
-    prior_rate = stored.agg(F.avg(LABEL)).first()[0]
+    prior_rate = float(written["click_rate"])
     print(f"[ctr] global click rate p={prior_rate:.4f}, prior strength m={config.prior_strength}")
     snapshotted = assign_snapshot(stored, cutoff=cutoff, snapshot_days=config.snapshot_days).cache()
     smoothing = {"prior_rate": prior_rate, "prior_strength": config.prior_strength}
     views = {
-        "user": user_features(snapshotted, source.users, **smoothing),
-        "item": item_features(snapshotted, source.items, **smoothing),
+        "user": user_features(snapshotted, users, **smoothing),
+        "item": item_features(snapshotted, items, **smoothing),
         "user_genre": user_genre_features(snapshotted, **smoothing),
     }
 
@@ -323,10 +336,11 @@ def _run(ds: str, *, lake: Lake, spark: SparkSession, config: CtrJobConfig) -> d
     for view in CTR_VIEWS:
         frame = views[view]
         path = lake.ctr_features(view, ds)
-        rows[view] = _write(frame, path, config.output_files)
+        rows[view] = _write(frame, path, config.output_files)["rows"]
         paths[view] = str(path)
         print(f"[ctr] view {view}: {rows[view]} rows -> {path}")
-    snapshotted.unpersist()
+    for cached in (snapshotted, users, items):
+        cached.unpersist()
     print(f"[ctr] done in {time.monotonic() - started:.1f} s")
     return {
         "ds": ds,

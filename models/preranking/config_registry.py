@@ -123,7 +123,7 @@ def preranking_ml100k() -> TrainConfig:
         weight_decay=1e-6,
         epochs=3,
         zero_stage=2,
-        bf16=False,
+        bf16=True,
         log_every=20,
     )
 
