@@ -34,6 +34,12 @@ test-fast: venv
 e2e: venv
 	$(PY) -m pytest -m "e2e" -p no:cacheprovider
 
+bench: venv
+	mkdir -p bench-results
+	for name in $$($(PY) -c "from cascade.bench import BENCHMARKS; print(' '.join(BENCHMARKS))"); do \
+		$(VENV)/bin/cascade bench $$name --out bench-results/$$name.json || exit 1; \
+	done
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -14,7 +14,13 @@ TERMINAL_STATES = ("success", "failed")
 
 
 class AirflowClient:
-    def __init__(self, settings: Settings | None = None, *, username: str = "admin", password: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        username: str = "admin",
+        password: str | None = None,
+    ) -> None:
         from infra.stack import airflow_password
 
         self.settings = settings or load_settings()
@@ -37,12 +43,16 @@ class AirflowClient:
         return {"Authorization": f"Bearer {self._token}"}
 
     def get(self, path: str, **params: Any) -> Any:
-        response = requests.get(f"{self.base}/api/v2{path}", headers=self._headers(), params=params, timeout=15)
+        response = requests.get(
+            f"{self.base}/api/v2{path}", headers=self._headers(), params=params, timeout=15
+        )
         response.raise_for_status()
         return response.json()
 
     def patch(self, path: str, body: dict[str, Any]) -> Any:
-        response = requests.patch(f"{self.base}/api/v2{path}", headers=self._headers(), json=body, timeout=15)
+        response = requests.patch(
+            f"{self.base}/api/v2{path}", headers=self._headers(), json=body, timeout=15
+        )
         response.raise_for_status()
         return response.json()
 
@@ -53,7 +63,9 @@ class AirflowClient:
         return self.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
 
     def xcom(self, dag_id: str, run_id: str, task_id: str) -> Any:
-        entry = self.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value")
+        entry = self.get(
+            f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value"
+        )
         return entry.get("value")
 
     def wait_for_dag(self, dag_id: str, timeout_s: float = 180) -> dict[str, Any]:
@@ -65,7 +77,9 @@ class AirflowClient:
             except requests.HTTPError:
                 time.sleep(2)
         errors = self.get("/importErrors").get("import_errors", [])
-        raise TimeoutError(f"DAG {dag_id} not parsed after {timeout_s:.0f} s; import errors: {errors}")
+        raise TimeoutError(
+            f"DAG {dag_id} not parsed after {timeout_s:.0f} s; import errors: {errors}"
+        )
 
     def wait_for_run(
         self,
@@ -75,7 +89,7 @@ class AirflowClient:
         timeout_s: float = 900,
         echo: Callable[[str], None] = print,
     ) -> dict[str, Any]:
-        """Wait for a run that ``match`` accepts to reach a terminal state, printing task progress."""
+        """Wait for a run that ``match`` accepts to finish, printing task progress."""
         deadline = time.monotonic() + timeout_s
         seen: dict[str, str] = {}
         run: dict[str, Any] | None = None
@@ -92,6 +106,7 @@ class AirflowClient:
                     return run
             time.sleep(3)
         raise TimeoutError(
-            f"no finished {dag_id} run after {timeout_s:.0f} s (last seen: {run and run['state']}); "
+            f"no finished {dag_id} run after {timeout_s:.0f} s "
+            f"(last seen: {run and run['state']}); "
             f"see {self.base}/dags/{dag_id}"
         )

@@ -1,10 +1,10 @@
 """The ``cascade`` command.
 
-    cascade up | down | status
-    cascade demo [--ds YYYY-MM-DD]
-    cascade events publish cascade.data.landed --dataset ml100k --partition 2026-11-22
-    cascade step NAME --ds YYYY-MM-DD
-    cascade score --user 1 --items 10 20 30
+cascade up | down | status
+cascade demo [--ds YYYY-MM-DD]
+cascade events publish cascade.data.landed --dataset ml100k --partition 2026-11-22
+cascade step NAME --ds YYYY-MM-DD
+cascade score --user 1 --items 10 20 30
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import argparse
 import datetime as dt
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from cascade.config import load_settings
@@ -87,19 +88,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if summary["dag_run_state"] == "success" else 1
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from cascade.bench import run_benchmark
+
+    result = run_benchmark(args.name, args.out, quick=args.quick)
+    print(json.dumps(result, indent=2, default=str))
+    print(f"written to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cascade", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="cascade", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("up", help="start the local stack and wait until healthy").set_defaults(func=cmd_up)
+    sub.add_parser("up", help="start the local stack and wait until healthy").set_defaults(
+        func=cmd_up
+    )
     sub.add_parser("down", help="stop what `cascade up` started").set_defaults(func=cmd_down)
     sub.add_parser("status", help="each service: up/down, URL, pid").set_defaults(func=cmd_status)
 
     demo = sub.add_parser("demo", help="start the stack and run the pre-ranking path end to end")
-    demo.add_argument("--ds", default=dt.datetime.now(dt.UTC).date().isoformat(), help="partition date")
+    demo.add_argument(
+        "--ds", default=dt.datetime.now(dt.UTC).date().isoformat(), help="partition date"
+    )
     demo.add_argument("--timeout", type=float, default=1500, help="seconds to wait for the DAG run")
     demo.set_defaults(func=cmd_demo)
 
-    events = sub.add_parser("events", help="Kafka events").add_subparsers(dest="events_command", required=True)
+    events = sub.add_parser("events", help="Kafka events").add_subparsers(
+        dest="events_command", required=True
+    )
     pub = events.add_parser("publish", help="publish one event (acks=all)")
     pub.add_argument("type", help="event type = topic, e.g. cascade.data.landed")
     pub.add_argument("--dataset")
@@ -107,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--payload", help="JSON object merged into the payload")
     pub.set_defaults(func=cmd_publish)
 
-    step = sub.add_parser("step", help="run one pipeline step (the DAG task / DVC stage of that name)")
+    step = sub.add_parser(
+        "step", help="run one pipeline step (the DAG task / DVC stage of that name)"
+    )
     step.add_argument("name")
     step.add_argument("--ds", required=True, help="partition date YYYY-MM-DD")
     step.set_defaults(func=cmd_step)
@@ -116,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--user", type=int, required=True)
     score.add_argument("--items", type=int, nargs="+", required=True)
     score.set_defaults(func=cmd_score)
+
+    bench = sub.add_parser("bench", help="run a benchmark, write JSON results")
+    bench.add_argument("name", help="benchmark name (see cascade/bench.py)")
+    bench.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

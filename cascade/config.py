@@ -32,7 +32,9 @@ class Ports:
         for name in ("broker", "airflow", "mlflow", "serving"):
             port = getattr(self, name)
             if not 1024 <= port <= 65535:
-                raise ValueError(f"port {name}={port} is outside 1024..65535; set CASCADE_{name.upper()}_PORT")
+                raise ValueError(
+                    f"port {name}={port} is outside 1024..65535; set CASCADE_{name.upper()}_PORT"
+                )
         values = [self.broker, self.airflow, self.mlflow, self.serving]
         if len(set(values)) != len(values):
             raise ValueError(f"ports must differ, got {values}")
@@ -67,7 +69,9 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
-            raise ValueError(f"unknown profile {self.profile!r}; choose one of {PROFILES} (CASCADE_PROFILE)")
+            raise ValueError(
+                f"unknown profile {self.profile!r}; choose one of {PROFILES} (CASCADE_PROFILE)"
+            )
         if self.train_processes < 1:
             raise ValueError("train_processes must be >= 1")
         if not 0 <= self.promotion_tolerance < 1:

@@ -34,7 +34,9 @@ def trigger_and_wait(
     client.wait_for_dag(DAG_ID)
     client.patch(f"/dags/{DAG_ID}", {"is_paused": False})
     before = {r["dag_run_id"] for r in client.dag_runs(DAG_ID, limit=100)}
-    event = make_event("cascade.data.landed", {"dataset": "ml100k", "partition": ds}, source="cascade-demo")
+    event = make_event(
+        "cascade.data.landed", {"dataset": "ml100k", "partition": ds}, source="cascade-demo"
+    )
     where = publish(event, settings=settings)
     echo(f"published cascade.data.landed {event.id} for partition {ds} -> {where}")
     published_at = time.monotonic()
@@ -60,7 +62,9 @@ def trigger_and_wait(
     }
 
 
-def run_demo(*, ds: str, timeout_s: float = 1500, echo: Callable[[str], None] = print) -> dict[str, Any]:
+def run_demo(
+    *, ds: str, timeout_s: float = 1500, echo: Callable[[str], None] = print
+) -> dict[str, Any]:
     from infra.stack import airflow_password, up
 
     settings = load_settings()
@@ -85,7 +89,10 @@ def run_demo(*, ds: str, timeout_s: float = 1500, echo: Callable[[str], None] = 
     out.write_text(json.dumps(summary, indent=2, default=str))
     train, register = outcome.get("train") or {}, outcome.get("register") or {}
     echo("")
-    echo(f"== {DAG_ID} run {outcome['dag_run_id']} ({outcome['run_type']}): {outcome['dag_run_state']}")
+    echo(
+        f"== {DAG_ID} run {outcome['dag_run_id']} ({outcome['run_type']}): "
+        f"{outcome['dag_run_state']}"
+    )
     echo(f"   Airflow   {summary['airflow_url']}  (admin / {summary['airflow_password']})")
     echo(f"   MLflow    {summary['mlflow_url']}  run {train.get('run_id')}")
     echo(

@@ -83,7 +83,9 @@ def make_event(event_type: str, payload: dict[str, Any], *, source: str = "casca
     return parse_event(event.model_dump_json())
 
 
-def publish(event: Event, *, settings: Settings | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
+def publish(
+    event: Event, *, settings: Settings | None = None, timeout_s: float = 10.0
+) -> dict[str, Any]:
     """Send one event to the topic named by its type; acks=all, retried. Returns where it landed."""
     from kafka import KafkaProducer
 
@@ -116,7 +118,9 @@ def ensure_topics(settings: Settings | None = None) -> list[str]:
         existing = set(admin.list_topics())
         missing = [t for t in TOPICS if t not in existing]
         if missing:
-            admin.create_topics([NewTopic(t, num_partitions=1, replication_factor=1) for t in missing])
+            admin.create_topics(
+                [NewTopic(t, num_partitions=1, replication_factor=1) for t in missing]
+            )
         return missing
     finally:
         admin.close()

@@ -85,6 +85,7 @@ def register_and_promote(ds: str, *, settings: Settings | None = None) -> dict:
     also written to ``Lake.reports("register", ds) / "result.json"``. Calling it again for the
     same training run registers nothing new and returns the first decision.
     """
+    import mlflow
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -95,6 +96,9 @@ def register_and_promote(ds: str, *, settings: Settings | None = None) -> dict:
     name = settings.registered_model
     uri = settings.tracking_uri
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    # The registry store resolves a models:/m-<id> source through the global tracking URI.
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
 
     try:
         client.create_registered_model(name, description="Pre-ranking CTR model (Cascade)")

@@ -60,7 +60,9 @@ def venv_bin() -> Path:
 
 
 def broker_binary() -> Path:
-    """The broker binary inside the ``noida-db`` wheel (its console script would not pass signals on)."""
+    """The broker binary inside the ``noida-db`` wheel.
+
+    Its console script is a wrapper that would not pass signals on."""
     import importlib.util
 
     spec = importlib.util.find_spec("noida_db")
@@ -282,7 +284,9 @@ def state(settings: Settings, name: str) -> ServiceState:
     )
 
 
-def start_service(settings: Settings, name: str, *, echo: Callable[[str], None] = print) -> ServiceState:
+def start_service(
+    settings: Settings, name: str, *, echo: Callable[[str], None] = print
+) -> ServiceState:
     spec = service_specs(settings)[name]
     if _running_pgid(settings, name) is not None:
         echo(f"{name}: already running (pid {_running_pgid(settings, name)})")
@@ -296,7 +300,10 @@ def start_service(settings: Settings, name: str, *, echo: Callable[[str], None] 
             folder.mkdir(parents=True, exist_ok=True)
         log_path = _log_file(settings, name)
         with log_path.open("ab") as log:
-            log.write(f"\n=== start {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(spec.command)}\n".encode())
+            log.write(
+                f"\n=== start {time.strftime('%Y-%m-%dT%H:%M:%S')} "
+                f"{' '.join(spec.command)}\n".encode()
+            )
             log.flush()
             proc = subprocess.Popen(
                 spec.command,
@@ -308,7 +315,9 @@ def start_service(settings: Settings, name: str, *, echo: Callable[[str], None] 
                 start_new_session=True,
             )
         _pid_file(settings, name).write_text(
-            json.dumps({"pid": proc.pid, "pgid": proc.pid, "command": spec.command, "port": spec.port})
+            json.dumps(
+                {"pid": proc.pid, "pgid": proc.pid, "command": spec.command, "port": spec.port}
+            )
         )
         echo(f"{name}: started (pid {proc.pid}), log {log_path}")
     deadline = time.monotonic() + spec.start_timeout_s
@@ -324,7 +333,9 @@ def start_service(settings: Settings, name: str, *, echo: Callable[[str], None] 
     )
 
 
-def stop_service(settings: Settings, name: str, *, grace_s: float = 30, echo: Callable[[str], None] = print) -> bool:
+def stop_service(
+    settings: Settings, name: str, *, grace_s: float = 30, echo: Callable[[str], None] = print
+) -> bool:
     """Stop the process group ``start`` recorded; True if something was stopped."""
     record = _recorded(settings, name)
     pgid = _running_pgid(settings, name)
@@ -371,7 +382,12 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def up(settings: Settings | None = None, services: tuple[str, ...] = SERVICES, *, echo: Callable[[str], None] = print) -> list[ServiceState]:
+def up(
+    settings: Settings | None = None,
+    services: tuple[str, ...] = SERVICES,
+    *,
+    echo: Callable[[str], None] = print,
+) -> list[ServiceState]:
     settings = settings or load_settings()
     states = []
     for name in services:
@@ -385,7 +401,12 @@ def up(settings: Settings | None = None, services: tuple[str, ...] = SERVICES, *
     return states
 
 
-def down(settings: Settings | None = None, services: tuple[str, ...] = SERVICES, *, echo: Callable[[str], None] = print) -> list[str]:
+def down(
+    settings: Settings | None = None,
+    services: tuple[str, ...] = SERVICES,
+    *,
+    echo: Callable[[str], None] = print,
+) -> list[str]:
     settings = settings or load_settings()
     # Reverse order: consumers of the broker and registry go first.
     return [name for name in reversed(services) if stop_service(settings, name, echo=echo)]

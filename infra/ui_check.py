@@ -28,7 +28,14 @@ CHROMIUM_ARGS = [
 
 
 def check_dag_runs(
-    base_url: str, password: str, dag_id: str, run_id: str, screenshot: Path, *, username: str = "admin", timeout_ms: int = 90_000
+    base_url: str,
+    password: str,
+    dag_id: str,
+    run_id: str,
+    screenshot: Path,
+    *,
+    username: str = "admin",
+    timeout_ms: int = 90_000,
 ) -> dict[str, Any]:
     """Log in, open the DAG's runs list, and return what the page says about ``run_id``."""
     from playwright.sync_api import expect, sync_playwright
@@ -58,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     from cascade.config import load_settings
     from infra.stack import airflow_password
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dag", default="ctr_preranking")
     parser.add_argument("--out", type=Path, default=Path("airflow-ui.png"))
     args = parser.parse_args(argv)
@@ -71,7 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         print(f"{args.dag} has no runs yet", file=sys.stderr)
         return 2
-    print(json.dumps(check_dag_runs(settings.airflow_url, password, args.dag, runs[0]["dag_run_id"], args.out), indent=2))
+    print(
+        json.dumps(
+            check_dag_runs(
+                settings.airflow_url, password, args.dag, runs[0]["dag_run_id"], args.out
+            ),
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -255,7 +255,7 @@ def _write(frame: DataFrame, path: Path, files: int, **metrics: Column) -> dict[
 
     An Observation collects them in the write's own pass, so no second Spark job recounts.
     """
-    observation = Observation(f"write {path.name}")
+    observation = Observation(f"write {path.parent.name}/{path.name}")
     observed = frame.observe(
         observation,
         F.count(F.lit(1)).alias("rows"),

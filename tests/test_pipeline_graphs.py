@@ -25,8 +25,12 @@ def test_dvc_stages_chain_in_step_order() -> None:
     stages = dvc_stages()
     names = list(stages)
     for upstream, downstream in zip(names, names[1:], strict=False):
-        upstream_outs = {next(iter(o)) if isinstance(o, dict) else o for o in stages[upstream]["outs"]}
-        assert upstream_outs & set(stages[downstream]["deps"]), f"{downstream} does not depend on {upstream}"
+        upstream_outs = {
+            next(iter(o)) if isinstance(o, dict) else o for o in stages[upstream]["outs"]
+        }
+        assert upstream_outs & set(stages[downstream]["deps"]), (
+            f"{downstream} does not depend on {upstream}"
+        )
 
 
 def test_dag_tasks_are_the_steps_in_the_same_order(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -20,6 +20,7 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 import torch
+from mlflow.pyfunc.model import PythonModel, PythonModelContext
 from mlflow.tracking import MlflowClient
 
 from cascade.config import Settings, load_settings
@@ -62,20 +63,20 @@ def frame_inputs(frame: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor, torch
     return dense, user, item
 
 
-class PreRankerPyfunc(mlflow.pyfunc.PythonModel):
+class PreRankerPyfunc(PythonModel):
     """MLflow pyfunc: a frame of ids + MODEL_FEATURES in, click probabilities out."""
 
     model: PreRanker | None = None
     config: TrainConfig | None = None
 
-    def load_context(self, context: mlflow.pyfunc.PythonModelContext) -> None:
+    def load_context(self, context: PythonModelContext) -> None:
         self.model, self.config = load_model_dir(
             Path(context.artifacts[STATE_DICT_ARTIFACT]), Path(context.artifacts[CONFIG_ARTIFACT])
         )
 
     def predict(
         self,
-        context: mlflow.pyfunc.PythonModelContext,
+        context: PythonModelContext,
         model_input: pd.DataFrame,
         params: dict[str, Any] | None = None,
     ) -> np.ndarray:

@@ -40,6 +40,11 @@ class PreRankerConfig:
 
 
 class PreRanker(nn.Module):
+    # Buffers, declared so type checkers see tensors rather than ``Tensor | Module``.
+    count_mask: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+
     def __init__(self, config: PreRankerConfig) -> None:
         super().__init__()
         self.config = config

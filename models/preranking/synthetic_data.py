@@ -82,7 +82,8 @@ def synthetic_training_frame(
         "ug_clicks": g_clk,
         "ug_ctr": g_ctr,
     }
-    assert tuple(features) == MODEL_FEATURES, "keep in step with cascade.ctr_schema"
+    if tuple(features) != MODEL_FEATURES:
+        raise RuntimeError("synthetic features are out of step with cascade.ctr_schema")
     frame = pd.DataFrame(
         {
             "user_id": (user + 1).astype(np.int64),

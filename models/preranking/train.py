@@ -42,6 +42,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 from sklearn.metrics import log_loss, roc_auc_score
+from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from cascade.config import REPO_ROOT, Settings, load_settings
@@ -167,6 +168,32 @@ def evaluate(model: PreRanker, frame: pd.DataFrame) -> dict[str, float]:
     }
 
 
+def use_experiment(settings: Settings) -> str:
+    """Point MLflow at ``settings`` and return the ``preranking`` experiment id.
+
+    With a local store (sqlite/file) the experiment's artifacts go under ``settings.home``:
+    MLflow's default is ``./mlruns`` of the current directory, i.e. inside the repository.
+    """
+    import mlflow
+
+    uri = settings.tracking_uri
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+    if experiment is not None:
+        return str(experiment.experiment_id)
+    local_store = not uri.startswith(("http://", "https://", "databricks"))
+    location = (settings.home / "mlflow-artifacts").as_uri() if local_store else None
+    try:
+        return str(mlflow.create_experiment(EXPERIMENT, artifact_location=location))
+    except mlflow.exceptions.MlflowException:
+        # Another process created it between our lookup and create.
+        experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+        if experiment is None:
+            raise
+        return str(experiment.experiment_id)
+
+
 def log_run(
     model: PreRanker,
     config: TrainConfig,
@@ -193,15 +220,15 @@ def log_run(
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, state_path)
     config_path.write_text(json.dumps(config.to_dict(), indent=2))
 
-    mlflow.set_tracking_uri(settings.tracking_uri)
-    mlflow.set_registry_uri(settings.tracking_uri)
-    mlflow.set_experiment(EXPERIMENT)
+    experiment_id = use_experiment(settings)
     active = mlflow.active_run()
     if active is not None and active.info.run_id == (run_id or active.info.run_id):
         # Rank 0 of train() started the run to log the loss curve; keep it open for its caller.
         run_context: Any = contextlib.nullcontext(active)
     else:
-        run_context = mlflow.start_run(run_id=run_id, run_name=f"{config.name}-{ds}")
+        run_context = mlflow.start_run(
+            run_id=run_id, experiment_id=experiment_id, run_name=f"{config.name}-{ds}"
+        )
     with run_context as run:
         mlflow.log_params({**config.flat_params(), **{k: str(v) for k, v in params.items()}})
         mlflow.log_metrics(metrics)
@@ -272,9 +299,10 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
     settings = load_settings()
     run_id = None
     if rank == 0:
-        mlflow.set_tracking_uri(settings.tracking_uri)
-        mlflow.set_experiment(EXPERIMENT)
-        run_id = mlflow.start_run(run_name=f"{config.name}-{ds}").info.run_id
+        experiment_id = use_experiment(settings)
+        run_id = mlflow.start_run(
+            experiment_id=experiment_id, run_name=f"{config.name}-{ds}"
+        ).info.run_id
         print(
             f"[train] config={config.name} ds={ds} world={world} rows train={len(train_frame)} "
             f"test={len(test_frame)} zero={config.zero_stage} "
@@ -285,8 +313,8 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
     try:
         # The sampler gives each rank a disjoint, equally long shard; batches are sliced from
         # in-memory tensors (a per-row Dataset + collate costs more than the model here).
-        sampler = DistributedSampler(
-            range(len(train_frame)), num_replicas=world, rank=rank, shuffle=True, seed=config.seed
+        sampler: DistributedSampler[Any] = DistributedSampler(
+            TensorDataset(label), num_replicas=world, rank=rank, shuffle=True, seed=config.seed
         )
         loss_fn = torch.nn.BCEWithLogitsLoss()
         step = 0
@@ -374,7 +402,8 @@ def _ds_from_path(path: Path) -> str:
     return match.group(1) if match else ""
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``ds`` falls back to the ``dt=YYYY-MM-DD`` folder of ``--data``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, choices=sorted(CONFIGS))
     parser.add_argument("--data", required=True, type=Path, help="training parquet")
@@ -383,13 +412,19 @@ def main(argv: list[str] | None = None) -> None:
     # The deepspeed launcher passes --local_rank; torch.distributed.run sets LOCAL_RANK.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
     args = parser.parse_args(argv)
+    if args.ds is None:
+        args.ds = _ds_from_path(args.data)
+    if args.ds:
+        check_ds(args.ds)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
-    ds = args.ds if args.ds is not None else _ds_from_path(args.data)
-    if ds:
-        check_ds(ds)
     args.out.mkdir(parents=True, exist_ok=True)
-    train(get_config(args.config), data=args.data, out=args.out, ds=ds)
+    train(get_config(args.config), data=args.data, out=args.out, ds=args.ds)
 
 
 # --- launching from Python --------------------------------------------------------------

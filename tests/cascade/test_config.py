@@ -16,7 +16,11 @@ def test_local_is_the_default_profile_with_loopback_services(tmp_path: Path) -> 
 
 def test_environment_overrides_ports_and_services() -> None:
     settings = load_settings(
-        {"CASCADE_BROKER_PORT": "31000", "CASCADE_MLFLOW_URI": "sqlite:///x.db", "CASCADE_PROMOTION_TOLERANCE": "0.01"}
+        {
+            "CASCADE_BROKER_PORT": "31000",
+            "CASCADE_MLFLOW_URI": "sqlite:///x.db",
+            "CASCADE_PROMOTION_TOLERANCE": "0.01",
+        }
     )
     assert settings.ports.broker == 31000
     assert settings.bootstrap_servers == "127.0.0.1:31000"

@@ -22,7 +22,12 @@ def test_event_round_trips_with_envelope_fields() -> None:
         (b"{not json", "not JSON"),
         (json.dumps({"type": "cascade.unknown"}).encode(), "unknown event type"),
         (json.dumps({"type": TOPIC_DATA_LANDED, "schema_version": 2}).encode(), "bad envelope"),
-        (json.dumps({"type": TOPIC_DATA_LANDED, "payload": {"dataset": "x", "partition": "yesterday"}}).encode(), "bad cascade.data.landed payload"),
+        (
+            json.dumps(
+                {"type": TOPIC_DATA_LANDED, "payload": {"dataset": "x", "partition": "yesterday"}}
+            ).encode(),
+            "bad cascade.data.landed payload",
+        ),
         (json.dumps({"type": TOPIC_DATA_LANDED, "surprise": 1}).encode(), "bad envelope"),
     ],
 )

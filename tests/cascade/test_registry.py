@@ -45,11 +45,13 @@ def trained(settings: Settings, ds: str, test_auc: float, seed: int) -> PreRanke
     return model
 
 
-def test_promotes_first_refuses_worse_promotes_better(settings: Settings) -> None:
+def test_promotes_first_refuses_worse_promotes_better(settings: Settings, tmp_path: Path) -> None:
     assert load_registered(settings) is None
     assert alias_version(settings) is None
 
     trained(settings, "2026-01-01", 0.70, seed=1)
+    # The registry must use settings' store, whatever MLflow's process-wide URI says.
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'elsewhere.db'}")
     first = register_and_promote("2026-01-01", settings=settings)
     assert first == {
         "version": "1",
@@ -77,6 +79,9 @@ def test_promotes_first_refuses_worse_promotes_better(settings: Settings) -> Non
         tracking_uri=settings.tracking_uri, registry_uri=settings.tracking_uri
     )
     assert len(client.search_model_versions(f"name='{settings.registered_model}'")) == 2
+    # Artifacts of a local store stay in the state folder, not in ./mlruns of the repository.
+    run = client.get_run(worse["run_id"])
+    assert run.info.artifact_uri.startswith(settings.home.as_uri()), run.info.artifact_uri
 
     # Within the tolerance counts as not worse.
     trained(settings, "2026-01-03", 0.697, seed=3)

@@ -13,7 +13,16 @@ import pytest
 from cascade.config import REPO_ROOT
 
 DAGS_DIR = REPO_ROOT / "dags"
-HEAVY_MODULES = ("torch", "pyspark", "feast", "mlflow", "great_expectations", "deepspeed", "kserve", "pandas")
+HEAVY_MODULES = (
+    "torch",
+    "pyspark",
+    "feast",
+    "mlflow",
+    "great_expectations",
+    "deepspeed",
+    "kserve",
+    "pandas",
+)
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +85,25 @@ with mock.patch.object(BaseHook, "get_connection", refuse):
     spec = importlib.util.spec_from_file_location("probe_dag", {str(dag_file)!r})
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-print(json.dumps({{"queries": queries, "heavy": [m for m in {HEAVY_MODULES!r} if m in sys.modules]}}))
+heavy = [m for m in {HEAVY_MODULES!r} if m in sys.modules]
+print(json.dumps({{"queries": queries, "heavy": heavy}}))
 """
     env = dict(os.environ)
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("dag_file", sorted(DAGS_DIR.glob("*.py")), ids=lambda p: p.name)
-def test_parse_does_no_db_query_no_connection_and_no_heavy_import(dag_file: Path, airflow_home: Path) -> None:
+def test_parse_does_no_db_query_no_connection_and_no_heavy_import(
+    dag_file: Path, airflow_home: Path
+) -> None:
     result = _parse_probe(dag_file)
     assert result["queries"] == []
     assert result["heavy"] == []

@@ -30,7 +30,9 @@ def test_a_registered_model_version_is_the_champion(stack: Settings, pipeline_ru
     assert pipeline_run["train"]["run_id"] == champion.run_id
 
 
-def test_server_scores_every_candidate_with_the_champion(stack: Settings, pipeline_run: dict) -> None:
+def test_server_scores_every_candidate_with_the_champion(
+    stack: Settings, pipeline_run: dict
+) -> None:
     from serving.deploy import score
 
     items = [1, 50, 100, 181, 258, 99999]
@@ -45,16 +47,26 @@ def test_server_scores_every_candidate_with_the_champion(stack: Settings, pipeli
     "body",
     [
         {"inputs": [{"name": "user_id", "shape": [1], "datatype": "INT64", "data": [1]}]},
-        {"inputs": [{"name": "user_id", "shape": [1], "datatype": "INT64", "data": [1]},
-                    {"name": "item_ids", "shape": [0], "datatype": "INT64", "data": []}]},
-        {"inputs": [{"name": "user_id", "shape": [1], "datatype": "BYTES", "data": ["bob"]},
-                    {"name": "item_ids", "shape": [1], "datatype": "INT64", "data": [1]}]},
+        {
+            "inputs": [
+                {"name": "user_id", "shape": [1], "datatype": "INT64", "data": [1]},
+                {"name": "item_ids", "shape": [0], "datatype": "INT64", "data": []},
+            ]
+        },
+        {
+            "inputs": [
+                {"name": "user_id", "shape": [1], "datatype": "BYTES", "data": ["bob"]},
+                {"name": "item_ids", "shape": [1], "datatype": "INT64", "data": [1]},
+            ]
+        },
         {"not": "v2"},
     ],
     ids=["missing-items", "empty-items", "string-user", "not-v2"],
 )
 def test_malformed_requests_get_a_4xx(stack: Settings, pipeline_run: dict, body: dict) -> None:
-    response = requests.post(f"{stack.serving_url}/v2/models/preranking/infer", json=body, timeout=30)
+    response = requests.post(
+        f"{stack.serving_url}/v2/models/preranking/infer", json=body, timeout=30
+    )
     assert 400 <= response.status_code < 500, response.text
 
 
@@ -66,6 +78,12 @@ def test_airflow_ui_shows_the_asset_triggered_run_as_successful(
     from infra.ui_check import check_dag_runs
 
     shot = REPO_ROOT / "artifacts" / "screenshots" / "ctr_preranking_runs.png"
-    seen = check_dag_runs(stack.airflow_url, airflow_password(stack) or "", "ctr_preranking", pipeline_run["dag_run_id"], shot)
+    seen = check_dag_runs(
+        stack.airflow_url,
+        airflow_password(stack) or "",
+        "ctr_preranking",
+        pipeline_run["dag_run_id"],
+        shot,
+    )
     assert "Success" in seen["row"] and "Asset Triggered" in seen["row"], seen["row"]
     assert shot.stat().st_size > 10_000

@@ -23,6 +23,7 @@ from models.preranking.train import (
     check_launch_outcome,
     launch,
     load_training_frame,
+    parse_args,
     time_split,
 )
 
@@ -150,6 +151,7 @@ def test_two_process_debug_run_learns_and_logs_to_mlflow(
     client = mlflow.tracking.MlflowClient(tracking_uri=settings.tracking_uri)
     run = client.get_run(result["run_id"])
     assert run.info.status == "FINISHED"
+    assert run.info.artifact_uri.startswith(settings.home.as_uri()), run.info.artifact_uri
     assert run.data.metrics["test_auc"] == pytest.approx(result["test_auc"])
     assert run.data.metrics["train_loss"] < 0.69  # below the loss of a constant guess
     assert run.data.params["world_size"] == "2" and run.data.params["zero_stage"] == "1"
@@ -165,3 +167,14 @@ def test_two_process_debug_run_learns_and_logs_to_mlflow(
     mlflow.set_tracking_uri(settings.tracking_uri)
     pyfunc = mlflow.pyfunc.load_model(result["model_uri"])
     np.testing.assert_allclose(pyfunc.predict(sample), expected, rtol=1e-5)
+
+
+def test_command_line_accepts_the_deepspeed_launchers_local_rank() -> None:
+    args = parse_args(
+        ["--local_rank=1", "--config", "ml100k", "--data", "/l/dt=2026-01-15/data.parquet"]
+        + ["--out", "/o"]
+    )
+    assert (args.local_rank, args.config, args.ds) == (1, "ml100k", "2026-01-15")
+    assert parse_args(["--config", "debug", "--data", "x.parquet", "--out", "o"]).ds == ""
+    with pytest.raises(SystemExit):
+        parse_args(["--config", "huge", "--data", "x.parquet", "--out", "o"])
