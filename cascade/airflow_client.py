@@ -20,6 +20,8 @@ class AirflowClient:
         *,
         username: str = "admin",
         password: str | None = None,
+        timeout_s: float = 30.0,
+        attempts: int = 6,
     ) -> None:
         from infra.stack import airflow_password
 
@@ -30,28 +32,50 @@ class AirflowClient:
         if not self.password:
             raise RuntimeError("no Airflow admin password yet; start the stack with `cascade up`")
         self._token: str | None = None
+        self.timeout_s = timeout_s
+        self.attempts = attempts
+
+    def _request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+        """One API call, retried while the server is busy or restarting.
+
+        A 2-core machine running Spark and DeepSpeed next to Airflow makes the API server
+        answer slowly at times; a slow answer is not a failure of the pipeline.
+        """
+        delay = 1.0
+        for attempt in range(1, self.attempts + 1):
+            try:
+                response = requests.request(method, url, timeout=self.timeout_s, **kwargs)
+            except (requests.ConnectionError, requests.Timeout):
+                if attempt == self.attempts:
+                    raise
+            else:
+                if response.status_code < 500 or attempt == self.attempts:
+                    return response
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
+        raise AssertionError("unreachable")
 
     def _headers(self) -> dict[str, str]:
         if self._token is None:
-            response = requests.post(
+            response = self._request(
+                "POST",
                 f"{self.base}/auth/token",
                 json={"username": self.username, "password": self.password},
-                timeout=10,
             )
             response.raise_for_status()
             self._token = response.json()["access_token"]
         return {"Authorization": f"Bearer {self._token}"}
 
     def get(self, path: str, **params: Any) -> Any:
-        response = requests.get(
-            f"{self.base}/api/v2{path}", headers=self._headers(), params=params, timeout=15
+        response = self._request(
+            "GET", f"{self.base}/api/v2{path}", headers=self._headers(), params=params
         )
         response.raise_for_status()
         return response.json()
 
     def patch(self, path: str, body: dict[str, Any]) -> Any:
-        response = requests.patch(
-            f"{self.base}/api/v2{path}", headers=self._headers(), json=body, timeout=15
+        response = self._request(
+            "PATCH", f"{self.base}/api/v2{path}", headers=self._headers(), json=body
         )
         response.raise_for_status()
         return response.json()
