@@ -38,4 +38,11 @@ PIP="$VENV/bin/pip"
 # MovieLens-100k ships inside recbole; only its data is used, so none of its dependencies.
 "$PIP" install -q --no-deps recbole==1.2.1
 "$VENV/bin/python" -c "import importlib.util as u; from pathlib import Path; p=Path(u.find_spec('recbole').submodule_search_locations[0])/'dataset_example/ml-100k/ml-100k.inter'; assert p.exists(), p"
+# Any `airflow ...` or `python -m airflow ...` run from this venv talks to the project's Airflow
+# (home under the state folder, DAGs from dags/) unless AIRFLOW_HOME is set explicitly.
+REPO=$(pwd)
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+cat > "$SITE/cascade_airflow_home.pth" <<PTH
+import os; _h = os.environ.get("CASCADE_HOME", "$REPO/.cascade"); os.environ.setdefault("AIRFLOW_HOME", _h + "/airflow"); os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", "$REPO/dags"); os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+PTH
 echo "install: done ($("$VENV/bin/python" -c 'import torch, airflow, pyspark; print("torch", torch.__version__, "airflow", airflow.__version__, "pyspark", pyspark.__version__)'))"

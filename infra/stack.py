@@ -11,6 +11,7 @@ that ``start`` recorded, so nothing else on the machine is touched.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import requests
 
 from cascade.assets import KAFKA_CONN_ID
@@ -138,6 +140,9 @@ def airflow_env(settings: Settings) -> dict[str, str]:
             "bootstrap.servers": settings.bootstrap_servers,
             "group.id": "cascade-airflow",
             "auto.offset.reset": "earliest",
+            # The shared-stream watcher commits only after asset events are stored; it refuses
+            # to start with auto-commit on (cascade/events.py explains the delivery chain).
+            "enable.auto.commit": "false",
         },
     }
     env = service_env(settings)
@@ -333,24 +338,46 @@ def start_service(
     )
 
 
+def _descendants(pid: int) -> dict[int, psutil.Process]:
+    try:
+        return {p.pid: p for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return {}
+
+
+def _still_running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def stop_service(
     settings: Settings, name: str, *, grace_s: float = 30, echo: Callable[[str], None] = print
 ) -> bool:
-    """Stop the process group ``start`` recorded; True if something was stopped."""
+    """Stop what ``start`` started; True if something was stopped.
+
+    That is the recorded process group plus every descendant seen while stopping: Airflow
+    runs each task in a process group of its own, and ``torch.distributed.run`` starts its
+    workers in new sessions, so a group signal alone would leave a running training behind.
+    """
     record = _recorded(settings, name)
     pgid = _running_pgid(settings, name)
     if pgid is None:
         _pid_file(settings, name).unlink(missing_ok=True)
         return False
     assert record is not None
+    main_pid = int(record["pid"])
+    family = _descendants(main_pid)
     # The main process gets SIGTERM first so it can save state (the broker writes its
-    # snapshot, Airflow standalone stops its components); stragglers in the group follow.
+    # snapshot, Airflow stops its components); stragglers follow.
     try:
-        os.kill(int(record["pid"]), signal.SIGTERM)
+        os.kill(main_pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + grace_s / 2
-    while time.monotonic() < deadline and _pid_alive(int(record["pid"])):
+    while time.monotonic() < deadline and _pid_alive(main_pid):
+        family.update(_descendants(main_pid))
         time.sleep(0.2)
     for sig, wait_s in ((signal.SIGTERM, grace_s / 2), (signal.SIGKILL, 5.0)):
         if not _group_alive(pgid):
@@ -362,10 +389,20 @@ def stop_service(
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and _group_alive(pgid):
             time.sleep(0.2)
-    if _group_alive(pgid):
-        raise StackError(f"{name}: process group {pgid} survived SIGKILL")
+    leftovers = [p for p in family.values() if _still_running(p)]
+    for proc in leftovers:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(leftovers, timeout=5)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=5)
+    if _group_alive(pgid) or any(_still_running(p) for p in family.values()):
+        raise StackError(f"{name}: processes of group {pgid} survived SIGKILL")
     _pid_file(settings, name).unlink(missing_ok=True)
-    echo(f"{name}: stopped (pid {pgid})")
+    escaped = f", and {len(leftovers)} processes outside its group" if leftovers else ""
+    echo(f"{name}: stopped (pid {pgid}{escaped})")
     return True
 
 

@@ -34,7 +34,7 @@ def test_dvc_stages_chain_in_step_order() -> None:
 
 
 def test_dag_tasks_are_the_steps_in_the_same_order(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    os.environ.setdefault("AIRFLOW_HOME", str(tmp_path))
+    os.environ["AIRFLOW_HOME"] = str(tmp_path)
     from airflow.dag_processing.dagbag import DagBag
 
     dag = DagBag(dag_folder=str(REPO_ROOT / "dags" / "ctr_preranking.py")).dags["ctr_preranking"]

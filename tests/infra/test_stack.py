@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,47 @@ def test_services_bind_loopback_and_airflow_gets_the_kafka_connection(settings) 
     assert str(settings.bootstrap_servers) in env["AIRFLOW_CONN_CASCADE_KAFKA"]
     assert env["CASCADE_HOME"] == str(settings.home)
     assert env["AIRFLOW__CORE__DAGS_FOLDER"].endswith("dags")
+
+
+ESCAPING_SERVICE = """
+import subprocess, sys, time
+# Like torch.distributed.run under an Airflow task: a worker in a session of its own.
+child = subprocess.Popen(
+    [sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True
+)
+print(child.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_stop_also_ends_descendants_that_left_the_process_group(
+    settings, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    import sys
+
+    import psutil
+
+    real = stack.service_specs(settings)["broker"]
+    fake = stack.ServiceSpec(
+        name="broker",
+        port=real.port,
+        command=[sys.executable, "-c", ESCAPING_SERVICE],
+        env=dict(os.environ),
+        url="test://escaping",
+        healthy=lambda: True,
+        start_timeout_s=10,
+    )
+    monkeypatch.setattr(stack, "service_specs", lambda _settings: {"broker": fake})
+    stack.start_service(settings, "broker", echo=lambda _: None)
+    main = stack.state(settings, "broker").pid
+    assert main is not None
+    deadline = time.monotonic() + 20
+    children: list[psutil.Process] = []
+    while not children and time.monotonic() < deadline:
+        children = psutil.Process(main).children()
+    (child,) = children
+    assert os.getpgid(child.pid) != main, "the child must have left the group for this test"
+    lines: list[str] = []
+    assert stack.stop_service(settings, "broker", grace_s=4, echo=lines.append)
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    assert "outside its group" in lines[-1]
