@@ -18,13 +18,33 @@ TOPICS = (
     TOPIC_DEAD_LETTER,
 )
 
+WATCHED_TOPICS = (TOPIC_DATA_LANDED, TOPIC_RETRAIN_REQUESTED)
+"""Topics the Airflow watchers read. Every watcher names this same tuple so that they all share
+one Kafka consumer in the triggerer (``KafkaSharedStreamTrigger`` keys the consumer on topics +
+connection) and each filters out what it does not want; watchers on different topic sets would
+be separate consumers in one group, fighting over partitions."""
+
 KAFKA_CONN_ID = "cascade_kafka"
-"""Airflow connection of the broker (set by the stack as ``AIRFLOW_CONN_CASCADE_KAFKA``)."""
+"""Airflow connection of the broker (set by the stack as ``AIRFLOW_CONN_CASCADE_KAFKA``); it must
+set ``enable.auto.commit=false`` so offsets are committed only after events are stored."""
 
 ASSET_CTR_DATA_LANDED = "kafka://cascade/cascade.data.landed/ctr"
-"""New impression data for the CTR pipeline; fed by the Kafka watcher."""
+"""New impression data (or a retrain request) for the CTR pipeline; fed by the Kafka watcher."""
 ASSET_CTR_FEATURES = "file://cascade/lake/features/ctr"
 ASSET_PRERANKING_CHAMPION = "mlflow://cascade/models/preranking/champion"
+ASSET_EVENT_PROBE = "kafka://cascade/cascade.data.landed/probe"
+"""Events of the ``probe`` dataset: the trivial DAG that fault tests and the event benchmark use
+to account for every event id without running the full pipeline."""
 
+EVENT_TRIGGER = "cascade.events.CascadeEventTrigger"
+"""The watcher trigger (importable in the triggerer: it lives in the installed package)."""
 EVENT_APPLY_FUNCTION = "cascade.events.to_asset_event"
-"""Dotted path the Kafka trigger calls on each message (must be importable in the triggerer)."""
+"""Dotted path for Airflow's plain ``MessageQueueTrigger`` (kept for callers of the old path)."""
+
+CTR_EVENT_SELECTORS = (
+    "cascade.data.landed:dataset=ml100k",
+    "cascade.retrain.requested:model=preranking",
+)
+"""Events that start ``ctr_preranking`` (``TYPE`` or ``TYPE:payload_field=value``)."""
+PROBE_EVENT_SELECTORS = ("cascade.data.landed:dataset=probe",)
+"""Events that start ``event_probe``."""

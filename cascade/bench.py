@@ -20,7 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-BENCHMARKS: dict[str, str] = {}
+BENCHMARKS: dict[str, str] = {
+    "events": "cascade.event_bench:bench_events",
+    "preranking": "models.preranking.bench:run",
+    "compilers": "compilers.bench:run",
+    "ctr": "jobs.ctr_cross_stats_bench:bench_ctr",
+}
 """Benchmark name -> ``module:function``; imported only when run."""
 
 

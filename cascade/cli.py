@@ -3,6 +3,8 @@
 cascade up | down | status
 cascade demo [--ds YYYY-MM-DD]
 cascade events publish cascade.data.landed --dataset ml100k --partition 2026-11-22
+cascade events dead-letters
+cascade rollback [--reason TEXT]
 cascade step NAME --ds YYYY-MM-DD
 cascade score --user 1 --items 10 20 30
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -88,9 +91,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if summary["dag_run_state"] == "success" else 1
 
 
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from cascade.deployments import rollback
+
+    print(json.dumps(rollback(reason=args.reason), indent=2))
+    return 0
+
+
+def cmd_dead_letters(args: argparse.Namespace) -> int:
+    from cascade.events import dead_letter_summary
+
+    print(json.dumps(dead_letter_summary(), indent=2))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from cascade.bench import run_benchmark
 
+    if args.events is not None:  # read by the events benchmark (run_benchmark takes no sizes)
+        os.environ["CASCADE_BENCH_EVENTS"] = str(args.events)
     result = run_benchmark(args.name, args.out, quick=args.quick)
     print(json.dumps(result, indent=2, default=str))
     print(f"written to {args.out}")
@@ -124,6 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--partition", help="YYYY-MM-DD")
     pub.add_argument("--payload", help="JSON object merged into the payload")
     pub.set_defaults(func=cmd_publish)
+    events.add_parser("dead-letters", help="count the dead-letter topic by reason").set_defaults(
+        func=cmd_dead_letters
+    )
+
+    back = sub.add_parser(
+        "rollback", help="point the champion alias back at the version it replaced"
+    )
+    back.add_argument("--reason", default="manual", help="recorded on the rolled-back version")
+    back.set_defaults(func=cmd_rollback)
 
     step = sub.add_parser(
         "step", help="run one pipeline step (the DAG task / DVC stage of that name)"
@@ -141,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name", help="benchmark name (see cascade/bench.py)")
     bench.add_argument("--out", type=Path, required=True, help="JSON file to write")
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    bench.add_argument("--events", type=int, help="events to publish (benchmark `events`)")
     bench.set_defaults(func=cmd_bench)
     return parser
 

@@ -1,8 +1,11 @@
 """CTR pre-ranking pipeline: Spark features -> GX gate -> Feast -> DeepSpeed -> registry -> serving.
 
-Runs daily at 03:00 UTC and whenever a ``cascade.data.landed`` event arrives on Kafka (Airflow's
-AssetWatcher). Wiring only: each task calls one step from :mod:`cascade.steps`, the same
-functions DVC's stages run (``cascade step NAME --ds DS``).
+Runs daily at 03:00 UTC and whenever a ``cascade.data.landed`` (dataset ml100k) or
+``cascade.retrain.requested`` (model preranking) event arrives on Kafka (Airflow's AssetWatcher
+with the shared-stream trigger: offsets committed after the asset event is stored). The first
+task claims the run's event ids, so a redelivered event never does the work twice, and a burst
+coalesces into one run (see :mod:`cascade.events`). Wiring only: each task calls one step from
+:mod:`cascade.steps`, the same functions DVC's stages run (``cascade step NAME --ds DS``).
 """
 
 from __future__ import annotations
@@ -10,30 +13,31 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import Asset, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable, dag, task
 
 from cascade.assets import (
     ASSET_CTR_DATA_LANDED,
     ASSET_CTR_FEATURES,
     ASSET_PRERANKING_CHAMPION,
-    EVENT_APPLY_FUNCTION,
+    CTR_EVENT_SELECTORS,
     KAFKA_CONN_ID,
-    TOPIC_DATA_LANDED,
+    WATCHED_TOPICS,
 )
+from cascade.events import CascadeEventTrigger, release_failed_run
 
 data_landed = Asset(
     ASSET_CTR_DATA_LANDED,
     watchers=[
         AssetWatcher(
             name="ctr_data_landed_watcher",
-            trigger=MessageQueueTrigger(
-                scheme="kafka",
-                topics=[TOPIC_DATA_LANDED],
-                apply_function=EVENT_APPLY_FUNCTION,
+            trigger=CascadeEventTrigger(
+                topics=WATCHED_TOPICS,
                 kafka_config_id=KAFKA_CONN_ID,
                 poll_timeout=1,
-                poll_interval=2,
+                selectors=CTR_EVENT_SELECTORS,
+                # This watcher owns dead-lettering: one record per bad message.
+                dead_letter=True,
+                name="ctr_data_landed_watcher",
             ),
         )
     ],
@@ -51,19 +55,19 @@ preranking_champion = Asset(ASSET_PRERANKING_CHAMPION)
     # latest past interval the moment the DAG appears.
     catchup=False,
     max_active_runs=1,
+    on_failure_callback=release_failed_run,
     tags=["cascade", "ctr", "preranking"],
     default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=30)},
     doc_md=__doc__,
 )
 def ctr_preranking() -> None:
-    @task
+    @task(inlets=[data_landed])
     def resolve_partition(**context: Any) -> str:
-        from cascade.steps import resolve_partition as resolve
+        from cascade.events import claim_and_resolve
 
-        events = context.get("triggering_asset_events") or {}
-        extras = [event.extra for batch in events.values() for event in batch]
-        dag_run = context["dag_run"]
-        return resolve(extras, dag_run.logical_date, getattr(dag_run, "run_after", None))
+        # Claims the run's event ids (a redelivered or coalesced event skips the run's work)
+        # and returns the partition to work on.
+        return claim_and_resolve(context, data_landed)
 
     @task(outlets=[ctr_features])
     def features(ds: str) -> dict[str, Any]:

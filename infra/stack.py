@@ -379,7 +379,8 @@ def stop_service(
     while time.monotonic() < deadline and _pid_alive(main_pid):
         family.update(_descendants(main_pid))
         time.sleep(0.2)
-    for sig, wait_s in ((signal.SIGTERM, grace_s / 2), (signal.SIGKILL, 5.0)):
+    # A killed process leaves the table only once reaped; a loaded machine needs seconds.
+    for sig, wait_s in ((signal.SIGTERM, grace_s / 2), (signal.SIGKILL, 20.0)):
         if not _group_alive(pgid):
             break
         try:
@@ -387,7 +388,9 @@ def stop_service(
         except ProcessLookupError:
             break
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and _group_alive(pgid):
+        # _pid_alive reaps the main process when it is our child, so its zombie does not
+        # keep the group looking alive.
+        while time.monotonic() < deadline and (_pid_alive(main_pid) or _group_alive(pgid)):
             time.sleep(0.2)
     leftovers = [p for p in family.values() if _still_running(p)]
     for proc in leftovers:
@@ -397,7 +400,7 @@ def stop_service(
     for proc in alive:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    psutil.wait_procs(alive, timeout=5)
+    psutil.wait_procs(alive, timeout=20)
     if _group_alive(pgid) or any(_still_running(p) for p in family.values()):
         raise StackError(f"{name}: processes of group {pgid} survived SIGKILL")
     _pid_file(settings, name).unlink(missing_ok=True)

@@ -317,6 +317,10 @@ class PreRankingModel(Model):
         self._refresh_lock = threading.Lock()
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
+        # Feedback log, shadow scoring, automatic rollback: off unless enabled by environment.
+        from serving.shadow import observer_from_env
+
+        self.observer = observer_from_env(self)
 
     # Lifecycle -------------------------------------------------------------------------------
 
@@ -471,9 +475,17 @@ class PreRankingModel(Model):
             raise ModelNotReady(self.name, "No champion version has been loaded yet.")
         user_id, item_ids = parse_request(payload, max_candidates=self.config.max_candidates)
         # Off the event loop: the store lookup and the forward pass block.
-        scores = await asyncio.to_thread(self.score, served, user_id, item_ids)
+        try:
+            scores = await asyncio.to_thread(self.score, served, user_id, item_ids)
+        except Exception:
+            if self.observer is not None:
+                self.observer.failed(served)
+            raise
+        response_id = payload.id or uuid.uuid4().hex
+        if self.observer is not None:  # counted now; feedback and shadow off the response path
+            self.observer.observed(served, response_id, user_id, item_ids, scores)
         return InferResponse(
-            response_id=payload.id or uuid.uuid4().hex,
+            response_id=response_id,
             model_name=self.name,
             model_version=served.version,
             infer_outputs=[

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.preranking.model import PreRankerConfig
+from models.preranking.model import CascadeNetConfig, PreRankerConfig
 
 
 @dataclass(kw_only=True)
@@ -142,4 +142,162 @@ def get_config(name: str) -> TrainConfig:
     except KeyError:
         raise ValueError(
             f"unknown pre-ranking config {name!r}; choose one of {sorted(CONFIGS)}"
+        ) from None
+
+
+# --- The ranking cascade: teacher, FSCD pre-ranker, two-tower (models.preranking.cascade_train)
+
+
+@dataclass(kw_only=True)
+class CascadeTrainConfig:
+    """One run of ``models.preranking.cascade_train``: the three models and the FSCD sweep."""
+
+    name: str
+    """Config name, as given to :func:`get_cascade_config`; logged with the run."""
+    data: str = "synthetic"
+    """``synthetic`` (models.preranking.synthetic_data), ``ml100k`` (MovieLens-100k, point in
+    time) or a path to a training parquet with the training-set columns."""
+    rows: int = 20_000
+    """Rows of synthetic data (ignored for other sources)."""
+    net: CascadeNetConfig = field(default_factory=CascadeNetConfig)
+    """Shape of the three networks."""
+    bins: int = 16
+    """Quantile bins per dense field."""
+    batch_size: int = 512
+    """Micro-batch per process."""
+    lr: float = 3e-3
+    """Adam learning rate, every phase."""
+    epochs: int = 2
+    """Passes over the training split per phase."""
+    seed: int = 0
+    """Seed of initialization, shuffling and the relaxed-Bernoulli noise."""
+    test_fraction: float = 0.2
+    """Latest share of rows (by event time) held out for evaluation."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage (0-3)."""
+    bf16: bool = False
+    """bfloat16 where the accelerator supports it (fp32 otherwise)."""
+    checkpoint_every: int = 50
+    """Save a resumable DeepSpeed checkpoint every this many steps of a phase."""
+    log_every: int = 20
+    """Log the loss to MLflow every this many steps."""
+    fscd_strengths: tuple[float, ...] = (0.003, 0.01, 0.03)
+    """Regularizer strengths (lambda) of the FSCD selection sweep; each gets its own model."""
+    gate_lr: float = 0.05
+    """Adam learning rate of the FSCD gate logits (select phases)."""
+    gate_init: float = 2.0
+    """Initial gate logit: keep probability sigmoid(2) = 0.88 for every field."""
+    fscd_temperature: float = 0.5
+    """Temperature of the relaxed Bernoulli gates."""
+    cost_budget: float = 0.5
+    """The deployed FSCD model is the best-AUC one whose cost ratio to the teacher is at most
+    this (the cheapest one when none is)."""
+    recall_k: int = 10
+    """k of recall@k against the teacher's top-k per user."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("CascadeTrainConfig.name must be a non-empty config name")
+        if self.rows < 100:
+            raise ValueError(f"rows must be >= 100, got {self.rows}")
+        if self.bins < 2:
+            raise ValueError(f"bins must be >= 2, got {self.bins}")
+        if self.batch_size < 1 or self.epochs < 1 or self.seed < 0:
+            raise ValueError("batch_size and epochs must be >= 1 and seed >= 0")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.checkpoint_every < 1 or self.log_every < 1 or self.recall_k < 1:
+            raise ValueError("checkpoint_every, log_every and recall_k must be >= 1")
+        if not self.fscd_strengths or min(self.fscd_strengths) < 0:
+            raise ValueError(
+                f"fscd_strengths must list regularizer strengths >= 0, got {self.fscd_strengths}"
+            )
+        if not self.gate_lr > 0:
+            raise ValueError(f"gate_lr must be > 0, got {self.gate_lr}")
+        if not self.fscd_temperature > 0 or not 0 < self.cost_budget <= 1:
+            raise ValueError("fscd_temperature must be > 0 and cost_budget in (0, 1]")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CascadeTrainConfig:
+        data = dict(data)
+        net = dict(data.pop("net"))
+        net["hidden"] = tuple(net["hidden"])
+        data["fscd_strengths"] = tuple(data["fscd_strengths"])
+        return cls(net=CascadeNetConfig(**net), **data)
+
+
+def cascade_debug() -> CascadeTrainConfig:
+    """Seconds on CPU: 4k synthetic rows, one epoch per phase, one FSCD strength."""
+    return CascadeTrainConfig(
+        name="debug",
+        data="synthetic",
+        rows=4_000,
+        net=CascadeNetConfig(embedding_dim=4, hidden=(16, 8), cross_layers=1, tower_dim=8),
+        batch_size=256,
+        lr=1e-2,
+        epochs=1,
+        checkpoint_every=5,
+        log_every=5,
+        fscd_strengths=(0.05,),
+        gate_lr=0.2,
+        recall_k=3,
+    )
+
+
+def cascade_ml100k() -> CascadeTrainConfig:
+    """MovieLens-100k, point-in-time features: ~80k training rows, ZeRO-1, bf16 if supported."""
+    return dataclasses.replace(
+        cascade_debug(),
+        name="ml100k",
+        data="ml100k",
+        net=CascadeNetConfig(embedding_dim=8, hidden=(64, 32), cross_layers=2, tower_dim=16),
+        batch_size=512,
+        lr=3e-3,
+        epochs=3,
+        zero_stage=1,
+        bf16=True,
+        checkpoint_every=100,
+        log_every=20,
+        fscd_strengths=(0.0003, 0.001, 0.002, 0.003, 0.01, 0.03),
+        gate_lr=0.05,
+        recall_k=10,
+    )
+
+
+def cascade_generated() -> CascadeTrainConfig:
+    """Generated logs with a known ground truth (synthetic_data), 200k rows."""
+    return dataclasses.replace(
+        cascade_ml100k(),
+        name="generated",
+        data="synthetic",
+        rows=200_000,
+        epochs=2,
+        batch_size=1024,
+        # Denser between 0.003 and 0.01: there the kept set crosses the 50% cost budget.
+        fscd_strengths=(0.0003, 0.001, 0.003, 0.005, 0.007, 0.01, 0.03),
+    )
+
+
+CASCADE_CONFIGS: dict[str, Callable[[], CascadeTrainConfig]] = {
+    "debug": cascade_debug,
+    "ml100k": cascade_ml100k,
+    "generated": cascade_generated,
+}
+"""Config names accepted by :func:`get_cascade_config` and ``cascade_train --config``."""
+
+
+def get_cascade_config(name: str) -> CascadeTrainConfig:
+    """The named cascade config, freshly built."""
+    try:
+        return CASCADE_CONFIGS[name]()
+    except KeyError:
+        raise ValueError(
+            f"unknown cascade config {name!r}; choose one of {sorted(CASCADE_CONFIGS)}"
         ) from None

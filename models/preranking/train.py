@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -430,6 +431,18 @@ def main(argv: list[str] | None = None) -> None:
 # --- launching from Python --------------------------------------------------------------
 
 
+def torch_extensions_dir(env: dict[str, str]) -> str:
+    """A stable cache outside CASCADE_HOME, one per virtual environment.
+
+    Stable: the DeepSpeed extension compiles once, not once per home. Per venv: the build
+    records its include paths, so two checkouts sharing one folder (seen: a CI clone beside
+    the working tree) rebuild it on every launch, ~3 minutes each on a loaded 2-core machine.
+    """
+    venv = hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]
+    cache = Path(env.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return str(cache / "cascade" / "torch_extensions" / venv)
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago (the rendezvous binds it right after)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -498,13 +511,7 @@ def launch(ds: str, *, config: str = "ml100k", settings: Settings | None = None)
     )
     if not torch.cuda.is_available():
         env.setdefault("DS_ACCELERATOR", "cpu")
-    # A stable cache outside CASCADE_HOME: the extension compiles once, not once per home.
-    env.setdefault(
-        "TORCH_EXTENSIONS_DIR",
-        str(
-            Path(env.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cascade" / "torch_extensions"
-        ),
-    )
+    env.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir(env))
     env.setdefault(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // settings.train_processes))
     )

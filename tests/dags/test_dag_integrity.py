@@ -57,7 +57,7 @@ def test_dags_have_tags_retries_and_explicit_schedule(dagbag) -> None:  # type: 
 def test_ctr_preranking_is_scheduled_daily_and_on_the_kafka_asset(dagbag) -> None:  # type: ignore[no-untyped-def]
     from airflow.sdk import AssetOrTimeSchedule
 
-    from cascade.assets import EVENT_APPLY_FUNCTION, TOPIC_DATA_LANDED
+    from cascade.assets import CTR_EVENT_SELECTORS, EVENT_TRIGGER, WATCHED_TOPICS
 
     timetable = dagbag.dags["ctr_preranking"].timetable
     assert isinstance(timetable, AssetOrTimeSchedule)
@@ -65,8 +65,13 @@ def test_ctr_preranking_is_scheduled_daily_and_on_the_kafka_asset(dagbag) -> Non
     asset = timetable.asset_condition
     (watcher,) = asset.watchers
     assert watcher.name == "ctr_data_landed_watcher"
-    assert watcher.trigger.kwargs["topics"] == [TOPIC_DATA_LANDED]
-    assert watcher.trigger.kwargs["apply_function"] == EVENT_APPLY_FUNCTION
+    # The shared-stream trigger (commits after the asset event is stored), on the topics
+    # every watcher shares, dead-lettering bad messages.
+    classpath, kwargs = watcher.trigger.serialize()
+    assert classpath == EVENT_TRIGGER
+    assert kwargs["topics"] == sorted(WATCHED_TOPICS)
+    assert kwargs["selectors"] == list(CTR_EVENT_SELECTORS)
+    assert kwargs["dead_letter"] is True
 
 
 def _parse_probe(dag_file: Path) -> dict[str, object]:

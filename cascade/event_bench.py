@@ -1,0 +1,276 @@
+"""Event delivery, measured against a real private stack (broker + Airflow) on free ports.
+
+    cascade bench events --events 1000 --out bench-results/events.json
+
+Publishes ``--events`` probe events (``cascade.data.landed``, dataset ``probe``) in one burst plus
+a few malformed messages, waits until DAG ``event_probe`` has recorded work for every id, and
+writes: published, runs_started, expected_runs, lost, duplicates, dead_lettered,
+latency_p50_s / latency_p95_s (publish -> start of the run that did the event's work) and
+events_per_s. The fault tests (``pytest -m faults``) use the same helpers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from cascade.assets import TOPIC_DATA_LANDED
+from cascade.config import Settings, load_settings
+from cascade.events import (
+    Event,
+    EventLedger,
+    make_event,
+    publish_many,
+    work_record_paths,
+    work_records,
+)
+
+PROBE_DAG = "event_probe"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def private_stack(
+    home: Path,
+    *,
+    services: Sequence[str] = ("broker", "airflow"),
+    env: dict[str, str] | None = None,
+) -> Iterator[Settings]:
+    """Start ``services`` in state folder ``home`` on free ports; stop them (by pid) on exit.
+    ``env`` is set for the duration (the services and their tasks inherit it)."""
+    from infra.stack import up
+
+    overrides = {"CASCADE_HOME": str(home), **(env or {})}
+    for name in ("broker", "airflow", "mlflow", "serving"):
+        overrides[f"CASCADE_{name.upper()}_PORT"] = str(_free_port())
+    saved = {k: os.environ.get(k) for k in overrides}
+    os.environ.update(overrides)
+    settings = load_settings()
+    try:
+        up(settings, tuple(services))
+        yield settings
+    finally:
+        try:
+            stop_services(settings, services)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def stop_services(settings: Settings, services: Sequence[str]) -> None:
+    """Stop every service (reverse order), retrying once: on a loaded 2-core machine a process
+    group can outlive stop_service's short SIGKILL wait. Raises after trying them all."""
+    from infra.stack import StackError, stop_service
+
+    failed: list[str] = []
+    for name in reversed(services):
+        try:
+            stop_service(settings, name)
+        except StackError:
+            time.sleep(10)
+            try:
+                stop_service(settings, name)
+            except StackError as exc:
+                failed.append(str(exc))
+    if failed:
+        raise StackError("; ".join(failed))
+
+
+def wait_for_probe_dag(settings: Settings, timeout_s: float = 240) -> None:
+    from cascade.airflow_client import AirflowClient
+
+    client = AirflowClient(settings)
+    client.wait_for_dag(PROBE_DAG, timeout_s=timeout_s)
+    client.patch(f"/dags/{PROBE_DAG}", {"is_paused": False})
+
+
+def probe_events(n: int, *, tag: str) -> list[Event]:
+    return [
+        make_event(
+            TOPIC_DATA_LANDED,
+            {"dataset": "probe", "partition": "2026-11-22", "path": f"{tag}/{i}"},
+            source="cascade-bench",
+        )
+        for i in range(n)
+    ]
+
+
+def publish_malformed(settings: Settings, count: int) -> None:
+    """Messages the watcher must dead-letter: not JSON, unknown type, bad payload."""
+    from kafka import KafkaProducer
+
+    def body(i: int) -> bytes:
+        # A unique id in each, so every one is a distinct dead letter (fingerprint).
+        nonce = uuid.uuid4().hex
+        kinds = [
+            f"{{not json {nonce}",
+            json.dumps({"type": "cascade.nope", "id": nonce}),
+            json.dumps({"type": TOPIC_DATA_LANDED, "id": nonce}),
+        ]
+        return kinds[i % len(kinds)].encode()
+
+    producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", retries=5)
+    try:
+        for i in range(count):
+            producer.send(TOPIC_DATA_LANDED, value=body(i))
+        producer.flush(timeout=30)
+    finally:
+        producer.close(timeout=10)
+
+
+def account(
+    ids: Sequence[str], settings: Settings, *, timeout_s: float, settle_s: float = 0.0
+) -> dict[str, Any]:
+    """Wait until every id has a work record (or the timeout), then count. ``settle_s`` keeps
+    watching after that, so late duplicate runs would be seen."""
+    wanted = set(ids)
+    deadline = time.monotonic() + timeout_s
+    records: dict[str, list[str]] = {}
+    accounted_at = None
+    while time.monotonic() < deadline:
+        records = work_records(PROBE_DAG, settings=settings)
+        done = {i for ids_ in records.values() for i in ids_}
+        if wanted <= done:
+            accounted_at = time.monotonic()
+            break
+        time.sleep(1)
+    if settle_s:
+        time.sleep(settle_s)
+        records = work_records(PROBE_DAG, settings=settings)
+    counts: dict[str, int] = {}
+    for event_ids in records.values():
+        for event_id in event_ids:
+            counts[event_id] = counts.get(event_id, 0) + 1
+    runs_with_work = [run for run, event_ids in records.items() if wanted & set(event_ids)]
+    return {
+        "published": len(wanted),
+        "lost": sorted(wanted - set(counts)),
+        "duplicates": sorted(i for i in wanted if counts.get(i, 0) > 1),
+        "runs_started": len(runs_with_work),
+        "runs": runs_with_work,
+        "records": records,
+        "accounted_at": accounted_at,
+        "recorded_at": {
+            run: dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
+            for run, path in work_record_paths(PROBE_DAG, settings=settings).items()
+        },
+    }
+
+
+def run_start_times(settings: Settings, run_ids: Sequence[str]) -> dict[str, dt.datetime]:
+    from cascade.airflow_client import AirflowClient
+
+    client = AirflowClient(settings)
+    out = {}
+    for run_id in run_ids:
+        run = client.get(f"/dags/{PROBE_DAG}/dagRuns/{run_id}")
+        out[run_id] = dt.datetime.fromisoformat(run["start_date"])
+    return out
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    return (
+        round(float(statistics.quantiles(values, n=100, method="inclusive")[int(q * 100) - 1]), 3)
+        if len(values) >= 2
+        else (round(values[0], 3) if values else None)
+    )
+
+
+def measure_events(
+    settings: Settings,
+    *,
+    events: int,
+    malformed: int,
+    window_s: float,
+    settle_s: float | None = None,
+) -> dict[str, Any]:
+    """Publish a burst into a running stack (DAG ``event_probe`` unpaused) and account for it.
+    ``window_s`` is the stack's CASCADE_COALESCE_WINDOW_S; after every id is accounted for,
+    the count is repeated ``settle_s`` later (default two windows) to catch late duplicates."""
+    from cascade.events import dead_letter_summary
+
+    dead_before = dead_letter_summary(settings)["distinct"]
+    batch = probe_events(events, tag=f"bench-{time.time_ns()}")
+    started = time.monotonic()
+    publish_malformed(settings, malformed)
+    publish_many(batch, settings=settings, timeout_s=60)
+    published_at = {e.id: e.time for e in batch}
+    published_s = time.monotonic() - started
+    settle_s = window_s * 2 if settle_s is None else settle_s
+    result = account(list(published_at), settings, timeout_s=900, settle_s=settle_s)
+    elapsed = (result["accounted_at"] or time.monotonic()) - started
+    starts = run_start_times(settings, result["runs"])
+
+    def latencies(done_at: dict[str, dt.datetime]) -> list[float]:
+        return sorted(
+            (done_at[run] - published_at[event_id]).total_seconds()
+            for run in result["runs"]
+            for event_id in result["records"][run]
+            if event_id in published_at
+        )
+
+    claimed = EventLedger.for_settings(settings).claimed_at(PROBE_DAG)
+    to_claim = sorted(
+        (claimed[event_id] - at).total_seconds()
+        for event_id, at in published_at.items()
+        if event_id in claimed
+    )
+    to_start, to_work = latencies(starts), latencies(result["recorded_at"])
+    dead = dead_letter_summary(settings)
+    return {
+        "published": events,
+        "malformed_published": malformed,
+        "runs_started": result["runs_started"],
+        "expected_runs": 1,
+        "lost": len(result["lost"]),
+        "duplicates": len(result["duplicates"]),
+        "dead_lettered": dead["distinct"] - dead_before,
+        "dead_letters_by_kind": dead["by_kind"],
+        "latency_p50_s": _quantile(to_claim, 0.5),
+        "latency_p95_s": _quantile(to_claim, 0.95),
+        "run_start_latency_p50_s": _quantile(to_start, 0.5),
+        "run_start_latency_p95_s": _quantile(to_start, 0.95),
+        "work_latency_p50_s": _quantile(to_work, 0.5),
+        "work_latency_p95_s": _quantile(to_work, 0.95),
+        "events_per_s": round(events / elapsed, 2),
+        "publish_events_per_s": round(events / published_s, 1),
+        "coalesce_window_s": window_s,
+        "seconds_until_all_accounted": round(elapsed, 1),
+        "note": "latency_*: publish -> a run claimed the event (event-to-run; includes the"
+        " coalescing wait: a run claims once the burst has been quiet for coalesce_window_s);"
+        " run_start_latency_*: publish -> start of the DAG run that did the work (negative"
+        " when the event joined a run that had started earlier and was still gathering);"
+        " work_latency_*: publish -> that run's work record written;"
+        " events_per_s: published / seconds until every event had a work record",
+    }
+
+
+def bench_events(out: Path, quick: bool) -> dict[str, Any]:
+    """See the module docstring. ``--quick``: 20 events."""
+    n = 20 if quick else int(os.environ.get("CASCADE_BENCH_EVENTS", "1000"))
+    window_s = 10.0
+    env = {"CASCADE_COALESCE_WINDOW_S": str(window_s), "CASCADE_COALESCE_MAX_WAIT_S": "600"}
+    with tempfile.TemporaryDirectory(prefix="cascade-bench-events-") as tmp:
+        with private_stack(Path(tmp), env=env) as settings:
+            wait_for_probe_dag(settings)
+            return measure_events(
+                settings, events=n, malformed=3 if quick else 10, window_s=window_s
+            )

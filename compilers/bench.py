@@ -1,0 +1,268 @@
+"""Benchmark: eager vs torch.compile (Inductor, dynamic) vs ONNX Runtime vs Cascade's artifact.
+
+    cascade bench compilers --out bench-results/compilers.json [--quick]
+
+On the pre-ranking model (``ml100k`` shape, trained for a few seconds on synthetic impressions
+with a known click signal) at 1 user x 1,000 and x 10,000 candidates: latency medians (all
+variants interleaved round by round in one process), speedups, recompiles across 20 candidate
+counts, compile times, and the AUC change of each compiled form against eager on a held-out
+split (requests grouped by user). ``--quick`` uses a tiny model and small sizes and runs only
+eager and the pass pipeline (with and without RSQ int8, for the AUC change): the Inductor
+compiles, the ONNX export and AOTInductor's gcc build take minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.metrics import roc_auc_score
+
+from cascade.bench import median_seconds
+from cascade.config import load_settings
+from cascade.ctr_schema import LABEL, MODEL_FEATURES, USER_FEATURES
+from compilers.export import (
+    PreRankingRequest,
+    compile_graph,
+    load_artifact,
+    package_artifact,
+    preranking_dynamic_shapes,
+    preranking_example,
+)
+from compilers.pipeline import DEFAULT_PASSES, PassContext
+from models.preranking.config_registry import get_config
+from models.preranking.model import PreRanker
+from models.preranking.synthetic_data import synthetic_training_frame
+
+Requests = list[tuple[tuple[torch.Tensor, ...], np.ndarray]]
+
+
+def train_quickly(
+    rows: int, config_name: str, *, epochs: int = 3, seed: int = 0
+) -> tuple[PreRanker, pd.DataFrame]:
+    """A PreRanker fitted with plain Adam on synthetic rows; returns it and the held-out frame.
+
+    The benchmark needs a model with a real signal so the AUC change means something; DeepSpeed
+    training is the pipeline's job and would dominate the benchmark's time.
+    """
+    torch.manual_seed(seed)
+    frame = synthetic_training_frame(rows, seed=seed).sort_values("event_timestamp")
+    split = int(len(frame) * 0.8)
+    train, test = frame.iloc[:split], frame.iloc[split:]
+    model = PreRanker(get_config(config_name).model)
+    dense = torch.tensor(train[list(MODEL_FEATURES)].to_numpy(np.float32))
+    users = torch.tensor(train["user_id"].to_numpy(np.int64))
+    items = torch.tensor(train["item_id"].to_numpy(np.int64))
+    labels = torch.tensor(train[LABEL].to_numpy(np.float32))
+    model.fit_normalizer(dense)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(epochs):
+        for index in torch.randperm(len(labels)).split(512):
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                model(dense[index], users[index], items[index]), labels[index]
+            )
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return model.eval(), test
+
+
+def held_out_requests(frame: pd.DataFrame) -> Requests:
+    """One request per user: the user's mean features once, its impressions as candidates."""
+    users = len(USER_FEATURES)
+    requests: Requests = []
+    for user_id, rows in frame.groupby("user_id"):
+        dense = rows[list(MODEL_FEATURES)].to_numpy(np.float32)
+        user_dense = torch.tensor(np.nan_to_num(dense[:, :users]).mean(axis=0, keepdims=True))
+        inputs = (
+            user_dense,
+            torch.tensor([int(user_id)]),  # type: ignore[call-overload]
+            torch.tensor(dense[:, users:]),
+            torch.tensor(rows["item_id"].to_numpy(np.int64)),
+        )
+        requests.append((inputs, rows[LABEL].to_numpy()))
+    return requests
+
+
+def request_auc(score: Callable[..., Any], requests: Requests) -> float:
+    """AUC of ``score`` over all requests' candidates."""
+    with torch.no_grad():
+        scores = [np.asarray(torch.as_tensor(score(*inputs)).reshape(-1)) for inputs, _ in requests]
+    labels = [labels for _, labels in requests]
+    return float(roc_auc_score(np.concatenate(labels), np.concatenate(scores)))
+
+
+def onnxruntime_session(
+    request: PreRankingRequest, example: tuple[torch.Tensor, ...], path: Path
+) -> Callable[..., np.ndarray]:
+    """Export the request module to ONNX (dynamic candidate dim) and open a 2-thread session."""
+    import onnxruntime as ort
+
+    torch.onnx.export(
+        request,
+        example,
+        str(path),
+        dynamic_shapes=preranking_dynamic_shapes(),
+        input_names=["user_dense", "user_id", "item_dense", "item_id"],
+        dynamo=True,
+    )
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def run(*inputs: torch.Tensor) -> np.ndarray:
+        return session.run(None, {n: x.numpy() for n, x in zip(names, inputs, strict=True)})[0]
+
+    return run
+
+
+def _interleaved_ms(
+    variants: dict[str, Callable[[], object]], *, rounds: int, repeats: int
+) -> dict[str, float]:
+    """Median ms per variant; variants alternate round by round so load drifts hit all alike."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            samples[name].append(median_seconds(fn, repeats=repeats, warmup=1) * 1000)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _recompiles(fn: Callable[..., Any], shapes: list[int], config: Any) -> dict[str, int]:
+    """Dynamo frames compiled while running every shape (1 = a single compile)."""
+    from torch._dynamo.utils import counters
+
+    before = counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        for n in shapes:
+            fn(*preranking_example(config, n, seed=n))
+    compiles = counters["stats"]["unique_graphs"] - before
+    return {"compiles": compiles, "recompiles": max(0, compiles - 1)}
+
+
+BENCH_THREADS = 1
+"""Threads for every variant. On the shared, loaded 2-core machine two OpenMP threads made each
+parallel region wait for a descheduled thread (eager 1x1000: 133 ms at 2 threads against
+0.3 ms for ONNX Runtime), so timings measured scheduling, not the code."""
+
+
+def run(out: Path, quick: bool) -> dict[str, Any]:
+    """``cascade bench compilers``: see the module docstring."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(BENCH_THREADS)
+    try:
+        return _run(quick)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(quick: bool) -> dict[str, Any]:
+    torch.manual_seed(0)
+    sizes = [100, 1000] if quick else [1000, 10_000]
+    shapes = sorted({int(x) for x in np.geomspace(1, sizes[-1], 20).round()} | {2, 3, 5, 7})[:24]
+    model, test = train_quickly(
+        2_000 if quick else 30_000, "debug" if quick else "ml100k", epochs=1 if quick else 3
+    )
+    request = PreRankingRequest(model).eval()
+    requests = held_out_requests(test)[: 120 if quick else None]
+    result: dict[str, Any] = {
+        "quick": quick,
+        "threads": torch.get_num_threads(),
+        "shapes_tried": len(shapes),
+        "sizes": {},
+    }
+    eager_auc = request_auc(request, requests)
+    result["eager_auc"] = eager_auc
+
+    work = Path(tempfile.mkdtemp(prefix="cascade-bench-"))
+    example = preranking_example(model.config, 64)
+    variants: dict[str, Callable[..., Any]] = {"eager": request}
+
+    # The pass pipeline alone (graph run by PyTorch), and with RSQ int8, for accuracy.
+    # Calibrate on real requests: random inputs span ranges no real feature reaches.
+    calibration = [inputs for inputs, _ in requests[:32]]
+    graph = compile_graph(request, example, preranking_dynamic_shapes(), reexport=False)
+    result["passes"] = graph.report.to_dict()["passes"]
+    quantized = compile_graph(
+        request,
+        example,
+        preranking_dynamic_shapes(),
+        passes=(*DEFAULT_PASSES[:4], "rsq_quantize"),
+        context=PassContext(calibration_inputs=calibration),
+        reexport=False,
+    )
+    result["passes_graph_auc_delta"] = request_auc(graph.graph_module, requests) - eager_auc
+    result["rsq_int8_auc_delta"] = request_auc(quantized.graph_module, requests) - eager_auc
+    compile_s: dict[str, float] = {}
+    recompiles: dict[str, Any] = {}
+    if not quick:
+        start = time.perf_counter()
+        ort_run = onnxruntime_session(request, example, work / "preranking.onnx")
+        compile_s["onnxruntime"] = time.perf_counter() - start
+        result["onnxruntime_auc_delta"] = request_auc(ort_run, requests) - eager_auc
+        variants["onnxruntime"] = ort_run
+
+        torch._dynamo.reset()
+        inductor = torch.compile(request, dynamic=True)
+        start = time.perf_counter()
+        with torch.no_grad():
+            inductor(*example)
+        compile_s["inductor"] = time.perf_counter() - start
+        recompiles["inductor"] = _recompiles(inductor, shapes, model.config)
+        result["inductor_auc_delta"] = request_auc(inductor, requests) - eager_auc
+
+        torch._dynamo.reset()
+        backend = torch.compile(request, backend="cascade", dynamic=True)
+        start = time.perf_counter()
+        with torch.no_grad():
+            backend(*example)
+        compile_s["cascade_backend"] = time.perf_counter() - start
+        recompiles["cascade_backend"] = _recompiles(backend, shapes, model.config)
+        result["cascade_backend_auc_delta"] = request_auc(backend, requests) - eager_auc
+
+        cache = load_settings().home / "compile-cache"
+        start = time.perf_counter()
+        artifact = package_artifact(
+            request, example, preranking_dynamic_shapes(), work / "preranking.pt2", cache_dir=cache
+        )
+        compile_s["cascade"] = time.perf_counter() - start
+        result["cascade_artifact"] = {k: v for k, v in artifact.report.items() if k != "passes"}
+        loaded = load_artifact(artifact.path)
+        for n in shapes:  # one package, so any failure here is a shape it cannot serve
+            loaded(*preranking_example(model.config, n, seed=n))
+        recompiles["cascade"] = {"compiles": 1, "recompiles": 0}
+        result["auc_delta"] = request_auc(loaded, requests) - eager_auc
+        variants.update({"inductor": inductor, "cascade_backend": backend, "cascade": loaded})
+    result["compile_s"] = compile_s
+    result["recompiles"] = recompiles
+
+    for size in sizes:
+        inputs = preranking_example(model.config, size, seed=size)
+        with torch.no_grad():
+            reference = request(*inputs)
+            for name, fn in variants.items():
+                got = torch.as_tensor(fn(*inputs))
+                if not torch.allclose(got.reshape(-1), reference, atol=1e-4, rtol=1e-4):
+                    raise AssertionError(f"{name} disagrees with eager at 1x{size}")
+            timings = _interleaved_ms(
+                {name: (lambda fn=fn, inputs=inputs: fn(*inputs)) for name, fn in variants.items()},
+                rounds=3 if quick else 7,
+                repeats=5 if quick else 15,
+            )
+        entry: dict[str, Any] = {f"{name}_ms": ms for name, ms in timings.items()}
+        headline = "cascade" if "cascade" in timings else "eager"
+        for base in ("eager", "inductor", "onnxruntime"):
+            if base in timings and base != headline:
+                entry[f"speedup_vs_{base}"] = timings[base] / timings[headline]
+        entry["headline_variant"] = headline
+        result["sizes"][f"1x{size}"] = entry
+    largest = result["sizes"][f"1x{sizes[-1]}"]
+    result.update({k: v for k, v in largest.items() if k.endswith("_ms") or "speedup" in k})
+    return result

@@ -1,0 +1,63 @@
+"""Event accounting probe: a trivial DAG on ``cascade.data.landed`` events of dataset ``probe``.
+
+Fault tests and ``cascade bench events --events 1000 --out FILE`` publish probe events and check
+that every event id ends up in exactly one run's work record. It goes through the same watcher
+(shared consumer, dead-lettering, claim ledger, coalescing) as ``ctr_preranking`` but does no
+pipeline work, so a thousand events take seconds, not hours.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from airflow.sdk import Asset, AssetWatcher, dag, task
+
+from cascade.assets import ASSET_EVENT_PROBE, KAFKA_CONN_ID, PROBE_EVENT_SELECTORS, WATCHED_TOPICS
+from cascade.events import CascadeEventTrigger, release_failed_run
+
+probe_events = Asset(
+    ASSET_EVENT_PROBE,
+    watchers=[
+        AssetWatcher(
+            name="event_probe_watcher",
+            trigger=CascadeEventTrigger(
+                topics=WATCHED_TOPICS,
+                kafka_config_id=KAFKA_CONN_ID,
+                poll_timeout=1,
+                selectors=PROBE_EVENT_SELECTORS,
+                name="event_probe_watcher",
+            ),
+        )
+    ],
+)
+
+
+@dag(
+    dag_id="event_probe",
+    schedule=[probe_events],
+    catchup=False,
+    max_active_runs=1,
+    on_failure_callback=release_failed_run,
+    tags=["cascade", "events", "test"],
+    default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=5)},
+    doc_md=__doc__,
+)
+def event_probe() -> None:
+    @task(inlets=[probe_events])
+    def claim(**context: Any) -> list[str]:
+        from cascade.events import claim_for_run
+
+        return [str(event["id"]) for event in claim_for_run(context, probe_events).events]
+
+    @task
+    def record(event_ids: list[str], **context: Any) -> str:
+        from cascade.events import record_work
+
+        dag_run = context["dag_run"]
+        return str(record_work(dag_run.dag_id, dag_run.run_id, event_ids))
+
+    record(claim())
+
+
+event_probe()

@@ -1,0 +1,589 @@
+"""Explicit cross statistics: pairs x windows of impressions, clicks and smoothed CTRs, at scale.
+
+Run it on a generated log (write one with ``python -m jobs.impression_log``) or on ML-100k::
+
+    SPARK_LOCAL_IP=127.0.0.1 .venv/bin/python -m jobs.ctr_cross_stats --ds 2026-11-22 \\
+        --source generated --log /tmp/log_1m
+    SPARK_LOCAL_IP=127.0.0.1 .venv/bin/python -m jobs.ctr_cross_stats --ds 1998-04-01 \\
+        --source ml100k
+
+For every configured pair of key columns (:class:`CrossPair`, e.g. user_segment x item_category)
+and every window of ``w`` days ending at ``ds`` (events with ``ds - w days <= t < ds`` midnight
+UTC; nothing at or after ``ds`` is read, so a training row at ``t >= ds`` never sees its own
+future), one feature row per key seen in the longest window holds, per window: ``imp``, ``clk``,
+the smoothed CTR ``ctr = (clk + a) / (imp + a + b)`` and the position-debiased CTR
+``dctr = (clk + a') / (exam + a' + b')`` with ``exam`` the expected examinations of the
+impressions (sum of the position's examination probability); plus recency (days since the key's
+last impression and last click) and a time-decayed smoothed CTR (half-life weights). Rows carry
+``event_timestamp = ds`` midnight: valid from then on for point-in-time joins.
+
+The Beta(a, b) priors are fitted to the data by the method of moments, one per pair, window and
+statistic (see :func:`beta_from_moments`), never a constant.
+
+Passes over the input: (1) a narrow pass (position, click, timestamp) for the examination
+probability of each position, ``ctr(position) / ctr(top position)`` (unbiased when positions are
+assigned independently of relevance, as in the generator; on logs ranked by relevance it
+overstates the bias and should come from a randomized slice instead); (2) ONE aggregation for
+all pairs and windows (Spark grouping sets: one scan, one shuffle), cached because it is small;
+the priors and per-pair writes then read the cache. Row-level rule violations are counted in
+pass 2 (an Observation) and written to the quarantine partition with a ``reason``.
+
+Outputs under the lake: ``features/ctr_cross/<source>/<pair>/dt=<ds>/`` per pair,
+``quarantine/<source>_log/dt=<ds>/`` and ``reports/ctr_cross_stats_<source>/dt=<ds>/summary.json``
+(counts, priors, position examination), which the gate reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+from cascade.config import Settings, load_settings
+from cascade.lake import Lake, check_ds
+from jobs import ctr_log_sources as sources
+
+MICROS_PER_DAY = 86_400_000_000
+TIMESTAMP = "event_timestamp"
+SOURCES = ("generated", "ml100k")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrossPair:
+    """One explicit cross: the key columns it groups by and the prefix of its feature columns."""
+
+    name: str
+    """Prefix of the output columns and the lake folder (letters, digits, underscores)."""
+    keys: tuple[str, ...]
+    """Key columns from the input schema, e.g. ``("user_segment", "item_category")``."""
+
+    def __post_init__(self) -> None:
+        if not self.name.replace("_", "").isalnum():
+            raise ValueError(f"pair name {self.name!r} must be letters, digits and underscores")
+        unknown = [k for k in self.keys if k not in sources.LOG_COLUMNS or k == TIMESTAMP]
+        if not self.keys or unknown or "click" in self.keys:
+            raise ValueError(
+                f"pair {self.name!r}: keys {self.keys} must be columns of the input schema "
+                f"{sources.LOG_COLUMNS} other than click and {TIMESTAMP}"
+            )
+
+
+SEG_CAT = CrossPair(name="seg_cat", keys=("user_segment", "item_category"))
+USER_CAT = CrossPair(name="user_cat", keys=("user_id", "item_category"))
+SEG_ITEM = CrossPair(name="seg_item", keys=("user_segment", "item_id"))
+CTX_ITEM = CrossPair(name="ctx_item", keys=("context", "item_id"))
+ITEM_POS = CrossPair(name="item_pos", keys=("item_id", "position"))
+GENERATED_PAIRS = (SEG_CAT, USER_CAT, SEG_ITEM, CTX_ITEM, ITEM_POS)
+ML100K_PAIRS = (SEG_CAT, USER_CAT, SEG_ITEM)
+"""ML-100k has no positions and no contexts, so only user/item attribute crosses."""
+
+
+@dataclass(kw_only=True)
+class CrossStatsConfig:
+    """Knobs of the cross statistics engine."""
+
+    pairs: tuple[CrossPair, ...] = GENERATED_PAIRS
+    """The crosses to compute; each needs a distinct name and a distinct key set."""
+    windows_days: tuple[int, ...] = (1, 7, 30)
+    """Window lengths in days, all ending at ds midnight (exclusive)."""
+    half_life_days: float = 7.0
+    """Half-life of the time-decayed CTR (weight 2 ** (-age / half_life))."""
+    max_position: int = 10
+    """Positions above this share one examination estimate (and one ``item_pos`` key)."""
+    min_prior_strength: float = 1.0
+    """Lower clamp on a + b of a fitted prior (keys vary more than a Beta can express)."""
+    max_prior_strength: float = 1e6
+    """Upper clamp on a + b: used when the data shows no spread between keys at all."""
+    output_files: int = 2
+    """Parquet files per pair and partition."""
+    max_quarantine_fraction: float = 0.01
+    """The gate fails the batch when more than this share of input rows is quarantined."""
+    row_count_tolerance: float = 0.5
+    """The gate fails when a pair's row count moves more than this fraction from the
+    previous partition's."""
+    windows: tuple[int, ...] = field(init=False)
+    """``windows_days`` sorted and deduplicated (derived; not an argument)."""
+
+    def __post_init__(self) -> None:
+        if not self.pairs:
+            raise ValueError("CrossStatsConfig.pairs is empty; configure at least one CrossPair")
+        names = [p.name for p in self.pairs]
+        key_sets = [frozenset(p.keys) for p in self.pairs]
+        if len(set(names)) != len(names) or len(set(key_sets)) != len(key_sets):
+            raise ValueError(f"pairs need distinct names and key sets, got {self.pairs}")
+        if not self.windows_days or min(self.windows_days) < 1:
+            raise ValueError(f"windows_days must be >= 1 day each, got {self.windows_days}")
+        if self.half_life_days <= 0 or self.max_position < 1:
+            raise ValueError("half_life_days must be > 0 and max_position >= 1")
+        if not 0 < self.min_prior_strength <= self.max_prior_strength:
+            raise ValueError("need 0 < min_prior_strength <= max_prior_strength")
+        if self.output_files < 1 or not 0 <= self.max_quarantine_fraction <= 1:
+            raise ValueError("output_files must be >= 1, max_quarantine_fraction in [0, 1]")
+        if self.row_count_tolerance < 0:
+            raise ValueError("row_count_tolerance must be >= 0")
+        self.windows = tuple(sorted(set(self.windows_days)))
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        """Every column some pair groups by, in schema order."""
+        used = {k for pair in self.pairs for k in pair.keys}
+        return tuple(c for c in sources.LOG_COLUMNS if c in used)
+
+
+def ds_midnight(ds: str) -> dt.datetime:
+    return dt.datetime.combine(dt.date.fromisoformat(check_ds(ds)), dt.time(), dt.UTC)
+
+
+def feature_columns(pair: CrossPair, windows: Sequence[int]) -> list[str]:
+    """The feature columns of one pair, in output order (after the keys and event_timestamp)."""
+    per_window = [f"{pair.name}_{s}_{w}d" for w in windows for s in ("imp", "clk", "ctr", "dctr")]
+    recency = [f"{pair.name}_days_since_imp", f"{pair.name}_days_since_click"]
+    return [*per_window, *recency, f"{pair.name}_decay_ctr"]
+
+
+# --- transforms: DataFrame -> DataFrame, no I/O -------------------------------------------------
+
+
+def with_reason(log: DataFrame, key_columns: Sequence[str]) -> DataFrame:
+    """``log`` plus ``reason``: the first row rule it breaks, null for a clean row."""
+    return log.withColumn("reason", sources.first_failed(sources.row_rules(key_columns)))
+
+
+def in_lookback(log: DataFrame, *, cutoff: dt.datetime, days: int) -> DataFrame:
+    """Rows with ``cutoff - days <= event_timestamp < cutoff``, plus ``age_us`` (> 0)."""
+    age = F.unix_micros(F.lit(cutoff)) - F.unix_micros(F.col(TIMESTAMP))
+    return log.withColumn("age_us", age).filter(
+        (F.col("age_us") > 0) & (F.col("age_us") <= days * MICROS_PER_DAY)
+    )
+
+
+def clip_position(log: DataFrame, max_position: int) -> DataFrame:
+    """Positions above ``max_position`` become ``max_position`` (null stays null)."""
+    return log.withColumn("position", F.least(F.col("position"), F.lit(max_position)))
+
+
+def position_clicks(log: DataFrame) -> DataFrame:
+    """Impressions and clicks per (clipped) position, for :func:`examination_by_position`."""
+    return (
+        log.filter(F.col("position").isNotNull())
+        .groupBy("position")
+        .agg(F.count(F.lit(1)).alias("imp"), F.sum("click").cast("long").alias("clk"))
+    )
+
+
+def examination_by_position(counts: Sequence[tuple[int, int, int]]) -> dict[int, float]:
+    """Examination probability per position = ctr(position) / ctr(top position).
+
+    ``counts`` holds (position, impressions, clicks). A position without clicks gets a small
+    floor instead of 0 so its impressions still count a little as examinations.
+    """
+    rates = {int(p): clk / imp for p, imp, clk in counts if imp > 0}
+    if not rates:
+        return {}
+    top = rates[min(rates)]
+    if top <= 0:
+        return {p: 1.0 for p in rates}
+    return {p: max(rate / top, 1e-3) for p, rate in rates.items()}
+
+
+def with_examination(log: DataFrame, examination: dict[int, float]) -> DataFrame:
+    """Add ``exam``: the examination probability of the row's position (1 without a position)."""
+    exam = F.lit(1.0)
+    for position, value in sorted(examination.items()):
+        exam = F.when(F.col("position") == position, F.lit(value)).otherwise(exam)
+    return log.withColumn("exam", exam)
+
+
+def grouping_id(pair: CrossPair, key_columns: Sequence[str]) -> int:
+    """Spark's ``grouping_id()`` of the pair's grouping set (bit set = column not grouped)."""
+    n = len(key_columns)
+    return sum(1 << (n - 1 - i) for i, c in enumerate(key_columns) if c not in pair.keys)
+
+
+def cross_aggregate(log: DataFrame, config: CrossStatsConfig, *, cutoff: dt.datetime) -> DataFrame:
+    """One aggregation for all pairs and windows (grouping sets): the key columns, ``gid``, and
+    per window ``imp_<w>``, ``clk_<w>``, ``exam_<w>``; ``last_imp_us``, ``last_click_us``,
+    ``dec_imp``, ``dec_clk`` over the longest window.
+
+    Input: clean rows of :func:`in_lookback` (``age_us``) with ``exam``.
+    """
+    cutoff_us = int(cutoff.timestamp()) * 1_000_000
+    decay_per_us = math.log(2.0) / (config.half_life_days * MICROS_PER_DAY)
+    keys = list(config.key_columns)
+    # Per-row values are computed once, before the grouping sets copy each row per pair.
+    rows = log.select(
+        *keys,
+        "age_us",
+        "click",
+        "exam",
+        F.exp(F.col("age_us") * -decay_per_us).alias("decay"),
+    )
+    aggregates: list[Column] = []
+    for w in config.windows:
+        inside = F.col("age_us") <= w * MICROS_PER_DAY
+        aggregates += [
+            F.count(F.when(inside, F.lit(1))).alias(f"imp_{w}"),
+            F.sum(F.when(inside, F.col("click")).otherwise(0)).cast("long").alias(f"clk_{w}"),
+            F.sum(F.when(inside, F.col("exam")).otherwise(0.0)).alias(f"exam_{w}"),
+        ]
+    aggregates += [
+        (F.lit(cutoff_us) - F.min("age_us")).alias("last_imp_us"),
+        (F.lit(cutoff_us) - F.min(F.when(F.col("click") == 1, F.col("age_us")))).alias(
+            "last_click_us"
+        ),
+        F.sum("decay").alias("dec_imp"),
+        F.sum(F.col("decay") * F.col("click")).alias("dec_clk"),
+        F.grouping_id().alias("gid"),
+    ]
+    grouping_sets = [list(pair.keys) for pair in config.pairs]
+    return rows.groupingSets(grouping_sets, *keys).agg(*aggregates)
+
+
+STATISTICS = ("ctr", "dctr")
+
+
+def trials_and_clicks(statistic: str, window: int | None) -> tuple[str, str]:
+    """(trials column, clicks column) of the aggregate behind one smoothed statistic."""
+    if statistic == "decay":
+        return "dec_imp", "dec_clk"
+    return ("imp_" if statistic == "ctr" else "exam_") + str(window), f"clk_{window}"
+
+
+def prior_moments(aggregate: DataFrame, config: CrossStatsConfig) -> DataFrame:
+    """Per ``gid``: K (keys with trials > 0), N (sum of trials), C (sum of clicks), Q (sum of
+    clicks^2 / trials) for every (statistic, window) and for the decayed CTR."""
+    columns: list[Column] = []
+    targets = [(s, w) for s in STATISTICS for w in config.windows] + [("decay", None)]
+    for statistic, window in targets:
+        trials, clicks = (F.col(c) for c in trials_and_clicks(statistic, window))
+        tag = f"{statistic}_{window}"
+        seen = trials > 0
+        columns += [
+            F.count(F.when(seen, F.lit(1))).alias(f"K_{tag}"),
+            F.sum(F.when(seen, trials)).alias(f"N_{tag}"),
+            F.sum(F.when(seen, clicks)).alias(f"C_{tag}"),
+            F.sum(F.when(seen, clicks * clicks / trials)).alias(f"Q_{tag}"),
+        ]
+    return aggregate.groupBy("gid").agg(*columns)
+
+
+def beta_from_moments(
+    *,
+    keys: float,
+    trials: float,
+    clicks: float,
+    sum_sq: float,
+    min_strength: float,
+    max_strength: float,
+) -> tuple[float, float]:
+    """Beta(a, b) prior of the keys' true rates, by the method of moments of a beta-binomial.
+
+    With mean ``mu = C / N`` and ``S = sum n_i (r_i - mu)^2 = Q - 2 mu C + mu^2 N`` (r_i = c_i/n_i),
+    ``E[S] = tau^2 (N - K) + K mu (1 - mu)``, so the between-key variance is
+    ``tau^2 = (S - K mu (1 - mu)) / (N - K)`` and a Beta with that mean and variance has strength
+    ``m = a + b = mu (1 - mu) / tau^2 - 1``, clamped to [min_strength, max_strength] (tau^2 <= 0:
+    no spread beyond binomial noise, so the maximum). ``a = mu m``, ``b = (1 - mu) m``.
+    A rate of exactly 0 or 1 is moved inside (0, 1) by half a click so the prior stays proper.
+    """
+    if trials <= 0 or keys <= 0:
+        return 0.5, 0.5  # no data: the uninformative Jeffreys prior
+    mu = min(max(clicks / trials, 0.5 / trials), 1.0 - 0.5 / trials)
+    spread = sum_sq - 2.0 * mu * clicks + mu * mu * trials
+    tau2 = (spread - keys * mu * (1.0 - mu)) / (trials - keys) if trials > keys else 0.0
+    strength = mu * (1.0 - mu) / tau2 - 1.0 if tau2 > 0 else max_strength
+    strength = min(max(strength, min_strength), max_strength)
+    return mu * strength, (1.0 - mu) * strength
+
+
+def smoothed(clicks: Column, trials: Column, prior: tuple[float, float]) -> Column:
+    """(clicks + a) / (trials + a + b): a double in (0, 1) for 0 <= clicks <= trials."""
+    a, b = prior
+    return ((clicks + F.lit(a)) / (trials + F.lit(a + b))).cast("double")
+
+
+def pair_features(
+    aggregate: DataFrame,
+    pair: CrossPair,
+    config: CrossStatsConfig,
+    *,
+    priors: dict[str, tuple[float, float]],
+    cutoff: dt.datetime,
+) -> DataFrame:
+    """The feature rows of one pair: keys, event_timestamp (= cutoff), :func:`feature_columns`.
+
+    ``priors`` maps ``"<statistic>_<window>"`` (and ``"decay_None"``) to (a, b) of this pair.
+    """
+    gid = grouping_id(pair, config.key_columns)
+    cutoff_us = int(cutoff.timestamp()) * 1_000_000
+    columns: list[Column] = [*[F.col(k) for k in pair.keys], F.lit(cutoff).alias(TIMESTAMP)]
+    for w in config.windows:
+        columns += [
+            F.col(f"imp_{w}").cast("long").alias(f"{pair.name}_imp_{w}d"),
+            F.col(f"clk_{w}").alias(f"{pair.name}_clk_{w}d"),
+            smoothed(F.col(f"clk_{w}"), F.col(f"imp_{w}"), priors[f"ctr_{w}"]).alias(
+                f"{pair.name}_ctr_{w}d"
+            ),
+            smoothed(F.col(f"clk_{w}"), F.col(f"exam_{w}"), priors[f"dctr_{w}"]).alias(
+                f"{pair.name}_dctr_{w}d"
+            ),
+        ]
+    columns += [
+        ((F.lit(cutoff_us) - F.col("last_imp_us")) / MICROS_PER_DAY).alias(
+            f"{pair.name}_days_since_imp"
+        ),
+        ((F.lit(cutoff_us) - F.col("last_click_us")) / MICROS_PER_DAY).alias(
+            f"{pair.name}_days_since_click"
+        ),
+        smoothed(F.col("dec_clk"), F.col("dec_imp"), priors["decay_None"]).alias(
+            f"{pair.name}_decay_ctr"
+        ),
+    ]
+    # A null key (a source without that notion) would be one meaningless row: drop it.
+    keyed = F.lit(True)
+    for k in pair.keys:
+        keyed = keyed & F.col(k).isNotNull()
+    return aggregate.filter((F.col("gid") == gid) & keyed).select(*columns)
+
+
+# --- session, extract, load ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CrossLake:
+    """Where the engine writes, under the lake root (nothing here touches the disk)."""
+
+    lake: Lake
+    source: str
+
+    def pair(self, pair: CrossPair, ds: str) -> Path:
+        return self.lake.root / "features" / "ctr_cross" / self.source / pair.name / f"dt={ds}"
+
+    def pair_root(self, pair: CrossPair) -> Path:
+        return self.lake.root / "features" / "ctr_cross" / self.source / pair.name
+
+    def quarantine(self, ds: str) -> Path:
+        return self.lake.quarantine(f"{self.source}_log", ds)
+
+    def summary(self, ds: str) -> Path:
+        return self.lake.reports(f"ctr_cross_stats_{self.source}", ds) / "summary.json"
+
+
+def build_session(settings: Settings, *, app: str = "cascade.ctr_cross_stats") -> SparkSession:
+    """A session on ``settings.spark_master`` in UTC writing microsecond timestamps."""
+    if settings.spark_master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", settings.host)
+    spark = (
+        SparkSession.builder.master(settings.spark_master)
+        .appName(app)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        # Few cores locally: more shuffle partitions than ~4x cores only add task overhead.
+        .config("spark.sql.shuffle.partitions", "8" if settings.profile == "local" else "200")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def read_log(
+    spark: SparkSession, source: str, log_path: Path | None
+) -> tuple[DataFrame, DataFrame | None]:
+    """(log in the input schema, adapter-level quarantine or None) for a named source."""
+    if source == "generated":
+        if log_path is None:
+            raise ValueError("source 'generated' needs --log PATH (see jobs.impression_log)")
+        return sources.from_generated(spark, log_path), None
+    if source == "ml100k":
+        return sources.from_ml100k(spark, log_path)
+    raise ValueError(f"unknown source {source!r}; one of {SOURCES}")
+
+
+def compute(
+    log: DataFrame,
+    config: CrossStatsConfig,
+    *,
+    cutoff: dt.datetime,
+    observation: Observation | None = None,
+) -> tuple[DataFrame, dict[str, Any]]:
+    """Run passes 1 and 2; return (cached aggregate, facts: examination, priors, row counts).
+
+    The caller unpersists the aggregate. ``observation``, when given, counts input rows,
+    quarantined rows and rows in the lookback during pass 2.
+    """
+    lookback = max(config.windows)
+    checked = clip_position(with_reason(log, config.key_columns), config.max_position)
+    # Pass 1 (narrow): examination per position from clean rows in the longest window.
+    narrow = in_lookback(
+        checked.select("position", "click", TIMESTAMP, "reason"), cutoff=cutoff, days=lookback
+    ).filter(F.col("reason").isNull())
+    counts = [(r["position"], r["imp"], r["clk"]) for r in position_clicks(narrow).collect()]
+    examination = examination_by_position(counts)
+
+    # Pass 2: every pair and window in one aggregation.
+    if observation is not None:
+        age = F.unix_micros(F.lit(cutoff)) - F.unix_micros(F.col(TIMESTAMP))
+        checked = checked.observe(
+            observation,
+            F.count(F.lit(1)).alias("input_rows"),
+            F.count(F.col("reason")).alias("quarantined_rows"),
+            F.count(F.when(F.col("reason").isNull() & (age <= 0), 1)).alias("future_rows"),
+        )
+    clean = in_lookback(checked, cutoff=cutoff, days=lookback).filter(F.col("reason").isNull())
+    aggregate = cross_aggregate(with_examination(clean, examination), config, cutoff=cutoff)
+    aggregate = aggregate.persist(StorageLevel.MEMORY_AND_DISK)
+    key_rows = aggregate.count()
+
+    priors: dict[str, dict[str, tuple[float, float]]] = {}
+    moments = {r["gid"]: r.asDict() for r in prior_moments(aggregate, config).collect()}
+    for pair in config.pairs:
+        row = moments.get(grouping_id(pair, config.key_columns), {})
+        priors[pair.name] = {}
+        for tag in [f"{s}_{w}" for s in STATISTICS for w in config.windows] + ["decay_None"]:
+            priors[pair.name][tag] = beta_from_moments(
+                keys=float(row.get(f"K_{tag}") or 0),
+                trials=float(row.get(f"N_{tag}") or 0),
+                clicks=float(row.get(f"C_{tag}") or 0),
+                sum_sq=float(row.get(f"Q_{tag}") or 0),
+                min_strength=config.min_prior_strength,
+                max_strength=config.max_prior_strength,
+            )
+    facts = {"examination": examination, "priors": priors, "aggregate_rows": key_rows}
+    return aggregate, facts
+
+
+def run(
+    ds: str,
+    *,
+    source: str = "generated",
+    log_path: Path | None = None,
+    settings: Settings | None = None,
+    spark: SparkSession | None = None,
+    config: CrossStatsConfig | None = None,
+) -> dict[str, Any]:
+    """Build partition ``ds`` of every configured pair for one source; returns the summary.
+
+    A session passed in is left running; one built here is stopped before returning.
+    """
+    check_ds(ds)
+    settings = settings or load_settings()
+    if config is None:
+        config = CrossStatsConfig(pairs=ML100K_PAIRS if source == "ml100k" else GENERATED_PAIRS)
+    own = spark is None
+    session = spark or build_session(settings)
+    try:
+        return _run(
+            ds, source=source, log_path=log_path, settings=settings, spark=session, config=config
+        )
+    finally:
+        if own:
+            session.stop()
+
+
+def _run(
+    ds: str,
+    *,
+    source: str,
+    log_path: Path | None,
+    settings: Settings,
+    spark: SparkSession,
+    config: CrossStatsConfig,
+) -> dict[str, Any]:
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    started = time.monotonic()
+    cutoff = ds_midnight(ds)
+    where = CrossLake(Lake(settings.lake_root), source)
+    log, adapter_quarantine = read_log(spark, source, log_path)
+
+    observation = Observation(f"ctr_cross_stats {source} {ds}")
+    aggregate, facts = compute(log, config, cutoff=cutoff, observation=observation)
+    seen = observation.get
+    print(
+        f"[cross] {source} ds={ds}: {seen['input_rows']:,} input rows, "
+        f"{seen['quarantined_rows']:,} quarantined, {seen['future_rows']:,} at/after ds ignored"
+    )
+
+    rows: dict[str, int] = {}
+    paths: dict[str, str] = {}
+    try:
+        for pair in config.pairs:
+            frame = pair_features(
+                aggregate, pair, config, priors=facts["priors"][pair.name], cutoff=cutoff
+            )
+            path = where.pair(pair, ds)
+            counted = Observation(f"rows {pair.name}")
+            frame.observe(counted, F.count(F.lit(1)).alias("rows")).coalesce(
+                config.output_files
+            ).write.mode("overwrite").parquet(str(path))
+            rows[pair.name] = int(counted.get["rows"])
+            paths[pair.name] = str(path)
+            print(f"[cross]   {pair.name}: {rows[pair.name]:,} rows -> {path}")
+    finally:
+        aggregate.unpersist()
+
+    # Bad rows are rare: only re-read the input for them when pass 2 counted some.
+    bad = with_reason(log, config.key_columns).filter(F.col("reason").isNotNull())
+    quarantine = bad.select(
+        F.lit(source).alias("source"),
+        F.to_json(F.struct(*sources.LOG_COLUMNS)).alias("line"),
+        "reason",
+    )
+    if seen["quarantined_rows"] == 0:
+        quarantine = quarantine.limit(0)
+    if adapter_quarantine is not None:
+        quarantine = quarantine.unionByName(adapter_quarantine)
+    quarantine.coalesce(1).write.mode("overwrite").parquet(str(where.quarantine(ds)))
+    quarantined = int(seen["quarantined_rows"])
+    adapter_bad = adapter_quarantine.count() if adapter_quarantine is not None else 0
+    print(f"[cross] quarantined {quarantined + adapter_bad:,} rows -> {where.quarantine(ds)}")
+
+    summary = {
+        "ds": ds,
+        "source": source,
+        "input_rows": int(seen["input_rows"]) + adapter_bad,
+        "quarantined_rows": quarantined + adapter_bad,
+        "future_rows_ignored": int(seen["future_rows"]),
+        "rows": rows,
+        "paths": paths,
+        "quarantine_path": str(where.quarantine(ds)),
+        "windows_days": list(config.windows),
+        "examination": {str(k): v for k, v in sorted(facts["examination"].items())},
+        "priors": {
+            pair: {tag: {"a": a, "b": b} for tag, (a, b) in tags.items()}
+            for pair, tags in facts["priors"].items()
+        },
+        "seconds": round(time.monotonic() - started, 3),
+    }
+    summary_path = where.summary(ds)
+    summary_path.parent.mkdir(parents=True, exist_ok=True)
+    summary_path.write_text(json.dumps(summary, indent=2))
+    summary["summary_path"] = str(summary_path)
+    print(f"[cross] done in {summary['seconds']:.1f} s; summary -> {summary_path}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """CLI: ``python -m jobs.ctr_cross_stats --ds YYYY-MM-DD --source NAME [--log PATH]``."""
+    parser = argparse.ArgumentParser(prog="python -m jobs.ctr_cross_stats", description=__doc__)
+    parser.add_argument("--ds", required=True, help="partition date YYYY-MM-DD (UTC cut-off)")
+    parser.add_argument("--source", choices=SOURCES, default="generated")
+    parser.add_argument("--log", type=Path, help="generated: parquet log; ml100k: source dir")
+    args = parser.parse_args(argv)
+    return run(args.ds, source=args.source, log_path=args.log)
+
+
+if __name__ == "__main__":
+    main()

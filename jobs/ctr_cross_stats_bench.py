@@ -1,0 +1,194 @@
+"""Benchmark of the cross statistics engine against a plain scan and a pandas reference.
+
+    cascade bench ctr --out bench-results/ctr.json            # 1M, 10M, 30M impressions
+    cascade bench ctr --out /tmp/ctr.json --quick             # ~100k, a smoke run
+    CASCADE_BENCH_CTR_SIZES=1000000,10000000 cascade bench ctr --out FILE
+
+Per size, in one Spark session on ``local[2]`` (the default master): generate the log if it is
+not in ``<lake>/bench/impressions/`` yet (:mod:`jobs.impression_log`, seed 7), then time
+
+* ``scan_s``: read every column of the input and drop it (Spark's ``noop`` sink: the plain
+  cost of a full scan), and ``count_s``: read + count (Spark answers from parquet metadata);
+* ``job_s``: :func:`jobs.ctr_cross_stats.run` (all default pairs x 1/7/30 d, priors, writes);
+* ``reference_s``: the same counts and smoothed CTRs in pandas on one core (only up to
+  ``REFERENCE_MAX_ROWS``; the time includes reading the parquet).
+
+``ratio = job_s / scan_s``; ``ns_per_row`` per size and its growth from the smallest to the
+largest size; ``peak_rss_mb`` is the peak resident memory of this process plus the Spark JVM
+(sampled every 0.2 s during the job). Medians over ``repeats`` runs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from cascade.bench import median_seconds
+from cascade.config import Settings, load_settings
+from jobs import ctr_cross_stats as job
+from jobs import impression_log
+
+DS = "2026-11-22"
+FULL_SIZES = (1_000_000, 10_000_000, 30_000_000)
+QUICK_SIZES = (100_000,)
+REFERENCE_MAX_ROWS = 10_000_000
+"""pandas holds the whole log in memory; above this it is skipped (and reported as null)."""
+
+
+class PeakMemory:
+    """Samples the RSS of this process and its children (the Spark JVM) in a thread."""
+
+    def __init__(self, interval_s: float = 0.2) -> None:
+        self.interval_s = interval_s
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for process in [me, *me.children(recursive=True)]:
+                try:
+                    total += process.memory_info().rss
+                except psutil.Error:  # a child may exit between listing and reading
+                    pass
+            self.peak_bytes = max(self.peak_bytes, total)
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def pandas_reference(path: Path, config: job.CrossStatsConfig) -> int:
+    """Counts and smoothed CTRs per pair and window in pandas; returns output rows.
+
+    The prior here is the pooled mean with a fixed strength (the reference measures the cost
+    of the aggregation, not the prior fit).
+    """
+    import numpy as np
+    import pandas as pd
+
+    frame = pd.read_parquet(path)
+    cutoff = pd.Timestamp(job.ds_midnight(DS))
+    age = (cutoff - frame["event_timestamp"]).dt.total_seconds() / 86_400
+    frame = frame[(age > 0) & (age <= max(config.windows))].copy()
+    age = age[frame.index]
+    for w in config.windows:
+        inside = (age <= w).to_numpy()
+        frame[f"imp_{w}"] = inside.astype(np.int64)
+        frame[f"clk_{w}"] = inside * frame["click"].to_numpy()
+    sums = [c for w in config.windows for c in (f"imp_{w}", f"clk_{w}")]
+    rows = 0
+    for pair in config.pairs:
+        grouped = frame.groupby(list(pair.keys), sort=False)[sums].sum()
+        for w in config.windows:
+            mean = grouped[f"clk_{w}"].sum() / max(1, grouped[f"imp_{w}"].sum())
+            grouped[f"ctr_{w}"] = (grouped[f"clk_{w}"] + 20 * mean) / (grouped[f"imp_{w}"] + 20)
+        rows += len(grouped)
+    return rows
+
+
+def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
+    """``cascade bench ctr``: see the module docstring."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    env_sizes = os.environ.get("CASCADE_BENCH_CTR_SIZES")
+    if env_sizes:
+        sizes = tuple(int(s) for s in env_sizes.split(","))
+    else:
+        sizes = QUICK_SIZES if quick else FULL_SIZES
+    settings = load_settings()
+    inputs = settings.lake_root / "bench" / "impressions"
+    # A session that was already running (a caller's, a test's) is reused and left running.
+    borrowed = SparkSession.getActiveSession() is not None
+    spark = job.build_session(settings, app="cascade.bench.ctr")
+    config = job.CrossStatsConfig()
+    results: list[dict[str, Any]] = []
+    try:
+        for n in sizes:
+            log = inputs / f"n={n}_seed=7"
+            generated_s = None
+            if not (log / "_SUCCESS").is_file():
+                started = time.perf_counter()
+                impression_log.write(spark, impression_log.GeneratorConfig(impressions=n), log)
+                generated_s = time.perf_counter() - started
+            repeats = 1 if quick or n > 1_000_000 else 3
+            warmup = 0 if quick else 1
+
+            def scan(path: Path = log) -> None:
+                spark.read.parquet(str(path)).write.format("noop").mode("overwrite").save()
+
+            def count(path: Path = log) -> None:
+                spark.read.parquet(str(path)).select(F.count(F.lit(1))).collect()
+
+            scan_s = median_seconds(scan, repeats=repeats, warmup=1)
+            count_s = median_seconds(count, repeats=repeats, warmup=0)
+            summary: dict[str, Any] = {}
+            with tempfile.TemporaryDirectory(prefix="ctr-bench-") as home:
+
+                def run_job(
+                    path: Path = log, home: str = home, summary: dict[str, Any] = summary
+                ) -> None:
+                    summary.update(
+                        job.run(
+                            DS,
+                            source="generated",
+                            log_path=path,
+                            spark=spark,
+                            config=config,
+                            settings=Settings(home=Path(home)),
+                        )
+                    )
+
+                with PeakMemory() as memory:
+                    job_s = median_seconds(run_job, repeats=repeats, warmup=warmup)
+            reference_s = None
+            if n <= REFERENCE_MAX_ROWS:
+                reference_s = median_seconds(
+                    lambda path=log: pandas_reference(path, config), repeats=1, warmup=0
+                )
+            result = {
+                "impressions": n,
+                "generated_s": generated_s,
+                "repeats": repeats,
+                "job_s": job_s,
+                "scan_s": scan_s,
+                "count_s": count_s,
+                "ratio": job_s / scan_s,
+                "rows_per_s": n / job_s,
+                "ns_per_row": job_s / n * 1e9,
+                "peak_rss_mb": memory.peak_bytes / 2**20,
+                "reference_s": reference_s,
+                "reference": "pandas (1 core)" if reference_s is not None else None,
+                "quarantined_rows": summary.get("quarantined_rows"),
+                "feature_rows": summary.get("rows"),
+            }
+            print(f"[bench ctr] {result}", flush=True)
+            results.append(result)
+    finally:
+        if not borrowed:
+            spark.stop()
+    first, last = results[0], results[-1]
+    return {
+        "benchmark": "ctr",
+        "ds": DS,
+        "spark_master": settings.spark_master,
+        "pairs": [p.name for p in config.pairs],
+        "windows_days": list(config.windows),
+        "sizes": results,
+        "ns_per_row_growth": last["ns_per_row"] / first["ns_per_row"] - 1.0,
+        "quick": quick,
+    }

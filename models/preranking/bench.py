@@ -1,0 +1,119 @@
+"""Benchmark ``preranking``: the three models' quality, DeepSpeed vs plain PyTorch, scoring cost.
+
+    cascade bench preranking --out bench-results/preranking.json          # ml100k, ~10 min
+    cascade bench preranking --out /tmp/p.json --quick                     # smoke, < 30 s
+    CASCADE_BENCH_PRERANKING_CONFIG=generated cascade bench preranking --out FILE
+
+The full run trains the cascade (teacher, two-tower, FSCD sweep) with 2 processes through
+:func:`models.preranking.cascade_train.launch_cascade` and copies its headline metrics
+(``teacher_auc``, ``fscd_auc``, ``two_tower_auc``, ``auc_ratio``, ``cost_ratio``, ``fscd_gauc``,
+``recall_at_k``); then it measures teacher training throughput on one process, DeepSpeed against
+a plain ``torch.optim`` loop interleaved in the same process (``ds_vs_torch_throughput``), and
+DeepSpeed on 1 vs 2 processes; and the eager scoring cost of 1 user x 1,000 / 10,000 candidates
+with the user part shared (``score_request``) against scoring every candidate row in full.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cascade.bench import median_seconds
+from models.preranking.cascade_train import launch_cascade
+from models.preranking.config_registry import get_cascade_config
+from models.preranking.fields import FIELDS, FieldEncoder
+from models.preranking.model import ColdPreRanker
+
+CONFIG_ENV = "CASCADE_BENCH_PRERANKING_CONFIG"
+"""Cascade config of the full run (default ``ml100k``); ``--quick`` always uses ``debug``."""
+
+
+def _read(path: Path, what: str, log_tail: str) -> dict[str, Any]:
+    if not path.exists():
+        raise RuntimeError(f"{what} wrote no {path}; last log lines:\n{log_tail}")
+    return dict(json.loads(path.read_text()))
+
+
+def throughput(config: str, processes: int, steps: int, work: Path) -> dict[str, Any]:
+    out = work / f"throughput-{config}-{processes}"
+    # One thread per process in both cases: with 2 OpenMP threads on a loaded 2-core machine
+    # the 1-process loop waited on its second thread and measured 5-25x slower than 2 processes.
+    code, tail = launch_cascade(
+        config,
+        out,
+        processes=processes,
+        extra_args=["--throughput-steps", str(steps)],
+        extra_env={"OMP_NUM_THREADS": "1"},
+    )
+    result = _read(out / "throughput.json", f"throughput run (exit {code})", tail)
+    return result
+
+
+def scoring_cost(
+    fields: tuple[str, ...], encoder: FieldEncoder, config_name: str, candidates: int, repeats: int
+) -> dict[str, float]:
+    """Median ms to score one user x ``candidates`` items, user part shared vs recomputed."""
+    config = get_cascade_config(config_name)
+    torch.manual_seed(0)
+    model = ColdPreRanker(config.net, fields, encoder.cardinalities()).eval()
+    cards = torch.tensor(encoder.cardinalities())
+    codes = (torch.rand(candidates, len(FIELDS)) * cards).long()
+    user = codes[0]
+    rows = codes.clone()
+    user_positions = [i for i, f in enumerate(FIELDS) if f.kind == "user"]
+    rows[:, user_positions] = user[user_positions]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one request, one core: the serving worker's budget
+    try:
+        with torch.inference_mode():
+            shared = median_seconds(lambda: model.score_request(user, codes), repeats=repeats)
+            full = median_seconds(lambda: model(rows), repeats=repeats)
+            torch.testing.assert_close(model.score_request(user, codes), model(rows))
+    finally:
+        torch.set_num_threads(threads)
+    return {"shared_user_ms": shared * 1e3, "per_row_ms": full * 1e3, "speedup": full / shared}
+
+
+def run(out: Path, quick: bool) -> dict[str, Any]:
+    config_name = "debug" if quick else os.environ.get(CONFIG_ENV, "ml100k")
+    result: dict[str, Any] = {"config": config_name, "quick": quick}
+    with tempfile.TemporaryDirectory(prefix="bench-preranking-") as tmp:
+        work = Path(tmp)
+        fields: tuple[str, ...] = tuple(f.name for f in FIELDS)
+        if not quick:
+            run_dir = out.parent / f"{out.stem}-run"
+            code, tail = launch_cascade(config_name, run_dir, processes=2)
+            trained = _read(run_dir / "result.json", f"cascade training (exit {code})", tail)
+            result.update({k: v for k, v in trained.items() if k != "config"})
+            result["run_dir"] = str(run_dir)
+            fields = tuple(trained["fscd_fields"])
+        one = throughput(config_name, 1, 10 if quick else 60, work)
+        result["torch_samples_per_s"] = one["torch_samples_per_s"]
+        result["deepspeed_samples_per_s_1proc"] = one["deepspeed_samples_per_s"]
+        result["ds_vs_torch_throughput"] = one["ds_vs_torch_throughput"]
+        result["throughput_setup"] = {
+            k: one.get(k) for k in ("steps", "batch_size", "zero_stage", "precision")
+        }
+        if not quick:
+            two = throughput(config_name, 2, 60, work)
+            result["deepspeed_samples_per_s_2proc"] = two["deepspeed_samples_per_s"]
+            result["two_vs_one_process"] = (
+                two["deepspeed_samples_per_s"] / one["deepspeed_samples_per_s"]
+            )
+    from models.preranking.cascade_train import load_frame
+    from models.preranking.train import time_split
+
+    config = get_cascade_config(config_name)
+    encoder = FieldEncoder(bins=config.bins).fit(time_split(load_frame(config), 0.2)[0])
+    result["scoring_fields"] = list(fields)
+    for candidates in (1_000,) if quick else (1_000, 10_000):
+        cost = scoring_cost(fields, encoder, config_name, candidates, 5 if quick else 30)
+        result[f"score_{candidates}_ms"] = cost["shared_user_ms"]
+        result[f"score_{candidates}_per_row_ms"] = cost["per_row_ms"]
+        result[f"score_{candidates}_shared_speedup"] = cost["speedup"]
+    return result

@@ -1,0 +1,189 @@
+"""What the server does beside answering: log feedback, score with a shadow (challenger) version,
+and roll the champion back when its error rate crosses the policy. None of it may change or slow
+a response: it runs on one background thread with a bounded queue, and drops (and counts) work
+when it falls behind.
+
+Enabled by environment variables of the serving process (``cascade up`` passes them on):
+
+    CASCADE_FEEDBACK=1                 write scored candidates to the lake (serving/feedback.py)
+    CASCADE_SHADOW_ALIAS=challenger    also score with this registry alias and log both
+    CASCADE_AUTO_ROLLBACK=1            roll back on the error-rate policy (cascade/deployments.py)
+
+The shadow report: ``python -m cascade.deployments shadow-report --ds YYYY-MM-DD``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from serving.feedback import FeedbackLog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class ObserverConfig:
+    """Background work of the server."""
+
+    feedback: bool = False
+    """Log scored candidates to the lake."""
+    shadow_alias: str | None = None
+    """Registry alias scored in shadow (None: no shadow)."""
+    auto_rollback: bool = False
+    """Apply the error-rate rollback policy."""
+    queue_size: int = 1000
+    """Requests waiting for background work; beyond it work is dropped and counted."""
+
+    def __post_init__(self) -> None:
+        if self.queue_size < 1:
+            raise ValueError("queue_size must be >= 1")
+        if self.shadow_alias == "champion":
+            raise ValueError("CASCADE_SHADOW_ALIAS must name another alias than champion")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ObserverConfig:
+        env = os.environ if env is None else env
+        return cls(
+            feedback=env.get("CASCADE_FEEDBACK", "0") == "1",
+            shadow_alias=env.get("CASCADE_SHADOW_ALIAS") or None,
+            auto_rollback=env.get("CASCADE_AUTO_ROLLBACK", "0") == "1",
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.feedback or self.shadow_alias is not None or self.auto_rollback
+
+
+class ServingObserver:
+    """Feedback, shadow scoring and error counting for one :class:`PreRankingModel`."""
+
+    def __init__(
+        self,
+        model: Any,
+        config: ObserverConfig,
+        *,
+        feedback: FeedbackLog | None = None,
+        rollback: Callable[..., Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.feedback = feedback
+        if config.feedback and feedback is None:
+            self.feedback = FeedbackLog(model.settings.lake_root)
+        self._rollback = rollback
+        self._shadow: Any = None
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(config.queue_size)
+        self.dropped = 0
+        self.requests: dict[str, int] = {}
+        self.errors: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._work, name="serving-observer", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                job()
+            except Exception:  # background work must never take the server down
+                log.exception("serving observer job failed")
+            finally:
+                self._queue.task_done()
+
+    def _submit(self, job: Callable[[], None]) -> None:
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            self.dropped += 1
+
+    def observed(
+        self, served: Any, response_id: str, user_id: int, item_ids: np.ndarray, scores: np.ndarray
+    ) -> None:
+        """Called after a successful response was built: count it, then log/shadow later."""
+        self._count(served.version, ok=True)
+        if self.feedback is None and self.config.shadow_alias is None:
+            return
+
+        def job() -> None:
+            shadow = self._shadow_scores(user_id, item_ids)
+            if self.feedback is not None:
+                self.feedback.log(
+                    request_id=response_id,
+                    user_id=user_id,
+                    item_ids=item_ids,
+                    scores=scores,
+                    model_version=served.version,
+                    shadow_version=shadow[0] if shadow else None,
+                    shadow_scores=shadow[1] if shadow else None,
+                )
+
+        self._submit(job)
+
+    def failed(self, served: Any) -> None:
+        """Called when scoring raised: counts toward the error rate of that version."""
+        self._count(served.version, ok=False)
+
+    def _count(self, version: str, *, ok: bool) -> None:
+        with self._lock:
+            self.requests[version] = self.requests.get(version, 0) + 1
+            if not ok:
+                self.errors[version] = self.errors.get(version, 0) + 1
+            requests, errors = self.requests[version], self.errors.get(version, 0)
+        if self.config.auto_rollback and not ok:
+            self._submit(lambda: self._maybe_roll_back(version, requests, errors))
+
+    def _maybe_roll_back(self, version: str, requests: int, errors: int) -> None:
+        from cascade.deployments import auto_rollback
+
+        rollback = self._rollback or auto_rollback
+        result = rollback(
+            served_version=version, requests=requests, errors=errors, settings=self.model.settings
+        )
+        if result:
+            log.warning("automatic rollback: %s", result)
+            # Fresh counts for whatever version is served next.
+            with self._lock:
+                self.requests.pop(version, None)
+                self.errors.pop(version, None)
+
+    def _shadow_scores(self, user_id: int, item_ids: np.ndarray) -> tuple[str, np.ndarray] | None:
+        alias = self.config.shadow_alias
+        if alias is None:
+            return None
+        try:
+            backends, settings = self.model.backends, self.model.settings
+            wanted = backends.champion_version(settings, alias)
+            if wanted is None:
+                return None
+            if self._shadow is None or self._shadow.version != str(wanted):
+                loaded = backends.load_champion(settings, alias)
+                if loaded is None:
+                    return None
+                self._shadow = self.model._prepare(loaded)
+            return self._shadow.version, self.model.score(self._shadow, user_id, item_ids)
+        except Exception:
+            log.exception("shadow scoring with alias %s failed", alias)
+            return None
+
+    def drain(self, timeout_s: float = 10.0) -> None:
+        """Finish queued work and flush the feedback log (tests, shutdown)."""
+        done = threading.Event()
+        self._submit(done.set)
+        done.wait(timeout_s)
+        if self.feedback is not None:
+            self.feedback.flush()
+
+
+def observer_from_env(model: Any) -> ServingObserver | None:
+    config = ObserverConfig.from_env()
+    return ServingObserver(model, config) if config.enabled else None

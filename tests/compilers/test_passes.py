@@ -1,0 +1,226 @@
+"""Each pass: output matches eager (assert_close) and its counter shows it fired."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.export import Dim
+
+from compilers.export import (
+    PreRankingRequest,
+    export_program,
+    preranking_dynamic_shapes,
+    preranking_example,
+)
+from compilers.passes import (
+    PassContext,
+    collect_shape_constraints,
+    conv1d_multiplications,
+    fold_batch_norm,
+    fuse_memory_bound_chains,
+    remove_noops,
+    rsq_quantize,
+    share_broadcast_computation,
+    winograd_conv1d,
+    winograd_conv1d_f23,
+    winograd_filter,
+)
+from compilers.pipeline import DEFAULT_PASSES, PASS_ORDER, run_pipeline
+from models.preranking.model import PreRanker, PreRankerConfig
+
+aten = torch.ops.aten
+
+
+class ConvStack(nn.Module):
+    """A small ASR-like block: Conv1d(3 taps)+BN, dropout, a 5-tap conv, Linear+BN head."""
+
+    def __init__(self, channels: int = 6) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(channels, 8, 3, padding=1)
+        self.bn = nn.BatchNorm1d(8)
+        self.drop = nn.Dropout(0.3)
+        self.conv5 = nn.Conv1d(8, 8, 5, padding=2, bias=False)
+        self.head = nn.Linear(8, 4)
+        self.head_bn = nn.BatchNorm1d(4)
+        for bn in (self.bn, self.head_bn):  # non-trivial statistics, so folding matters
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+            bn.weight.data.uniform_(0.5, 1.5)
+            bn.bias.data.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.drop(torch.relu(self.bn(self.conv(x))))
+        y = self.conv5(y) * 1 + 0
+        pooled = y.mean(dim=2)  # [B, 8]
+        return self.head_bn(self.head(pooled))
+
+
+def conv_program(batch: int = 2, length: int = 16) -> tuple[nn.Module, torch.fx.GraphModule]:
+    torch.manual_seed(0)
+    module = ConvStack().eval()
+    example = (torch.randn(batch, 6, length),)
+    dims = ({0: Dim("batch", min=1, max=64), 2: Dim("time", min=4, max=4096)},)
+    return module, export_program(module, example, dims).module()
+
+
+def count(gm: torch.fx.GraphModule, target: object) -> int:
+    return sum(1 for n in gm.graph.nodes if n.target == target)
+
+
+def prepared(gm: torch.fx.GraphModule) -> PassContext:
+    context = PassContext(winograd="always")
+    collect_shape_constraints(gm, context)
+    return context
+
+
+def test_shape_constraints_find_equal_bounded_dims() -> None:
+    torch.manual_seed(0)
+    model = PreRanker(PreRankerConfig(id_buckets=64, embedding_dim=4, hidden=(8,))).eval()
+    example = preranking_example(model.config, 5)
+    gm = export_program(PreRankingRequest(model), example, preranking_dynamic_shapes()).module()
+    context = PassContext()
+    result = collect_shape_constraints(gm, context)
+    assert result.fired >= 2 and not result.modified
+    assert ["item_dense.0", "item_id.0"] in context.constraints.equal
+    (symbol,) = context.constraints.bounds
+    lower, upper = context.constraints.bounds[symbol]
+    assert lower >= 1 and upper == 1 << 20
+    assert context.constraints.dynamic_inputs == {"item_dense": [0], "item_id": [0]}
+
+
+def test_remove_noops_drops_dropout_and_identities() -> None:
+    module, gm = conv_program()
+    result = remove_noops(gm, prepared(gm))
+    assert result.details.get("aten.dropout.default") == 1
+    assert result.details.get("aten.mul.Tensor") == 1 and result.details.get("aten.add.Tensor") == 1
+    assert count(gm, aten.dropout.default) == 0
+    gm.recompile()
+    x = torch.randn(3, 6, 21)
+    torch.testing.assert_close(gm(x), module(x))
+
+
+def test_fold_batch_norm_conv_and_linear() -> None:
+    module, gm = conv_program()
+    context = prepared(gm)
+    remove_noops(gm, context)
+    result = fold_batch_norm(gm, context)
+    assert result.fired == 2
+    assert count(gm, aten.batch_norm.default) == 0
+    gm.recompile()
+    for length in (4, 9, 40):
+        x = torch.randn(2, 6, length)
+        torch.testing.assert_close(gm(x), module(x), rtol=1e-5, atol=1e-5)
+
+
+def test_share_broadcast_runs_user_side_once() -> None:
+    torch.manual_seed(0)
+    model = PreRanker(PreRankerConfig(id_buckets=64, embedding_dim=4, hidden=(8, 4))).eval()
+    model.fit_normalizer(torch.rand(100, model.config.num_dense) * 20)
+    request = PreRankingRequest(model).eval()
+    example = preranking_example(model.config, 6)
+    gm = export_program(request, example, preranking_dynamic_shapes()).module()
+    context = prepared(gm)
+    remove_noops(gm, context)
+    result = share_broadcast_computation(gm, context)
+    assert result.details["split_linear"] == 1
+    assert result.details["pull_broadcast"] >= 3  # remainder, embedding, the dense transforms
+    assert result.details["split_cat"] >= 4
+    # The user embedding is now looked up for one row, whatever the candidate count.
+    user_table = "model.user_embedding.weight"
+    (lookup,) = [
+        n
+        for n in gm.graph.nodes
+        if n.target == aten.embedding.default and n.args[0].target == user_table
+    ]
+    assert tuple(lookup.meta["val"].shape)[0] == 1
+    gm.graph.lint()
+    gm.recompile()
+    for n in (1, 3, 257):
+        inputs = preranking_example(model.config, n, seed=n)
+        torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("length", [7, 8, 33])
+def test_winograd_f23_matches_conv_with_fewer_multiplications(length: int) -> None:
+    torch.manual_seed(length)
+    x, weight, bias = torch.randn(2, 5, length), torch.randn(7, 5, 3), torch.randn(7)
+    expected = torch.nn.functional.conv1d(x, weight, bias, padding=1)
+    got = winograd_conv1d_f23(x, winograd_filter(weight), bias, 1)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    direct = conv1d_multiplications(2, 5, 7, 64, winograd=False)
+    assert direct / conv1d_multiplications(2, 5, 7, 64, winograd=True) == 1.5
+
+
+def test_winograd_pass_rewrites_only_3_tap_convs() -> None:
+    module, gm = conv_program()
+    context = prepared(gm)
+    result = winograd_conv1d(gm, context)
+    assert result.fired == 1 and result.details["candidates"] == 1  # the 5-tap conv is left
+    assert count(gm, aten.conv1d.default) == 1
+    gm.recompile()
+    for length in (5, 12, 31):
+        x = torch.randn(2, 6, length)
+        torch.testing.assert_close(gm(x), module(x), rtol=1e-4, atol=1e-4)
+
+
+def test_winograd_auto_times_both_forms() -> None:
+    _, gm = conv_program(length=64)
+    context = PassContext(winograd="auto", example_inputs=(torch.randn(2, 6, 64),))
+    context.timing_repeats = 3
+    result = winograd_conv1d(gm, context)
+    (timing,) = result.details["timings"].values()
+    assert timing["direct_ms"] > 0 and timing["winograd_ms"] > 0
+    assert result.fired == int(timing["winograd_ms"] < timing["direct_ms"])
+
+
+def test_rsq_quantize_int8_with_calibration() -> None:
+    module, gm = conv_program()
+    calibration = [(torch.randn(4, 6, 32),) for _ in range(4)]
+    context = PassContext(calibration_inputs=calibration)
+    collect_shape_constraints(gm, context)
+    result = rsq_quantize(gm, context)
+    assert result.fired == 3  # two Conv1d and the Linear
+    int8 = [b for name, b in gm.named_buffers() if name.startswith("_cascade_rsq_weight")]
+    assert len(int8) == 3 and all(b.dtype == torch.int8 for b in int8)
+    gm.recompile()
+    x = torch.randn(4, 6, 32)
+    expected = module(x)
+    error = (gm(x) - expected).norm() / expected.norm()
+    assert 0 < error < 0.03, f"int8 relative error {error:.4f}"
+
+
+def test_rsq_quantize_needs_calibration() -> None:
+    _, gm = conv_program()
+    with pytest.raises(ValueError, match="calibration_inputs"):
+        rsq_quantize(gm, PassContext())
+
+
+def test_memory_bound_chains_are_grouped() -> None:
+    _, gm = conv_program()
+    context = prepared(gm)
+    remove_noops(gm, context)
+    result = fuse_memory_bound_chains(gm, context)
+    assert result.fired >= 1
+    assert result.details["kernels_after"] < result.details["kernels_before"]
+    groups = {
+        n.meta["cascade_fusion_group"] for n in gm.graph.nodes if "cascade_fusion_group" in n.meta
+    }
+    assert len(groups) == result.fired
+
+
+def test_pipeline_enforces_order_and_reports() -> None:
+    module, gm = conv_program()
+    with pytest.raises(ValueError, match="unknown passes"):
+        run_pipeline(gm, ["collect_shape_constraints", "constant_fold"])
+    with pytest.raises(ValueError, match="out of order"):
+        run_pipeline(gm, ["collect_shape_constraints", "fold_batch_norm", "remove_noops"])
+    with pytest.raises(ValueError, match="must start with"):
+        run_pipeline(gm, ["remove_noops"])
+    report = run_pipeline(gm, DEFAULT_PASSES, PassContext(winograd="always"))
+    assert [p.name for p in report.passes] == list(DEFAULT_PASSES)
+    assert report.fired("fold_batch_norm") == 2 and report.fired("winograd_conv1d") == 1
+    assert all(p.ms >= 0 for p in report.passes)
+    assert set(report.to_dict()["passes"]) <= set(PASS_ORDER)
+    x = torch.randn(3, 6, 19)
+    torch.testing.assert_close(gm(x), module(x), rtol=1e-4, atol=1e-4)

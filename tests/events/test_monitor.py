@@ -1,0 +1,120 @@
+"""Drift (PSI), online AUC, the generated shift and the monitor task on a lake."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from cascade.assets import TOPIC_DRIFT_DETECTED, TOPIC_RETRAIN_REQUESTED
+from cascade.config import Settings
+from cascade.monitor import (
+    MonitorConfig,
+    evaluate_day,
+    generate_serving_logs,
+    monitor_day,
+    online_auc,
+    psi_categorical,
+    psi_numeric,
+    run_demo,
+    verdict_events,
+)
+from serving.feedback import FeedbackConfig, FeedbackLog, log_clicks
+
+
+def test_psi_is_near_zero_for_the_same_distribution_and_large_for_a_shift() -> None:
+    rng = np.random.default_rng(1)
+    reference = rng.normal(0, 1, 20_000)
+    assert psi_numeric(reference, rng.normal(0, 1, 5_000)) < 0.02
+    assert psi_numeric(reference, rng.normal(1, 1, 5_000)) > 0.5
+    # Values beyond the reference's range land in the open outer bins, not nowhere.
+    assert psi_numeric(reference, np.full(100, 50.0)) > 5
+
+
+def test_categorical_psi_counts_unseen_categories_as_drift() -> None:
+    reference = ["a"] * 500 + ["b"] * 500
+    assert psi_categorical(reference, ["a"] * 50 + ["b"] * 50) == pytest.approx(0, abs=1e-9)
+    assert psi_categorical(reference, ["a"] * 50 + ["c"] * 50) > 1
+
+
+def test_online_auc_matches_sklearn_with_ties_and_is_none_for_one_class() -> None:
+    rng = np.random.default_rng(2)
+    scores = rng.integers(0, 5, 1000).astype(float)
+    clicks = (rng.random(1000) < 0.1 + scores / 10).astype(int)
+    assert online_auc(scores, clicks) == pytest.approx(roc_auc_score(clicks, scores))
+    assert online_auc(scores, np.zeros(1000)) is None
+
+
+def test_the_demo_flags_the_shift_day_first_and_nothing_before(tmp_path: Path) -> None:
+    summary = run_demo(tmp_path, days=8, shift_offset=5, rows_per_day=1500)
+    assert summary["first_flagged_day"] == summary["shift_day"] == "2026-11-06"
+    assert summary["flagged_days"] == ["2026-11-06", "2026-11-07", "2026-11-08"]
+    shifted = summary["days"][-1]
+    assert shifted["online_auc"] < MonitorConfig().auc_floor < summary["days"][0]["online_auc"]
+    assert (tmp_path / "monitor_series.png").stat().st_size > 0
+
+
+def test_a_retrain_verdict_publishes_drift_then_a_request_that_names_it() -> None:
+    config = MonitorConfig()
+    reference, logs = generate_serving_logs(
+        start=dt.date(2026, 11, 1), days=2, shift_day=dt.date(2026, 11, 2), rows_per_day=1000
+    )
+    calm = evaluate_day("2026-11-01", reference, logs[logs.ds == "2026-11-01"], config)
+    assert not calm.retrain and verdict_events(calm, config) == []
+    shifted = evaluate_day("2026-11-02", reference, logs[logs.ds == "2026-11-02"], config)
+    drift, retrain = verdict_events(shifted, config)
+    assert drift.type == TOPIC_DRIFT_DETECTED and retrain.type == TOPIC_RETRAIN_REQUESTED
+    assert retrain.payload["caused_by"] == [drift.id]
+    assert set(drift.payload["drifted_features"]) >= {"user_ctr", "item_genre"}
+
+
+def test_too_few_rows_gives_no_verdict() -> None:
+    reference, logs = generate_serving_logs(
+        start=dt.date(2026, 11, 1), days=1, shift_day=dt.date(2026, 11, 1), rows_per_day=50
+    )
+    verdict = evaluate_day("2026-11-01", reference, logs, MonitorConfig())
+    assert not verdict.retrain and "min_rows" in verdict.reasons[0]
+
+
+def test_monitor_day_reads_feedback_and_clicks_from_the_lake(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path)
+    reference, logs = generate_serving_logs(
+        start=dt.date(2026, 11, 22), days=1, shift_day=dt.date(2026, 11, 22), rows_per_day=600
+    )
+    training = settings.lake_root / "training" / "preranking" / "dt=2026-11-20"
+    training.mkdir(parents=True)
+    reference.to_parquet(training / "part-0.parquet")
+    day = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC).timestamp()
+    feedback = FeedbackLog(settings.lake_root, FeedbackConfig(flush_rows=10_000), clock=lambda: day)
+    for start in range(0, len(logs), 6):
+        chunk = logs.iloc[start : start + 6]
+        feedback.log(
+            request_id=f"r{start}",
+            user_id=1,
+            item_ids=list(range(len(chunk))),
+            scores=chunk["score"].to_numpy(),
+            model_version="3",
+            features={c: chunk[c].tolist() for c in ("user_ctr", "item_ctr", "item_genre")},
+        )
+    feedback.flush()
+    clicks = pd.DataFrame(
+        {
+            "request_id": [f"r{(i // 6) * 6}" for i in range(len(logs))],
+            "item_id": [i % 6 for i in range(len(logs))],
+            "click": logs["click"].to_numpy(),
+        }
+    )
+    log_clicks("2026-11-22", clicks[clicks.click == 1], settings=settings)
+    report = monitor_day("2026-11-22", settings=settings, publish=False)
+    assert report["rows"] == len(logs) and report["retrain"]
+    assert report["online_auc"] == pytest.approx(online_auc(logs["score"], logs["click"]))
+    assert "item_impressions" in report["reasons"][0]  # not logged: named, not crashed
+    written = json.loads(
+        (settings.lake_root / "reports" / "monitor" / "dt=2026-11-22" / "report.json").read_text()
+    )
+    assert written["events"] == report["events"] and Path(written["plot"]).exists()

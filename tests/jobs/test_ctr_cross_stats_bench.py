@@ -1,0 +1,34 @@
+"""``cascade bench ctr --quick`` end to end on a tiny generated log (smoke test)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cascade.bench import BENCHMARKS, run_benchmark
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def test_quick_bench_writes_the_promised_fields(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
+    # Smaller than --quick's 100k so the smoke test stays well under 30 s on a loaded machine.
+    monkeypatch.setenv("CASCADE_BENCH_CTR_SIZES", "20000")
+    out = tmp_path / "ctr.json"
+
+    result = run_benchmark("ctr", out, quick=True)
+
+    assert BENCHMARKS["ctr"] == "jobs.ctr_cross_stats_bench:bench_ctr"
+    written = json.loads(out.read_text())
+    (size,) = written["sizes"]
+    assert size["impressions"] == 20000 and result["sizes"][0]["impressions"] == 20000
+    for key in ("job_s", "scan_s", "ratio", "rows_per_s", "peak_rss_mb", "reference_s"):
+        assert size[key] > 0, key
+    assert size["ratio"] == pytest.approx(size["job_s"] / size["scan_s"])
+    assert size["quarantined_rows"] == 0
+    assert size["feature_rows"]["seg_cat"] == 16 * 24  # every segment x category is seen
+    assert (tmp_path / "home" / "lake" / "bench" / "impressions" / "n=20000_seed=7").is_dir()

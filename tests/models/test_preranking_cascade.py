@@ -1,0 +1,319 @@
+"""The ranking cascade: field encoding and costs, the three networks, FSCD gates, the
+deterministic loop, evaluation metrics, and (slow) a killed 2-process run that resumes to the
+same metrics as an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from cascade.config import Settings, load_settings
+from cascade.ctr_schema import LABEL, TIMESTAMP
+from models.preranking.cascade_train import (
+    ALL_FIELDS,
+    CRASH_ENV,
+    PlainTorch,
+    build_network,
+    choose_fscd,
+    epoch_shard,
+    fscd_regularizer,
+    gate_noise,
+    gauc,
+    launch_cascade,
+    prepare,
+    recall_at_k,
+    run_steps,
+)
+from models.preranking.config_registry import (
+    CASCADE_CONFIGS,
+    CascadeTrainConfig,
+    cascade_debug,
+    get_cascade_config,
+)
+from models.preranking.fields import FIELDS, FieldEncoder, field_cost
+from models.preranking.model import ColdPreRanker, DCNTeacher, TwoTower
+from models.preranking.movielens_frame import prior_counts
+from models.preranking.synthetic_data import synthetic_training_frame
+
+
+@pytest.fixture(scope="module")
+def prepared() -> object:
+    config = cascade_debug()
+    return prepare(config, synthetic_training_frame(3_000, users=80, items=120, seed=1))
+
+
+def test_encoder_maps_unknown_and_missing_to_zero_and_round_trips() -> None:
+    frame = synthetic_training_frame(2_000, seed=2)
+    encoder = FieldEncoder(bins=8).fit(frame)
+    new = frame.head(3).copy()
+    new.loc[new.index[0], "user_id"] = 10**9  # never seen
+    new.loc[new.index[1], "ug_ctr"] = np.nan
+    codes = encoder.encode(new)
+    user_col, ug_col = ALL_FIELDS.index("user_id"), ALL_FIELDS.index("ug_ctr")
+    assert codes[0, user_col] == 0 and codes[1, ug_col] == 0
+    assert (codes[2] > 0).all()
+    assert (codes < torch.tensor(encoder.cardinalities())).all()
+    # Bins are monotone in the value.
+    ordered = frame.sort_values("user_ctr")
+    binned = encoder.encode(ordered)[:, ALL_FIELDS.index("user_ctr")].numpy()
+    assert (np.diff(binned) >= 0).all() and len(np.unique(binned)) >= 6
+    again = FieldEncoder.from_state(json.loads(json.dumps(encoder.state())))
+    assert torch.equal(again.encode(frame), encoder.encode(frame))
+    with pytest.raises(ValueError, match=r"lacks field columns \['genre'\]"):
+        FieldEncoder().fit(frame.drop(columns=["genre"]))
+
+
+def test_costs_grow_with_type_cardinality_and_width() -> None:
+    assert field_cost("cross", 17, 8) == pytest.approx(3 * field_cost("user", 17, 8))
+    assert field_cost("user", 1_000, 8) > field_cost("user", 17, 8)
+    assert field_cost("item", 17, 16) == pytest.approx(2 * field_cost("item", 17, 8))
+    with pytest.raises(ValueError, match="unknown field kind 'pair'"):
+        field_cost("pair", 10, 8)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_score_request_shares_the_user_part_and_matches_row_scoring(prepared, gated) -> None:
+    config = cascade_debug()
+    torch.manual_seed(0)
+    model = ColdPreRanker(config.net, ALL_FIELDS, prepared.encoder.cardinalities(), gated=gated)
+    if gated:  # drop two fields so the hard gates matter
+        with torch.no_grad():
+            model.gate_logits[[1, 12]] = -3.0
+    model.eval()
+    candidates = prepared.test_codes[:50]
+    user = candidates[0]
+    rows = candidates.clone()
+    user_cols = [i for i, f in enumerate(FIELDS) if f.kind == "user"]
+    rows[:, user_cols] = user[user_cols]
+    calls = []
+    model.user_linear.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    with torch.no_grad():
+        shared = model.score_request(user, candidates)
+    assert calls == [1]  # the user side ran once, for one row, not once per candidate
+    with torch.no_grad():
+        torch.testing.assert_close(shared, model(rows))
+    # The scores really depend on the candidates (not a constant).
+    assert shared.std() > 1e-4
+
+
+def test_hard_gates_make_dropped_fields_irrelevant(prepared) -> None:
+    config = cascade_debug()
+    torch.manual_seed(0)
+    model = ColdPreRanker(config.net, ALL_FIELDS, prepared.encoder.cardinalities(), gated=True)
+    ug = ALL_FIELDS.index("ug_ctr")
+    with torch.no_grad():
+        model.gate_logits[model.gate_fields.index("ug_ctr")] = -1.0
+    model.eval()
+    assert "ug_ctr" not in model.kept_fields() and len(model.kept_fields()) == len(FIELDS) - 1
+    codes = prepared.test_codes[:20].clone()
+    changed = codes.clone()
+    changed[:, ug] = (changed[:, ug] + 1) % prepared.encoder.cardinality("ug_ctr")
+    with torch.no_grad():
+        torch.testing.assert_close(model(codes), model(changed))
+        model.gate_logits[model.gate_fields.index("ug_ctr")] = 1.0
+        assert not torch.allclose(model(codes), model(changed))
+    model.train()
+    with pytest.raises(ValueError, match="needs uniform noise"):
+        model(codes)
+
+
+def test_fscd_regularizer_pushes_dear_fields_harder(prepared) -> None:
+    config = cascade_debug()
+    model = ColdPreRanker(config.net, ALL_FIELDS, prepared.encoder.cardinalities(), gated=True)
+    fscd_regularizer(model, prepared.costs).backward()
+    grad = dict(zip(model.gate_fields, model.gate_logits.grad.tolist(), strict=True))
+    assert grad["ug_ctr"] > grad["user_ctr"] > 0  # cross (x3) is dearer than a user value
+    assert grad["item_id"] > grad["item_ctr"]  # 120 keys cost more than 16 bins
+
+
+def test_teacher_and_two_tower_read_the_right_fields(prepared) -> None:
+    config = cascade_debug()
+    cards = prepared.encoder.cardinalities()
+    teacher = build_network("teacher", config, cards)
+    tower = build_network("two_tower", config, cards)
+    assert isinstance(teacher, DCNTeacher) and isinstance(tower, TwoTower)
+    assert teacher.fields == ALL_FIELDS
+    assert set(tower.fields) == {f.name for f in FIELDS if f.kind != "cross"}
+    codes = prepared.test_codes[:8]
+    cross = [i for i, f in enumerate(FIELDS) if f.kind == "cross"]
+    changed = codes.clone()
+    changed[:, cross] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(tower(codes), tower(changed))  # no cross features
+        assert not torch.allclose(teacher(codes), teacher(changed))
+
+
+def test_epoch_order_and_noise_are_deterministic_and_sharded() -> None:
+    a = [epoch_shard(101, seed=3, epoch=1, rank=r, world=2) for r in range(2)]
+    b = [epoch_shard(101, seed=3, epoch=1, rank=r, world=2) for r in range(2)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert len(a[0]) == len(a[1]) == 50 and not set(a[0].tolist()) & set(a[1].tolist())
+    assert not torch.equal(a[0], epoch_shard(101, seed=3, epoch=2, rank=0, world=2))
+    assert torch.equal(
+        gate_noise((4, 3), seed=1, step=7, rank=1), gate_noise((4, 3), seed=1, step=7, rank=1)
+    )
+    assert not torch.equal(
+        gate_noise((4, 3), seed=1, step=7, rank=1), gate_noise((4, 3), seed=1, step=7, rank=0)
+    )
+
+
+def test_loop_resumes_mid_run_to_identical_weights(prepared) -> None:
+    """The single-process core of resumability: batches and noise depend on the step only."""
+    config = cascade_debug()
+    cards = prepared.encoder.cardinalities()
+
+    def fresh() -> PlainTorch:
+        torch.manual_seed(0)
+        return PlainTorch(build_network("select", config, cards), config)
+
+    whole = fresh()
+    run_steps(whole, prepared.train_codes, prepared.train_labels, config, gated=True, max_steps=6)
+    first = fresh()
+    stopped = run_steps(
+        first, prepared.train_codes, prepared.train_labels, config, gated=True, max_steps=3
+    )
+    second = fresh()
+    second.module.load_state_dict(first.module.state_dict())
+    second.optimizer.load_state_dict(first.optimizer.state_dict())
+    end = run_steps(
+        second,
+        prepared.train_codes,
+        prepared.train_labels,
+        config,
+        gated=True,
+        start_step=stopped,
+        max_steps=3,
+    )
+    assert (stopped, end) == (3, 6)
+    # The weights moved, so equality below is not trivially the initialization.
+    assert not torch.equal(whole.module.gate_logits, fresh().module.gate_logits)
+    for (name, x), y in zip(
+        whole.module.state_dict().items(), second.module.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, msg=name)
+
+
+def test_gauc_and_recall_on_known_cases() -> None:
+    labels = np.array([1, 0, 1, 0, 1, 1])
+    users = np.array([1, 1, 2, 2, 3, 3])  # user 3 has one class: skipped
+    perfect = np.array([0.9, 0.1, 0.8, 0.2, 0.5, 0.6])
+    assert gauc(labels, perfect, users) == 1.0
+    half = np.array([0.9, 0.1, 0.2, 0.8, 0.5, 0.6])  # user 1 right, user 2 wrong
+    assert gauc(labels, half, users) == pytest.approx(0.5)
+    teacher = np.arange(6, dtype=float)
+    users = np.zeros(6, dtype=int)
+    assert recall_at_k(teacher, teacher, users, 2) == 1.0
+    assert recall_at_k(-teacher, teacher, users, 2) == 0.0
+    assert recall_at_k(np.array([5, 0, 1, 2, 3, 4.0]), teacher, users, 2) == 0.5
+    assert math.isnan(recall_at_k(teacher, teacher, users, 6))  # no user with > k candidates
+
+
+def test_choose_fscd_prefers_best_auc_within_budget() -> None:
+    rows = [
+        {"model": "fscd_0.01", "auc": 0.80, "cost_ratio": 0.7},
+        {"model": "fscd_0.03", "auc": 0.78, "cost_ratio": 0.45},
+        {"model": "fscd_0.1", "auc": 0.75, "cost_ratio": 0.2},
+        {"model": "teacher", "auc": 0.81, "cost_ratio": 1.0},
+    ]
+    assert choose_fscd(rows, 0.5)["model"] == "fscd_0.03"
+    assert choose_fscd(rows, 0.1)["model"] == "fscd_0.1"  # none within: the cheapest
+
+
+def test_cascade_configs_validate_and_round_trip() -> None:
+    assert set(CASCADE_CONFIGS) == {"debug", "ml100k", "generated"}
+    for name in CASCADE_CONFIGS:
+        config = get_cascade_config(name)
+        assert CascadeTrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    assert get_cascade_config("generated").rows > get_cascade_config("debug").rows
+    with pytest.raises(ValueError, match="unknown cascade config 'huge'"):
+        get_cascade_config("huge")
+    with pytest.raises(ValueError, match="fscd_strengths"):
+        CascadeTrainConfig(name="x", fscd_strengths=())
+    with pytest.raises(ValueError, match="zero_stage"):
+        CascadeTrainConfig(name="x", zero_stage=4)
+
+
+def test_movielens_counts_only_see_strictly_earlier_impressions() -> None:
+    ts = pd.to_datetime([1, 2, 2, 3], unit="s", utc=True)
+    frame = pd.DataFrame({"user_id": [7, 7, 7, 7], TIMESTAMP: ts, LABEL: [1, 1, 0, 1]})
+    impressions, clicks = prior_counts(frame, ["user_id"])
+    # The two rows in second 2 see only second 1, not each other.
+    assert impressions.tolist() == [0, 1, 1, 3] and clicks.tolist() == [0, 1, 1, 2]
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CASCADE_MLFLOW_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return load_settings()
+
+
+@pytest.mark.slow
+def test_killed_two_process_run_resumes_to_the_same_metrics(
+    settings: Settings, tmp_path: Path
+) -> None:
+    import mlflow
+
+    whole = tmp_path / "whole"
+    code, tail = launch_cascade("debug", whole, processes=2, settings=settings)
+    assert (whole / "result.json").exists(), tail
+    expected = json.loads((whole / "metrics.json").read_text())
+
+    killed = tmp_path / "killed"
+    # Step 6 of 7 of the FSCD selection: after its step-5 checkpoint, before it finishes.
+    code, tail = launch_cascade(
+        "debug", killed, processes=2, settings=settings, extra_env={CRASH_ENV: "select_0.05:6"}
+    )
+    assert code != 0 and not (killed / "result.json").exists(), tail
+    assert (killed / "checkpoints" / "select_0.05" / "step5").is_dir()
+    assert (killed / "phases" / "two_tower" / "model.pt").exists()
+    assert not (killed / "phases" / "select_0.05" / "model.pt").exists()
+    code, tail = launch_cascade("debug", killed, processes=2, settings=settings)
+    assert "select_0.05: resumed at step 5" in tail and "teacher: done" not in tail
+    got = json.loads((killed / "metrics.json").read_text())
+    for key in (
+        "teacher_auc",
+        "fscd_auc",
+        "two_tower_auc",
+        "fscd_gauc",
+        "recall_at_k",
+        "cost_ratio",
+    ):
+        assert got[key] == expected[key], key
+    assert expected["teacher_auc"] > 0.6  # it learned something
+
+    result = json.loads((killed / "result.json").read_text())
+    client = mlflow.tracking.MlflowClient(tracking_uri=settings.tracking_uri)
+    run = client.get_run(result["run_id"])  # the resumed run continued the same MLflow run
+    assert (
+        run.info.status == "FINISHED"
+        and json.loads((killed / "mlflow_run.json").read_text())["run_id"] == result["run_id"]
+    )
+    assert run.data.metrics["fscd_auc"] == pytest.approx(got["fscd_auc"])
+    # debug logs every 5 of 7 steps: one point per phase, kept across the kill.
+    for phase in ("teacher", "select_0.05", "fscd_0.05"):
+        assert client.get_metric_history(result["run_id"], f"loss.{phase}"), phase
+    assert (killed / "tradeoff.png").stat().st_size > 1_000
+    evaluation = json.loads((killed / "evaluation.json").read_text())
+    assert {r["model"] for r in evaluation["rows"]} == {
+        "teacher",
+        "two_tower",
+        "fscd_0.05",
+    }
+    # The logged model (torch.export format, traced on 5 rows) scores like the phase's weights.
+    mlflow.set_tracking_uri(settings.tracking_uri)
+    loaded = mlflow.pytorch.load_model(result["model_uri"])
+    encoder = FieldEncoder.from_state(json.loads((killed / "encoder.json").read_text()))
+    codes = encoder.encode(synthetic_training_frame(5, seed=5))
+    fields = tuple(result["fscd_fields"])
+    reference = build_network("fscd", cascade_debug(), encoder.cardinalities(), fields)
+    state = torch.load(killed / "phases" / "fscd_0.05" / "model.pt", weights_only=True)
+    reference.load_state_dict(state)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(codes), reference.eval()(codes))
