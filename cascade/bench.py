@@ -29,6 +29,18 @@ BENCHMARKS: dict[str, str] = {
 """Benchmark name -> ``module:function``; imported only when run."""
 
 
+ALIASES: dict[str, str] = {"ctr-features": "ctr", "compile": "compilers"}
+"""Names the issues use for the same benchmarks."""
+
+OPTIONS: dict[str, dict[str, str]] = {
+    "ctr": {"impressions": "CASCADE_BENCH_CTR_SIZES"},
+    "preranking": {"config": "CASCADE_BENCH_PRERANKING_CONFIG"},
+    "compilers": {"model": "CASCADE_BENCH_COMPILE_MODEL"},
+    "events": {"events": "CASCADE_BENCH_EVENTS"},
+}
+"""Per benchmark: command-line option -> the environment variable its function reads."""
+
+
 def machine_info() -> dict[str, Any]:
     """What the numbers were measured on."""
     import torch
@@ -61,13 +73,34 @@ def median_seconds(fn: Callable[[], object], *, repeats: int, warmup: int = 1) -
     return statistics.median(samples)
 
 
-def run_benchmark(name: str, out: Path, *, quick: bool = False) -> dict[str, Any]:
+def run_benchmark(
+    name: str, out: Path, *, quick: bool = False, options: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run one benchmark and write its JSON; ``options`` are its command-line options."""
+    name = ALIASES.get(name, name)
     if name not in BENCHMARKS:
-        known = ", ".join(sorted(BENCHMARKS)) or "none yet"
+        known = ", ".join(sorted([*BENCHMARKS, *ALIASES])) or "none yet"
         raise KeyError(f"unknown benchmark {name!r}; known: {known}")
+    supported = OPTIONS.get(name, {})
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    unknown = sorted(set(given) - set(supported))
+    if unknown:
+        accepted = ", ".join(f"--{o}" for o in supported) or "none"
+        raise ValueError(
+            f"benchmark {name!r} takes no --{', --'.join(unknown)}; it takes {accepted}"
+        )
     module_name, function_name = BENCHMARKS[name].split(":")
     function = getattr(importlib.import_module(module_name), function_name)
-    result = function(out, quick)
+    saved = {supported[k]: os.environ.get(supported[k]) for k in given}
+    os.environ.update({supported[k]: str(v) for k, v in given.items()})
+    try:
+        result = function(out, quick)
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
     result.setdefault("benchmark", name)
     result.setdefault("machine", machine_info())
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -105,12 +104,19 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCH_OPTIONS = {
+    "impressions": "impressions, comma-separated sizes (ctr-features)",
+    "config": "named training config (preranking)",
+    "model": "model to compile: preranking (compile)",
+    "events": "events to publish (events)",
+}
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from cascade.bench import run_benchmark
 
-    if args.events is not None:  # read by the events benchmark (run_benchmark takes no sizes)
-        os.environ["CASCADE_BENCH_EVENTS"] = str(args.events)
-    result = run_benchmark(args.name, args.out, quick=args.quick)
+    options = {name: getattr(args, name) for name in BENCH_OPTIONS}
+    result = run_benchmark(args.name, args.out, quick=args.quick, options=options)
     print(json.dumps(result, indent=2, default=str))
     print(f"written to {args.out}")
     return 0
@@ -169,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name", help="benchmark name (see cascade/bench.py)")
     bench.add_argument("--out", type=Path, required=True, help="JSON file to write")
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
-    bench.add_argument("--events", type=int, help="events to publish (benchmark `events`)")
+    for option, text in BENCH_OPTIONS.items():
+        bench.add_argument(f"--{option}", help=text)
     bench.set_defaults(func=cmd_bench)
     return parser
 

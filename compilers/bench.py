@@ -13,6 +13,7 @@ compiles, the ONNX export and AOTInductor's gcc build take minutes on 2 cores.
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -155,6 +156,12 @@ parallel region wait for a descheduled thread (eager 1x1000: 133 ms at 2 threads
 
 def run(out: Path, quick: bool) -> dict[str, Any]:
     """``cascade bench compilers``: see the module docstring."""
+    model = os.environ.get("CASCADE_BENCH_COMPILE_MODEL", "preranking")
+    if model != "preranking":
+        raise ValueError(
+            f"cannot benchmark --model {model}: only the pre-ranking model is compiled so far "
+            "(the ASR model arrives with its own package)"
+        )
     threads = torch.get_num_threads()
     torch.set_num_threads(BENCH_THREADS)
     try:

@@ -1,0 +1,49 @@
+"""Benchmark options reach the benchmark; aliases and unknown options are handled."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cascade import bench
+
+
+def echo_benchmark(out: Path, quick: bool) -> dict[str, Any]:
+    return {"quick": quick, "events": os.environ.get("CASCADE_BENCH_EVENTS")}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(bench.BENCHMARKS, "events", f"{__name__}:echo_benchmark")
+    monkeypatch.delenv("CASCADE_BENCH_EVENTS", raising=False)
+
+
+def test_option_reaches_the_benchmark_and_is_not_left_behind(fake: None, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    result = bench.run_benchmark("events", out, options={"events": "1000", "config": None})
+    assert result["events"] == "1000"
+    assert json.loads(out.read_text())["benchmark"] == "events"
+    assert "machine" in result and result["machine"]["cpus"]
+    assert "CASCADE_BENCH_EVENTS" not in os.environ
+
+
+def test_unknown_option_names_what_the_benchmark_takes(fake: None, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="takes no --model; it takes --events"):
+        bench.run_benchmark("events", tmp_path / "r.json", options={"model": "asr"})
+
+
+def test_issue_names_are_aliases_and_unknown_names_are_listed(tmp_path: Path) -> None:
+    assert bench.ALIASES["ctr-features"] in bench.BENCHMARKS
+    assert bench.ALIASES["compile"] in bench.BENCHMARKS
+    with pytest.raises(KeyError, match="ctr-features"):
+        bench.run_benchmark("nope", tmp_path / "r.json")
+
+
+def test_median_of_timed_calls() -> None:
+    calls: list[int] = []
+    assert bench.median_seconds(lambda: calls.append(1), repeats=5, warmup=2) >= 0
+    assert len(calls) == 7
