@@ -31,15 +31,12 @@ model (with its signature) go to the MLflow experiment ``preranking-cascade``.
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import json
 import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,7 +50,7 @@ import torch.distributed as dist
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
-from cascade.config import REPO_ROOT, Settings, load_settings
+from cascade.config import Settings, load_settings
 from cascade.ctr_schema import LABEL
 from models.preranking.config_registry import (
     CASCADE_CONFIGS,
@@ -847,45 +844,18 @@ def launch_cascade(
     The caller reads ``OUT/result.json`` (or ``throughput.json``): a rank that crashes at exit
     after writing it (seen with DeepSpeed on CPU) must not hide a finished run.
     """
-    from models.preranking.train import free_port, torch_extensions_dir
+    from models.preranking.train import run_torchrun
 
     get_cascade_config(config)
-    settings = settings or load_settings()
-    env = dict(os.environ)
-    env.update(
-        CASCADE_HOME=str(settings.home),
-        CASCADE_MLFLOW_URI=settings.tracking_uri,
-        PYTHONUNBUFFERED="1",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-        **(extra_env or {}),
+    return run_torchrun(
+        "models.preranking.cascade_train",
+        ["--config", config, "--out", str(out), *(extra_args or [])],
+        processes=processes,
+        settings=settings or load_settings(),
+        log_path=out / "train.log",
+        append=True,
+        extra_env=extra_env,
     )
-    if not torch.cuda.is_available():
-        env.setdefault("DS_ACCELERATOR", "cpu")
-    env.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir(env))
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-        "--nproc_per_node", str(processes),
-        "--master_addr", env["MASTER_ADDR"], "--master_port", env["MASTER_PORT"],
-        "-m", "models.preranking.cascade_train", "--config", config, "--out", str(out),
-        *(extra_args or []),
-    ]  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    tail: collections.deque[str] = collections.deque(maxlen=60)
-    with (
-        open(out / "train.log", "a", buffering=1) as log,  # line by line: watchable
-        subprocess.Popen(
-            cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, bufsize=1,
-        ) as proc,
-    ):  # fmt: skip
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            tail.append(line)
-        code = proc.wait()
-    return code, "".join(tail)
 
 
 if __name__ == "__main__":

@@ -483,6 +483,72 @@ def check_launch_outcome(
     )
 
 
+def run_torchrun(
+    module: str,
+    args: list[str],
+    *,
+    processes: int,
+    settings: Settings,
+    log_path: Path,
+    echo: bool = False,
+    append: bool = False,
+    extra_env: dict[str, str] | None = None,
+) -> tuple[int, str]:
+    """Run ``python -m module args`` under ``torch.distributed.run`` on this node.
+
+    The output goes to ``log_path`` line by line (and to stdout with ``echo``); returns the
+    exit code and the last 60 lines.
+    """
+    env = dict(os.environ)
+    # The child reads its settings from the environment: hand it these, not the ambient ones.
+    env.update(
+        CASCADE_HOME=str(settings.home),
+        CASCADE_MLFLOW_URI=settings.tracking_uri,
+        PYTHONUNBUFFERED="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        **(extra_env or {}),
+    )
+    if not torch.cuda.is_available():
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    env.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir(env))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1",
+        "--nproc_per_node", str(processes),
+        "--master_addr", env["MASTER_ADDR"],
+        "--master_port", env["MASTER_PORT"],
+        "-m", module, *args,
+    ]  # fmt: skip
+    if echo:
+        print(f"[launch] {' '.join(cmd)}", flush=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    tail: collections.deque[str] = collections.deque(maxlen=60)
+    with (
+        open(log_path, "a" if append else "w", buffering=1) as log,  # line by line: watchable
+        subprocess.Popen(
+            cmd,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        ) as proc,
+    ):
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if echo:
+                sys.stdout.write(line)
+            log.write(line)
+            tail.append(line)
+        returncode = proc.wait()
+    if echo:
+        sys.stdout.flush()
+    return returncode, "".join(tail)
+
+
 def launch(ds: str, *, config: str = "ml100k", settings: Settings | None = None) -> dict:
     """Train on ``Lake.training_set("preranking", ds)`` with ``settings.train_processes``
     processes, stream the log, and return the run's ``result.json``."""
@@ -500,52 +566,15 @@ def launch(ds: str, *, config: str = "ml100k", settings: Settings | None = None)
     result_path = out / "result.json"
     result_path.unlink(missing_ok=True)  # a stale result must never pass for this launch's
 
-    env = dict(os.environ)
-    # The child reads its settings from the environment: hand it these, not the ambient ones.
-    env.update(
-        CASCADE_HOME=str(settings.home),
-        CASCADE_MLFLOW_URI=settings.tracking_uri,
-        PYTHONUNBUFFERED="1",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
+    returncode, tail = run_torchrun(
+        "models.preranking.train",
+        ["--config", config, "--data", str(data), "--out", str(out), "--ds", ds],
+        processes=settings.train_processes,
+        settings=settings,
+        log_path=out / "train.log",
+        echo=True,
     )
-    if not torch.cuda.is_available():
-        env.setdefault("DS_ACCELERATOR", "cpu")
-    env.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir(env))
-    env.setdefault(
-        "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // settings.train_processes))
-    )
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1",
-        "--nproc_per_node", str(settings.train_processes),
-        "--master_addr", env["MASTER_ADDR"],
-        "--master_port", env["MASTER_PORT"],
-        "-m", "models.preranking.train",
-        "--config", config, "--data", str(data), "--out", str(out), "--ds", ds,
-    ]  # fmt: skip
-    print(f"[launch] {' '.join(cmd)}", flush=True)
-    tail: collections.deque[str] = collections.deque(maxlen=60)
-    with (
-        open(out / "train.log", "w") as log,
-        subprocess.Popen(
-            cmd,
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-        ) as proc,
-    ):
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-            tail.append(line)
-        returncode = proc.wait()
-    sys.stdout.flush()
-    return check_launch_outcome(returncode, result_path, ds, "".join(tail))
+    return check_launch_outcome(returncode, result_path, ds, tail)
 
 
 if __name__ == "__main__":
