@@ -32,6 +32,7 @@ from cascade.ctr_schema import (
     USER_GENRE_FEATURES,
 )
 from cascade.lake import CTR_VIEWS, Lake, check_ds
+from jobs.gx_suites import run_suite
 
 REPORT_KIND = "gx_ctr_features"
 
@@ -91,12 +92,6 @@ def _suites(ds: str) -> dict[str, list[Any]]:
     return suites
 
 
-def _expectation_name(dataset: str, config: Any) -> str:
-    kwargs = config.kwargs
-    columns = [kwargs[k] for k in ("column", "column_A", "column_B") if k in kwargs]
-    return f"{dataset}.{config.type}({', '.join(columns)})"
-
-
 def _read_partition(path: Path) -> pd.DataFrame:
     if not path.is_dir():
         raise FileNotFoundError(
@@ -131,37 +126,23 @@ def validate(ds: str, *, settings: Settings | None = None) -> dict:
     evaluated = 0
     for name, expectations in _suites(ds).items():
         frame = _read_partition(paths[name])
-        batch = source.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe(
-            name=f"{name}_whole"
+        outcome = run_suite(
+            context,
+            source,
+            suite_name=f"ctr_features_{name}",
+            dataset=name,
+            frame=frame,
+            expectations=expectations,
         )
-        suite = context.suites.add(gx.ExpectationSuite(name=f"ctr_features_{name}"))
-        for expectation in expectations:
-            suite.add_expectation(expectation)
-        definition = context.validation_definitions.add(
-            gx.ValidationDefinition(name=f"ctr_features_{name}", data=batch, suite=suite)
-        )
-        result = definition.run(batch_parameters={"dataframe": frame})
-        evaluated += len(result.results)
-        checks = []
-        for outcome in result.results:
-            label = _expectation_name(name, outcome.expectation_config)
-            if not outcome.success:
-                failed.append(label)
-            checks.append(
-                {
-                    "expectation": label,
-                    "success": bool(outcome.success),
-                    "result": outcome.result,
-                    "exception": (outcome.exception_info or {}).get("exception_message"),
-                }
-            )
+        evaluated += len(outcome.checks)
+        failed.extend(outcome.failed)
         datasets.append(
             {
                 "dataset": name,
                 "path": str(paths[name]),
                 "rows": len(frame),
-                "success": bool(result.success),
-                "expectations": checks,
+                "success": outcome.success,
+                "expectations": outcome.checks,
             }
         )
 

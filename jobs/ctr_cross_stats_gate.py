@@ -37,6 +37,7 @@ from pyspark.sql import functions as F
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
 from jobs import ctr_cross_stats as job
+from jobs.gx_suites import run_suite
 
 
 class GateFailed(RuntimeError):
@@ -195,27 +196,16 @@ def _validate(
     failed: list[str] = []
     report_sets: list[dict[str, Any]] = []
     for name, (frame, expectations) in datasets.items():
-        batch = data_source.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe(
-            name=f"{name}_whole"
+        outcome = run_suite(
+            context,
+            data_source,
+            suite_name=f"ctr_cross_{name}",
+            dataset=name,
+            frame=frame,
+            expectations=expectations,
         )
-        suite = context.suites.add(gx.ExpectationSuite(name=f"ctr_cross_{name}"))
-        for expectation in expectations:
-            suite.add_expectation(expectation)
-        definition = context.validation_definitions.add(
-            gx.ValidationDefinition(name=f"ctr_cross_{name}", data=batch, suite=suite)
-        )
-        result = definition.run(batch_parameters={"dataframe": frame})
-        checks = []
-        for outcome in result.results:
-            kwargs = outcome.expectation_config.kwargs
-            columns = [kwargs[k] for k in ("column", "column_A", "column_B") if k in kwargs]
-            label = f"{name}.{outcome.expectation_config.type}({', '.join(columns)})"
-            if not outcome.success:
-                failed.append(label)
-            checks.append(
-                {"expectation": label, "success": bool(outcome.success), "result": outcome.result}
-            )
-        report_sets.append({"dataset": name, "success": bool(result.success), "checks": checks})
+        failed.extend(outcome.failed)
+        report_sets.append({"dataset": name, "success": outcome.success, "checks": outcome.checks})
 
     fraction = summary["quarantined_rows"] / max(1, summary["input_rows"])
     quarantine_ok = fraction <= config.max_quarantine_fraction

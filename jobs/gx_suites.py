@@ -1,0 +1,67 @@
+"""Running one Great Expectations suite over an in-memory frame, for the data gates in ``jobs/``.
+
+GX Core 1.x: data source -> dataframe asset -> whole-frame batch -> suite -> validation
+definition, run with the frame as batch parameter. Works for pandas and Spark data sources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SuiteOutcome:
+    """What one suite found on one dataset."""
+
+    success: bool
+    checks: list[dict[str, Any]]
+    """Per expectation: its label, success, GX result and exception message (if any)."""
+    failed: list[str]
+    """Labels of the failed expectations."""
+
+
+def expectation_name(dataset: str, config: Any) -> str:
+    """A readable label: ``dataset.expectation_type(columns)``."""
+    kwargs = config.kwargs
+    columns = [kwargs[k] for k in ("column", "column_A", "column_B") if k in kwargs]
+    return f"{dataset}.{config.type}({', '.join(columns)})"
+
+
+def run_suite(
+    context: Any,
+    source: Any,
+    *,
+    suite_name: str,
+    dataset: str,
+    frame: Any,
+    expectations: list[Any],
+) -> SuiteOutcome:
+    """Validate ``frame`` against ``expectations`` through ``source`` of ``context``."""
+    import great_expectations as gx
+
+    batch = source.add_dataframe_asset(name=dataset).add_batch_definition_whole_dataframe(
+        name=f"{dataset}_whole"
+    )
+    suite = context.suites.add(gx.ExpectationSuite(name=suite_name))
+    for expectation in expectations:
+        suite.add_expectation(expectation)
+    definition = context.validation_definitions.add(
+        gx.ValidationDefinition(name=suite_name, data=batch, suite=suite)
+    )
+    result = definition.run(batch_parameters={"dataframe": frame})
+    checks: list[dict[str, Any]] = []
+    failed: list[str] = []
+    for outcome in result.results:
+        label = expectation_name(dataset, outcome.expectation_config)
+        if not outcome.success:
+            failed.append(label)
+        checks.append(
+            {
+                "expectation": label,
+                "success": bool(outcome.success),
+                "result": outcome.result,
+                "exception": (outcome.exception_info or {}).get("exception_message"),
+            }
+        )
+    return SuiteOutcome(success=bool(result.success), checks=checks, failed=failed)
