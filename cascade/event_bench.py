@@ -11,21 +11,19 @@ events_per_s. The fault tests (``pytest -m faults``) use the same helpers.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from cascade.assets import TOPIC_DATA_LANDED
-from cascade.config import Settings, load_settings
+from cascade.config import Settings
 from cascade.events import (
     Event,
     EventLedger,
@@ -34,64 +32,9 @@ from cascade.events import (
     work_record_paths,
     work_records,
 )
+from infra.stack import private_stack
 
 PROBE_DAG = "event_probe"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def private_stack(
-    home: Path,
-    *,
-    services: Sequence[str] = ("broker", "airflow"),
-    env: dict[str, str] | None = None,
-) -> Iterator[Settings]:
-    """Start ``services`` in state folder ``home`` on free ports; stop them (by pid) on exit.
-    ``env`` is set for the duration (the services and their tasks inherit it)."""
-    from infra.stack import up
-
-    overrides = {"CASCADE_HOME": str(home), **(env or {})}
-    for name in ("broker", "airflow", "mlflow", "serving"):
-        overrides[f"CASCADE_{name.upper()}_PORT"] = str(_free_port())
-    saved = {k: os.environ.get(k) for k in overrides}
-    os.environ.update(overrides)
-    settings = load_settings()
-    try:
-        up(settings, tuple(services))
-        yield settings
-    finally:
-        try:
-            stop_services(settings, services)
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-
-
-def stop_services(settings: Settings, services: Sequence[str]) -> None:
-    """Stop every service (reverse order), retrying once: on a loaded 2-core machine a process
-    group can outlive stop_service's short SIGKILL wait. Raises after trying them all."""
-    from infra.stack import StackError, stop_service
-
-    failed: list[str] = []
-    for name in reversed(services):
-        try:
-            stop_service(settings, name)
-        except StackError:
-            time.sleep(10)
-            try:
-                stop_service(settings, name)
-            except StackError as exc:
-                failed.append(str(exc))
-    if failed:
-        raise StackError("; ".join(failed))
 
 
 def wait_for_probe_dag(settings: Settings, timeout_s: float = 240) -> None:
@@ -269,7 +212,7 @@ def bench_events(out: Path, quick: bool) -> dict[str, Any]:
     window_s = 10.0
     env = {"CASCADE_COALESCE_WINDOW_S": str(window_s), "CASCADE_COALESCE_MAX_WAIT_S": "600"}
     with tempfile.TemporaryDirectory(prefix="cascade-bench-events-") as tmp:
-        with private_stack(Path(tmp), env=env) as settings:
+        with private_stack(Path(tmp), services=("broker", "airflow"), env=env) as settings:
             wait_for_probe_dag(settings)
             return measure_events(
                 settings, events=n, malformed=3 if quick else 10, window_s=window_s

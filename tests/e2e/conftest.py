@@ -3,44 +3,19 @@ per session and stopped at the end, so a developer's running stack is never touc
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Iterator
 
 import pytest
 
-from cascade.config import Settings, load_settings
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from cascade.config import Settings
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
-    from infra.stack import down, up
+    from infra.stack import private_stack
 
-    home = tmp_path_factory.mktemp("cascade-home")
-    env = {"CASCADE_HOME": str(home)}
-    for name in ("broker", "airflow", "mlflow", "serving"):
-        env[f"CASCADE_{name.upper()}_PORT"] = str(_free_port())
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    settings = load_settings()
-    try:
-        up(settings)
+    with private_stack(tmp_path_factory.mktemp("cascade-home")) as settings:
         yield settings
-    finally:
-        try:
-            down(settings)
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,12 @@ longest pause seen between stored events of one burst on the loaded 2-core machi
 
 @pytest.fixture(scope="session")
 def event_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
-    from cascade.event_bench import private_stack, wait_for_probe_dag
+    from cascade.event_bench import wait_for_probe_dag
+    from infra.stack import private_stack
 
     env = {"CASCADE_COALESCE_WINDOW_S": str(WINDOW_S), "CASCADE_COALESCE_MAX_WAIT_S": "300"}
-    with private_stack(tmp_path_factory.mktemp("faults-home"), env=env) as settings:
+    with private_stack(
+        tmp_path_factory.mktemp("faults-home"), services=("broker", "airflow"), env=env
+    ) as settings:
         wait_for_probe_dag(settings)
         yield settings

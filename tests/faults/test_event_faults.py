@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 
 from cascade.config import Settings
-from cascade.event_bench import account, probe_events, publish_malformed, stop_services
+from cascade.event_bench import account, probe_events, publish_malformed
 from cascade.events import dead_letter_summary, publish_many
+from infra.stack import down
 from tests.faults.conftest import WINDOW_S
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -41,10 +42,10 @@ def test_triggerer_restart_with_pending_events_and_broker_restart_before_trigger
 
     pending = probe_events(200, tag="triggerer-restart")
     publish_many(pending, settings=event_stack, timeout_s=60)
-    stop_services(event_stack, ["airflow"])  # the triggerer stops mid-way through the 200
+    down(event_stack, ("airflow",))  # the triggerer stops mid-way through the 200
     unseen = probe_events(30, tag="broker-restart")
     publish_many(unseen, settings=event_stack, timeout_s=60)
-    stop_services(event_stack, ["broker"])  # clean stop: the broker keeps acked writes
+    down(event_stack, ("broker",))  # clean stop: the broker keeps acked writes
     start_service(event_stack, "broker")
     start_service(event_stack, "airflow")
     ids = [e.id for e in pending + unseen]
