@@ -59,11 +59,9 @@ from models.preranking.config_registry import (
 )
 from models.preranking.fields import FIELDS, FieldEncoder
 from models.preranking.model import ColdPreRanker, DCNTeacher, TwoTower
+from models.preranking.train import CRASH_ENV, crash_point
 
 EXPERIMENT = "preranking-cascade"
-CRASH_ENV = "CASCADE_CRASH_AT"
-"""Fault injection for the resume test: ``PHASE:STEP`` makes rank 0 SIGKILL itself right after
-that step (and its checkpoint, if one falls due)."""
 
 ALL_FIELDS = tuple(f.name for f in FIELDS)
 
@@ -272,14 +270,6 @@ def make_engine(model: nn.Module, config: CascadeTrainConfig) -> Any:
     return engine
 
 
-def _crash_point() -> tuple[str, int] | None:
-    value = os.environ.get(CRASH_ENV)
-    if not value:
-        return None
-    phase, _, step = value.rpartition(":")
-    return phase, int(step)
-
-
 def run_steps(
     engine: Any,
     codes: torch.Tensor,
@@ -306,7 +296,7 @@ def run_steps(
     if max_steps is not None:
         total = min(total, start_step + max_steps)
     loss_fn = nn.BCEWithLogitsLoss()
-    crash = _crash_point()
+    crash = crash_point()
     engine.train()
     shard: torch.Tensor | None = None
     shard_epoch = -1

@@ -43,10 +43,14 @@ class TrainConfig:
     """Train in bfloat16 where the accelerator supports it (fp32 otherwise)."""
     log_every: int = 50
     """Print and log the loss every this many steps."""
+    checkpoint_every: int = 50
+    """Save a resumable DeepSpeed checkpoint every this many optimizer steps."""
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("TrainConfig.name must be a non-empty config name")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         if not isinstance(self.model, PreRankerConfig):
             raise TypeError(
                 f"TrainConfig.model must be a PreRankerConfig, got {type(self.model).__name__}"
@@ -109,6 +113,7 @@ def preranking_debug() -> TrainConfig:
         zero_stage=1,
         bf16=False,
         log_every=10,
+        checkpoint_every=10,
     )
 
 
@@ -125,6 +130,7 @@ def preranking_ml100k() -> TrainConfig:
         zero_stage=2,
         bf16=True,
         log_every=20,
+        checkpoint_every=50,
     )
 
 

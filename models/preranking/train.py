@@ -30,6 +30,8 @@ import json
 import math
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -264,8 +266,73 @@ def write_result(path: Path, result: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+CRASH_ENV = "CASCADE_CRASH_AT"
+"""Fault injection for resume tests: ``train:STEP`` makes rank 0 SIGKILL itself right after
+that optimizer step (and its checkpoint, if one falls due)."""
+CHECKPOINTS = "checkpoints"
+"""Folder under ``--out`` with the DeepSpeed checkpoints of an unfinished run."""
+RUN_MARKER = "mlflow_run.json"
+"""File under ``--out`` naming the MLflow run of the unfinished run, so a resume continues it."""
+
+
+def crash_point(env: dict[str, str] | None = None) -> tuple[str, int] | None:
+    """``(phase, step)`` from ``CASCADE_CRASH_AT=phase:step``, or None when unset."""
+    value = (os.environ if env is None else env).get(CRASH_ENV)
+    if not value:
+        return None
+    phase, _, step = value.rpartition(":")
+    if not phase or not step.isdigit():
+        raise ValueError(f"{CRASH_ENV}={value!r}: expected PHASE:STEP, e.g. train:25")
+    return phase, int(step)
+
+
+def run_fingerprint(config: TrainConfig, data: Path, ds: str) -> str:
+    """What a checkpoint must match to be resumed: the config, the data file and the partition.
+
+    A checkpoint left by a run on other data or with another config is never resumed.
+    """
+    stat = data.stat()
+    blob = json.dumps([config.to_dict(), str(data.resolve()), stat.st_size, stat.st_mtime_ns, ds])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _step_seed(config: TrainConfig, step: int, rank: int, world: int) -> int:
+    """Dropout's seed for one step: a function of the step, so a resumed run draws the same."""
+    return config.seed * 1_000_003 + step * world + rank
+
+
+def _mlflow_run(settings: Settings, out: Path, config: TrainConfig, ds: str, resume: bool) -> str:
+    """Start the run, or reopen the one an interrupted attempt left in ``out/RUN_MARKER``.
+
+    A marker without a checkpoint to resume belongs to an attempt that died before its first
+    checkpoint: that run is marked KILLED, so the registry never shows it as still running.
+    """
+    import mlflow
+
+    experiment_id = use_experiment(settings)
+    marker = out / RUN_MARKER
+    previous = json.loads(marker.read_text())["run_id"] if marker.exists() else None
+    if resume and previous:
+        mlflow.start_run(run_id=previous)
+        return str(previous)
+    if previous:
+        with contextlib.suppress(Exception):
+            mlflow.tracking.MlflowClient().set_terminated(previous, "KILLED")
+    run_id = mlflow.start_run(
+        experiment_id=experiment_id, run_name=f"{config.name}-{ds}"
+    ).info.run_id
+    write_result(marker, {"run_id": run_id})
+    return str(run_id)
+
+
 def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, Any] | None:
-    """One distributed run; returns the result on rank 0, None on other ranks."""
+    """One distributed run; returns the result on rank 0, None on other ranks.
+
+    Every ``config.checkpoint_every`` steps a DeepSpeed checkpoint goes to ``out/checkpoints``;
+    started again with the same ``out``, config and data, the run resumes from it and ends with
+    the same weights and metrics as an uninterrupted run (batch order and dropout are functions
+    of the seed and the step). A finished run removes its checkpoints.
+    """
     started = time.monotonic()
     _ensure_distributed_env()
     cuda = torch.cuda.is_available()
@@ -295,59 +362,93 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
     )
     device = engine.device
 
+    # Resume only from a checkpoint of this very run (same config, data and partition).
+    ckpt_dir = out / CHECKPOINTS
+    fingerprint = run_fingerprint(config, data, ds)
+    fingerprint_file = ckpt_dir / "fingerprint.txt"
+    found = ckpt_dir.exists()
+    resume = (
+        found
+        and (ckpt_dir / "latest").exists()
+        and fingerprint_file.exists()
+        and fingerprint_file.read_text() == fingerprint
+    )
+    dist.barrier()  # every rank has looked before rank 0 changes anything there
+    start_step = 0
+    if resume:
+        _, client_state = engine.load_checkpoint(str(ckpt_dir))
+        start_step = int(client_state["step"])
+    elif rank == 0:
+        if found:
+            print(f"[train] removing checkpoints of another run from {ckpt_dir}", flush=True)
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        fingerprint_file.write_text(fingerprint)
+
     import mlflow
 
     settings = load_settings()
     run_id = None
     if rank == 0:
-        experiment_id = use_experiment(settings)
-        run_id = mlflow.start_run(
-            experiment_id=experiment_id, run_name=f"{config.name}-{ds}"
-        ).info.run_id
+        run_id = _mlflow_run(settings, out, config, ds, resume=start_step > 0)
         print(
             f"[train] config={config.name} ds={ds} world={world} rows train={len(train_frame)} "
             f"test={len(test_frame)} zero={config.zero_stage} "
-            f"bf16={ds_config['bf16']['enabled']} mlflow={settings.tracking_uri} run={run_id}",
+            f"bf16={ds_config['bf16']['enabled']} mlflow={settings.tracking_uri} run={run_id} "
+            f"pid={os.getpid()}",
             flush=True,
         )
+        if start_step:
+            print(f"[train] resumed at step {start_step} from {ckpt_dir}", flush=True)
 
+    def checkpoint(step: int) -> None:
+        engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state={"step": step})
+        dist.barrier()
+        if rank == 0:  # only the latest is needed to resume
+            for old in ckpt_dir.glob("step*"):
+                if old.name != f"step{step}":
+                    shutil.rmtree(old, ignore_errors=True)
+            print(f"[train] checkpoint step={step} {ckpt_dir}", flush=True)
+
+    crash = crash_point()
     try:
         # The sampler gives each rank a disjoint, equally long shard; batches are sliced from
         # in-memory tensors (a per-row Dataset + collate costs more than the model here).
         sampler: DistributedSampler[Any] = DistributedSampler(
             TensorDataset(label), num_replicas=world, rank=rank, shuffle=True, seed=config.seed
         )
+        steps_per_epoch = math.ceil(len(sampler) / config.batch_size)
+        total = steps_per_epoch * config.epochs
+        if config.max_steps is not None:
+            total = min(total, config.max_steps)
         loss_fn = torch.nn.BCEWithLogitsLoss()
-        step = 0
-        epoch_loss = torch.zeros(2, dtype=torch.float64)
-        done = False
-        for epoch in range(config.epochs):
-            sampler.set_epoch(epoch)
-            order = torch.tensor(list(sampler), dtype=torch.long)
-            epoch_loss.zero_()
-            engine.train()
-            for start in range(0, len(order), config.batch_size):
-                idx = order[start : start + config.batch_size]
-                logits = engine(dense[idx].to(device), user[idx].to(device), item[idx].to(device))
-                loss = loss_fn(logits.float(), label[idx].to(device))
-                engine.backward(loss)
-                engine.step()
-                step += 1
-                epoch_loss += torch.tensor([loss.item() * len(idx), len(idx)], dtype=torch.float64)
-                if step % config.log_every == 0:
-                    mean = torch.tensor([loss.item()], dtype=torch.float64)
-                    dist.all_reduce(mean)
-                    value = mean.item() / world
-                    if rank == 0:
-                        print(f"[train] epoch={epoch} step={step} loss={value:.4f}", flush=True)
-                        mlflow.log_metric("loss", value, step=step)
-                if config.max_steps is not None and step >= config.max_steps:
-                    done = True
-                    break
-            if done:
-                break
-        dist.all_reduce(epoch_loss)
-        train_loss = float(epoch_loss[0] / epoch_loss[1])
+        engine.train()
+        step = start_step
+        order_epoch, order = -1, torch.empty(0, dtype=torch.long)
+        while step < total:
+            epoch, within = divmod(step, steps_per_epoch)
+            if epoch != order_epoch:
+                sampler.set_epoch(epoch)
+                order, order_epoch = torch.tensor(list(sampler), dtype=torch.long), epoch
+            idx = order[within * config.batch_size : (within + 1) * config.batch_size]
+            torch.manual_seed(_step_seed(config, step, rank, world))
+            logits = engine(dense[idx].to(device), user[idx].to(device), item[idx].to(device))
+            loss = loss_fn(logits.float(), label[idx].to(device))
+            engine.backward(loss)
+            engine.step()
+            step += 1
+            if step % config.log_every == 0:
+                mean = torch.tensor([loss.item()], dtype=torch.float64)
+                dist.all_reduce(mean)
+                value = mean.item() / world
+                if rank == 0:
+                    print(f"[train] epoch={epoch} step={step} loss={value:.4f}", flush=True)
+                    mlflow.log_metric("loss", value, step=step)
+            if step % config.checkpoint_every == 0 and step < total:
+                checkpoint(step)
+            if crash == ("train", step) and rank == 0:
+                print(f"[train] {CRASH_ENV}: killing rank 0 after step {step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
 
         state_dict = _consolidated_state_dict(engine, config.zero_stage)
         result = None
@@ -355,6 +456,9 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
             assert state_dict is not None
             final = build_model(state_dict, config)
             test = evaluate(final, test_frame)
+            # The final model's loss on its training rows: unlike a running mean over the
+            # last epoch, the same whether or not the run was interrupted.
+            train_loss = evaluate(final, train_frame)["logloss"]
             metrics = {
                 "test_auc": test["auc"],
                 "test_logloss": test["logloss"],
@@ -371,6 +475,7 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
                 "test_rows": len(test_frame),
                 "test_from": str(test_frame[TIMESTAMP].iloc[0]),
                 "test_positive_rate": f"{test_frame[LABEL].mean():.4f}",
+                "resumed_from_step": start_step,
             }
             result = log_run(
                 final,
@@ -384,6 +489,9 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
                 settings=settings,
             )
             mlflow.end_run()
+            # Finished: nothing to resume any more, and a later launch must start afresh.
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+            (out / RUN_MARKER).unlink(missing_ok=True)
             print(
                 f"[train] done steps={step} train_loss={train_loss:.4f} test_auc={test['auc']:.4f} "
                 f"seconds={metrics['train_seconds']:.1f} result={out / 'result.json'}",

@@ -20,7 +20,11 @@ from models.preranking.inference import build_model, frame_inputs, load_model_di
 from models.preranking.model import PreRanker
 from models.preranking.synthetic_data import synthetic_training_frame
 from models.preranking.train import (
+    CHECKPOINTS,
+    CRASH_ENV,
+    RUN_MARKER,
     check_launch_outcome,
+    crash_point,
     launch,
     load_training_frame,
     parse_args,
@@ -124,8 +128,8 @@ def test_launch_refuses_a_missing_training_set(settings: Settings) -> None:
 
 
 @pytest.mark.slow
-def test_two_process_debug_run_learns_and_logs_to_mlflow(
-    settings: Settings, capsys: pytest.CaptureFixture[str]
+def test_two_process_debug_run_learns_resumes_and_logs_to_mlflow(
+    settings: Settings, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lake = Lake(settings.lake_root)
     data = lake.training_set("preranking", DS) / "data.parquet"
@@ -167,6 +171,31 @@ def test_two_process_debug_run_learns_and_logs_to_mlflow(
     mlflow.set_tracking_uri(settings.tracking_uri)
     pyfunc = mlflow.pyfunc.load_model(result["model_uri"])
     np.testing.assert_allclose(pyfunc.predict(sample), expected, rtol=1e-5)
+    assert not (out / CHECKPOINTS).exists() and not (out / RUN_MARKER).exists()
+
+    # Killed after step 25 (its last checkpoint: step 20), then launched again: the retry
+    # resumes at step 20, continues the same MLflow run and ends with the same metrics.
+    monkeypatch.setenv(CRASH_ENV, "train:25")
+    with pytest.raises(RuntimeError, match="failed"):
+        launch(DS, config="debug", settings=settings)
+    monkeypatch.delenv(CRASH_ENV)
+    assert (out / CHECKPOINTS / "step20").is_dir() and not (out / "result.json").exists()
+    killed_run = json.loads((out / RUN_MARKER).read_text())["run_id"]
+    resumed = launch(DS, config="debug", settings=settings)
+    assert "[train] resumed at step 20" in capsys.readouterr().out
+    assert resumed["run_id"] == killed_run != result["run_id"]
+    assert resumed["test_auc"] == result["test_auc"]
+    resumed_run = client.get_run(killed_run)
+    assert resumed_run.info.status == "FINISHED"
+    assert resumed_run.data.metrics["train_loss"] == run.data.metrics["train_loss"]
+    assert resumed_run.data.params["resumed_from_step"] == "20"
+
+
+def test_crash_point_names_a_bad_value() -> None:
+    assert crash_point({}) is None
+    assert crash_point({CRASH_ENV: "select_0.05:6"}) == ("select_0.05", 6)
+    with pytest.raises(ValueError, match="PHASE:STEP"):
+        crash_point({CRASH_ENV: "train"})
 
 
 def test_command_line_accepts_the_deepspeed_launchers_local_rank() -> None:
