@@ -35,7 +35,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -59,7 +58,7 @@ from models.preranking.config_registry import (
 )
 from models.preranking.fields import FIELDS, FieldEncoder
 from models.preranking.model import ColdPreRanker, DCNTeacher, TwoTower
-from models.preranking.train import CRASH_ENV, crash_point
+from models.preranking.train import CRASH_ENV, crash_point, save_latest_checkpoint
 
 EXPERIMENT = "preranking-cascade"
 
@@ -374,12 +373,7 @@ def train_phase(
             print(f"[cascade] {phase.name}: resumed at step {start} from {ckpt_dir}", flush=True)
 
     def checkpoint(step: int) -> None:
-        engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state={"step": step})
-        dist.barrier()
-        if rank == 0:  # only the latest is needed to resume
-            for old in ckpt_dir.glob("step*"):
-                if old.name != f"step{step}":
-                    shutil.rmtree(old, ignore_errors=True)
+        save_latest_checkpoint(engine, ckpt_dir, step)
 
     regularizer = None
     if phase.kind == "select":

@@ -296,6 +296,17 @@ def run_fingerprint(config: TrainConfig, data: Path, ds: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def save_latest_checkpoint(engine: Any, ckpt_dir: Path, step: int) -> None:
+    """Save a DeepSpeed checkpoint tagged ``step{step}`` and drop older ones (only the latest is
+    needed to resume). Every rank must call it."""
+    engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state={"step": step})
+    dist.barrier()
+    if dist.get_rank() == 0:
+        for old in ckpt_dir.glob("step*"):
+            if old.name != f"step{step}":
+                shutil.rmtree(old, ignore_errors=True)
+
+
 def _step_seed(config: TrainConfig, step: int, rank: int, world: int) -> int:
     """Dropout's seed for one step: a function of the step, so a resumed run draws the same."""
     return config.seed * 1_000_003 + step * world + rank
@@ -402,12 +413,8 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
             print(f"[train] resumed at step {start_step} from {ckpt_dir}", flush=True)
 
     def checkpoint(step: int) -> None:
-        engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state={"step": step})
-        dist.barrier()
-        if rank == 0:  # only the latest is needed to resume
-            for old in ckpt_dir.glob("step*"):
-                if old.name != f"step{step}":
-                    shutil.rmtree(old, ignore_errors=True)
+        save_latest_checkpoint(engine, ckpt_dir, step)
+        if rank == 0:
             print(f"[train] checkpoint step={step} {ckpt_dir}", flush=True)
 
     crash = crash_point()
