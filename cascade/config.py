@@ -13,6 +13,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("local", "cluster")
+PROMOTION_METRICS = {"auc": True, "logloss": False}
+"""Metrics the champion/challenger gate can compare -> whether higher is better."""
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -63,7 +65,10 @@ class Settings:
     registered_model: str = "preranking"
     """Name of the pre-ranking model in the MLflow registry."""
     promotion_tolerance: float = 0.005
-    """The champion alias moves only if the new AUC >= champion AUC - tolerance."""
+    """The champion alias moves only if the challenger is at most this much worse than the
+    champion on ``promotion_metric``, both measured on the same held-out rows."""
+    promotion_metric: str = "auc"
+    """``auc`` (higher is better) or ``logloss`` (lower is better): what the gate compares."""
     airflow_parallelism: int = 2
     """Airflow core parallelism (low on a 2-core machine)."""
 
@@ -76,6 +81,11 @@ class Settings:
             raise ValueError("train_processes must be >= 1")
         if not 0 <= self.promotion_tolerance < 1:
             raise ValueError("promotion_tolerance must be in [0, 1)")
+        if self.promotion_metric not in PROMOTION_METRICS:
+            raise ValueError(
+                f"unknown promotion_metric {self.promotion_metric!r}; choose one of "
+                f"{sorted(PROMOTION_METRICS)} (CASCADE_PROMOTION_METRIC)"
+            )
 
     @property
     def lake_root(self) -> Path:
@@ -143,4 +153,6 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         overrides["train_processes"] = int(env["CASCADE_TRAIN_PROCESSES"])
     if "CASCADE_PROMOTION_TOLERANCE" in env:
         overrides["promotion_tolerance"] = float(env["CASCADE_PROMOTION_TOLERANCE"])
+    if "CASCADE_PROMOTION_METRIC" in env:
+        overrides["promotion_metric"] = env["CASCADE_PROMOTION_METRIC"]
     return replace(base, **overrides)  # type: ignore[arg-type]

@@ -1,8 +1,16 @@
 """MLflow model registry: register a trained pre-ranking model and decide its promotion.
 
-The new version always gets the ``challenger`` alias; ``champion`` moves to it only if its
-hold-out AUC is at least the champion's minus ``settings.promotion_tolerance`` (the first version
-is always promoted). Run for one partition date after training::
+The new version always gets the ``challenger`` alias. ``champion`` moves to it only if
+
+- it is not worse than the champion on ``settings.promotion_metric`` (AUC or log loss) by more
+  than ``settings.promotion_tolerance``, both models scored on the same held-out rows: the
+  latest ``test_fraction`` of the challenger's training set, which the champion never saw
+  trained on either when it is older; and
+- it passed the compile gates (``compilers.gate``: parity and latency of the compiled
+  artifact) when the pipeline ran them, i.e. when ``Lake.reports("compile", ds)`` holds a result.
+
+The first version is promoted when it passes the compile gate. Every refusal is stated in
+``reasons``. Run for one partition date after training::
 
     python -c "from cascade.registry import register_and_promote as r; print(r('2026-01-31'))"
 """
@@ -14,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cascade.config import Settings, load_settings
+from cascade.config import PROMOTION_METRICS, Settings, load_settings
 from cascade.lake import Lake, check_ds
 
 CHAMPION = "champion"
@@ -23,6 +31,8 @@ DECISION_TAG = "cascade.promotion"
 """Model-version tag holding the decision as JSON, so a repeated call returns the same answer."""
 TEST_AUC_TAG = "test_auc"
 """Model-version tag holding the hold-out AUC measured at training time."""
+GATE_KEYS = ("passed", "reasons", "artifact", "max_abs_diff", "auc_delta", "speedup_vs_eager")
+"""What the registry's decision keeps of the compile gate's report."""
 PREVIOUS_CHAMPION_TAG = "cascade.previous_champion"
 """Written before the champion alias moves, so a retry after a crash still knows it."""
 
@@ -62,6 +72,59 @@ def version_by_alias(client: Any, name: str, alias: str) -> Any | None:
         if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
             return None
         raise
+
+
+def held_out_rows(lake: Lake, ds: str, test_fraction: float) -> Any:
+    """The rows both models are compared on: the latest ``test_fraction`` of ``ds``'s training
+    set by event time (the challenger's own hold-out)."""
+    from models.preranking.train import load_training_frame, time_split
+
+    path = lake.training_set("preranking", ds) / "data.parquet"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no training set {path} to compare champion and challenger on; run the "
+            f"training-set step for ds={ds}"
+        )
+    return time_split(load_training_frame(path), test_fraction)[1]
+
+
+def compare_on_held_out(
+    challenger: Any, champion: Any, rows: Any, *, metric: str, tolerance: float
+) -> dict[str, Any]:
+    """Score both models on ``rows``; ``passed`` when the challenger is not worse than the
+    champion by more than ``tolerance`` on ``metric``."""
+    from models.preranking.train import evaluate
+
+    higher_is_better = PROMOTION_METRICS[metric]
+    new = evaluate(challenger, rows)[metric]
+    old = evaluate(champion, rows)[metric]
+    passed = new >= old - tolerance if higher_is_better else new <= old + tolerance
+    verdict = {
+        "metric": metric,
+        "challenger": new,
+        "champion": old,
+        "rows": len(rows),
+        "tolerance": tolerance,
+        "passed": bool(passed),
+    }
+    if not passed:
+        direction = "below" if higher_is_better else "above"
+        verdict["reason"] = (
+            f"challenger {metric} {new:.4f} is {direction} champion {metric} {old:.4f} by more "
+            f"than the tolerance {tolerance} on the same {len(rows)} held-out rows"
+        )
+    return verdict
+
+
+def compile_gate_report(lake: Lake, ds: str) -> dict[str, Any] | None:
+    """The compile step's gate result for ``ds``, or None when the pipeline did not run it."""
+    path = lake.reports("compile", ds) / "result.json"
+    if not path.exists():
+        return None
+    report = json.loads(path.read_text())
+    if "passed" not in report:
+        raise ValueError(f"compile gate report {path} has no 'passed'; rerun the compile step")
+    return report
 
 
 def _version_auc(client: Any, version: Any) -> float:
@@ -132,16 +195,36 @@ def register_and_promote(ds: str, *, settings: Settings | None = None) -> dict:
     new_auc = float(trained["test_auc"])
 
     champion = version_by_alias(client, name, CHAMPION)
+    reasons: list[str] = []
+    comparison: dict[str, Any] | None = None
+    gate = compile_gate_report(lake, ds)
+    if gate is not None and not gate["passed"]:
+        reasons += [f"compile gate: {r}" for r in gate.get("reasons") or ["failed"]]
     if champion is None:
-        previous, previous_auc, promoted = None, None, True
+        previous, previous_auc = None, None
     elif str(champion.version) == new_version:
         # A retry after the alias moved but before the decision was stored.
         previous = version.tags.get(PREVIOUS_CHAMPION_TAG) or None
-        previous_auc, promoted = None, True
+        previous_auc = None
     else:
+        from models.preranking.inference import load_model_dir, load_version
+
         previous = str(champion.version)
         previous_auc = _version_auc(client, champion)
-        promoted = new_auc >= previous_auc - settings.promotion_tolerance
+        reports = lake.reports("train", ds)
+        challenger_model, config = load_model_dir(
+            reports / "state_dict.pt", reports / "train_config.json"
+        )
+        comparison = compare_on_held_out(
+            challenger_model,
+            load_version(settings, previous).model,
+            held_out_rows(lake, ds, config.test_fraction),
+            metric=settings.promotion_metric,
+            tolerance=settings.promotion_tolerance,
+        )
+        if not comparison["passed"]:
+            reasons.append(comparison["reason"])
+    promoted = not reasons
 
     client.set_registered_model_alias(name, CHALLENGER, new_version)
     if promoted:
@@ -157,6 +240,10 @@ def register_and_promote(ds: str, *, settings: Settings | None = None) -> dict:
         "ds": ds,
         "run_id": run_id,
         "tolerance": settings.promotion_tolerance,
+        "metric": settings.promotion_metric,
+        "comparison": comparison,
+        "compile_gate": None if gate is None else {k: gate.get(k) for k in GATE_KEYS},
+        "reasons": reasons,
     }
     client.set_model_version_tag(name, new_version, DECISION_TAG, json.dumps(report))
     _write_report(lake, ds, report)

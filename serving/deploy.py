@@ -11,6 +11,7 @@ Nothing heavy is imported here (no torch, no kserve): Airflow tasks import this 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -110,6 +111,28 @@ def _registry_champion(settings: Settings) -> str | None:
     return alias_version(settings)
 
 
+def _promotion(settings: Settings, ds: str) -> dict[str, Any]:
+    """What the registry decided for ``ds``'s challenger, so a blocked deployment says why."""
+    from cascade.registry import registry_report_path
+
+    path = registry_report_path(ds, settings)
+    if not path.exists():
+        return {}
+    decision = json.loads(path.read_text())
+    if not decision.get("promoted", True):
+        log.warning(
+            "ds=%s: challenger version %s was not deployed: %s",
+            ds,
+            decision.get("version"),
+            "; ".join(decision.get("reasons") or []),
+        )
+    return {
+        "challenger_version": decision.get("version"),
+        "promoted": decision.get("promoted"),
+        "blocked_by": decision.get("reasons") or [],
+    }
+
+
 def roll_out(
     ds: str,
     *,
@@ -147,6 +170,7 @@ def roll_out(
                 "champion_version": champion,
                 "url": url,
                 "waited_s": round(waited, 3),
+                **_promotion(settings, ds),
             }
         if waited >= timeout_s:
             raise TimeoutError(

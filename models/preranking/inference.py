@@ -122,7 +122,14 @@ def load_registered(
     if version is None:
         return None
     # Load by number, not alias: the alias may move while we download.
-    uri = f"models:/{settings.registered_model}/{version.version}"
+    return load_version(settings, str(version.version))
+
+
+def load_version(settings: Settings | None, version: str) -> LoadedModel:
+    """Registered version ``version`` of the pre-ranking model (eval mode)."""
+    client, settings = _client(settings)
+    registered = client.get_model_version(settings.registered_model, version)
+    uri = f"models:/{settings.registered_model}/{version}"
     mlflow.set_tracking_uri(settings.tracking_uri)
     mlflow.set_registry_uri(settings.tracking_uri)
     wrapper = mlflow.pyfunc.load_model(uri).unwrap_python_model()
@@ -131,15 +138,15 @@ def load_registered(
             f"{uri} is not a pre-ranking model logged by models.preranking.train "
             f"(got {type(wrapper).__name__}); retrain and register it"
         )
-    auc_tag = version.tags.get(TEST_AUC_TAG)
+    auc_tag = registered.tags.get(TEST_AUC_TAG)
     test_auc = (
         float(auc_tag)
         if auc_tag is not None
-        else float(client.get_run(version.run_id).data.metrics.get("test_auc", float("nan")))
+        else float(client.get_run(registered.run_id).data.metrics.get("test_auc", float("nan")))
     )
     return LoadedModel(
         model=wrapper.model.eval(),
-        version=str(version.version),
-        run_id=str(version.run_id),
+        version=str(registered.version),
+        run_id=str(registered.run_id),
         test_auc=test_auc,
     )

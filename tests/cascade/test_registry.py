@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cascade.config import Settings, load_settings
+from cascade.ctr_schema import LABEL
 from cascade.lake import Lake
 from cascade.registry import register_and_promote
 from models.preranking.config_registry import preranking_debug
@@ -27,15 +28,37 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     return load_settings()
 
 
-def trained(settings: Settings, ds: str, test_auc: float, seed: int) -> PreRanker:
-    """Log a model as training would and write its result.json (skipping the training)."""
+def fitted(steps: int, seed: int = 0) -> PreRanker:
+    """A debug-sized model after ``steps`` Adam steps on synthetic impressions (0: untrained)."""
     torch.manual_seed(seed)
     config = preranking_debug()
-    model = PreRanker(config.model).eval()
+    model = PreRanker(config.model)
+    frame = synthetic_training_frame(4000, seed=100 + seed)
+    dense, user, item = frame_inputs(frame)
+    label = torch.tensor(frame[LABEL].to_numpy(), dtype=torch.float32)
+    model.fit_normalizer(dense)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    for step in range(steps):
+        idx = torch.arange(step * 256, (step + 1) * 256) % len(frame)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            model(dense[idx], user[idx], item[idx]), label[idx]
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def trained(settings: Settings, ds: str, model: PreRanker, test_auc: float = 0.7) -> PreRanker:
+    """Write ``ds``'s training set and log ``model`` as training would (skipping the training)."""
+    lake = Lake(settings.lake_root)
+    data = lake.training_set("preranking", ds) / "data.parquet"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    synthetic_training_frame(3000, seed=int(ds[-2:]), end=ds).to_parquet(data)
     log_run(
         model,
-        config,
-        out=Lake(settings.lake_root).reports("train", ds),
+        preranking_debug(),
+        out=lake.reports("train", ds),
         ds=ds,
         metrics={"test_auc": test_auc, "train_loss": 0.6},
         params={"ds": ds},
@@ -45,11 +68,13 @@ def trained(settings: Settings, ds: str, test_auc: float, seed: int) -> PreRanke
     return model
 
 
-def test_promotes_first_refuses_worse_promotes_better(settings: Settings, tmp_path: Path) -> None:
+def test_promotes_first_refuses_worse_on_the_same_rows_promotes_not_worse(
+    settings: Settings, tmp_path: Path
+) -> None:
     assert load_registered(settings) is None
     assert alias_version(settings) is None
 
-    trained(settings, "2026-01-01", 0.70, seed=1)
+    good = trained(settings, "2026-01-01", fitted(30), test_auc=0.70)
     # The registry must use settings' store, whatever MLflow's process-wide URI says.
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'elsewhere.db'}")
     first = register_and_promote("2026-01-01", settings=settings)
@@ -63,13 +88,23 @@ def test_promotes_first_refuses_worse_promotes_better(settings: Settings, tmp_pa
         "ds": "2026-01-01",
         "run_id": first["run_id"],
         "tolerance": 0.005,
+        "metric": "auc",
+        "comparison": None,
+        "compile_gate": None,
+        "reasons": [],
     }
 
-    trained(settings, "2026-01-02", 0.60, seed=2)
+    # An untrained model, although its training claimed a higher AUC on its own hold-out: the
+    # gate scores both models on the same rows and refuses it.
+    trained(settings, "2026-01-02", fitted(0), test_auc=0.95)
     worse = register_and_promote("2026-01-02", settings=settings)
     assert (worse["version"], worse["promoted"]) == ("2", False)
     assert (worse["champion_version"], worse["champion_auc"]) == ("1", 0.70)
     assert worse["previous_champion"] == "1"
+    comparison = worse["comparison"]
+    assert comparison["rows"] == 600 and comparison["metric"] == "auc"
+    assert comparison["champion"] > 0.65 and comparison["challenger"] < 0.6
+    assert len(worse["reasons"]) == 1 and "below champion auc" in worse["reasons"][0]
     assert alias_version(settings) == "1"
     assert alias_version(settings, alias="challenger") == "2"
 
@@ -83,12 +118,13 @@ def test_promotes_first_refuses_worse_promotes_better(settings: Settings, tmp_pa
     run = client.get_run(worse["run_id"])
     assert run.info.artifact_uri.startswith(settings.home.as_uri()), run.info.artifact_uri
 
-    # Within the tolerance counts as not worse.
-    trained(settings, "2026-01-03", 0.697, seed=3)
-    close = register_and_promote("2026-01-03", settings=settings)
-    assert (close["version"], close["promoted"], close["previous_champion"]) == ("3", True, "1")
+    # The same weights again score the same: not worse, so promoted, whatever AUC it claims.
+    trained(settings, "2026-01-03", good, test_auc=0.60)
+    same = register_and_promote("2026-01-03", settings=settings)
+    assert (same["version"], same["promoted"], same["previous_champion"]) == ("3", True, "1")
+    assert same["comparison"]["challenger"] == same["comparison"]["champion"]
 
-    best = trained(settings, "2026-01-04", 0.75, seed=4)
+    best = trained(settings, "2026-01-04", fitted(60), test_auc=0.75)
     better = register_and_promote("2026-01-04", settings=settings)
     assert (better["version"], better["promoted"], better["previous_champion"]) == ("4", True, "3")
     report = Lake(settings.lake_root).reports("register", "2026-01-04") / "result.json"
@@ -103,6 +139,35 @@ def test_promotes_first_refuses_worse_promotes_better(settings: Settings, tmp_pa
     challenger = load_registered(settings, alias="challenger")
     assert challenger is not None and challenger.version == "4"
     assert load_registered(settings, alias="nobody") is None
+
+    # A failed compile gate blocks even a model as good as the champion, with its reasons.
+    trained(settings, "2026-01-05", best)
+    gate_dir = Lake(settings.lake_root).reports("compile", "2026-01-05")
+    gate_dir.mkdir(parents=True)
+    (gate_dir / "result.json").write_text(
+        json.dumps({"passed": False, "reasons": ["max |artifact - eager| 0.31 > 0.0001"]})
+    )
+    blocked = register_and_promote("2026-01-05", settings=settings)
+    assert (blocked["promoted"], blocked["champion_version"]) == (False, "4")
+    assert blocked["reasons"] == ["compile gate: max |artifact - eager| 0.31 > 0.0001"]
+    assert blocked["comparison"]["passed"] and alias_version(settings) == "4"
+
+
+def test_log_loss_gate_refuses_a_worse_calibrated_challenger(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CASCADE_PROMOTION_METRIC", "logloss")
+    settings = load_settings()
+    trained(settings, "2026-01-01", fitted(30))
+    assert register_and_promote("2026-01-01", settings=settings)["promoted"]
+    trained(settings, "2026-01-02", fitted(0))
+    refused = register_and_promote("2026-01-02", settings=settings)
+    assert not refused["promoted"] and refused["metric"] == "logloss"
+    assert refused["comparison"]["challenger"] > refused["comparison"]["champion"]
+    assert "above champion logloss" in refused["reasons"][0]
+    monkeypatch.setenv("CASCADE_PROMOTION_METRIC", "accuracy")
+    with pytest.raises(ValueError, match="CASCADE_PROMOTION_METRIC"):
+        load_settings()
 
 
 def test_missing_training_result_says_how_to_make_it(settings: Settings) -> None:
