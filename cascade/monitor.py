@@ -39,8 +39,8 @@ class MonitorConfig:
     """Registered model the monitor watches (named in the events it publishes)."""
     numeric_features: tuple[str, ...] = ("user_ctr", "item_ctr", "item_impressions")
     """Numeric features compared by PSI over quantile bins of the reference."""
-    categorical_features: tuple[str, ...] = ("item_genre",)
-    """Categorical features compared by PSI over categories."""
+    categorical_features: tuple[str, ...] = ("genre",)
+    """Categorical features compared by PSI over categories (the candidate item's genre)."""
     psi_threshold: float = 0.2
     """PSI above this on any feature is drift (0.1 = watch, 0.2 = significant, by convention)."""
     auc_floor: float = 0.6
@@ -253,13 +253,13 @@ def generate_serving_logs(
                 "user_ctr": rng.beta(2, 8 if shifted else 3, n),
                 "item_ctr": rng.beta(3, 3, n),
                 "item_impressions": rng.lognormal(4.5 if shifted else 3.0, 1.0, n),
-                "item_genre": rng.choice(genres, n, p=genre_p),
+                "genre": rng.choice(genres, n, p=genre_p),
             }
         )
         model_logit = 3 * (frame["user_ctr"] - 0.4) + 2 * (frame["item_ctr"] - 0.5)
         # After the shift clicks depend on something else than what the model scores.
         true_logit = (
-            -1.5 * (frame["item_ctr"] - 0.5) + 2 * (frame["item_genre"] == "Action") - 1
+            -1.5 * (frame["item_ctr"] - 0.5) + 2 * (frame["genre"] == "Action") - 1
             if shifted
             else model_logit
         )

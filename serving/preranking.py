@@ -428,13 +428,24 @@ class PreRankingModel(Model):
     def get_output_types(self) -> list[dict[str, Any]]:
         return [{"name": SCORES_OUTPUT, "datatype": "FP32", "shape": [-1]}]
 
-    def score(self, served: ServedVersion, user_id: int, item_ids: np.ndarray) -> np.ndarray:
-        """Scores in ``(0, 1)`` for one user and N candidates, with ``served``'s network."""
+    def score(
+        self,
+        served: ServedVersion,
+        user_id: int,
+        item_ids: np.ndarray,
+        user_out: dict[str, float] | None = None,
+    ) -> np.ndarray:
+        """Scores in ``(0, 1)`` for one user and N candidates, with ``served``'s network.
+
+        ``user_out``, when given, receives the user's features as looked up (for the feedback
+        log, which must not look them up a second time)."""
         item_dense, codes = served.items.lookup(item_ids)
         # Sorted by name: the store sees the same genre list for the same candidate set.
         present = sorted(np.unique(codes[codes >= 0]).tolist(), key=served.items.genres.__getitem__)
         genres = [served.items.genres[c] for c in present]
         user, per_genre = self.backends.user_features(self._feature_store(), user_id, genres)
+        if user_out is not None:
+            user_out.update(user)
         # Row g of ug_table holds genre g's user x genre features; the last row (code -1) is NaN.
         ug_table = np.full(
             (len(served.items.genres) + 1, len(USER_GENRE_FEATURES)), np.nan, dtype=np.float32
@@ -475,15 +486,16 @@ class PreRankingModel(Model):
             raise ModelNotReady(self.name, "No champion version has been loaded yet.")
         user_id, item_ids = parse_request(payload, max_candidates=self.config.max_candidates)
         # Off the event loop: the store lookup and the forward pass block.
+        user: dict[str, float] = {}
         try:
-            scores = await asyncio.to_thread(self.score, served, user_id, item_ids)
+            scores = await asyncio.to_thread(self.score, served, user_id, item_ids, user)
         except Exception:
             if self.observer is not None:
                 self.observer.failed(served)
             raise
         response_id = payload.id or uuid.uuid4().hex
         if self.observer is not None:  # counted now; feedback and shadow off the response path
-            self.observer.observed(served, response_id, user_id, item_ids, scores)
+            self.observer.observed(served, response_id, user_id, item_ids, scores, user)
         return InferResponse(
             response_id=response_id,
             model_name=self.name,

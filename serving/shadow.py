@@ -5,7 +5,8 @@ when it falls behind.
 
 Enabled by environment variables of the serving process (``cascade up`` passes them on):
 
-    CASCADE_FEEDBACK=1                 write scored candidates to the lake (serving/feedback.py)
+    CASCADE_FEEDBACK=0                 do not write scored candidates and their features to the
+                                       lake (serving/feedback.py; on by default)
     CASCADE_SHADOW_ALIAS=challenger    also score with this registry alias and log both
     CASCADE_AUTO_ROLLBACK=1            roll back on the error-rate policy (cascade/deployments.py)
 
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from cascade.ctr_schema import ITEM_FEATURES, USER_FEATURES
 from serving.feedback import FeedbackLog
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ class ObserverConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> ObserverConfig:
         env = os.environ if env is None else env
         return cls(
-            feedback=env.get("CASCADE_FEEDBACK", "0") == "1",
+            feedback=env.get("CASCADE_FEEDBACK", "1") == "1",
             shadow_alias=env.get("CASCADE_SHADOW_ALIAS") or None,
             auto_rollback=env.get("CASCADE_AUTO_ROLLBACK", "0") == "1",
         )
@@ -107,9 +109,17 @@ class ServingObserver:
             self.dropped += 1
 
     def observed(
-        self, served: Any, response_id: str, user_id: int, item_ids: np.ndarray, scores: np.ndarray
+        self,
+        served: Any,
+        response_id: str,
+        user_id: int,
+        item_ids: np.ndarray,
+        scores: np.ndarray,
+        user_features: Mapping[str, float] | None = None,
     ) -> None:
-        """Called after a successful response was built: count it, then log/shadow later."""
+        """Called after a successful response was built: count it, then log/shadow later.
+
+        ``user_features`` are the user's features the scores were computed with."""
         self._count(served.version, ok=True)
         if self.feedback is None and self.config.shadow_alias is None:
             return
@@ -123,6 +133,7 @@ class ServingObserver:
                     item_ids=item_ids,
                     scores=scores,
                     model_version=served.version,
+                    features=self._features(served, item_ids, user_features or {}),
                     shadow_version=shadow[0] if shadow else None,
                     shadow_scores=shadow[1] if shadow else None,
                 )
@@ -155,6 +166,22 @@ class ServingObserver:
             with self._lock:
                 self.requests.pop(version, None)
                 self.errors.pop(version, None)
+
+    @staticmethod
+    def _features(
+        served: Any, item_ids: np.ndarray, user: Mapping[str, float]
+    ) -> dict[str, np.ndarray]:
+        """The served features of each candidate, for the monitor's drift check against the
+        training set: the user's USER_FEATURES as scored, the item's ITEM_FEATURES and
+        ``genre`` from the in-memory item table (NaN / None where unknown)."""
+        dense, codes = served.items.lookup(item_ids)
+        n = len(item_ids)
+        features = {f: np.full(n, user.get(f, np.nan), dtype=np.float64) for f in USER_FEATURES}
+        for column, name in enumerate(ITEM_FEATURES):
+            features[name] = dense[:, column].astype(np.float64)
+        genres = np.array([*served.items.genres, None], dtype=object)
+        features["genre"] = genres[codes]  # code -1 (unknown item) picks the trailing None
+        return features
 
     def _shadow_scores(self, user_id: int, item_ids: np.ndarray) -> tuple[str, np.ndarray] | None:
         alias = self.config.shadow_alias

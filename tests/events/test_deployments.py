@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from cascade.config import Settings
+from cascade.ctr_schema import ITEM_FEATURES, USER_FEATURES
 from cascade.deployments import (
     ROLLED_BACK_TAG,
     ErrorRatePolicy,
@@ -138,6 +139,11 @@ def test_shadow_scores_are_logged_beside_the_champion_without_changing_responses
     assert set(frame.model_version) == {"3"} and set(frame.shadow_version) == {"9"}
     assert not np.allclose(frame.score, frame.shadow_score)
     assert shadowed.observer.requests == {"3": 6} and shadowed.observer.dropped == 0
+    # The served features are logged per candidate, as the monitor's drift check needs them.
+    row = frame[(frame.user_id == 2) & (frame.item_id == 5)].iloc[0]
+    assert row.user_impressions == 20.0 and row.item_impressions == 105.0
+    assert row.genre == fakes.genre_of(5)
+    assert set(frame.columns) >= {*USER_FEATURES, *ITEM_FEATURES, "genre"}
     log_clicks(
         ds, frame[["request_id", "item_id"]].assign(click=frame.item_id % 2), settings=settings
     )

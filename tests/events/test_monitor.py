@@ -70,7 +70,7 @@ def test_a_retrain_verdict_publishes_drift_then_a_request_that_names_it() -> Non
     drift, retrain = verdict_events(shifted, config)
     assert drift.type == TOPIC_DRIFT_DETECTED and retrain.type == TOPIC_RETRAIN_REQUESTED
     assert retrain.payload["caused_by"] == [drift.id]
-    assert set(drift.payload["drifted_features"]) >= {"user_ctr", "item_genre"}
+    assert set(drift.payload["drifted_features"]) >= {"user_ctr", "genre"}
 
 
 def test_too_few_rows_gives_no_verdict() -> None:
@@ -99,7 +99,7 @@ def test_monitor_day_reads_feedback_and_clicks_from_the_lake(tmp_path: Path) -> 
             item_ids=list(range(len(chunk))),
             scores=chunk["score"].to_numpy(),
             model_version="3",
-            features={c: chunk[c].tolist() for c in ("user_ctr", "item_ctr", "item_genre")},
+            features={c: chunk[c].tolist() for c in ("user_ctr", "item_ctr", "genre")},
         )
     feedback.flush()
     clicks = pd.DataFrame(
