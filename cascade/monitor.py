@@ -336,7 +336,47 @@ def monitor_day(
         report["published"] = publish_many(events, settings=settings)
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    report["mlflow_run_id"] = log_to_mlflow(verdict, report_dir, settings)
     return report
+
+
+MONITOR_EXPERIMENT = "preranking-monitor"
+"""MLflow experiment with one run per monitored serving day (PSI, online AUC, plot, report)."""
+
+
+def log_to_mlflow(verdict: DayVerdict, report_dir: Path, settings: Settings) -> str:
+    """Log the day's figures, its plot and report as run ``monitor-DS``; returns the run id.
+
+    A repeated call for the same day logs into the same run (found by its name)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
+    experiment = client.get_experiment_by_name(MONITOR_EXPERIMENT)
+    if experiment is None:
+        local = not settings.tracking_uri.startswith(("http://", "https://", "databricks"))
+        location = (settings.home / "mlflow-artifacts").as_uri() if local else None
+        experiment_id = client.create_experiment(MONITOR_EXPERIMENT, artifact_location=location)
+    else:
+        experiment_id = experiment.experiment_id
+    name = f"monitor-{verdict.ds}"
+    found = client.search_runs([experiment_id], f"tags.mlflow.runName = '{name}'", max_results=1)
+    run_id = (
+        found[0].info.run_id
+        if found
+        else client.create_run(experiment_id, run_name=name, tags={"ds": verdict.ds}).info.run_id
+    )
+    metrics = {f"psi_{k}": v for k, v in verdict.psi.items()}
+    metrics["rows"] = float(verdict.rows)
+    metrics["retrain"] = float(verdict.retrain)
+    if verdict.online_auc is not None:
+        metrics["online_auc"] = verdict.online_auc
+    for key, value in metrics.items():
+        client.log_metric(run_id, key, float(value))
+    for path in sorted(report_dir.iterdir()):
+        if path.is_file():
+            client.log_artifact(run_id, str(path))
+    client.set_terminated(run_id)
+    return run_id
 
 
 def main(argv: list[str] | None = None) -> int:

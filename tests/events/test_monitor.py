@@ -82,7 +82,7 @@ def test_too_few_rows_gives_no_verdict() -> None:
 
 
 def test_monitor_day_reads_feedback_and_clicks_from_the_lake(tmp_path: Path) -> None:
-    settings = Settings(home=tmp_path)
+    settings = Settings(home=tmp_path, mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     reference, logs = generate_serving_logs(
         start=dt.date(2026, 11, 22), days=1, shift_day=dt.date(2026, 11, 22), rows_per_day=600
     )
@@ -118,3 +118,14 @@ def test_monitor_day_reads_feedback_and_clicks_from_the_lake(tmp_path: Path) -> 
         (settings.lake_root / "reports" / "monitor" / "dt=2026-11-22" / "report.json").read_text()
     )
     assert written["events"] == report["events"] and Path(written["plot"]).exists()
+
+    # The day's figures and plot are in MLflow too; a rerun of the day logs into the same run.
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
+    run = client.get_run(report["mlflow_run_id"])
+    assert run.data.metrics["online_auc"] == pytest.approx(report["online_auc"])
+    assert run.data.metrics["psi_user_ctr"] == pytest.approx(report["psi"]["user_ctr"])
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"psi.png", "report.json"}
+    again = monitor_day("2026-11-22", settings=settings, publish=False)
+    assert again["mlflow_run_id"] == report["mlflow_run_id"]
