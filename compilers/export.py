@@ -6,8 +6,10 @@ Compile a trained pre-ranking model (the two files a training run writes) into a
 
 The artifact is request-shaped (:class:`PreRankingRequest`: one user, any number of candidates)
 and loads with :func:`load_artifact` (``torch._inductor.aoti_load_package``) without importing
-``models.preranking``. Packages are cached by a digest of the weights, the passes and the torch
-version, because AOTInductor compiles C++ with gcc and that takes minutes on 2 cores.
+``models.preranking``. Packages are cached by a digest of the weights, the passes, the build
+settings (Inductor options, thread count) and the torch version, because AOTInductor compiles
+C++ with gcc and that takes minutes on 2 cores. ``compile_preranking(..., int8_calibration=...)``
+builds the RSQ int8 variant (oneDNN int8 GEMMs for the wide layers, via freezing).
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ from torch import nn
 from torch.export import Dim, ExportedProgram
 
 from cascade.ctr_schema import MODEL_FEATURES, USER_FEATURES
-from compilers.pipeline import DEFAULT_PASSES, PassContext, PipelineReport, run_pipeline
+from compilers.pipeline import (
+    DEFAULT_PASSES,
+    PASS_ORDER,
+    PassContext,
+    PipelineReport,
+    run_pipeline,
+)
 from models.preranking.model import PreRanker, PreRankerConfig
 
 MAX_CANDIDATES = 1 << 20
@@ -161,6 +169,18 @@ def artifact_digest(module: nn.Module, passes: Sequence[str], extra: str = "") -
     return digest.hexdigest()[:20]
 
 
+def _calibration_key(context: PassContext | None) -> str:
+    """Digest of the calibration batches and quantization knobs (they shape an int8 graph)."""
+    if context is None:
+        return ""
+    digest = hashlib.sha256()
+    for batch in context.calibration_inputs or []:
+        for tensor in batch:
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    digest.update(repr((context.rsq_bits, context.rsq_min_features, context.winograd)).encode())
+    return digest.hexdigest()[:16]
+
+
 def package_artifact(
     module: nn.Module,
     example_inputs: tuple[torch.Tensor, ...],
@@ -171,16 +191,30 @@ def package_artifact(
     context: PassContext | None = None,
     cache_dir: Path | None = None,
     fast_build: bool = False,
+    inductor_config: dict[str, Any] | None = None,
 ) -> Artifact:
     """Compile ``module`` into an AOTInductor package at ``out`` (reused from ``cache_dir``).
 
-    A cached package is keyed by :func:`artifact_digest`; its report is stored beside it.
-    ``fast_build`` builds the C++ wrapper at ``-O0`` (kernels stay optimized): for tests, where
-    gcc time matters more than the wrapper's per-call overhead.
+    A cached package is keyed by :func:`artifact_digest` over everything that shapes the
+    generated code: weights, passes, example shapes, ``inductor_config``, the calibration
+    settings and the thread count. The thread count matters because Inductor bakes it into the
+    C++ kernels: compiled under one thread they have no parallel loops at all, compiled under a
+    count other than the machine's cores they pin ``num_threads(n)``; a package built under
+    other settings than it is served with is slower, never wrong. Its report is stored beside
+    it. ``fast_build`` builds the C++ wrapper at ``-O0`` (kernels stay optimized): for tests,
+    where gcc time matters more than the wrapper's per-call overhead. ``inductor_config``
+    patches ``torch._inductor.config`` for the build (e.g. ``{"freezing": True}``).
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    key = artifact_digest(module, passes, repr([tuple(x.shape) for x in example_inputs]))
+    settings = {
+        "shapes": [tuple(x.shape) for x in example_inputs],
+        "inductor": sorted((inductor_config or {}).items()),
+        "threads": torch.get_num_threads(),
+        "fast_build": fast_build,
+        "calibration": _calibration_key(context),
+    }
+    key = artifact_digest(module, passes, repr(settings))
     cached = None if cache_dir is None else Path(cache_dir) / f"{key}.pt2"
     if cached is not None and cached.exists() and cached.with_suffix(".json").exists():
         out.write_bytes(cached.read_bytes())
@@ -192,12 +226,17 @@ def package_artifact(
     assert compiled.program is not None
     start = time.perf_counter()
     level = "O0" if fast_build else torch._inductor.config.aot_inductor.compile_wrapper_opt_level
-    with torch._inductor.config.patch({"aot_inductor.compile_wrapper_opt_level": level}):
+    options = {**(inductor_config or {}), "aot_inductor.compile_wrapper_opt_level": level}
+    # Inductor applies freezing (and with it the int8 weight prepacking) only to graphs
+    # compiled without autograd; an inference artifact never needs it.
+    with torch._inductor.config.patch(options), torch.no_grad():
         torch._inductor.aoti_compile_and_package(compiled.program, package_path=str(out))
     report = {
         **compiled.report.to_dict(),
         "export_s": compiled.export_s,
         "package_s": time.perf_counter() - start,
+        "threads": settings["threads"],
+        "inductor_config": dict(inductor_config or {}),
         "cached": False,
     }
     if cached is not None:
@@ -225,6 +264,16 @@ def load_artifact(path: Path) -> Callable[..., Any]:
     return run
 
 
+INT8_MIN_FEATURES = 16
+"""Layers narrower than this stay fp32 in the int8 artifact: on 2 cores the int8 GEMM only
+paid off for the 64 -> 32 hidden layer (10k candidates: 1.31 ms against 1.65 ms fp32), while
+the 7-feature dense Linear and the 1-output head are cheaper in fp32 or as a reduction."""
+
+INT8_INDUCTOR_CONFIG: dict[str, Any] = {"freezing": True}
+"""Freezing lets Inductor prepack the RSQ weights into oneDNN's int8 Linear; the fp32 artifact
+does without it (a frozen fp32 Linear was slower here than the plain GEMM)."""
+
+
 def compile_preranking(
     model: PreRanker,
     out: Path,
@@ -233,10 +282,25 @@ def compile_preranking(
     context: PassContext | None = None,
     cache_dir: Path | None = None,
     fast_build: bool = False,
+    int8_calibration: list[tuple[torch.Tensor, ...]] | None = None,
 ) -> Artifact:
-    """The request-shaped pre-ranking artifact (one user, dynamic candidate count)."""
+    """The request-shaped pre-ranking artifact (one user, dynamic candidate count).
+
+    With ``int8_calibration`` (a few real requests' inputs) the Linear layers of at least
+    :data:`INT8_MIN_FEATURES` features run as RSQ int8 GEMMs; the accuracy change is the
+    caller's to check (``compilers.gate``, the benchmark's ``int8_auc_delta``).
+    """
     request = PreRankingRequest(model.eval()).eval()
     example = preranking_example(model.config, 64)
+    inductor_config: dict[str, Any] = {}
+    if int8_calibration is not None:
+        if "rsq_quantize" in passes:
+            raise ValueError("pass int8_calibration or list rsq_quantize in passes, not both")
+        passes = tuple(sorted({*passes, "rsq_quantize"}, key=PASS_ORDER.index))
+        context = context or PassContext()
+        context.calibration_inputs = int8_calibration
+        context.rsq_min_features = INT8_MIN_FEATURES
+        inductor_config = INT8_INDUCTOR_CONFIG
     return package_artifact(
         request,
         example,
@@ -246,6 +310,7 @@ def compile_preranking(
         context=context,
         cache_dir=cache_dir,
         fast_build=fast_build,
+        inductor_config=inductor_config,
     )
 
 

@@ -20,6 +20,7 @@ from functools import reduce
 from typing import Any
 
 import torch
+import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed ops)
 import torch.nn.functional as F
 from torch import fx
 from torch._guards import detect_fake_mode
@@ -61,6 +62,8 @@ class PassContext:
     """``auto``: rewrite a 3-tap Conv1d only where it is faster here; ``always`` / ``never``."""
     rsq_bits: int = 8
     """Quantization width of ``rsq_quantize`` (symmetric, so ``2**(bits-1) - 1`` levels)."""
+    rsq_min_features: int = 1
+    """``rsq_quantize`` keeps a layer fp32 when its input or output features are fewer."""
     timing_repeats: int = 7
     """Repeats per side when ``winograd="auto"`` times direct against Winograd."""
     constraints: ShapeConstraints = field(default_factory=ShapeConstraints)
@@ -71,6 +74,8 @@ class PassContext:
             raise ValueError(f"winograd must be 'auto', 'always' or 'never', got {self.winograd!r}")
         if not 2 <= self.rsq_bits <= 8:
             raise ValueError(f"rsq_bits must be in [2, 8] (int8 storage), got {self.rsq_bits}")
+        if self.rsq_min_features < 1:
+            raise ValueError(f"rsq_min_features must be >= 1, got {self.rsq_min_features}")
         if self.timing_repeats < 1:
             raise ValueError(f"timing_repeats must be >= 1, got {self.timing_repeats}")
 
@@ -599,7 +604,77 @@ def share_broadcast_computation(gm: fx.GraphModule, context: PassContext) -> Pas
     return PassResult(fired=fired, modified=fired > 0, details=counts)
 
 
-# --- 5. Winograd F(2,3) -----------------------------------------------------------------------
+# --- 5. embedding folding ----------------------------------------------------------------------
+
+FOLDED_TABLE_MAX_ELEMENTS = 1 << 24
+"""Largest folded table (``rows x out_features``, 64 MiB in fp32) ``fold_embedding_linear``
+builds; beyond it the extra memory outweighs the saved multiply."""
+
+
+def fold_embedding_linear(gm: fx.GraphModule, context: PassContext) -> PassResult:
+    """Fold a Linear's columns that read an embedding lookup into the embedding table.
+
+    ``linear(cat([x, embedding(E, ids)]), W, b) == linear(x, W_x, b) + embedding(E @ W_e.T, ids)``:
+    the table is multiplied by its weight columns once, at compile time, so per candidate the
+    lookup fetches finished rows and the remaining GEMM has only ``x``'s few columns (after
+    ``share_broadcast_computation`` that is the candidate's dense features). Invariant: same
+    output shape and dtype, values equal up to float rounding; only constant tables and weights
+    are folded, each table-and-weight pair into one new constant of at most
+    :data:`FOLDED_TABLE_MAX_ELEMENTS` elements; the lookup and the cat must feed nothing else.
+    """
+    folded = 0
+    tables: list[list[int]] = []
+    for node in list(gm.graph.nodes):
+        if node.target != aten.linear.default or len(_shape(node) or ()) != 2:
+            continue
+        cat = _cat_parts(node.args[0])
+        weight = _const(gm, node.args[1])
+        if cat is None or weight is None or len(node.args[0].users) != 1:  # type: ignore[union-attr]
+            continue
+        parts, widths = cat
+        kept: list[fx.Node] = []
+        kept_cols: list[int] = []
+        lookups: list[tuple[fx.Node, torch.Tensor]] = []
+        offset = 0
+        for part, width in zip(parts, widths, strict=True):
+            table = _const(gm, part.args[0]) if part.target == aten.embedding.default else None
+            columns = list(range(offset, offset + width))
+            offset += width
+            fits = table is not None and table.shape[0] * weight.shape[0] <= (
+                FOLDED_TABLE_MAX_ELEMENTS
+            )
+            if table is not None and fits and len(part.users) == 1 and table.dim() == 2:
+                folded_table = (table.double() @ weight[:, columns].double().t()).to(weight.dtype)
+                lookups.append((part, folded_table))
+            else:
+                kept.append(part)
+                kept_cols += columns
+        if not lookups:
+            continue
+        bias = node.args[2] if len(node.args) > 2 else None
+        with gm.graph.inserting_before(node):
+            total: fx.Node | None = None
+            if kept:
+                kept_in = kept[0] if len(kept) == 1 else _call(gm, aten.cat.default, kept, -1)
+                kept_weight = _add_const(gm, weight[:, kept_cols], "kept_weight")
+                total = _call(gm, aten.linear.default, kept_in, kept_weight, bias)
+                bias = None
+            for lookup, folded_table in lookups:
+                table_node = _add_const(gm, folded_table, "folded_table")
+                rows = _call(gm, aten.embedding.default, table_node, lookup.args[1])
+                total = rows if total is None else _call(gm, aten.add.Tensor, total, rows)
+                tables.append(list(folded_table.shape))
+            assert total is not None
+            if bias is not None:
+                total = _call(gm, aten.add.Tensor, total, bias)
+        node.replace_all_uses_with(total)
+        gm.graph.erase_node(node)
+        folded += len(lookups)
+    gm.graph.eliminate_dead_code()
+    return PassResult(fired=folded, modified=folded > 0, details={"folded_tables": tables})
+
+
+# --- 6. Winograd F(2,3) -----------------------------------------------------------------------
 
 WINOGRAD_BT = torch.tensor(
     [[1.0, 0.0, -1.0, 0.0], [0.0, 1.0, 1.0, 0.0], [0.0, -1.0, 1.0, 0.0], [0.0, 1.0, 0.0, -1.0]]
@@ -742,7 +817,7 @@ def winograd_conv1d(gm: fx.GraphModule, context: PassContext) -> PassResult:
     return PassResult(fired=rewritten, modified=rewritten > 0, details=details)
 
 
-# --- 6. RSQ int8 quantization -----------------------------------------------------------------
+# --- 7. RSQ int8 quantization -----------------------------------------------------------------
 
 
 def rsq_linear(
@@ -753,10 +828,76 @@ def rsq_linear(
     bias: torch.Tensor | None,
     levels: int,
 ) -> torch.Tensor:
-    """Linear on int8 weights and range-scaled int8-valued activations, fp32 accumulation."""
+    """Linear on int8 weights and range-scaled int8-valued activations, fp32 accumulation.
+
+    The reference form: what ``rsq_quantize`` computes, written with float ops. The pass
+    itself emits the equivalent ``quantized_decomposed`` quantize/dequantize pattern
+    (:func:`_rsq_linear_nodes`), which Inductor (with freezing) lowers to a real int8 GEMM.
+    """
     q = torch.clamp(torch.round(x / input_scale), -levels, levels)
     out = F.linear(q, weight_q.to(x.dtype)) * (weight_scale * input_scale)
     return out if bias is None else out + bias
+
+
+RSQ_ZERO_POINT = 128
+"""Activations are stored as uint8 around this zero point: x86 int8 GEMMs (VNNI) multiply
+unsigned activations by signed weights, and ``[128 - levels, 128 + levels]`` holds RSQ's
+symmetric range exactly."""
+
+
+def _rsq_linear_nodes(
+    gm: fx.GraphModule,
+    x: fx.Node,
+    weight_q: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: float,
+    bias: Any,
+    levels: int,
+) -> fx.Node:
+    """RSQ Linear as quantize -> dequantize (activation), dequantize (weight) -> linear.
+
+    This is PyTorch's reference representation of a statically quantized Linear; Inductor's
+    freezing passes match it and run ``onednn.qlinear_pointwise`` (uint8 x int8, fp32 out)
+    with the weight prepacked. Eager PyTorch runs it as float ops with the same values as
+    :func:`rsq_linear` up to rounding.
+    """
+    qd = torch.ops.quantized_decomposed
+    low, high = RSQ_ZERO_POINT - levels, RSQ_ZERO_POINT + levels
+    q_node = _add_const(gm, weight_q.to(torch.int8), "rsq_weight")
+    s_node = _add_const(gm, weight_scale.float(), "rsq_scale")
+    z_node = _add_const(gm, torch.zeros(weight_q.shape[0], dtype=torch.int64), "rsq_zero")
+    quantized = _call(
+        gm,
+        qd.quantize_per_tensor.default,
+        x,
+        input_scale,
+        RSQ_ZERO_POINT,
+        low,
+        high,
+        torch.uint8,
+    )
+    activation = _call(
+        gm,
+        qd.dequantize_per_tensor.default,
+        quantized,
+        input_scale,
+        RSQ_ZERO_POINT,
+        low,
+        high,
+        torch.uint8,
+    )
+    weight = _call(
+        gm,
+        qd.dequantize_per_channel.default,
+        q_node,
+        s_node,
+        z_node,
+        0,
+        -levels,
+        levels,
+        torch.int8,
+    )
+    return _call(gm, aten.linear.default, activation, weight, bias)
 
 
 def rsq_conv1d(
@@ -815,6 +956,10 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
         if n.target in (aten.linear.default, aten.conv1d.default)
         and _const(gm, n.args[1]) is not None
     ]
+    # Too little work per activation value to pay for quantizing it (and a narrow Linear is
+    # left for fuse_memory_bound_chains to turn into a reduction).
+    small = [n for n in layers if min(_const(gm, n.args[1]).shape[:2]) < context.rsq_min_features]
+    layers = [n for n in layers if n not in small]
     ranges = _layer_input_ranges(gm, context.calibration_inputs, {n.name for n in layers})
     quantized = 0
     for node in layers:
@@ -829,12 +974,14 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
         weight_q = torch.round(weight / weight_scale.reshape(shape)).clamp(-levels, levels)
         args = list(node.args) + [None] * (7 - len(node.args))
         with gm.graph.inserting_before(node):
-            q_node = _add_const(gm, weight_q.to(torch.int8), "rsq_weight")
-            s_node = _add_const(gm, weight_scale, "rsq_scale")
             scale = input_range / levels
             if node.target == aten.linear.default:
-                replacement = _call(gm, rsq_linear, args[0], q_node, s_node, scale, args[2], levels)
+                replacement = _rsq_linear_nodes(
+                    gm, args[0], weight_q, weight_scale, scale, args[2], levels
+                )
             else:
+                q_node = _add_const(gm, weight_q.to(torch.int8), "rsq_weight")
+                s_node = _add_const(gm, weight_scale, "rsq_scale")
                 replacement = _call(
                     gm,
                     rsq_conv1d,
@@ -855,58 +1002,185 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
     return PassResult(
         fired=quantized,
         modified=quantized > 0,
-        details={"layers": len(layers), "input_ranges": ranges, "bits": context.rsq_bits},
+        details={
+            "layers": len(layers),
+            "kept_fp32": len(small),
+            "input_ranges": ranges,
+            "bits": context.rsq_bits,
+        },
     )
 
 
-# --- 7. memory-bound chains -------------------------------------------------------------------
+# --- 8. memory-bound chains -------------------------------------------------------------------
 
-_REDUCTIONS = {aten.sum.default, aten.sum.dim_IntList, aten.mean.dim, aten.amax.default}
-# Inference BatchNorm is a per-channel affine map, hence pointwise.
-_POINTWISE = _ELEMENTWISE | {aten.squeeze.dim, aten.unsqueeze.default, aten.batch_norm.default}
+VECTOR_LANES = 16
+"""fp32 lanes of one AVX-512 register: a row narrower than this leaves Inductor's vector loop
+with only a scalar tail."""
+REDUCTION_MAX_OUT_FEATURES = 2
+"""A Linear with at most this many outputs is a per-row dot product, i.e. a reduction."""
+
+_CHAIN_OPS = _ELEMENTWISE - {aten.remainder.Scalar, aten.remainder.Tensor}
+
+
+def _narrow_chain(gm: fx.GraphModule, terminal: fx.Node) -> tuple[list[fx.Node], fx.Node] | None:
+    """``(region, source)``: the pointwise ops computing ``terminal`` from one ``[N, k]`` tensor.
+
+    Every region node has ``terminal``'s shape; operands outside the region are the source,
+    scalars, or constants that vary only along the last dim. None unless all of that holds and
+    the region's inner nodes feed nothing outside it.
+    """
+    shape = _shape(terminal)
+    if shape is None or len(shape) != 2 or not _is_static(shape[1]) or shape[1] >= VECTOR_LANES:
+        return None
+    if _is_static(shape[0]) and shape[0] < VECTOR_LANES:
+        return None  # a few rows: nothing to vectorize along either way
+    width = shape[1]
+    region: set[fx.Node] = set()
+    source: fx.Node | None = None
+    stack = [terminal]
+    while stack:
+        node = stack.pop()
+        if node in region:
+            continue
+        if node.op != "call_function" or node.target not in _CHAIN_OPS:
+            return None
+        node_shape = _shape(node)
+        if node_shape is None or not all(
+            _same_size(a, b) for a, b in zip(node_shape, shape, strict=True)
+        ):
+            return None
+        region.add(node)
+        operands = [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]
+        for arg in operands:
+            tensor = _const(gm, arg)
+            if tensor is not None:
+                if tensor.numel() != 1 and tuple(tensor.shape) not in ((width,), (1, width)):
+                    return None
+                continue
+            arg_shape = _shape(arg)
+            is_chain = arg.op == "call_function" and arg.target in _CHAIN_OPS
+            if is_chain and arg_shape is not None and len(arg_shape) == 2:
+                stack.append(arg)
+            elif source is None or source is arg:
+                source = arg
+            else:
+                return None
+    if source is None or len(region) < 2:
+        return None
+    source_shape = _shape(source)
+    if source_shape is None or len(source_shape) != 2:
+        return None
+    ordered = [n for n in gm.graph.nodes if n in region]
+    if any(u not in region for n in ordered if n is not terminal for u in n.users):
+        return None
+    return ordered, source
+
+
+def _feature_major(gm: fx.GraphModule, terminal: fx.Node) -> bool:
+    """Evaluate a narrow ``[N, k]`` pointwise chain on its transpose ``[k, N]``.
+
+    Inductor vectorizes the innermost dim; with ``k < VECTOR_LANES`` columns innermost the
+    chain ran as a scalar loop (a per-column select over the column index, ``log1p`` one value
+    at a time). On the transpose the vector loop runs over the candidates, per-column
+    constants become per-row scalars, and the Linear consuming the result reads the transposed
+    operand without a copy.
+    """
+    if not terminal.users or any(
+        u.target != aten.linear.default or u.args[0] is not terminal for u in terminal.users
+    ):
+        return False
+    found = _narrow_chain(gm, terminal)
+    if found is None:
+        return False
+    region, source = found
+    columns: dict[fx.Node, fx.Node] = {}
+    with gm.graph.inserting_before(region[0]):
+        transposed_source = _call(gm, aten.permute.default, source, [1, 0])
+    env: dict[fx.Node, fx.Node] = {source: transposed_source}
+
+    def operand(arg: Any) -> Any:
+        if not isinstance(arg, fx.Node):
+            return arg
+        if arg in env:
+            return env[arg]
+        tensor = _const(gm, arg)
+        if tensor is None or tensor.numel() == 1:
+            return arg
+        if arg not in columns:
+            columns[arg] = _add_const(gm, tensor.reshape(-1, 1), "column")
+        return columns[arg]
+
+    with gm.graph.inserting_before(terminal):
+        for node in region:
+            args = tuple(operand(a) for a in node.args)
+            kwargs = {k: operand(v) for k, v in node.kwargs.items()}
+            env[node] = _call(gm, node.target, *args, **kwargs)  # type: ignore[arg-type]
+        back = _call(gm, aten.permute.default, env[terminal], [1, 0])
+    terminal.replace_all_uses_with(back)
+    for node in reversed(region):
+        gm.graph.erase_node(node)
+    return True
+
+
+def _linear_as_reduction(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """``linear(x, W[o, K], b)`` with ``o <= 2`` -> ``sum(x[..., None, :] * W, -1) + b``.
+
+    A one-output Linear is a dot product per row: as an extern GEMM it needs its input
+    written out first (the ReLU before it becomes its own kernel); as a reduction Inductor
+    computes the ReLU, the products, the sum and the bias in one pass over the rows.
+    """
+    if node.target != aten.linear.default:
+        return False
+    weight = _const(gm, node.args[1])
+    shape = _shape(node.args[0])
+    if weight is None or weight.dim() != 2 or weight.shape[0] > REDUCTION_MAX_OUT_FEATURES:
+        return False
+    if shape is None or not _is_static(shape[-1]):
+        return False
+    bias = node.args[2] if len(node.args) > 2 else None
+    with gm.graph.inserting_before(node):
+        if weight.shape[0] == 1:
+            row = _add_const(gm, weight[0], "dot_weight")
+            product = _call(gm, aten.mul.Tensor, node.args[0], row)
+            total = _call(gm, aten.sum.dim_IntList, product, [-1], True)
+        else:
+            rows = _call(gm, aten.unsqueeze.default, node.args[0], -2)
+            product = _call(gm, aten.mul.Tensor, rows, _add_const(gm, weight, "dot_weight"))
+            total = _call(gm, aten.sum.dim_IntList, product, [-1])
+        if bias is not None:
+            total = _call(gm, aten.add.Tensor, total, bias)
+    node.replace_all_uses_with(total)
+    gm.graph.erase_node(node)
+    return True
 
 
 def fuse_memory_bound_chains(gm: fx.GraphModule, context: PassContext) -> PassResult:
-    """Group single-consumer chains of pointwise ops (optionally ending in a reduction).
+    """Reshape memory-bound pointwise/reduction work so Inductor emits fewer, vector kernels.
 
-    Each group gets ``meta["cascade_fusion_group"]``; Inductor (the backend and AOTInductor)
-    emits one loop per group, so the report's ``kernels_after`` counts the memory passes left
-    of ``kernels_before``. Invariant: annotation only; no node is added, removed or reordered.
+    Two rewrites, both exact up to float rounding:
+
+    * ``feature_major``: a chain of pointwise ops over a narrow ``[N, k]`` tensor (the
+      candidates' dense features: NaN repair, ``log1p`` of counts, standardization) that feeds
+      a Linear is evaluated on its transpose (:func:`_feature_major`), so its one kernel is a
+      vector loop over the candidates instead of a scalar loop over ``k`` columns.
+    * ``linear_as_reduction``: a Linear with at most ``REDUCTION_MAX_OUT_FEATURES`` outputs
+      becomes multiply + sum (:func:`_linear_as_reduction`), which fuses with the pointwise op
+      before it and the bias after it into one reduction kernel instead of an extern GEMM plus
+      a separate pointwise kernel.
+
+    Invariant: every replaced value keeps its shape and dtype; new nodes carry ``meta["val"]``;
+    only views, pointwise ops and reductions are added; nothing is computed in place.
     """
-    group = 0
-    ops_grouped = 0
-    kernels_before = 0
-    seen: set[fx.Node] = set()
-    for node in gm.graph.nodes:
-        if node.target in _POINTWISE or node.target in _REDUCTIONS:
-            kernels_before += 1
-        if node in seen or node.target not in _POINTWISE:
+    counts = {"feature_major": 0, "linear_as_reduction": 0}
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and _linear_as_reduction(gm, node):
+            counts["linear_as_reduction"] += 1
+    # A rewrite erases a whole chain; walk from the output so a terminal is met before the
+    # chain members it might erase, and re-check liveness for the rest.
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op != "call_function" or node not in set(gm.graph.nodes):
             continue
-        chain = [node]
-        current = node
-        while len(current.users) == 1:
-            (user,) = current.users
-            if user.target in _POINTWISE or user.target in _REDUCTIONS:
-                chain.append(user)
-                current = user
-                if user.target in _REDUCTIONS:
-                    break
-            else:
-                break
-        seen.update(chain)
-        if len(chain) < 2:
-            continue
-        for member in chain:
-            member.meta["cascade_fusion_group"] = group
-        group += 1
-        ops_grouped += len(chain)
-    kernels_after = kernels_before - ops_grouped + group
-    return PassResult(
-        fired=group,
-        modified=False,
-        details={
-            "ops_grouped": ops_grouped,
-            "kernels_before": kernels_before,
-            "kernels_after": kernels_after,
-        },
-    )
+        if _feature_major(gm, node):
+            counts["feature_major"] += 1
+    fired = sum(counts.values())
+    return PassResult(fired=fired, modified=fired > 0, details=counts)

@@ -23,6 +23,7 @@ from compilers.passes import (
     PassResult,
     collect_shape_constraints,
     fold_batch_norm,
+    fold_embedding_linear,
     fuse_memory_bound_chains,
     remove_noops,
     rsq_quantize,
@@ -37,6 +38,7 @@ PASSES: dict[str, Callable[[fx.GraphModule, PassContext], PassResult]] = {
     "remove_noops": remove_noops,
     "fold_batch_norm": fold_batch_norm,
     "share_broadcast_computation": share_broadcast_computation,
+    "fold_embedding_linear": fold_embedding_linear,
     "winograd_conv1d": winograd_conv1d,
     "rsq_quantize": rsq_quantize,
     "fuse_memory_bound_chains": fuse_memory_bound_chains,
@@ -51,6 +53,7 @@ DEFAULT_PASSES: tuple[str, ...] = (
     "remove_noops",
     "fold_batch_norm",
     "share_broadcast_computation",
+    "fold_embedding_linear",
     "winograd_conv1d",
     "fuse_memory_bound_chains",
 )

@@ -78,3 +78,25 @@ def test_artifact_runs_without_model_code_for_any_candidate_count(tmp_path: Path
     again = compile_preranking(model, tmp_path / "b.pt2", cache_dir=cache, fast_build=True)
     assert again.report["cached"] is True and time.perf_counter() - start < 30
     assert again.path.read_bytes() == artifact.path.read_bytes()
+
+
+@pytest.mark.slow
+def test_int8_artifact_runs_rsq_layers_as_int8_gemms(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = PreRanker(PreRankerConfig(id_buckets=32, embedding_dim=4, hidden=(32, 16))).eval()
+    model.fit_normalizer(torch.rand(64, model.config.num_dense) * 30)
+    calibration = [preranking_example(model.config, 100, seed=s) for s in range(4)]
+    artifact = compile_preranking(
+        model, tmp_path / "int8.pt2", fast_build=True, int8_calibration=calibration
+    )
+    assert artifact.report["passes"]["rsq_quantize"]["fired"] == 1  # the 32 -> 16 layer
+    assert artifact.report["inductor_config"] == {"freezing": True}
+    loaded = load_artifact(artifact.path)
+    request = PreRankingRequest(model)
+    with torch.no_grad():
+        for n in (1, 9, 500):
+            inputs = preranking_example(model.config, n, seed=100 + n)
+            expected = request(*inputs)
+            got = loaded(*inputs)
+            assert got.shape == expected.shape
+            assert (got - expected).abs().max() < 0.05 * expected.abs().max()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -18,6 +20,7 @@ from compilers.passes import (
     collect_shape_constraints,
     conv1d_multiplications,
     fold_batch_norm,
+    fold_embedding_linear,
     fuse_memory_bound_chains,
     remove_noops,
     rsq_quantize,
@@ -190,23 +193,117 @@ def test_rsq_quantize_int8_with_calibration() -> None:
     assert 0 < error < 0.03, f"int8 relative error {error:.4f}"
 
 
+def test_rsq_quantize_emits_int8_linear_pattern_and_keeps_narrow_layers() -> None:
+    request, gm, _ = request_graph(hidden=(32, 16))
+    calibration = [preranking_example(request.model.config, 50, seed=s) for s in range(4)]
+    context = PassContext(calibration_inputs=calibration, rsq_min_features=16)
+    collect_shape_constraints(gm, context)
+    result = rsq_quantize(gm, context)
+    # Only 32 -> 16 is wide on both sides; the user's and the candidates' parts of the first
+    # layer (4 and 11 inputs) and the 16 -> 1 head stay fp32.
+    assert result.fired == 1
+    assert result.details["layers"] == 1 and result.details["kept_fp32"] == 3
+    qd = torch.ops.quantized_decomposed
+    assert count(gm, qd.quantize_per_tensor.default) == 1
+    assert count(gm, qd.dequantize_per_channel.default) == 1
+    gm.recompile()
+    inputs = preranking_example(request.model.config, 200, seed=9)
+    with torch.no_grad():
+        expected = request(*inputs)
+        error = (gm(*inputs) - expected).norm() / expected.norm()
+    assert 0 < error < 0.05, f"int8 relative error {error:.4f}"
+
+
 def test_rsq_quantize_needs_calibration() -> None:
     _, gm = conv_program()
     with pytest.raises(ValueError, match="calibration_inputs"):
         rsq_quantize(gm, PassContext())
 
 
-def test_memory_bound_chains_are_grouped() -> None:
-    _, gm = conv_program()
+def request_graph(
+    hidden: tuple[int, ...] = (8, 4),
+) -> tuple[PreRankingRequest, torch.fx.GraphModule, PassContext]:
+    """A pre-ranking request graph after the passes that precede the folding ones."""
+    torch.manual_seed(0)
+    model = PreRanker(PreRankerConfig(id_buckets=64, embedding_dim=4, hidden=hidden)).eval()
+    model.fit_normalizer(torch.rand(100, model.config.num_dense) * 20)
+    request = PreRankingRequest(model).eval()
+    example = preranking_example(model.config, 32)
+    gm = export_program(request, example, preranking_dynamic_shapes()).module()
     context = prepared(gm)
     remove_noops(gm, context)
+    share_broadcast_computation(gm, context)
+    return request, gm, context
+
+
+def test_fold_embedding_linear_premultiplies_both_tables() -> None:
+    request, gm, context = request_graph()
+    tables = {"model.user_embedding.weight", "model.item_embedding.weight"}
+    result = fold_embedding_linear(gm, context)
+    assert result.fired == 2  # the user's and the candidates' lookups
+    assert result.details["folded_tables"] == [[64, 8], [64, 8]]  # id buckets x first layer
+    lookups = [n for n in gm.graph.nodes if n.target == aten.embedding.default]
+    assert len(lookups) == 2 and not any(str(n.args[0].target) in tables for n in lookups)
+    gm.graph.lint()
+    gm.recompile()
+    for n in (1, 5, 300):
+        inputs = preranking_example(request.model.config, n, seed=n)
+        torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_memory_bound_chains_rewrite_narrow_chain_and_head() -> None:
+    request, gm, context = request_graph()
+    fold_embedding_linear(gm, context)
+    linears = count(gm, aten.linear.default)
     result = fuse_memory_bound_chains(gm, context)
-    assert result.fired >= 1
-    assert result.details["kernels_after"] < result.details["kernels_before"]
-    groups = {
-        n.meta["cascade_fusion_group"] for n in gm.graph.nodes if "cascade_fusion_group" in n.meta
-    }
-    assert len(groups) == result.fired
+    # The candidates' 7 dense features are transformed feature-major; the 1-output head
+    # becomes multiply + sum.
+    assert result.details == {"feature_major": 1, "linear_as_reduction": 1}
+    assert result.fired == 2
+    assert count(gm, aten.linear.default) == linears - 1
+    assert count(gm, aten.sum.dim_IntList) == 1
+    (transposed,) = [
+        n
+        for n in gm.graph.nodes
+        if n.target == aten.permute.default and n.args[0].target == "item_dense"
+    ]
+    assert tuple(transposed.meta["val"].shape)[0] == 7
+    gm.graph.lint()
+    gm.recompile()
+    for n in (1, 16, 333):
+        inputs = preranking_example(request.model.config, n, seed=n)
+        torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
+
+
+def inductor_kernels(gm: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> int:
+    """Kernels in Inductor's generated code: C++ loop kernels plus extern (GEMM) calls."""
+    from torch._inductor.compile_fx import compile_fx
+
+    gm = copy.deepcopy(gm)  # compile_fx rewrites the graph's output into a tuple
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    # A cache hit would skip code generation, leaving nothing to count.
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):
+        _, (code, *_) = run_and_get_code(lambda: compile_fx(gm, list(inputs))(*inputs))
+    return code.count("async_compile.cpp_pybinding(") + code.count("extern_kernels.")
+
+
+@pytest.mark.slow
+def test_memory_bound_chains_leave_inductor_fewer_kernels() -> None:
+    request, gm, context = request_graph()
+    fold_embedding_linear(gm, context)
+    inputs = preranking_example(request.model.config, 64, seed=1)
+    gm.recompile()
+    before = inductor_kernels(gm, inputs)
+    result = fuse_memory_bound_chains(gm, context)
+    gm.recompile()
+    after = inductor_kernels(gm, inputs)
+    assert result.details["linear_as_reduction"] == 1
+    # The head's extern GEMM and the ReLU kernel feeding it become one reduction kernel.
+    assert after < before, (before, after)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
 
 
 def test_pipeline_enforces_order_and_reports() -> None:

@@ -1,0 +1,208 @@
+"""The deployment gate for a compiled pre-ranking model: parity and latency, with reasons.
+
+    python -c "from compilers.gate import compile_gate; help(compile_gate)"
+
+Before a trained pre-ranking model is registered and served, the pipeline compiles it into the
+request-shaped AOTInductor artifact (:func:`compilers.export.compile_preranking`) and calls
+:func:`compile_gate` on a held-out sample of requests. The artifact may only replace eager
+serving when it scores like the model it was compiled from and is not slower; a failed check
+comes back as a sentence that names the check, the measured value and the limit, so the
+blocked deployment explains itself in the Airflow log.
+
+The sample is a list of requests in the form :func:`compilers.bench.held_out_requests`
+builds: ``[((user_dense [1, U], user_id [1], item_dense [N, F-U], item_id [N]), labels [N]),
+...]``, one entry per user, labels 0/1 (clicked or not) for each of its ``N`` candidates.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.metrics import roc_auc_score
+
+from compilers.export import PreRankingRequest, compile_preranking, load_artifact
+from models.preranking.model import PreRanker
+
+Request = tuple[tuple[torch.Tensor, ...], np.ndarray]
+"""``(inputs, labels)``: the four request tensors and one 0/1 label per candidate."""
+
+DEFAULT_MAX_ABS_DIFF = 1e-3
+"""Largest tolerated ``|artifact - eager|`` logit. The exact passes stay near 1e-6; int8
+(RSQ) artifacts move logits by a few 1e-3 and are judged by the AUC budget instead."""
+
+
+def _check_sample(sample: Sequence[Request], num_dense: int) -> None:
+    if not sample:
+        raise ValueError(
+            "compile_gate needs a non-empty held-out sample: a list of (inputs, labels) "
+            "requests as compilers.bench.held_out_requests builds them"
+        )
+    for index, entry in enumerate(sample):
+        if len(entry) != 2 or len(entry[0]) != 4:
+            raise ValueError(
+                f"sample[{index}] must be ((user_dense, user_id, item_dense, item_id), labels)"
+            )
+        (user_dense, _, item_dense, item_id), labels = entry
+        if user_dense.shape[0] != 1 or user_dense.shape[1] + item_dense.shape[1] != num_dense:
+            raise ValueError(
+                f"sample[{index}]: user_dense {tuple(user_dense.shape)} and item_dense "
+                f"{tuple(item_dense.shape)} do not make the model's {num_dense} dense features"
+            )
+        if not (item_dense.shape[0] == item_id.shape[0] == len(labels)):
+            raise ValueError(
+                f"sample[{index}]: {item_dense.shape[0]} candidates, {item_id.shape[0]} item ids "
+                f"and {len(labels)} labels; they must be equal"
+            )
+
+
+def _scores(score: Callable[..., Any], sample: Sequence[Request]) -> list[np.ndarray]:
+    with torch.no_grad():
+        return [torch.as_tensor(score(*inputs)).reshape(-1).float().numpy() for inputs, _ in sample]
+
+
+def _auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    return float(roc_auc_score(labels, scores))
+
+
+def interleaved_ms(
+    variants: dict[str, Callable[[], object]], *, rounds: int = 5, repeats: int = 5
+) -> dict[str, float]:
+    """Median milliseconds per variant; variants alternate each round so load hits all alike."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for fn in variants.values():
+        fn()  # warm-up: first calls allocate and page in the weights
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+            samples[name].append(statistics.median(times) * 1000)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def compile_gate(
+    model: PreRanker,
+    sample: Sequence[Request],
+    *,
+    out_dir: Path,
+    max_abs_diff: float = DEFAULT_MAX_ABS_DIFF,
+    auc_budget: float = 0.001,
+    min_speedup: float = 1.0,
+    cache_dir: Path | None = None,
+    fast_build: bool = False,
+) -> dict[str, Any]:
+    """Compile ``model`` and decide whether its artifact may be deployed.
+
+    Checks, each adding a readable reason when it fails:
+
+    * parity: every artifact logit on ``sample`` is finite and within ``max_abs_diff`` of
+      eager PyTorch's;
+    * accuracy: ``|AUC(artifact) - AUC(eager)| <= auc_budget`` over all candidates of the
+      sample (skipped, with a reason, when the labels hold one class only: AUC is undefined);
+    * latency: on one request holding all the sample's candidates, eager median / artifact
+      median (interleaved rounds) is at least ``min_speedup``.
+
+    Returns ``{"passed", "reasons", "artifact", "max_abs_diff", "auc_delta", "eager_auc",
+    "artifact_auc", "speedup_vs_eager", "eager_ms", "artifact_ms", "candidates_timed",
+    "passes", "compile"}``; ``passes`` is the pass pipeline's per-pass report. ``cache_dir``
+    and ``fast_build`` are passed to :func:`compilers.export.compile_preranking`.
+    """
+    if max_abs_diff <= 0 or auc_budget < 0 or min_speedup <= 0:
+        raise ValueError(
+            f"gate limits must be positive (max_abs_diff={max_abs_diff}, "
+            f"auc_budget={auc_budget}, min_speedup={min_speedup})"
+        )
+    model = model.eval()
+    _check_sample(sample, model.config.num_dense)
+    out_dir = Path(out_dir)
+    artifact = compile_preranking(
+        model, out_dir / "preranking.pt2", cache_dir=cache_dir, fast_build=fast_build
+    )
+    compiled = load_artifact(artifact.path)
+    eager = PreRankingRequest(model).eval()
+    reasons: list[str] = []
+
+    eager_scores = _scores(eager, sample)
+    artifact_scores = _scores(compiled, sample)
+    worst = 0.0
+    for index, (want, got) in enumerate(zip(eager_scores, artifact_scores, strict=True)):
+        if got.shape != want.shape:
+            reasons.append(
+                f"parity: request {index} got {got.shape[0]} scores for {want.shape[0]} candidates"
+            )
+            worst = math.inf
+            continue
+        if not np.isfinite(got).all():
+            reasons.append(f"parity: the artifact returned non-finite scores on request {index}")
+            worst = math.inf
+            continue
+        worst = max(worst, float(np.abs(got - want).max(initial=0.0)))
+    if worst > max_abs_diff and math.isfinite(worst):
+        reasons.append(
+            f"parity: max |artifact - eager| logit is {worst:.3g}, above the tolerance "
+            f"{max_abs_diff:.3g}"
+        )
+
+    labels = np.concatenate([np.asarray(y) for _, y in sample])
+    eager_auc = artifact_auc = auc_delta = math.nan
+    if len(np.unique(labels)) < 2:
+        reasons.append(
+            "accuracy: the sample's labels hold a single class, so AUC is undefined; gate on "
+            "a sample with clicks and non-clicks"
+        )
+    elif math.isfinite(worst):
+        eager_auc = _auc(labels, np.concatenate(eager_scores))
+        artifact_auc = _auc(labels, np.concatenate(artifact_scores))
+        auc_delta = artifact_auc - eager_auc
+        if abs(auc_delta) > auc_budget:
+            reasons.append(
+                f"accuracy: AUC changed by {auc_delta:+.4f} ({eager_auc:.4f} eager -> "
+                f"{artifact_auc:.4f} artifact), beyond the budget of {auc_budget:.4f}"
+            )
+
+    # Held-out requests are often a handful of candidates, where a timing is all call overhead
+    # and scheduler noise; serving scores hundreds. Time one request holding every candidate
+    # of the sample, for the user of the largest request.
+    user_dense, user_id, _, _ = max(sample, key=lambda entry: entry[0][2].shape[0])[0]
+    largest = (
+        user_dense,
+        user_id,
+        torch.cat([inputs[2] for inputs, _ in sample]),
+        torch.cat([inputs[3] for inputs, _ in sample]),
+    )
+    with torch.no_grad():
+        timings = interleaved_ms(
+            {"eager": lambda: eager(*largest), "artifact": lambda: compiled(*largest)}
+        )
+    speedup = timings["eager"] / timings["artifact"]
+    if speedup < min_speedup:
+        reasons.append(
+            f"latency: the artifact is {speedup:.2f}x eager on {largest[2].shape[0]} "
+            f"candidates ({timings['artifact']:.3f} ms vs {timings['eager']:.3f} ms), below "
+            f"the required {min_speedup:.2f}x"
+        )
+    report = dict(artifact.report)
+    return {
+        "passed": not reasons,
+        "reasons": reasons,
+        "artifact": str(artifact.path),
+        "max_abs_diff": worst,
+        "auc_delta": auc_delta,
+        "eager_auc": eager_auc,
+        "artifact_auc": artifact_auc,
+        "speedup_vs_eager": speedup,
+        "eager_ms": timings["eager"],
+        "artifact_ms": timings["artifact"],
+        "candidates_timed": int(largest[2].shape[0]),
+        "passes": report.pop("passes", {}),
+        "compile": report,
+    }
