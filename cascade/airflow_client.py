@@ -73,6 +73,27 @@ class AirflowClient:
         response.raise_for_status()
         return response.json()
 
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        response = self._request(
+            "POST", f"{self.base}/api/v2{path}", headers=self._headers(), json=body
+        )
+        response.raise_for_status()
+        return response.json()
+
+    def clear_task(self, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
+        """Clear one task of a finished run (its downstream tasks stay as they are): Airflow
+        runs it again, as a new try, and the run goes back to running until it ends."""
+        body = {
+            "dry_run": False,
+            "dag_run_id": run_id,
+            "task_ids": [task_id],
+            "include_downstream": False,
+            "include_upstream": False,
+            "only_failed": False,
+            "reset_dag_runs": True,
+        }
+        return self.post(f"/dags/{dag_id}/clearTaskInstances", body)["task_instances"]
+
     def patch(self, path: str, body: dict[str, Any]) -> Any:
         response = self._request(
             "PATCH", f"{self.base}/api/v2{path}", headers=self._headers(), json=body

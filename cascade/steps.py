@@ -47,6 +47,12 @@ def train(ds: str) -> dict[str, Any]:
     return launch(ds)
 
 
+def compile_gate(ds: str) -> dict[str, Any]:
+    from compilers.deploy_gate import compile_and_gate
+
+    return compile_and_gate(ds)
+
+
 def register(ds: str) -> dict[str, Any]:
     from cascade.registry import register_and_promote
 
@@ -65,6 +71,7 @@ STEPS: dict[str, Callable[[str], dict[str, Any]]] = {
     "feast_materialize": feast_materialize,
     "training_set": training_set,
     "train": train,
+    "compile": compile_gate,
     "register": register,
     "deploy": deploy,
 }

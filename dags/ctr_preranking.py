@@ -99,6 +99,14 @@ def ctr_preranking() -> None:
 
         return run_step("train", ds)
 
+    @task(task_id="compile", execution_timeout=dt.timedelta(minutes=20))
+    def compile_model(ds: str) -> dict[str, Any]:
+        from cascade.steps import run_step
+
+        # Parity, accuracy and latency gates of the compiled artifact; a failure is recorded
+        # and the registry then keeps the champion, with the reasons.
+        return run_step("compile", ds)
+
     @task(outlets=[preranking_champion])
     def register(ds: str) -> dict[str, Any]:
         from cascade.steps import run_step
@@ -118,6 +126,7 @@ def ctr_preranking() -> None:
         feast_materialize(ds),
         training_set(ds),
         train(ds),
+        compile_model(ds),
         register(ds),
         deploy(ds),
     ]

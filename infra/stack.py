@@ -253,13 +253,21 @@ def _log_file(settings: Settings, name: str) -> Path:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs. Zombies do not count: a service killed
+    with SIGKILL stays a zombie until its parent reaps it, and must not pass for running."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pgid, os.WNOHANG)  # reap the leader if it is our exited child
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+    return False
 
 
 def _recorded(settings: Settings, name: str) -> dict | None:

@@ -378,6 +378,7 @@ class PreRankingModel(Model):
                 return False
             if self._served is not None and str(wanted) == self._served.version:
                 return False
+            log.info("loading %s version %s (serving %s)", self.name, wanted, self.served_version)
             loaded = self.backends.load_champion(self.settings, self.config.alias)
             if loaded is None:
                 return False

@@ -109,11 +109,28 @@ def test_stop_also_ends_descendants_that_left_the_process_group(
     assert main is not None
     deadline = time.monotonic() + 20
     children: list[psutil.Process] = []
-    while not children and time.monotonic() < deadline:
+    # Until the child has called setsid it is still in the group: wait for both.
+    while time.monotonic() < deadline:
         children = psutil.Process(main).children()
+        if children and all(os.getpgid(c.pid) != main for c in children):
+            break
+        time.sleep(0.05)
     (child,) = children
     assert os.getpgid(child.pid) != main, "the child must have left the group for this test"
     lines: list[str] = []
     assert stack.stop_service(settings, "broker", grace_s=4, echo=lines.append)
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
     assert "outside its group" in lines[-1]
+
+
+def test_a_killed_service_left_as_a_zombie_counts_as_stopped() -> None:
+    import signal
+    import subprocess
+
+    from infra.stack import _group_alive
+
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    assert _group_alive(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(0.2)  # exited, not yet reaped by us: a zombie
+    assert not _group_alive(proc.pid)

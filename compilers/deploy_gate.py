@@ -1,0 +1,98 @@
+"""The pipeline's compile step: compile the model trained for a partition, gate it, record it.
+
+    cascade step compile --ds 2026-11-22
+
+Runs after ``train`` and before ``register``: builds the request-shaped AOTInductor artifact of
+the trained pre-ranking model, runs :func:`compilers.gate.compile_gate` on held-out requests of
+the partition's training set (the rows the model was not trained on), logs the artifact and the
+gate report to the training's MLflow run, and writes ``Lake.reports("compile", ds) /
+"result.json"``. A failed gate does not fail the task: the registry reads the report and keeps
+the champion, stating the gate's reasons (:mod:`cascade.registry`), so the run shows what was
+blocked and why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from cascade.config import Settings, load_settings
+from cascade.lake import Lake, check_ds
+
+MAX_USERS = 300
+"""Held-out users (one request each) the gate scores: enough for a stable AUC, bounded time."""
+
+
+def gate_sample(frame: Any, *, max_users: int = MAX_USERS) -> list[Any]:
+    """Held-out requests (``compilers.bench.held_out_requests``) of the ``max_users`` users with
+    the most held-out impressions; deterministic for a given frame."""
+    from compilers.bench import held_out_requests
+
+    counts = frame.groupby("user_id").size().sort_values(ascending=False, kind="stable")
+    users = set(counts.index[:max_users].tolist())
+    return held_out_requests(frame[frame["user_id"].isin(users)])
+
+
+def compile_and_gate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """Compile and gate the model trained for ``ds``; returns and writes the gate's report."""
+    import mlflow
+
+    from cascade.registry import held_out_rows
+    from compilers.gate import compile_gate
+    from models.preranking.inference import load_model_dir
+    from models.preranking.train import read_complete_result
+
+    check_ds(ds)
+    settings = settings or load_settings()
+    lake = Lake(settings.lake_root)
+    trained_dir = lake.reports("train", ds)
+    trained = read_complete_result(trained_dir / "result.json", ds)
+    if trained is None:
+        raise FileNotFoundError(
+            f"no complete training result in {trained_dir}; run the train step for ds={ds}"
+        )
+    model, config = load_model_dir(trained_dir / "state_dict.pt", trained_dir / "train_config.json")
+    sample = gate_sample(held_out_rows(lake, ds, config.test_fraction))
+    out = lake.reports("compile", ds)
+    out.mkdir(parents=True, exist_ok=True)
+    report = compile_gate(model, sample, out_dir=out, cache_dir=settings.home / "compile-cache")
+    report = {
+        # NaN (AUC undefined) and inf (broken parity) as null: the report travels as JSON.
+        **{
+            k: None if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in report.items()
+        },
+        "ds": ds,
+        "run_id": trained["run_id"],
+        "requests": len(sample),
+    }
+
+    client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
+    client.log_artifact(trained["run_id"], report["artifact"], artifact_path="compiled")
+    client.log_text(
+        trained["run_id"], json.dumps(report, indent=2, default=str), "compiled/gate.json"
+    )
+    for key in ("speedup_vs_eager", "auc_delta", "max_abs_diff"):
+        value = report.get(key)
+        if value is not None:
+            client.log_metric(trained["run_id"], f"compile_{key}", float(value))
+    client.set_tag(trained["run_id"], "compile_gate", "passed" if report["passed"] else "failed")
+    _write(out / "result.json", report)
+    if not report["passed"]:
+        print(f"[compile] ds={ds}: gate FAILED: " + "; ".join(report["reasons"]), flush=True)
+    else:
+        print(
+            f"[compile] ds={ds}: gate passed: {report['speedup_vs_eager']:.2f}x eager, "
+            f"max |diff| {report['max_abs_diff']:.2g}, AUC delta {report['auc_delta']}",
+            flush=True,
+        )
+    return report
+
+
+def _write(path: Path, value: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2, default=str))
+    os.replace(tmp, path)
