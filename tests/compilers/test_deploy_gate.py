@@ -8,20 +8,13 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from cascade.config import Settings, load_settings
+from cascade.config import Settings
 from cascade.lake import Lake
 from cascade.registry import register_and_promote
 from compilers.deploy_gate import compile_and_gate
 from tests.cascade.test_registry import fitted, trained
 
 DS = "2026-01-07"
-
-
-@pytest.fixture
-def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("CASCADE_MLFLOW_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    return load_settings()
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from cascade.config import Settings, load_settings
+from cascade.config import Settings
 from cascade.ctr_schema import LABEL, TIMESTAMP
 from models.preranking.cascade_train import (
     ALL_FIELDS,
@@ -245,13 +245,6 @@ def test_movielens_counts_only_see_strictly_earlier_impressions() -> None:
     impressions, clicks = prior_counts(frame, ["user_id"])
     # The two rows in second 2 see only second 1, not each other.
     assert impressions.tolist() == [0, 1, 1, 3] and clicks.tolist() == [0, 1, 1, 2]
-
-
-@pytest.fixture
-def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("CASCADE_MLFLOW_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    return load_settings()
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from cascade.config import Settings, load_settings
+from cascade.config import Settings
 from cascade.ctr_schema import LABEL, MODEL_FEATURES, TIMESTAMP
 from cascade.lake import Lake
 from models.preranking.config_registry import preranking_debug
@@ -32,13 +32,6 @@ from models.preranking.train import (
 )
 
 DS = "2026-01-31"
-
-
-@pytest.fixture
-def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("CASCADE_MLFLOW_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    return load_settings()
 
 
 def test_synthetic_frame_follows_the_training_contract() -> None:
