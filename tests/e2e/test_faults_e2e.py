@@ -1,0 +1,206 @@
+"""Fault tests on the whole stack after the end-to-end run: the model server killed in the middle
+of a model swap, and the training task killed in the middle of training. Each checks that
+nothing was lost or done twice.
+
+    .venv/bin/pytest -m faults tests/e2e/test_faults_e2e.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+
+from cascade.config import Settings
+from cascade.lake import Lake
+
+pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.slow]
+
+DAG_ID = "ctr_preranking"
+DS = "2026-11-22"
+
+
+def _wait_for_line(path: Path, pattern: str, *, timeout_s: float, after: int = 0) -> re.Match:
+    """The first match of ``pattern`` in ``path`` past byte ``after``; polls every 20 ms."""
+    regex = re.compile(pattern)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            with path.open(errors="replace") as handle:
+                handle.seek(after)
+                match = regex.search(handle.read())
+            if match:
+                return match
+        time.sleep(0.02)
+    tail = path.read_text(errors="replace")[-3000:] if path.exists() else "(no file)"
+    raise TimeoutError(f"no {pattern!r} in {path} after {timeout_s:.0f} s; tail:\n{tail}")
+
+
+class Client(threading.Thread):
+    """Sends requests one after another until stopped; a request that fails for the server
+    being down is retried with the same request id until it is answered."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(daemon=True)
+        self.settings = settings
+        self.stop = threading.Event()
+        self.sent: list[str] = []
+        self.answers: list[tuple[str, str, float]] = []  # (request id, model version, time)
+        self.retries = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from serving.deploy import score
+
+        try:
+            while not self.stop.is_set():
+                request_id = uuid.uuid4().hex
+                self.sent.append(request_id)
+                deadline = time.monotonic() + 180
+                while True:
+                    try:
+                        answer = score(
+                            1, [1, 50, 100], settings=self.settings, request_id=request_id
+                        )
+                        break
+                    except (requests.RequestException, RuntimeError):
+                        # Down, restarting or not ready (503) yet: the client's retry policy.
+                        if time.monotonic() > deadline:
+                            raise
+                        self.retries += 1
+                        time.sleep(0.2)
+                self.answers.append((answer["id"], str(answer["model_version"]), time.time()))
+                time.sleep(0.05)
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def test_serving_killed_during_a_model_swap_comes_back_on_the_new_champion(
+    stack: Settings, pipeline_run: dict
+) -> None:
+    import psutil
+    from mlflow import MlflowClient
+
+    from infra.stack import _log_file, _running_pgid, port_open, start_service
+    from serving.deploy import served_version
+
+    registry = MlflowClient(tracking_uri=stack.tracking_uri, registry_uri=stack.tracking_uri)
+    name = stack.registered_model
+    old = registry.get_model_version_by_alias(name, "champion")
+    # A new version of the same trained model: the swap is real, the scores comparable.
+    new = registry.create_model_version(
+        name,
+        source=old.source,
+        run_id=old.run_id,
+        model_id=old.source.removeprefix("models:/"),  # MLflow 3: the logged model behind it
+        tags={"test_auc": "0.9"},
+    )
+    client = Client(stack)
+    client.start()
+    log_path = _log_file(stack, "serving")
+    offset = log_path.stat().st_size
+    registry.set_registered_model_alias(name, "champion", new.version)
+    _wait_for_line(
+        log_path, rf"loading preranking version {new.version}\b", timeout_s=60, after=offset
+    )
+    pgid = _running_pgid(stack, "serving")
+    assert pgid is not None
+    # Mid-swap, the new version being loaded: the whole server goes, as when its container
+    # is killed (its group and any descendant that left the group).
+    descendants = psutil.Process(pgid).children(recursive=True)
+    os.killpg(pgid, signal.SIGKILL)
+    for proc in descendants:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    killed_at = time.time()
+    swapped_before_kill = re.search(
+        rf"serving preranking version {new.version}\b",
+        log_path.read_text(errors="replace")[offset:],
+    )
+    # SIGKILL is asynchronous: the listening socket closes when the process is torn down.
+    port_deadline = time.monotonic() + 30
+    while port_open(stack.host, stack.ports.serving):
+        holders = [
+            (c.pid, c.status)
+            for c in psutil.net_connections("tcp")
+            if c.laddr and c.laddr.port == stack.ports.serving and c.status == "LISTEN"
+        ]
+        assert time.monotonic() < port_deadline, f"port still held after the kill by {holders}"
+        time.sleep(0.1)
+    start_service(stack, "serving")
+    deadline = time.monotonic() + 240
+    while served_version(stack) != str(new.version):
+        assert time.monotonic() < deadline, "the restarted server never served the new champion"
+        time.sleep(1)
+    time.sleep(1)
+    client.stop.set()
+    client.join(timeout=200)
+
+    assert client.error is None, client.error
+    answered = [request_id for request_id, _, _ in client.answers]
+    # Every request was answered exactly once (ids are echoed back), none lost.
+    assert answered == client.sent and len(set(answered)) == len(answered)
+    assert client.retries > 0  # it did see the outage
+    versions = [version for _, version, _ in client.answers]
+    assert set(versions) <= {str(old.version), str(new.version)}
+    # Once the new version answered, the old one never answered again: no flip-flop.
+    first_new = versions.index(str(new.version))
+    assert all(v == str(new.version) for v in versions[first_new:])
+    after_restart = [v for _, v, at in client.answers if at > killed_at]
+    assert after_restart and set(after_restart) == {str(new.version)}
+    print(f"swap finished before the kill: {bool(swapped_before_kill)}; retries {client.retries}")
+
+
+def test_training_task_killed_mid_run_retries_from_its_checkpoint(
+    stack: Settings, pipeline_run: dict
+) -> None:
+    import mlflow
+
+    from cascade.airflow_client import AirflowClient
+
+    first = pipeline_run["train"]
+    run_id = pipeline_run["dag_run_id"]
+    reports = Lake(stack.lake_root).reports("train", DS)
+    log_path = reports / "train.log"
+    airflow = AirflowClient(stack)
+    before = {ti["task_id"]: ti for ti in airflow.task_instances(DAG_ID, run_id)}
+    log_path.rename(log_path.with_name("train.log.first"))  # only the new try's lines count
+    airflow.clear_task(DAG_ID, run_id, "train")
+
+    # Wait for the new try's rank 0 to reach its second checkpoint, then kill it.
+    started = _wait_for_line(log_path, r"\[train\] config=.* pid=(\d+)", timeout_s=600)
+    _wait_for_line(log_path, r"\[train\] checkpoint step=100\b", timeout_s=600)
+    os.kill(int(started.group(1)), signal.SIGKILL)
+
+    run = airflow.wait_for_run(DAG_ID, match=lambda r: r["dag_run_id"] == run_id, timeout_s=900)
+    assert run["state"] == "success", run
+    train = {ti["task_id"]: ti for ti in airflow.task_instances(DAG_ID, run_id)}["train"]
+    assert train["state"] == "success"
+    # try 1: the pipeline run; try 2: killed; try 3: Airflow's retry, which resumed.
+    assert train["try_number"] == before["train"]["try_number"] + 2, train
+    log = log_path.read_text()
+    assert "[train] resumed at step 100" in log, log[-3000:]
+
+    result = json.loads((reports / "result.json").read_text())
+    assert result["ds"] == DS and result["run_id"] != first["run_id"]
+    # The resumed run ends exactly where an uninterrupted one does.
+    assert result["test_auc"] == pytest.approx(first["test_auc"], abs=1e-6)
+    client = mlflow.MlflowClient(tracking_uri=stack.tracking_uri)
+    experiment = client.get_experiment_by_name("preranking")
+    runs = client.search_runs(
+        [experiment.experiment_id], f"tags.mlflow.runName = '{first['config']}-{DS}'"
+    )
+    # One run per training that finished (the pipeline's and the resumed one); the killed try
+    # was continued, not duplicated, and nothing is left running.
+    assert sorted(r.info.run_id for r in runs) == sorted([first["run_id"], result["run_id"]])
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert client.get_run(result["run_id"]).data.params["resumed_from_step"] == "100"
