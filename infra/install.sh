@@ -12,7 +12,7 @@ apt_install() {
   local missing=()
   command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
   [ -x /usr/bin/chromium ] || missing+=(chromium)
-  [ -x /usr/bin/espeak-ng ] || true
+  [ -x /usr/bin/espeak-ng ] || missing+=(espeak-ng)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "install: apt packages ${missing[*]}"
     if [ "$(id -u)" = 0 ]; then
