@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +14,8 @@ from pyspark.sql import SparkSession
 def spark() -> Iterator[SparkSession]:
     """local[1] session in UTC writing microsecond timestamps, as the job configures its own."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Python workers run this interpreter (the venv), not whatever python3 is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = (
         SparkSession.builder.master("local[1]")
         .appName("cascade-tests-jobs")

@@ -1,0 +1,113 @@
+"""The speech corpus job: DSP pieces, and a landed batch with planted faults on Spark."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from jobs.audio_corpus import (
+    SAMPLE_RATE,
+    CorpusConfig,
+    build_corpus,
+    decode_wav,
+    features_of,
+    land_synthetic,
+    log_mel,
+    mel_filterbank,
+    normalize_transcript,
+    resample,
+    split_of,
+)
+from jobs.speech_synth import write_wav
+
+
+def _pcm(seconds: float, rate: int, amplitude: float = 0.3, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    samples = rng.normal(0, amplitude, int(seconds * rate)).clip(-1, 1)
+    return (samples * 32767).astype("<i2").tobytes()
+
+
+def test_transcripts_are_normalized_and_features_have_the_stated_shape() -> None:
+    assert normalize_transcript("  Hello, WORLD!  It's 你好。") == "hello world it's 你好"
+    assert normalize_transcript("...") == ""
+    tone = np.sin(2 * np.pi * 1000 * np.arange(SAMPLE_RATE) / SAMPLE_RATE).astype(np.float32)
+    features = log_mel(tone, 40)
+    assert features.shape == (98, 40)  # 1 s: (16000 - 400) // 160 + 1 frames
+    # A 1 kHz tone puts its energy in the band around 1 kHz.
+    centres = np.argmax(mel_filterbank(40, 512), axis=1) * SAMPLE_RATE / 512
+    assert abs(centres[int(np.argmax(features.mean(axis=0)))] - 1000) < 150
+    assert len(resample(tone, SAMPLE_RATE, 8000)) == 8000
+    assert len(resample(np.zeros(22050, np.float32), 22050)) == SAMPLE_RATE
+    config = CorpusConfig()
+    assert split_of("en-us+m3", config) == split_of("en-us+m3", config)
+    with pytest.raises(ValueError, match="unreadable"):
+        decode_wav(b"definitely not a wav file at all")
+    with pytest.raises(ValueError, match="empty"):
+        decode_wav(b"")
+
+
+def test_landed_batch_becomes_speaker_disjoint_shards_and_every_fault_is_quarantined(
+    spark, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    landing, out = tmp_path / "landing", tmp_path / "corpus"
+    assert land_synthetic(spark, landing, count=60, seed=1) == 60
+    wav = landing / "wav"
+    planted = {
+        "bad-empty": "audio",
+        "bad-notaudio": "audio",
+        "bad-clipped": "audio",
+        "bad-rate": "audio",
+        "bad-notext": "transcript missing",
+        "bad-noaudio": "audio missing",
+        "bad-vocab": "transcript",
+        "bad-long": "duration",
+        "bad-slow": "speaking rate",
+    }
+    (wav / "bad-empty.wav").write_bytes(b"")
+    (wav / "bad-notaudio.wav").write_bytes(b"RIFF....this is text pretending to be a wav")
+    loud = (np.sign(np.sin(np.arange(16000))) * 32767).astype("<i2").tobytes()
+    write_wav(wav / "bad-clipped.wav", loud, 16000)
+    write_wav(wav / "bad-rate.wav", _pcm(1.0, 11025), 11025)
+    write_wav(wav / "bad-notext.wav", _pcm(1.0, 16000), 16000)
+    write_wav(wav / "bad-vocab.wav", _pcm(1.0, 16000), 16000)
+    write_wav(wav / "bad-long.wav", _pcm(21.0, 16000), 16000)
+    write_wav(wav / "bad-slow.wav", _pcm(6.0, 16000), 16000)
+    extra = [
+        {"utterance_id": u, "text": t, "language": "en-us", "voice": "en-us+m1"}
+        for u, t in [
+            ("bad-empty", "open"), ("bad-notaudio", "open"), ("bad-clipped", "open"),
+            ("bad-rate", "open"), ("bad-noaudio", "open the door"),
+            ("bad-vocab", "señor"), ("bad-long", "open"), ("bad-slow", "a"),
+        ]
+    ]  # fmt: skip
+    with (landing / "transcripts.jsonl").open("a", encoding="utf-8") as handle:
+        handle.write("".join(json.dumps(e) + "\n" for e in extra))
+
+    summary = build_corpus(spark, landing, out, CorpusConfig(n_mels=40, shards=2))
+    assert summary["utterances"] == 60 and summary["quarantined"] == len(planted)
+    quarantine = pd.read_parquet(out / "quarantine")
+    reasons = dict(zip(quarantine.utterance_id, quarantine.reason, strict=True))
+    assert set(reasons) == set(planted)
+    for utterance_id, prefix in planted.items():
+        assert reasons[utterance_id].startswith(prefix), (utterance_id, reasons[utterance_id])
+    assert "clipped" in reasons["bad-clipped"] and "11025" in reasons["bad-rate"]
+
+    manifest = pd.read_parquet(out / "manifest")
+    assert len(manifest) == 60 and manifest.utterance_id.is_unique
+    assert not set(manifest.utterance_id) & set(planted)
+    voices = manifest.groupby("split").voice.apply(set).to_dict()
+    assert voices.get("train") and not (voices["train"] & voices.get("test", set()))
+    assert not voices["train"] & voices.get("dev", set())
+    assert manifest.seconds.between(0.3, 20).all() and (manifest.transcript.str.len() > 0).all()
+
+    shards = pd.read_parquet(out / "shards")
+    assert len(shards) == 60
+    row = shards.iloc[0]
+    features = features_of(row, 40)
+    assert features.shape == (row.num_frames, 40) and np.isfinite(features).all()
+    assert math.isclose(row.num_frames, 1 + (row.seconds * SAMPLE_RATE - 400) // 160, abs_tol=1)
