@@ -1,0 +1,214 @@
+"""ConvDFSMN with CTC: a Conv1d front end, deep feedforward sequential memory blocks with skip
+connections, and a character output layer with a CTC blank.
+
+A DFSMN block (Zhang et al., "Deep-FSMN for large vocabulary continuous speech recognition")
+projects its input to a narrow memory dimension and adds a learned, per-channel weighted sum of
+``left`` past and ``right`` future projections (a depthwise Conv1d over time), plus the previous
+block's memory (the skip connection). Its look-ahead is bounded, ``right * stride`` frames per
+block, so the model streams with a fixed delay: :attr:`ConvDFSMN.lookahead_frames`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+BLANK = 0
+"""CTC blank id; characters are 1..len(alphabet)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvDFSMNConfig:
+    n_mels: int = 40
+    vocab_size: int = 100
+    """Output classes including the blank."""
+    conv_channels: int = 128
+    hidden: int = 256
+    """Width of each block's affine (ReLU) layer."""
+    memory: int = 128
+    """Width of the projections the memory works on."""
+    blocks: int = 6
+    left: int = 8
+    """Past frames each block remembers (its left order)."""
+    right: int = 2
+    """Future frames each block looks at (its right order): the streaming delay per block."""
+    stride: int = 1
+    """Spacing of the remembered frames."""
+    subsample: int = 2
+    """Time subsampling of the front end (1 or 2): features every 10 ms -> outputs every 20 ms."""
+    dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.subsample not in (1, 2):
+            raise ValueError("subsample must be 1 or 2")
+        if min(self.blocks, self.left, self.stride, self.memory, self.hidden) < 1:
+            raise ValueError("blocks, left, stride, memory and hidden must be >= 1")
+        if self.right < 0 or self.vocab_size < 2:
+            raise ValueError("right must be >= 0 and vocab_size >= 2")
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class DFSMNBlock(nn.Module):
+    """affine+ReLU -> linear projection -> bidirectional memory (bounded) + skip."""
+
+    def __init__(self, in_dim: int, config: ConvDFSMNConfig) -> None:
+        super().__init__()
+        self.affine = nn.Linear(in_dim, config.hidden)
+        self.project = nn.Linear(config.hidden, config.memory, bias=False)
+        self.left, self.right, self.stride = config.left, config.right, config.stride
+        # Depthwise filter over time: taps at -left*stride .. +right*stride, every stride.
+        self.memory = nn.Conv1d(
+            config.memory,
+            config.memory,
+            kernel_size=config.left + config.right + 1,
+            dilation=config.stride,
+            groups=config.memory,
+            bias=False,
+        )
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor | None) -> torch.Tensor:
+        """``x [B, T, in]`` and the previous block's memory ``skip [B, T, memory]`` -> the
+        block's memory ``[B, T, memory]``."""
+        p = self.project(self.dropout(F.relu(self.affine(x))))
+        padded = F.pad(p.transpose(1, 2), (self.left * self.stride, self.right * self.stride))
+        m = p + self.memory(padded).transpose(1, 2)
+        return m if skip is None else m + skip
+
+
+class ConvDFSMN(nn.Module):
+    """``features [B, T, n_mels]`` -> CTC log-probabilities ``[B, T', vocab_size]``."""
+
+    def __init__(self, config: ConvDFSMNConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config.conv_channels
+        # Causal-in-time except for one frame of look-ahead per 3-tap conv (padding 1).
+        self.front = nn.Sequential(
+            nn.Conv1d(config.n_mels, c, kernel_size=3, padding=1),
+            nn.BatchNorm1d(c),
+            nn.ReLU(),
+            nn.Conv1d(c, c, kernel_size=3, stride=config.subsample, padding=1),
+            nn.BatchNorm1d(c),
+            nn.ReLU(),
+        )
+        dims = [c] + [config.memory] * (config.blocks - 1)
+        self.blocks = nn.ModuleList(DFSMNBlock(d, config) for d in dims)
+        self.output = nn.Linear(config.memory, config.vocab_size)
+
+    @property
+    def lookahead_frames(self) -> int:
+        """Future input frames output frame ``k`` depends on beyond input frame ``k *
+        subsample``: the streaming delay in 10 ms feature frames."""
+        c = self.config
+        front = 2  # two 3-tap convs, one frame of look-ahead each
+        return front + c.blocks * c.right * c.stride * c.subsample
+
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        if self.config.subsample == 1:
+            return lengths
+        return (lengths + 1) // 2
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        x = self.front(features.transpose(1, 2)).transpose(1, 2)
+        skip = None
+        for block in self.blocks:
+            skip = block(x, skip)
+            x = skip
+        return F.log_softmax(self.output(x), dim=-1)
+
+
+def ctc_loss(
+    model: ConvDFSMN,
+    features: torch.Tensor,
+    lengths: torch.Tensor,
+    targets: torch.Tensor,
+    target_lengths: torch.Tensor,
+) -> torch.Tensor:
+    """Mean CTC loss of a padded batch (``targets`` concatenated or padded, blank = 0)."""
+    log_probs = model(features)
+    return F.ctc_loss(
+        log_probs.transpose(0, 1),
+        targets,
+        model.output_lengths(lengths),
+        target_lengths,
+        blank=BLANK,
+        zero_infinity=True,
+    )
+
+
+def greedy_decode(log_probs: torch.Tensor, length: int | None = None) -> list[int]:
+    """Best path of one utterance ``[T, V]``: argmax, repeats collapsed, blanks dropped."""
+    best = log_probs[: length if length is not None else log_probs.shape[0]].argmax(-1).tolist()
+    out, previous = [], BLANK
+    for token in best:
+        if token != previous and token != BLANK:
+            out.append(token)
+        previous = token
+    return out
+
+
+def beam_decode(log_probs: torch.Tensor, beam: int = 8, length: int | None = None) -> list[int]:
+    """CTC prefix beam search over one utterance ``[T, V]`` (no language model)."""
+    import math
+
+    steps = log_probs[: length if length is not None else log_probs.shape[0]].tolist()
+
+    def add(a: float, b: float) -> float:
+        if a == -math.inf:
+            return b
+        if b == -math.inf:
+            return a
+        hi = max(a, b)
+        return hi + math.log1p(math.exp(-abs(a - b)))
+
+    # prefix -> (log p ending in blank, log p ending in non-blank)
+    beams: dict[tuple[int, ...], tuple[float, float]] = {(): (0.0, -math.inf)}
+    for frame in steps:
+        top = sorted(range(len(frame)), key=frame.__getitem__, reverse=True)[: beam + 1]
+        nxt: dict[tuple[int, ...], tuple[float, float]] = {}
+        for prefix, (pb, pnb) in beams.items():
+            total = add(pb, pnb)
+            b, nb = nxt.get(prefix, (-math.inf, -math.inf))
+            nxt[prefix] = (add(b, total + frame[BLANK]), nb)
+            for token in top:
+                if token == BLANK:
+                    continue
+                extended = (*prefix, token)
+                b, nb = nxt.get(extended, (-math.inf, -math.inf))
+                if prefix and prefix[-1] == token:
+                    # A repeat needs a blank in between to count twice.
+                    nxt[extended] = (b, add(nb, pb + frame[token]))
+                    b0, nb0 = nxt[prefix]
+                    nxt[prefix] = (b0, add(nb0, pnb + frame[token]))
+                else:
+                    nxt[extended] = (b, add(nb, total + frame[token]))
+        beams = dict(sorted(nxt.items(), key=lambda kv: -add(*kv[1]))[:beam])
+    return list(max(beams.items(), key=lambda kv: add(*kv[1]))[0])
+
+
+class Alphabet:
+    """Characters <-> ids (blank = 0)."""
+
+    def __init__(self, characters: Sequence[str]) -> None:
+        chars = sorted(set(characters))
+        self.characters = chars
+        self._ids = {c: i + 1 for i, c in enumerate(chars)}
+
+    def __len__(self) -> int:
+        return len(self.characters) + 1
+
+    def encode(self, text: str) -> list[int]:
+        missing = sorted({c for c in text if c not in self._ids})
+        if missing:
+            raise ValueError(f"characters outside the alphabet: {missing}")
+        return [self._ids[c] for c in text]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.characters[i - 1] for i in ids if i != BLANK)

@@ -1,0 +1,92 @@
+"""ConvDFSMN + CTC: shapes, bounded look-ahead, decoding, and that it learns."""
+
+from __future__ import annotations
+
+import torch
+
+from models.asr.model import (
+    BLANK,
+    Alphabet,
+    ConvDFSMN,
+    ConvDFSMNConfig,
+    beam_decode,
+    ctc_loss,
+    greedy_decode,
+)
+
+SMALL = ConvDFSMNConfig(
+    n_mels=16, vocab_size=6, conv_channels=16, hidden=32, memory=16, blocks=3, left=4, right=1
+)
+
+
+def test_output_shape_lengths_and_a_finite_loss_with_gradients() -> None:
+    torch.manual_seed(0)
+    model = ConvDFSMN(SMALL)
+    features = torch.randn(2, 51, 16)
+    log_probs = model(features)
+    assert log_probs.shape == (2, 26, 6)
+    assert torch.allclose(log_probs.exp().sum(-1), torch.ones(2, 26), atol=1e-5)
+    assert model.output_lengths(torch.tensor([51, 30])).tolist() == [26, 15]
+    loss = ctc_loss(
+        model, features, torch.tensor([51, 30]), torch.tensor([[1, 2, 3], [4, 5, 0]]),
+        torch.tensor([3, 2]),
+    )  # fmt: skip
+    loss.backward()
+    assert torch.isfinite(loss) and model.output.weight.grad is not None
+
+
+def test_lookahead_is_bounded() -> None:
+    """Output frame k never sees input past k * subsample + lookahead_frames: it streams."""
+    torch.manual_seed(0)
+    model = ConvDFSMN(SMALL).eval()
+    assert model.lookahead_frames == 2 + 3 * 1 * 1 * 2
+    features = torch.randn(1, 60, 16)
+    k = 10
+    edge = k * 2 + model.lookahead_frames
+    with torch.no_grad():
+        base = model(features)[0, k]
+        later = features.clone()
+        later[0, edge + 1 :] += 5.0
+        assert torch.allclose(model(later)[0, k], base, atol=1e-6)
+        # ... but it does look ahead: the next frames change it.
+        ahead = features.clone()
+        ahead[0, k * 2 + 1 : k * 2 + 3] += 5.0
+        assert not torch.allclose(model(ahead)[0, k], base, atol=1e-6)
+
+
+def test_greedy_and_beam_decoding_collapse_repeats_and_blanks() -> None:
+    path = [1, 1, BLANK, 1, 2, 2, BLANK, BLANK, 3]
+    peaked = torch.full((len(path), 4), -20.0)
+    peaked[torch.arange(len(path)), torch.tensor(path)] = 0.0
+    assert greedy_decode(peaked) == [1, 1, 2, 3]
+    assert beam_decode(peaked.log_softmax(-1)) == [1, 1, 2, 3]
+    assert greedy_decode(peaked, length=3) == [1]
+    # Beam search sums paths: blank-blank is the best single path (0.36), but "a" has three
+    # paths (a-a, a-blank, blank-a: 0.64 together).
+    probs = torch.tensor([[0.6, 0.4], [0.6, 0.4]]).log()
+    assert greedy_decode(probs) == [] and beam_decode(probs) == [1]
+
+    alphabet = Alphabet("ab c")
+    assert len(alphabet) == 5 and alphabet.decode(alphabet.encode("ab c")) == "ab c"
+
+
+def test_it_learns_to_transcribe_two_patterns() -> None:
+    torch.manual_seed(0)
+    model = ConvDFSMN(SMALL)
+    features = torch.zeros(2, 40, 16)
+    features[0, 5:15, 2] = 3.0  # "1" then "2"
+    features[0, 20:30, 9] = 3.0
+    features[1, 5:15, 9] = 3.0  # "2" then "3"
+    features[1, 20:30, 13] = 3.0
+    targets, target_lengths = torch.tensor([[1, 2], [2, 3]]), torch.tensor([2, 2])
+    lengths = torch.tensor([40, 40])
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        optimizer.zero_grad()
+        ctc_loss(model, features, lengths, targets, target_lengths).backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        log_probs = model(features)
+    assert greedy_decode(log_probs[0]) == [1, 2]
+    assert beam_decode(log_probs[1]) == [2, 3]
