@@ -23,6 +23,7 @@ from jobs.audio_corpus import (
     resample,
     split_of,
 )
+from jobs.audio_corpus_gate import CorpusGateFailed, validate_corpus
 from jobs.speech_synth import write_wav
 
 
@@ -111,3 +112,17 @@ def test_landed_batch_becomes_speaker_disjoint_shards_and_every_fault_is_quarant
     features = features_of(row, 40)
     assert features.shape == (row.num_frames, 40) and np.isfinite(features).all()
     assert math.isclose(row.num_frames, 1 + (row.seconds * SAMPLE_RATE - 400) // 160, abs_tol=1)
+
+    # The GX gate passes the built manifest and names a speaker leak in a tampered one.
+    report = validate_corpus(out)
+    assert report["success"] and report["rows"] == 60 and (out / "gate.json").exists()
+    leaked = tmp_path / "leaked"
+    (leaked / "manifest").mkdir(parents=True)
+    tampered = manifest.copy()
+    voice = tampered.voice.iloc[0]
+    other = next(s for s in ("train", "dev", "test") if s != tampered.split.iloc[0])
+    tampered.loc[tampered.index[1:], "voice"] = voice  # one voice everywhere ...
+    tampered.loc[tampered.index[1], "split"] = other  # ... across two splits
+    tampered.to_parquet(leaked / "manifest" / "part-0.parquet")
+    with pytest.raises(CorpusGateFailed, match=r"voices\.expect_column_values_to_be_between"):
+        validate_corpus(leaked)

@@ -1,0 +1,112 @@
+"""Great Expectations gate on the speech corpus manifest, before any training reads it.
+
+    python -m jobs.audio_corpus_gate --corpus DIR
+
+Checks the manifest :func:`jobs.audio_corpus.build_corpus` writes: ids unique, durations and
+speaking rates within the job's filters, transcripts non-empty and bounded, splits known, and
+the splits speaker-disjoint (every voice in exactly one split). Writes ``gate.json`` beside the
+manifest and raises :class:`CorpusGateFailed` naming the failed checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from jobs.audio_corpus import SPLITS, CorpusConfig
+from jobs.gx_suites import run_suite
+
+MAX_TRANSCRIPT_CHARS = 400
+
+
+class CorpusGateFailed(RuntimeError):
+    def __init__(self, report: dict[str, Any]) -> None:
+        self.report = report
+        super().__init__(
+            f"speech corpus gate failed: {', '.join(report['failed'])}; see {report['path']}"
+        )
+
+
+def validate_corpus(corpus: Path, config: CorpusConfig | None = None) -> dict[str, Any]:
+    """Validate ``corpus/manifest``; returns the report, raises CorpusGateFailed on failure."""
+    import great_expectations as gx
+    from great_expectations import expectations as gxe
+
+    config = config or CorpusConfig()
+    manifest_dir = corpus / "manifest"
+    if not manifest_dir.exists():
+        raise FileNotFoundError(f"no manifest in {corpus}; build the corpus first")
+    manifest = pd.read_parquet(manifest_dir)
+    voices = manifest.groupby("voice", as_index=False).agg(splits=("split", "nunique"))
+    context = gx.get_context(mode="ephemeral")
+    source = context.data_sources.add_pandas(name="corpus")
+    outcomes = [
+        run_suite(
+            context,
+            source,
+            suite_name="speech_manifest",
+            dataset="manifest",
+            frame=manifest,
+            expectations=[
+                gxe.ExpectTableRowCountToBeBetween(min_value=1),
+                gxe.ExpectColumnValuesToBeUnique(column="utterance_id"),
+                gxe.ExpectColumnValuesToNotBeNull(column="transcript"),
+                gxe.ExpectColumnValueLengthsToBeBetween(
+                    column="transcript", min_value=1, max_value=MAX_TRANSCRIPT_CHARS
+                ),
+                gxe.ExpectColumnValuesToBeBetween(
+                    column="seconds", min_value=config.min_seconds, max_value=config.max_seconds
+                ),
+                gxe.ExpectColumnValuesToBeBetween(
+                    column="chars_per_s",
+                    min_value=config.min_chars_per_s,
+                    max_value=config.max_chars_per_s,
+                ),
+                gxe.ExpectColumnValuesToBeBetween(column="num_frames", min_value=1),
+                gxe.ExpectColumnValuesToBeInSet(column="split", value_set=list(SPLITS)),
+            ],
+        ),
+        run_suite(
+            context,
+            source,
+            suite_name="speech_voices",
+            dataset="voices",
+            frame=voices,
+            # Speaker-disjoint: a voice in two splits would leak speakers into evaluation.
+            expectations=[
+                gxe.ExpectColumnValuesToBeBetween(column="splits", min_value=1, max_value=1)
+            ],
+        ),
+    ]
+    failed = [label for outcome in outcomes for label in outcome.failed]
+    path = corpus / "gate.json"
+    report = {
+        "success": not failed,
+        "failed": failed,
+        "rows": len(manifest),
+        "voices": len(voices),
+        "checks": [c for outcome in outcomes for c in outcome.checks],
+        "path": str(path),
+    }
+    path.write_text(json.dumps(report, indent=2, default=str))
+    if failed:
+        raise CorpusGateFailed(report)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, required=True)
+    args = parser.parse_args(argv)
+    report = validate_corpus(args.corpus)
+    print(json.dumps({k: report[k] for k in ("success", "rows", "voices")}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
