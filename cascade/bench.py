@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, str] = {
     "preranking": "models.preranking.bench:run",
     "compilers": "compilers.bench:run",
     "ctr": "jobs.ctr_cross_stats_bench:bench_ctr",
+    "serving": "serving.bench:run",
 }
 """Benchmark name -> ``module:function``; imported only when run."""
 
@@ -37,6 +38,12 @@ OPTIONS: dict[str, dict[str, str]] = {
     "preranking": {"config": "CASCADE_BENCH_PRERANKING_CONFIG"},
     "compilers": {"model": "CASCADE_BENCH_COMPILE_MODEL"},
     "events": {"events": "CASCADE_BENCH_EVENTS"},
+    "serving": {
+        "candidates": "CASCADE_BENCH_SERVING_CANDIDATES",
+        "clients": "CASCADE_BENCH_SERVING_CLIENTS",
+        "seconds": "CASCADE_BENCH_SERVING_SECONDS",
+        "workers": "CASCADE_BENCH_SERVING_WORKERS",
+    },
 }
 """Per benchmark: command-line option -> the environment variable its function reads."""
 

@@ -109,6 +109,10 @@ BENCH_OPTIONS = {
     "config": "named training config (preranking)",
     "model": "model to compile: preranking (compile)",
     "events": "events to publish (events)",
+    "candidates": "item ids per request (serving)",
+    "clients": "concurrent clients (serving)",
+    "seconds": "measured seconds of load, after the warm-up (serving)",
+    "workers": "server processes (serving)",
 }
 
 

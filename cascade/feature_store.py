@@ -281,6 +281,71 @@ def online_user_features(
     return user, per_genre
 
 
+def _value(proto: Any) -> float:
+    """A feature ValueProto as float; NaN when unset (a feature the row does not have)."""
+    kind = proto.WhichOneof("val")
+    return math.nan if kind is None else float(getattr(proto, kind))
+
+
+class OnlineUserReader:
+    """The per-request user lookups of serving, read straight through Feast's online store.
+
+    Same answer as :func:`online_user_features`, at a quarter of the cost: the store's
+    ``online_read`` (the interface every Feast online store implements: SQLite here, Redis in
+    the cluster profile) with entity keys built once per request, without the feature-reference
+    parsing and response assembly of ``FeatureStore.get_online_features`` (~1.8 ms vs ~0.5 ms
+    per request for a user and 7 genres here, most of the serving latency budget).
+    The views hold cumulative counts with no expiry (``features/ctr/views.py``); a view given a
+    ttl would have it applied here as ``get_online_features`` does.
+    """
+
+    def __init__(self, store: feast.FeatureStore) -> None:
+        from feast.infra.online_stores.helpers import get_online_store_from_config
+
+        self.store = store
+        self.config = store.config
+        self.online_store = get_online_store_from_config(store.config.online_store)
+        self.user_view = store.get_feature_view(USER_VIEW)
+        self.user_genre_view = store.get_feature_view(USER_GENRE_VIEW)
+
+    def _read(self, view: Any, keys: list[Any], features: Sequence[str]) -> list[dict[str, float]]:
+        rows = self.online_store.online_read(
+            config=self.config, table=view, entity_keys=keys, requested_features=list(features)
+        )
+        ttl = view.ttl.total_seconds() if view.ttl else 0.0
+        oldest = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=ttl) if ttl > 0 else None
+        out = []
+        for timestamp, values in rows:
+            if values is None or (
+                oldest is not None and timestamp is not None and timestamp < oldest
+            ):
+                out.append(dict.fromkeys(features, math.nan))
+            else:
+                out.append({f: _value(values[f]) if f in values else math.nan for f in features})
+        return out
+
+    def user_features(
+        self, user_id: int, genres: Sequence[str]
+    ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """The user's USER_FEATURES, and USER_GENRE_FEATURES per genre; NaN where unknown."""
+        from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+        from feast.protos.feast.types.Value_pb2 import Value
+
+        user = Value(int64_val=int(user_id))
+        (found,) = self._read(
+            self.user_view, [EntityKey(join_keys=["user_id"], entity_values=[user])], USER_FEATURES
+        )
+        distinct = list(dict.fromkeys(genres))
+        if not distinct:
+            return found, {}
+        keys = [
+            EntityKey(join_keys=["user_id", "genre"], entity_values=[user, Value(string_val=g)])
+            for g in distinct
+        ]
+        per_genre = self._read(self.user_genre_view, keys, USER_GENRE_FEATURES)
+        return found, dict(zip(distinct, per_genre, strict=True))
+
+
 def online_item_features(store: feast.FeatureStore, item_ids: Sequence[int]) -> pd.DataFrame:
     """ITEM_FEATURES (float, NaN where unknown) and item_genre (None where unknown) per item."""
     ids = [int(i) for i in item_ids]

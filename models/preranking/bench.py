@@ -7,10 +7,14 @@
 The full run trains the cascade (teacher, two-tower, FSCD sweep) with 2 processes through
 :func:`models.preranking.cascade_train.launch_cascade` and copies its headline metrics
 (``teacher_auc``, ``fscd_auc``, ``two_tower_auc``, ``auc_ratio``, ``cost_ratio``, ``fscd_gauc``,
-``recall_at_k``); then it measures teacher training throughput on one process, DeepSpeed against
-a plain ``torch.optim`` loop interleaved in the same process (``ds_vs_torch_throughput``), and
-DeepSpeed on 1 vs 2 processes; and the eager scoring cost of 1 user x 1,000 / 10,000 candidates
-with the user part shared (``score_request``) against scoring every candidate row in full.
+``recall_at_k``, and ``fscd_strength``, the λ chosen on the validation split, with
+``fscd_validation_auc``); then it measures teacher training throughput on one process,
+DeepSpeed against a plain ``torch.optim`` loop interleaved in the same process, same batch
+size and steps, warm-up excluded (``ds_vs_torch_throughput``, wall-clock medians of 7;
+``ds_vs_torch_cpu_time`` the same from process CPU time), DeepSpeed on 1 vs 2
+processes, and for the record the same ratio under ZeRO-1 (``ds_vs_torch_throughput_zero1``);
+and the eager scoring cost of 1 user x 1,000 / 10,000 candidates with the user part shared
+(``score_request``) against scoring every candidate row in full.
 """
 
 from __future__ import annotations
@@ -39,15 +43,20 @@ def _read(path: Path, what: str, log_tail: str) -> dict[str, Any]:
     return dict(json.loads(path.read_text()))
 
 
-def throughput(config: str, processes: int, steps: int, work: Path) -> dict[str, Any]:
-    out = work / f"throughput-{config}-{processes}"
+def throughput(
+    config: str, processes: int, steps: int, work: Path, *, zero_stage: int | None = None
+) -> dict[str, Any]:
+    """Teacher training samples/s on ``processes`` processes (and the plain loop on one);
+    ``zero_stage`` overrides the config's."""
+    out = work / f"throughput-{config}-{processes}-{zero_stage}"
+    stage = [] if zero_stage is None else ["--zero-stage", str(zero_stage)]
     # One thread per process in both cases: with 2 OpenMP threads on a loaded 2-core machine
     # the 1-process loop waited on its second thread and measured 5-25x slower than 2 processes.
     code, tail = launch_cascade(
         config,
         out,
         processes=processes,
-        extra_args=["--throughput-steps", str(steps)],
+        extra_args=["--throughput-steps", str(steps), *stage],
         extra_env={"OMP_NUM_THREADS": "1"},
     )
     result = _read(out / "throughput.json", f"throughput run (exit {code})", tail)
@@ -92,19 +101,36 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             result.update({k: v for k, v in trained.items() if k != "config"})
             result["run_dir"] = str(run_dir)
             fields = tuple(trained["fscd_fields"])
-        one = throughput(config_name, 1, 10 if quick else 60, work)
+        steps = 10 if quick else 200
+        one = throughput(config_name, 1, steps, work)
         result["torch_samples_per_s"] = one["torch_samples_per_s"]
         result["deepspeed_samples_per_s_1proc"] = one["deepspeed_samples_per_s"]
         result["ds_vs_torch_throughput"] = one["ds_vs_torch_throughput"]
+        result["ds_vs_torch_cpu_time"] = one["ds_vs_torch_cpu_time"]
         result["throughput_setup"] = {
-            k: one.get(k) for k in ("steps", "batch_size", "zero_stage", "precision")
+            k: one.get(k)
+            for k in (
+                "steps",
+                "repeats",
+                "batch_size",
+                "zero_stage",
+                "precision",
+                "torch_cpu_ms_per_step",
+                "deepspeed_cpu_ms_per_step",
+                "load_average_before",
+                "load_average_after",
+            )
         }
         if not quick:
-            two = throughput(config_name, 2, 60, work)
+            two = throughput(config_name, 2, steps, work)
             result["deepspeed_samples_per_s_2proc"] = two["deepspeed_samples_per_s"]
             result["two_vs_one_process"] = (
                 two["deepspeed_samples_per_s"] / one["deepspeed_samples_per_s"]
             )
+            # The configuration not chosen, for the record: ZeRO-1 on the same loops.
+            if one["zero_stage"] != 1:
+                zero1 = throughput(config_name, 1, steps, work, zero_stage=1)
+                result["ds_vs_torch_throughput_zero1"] = zero1["ds_vs_torch_throughput"]
     from models.preranking.cascade_train import load_frame
     from models.preranking.train import time_split
 

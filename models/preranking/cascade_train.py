@@ -21,11 +21,15 @@ with the same ``--out``, a run skips finished phases and resumes the current one
 checkpoint. Data order and gate noise are functions of (seed, epoch, step, rank), so a resumed
 run ends with the same weights and metrics as an uninterrupted one.
 
-Rank 0 evaluates all models on the time-split hold-out (AUC, GAUC, recall@k of each model's
-top-k against the teacher's per user, feature cost) and writes ``OUT/evaluation.json`` (the
-table), ``OUT/metrics.json`` (DVC metrics), ``OUT/tradeoff.png`` (AUC vs cost across λ) and
-``OUT/result.json``; all of it, the per-step losses, the selected fields and the chosen FSCD
-model (with its signature) go to the MLflow experiment ``preranking-cascade``.
+The data is split in time: the networks train on the oldest rows, the end of the training
+period (``validation_fraction`` of it) is the validation split and the latest ``test_fraction``
+is the test split. Rank 0 evaluates all models on both (AUC, GAUC, recall@k of each model's top-k
+against the teacher's per user, feature cost), chooses λ on validation only (best validation AUC
+within ``cost_budget``) and reports that model's test figures. It writes
+``OUT/evaluation.json`` (both tables), ``OUT/metrics.json`` (DVC metrics), ``OUT/tradeoff.png``
+(AUC vs cost across λ, validation and test) and ``OUT/result.json``; all of it, the per-step
+losses, the selected fields and the chosen FSCD model (with its signature) go to the MLflow
+experiment ``preranking-cascade``.
 """
 
 from __future__ import annotations
@@ -85,33 +89,63 @@ def load_frame(config: CascadeTrainConfig) -> pd.DataFrame:
     return load_training_frame(Path(config.data))
 
 
+@dataclass(frozen=True, kw_only=True)
+class EvalSplit:
+    """Encoded rows that a model is scored on, never trained on."""
+
+    codes: torch.Tensor
+    labels: np.ndarray
+    users: np.ndarray
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame, encoder: FieldEncoder) -> EvalSplit:
+        return cls(
+            codes=encoder.encode(frame),
+            labels=frame[LABEL].to_numpy(np.int64),
+            users=frame["user_id"].to_numpy(np.int64),
+        )
+
+
 @dataclass(kw_only=True)
 class Prepared:
-    """Encoded splits and the encoder fitted on the training split."""
+    """Encoded splits and the encoder fitted on the training rows.
+
+    Three splits in time order: the networks train on ``train``; ``validation`` (the end of
+    the training period) chooses the FSCD regularizer strength; ``test`` (the latest rows) is
+    only reported, so its numbers are an unbiased estimate for the chosen model.
+    """
 
     encoder: FieldEncoder
     train_codes: torch.Tensor
     train_labels: torch.Tensor
-    test_codes: torch.Tensor
-    test_labels: np.ndarray
-    test_users: np.ndarray
+    validation: EvalSplit
+    test: EvalSplit
     costs: dict[str, float]
 
 
 def prepare(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> Prepared:
-    """Time split, fit the encoder on train only, encode both splits."""
+    """Time split into train / validation / test, fit the encoder on train only, encode all.
+
+    The encoder sees only the training rows, so ids first seen in the validation period are
+    unknown to it exactly as ids first seen in the test period are: validation mimics test.
+    """
     from models.preranking.train import time_split
 
     frame = load_frame(config) if frame is None else frame
-    train, test = time_split(frame, config.test_fraction)
+    period, test = time_split(frame, config.test_fraction)
+    if len(period) < 2:
+        raise ValueError(
+            f"{len(frame)} rows leave {len(period)} before the test split; need at least 2 to "
+            "carve a validation split (lower test_fraction or use more data)"
+        )
+    train, validation = time_split(period, config.validation_fraction)
     encoder = FieldEncoder(bins=config.bins).fit(train)
     return Prepared(
         encoder=encoder,
         train_codes=encoder.encode(train),
         train_labels=torch.from_numpy(train[LABEL].to_numpy(np.float32)),
-        test_codes=encoder.encode(test),
-        test_labels=test[LABEL].to_numpy(np.int64),
-        test_users=test["user_id"].to_numpy(np.int64),
+        validation=EvalSplit.of(validation, encoder),
+        test=EvalSplit.of(test, encoder),
         costs=dict(zip(ALL_FIELDS, encoder.costs(config.net.embedding_dim), strict=True)),
     )
 
@@ -214,6 +248,7 @@ class PlainTorch:
         self.module = model
         self.optimizer = torch.optim.Adam(parameter_groups(model, config), lr=config.lr)
         self.device = torch.device("cpu")
+        self.gradient_clipping = config.gradient_clipping
 
     def __call__(self, *args: Any) -> torch.Tensor:
         return self.module(*args)
@@ -226,6 +261,8 @@ class PlainTorch:
         loss.backward()
 
     def step(self) -> None:
+        if self.gradient_clipping > 0:
+            nn.utils.clip_grad_norm_(self.module.parameters(), self.gradient_clipping)
         self.optimizer.step()
 
 
@@ -236,12 +273,18 @@ def deepspeed_config(config: CascadeTrainConfig, *, bf16_supported: bool) -> dic
         "optimizer": {
             "type": "Adam",
             # DeepSpeed's fused CPU Adam compiles for ~80 s on first use; torch's is enough.
-            "params": {"lr": config.lr, "torch_adam": True},
+            # "Adam" alone means torch's AdamW (weight decay 0.01) in DeepSpeed; adam_w_mode off
+            # makes it plain Adam, the optimizer of the PlainTorch baseline.
+            "params": {"lr": config.lr, "torch_adam": True, "adam_w_mode": False},
         },
         "zero_optimization": {"stage": config.zero_stage},
         "bf16": {"enabled": bool(config.bf16 and bf16_supported)},
+        "gradient_clipping": config.gradient_clipping,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
+        # The engine's samples/s timer runs on every step (and synchronizes the device) even
+        # when nothing prints it; the run measures its own throughput.
+        "timers": {"throughput": {"enabled": False, "synchronized": False}},
     }
 
 
@@ -266,6 +309,12 @@ def make_engine(model: nn.Module, config: CascadeTrainConfig) -> Any:
         model_parameters=parameter_groups(model, config),
         config=ds_config,
     )
+    if engine.dp_world_size == 1 and config.zero_stage == 0:
+        # Averaging gradients over a single process is the identity, yet the engine still
+        # flattens every gradient, all-reduces it through gloo and copies it back: on CPU that
+        # was a third of a teacher step. Skipping it leaves the numerics unchanged. (ZeRO
+        # stages >= 1 reduce inside their optimizer, not through this flag.)
+        engine.enable_backward_allreduce = False
     return engine
 
 
@@ -459,24 +508,27 @@ def recall_at_k(scores: np.ndarray, teacher: np.ndarray, users: np.ndarray, k: i
 
 
 def evaluate_models(
-    models: dict[str, nn.Module], data: Prepared, config: CascadeTrainConfig
+    models: dict[str, nn.Module],
+    split: EvalSplit,
+    costs: dict[str, float],
+    config: CascadeTrainConfig,
 ) -> list[dict[str, Any]]:
-    """One row per model: AUC, GAUC, recall@k vs the teacher, cost and cost ratio."""
-    scores = {name: predict(m, data.test_codes) for name, m in models.items()}
-    teacher_cost = model_cost(used_fields(models["teacher"]), data.costs)
-    teacher_auc = float(roc_auc_score(data.test_labels, scores["teacher"]))
+    """One row per model on one split: AUC, GAUC, recall@k vs the teacher, cost, cost ratio."""
+    scores = {name: predict(m, split.codes) for name, m in models.items()}
+    teacher_cost = model_cost(used_fields(models["teacher"]), costs)
+    teacher_auc = float(roc_auc_score(split.labels, scores["teacher"]))
     rows = []
     for name, model in models.items():
         fields = used_fields(model)
-        auc = float(roc_auc_score(data.test_labels, scores[name]))
-        cost = model_cost(fields, data.costs)
+        auc = float(roc_auc_score(split.labels, scores[name]))
+        cost = model_cost(fields, costs)
         rows.append(
             {
                 "model": name,
                 "auc": auc,
-                "gauc": gauc(data.test_labels, scores[name], data.test_users),
+                "gauc": gauc(split.labels, scores[name], split.users),
                 f"recall_at_{config.recall_k}": recall_at_k(
-                    scores[name], scores["teacher"], data.test_users, config.recall_k
+                    scores[name], scores["teacher"], split.users, config.recall_k
                 ),
                 "auc_ratio": auc / teacher_auc,
                 "cost": cost,
@@ -487,39 +539,96 @@ def evaluate_models(
     return rows
 
 
-def choose_fscd(rows: list[dict[str, Any]], budget: float) -> dict[str, Any]:
-    """The best-AUC FSCD row within the cost budget; the cheapest FSCD row if none is."""
-    fscd = [r for r in rows if r["model"].startswith("fscd_")]
+def choose_fscd(validation_rows: list[dict[str, Any]], budget: float) -> dict[str, Any]:
+    """The FSCD row with the best validation AUC within the cost budget; the cheapest FSCD row
+    if none is.
+
+    Pass validation rows only: choosing on the test rows would report the best of several
+    test draws, an optimistic figure the deployed model would not reproduce.
+    """
+    fscd = [r for r in validation_rows if r["model"].startswith("fscd_")]
+    if not fscd:
+        raise ValueError("no fscd_<λ> rows to choose from; fscd_strengths must not be empty")
     within = [r for r in fscd if r["cost_ratio"] <= budget + 1e-9]
     if within:
         return max(within, key=lambda r: r["auc"])
     return min(fscd, key=lambda r: (r["cost_ratio"], -r["auc"]))
 
 
-def plot_tradeoff(rows: list[dict[str, Any]], path: Path) -> None:
-    """AUC vs feature cost ratio: one point per model, the FSCD sweep as a line."""
+def headline_metrics(
+    validation_rows: list[dict[str, Any]],
+    test_rows: list[dict[str, Any]],
+    config: CascadeTrainConfig,
+) -> dict[str, float]:
+    """The run's figures: λ chosen on the validation rows, every reported figure from the test
+    rows of that same λ (and of the teacher and the two-tower baseline)."""
+    by_name = {r["model"]: r for r in test_rows}
+    on_validation = choose_fscd(validation_rows, config.cost_budget)
+    chosen = by_name[on_validation["model"]]
+    teacher, two_tower = by_name["teacher"], by_name["two_tower"]
+    validation_teacher = next(r for r in validation_rows if r["model"] == "teacher")
+    recall_key = f"recall_at_{config.recall_k}"
+    return {
+        "teacher_auc": teacher["auc"],
+        "teacher_gauc": teacher["gauc"],
+        "fscd_auc": chosen["auc"],
+        "fscd_gauc": chosen["gauc"],
+        "two_tower_auc": two_tower["auc"],
+        "two_tower_gauc": two_tower["gauc"],
+        "auc_ratio": chosen["auc"] / teacher["auc"],
+        "cost_ratio": chosen["cost_ratio"],
+        "recall_at_k": chosen[recall_key],
+        "two_tower_recall_at_k": two_tower[recall_key],
+        "two_tower_cost_ratio": two_tower["cost_ratio"],
+        "fscd_strength": float(chosen["model"].removeprefix("fscd_")),
+        "fscd_validation_auc": on_validation["auc"],
+        "teacher_validation_auc": validation_teacher["auc"],
+        "validation_auc_ratio": on_validation["auc"] / validation_teacher["auc"],
+    }
+
+
+def plot_tradeoff(
+    validation_rows: list[dict[str, Any]],
+    test_rows: list[dict[str, Any]],
+    chosen: str,
+    path: Path,
+) -> None:
+    """AUC vs feature cost ratio across λ, on validation (where λ is chosen) and on test (what
+    is reported); the teacher and the two-tower baseline as single test points."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fscd = sorted(
-        (r for r in rows if r["model"].startswith("fscd_")), key=lambda r: r["cost_ratio"]
-    )
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["cost_ratio"] for r in fscd], [r["auc"] for r in fscd], "o-", label="FSCD (λ sweep)")
-    for r in fscd:
-        ax.annotate(r["model"].removeprefix("fscd_"), (r["cost_ratio"], r["auc"]), fontsize=7)
+    def sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return sorted((r for r in rows if r["model"].startswith("fscd_")), key=_sweep_order)
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for rows, style, label in (
+        (validation_rows, "o--", "FSCD λ sweep, validation"),
+        (test_rows, "o-", "FSCD λ sweep, test"),
+    ):
+        points = sweep(rows)
+        ax.plot([r["cost_ratio"] for r in points], [r["auc"] for r in points], style, label=label)
+    for r in sweep(test_rows):
+        strength = r["model"].removeprefix("fscd_")
+        ax.annotate(f"λ={strength}", (r["cost_ratio"], r["auc"]), fontsize=7)
+    pick = next(r for r in test_rows if r["model"] == chosen)
+    ax.plot([pick["cost_ratio"]], [pick["auc"]], "*", markersize=14, label=f"chosen ({chosen})")
     for name, marker in (("teacher", "s"), ("two_tower", "^")):
-        r = next(r for r in rows if r["model"] == name)
-        ax.plot([r["cost_ratio"]], [r["auc"]], marker, label=name)
+        r = next(r for r in test_rows if r["model"] == name)
+        ax.plot([r["cost_ratio"]], [r["auc"]], marker, label=f"{name}, test")
     ax.set_xlabel("feature cost / teacher's")
-    ax.set_ylabel("test AUC")
+    ax.set_ylabel("AUC")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _sweep_order(row: dict[str, Any]) -> tuple[float, float]:
+    return (row["cost_ratio"], float(row["model"].removeprefix("fscd_")))
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -582,7 +691,7 @@ def train_cascade(config: CascadeTrainConfig, out: Path) -> dict[str, Any] | Non
         _write_json(out / "encoder.json", data.encoder.state())
         print(
             f"[cascade] config={config.name} world={world} train={len(data.train_labels)} "
-            f"test={len(data.test_labels)} run={run_id}",
+            f"validation={len(data.validation.labels)} test={len(data.test.labels)} run={run_id}",
             flush=True,
         )
 
@@ -631,30 +740,18 @@ def finish(
     started: float,
     world: int,
 ) -> dict[str, Any]:
-    """Rank 0: evaluate, write the table, metrics, plot and result; log them to MLflow."""
+    """Rank 0: choose λ on validation, report test; write the tables, metrics, plot and
+    result; log them to MLflow."""
     import mlflow
     from mlflow.models import infer_signature
 
-    rows = evaluate_models(models, data, config)
-    by_name = {r["model"]: r for r in rows}
-    chosen = choose_fscd(rows, config.cost_budget)
-    teacher, two_tower = by_name["teacher"], by_name["two_tower"]
+    validation_rows = evaluate_models(models, data.validation, data.costs, config)
+    rows = evaluate_models(models, data.test, data.costs, config)
+    metrics = headline_metrics(validation_rows, rows, config)
+    metrics["train_seconds"] = time.monotonic() - started
+    chosen_name = choose_fscd(validation_rows, config.cost_budget)["model"]
+    chosen = next(r for r in rows if r["model"] == chosen_name)
     recall_key = f"recall_at_{config.recall_k}"
-    metrics = {
-        "teacher_auc": teacher["auc"],
-        "teacher_gauc": teacher["gauc"],
-        "fscd_auc": chosen["auc"],
-        "fscd_gauc": chosen["gauc"],
-        "two_tower_auc": two_tower["auc"],
-        "two_tower_gauc": two_tower["gauc"],
-        "auc_ratio": chosen["auc"] / teacher["auc"],
-        "cost_ratio": chosen["cost_ratio"],
-        "recall_at_k": chosen[recall_key],
-        "two_tower_recall_at_k": two_tower[recall_key],
-        "two_tower_cost_ratio": two_tower["cost_ratio"],
-        "fscd_strength": float(chosen["model"].removeprefix("fscd_")),
-        "train_seconds": time.monotonic() - started,
-    }
     goals = {
         "auc_ratio_at_least_0.98": metrics["auc_ratio"] >= 0.98,
         "cost_ratio_at_most_0.5": metrics["cost_ratio"] <= 0.5,
@@ -664,12 +761,20 @@ def finish(
         "config": config.name,
         "world_size": world,
         "recall_k": config.recall_k,
+        "selected_on": "validation",
+        "chosen": chosen["model"],
+        "split_rows": {
+            "train": len(data.train_labels),
+            "validation": len(data.validation.labels),
+            "test": len(data.test.labels),
+        },
         "rows": rows,
+        "validation_rows": validation_rows,
     }
     _write_json(out / "evaluation.json", evaluation)
     _write_json(out / "selections.json", selections)
     _write_json(out / "metrics.json", metrics)
-    plot_tradeoff(rows, out / "tradeoff.png")
+    plot_tradeoff(validation_rows, rows, chosen["model"], out / "tradeoff.png")
     run = mlflow.active_run()
     assert run is not None
     mlflow.log_metrics(metrics)
@@ -680,6 +785,7 @@ def finish(
                 for k in ("auc", "gauc", recall_key, "cost", "cost_ratio")
             }
         )
+    mlflow.log_metrics({f"{r['model']}.validation_auc": float(r["auc"]) for r in validation_rows})
     mlflow.log_dict(evaluation, "evaluation.json")
     mlflow.log_dict(
         {
@@ -696,7 +802,7 @@ def finish(
     import mlflow.pytorch
 
     fscd_model = models[chosen["model"]]
-    sample = data.test_codes[:5]
+    sample = data.test.codes[:5]
     info = mlflow.pytorch.log_model(
         fscd_model,
         name="fscd_preranker",
@@ -733,6 +839,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="benchmark mode: time this many teacher steps, write OUT/throughput.json, no run",
     )
+    parser.add_argument(
+        "--zero-stage",
+        type=int,
+        choices=(0, 1, 2, 3),
+        default=None,
+        help="override the config's DeepSpeed ZeRO stage",
+    )
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
     return parser.parse_args(argv)
 
@@ -751,23 +864,33 @@ def init_distributed() -> None:
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
 
 
-def measure_throughput(config: CascadeTrainConfig, out: Path, steps: int) -> dict[str, Any]:
-    """Samples/s of the teacher's DeepSpeed loop (and, on one process, the plain loop),
-    alternating the two loops ``repeats`` times so load on the machine hits both alike."""
-    from cascade.bench import median_seconds
+THROUGHPUT_REPEATS = 7
+"""Timed runs of each loop; the reported figure is the median."""
 
+
+def measure_throughput(config: CascadeTrainConfig, out: Path, steps: int) -> dict[str, Any]:
+    """Samples/s of the teacher's DeepSpeed loop (and, on one process, the plain loop).
+
+    On one process the two loops alternate, one warm-up run each first, then
+    :data:`THROUGHPUT_REPEATS` timed runs each of the same ``steps`` batches, so background
+    load on a shared machine hits both alike. Besides wall-clock throughput it records the
+    process CPU time per loop: on a loaded machine wall time also counts waiting for a core,
+    CPU time only the loop's own work.
+    """
     rank, world = _rank_world()
     # fp32 for both loops: the plain loop has no bf16 path, and "same model" means same dtype.
     config = dataclasses.replace(config, bf16=False)
     data = prepare(config)
     cardinalities = data.encoder.cardinalities()
 
-    def loop(engine: Any) -> Callable[[], None]:
-        def run() -> None:
+    def loop(engine: Any) -> Callable[[], tuple[float, float]]:
+        def run() -> tuple[float, float]:
+            wall, cpu = time.perf_counter(), time.process_time()
             # The same first batches every repeat: the work per call is identical.
             run_steps(engine, data.train_codes, data.train_labels, config, max_steps=steps)
             if world > 1:
                 dist.barrier()
+            return time.perf_counter() - wall, time.process_time() - cpu
 
         return run
 
@@ -777,23 +900,35 @@ def measure_throughput(config: CascadeTrainConfig, out: Path, steps: int) -> dic
     result: dict[str, Any] = {
         "world_size": world,
         "steps": steps,
+        "repeats": THROUGHPUT_REPEATS,
         "batch_size": config.batch_size,
         "zero_stage": config.zero_stage,
         "precision": "fp32",
+        "load_average_before": os.getloadavg()[0],
     }
     if world > 1:
-        result["deepspeed_samples_per_s"] = samples / median_seconds(ds_run, repeats=5)
+        ds_run()  # warm-up
+        deep = [ds_run() for _ in range(THROUGHPUT_REPEATS)]
+        result["deepspeed_samples_per_s"] = samples / float(np.median([w for w, _ in deep]))
     else:
         torch.manual_seed(config.seed)
         plain_run = loop(PlainTorch(build_network("teacher", config, cardinalities), config))
         plain_run(), ds_run()  # warm-up
         plain, deep = [], []
-        for _ in range(5):  # interleaved: both loops see the same background load
-            plain.append(median_seconds(plain_run, repeats=1, warmup=0))
-            deep.append(median_seconds(ds_run, repeats=1, warmup=0))
-        result["torch_samples_per_s"] = samples / float(np.median(plain))
-        result["deepspeed_samples_per_s"] = samples / float(np.median(deep))
-        result["ds_vs_torch_throughput"] = float(np.median(plain)) / float(np.median(deep))
+        for _ in range(THROUGHPUT_REPEATS):  # interleaved: both see the same background load
+            plain.append(plain_run())
+            deep.append(ds_run())
+        plain_wall = float(np.median([w for w, _ in plain]))
+        deep_wall = float(np.median([w for w, _ in deep]))
+        plain_cpu = float(np.median([c for _, c in plain]))
+        deep_cpu = float(np.median([c for _, c in deep]))
+        result["torch_samples_per_s"] = samples / plain_wall
+        result["deepspeed_samples_per_s"] = samples / deep_wall
+        result["ds_vs_torch_throughput"] = plain_wall / deep_wall
+        result["torch_cpu_ms_per_step"] = plain_cpu / steps * 1e3
+        result["deepspeed_cpu_ms_per_step"] = deep_cpu / steps * 1e3
+        result["ds_vs_torch_cpu_time"] = plain_cpu / deep_cpu
+    result["load_average_after"] = os.getloadavg()[0]
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         _write_json(out / "throughput.json", result)
@@ -806,6 +941,8 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     init_distributed()
     config = get_cascade_config(args.config)
+    if args.zero_stage is not None:
+        config = dataclasses.replace(config, zero_stage=args.zero_stage)
     if args.throughput_steps:
         measure_throughput(config, args.out, args.throughput_steps)
     else:

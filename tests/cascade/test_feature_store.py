@@ -197,6 +197,21 @@ def test_online_lookups_return_latest_values_until_ds(settings: Settings, applie
     assert items.loc[99].drop("item_genre").isna().all() and items.loc[99, "item_genre"] is None
 
 
+def test_online_user_reader_answers_like_get_online_features(
+    settings: Settings, applied: dict
+) -> None:
+    store = fs.feature_store(settings)
+    reader = fs.OnlineUserReader(store)
+    for user_id, genres in ((1, ["Drama", "Comedy", "Drama"]), (2, ["Drama"]), (12345, ["Drama"])):
+        expected = fs.online_user_features(store, user_id, genres)
+        got = reader.user_features(user_id, genres)
+        assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
+    user, per_genre = reader.user_features(1, ["Drama", "Comedy"])
+    assert user["user_impressions"] == 9.0 and per_genre["Drama"]["ug_ctr"] == pytest.approx(0.4)
+    assert all(math.isnan(v) for v in per_genre["Comedy"].values())
+    assert reader.user_features(1, []) == (user, {})
+
+
 def test_apply_and_materialize_result_and_idempotence(settings: Settings, applied: dict) -> None:
     assert applied == {
         "ds": DS,

@@ -24,5 +24,7 @@ def test_quick_preranking_benchmark_writes_its_figures(
     assert result["ds_vs_torch_throughput"] == pytest.approx(
         result["deepspeed_samples_per_s_1proc"] / result["torch_samples_per_s"]
     )
+    assert result["ds_vs_torch_cpu_time"] > 0
+    assert result["throughput_setup"]["zero_stage"] == 0  # the debug config's stage
     assert 0 < result["score_1000_ms"] < 1_000
     assert result["score_1000_shared_speedup"] > 0

@@ -25,6 +25,7 @@ from models.preranking.cascade_train import (
     fscd_regularizer,
     gate_noise,
     gauc,
+    headline_metrics,
     launch_cascade,
     prepare,
     recall_at_k,
@@ -86,7 +87,7 @@ def test_score_request_shares_the_user_part_and_matches_row_scoring(prepared, ga
         with torch.no_grad():
             model.gate_logits[[1, 12]] = -3.0
     model.eval()
-    candidates = prepared.test_codes[:50]
+    candidates = prepared.test.codes[:50]
     user = candidates[0]
     rows = candidates.clone()
     user_cols = [i for i, f in enumerate(FIELDS) if f.kind == "user"]
@@ -111,7 +112,7 @@ def test_hard_gates_make_dropped_fields_irrelevant(prepared) -> None:
         model.gate_logits[model.gate_fields.index("ug_ctr")] = -1.0
     model.eval()
     assert "ug_ctr" not in model.kept_fields() and len(model.kept_fields()) == len(FIELDS) - 1
-    codes = prepared.test_codes[:20].clone()
+    codes = prepared.test.codes[:20].clone()
     changed = codes.clone()
     changed[:, ug] = (changed[:, ug] + 1) % prepared.encoder.cardinality("ug_ctr")
     with torch.no_grad():
@@ -140,7 +141,7 @@ def test_teacher_and_two_tower_read_the_right_fields(prepared) -> None:
     assert isinstance(teacher, DCNTeacher) and isinstance(tower, TwoTower)
     assert teacher.fields == ALL_FIELDS
     assert set(tower.fields) == {f.name for f in FIELDS if f.kind != "cross"}
-    codes = prepared.test_codes[:8]
+    codes = prepared.test.codes[:8]
     cross = [i for i, f in enumerate(FIELDS) if f.kind == "cross"]
     changed = codes.clone()
     changed[:, cross] = 0
@@ -212,6 +213,63 @@ def test_gauc_and_recall_on_known_cases() -> None:
     assert recall_at_k(-teacher, teacher, users, 2) == 0.0
     assert recall_at_k(np.array([5, 0, 1, 2, 3, 4.0]), teacher, users, 2) == 0.5
     assert math.isnan(recall_at_k(teacher, teacher, users, 6))  # no user with > k candidates
+
+
+def test_prepare_carves_validation_from_the_training_period() -> None:
+    config = cascade_debug()  # test_fraction = validation_fraction = 0.2
+    frame = synthetic_training_frame(1_000, users=40, items=60, seed=3)
+    newcomer = frame[TIMESTAMP].sort_values().iloc[700]  # inside the validation period
+    frame.loc[frame[TIMESTAMP] >= newcomer, "item_id"] = 10**6  # an id training never saw
+    data = prepare(config, frame)
+    assert (len(data.train_labels), len(data.validation.labels), len(data.test.labels)) == (
+        640,
+        160,
+        200,
+    )
+    ordered = frame.sort_values(TIMESTAMP, kind="stable")
+    assert data.test.labels.tolist() == ordered[LABEL].iloc[800:].tolist()
+    assert data.validation.labels.tolist() == ordered[LABEL].iloc[640:800].tolist()
+    # The encoder saw the training rows only: the newcomer is unknown (0) in validation too.
+    item = ALL_FIELDS.index("item_id")
+    assert (data.train_codes[:, item] > 0).all()
+    assert data.validation.codes[-1, item] == 0 and (data.test.codes[:, item] == 0).all()
+    with pytest.raises(ValueError, match="validation_fraction"):
+        CascadeTrainConfig(name="x", validation_fraction=1.0)
+
+
+def _row(model: str, auc: float, cost_ratio: float) -> dict[str, object]:
+    return {
+        "model": model,
+        "auc": auc,
+        "gauc": auc - 0.01,
+        "recall_at_3": 0.5,
+        "cost_ratio": cost_ratio,
+    }
+
+
+def test_strength_is_chosen_on_validation_and_reported_on_test() -> None:
+    """Validation prefers λ=0.01, test would prefer λ=0.03: the run reports λ=0.01's test AUC."""
+    config = cascade_debug()
+    validation = [
+        _row("teacher", 0.80, 1.0),
+        _row("two_tower", 0.74, 0.6),
+        _row("fscd_0.01", 0.79, 0.45),
+        _row("fscd_0.03", 0.77, 0.40),
+        _row("fscd_0.001", 0.795, 0.8),  # best, but over the budget
+    ]
+    test = [
+        _row("teacher", 0.78, 1.0),
+        _row("two_tower", 0.73, 0.6),
+        _row("fscd_0.01", 0.75, 0.45),
+        _row("fscd_0.03", 0.76, 0.40),
+        _row("fscd_0.001", 0.77, 0.8),
+    ]
+    metrics = headline_metrics(validation, test, config)
+    assert metrics["fscd_strength"] == 0.01
+    assert metrics["fscd_auc"] == 0.75 and metrics["fscd_validation_auc"] == 0.79
+    assert metrics["auc_ratio"] == pytest.approx(0.75 / 0.78)
+    assert metrics["validation_auc_ratio"] == pytest.approx(0.79 / 0.80)
+    assert metrics["cost_ratio"] == 0.45 and metrics["teacher_auc"] == 0.78
 
 
 def test_choose_fscd_prefers_best_auc_within_budget() -> None:
@@ -299,6 +357,13 @@ def test_killed_two_process_run_resumes_to_the_same_metrics(
         "two_tower",
         "fscd_0.05",
     }
+    # λ is chosen on validation rows carved from the training period, never on test rows.
+    assert evaluation["selected_on"] == "validation" and evaluation["chosen"] == "fscd_0.05"
+    assert {r["model"] for r in evaluation["validation_rows"]} == {
+        r["model"] for r in evaluation["rows"]
+    }
+    assert evaluation["split_rows"] == {"train": 3_200, "validation": 800, "test": 1_000}
+    assert got["fscd_validation_auc"] > 0.5 and got["fscd_strength"] == 0.05
     # The logged model (torch.export format, traced on 5 rows) scores like the phase's weights.
     mlflow.set_tracking_uri(settings.tracking_uri)
     loaded = mlflow.pytorch.load_model(result["model_uri"])
@@ -310,3 +375,62 @@ def test_killed_two_process_run_resumes_to_the_same_metrics(
     reference.load_state_dict(state)
     with torch.no_grad():
         torch.testing.assert_close(loaded(codes), reference.eval()(codes))
+
+
+DEEPSPEED_MATCHES_PLAIN = """
+import dataclasses, json, sys
+import torch
+from models.preranking import cascade_train as ct
+from models.preranking.config_registry import cascade_debug
+from models.preranking.synthetic_data import synthetic_training_frame
+
+ct.init_distributed()
+config = dataclasses.replace(cascade_debug(), zero_stage=0, bf16=False)
+data = ct.prepare(config, synthetic_training_frame(3_000, users=80, items=120, seed=1))
+cards = data.encoder.cardinalities()
+torch.manual_seed(0)
+plain = ct.PlainTorch(ct.build_network("teacher", config, cards), config)
+torch.manual_seed(0)
+engine = ct.make_engine(ct.build_network("teacher", config, cards), config)
+initial = {k: v.clone() for k, v in plain.module.state_dict().items()}
+for loop in (plain, engine):
+    ct.run_steps(loop, data.train_codes, data.train_labels, config, max_steps=4)
+worst = max(
+    (a - b).abs().max().item()
+    for a, b in zip(plain.module.state_dict().values(), engine.module.state_dict().values())
+)
+moved = max((v - initial[k]).abs().max().item() for k, v in plain.module.state_dict().items())
+print(json.dumps({
+    "worst": worst,
+    "moved": moved,
+    "allreduce": engine.enable_backward_allreduce,
+    "optimizer": type(engine.optimizer).__name__,
+}))
+"""
+
+
+def test_deepspeed_step_is_the_plain_pytorch_step_on_one_process(tmp_path: Path) -> None:
+    """The throughput comparison is fair only if both loops do the same work: same optimizer
+    (Adam, not DeepSpeed's default AdamW), no hidden clipping, identical weights after 4 steps."""
+    import os
+    import subprocess
+    import sys
+
+    from models.preranking.train import torch_extensions_dir
+
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "CASCADE_HOME": str(tmp_path)}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    # The launcher's shared cache: DeepSpeed's CPU comm extension compiles once, not per test.
+    env["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir(env)
+    done = subprocess.run(
+        [sys.executable, "-c", DEEPSPEED_MATCHES_PLAIN],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["moved"] > 1e-3  # training changed the weights
+    assert report["worst"] <= 1e-6, report
+    assert report["optimizer"] == "Adam" and report["allreduce"] is False

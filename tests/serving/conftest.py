@@ -60,7 +60,7 @@ def free_port() -> int:
 
 
 def start_server(
-    workdir: Path, *, poll_s: float = 0.2, max_candidates: int = 10_000
+    workdir: Path, *, poll_s: float = 0.2, max_candidates: int = 10_000, workers: int = 1
 ) -> RunningServer:
     port = free_port()
     champion_file = workdir / "champion.json"
@@ -71,6 +71,7 @@ def start_server(
         "CASCADE_SERVING_PORT": str(port),
         "CASCADE_SERVING_POLL_S": str(poll_s),
         "CASCADE_SERVING_MAX_CANDIDATES": str(max_candidates),
+        "CASCADE_SERVING_WORKERS": str(workers),
         "CASCADE_TEST_CHAMPION_FILE": str(champion_file),
         # The fake server imports serving_fakes from this folder.
         "PYTHONPATH": os.pathsep.join([str(FAKE_SERVER.parent), str(REPO_ROOT)]),

@@ -13,18 +13,24 @@ import serving_fakes
 
 from cascade.config import load_settings
 from serving.preranking import PreRankingModel, ServingConfig
-from serving.server import serve
+from serving.server import serve, workers_from_env
 
 
 def main() -> None:
     settings = load_settings()
     champion_file = Path(os.environ["CASCADE_TEST_CHAMPION_FILE"])
-    model = PreRankingModel(
-        settings=settings,
-        config=ServingConfig.from_env(),
-        backends=serving_fakes.backends(champion_file),
+    config = ServingConfig.from_env()
+    serve(
+        lambda: [
+            PreRankingModel(
+                settings=settings,
+                config=config,
+                backends=serving_fakes.backends(champion_file),
+            )
+        ],
+        settings,
+        workers=workers_from_env(),
     )
-    serve([model], settings)
 
 
 if __name__ == "__main__":

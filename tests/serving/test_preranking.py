@@ -24,8 +24,10 @@ from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE, MODEL_FEATURES
 from cascade.lake import Lake
 from serving.preranking import (
     ItemTable,
+    MalformedRequest,
     PreRankingModel,
     ServingConfig,
+    decode_v2_json,
     lake_item_ids,
     parse_request,
 )
@@ -114,6 +116,21 @@ def test_item_table_gives_nan_features_to_unknown_items() -> None:
     assert table.genres[codes[0]] == serving_fakes.genre_of(2)
     assert table.genres[codes[2]] == serving_fakes.genre_of(1)
     assert codes[1] == -1 and codes[3] == -1
+
+
+def test_item_table_lookup_is_the_same_for_dense_and_sparse_ids() -> None:
+    """Dense ids take the flat-array path, huge ids the hash-index path: same answers."""
+    frame = serving_fakes.item_features(serving_fakes.FakeStore(), [1, 2, 3, 50])
+    sparse = frame.set_axis(frame.index * 10**12, axis=0)
+    queries = np.array([3, -1, 2, 10**7, 50, 1, 4])
+    dense_table, sparse_table = ItemTable.from_frame(frame), ItemTable.from_frame(sparse)
+    assert dense_table._row_of_id is not None and sparse_table._row_of_id is None
+    got_dense, got_codes = dense_table.lookup(queries)
+    want_dense, want_codes = sparse_table.lookup(np.where(queries > 0, queries * 10**12, queries))
+    np.testing.assert_array_equal(got_dense, want_dense)
+    np.testing.assert_array_equal(got_codes, want_codes)
+    assert (got_codes[[1, 3, 6]] == -1).all() and (got_codes[[0, 2, 4, 5]] >= 0).all()
+    assert ItemTable.from_frame(frame.iloc[:0]).lookup(np.array([1]))[1].tolist() == [-1]
 
 
 def test_item_table_names_missing_columns() -> None:
@@ -309,3 +326,67 @@ def test_lake_item_ids_reads_every_partition_of_the_item_view(tmp_path: Path) ->
         )
     (root / "_SUCCESS").write_text("")
     assert lake_item_ids(settings) == [1, 2, 3]
+
+
+# The JSON route's codec ------------------------------------------------------------------------
+
+
+def test_decode_v2_json_builds_the_request_parse_request_reads() -> None:
+    body = (
+        b'{"id": "r9", "inputs": ['
+        b'{"name": "user_id", "datatype": "INT64", "shape": [1], "data": [5]},'
+        b'{"name": "item_ids", "datatype": "INT64", "shape": [3], "data": [7, 9, 11]}]}'
+    )
+    decoded = decode_v2_json(body, "preranking")
+    assert decoded.id == "r9"
+    user_id, item_ids = parse_request(decoded, max_candidates=10)
+    assert user_id == 5 and item_ids.tolist() == [7, 9, 11]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "not JSON"),
+        (b"[1]", "JSON list"),
+        (b'{"inputs": 5}', "'inputs' must be a list"),
+        (b'{"id": 3, "inputs": []}', "'id' must be a string"),
+        (b'{"inputs": [7]}', r"inputs\[0\] must be an object"),
+        (b'{"inputs": [{"name": "user_id", "shape": [1], "data": [1]}]}', "'datatype'"),
+        (
+            b'{"inputs": [{"name": "u", "datatype": "INT64", "shape": "1", "data": [1]}]}',
+            "list of integers",
+        ),
+        (b'{"inputs": [{"name": "u", "datatype": "INT64", "shape": [1], "data": 1}]}', "'data'"),
+    ],
+)
+def test_decode_v2_json_names_what_is_malformed(body: bytes, message: str) -> None:
+    with pytest.raises(MalformedRequest, match=message):
+        decode_v2_json(body, "preranking")
+
+
+def test_encode_v2_json_matches_kserve_to_rest(model: PreRankingModel, champion_file: Path) -> None:
+    import orjson
+
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+    body = orjson.dumps(
+        {
+            "id": "abc",
+            "inputs": [
+                {"name": "user_id", "datatype": "INT64", "shape": [1], "data": [5]},
+                {"name": "item_ids", "datatype": "INT64", "shape": [3], "data": [3, 4, 999]},
+            ],
+        }
+    )
+    ours = orjson.loads(asyncio.run(model.infer_json(body)))
+    reference, _ = infer(model, 5, [3, 4, 999], request_id="abc").to_rest()
+    assert ours["id"] == reference["id"] == "abc"
+    assert (
+        ours["parameters"] == reference["parameters"] == {"model_version": "1", "run_id": "run-1"}
+    )
+    assert ours["model_version"] == reference["model_version"]
+    (out,), (ref,) = ours["outputs"], reference["outputs"]
+    assert (out["name"], out["datatype"], out["shape"]) == (ref["name"], ref["datatype"], [3])
+    np.testing.assert_allclose(out["data"], ref["data"], rtol=1e-6)
+    with pytest.raises(InvalidInput, match="ids must be integers"):
+        asyncio.run(model.infer_json(body.replace(b"[3,4,999]", b"[3,4,true]")))

@@ -179,3 +179,35 @@ def test_not_ready_then_champion_then_hot_swap_without_restart(tmp_path: Path) -
         exit_s = server.stop()
     assert server.proc.returncode is not None
     assert exit_s < 15, f"took {exit_s:.1f}s to stop on SIGTERM"
+
+
+def test_two_workers_share_one_port_and_stop_together(tmp_path: Path) -> None:
+    serving_fakes.write_champion(tmp_path / "champion.json", "1", seed=1)
+    server = start_server(tmp_path, workers=2)
+    try:
+        workers = psutil.Process(server.proc.pid).children()
+        assert len(workers) == 2, server.log()
+        deadline = time.monotonic() + 30
+        in_a_row = 0
+        while in_a_row < 10 and time.monotonic() < deadline:
+            # A new connection each time, accepted by either worker.
+            ready = requests.get(f"{server.url}/v2/models/preranking/ready", timeout=5)
+            in_a_row = in_a_row + 1 if ready.status_code == 200 else 0
+            time.sleep(0.05)
+        assert in_a_row >= 10, server.log()
+        for n in range(20):
+            response = post(server, body(n + 1, [1, 2, 3]))
+            assert response.status_code == 200, response.text
+        assert post(server, body(1, [])).status_code == 400
+        listening = [
+            (c.laddr.ip, c.laddr.port)
+            for process in [psutil.Process(server.proc.pid), *workers]
+            for c in process.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN
+        ]
+        # One SO_REUSEPORT socket per worker, both on the loopback port, none elsewhere.
+        assert listening == [("127.0.0.1", server.port)] * 2
+    finally:
+        exit_s = server.stop()
+    assert exit_s < 15, f"took {exit_s:.1f}s to stop on SIGTERM"
+    assert not any(w.is_running() for w in workers)

@@ -1,0 +1,440 @@
+"""Benchmark ``serving``: the real pre-ranking server under load, user features included.
+
+    cascade bench serving --candidates 1000 --clients 8 --out bench-results/serving.json
+    cascade bench serving --out /tmp/serving.json --quick         # smoke, ~1 min
+
+It builds a private stack in a temporary folder, started and stopped by the benchmark, so a
+running local stack is never touched:
+
+* feature snapshots of a synthetic log (943 users, 1,682 items: MovieLens-100k's sizes) written
+  to the lake as the CTR job writes them, then ``feast apply`` + materialize into the SQLite
+  online store (:func:`cascade.feature_store.apply_and_materialize`);
+* a small :class:`~models.preranking.model.PreRanker` trained on that log, logged to a SQLite
+  MLflow and promoted to ``champion`` by :func:`cascade.registry.register_and_promote`;
+* ``python -m serving.server`` with ``--workers`` processes (default 2, one per core here),
+  which loads the champion from the registry, holds the item features in memory and reads each
+  request's user features from the online store.
+
+A load generator in a separate process (:mod:`serving.load_generator`) then runs ``--clients``
+closed-loop clients, each sending 1 user x ``--candidates`` item ids per request, and reports
+latency percentiles over the measured window (warm-up excluded), with the server's CPU time per
+request and the machine's load average (other work on a shared machine shows up in p99).
+Before the load, malformed requests are sent to check that each is answered 4xx. A full run
+then repeats the load with the other process count (``with_1_workers``). Options (environment
+variable): ``--candidates`` (CASCADE_BENCH_SERVING_CANDIDATES), ``--clients``
+(CASCADE_BENCH_SERVING_CLIENTS), ``--seconds`` (CASCADE_BENCH_SERVING_SECONDS, measured window),
+``--workers`` (CASCADE_BENCH_SERVING_WORKERS).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cascade.config import REPO_ROOT, Settings, load_settings
+from cascade.ctr_schema import (
+    ITEM_FEATURES,
+    ITEM_GENRE,
+    LABEL,
+    TIMESTAMP,
+    USER_FEATURES,
+    USER_GENRE_FEATURES,
+)
+from cascade.lake import Lake
+
+DS = "2026-02-01"
+"""Partition of the private lake; the synthetic log ends the day before."""
+USERS, ITEMS = 943, 1_682
+LOG_ROWS = 40_000
+GOAL_P99_MS = 15.0
+
+_INT_FEATURES = {"user_impressions", "user_clicks", "user_age", "item_impressions"}
+_INT_FEATURES |= {"item_clicks", "item_release_year", "ug_impressions", "ug_clicks"}
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an integer") from None
+    if number < 1:
+        raise ValueError(f"{name} must be >= 1, got {number}")
+    return number
+
+
+def _snapshot(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pa.Table:
+    """The latest row per key, as the CTR job writes a view (int64 counts, us UTC times)."""
+    latest = frame.sort_values(TIMESTAMP, kind="stable").groupby(keys, as_index=False).last()
+    fields = []
+    data: dict[str, Any] = {}
+    for name in [*keys, TIMESTAMP, *columns]:
+        values = latest[name]
+        if name == TIMESTAMP:
+            fields.append(pa.field(name, pa.timestamp("us", tz="UTC")))
+            data[name] = pa.array(values.dt.as_unit("us"), type=pa.timestamp("us", tz="UTC"))
+        elif name in ("genre", ITEM_GENRE):
+            fields.append(pa.field(name, pa.string()))
+            data[name] = pa.array(values.astype(object), type=pa.string())
+        elif name in _INT_FEATURES or name in ("user_id", "item_id"):
+            fields.append(pa.field(name, pa.int64()))
+            data[name] = pa.array(values.astype("Int64"), type=pa.int64())
+        else:
+            fields.append(pa.field(name, pa.float64()))
+            data[name] = pa.array(values.astype(np.float64), type=pa.float64())
+    return pa.table(data, schema=pa.schema(fields))
+
+
+def write_feature_lake(frame: pd.DataFrame, lake: Lake, ds: str) -> None:
+    """The three CTR views of ``frame`` (latest snapshot per key) as partition ``ds``."""
+    items = frame.rename(columns={"genre": ITEM_GENRE})
+    views = {
+        "user": _snapshot(frame, ["user_id"], list(USER_FEATURES)),
+        "item": _snapshot(items, ["item_id"], [*ITEM_FEATURES, ITEM_GENRE]),
+        "user_genre": _snapshot(frame, ["user_id", "genre"], list(USER_GENRE_FEATURES)),
+    }
+    for view, table in views.items():
+        folder = lake.ctr_features(view, ds)
+        folder.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, folder / "part-00000.parquet")
+
+
+def train_and_promote(frame: pd.DataFrame, settings: Settings, ds: str) -> dict[str, Any]:
+    """Train a small PreRanker on ``frame`` (plain Adam, seconds), log it, make it champion."""
+    import torch
+
+    from cascade.registry import register_and_promote
+    from models.preranking.config_registry import preranking_debug
+    from models.preranking.inference import frame_inputs
+    from models.preranking.model import PreRanker
+    from models.preranking.train import evaluate, log_run, time_split
+
+    config = preranking_debug()
+    train, test = time_split(frame, config.test_fraction)
+    dense, user, item = frame_inputs(train)
+    label = torch.from_numpy(train[LABEL].to_numpy(np.float32))
+    torch.manual_seed(config.seed)
+    model = PreRanker(config.model)
+    model.fit_normalizer(dense)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    for epoch in range(config.epochs):
+        order = torch.randperm(len(label), generator=torch.Generator().manual_seed(epoch))
+        for start in range(0, len(order), config.batch_size):
+            idx = order[start : start + config.batch_size]
+            loss = loss_fn(model(dense[idx], user[idx], item[idx]), label[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    model.eval()
+    metrics = {"test_auc": evaluate(model, test)["auc"]}
+    log_run(
+        model,
+        config,
+        out=Lake(settings.lake_root).reports("train", ds),
+        ds=ds,
+        metrics=metrics,
+        params={"data": "synthetic serving-benchmark log", "train_rows": len(train)},
+        input_example=test,
+        settings=settings,
+    )
+    return {**register_and_promote(ds, settings=settings), **metrics}
+
+
+def _post(url: str, body: bytes) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status), response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode(errors="replace")
+
+
+BAD_REQUESTS: dict[str, bytes] = {
+    "not JSON": b"{not json",
+    "JSON, not an object": b"[1, 2, 3]",
+    "inputs not a list": b'{"inputs": "user_id"}',
+    "no inputs": b'{"inputs": []}',
+    "float ids": (
+        b'{"inputs": [{"name": "user_id", "datatype": "INT64", "shape": [1], "data": [1]},'
+        b'{"name": "item_ids", "datatype": "INT64", "shape": [2], "data": [1.5, 2]}]}'
+    ),
+    "string ids": (
+        b'{"inputs": [{"name": "user_id", "datatype": "INT64", "shape": [1], "data": ["a"]},'
+        b'{"name": "item_ids", "datatype": "INT64", "shape": [1], "data": [1]}]}'
+    ),
+    "shape and data disagree": (
+        b'{"inputs": [{"name": "user_id", "datatype": "INT64", "shape": [1], "data": [1]},'
+        b'{"name": "item_ids", "datatype": "INT64", "shape": [3], "data": [1, 2]}]}'
+    ),
+    "id beyond INT64": (
+        b'{"inputs": [{"name": "user_id", "datatype": "INT64", "shape": [1], '
+        b'"data": [99999999999999999999999]},'
+        b'{"name": "item_ids", "datatype": "INT64", "shape": [1], "data": [1]}]}'
+    ),
+    "data not a list": (
+        b'{"inputs": [{"name": "user_id", "datatype": "INT64", "shape": [1], "data": 1},'
+        b'{"name": "item_ids", "datatype": "INT64", "shape": [1], "data": [1]}]}'
+    ),
+}
+"""Malformed requests, each of which must get a 4xx (never a 5xx, never a score)."""
+
+
+def probe_bad_requests(base_url: str) -> dict[str, int]:
+    """HTTP status per malformed request."""
+    url = f"{base_url}/v2/models/preranking/infer"
+    return {name: _post(url, body)[0] for name, body in BAD_REQUESTS.items()}
+
+
+class Server:
+    """``python -m serving.server`` in its own session, against the private stack."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        with log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "serving.server"],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    def cpu_seconds(self) -> float:
+        """CPU time of the server and its worker processes so far."""
+        import psutil
+
+        parent = psutil.Process(self.proc.pid)
+        total = 0.0
+        for process in [parent, *parent.children(recursive=True)]:
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+        return total
+
+    def wait_ready(self, timeout_s: float) -> float:
+        import urllib.error
+        import urllib.request
+
+        started = time.monotonic()
+        ready_in_a_row = 0
+        while time.monotonic() - started < timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"serving.server exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(
+                    f"{self.url}/v2/models/preranking/ready", timeout=2
+                ) as answer:
+                    ready_in_a_row = ready_in_a_row + 1 if answer.status == 200 else 0
+            except (urllib.error.URLError, OSError):
+                ready_in_a_row = 0
+            # Each probe is a new connection, taken by whichever worker accepts first: a run
+            # of successes means every worker has loaded the champion.
+            if ready_in_a_row >= 10:
+                return time.monotonic() - started
+            time.sleep(0.05 if ready_in_a_row else 0.2)
+        raise TimeoutError(f"model not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def measure(
+    *,
+    workdir: Path,
+    env: dict[str, str],
+    port: int,
+    workers: int,
+    ids: Path,
+    clients: int,
+    candidates: int,
+    seconds: float,
+    warmup: float,
+) -> dict[str, Any]:
+    """Start the server with ``workers`` processes, probe bad requests, run the load."""
+    server = Server(
+        {**env, "CASCADE_SERVING_WORKERS": str(workers)},
+        workdir / f"server-{workers}.log",
+        port,
+    )
+    try:
+        ready_s = server.wait_ready(240)
+        bad = probe_bad_requests(server.url)
+        load_out = workdir / f"load-{workers}.json"
+        load_before = os.getloadavg()[0]
+        cpu_before = server.cpu_seconds()
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "serving.load_generator",
+                "--url",
+                server.url,
+                "--ids",
+                str(ids),
+                "--clients",
+                str(clients),
+                "--candidates",
+                str(candidates),
+                "--seconds",
+                str(seconds),
+                "--warmup-seconds",
+                str(warmup),
+                "--out",
+                str(load_out),
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=seconds + warmup + 120,
+        )
+        server_cpu = server.cpu_seconds() - cpu_before
+        if done.returncode != 0 or not load_out.exists():
+            raise RuntimeError(f"load generator failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        load = json.loads(load_out.read_text())
+    finally:
+        server.stop()
+    # Server CPU spans warm-up and measured window; so does the request count below.
+    return {
+        **load,
+        "workers": workers,
+        "server_ready_s": ready_s,
+        "server_cpu_ms_per_request": server_cpu / max(1, load["requests"]) * 1e3,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg()[0],
+        "bad_request_status": bad,
+    }
+
+
+def run(out: Path, quick: bool) -> dict[str, Any]:
+    from cascade.feature_store import apply_and_materialize
+    from models.preranking.synthetic_data import synthetic_training_frame
+
+    candidates = _env_int("CASCADE_BENCH_SERVING_CANDIDATES", 1_000)
+    clients = _env_int("CASCADE_BENCH_SERVING_CLIENTS", 8)
+    seconds = _env_int("CASCADE_BENCH_SERVING_SECONDS", 3 if quick else 30)
+    workers = _env_int("CASCADE_BENCH_SERVING_WORKERS", 2)
+    warmup = 1.0 if quick else 5.0
+    if candidates > ITEMS:
+        raise ValueError(f"--candidates {candidates}: the benchmark catalogue has {ITEMS} items")
+    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
+        workdir = Path(tmp)
+        home = workdir / "home"
+        port = _free_port()
+        env = {
+            **os.environ,
+            "CASCADE_PROFILE": "local",
+            "CASCADE_HOME": str(home),
+            "CASCADE_MLFLOW_URI": f"sqlite:///{home / 'mlflow.db'}",
+            "CASCADE_SERVING_PORT": str(port),
+            "CASCADE_SERVING_MAX_CANDIDATES": str(max(candidates, 10_000)),
+        }
+        settings = load_settings(env)
+        home.mkdir(parents=True)
+        started = time.monotonic()
+        frame = synthetic_training_frame(
+            LOG_ROWS, users=USERS, items=ITEMS, seed=7, end="2026-01-31"
+        )
+        write_feature_lake(frame, Lake(settings.lake_root), DS)
+        apply_and_materialize(DS, settings=settings)
+        promoted = train_and_promote(frame, settings, DS)
+        ids = workdir / "ids.json"
+        ids.write_text(
+            json.dumps(
+                {
+                    "users": sorted(int(u) for u in frame["user_id"].unique()),
+                    "items": list(range(1, ITEMS + 1)),
+                }
+            )
+        )
+        setup_s = time.monotonic() - started
+        load = functools.partial(
+            measure,
+            workdir=workdir,
+            env=env,
+            port=port,
+            ids=ids,
+            clients=clients,
+            candidates=candidates,
+            seconds=seconds,
+            warmup=warmup,
+        )
+        main = load(workers=workers)
+        # For the record, the other process count (1 when the main run used several).
+        other = None if quick else load(workers=1 if workers > 1 else 2)
+    result = {
+        **main,
+        "goal_p99_ms": GOAL_P99_MS,
+        "meets_goal": main["p99_ms"] is not None and main["p99_ms"] <= GOAL_P99_MS,
+        "quick": quick,
+        "bad_requests_all_4xx": all(400 <= s < 500 for s in main["bad_request_status"].values()),
+        "setup": {
+            "users": USERS,
+            "items": ITEMS,
+            "log_rows": LOG_ROWS,
+            "online_store": "feast sqlite (local profile)",
+            "registry": "mlflow sqlite",
+            "model_version": promoted["version"],
+            "model_test_auc": promoted["test_auc"],
+            "setup_s": setup_s,
+            "torch_threads_per_worker": 1,
+        },
+    }
+    if other is not None:
+        result[f"with_{other['workers']}_workers"] = {
+            k: other[k]
+            for k in (
+                "p50_ms",
+                "p90_ms",
+                "p99_ms",
+                "rps",
+                "errors",
+                "server_cpu_ms_per_request",
+                "load_average_before",
+            )
+        }
+    return result
