@@ -254,6 +254,51 @@ def build_training_set(ds: str, *, settings: Settings | None = None) -> Path:
     return path
 
 
+CROSS_FEATURE_SERVICE = "ctr_cross_v1"
+
+
+def cross_repo_objects(*, settings: Settings, source: str = "generated") -> list[Any]:
+    """The cross-statistics entities, one view per pair and ``ctr_cross_v1``, with sources
+    over the pair folders of the given log ``source`` (see ``features/ctr/cross_views.py``)."""
+    entities = repo_module("common.entities")
+    cross = repo_module("ctr.cross_views")
+    views = cross.cross_feature_views(
+        {pair: cross.cross_source(pair, settings=settings, source=source) for pair in cross.PAIRS}
+    )
+    service = cross.cross_service(views)
+    if service.name != CROSS_FEATURE_SERVICE:
+        raise RuntimeError(
+            f"the repo defines {service.name!r} but cascade.feature_store serves "
+            f"{CROSS_FEATURE_SERVICE!r}; update CROSS_FEATURE_SERVICE together with the views"
+        )
+    extra = [cross.user_segment, cross.item_category, cross.context, cross.position]
+    return [entities.user, entities.item, *extra, *views, service]
+
+
+def cross_features_at(
+    entity_rows: pd.DataFrame,
+    pair: str,
+    *,
+    settings: Settings | None = None,
+    source: str = "generated",
+) -> pd.DataFrame:
+    """Point-in-time cross features of one pair for ``entity_rows`` (the pair's key columns and
+    ``event_timestamp``): each row gets the newest partition with ``event_timestamp <=`` its
+    own, i.e. statistics of windows that ended before it (NaN when none or stale).
+
+    Applies the cross views first (idempotent), so a training-set builder can call it alone.
+    """
+    settings = settings or load_settings()
+    store = feature_store(settings)
+    store.apply(cross_repo_objects(settings=settings, source=source))
+    view = store.get_feature_view(f"cross_{pair}")
+    refs = [f"{view.name}:{f.name}" for f in view.features]
+    rows = entity_rows.copy()
+    rows[TIMESTAMP] = pd.to_datetime(rows[TIMESTAMP], utc=True)
+    found = store.get_historical_features(entity_df=rows, features=refs).to_df()
+    return found
+
+
 def _nan_if_missing(value: Any) -> float:
     return math.nan if value is None else float(value)
 

@@ -20,13 +20,22 @@ last impression and last click) and a time-decayed smoothed CTR (half-life weigh
 The Beta(a, b) priors are fitted to the data by the method of moments, one per pair, window and
 statistic (see :func:`beta_from_moments`), never a constant.
 
-Passes over the input: (1) a narrow pass (position, click, timestamp) for the examination
-probability of each position, ``ctr(position) / ctr(top position)`` (unbiased when positions are
-assigned independently of relevance, as in the generator; on logs ranked by relevance it
-overstates the bias and should come from a randomized slice instead); (2) ONE aggregation for
-all pairs and windows (Spark grouping sets: one scan, one shuffle), cached because it is small;
-the priors and per-pair writes then read the cache. Row-level rule violations are counted in
-pass 2 (an Observation) and written to the quarantine partition with a ``reason``.
+Passes over the input: (1) a pass for the examination probability of each position,
+``ctr(position) / ctr(top position)`` (unbiased when positions are assigned independently of
+relevance, as in the generator; on logs ranked by relevance it overstates the bias and should
+come from a randomized slice instead), which also counts input, quarantined and future rows
+(an Observation); (2) one aggregation for all pairs and windows (:func:`cross_aggregate`),
+cached because it is small next to the input; the priors and per-pair writes then read the
+cache. Rows breaking a row rule are written to the quarantine partition with a ``reason``.
+
+Why pass 2 runs the way it does (measured on ``local[2]``, see :mod:`jobs.ctr_cross_stats_bench`):
+most pairs are sparse (user x category, context x item: a few impressions per key), so a
+map-side partial aggregation hardly reduces the rows but builds a hash map as large as its
+input split, which spills and falls back to sorting (with grouping sets, at 10M impressions
+the map stage ran ~160 s with 2.8 GB spilled). Pass 2 therefore skips the partial aggregation
+(``spark.sql.execution.bypassPartialAggregation``), shuffles per pair only that pair's keys
+and values (no grouping-set expansion carrying every key column), and lets AQE coalesce the
+reduce partitions to ``aggregate_partition_bytes``, so each final hash map stays small.
 
 Outputs under the lake: ``features/ctr_cross/<source>/<pair>/dt=<ds>/`` per pair,
 ``quarantine/<source>_log/dt=<ds>/`` and ``reports/ctr_cross_stats_<source>/dt=<ds>/summary.json``
@@ -41,7 +50,8 @@ import json
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +122,11 @@ class CrossStatsConfig:
     row_count_tolerance: float = 0.5
     """The gate fails when a pair's row count moves more than this fraction from the
     previous partition's."""
+    aggregate_partitions: int = 200
+    """Shuffle partitions of the cross aggregation before AQE coalesces them: an upper bound,
+    so large inputs get many small final hash maps (no spill)."""
+    aggregate_partition_bytes: int = 16 << 20
+    """AQE target of one coalesced reduce partition of the cross aggregation (shuffle bytes)."""
     windows: tuple[int, ...] = field(init=False)
     """``windows_days`` sorted and deduplicated (derived; not an argument)."""
 
@@ -132,6 +147,10 @@ class CrossStatsConfig:
             raise ValueError("output_files must be >= 1, max_quarantine_fraction in [0, 1]")
         if self.row_count_tolerance < 0:
             raise ValueError("row_count_tolerance must be >= 0")
+        if self.aggregate_partitions < 1 or self.aggregate_partition_bytes < 1 << 20:
+            raise ValueError(
+                "aggregate_partitions must be >= 1 and aggregate_partition_bytes >= 1 MiB"
+            )
         self.windows = tuple(sorted(set(self.windows_days)))
 
     @property
@@ -206,29 +225,35 @@ def with_examination(log: DataFrame, examination: dict[int, float]) -> DataFrame
 
 
 def grouping_id(pair: CrossPair, key_columns: Sequence[str]) -> int:
-    """Spark's ``grouping_id()`` of the pair's grouping set (bit set = column not grouped)."""
+    """The pair's ``gid`` in the aggregate: the bitmask Spark's ``grouping_id()`` gives its
+    grouping set (bit set = key column not grouped), stable across runs and configs."""
     n = len(key_columns)
     return sum(1 << (n - 1 - i) for i, c in enumerate(key_columns) if c not in pair.keys)
 
 
 def cross_aggregate(log: DataFrame, config: CrossStatsConfig, *, cutoff: dt.datetime) -> DataFrame:
-    """One aggregation for all pairs and windows (grouping sets): the key columns, ``gid``, and
-    per window ``imp_<w>``, ``clk_<w>``, ``exam_<w>``; ``last_imp_us``, ``last_click_us``,
-    ``dec_imp``, ``dec_clk`` over the longest window.
+    """All pairs and windows: the key columns (null where a pair does not use them), per
+    window ``imp_<w>``, ``clk_<w>``, ``exam_<w>``; ``last_imp_us``, ``last_click_us``,
+    ``dec_imp``, ``dec_clk`` over the longest window, and ``gid`` (:func:`grouping_id`).
 
     Input: clean rows of :func:`in_lookback` (``age_us``) with ``exam``.
+
+    One aggregation per pair over the same input, unioned: Spark scans the input once per
+    pair, each scan reading and shuffling only that pair's keys and the row values. Grouping
+    sets would scan once but shuffle every row once per pair with ALL key columns (null where
+    unused), the wider and slower plan when most pairs are sparse; a scan of the narrow
+    columns costs far less than the shuffle it replaces.
     """
     cutoff_us = int(cutoff.timestamp()) * 1_000_000
     decay_per_us = math.log(2.0) / (config.half_life_days * MICROS_PER_DAY)
     keys = list(config.key_columns)
-    # Per-row values are computed once, before the grouping sets copy each row per pair.
-    rows = log.select(
-        *keys,
-        "age_us",
-        "click",
-        "exam",
+    key_types = dict(log.select(*keys).dtypes)
+    values = [
+        F.col("age_us"),
+        F.col("click"),
+        F.col("exam"),
         F.exp(F.col("age_us") * -decay_per_us).alias("decay"),
-    )
+    ]
     aggregates: list[Column] = []
     for w in config.windows:
         inside = F.col("age_us") <= w * MICROS_PER_DAY
@@ -244,10 +269,30 @@ def cross_aggregate(log: DataFrame, config: CrossStatsConfig, *, cutoff: dt.date
         ),
         F.sum("decay").alias("dec_imp"),
         F.sum(F.col("decay") * F.col("click")).alias("dec_clk"),
-        F.grouping_id().alias("gid"),
     ]
-    grouping_sets = [list(pair.keys) for pair in config.pairs]
-    return rows.groupingSets(grouping_sets, *keys).agg(*aggregates)
+    rows = log.select(*keys, *values)
+    branches: list[DataFrame] = []
+    for pair in config.pairs:
+        grouped = rows.groupBy(*pair.keys).agg(*aggregates)
+        branches.append(
+            grouped.select(
+                *[
+                    F.col(k) if k in pair.keys else F.lit(None).cast(key_types[k]).alias(k)
+                    for k in keys
+                ],
+                *_aggregate_names(config),
+                F.lit(grouping_id(pair, keys)).cast("long").alias("gid"),
+            )
+        )
+    aggregate = branches[0]
+    for branch in branches[1:]:
+        aggregate = aggregate.unionByName(branch)
+    return aggregate
+
+
+def _aggregate_names(config: CrossStatsConfig) -> list[str]:
+    windowed = [f"{s}_{w}" for w in config.windows for s in ("imp", "clk", "exam")]
+    return [*windowed, "last_imp_us", "last_click_us", "dec_imp", "dec_clk"]
 
 
 STATISTICS = ("ctr", "dctr")
@@ -261,8 +306,8 @@ def trials_and_clicks(statistic: str, window: int | None) -> tuple[str, str]:
 
 
 def prior_moments(aggregate: DataFrame, config: CrossStatsConfig) -> DataFrame:
-    """Per ``gid``: K (keys with trials > 0), N (sum of trials), C (sum of clicks), Q (sum of
-    clicks^2 / trials) for every (statistic, window) and for the decayed CTR."""
+    """Per ``gid``: ``rows`` (keys), K (keys with trials > 0), N (sum of trials), C (sum of
+    clicks), Q (sum of clicks^2 / trials) for every (statistic, window) and the decayed CTR."""
     columns: list[Column] = []
     targets = [(s, w) for s in STATISTICS for w in config.windows] + [("decay", None)]
     for statistic, window in targets:
@@ -275,7 +320,7 @@ def prior_moments(aggregate: DataFrame, config: CrossStatsConfig) -> DataFrame:
             F.sum(F.when(seen, clicks)).alias(f"C_{tag}"),
             F.sum(F.when(seen, clicks * clicks / trials)).alias(f"Q_{tag}"),
         ]
-    return aggregate.groupBy("gid").agg(*columns)
+    return aggregate.groupBy("gid").agg(F.count(F.lit(1)).alias("rows"), *columns)
 
 
 def beta_from_moments(
@@ -411,6 +456,36 @@ def read_log(
     raise ValueError(f"unknown source {source!r}; one of {SOURCES}")
 
 
+@contextmanager
+def sql_conf(spark: SparkSession, values: dict[str, str]) -> Iterator[None]:
+    """Set session SQL options for one block and restore the previous values afterwards, so
+    a tuning meant for one query does not leak into the caller's session."""
+    previous = {key: spark.conf.get(key, None) for key in values}
+    for key, value in values.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+def aggregate_conf(config: CrossStatsConfig) -> dict[str, str]:
+    """Session options of pass 2 (see the module docstring for why)."""
+    return {
+        "spark.sql.execution.bypassPartialAggregation": "true",
+        "spark.sql.shuffle.partitions": str(config.aggregate_partitions),
+        "spark.sql.adaptive.enabled": "true",
+        # Without this a cached plan keeps all aggregate_partitions (AQE is off inside caches).
+        "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
+        "spark.sql.adaptive.coalescePartitions.enabled": "true",
+        "spark.sql.adaptive.advisoryPartitionSizeInBytes": str(config.aggregate_partition_bytes),
+    }
+
+
 def compute(
     log: DataFrame,
     config: CrossStatsConfig,
@@ -421,33 +496,40 @@ def compute(
     """Run passes 1 and 2; return (cached aggregate, facts: examination, priors, row counts).
 
     The caller unpersists the aggregate. ``observation``, when given, counts input rows,
-    quarantined rows and rows in the lookback during pass 2.
+    quarantined rows and clean rows at or after the cut-off during pass 1.
     """
     lookback = max(config.windows)
     checked = clip_position(with_reason(log, config.key_columns), config.max_position)
-    # Pass 1 (narrow): examination per position from clean rows in the longest window.
-    narrow = in_lookback(
-        checked.select("position", "click", TIMESTAMP, "reason"), cutoff=cutoff, days=lookback
-    ).filter(F.col("reason").isNull())
-    counts = [(r["position"], r["imp"], r["clk"]) for r in position_clicks(narrow).collect()]
-    examination = examination_by_position(counts)
-
-    # Pass 2: every pair and window in one aggregation.
+    # Pass 1: examination per position from clean rows in the longest window; the same scan
+    # counts every input row (pass 2 reads the input once per shuffle, so it cannot).
+    narrow = checked.select("position", "click", TIMESTAMP, "reason")
     if observation is not None:
         age = F.unix_micros(F.lit(cutoff)) - F.unix_micros(F.col(TIMESTAMP))
-        checked = checked.observe(
+        narrow = narrow.observe(
             observation,
             F.count(F.lit(1)).alias("input_rows"),
             F.count(F.col("reason")).alias("quarantined_rows"),
             F.count(F.when(F.col("reason").isNull() & (age <= 0), 1)).alias("future_rows"),
         )
+    narrow = in_lookback(narrow, cutoff=cutoff, days=lookback).filter(F.col("reason").isNull())
+    counts = [(r["position"], r["imp"], r["clk"]) for r in position_clicks(narrow).collect()]
+    examination = examination_by_position(counts)
+
+    # Pass 2: every pair and window (see cross_aggregate for the shuffles).
     clean = in_lookback(checked, cutoff=cutoff, days=lookback).filter(F.col("reason").isNull())
     aggregate = cross_aggregate(with_examination(clean, examination), config, cutoff=cutoff)
-    aggregate = aggregate.persist(StorageLevel.MEMORY_AND_DISK)
-    key_rows = aggregate.count()
+    with sql_conf(log.sparkSession, aggregate_conf(config)):
+        # Planned (at persist) and built (by the first action) under pass 2's options only:
+        # the small aggregations after it keep their partial aggregation. Each cached
+        # partition holds one pair (a union keeps its branches' partitions apart), so a
+        # pair's write skips the others' batches by their gid min/max.
+        aggregate = aggregate.persist(StorageLevel.MEMORY_AND_DISK)
+        aggregate.select("gid").write.format("noop").mode("overwrite").save()
+    moment_rows = prior_moments(aggregate, config).collect()
+    key_rows = sum(int(r["rows"]) for r in moment_rows)
 
     priors: dict[str, dict[str, tuple[float, float]]] = {}
-    moments = {r["gid"]: r.asDict() for r in prior_moments(aggregate, config).collect()}
+    moments = {r["gid"]: r.asDict() for r in moment_rows}
     for pair in config.pairs:
         row = moments.get(grouping_id(pair, config.key_columns), {})
         priors[pair.name] = {}
@@ -555,6 +637,7 @@ def _run(
         "source": source,
         "input_rows": int(seen["input_rows"]) + adapter_bad,
         "quarantined_rows": quarantined + adapter_bad,
+        "adapter_quarantined_rows": adapter_bad,
         "future_rows_ignored": int(seen["future_rows"]),
         "rows": rows,
         "paths": paths,

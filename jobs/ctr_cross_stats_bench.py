@@ -13,6 +13,11 @@ not in ``<lake>/bench/impressions/`` yet (:mod:`jobs.impression_log`, seed 7), t
 * ``reference_s``: the same counts and smoothed CTRs in pandas on one core (only up to
   ``REFERENCE_MAX_ROWS``; the time includes reading the parquet).
 
+At the smallest size the learned cross features (:mod:`jobs.ctr_learned_cross`) are fitted
+on the job's ``user_cat`` output (30-day smoothed CTR) and scored on held-out pairs:
+``learned_cross`` holds their storage saving against the explicit table and their error
+(RMSE, Spearman) predicting the held-out explicit statistic, beside the additive baseline.
+
 ``ratio = job_s / scan_s``; ``ns_per_row`` per size and its growth from the smallest to the
 largest size; ``peak_rss_mb`` is the peak resident memory of this process plus the Spark JVM
 (sampled every 0.2 s during the job). Medians over ``repeats`` runs.
@@ -37,6 +42,8 @@ from jobs import impression_log
 DS = "2026-11-22"
 FULL_SIZES = (1_000_000, 10_000_000, 30_000_000)
 QUICK_SIZES = (100_000,)
+LEARNED_PAIR = ("user_cat", ("user_id", "item_category"))
+"""The pair whose explicit statistic the learned cross features try to predict."""
 REFERENCE_MAX_ROWS = 10_000_000
 """pandas holds the whole log in memory; above this it is skipped (and reported as null)."""
 
@@ -100,6 +107,23 @@ def pandas_reference(path: Path, config: job.CrossStatsConfig) -> int:
     return rows
 
 
+def learned_cross_scores(features: Path) -> dict[str, Any]:
+    """Fit and score :mod:`jobs.ctr_learned_cross` on one pair's written features."""
+    import pandas as pd
+
+    from jobs import ctr_learned_cross as learned
+
+    pair, keys = LEARNED_PAIR
+    frame = pd.read_parquet(features)
+    return learned.evaluate(
+        frame,
+        keys=keys,
+        target=f"{pair}_ctr_30d",
+        weight=f"{pair}_imp_30d",
+        config=learned.LearnedCrossConfig(),
+    )
+
+
 def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
     """``cascade bench ctr``: see the module docstring."""
     from pyspark.sql import SparkSession
@@ -155,6 +179,9 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
 
                 with PeakMemory() as memory:
                     job_s = median_seconds(run_job, repeats=repeats, warmup=warmup)
+                learned_cross = None
+                if n == min(sizes) and LEARNED_PAIR[0] in summary.get("paths", {}):
+                    learned_cross = learned_cross_scores(Path(summary["paths"][LEARNED_PAIR[0]]))
             reference_s = None
             if n <= REFERENCE_MAX_ROWS:
                 reference_s = median_seconds(
@@ -175,6 +202,7 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
                 "reference": "pandas (1 core)" if reference_s is not None else None,
                 "quarantined_rows": summary.get("quarantined_rows"),
                 "feature_rows": summary.get("rows"),
+                "learned_cross": learned_cross,
             }
             print(f"[bench ctr] {result}", flush=True)
             results.append(result)

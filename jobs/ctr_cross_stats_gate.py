@@ -9,16 +9,27 @@ before Feast)::
 Row-level rules are applied by the job itself (bad rows go to the quarantine partition with a
 ``reason``; see :func:`jobs.ctr_log_sources.row_rules`). This gate checks the batch:
 
-* input (the clean rows the job aggregated): ids and click not null, click in {0, 1},
-  ``ds - lookback <= event_timestamp < ds`` (no future leakage), position >= 1;
+* input: every row breaking a row rule was quarantined (the count equals the job's summary);
+  the clean rows in the lookback have ids, click in {0, 1}, ``ds - lookback <=
+  event_timestamp < ds`` (no future leakage) and position >= 1;
 * every pair's output: keys and timestamp not null, ``event_timestamp == ds``, CTRs in [0, 1],
   clicks <= impressions per window, impressions nested across windows (1d <= 7d <= 30d),
   recency within the lookback, and the row count within ``row_count_tolerance`` of the
   previous partition's (from its summary);
 * the share of quarantined input rows is at most ``max_quarantine_fraction``.
 
-Suites run on Spark DataFrames through GX Core's Spark data source (ephemeral context), so
-they scale with the job. The JSON report goes to ``reports/gx_ctr_cross_<source>/dt=<ds>/``.
+Two layers, because Great Expectations on a Spark frame runs one Spark job per metric (tens
+of scans of a 10M-row log and of every output, minutes on ``local[2]``):
+
+* Spark-native checks over every row: each rule is one ``count(rule broken)`` column, and all
+  of a dataset's counts are collected by an Observation in ONE pass, the same pass that draws
+  a uniform random sample of the dataset;
+* the GX suites run on that sample (``sample_rows`` rows at most, through GX's pandas data
+  source), so the report keeps GX's per-expectation results (unexpected values, partial lists).
+
+The batch fails when a Spark-native count is not zero, an expectation fails, the row count
+moves too much, or too many rows were quarantined. The JSON report goes to
+``reports/gx_ctr_cross_<source>/dt=<ds>/``.
 """
 
 from __future__ import annotations
@@ -31,13 +42,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
 from jobs import ctr_cross_stats as job
 from jobs.gx_suites import run_suite
+
+SAMPLE_ROWS = 50_000
+"""About this many rows of each dataset (a uniform random sample) go through the GX suites."""
+SAMPLE_SEED = 17
 
 
 class GateFailed(RuntimeError):
@@ -53,6 +68,7 @@ class GateFailed(RuntimeError):
 
 
 def input_suite(cutoff: dt.datetime, lookback_days: int) -> list[Any]:
+    """GX expectations of the clean input rows in the lookback (run on a sample)."""
     import great_expectations.expectations as gxe
 
     start = cutoff - dt.timedelta(days=lookback_days)
@@ -68,29 +84,18 @@ def input_suite(cutoff: dt.datetime, lookback_days: int) -> list[Any]:
 
 
 def output_suite(
-    pair: job.CrossPair,
-    config: job.CrossStatsConfig,
-    *,
-    cutoff: dt.datetime,
-    previous_rows: int | None,
+    pair: job.CrossPair, config: job.CrossStatsConfig, *, cutoff: dt.datetime
 ) -> list[Any]:
+    """GX expectations of one pair's features (run on a sample; the row count is checked
+    over the whole output by :func:`row_count_bounds`)."""
     import great_expectations.expectations as gxe
 
     name, windows = pair.name, config.windows
-    if previous_rows is None:
-        rows = gxe.ExpectTableRowCountToBeBetween(min_value=1)
-    else:
-        tolerance = config.row_count_tolerance
-        rows = gxe.ExpectTableRowCountToBeBetween(
-            min_value=max(1, int(previous_rows * (1 - tolerance))),
-            max_value=int(previous_rows * (1 + tolerance)) + 1,
-        )
     checks: list[Any] = [
         *[gxe.ExpectColumnValuesToNotBeNull(column=k) for k in pair.keys],
         gxe.ExpectColumnValuesToBeBetween(
             column="event_timestamp", min_value=cutoff, max_value=cutoff
         ),
-        rows,
         gxe.ExpectColumnValuesToBeBetween(column=f"{name}_decay_ctr", min_value=0, max_value=1),
         gxe.ExpectColumnValuesToBeBetween(
             column=f"{name}_days_since_imp", min_value=0, max_value=max(windows)
@@ -111,6 +116,92 @@ def output_suite(
             )
         )
     return checks
+
+
+def input_rules(cutoff: dt.datetime, lookback_days: int) -> list[tuple[str, Column]]:
+    """(label, broken) of the clean input rows in the lookback: the Spark-native twin of
+    :func:`input_suite`, counted over every row."""
+    start = cutoff - dt.timedelta(days=lookback_days)
+    ts = F.col(job.TIMESTAMP)
+    return [
+        ("input.user_id_not_null", F.col("user_id").isNull()),
+        ("input.item_id_not_null", F.col("item_id").isNull()),
+        ("input.click_in_0_1", F.col("click").isNull() | ~F.col("click").isin(0, 1)),
+        (
+            "input.event_timestamp_in_lookback",
+            ts.isNull() | (ts < F.lit(start)) | (ts >= F.lit(cutoff)),
+        ),
+        ("input.position_at_least_1", F.col("position") < 1),
+    ]
+
+
+def output_rules(
+    pair: job.CrossPair, config: job.CrossStatsConfig, *, cutoff: dt.datetime
+) -> list[tuple[str, Column]]:
+    """(label, broken) of one pair's features: the Spark-native twin of :func:`output_suite`."""
+    name, windows = pair.name, config.windows
+
+    def outside(column: str, low: float, high: float) -> Column:
+        value = F.col(column)
+        return value.isNull() | (value < low) | (value > high)
+
+    rules = [(f"{name}.{k}_not_null", F.col(k).isNull()) for k in pair.keys]
+    rules += [
+        (f"{name}.event_timestamp_is_ds", F.col(job.TIMESTAMP) != F.lit(cutoff)),
+        (f"{name}.decay_ctr_in_0_1", outside(f"{name}_decay_ctr", 0, 1)),
+        (f"{name}.days_since_imp_in_lookback", outside(f"{name}_days_since_imp", 0, max(windows))),
+    ]
+    for w in windows:
+        rules += [
+            (f"{name}.ctr_{w}d_in_0_1", outside(f"{name}_ctr_{w}d", 0, 1)),
+            (f"{name}.dctr_{w}d_in_0_1", outside(f"{name}_dctr_{w}d", 0, 1)),
+            (f"{name}.clk_{w}d_le_imp", F.col(f"{name}_clk_{w}d") > F.col(f"{name}_imp_{w}d")),
+        ]
+    for shorter, longer in zip(windows, windows[1:], strict=False):
+        rules.append(
+            (
+                f"{name}.imp_{shorter}d_le_imp_{longer}d",
+                F.col(f"{name}_imp_{shorter}d") > F.col(f"{name}_imp_{longer}d"),
+            )
+        )
+    return rules
+
+
+def row_count_bounds(config: job.CrossStatsConfig, previous_rows: int | None) -> tuple[int, int]:
+    """[low, high] of a pair's row count: at least 1, and within ``row_count_tolerance`` of the
+    previous partition's count when there is one."""
+    if previous_rows is None:
+        return 1, 2**63 - 1
+    tolerance = config.row_count_tolerance
+    return (
+        max(1, int(previous_rows * (1 - tolerance))),
+        int(previous_rows * (1 + tolerance)) + 1,
+    )
+
+
+def count_and_sample(
+    frame: DataFrame,
+    rules: list[tuple[str, Column]],
+    *,
+    expected_rows: int,
+    label: str,
+    sample_rows: int = SAMPLE_ROWS,
+) -> tuple[dict[str, int], Any]:
+    """One pass over ``frame``: (``rows`` and the count of each rule's broken rows, a uniform
+    random sample of about ``sample_rows`` rows as pandas with UTC-aware timestamps)."""
+    import pandas as pd
+
+    observation = Observation(f"gate {label}")
+    counted = frame.observe(
+        observation,
+        F.count(F.lit(1)).alias("rows"),
+        *[F.count(F.when(broken, F.lit(1))).alias(name) for name, broken in rules],
+    )
+    fraction = min(1.0, sample_rows / max(1, expected_rows))
+    sample = counted.sample(withReplacement=False, fraction=fraction, seed=SAMPLE_SEED).toPandas()
+    if job.TIMESTAMP in sample.columns:
+        sample[job.TIMESTAMP] = pd.to_datetime(sample[job.TIMESTAMP], utc=True)
+    return {name: int(value) for name, value in observation.get.items()}, sample
 
 
 def _previous_summary(where: job.CrossLake, ds: str) -> dict[str, Any] | None:
@@ -172,40 +263,87 @@ def _validate(
     previous = _previous_summary(where, ds)
     cutoff = job.ds_midnight(ds)
 
+    lookback = max(config.windows)
     log, _ = job.read_log(spark, source, log_path)
-    checked = job.with_reason(log, config.key_columns).filter(F.col("reason").isNull())
-    datasets: dict[str, tuple[DataFrame, list[Any]]] = {
+    # One pass over the input: all rows are counted before the clean-row filter, the input
+    # rules after it, and the sample is drawn from the clean rows in the lookback.
+    everything = Observation(f"gate {source} input rows")
+    checked = job.with_reason(log, config.key_columns).observe(
+        everything,
+        F.count(F.lit(1)).alias("rows"),
+        F.count(F.col("reason")).alias("rule_breaking_rows"),
+    )
+    clean = job.in_lookback(
+        checked.filter(F.col("reason").isNull()), cutoff=cutoff, days=lookback
+    ).drop("age_us", "reason")
+    datasets: dict[str, tuple[DataFrame, list[tuple[str, Column]], list[Any], int]] = {
         "input": (
-            job.in_lookback(checked, cutoff=cutoff, days=max(config.windows)).drop("age_us"),
-            input_suite(cutoff, max(config.windows)),
+            clean,
+            input_rules(cutoff, lookback),
+            input_suite(cutoff, lookback),
+            int(summary["input_rows"]),
         )
     }
+    bounds: dict[str, tuple[int, int]] = {}
     for pair in config.pairs:
         path = where.pair(pair, ds)
         if not path.is_dir():
             raise FileNotFoundError(f"{path} is missing; run jobs.ctr_cross_stats for {ds}")
         before = None if previous is None else previous.get("rows", {}).get(pair.name)
+        bounds[pair.name] = row_count_bounds(config, before)
         datasets[pair.name] = (
             spark.read.parquet(str(path)),
-            output_suite(pair, config, cutoff=cutoff, previous_rows=before),
+            output_rules(pair, config, cutoff=cutoff),
+            output_suite(pair, config, cutoff=cutoff),
+            int(summary["rows"].get(pair.name, 0)),
         )
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    data_source = context.data_sources.add_spark(name="lake")
+    data_source = context.data_sources.add_pandas(name="lake_sample")
     failed: list[str] = []
     report_sets: list[dict[str, Any]] = []
-    for name, (frame, expectations) in datasets.items():
+    for name, (frame, rules, expectations, expected_rows) in datasets.items():
+        counts, sample = count_and_sample(frame, rules, expected_rows=expected_rows, label=name)
+        native = [
+            {"check": label, "success": counts[label] == 0, "broken_rows": counts[label]}
+            for label, _ in rules
+        ]
+        if name in bounds:
+            low, high = bounds[name]
+            ok = low <= counts["rows"] <= high
+            native.append(
+                {"check": f"{name}.row_count", "success": ok, "rows": counts["rows"],
+                 "min": low, "max": high}
+            )  # fmt: skip
+        failed.extend(c["check"] for c in native if not c["success"])
         outcome = run_suite(
             context,
             data_source,
             suite_name=f"ctr_cross_{name}",
             dataset=name,
-            frame=frame,
+            frame=sample,
             expectations=expectations,
         )
         failed.extend(outcome.failed)
-        report_sets.append({"dataset": name, "success": outcome.success, "checks": outcome.checks})
+        report_sets.append(
+            {
+                "dataset": name,
+                "success": outcome.success and all(c["success"] for c in native),
+                "rows": counts["rows"],
+                "sample_rows": len(sample),
+                "native_checks": native,
+                "checks": outcome.checks,
+            }
+        )
+    seen = everything.get
+    if int(seen["rule_breaking_rows"]) + summary.get("adapter_quarantined_rows", 0) != int(
+        summary["quarantined_rows"]
+    ):
+        failed.append(
+            f"input.quarantine_complete({seen['rule_breaking_rows']} rows break a rule, "
+            f"the job quarantined {summary['quarantined_rows']})"
+        )
 
     fraction = summary["quarantined_rows"] / max(1, summary["input_rows"])
     quarantine_ok = fraction <= config.max_quarantine_fraction

@@ -37,7 +37,12 @@ def test_repo_folder_holds_only_definition_modules() -> None:
         p.relative_to(fs.FEATURE_REPO.resolve()).as_posix() for p in get_repo_files(fs.FEATURE_REPO)
     }
     # feast apply imports every .py here; anything else would run at apply time.
-    assert found == {"common/entities.py", "common/sources.py", "ctr/views.py"}
+    assert found == {
+        "common/entities.py",
+        "common/sources.py",
+        "ctr/views.py",
+        "ctr/cross_views.py",
+    }
     assert fs.feature_store_yaml("local").is_file() and fs.feature_store_yaml("cluster").is_file()
 
 
@@ -98,9 +103,15 @@ def test_feast_cli_applies_the_repo_under_cascade_home(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     store = fs.feature_store(load_settings({"CASCADE_HOME": str(tmp_path)}))
     paths = {v.name: v.batch_source.path for v in store.list_feature_views()}
+    cross = lake.root / "features" / "ctr_cross" / "generated"
     assert paths == {
         "user_stats": str(lake.ctr_features("user", "2026-01-15")),
         "item_stats": str(lake.ctr_features("item", "2026-01-15")),
         "user_genre_stats": str(lake.ctr_features("user_genre", "2026-01-15")),
+        **{f"cross_{p}": str(cross / p) for p in ("seg_cat", "user_cat", "seg_item")},
+        **{f"cross_{p}": str(cross / p) for p in ("ctx_item", "item_pos")},
     }
-    assert [s.name for s in store.list_feature_services()] == ["preranking_v1"]
+    assert sorted(s.name for s in store.list_feature_services()) == [
+        "ctr_cross_v1",
+        "preranking_v1",
+    ]

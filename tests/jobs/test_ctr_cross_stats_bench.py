@@ -31,4 +31,7 @@ def test_quick_bench_writes_the_promised_fields(
     assert size["ratio"] == pytest.approx(size["job_s"] / size["scan_s"])
     assert size["quarantined_rows"] == 0
     assert size["feature_rows"]["seg_cat"] == 16 * 24  # every segment x category is seen
+    learned = size["learned_cross"]
+    assert learned["pairs"] == size["feature_rows"]["user_cat"]
+    assert 0 < learned["learned"]["rmse"] < 1 and learned["storage_saving"] < 1
     assert (tmp_path / "home" / "lake" / "bench" / "impressions" / "n=20000_seed=7").is_dir()
