@@ -65,19 +65,6 @@ _INT_FEATURES = {"user_impressions", "user_clicks", "user_age", "item_impression
 _INT_FEATURES |= {"item_clicks", "item_release_year", "ug_impressions", "ug_clicks"}
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not an integer") from None
-    if number < 1:
-        raise ValueError(f"{name} must be >= 1, got {number}")
-    return number
-
-
 def _snapshot(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pa.Table:
     """The latest row per key, as the CTR job writes a view (int64 counts, us UTC times)."""
     latest = frame.sort_values(TIMESTAMP, kind="stable").groupby(keys, as_index=False).last()
@@ -353,11 +340,12 @@ def measure(
 def run(out: Path, quick: bool) -> dict[str, Any]:
     from cascade.feature_store import apply_and_materialize
     from models.preranking.synthetic_data import synthetic_training_frame
+    from serving.server import positive_int_env
 
-    candidates = _env_int("CASCADE_BENCH_SERVING_CANDIDATES", 1_000)
-    clients = _env_int("CASCADE_BENCH_SERVING_CLIENTS", 8)
-    seconds = _env_int("CASCADE_BENCH_SERVING_SECONDS", 3 if quick else 30)
-    workers = _env_int("CASCADE_BENCH_SERVING_WORKERS", 2)
+    candidates = positive_int_env("CASCADE_BENCH_SERVING_CANDIDATES", 1_000)
+    clients = positive_int_env("CASCADE_BENCH_SERVING_CLIENTS", 8)
+    seconds = positive_int_env("CASCADE_BENCH_SERVING_SECONDS", 3 if quick else 30)
+    workers = positive_int_env("CASCADE_BENCH_SERVING_WORKERS", 2)
     warmup = 1.0 if quick else 5.0
     if candidates > ITEMS:
         raise ValueError(f"--candidates {candidates}: the benchmark catalogue has {ITEMS} items")

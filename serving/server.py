@@ -24,7 +24,7 @@ import multiprocessing.connection
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -183,15 +183,23 @@ async def _serve_on(rest: RESTServer, sockets: list[socket.socket]) -> None:
 WORKERS_ENV = "CASCADE_SERVING_WORKERS"
 
 
-def workers_from_env(env: dict[str, str] | None = None) -> int:
-    value = (os.environ if env is None else env).get(WORKERS_ENV, "1")
+def positive_int_env(name: str, default: int, env: Mapping[str, str] | None = None) -> int:
+    """Integer setting ``name`` from the environment (``default`` when unset), at least 1;
+    ValueError naming the variable otherwise."""
+    value = (os.environ if env is None else env).get(name)
+    if value is None:
+        return default
     try:
-        workers = int(value)
+        number = int(value)
     except ValueError:
-        raise ValueError(f"{WORKERS_ENV}={value!r} is not an integer") from None
-    if workers < 1:
-        raise ValueError(f"{WORKERS_ENV} must be >= 1, got {workers}")
-    return workers
+        raise ValueError(f"{name}={value!r} is not an integer") from None
+    if number < 1:
+        raise ValueError(f"{name} must be >= 1, got {number}")
+    return number
+
+
+def workers_from_env(env: dict[str, str] | None = None) -> int:
+    return positive_int_env(WORKERS_ENV, 1, env)
 
 
 ModelFactory = Callable[[], list[BaseKServeModel]]
@@ -312,13 +320,7 @@ def set_torch_threads(env: dict[str, str] | None = None) -> int:
     """
     import torch
 
-    value = (os.environ if env is None else env).get(TORCH_THREADS_ENV, "1")
-    try:
-        threads = int(value)
-    except ValueError:
-        raise ValueError(f"{TORCH_THREADS_ENV}={value!r} is not an integer") from None
-    if threads < 1:
-        raise ValueError(f"{TORCH_THREADS_ENV} must be >= 1, got {threads}")
+    threads = positive_int_env(TORCH_THREADS_ENV, 1, env)
     torch.set_num_threads(threads)
     return threads
 
