@@ -350,14 +350,10 @@ def log_to_mlflow(verdict: DayVerdict, report_dir: Path, settings: Settings) -> 
     A repeated call for the same day logs into the same run (found by its name)."""
     import mlflow
 
+    from models.preranking.train import use_experiment
+
+    experiment_id = use_experiment(settings, MONITOR_EXPERIMENT)
     client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
-    experiment = client.get_experiment_by_name(MONITOR_EXPERIMENT)
-    if experiment is None:
-        local = not settings.tracking_uri.startswith(("http://", "https://", "databricks"))
-        location = (settings.home / "mlflow-artifacts").as_uri() if local else None
-        experiment_id = client.create_experiment(MONITOR_EXPERIMENT, artifact_location=location)
-    else:
-        experiment_id = experiment.experiment_id
     name = f"monitor-{verdict.ds}"
     found = client.search_runs([experiment_id], f"tags.mlflow.runName = '{name}'", max_results=1)
     run_id = (

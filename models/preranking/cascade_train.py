@@ -62,7 +62,12 @@ from models.preranking.config_registry import (
 )
 from models.preranking.fields import FIELDS, FieldEncoder
 from models.preranking.model import ColdPreRanker, DCNTeacher, TwoTower
-from models.preranking.train import CRASH_ENV, crash_point, save_latest_checkpoint
+from models.preranking.train import (
+    CRASH_ENV,
+    crash_point,
+    save_latest_checkpoint,
+    use_experiment,
+)
 
 EXPERIMENT = "preranking-cascade"
 
@@ -644,16 +649,7 @@ def _mlflow_run(settings: Settings, out: Path, config: CascadeTrainConfig) -> st
     """Start (or, on resume, reopen) the run recorded in ``OUT/mlflow_run.json``."""
     import mlflow
 
-    mlflow.set_tracking_uri(settings.tracking_uri)
-    mlflow.set_registry_uri(settings.tracking_uri)
-    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
-    if experiment is None:
-        # With a local store, artifacts go under CASCADE_HOME, not ./mlruns of the repository.
-        local = not settings.tracking_uri.startswith(("http://", "https://", "databricks"))
-        location = (settings.home / "mlflow-artifacts").as_uri() if local else None
-        experiment_id = mlflow.create_experiment(EXPERIMENT, artifact_location=location)
-    else:
-        experiment_id = experiment.experiment_id
+    experiment_id = use_experiment(settings, EXPERIMENT)
     marker = out / "mlflow_run.json"
     if marker.exists():
         run_id = json.loads(marker.read_text())["run_id"]

@@ -171,8 +171,8 @@ def evaluate(model: PreRanker, frame: pd.DataFrame) -> dict[str, float]:
     }
 
 
-def use_experiment(settings: Settings) -> str:
-    """Point MLflow at ``settings`` and return the ``preranking`` experiment id.
+def use_experiment(settings: Settings, name: str = EXPERIMENT) -> str:
+    """Point MLflow at ``settings`` and return experiment ``name``'s id (created if missing).
 
     With a local store (sqlite/file) the experiment's artifacts go under ``settings.home``:
     MLflow's default is ``./mlruns`` of the current directory, i.e. inside the repository.
@@ -182,16 +182,16 @@ def use_experiment(settings: Settings) -> str:
     uri = settings.tracking_uri
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
-    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+    experiment = mlflow.get_experiment_by_name(name)
     if experiment is not None:
         return str(experiment.experiment_id)
     local_store = not uri.startswith(("http://", "https://", "databricks"))
     location = (settings.home / "mlflow-artifacts").as_uri() if local_store else None
     try:
-        return str(mlflow.create_experiment(EXPERIMENT, artifact_location=location))
+        return str(mlflow.create_experiment(name, artifact_location=location))
     except mlflow.exceptions.MlflowException:
         # Another process created it between our lookup and create.
-        experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+        experiment = mlflow.get_experiment_by_name(name)
         if experiment is None:
             raise
         return str(experiment.experiment_id)
