@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from models.asr.model import (
@@ -90,3 +91,21 @@ def test_it_learns_to_transcribe_two_patterns() -> None:
         log_probs = model(features)
     assert greedy_decode(log_probs[0]) == [1, 2]
     assert beam_decode(log_probs[1]) == [2, 3]
+
+
+def test_artifact_round_trip_and_clear_errors(tmp_path) -> None:
+    from models.asr.artifact import AsrArtifact, load_artifact, save_artifact
+
+    alphabet = Alphabet("ab c")
+    model = ConvDFSMN(ConvDFSMNConfig(vocab_size=len(alphabet), blocks=2, hidden=16, memory=8))
+    save_artifact(tmp_path, AsrArtifact(model=model, alphabet=alphabet, n_mels=40, meta={"x": 1}))
+    loaded = load_artifact(tmp_path)
+    features = torch.randn(1, 30, 40)
+    model.eval()
+    assert torch.equal(loaded.model(features), model(features))
+    assert loaded.alphabet.characters == alphabet.characters and loaded.meta == {"x": 1}
+    with pytest.raises(FileNotFoundError, match="no ASR model"):
+        load_artifact(tmp_path / "elsewhere")
+    torch.save({"weights": 1}, tmp_path / "foreign.pt")
+    with pytest.raises(ValueError, match="not an ASR model"):
+        load_artifact(tmp_path / "foreign.pt")
