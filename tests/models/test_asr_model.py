@@ -109,3 +109,17 @@ def test_artifact_round_trip_and_clear_errors(tmp_path) -> None:
     torch.save({"weights": 1}, tmp_path / "foreign.pt")
     with pytest.raises(ValueError, match="not an ASR model"):
         load_artifact(tmp_path / "foreign.pt")
+
+
+def test_transcript_has_character_and_word_times() -> None:
+    from models.asr.inference import Transcript, emission_times
+
+    # frames: blank, a, a, blank, space, b -> "a b" emitted at output frames 1, 4, 5
+    log_probs = torch.full((6, 4), -10.0)
+    for frame, token in enumerate([0, 1, 1, 0, 3, 2]):
+        log_probs[frame, token] = 0.0
+    times = emission_times(log_probs, subsample=2)
+    assert times == pytest.approx([0.02, 0.08, 0.10])
+    words = Transcript(text="a b", char_times=times).words()
+    assert [w["word"] for w in words] == ["a", "b"]
+    assert words[1]["start_s"] == pytest.approx(0.10)
