@@ -26,7 +26,7 @@ status:
 	$(VENV)/bin/cascade status
 
 test: venv
-	$(PY) -m pytest -m "not gpu" -p no:cacheprovider
+	$(PY) -m pytest -m "not gpu" -p no:cacheprovider --durations=20
 
 test-fast: venv
 	$(PY) -m pytest -m "not gpu and not e2e and not slow" -p no:cacheprovider

@@ -32,6 +32,10 @@ ASSET_CTR_DATA_LANDED = "kafka://cascade/cascade.data.landed/ctr"
 """New impression data (or a retrain request) for the CTR pipeline; fed by the Kafka watcher."""
 ASSET_CTR_FEATURES = "file://cascade/lake/features/ctr"
 ASSET_PRERANKING_CHAMPION = "mlflow://cascade/models/preranking/champion"
+ASSET_SPEECH_DATA_LANDED = "kafka://cascade/cascade.data.landed/speech"
+"""New speech data (or an ASR retrain request) for the ``asr`` pipeline."""
+ASSET_SPEECH_CORPUS = "file://cascade/lake/corpora/speech"
+ASSET_ASR_CHAMPION = "mlflow://cascade/models/asr/champion"
 ASSET_EVENT_PROBE = "kafka://cascade/cascade.data.landed/probe"
 """Events of the ``probe`` dataset: the trivial DAG that fault tests and the event benchmark use
 to account for every event id without running the full pipeline."""
@@ -46,5 +50,10 @@ CTR_EVENT_SELECTORS = (
     "cascade.retrain.requested:model=preranking",
 )
 """Events that start ``ctr_preranking`` (``TYPE`` or ``TYPE:payload_field=value``)."""
+ASR_EVENT_SELECTORS = (
+    "cascade.data.landed:dataset=speech",
+    "cascade.retrain.requested:model=asr",
+)
+"""Events that start ``asr``."""
 PROBE_EVENT_SELECTORS = ("cascade.data.landed:dataset=probe",)
 """Events that start ``event_probe``."""

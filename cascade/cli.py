@@ -5,7 +5,7 @@ cascade demo [--ds YYYY-MM-DD]
 cascade events publish cascade.data.landed --dataset ml100k --partition 2026-11-22
 cascade events dead-letters
 cascade rollback [--reason TEXT]
-cascade step NAME --ds YYYY-MM-DD
+cascade step NAME --ds YYYY-MM-DD [--pipeline asr]
 cascade score --user 1 --items 10 20 30
 """
 
@@ -72,7 +72,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def cmd_step(args: argparse.Namespace) -> int:
     from cascade.steps import run_step
 
-    print(json.dumps(run_step(args.name, args.ds), indent=2, default=str))
+    print(json.dumps(run_step(args.name, args.ds, args.pipeline), indent=2, default=str))
     return 0
 
 
@@ -168,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     step.add_argument("name")
     step.add_argument("--ds", required=True, help="partition date YYYY-MM-DD")
+    step.add_argument(
+        "--pipeline",
+        default="ctr_preranking",
+        choices=("ctr_preranking", "asr"),
+        help="the DAG whose step it is (default ctr_preranking)",
+    )
     step.set_defaults(func=cmd_step)
 
     score = sub.add_parser("score", help="score candidates with the served champion")

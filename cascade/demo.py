@@ -25,31 +25,35 @@ def trigger_and_wait(
     settings: Settings,
     timeout_s: float,
     echo: Callable[[str], None] = print,
+    dag_id: str = DAG_ID,
+    dataset: str = "ml100k",
+    result_tasks: tuple[str, ...] = ("train", "register", "deploy"),
 ) -> dict[str, Any]:
-    """Publish a data-landed event and wait for the asset-triggered run it starts."""
+    """Publish a data-landed event for ``dataset`` and wait for the asset-triggered run of
+    ``dag_id`` it starts; the return values of ``result_tasks`` come back with the run."""
     from cascade.airflow_client import AirflowClient
     from cascade.events import make_event, publish
 
     client = AirflowClient(settings)
-    client.wait_for_dag(DAG_ID)
-    client.patch(f"/dags/{DAG_ID}", {"is_paused": False})
-    before = {r["dag_run_id"] for r in client.dag_runs(DAG_ID, limit=100)}
+    client.wait_for_dag(dag_id)
+    client.patch(f"/dags/{dag_id}", {"is_paused": False})
+    before = {r["dag_run_id"] for r in client.dag_runs(dag_id, limit=100)}
     event = make_event(
-        "cascade.data.landed", {"dataset": "ml100k", "partition": ds}, source="cascade-demo"
+        "cascade.data.landed", {"dataset": dataset, "partition": ds}, source="cascade-demo"
     )
     where = publish(event, settings=settings)
     echo(f"published cascade.data.landed {event.id} for partition {ds} -> {where}")
     published_at = time.monotonic()
     run = client.wait_for_run(
-        DAG_ID,
+        dag_id,
         match=lambda r: r["run_type"] == "asset_triggered" and r["dag_run_id"] not in before,
         timeout_s=timeout_s,
         echo=echo,
     )
     results: dict[str, Any] = {}
-    for task_id in ("train", "register", "deploy"):
+    for task_id in result_tasks:
         try:
-            results[task_id] = client.xcom(DAG_ID, run["dag_run_id"], task_id)
+            results[task_id] = client.xcom(dag_id, run["dag_run_id"], task_id)
         except Exception:  # a failed run has no xcom for later tasks
             results[task_id] = None
     return {

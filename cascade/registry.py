@@ -74,6 +74,39 @@ def version_by_alias(client: Any, name: str, alias: str) -> Any | None:
         raise
 
 
+def registry_client(settings: Settings) -> Any:
+    """A client on the settings' tracking + registry store (also made the global URIs: the
+    registry store resolves a models:/m-<id> source through the global tracking URI)."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    uri = settings.tracking_uri
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def ensure_registered_model(client: Any, name: str, description: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(name, description=description)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+
+
+def version_of_run(client: Any, name: str, run_id: str) -> tuple[Any | None, dict | None]:
+    """The version already registered from ``run_id`` (newest) and its stored decision, so a
+    repeated registration returns the first answer instead of registering twice."""
+    existing = client.search_model_versions(f"name='{name}' and run_id='{run_id}'")
+    if not existing:
+        return None, None
+    version = max(existing, key=lambda v: int(v.version))
+    stored = version.tags.get(DECISION_TAG)
+    return version, None if stored is None else json.loads(stored)
+
+
 def held_out_rows(lake: Lake, ds: str, test_fraction: float) -> Any:
     """The rows both models are compared on: the latest ``test_fraction`` of ``ds``'s training
     set by event time (the challenger's own hold-out)."""
@@ -148,37 +181,20 @@ def register_and_promote(ds: str, *, settings: Settings | None = None) -> dict:
     also written to ``Lake.reports("register", ds) / "result.json"``. Calling it again for the
     same training run registers nothing new and returns the first decision.
     """
-    import mlflow
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
     check_ds(ds)
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     trained = _read_train_result(lake, ds)
     name = settings.registered_model
-    uri = settings.tracking_uri
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    # The registry store resolves a models:/m-<id> source through the global tracking URI.
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
+    client = registry_client(settings)
 
-    try:
-        client.create_registered_model(name, description="Pre-ranking CTR model (Cascade)")
-    except MlflowException as exc:
-        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
-            raise
-
+    ensure_registered_model(client, name, "Pre-ranking CTR model (Cascade)")
     run_id = trained["run_id"]
-    existing = client.search_model_versions(f"name='{name}' and run_id='{run_id}'")
-    if existing:
-        version = max(existing, key=lambda v: int(v.version))
-        stored = version.tags.get(DECISION_TAG)
-        if stored is not None:
-            report = json.loads(stored)
-            _write_report(lake, ds, report)
-            return report
-    else:
+    version, stored = version_of_run(client, name, run_id)
+    if stored is not None:
+        _write_report(lake, ds, stored)
+        return stored
+    if version is None:
         model_uri = trained["model_uri"]
         version = client.create_model_version(
             name,

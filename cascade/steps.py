@@ -1,6 +1,8 @@
-"""The pipeline steps of ``ctr_preranking``: one table used by the Airflow DAG, DVC and the CLI.
+"""The pipeline steps of ``ctr_preranking`` and ``asr``: one table per pipeline, used by the
+Airflow DAG, DVC and the CLI.
 
     cascade step features --ds 2026-11-22
+    cascade step train --pipeline asr --ds 2026-11-22
 
 Each step takes the partition date and returns a JSON-able summary. Imports are lazy so that
 the DAG file stays cheap to parse.
@@ -78,17 +80,44 @@ STEPS: dict[str, Callable[[str], dict[str, Any]]] = {
 """Step name -> function, in pipeline order. DAG task ids and DVC stage names are these names."""
 
 
-def summary_path(name: str, ds: str) -> Path:
+def _asr_step(name: str) -> Callable[[str], dict[str, Any]]:
+    def run(ds: str) -> dict[str, Any]:
+        from models.asr import pipeline
+
+        return getattr(pipeline, name)(ds)
+
+    run.__name__ = name
+    return run
+
+
+ASR_STEPS: dict[str, Callable[[str], dict[str, Any]]] = {
+    name: _asr_step(name)
+    for name in ("corpus", "validate", "train", "compile", "register", "deploy")
+}
+"""The ``asr`` DAG's steps (:mod:`models.asr.pipeline`); DVC stages are ``asr_`` + the name."""
+
+PIPELINES: dict[str, dict[str, Callable[[str], dict[str, Any]]]] = {
+    "ctr_preranking": STEPS,
+    "asr": ASR_STEPS,
+}
+DVC_PREFIX = {"ctr_preranking": "", "asr": "asr_"}
+"""DVC stage name = prefix + step name (stage names share one ``dvc.yaml``)."""
+
+
+def summary_path(name: str, ds: str, pipeline: str = "ctr_preranking") -> Path:
     """Where a step leaves its summary (a DVC output, and what the next stage depends on)."""
-    return lake_from_settings().reports(f"step_{name}", ds) / "summary.json"
+    return lake_from_settings().reports(f"step_{DVC_PREFIX[pipeline]}{name}", ds) / "summary.json"
 
 
-def run_step(name: str, ds: str) -> dict[str, Any]:
-    """Run one step for partition ``ds`` and record its JSON summary."""
-    if name not in STEPS:
-        raise KeyError(f"unknown step {name!r}; one of {', '.join(STEPS)}")
-    result = STEPS[name](check_ds(ds))
-    path = summary_path(name, ds)
+def run_step(name: str, ds: str, pipeline: str = "ctr_preranking") -> dict[str, Any]:
+    """Run one step of ``pipeline`` for partition ``ds`` and record its JSON summary."""
+    if pipeline not in PIPELINES:
+        raise KeyError(f"unknown pipeline {pipeline!r}; one of {', '.join(PIPELINES)}")
+    steps = PIPELINES[pipeline]
+    if name not in steps:
+        raise KeyError(f"unknown {pipeline} step {name!r}; one of {', '.join(steps)}")
+    result = steps[name](check_ds(ds))
+    path = summary_path(name, ds, pipeline)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=str))
     return result

@@ -23,6 +23,7 @@ from cascade.assets import (
     KAFKA_CONN_ID,
     WATCHED_TOPICS,
 )
+from cascade.dag_steps import chain_steps
 from cascade.events import CascadeEventTrigger, release_failed_run
 
 data_landed = Asset(
@@ -69,69 +70,18 @@ def ctr_preranking() -> None:
         # and returns the partition to work on.
         return claim_and_resolve(context, data_landed)
 
-    @task(outlets=[ctr_features])
-    def features(ds: str) -> dict[str, Any]:
-        from cascade.steps import run_step
-
-        return run_step("features", ds)
-
-    @task
-    def validate(ds: str) -> dict[str, Any]:
-        from cascade.steps import run_step
-
-        return run_step("validate", ds)
-
-    @task
-    def feast_materialize(ds: str) -> dict[str, Any]:
-        from cascade.steps import run_step
-
-        return run_step("feast_materialize", ds)
-
-    @task
-    def training_set(ds: str) -> dict[str, Any]:
-        from cascade.steps import run_step
-
-        return run_step("training_set", ds)
-
-    @task(execution_timeout=dt.timedelta(minutes=30))
-    def train(ds: str) -> dict[str, Any]:
-        from cascade.steps import run_step
-
-        return run_step("train", ds)
-
-    @task(task_id="compile", execution_timeout=dt.timedelta(minutes=20))
-    def compile_model(ds: str) -> dict[str, Any]:
-        from cascade.steps import run_step
-
-        # Parity, accuracy and latency gates of the compiled artifact; a failure is recorded
-        # and the registry then keeps the champion, with the reasons.
-        return run_step("compile", ds)
-
-    @task(outlets=[preranking_champion])
-    def register(ds: str) -> dict[str, Any]:
-        from cascade.steps import run_step
-
-        return run_step("register", ds)
-
-    @task
-    def deploy(ds: str) -> dict[str, Any]:
-        from cascade.steps import run_step
-
-        return run_step("deploy", ds)
-
-    ds = resolve_partition()
-    chain = [
-        features(ds),
-        validate(ds),
-        feast_materialize(ds),
-        training_set(ds),
-        train(ds),
-        compile_model(ds),
-        register(ds),
-        deploy(ds),
-    ]
-    for upstream, downstream in zip(chain, chain[1:], strict=False):
-        upstream >> downstream
+    chain_steps(
+        "ctr_preranking",
+        resolve_partition(),
+        {
+            "features": {"outlets": [ctr_features]},
+            "train": {"execution_timeout": dt.timedelta(minutes=30)},
+            # Parity, accuracy and latency gates of the compiled artifact; a failure is recorded
+            # and the registry then keeps the champion, with the reasons.
+            "compile": {"execution_timeout": dt.timedelta(minutes=20)},
+            "register": {"outlets": [preranking_champion]},
+        },
+    )
 
 
 ctr_preranking()

@@ -13,6 +13,8 @@ apt_install() {
   command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
   [ -x /usr/bin/chromium ] || missing+=(chromium)
   [ -x /usr/bin/espeak-ng ] || missing+=(espeak-ng)
+  # Human speech (spoken stamp descriptions) and captioned images.
+  [ -d /usr/share/tuxpaint/stamps ] || missing+=(tuxpaint-stamps-default)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "install: apt packages ${missing[*]}"
     if [ "$(id -u)" = 0 ]; then

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from jobs.speech_human import HUMAN_VOICE_PREFIX
 from jobs.speech_synth import MANDARIN_PHRASES
 
 SAMPLE_RATE = 16_000
@@ -145,7 +146,10 @@ def log_mel(samples: np.ndarray, n_mels: int, rate: int = SAMPLE_RATE) -> np.nda
 
 
 def split_of(voice: str, config: CorpusConfig) -> str:
-    """Speaker-disjoint split: a stable hash of the voice, never of the utterance."""
+    """Speaker-disjoint split: a stable hash of the voice, never of the utterance. Real people's
+    recordings (:mod:`jobs.speech_human`) are evaluation-only: always ``test``."""
+    if voice.startswith(HUMAN_VOICE_PREFIX):
+        return "test"
     bucket = int.from_bytes(hashlib.sha256(voice.encode()).digest()[:4], "little") / 2**32
     if bucket < config.test_share:
         return "test"
@@ -344,7 +348,7 @@ def build_corpus(
     return summary
 
 
-def _spark() -> Any:
+def spark_session() -> Any:
     import os
 
     from pyspark.sql import SparkSession
@@ -376,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--landing", type=Path, required=True)
     build.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    spark = _spark()
+    spark = spark_session()
     if args.command == "land":
         n = land_synthetic(spark, args.landing, count=args.count, seed=args.seed, start=args.start)
         print(f"[audio_corpus] landed {n} utterances in {args.landing}")

@@ -38,7 +38,15 @@ def test_run_step_records_a_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     summary = steps.summary_path("features", "2026-11-22")
     assert summary.is_relative_to(tmp_path)
     assert json.loads(summary.read_text())["rows"] == 3
-    with pytest.raises(KeyError, match="unknown step"):
+    with pytest.raises(KeyError, match="unknown ctr_preranking step"):
         steps.run_step("nope", "2026-11-22")
+    with pytest.raises(KeyError, match="unknown pipeline"):
+        steps.run_step("features", "2026-11-22", "nope")
+    # The asr pipeline's summaries are kept apart from ctr_preranking's steps of the same name.
+    monkeypatch.setitem(steps.ASR_STEPS, "train", lambda ds: {"ds": ds, "asr": True})
+    steps.run_step("train", "2026-11-22", "asr")
+    asr_summary = steps.summary_path("train", "2026-11-22", "asr")
+    assert asr_summary != steps.summary_path("train", "2026-11-22")
+    assert json.loads(asr_summary.read_text())["asr"] is True
     with pytest.raises(ValueError, match="YYYY-MM-DD"):
         steps.run_step("features", "2026-13-40")

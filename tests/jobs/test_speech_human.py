@@ -1,0 +1,52 @@
+"""Human speech from Tux Paint's stamp descriptions: English clips with their captions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jobs.audio_corpus import CorpusConfig, decode_wav, split_of
+from jobs.speech_human import english_caption, english_clips, land_human
+
+
+def _stamp(root: Path, folder: str, name: str, caption: str, langs: tuple[str, ...]) -> None:
+    import soundfile
+
+    where = root / folder
+    where.mkdir(parents=True, exist_ok=True)
+    (where / f"{name}.txt").write_text(caption, encoding="utf-8")
+    tone = (0.2 * np.sin(np.arange(22050) * 0.05)).astype(np.float32)
+    for lang in langs:
+        suffix = "_desc.ogg" if lang == "en" else f"_desc_{lang}.ogg"
+        soundfile.write(where / f"{name}{suffix}", tone, 22050, format="OGG", subtype="VORBIS")
+
+
+def test_english_clips_are_landed_as_wav_with_their_captions(tmp_path: Path) -> None:
+    root = tmp_path / "stamps"
+    _stamp(root, "animals/birds", "crow", "A crow.\nfr.utf8=Un corbeau.\n", ("en", "fr"))
+    _stamp(root, "food", "pear", "fr.utf8=Une poire.\n", ("en",))  # no English caption
+    _stamp(root, "food", "plum", "A plum.\n", ("ru",))  # no English recording
+    clips = english_clips(root)
+    assert [(c.utterance_id, c.text) for c in clips] == [("tuxpaint-animals-birds-crow", "A crow.")]
+
+    landing = tmp_path / "landing"
+    assert land_human(landing, root) == 1
+    record = json.loads((landing / "transcripts.jsonl").read_text())
+    assert record["voice"].startswith("human-") and record["language"] == "en"
+    samples, rate = decode_wav((landing / "wav" / f"{record['utterance_id']}.wav").read_bytes())
+    assert rate == 22050 and len(samples) == 22050 and np.abs(samples).max() > 0.1
+    # People's recordings are evaluation data whatever their voice name hashes to.
+    assert split_of(record["voice"], CorpusConfig(test_share=0.0, dev_share=0.0)) == "test"
+    assert english_caption(root / "missing.txt") is None
+    with pytest.raises(FileNotFoundError, match="tuxpaint-stamps-default"):
+        english_clips(tmp_path / "nowhere")
+
+
+def test_the_installed_package_has_dozens_of_english_recordings() -> None:
+    # infra/install.sh installs tuxpaint-stamps-default; its absence is a set-up failure.
+    clips = english_clips()
+    assert len(clips) >= 50
+    assert all(c.audio.is_file() and c.text for c in clips)
