@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -565,15 +566,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def read_complete_result(path: Path, ds: str) -> dict[str, Any] | None:
-    """The result at ``path`` if it exists, parses, has every key and is for ``ds``."""
+def read_complete_result(
+    path: Path, ds: str | None, keys: Sequence[str] = RESULT_KEYS
+) -> dict[str, Any] | None:
+    """The result at ``path`` if it exists, parses, has every one of ``keys`` and is for ``ds``
+    (any partition when ``ds`` is None)."""
     try:
         result = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    if not isinstance(result, dict) or any(result.get(k) in (None, "") for k in RESULT_KEYS):
+    if not isinstance(result, dict) or any(result.get(k) in (None, "") for k in keys):
         return None
-    return result if result["ds"] == ds else None
+    return result if ds is None or result["ds"] == ds else None
 
 
 def check_launch_outcome(

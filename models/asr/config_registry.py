@@ -1,0 +1,210 @@
+"""Named, complete training configs for the ASR model (ConvDFSMN + CTC, then RSQ int8 QAT).
+
+Each config is a function returning a frozen :class:`AsrTrainConfig`; variants copy a base with
+:func:`dataclasses.replace`. ``debug`` trains on CPU in seconds on a few dozen utterances (tests,
+the DAG's CI run); ``synthetic`` is sized for the espeak-ng corpus of
+``corpus_utterances`` utterances (``python -m jobs.audio_corpus land --count N``) and the issue's
+goal, CER <= 5% on the test split's unseen voices, within about 45 minutes of one CPU core per
+process (2 processes). Pick one by name with :func:`get_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobs.audio_corpus import VOCABULARY
+from models.asr.model import Alphabet, ConvDFSMNConfig
+
+ALPHABET = Alphabet(sorted(VOCABULARY))
+"""The output characters: every character a corpus transcript may hold, so a model trained on
+any corpus of the job has the same output layer."""
+
+
+def _model(**changes: Any) -> ConvDFSMNConfig:
+    return ConvDFSMNConfig(vocab_size=len(ALPHABET), **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AsrTrainConfig:
+    """Everything one ASR training run needs besides its corpus and output folder."""
+
+    name: str
+    """Config name, as given to :func:`get_config`; logged with the run."""
+    model: ConvDFSMNConfig = field(default_factory=_model)
+    """Shape of the network (``vocab_size`` must be that of :data:`ALPHABET`)."""
+    corpus_utterances: int = 8_000
+    """Utterances to land for this config (``jobs.audio_corpus land --count``): what its figures
+    were measured on. Training uses whatever corpus it is given."""
+    max_train_utterances: int | None = None
+    """Use only the first this many training utterances (by id); ``None``: all of them."""
+    batch_size: int = 16
+    """Utterances per micro-batch and process; the global batch is ``batch_size * world``."""
+    bucket_batches: int = 32
+    """Length bucketing: each epoch the shuffled utterances are cut into pools of this many
+    batches, each pool sorted by length and cut into batches (little padding, random order)."""
+    lr: float = 2e-3
+    """Peak Adam learning rate of the fp32 phase (linear warm-up, then linear decay to 0)."""
+    weight_decay: float = 1e-5
+    warmup_steps: int = 200
+    """Linear warm-up of each phase's learning rate."""
+    fp32_steps: int = 4_000
+    """Optimizer steps of the fp32 phase."""
+    qat_steps: int = 800
+    """Optimizer steps of the RSQ quantization-aware phase (started from the fp32 weights)."""
+    qat_lr: float = 3e-4
+    """Peak learning rate of the QAT phase."""
+    qat_freeze_ranges: float = 0.5
+    """Share of the QAT steps after which the activation ranges stop following their EMA and
+    stay fixed, so the weights adapt to the ranges the int8 model will use."""
+    range_momentum: float = 0.95
+    """EMA momentum of the activation ranges (of each step's largest magnitude)."""
+    distill_weight: float = 0.5
+    """Weight of the KL(fp32 teacher || QAT student) term of the QAT loss; the CTC loss gets
+    ``1 - distill_weight``."""
+    distill_temperature: float = 1.0
+    """Temperature of both posteriors in the distillation term."""
+    bits: int = 8
+    """Quantization width of weights and activations (symmetric: ``2**(bits-1) - 1`` levels)."""
+    spec_augment: bool = True
+    """Frequency and time masks plus a random loudness shift on training batches: the test
+    voices are unseen, so the model must not lean on one voice's spectrum."""
+    gradient_clipping: float = 5.0
+    """Clip the global gradient norm (CTC gradients spike on hard utterances)."""
+    zero_stage: int = 1
+    """DeepSpeed ZeRO stage (0-3)."""
+    seed: int = 0
+    """Initialization, batch order, dropout and augmentation are functions of the seed and the
+    step, so a resumed run ends with the same weights."""
+    log_every: int = 25
+    """Print and log the loss every this many steps."""
+    checkpoint_every: int = 250
+    """Save a resumable DeepSpeed checkpoint every this many optimizer steps of a phase."""
+    eval_beam: int = 0
+    """Prefix beam width of the final evaluation (0: greedy only)."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("AsrTrainConfig.name must be a non-empty config name")
+        if not isinstance(self.model, ConvDFSMNConfig):
+            raise TypeError(f"model must be a ConvDFSMNConfig, got {type(self.model).__name__}")
+        if self.model.vocab_size != len(ALPHABET):
+            raise ValueError(
+                f"model.vocab_size must be {len(ALPHABET)} (the corpus alphabet plus blank), "
+                f"got {self.model.vocab_size}"
+            )
+        positive = {
+            "corpus_utterances": self.corpus_utterances,
+            "batch_size": self.batch_size,
+            "bucket_batches": self.bucket_batches,
+            "fp32_steps": self.fp32_steps,
+            "log_every": self.log_every,
+            "checkpoint_every": self.checkpoint_every,
+        }
+        bad = [f"{k}={v}" for k, v in positive.items() if v < 1]
+        if bad:
+            raise ValueError(f"these must be >= 1: {', '.join(bad)}")
+        if self.max_train_utterances is not None and self.max_train_utterances < 1:
+            raise ValueError("max_train_utterances must be >= 1 or None")
+        if self.qat_steps < 1:
+            raise ValueError("qat_steps must be >= 1: the int8 model needs its activation ranges")
+        if self.warmup_steps < 0 or self.eval_beam < 0 or self.seed < 0:
+            raise ValueError("warmup_steps, eval_beam and seed must be >= 0")
+        if not (self.lr > 0 and self.qat_lr > 0) or self.weight_decay < 0:
+            raise ValueError("lr and qat_lr must be > 0 and weight_decay >= 0")
+        if not 0.0 <= self.distill_weight <= 1.0:
+            raise ValueError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
+        if not self.distill_temperature > 0:
+            raise ValueError("distill_temperature must be > 0")
+        if not 0.0 <= self.qat_freeze_ranges <= 1.0 or not 0.0 <= self.range_momentum < 1.0:
+            raise ValueError("qat_freeze_ranges must be in [0, 1] and range_momentum in [0, 1)")
+        if not 2 <= self.bits <= 8:
+            raise ValueError(f"bits must be in [2, 8] (int8 storage), got {self.bits}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.gradient_clipping < 0:
+            raise ValueError("gradient_clipping must be >= 0 (0 = off)")
+
+    @property
+    def levels(self) -> int:
+        return 2 ** (self.bits - 1) - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AsrTrainConfig:
+        data = dict(data)
+        return cls(model=ConvDFSMNConfig(**data.pop("model")), **data)
+
+    def flat_params(self) -> dict[str, str]:
+        """``model.hidden``-style flat keys, for MLflow params."""
+        flat: dict[str, str] = {}
+        for key, value in self.to_dict().items():
+            if isinstance(value, dict):
+                flat.update({f"{key}.{k}": str(v) for k, v in value.items()})
+            else:
+                flat[key] = str(value)
+        return flat
+
+
+def asr_debug() -> AsrTrainConfig:
+    """A tiny network, a few dozen utterances, ~30 steps: seconds on CPU."""
+    return AsrTrainConfig(
+        name="debug",
+        model=_model(conv_channels=16, hidden=32, memory=16, blocks=2, left=4, right=1),
+        corpus_utterances=48,
+        max_train_utterances=32,
+        batch_size=4,
+        bucket_batches=4,
+        lr=5e-3,
+        warmup_steps=2,
+        fp32_steps=16,
+        qat_steps=8,
+        qat_lr=1e-3,
+        spec_augment=True,
+        zero_stage=1,
+        log_every=4,
+        checkpoint_every=6,
+    )
+
+
+def asr_synthetic() -> AsrTrainConfig:
+    """The espeak-ng corpus (8k utterances, 6.3k of them in training voices): 5k fp32 steps of
+    2 x 16 utterances (~25 epochs), then 600 QAT steps with distillation; 0.48M parameters."""
+    return dataclasses.replace(
+        asr_debug(),
+        name="synthetic",
+        model=_model(
+            conv_channels=128, hidden=256, memory=128, blocks=6, left=8, right=2, dropout=0.1
+        ),
+        corpus_utterances=8_000,
+        max_train_utterances=None,
+        batch_size=16,
+        bucket_batches=32,
+        lr=2e-3,
+        warmup_steps=200,
+        fp32_steps=5_000,
+        qat_steps=600,
+        qat_lr=3e-4,
+        zero_stage=1,
+        log_every=25,
+        checkpoint_every=250,
+        eval_beam=8,
+    )
+
+
+CONFIGS: dict[str, Callable[[], AsrTrainConfig]] = {
+    "debug": asr_debug,
+    "synthetic": asr_synthetic,
+}
+"""Config names accepted by :func:`get_config` and ``models.asr.train --config``."""
+
+
+def get_config(name: str) -> AsrTrainConfig:
+    try:
+        return CONFIGS[name]()
+    except KeyError:
+        raise ValueError(f"unknown ASR config {name!r}; choose one of {sorted(CONFIGS)}") from None

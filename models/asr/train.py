@@ -1,0 +1,651 @@
+"""DeepSpeed training of the ConvDFSMN ASR model: fp32 with CTC, then RSQ int8 QAT with
+distillation; MLflow logging, resumable checkpoints, both model files and the evaluation.
+
+    python -m models.asr.train --config debug --corpus CORPUS --out OUT     # 2 processes
+
+starts ``--processes`` (default: the settings' ``train_processes``, 2) workers under
+``torch.distributed.run`` (gloo on CPU, NCCL on GPU); the same module is the worker::
+
+    DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 2 \\
+        -m models.asr.train --config synthetic --corpus CORPUS --out OUT
+
+Make a corpus with the corpus job (``python -m jobs.audio_corpus land --count 8000 --landing L``
+then ``build --landing L --out CORPUS``). From Python (the DAG's step) call :func:`train_asr`.
+
+Phases, each a DeepSpeed run of its own: ``fp32`` (CTC loss, SpecAugment, warm-up then linear
+decay) and ``qat``: the fp32 weights with every Linear/Conv1d range-scale fake-quantized to int8
+(:mod:`models.asr.rsq`), trained on ``(1 - a) * CTC + a * KL(fp32 teacher || student)``; the
+activation ranges follow an EMA, then stay fixed for the last part of the phase. Every
+``checkpoint_every`` steps a phase saves a DeepSpeed checkpoint under ``OUT/checkpoints/PHASE``;
+a finished phase leaves ``OUT/phases/PHASE/model.pt``. Started again with the same ``--out``,
+config and corpus, a run skips finished phases and resumes the current one; batches, dropout and
+augmentation are functions of (seed, step, rank), so it ends with the same weights and metrics.
+
+Rank 0 then writes ``OUT/fp32/asr_model.pt`` and ``OUT/int8/asr_model.pt``
+(:mod:`models.asr.artifact`; the int8 one holds the QAT weights and ``quantization`` with the
+activation ranges), evaluates both on the test split's unseen voices
+(:mod:`models.asr.evaluate`), and logs params, per-step losses, CER/WER, the evaluation with its
+confusion summary and both files to the MLflow experiment ``asr``; ``OUT/result.json`` holds the
+headline figures and paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn import functional as F
+
+from cascade.config import Settings, load_settings
+from models.asr.artifact import AsrArtifact, save_artifact
+from models.asr.config_registry import ALPHABET, CONFIGS, AsrTrainConfig, get_config
+from models.asr.corpus import Batch, Utterances, collate, corpus_n_mels, epoch_batches, load_split
+from models.asr.model import BLANK, ConvDFSMN
+from models.asr.rsq import (
+    distillation_loss,
+    float_state_dict,
+    freeze_batch_norm,
+    prepare_qat,
+    quantization_record,
+    set_range_tracking,
+)
+from models.preranking.cascade_train import init_distributed
+from models.preranking.train import (
+    CRASH_ENV,
+    crash_point,
+    read_complete_result,
+    run_torchrun,
+    save_latest_checkpoint,
+    use_experiment,
+    write_result,
+)
+
+EXPERIMENT = "asr"
+PHASES = ("fp32", "qat")
+RUN_MARKER = "mlflow_run.json"
+RESULT_KEYS = ("run_id", "config", "fp32_artifact", "int8_artifact", "cer_fp32", "cer_int8")
+"""Keys every complete ``result.json`` carries."""
+
+
+# --- the training loop --------------------------------------------------------------------
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def deepspeed_config(config: AsrTrainConfig, *, lr: float, steps: int) -> dict[str, Any]:
+    """One phase's DeepSpeed config: Adam, linear warm-up then linear decay to 0 over ``steps``
+    (the scheduler is checkpointed with the optimizer, so a resumed phase keeps its rate)."""
+    return {
+        "train_micro_batch_size_per_gpu": config.batch_size,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {
+            "type": "Adam",
+            # torch's Adam: DeepSpeed's fused CPU Adam compiles for ~80 s on first use.
+            "params": {"lr": lr, "weight_decay": config.weight_decay, "torch_adam": True},
+        },
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {
+                "total_num_steps": steps,
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": lr,
+                "warmup_num_steps": max(1, min(config.warmup_steps, steps - 1)),
+                "warmup_type": "linear",
+            },
+        },
+        "zero_optimization": {"stage": config.zero_stage},
+        "gradient_clipping": config.gradient_clipping,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+        "timers": {"throughput": {"enabled": False, "synchronized": False}},
+    }
+
+
+def ctc(log_probs: torch.Tensor, batch: Batch, output_lengths: torch.Tensor) -> torch.Tensor:
+    return F.ctc_loss(
+        log_probs.transpose(0, 1),
+        batch.targets,
+        output_lengths,
+        batch.target_lengths,
+        blank=BLANK,
+        zero_infinity=True,
+    )
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    name: str
+    steps: int
+    lr: float
+    offset: int
+    """Separates the seeds of the phases."""
+
+
+def phase_plans(config: AsrTrainConfig) -> list[PhasePlan]:
+    return [
+        PhasePlan("fp32", config.fp32_steps, config.lr, 0),
+        PhasePlan("qat", config.qat_steps, config.qat_lr, 1),
+    ]
+
+
+def run_steps(
+    engine: Any,
+    data: Utterances,
+    config: AsrTrainConfig,
+    plan: PhasePlan,
+    loss_of: Callable[[Batch], tuple[torch.Tensor, dict[str, float]]],
+    *,
+    start_step: int,
+    checkpoint: Callable[[int], None],
+    log: Callable[[int, dict[str, float]], None],
+    before_step: Callable[[int], None] | None = None,
+) -> int:
+    """Steps ``start_step .. plan.steps`` of one phase; each rank takes its own batch of the
+    epoch's bucketed order, a function of (seed, epoch) only."""
+    rank, world = _rank_world()
+    lengths = data.lengths
+    first = epoch_batches(
+        lengths, batch_size=config.batch_size, pool_batches=config.bucket_batches,
+        seed=config.seed, epoch=0,
+    )  # fmt: skip
+    steps_per_epoch = len(first) // world
+    if steps_per_epoch < 1:
+        raise ValueError(
+            f"{len(data)} training utterances make {len(first)} batches of "
+            f"{config.batch_size}: too few for {world} processes"
+        )
+    crash = crash_point()
+    batches, batches_epoch = first, 0
+    step = start_step
+    window: list[float] = []
+    while step < plan.steps:
+        epoch, within = divmod(step, steps_per_epoch)
+        if epoch != batches_epoch:
+            batches = epoch_batches(
+                lengths, batch_size=config.batch_size, pool_batches=config.bucket_batches,
+                seed=config.seed, epoch=epoch,
+            )  # fmt: skip
+            batches_epoch = epoch
+        seed = config.seed * 1_000_003 + plan.offset * 100_000_007 + step * world + rank
+        torch.manual_seed(seed)
+        rng = np.random.default_rng(seed) if config.spec_augment else None
+        batch = collate(data, batches[within * world + rank], rng)
+        if before_step is not None:
+            before_step(step)
+        loss, parts = loss_of(batch)
+        engine.backward(loss)
+        engine.step()
+        step += 1
+        window.append(float(loss.detach()))
+        if step % config.log_every == 0 or step == plan.steps:
+            values = torch.tensor([float(np.mean(window)), *parts.values()], dtype=torch.float64)
+            if world > 1:
+                dist.all_reduce(values)
+            values /= world
+            log(
+                step,
+                {"loss": values[0].item()} | dict(zip(parts, values[1:].tolist(), strict=True)),
+            )
+            window = []
+        if step % config.checkpoint_every == 0 and step < plan.steps:
+            checkpoint(step)
+        if crash == (plan.name, step) and rank == 0:
+            print(f"[asr] {CRASH_ENV}: killing rank 0 after {plan.name} step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    return step
+
+
+def build_model(config: AsrTrainConfig, n_mels: int) -> ConvDFSMN:
+    if config.model.n_mels != n_mels:
+        raise ValueError(
+            f"the corpus has {n_mels} mel bins but config {config.name!r} expects "
+            f"{config.model.n_mels}; build the corpus with n_mels={config.model.n_mels}"
+        )
+    torch.manual_seed(config.seed)
+    return ConvDFSMN(config.model)
+
+
+def phase_file(out: Path, phase: str) -> Path:
+    return out / "phases" / phase / "model.pt"
+
+
+def train_phase(
+    plan: PhasePlan,
+    config: AsrTrainConfig,
+    data: Utterances,
+    out: Path,
+    *,
+    log: Callable[[str, int, dict[str, float]], None],
+) -> dict[str, torch.Tensor]:
+    """Train one phase with DeepSpeed (or load it when already finished); its full state."""
+    import deepspeed
+
+    from models.preranking.train import _consolidated_state_dict
+
+    rank, world = _rank_world()
+    final = phase_file(out, plan.name)
+    if final.exists():
+        return dict(torch.load(final, map_location="cpu", weights_only=True))
+
+    model = build_model(config, data.n_mels)
+    teacher: ConvDFSMN | None = None
+    if plan.name == "qat":
+        teacher = build_model(config, data.n_mels)
+        teacher.load_state_dict(torch.load(phase_file(out, "fp32"), weights_only=True))
+        teacher.eval().requires_grad_(False)
+        model.load_state_dict(teacher.state_dict())
+        prepare_qat(model, bits=config.bits, momentum=config.range_momentum)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        model_parameters=[p for p in model.parameters() if p.requires_grad],
+        config=deepspeed_config(config, lr=plan.lr, steps=plan.steps),
+    )
+    ckpt_dir = out / "checkpoints" / plan.name
+    start = 0
+    if (ckpt_dir / "latest").exists():
+        _, client_state = engine.load_checkpoint(str(ckpt_dir))
+        start = int(client_state["step"])
+        if rank == 0:
+            print(f"[asr] {plan.name}: resumed at step {start} from {ckpt_dir}", flush=True)
+    engine.train()
+    module = engine.module
+    if teacher is not None:
+        freeze_batch_norm(module)  # the int8 model folds BN with these statistics
+    freeze_at = int(round(plan.steps * (1.0 - config.qat_freeze_ranges)))
+    alpha = config.distill_weight
+
+    def before_step(step: int) -> None:
+        if teacher is not None:
+            set_range_tracking(module, step < freeze_at)
+
+    def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        log_probs = engine(batch.features)
+        output_lengths = module.output_lengths(batch.lengths)
+        ctc_loss = ctc(log_probs, batch, output_lengths)
+        if teacher is None:
+            return ctc_loss, {}
+        with torch.no_grad():
+            teacher_log_probs = teacher(batch.features)
+        kl = distillation_loss(
+            log_probs, teacher_log_probs, output_lengths, config.distill_temperature
+        )
+        loss = (1.0 - alpha) * ctc_loss + alpha * kl
+        return loss, {"ctc": float(ctc_loss.detach()), "kl": float(kl.detach())}
+
+    def checkpoint(step: int) -> None:
+        save_latest_checkpoint(engine, ckpt_dir, step)
+        if rank == 0:
+            print(f"[asr] {plan.name}: checkpoint step={step} {ckpt_dir}", flush=True)
+
+    steps = run_steps(
+        engine,
+        data,
+        config,
+        plan,
+        loss_of,
+        start_step=start,
+        checkpoint=checkpoint,
+        log=lambda step, values: log(plan.name, step, values),
+        before_step=before_step,
+    )
+    state = _consolidated_state_dict(engine, config.zero_stage)
+    if rank == 0:
+        assert state is not None
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_suffix(".tmp")
+        torch.save({k: v.detach().cpu().float() for k, v in state.items()}, tmp)
+        os.replace(tmp, final)  # a crash never leaves a half-written "finished" phase
+        print(f"[asr] {plan.name}: done after {steps} steps (world {world})", flush=True)
+    dist.barrier()
+    return dict(torch.load(final, map_location="cpu", weights_only=True))
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+def run_fingerprint(config: AsrTrainConfig, corpus: Path) -> str:
+    """What checkpoints must match to be resumed: the config and the corpus (its summary)."""
+    summary = (corpus / "summary.json").read_text()
+    blob = json.dumps([config.to_dict(), str(corpus.resolve()), summary], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _prepare_out(out: Path, fingerprint: str) -> None:
+    """Rank 0: keep what a run with this fingerprint left, drop anything else."""
+    marker = out / "fingerprint.txt"
+    if marker.exists() and marker.read_text() != fingerprint:
+        print(f"[asr] removing checkpoints and phases of another run from {out}", flush=True)
+        for name in ("checkpoints", "phases", RUN_MARKER):
+            path = out / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(
+                missing_ok=True
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    marker.write_text(fingerprint)
+
+
+def _mlflow_run(settings: Settings, out: Path, config: AsrTrainConfig, corpus: Path) -> str:
+    """Start the run, or reopen the one an interrupted attempt recorded in ``OUT/RUN_MARKER``."""
+    import mlflow
+
+    experiment_id = use_experiment(settings, EXPERIMENT)
+    marker = out / RUN_MARKER
+    if marker.exists():
+        run_id = str(json.loads(marker.read_text())["run_id"])
+        mlflow.start_run(run_id=run_id)
+        return run_id
+    run = mlflow.start_run(experiment_id=experiment_id, run_name=f"asr-{config.name}")
+    write_result(marker, {"run_id": run.info.run_id})
+    mlflow.log_params(config.flat_params())
+    mlflow.log_params({"corpus": str(corpus), "alphabet_size": len(ALPHABET)})
+    return str(run.info.run_id)
+
+
+def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] | None:
+    """The whole run inside an initialized process group; the result on rank 0."""
+    import mlflow
+
+    started = time.monotonic()
+    rank, world = _rank_world()
+    corpus, out = Path(corpus), Path(out)
+    n_mels = corpus_n_mels(corpus)
+    data = load_split(corpus, "train", ALPHABET, limit=config.max_train_utterances)
+    if len(data) == 0:
+        raise ValueError(f"{corpus} has no training utterances")
+    fingerprint = run_fingerprint(config, corpus)
+    if rank == 0:
+        _prepare_out(out, fingerprint)
+    dist.barrier()
+    settings = load_settings()
+    run_id = None
+    if rank == 0:
+        run_id = _mlflow_run(settings, out, config, corpus)
+        hours = float(data.lengths.sum()) * 0.01 / 3600
+        print(
+            f"[asr] config={config.name} world={world} train={len(data)} utterances "
+            f"({hours:.2f} h, {len(set(data.voices))} voices) n_mels={n_mels} "
+            f"zero={config.zero_stage} mlflow={settings.tracking_uri} run={run_id} "
+            f"pid={os.getpid()}",
+            flush=True,
+        )
+    clock = {"t": time.monotonic()}
+
+    def log(phase: str, step: int, values: dict[str, float]) -> None:
+        if rank != 0:
+            return
+        now = time.monotonic()
+        rate = config.log_every / max(now - clock["t"], 1e-9)
+        clock["t"] = now
+        text = " ".join(f"{k}={v:.4f}" for k, v in values.items())
+        total = config.fp32_steps if phase == "fp32" else config.qat_steps
+        print(f"[asr] {phase} step={step}/{total} {text} {rate:.2f} steps/s", flush=True)
+        mlflow.log_metrics({f"{k}.{phase}": v for k, v in values.items()}, step=step)
+
+    try:
+        states = {
+            plan.name: train_phase(plan, config, data, out, log=log) for plan in phase_plans(config)
+        }
+        result = None
+        if rank == 0:
+            assert run_id is not None
+            result = finish(
+                config, corpus, out, states, run_id=run_id, started=started, world=world
+            )
+    except BaseException:
+        if rank == 0 and mlflow.active_run() is not None:
+            mlflow.end_run("FAILED")
+        raise
+    return result
+
+
+def finish(
+    config: AsrTrainConfig,
+    corpus: Path,
+    out: Path,
+    states: dict[str, dict[str, torch.Tensor]],
+    *,
+    run_id: str,
+    started: float,
+    world: int,
+) -> dict[str, Any]:
+    """Rank 0: write both model files, evaluate them on the test split, log everything."""
+    import mlflow
+
+    from models.asr.evaluate import evaluate_artifacts, summary_lines
+
+    n_mels = corpus_n_mels(corpus)
+    fp32 = build_model(config, n_mels)
+    fp32.load_state_dict(states["fp32"])
+    student = prepare_qat(build_model(config, n_mels), bits=config.bits)
+    student.load_state_dict(states["qat"])
+    int8_weights = build_model(config, n_mels)
+    int8_weights.load_state_dict(float_state_dict(student))
+    meta = {
+        "config": config.name,
+        "train_config": config.to_dict(),
+        "corpus": str(corpus),
+        "corpus_fingerprint": run_fingerprint(config, corpus),
+        "mlflow_run_id": run_id,
+    }
+    record = quantization_record(
+        student,
+        bits=config.bits,
+        method="qat",
+        qat_steps=config.qat_steps,
+        distill_weight=config.distill_weight,
+    )
+
+    def save(
+        model: ConvDFSMN, kind: str, quantization: dict[str, Any] | None, extra: dict[str, Any]
+    ) -> Path:
+        return save_artifact(
+            out / kind,
+            AsrArtifact(
+                model=model.eval(),
+                alphabet=ALPHABET,
+                n_mels=n_mels,
+                quantization=quantization,
+                meta={**meta, "precision": kind, **extra},
+            ),
+        )
+
+    fp32_path = save(fp32, "fp32", None, {})
+    int8_path = save(int8_weights, "int8", record, {})
+    evaluation = evaluate_artifacts(
+        fp32_path, int8_path, corpus, split="test", beam=config.eval_beam
+    )
+    dev = (
+        evaluate_artifacts(fp32_path, int8_path, corpus, split="dev")
+        if _has_split(corpus, "dev")
+        else None
+    )
+    for line in summary_lines(evaluation):
+        print(f"[asr] {line}", flush=True)
+    headline = {k: evaluation[k] for k in ("cer_fp32", "wer_fp32", "cer_int8", "wer_int8")}
+    per_language = {
+        f"{kind}_{metric}_{group}": values[metric]
+        for kind in ("fp32", "int8")
+        for group, values in evaluation[kind]["greedy"]["per_language"].items()
+        for metric in ("cer", "wer")
+    }
+    metrics: dict[str, float] = {
+        **headline,
+        "int8_cer_delta": evaluation["int8_cer_delta"],
+        **per_language,
+        "test_utterances": float(evaluation["utterances"]),
+        "train_seconds": time.monotonic() - started,
+    }
+    if config.eval_beam:
+        beam_key = f"beam{config.eval_beam}"
+        metrics["cer_fp32_beam"] = evaluation["fp32"][beam_key]["cer"]
+        metrics["cer_int8_beam"] = evaluation["int8"][beam_key]["cer"]
+    if dev is not None:
+        metrics["dev_cer_fp32"], metrics["dev_cer_int8"] = dev["cer_fp32"], dev["cer_int8"]
+    # The files carry their own figures (the serving and compile steps read them from there).
+    fp32_path = save(
+        fp32, "fp32", None, {"metrics": {"cer": metrics["cer_fp32"], "wer": metrics["wer_fp32"]}}
+    )
+    int8_path = save(
+        int8_weights,
+        "int8",
+        record,
+        {"metrics": {"cer": metrics["cer_int8"], "wer": metrics["wer_int8"]}},
+    )
+    confusions = {
+        kind: {
+            "top_confusions": evaluation[kind]["greedy"]["top_confusions"],
+            "per_language": {
+                g: v["top_confusions"]
+                for g, v in evaluation[kind]["greedy"]["per_language"].items()
+            },
+            "characters": evaluation[kind]["greedy"]["characters"],
+        }
+        for kind in ("fp32", "int8")
+    }
+    _write_json(out / "evaluation.json", {"test": evaluation, "dev": dev})
+    _write_json(out / "confusions.json", confusions)
+    mlflow.log_metrics(metrics)
+    mlflow.log_dict(confusions, "confusions.json")
+    mlflow.log_artifact(str(out / "evaluation.json"))
+    mlflow.log_artifact(str(fp32_path), "fp32")
+    mlflow.log_artifact(str(int8_path), "int8")
+    result = {
+        **metrics,
+        "run_id": run_id,
+        "config": config.name,
+        "corpus": str(corpus),
+        "world_size": world,
+        "fp32_artifact": str(fp32_path),
+        "int8_artifact": str(int8_path),
+        "activation_ranges": record["activation_ranges"],
+        "goals": {
+            "cer_fp32_at_most_5pct": metrics["cer_fp32"] <= 0.05,
+            "int8_within_0.2_points": abs(metrics["int8_cer_delta"]) <= 0.2,
+        },
+    }
+    _write_json(out / "result.json", result)
+    mlflow.log_artifact(str(out / "result.json"))
+    mlflow.end_run()
+    # Finished: nothing to resume; a later launch with this out starts afresh.
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    shutil.rmtree(out / "phases", ignore_errors=True)
+    (out / RUN_MARKER).unlink(missing_ok=True)
+    print(
+        f"[asr] done: CER fp32 {metrics['cer_fp32']:.2%} int8 {metrics['cer_int8']:.2%} "
+        f"WER fp32 {metrics['wer_fp32']:.2%} int8 {metrics['wer_int8']:.2%} "
+        f"seconds={metrics['train_seconds']:.0f} result={out / 'result.json'}",
+        flush=True,
+    )
+    return result
+
+
+def _has_split(corpus: Path, split: str) -> bool:
+    return any((corpus / "shards" / f"split={split}").glob("*.parquet"))
+
+
+def _write_json(path: Path, value: Any) -> None:
+    write_result(path, json.loads(json.dumps(value, default=str)))
+
+
+# --- launching ----------------------------------------------------------------------------
+
+
+def train_asr(
+    settings: Settings | None,
+    config_name: str,
+    corpus_dir: Path,
+    out_dir: Path,
+    *,
+    processes: int | None = None,
+    echo: bool = True,
+) -> dict[str, Any]:
+    """Train ``config_name`` on ``corpus_dir`` with ``processes`` (default
+    ``settings.train_processes``) DeepSpeed processes; returns ``OUT/result.json``: CER/WER of
+    the fp32 and int8 models on the test split, the MLflow run id and both artifact paths.
+
+    A run killed half-way resumes from its checkpoints when called again with the same
+    ``out_dir``.
+    """
+    config = get_config(config_name)  # fail fast on a bad name, before starting processes
+    settings = settings or load_settings()
+    corpus_dir, out_dir = Path(corpus_dir).resolve(), Path(out_dir).resolve()
+    corpus_n_mels(corpus_dir)
+    if not _has_split(corpus_dir, "train"):
+        raise FileNotFoundError(f"{corpus_dir} has no training shards (shards/split=train)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result_path = out_dir / "result.json"
+    result_path.unlink(missing_ok=True)  # a stale result must never pass for this launch's
+    returncode, tail = run_torchrun(
+        "models.asr.train",
+        ["--config", config.name, "--corpus", str(corpus_dir), "--out", str(out_dir)],
+        processes=processes or settings.train_processes,
+        settings=settings,
+        log_path=out_dir / "train.log",
+        echo=echo,
+        append=True,
+    )
+    result = read_complete_result(result_path, None, RESULT_KEYS)
+    if result is None:
+        raise RuntimeError(
+            f"ASR training {config.name!r} failed (exit code {returncode}) without a complete "
+            f"{result_path}; last log lines:\n{tail}"
+        )
+    if returncode != 0:
+        # Seen with DeepSpeed on CPU: a rank SIGABRTs at exit after everything was written.
+        warnings.warn(
+            f"ASR training exited with code {returncode} after writing a complete "
+            f"{result_path}; accepting run {result['run_id']}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, choices=sorted(CONFIGS))
+    parser.add_argument("--corpus", required=True, type=Path, help="corpus folder (audio_corpus)")
+    parser.add_argument("--out", required=True, type=Path, help="run folder (resumes if present)")
+    parser.add_argument(
+        "--processes", type=int, default=None, help="workers to start (default: settings)"
+    )
+    # The deepspeed launcher passes --local_rank; torch.distributed.run sets LOCAL_RANK.
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    if "RANK" not in os.environ:
+        result = train_asr(None, args.config, args.corpus, args.out, processes=args.processes)
+        print(json.dumps({k: result[k] for k in (*RESULT_KEYS, "wer_fp32", "wer_int8")}, indent=2))
+        return 0
+    init_distributed()
+    train(get_config(args.config), corpus=args.corpus, out=args.out)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

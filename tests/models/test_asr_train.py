@@ -1,0 +1,198 @@
+"""ASR training: configs, corpus batches, and a real 2-process DeepSpeed run (fp32 then RSQ QAT)
+that learns, writes both model files and its MLflow run, and resumes after a kill."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from cascade.config import Settings
+from jobs.audio_corpus import CorpusConfig, process_one
+from jobs.speech_synth import synthesize, utterance_spec, write_wav
+from models.asr.artifact import load_artifact
+from models.asr.config_registry import ALPHABET, CONFIGS, AsrTrainConfig, get_config
+from models.asr.corpus import SILENCE, collate, epoch_batches, load_split
+from models.asr.evaluate import error_report, int8_model
+from models.asr.train import RUN_MARKER, train_asr
+from models.preranking.train import CRASH_ENV
+
+
+def test_configs_are_complete_typed_and_validated() -> None:
+    assert set(CONFIGS) == {"debug", "synthetic"}
+    debug, real = get_config("debug"), get_config("synthetic")
+    assert debug.model.vocab_size == real.model.vocab_size == len(ALPHABET)
+    assert debug.fp32_steps * debug.batch_size < real.fp32_steps * real.batch_size
+    assert AsrTrainConfig.from_dict(json.loads(json.dumps(real.to_dict()))) == real
+    assert real.flat_params()["model.blocks"] == "6" and real.levels == 127
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        real.lr = 1.0  # type: ignore[misc]
+    with pytest.raises(ValueError, match="unknown ASR config 'huge'"):
+        get_config("huge")
+    with pytest.raises(ValueError, match="distill_weight"):
+        dataclasses.replace(debug, distill_weight=1.5)
+    with pytest.raises(ValueError, match="vocab_size must be"):
+        dataclasses.replace(debug, model=dataclasses.replace(debug.model, vocab_size=5))
+    with pytest.raises(ValueError, match="qat_steps must be >= 1"):
+        dataclasses.replace(debug, qat_steps=0)
+
+
+def make_corpus(root: Path, count: int = 40, test_every: int = 5) -> Path:
+    """A corpus in the job's layout from ``count`` synthesized utterances, without Spark: every
+    ``test_every``-th utterance goes to the test split, the rest to train."""
+    config = CorpusConfig()
+    wav = root / "wav"
+    rows = []
+    for index in range(count):
+        spec = utterance_spec(index, seed=7)
+        pcm, rate = synthesize(spec)
+        content = write_wav(wav / f"{spec.utterance_id}.wav", pcm, rate).read_bytes()
+        transcript = {"text": spec.text, "language": spec.language, "voice": spec.voice}
+        row = process_one(spec.utterance_id, content, transcript, config)
+        assert row["reason"] is None, row["reason"]
+        row["split"] = "test" if index % test_every == test_every - 1 else "train"
+        rows.append(row)
+    corpus = root / "corpus"
+    frame = pd.DataFrame(rows).drop(columns=["reason"])
+    for split, part in frame.groupby("split"):
+        folder = corpus / "shards" / f"split={split}"
+        folder.mkdir(parents=True)
+        part.drop(columns=["split"]).to_parquet(folder / "part-0.parquet")
+    (corpus / "summary.json").write_text(json.dumps({"config": dataclasses.asdict(config)}))
+    return corpus
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_corpus(tmp_path_factory.mktemp("asr"))
+
+
+def test_batches_are_bucketed_padded_with_silence_and_reproducible(corpus: Path) -> None:
+    data = load_split(corpus, "train", ALPHABET)
+    assert len(data) == 32 and data.ids == sorted(data.ids)
+    lengths = data.lengths
+    batches = epoch_batches(lengths, batch_size=4, pool_batches=4, seed=0, epoch=3)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(32))
+    again = epoch_batches(lengths, batch_size=4, pool_batches=4, seed=0, epoch=3)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, again, strict=True))
+    other = epoch_batches(lengths, batch_size=4, pool_batches=4, seed=0, epoch=4)
+    assert any(not np.array_equal(a, b) for a, b in zip(batches, other, strict=True))
+    # Bucketing: within a pool the batches hold neighbours in length, so padding stays small.
+    spread = np.mean([np.ptp(lengths[b]) for b in batches])
+    assert spread < np.ptp(lengths) / 2
+    batch = collate(data, batches[0])
+    short = int(batch.lengths.argmin())
+    assert batch.features.shape == (4, int(batch.lengths.max()), 40)
+    assert torch.all(batch.features[short, int(batch.lengths[short]) :] == SILENCE)
+    assert (
+        ALPHABET.decode(batch.targets[: int(batch.target_lengths[0])].tolist())
+        == (data.texts[int(batches[0][0])])
+    )
+    augmented = collate(data, batches[0], np.random.default_rng(0))
+    assert not torch.equal(augmented.features, batch.features)
+    assert torch.equal(augmented.lengths, batch.lengths)
+
+
+def test_error_report_breaks_down_by_language() -> None:
+    report = error_report(
+        ["turn left", "你好", "play music"],
+        ["turn lift", "你好", "play"],
+        ["en-us", "cmn", "en-gb"],
+    )
+    assert report["cer"] == pytest.approx((1 + 0 + 6) / (9 + 2 + 10))
+    assert report["per_language"]["mandarin"]["cer"] == 0.0
+    assert report["per_language"]["english"]["utterances"] == 2
+    assert report["wer"] == pytest.approx(2 / 5)
+    assert {"reference": "e", "hypothesis": "i", "count": 1} in report["top_confusions"]
+    assert report["characters"]["deletions"] == 6 and report["sentence_error_rate"] == 2 / 3
+
+
+def _weights(path: str) -> dict[str, torch.Tensor]:
+    return load_artifact(Path(path)).model.state_dict()
+
+
+@pytest.mark.slow
+def test_two_process_debug_run_learns_writes_both_models_and_resumes_after_a_kill(
+    settings: Settings,
+    corpus: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "run"
+    result = train_asr(settings, "debug", corpus, out, echo=True)
+    logged = capsys.readouterr().out
+    assert "world=2" in logged and "[asr] qat step=8/8" in logged
+
+    fp32, int8 = (
+        load_artifact(Path(result["fp32_artifact"])),
+        load_artifact(Path(result["int8_artifact"])),
+    )
+    assert fp32.quantization is None and fp32.meta["config"] == "debug"
+    record = int8.quantization
+    assert record is not None and record["bits"] == 8
+    assert set(record["activation_ranges"]) == {
+        name
+        for name, m in int8.model.named_modules()
+        if isinstance(m, torch.nn.Linear | torch.nn.Conv1d)
+    }
+    assert all(v > 0 for v in record["activation_ranges"].values())
+    # QAT moved the weights away from the fp32 ones, and the int8 model runs.
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(
+            _weights(result["fp32_artifact"]).values(),
+            _weights(result["int8_artifact"]).values(),
+            strict=True,
+        )
+    )
+    assert int8_model(int8)(torch.randn(1, 30, 40)).shape[-1] == len(ALPHABET)
+    assert 0.0 <= result["cer_fp32"] <= 1.0 and 0.0 <= result["cer_int8"] <= 1.0
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=settings.tracking_uri)
+    run = client.get_run(result["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["zero_stage"] == "1" and run.data.params["model.blocks"] == "2"
+    assert run.data.metrics["cer_int8"] == pytest.approx(result["cer_int8"])
+    losses = client.get_metric_history(result["run_id"], "loss.fp32")
+    assert len(losses) == 4 and losses[-1].value < 0.8 * losses[0].value
+    assert client.get_metric_history(result["run_id"], "kl.qat")
+    artifacts = {a.path for a in client.list_artifacts(result["run_id"])}
+    assert {"confusions.json", "evaluation.json", "fp32", "int8", "result.json"} <= artifacts
+    assert not (out / "checkpoints").exists() and not (out / RUN_MARKER).exists()
+
+    # Killed after fp32 step 8 (last checkpoint: 6), launched again: it resumes at step 6 in
+    # the same MLflow run and ends with the same weights, ranges and metrics.
+    again = tmp_path / "again"
+    monkeypatch.setenv(CRASH_ENV, "fp32:8")
+    with pytest.raises(RuntimeError, match="failed"):
+        train_asr(settings, "debug", corpus, again)
+    monkeypatch.delenv(CRASH_ENV)
+    assert (again / "checkpoints" / "fp32" / "step6").is_dir()
+    killed_run = json.loads((again / RUN_MARKER).read_text())["run_id"]
+    resumed = train_asr(settings, "debug", corpus, again)
+    assert "[asr] fp32: resumed at step 6" in capsys.readouterr().out
+    assert resumed["run_id"] == killed_run != result["run_id"]
+    for kind in ("fp32_artifact", "int8_artifact"):
+        for (name, a), b in zip(
+            _weights(result[kind]).items(), _weights(resumed[kind]).values(), strict=True
+        ):
+            assert torch.equal(a, b), name
+    assert resumed["activation_ranges"] == result["activation_ranges"]
+    assert (resumed["cer_fp32"], resumed["cer_int8"]) == (result["cer_fp32"], result["cer_int8"])
+    assert client.get_run(killed_run).info.status == "FINISHED"
+
+
+def test_launch_refuses_a_missing_corpus_and_a_bad_config(
+    settings: Settings, tmp_path: Path
+) -> None:
+    with pytest.raises(FileNotFoundError, match="not a corpus"):
+        train_asr(settings, "debug", tmp_path / "nowhere", tmp_path / "out")
+    with pytest.raises(ValueError, match="unknown ASR config"):
+        train_asr(settings, "huge", tmp_path, tmp_path / "out")
