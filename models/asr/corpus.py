@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,23 @@ class Utterances:
     @property
     def lengths(self) -> np.ndarray:
         return np.array([len(f) for f in self.features], dtype=np.int64)
+
+    def subset(self, keep: Sequence[bool]) -> Utterances:
+        """The utterances where ``keep`` is true, in order."""
+        picked = [i for i, k in enumerate(keep) if k]
+
+        def take(values: list[Any]) -> list[Any]:
+            return [values[i] for i in picked]
+
+        return Utterances(
+            ids=take(self.ids),
+            texts=take(self.texts),
+            languages=take(self.languages),
+            voices=take(self.voices),
+            features=take(self.features),
+            targets=take(self.targets),
+            n_mels=self.n_mels,
+        )
 
 
 def corpus_n_mels(corpus: Path) -> int:

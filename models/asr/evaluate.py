@@ -120,11 +120,20 @@ def evaluate_artifacts(
     fp32: Path, int8: Path | None, corpus: Path, *, split: str = "test", beam: int = 0
 ) -> dict[str, Any]:
     """fp32 (and int8) error rates on ``split`` of ``corpus``; headline keys ``cer_fp32``,
-    ``wer_fp32``, ``cer_int8``, ``wer_int8``, ``int8_cer_delta`` (points of CER)."""
+    ``wer_fp32``, ``cer_int8``, ``wer_int8``, ``int8_cer_delta`` (points of CER) are on the
+    synthetic voices; recordings of people (:mod:`jobs.speech_human`, test split only) are
+    reported apart under ``human`` (``cer_human_fp32``, ``cer_human_int8``): a model trained on
+    synthetic speech is expected to do far worse on them, and mixing the two would make the
+    headline depend on how many such clips a partition happens to hold."""
+    from jobs.speech_human import HUMAN_VOICE_PREFIX
+
     float_artifact = load_artifact(fp32)
-    data = load_split(corpus, split, float_artifact.alphabet)
+    everything = load_split(corpus, split, float_artifact.alphabet)
+    is_human = [v.startswith(HUMAN_VOICE_PREFIX) for v in everything.voices]
+    data = everything.subset([not h for h in is_human])
+    human = everything.subset(is_human)
     if len(data) == 0:
-        raise ValueError(f"split {split!r} of {corpus} has no utterances")
+        raise ValueError(f"split {split!r} of {corpus} has no synthetic utterances")
     if data.n_mels != float_artifact.n_mels:
         raise ValueError(
             f"the corpus has {data.n_mels} mel bins, the model expects {float_artifact.n_mels}"
@@ -143,6 +152,16 @@ def evaluate_artifacts(
         result["cer_int8"] = result["int8"]["greedy"]["cer"]
         result["wer_int8"] = result["int8"]["greedy"]["wer"]
         result["int8_cer_delta"] = 100.0 * (result["cer_int8"] - result["cer_fp32"])
+    if len(human):
+        result["human"] = {"utterances": len(human)}
+        models = [("fp32", float_artifact.model, float_artifact)]
+        if int8 is not None:
+            models.append(("int8", int8_model(quant_artifact), quant_artifact))
+        for kind, model, artifact in models:
+            report = evaluate_model(model, artifact, human, beam=0)
+            result["human"][kind] = report
+            result[f"cer_human_{kind}"] = report["greedy"]["cer"]
+            result[f"wer_human_{kind}"] = report["greedy"]["wer"]
     return result
 
 
@@ -163,6 +182,13 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
             for c in greedy["top_confusions"][:8]
         )
         lines.append(f"{kind} top confusions: {top}")
+    if "human" in result:
+        rates = ", ".join(
+            f"{kind} CER {result[f'cer_human_{kind}']:.2%}"
+            for kind in ("fp32", "int8")
+            if f"cer_human_{kind}" in result
+        )
+        lines.append(f"people's recordings ({result['human']['utterances']}): {rates}")
     return lines
 
 

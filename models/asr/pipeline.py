@@ -29,6 +29,9 @@ DEFAULT_CONFIG = "synthetic"
 UTTERANCES_ENV = "CASCADE_ASR_UTTERANCES"
 """Overrides the size of a synthesized batch (the config's ``utterances`` otherwise)."""
 MODEL_NAME = "asr"
+SERVED_ARTIFACT_PATH = "int8"
+"""Folder of the training's MLflow run that a registered version points at: the int8 model file
+(training logs it) and its compiled ``.pt2`` (the compile step adds it)."""
 
 
 def config_name() -> str:
@@ -70,7 +73,7 @@ def _synthetic_count() -> int:
     else:
         from models.asr.config_registry import get_config
 
-        count = get_config(config_name()).utterances
+        count = get_config(config_name()).corpus_utterances
     if count < 1:
         raise ValueError(f"{UTTERANCES_ENV} must be >= 1, got {count}")
     return count
@@ -109,3 +112,131 @@ def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     lake = Lake(settings.lake_root)
     report = validate_corpus(corpus_dir(lake, ds))
     return {k: report[k] for k in ("success", "rows", "voices", "path")} | {"ds": ds}
+
+
+def train(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """DeepSpeed training (fp32, then range-scaled int8 QAT with distillation) on the corpus;
+    a killed attempt resumes from its checkpoints on the task's retry."""
+    from models.asr.train import train_asr
+
+    settings = settings or load_settings()
+    lake = Lake(settings.lake_root)
+    result = train_asr(settings, config_name(), corpus_dir(lake, ds), lake.reports("asr_train", ds))
+    return _write_result(lake, "asr_train", ds, {**result, "ds": ds})
+
+
+CER_TOLERANCE_ENV = "CASCADE_ASR_CER_TOLERANCE"
+DEFAULT_CER_TOLERANCE = 0.005
+"""A challenger may be this much worse (absolute CER) than the champion and still be promoted:
+two evaluations of one model on the same rows agree exactly, so this only absorbs real noise."""
+
+
+def _cer_tolerance() -> float:
+    value = float(os.environ.get(CER_TOLERANCE_ENV, DEFAULT_CER_TOLERANCE))
+    if not 0 <= value < 1:
+        raise ValueError(f"{CER_TOLERANCE_ENV} must be in [0, 1), got {value}")
+    return value
+
+
+def held_out_cer(artifact: Path, corpus: Path) -> dict[str, Any]:
+    """The served (int8) model's CER and WER on the corpus test split (held-out voices)."""
+    from models.asr.evaluate import evaluate_artifacts
+
+    evaluation = evaluate_artifacts(artifact, artifact, corpus, split="test")
+    return {
+        "cer": evaluation["cer_int8"],
+        "wer": evaluation["wer_int8"],
+        "utterances": evaluation["utterances"],
+    }
+
+
+def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """Register the int8 model trained for ``ds`` (with its compiled artifact) as a new version of
+    MLflow model ``asr`` (alias ``challenger``); move ``champion`` to it when the compile gate
+    passed and its CER on this partition's held-out voices is within the tolerance of the
+    champion's CER on the same utterances. Calling it again returns the first decision."""
+    import mlflow
+
+    from cascade.registry import (
+        CHALLENGER,
+        CHAMPION,
+        DECISION_TAG,
+        PREVIOUS_CHAMPION_TAG,
+        ensure_registered_model,
+        registry_client,
+        version_by_alias,
+        version_of_run,
+    )
+
+    settings = settings or load_settings()
+    lake = Lake(settings.lake_root)
+    trained = read_result(lake, "asr_train", ds, produced_by="train")
+    gate = read_result(lake, "asr_compile", ds, produced_by="compile")
+    client = registry_client(settings)
+    ensure_registered_model(client, MODEL_NAME, "Speech recognition, ConvDFSMN int8 (Cascade)")
+    run_id = trained["run_id"]
+    version, stored = version_of_run(client, MODEL_NAME, run_id)
+    if stored is not None:
+        return _write_result(lake, "asr_register", ds, stored)
+    if version is None:
+        version = client.create_model_version(
+            MODEL_NAME,
+            source=f"{mlflow.get_run(run_id).info.artifact_uri}/{SERVED_ARTIFACT_PATH}",
+            run_id=run_id,
+            tags={"ds": ds, "cer_int8": repr(float(trained["cer_int8"])), "run_id": run_id},
+            description=f"trained for ds={ds} with config {trained.get('config')}",
+        )
+    new_version = str(version.version)
+
+    reasons: list[str] = []
+    if not gate.get("passed"):
+        reasons += [f"compile gate: {r}" for r in gate.get("reasons") or ["failed"]]
+    champion = version_by_alias(client, MODEL_NAME, CHAMPION)
+    comparison: dict[str, Any] | None = None
+    if champion is None:
+        previous = None
+    elif str(champion.version) == new_version:
+        # A retry after the alias moved but before the decision was stored.
+        previous = version.tags.get(PREVIOUS_CHAMPION_TAG) or None
+    else:
+        previous = str(champion.version)
+        corpus = corpus_dir(lake, ds)
+        champion_dir = mlflow.artifacts.download_artifacts(
+            f"models:/{MODEL_NAME}/{previous}", tracking_uri=settings.tracking_uri
+        )
+        tolerance = _cer_tolerance()
+        challenger_cer = held_out_cer(Path(trained["int8_artifact"]), corpus)
+        champion_cer = held_out_cer(Path(champion_dir), corpus)
+        comparison = {
+            "metric": "cer",
+            "challenger": challenger_cer["cer"],
+            "champion": champion_cer["cer"],
+            "utterances": challenger_cer["utterances"],
+            "tolerance": tolerance,
+            "passed": challenger_cer["cer"] <= champion_cer["cer"] + tolerance,
+        }
+        if not comparison["passed"]:
+            reasons.append(
+                f"CER {challenger_cer['cer']:.4f} on the held-out voices is worse than champion "
+                f"v{previous}'s {champion_cer['cer']:.4f} (tolerance {tolerance})"
+            )
+    promoted = not reasons
+    client.set_registered_model_alias(MODEL_NAME, CHALLENGER, new_version)
+    if promoted:
+        client.set_model_version_tag(MODEL_NAME, new_version, PREVIOUS_CHAMPION_TAG, previous or "")
+        client.set_registered_model_alias(MODEL_NAME, CHAMPION, new_version)
+    report = {
+        "ds": ds,
+        "version": new_version,
+        "promoted": promoted,
+        "champion_version": new_version if promoted else previous,
+        "previous_champion": previous,
+        "run_id": run_id,
+        "cer_int8": trained["cer_int8"],
+        "cer_fp32": trained["cer_fp32"],
+        "comparison": comparison,
+        "compile_gate": {k: gate.get(k) for k in ("passed", "reasons", "artifact")},
+        "reasons": reasons,
+    }
+    client.set_model_version_tag(MODEL_NAME, new_version, DECISION_TAG, json.dumps(report))
+    return _write_result(lake, "asr_register", ds, report)

@@ -480,6 +480,8 @@ def finish(
     for line in summary_lines(evaluation):
         print(f"[asr] {line}", flush=True)
     headline = {k: evaluation[k] for k in ("cer_fp32", "wer_fp32", "cer_int8", "wer_int8")}
+    # People's recordings (test split only) are reported beside, never in, the headline.
+    headline |= {k: v for k, v in evaluation.items() if k.startswith(("cer_human", "wer_human"))}
     per_language = {
         f"{kind}_{metric}_{group}": values[metric]
         for kind in ("fp32", "int8")
