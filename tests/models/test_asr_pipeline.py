@@ -113,6 +113,17 @@ def test_registry_promotes_on_held_out_cer_and_respects_the_compile_gate(
     _trained(settings, "2026-11-20", good)
     first = pipeline.register("2026-11-20", settings=settings)
     assert first["promoted"] and first["previous_champion"] is None and first["version"] == "1"
+    # A server following the champion downloads the version's files once and swaps them in.
+    from models.asr.artifact import load_artifact
+    from serving.champion import ChampionFollower
+
+    swaps: list[tuple[Path, str]] = []
+    follower = ChampionFollower(
+        settings, "asr", lambda folder, version: swaps.append((folder, version)),
+        cache=tmp_path / "cache",
+    )  # fmt: skip
+    assert follower.refresh() and not follower.refresh()
+    assert [v for _, v in swaps] == ["1"] and load_artifact(swaps[0][0]).quantization
 
     _trained(settings, "2026-11-21", bad)
     second = pipeline.register("2026-11-21", settings=settings)
