@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "compilers": "compilers.bench:run",
     "ctr": "jobs.ctr_cross_stats_bench:bench_ctr",
     "serving": "serving.bench:run",
+    "asr": "models.asr.bench:run",
 }
 """Benchmark name -> ``module:function``; imported only when run."""
 
@@ -37,6 +38,7 @@ OPTIONS: dict[str, dict[str, str]] = {
     "ctr": {"impressions": "CASCADE_BENCH_CTR_SIZES"},
     "preranking": {"config": "CASCADE_BENCH_PRERANKING_CONFIG"},
     "compilers": {"model": "CASCADE_BENCH_COMPILE_MODEL"},
+    "asr": {"model": "CASCADE_BENCH_ASR_MODEL", "sizes": "CASCADE_BENCH_ASR_SIZES"},
     "events": {"events": "CASCADE_BENCH_EVENTS"},
     "serving": {
         "candidates": "CASCADE_BENCH_SERVING_CANDIDATES",

@@ -107,7 +107,8 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 BENCH_OPTIONS = {
     "impressions": "impressions, comma-separated sizes (ctr-features)",
     "config": "named training config (preranking)",
-    "model": "model to compile: preranking (compile)",
+    "model": "model to compile: preranking (compile); an asr_model.pt folder to evaluate (asr)",
+    "sizes": "corpus sizes in utterances, comma-separated (asr)",
     "events": "events to publish (events)",
     "candidates": "item ids per request (serving)",
     "clients": "concurrent clients (serving)",

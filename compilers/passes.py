@@ -57,7 +57,12 @@ class PassContext:
     example_inputs: tuple[torch.Tensor, ...] | None = None
     """Real inputs for timing decisions (``winograd="auto"``); set by the exporter."""
     calibration_inputs: list[tuple[torch.Tensor, ...]] | None = None
-    """Input batches whose activation ranges calibrate ``rsq_quantize``; required by it."""
+    """Input batches whose activation ranges calibrate ``rsq_quantize``; it needs these or
+    ``rsq_input_ranges``."""
+    rsq_input_ranges: dict[str, float] | None = None
+    """Module path (``blocks.0.affine``) -> clipping range of that layer's input, as a
+    quantization-aware training learned it; ``rsq_quantize`` uses these instead of calibrating
+    the layers they name, so the artifact clips where training clipped."""
     winograd: str = "auto"
     """``auto``: rewrite a 3-tap Conv1d only where it is faster here; ``always`` / ``never``."""
     rsq_bits: int = 8
@@ -322,6 +327,10 @@ def fold_batch_norm(gm: fx.GraphModule, context: PassContext) -> PassResult:
             args[1], args[2] = weight_node, bias_node
         with gm.graph.inserting_after(producer):
             fused = _call(gm, producer.target, *args)  # type: ignore[arg-type]
+        # The folded layer is still the producer's module: later passes (rsq_quantize with
+        # per-module ranges) find it by that name.
+        if "nn_module_stack" in producer.meta:
+            fused.meta["nn_module_stack"] = producer.meta["nn_module_stack"]
         replace = node
         if node.target == aten._native_batch_norm_legit_no_training.default:
             getitems = [u for u in node.users if u.target == operator.getitem and u.args[1] == 0]
@@ -845,6 +854,72 @@ unsigned activations by signed weights, and ``[128 - levels, 128 + levels]`` hol
 symmetric range exactly."""
 
 
+def rsq_conv1d(
+    x: torch.Tensor,
+    weight_q: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: float,
+    bias: torch.Tensor | None,
+    levels: int,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+) -> torch.Tensor:
+    """Conv1d on int8 weights and range-scaled int8-valued activations (what ``rsq_quantize``
+    puts in place of a Conv1d, computed with float ops)."""
+    q = torch.clamp(torch.round(x / input_scale), -levels, levels)
+    out = F.conv1d(q, weight_q.to(x.dtype), None, stride, padding, dilation, groups)
+    out = out * (weight_scale * input_scale)[:, None]
+    return out if bias is None else out + bias[:, None]
+
+
+def _rsq_activation(gm: fx.GraphModule, x: fx.Node, input_scale: float, levels: int) -> fx.Node:
+    """Quantize -> dequantize of a layer input: uint8 around :data:`RSQ_ZERO_POINT`."""
+    qd = torch.ops.quantized_decomposed
+    low, high = RSQ_ZERO_POINT - levels, RSQ_ZERO_POINT + levels
+    quantized = _call(
+        gm,
+        qd.quantize_per_tensor.default,
+        x,
+        input_scale,
+        RSQ_ZERO_POINT,
+        low,
+        high,
+        torch.uint8,
+    )
+    return _call(
+        gm,
+        qd.dequantize_per_tensor.default,
+        quantized,
+        input_scale,
+        RSQ_ZERO_POINT,
+        low,
+        high,
+        torch.uint8,
+    )
+
+
+def _rsq_weight(
+    gm: fx.GraphModule, weight_q: torch.Tensor, weight_scale: torch.Tensor, levels: int
+) -> fx.Node:
+    """Dequantize of an int8, per-output-channel weight constant."""
+    q_node = _add_const(gm, weight_q.to(torch.int8), "rsq_weight")
+    s_node = _add_const(gm, weight_scale.float(), "rsq_scale")
+    z_node = _add_const(gm, torch.zeros(weight_q.shape[0], dtype=torch.int64), "rsq_zero")
+    return _call(
+        gm,
+        torch.ops.quantized_decomposed.dequantize_per_channel.default,
+        q_node,
+        s_node,
+        z_node,
+        0,
+        -levels,
+        levels,
+        torch.int8,
+    )
+
+
 def _rsq_linear_nodes(
     gm: fx.GraphModule,
     x: fx.Node,
@@ -861,68 +936,39 @@ def _rsq_linear_nodes(
     with the weight prepacked. Eager PyTorch runs it as float ops with the same values as
     :func:`rsq_linear` up to rounding.
     """
-    qd = torch.ops.quantized_decomposed
-    low, high = RSQ_ZERO_POINT - levels, RSQ_ZERO_POINT + levels
-    q_node = _add_const(gm, weight_q.to(torch.int8), "rsq_weight")
-    s_node = _add_const(gm, weight_scale.float(), "rsq_scale")
-    z_node = _add_const(gm, torch.zeros(weight_q.shape[0], dtype=torch.int64), "rsq_zero")
-    quantized = _call(
-        gm,
-        qd.quantize_per_tensor.default,
-        x,
-        input_scale,
-        RSQ_ZERO_POINT,
-        low,
-        high,
-        torch.uint8,
-    )
-    activation = _call(
-        gm,
-        qd.dequantize_per_tensor.default,
-        quantized,
-        input_scale,
-        RSQ_ZERO_POINT,
-        low,
-        high,
-        torch.uint8,
-    )
-    weight = _call(
-        gm,
-        qd.dequantize_per_channel.default,
-        q_node,
-        s_node,
-        z_node,
-        0,
-        -levels,
-        levels,
-        torch.int8,
-    )
+    shape = _shape(x)
+    if shape is not None and len(shape) > 2:
+        # Inductor's int8 Linear patterns are for 2-D inputs; a 3-D one with a symbolic dim
+        # reaches a matcher that cannot compare symbolic sizes. Rows are independent, so run
+        # the layer on ``[prod(lead), in]`` and restore the lead dims.
+        lead = [
+            size if _is_static(size) else _call(gm, aten.sym_size.int, x, dim)
+            for dim, size in enumerate(shape[:-1])
+        ]
+        flat = _call(gm, aten.reshape.default, x, [-1, shape[-1]])
+        out = _rsq_linear_nodes(gm, flat, weight_q, weight_scale, input_scale, bias, levels)
+        return _call(gm, aten.reshape.default, out, [*lead, int(weight_q.shape[0])])
+    activation = _rsq_activation(gm, x, input_scale, levels)
+    weight = _rsq_weight(gm, weight_q, weight_scale, levels)
     return _call(gm, aten.linear.default, activation, weight, bias)
 
 
-def rsq_conv1d(
-    x: torch.Tensor,
-    weight_q: torch.Tensor,
-    weight_scale: torch.Tensor,
-    input_scale: float,
-    bias: torch.Tensor | None,
-    levels: int,
-    stride: Sequence[int],
-    padding: Sequence[int],
-    dilation: Sequence[int],
-    groups: int,
-) -> torch.Tensor:
-    """Conv1d on int8 weights and range-scaled int8-valued activations."""
-    q = torch.clamp(torch.round(x / input_scale), -levels, levels)
-    out = F.conv1d(q, weight_q.to(x.dtype), None, stride, padding, dilation, groups)
-    out = out * (weight_scale * input_scale)[:, None]
-    return out if bias is None else out + bias[:, None]
+def module_path(node: fx.Node) -> str | None:
+    """Dotted path of the innermost module that produced ``node`` (``blocks.0.affine``), from
+    the ``nn_module_stack`` export records; None for a node made outside any module."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    return str(path) if path else None
 
 
 def _layer_input_ranges(
     gm: fx.GraphModule, batches: Sequence[tuple[torch.Tensor, ...]], names: set[str]
 ) -> dict[str, float]:
     ranges: dict[str, float] = {}
+    if not names:
+        return ranges
 
     class Calibrate(fx.Interpreter):
         def run_node(self, n: fx.Node) -> Any:
@@ -941,13 +987,20 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
     """Range-scaled quantization (RSQ) of Linear and Conv1d weights and input activations.
 
     Weights: symmetric per output channel, scale = range / levels. Activations: one scale per
-    layer from the largest magnitude seen on ``context.calibration_inputs``. Invariant: same
-    output shapes and dtypes; values change by the quantization error (check accuracy after).
+    layer, ``range / levels``, where the range is the layer's entry in
+    ``context.rsq_input_ranges`` (by module path: what quantization-aware training learned) or
+    else the largest magnitude seen on ``context.calibration_inputs``. Linear layers are
+    emitted as the quantize/dequantize pattern Inductor lowers to an int8 GEMM (3-D inputs
+    flattened to 2-D for it); Conv1d as :func:`rsq_conv1d`. Invariant:
+    same output shapes and dtypes; values change by the quantization error (check accuracy
+    after).
     """
-    if not context.calibration_inputs:
+    given = context.rsq_input_ranges or {}
+    if not context.calibration_inputs and not given:
         raise ValueError(
-            "rsq_quantize needs PassContext.calibration_inputs: a few input batches drawn from "
-            "real data, to set the activation ranges"
+            "rsq_quantize needs PassContext.calibration_inputs (a few input batches drawn from "
+            "real data, to set the activation ranges) or rsq_input_ranges (a quantization-aware "
+            "model's own ranges)"
         )
     levels = 2 ** (context.rsq_bits - 1) - 1
     layers = [
@@ -960,14 +1013,23 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
     # left for fuse_memory_bound_chains to turn into a reduction).
     small = [n for n in layers if min(_const(gm, n.args[1]).shape[:2]) < context.rsq_min_features]
     layers = [n for n in layers if n not in small]
-    ranges = _layer_input_ranges(gm, context.calibration_inputs, {n.name for n in layers})
+    ranges: dict[str, float] = {}
+    from_model: list[str] = []
+    for node in layers:
+        path = module_path(node)
+        if path is not None and path in given:
+            ranges[node.name] = float(given[path])
+            from_model.append(path)
+    to_calibrate = {n.name for n in layers if n.name not in ranges}
+    if to_calibrate and context.calibration_inputs:
+        ranges.update(_layer_input_ranges(gm, context.calibration_inputs, to_calibrate))
     quantized = 0
     for node in layers:
         weight = _const(gm, node.args[1])
         assert weight is not None
         input_range = ranges.get(node.name, 0.0)
-        if input_range == 0.0:
-            continue  # never saw a non-zero input: nothing to scale by
+        if not input_range > 0.0:
+            continue  # no range (never saw a non-zero input, or none given): nothing to scale by
         flat = weight.reshape(weight.shape[0], -1)
         weight_scale = flat.abs().amax(dim=1).clamp_min(1e-12) / levels
         shape = [-1] + [1] * (weight.dim() - 1)
@@ -980,6 +1042,10 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
                     gm, args[0], weight_q, weight_scale, scale, args[2], levels
                 )
             else:
+                # Not the quantize/dequantize pattern: Inductor's int8 conv (qconv_pointwise)
+                # gets a Conv1d's output length wrong under a symbolic length (one frame too
+                # many per padded conv, torch 2.13), so the conv runs as float ops on the
+                # int8-valued operands: the same values, without the int8 kernel.
                 q_node = _add_const(gm, weight_q.to(torch.int8), "rsq_weight")
                 s_node = _add_const(gm, weight_scale, "rsq_scale")
                 replacement = _call(
@@ -996,6 +1062,8 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
                     args[5] or [1],
                     args[6] or 1,
                 )
+        if "nn_module_stack" in node.meta:
+            replacement.meta["nn_module_stack"] = node.meta["nn_module_stack"]
         node.replace_all_uses_with(replacement)
         gm.graph.erase_node(node)
         quantized += 1
@@ -1005,6 +1073,8 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
         details={
             "layers": len(layers),
             "kept_fp32": len(small),
+            "ranges_from_model": len(from_model),
+            "calibrated": len(to_calibrate) if context.calibration_inputs else 0,
             "input_ranges": ranges,
             "bits": context.rsq_bits,
         },

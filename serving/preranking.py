@@ -260,6 +260,16 @@ def decode_v2_json(body: bytes, model_name: str) -> InferRequest:
     )
 
 
+def require_v2(payload: Any, model_name: str) -> InferRequest:
+    """``payload`` if it is a v2 request, else InvalidInput (a v1 ``{"instances": ...}`` body
+    reached ``predict`` through KServe's generic v1 route)."""
+    if not isinstance(payload, InferRequest):
+        raise InvalidInput(
+            f"send an Open Inference Protocol v2 request to /v2/models/{model_name}/infer"
+        )
+    return payload
+
+
 def encode_v2_json(response: InferResponse) -> bytes:
     """The v2 JSON body of ``response``, as ``InferResponse.to_rest`` shapes it."""
     outputs = []
@@ -597,10 +607,7 @@ class PreRankingModel(Model):
         headers: dict[str, str] | None = None,
         response_headers: dict[str, str] | None = None,
     ) -> InferResponse:
-        if not isinstance(payload, InferRequest):
-            raise InvalidInput(
-                f"send an Open Inference Protocol v2 request to /v2/models/{self.name}/infer"
-            )
+        payload = require_v2(payload, self.name)
         served = self._served
         if served is None:
             raise ModelNotReady(self.name, "No champion version has been loaded yet.")

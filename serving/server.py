@@ -31,6 +31,7 @@ import orjson
 from fastapi import FastAPI, Request, Response
 from kserve import ModelServer
 from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
+from kserve.errors import InvalidInput
 from kserve.logging import KSERVE_LOG_CONFIG, configure_logging
 from kserve.model import BaseKServeModel
 from kserve.protocol.rest.server import RESTServer
@@ -67,6 +68,7 @@ def stdout_log_config(*, request_log: bool = False) -> dict[str, Any]:
 
 
 JsonInfer = Callable[[bytes], Awaitable[bytes]]
+HttpInfer = Callable[[bytes, Mapping[str, str]], Awaitable[bytes]]
 
 
 def add_json_infer_route(app: FastAPI, model_name: str, infer_json: JsonInfer) -> None:
@@ -76,17 +78,42 @@ def add_json_infer_route(app: FastAPI, model_name: str, infer_json: JsonInfer) -
     match for this model; every other route, KServe's exception handlers (400/500/503) and
     middleware stay as they are. A body that is not a v2 request gets 422, as on KServe's route.
     """
+
+    async def infer(body: bytes, _headers: Mapping[str, str]) -> bytes:
+        return await infer_json(body)
+
+    add_http_infer_route(app, model_name, infer)
+
+
+def add_http_infer_route(
+    app: FastAPI, model_name: str, infer_http: HttpInfer, *, max_body_bytes: int | None = None
+) -> None:
+    """:func:`add_json_infer_route` for a handler that also reads the request headers (the v2
+    binary tensor extension puts the JSON header's length in one). A body declared longer than
+    ``max_body_bytes`` gets 413 before it is read; an error with an HTTP ``status`` attribute
+    (an InvalidInput subclass that knows its 4xx) is answered with that status."""
     from starlette.routing import Route
 
     from serving.preranking import MalformedRequest
 
+    def error(status: int, message: str) -> Response:
+        return Response(
+            orjson.dumps({"error": message}), status_code=status, media_type="application/json"
+        )
+
     async def infer(request: Request) -> Response:
+        declared = request.headers.get("content-length", "")
+        if max_body_bytes is not None and declared.isdigit() and int(declared) > max_body_bytes:
+            return error(413, f"request body of {declared} bytes; at most {max_body_bytes}")
         try:
-            body = await infer_json(await request.body())
+            body = await infer_http(await request.body(), request.headers)
         except MalformedRequest as exc:
-            return Response(
-                orjson.dumps({"error": str(exc)}), status_code=422, media_type="application/json"
-            )
+            return error(422, str(exc))
+        except InvalidInput as exc:
+            status = getattr(exc, "status", None)
+            if not isinstance(status, int):
+                raise  # KServe's handler answers 400
+            return error(status, str(exc))
         return Response(body, media_type="application/json")
 
     # A plain Starlette route: FastAPI's dependency resolution has nothing to do for a handler
@@ -101,9 +128,9 @@ class LocalModelServer(ModelServer):
     starts gRPC unless told otherwise, registers only models that are ready and raises
     ``NoModelReady`` when none is. A model that waits for its first registry version must be
     registered anyway, so ``start`` is replaced by the single-worker branch of the original.
-    A model with an ``infer_json`` method also gets its own infer route
-    (:func:`add_json_infer_route`); the access log and per-request latency lines are on only
-    with ``request_log``.
+    A model with an ``infer_json`` (or ``infer_http``) method also gets its own infer route
+    (:func:`add_json_infer_route`, :func:`add_http_infer_route`); the access log and
+    per-request latency lines are on only with ``request_log``.
     """
 
     def __init__(
@@ -131,8 +158,16 @@ class LocalModelServer(ModelServer):
             self.register_model(model)
             model.enable_latency_logging = self.enable_latency_logging
             model.start()
+            infer_http = getattr(model, "infer_http", None)
             infer_json = getattr(model, "infer_json", None)
-            if infer_json is not None:
+            if infer_http is not None:
+                add_http_infer_route(
+                    app,
+                    model.name,
+                    infer_http,
+                    max_body_bytes=getattr(model, "max_body_bytes", None),
+                )
+            elif infer_json is not None:
                 add_json_infer_route(app, model.name, infer_json)
         self._rest_server = LocalRESTServer(
             FASTAPI_APP_IMPORT_STRING,

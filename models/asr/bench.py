@@ -1,0 +1,408 @@
+"""Benchmark of the ASR path: corpus job throughput, CER/WER fp32 vs int8, real-time factors.
+
+    cascade bench asr --out bench-results/asr.json [--model MODEL_DIR] [--quick]
+    CASCADE_BENCH_ASR_SIZES=2000,10000 cascade bench asr --model MODEL_DIR --out FILE
+
+In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by default):
+
+1. **Corpus job** (:func:`jobs.audio_corpus.build_corpus`) at each size of
+   ``CASCADE_BENCH_ASR_SIZES`` (default 10,000 and 100,000 utterances; ``--quick`` 200):
+   ``utterances_per_s`` = utterances in / seconds of the build (decode, validate, resample,
+   featurize, split, write). The landing batch is ``min(size, CASCADE_BENCH_ASR_UNIQUE)``
+   distinct espeak-ng utterances (default 2,000: synthesis is the slow part and is not the
+   job being measured), repeated under new utterance ids (hard links) up to the size; each
+   repeat is decoded and featurized like any other file. The smallest size's corpus is the
+   evaluation corpus.
+2. **Model**: ``--model`` (``CASCADE_BENCH_ASR_MODEL``), a folder with ``asr_model.pt``; without
+   it :func:`models.asr.train.train_asr` trains the ``CASCADE_BENCH_ASR_CONFIG`` config (default
+   ``debug``) on that corpus.
+3. **Compile** (:func:`compilers.asr.compile_asr`): fp32 and int8 AOTInductor packages and the
+   ONNX file, each run on 21 lengths from 0.3 to 20 s (``shapes_tried``): ``recompiles`` is 0
+   when every length ran on the one package (a length outside it fails the benchmark).
+   ``recompiles_torch_compile_dynamic`` is the same count for in-process
+   ``torch.compile(dynamic=True)`` (Dynamo graphs - 1): its convolution backend choice guards
+   on the length (<= 512, <= 1280 frames), so it compiles three graphs where export needs one.
+4. **Accuracy** on the corpus test split (held-out voices): ``cer_fp32``, ``wer_fp32`` (eager),
+   ``cer_int8``, ``wer_int8`` (the int8 package), ``cer_delta`` = int8 - fp32 in points.
+5. **Real-time factor**: compute seconds / audio seconds of a greedy transcription
+   (forward pass + CTC decoding, features given) for utterances of 1, 2, 5, 10 and 20 s made of
+   test-split audio; every variant (eager fp32, fp32 package, int8 package, ONNX Runtime) runs
+   each utterance in turn, round by round, and the median per utterance is kept. ``rtf_*`` is
+   the sum of those medians over the sum of audio seconds; ``rtf_int8_end_to_end`` adds WAV
+   decoding, resampling and log-mel features to the int8 package. Torch and ONNX Runtime use
+   ``CASCADE_BENCH_ASR_THREADS`` intra-op threads (default 2: the target machine's cores).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from cascade.bench import median_seconds
+from cascade.config import Settings, load_settings
+
+FULL_SIZES = (10_000, 100_000)
+QUICK_SIZES = (200,)
+DURATIONS_S = (1.0, 2.0, 5.0, 10.0, 20.0)
+REPEAT_SUFFIX = r"-repeat\d+$"
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value is None else int(value)
+
+
+def bench_sizes(quick: bool) -> tuple[int, ...]:
+    env = os.environ.get("CASCADE_BENCH_ASR_SIZES")
+    if env:
+        sizes = tuple(int(s) for s in env.split(",") if s.strip())
+        if not sizes or min(sizes) < 1:
+            raise ValueError(f"CASCADE_BENCH_ASR_SIZES={env!r}: give positive integers")
+        return tuple(sorted(sizes))
+    return QUICK_SIZES if quick else FULL_SIZES
+
+
+def replicate_landing(source: Path, target: Path, size: int) -> int:
+    """A landing folder of ``size`` utterances: ``source``'s, then repeats under new ids."""
+    rows = [json.loads(line) for line in (source / "transcripts.jsonl").read_text().splitlines()]
+    (target / "wav").mkdir(parents=True, exist_ok=True)
+    lines = []
+    for index in range(size):
+        row = dict(rows[index % len(rows)])
+        original = row["utterance_id"]
+        row["utterance_id"] = original if index < len(rows) else f"{original}-repeat{index}"
+        os.link(source / "wav" / f"{original}.wav", target / "wav" / f"{row['utterance_id']}.wav")
+        lines.append(json.dumps(row, ensure_ascii=False, sort_keys=True))
+    (target / "transcripts.jsonl").write_text("".join(line + "\n" for line in lines))
+    return size
+
+
+def corpus_throughput(
+    spark: Any, work: Path, sizes: tuple[int, ...], unique: int
+) -> tuple[list[dict[str, Any]], Path, Path]:
+    """Time the corpus build at each size; returns results, the eval corpus and its landing."""
+    from jobs.audio_corpus import build_corpus, land_synthetic
+
+    landing = work / "landing-unique"
+    count = min(max(sizes), unique)
+    start = time.perf_counter()
+    land_synthetic(spark, landing, count=count)
+    land_s = time.perf_counter() - start
+    print(f"[bench asr] landed {count} utterances in {land_s:.1f} s", flush=True)
+    results = []
+    evaluation = None
+    for size in sizes:
+        sized = work / f"landing-{size}"
+        replicate_landing(landing, sized, size)
+        out = work / f"corpus-{size}"
+        start = time.perf_counter()
+        summary = build_corpus(spark, sized, out)
+        build_s = time.perf_counter() - start
+        results.append(
+            {
+                "utterances": size,
+                "distinct_utterances": min(size, count),
+                "build_s": build_s,
+                "utterances_per_s": size / build_s,
+                "kept": summary["utterances"],
+                "quarantined": summary["quarantined"],
+            }
+        )
+        print(f"[bench asr] corpus of {size}: {size / build_s:.1f} utterances/s", flush=True)
+        if evaluation is None:
+            evaluation = out
+        if sized != landing:
+            shutil.rmtree(sized, ignore_errors=True)
+    assert evaluation is not None
+    return results, evaluation, landing
+
+
+def _model_folder(path: Any) -> Path:
+    """The folder of an ``asr_model.pt`` given as the file or its folder."""
+    path = Path(path)
+    return path.parent if path.suffix == ".pt" else path
+
+
+def obtain_model(settings: Settings, corpus: Path, work: Path) -> tuple[Path, Path, dict[str, Any]]:
+    """``(fp32 model folder, int8 model folder, provenance)``.
+
+    ``--model`` serves as both: its ``quantization`` ranges (or calibration) make the int8
+    package. Without it, :func:`models.asr.train.train_asr` trains now; its result's
+    ``fp32_artifact`` / ``int8_artifact`` (an ``asr_model.pt`` or its folder; ``fp32`` /
+    ``int8`` accepted too) are the float model and the quantization-aware one."""
+    given = os.environ.get("CASCADE_BENCH_ASR_MODEL")
+    if given:
+        return Path(given), Path(given), {"source": "given", "path": given}
+    try:
+        from models.asr.train import train_asr  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise RuntimeError(
+            "cascade bench asr needs a model: pass --model MODEL_DIR (a folder with "
+            f"asr_model.pt), or install the ASR training (models.asr.train.train_asr): {exc}"
+        ) from exc
+    config_name = os.environ.get("CASCADE_BENCH_ASR_CONFIG", "debug")
+    print(f"[bench asr] training config {config_name!r} on {corpus}", flush=True)
+    trained = train_asr(settings, config_name, corpus, work / "trained")
+    fp32 = trained.get("fp32_artifact") or trained.get("fp32")
+    int8 = trained.get("int8_artifact") or trained.get("int8") or fp32
+    if fp32 is None:
+        raise RuntimeError(
+            f"train_asr returned {sorted(trained)}; expected 'fp32_artifact' (and "
+            "'int8_artifact'), the paths of the models it wrote"
+        )
+    provenance = {"source": "trained", "config": config_name, "metrics": trained.get("metrics")}
+    return _model_folder(fp32), _model_folder(int8), provenance
+
+
+def held_out_split(corpus: Path, n_mels: int, limit: int | None) -> pd.DataFrame:
+    """The corpus test split (held-out voices) with float32 features in column ``x``."""
+    from jobs.audio_corpus import features_of
+
+    frame = pd.read_parquet(corpus / "shards" / "split=test").sort_values("utterance_id")
+    # Repeats made by replicate_landing would count one utterance several times.
+    frame = frame[~frame["utterance_id"].str.contains(REPEAT_SUFFIX, regex=True)]
+    if limit is not None:
+        frame = frame.head(limit)
+    frame = frame.assign(x=[features_of(row, n_mels) for _, row in frame.iterrows()])
+    return frame
+
+
+def error_rates(forward: Any, alphabet: Any, frame: pd.DataFrame) -> dict[str, float]:
+    from compilers.asr import MIN_FRAMES
+    from models.asr.inference import transcribe
+    from models.asr.metrics import cer, wer
+
+    usable = frame[[len(x) >= MIN_FRAMES for x in frame["x"]]]
+    refs = list(usable["transcript"])
+    hyps = [transcribe(forward, alphabet, x).text for x in usable["x"]]
+    return {"cer": cer(refs, hyps), "wer": wer(refs, hyps), "utterances": len(refs)}
+
+
+def long_utterances(landing: Path, frame: pd.DataFrame) -> list[tuple[float, bytes]]:
+    """WAV files of each of :data:`DURATIONS_S` made by chaining test-split audio."""
+    import io
+    import wave
+
+    from jobs.audio_corpus import SAMPLE_RATE, decode_wav, resample
+
+    audio = []
+    for utterance_id in frame["utterance_id"]:
+        samples, rate = decode_wav((landing / "wav" / f"{utterance_id}.wav").read_bytes())
+        audio.append(resample(samples, rate))
+    chain = np.concatenate(audio) if audio else np.zeros(SAMPLE_RATE, np.float32)
+    while len(chain) < DURATIONS_S[-1] * SAMPLE_RATE:
+        chain = np.concatenate([chain, chain])
+    files = []
+    for seconds in DURATIONS_S:
+        pcm = (np.clip(chain[: int(seconds * SAMPLE_RATE)], -1, 1) * 32767).astype("<i2")
+        buffer = io.BytesIO()
+        with wave.open(buffer, "wb") as writer:
+            writer.setnchannels(1)
+            writer.setsampwidth(2)
+            writer.setframerate(SAMPLE_RATE)
+            writer.writeframes(pcm.tobytes())
+        files.append((seconds, buffer.getvalue()))
+    return files
+
+
+def real_time_factors(
+    variants: dict[str, Callable[[Any], Any]],
+    utterances: list[tuple[float, Any]],
+    *,
+    rounds: int,
+    repeats: int,
+) -> dict[str, Any]:
+    """Median seconds per utterance per variant, interleaved round by round."""
+    samples: dict[str, dict[float, list[float]]] = {
+        name: {seconds: [] for seconds, _ in utterances} for name in variants
+    }
+    for _ in range(rounds):
+        for seconds, item in utterances:
+            for name, fn in variants.items():
+                call = functools.partial(fn, item)
+                samples[name][seconds].append(median_seconds(call, repeats=repeats, warmup=1))
+    total_audio = sum(seconds for seconds, _ in utterances)
+    result: dict[str, Any] = {}
+    for name, per_length in samples.items():
+        medians = {seconds: statistics.median(values) for seconds, values in per_length.items()}
+        result[name] = {
+            "rtf": sum(medians.values()) / total_audio,
+            "per_length": {f"{s:g}s": {"ms": m * 1000, "rtf": m / s} for s, m in medians.items()},
+        }
+    return result
+
+
+def run(out: Path, quick: bool) -> dict[str, Any]:
+    """``cascade bench asr``: see the module docstring."""
+    threads = _env_int("CASCADE_BENCH_ASR_THREADS", 2)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _run(quick, threads)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run(quick: bool, threads: int) -> dict[str, Any]:
+    from compilers.asr import (
+        FP32_FILE,
+        INT8_FILE,
+        ONNX_FILE,
+        compile_asr,
+        corpus_features,
+        count_recompiles,
+        frames_for_seconds,
+        load_compiled,
+        onnxruntime_asr,
+    )
+    from jobs.audio_corpus import _spark, decode_wav, log_mel, resample
+    from models.asr.artifact import load_artifact
+    from models.asr.inference import transcribe
+
+    settings = load_settings()
+    sizes = bench_sizes(quick)
+    work = Path(tempfile.mkdtemp(prefix="cascade-bench-asr-"))
+    result: dict[str, Any] = {"quick": quick, "threads": threads, "sizes": {}}
+    spark = _spark()
+    try:
+        unique = _env_int("CASCADE_BENCH_ASR_UNIQUE", 2_000)
+        corpus_runs, corpus, landing = corpus_throughput(spark, work, sizes, unique)
+    finally:
+        spark.stop()
+    for entry in corpus_runs:
+        result["sizes"][str(entry["utterances"])] = entry
+    result["utterances_per_s"] = corpus_runs[-1]["utterances_per_s"]
+    result["utterances_per_s_size"] = corpus_runs[-1]["utterances"]
+
+    fp32_dir, int8_dir, provenance = obtain_model(settings, corpus, work)
+    result["model"] = provenance
+    artifact = load_artifact(fp32_dir)
+    quantized = load_artifact(int8_dir)
+    # The float packages come from the float model, the int8 one from the quantized model.
+    fp32_compiled, int8_compiled = work / "compiled-fp32", work / "compiled-int8"
+    for source, target in ((fp32_dir, fp32_compiled), (int8_dir, int8_compiled)):
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source / "asr_model.pt", target / "asr_model.pt")
+    calibration = None
+    if not (quantized.quantization or {}).get("activation_ranges"):
+        calibration = corpus_features(corpus, "train", artifact.n_mels, limit=32)
+    cache = settings.home / "compile-cache"
+    start = time.perf_counter()
+    float_report = compile_asr(fp32_compiled, cache_dir=cache, int8=False)
+    int8_report = compile_asr(
+        int8_compiled, calibration=calibration, cache_dir=cache, fp32=False, onnx=False
+    )
+    result["compile_s"] = {
+        "total": time.perf_counter() - start,
+        "fp32": float_report["fp32"]["compile_s"],
+        "int8": int8_report["int8"]["compile_s"],
+        "onnx": float_report["onnx"]["export_s"],
+    }
+    result["passes"] = int8_report["int8"]["passes"]
+    result["fp32_passes"] = float_report["fp32"]["passes"]
+    config = artifact.model.config
+    variants: dict[str, Callable[..., Any]] = {
+        "eager": artifact.model,
+        "fp32_artifact": load_compiled(fp32_compiled / FP32_FILE, config),
+        "int8": load_compiled(int8_compiled / INT8_FILE, quantized.model.config),
+        "onnxruntime": onnxruntime_asr(fp32_compiled / ONNX_FILE, config, threads=threads),
+    }
+
+    lengths = sorted(
+        {frames_for_seconds(s) for s in np.linspace(1.0, 20.0, 20)} | {frames_for_seconds(0.3)}
+    )
+    for name in ("fp32_artifact", "int8", "onnxruntime"):
+        for frames in lengths:  # one package / session each: a failure is a length it lacks
+            variants[name](torch.randn(1, frames, artifact.n_mels) - 6)
+    # The deployed packages: one compile, and every length above ran through each of them.
+    result["recompiles"] = 0
+    result["shapes_tried"] = len(lengths)
+    start = time.perf_counter()
+    dynamic, inductor = count_recompiles(artifact.model, artifact.n_mels, lengths)
+    result["compile_s"]["inductor"] = time.perf_counter() - start
+    result["recompiles_torch_compile_dynamic"] = dynamic["recompiles"]
+    variants["inductor"] = inductor
+
+    frame = held_out_split(corpus, artifact.n_mels, 60 if quick else None)
+    fp32_rates = error_rates(artifact.model, artifact.alphabet, frame)
+    int8_rates = error_rates(variants["int8"], quantized.alphabet, frame)
+    result.update(
+        cer_fp32=fp32_rates["cer"],
+        wer_fp32=fp32_rates["wer"],
+        cer_int8=int8_rates["cer"],
+        wer_int8=int8_rates["wer"],
+        cer_delta=(int8_rates["cer"] - fp32_rates["cer"]) * 100,
+        test_utterances=fp32_rates["utterances"],
+    )
+
+    files = long_utterances(landing, frame)
+    features = [(seconds, _features(wav, artifact.n_mels)) for seconds, wav in files]
+
+    def greedy(forward: Any) -> Callable[[Any], Any]:
+        return lambda x: transcribe(forward, artifact.alphabet, x)
+
+    int8_forward: Any = variants["int8"]
+
+    def end_to_end(wav: bytes) -> Any:
+        samples, rate = decode_wav(wav)
+        features = log_mel(resample(samples, rate), quantized.n_mels)
+        return transcribe(int8_forward, quantized.alphabet, features)
+
+    with torch.inference_mode():
+        timings = real_time_factors(
+            {name: greedy(fn) for name, fn in variants.items()},
+            features,
+            rounds=3 if quick else 5,
+            repeats=3 if quick else 5,
+        )
+        timings.update(
+            real_time_factors(
+                {"int8_end_to_end": end_to_end}, files, rounds=3, repeats=3 if quick else 5
+            )
+        )
+    result["rtf"] = timings
+    result.update(
+        rtf_eager=timings["eager"]["rtf"],
+        rtf_fp32_artifact=timings["fp32_artifact"]["rtf"],
+        rtf_int8=timings["int8"]["rtf"],
+        rtf_onnxruntime=timings["onnxruntime"]["rtf"],
+        rtf_inductor=timings["inductor"]["rtf"],
+        rtf_int8_end_to_end=timings["int8_end_to_end"]["rtf"],
+    )
+    # The compiler benchmark's names (issue table: eager / Inductor / ONNX Runtime / Cascade),
+    # at the longest utterance; ``cascade`` is the int8 package that serving runs.
+    longest = f"{DURATIONS_S[-1]:g}s"
+    for name, key in (
+        ("eager", "eager_ms"),
+        ("inductor", "inductor_ms"),
+        ("onnxruntime", "onnxruntime_ms"),
+        ("int8", "cascade_ms"),
+        ("fp32_artifact", "cascade_fp32_ms"),
+    ):
+        result[key] = timings[name]["per_length"][longest]["ms"]
+    for base in ("eager", "inductor", "onnxruntime"):
+        result[f"speedup_vs_{base}"] = result[f"{base}_ms"] / result["cascade_ms"]
+    result["speedup_int8_vs_eager"] = result["rtf_eager"] / result["rtf_int8"]
+    result["speedup_int8_vs_onnxruntime"] = result["rtf_onnxruntime"] / result["rtf_int8"]
+    result["goal_rtf_int8_le_0_05"] = result["rtf_int8"] <= 0.05
+    shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _features(wav: bytes, n_mels: int) -> np.ndarray:
+    from jobs.audio_corpus import decode_wav, log_mel, resample
+
+    samples, rate = decode_wav(wav)
+    return log_mel(resample(samples, rate), n_mels)

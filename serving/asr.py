@@ -1,0 +1,444 @@
+"""The ASR KServe model: WAV bytes in, transcript with word timings out.
+
+Run it (binds ``settings.host``:``CASCADE_ASR_SERVING_PORT``, 127.0.0.1:28082 by default)::
+
+    .venv/bin/python -m serving.asr --model-dir MODEL_DIR      # or CASCADE_ASR_MODEL_DIR=...
+
+``MODEL_DIR`` holds ``asr_model.pt`` and, from ``python -m compilers.asr --model MODEL_DIR``,
+``asr_int8.pt2``: requests are transcribed with that int8 package when it was built from this
+very model file (``asr_compiled.json`` names its digest), else with the eager fp32 model (the
+reason is logged and every response names its ``backend``).
+
+The ASR model is its own server process, not a second model beside the pre-ranker: on KServe
+every model is its own InferenceService (its own pods, scaling, canary and rollout), and a
+transcription holds a core for tens of milliseconds where a pre-ranking request takes one or
+two, so sharing a process would put ASR's CPU time on the pre-ranker's tail latency.
+
+Request, ``POST /v2/models/asr/infer``, one input ``audio`` (BYTES, shape ``[1]``) holding a
+WAV file (16-bit PCM, mono or stereo, a rate in ``CorpusConfig.rates``, at most
+``CorpusConfig.max_seconds``), either
+
+- v2 JSON with the file base64-encoded:
+  ``{"inputs": [{"name": "audio", "datatype": "BYTES", "shape": [1], "data": ["UklGR..."]}]}``;
+- or the binary tensor extension: header ``Inference-Header-Content-Length: N``, the JSON
+  header (``"parameters": {"binary_data_size": M}`` on the input, no ``data``), then ``M``
+  bytes: the BYTES tensor (a 4-byte little-endian length, then the file) or the file itself.
+
+Response outputs: ``transcript`` (BYTES ``[1]``), ``words`` (BYTES ``[W]``), ``word_start_s`` and
+``word_end_s`` (FP32 ``[W]``), ``duration_s`` (FP32 ``[1]``); ``parameters`` name the backend
+and the model digest. Errors: 422 not a v2 request, 400 wrong tensor / not a WAV file / empty or
+too short audio, 413 audio longer than the limit (or a body past :data:`MAX_BODY_BYTES`), 415
+a WAV the model cannot take (sample width, channels, rate, compression).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import binascii
+import dataclasses
+import io
+import json
+import logging
+import os
+import struct
+import threading
+import uuid
+import wave
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import torch
+from kserve import InferRequest, InferResponse, Model
+from kserve.errors import InferenceError, InvalidInput, ModelNotReady
+from kserve.protocol.infer_type import InferInput, InferOutput
+
+from cascade.config import Settings, load_settings
+from compilers.asr import (
+    INT8_FILE,
+    MIN_FRAMES,
+    REPORT_FILE,
+    CompiledAsr,
+    load_compiled,
+    model_digest,
+)
+from jobs.audio_corpus import SAMPLE_RATE, CorpusConfig, decode_wav, log_mel, resample
+from models.asr.artifact import AsrArtifact, load_artifact
+from models.asr.inference import transcribe
+from serving.preranking import MalformedRequest, decode_v2_json, encode_v2_json, require_v2
+
+log = logging.getLogger("serving.asr")
+
+MODEL_NAME = "asr"
+AUDIO_INPUT = "audio"
+MODEL_DIR_ENV = "CASCADE_ASR_MODEL_DIR"
+PORT_ENV = "CASCADE_ASR_SERVING_PORT"
+DEFAULT_PORT = 28082
+INFERENCE_HEADER = "inference-header-content-length"
+MAX_BODY_BYTES = 16 << 20
+"""Largest request body read: 20 s of 48 kHz stereo 16-bit PCM is 3.8 MB, 5.1 MB as base64."""
+
+
+class AudioRejected(InvalidInput):
+    """A request the model cannot transcribe, with the HTTP status that says why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Audio:
+    """A decoded request: 16 kHz mono samples and what the file was."""
+
+    samples: np.ndarray
+    seconds: float
+    source_rate: int
+    channels: int
+
+
+def too_long(seconds: float, config: CorpusConfig) -> AudioRejected:
+    return AudioRejected(
+        413,
+        f"audio of {seconds:.2f} s is longer than {config.max_seconds:g} s; "
+        "split it into shorter utterances",
+    )
+
+
+def decode_request_audio(content: bytes, config: CorpusConfig) -> Audio:
+    """Check and decode one WAV file, or AudioRejected with the status of what is wrong.
+
+    The header is read first, so an over-long or unsupported file is refused before its samples
+    are decoded; the decoding itself is the corpus job's (:func:`~jobs.audio_corpus.decode_wav`,
+    :func:`~jobs.audio_corpus.resample`), so serving hears what training heard."""
+    if not content:
+        raise AudioRejected(400, "empty audio: the 'audio' input holds no bytes")
+    if content[:4] != b"RIFF" or content[8:12] != b"WAVE":
+        raise AudioRejected(
+            400, f"not a WAV file (starts with {content[:12]!r}); send a RIFF/WAVE file"
+        )
+    try:
+        with wave.open(io.BytesIO(content)) as reader:
+            channels, width = reader.getnchannels(), reader.getsampwidth()
+            rate, frames = reader.getframerate(), reader.getnframes()
+    except wave.Error as exc:
+        # The RIFF header is there, so this is a WAV the wave module refuses: float or
+        # compressed samples ("unknown format: 3"), or a broken fmt chunk.
+        raise AudioRejected(415, f"unsupported WAV: {exc}; send 16-bit PCM") from None
+    except EOFError:
+        raise AudioRejected(400, "truncated WAV file: the header ends early") from None
+    if width != 2:
+        raise AudioRejected(415, f"unsupported sample width {8 * width} bits; send 16-bit PCM")
+    if channels not in (1, 2):
+        raise AudioRejected(415, f"unsupported channel count {channels}; send mono or stereo")
+    if rate not in config.rates:
+        raise AudioRejected(
+            415, f"unsupported sample rate {rate} Hz; send one of {list(config.rates)} Hz"
+        )
+    if frames == 0:
+        raise AudioRejected(400, "empty audio: the WAV file holds no samples")
+    # A streamed WAV (espeak-ng --stdout, many recorders) declares a placeholder data size, so
+    # the frames that can follow a 44-byte header bound the length as well.
+    frames = min(frames, max(0, len(content) - 44) // (channels * width))
+    if frames / rate > config.max_seconds:
+        raise too_long(frames / rate, config)
+    try:
+        samples, rate = decode_wav(content)
+    except ValueError as exc:
+        raise AudioRejected(400, f"unreadable WAV: {exc}") from None
+    if len(samples) == 0:
+        raise AudioRejected(400, "empty audio: the WAV file's data chunk holds no samples")
+    audio = resample(samples, rate)
+    seconds = len(audio) / SAMPLE_RATE
+    if seconds > config.max_seconds:
+        raise too_long(seconds, config)
+    if 1 + (len(audio) - int(0.025 * SAMPLE_RATE)) // (SAMPLE_RATE // 100) < MIN_FRAMES:
+        raise AudioRejected(400, f"audio of {seconds * 1000:.0f} ms is too short to transcribe")
+    return Audio(samples=audio, seconds=seconds, source_rate=rate, channels=channels)
+
+
+def audio_bytes(infer_input: InferInput) -> bytes:
+    """The file carried by the ``audio`` tensor: raw bytes (binary extension, with or without
+    the BYTES length prefix) or a base64 string (JSON)."""
+    if infer_input.datatype != "BYTES":
+        raise InvalidInput(
+            f"input '{AUDIO_INPUT}' has datatype {infer_input.datatype}; send the WAV file as BYTES"
+        )
+    if list(infer_input.shape or []) != [1]:
+        raise InvalidInput(
+            f"input '{AUDIO_INPUT}' has shape {infer_input.shape}; send one file, shape [1]"
+        )
+    data = infer_input.data
+    if not isinstance(data, list) or len(data) != 1:
+        raise InvalidInput(f"input '{AUDIO_INPUT}' must carry exactly one element")
+    value = data[0]
+    if isinstance(value, bytes | bytearray):
+        return unwrap_bytes_tensor(bytes(value))
+    if not isinstance(value, str):
+        raise InvalidInput(f"input '{AUDIO_INPUT}' holds a {type(value).__name__}; send base64")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput(
+            f"input '{AUDIO_INPUT}' is not valid base64; in JSON the WAV file is sent "
+            "base64-encoded (or use the binary tensor extension)"
+        ) from None
+
+
+def unwrap_bytes_tensor(raw: bytes) -> bytes:
+    """A one-element BYTES tensor in the binary extension is ``<uint32 LE length><bytes>``;
+    a client that sends the file itself (it starts with ``RIFF``) is accepted as well."""
+    if len(raw) >= 4 and raw[:4] != b"RIFF":
+        (length,) = struct.unpack("<I", raw[:4])
+        if length == len(raw) - 4:
+            return raw[4:]
+    return raw
+
+
+def decode_binary_request(body: bytes, json_length: str, model_name: str) -> InferRequest:
+    """A v2 request in the binary tensor extension (JSON header, then the tensors' bytes)."""
+    try:
+        header_size = int(json_length)
+    except ValueError:
+        raise MalformedRequest(f"{INFERENCE_HEADER}={json_length!r} is not an integer") from None
+    if not 0 < header_size <= len(body):
+        raise MalformedRequest(
+            f"{INFERENCE_HEADER}={header_size} but the body has {len(body)} bytes"
+        )
+    try:
+        payload = orjson.loads(body[:header_size])
+    except orjson.JSONDecodeError as exc:
+        raise MalformedRequest(f"the JSON header is not JSON: {exc}") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("inputs"), list):
+        raise MalformedRequest("the JSON header needs 'inputs', a list of tensors")
+    offset, inputs = header_size, []
+    for position, tensor in enumerate(payload["inputs"]):
+        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
+            raise MalformedRequest(f"inputs[{position}] must be an object with a 'name'")
+        parameters = tensor.get("parameters") or {}
+        size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
+        data = tensor.get("data")
+        if size is not None:
+            if type(size) is not int or size < 0 or offset + size > len(body):
+                raise InvalidInput(
+                    f"input '{tensor['name']}' declares binary_data_size={size!r} but "
+                    f"{len(body) - offset} bytes follow"
+                )
+            data, offset = [body[offset : offset + size]], offset + size
+        elif not isinstance(data, list):
+            raise MalformedRequest(f"input '{tensor['name']}' needs 'data' or binary_data_size")
+        inputs.append(
+            InferInput(
+                name=tensor["name"],
+                shape=tensor.get("shape") or [],
+                datatype=str(tensor.get("datatype")),
+                data=data,
+            )
+        )
+    if offset != len(body):
+        raise InvalidInput(f"{len(body) - offset} bytes follow the declared binary inputs")
+    request_id = payload.get("id")
+    return InferRequest(
+        model_name=model_name,
+        infer_inputs=inputs,
+        request_id=request_id if isinstance(request_id, str) else None,
+        parameters=payload.get("parameters"),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadedAsr:
+    """One loaded model version: the file, and the forward pass requests use."""
+
+    artifact: AsrArtifact
+    forward: torch.nn.Module | CompiledAsr
+    backend: str
+    """``int8`` (the compiled package) or ``eager`` (fp32 PyTorch)."""
+    digest: str
+
+
+def load_model_dir(model_dir: Path, *, prefer_compiled: bool = True) -> LoadedAsr:
+    """The model in ``model_dir``, on its int8 package when that was built from this file."""
+    model_dir = Path(model_dir)
+    artifact = load_artifact(model_dir)
+    digest = model_digest(model_dir)
+    reason = "compiled artifacts not wanted"
+    if prefer_compiled:
+        package, report = model_dir / INT8_FILE, model_dir / REPORT_FILE
+        if not package.exists() or not report.exists():
+            reason = f"no {INT8_FILE} with {REPORT_FILE} in {model_dir} (python -m compilers.asr)"
+        elif json.loads(report.read_text()).get("model_digest") != digest:
+            reason = f"{INT8_FILE} was built from another asr_model.pt; recompile it"
+        else:
+            try:
+                compiled = load_compiled(package, artifact.model.config)
+                return LoadedAsr(artifact=artifact, forward=compiled, backend="int8", digest=digest)
+            except Exception as exc:  # a package of another torch build, a broken file
+                reason = f"{INT8_FILE} did not load: {type(exc).__name__}: {exc}"
+    log.warning("serving %s with the eager fp32 model: %s", model_dir, reason)
+    return LoadedAsr(artifact=artifact, forward=artifact.model, backend="eager", digest=digest)
+
+
+class AsrModel(Model):
+    """KServe model ``asr`` over one model folder; :meth:`swap` loads another in place."""
+
+    max_body_bytes = MAX_BODY_BYTES
+    """Read by :mod:`serving.server`: larger bodies get 413 before they are read."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        name: str = MODEL_NAME,
+        config: CorpusConfig | None = None,
+        prefer_compiled: bool = True,
+    ) -> None:
+        super().__init__(name)
+        self.model_dir = Path(model_dir)
+        self.config = config or CorpusConfig()
+        self.prefer_compiled = prefer_compiled
+        self._loaded: LoadedAsr | None = None
+        self._lock = threading.Lock()
+
+    def load(self) -> bool:
+        self.swap(self.model_dir)
+        return self.ready
+
+    def swap(self, model_dir: Path) -> LoadedAsr:
+        """Load ``model_dir`` and serve it from the next request on (one reference swap)."""
+        with self._lock:
+            loaded = load_model_dir(model_dir, prefer_compiled=self.prefer_compiled)
+            self._loaded, self.model_dir, self.ready = loaded, Path(model_dir), True
+        log.info("serving %s from %s (%s)", self.name, model_dir, loaded.backend)
+        return loaded
+
+    @property
+    def backend(self) -> str | None:
+        return self._loaded.backend if self._loaded else None
+
+    def get_input_types(self) -> list[dict[str, Any]]:
+        return [{"name": AUDIO_INPUT, "datatype": "BYTES", "shape": [1]}]
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        return [
+            {"name": "transcript", "datatype": "BYTES", "shape": [1]},
+            {"name": "words", "datatype": "BYTES", "shape": [-1]},
+            {"name": "word_start_s", "datatype": "FP32", "shape": [-1]},
+            {"name": "word_end_s", "datatype": "FP32", "shape": [-1]},
+            {"name": "duration_s", "datatype": "FP32", "shape": [1]},
+        ]
+
+    def transcribe_wav(self, loaded: LoadedAsr, content: bytes) -> dict[str, Any]:
+        """Decode, featurize and transcribe one WAV file with ``loaded``."""
+        audio = decode_request_audio(content, self.config)
+        features = log_mel(audio.samples, loaded.artifact.n_mels)
+        result = transcribe(loaded.forward, loaded.artifact.alphabet, features)  # type: ignore[arg-type]
+        return {"text": result.text, "words": result.words(), "seconds": audio.seconds}
+
+    async def predict(
+        self,
+        payload: InferRequest | dict[str, Any],
+        headers: dict[str, str] | None = None,
+        response_headers: dict[str, str] | None = None,
+    ) -> InferResponse:
+        payload = require_v2(payload, self.name)
+        loaded = self._loaded
+        if loaded is None:
+            raise ModelNotReady(self.name, "No ASR model has been loaded yet.")
+        inputs = {i.name: i for i in payload.inputs or []}
+        if set(inputs) != {AUDIO_INPUT} or len(payload.inputs) != 1:
+            raise InvalidInput(
+                f"inputs {sorted(inputs)}; the model takes one input '{AUDIO_INPUT}' "
+                "(BYTES [1], a WAV file)"
+            )
+        content = audio_bytes(inputs[AUDIO_INPUT])
+        result = await asyncio.to_thread(self.transcribe_wav, loaded, content)
+        words = result["words"]
+        return InferResponse(
+            response_id=payload.id or uuid.uuid4().hex,
+            model_name=self.name,
+            infer_outputs=[
+                InferOutput(name="transcript", shape=[1], datatype="BYTES", data=[result["text"]]),
+                InferOutput(
+                    name="words",
+                    shape=[len(words)],
+                    datatype="BYTES",
+                    data=[w["word"] for w in words],
+                ),
+                InferOutput(
+                    name="word_start_s",
+                    shape=[len(words)],
+                    datatype="FP32",
+                    data=[float(w["start_s"]) for w in words],
+                ),
+                InferOutput(
+                    name="word_end_s",
+                    shape=[len(words)],
+                    datatype="FP32",
+                    data=[float(w["end_s"]) for w in words],
+                ),
+                InferOutput(
+                    name="duration_s", shape=[1], datatype="FP32", data=[float(result["seconds"])]
+                ),
+            ],
+            parameters={"backend": loaded.backend, "model_digest": loaded.digest[:16]},
+        )
+
+    async def infer_http(self, body: bytes, headers: Mapping[str, str]) -> bytes:
+        """``POST /v2/models/asr/infer``: v2 JSON or the binary tensor extension in, v2 JSON
+        out (through ``Model.__call__``, so KServe's metrics and pre/postprocess apply)."""
+        json_length = headers.get(INFERENCE_HEADER)
+        if json_length is None:
+            request = decode_v2_json(body, self.name)
+        else:
+            request = decode_binary_request(body, json_length, self.name)
+        response, _ = await self(request)
+        if not isinstance(response, InferResponse):
+            raise InferenceError(f"predict returned {type(response).__name__}, not InferResponse")
+        return encode_v2_json(response)
+
+
+def asr_settings(settings: Settings, env: Mapping[str, str] | None = None) -> Settings:
+    """``settings`` with the serving port set to the ASR server's (``CASCADE_ASR_SERVING_PORT``)."""
+    env = os.environ if env is None else env
+    try:
+        port = int(env.get(PORT_ENV, DEFAULT_PORT))
+    except ValueError:
+        raise ValueError(f"{PORT_ENV}={env.get(PORT_ENV)!r} is not a port number") from None
+    return dataclasses.replace(settings, ports=dataclasses.replace(settings.ports, serving=port))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from serving.server import serve, set_torch_threads, workers_from_env
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=os.environ.get(MODEL_DIR_ENV),
+        help=f"folder with asr_model.pt (default ${MODEL_DIR_ENV})",
+    )
+    parser.add_argument("--eager", action="store_true", help="ignore compiled packages")
+    args = parser.parse_args(argv)
+    if args.model_dir is None:
+        parser.error(f"give --model-dir or set {MODEL_DIR_ENV}")
+    if not (Path(args.model_dir) / "asr_model.pt").is_file():
+        parser.error(f"no asr_model.pt in {args.model_dir}")
+    set_torch_threads()
+    settings = asr_settings(load_settings())
+
+    def models() -> list[Model]:
+        model = AsrModel(args.model_dir, prefer_compiled=not args.eager)
+        model.load()
+        return [model]
+
+    serve(models, settings, workers=workers_from_env())
+
+
+if __name__ == "__main__":
+    main()

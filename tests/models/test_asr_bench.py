@@ -1,0 +1,81 @@
+"""The ASR benchmark's parts: sizes, the replicated landing, interleaved RTF, the model source."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from cascade import bench
+from models.asr.bench import (
+    REPEAT_SUFFIX,
+    bench_sizes,
+    obtain_model,
+    real_time_factors,
+    replicate_landing,
+)
+
+
+def test_sizes_default_to_10k_and_100k_and_follow_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CASCADE_BENCH_ASR_SIZES", raising=False)
+    assert bench_sizes(quick=False) == (10_000, 100_000)
+    monkeypatch.setenv("CASCADE_BENCH_ASR_SIZES", "500,50")
+    assert bench_sizes(quick=False) == (50, 500)
+    monkeypatch.setenv("CASCADE_BENCH_ASR_SIZES", "0")
+    with pytest.raises(ValueError, match="positive"):
+        bench_sizes(quick=False)
+    assert bench.BENCHMARKS["asr"] == "models.asr.bench:run"
+    assert bench.OPTIONS["asr"]["sizes"] == "CASCADE_BENCH_ASR_SIZES"
+
+
+def test_replicated_landing_has_the_size_with_fresh_ids(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    (source / "wav").mkdir(parents=True)
+    rows = []
+    for name in ("a", "b"):
+        (source / "wav" / f"{name}.wav").write_bytes(name.encode())
+        rows.append(json.dumps({"utterance_id": name, "text": name, "voice": "v"}))
+    (source / "transcripts.jsonl").write_text("\n".join(rows) + "\n")
+    assert replicate_landing(source, tmp_path / "five", 5) == 5
+    ids = [
+        json.loads(line)["utterance_id"]
+        for line in (tmp_path / "five" / "transcripts.jsonl").read_text().splitlines()
+    ]
+    assert ids[:2] == ["a", "b"] and len(set(ids)) == 5
+    assert all(re.search(REPEAT_SUFFIX, i) for i in ids[2:])
+    assert (tmp_path / "five" / "wav" / f"{ids[4]}.wav").read_bytes() == b"a"
+
+
+def test_real_time_factor_is_compute_over_audio_seconds() -> None:
+    def slow(seconds: float) -> None:
+        time.sleep(seconds * 0.01)
+
+    timings = real_time_factors(
+        {"slow": slow, "fast": lambda _: None},
+        [(1.0, 1.0), (2.0, 2.0)],
+        rounds=2,
+        repeats=1,
+    )
+    assert timings["slow"]["rtf"] == pytest.approx(0.01, rel=0.5)
+    assert timings["fast"]["rtf"] < timings["slow"]["rtf"] / 5
+    assert set(timings["slow"]["per_length"]) == {"1s", "2s"}
+
+
+def test_without_a_model_it_trains_or_says_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CASCADE_BENCH_ASR_MODEL", str(tmp_path))
+    assert obtain_model(None, tmp_path, tmp_path)[0] == tmp_path  # type: ignore[arg-type]
+    monkeypatch.delenv("CASCADE_BENCH_ASR_MODEL")
+    try:
+        import models.asr.train  # noqa: F401
+    except ImportError:
+        with pytest.raises(RuntimeError, match="--model"):
+            obtain_model(None, tmp_path, tmp_path)  # type: ignore[arg-type]
+    else:
+        pytest.skip("the ASR training exists; training is exercised by its own tests")

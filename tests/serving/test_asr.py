@@ -1,0 +1,243 @@
+"""The ASR model server: an espeak-ng WAV over real HTTP (v2 JSON base64 and the binary tensor
+extension) on the int8 package, and each kind of bad input answered with its 4xx."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+from conftest import REPO_ROOT, free_port
+
+from compilers.asr import INT8_FILE, REPORT_FILE, load_compiled
+from jobs.audio_corpus import CorpusConfig, decode_wav, log_mel, resample
+from jobs.speech_synth import synthesize, utterance_spec
+from models.asr.artifact import load_artifact, save_artifact
+from models.asr.inference import transcribe
+from serving.asr import decode_request_audio, load_model_dir, unwrap_bytes_tensor
+from tests.asr_models import tiny_artifact
+
+
+def wav_bytes(
+    samples: np.ndarray, rate: int = 16_000, *, channels: int = 1, width: int = 2
+) -> bytes:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as writer:
+        writer.setnchannels(channels)
+        writer.setsampwidth(width)
+        writer.setframerate(rate)
+        writer.writeframes(np.asarray(samples).tobytes())
+    return buffer.getvalue()
+
+
+def espeak_wav() -> bytes:
+    pcm, rate = synthesize(utterance_spec(3))
+    return wav_bytes(np.frombuffer(pcm, dtype="<i2"), rate)
+
+
+def model_dir(path: Path) -> Path:
+    save_artifact(path, tiny_artifact(quantized=False))
+    return path
+
+
+def test_decoding_checks_the_header_before_the_samples() -> None:
+    config = CorpusConfig()
+    tone = (np.sin(np.arange(16_000) / 5) * 8000).astype("<i2")
+    stereo = np.repeat(tone, 2)
+    audio = decode_request_audio(wav_bytes(stereo, 48_000, channels=2), config)
+    assert audio.channels == 2 and audio.source_rate == 48_000
+    assert audio.seconds == pytest.approx(1 / 3, abs=1e-3)  # 16k frames at 48 kHz
+    # A streamed WAV's data size is a placeholder: its length is what follows the header.
+    streamed = bytearray(wav_bytes(tone))
+    struct.pack_into("<I", streamed, 40, 0x7FFFF000)
+    assert decode_request_audio(bytes(streamed), config).seconds == pytest.approx(1.0)
+    with pytest.raises(ValueError) as rejected:
+        decode_request_audio(wav_bytes(np.zeros(16_000 * 21, "<i2")), config)
+    assert getattr(rejected.value, "status", None) == 413
+    framed = struct.pack("<I", 10) + b"0123456789"
+    assert unwrap_bytes_tensor(framed) == b"0123456789"
+    assert unwrap_bytes_tensor(b"RIFF....") == b"RIFF...."
+
+
+def test_serves_eager_when_the_package_is_missing_or_from_another_model(tmp_path: Path) -> None:
+    directory = model_dir(tmp_path)
+    assert load_model_dir(directory).backend == "eager"
+    (directory / INT8_FILE).write_bytes(b"not a package")
+    (directory / REPORT_FILE).write_text(json.dumps({"model_digest": "another model"}))
+    assert load_model_dir(directory).backend == "eager"
+
+
+class AsrServer:
+    def __init__(self, directory: Path, log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        env = {
+            **os.environ,
+            "CASCADE_HOME": str(directory / "home"),
+            "CASCADE_ASR_SERVING_PORT": str(self.port),
+            "PYTHONPATH": str(REPO_ROOT),
+        }
+        with log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "serving.asr", "--model-dir", str(directory)],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def wait_ready(self, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"ASR server exited:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                if requests.get(f"{self.url}/v2/models/asr/ready", timeout=1).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        pytest.fail(f"ASR server not ready:\n{self.log_path.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def post_json(self, payload: Any) -> requests.Response:
+        return requests.post(f"{self.url}/v2/models/asr/infer", json=payload, timeout=60)
+
+    def post_wav(self, content: bytes) -> requests.Response:
+        encoded = base64.b64encode(content).decode()
+        return self.post_json(
+            {"inputs": [{"name": "audio", "datatype": "BYTES", "shape": [1], "data": [encoded]}]}
+        )
+
+
+@pytest.fixture(scope="module")
+def int8_server(
+    compiled_asr_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[AsrServer, Path]]:
+    server = AsrServer(compiled_asr_dir, tmp_path_factory.mktemp("asr-server") / "server.log")
+    try:
+        server.wait_ready()
+        yield server, compiled_asr_dir
+    finally:
+        server.stop()
+
+
+def outputs_of(response: requests.Response) -> dict[str, Any]:
+    assert response.status_code == 200, response.text
+    return {o["name"]: o for o in response.json()["outputs"]}
+
+
+@pytest.mark.slow
+def test_espeak_wav_round_trip_json_and_binary(int8_server: tuple[AsrServer, Path]) -> None:
+    server, directory = int8_server
+    content = espeak_wav()
+    response = server.post_wav(content)
+    outputs = outputs_of(response)
+    assert response.json()["parameters"]["backend"] == "int8"
+    # The server's answer is the int8 package's transcription of the same audio.
+    samples, rate = decode_wav(content)
+    artifact = load_artifact(directory)
+    local = transcribe(
+        load_compiled(directory / INT8_FILE, artifact.model.config),
+        artifact.alphabet,
+        log_mel(resample(samples, rate), artifact.n_mels),
+    )
+    assert local.text and outputs["transcript"]["data"] == [local.text]
+    words = local.words()
+    assert words
+    assert outputs["words"]["data"] == [w["word"] for w in words]
+    assert outputs["word_start_s"]["data"] == pytest.approx([w["start_s"] for w in words])
+    assert outputs["word_end_s"]["data"] == pytest.approx([w["end_s"] for w in words])
+    assert outputs["duration_s"]["data"][0] == pytest.approx(len(samples) / rate, abs=1e-3)
+
+    # The binary tensor extension: JSON header, then the BYTES tensor (length-prefixed file).
+    raw = struct.pack("<I", len(content)) + content
+    header = json.dumps(
+        {
+            "id": "bin-1",
+            "inputs": [
+                {
+                    "name": "audio",
+                    "datatype": "BYTES",
+                    "shape": [1],
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+        }
+    ).encode()
+    binary = requests.post(
+        f"{server.url}/v2/models/asr/infer",
+        data=header + raw,
+        headers={
+            "Inference-Header-Content-Length": str(len(header)),
+            "Content-Type": "application/octet-stream",
+        },
+        timeout=60,
+    )
+    assert binary.json()["id"] == "bin-1"
+    assert outputs_of(binary)["transcript"]["data"] == [local.text]
+
+
+TONE = (np.sin(np.arange(16_000) / 5) * 8000).astype("<i2")
+
+BAD_AUDIO = [
+    pytest.param(b"this is a text file, not audio" * 10, 400, "not a WAV file", id="non-audio"),
+    pytest.param(b"", 400, "empty audio", id="empty-bytes"),
+    pytest.param(wav_bytes(TONE[:0]), 400, "empty audio", id="no-samples"),
+    pytest.param(wav_bytes(TONE[:400]), 400, "too short", id="too-short"),
+    pytest.param(wav_bytes(np.zeros(16_000 * 21, "<i2")), 413, "longer than 20 s", id="too-long"),
+    pytest.param(
+        wav_bytes((TONE // 256 + 128).astype(np.uint8), width=1), 415, "8 bits", id="8-bit"
+    ),
+    pytest.param(wav_bytes(np.repeat(TONE, 3), channels=3), 415, "channel count 3", id="3-ch"),
+    pytest.param(wav_bytes(TONE, 11_025), 415, "sample rate 11025", id="rate"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("content", "status", "message"), BAD_AUDIO)
+def test_bad_audio_gets_its_4xx(
+    int8_server: tuple[AsrServer, Path], content: bytes, status: int, message: str
+) -> None:
+    server, _ = int8_server
+    response = server.post_wav(content)
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]
+
+
+@pytest.mark.slow
+def test_bad_requests_get_their_4xx(int8_server: tuple[AsrServer, Path]) -> None:
+    server, _ = int8_server
+    audio = {"name": "audio", "datatype": "BYTES", "shape": [1], "data": ["%%%"]}
+    assert server.post_json({"inputs": [audio]}).status_code == 400  # not base64
+    wrong_type = {**audio, "datatype": "FP32", "data": [1.0]}
+    response = server.post_json({"inputs": [wrong_type]})
+    assert response.status_code == 400 and "BYTES" in response.json()["error"]
+    response = server.post_json({"inputs": [{**audio, "name": "wav"}]})
+    assert response.status_code == 400 and "'audio'" in response.json()["error"]
+    not_json = requests.post(f"{server.url}/v2/models/asr/infer", data=b"{", timeout=10)
+    assert not_json.status_code == 422
+    huge = requests.post(f"{server.url}/v2/models/asr/infer", data=b"0" * (17 << 20), timeout=30)
+    assert huge.status_code == 413
