@@ -17,6 +17,10 @@ PROMOTION_METRICS = {"auc": True, "logloss": False}
 """Metrics the champion/challenger gate can compare -> whether higher is better."""
 
 
+PORT_NAMES = ("broker", "airflow", "mlflow", "serving", "asr_serving")
+"""Fields of :class:`Ports`; each is overridden by ``CASCADE_{NAME}_PORT``."""
+
+
 @dataclass(kw_only=True, frozen=True)
 class Ports:
     """TCP ports of the local stack; every service binds to 127.0.0.1."""
@@ -29,15 +33,17 @@ class Ports:
     """MLflow tracking server and registry."""
     serving: int = 28081
     """KServe model server (Open Inference Protocol v2 over HTTP)."""
+    asr_serving: int = 28082
+    """The ASR model's KServe server (its own process, like its own InferenceService)."""
 
     def __post_init__(self) -> None:
-        for name in ("broker", "airflow", "mlflow", "serving"):
+        for name in PORT_NAMES:
             port = getattr(self, name)
             if not 1024 <= port <= 65535:
                 raise ValueError(
                     f"port {name}={port} is outside 1024..65535; set CASCADE_{name.upper()}_PORT"
                 )
-        values = [self.broker, self.airflow, self.mlflow, self.serving]
+        values = [getattr(self, name) for name in PORT_NAMES]
         if len(set(values)) != len(values):
             raise ValueError(f"ports must differ, got {values}")
 
@@ -111,6 +117,10 @@ class Settings:
     def serving_url(self) -> str:
         return f"http://{self.host}:{self.ports.serving}"
 
+    @property
+    def asr_serving_url(self) -> str:
+        return f"http://{self.host}:{self.ports.asr_serving}"
+
 
 def local_profile() -> Settings:
     return Settings(profile="local")
@@ -136,7 +146,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     ports = Ports(
         **{
             name: int(env[f"CASCADE_{name.upper()}_PORT"])
-            for name in ("broker", "airflow", "mlflow", "serving")
+            for name in PORT_NAMES
             if f"CASCADE_{name.upper()}_PORT" in env
         }
     )

@@ -29,7 +29,7 @@ import requests
 from cascade.assets import KAFKA_CONN_ID
 from cascade.config import REPO_ROOT, Settings, load_settings
 
-SERVICES = ("broker", "mlflow", "airflow", "serving")
+SERVICES = ("broker", "mlflow", "airflow", "serving", "asr_serving")
 
 
 class StackError(RuntimeError):
@@ -122,6 +122,7 @@ def service_env(settings: Settings) -> dict[str, str]:
             "CASCADE_AIRFLOW_PORT": str(settings.ports.airflow),
             "CASCADE_MLFLOW_PORT": str(settings.ports.mlflow),
             "CASCADE_SERVING_PORT": str(settings.ports.serving),
+            "CASCADE_ASR_SERVING_PORT": str(settings.ports.asr_serving),
             "MLFLOW_TRACKING_URI": settings.tracking_uri,
             "SPARK_LOCAL_IP": settings.host,
             "DS_ACCELERATOR": env.get("DS_ACCELERATOR", "cpu"),
@@ -235,6 +236,16 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
             env=service_env(settings),
             url=settings.serving_url,
             healthy=lambda: http_ok(f"{settings.serving_url}/v2/health/live"),
+            start_timeout_s=120,
+        ),
+        # Follows the registry's asr champion; live (not ready) until one exists.
+        "asr_serving": ServiceSpec(
+            name="asr_serving",
+            port=ports.asr_serving,
+            command=[py, "-m", "serving.asr"],
+            env=service_env(settings),
+            url=settings.asr_serving_url,
+            healthy=lambda: http_ok(f"{settings.asr_serving_url}/v2/health/live"),
             start_timeout_s=120,
         ),
     }

@@ -2,7 +2,12 @@
 
 Run it (binds ``settings.host``:``CASCADE_ASR_SERVING_PORT``, 127.0.0.1:28082 by default)::
 
+    .venv/bin/python -m serving.asr                            # the registry's asr@champion
     .venv/bin/python -m serving.asr --model-dir MODEL_DIR      # or CASCADE_ASR_MODEL_DIR=...
+
+Following the registry (the stack's ``asr_serving`` service), the server polls ``asr@champion``,
+downloads each new version's folder once and swaps it in between requests; responses name the
+``model_version`` they were computed with (what the ``asr`` DAG's deploy step waits for).
 
 ``MODEL_DIR`` holds ``asr_model.pt`` and, from ``python -m compilers.asr --model MODEL_DIR``,
 ``asr_int8.pt2``: requests are transcribed with that int8 package when it was built from this
@@ -58,7 +63,7 @@ from kserve import InferRequest, InferResponse, Model
 from kserve.errors import InferenceError, InvalidInput, ModelNotReady
 from kserve.protocol.infer_type import InferInput, InferOutput
 
-from cascade.config import Settings, load_settings
+from cascade.config import load_settings
 from compilers.asr import (
     INT8_FILE,
     MIN_FRAMES,
@@ -77,8 +82,6 @@ log = logging.getLogger("serving.asr")
 MODEL_NAME = "asr"
 AUDIO_INPUT = "audio"
 MODEL_DIR_ENV = "CASCADE_ASR_MODEL_DIR"
-PORT_ENV = "CASCADE_ASR_SERVING_PORT"
-DEFAULT_PORT = 28082
 INFERENCE_HEADER = "inference-header-content-length"
 MAX_BODY_BYTES = 16 << 20
 """Largest request body read: 20 s of 48 kHz stereo 16-bit PCM is 3.8 MB, 5.1 MB as base64."""
@@ -260,6 +263,8 @@ class LoadedAsr:
     backend: str
     """``int8`` (the compiled package) or ``eager`` (fp32 PyTorch)."""
     digest: str
+    version: str | None = None
+    """The registry version it came from (None for a folder served directly)."""
 
 
 def load_model_dir(model_dir: Path, *, prefer_compiled: bool = True) -> LoadedAsr:
@@ -292,30 +297,39 @@ class AsrModel(Model):
 
     def __init__(
         self,
-        model_dir: Path,
+        model_dir: Path | None,
         *,
         name: str = MODEL_NAME,
         config: CorpusConfig | None = None,
         prefer_compiled: bool = True,
     ) -> None:
         super().__init__(name)
-        self.model_dir = Path(model_dir)
+        self.model_dir = None if model_dir is None else Path(model_dir)
         self.config = config or CorpusConfig()
         self.prefer_compiled = prefer_compiled
         self._loaded: LoadedAsr | None = None
         self._lock = threading.Lock()
 
     def load(self) -> bool:
-        self.swap(self.model_dir)
+        """Load the folder given at construction; without one (following the registry) the
+        model stays not ready until the first champion is swapped in."""
+        if self.model_dir is not None:
+            self.swap(self.model_dir)
         return self.ready
 
-    def swap(self, model_dir: Path) -> LoadedAsr:
+    def swap(self, model_dir: Path, version: str | None = None) -> LoadedAsr:
         """Load ``model_dir`` and serve it from the next request on (one reference swap)."""
         with self._lock:
-            loaded = load_model_dir(model_dir, prefer_compiled=self.prefer_compiled)
+            loaded = dataclasses.replace(
+                load_model_dir(model_dir, prefer_compiled=self.prefer_compiled), version=version
+            )
             self._loaded, self.model_dir, self.ready = loaded, Path(model_dir), True
-        log.info("serving %s from %s (%s)", self.name, model_dir, loaded.backend)
+        log.info("serving %s v%s from %s (%s)", self.name, version, model_dir, loaded.backend)
         return loaded
+
+    @property
+    def served_version(self) -> str | None:
+        return self._loaded.version if self._loaded else None
 
     @property
     def backend(self) -> str | None:
@@ -386,7 +400,11 @@ class AsrModel(Model):
                     name="duration_s", shape=[1], datatype="FP32", data=[float(result["seconds"])]
                 ),
             ],
-            parameters={"backend": loaded.backend, "model_digest": loaded.digest[:16]},
+            parameters={
+                "backend": loaded.backend,
+                "model_digest": loaded.digest[:16],
+                "model_version": loaded.version,
+            },
         )
 
     async def infer_http(self, body: bytes, headers: Mapping[str, str]) -> bytes:
@@ -403,16 +421,6 @@ class AsrModel(Model):
         return encode_v2_json(response)
 
 
-def asr_settings(settings: Settings, env: Mapping[str, str] | None = None) -> Settings:
-    """``settings`` with the serving port set to the ASR server's (``CASCADE_ASR_SERVING_PORT``)."""
-    env = os.environ if env is None else env
-    try:
-        port = int(env.get(PORT_ENV, DEFAULT_PORT))
-    except ValueError:
-        raise ValueError(f"{PORT_ENV}={env.get(PORT_ENV)!r} is not a port number") from None
-    return dataclasses.replace(settings, ports=dataclasses.replace(settings.ports, serving=port))
-
-
 def main(argv: list[str] | None = None) -> None:
     from serving.server import serve, set_torch_threads, workers_from_env
 
@@ -421,23 +429,34 @@ def main(argv: list[str] | None = None) -> None:
         "--model-dir",
         type=Path,
         default=os.environ.get(MODEL_DIR_ENV),
-        help=f"folder with asr_model.pt (default ${MODEL_DIR_ENV})",
+        help=f"folder with asr_model.pt (default ${MODEL_DIR_ENV}); without one, serve the "
+        f"MLflow registry's '{MODEL_NAME}@champion' and follow it as it moves",
     )
     parser.add_argument("--eager", action="store_true", help="ignore compiled packages")
+    parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between registry checks")
     args = parser.parse_args(argv)
-    if args.model_dir is None:
-        parser.error(f"give --model-dir or set {MODEL_DIR_ENV}")
-    if not (Path(args.model_dir) / "asr_model.pt").is_file():
+    if args.model_dir is not None and not (Path(args.model_dir) / "asr_model.pt").is_file():
         parser.error(f"no asr_model.pt in {args.model_dir}")
     set_torch_threads()
-    settings = asr_settings(load_settings())
+    settings = load_settings()
 
     def models() -> list[Model]:
         model = AsrModel(args.model_dir, prefer_compiled=not args.eager)
         model.load()
+        if args.model_dir is None:
+            from serving.champion import ChampionFollower
+
+            follower = ChampionFollower(
+                settings,
+                MODEL_NAME,
+                lambda folder, version: model.swap(folder, version),
+                cache=settings.home / "serving" / MODEL_NAME,
+                poll_s=args.poll_s,
+            )
+            follower.start()
         return [model]
 
-    serve(models, settings, workers=workers_from_env())
+    serve(models, settings, workers=workers_from_env(), port=settings.ports.asr_serving)
 
 
 if __name__ == "__main__":

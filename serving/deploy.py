@@ -156,27 +156,46 @@ def roll_out(
             f"the registry has no champion alias for {settings.registered_model!r}; "
             "register and promote a model before rolling out"
         )
-    champion = str(champion)
     url = infer_url(settings)
+    served, waited = wait_until_served(
+        str(champion),
+        lambda: served_version(settings),
+        timeout_s=timeout_s,
+        poll_s=poll_s,
+        what=f"ds={ds}: {url}",
+        hint=f"check that the server runs (python -m serving.server) and its log under "
+        f"{settings.logs_dir}",
+    )
+    return {
+        "served_version": served,
+        "champion_version": str(champion),
+        "url": url,
+        "waited_s": round(waited, 3),
+        **_promotion(settings, ds),
+    }
+
+
+def wait_until_served(
+    champion: str,
+    served_version: Callable[[], str | None],
+    *,
+    timeout_s: float,
+    poll_s: float,
+    what: str,
+    hint: str,
+) -> tuple[str, float]:
+    """Poll ``served_version()`` until it is ``champion``; ``(version, seconds waited)``.
+    TimeoutError naming ``what`` and the ``hint`` when it is not within ``timeout_s``."""
     started = time.monotonic()
-    served: str | None = None
     while True:
-        served = served_version(settings)
+        served = served_version()
         waited = time.monotonic() - started
         if served == champion:
-            log.info("ds=%s: %s serves champion version %s after %.1fs", ds, url, served, waited)
-            return {
-                "served_version": served,
-                "champion_version": champion,
-                "url": url,
-                "waited_s": round(waited, 3),
-                **_promotion(settings, ds),
-            }
+            log.info("%s serves champion version %s after %.1fs", what, served, waited)
+            return served, waited
         if waited >= timeout_s:
             raise TimeoutError(
-                f"ds={ds}: {url} still serves version {served!r} (None = down or not ready) "
-                f"after {timeout_s:.0f}s, but the registry's champion is {champion!r}; check "
-                f"that the server runs (python -m serving.server) and its log under "
-                f"{settings.logs_dir}"
+                f"{what} still serves version {served!r} (None = down or not ready) after "
+                f"{timeout_s:.0f}s, but the registry's champion is {champion!r}; {hint}"
             )
         time.sleep(min(poll_s, max(0.0, timeout_s - waited)))

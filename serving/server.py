@@ -261,9 +261,13 @@ def listening_socket(host: str, port: int, *, reuse_port: bool = False) -> socke
 
 
 def serve(
-    models: list[BaseKServeModel] | ModelFactory, settings: Settings, *, workers: int = 1
+    models: list[BaseKServeModel] | ModelFactory,
+    settings: Settings,
+    *,
+    workers: int = 1,
+    port: int | None = None,
 ) -> None:
-    """Serve on ``settings.host:settings.ports.serving`` until SIGTERM/SIGINT.
+    """Serve on ``settings.host:port`` (default ``settings.ports.serving``) until SIGTERM/SIGINT.
 
     ``workers`` > 1 forks that many server processes, each with its own models (``models``
     must then be a factory, called in each process): a Python server uses one core for most of
@@ -274,26 +278,19 @@ def serve(
     Each worker polls the registry and swaps versions on its own, so for up to one poll
     interval after a promotion two workers may answer with different versions.
     """
+    port = settings.ports.serving if port is None else port
     request_log = request_log_enabled()
     configure_logging(stdout_log_config(request_log=request_log))
-    log.info(
-        "model server on http://%s:%d, %d worker(s)",
-        settings.host,
-        settings.ports.serving,
-        workers,
-    )
+    log.info("model server on http://%s:%d, %d worker(s)", settings.host, port, workers)
     if workers == 1:
-        LocalModelServer(
-            host=settings.host, http_port=settings.ports.serving, request_log=request_log
-        ).start(models() if callable(models) else models)
+        LocalModelServer(host=settings.host, http_port=port, request_log=request_log).start(
+            models() if callable(models) else models
+        )
         return
     if not callable(models):
         raise TypeError("serve(workers > 1) needs a model factory, called in each worker")
     # Bound here, before any worker starts, so a busy port fails the server at once.
-    sockets = [
-        listening_socket(settings.host, settings.ports.serving, reuse_port=True)
-        for _ in range(workers)
-    ]
+    sockets = [listening_socket(settings.host, port, reuse_port=True) for _ in range(workers)]
     context = multiprocessing.get_context("fork")
     processes = [
         context.Process(
@@ -339,7 +336,7 @@ def _worker(
             other.close()
     set_torch_threads()
     LocalModelServer(
-        host=settings.host, http_port=settings.ports.serving, request_log=request_log
+        host=settings.host, http_port=int(sock.getsockname()[1]), request_log=request_log
     ).start(models(), sockets=[sock])
 
 

@@ -240,3 +240,187 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     }
     client.set_model_version_tag(MODEL_NAME, new_version, DECISION_TAG, json.dumps(report))
     return _write_result(lake, "asr_register", ds, report)
+
+
+GATE_UTTERANCES = 200
+"""Held-out utterances the compile gate transcribes with both the package and the reference."""
+MIN_AGREEMENT = 0.95
+"""Share of those transcripts on which the int8 package must agree with the fake-quant model it
+was compiled from (a compiler bug shows up as disagreement, not as a small CER change)."""
+
+
+def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # noqa: A001
+    """Build the int8 AOTInductor package of the trained model and gate it: its transcripts
+    must agree with the fake-quant model's and its CER stay within the config's
+    ``int8_max_cer_delta`` of the fp32 model's on the same held-out utterances. The package and
+    the gate's report go to the training's MLflow run beside the model file (what a registered
+    version holds); a failed gate is recorded, and the register step then keeps the champion."""
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    from compilers.asr import (
+        INT8_FILE,
+        MAX_FRAMES,
+        MIN_FRAMES,
+        REPORT_FILE,
+        compile_asr,
+        load_compiled,
+    )
+    from jobs.speech_human import HUMAN_VOICE_PREFIX
+    from models.asr.artifact import load_artifact
+    from models.asr.config_registry import get_config
+    from models.asr.corpus import load_split
+    from models.asr.evaluate import int8_model
+    from models.asr.inference import transcribe
+    from models.asr.metrics import cer
+
+    settings = settings or load_settings()
+    lake = Lake(settings.lake_root)
+    trained = read_result(lake, "asr_train", ds, produced_by="train")
+    model_dir = Path(trained["int8_artifact"]).parent
+    threads = torch.get_num_threads()
+    report = compile_asr(model_dir, fp32=False, int8=True, onnx=False)
+    torch.set_num_threads(threads)
+
+    artifact = load_artifact(model_dir)
+    package = load_compiled(model_dir / INT8_FILE, artifact.model.config)
+    reference = int8_model(artifact)
+    fp32 = load_artifact(Path(trained["fp32_artifact"]))
+    data = load_split(corpus_dir(lake, ds), "test", artifact.alphabet)
+    keep = [
+        not voice.startswith(HUMAN_VOICE_PREFIX) and MIN_FRAMES <= len(f) <= MAX_FRAMES
+        for voice, f in zip(data.voices, data.features, strict=True)
+    ]
+    data = data.subset(keep)
+    texts, features = data.texts[:GATE_UTTERANCES], data.features[:GATE_UTTERANCES]
+    if not texts:
+        raise ValueError(f"no held-out utterances in {corpus_dir(lake, ds)} to gate the package")
+    hyps = {
+        kind: [transcribe(model, artifact.alphabet, f).text for f in features]
+        for kind, model in (("package", package), ("reference", reference), ("fp32", fp32.model))
+    }
+    agreement = sum(a == b for a, b in zip(hyps["package"], hyps["reference"], strict=True))
+    agreement /= len(texts)
+    cer_package, cer_fp32 = cer(texts, hyps["package"]), cer(texts, hyps["fp32"])
+    max_delta = get_config(trained["config"]).int8_max_cer_delta
+    reasons = []
+    if agreement < MIN_AGREEMENT:
+        reasons.append(
+            f"the int8 package agrees with its fake-quant reference on {agreement:.1%} of "
+            f"{len(texts)} transcripts (at least {MIN_AGREEMENT:.0%} required)"
+        )
+    if cer_package > cer_fp32 + max_delta:
+        reasons.append(
+            f"int8 package CER {cer_package:.4f} exceeds fp32 CER {cer_fp32:.4f} by more than "
+            f"{max_delta}"
+        )
+    gate = {
+        "ds": ds,
+        "passed": not reasons,
+        "reasons": reasons,
+        "artifact": str(model_dir / INT8_FILE),
+        "utterances": len(texts),
+        "agreement": agreement,
+        "cer_package": cer_package,
+        "cer_fp32": cer_fp32,
+        "cer_delta_points": 100 * (cer_package - cer_fp32),
+        "max_cer_delta": max_delta,
+        "compile_s": report["int8"]["compile_s"],
+    }
+    (model_dir / "compile_gate.json").write_text(json.dumps(gate, indent=2))
+    client = MlflowClient(tracking_uri=settings.tracking_uri)
+    run_id = trained["run_id"]
+    for name in (INT8_FILE, REPORT_FILE, "compile_gate.json"):
+        client.log_artifact(run_id, str(model_dir / name), SERVED_ARTIFACT_PATH)
+    client.log_metric(run_id, "compile_int8_cer", cer_package)
+    client.log_metric(run_id, "compile_agreement", agreement)
+    client.set_tag(run_id, "compile_gate", "passed" if gate["passed"] else "failed")
+    print(
+        f"[asr] compile gate {'passed' if gate['passed'] else 'FAILED'}: agreement "
+        f"{agreement:.1%}, CER package {cer_package:.2%} vs fp32 {cer_fp32:.2%} "
+        f"({len(texts)} held-out utterances)",
+        flush=True,
+    )
+    return _write_result(lake, "asr_compile", ds, gate)
+
+
+def served_version(settings: Settings, *, timeout_s: float = 10.0) -> str | None:
+    """The registry version the ASR server transcribes with, None while down or not ready
+    (a half-second probe tone; the response names its ``model_version``)."""
+    import base64
+    import io
+    import wave
+
+    import numpy as np
+    import requests
+
+    tone = (0.1 * np.sin(np.arange(8000) * 2 * np.pi * 440 / 16000) * 32767).astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes(tone.tobytes())
+    body = {
+        "inputs": [
+            {
+                "name": "audio",
+                "datatype": "BYTES",
+                "shape": [1],
+                "data": [base64.b64encode(buffer.getvalue()).decode()],
+            }
+        ]
+    }
+    base = f"{settings.asr_serving_url}/v2/models/{MODEL_NAME}"
+    try:
+        if requests.get(f"{base}/ready", timeout=timeout_s).status_code != 200:
+            return None
+        response = requests.post(f"{base}/infer", json=body, timeout=timeout_s)
+    except requests.RequestException:
+        return None
+    if response.status_code != 200:
+        return None
+    version = (response.json().get("parameters") or {}).get("model_version")
+    return None if version is None else str(version)
+
+
+def deploy(ds: str, *, settings: Settings | None = None, timeout_s: float = 300) -> dict[str, Any]:
+    """Wait until the ASR server transcribes with the registry's champion; says why a
+    challenger that was not promoted is not the one served."""
+    from serving.champion import champion_version
+    from serving.deploy import wait_until_served
+
+    settings = settings or load_settings()
+    lake = Lake(settings.lake_root)
+    decision = read_result(lake, "asr_register", ds, produced_by="register")
+    champion = champion_version(settings, MODEL_NAME)
+    if champion is None:
+        raise RuntimeError(
+            f"the registry has no '{MODEL_NAME}@champion' to deploy; the challenger of ds={ds} "
+            f"was refused: {'; '.join(decision.get('reasons') or [])}"
+        )
+    url = f"{settings.asr_serving_url}/v2/models/{MODEL_NAME}"
+    served, waited = wait_until_served(
+        champion,
+        lambda: served_version(settings),
+        timeout_s=timeout_s,
+        poll_s=2.0,
+        what=f"ds={ds}: {url}",
+        hint=f"check that the ASR server runs (python -m serving.asr) and its log under "
+        f"{settings.logs_dir}",
+    )
+    return _write_result(
+        lake,
+        "asr_deploy",
+        ds,
+        {
+            "ds": ds,
+            "served_version": served,
+            "champion_version": champion,
+            "url": url,
+            "waited_s": round(waited, 3),
+            "challenger_version": decision.get("version"),
+            "promoted": decision.get("promoted"),
+            "blocked_by": decision.get("reasons") or [],
+        },
+    )

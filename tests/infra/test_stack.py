@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cascade.config import load_settings
+from cascade.config import PORT_NAMES, load_settings
 from infra import stack
 
 
@@ -22,7 +22,7 @@ def free_port() -> int:
 @pytest.fixture
 def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
-    for name in ("broker", "airflow", "mlflow", "serving"):
+    for name in PORT_NAMES:
         monkeypatch.setenv(f"CASCADE_{name.upper()}_PORT", str(free_port()))
     return load_settings()
 
