@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from cascade.config import Settings, load_settings
@@ -19,18 +20,25 @@ from cascade.config import Settings, load_settings
 DAG_ID = "ctr_preranking"
 
 
-def trigger_and_wait(
+@dataclass
+class Triggered:
+    """A published data-landed event and what is needed to find the run it starts."""
+
+    dag_id: str
+    event_id: str
+    runs_before: set[str]
+    published_at: float
+
+
+def trigger(
     ds: str,
     *,
     settings: Settings,
-    timeout_s: float,
     echo: Callable[[str], None] = print,
     dag_id: str = DAG_ID,
     dataset: str = "ml100k",
-    result_tasks: tuple[str, ...] = ("train", "register", "deploy"),
-) -> dict[str, Any]:
-    """Publish a data-landed event for ``dataset`` and wait for the asset-triggered run of
-    ``dag_id`` it starts; the return values of ``result_tasks`` come back with the run."""
+) -> Triggered:
+    """Unpause ``dag_id`` and publish a data-landed event for ``dataset`` and partition ``ds``."""
     from cascade.airflow_client import AirflowClient
     from cascade.events import make_event, publish
 
@@ -42,11 +50,29 @@ def trigger_and_wait(
         "cascade.data.landed", {"dataset": dataset, "partition": ds}, source="cascade-demo"
     )
     where = publish(event, settings=settings)
-    echo(f"published cascade.data.landed {event.id} for partition {ds} -> {where}")
-    published_at = time.monotonic()
+    echo(f"published cascade.data.landed {event.id} ({dataset}, partition {ds}) -> {where}")
+    return Triggered(dag_id, event.id, before, time.monotonic())
+
+
+def wait_for_triggered(
+    triggered: Triggered,
+    *,
+    settings: Settings,
+    timeout_s: float,
+    echo: Callable[[str], None] = print,
+    result_tasks: tuple[str, ...] = ("train", "register", "deploy"),
+) -> dict[str, Any]:
+    """Wait for the asset-triggered run the event started; the return values of
+    ``result_tasks`` come back with the run."""
+    from cascade.airflow_client import AirflowClient
+
+    client = AirflowClient(settings)
+    dag_id = triggered.dag_id
     run = client.wait_for_run(
         dag_id,
-        match=lambda r: r["run_type"] == "asset_triggered" and r["dag_run_id"] not in before,
+        match=lambda r: (
+            r["run_type"] == "asset_triggered" and r["dag_run_id"] not in triggered.runs_before
+        ),
         timeout_s=timeout_s,
         echo=echo,
     )
@@ -57,13 +83,25 @@ def trigger_and_wait(
         except Exception:  # a failed run has no xcom for later tasks
             results[task_id] = None
     return {
-        "event_id": event.id,
+        "event_id": triggered.event_id,
         "dag_run_id": run["dag_run_id"],
         "dag_run_state": run["state"],
         "run_type": run["run_type"],
-        "event_to_finish_s": round(time.monotonic() - published_at, 1),
+        "event_to_finish_s": round(time.monotonic() - triggered.published_at, 1),
         **results,
     }
+
+
+def trigger_and_wait(
+    ds: str,
+    *,
+    settings: Settings,
+    timeout_s: float,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Publish a data-landed event and wait for the ``ctr_preranking`` run it starts."""
+    triggered = trigger(ds, settings=settings, echo=echo)
+    return wait_for_triggered(triggered, settings=settings, timeout_s=timeout_s, echo=echo)
 
 
 def run_demo(
