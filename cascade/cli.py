@@ -106,7 +106,8 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 
 BENCH_OPTIONS = {
     "impressions": "impressions, comma-separated sizes (ctr-features)",
-    "config": "named training config (preranking)",
+    "config": "named training config (preranking, multimodal)",
+    "corpus": "corpus folder to train on instead of generated pairs (multimodal)",
     "model": "model to compile: preranking (compile)",
     "events": "events to publish (events)",
     "candidates": "item ids per request (serving)",
