@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, str] = {
     "ctr": "jobs.ctr_cross_stats_bench:bench_ctr",
     "serving": "serving.bench:run",
     "asr": "models.asr.bench:run",
+    "multimodal": "models.multimodal.bench:run",
 }
 """Benchmark name -> ``module:function``; imported only when run."""
 
@@ -40,6 +41,10 @@ OPTIONS: dict[str, dict[str, str]] = {
     "compilers": {"model": "CASCADE_BENCH_COMPILE_MODEL"},
     "asr": {"model": "CASCADE_BENCH_ASR_MODEL", "sizes": "CASCADE_BENCH_ASR_SIZES"},
     "events": {"events": "CASCADE_BENCH_EVENTS"},
+    "multimodal": {
+        "config": "CASCADE_BENCH_MULTIMODAL_CONFIG",
+        "corpus": "CASCADE_BENCH_MULTIMODAL_CORPUS",
+    },
     "serving": {
         "candidates": "CASCADE_BENCH_SERVING_CANDIDATES",
         "clients": "CASCADE_BENCH_SERVING_CLIENTS",

@@ -39,7 +39,6 @@ import shutil
 import signal
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,10 +66,9 @@ from models.preranking.cascade_train import init_distributed
 from models.preranking.train import (
     CRASH_ENV,
     crash_point,
-    read_complete_result,
-    run_torchrun,
+    launch_for_result,
+    open_resumable_run,
     save_latest_checkpoint,
-    use_experiment,
     write_result,
 )
 
@@ -344,19 +342,8 @@ def _prepare_out(out: Path, fingerprint: str) -> None:
 
 def _mlflow_run(settings: Settings, out: Path, config: AsrTrainConfig, corpus: Path) -> str:
     """Start the run, or reopen the one an interrupted attempt recorded in ``OUT/RUN_MARKER``."""
-    import mlflow
-
-    experiment_id = use_experiment(settings, EXPERIMENT)
-    marker = out / RUN_MARKER
-    if marker.exists():
-        run_id = str(json.loads(marker.read_text())["run_id"])
-        mlflow.start_run(run_id=run_id)
-        return run_id
-    run = mlflow.start_run(experiment_id=experiment_id, run_name=f"asr-{config.name}")
-    write_result(marker, {"run_id": run.info.run_id})
-    mlflow.log_params(config.flat_params())
-    mlflow.log_params({"corpus": str(corpus), "alphabet_size": len(ALPHABET)})
-    return str(run.info.run_id)
+    params = config.flat_params() | {"corpus": str(corpus), "alphabet_size": str(len(ALPHABET))}
+    return open_resumable_run(settings, EXPERIMENT, out / RUN_MARKER, f"asr-{config.name}", params)
 
 
 def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] | None:
@@ -593,32 +580,16 @@ def train_asr(
     if not _has_split(corpus_dir, "train"):
         raise FileNotFoundError(f"{corpus_dir} has no training shards (shards/split=train)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    result_path = out_dir / "result.json"
-    result_path.unlink(missing_ok=True)  # a stale result must never pass for this launch's
-    returncode, tail = run_torchrun(
+    return launch_for_result(
         "models.asr.train",
         ["--config", config.name, "--corpus", str(corpus_dir), "--out", str(out_dir)],
+        what=f"ASR training {config.name!r}",
+        out_dir=out_dir,
+        keys=RESULT_KEYS,
         processes=processes or settings.train_processes,
         settings=settings,
-        log_path=out_dir / "train.log",
         echo=echo,
-        append=True,
     )
-    result = read_complete_result(result_path, None, RESULT_KEYS)
-    if result is None:
-        raise RuntimeError(
-            f"ASR training {config.name!r} failed (exit code {returncode}) without a complete "
-            f"{result_path}; last log lines:\n{tail}"
-        )
-    if returncode != 0:
-        # Seen with DeepSpeed on CPU: a rank SIGABRTs at exit after everything was written.
-        warnings.warn(
-            f"ASR training exited with code {returncode} after writing a complete "
-            f"{result_path}; accepting run {result['run_id']}",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-    return result
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -260,6 +260,24 @@ def log_run(
     return result
 
 
+def open_resumable_run(
+    settings: Settings, experiment: str, marker: Path, run_name: str, params: dict[str, str]
+) -> str:
+    """Start an MLflow run in ``experiment`` and record its id in ``marker``, or reopen the run
+    an interrupted attempt recorded there (its params are already logged)."""
+    import mlflow
+
+    experiment_id = use_experiment(settings, experiment)
+    if marker.exists():
+        run_id = str(json.loads(marker.read_text())["run_id"])
+        mlflow.start_run(run_id=run_id)
+        return run_id
+    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name)
+    write_result(marker, {"run_id": run.info.run_id})
+    mlflow.log_params(params)
+    return str(run.info.run_id)
+
+
 def write_result(path: Path, result: dict[str, Any]) -> None:
     """Write atomically, so a crash never leaves a half-written result that looks complete."""
     tmp = path.with_name(path.name + ".tmp")
@@ -666,6 +684,48 @@ def run_torchrun(
     if echo:
         sys.stdout.flush()
     return returncode, "".join(tail)
+
+
+def launch_for_result(
+    module: str,
+    args: list[str],
+    *,
+    what: str,
+    out_dir: Path,
+    keys: Sequence[str],
+    processes: int,
+    settings: Settings,
+    echo: bool,
+) -> dict[str, Any]:
+    """Run ``module`` under :func:`run_torchrun` (log in ``OUT/train.log``) and return its
+    complete ``OUT/result.json`` (every one of ``keys`` set); raise with the log's tail when
+    there is none. A stale result is removed first, so it never passes for this launch's."""
+    result_path = out_dir / "result.json"
+    result_path.unlink(missing_ok=True)
+    returncode, tail = run_torchrun(
+        module,
+        args,
+        processes=processes,
+        settings=settings,
+        log_path=out_dir / "train.log",
+        echo=echo,
+        append=True,
+    )
+    result = read_complete_result(result_path, None, keys)
+    if result is None:
+        raise RuntimeError(
+            f"{what} failed (exit code {returncode}) without a complete {result_path}; "
+            f"last log lines:\n{tail}"
+        )
+    if returncode != 0:
+        # Seen with DeepSpeed on CPU: a rank SIGABRTs at exit after everything was written.
+        warnings.warn(
+            f"{what} exited with code {returncode} after writing a complete {result_path}; "
+            f"accepting run {result['run_id']}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return result
 
 
 def launch(ds: str, *, config: str = "ml100k", settings: Settings | None = None) -> dict:

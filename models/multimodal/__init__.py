@@ -1,0 +1,1 @@
+"""Image-text transformer with mixture-of-experts feed-forward blocks (DeepSpeed MoE)."""
