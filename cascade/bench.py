@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "compilers": "compilers.bench:run",
     "ctr": "jobs.ctr_cross_stats_bench:bench_ctr",
     "serving": "serving.bench:run",
+    "multimodal-corpus": "jobs.multimodal_corpus_bench:bench_multimodal_corpus",
 }
 """Benchmark name -> ``module:function``; imported only when run."""
 
@@ -38,6 +39,7 @@ OPTIONS: dict[str, dict[str, str]] = {
     "preranking": {"config": "CASCADE_BENCH_PRERANKING_CONFIG"},
     "compilers": {"model": "CASCADE_BENCH_COMPILE_MODEL"},
     "events": {"events": "CASCADE_BENCH_EVENTS"},
+    "multimodal-corpus": {"pairs": "CASCADE_BENCH_MULTIMODAL_SIZES"},
     "serving": {
         "candidates": "CASCADE_BENCH_SERVING_CANDIDATES",
         "clients": "CASCADE_BENCH_SERVING_CLIENTS",
