@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, str] = {
     "serving": "serving.bench:run",
     "asr": "models.asr.bench:run",
     "multimodal": "models.multimodal.bench:run",
+    "multimodal-corpus": "jobs.multimodal_corpus_bench:bench_multimodal_corpus",
 }
 """Benchmark name -> ``module:function``; imported only when run."""
 
@@ -45,6 +46,7 @@ OPTIONS: dict[str, dict[str, str]] = {
         "config": "CASCADE_BENCH_MULTIMODAL_CONFIG",
         "corpus": "CASCADE_BENCH_MULTIMODAL_CORPUS",
     },
+    "multimodal-corpus": {"pairs": "CASCADE_BENCH_MULTIMODAL_SIZES"},
     "serving": {
         "candidates": "CASCADE_BENCH_SERVING_CANDIDATES",
         "clients": "CASCADE_BENCH_SERVING_CLIENTS",

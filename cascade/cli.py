@@ -115,6 +115,7 @@ BENCH_OPTIONS = {
     "clients": "concurrent clients (serving)",
     "seconds": "measured seconds of load, after the warm-up (serving)",
     "workers": "server processes (serving)",
+    "pairs": "generated image-text pairs, comma-separated sizes (multimodal-corpus)",
 }
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Cascade needs on a fresh machine of this kind: Debian packages (Java for
 # Spark, Chromium for the UI test), the Python virtual environment with the whole stack, the
-# Kafka-protocol broker (a PyPI wheel) and the MovieLens-100k data package.
+# Kafka-protocol broker (a PyPI wheel), the MovieLens-100k data package and emoji images (npm).
 # Usage: bash infra/install.sh [VENV_DIR]   (called by `make venv`)
 set -euo pipefail
 VENV=${1:-.venv}
@@ -15,6 +15,7 @@ apt_install() {
   [ -x /usr/bin/espeak-ng ] || missing+=(espeak-ng)
   # Human speech (spoken stamp descriptions) and captioned images.
   [ -d /usr/share/tuxpaint/stamps ] || missing+=(tuxpaint-stamps-default)
+  command -v npm >/dev/null || missing+=(npm)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "install: apt packages ${missing[*]}"
     if [ "$(id -u)" = 0 ]; then
@@ -40,6 +41,12 @@ PIP="$VENV/bin/pip"
 # MovieLens-100k ships inside recbole; only its data is used, so none of its dependencies.
 "$PIP" install -q --no-deps recbole==1.2.1
 "$VENV/bin/python" -c "import importlib.util as u; from pathlib import Path; p=Path(u.find_spec('recbole').submodule_search_locations[0])/'dataset_example/ml-100k/ml-100k.inter'; assert p.exists(), p"
+# Emoji images with their names (npm, PNG + emoji.json): image-text pairs for the multimodal corpus.
+EMOJI="$VENV/npm/node_modules/emoji-datasource-google"
+if [ ! -f "$EMOJI/emoji.json" ]; then
+  echo "install: npm emoji-datasource-google into $VENV/npm"
+  npm install --silent --no-audit --no-fund --prefix "$VENV/npm" emoji-datasource-google@16.0.0
+fi
 # Any `airflow ...` or `python -m airflow ...` run from this venv talks to the project's Airflow
 # (home under the state folder, DAGs from dags/) unless AIRFLOW_HOME is set explicitly.
 REPO=$(pwd)

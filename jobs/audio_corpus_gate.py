@@ -19,17 +19,13 @@ from typing import Any
 import pandas as pd
 
 from jobs.audio_corpus import SPLITS, CorpusConfig
-from jobs.gx_suites import run_suite
+from jobs.gx_suites import GateFailed, gate_report, run_suite
 
 MAX_TRANSCRIPT_CHARS = 400
 
 
-class CorpusGateFailed(RuntimeError):
-    def __init__(self, report: dict[str, Any]) -> None:
-        self.report = report
-        super().__init__(
-            f"speech corpus gate failed: {', '.join(report['failed'])}; see {report['path']}"
-        )
+class CorpusGateFailed(GateFailed):
+    what = "speech corpus"
 
 
 def validate_corpus(corpus: Path, config: CorpusConfig | None = None) -> dict[str, Any]:
@@ -83,18 +79,8 @@ def validate_corpus(corpus: Path, config: CorpusConfig | None = None) -> dict[st
             ],
         ),
     ]
-    failed = [label for outcome in outcomes for label in outcome.failed]
-    path = corpus / "gate.json"
-    report = {
-        "success": not failed,
-        "failed": failed,
-        "rows": len(manifest),
-        "voices": len(voices),
-        "checks": [c for outcome in outcomes for c in outcome.checks],
-        "path": str(path),
-    }
-    path.write_text(json.dumps(report, indent=2, default=str))
-    if failed:
+    report = gate_report(outcomes, corpus / "gate.json", rows=len(manifest), voices=len(voices))
+    if not report["success"]:
         raise CorpusGateFailed(report)
     return report
 

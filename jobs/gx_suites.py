@@ -6,7 +6,9 @@ definition, run with the frame as batch parameter. Works for pandas and Spark da
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -65,3 +67,30 @@ def run_suite(
             }
         )
     return SuiteOutcome(success=bool(result.success), checks=checks, failed=failed)
+
+
+def gate_report(outcomes: list[SuiteOutcome], path: Path, **counts: Any) -> dict[str, Any]:
+    """A data gate's report over its suites, written as JSON to ``path``: ``success``,
+    ``failed`` labels, the caller's ``counts``, every check and the path."""
+    failed = [label for outcome in outcomes for label in outcome.failed]
+    report = {
+        "success": not failed,
+        "failed": failed,
+        **counts,
+        "checks": [c for outcome in outcomes for c in outcome.checks],
+        "path": str(path),
+    }
+    path.write_text(json.dumps(report, indent=2, default=str))
+    return report
+
+
+class GateFailed(RuntimeError):
+    """A data gate refused its input; ``report`` is what :func:`gate_report` wrote."""
+
+    what = "data"
+
+    def __init__(self, report: dict[str, Any]) -> None:
+        self.report = report
+        super().__init__(
+            f"{self.what} gate failed: {', '.join(report['failed'])}; see {report['path']}"
+        )

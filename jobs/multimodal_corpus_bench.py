@@ -1,0 +1,154 @@
+"""Benchmark of the image-text corpus job on generated pairs: throughput and where time goes.
+
+    cascade bench multimodal-corpus --out bench-results/multimodal-corpus.json   # 10k, 100k
+    cascade bench multimodal-corpus --out /tmp/mm.json --quick                   # 1k, a smoke run
+    CASCADE_BENCH_MULTIMODAL_SIZES=10000 cascade bench multimodal-corpus --out FILE
+
+Per size, in one Spark session (the job's own, ``local[2]`` unless ``CASCADE_SPARK_MASTER``
+says otherwise): land that many generated pairs (:mod:`jobs.multimodal_sources`, seed 0,
+planted near-duplicates included) under ``<lake>/bench/multimodal/`` unless already there,
+then run :func:`jobs.multimodal_corpus.build_corpus` ``repeats`` times, interleaved across
+sizes, and report the median wall time, ``pairs_per_s`` and the median share of each stage
+(``decode`` reads and decodes the files, ``hashing`` computes pHash and MinHash signatures,
+``dedup`` finds and resolves near-duplicates, ``write`` splits, tokenizes and writes).
+Because the generator records what it planted, each size also reports the recall of planted
+duplicates and how many originals were removed (false positives). The top-level
+``pairs_per_s``, ``quarantined``, ``duplicates_removed`` and ``time_share`` are those of the
+first size; every size has its own entry in ``sizes``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from cascade.config import load_settings
+from jobs.multimodal_corpus import CorpusConfig, build_corpus, spark_session
+from jobs.multimodal_sources import GeneratorConfig, land_generated
+
+FULL_SIZES = (10_000, 100_000)
+QUICK_SIZES = (1_000,)
+
+
+def landed(spark: Any, root: Path, n: int) -> tuple[Path, float | None]:
+    """A landing batch of ``n`` generated pairs, reused when a previous run completed it."""
+    landing = root / f"n={n}_seed=0"
+    done = landing / "_LANDED"
+    if done.is_file():
+        return landing, None
+    if landing.exists():
+        import shutil
+
+        shutil.rmtree(landing)
+    started = time.perf_counter()
+    land_generated(spark, landing, count=n, config=GeneratorConfig(seed=0))
+    done.write_text(str(n))
+    return landing, time.perf_counter() - started
+
+
+def planted_outcome(landing: Path, corpus: Path) -> dict[str, Any]:
+    """Recall of the planted duplicates and originals removed, against what was planted."""
+    planted = pd.read_json(landing / "captions.jsonl", lines=True)[["pair_id", "planted"]]
+    removed = pd.read_parquet(corpus / "duplicates")[["pair_id", "duplicate_kind"]]
+    joined = planted.merge(removed, on="pair_id", how="left")
+    outcome: dict[str, Any] = {}
+    for kind in ("image", "caption"):
+        rows = joined[joined["planted"] == kind]
+        outcome[f"planted_{kind}"] = len(rows)
+        outcome[f"recall_{kind}"] = (
+            float(rows["duplicate_kind"].notna().mean()) if len(rows) else None
+        )
+    outcome["originals_removed"] = int(
+        ((joined["planted"] == "original") & joined["duplicate_kind"].notna()).sum()
+    )
+    return outcome
+
+
+def bench_multimodal_corpus(out: Path, quick: bool) -> dict[str, Any]:
+    """``cascade bench multimodal-corpus``: see the module docstring."""
+    env_sizes = os.environ.get("CASCADE_BENCH_MULTIMODAL_SIZES")
+    sizes = (
+        tuple(int(s) for s in env_sizes.split(","))
+        if env_sizes
+        else (QUICK_SIZES if quick else FULL_SIZES)
+    )
+    from pyspark.sql import SparkSession
+
+    settings = load_settings()
+    # A session that was already running (a caller's, a test's) is reused and left running.
+    borrowed = SparkSession.getActiveSession() is not None
+    spark = spark_session()
+    try:
+        return measure(spark, sizes, settings.spark_master, settings.lake_root, quick)
+    finally:
+        if not borrowed:
+            spark.stop()
+
+
+def measure(
+    spark: Any, sizes: tuple[int, ...], master: str, lake_root: Path, quick: bool
+) -> dict[str, Any]:
+    config = CorpusConfig()
+    root = lake_root / "bench" / "multimodal"
+    batches = {n: landed(spark, root, n) for n in sizes}
+    repeats = {n: 1 if quick or n > 20_000 else 3 for n in sizes}
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
+    outcome: dict[int, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="multimodal-bench-") as scratch:
+        for round_ in range(max(repeats.values())):
+            for n in sizes:  # interleaved: round 1 of every size, then round 2...
+                if round_ >= repeats[n]:
+                    continue
+                corpus = Path(scratch) / f"n={n}"
+                started = time.perf_counter()
+                summary = build_corpus(spark, batches[n][0], corpus, config)
+                summary["wall_s"] = time.perf_counter() - started
+                runs[n].append(summary)
+                if n not in outcome:
+                    outcome[n] = planted_outcome(batches[n][0], corpus)
+                print(f"[bench multimodal-corpus] n={n} round {round_}: {summary['wall_s']:.1f} s")
+    results = []
+    for n in sizes:
+        wall = statistics.median(r["wall_s"] for r in runs[n])
+        last = runs[n][-1]
+        results.append(
+            {
+                "pairs": n,
+                "generated_s": batches[n][1],
+                "repeats": repeats[n],
+                "wall_s": wall,
+                "pairs_per_s": n / wall,
+                "stage_s": {
+                    k: statistics.median(r["seconds"][k] for r in runs[n]) for k in last["seconds"]
+                },
+                "time_share": {
+                    k: statistics.median(r["time_share"][k] for r in runs[n])
+                    for k in last["time_share"]
+                },
+                "kept": last["kept"],
+                "quarantined": last["quarantined"],
+                "duplicates_removed": last["duplicates_removed"],
+                **outcome[n],
+            }
+        )
+    headline = results[0]
+    result = {
+        "benchmark": "multimodal-corpus",
+        "spark_master": master,
+        "pairs_per_s": headline["pairs_per_s"],
+        "pairs": headline["pairs"],
+        "quarantined": headline["quarantined"],
+        "duplicates_removed": headline["duplicates_removed"],
+        "time_share": headline["time_share"],
+        "sizes": results,
+        "config": asdict(config),
+        "quick": quick,
+    }
+    return result
