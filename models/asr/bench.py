@@ -13,9 +13,10 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
    job being measured), repeated under new utterance ids (hard links) up to the size; each
    repeat is decoded and featurized like any other file. The smallest size's corpus is the
    evaluation corpus.
-2. **Model**: ``--model`` (``CASCADE_BENCH_ASR_MODEL``), a folder with ``asr_model.pt``; without
-   it :func:`models.asr.train.train_asr` trains the ``CASCADE_BENCH_ASR_CONFIG`` config (default
-   ``debug``) on that corpus.
+2. **Model**: ``--model`` (``CASCADE_BENCH_ASR_MODEL``), a folder with ``asr_model.pt`` or a
+   training's output folder (``fp32/`` and ``int8/``); without it
+   :func:`models.asr.train.train_asr` trains the ``CASCADE_BENCH_ASR_CONFIG`` config (default
+   ``synthetic``, ~45 min on 2 cores) on that corpus.
 3. **Compile** (:func:`compilers.asr.compile_asr`): fp32 and int8 AOTInductor packages and the
    ONNX file, each run on 21 lengths from 0.3 to 20 s (``shapes_tried``): ``recompiles`` is 0
    when every length ran on the one package (a length outside it fails the benchmark).
@@ -142,17 +143,17 @@ def obtain_model(settings: Settings, corpus: Path, work: Path) -> tuple[Path, Pa
     package. Without it, :func:`models.asr.train.train_asr` trains now; its result's
     ``fp32_artifact`` / ``int8_artifact`` (an ``asr_model.pt`` or its folder; ``fp32`` /
     ``int8`` accepted too) are the float model and the quantization-aware one."""
+    from models.asr.train import train_asr
+
     given = os.environ.get("CASCADE_BENCH_ASR_MODEL")
     if given:
-        return Path(given), Path(given), {"source": "given", "path": given}
-    try:
-        from models.asr.train import train_asr  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise RuntimeError(
-            "cascade bench asr needs a model: pass --model MODEL_DIR (a folder with "
-            f"asr_model.pt), or install the ASR training (models.asr.train.train_asr): {exc}"
-        ) from exc
-    config_name = os.environ.get("CASCADE_BENCH_ASR_CONFIG", "debug")
+        trained_dir = Path(given)
+        if (trained_dir / "fp32" / "asr_model.pt").is_file():
+            # A training output folder: its fp32 model and its quantization-aware one.
+            fp32_dir, int8_dir = trained_dir / "fp32", trained_dir / "int8"
+            return fp32_dir, int8_dir, {"source": "given", "path": given}
+        return trained_dir, trained_dir, {"source": "given", "path": given}
+    config_name = os.environ.get("CASCADE_BENCH_ASR_CONFIG", "synthetic")
     print(f"[bench asr] training config {config_name!r} on {corpus}", flush=True)
     trained = train_asr(settings, config_name, corpus, work / "trained")
     fp32 = trained.get("fp32_artifact") or trained.get("fp32")
@@ -267,7 +268,7 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
         load_compiled,
         onnxruntime_asr,
     )
-    from jobs.audio_corpus import _spark, decode_wav, log_mel, resample
+    from jobs.audio_corpus import decode_wav, log_mel, resample, spark_session
     from models.asr.artifact import load_artifact
     from models.asr.inference import transcribe
 
@@ -275,7 +276,7 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     sizes = bench_sizes(quick)
     work = Path(tempfile.mkdtemp(prefix="cascade-bench-asr-"))
     result: dict[str, Any] = {"quick": quick, "threads": threads, "sizes": {}}
-    spark = _spark()
+    spark = spark_session()
     try:
         unique = _env_int("CASCADE_BENCH_ASR_UNIQUE", 2_000)
         corpus_runs, corpus, landing = corpus_throughput(spark, work, sizes, unique)

@@ -66,16 +66,14 @@ def test_real_time_factor_is_compute_over_audio_seconds() -> None:
     assert set(timings["slow"]["per_length"]) == {"1s", "2s"}
 
 
-def test_without_a_model_it_trains_or_says_what_is_missing(
+def test_a_given_model_folder_or_training_output_is_used_as_it_is(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("CASCADE_BENCH_ASR_MODEL", str(tmp_path))
-    assert obtain_model(None, tmp_path, tmp_path)[0] == tmp_path  # type: ignore[arg-type]
-    monkeypatch.delenv("CASCADE_BENCH_ASR_MODEL")
-    try:
-        import models.asr.train  # noqa: F401
-    except ImportError:
-        with pytest.raises(RuntimeError, match="--model"):
-            obtain_model(None, tmp_path, tmp_path)  # type: ignore[arg-type]
-    else:
-        pytest.skip("the ASR training exists; training is exercised by its own tests")
+    assert obtain_model(None, tmp_path, tmp_path)[:2] == (tmp_path, tmp_path)  # type: ignore[arg-type]
+    # A training's output folder: its fp32 model and its quantization-aware int8 one.
+    for kind in ("fp32", "int8"):
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / "asr_model.pt").write_bytes(b"")
+    fp32, int8, _ = obtain_model(None, tmp_path, tmp_path)  # type: ignore[arg-type]
+    assert (fp32, int8) == (tmp_path / "fp32", tmp_path / "int8")
