@@ -47,11 +47,11 @@ def corpus_dir(lake: Lake, ds: str) -> Path:
 
 
 def _write_result(lake: Lake, kind: str, ds: str, result: dict[str, Any]) -> dict[str, Any]:
+    from models.preranking.train import write_result
+
     out = lake.reports(kind, ds)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "result.json.tmp"
-    tmp.write_text(json.dumps(result, indent=2, default=str))
-    tmp.replace(out / "result.json")
+    write_result(out / "result.json", json.loads(json.dumps(result, default=str)))
     return result
 
 
