@@ -64,15 +64,21 @@ class CorpusConfig:
     dev_share: float = 0.1
     test_share: float = 0.1
     shards: int = 4
-    """Parquet files per split."""
+    """Least number of write tasks; each writes one parquet file per split it holds."""
+    rows_per_shard: int = 4000
+    """More write tasks as the corpus grows: about this many utterances (~50 MB of features)
+    per task, so no task holds a whole split."""
 
     def __post_init__(self) -> None:
         if not 0 < self.min_seconds < self.max_seconds:
             raise ValueError("need 0 < min_seconds < max_seconds")
         if not 0 <= self.dev_share + self.test_share < 1:
             raise ValueError("dev_share + test_share must be in [0, 1)")
-        if self.n_mels < 8 or self.shards < 1:
-            raise ValueError("n_mels must be >= 8 and shards >= 1")
+        if self.n_mels < 8 or self.shards < 1 or self.rows_per_shard < 1:
+            raise ValueError("n_mels must be >= 8, shards and rows_per_shard >= 1")
+
+    def write_tasks(self, rows: int) -> int:
+        return max(self.shards, -(-rows // self.rows_per_shard))
 
 
 # --- pure functions (no Spark) --------------------------------------------------------------
@@ -292,7 +298,14 @@ def build_corpus(
             [], "utterance_id string, text string, language string, voice string"
         )
     texts = texts.dropDuplicates(["utterance_id"])
-    pairs = audio.join(texts, "utterance_id", "full_outer")
+    # The transcripts are small and the audio is not: broadcasting them keeps the WAV bytes where
+    # they were read (a full outer join would shuffle every file). Transcripts without audio come
+    # from an anti join on the ids alone (binaryFile then skips reading the content).
+    with_audio = audio.join(F.broadcast(texts), "utterance_id", "left")
+    without_audio = texts.join(
+        F.broadcast(audio.select("utterance_id")), "utterance_id", "left_anti"
+    ).withColumn("content", F.lit(None).cast("binary"))
+    pairs = with_audio.unionByName(without_audio)
 
     columns = [c.split()[0] for c in ROW_SCHEMA.split(", ")]
 
@@ -316,7 +329,10 @@ def build_corpus(
         good = processed.where(F.col("reason").isNull()).drop("reason")
         bad = processed.where(F.col("reason").isNotNull()).drop("features", "num_frames", "split")
         out.mkdir(parents=True, exist_ok=True)
-        good.repartition(config.shards, "split").write.mode("overwrite").partitionBy(
+        # Hashing on (split, id) spreads each split over the write tasks: hashing on the split
+        # alone put a whole split in one task, which ran out of heap at 100k utterances.
+        tasks = config.write_tasks(good.count())
+        good.repartition(tasks, "split", "utterance_id").write.mode("overwrite").partitionBy(
             "split"
         ).parquet(str(out / "shards"))
         good.drop("features").coalesce(1).write.mode("overwrite").parquet(str(out / "manifest"))
@@ -364,6 +380,7 @@ def spark_session() -> Any:
         .appName("cascade.audio_corpus")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", os.environ.get("CASCADE_SPARK_DRIVER_MEMORY", "3g"))
         .getOrCreate()
     )
 

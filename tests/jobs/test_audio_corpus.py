@@ -89,7 +89,8 @@ def test_landed_batch_becomes_speaker_disjoint_shards_and_every_fault_is_quarant
     with (landing / "transcripts.jsonl").open("a", encoding="utf-8") as handle:
         handle.write("".join(json.dumps(e) + "\n" for e in extra))
 
-    summary = build_corpus(spark, landing, out, CorpusConfig(n_mels=40, shards=2))
+    config = CorpusConfig(n_mels=40, shards=2, rows_per_shard=20)
+    summary = build_corpus(spark, landing, out, config)
     assert summary["utterances"] == 60 and summary["quarantined"] == len(planted)
     quarantine = pd.read_parquet(out / "quarantine")
     reasons = dict(zip(quarantine.utterance_id, quarantine.reason, strict=True))
@@ -108,6 +109,9 @@ def test_landed_batch_becomes_speaker_disjoint_shards_and_every_fault_is_quarant
 
     shards = pd.read_parquet(out / "shards")
     assert len(shards) == 60
+    # 60 utterances at 20 per write task: 3 tasks, so the train split is spread over 3 files.
+    assert config.write_tasks(60) == 3
+    assert len(list((out / "shards" / "split=train").glob("*.parquet"))) == 3
     row = shards.iloc[0]
     features = features_of(row, 40)
     assert features.shape == (row.num_frames, 40) and np.isfinite(features).all()
