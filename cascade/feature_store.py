@@ -20,7 +20,10 @@ import json
 import math
 import os
 import re
+import sqlite3
+import struct
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -335,16 +338,17 @@ def _value(proto: Any) -> float:
 class OnlineUserReader:
     """The per-request user lookups of serving, read straight through Feast's online store.
 
-    Same answer as :func:`online_user_features`, at a quarter of the cost: the store's
-    ``online_read`` (the interface every Feast online store implements: SQLite here, Redis in
-    the cluster profile) with entity keys built once per request, without the feature-reference
+    Same answer as :func:`online_user_features`, at a fraction of the cost. Generic path: the
+    store's ``online_read`` (the interface every Feast online store implements: Redis in the
+    cluster profile) with entity keys built once per request, without the feature-reference
     parsing and response assembly of ``FeatureStore.get_online_features`` (~1.8 ms vs ~0.5 ms
-    per request for a user and 7 genres here, most of the serving latency budget).
+    per request for a user and 7 genres). SQLite (the local profile) has a faster path still,
+    :class:`_SqliteUserReads`: one query for both views on a read-only connection of its own.
     The views hold cumulative counts with no expiry (``features/ctr/views.py``); a view given a
-    ttl would have it applied here as ``get_online_features`` does.
+    ttl would have it applied here as ``get_online_features`` does (on the generic path).
     """
 
-    def __init__(self, store: feast.FeatureStore) -> None:
+    def __init__(self, store: feast.FeatureStore, *, fast_path: bool = True) -> None:
         from feast.infra.online_stores.helpers import get_online_store_from_config
 
         self.store = store
@@ -352,6 +356,8 @@ class OnlineUserReader:
         self.online_store = get_online_store_from_config(store.config.online_store)
         self.user_view = store.get_feature_view(USER_VIEW)
         self.user_genre_view = store.get_feature_view(USER_GENRE_VIEW)
+        self.sqlite = _SqliteUserReads.for_reader(self) if fast_path else None
+        """The SQLite fast path, None when the store is not SQLite (or a view has a ttl)."""
 
     def _read(self, view: Any, keys: list[Any], features: Sequence[str]) -> list[dict[str, float]]:
         rows = self.online_store.online_read(
@@ -373,6 +379,8 @@ class OnlineUserReader:
         self, user_id: int, genres: Sequence[str]
     ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
         """The user's USER_FEATURES, and USER_GENRE_FEATURES per genre; NaN where unknown."""
+        if self.sqlite is not None:
+            return self.sqlite.user_features(int(user_id), list(dict.fromkeys(genres)))
         from feast.protos.feast.types.EntityKey_pb2 import EntityKey
         from feast.protos.feast.types.Value_pb2 import Value
 
@@ -389,6 +397,143 @@ class OnlineUserReader:
         ]
         per_genre = self._read(self.user_genre_view, keys, USER_GENRE_FEATURES)
         return found, dict(zip(distinct, per_genre, strict=True))
+
+
+class _SqliteUserReads:
+    """The user lookups as one SQL query on Feast's SQLite online store.
+
+    Feast's ``SqliteOnlineStore.online_read`` serializes each entity key field by field
+    (``serialize_entity_key``: ~40% of a lookup), parses every row's timestamp through the
+    connection's type converters and runs one query per view. Here the key bytes are the
+    concatenation of fixed parts (checked against ``serialize_entity_key`` when built), one
+    ``UNION ALL`` query reads both views' rows without their timestamps (the views have no
+    ttl, so nothing needs them), and each distinct value blob is decoded once
+    (``ValueProto`` parse, memoized: counts and rates repeat across users). Each thread gets
+    its own read-only connection.
+    """
+
+    _MEMO_LIMIT = 1 << 16
+
+    def __init__(self, db_path: str, user_table: str, genre_table: str, version: int) -> None:
+        from feast.infra.key_encoding_utils import serialize_entity_key_prefix
+        from feast.infra.online_stores.sqlite import _quote_id
+
+        self.db_path = db_path
+        self.version = version
+        self._user_prefix = serialize_entity_key_prefix(["user_id"], version)
+        # Multi-key entity keys are serialized with their keys sorted: genre, then user_id.
+        self._genre_prefix = serialize_entity_key_prefix(["genre", "user_id"], version)
+        self._user_sql = (
+            f"SELECT 0, entity_key, feature_name, value FROM {_quote_id(user_table)} "
+            "WHERE entity_key = ?"
+        )
+        self._genre_sql = (
+            f"SELECT 1, entity_key, feature_name, value FROM {_quote_id(genre_table)} "
+            "WHERE entity_key IN ({})"
+        )
+        self._local = threading.local()
+        self._memo: dict[bytes, float] = {}
+        self._genre_heads: dict[str, bytes] = {}
+
+    @classmethod
+    def for_reader(cls, reader: OnlineUserReader) -> _SqliteUserReads | None:
+        from feast.infra.online_stores.sqlite import SqliteOnlineStore, _table_id
+
+        if not isinstance(reader.online_store, SqliteOnlineStore):
+            return None
+        if reader.user_view.ttl or reader.user_genre_view.ttl:
+            return None  # expiry needs the rows' timestamps: the generic path applies it
+        config = reader.config
+        version = int(config.entity_key_serialization_version)
+        versioning = bool(getattr(config.registry, "enable_online_feature_view_versioning", False))
+        reads = cls(
+            SqliteOnlineStore._get_db_path(config),
+            _table_id(config.project, reader.user_view, versioning),
+            _table_id(config.project, reader.user_genre_view, versioning),
+            version,
+        )
+        return reads if reads.keys_match_feast() else None
+
+    @staticmethod
+    def _int64(value: int) -> bytes:
+        return _INT64_HEADER + struct.pack("<q", value)
+
+    @staticmethod
+    def _string(value: str) -> bytes:
+        encoded = value.encode("utf8")
+        return struct.pack("<II", _STRING_TYPE, len(encoded)) + encoded
+
+    def user_key(self, user_id: int) -> bytes:
+        return self._user_prefix + self._int64(user_id)
+
+    def genre_key(self, user_int64: bytes, genre: str) -> bytes:
+        head = self._genre_heads.get(genre)
+        if head is None:
+            head = self._genre_prefix + self._string(genre)
+            if len(self._genre_heads) < self._MEMO_LIMIT:
+                self._genre_heads[genre] = head
+        return head + user_int64
+
+    def keys_match_feast(self) -> bool:
+        """The keys built here are byte for byte Feast's (else the generic path is used)."""
+        from feast.infra.key_encoding_utils import serialize_entity_key
+        from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+        from feast.protos.feast.types.Value_pb2 import Value
+
+        if self.version != 3:
+            return False
+        user = Value(int64_val=-7)
+        genre = Value(string_val="Sci-Fi é")
+        feast_user = serialize_entity_key(
+            EntityKey(join_keys=["user_id"], entity_values=[user]), self.version
+        )
+        feast_genre = serialize_entity_key(
+            EntityKey(join_keys=["user_id", "genre"], entity_values=[user, genre]), self.version
+        )
+        ours_genre = self.genre_key(self._int64(-7), "Sci-Fi é")
+        return feast_user == self.user_key(-7) and feast_genre == ours_genre
+
+    def _connection(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            uri = Path(self.db_path).resolve().as_uri() + "?mode=ro"
+            conn = sqlite3.connect(uri, uri=True)
+            self._local.conn = conn
+        return conn
+
+    def _decode(self, blob: bytes) -> float:
+        from feast.protos.feast.types.Value_pb2 import Value
+
+        proto = Value()
+        proto.ParseFromString(blob)
+        value = _value(proto)
+        if len(self._memo) >= self._MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[blob] = value
+        return value
+
+    def user_features(
+        self, user_id: int, genres: list[str]
+    ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        user_int64 = self._int64(user_id)
+        genre_of = {self.genre_key(user_int64, g): g for g in genres}
+        sql = self._user_sql
+        if genres:
+            sql += " UNION ALL " + self._genre_sql.format(",".join("?" * len(genres)))
+        rows = self._connection().execute(sql, [self._user_prefix + user_int64, *genre_of])
+        user = dict.fromkeys(USER_FEATURES, math.nan)
+        per_genre = {g: dict.fromkeys(USER_GENRE_FEATURES, math.nan) for g in genres}
+        memo = self._memo
+        for side, key, feature, blob in rows:
+            values = user if side == 0 else per_genre[genre_of[key]]
+            if feature in values:
+                value = memo.get(blob)
+                values[feature] = self._decode(blob) if value is None else value
+        return user, per_genre
+
+
+_STRING_TYPE = 2  # feast ValueType.STRING
+_INT64_HEADER = struct.pack("<II", 4, 8)  # feast ValueType.INT64, 8 bytes
 
 
 def online_item_features(store: feast.FeatureStore, item_ids: Sequence[int]) -> pd.DataFrame:

@@ -19,6 +19,9 @@ A load generator in a separate process (:mod:`serving.load_generator`) then runs
 closed-loop clients, each sending 1 user x ``--candidates`` item ids per request, and reports
 latency percentiles over the measured window (warm-up excluded), with the server's CPU time per
 request and the machine's load average (other work on a shared machine shows up in p99).
+The server logs every scored candidate as feedback (its default); after the server stopped,
+the rows in the private lake are counted against the good answers (``feedback_complete``:
+none was dropped, none was lost at shutdown).
 Before the load, malformed requests are sent to check that each is answered 4xx. A full run
 then repeats the load with the other process count (``with_1_workers``). Options (environment
 variable): ``--candidates`` (CASCADE_BENCH_SERVING_CANDIDATES), ``--clients``
@@ -31,6 +34,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -287,6 +291,8 @@ def measure(
         workdir / f"server-{workers}.log",
         port,
     )
+    feedback = load_settings(env).lake_root / "feedback"
+    shutil.rmtree(feedback, ignore_errors=True)  # this run's rows only
     try:
         ready_s = server.wait_ready(240)
         bad = probe_bad_requests(server.url)
@@ -325,9 +331,15 @@ def measure(
         load = json.loads(load_out.read_text())
     finally:
         server.stop()
+    # Every good answer (warm-up included) logged all its candidates, written by shutdown.
+    logged = sum(pq.ParquetFile(p).metadata.num_rows for p in feedback.rglob("part-*.parquet"))
+    expected = load["answered_total"] * candidates
     # Server CPU spans warm-up and measured window; so does the request count below.
     return {
         **load,
+        "feedback_rows_logged": logged,
+        "feedback_rows_expected": expected,
+        "feedback_complete": logged == expected,
         "workers": workers,
         "server_ready_s": ready_s,
         "server_cpu_ms_per_request": server_cpu / max(1, load["requests"]) * 1e3,
@@ -410,6 +422,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             "model_test_auc": promoted["test_auc"],
             "setup_s": setup_s,
             "torch_threads_per_worker": 1,
+            "feedback_logging": os.environ.get("CASCADE_FEEDBACK", "1") == "1",
         },
     }
     if other is not None:
@@ -423,6 +436,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
                 "errors",
                 "server_cpu_ms_per_request",
                 "load_average_before",
+                "feedback_complete",
             )
         }
     return result

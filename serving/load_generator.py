@@ -21,18 +21,21 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import resource
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import numpy as np
 import orjson
 
 MODEL_PATH = "/v2/models/preranking/infer"
+T = TypeVar("T")
 
 
 @dataclass
@@ -43,6 +46,9 @@ class Tally:
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
     status: dict[str, int] = field(default_factory=dict)
+    answered: int = 0
+    """Good answers (HTTP 200, checked) over the whole run, warm-up included: each one is a
+    request the server scored, and logged as feedback."""
 
     def error(self, message: str) -> None:
         self.errors += 1
@@ -97,8 +103,14 @@ def check_response(status: int, body: bytes, candidates: int) -> str | None:
         scores = payload["outputs"][0]["data"]
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
         return f"unreadable response ({type(exc).__name__}): {body[:200]!r}"
-    if len(scores) != candidates or not all(
-        isinstance(s, float) and math.isfinite(s) for s in scores
+    # All floats, and finite: a NaN or an infinity anywhere makes the sum non-finite. (Both
+    # at C speed: a Python loop over the 1,000 scores was a sixth of the client's CPU time,
+    # time the server, on the same cores, did not get.)
+    if (
+        not isinstance(scores, list)
+        or len(scores) != candidates
+        or set(map(type, scores)) != {float}
+        or not math.isfinite(sum(scores))
     ):
         return f"expected {candidates} finite scores, got {len(scores)}"
     return None
@@ -161,6 +173,8 @@ async def client(
             if writer is not None:
                 writer.close()
             writer = None
+        if problem is None:
+            tally.answered += 1
         if started < measure_from:
             continue
         tally.status[str(status)] = tally.status.get(str(status), 0) + 1
@@ -219,6 +233,7 @@ async def generate(
         "errors": tally.errors,
         "error_samples": tally.error_samples,
         "status_counts": tally.status,
+        "answered_total": tally.answered,
         "rps": good / window,
         "load_generator_cpu_s": (cpu_after.ru_utime + cpu_after.ru_stime)
         - (cpu_before.ru_utime + cpu_before.ru_stime),
@@ -236,6 +251,22 @@ async def generate(
     else:
         result.update({k: None for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms")})
     return result
+
+
+def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)``, on uvloop when it is installed: the clients' event loop and
+    streams then cost ~20% less CPU per request (0.19 vs 0.24 ms), CPU the server shares the
+    machine's cores with. The load itself is the same: each client still waits for its
+    answer. ``CASCADE_LOAD_GENERATOR_LOOP=asyncio`` runs it on asyncio's own loop."""
+    if os.environ.get("CASCADE_LOAD_GENERATOR_LOOP", "uvloop") == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                return runner.run(main)
+    return asyncio.run(main)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -267,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         count=args.pool,
         seed=args.seed,
     )
-    result = asyncio.run(
+    result = run_event_loop(
         generate(
             args.url,
             bodies,

@@ -16,14 +16,14 @@ alias and swaps a new version in without a restart.
 
 from __future__ import annotations
 
-import asyncio
+import gc
 import logging
 import math
 import os
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -33,6 +33,7 @@ import pandas as pd
 import torch
 from kserve import InferRequest, InferResponse, Model
 from kserve.errors import InferenceError, InvalidInput, ModelNotReady
+from kserve.metrics import PREDICT_HIST_TIME, get_labels
 from kserve.protocol.infer_type import InferInput, InferOutput, to_http_parameters
 
 from cascade.config import Settings, load_settings
@@ -44,6 +45,7 @@ from cascade.ctr_schema import (
     USER_GENRE_FEATURES,
 )
 from cascade.lake import Lake
+from models.preranking.model import SharedUserScorer
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +169,9 @@ def default_backends() -> Backends:
     )
 
 
-def _ids_from_input(infer_input: InferInput, *, expected_len: int | None) -> np.ndarray:
+def _ids_from_input(
+    infer_input: InferInput | JsonTensor, *, expected_len: int | None
+) -> np.ndarray:
     """The int64 ids of one input tensor, or InvalidInput naming what is wrong with it."""
     name = infer_input.name
     if infer_input.datatype != ID_DATATYPE:
@@ -192,7 +196,7 @@ def _ids_from_input(infer_input: InferInput, *, expected_len: int | None) -> np.
     else:
         # Binary tensor extension: the bytes are decoded with the declared datatype.
         try:
-            ids = np.asarray(infer_input.as_numpy(), dtype=np.int64).reshape(-1)
+            ids = np.asarray(infer_input.as_numpy(), dtype=np.int64).reshape(-1)  # type: ignore[union-attr]
         except (ValueError, TypeError, InvalidInput) as exc:
             raise InvalidInput(f"input '{name}' could not be decoded as {shape}: {exc}") from exc
     if ids.shape[0] != shape[0]:
@@ -206,14 +210,21 @@ class MalformedRequest(InvalidInput):
     """A body that is not a v2 JSON request at all (HTTP 422, as KServe answers it)."""
 
 
-def decode_v2_json(body: bytes, model_name: str) -> InferRequest:
-    """An ``InferRequest`` from a v2 JSON body, checking only the protocol's structure.
+@dataclass(frozen=True, slots=True)
+class JsonTensor:
+    """One input tensor of a v2 JSON body, checked for structure only (what
+    :func:`_ids_from_input` reads of an ``InferInput``, whose data is always a list here)."""
 
-    KServe's own route validates the body into pydantic models field by field and builds the
-    answer through FastAPI's ``jsonable_encoder``, which walks every float of the 1,000-score
-    output one by one: ~4 ms of the ~6 ms a request cost. This does the same job with orjson;
-    the ids themselves are checked by :func:`parse_request`, as on KServe's route.
-    """
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list[Any]
+    parameters: Any = None
+
+
+def decode_v2_tensors(body: bytes) -> tuple[str | None, list[JsonTensor], Any]:
+    """``(request id, input tensors, request parameters)`` of a v2 JSON body, checking only
+    the protocol's structure; MalformedRequest (HTTP 422) naming what is wrong."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -231,7 +242,7 @@ def decode_v2_json(body: bytes, model_name: str) -> InferRequest:
     request_id = payload.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise MalformedRequest(f"field 'id' must be a string, got {type(request_id).__name__}")
-    infer_inputs = []
+    tensors = []
     for position, tensor in enumerate(inputs):
         if not isinstance(tensor, dict):
             raise MalformedRequest(f"inputs[{position}] must be an object, got {tensor!r:.80}")
@@ -243,20 +254,33 @@ def decode_v2_json(body: bytes, model_name: str) -> InferRequest:
             raise MalformedRequest(f"input '{name}' needs 'shape', a list of integers")
         if not isinstance(data, list):
             raise MalformedRequest(f"input '{name}' needs 'data', a list of values")
-        infer_inputs.append(
-            InferInput(
-                name=name,
-                shape=shape,
-                datatype=datatype,
-                data=data,
-                parameters=tensor.get("parameters"),
-            )
-        )
+        tensors.append(JsonTensor(name, datatype, shape, data, tensor.get("parameters")))
+    return request_id, tensors, payload.get("parameters")
+
+
+def decode_v2_json(body: bytes, model_name: str) -> InferRequest:
+    """An ``InferRequest`` from a v2 JSON body, checking only the protocol's structure.
+
+    KServe's own route validates the body into pydantic models field by field and builds the
+    answer through FastAPI's ``jsonable_encoder``, which walks every float of the 1,000-score
+    output one by one: ~4 ms of the ~6 ms a request cost. This does the same job with orjson;
+    the ids themselves are checked by :func:`parse_request`, as on KServe's route.
+    """
+    request_id, tensors, parameters = decode_v2_tensors(body)
     return InferRequest(
         model_name=model_name,
-        infer_inputs=infer_inputs,
+        infer_inputs=[
+            InferInput(
+                name=t.name,
+                shape=t.shape,
+                datatype=t.datatype,
+                data=t.data,
+                parameters=t.parameters,
+            )
+            for t in tensors
+        ],
         request_id=request_id,
-        parameters=payload.get("parameters"),
+        parameters=parameters,
     )
 
 
@@ -299,8 +323,15 @@ def encode_v2_json(response: InferResponse) -> bytes:
 
 def parse_request(request: InferRequest, *, max_candidates: int) -> tuple[int, np.ndarray]:
     """``(user_id, item_ids)`` of a v2 request; InvalidInput (HTTP 400) naming the problem."""
-    inputs: dict[str, InferInput] = {}
-    for infer_input in request.inputs or []:
+    return parse_inputs(request.inputs or [], max_candidates=max_candidates)
+
+
+def parse_inputs(
+    tensors: Sequence[InferInput | JsonTensor], *, max_candidates: int
+) -> tuple[int, np.ndarray]:
+    """:func:`parse_request` on the input tensors themselves."""
+    inputs: dict[str, InferInput | JsonTensor] = {}
+    for infer_input in tensors:
         if infer_input.name in inputs:
             raise InvalidInput(f"input '{infer_input.name}' is given twice; send it once")
         inputs[infer_input.name] = infer_input
@@ -379,20 +410,53 @@ class ItemTable:
         row_of[self.ids.to_numpy()] = np.arange(len(self.ids))
         return row_of
 
-    def lookup(self, item_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(dense [N, 4], genre_codes [N])`` for the candidates; unknown ids get NaN / -1."""
+    def rows(self, item_ids: np.ndarray) -> np.ndarray:
+        """Row of each candidate in the table, -1 for ids not in it."""
         row_of = self._row_of_id
         if row_of is None:
-            rows = self.ids.get_indexer(item_ids)
-        else:
-            inside = (item_ids >= 0) & (item_ids < len(row_of))
-            rows = np.where(inside, row_of[np.where(inside, item_ids, 0)], -1)
+            return self.ids.get_indexer(item_ids)
+        inside = (item_ids >= 0) & (item_ids < len(row_of))
+        return np.where(inside, row_of[np.where(inside, item_ids, 0)], -1)
+
+    def lookup(
+        self, item_ids: np.ndarray, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(dense [N, 4], genre_codes [N])`` for the candidates; unknown ids get NaN / -1.
+        ``rows``: their :meth:`rows`, when already known."""
+        rows = self.rows(item_ids) if rows is None else rows
         known = rows >= 0
         dense = np.full((len(item_ids), len(ITEM_FEATURES)), np.nan, dtype=np.float32)
         codes = np.full(len(item_ids), -1, dtype=np.int64)
         dense[known] = self.dense[rows[known]]
         codes[known] = self.genre_codes[rows[known]]
         return dense, codes
+
+    def feature_column(self, name: str) -> np.ndarray:
+        """ITEM_FEATURES ``name`` of every row, float64 (NaN where unknown)."""
+        return self._feature_columns[name]
+
+    @cached_property
+    def _feature_columns(self) -> dict[str, np.ndarray]:
+        return {
+            name: np.ascontiguousarray(self.dense[:, j], dtype=np.float64)
+            for j, name in enumerate(ITEM_FEATURES)
+        }
+
+    def codes(self, rows: np.ndarray) -> np.ndarray:
+        """Genre code per table row (-1 for row -1: unknown item or genre)."""
+        return self._codes_by_row[rows]
+
+    @cached_property
+    def _codes_by_row(self) -> np.ndarray:
+        # One extra trailing entry, -1, so row -1 (not in the table) maps to code -1.
+        return np.append(self.genre_codes, -1).astype(np.int64)
+
+    @cached_property
+    def genres_by_name(self) -> np.ndarray:
+        """Genre codes in the order of their names."""
+        return np.array(
+            sorted(range(len(self.genres)), key=self.genres.__getitem__), dtype=np.int64
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -403,6 +467,56 @@ class ServedVersion:
     version: str
     run_id: str
     items: ItemTable
+    scorer: SharedUserScorer | None = field(init=False)
+    """The network split by input side with the item side precomputed for ``items`` (built
+    here, so a version and its precomputed item outputs are swapped in together); None when
+    the network is not a plain PreRanker, which is then run in full on every candidate row."""
+
+    def __post_init__(self) -> None:
+        scorer = None
+        if SharedUserScorer.supports(self.network):
+            scorer = SharedUserScorer(
+                self.network,  # type: ignore[arg-type]
+                self.items.ids.to_numpy(),
+                self.items.dense,
+            )
+        object.__setattr__(self, "scorer", scorer)
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """One request's scores and the features they were computed with (for the feedback log)."""
+
+    scores: np.ndarray
+    """float32 ``[N]`` in (0, 1)."""
+    user: Mapping[str, float]
+    """The user's USER_FEATURES as looked up."""
+    rows: np.ndarray
+    """Each candidate's row in the served item table (-1: unknown item)."""
+
+
+_heap_frozen = False
+
+
+def freeze_heap() -> None:
+    """Once per process, when the first version is served: move every object alive now (the
+    imported libraries, the loaded model: ~5 x 10^5 objects) out of the garbage collector's
+    reach (``gc.freeze``). A full collection otherwise walks all of them again and again, a
+    pause of tens of milliseconds (up to 300 ms seen) on whichever requests are in flight.
+    No ``gc.collect()`` first: walking them once more holds the GIL for ~0.5 s while the
+    server already answers health checks; what garbage gets frozen with them is a one-off."""
+    global _heap_frozen
+    if not _heap_frozen:
+        _heap_frozen = True
+        gc.freeze()
+
+
+def _floats(rows: list[list[Any]]) -> np.ndarray:
+    """float32 array of feature values; None and anything not a number become NaN."""
+    try:
+        return np.array(rows, dtype=np.float32)  # None -> NaN
+    except (TypeError, ValueError):
+        return np.array([[_as_float(v) for v in row] for row in rows], dtype=np.float32)
 
 
 def _as_float(value: Any) -> float:
@@ -430,6 +544,7 @@ class PreRankingModel(Model):
         self._store: Any = None
         self._served: ServedVersion | None = None
         self._refresh_lock = threading.Lock()
+        self._predict_seconds = PREDICT_HIST_TIME.labels(**get_labels(name))
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         # Feedback log, shadow scoring, automatic rollback: off unless enabled by environment.
@@ -455,8 +570,11 @@ class PreRankingModel(Model):
         self._poller.start()
 
     def stop(self) -> None:
+        """Stop polling; write the buffered feedback (KServe calls this on shutdown)."""
         self._stop.set()
         self.ready = False
+        if self.observer is not None:
+            self.observer.close()
 
     def load(self) -> bool:
         """Load the champion now if there is one; True when a version is being served."""
@@ -502,6 +620,8 @@ class PreRankingModel(Model):
             # One reference assignment: a request that already read the old ServedVersion
             # finishes on it, every later request sees the new one.
             self._served = served
+            if previous is None:
+                freeze_heap()
             self.ready = True
             log.info("serving %s version %s (was %s)", self.name, served.version, previous)
             return True
@@ -553,53 +673,87 @@ class PreRankingModel(Model):
     ) -> np.ndarray:
         """Scores in ``(0, 1)`` for one user and N candidates, with ``served``'s network.
 
-        ``user_out``, when given, receives the user's features as looked up (for the feedback
-        log, which must not look them up a second time)."""
-        item_dense, codes = served.items.lookup(item_ids)
-        # Sorted by name: the store sees the same genre list for the same candidate set.
-        present = sorted(np.unique(codes[codes >= 0]).tolist(), key=served.items.genres.__getitem__)
-        genres = [served.items.genres[c] for c in present]
-        user, per_genre = self.backends.user_features(self._feature_store(), user_id, genres)
+        ``user_out``, when given, receives the user's features as looked up."""
+        scored = self.score_request(served, user_id, item_ids)
         if user_out is not None:
-            user_out.update(user)
+            user_out.update(scored.user)
+        return scored.scores
+
+    def score_request(self, served: ServedVersion, user_id: int, item_ids: np.ndarray) -> Scored:
+        """:meth:`score` with the features it used: one online-store lookup (the user's
+        features and user x genre features of the candidates' genres), item features from
+        memory, the user side of the network once (see :class:`SharedUserScorer`)."""
+        items = served.items
+        rows = items.rows(item_ids)
+        codes = items.codes(rows)
+        # Sorted by name: the store sees the same genre list for the same candidate set.
+        seen = np.bincount(codes + 1, minlength=len(items.genres) + 1)[1:] > 0
+        present = items.genres_by_name[seen[items.genres_by_name]].tolist()
+        genres = [items.genres[c] for c in present]
+        user, per_genre = self.backends.user_features(self._feature_store(), user_id, genres)
+        user_dense = _floats([[user.get(f) for f in USER_FEATURES]])[0]
         # Row g of ug_table holds genre g's user x genre features; the last row (code -1) is NaN.
-        ug_table = np.full(
-            (len(served.items.genres) + 1, len(USER_GENRE_FEATURES)), np.nan, dtype=np.float32
-        )
-        for code, genre in zip(present, genres, strict=True):
-            values = per_genre.get(genre) or {}
-            ug_table[code] = [_as_float(values.get(f)) for f in USER_GENRE_FEATURES]
-        dense = np.empty((len(item_ids), len(MODEL_FEATURES)), dtype=np.float32)
-        dense[:, _USER_COLS] = [_as_float(user.get(f)) for f in USER_FEATURES]
-        dense[:, _ITEM_COLS] = item_dense
-        dense[:, _UG_COLS] = ug_table[codes]
-        with torch.inference_mode():
-            logits = served.network(
-                torch.from_numpy(dense),
-                torch.full((len(item_ids),), user_id, dtype=torch.int64),
-                torch.from_numpy(item_ids),
+        ug_table = np.full((len(items.genres) + 1, len(USER_GENRE_FEATURES)), np.nan, np.float32)
+        if present:
+            empty: Mapping[str, Any] = {}
+            ug_table[present] = _floats(
+                [[(per_genre.get(g) or empty).get(f) for f in USER_GENRE_FEATURES] for g in genres]
             )
-            scores = torch.sigmoid(logits.float()).reshape(-1).numpy()
+        if served.scorer is not None:
+            logits = served.scorer.logits(user_id, user_dense, ug_table, rows, codes, item_ids)
+        else:
+            dense = np.empty((len(item_ids), len(MODEL_FEATURES)), dtype=np.float32)
+            dense[:, _USER_COLS] = user_dense
+            dense[:, _ITEM_COLS] = items.lookup(item_ids, rows)[0]
+            dense[:, _UG_COLS] = ug_table[codes]
+            with torch.inference_mode():
+                logits = served.network(
+                    torch.from_numpy(dense),
+                    torch.full((len(item_ids),), user_id, dtype=torch.int64),
+                    torch.from_numpy(item_ids),
+                )
+        scores = torch.sigmoid(logits.detach().float()).reshape(-1).numpy()
         if scores.shape[0] != len(item_ids) or not np.isfinite(scores).all():
             raise InferenceError(
                 f"model version {served.version} returned {scores.shape[0]} scores with "
                 f"non-finite values for {len(item_ids)} candidates; roll back the champion alias"
             )
-        return scores.astype(np.float32, copy=False)
+        return Scored(scores=scores.astype(np.float32, copy=False), user=user, rows=rows)
 
     async def infer_json(self, body: bytes) -> bytes:
         """A v2 JSON request body in, the v2 JSON response body out.
 
         Serves ``POST /v2/models/<name>/infer`` in :mod:`serving.server` in place of KServe's
-        generic route (see :func:`decode_v2_json` for why). The request still goes through
-        ``Model.__call__`` (pre/postprocess, KServe's Prometheus histograms, :meth:`predict`).
-        Raises MalformedRequest (422), InvalidInput (400), ModelNotReady (503) or
-        InferenceError (500).
+        generic route (see :func:`decode_v2_json` for why): the same checks and answers as
+        :meth:`predict` on ``decode_v2_json(body)`` (a test holds them equal), without building
+        KServe's request and response objects. Of ``Model.__call__`` it keeps what this model
+        uses: pre- and postprocess are the identity here, so only KServe's predict latency
+        histogram is observed (its three histograms, with their label lookups and coroutine
+        checks, cost ~0.1 ms a request). Raises MalformedRequest (422), InvalidInput (400),
+        ModelNotReady (503) or InferenceError (500).
         """
-        response, _ = await self(decode_v2_json(body, self.name))
-        if not isinstance(response, InferResponse):
-            raise InferenceError(f"predict returned {type(response).__name__}, not InferResponse")
-        return encode_v2_json(response)
+        request_id, tensors, _ = decode_v2_tensors(body)
+        with self._predict_seconds.time():
+            served = self._serving()
+            user_id, item_ids = parse_inputs(tensors, max_candidates=self.config.max_candidates)
+            response_id, scores = self._infer(served, user_id, item_ids, request_id)
+        return orjson.dumps(
+            {
+                "id": response_id,
+                "model_name": self.name,
+                "model_version": served.version,
+                "outputs": [
+                    {
+                        "name": SCORES_OUTPUT,
+                        "shape": [len(scores)],
+                        "datatype": "FP32",
+                        "data": scores,
+                    }
+                ],
+                "parameters": {"model_version": served.version, "run_id": served.run_id},
+            },
+            option=orjson.OPT_SERIALIZE_NUMPY,
+        )
 
     async def predict(
         self,
@@ -608,21 +762,9 @@ class PreRankingModel(Model):
         response_headers: dict[str, str] | None = None,
     ) -> InferResponse:
         payload = require_v2(payload, self.name)
-        served = self._served
-        if served is None:
-            raise ModelNotReady(self.name, "No champion version has been loaded yet.")
+        served = self._serving()
         user_id, item_ids = parse_request(payload, max_candidates=self.config.max_candidates)
-        # Off the event loop: the store lookup and the forward pass block.
-        user: dict[str, float] = {}
-        try:
-            scores = await asyncio.to_thread(self.score, served, user_id, item_ids, user)
-        except Exception:
-            if self.observer is not None:
-                self.observer.failed(served)
-            raise
-        response_id = payload.id or uuid.uuid4().hex
-        if self.observer is not None:  # counted now; feedback and shadow off the response path
-            self.observer.observed(served, response_id, user_id, item_ids, scores, user)
+        response_id, scores = self._infer(served, user_id, item_ids, payload.id)
         return InferResponse(
             response_id=response_id,
             model_name=self.name,
@@ -632,3 +774,32 @@ class PreRankingModel(Model):
             ],
             parameters={"model_version": served.version, "run_id": served.run_id},
         )
+
+    def _serving(self) -> ServedVersion:
+        served = self._served
+        if served is None:
+            raise ModelNotReady(self.name, "No champion version has been loaded yet.")
+        return served
+
+    def _infer(
+        self, served: ServedVersion, user_id: int, item_ids: np.ndarray, request_id: str | None
+    ) -> tuple[str, np.ndarray]:
+        """Score, count and log one request: ``(response id, scores)``.
+
+        On the event loop: ~0.3 ms of CPU, all of it holding the GIL anyway; a hop to a thread
+        (asyncio.to_thread) cost ~0.2 ms more CPU per request in wake-ups and GIL hand-offs,
+        and let concurrent requests interleave instead of finishing in order. The online
+        store's SQLite read blocks only while a materialization commits.
+        """
+        try:
+            scored = self.score_request(served, user_id, item_ids)
+        except Exception:
+            if self.observer is not None:
+                self.observer.failed(served)
+            raise
+        response_id = request_id or uuid.uuid4().hex
+        if self.observer is not None:  # counted and buffered now; written off the response path
+            self.observer.observed(
+                served, response_id, user_id, item_ids, scored.scores, scored.user, scored.rows
+            )
+        return response_id, scored.scores

@@ -1,7 +1,9 @@
 """What the server does beside answering: log feedback, score with a shadow (challenger) version,
 and roll the champion back when its error rate crosses the policy. None of it may change or slow
-a response: it runs on one background thread with a bounded queue, and drops (and counts) work
-when it falls behind.
+a response. Feedback is appended to :class:`~serving.feedback.FeedbackLog`'s buffer as the
+request's column arrays (tens of microseconds) and written by the log's own writer thread, so
+none is dropped under load; shadow scoring and rollback checks run on one background thread
+with a bounded queue, and are dropped (and counted) when it falls behind.
 
 Enabled by environment variables of the serving process (``cascade up`` passes them on):
 
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from cascade.ctr_schema import ITEM_FEATURES, USER_FEATURES
-from serving.feedback import FeedbackLog
+from serving.feedback import FeedbackLog, Gathered
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +81,7 @@ class ServingObserver:
         self.config = config
         self.feedback = feedback
         if config.feedback and feedback is None:
-            self.feedback = FeedbackLog(model.settings.lake_root)
+            self.feedback = FeedbackLog(model.settings.lake_root, background=True)
         self._rollback = rollback
         self._shadow: Any = None
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(config.queue_size)
@@ -116,29 +118,38 @@ class ServingObserver:
         item_ids: np.ndarray,
         scores: np.ndarray,
         user_features: Mapping[str, float] | None = None,
+        rows: np.ndarray | None = None,
     ) -> None:
-        """Called after a successful response was built: count it, then log/shadow later.
+        """Called after a successful response was built: count it, log it, shadow it later.
 
-        ``user_features`` are the user's features the scores were computed with."""
+        ``user_features`` are the user's features the scores were computed with, ``rows`` the
+        candidates' rows in ``served.items`` (looked up again when not given)."""
         self._count(served.version, ok=True)
         if self.feedback is None and self.config.shadow_alias is None:
             return
+        features = self._features(served, item_ids, user_features or {}, rows)
+        feedback = self.feedback
 
-        def job() -> None:
-            shadow = self._shadow_scores(user_id, item_ids)
-            if self.feedback is not None:
-                self.feedback.log(
+        def write(shadow: tuple[str, np.ndarray] | None = None) -> None:
+            if feedback is not None:
+                feedback.log(
                     request_id=response_id,
                     user_id=user_id,
                     item_ids=item_ids,
                     scores=scores,
                     model_version=served.version,
-                    features=self._features(served, item_ids, user_features or {}),
+                    features=features,
                     shadow_version=shadow[0] if shadow else None,
                     shadow_scores=shadow[1] if shadow else None,
                 )
 
-        self._submit(job)
+        if self.config.shadow_alias is None:
+            try:  # an append to the buffer; the writer thread writes it
+                write()
+            except Exception:
+                log.exception("feedback logging failed")
+            return
+        self._submit(lambda: write(self._shadow_scores(user_id, item_ids)))
 
     def failed(self, served: Any) -> None:
         """Called when scoring raised: counts toward the error rate of that version."""
@@ -169,18 +180,21 @@ class ServingObserver:
 
     @staticmethod
     def _features(
-        served: Any, item_ids: np.ndarray, user: Mapping[str, float]
-    ) -> dict[str, np.ndarray]:
+        served: Any,
+        item_ids: np.ndarray,
+        user: Mapping[str, float],
+        rows: np.ndarray | None = None,
+    ) -> dict[str, Any]:
         """The served features of each candidate, for the monitor's drift check against the
-        training set: the user's USER_FEATURES as scored, the item's ITEM_FEATURES and
-        ``genre`` from the in-memory item table (NaN / None where unknown)."""
-        dense, codes = served.items.lookup(item_ids)
-        n = len(item_ids)
-        features = {f: np.full(n, user.get(f, np.nan), dtype=np.float64) for f in USER_FEATURES}
-        for column, name in enumerate(ITEM_FEATURES):
-            features[name] = dense[:, column].astype(np.float64)
-        genres = np.array([*served.items.genres, None], dtype=object)
-        features["genre"] = genres[codes]  # code -1 (unknown item) picks the trailing None
+        training set: the user's USER_FEATURES as scored (one value for all candidates), the
+        item's ITEM_FEATURES and ``genre`` from the in-memory item table (NaN / None where
+        unknown), as rows of that table: the values are gathered when the log is written."""
+        items = served.items
+        rows = items.rows(item_ids) if rows is None else rows
+        features: dict[str, Any] = {f: float(user.get(f, np.nan)) for f in USER_FEATURES}
+        for name in ITEM_FEATURES:
+            features[name] = Gathered(rows, items.feature_column(name))
+        features["genre"] = Gathered(rows, items.genre_codes, items.genres)
         return features
 
     def _shadow_scores(self, user_id: int, item_ids: np.ndarray) -> tuple[str, np.ndarray] | None:
@@ -209,6 +223,25 @@ class ServingObserver:
         done.wait(timeout_s)
         if self.feedback is not None:
             self.feedback.flush()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Finish queued work and write all buffered feedback (the server's shutdown)."""
+        done = threading.Event()
+        try:
+            self._queue.put(done.set, timeout=timeout_s)  # waits for room: nothing dropped
+        except queue.Full:
+            log.warning("serving observer still busy after %.0f s at shutdown", timeout_s)
+        else:
+            done.wait(timeout_s)
+        if self.feedback is not None:
+            before = self.feedback.written_rows
+            self.feedback.close()
+            log.info(
+                "feedback: %d rows written (%d at shutdown), %d dropped",
+                self.feedback.written_rows,
+                self.feedback.written_rows - before,
+                self.feedback.dropped_rows,
+            )
 
 
 def observer_from_env(model: Any) -> ServingObserver | None:

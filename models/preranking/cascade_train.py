@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -320,6 +321,22 @@ def make_engine(model: nn.Module, config: CascadeTrainConfig) -> Any:
         # was a third of a teacher step. Skipping it leaves the numerics unchanged. (ZeRO
         # stages >= 1 reduce inside their optimizer, not through this flag.)
         engine.enable_backward_allreduce = False
+    # Per-step bookkeeping with nothing to do here, each ~0.05 ms of a ~4.5 ms CPU step:
+    if ds_config["gradient_accumulation_steps"] == 1:
+        # backward() divides the loss by the accumulation steps: by 1 here, an extra autograd
+        # node each way for bit-identical gradients.
+        engine.backward = functools.partial(engine.backward, scale_wrt_gas=False)
+    if config.zero_stage == 0 and not engine.bfloat16_enabled() and not engine.fp16_enabled():
+        # The engine's own zero_grad (called after each fp32 ZeRO-0 step) walks
+        # named_parameters() through the module tree every step to set each grad to None;
+        # the parameters never change, so walk a list of them instead.
+        parameters = list(engine.module.parameters())
+
+        def zero_grad() -> None:
+            for parameter in parameters:
+                parameter.grad = None
+
+        engine.zero_grad = zero_grad
     return engine
 
 
@@ -860,16 +877,35 @@ def init_distributed() -> None:
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
 
 
-THROUGHPUT_REPEATS = 7
-"""Timed runs of each loop; the reported figure is the median."""
+THROUGHPUT_REPEATS = 15
+"""Timed runs of each loop (in pairs); the reported ratio is the median over the pairs."""
+
+
+def paired_ratio(plain: list[float], deep: list[float]) -> dict[str, float]:
+    """Median, min and max over pairs of ``plain[i] / deep[i]`` (times of the same work run
+    back to back): a load change between pairs moves both runs of a pair alike, so it cancels
+    out of each ratio, where a ratio of two medians would mix runs from different moments."""
+    if not plain or len(plain) != len(deep):
+        raise ValueError(f"need pairs of timings, got {len(plain)} and {len(deep)}")
+    ratios = [p / d for p, d in zip(plain, deep, strict=True)]
+    return {
+        "median": float(np.median(ratios)),
+        "min": float(min(ratios)),
+        "max": float(max(ratios)),
+    }
 
 
 def measure_throughput(config: CascadeTrainConfig, out: Path, steps: int) -> dict[str, Any]:
     """Samples/s of the teacher's DeepSpeed loop (and, on one process, the plain loop).
 
-    On one process the two loops alternate, one warm-up run each first, then
-    :data:`THROUGHPUT_REPEATS` timed runs each of the same ``steps`` batches, so background
-    load on a shared machine hits both alike. Besides wall-clock throughput it records the
+    On one process both loops run the same ``steps`` batches through the same
+    :func:`run_steps` (same data path), on the same thread count, fp32 both: one warm-up run
+    each, then :data:`THROUGHPUT_REPEATS` pairs, the order alternating within pairs (plain
+    first, then DeepSpeed first) so neither loop always runs on a warmer cache.
+    ``ds_vs_torch_throughput`` is the median over pairs of plain time / DeepSpeed time
+    (:func:`paired_ratio`), robust to background load on a shared machine, with its range;
+    ``deepspeed_samples_per_s`` is the plain loop's median throughput times that ratio
+    (``deepspeed_samples_per_s_median``: its own median). Besides wall-clock time it records
     process CPU time per loop: on a loaded machine wall time also counts waiting for a core,
     CPU time only the loop's own work.
     """
@@ -900,6 +936,7 @@ def measure_throughput(config: CascadeTrainConfig, out: Path, steps: int) -> dic
         "batch_size": config.batch_size,
         "zero_stage": config.zero_stage,
         "precision": "fp32",
+        "torch_threads": torch.get_num_threads(),
         "load_average_before": os.getloadavg()[0],
     }
     if world > 1:
@@ -911,19 +948,23 @@ def measure_throughput(config: CascadeTrainConfig, out: Path, steps: int) -> dic
         plain_run = loop(PlainTorch(build_network("teacher", config, cardinalities), config))
         plain_run(), ds_run()  # warm-up
         plain, deep = [], []
-        for _ in range(THROUGHPUT_REPEATS):  # interleaved: both see the same background load
-            plain.append(plain_run())
-            deep.append(ds_run())
-        plain_wall = float(np.median([w for w, _ in plain]))
-        deep_wall = float(np.median([w for w, _ in deep]))
-        plain_cpu = float(np.median([c for _, c in plain]))
-        deep_cpu = float(np.median([c for _, c in deep]))
-        result["torch_samples_per_s"] = samples / plain_wall
-        result["deepspeed_samples_per_s"] = samples / deep_wall
-        result["ds_vs_torch_throughput"] = plain_wall / deep_wall
-        result["torch_cpu_ms_per_step"] = plain_cpu / steps * 1e3
-        result["deepspeed_cpu_ms_per_step"] = deep_cpu / steps * 1e3
-        result["ds_vs_torch_cpu_time"] = plain_cpu / deep_cpu
+        for repeat in range(THROUGHPUT_REPEATS):  # interleaved: both see the same load
+            if repeat % 2 == 0:
+                plain.append(plain_run())
+                deep.append(ds_run())
+            else:
+                deep.append(ds_run())
+                plain.append(plain_run())
+        wall = paired_ratio([w for w, _ in plain], [w for w, _ in deep])
+        cpu = paired_ratio([c for _, c in plain], [c for _, c in deep])
+        result["torch_samples_per_s"] = samples / float(np.median([w for w, _ in plain]))
+        result["ds_vs_torch_throughput"] = wall["median"]
+        result["ds_vs_torch_throughput_range"] = [wall["min"], wall["max"]]
+        result["deepspeed_samples_per_s"] = result["torch_samples_per_s"] * wall["median"]
+        result["deepspeed_samples_per_s_median"] = samples / float(np.median([w for w, _ in deep]))
+        result["torch_cpu_ms_per_step"] = float(np.median([c for _, c in plain])) / steps * 1e3
+        result["deepspeed_cpu_ms_per_step"] = float(np.median([c for _, c in deep])) / steps * 1e3
+        result["ds_vs_torch_cpu_time"] = cpu["median"]
     result["load_average_after"] = os.getloadavg()[0]
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)

@@ -202,10 +202,14 @@ def test_online_user_reader_answers_like_get_online_features(
 ) -> None:
     store = fs.feature_store(settings)
     reader = fs.OnlineUserReader(store)
+    generic = fs.OnlineUserReader(store, fast_path=False)
+    assert reader.sqlite is not None and generic.sqlite is None  # the local profile's SQLite
     for user_id, genres in ((1, ["Drama", "Comedy", "Drama"]), (2, ["Drama"]), (12345, ["Drama"])):
         expected = fs.online_user_features(store, user_id, genres)
-        got = reader.user_features(user_id, genres)
-        assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
+        for answer in (reader, reader, generic):  # twice: the second from decoded values
+            got = answer.user_features(user_id, genres)
+            assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
+    assert reader.sqlite.keys_match_feast()
     user, per_genre = reader.user_features(1, ["Drama", "Comedy"])
     assert user["user_impressions"] == 9.0 and per_genre["Drama"]["ug_ctr"] == pytest.approx(0.4)
     assert all(math.isnan(v) for v in per_genre["Comedy"].values())

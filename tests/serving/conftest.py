@@ -101,7 +101,7 @@ def start_server(
             if requests.get(f"{server.url}/v2/health/live", timeout=1).status_code == 200:
                 server.started_s = time.monotonic() - t0
                 return server
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # listening, not yet accepting
             pass
         time.sleep(0.1)
     server.stop()

@@ -107,7 +107,7 @@ class AsrServer:
             try:
                 if requests.get(f"{self.url}/v2/models/asr/ready", timeout=1).status_code == 200:
                     return
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):
                 pass
             time.sleep(0.2)
         self.stop()

@@ -390,3 +390,82 @@ def test_encode_v2_json_matches_kserve_to_rest(model: PreRankingModel, champion_
     np.testing.assert_allclose(out["data"], ref["data"], rtol=1e-6)
     with pytest.raises(InvalidInput, match="ids must be integers"):
         asyncio.run(model.infer_json(body.replace(b"[3,4,999]", b"[3,4,true]")))
+
+
+def test_served_version_precomputes_the_item_side_and_scores_as_the_full_network(
+    model: PreRankingModel, champion_file: Path
+) -> None:
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+    served = model._served
+    assert served is not None and served.scorer is not None
+    assert served.scorer.item_part.shape[0] == len(serving_fakes.CATALOG)
+    full = dataclasses.replace(served)  # the same version, scored row by row in full
+    object.__setattr__(full, "scorer", None)
+    candidates = np.array([*serving_fakes.CATALOG, 424_242, 999_999, 0])  # last 3 unknown
+    for user_id in (1, 5, 11, -3):  # -3: unknown to the store, NaN features
+        split = model.score_request(served, user_id, candidates)
+        whole = model.score_request(full, user_id, candidates)
+        np.testing.assert_allclose(split.scores, whole.scores, rtol=1e-5, atol=1e-6)
+        assert split.rows.tolist()[-3:] == [-1, -1, -1]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"id": "a", "inputs": [{"name": "user_id", "datatype": "INT64", "shape": [1], '
+        b'"data": [5]}, {"name": "item_ids", "datatype": "INT64", "shape": [3], '
+        b'"data": [3, 4, 999]}]}',
+        b"{not json",
+        b'{"inputs": []}',
+        b'{"inputs": [{"name": "user_id", "datatype": "INT64", "shape": [1], "data": [1]},'
+        b'{"name": "item_ids", "datatype": "INT64", "shape": [2], "data": [1.5, 2]}]}',
+        b'{"inputs": [{"name": "user_id", "datatype": "INT64", "shape": [1], "data": [1]},'
+        b'{"name": "item_ids", "datatype": "INT64", "shape": [101], "data": [1]}]}',
+        b'{"inputs": [{"name": "user_id", "datatype": "FP32", "shape": [1], "data": [1]},'
+        b'{"name": "item_ids", "datatype": "INT64", "shape": [1], "data": [1]},'
+        b'{"name": "extra", "datatype": "INT64", "shape": [1], "data": [1]}]}',
+    ],
+    ids=["good", "not-json", "no-inputs", "float-ids", "too-many", "extra-input"],
+)
+def test_infer_json_answers_as_predict_on_the_decoded_request(
+    model: PreRankingModel, champion_file: Path, body: bytes
+) -> None:
+    """The JSON route skips KServe's request and response objects, not a single check."""
+    import orjson
+
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+
+    def outcome(call: object) -> object:
+        try:
+            return ("ok", asyncio.run(call))  # type: ignore[arg-type]
+        except Exception as exc:
+            return (type(exc), str(exc))
+
+    fast = outcome(model.infer_json(body))
+    try:
+        request = decode_v2_json(body, "preranking")
+    except MalformedRequest as exc:
+        assert fast == (MalformedRequest, str(exc))
+        return
+    slow = outcome(model.predict(request))
+    if slow[0] != "ok":
+        assert fast == slow
+        return
+    assert fast[0] == "ok"
+    ours = orjson.loads(fast[1])  # type: ignore[index]
+    reference, _ = slow[1].to_rest()  # type: ignore[index,union-attr]
+    assert {k: v for k, v in ours.items() if k != "outputs"} == {
+        k: v for k, v in reference.items() if k != "outputs"
+    }
+    np.testing.assert_allclose(ours["outputs"][0]["data"], reference["outputs"][0]["data"])
+
+
+def test_not_ready_is_answered_before_the_ids_are_checked(model: PreRankingModel) -> None:
+    body = (
+        b'{"inputs": [{"name": "user_id", "datatype": "INT64", "shape": [1], "data": [1]},'
+        b'{"name": "item_ids", "datatype": "INT64", "shape": [1], "data": [1.5]}]}'
+    )
+    with pytest.raises(ModelNotReady):
+        asyncio.run(model.infer_json(body))

@@ -187,14 +187,7 @@ def test_two_workers_share_one_port_and_stop_together(tmp_path: Path) -> None:
     try:
         workers = psutil.Process(server.proc.pid).children()
         assert len(workers) == 2, server.log()
-        deadline = time.monotonic() + 30
-        in_a_row = 0
-        while in_a_row < 10 and time.monotonic() < deadline:
-            # A new connection each time, accepted by either worker.
-            ready = requests.get(f"{server.url}/v2/models/preranking/ready", timeout=5)
-            in_a_row = in_a_row + 1 if ready.status_code == 200 else 0
-            time.sleep(0.05)
-        assert in_a_row >= 10, server.log()
+        _wait_ready(server)
         for n in range(20):
             response = post(server, body(n + 1, [1, 2, 3]))
             assert response.status_code == 200, response.text
@@ -205,9 +198,79 @@ def test_two_workers_share_one_port_and_stop_together(tmp_path: Path) -> None:
             for c in process.net_connections(kind="tcp")
             if c.status == psutil.CONN_LISTEN
         ]
-        # One SO_REUSEPORT socket per worker, both on the loopback port, none elsewhere.
+        # One listening socket, inherited by both workers, on the loopback port only.
         assert listening == [("127.0.0.1", server.port)] * 2
     finally:
         exit_s = server.stop()
     assert exit_s < 15, f"took {exit_s:.1f}s to stop on SIGTERM"
     assert not any(w.is_running() for w in workers)
+
+
+def _wait_ready(server: RunningServer, in_a_row: int = 10) -> None:
+    deadline = time.monotonic() + 30
+    ready = 0
+    while ready < in_a_row and time.monotonic() < deadline:
+        # A new connection each time, accepted by either worker.
+        answer = requests.get(f"{server.url}/v2/models/preranking/ready", timeout=5)
+        ready = ready + 1 if answer.status_code == 200 else 0
+        time.sleep(0.05)
+    assert ready >= in_a_row, server.log()
+
+
+def test_two_workers_split_keep_alive_clients_evenly(tmp_path: Path) -> None:
+    """Eight keep-alive clients are held four by each worker: with one socket per worker
+    (SO_REUSEPORT) the kernel's hash split them unevenly most of the time."""
+    serving_fakes.write_champion(tmp_path / "champion.json", "1", seed=1)
+    server = start_server(tmp_path, workers=2)
+    sessions = [requests.Session() for _ in range(8)]
+    try:
+        _wait_ready(server)
+        for n, session in enumerate(sessions):  # opened one after the other, each kept open
+            answer = session.post(
+                f"{server.url}/v2/models/preranking/infer", json=body(n + 1, [1, 2]), timeout=10
+            )
+            assert answer.status_code == 200, answer.text
+        workers = psutil.Process(server.proc.pid).children()
+        held = sorted(
+            sum(
+                1
+                for c in worker.net_connections(kind="tcp")
+                if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == server.port
+            )
+            for worker in workers
+        )
+        assert held == [4, 4], server.log()
+    finally:
+        for session in sessions:
+            session.close()
+        server.stop()
+    assert server.proc.returncode == 0, server.log()  # a clean stop, not a worker's exit 1
+
+
+def test_every_scored_candidate_is_in_the_lake_after_sigterm(tmp_path: Path) -> None:
+    """Feedback is logged by default; buffered rows and open part files are written and
+    published when the server stops, by every worker."""
+    import pandas as pd
+
+    serving_fakes.write_champion(tmp_path / "champion.json", "1", seed=1)
+    server = start_server(tmp_path, workers=2)
+    try:
+        _wait_ready(server)
+        with requests.Session() as first, requests.Session() as second:
+            for n in range(60):
+                session = first if n % 2 else second
+                answer = session.post(
+                    f"{server.url}/v2/models/preranking/infer",
+                    json=body(n % 11 + 1, list(range(1, 51)), request_id=f"fb-{n}"),
+                    timeout=10,
+                )
+                assert answer.status_code == 200, answer.text
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0, server.log()
+    lake = tmp_path / "home" / "lake" / "feedback"
+    frame = pd.concat([pd.read_parquet(p) for p in lake.rglob("part-*.parquet")])
+    assert len(frame) == 60 * 50
+    assert frame.groupby("request_id").size().to_dict() == {f"fb-{n}": 50 for n in range(60)}
+    assert not list(lake.rglob("*.tmp"))
+    assert frame.user_impressions.notna().all() and frame.genre.notna().all()

@@ -1,0 +1,190 @@
+"""The feedback log: requests buffered as columns, written as row groups of part files by a
+writer thread, read back as one row per scored candidate; nothing lost on close."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from serving.feedback import Coded, FeedbackConfig, FeedbackLog, Gathered, feedback_dir
+
+DAY = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC).timestamp()
+ITEM_CTR = np.array([0.1, 0.2, np.nan, 0.4])  # the item table's column; row 2 unknown
+ITEM_GENRE = np.array([0, 1, -1, 1])  # codes into GENRES; row 2 has no genre
+GENRES = ("Action", "Comedy")
+
+
+def parts(root: Path) -> list[Path]:
+    return sorted((root / "feedback").rglob("part-*.parquet"))
+
+
+def read(root: Path) -> pd.DataFrame:
+    return pd.concat([pd.read_parquet(p) for p in parts(root)], ignore_index=True)
+
+
+def log_request(feedback: FeedbackLog, n: int, request: str, user: int = 7) -> None:
+    rows = np.arange(n) % 5 - 1  # -1: an item the table does not hold
+    feedback.log(
+        request_id=request,
+        user_id=user,
+        item_ids=np.arange(n) + 100,
+        scores=np.linspace(0, 1, n, dtype=np.float32),
+        model_version="3",
+        features={
+            "user_ctr": 0.25,  # one value for every candidate
+            "item_ctr": Gathered(rows, ITEM_CTR),
+            "genre": Gathered(rows, ITEM_GENRE, GENRES),
+        },
+    )
+
+
+def test_rows_read_back_one_per_candidate_with_their_features(tmp_path: Path) -> None:
+    feedback = FeedbackLog(tmp_path, clock=lambda: DAY)
+    log_request(feedback, 5, "r1", user=7)
+    feedback.log(
+        request_id="r2",
+        user_id=8,
+        item_ids=[1, 2],
+        scores=[0.5, 0.75],
+        model_version="3",
+        features={
+            "user_ctr": [0.5, 0.5],
+            "item_ctr": [0.3, None],
+            "genre": Coded(np.array([1, -1]), GENRES),
+        },
+        shadow_version="4",
+        shadow_scores=[0.1, 0.2],
+    )
+    (part,) = feedback.flush()
+    assert part.parent == feedback_dir(tmp_path, "feedback", "2026-11-22")
+    frame = pd.read_parquet(part)
+    assert len(frame) == 7 and feedback.written_rows == 7 and feedback.buffered_rows == 0
+    assert list(frame.columns) == [
+        "ts", "request_id", "user_id", "item_id", "score", "model_version",
+        "shadow_version", "shadow_score", "user_ctr", "item_ctr", "genre",
+    ]  # fmt: skip
+    assert str(frame.ts.dtype) == "datetime64[ns, UTC]"
+    assert (frame.ts == pd.Timestamp(DAY, unit="s", tz="UTC")).all()
+    assert frame.request_id.tolist() == ["r1"] * 5 + ["r2"] * 2
+    assert frame.user_id.tolist() == [7] * 5 + [8] * 2 and frame.user_id.dtype == np.int64
+    assert frame.item_id.tolist() == [100, 101, 102, 103, 104, 1, 2]
+    np.testing.assert_allclose(frame.score[:5], np.linspace(0, 1, 5, dtype=np.float32))
+    assert frame.model_version.tolist() == ["3"] * 7
+    assert frame.shadow_version.tolist() == [None] * 5 + ["4"] * 2
+    assert frame.shadow_score[:5].isna().all() and frame.shadow_score[5:].tolist() == [0.1, 0.2]
+    assert frame.user_ctr.tolist() == [0.25] * 5 + [0.5] * 2
+    # Rows -1, 0, 1, 2, 3 of the item table: unknown item, 0.1, 0.2, unknown feature, 0.4.
+    np.testing.assert_array_equal(frame.item_ctr, [np.nan, 0.1, 0.2, np.nan, 0.4, 0.3, np.nan])
+    assert frame.genre.tolist() == [None, "Action", "Comedy", None, "Comedy", "Comedy", None]
+    assert frame.genre.dtype == object  # plain strings, not categoricals
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_writer_thread_loses_nothing_when_closed(tmp_path: Path) -> None:
+    config = FeedbackConfig(flush_rows=2_500, part_rows=10_000, flush_s=30)
+    feedback = FeedbackLog(tmp_path, config, background=True)
+
+    def client(k: int) -> None:
+        for n in range(40):
+            log_request(feedback, 1_000, f"c{k}-{n}")
+
+    clients = [threading.Thread(target=client, args=(k,)) for k in range(3)]
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    feedback.close()
+    frame = read(tmp_path)
+    assert len(frame) == 120_000 and feedback.written_rows == 120_000
+    assert frame.groupby("request_id").size().eq(1_000).all() and frame.request_id.nunique() == 120
+    assert feedback.dropped_rows == 0 and not list(tmp_path.rglob("*.tmp"))
+    files = parts(tmp_path)
+    assert len(files) >= 10  # parts closed at part_rows ...
+    assert max(pq.ParquetFile(p).metadata.num_row_groups for p in files) >= 2  # ... of row groups
+    log_request(feedback, 10, "after-close")  # a closed log still takes rows, written inline
+    feedback.flush()
+    assert len(read(tmp_path)) == 120_010
+
+
+def test_aged_rows_are_written_and_published_without_new_requests(tmp_path: Path) -> None:
+    feedback = FeedbackLog(tmp_path, FeedbackConfig(flush_s=0.2), background=True)
+    log_request(feedback, 3, "lonely")
+    deadline = time.monotonic() + 10
+    while not parts(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(read(tmp_path)) == 3
+    feedback.close()
+
+
+def test_a_new_schema_starts_a_new_part(tmp_path: Path) -> None:
+    feedback = FeedbackLog(tmp_path, FeedbackConfig(flush_rows=2), clock=lambda: DAY)
+    log_request(feedback, 2, "plain")
+    feedback.log(
+        request_id="shadowed",
+        user_id=1,
+        item_ids=[5, 6],
+        scores=[0.1, 0.2],
+        model_version="3",
+        features={"user_ctr": 0.25},
+        shadow_version="4",
+        shadow_scores=[0.3, 0.4],
+    )
+    feedback.flush()
+    assert len(parts(tmp_path)) == 2
+    frame = read(tmp_path).sort_values("item_id")
+    assert frame.request_id.tolist() == ["shadowed"] * 2 + ["plain"] * 2
+    assert frame.item_ctr.isna().tolist() == [True, True, True, False]
+    assert frame.shadow_score.notna().tolist() == [True, True, False, False]
+
+
+def test_rows_go_to_the_day_they_were_scored(tmp_path: Path) -> None:
+    now = [DAY]
+    feedback = FeedbackLog(tmp_path, clock=lambda: now[0])
+    log_request(feedback, 2, "today")
+    now[0] += 86_400
+    log_request(feedback, 3, "tomorrow")
+    feedback.flush()
+    days = {p.parent.name: len(pd.read_parquet(p)) for p in parts(tmp_path)}
+    assert days == {"dt=2026-11-22": 2, "dt=2026-11-23": 3}
+
+
+def test_a_stalled_writer_bounds_the_buffer_and_counts_what_it_drops(tmp_path: Path) -> None:
+    config = FeedbackConfig(flush_rows=100, max_buffered_rows=250)
+    feedback = FeedbackLog(tmp_path, config, background=True)
+    with feedback._write_lock:  # the writer cannot write
+        for n in range(4):
+            log_request(feedback, 100, f"r{n}")
+        assert feedback.buffered_rows == 200 and feedback.dropped_rows == 200
+    feedback.close()
+    assert len(read(tmp_path)) == 200
+
+
+def test_bad_feedback_columns_are_refused(tmp_path: Path) -> None:
+    feedback = FeedbackLog(tmp_path)
+    with pytest.raises(ValueError, match="one value per candidate"):
+        feedback.log(
+            request_id="r",
+            user_id=1,
+            item_ids=[1, 2],
+            scores=[0.1, 0.2],
+            model_version="3",
+            features={"item_ctr": [0.1]},
+        )
+    with pytest.raises(ValueError, match="clashes"):
+        feedback.log(
+            request_id="r",
+            user_id=1,
+            item_ids=[1],
+            scores=[0.1],
+            model_version="3",
+            features={"score": [0.1]},
+        )
+    with pytest.raises(ValueError, match="max_buffered_rows"):
+        FeedbackConfig(flush_rows=10, max_buffered_rows=5)
