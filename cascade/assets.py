@@ -36,6 +36,10 @@ ASSET_SPEECH_DATA_LANDED = "kafka://cascade/cascade.data.landed/speech"
 """New speech data (or an ASR retrain request) for the ``asr`` pipeline."""
 ASSET_SPEECH_CORPUS = "file://cascade/lake/corpora/speech"
 ASSET_ASR_CHAMPION = "mlflow://cascade/models/asr/champion"
+ASSET_IMAGES_DATA_LANDED = "kafka://cascade/cascade.data.landed/images"
+"""New image-text pairs (or a multimodal retrain request) for the ``multimodal`` pipeline."""
+ASSET_IMAGES_CORPUS = "file://cascade/lake/corpora/images"
+ASSET_MULTIMODAL_CHAMPION = "mlflow://cascade/models/multimodal/champion"
 ASSET_EVENT_PROBE = "kafka://cascade/cascade.data.landed/probe"
 """Events of the ``probe`` dataset: the trivial DAG that fault tests and the event benchmark use
 to account for every event id without running the full pipeline."""
@@ -55,5 +59,10 @@ ASR_EVENT_SELECTORS = (
     "cascade.retrain.requested:model=asr",
 )
 """Events that start ``asr``."""
+MULTIMODAL_EVENT_SELECTORS = (
+    "cascade.data.landed:dataset=images",
+    "cascade.retrain.requested:model=multimodal",
+)
+"""Events that start ``multimodal``."""
 PROBE_EVENT_SELECTORS = ("cascade.data.landed:dataset=probe",)
 """Events that start ``event_probe``."""

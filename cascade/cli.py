@@ -5,7 +5,7 @@ cascade demo [--ds YYYY-MM-DD]
 cascade events publish cascade.data.landed --dataset ml100k --partition 2026-11-22
 cascade events dead-letters
 cascade rollback [--reason TEXT]
-cascade step NAME --ds YYYY-MM-DD [--pipeline asr]
+cascade step NAME --ds YYYY-MM-DD [--pipeline asr|multimodal]
 cascade score --user 1 --items 10 20 30
 """
 
@@ -130,6 +130,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from cascade.steps import PIPELINES
+
     parser = argparse.ArgumentParser(
         prog="cascade", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -174,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     step.add_argument(
         "--pipeline",
         default="ctr_preranking",
-        choices=("ctr_preranking", "asr"),
+        choices=tuple(PIPELINES),
         help="the DAG whose step it is (default ctr_preranking)",
     )
     step.set_defaults(func=cmd_step)

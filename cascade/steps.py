@@ -1,8 +1,9 @@
-"""The pipeline steps of ``ctr_preranking`` and ``asr``: one table per pipeline, used by the
-Airflow DAG, DVC and the CLI.
+"""The pipeline steps of ``ctr_preranking``, ``asr`` and ``multimodal``: one table per pipeline,
+used by the Airflow DAG, DVC and the CLI.
 
     cascade step features --ds 2026-11-22
     cascade step train --pipeline asr --ds 2026-11-22
+    cascade step corpus --pipeline multimodal --ds 2026-11-22
 
 Each step takes the partition date and returns a JSON-able summary. Imports are lazy so that
 the DAG file stays cheap to parse.
@@ -96,11 +97,29 @@ ASR_STEPS: dict[str, Callable[[str], dict[str, Any]]] = {
 }
 """The ``asr`` DAG's steps (:mod:`models.asr.pipeline`); DVC stages are ``asr_`` + the name."""
 
+
+def _multimodal_step(name: str) -> Callable[[str], dict[str, Any]]:
+    def run(ds: str) -> dict[str, Any]:
+        from models.multimodal import pipeline
+
+        return getattr(pipeline, name)(ds)
+
+    run.__name__ = name
+    return run
+
+
+MULTIMODAL_STEPS: dict[str, Callable[[str], dict[str, Any]]] = {
+    name: _multimodal_step(name) for name in ("corpus", "validate", "train", "evaluate", "register")
+}
+"""The ``multimodal`` DAG's steps (:mod:`models.multimodal.pipeline`); DVC stages are ``mm_`` +
+the name. No deploy step: the model ends in the registry."""
+
 PIPELINES: dict[str, dict[str, Callable[[str], dict[str, Any]]]] = {
     "ctr_preranking": STEPS,
     "asr": ASR_STEPS,
+    "multimodal": MULTIMODAL_STEPS,
 }
-DVC_PREFIX = {"ctr_preranking": "", "asr": "asr_"}
+DVC_PREFIX = {"ctr_preranking": "", "asr": "asr_", "multimodal": "mm_"}
 """DVC stage name = prefix + step name (stage names share one ``dvc.yaml``)."""
 
 

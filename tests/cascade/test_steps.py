@@ -50,3 +50,19 @@ def test_run_step_records_a_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert json.loads(asr_summary.read_text())["asr"] is True
     with pytest.raises(ValueError, match="YYYY-MM-DD"):
         steps.run_step("features", "2026-13-40")
+
+
+def test_cascade_step_runs_a_multimodal_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cascade.cli import main
+
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    monkeypatch.setitem(steps.MULTIMODAL_STEPS, "evaluate", lambda ds: {"ds": ds, "mm": True})
+    assert main(["step", "evaluate", "--pipeline", "multimodal", "--ds", "2026-11-22"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"ds": "2026-11-22", "mm": True}
+    summary = steps.summary_path("evaluate", "2026-11-22", "multimodal")
+    assert summary.parent.parent.name == "step_mm_evaluate"
+    assert list(steps.PIPELINES["multimodal"]) == [
+        "corpus", "validate", "train", "evaluate", "register"
+    ]  # fmt: skip

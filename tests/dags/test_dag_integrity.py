@@ -112,3 +112,22 @@ def test_parse_does_no_db_query_no_connection_and_no_heavy_import(
     result = _parse_probe(dag_file)
     assert result["queries"] == []
     assert result["heavy"] == []
+
+
+def test_multimodal_is_scheduled_daily_and_on_the_images_asset_without_deploy(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk import AssetOrTimeSchedule
+
+    from cascade.assets import EVENT_TRIGGER, MULTIMODAL_EVENT_SELECTORS, WATCHED_TOPICS
+
+    dag = dagbag.dags["multimodal"]
+    timetable = dag.timetable
+    assert isinstance(timetable, AssetOrTimeSchedule)
+    assert timetable.timetable.expression == "0 5 * * *"
+    (watcher,) = timetable.asset_condition.watchers
+    classpath, kwargs = watcher.trigger.serialize()
+    assert classpath == EVENT_TRIGGER
+    assert kwargs["topics"] == sorted(WATCHED_TOPICS)
+    assert kwargs["selectors"] == list(MULTIMODAL_EVENT_SELECTORS)
+    assert "deploy" not in dag.task_ids
+    for task_id in ("corpus", "validate", "train", "evaluate", "register"):
+        assert dag.get_task(task_id).execution_timeout is not None, task_id

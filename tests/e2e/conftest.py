@@ -17,21 +17,29 @@ DS = "2026-11-22"
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     from infra.stack import private_stack
 
-    # The asr DAG trains its seconds-long debug flavor here.
-    env = {"CASCADE_ASR_CONFIG": "debug"}
+    # The asr and multimodal DAGs train their seconds-long debug flavors here; the multimodal
+    # corpus is ~250 pairs and its dense twin is left to tests/models/test_multimodal_pipeline.py.
+    env = {
+        "CASCADE_ASR_CONFIG": "debug",
+        "CASCADE_MULTIMODAL_CONFIG": "debug",
+        "CASCADE_MULTIMODAL_GENERATED": "200",
+        "CASCADE_MULTIMODAL_SOURCE_LIMIT": "15",
+        "CASCADE_MULTIMODAL_DENSE_TWIN": "0",
+    }
     with private_stack(tmp_path_factory.mktemp("cascade-home"), env=env) as settings:
         yield settings
 
 
 @pytest.fixture(scope="session")
 def triggered(stack: Settings) -> dict[str, Any]:
-    """Both pipelines' Kafka events, published together: the two DAG runs overlap, as they
-    would in production, and the session waits for the slower one rather than for both in turn."""
+    """Every pipeline's Kafka event, published together: the DAG runs overlap, as they would in
+    production, and the session waits for the slowest one rather than for each in turn."""
     from cascade.demo import trigger
 
     return {
         "ctr_preranking": trigger(DS, settings=stack),
         "asr": trigger(DS, settings=stack, dag_id="asr", dataset="speech"),
+        "multimodal": trigger(DS, settings=stack, dag_id="multimodal", dataset="images"),
     }
 
 
@@ -53,4 +61,17 @@ def asr_run(stack: Settings, triggered: dict[str, Any]) -> dict:
         settings=stack,
         timeout_s=1800,
         result_tasks=("corpus", "train", "compile", "register", "deploy"),
+    )
+
+
+@pytest.fixture(scope="session")
+def multimodal_run(stack: Settings, triggered: dict[str, Any]) -> dict:
+    """One asset-triggered ``multimodal`` run started by a Kafka event (dataset ``images``)."""
+    from cascade.demo import wait_for_triggered
+
+    return wait_for_triggered(
+        triggered["multimodal"],
+        settings=stack,
+        timeout_s=1800,
+        result_tasks=("corpus", "validate", "train", "evaluate", "register"),
     )

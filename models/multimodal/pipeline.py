@@ -1,0 +1,387 @@
+"""The steps of DAG ``multimodal`` (and DVC stages ``mm_*``), one function per task.
+
+    cascade step corpus --pipeline multimodal --ds 2026-11-22
+    CASCADE_MULTIMODAL_CONFIG=debug cascade step train --pipeline multimodal --ds 2026-11-22
+
+Each takes the partition date ``ds`` and returns a JSON-able summary; everything lives under the
+lake, keyed on ``ds``:
+
+- ``landing/images/dt=DS``: ``images/`` + ``captions.jsonl`` as a producer landed them (when
+  nothing landed, the corpus step lands the installed offline sources, Tux Paint stamps and
+  emoji, plus the partition's generated pictures: :mod:`jobs.multimodal_sources`);
+- ``corpora/images/dt=DS``: the Spark corpus (shards, manifest, quarantine, duplicates,
+  tokenizer, summary, ``gate.json``);
+- ``reports/mm_*/dt=DS``: each later step's result (the training run folder is
+  ``reports/mm_train/dt=DS``).
+
+The training config is ``CASCADE_MULTIMODAL_CONFIG`` (default ``small``; the CI run uses
+``debug``). Nothing is served: the model ends in the registry (``multimodal@champion``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from cascade.config import Settings, load_settings
+from cascade.lake import Lake, check_ds
+
+CONFIG_ENV = "CASCADE_MULTIMODAL_CONFIG"
+DEFAULT_CONFIG = "small"
+GENERATED_ENV = "CASCADE_MULTIMODAL_GENERATED"
+"""Generated pairs landed when nothing landed for the partition (default
+:data:`DEFAULT_GENERATED`)."""
+DEFAULT_GENERATED = 2_000
+SOURCE_LIMIT_ENV = "CASCADE_MULTIMODAL_SOURCE_LIMIT"
+"""Caps the stamps and the emoji landed from each offline source (default: all of them)."""
+DENSE_TWIN_ENV = "CASCADE_MULTIMODAL_DENSE_TWIN"
+"""``1`` (default): the evaluate step also trains the config's dense twin on the same shards and
+records its recall beside the MoE's; ``0``: the MoE's figures only (the report says so)."""
+RECALL_TOLERANCE_ENV = "CASCADE_MULTIMODAL_RECALL_TOLERANCE"
+DEFAULT_RECALL_TOLERANCE = 0.02
+"""A challenger whose mean recall@1 is this much lower (absolute) than the champion's is still
+promoted; the held-out split is small, one pair in fifty is 0.02."""
+MODEL_NAME = "multimodal"
+MODEL_ARTIFACT_PATH = "model"
+"""Folder of the training's MLflow run that a registered version points at: the final
+DeepSpeed checkpoint's module states (experts in their own files) and the run config."""
+LANDED_HERE_FILE = "landed_by_corpus_step.json"
+"""In a landing folder the corpus step filled itself (offline sources + generator): what it
+landed, so a retry reports the same batch rather than a producer's."""
+MEAN_RECALL_TAG = "mean_recall_at_1"
+"""Model-version tag: the version's mean of image->text and text->image recall@1."""
+
+
+def config_name() -> str:
+    return os.environ.get(CONFIG_ENV, DEFAULT_CONFIG)
+
+
+def landing_dir(lake: Lake, ds: str) -> Path:
+    return lake.root / "landing" / "images" / f"dt={check_ds(ds)}"
+
+
+def corpus_dir(lake: Lake, ds: str) -> Path:
+    return lake.root / "corpora" / "images" / f"dt={check_ds(ds)}"
+
+
+def _write_result(lake: Lake, kind: str, ds: str, result: dict[str, Any]) -> dict[str, Any]:
+    from models.preranking.train import write_result
+
+    out = lake.reports(kind, ds)
+    out.mkdir(parents=True, exist_ok=True)
+    write_result(out / "result.json", json.loads(json.dumps(result, default=str)))
+    return result
+
+
+def read_result(lake: Lake, kind: str, ds: str, *, produced_by: str) -> dict[str, Any]:
+    path = lake.reports(kind, ds) / "result.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no {kind} result {path}; run step {produced_by!r} for ds={ds}")
+    return json.loads(path.read_text())
+
+
+def partition_seed(ds: str) -> int:
+    """A stable per-partition seed: every day's generated batch holds different pictures."""
+    return int.from_bytes(hashlib.sha256(check_ds(ds).encode()).digest()[:4], "little")
+
+
+def _count_env(name: str, default: int | None) -> int | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    value = int(raw)
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def _land_offline_sources(spark: Any, landing: Path, ds: str) -> dict[str, Any]:
+    """The installed offline sources (a missing one is skipped and named) plus the generator."""
+    from jobs.multimodal_sources import GeneratorConfig, land_emoji, land_generated, land_tuxpaint
+
+    limit = _count_env(SOURCE_LIMIT_ENV, None)
+    landed: dict[str, int] = {}
+    missing: dict[str, str] = {}
+    for name, land in (("tuxpaint", land_tuxpaint), ("emoji", land_emoji)):
+        if limit == 0:
+            continue
+        try:
+            landed[name] = land(landing, limit=limit)
+        except FileNotFoundError as exc:
+            missing[name] = str(exc)
+            print(f"[multimodal] offline source {name} not installed: {exc}", flush=True)
+    generated = _count_env(GENERATED_ENV, DEFAULT_GENERATED) or 0
+    if generated:
+        config = GeneratorConfig(seed=partition_seed(ds))
+        landed["generated"] = land_generated(spark, landing, count=generated, config=config)
+    if not sum(landed.values()):
+        raise RuntimeError(
+            f"nothing to land for ds={ds}: no offline source is installed ({missing}) and "
+            f"{GENERATED_ENV}=0; install them (infra/install.sh) or generate pairs"
+        )
+    return {"landed": landed, "sources_missing": missing}
+
+
+def corpus(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """Build the partition's corpus on Spark from its landing folder (the offline sources and
+    generated pictures when nothing landed): quarantine, near-duplicate removal, tokenized
+    shards."""
+    from jobs.multimodal_corpus import build_corpus, spark_session
+
+    settings = settings or load_settings()
+    lake = Lake(settings.lake_root)
+    landing = landing_dir(lake, ds)
+    spark = spark_session()
+    produced: dict[str, Any] = {"landed": {}, "sources_missing": {}}
+    marker = landing / LANDED_HERE_FILE
+    if not (landing / "captions.jsonl").is_file():
+        # Land into a scratch folder and rename: a killed attempt never leaves half a batch.
+        scratch = landing.with_name(landing.name + ".landing")
+        shutil.rmtree(scratch, ignore_errors=True)
+        print(f"[multimodal] nothing landed for ds={ds}: landing the offline sources", flush=True)
+        produced = _land_offline_sources(spark, scratch, ds)
+        (scratch / LANDED_HERE_FILE).write_text(json.dumps(produced))
+        landing.parent.mkdir(parents=True, exist_ok=True)
+        scratch.rename(landing)
+    elif marker.is_file():  # a retry: the batch an earlier attempt landed
+        produced = json.loads(marker.read_text())
+    producer_landed = not marker.is_file()
+    # A rebuilt corpus has not been validated yet: the previous build's gate must not vouch for it.
+    (corpus_dir(lake, ds) / "gate.json").unlink(missing_ok=True)
+    summary = build_corpus(spark, landing, corpus_dir(lake, ds))
+    summary.pop("shards", None)  # per-shard figures stay in the corpus's shards.json
+    summary.update(ds=ds, landing=str(landing), producer_landed=producer_landed, **produced)
+    return _write_result(lake, "mm_corpus", ds, summary)
+
+
+def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """The GX gate on the manifest; a failure (``MultimodalGateFailed`` naming the checks)
+    stops the DAG before training, and train and register refuse the partition."""
+    from jobs.multimodal_corpus_gate import validate_corpus
+
+    settings = settings or load_settings()
+    lake = Lake(settings.lake_root)
+    report = validate_corpus(corpus_dir(lake, ds))
+    return {k: report[k] for k in ("success", "rows", "groups", "path")} | {"ds": ds}
+
+
+def require_gate(lake: Lake, ds: str) -> dict[str, Any]:
+    """The corpus's passed GX report; a clear error when validate did not run or failed."""
+    path = corpus_dir(lake, ds) / "gate.json"
+    if not path.is_file():
+        raise RuntimeError(
+            f"the multimodal corpus of ds={ds} has not been validated ({path} missing); "
+            f"run step 'validate' first"
+        )
+    report = json.loads(path.read_text())
+    if not report.get("success"):
+        raise RuntimeError(
+            f"the multimodal corpus of ds={ds} failed its GX gate "
+            f"({', '.join(report.get('failed') or ['unknown checks'])}; see {path}): fix the "
+            f"landed data and run steps 'corpus' and 'validate' again"
+        )
+    return report
+
+
+def train(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """DeepSpeed training (experts split over the processes) on the corpus shards, logged to
+    the MLflow experiment ``multimodal``; the final checkpoint's module states go to the run as
+    artifact ``model``. A killed attempt resumes from its checkpoints on the task's retry."""
+    from mlflow.tracking import MlflowClient
+
+    from models.multimodal.train import train_multimodal
+
+    settings = settings or load_settings()
+    lake = Lake(settings.lake_root)
+    require_gate(lake, ds)
+    out = lake.reports("mm_train", ds)
+    result = train_multimodal(settings, config_name(), corpus_dir(lake, ds), out)
+    final = Path(result["model_checkpoint"]) / "final"
+    client = MlflowClient(tracking_uri=settings.tracking_uri)
+    # Module states only: the optimizer's ZeRO partitions are for resuming, not for using.
+    for state in sorted(final.glob("*model_states.pt")):
+        client.log_artifact(result["run_id"], str(state), MODEL_ARTIFACT_PATH)
+    client.log_artifact(result["run_id"], str(out / "result.json"), MODEL_ARTIFACT_PATH)
+    return _write_result(lake, "mm_train", ds, {**result, "ds": ds})
+
+
+def _dense_twin_enabled() -> bool:
+    raw = os.environ.get(DENSE_TWIN_ENV, "1").strip().lower()
+    if raw not in ("0", "1", "true", "false"):
+        raise ValueError(f"{DENSE_TWIN_ENV} must be 0 or 1, got {raw!r}")
+    return raw in ("1", "true")
+
+
+def mean_recall_at_1(result: dict[str, Any]) -> float:
+    return (float(result["i2t_recall_at_1"]) + float(result["t2i_recall_at_1"])) / 2
+
+
+def evaluate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """Recall@1/5 both ways on the corpus's held-out (test) split. The MoE's figures are those
+    the training measured on that split with the final weights (every process scores with its
+    share of the experts, which only the training's process group holds); with
+    ``CASCADE_MULTIMODAL_DENSE_TWIN=1`` the config's dense twin (same active parameters) is
+    trained on the same shards and scored on the same pairs, side by side."""
+    from mlflow.tracking import MlflowClient
+
+    settings = settings or load_settings()
+    lake = Lake(settings.lake_root)
+    trained = read_result(lake, "mm_train", ds, produced_by="train")
+    keys = ("i2t_recall_at_1", "i2t_recall_at_5", "t2i_recall_at_1", "t2i_recall_at_5")
+    report: dict[str, Any] = {
+        "ds": ds,
+        "config": trained["config"],
+        "split": "test",
+        "eval_pairs": int(trained["eval_pairs"]),
+        **{k: float(trained[k]) for k in keys},
+        "mean_recall_at_1": mean_recall_at_1(trained),
+        "run_id": trained["run_id"],
+        "dense": None,
+        "comparison": None,
+    }
+    if not trained["moe"]:
+        report["dense_note"] = f"config {trained['config']!r} is dense itself: no twin to compare"
+    elif not _dense_twin_enabled():
+        report["dense_note"] = f"dense twin not trained ({DENSE_TWIN_ENV}=0): MoE figures only"
+    else:
+        # Imported here: torch and DeepSpeed cost seconds that a MoE-only evaluation skips.
+        from models.multimodal.config_registry import dense_twin, get_config
+        from models.multimodal.evaluate import side_by_side
+        from models.multimodal.train import train_multimodal
+
+        twin = dense_twin(get_config(trained["config"])).name
+        dense = train_multimodal(
+            settings, twin, corpus_dir(lake, ds), lake.reports("mm_evaluate", ds) / "dense"
+        )
+        report["dense"] = {
+            "config": twin,
+            "run_id": dense["run_id"],
+            **{k: float(dense[k]) for k in keys},
+            "mean_recall_at_1": mean_recall_at_1(dense),
+        }
+        report["comparison"] = side_by_side(trained, dense)
+    client = MlflowClient(tracking_uri=settings.tracking_uri)
+    client.log_metric(trained["run_id"], "mean_recall_at_1", report["mean_recall_at_1"])
+    if report["dense"] is not None:
+        client.log_metric(
+            trained["run_id"], "dense_mean_recall_at_1", report["dense"]["mean_recall_at_1"]
+        )
+    print(
+        f"[multimodal] held-out recall@1 i2t {report['i2t_recall_at_1']:.3f} "
+        f"t2i {report['t2i_recall_at_1']:.3f} ({report['eval_pairs']} pairs)"
+        + (
+            f"; dense twin {report['dense']['mean_recall_at_1']:.3f}"
+            if report["dense"]
+            else f"; {report['dense_note']}"
+        ),
+        flush=True,
+    )
+    return _write_result(lake, "mm_evaluate", ds, report)
+
+
+def _recall_tolerance() -> float:
+    value = float(os.environ.get(RECALL_TOLERANCE_ENV, DEFAULT_RECALL_TOLERANCE))
+    if not 0 <= value < 1:
+        raise ValueError(f"{RECALL_TOLERANCE_ENV} must be in [0, 1), got {value}")
+    return value
+
+
+def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """Register the model trained for ``ds`` as a new version of MLflow model ``multimodal``
+    (alias ``challenger``); move ``champion`` to it when its mean recall@1 is within the
+    tolerance of the champion's. Each version's figure is the one measured on its own
+    partition's held-out split: the caption tokenizer is refitted per corpus, so a champion's
+    token ids do not apply to a newer partition's shards. Refuses a corpus that failed its GX
+    gate; calling it again returns the first decision."""
+    import mlflow
+
+    from cascade.registry import (
+        CHALLENGER,
+        CHAMPION,
+        DECISION_TAG,
+        PREVIOUS_CHAMPION_TAG,
+        ensure_registered_model,
+        registry_client,
+        version_by_alias,
+        version_of_run,
+    )
+
+    settings = settings or load_settings()
+    lake = Lake(settings.lake_root)
+    require_gate(lake, ds)
+    evaluation = read_result(lake, "mm_evaluate", ds, produced_by="evaluate")
+    client = registry_client(settings)
+    ensure_registered_model(client, MODEL_NAME, "Image-text retrieval, MoE transformer (Cascade)")
+    run_id = evaluation["run_id"]
+    version, stored = version_of_run(client, MODEL_NAME, run_id)
+    if stored is not None:
+        return _write_result(lake, "mm_register", ds, stored)
+    recall = float(evaluation["mean_recall_at_1"])
+    if version is None:
+        version = client.create_model_version(
+            MODEL_NAME,
+            source=f"{mlflow.get_run(run_id).info.artifact_uri}/{MODEL_ARTIFACT_PATH}",
+            run_id=run_id,
+            tags={"ds": ds, MEAN_RECALL_TAG: repr(recall), "run_id": run_id},
+            description=f"trained for ds={ds} with config {evaluation.get('config')}",
+        )
+    new_version = str(version.version)
+
+    reasons: list[str] = []
+    champion = version_by_alias(client, MODEL_NAME, CHAMPION)
+    comparison: dict[str, Any] | None = None
+    if champion is None:
+        previous = None
+    elif str(champion.version) == new_version:
+        # A retry after the alias moved but before the decision was stored.
+        previous = version.tags.get(PREVIOUS_CHAMPION_TAG) or None
+    else:
+        previous = str(champion.version)
+        tolerance = _recall_tolerance()
+        if MEAN_RECALL_TAG not in champion.tags:
+            raise RuntimeError(
+                f"champion v{previous} of {MODEL_NAME!r} has no {MEAN_RECALL_TAG!r} tag to "
+                f"compare with; tag it (or move the alias) and run step 'register' again"
+            )
+        champion_recall = float(champion.tags[MEAN_RECALL_TAG])
+        comparison = {
+            "metric": MEAN_RECALL_TAG,
+            "challenger": recall,
+            "champion": champion_recall,
+            "champion_ds": champion.tags.get("ds"),
+            "tolerance": tolerance,
+            "passed": recall >= champion_recall - tolerance,
+        }
+        if not comparison["passed"]:
+            reasons.append(
+                f"mean recall@1 {recall:.4f} is worse than champion v{previous}'s "
+                f"{champion_recall:.4f} (tolerance {tolerance})"
+            )
+    promoted = not reasons
+    client.set_registered_model_alias(MODEL_NAME, CHALLENGER, new_version)
+    if promoted:
+        client.set_model_version_tag(MODEL_NAME, new_version, PREVIOUS_CHAMPION_TAG, previous or "")
+        client.set_registered_model_alias(MODEL_NAME, CHAMPION, new_version)
+    report = {
+        "ds": ds,
+        "version": new_version,
+        "promoted": promoted,
+        "champion_version": new_version if promoted else previous,
+        "previous_champion": previous,
+        "run_id": run_id,
+        "config": evaluation.get("config"),
+        MEAN_RECALL_TAG: recall,
+        **{
+            k: evaluation[k]
+            for k in ("i2t_recall_at_1", "i2t_recall_at_5", "t2i_recall_at_1", "t2i_recall_at_5")
+        },
+        "dense_mean_recall_at_1": (evaluation.get("dense") or {}).get("mean_recall_at_1"),
+        "comparison": comparison,
+        "reasons": reasons,
+    }
+    client.set_model_version_tag(MODEL_NAME, new_version, DECISION_TAG, json.dumps(report))
+    return _write_result(lake, "mm_register", ds, report)

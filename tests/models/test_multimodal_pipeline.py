@@ -1,0 +1,179 @@
+"""The multimodal DAG's steps on a tiny partition: real Spark corpus, GX gate, 2-process DeepSpeed
+training of the debug config and its dense twin, a real MLflow store; promotion on recall and a
+failed gate that blocks training and registration."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import mlflow
+import pandas as pd
+import pytest
+
+from cascade.config import Settings
+from cascade.lake import Lake
+from jobs.multimodal_corpus_gate import MultimodalGateFailed
+from models.multimodal import pipeline
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+DS = "2026-11-20"
+
+
+@pytest.fixture
+def small_partition(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(pipeline.CONFIG_ENV, "debug")
+    monkeypatch.setenv(pipeline.GENERATED_ENV, "200")
+    monkeypatch.setenv(pipeline.SOURCE_LIMIT_ENV, "20")
+
+
+def _client(settings: Settings) -> mlflow.MlflowClient:
+    return mlflow.MlflowClient(
+        tracking_uri=settings.tracking_uri, registry_uri=settings.tracking_uri
+    )
+
+
+def _challenger(settings: Settings, ds: str, recall: float) -> None:
+    """What train and evaluate leave for a model of the given recall: a finished MLflow run and
+    an evaluate result (the corpus and its gate copied from an earlier partition)."""
+    lake = Lake(settings.lake_root)
+    shutil.copytree(pipeline.corpus_dir(lake, DS), pipeline.corpus_dir(lake, ds))
+    mlflow.set_tracking_uri(settings.tracking_uri)
+    mlflow.set_experiment(pipeline.MODEL_NAME)
+    with mlflow.start_run() as run:
+        mlflow.log_metric("mean_recall_at_1", recall)
+    result = {
+        "ds": ds, "config": "debug", "run_id": run.info.run_id, "mean_recall_at_1": recall,
+        "i2t_recall_at_1": recall, "t2i_recall_at_1": recall, "i2t_recall_at_5": recall,
+        "t2i_recall_at_5": recall, "dense": None,
+    }  # fmt: skip
+    folder = lake.reports("mm_evaluate", ds)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "result.json").write_text(json.dumps(result))
+
+
+def test_steps_build_train_evaluate_and_register_a_champion(
+    settings: Settings, small_partition: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lake = Lake(settings.lake_root)
+    corpus = pipeline.corpus(DS, settings=settings)
+    assert not corpus["producer_landed"]
+    assert corpus["landed"]["generated"] == 200 and corpus["landed"]["tuxpaint"] > 0
+    assert corpus["splits"]["test"] >= 2 and corpus["splits"]["train"] >= 32
+    assert (
+        corpus["kept"] + corpus["quarantined"] + sum(corpus["duplicates_removed"].values())
+        == (corpus["pairs_in"])
+    )
+    # A retry reads the batch the first attempt landed instead of landing another one.
+    again = pipeline.corpus(DS, settings=settings)
+    assert again["kept"] == corpus["kept"] and again["landed"] == corpus["landed"]
+    assert not again["producer_landed"]
+
+    with pytest.raises(RuntimeError, match="has not been validated"):
+        pipeline.train(DS, settings=settings)
+    gate = pipeline.validate(DS, settings=settings)
+    assert gate["success"] and gate["rows"] == corpus["kept"]
+
+    trained = pipeline.train(DS, settings=settings)
+    assert trained["config"] == "debug" and trained["moe"] is True
+    assert trained["eval_pairs"] == corpus["splits"]["test"]
+
+    evaluation = pipeline.evaluate(DS, settings=settings)
+    for side in (evaluation, evaluation["dense"]):
+        for direction in ("i2t", "t2i"):
+            assert 0 <= side[f"{direction}_recall_at_1"] <= side[f"{direction}_recall_at_5"] <= 1
+    assert evaluation["dense"]["config"] == "debug-dense"
+    assert evaluation["dense"]["run_id"] != evaluation["run_id"]
+    assert evaluation["comparison"]["moe"]["active_params"] == pytest.approx(
+        evaluation["comparison"]["dense"]["active_params"], rel=0.05
+    )
+
+    first = pipeline.register(DS, settings=settings)
+    assert first["promoted"] and first["version"] == "1" and first["previous_champion"] is None
+    client = _client(settings)
+    champion = client.get_model_version_by_alias(pipeline.MODEL_NAME, "champion")
+    assert str(champion.version) == "1"
+    assert float(champion.tags["mean_recall_at_1"]) == evaluation["mean_recall_at_1"]
+    run_id = champion.run_id
+    assert run_id is not None
+    files = {f.path for f in client.list_artifacts(run_id, pipeline.MODEL_ARTIFACT_PATH)}
+    assert "model/mp_rank_00_model_states.pt" in files
+    assert any("expert" in f for f in files)  # the experts' own files
+    metrics = client.get_run(run_id).data.metrics
+    assert {"i2t_recall_at_1", "t2i_recall_at_5", "mean_recall_at_1"} <= set(metrics)
+    assert pipeline.register(DS, settings=settings) == first  # a retry: the same decision
+
+    # With no tolerance, a challenger just below the champion is registered, not promoted; one
+    # above it is.
+    monkeypatch.setenv(pipeline.RECALL_TOLERANCE_ENV, "0")
+    recall = evaluation["mean_recall_at_1"]
+    assert recall > 0, evaluation
+    _challenger(settings, "2026-11-21", recall - 0.001)
+    second = pipeline.register("2026-11-21", settings=settings)
+    assert not second["promoted"] and second["champion_version"] == "1"
+    assert second["comparison"]["champion"] == recall
+    assert "worse than champion v1" in second["reasons"][0]
+    assert str(client.get_model_version_by_alias(pipeline.MODEL_NAME, "challenger").version) == "2"
+    _challenger(settings, "2026-11-23", recall + 0.1)
+    third = pipeline.register("2026-11-23", settings=settings)
+    assert third["promoted"] and third["previous_champion"] == "1" and third["version"] == "3"
+
+    # A corpus that fails its gate (one group in two splits) is refused by every later step.
+    bad = "2026-11-22"
+    shutil.copytree(pipeline.corpus_dir(lake, DS), pipeline.corpus_dir(lake, bad))
+    manifest_dir = pipeline.corpus_dir(lake, bad) / "manifest"
+    manifest = pd.read_parquet(manifest_dir)
+    leak = manifest[manifest["split"] == "train"].head(1).assign(split="test", pair_id="leaked")
+    shutil.rmtree(manifest_dir)
+    manifest_dir.mkdir()
+    pd.concat([manifest, leak]).to_parquet(manifest_dir / "part-0.parquet")
+    with pytest.raises(
+        MultimodalGateFailed, match=r"groups\.expect_column_values_to_be_between\(splits\)"
+    ):
+        pipeline.validate(bad, settings=settings)
+    with pytest.raises(RuntimeError, match="failed its GX gate"):
+        pipeline.train(bad, settings=settings)
+    with pytest.raises(RuntimeError, match="failed its GX gate"):
+        pipeline.register(bad, settings=settings)
+    versions = client.search_model_versions(f"name='{pipeline.MODEL_NAME}'")
+    assert sorted(str(v.version) for v in versions) == ["1", "2", "3"]
+
+
+def test_steps_refuse_an_unvalidated_corpus_and_a_missing_result(settings: Settings) -> None:
+    lake = Lake(settings.lake_root)
+    with pytest.raises(RuntimeError, match="has not been validated"):
+        pipeline.train(DS, settings=settings)
+    (pipeline.corpus_dir(lake, DS)).mkdir(parents=True)
+    (pipeline.corpus_dir(lake, DS) / "gate.json").write_text(json.dumps({"success": True}))
+    with pytest.raises(FileNotFoundError, match="run step 'train'"):
+        pipeline.evaluate(DS, settings=settings)
+    with pytest.raises(FileNotFoundError, match="run step 'evaluate'"):
+        pipeline.register(DS, settings=settings)
+
+
+def test_evaluate_without_the_dense_twin_records_the_moe_figures_and_says_so(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(pipeline.DENSE_TWIN_ENV, "0")
+    lake = Lake(settings.lake_root)
+    mlflow.set_tracking_uri(settings.tracking_uri)
+    mlflow.set_experiment(pipeline.MODEL_NAME)
+    with mlflow.start_run() as run:
+        pass
+    trained = {
+        "run_id": run.info.run_id, "config": "debug", "moe": True, "eval_pairs": 4.0,
+        "i2t_recall_at_1": 0.5, "i2t_recall_at_5": 1.0, "t2i_recall_at_1": 0.25,
+        "t2i_recall_at_5": 1.0,
+    }  # fmt: skip
+    folder = lake.reports("mm_train", DS)
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps(trained))
+    evaluation = pipeline.evaluate(DS, settings=settings)
+    assert evaluation["dense"] is None and "MoE figures only" in evaluation["dense_note"]
+    assert evaluation["mean_recall_at_1"] == pytest.approx(0.375)
+    logged = _client(settings).get_run(run.info.run_id).data.metrics
+    assert logged["mean_recall_at_1"] == pytest.approx(0.375)
+    monkeypatch.setenv(pipeline.DENSE_TWIN_ENV, "maybe")
+    with pytest.raises(ValueError, match="CASCADE_MULTIMODAL_DENSE_TWIN must be 0 or 1"):
+        pipeline.evaluate(DS, settings=settings)
