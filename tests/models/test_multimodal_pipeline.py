@@ -26,6 +26,9 @@ def small_partition(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(pipeline.CONFIG_ENV, "debug")
     monkeypatch.setenv(pipeline.GENERATED_ENV, "200")
     monkeypatch.setenv(pipeline.SOURCE_LIMIT_ENV, "20")
+    # Stated, not inherited: the e2e stack turns the twin off in this process's environment.
+    monkeypatch.setenv(pipeline.DENSE_TWIN_ENV, "1")
+    monkeypatch.delenv(pipeline.RECALL_TOLERANCE_ENV, raising=False)
 
 
 def _client(settings: Settings) -> mlflow.MlflowClient:
