@@ -50,3 +50,19 @@ def test_run_step_records_a_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert json.loads(asr_summary.read_text())["asr"] is True
     with pytest.raises(ValueError, match="YYYY-MM-DD"):
         steps.run_step("features", "2026-13-40")
+
+
+@pytest.mark.parametrize(("kind", "launcher"), [("fscd", "cascade_train"), ("mlp", "train")])
+def test_train_step_launches_the_configured_network(
+    monkeypatch: pytest.MonkeyPatch, kind: str, launcher: str
+) -> None:
+    from models.preranking import cascade_train, train
+
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        cascade_train, "launch_pipeline", lambda ds, settings: calls.append(("cascade_train", ds))
+    )
+    monkeypatch.setattr(train, "launch", lambda ds, settings: calls.append(("train", ds)))
+    monkeypatch.setenv("CASCADE_PRERANKING_MODEL", kind)
+    steps.train("2026-11-22")
+    assert calls == [(launcher, "2026-11-22")]

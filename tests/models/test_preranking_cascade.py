@@ -284,7 +284,7 @@ def test_choose_fscd_prefers_best_auc_within_budget() -> None:
 
 
 def test_cascade_configs_validate_and_round_trip() -> None:
-    assert set(CASCADE_CONFIGS) == {"debug", "ml100k", "generated"}
+    assert set(CASCADE_CONFIGS) == {"debug", "ml100k", "generated", "pipeline"}
     for name in CASCADE_CONFIGS:
         config = get_cascade_config(name)
         assert CascadeTrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
@@ -364,9 +364,11 @@ def test_killed_two_process_run_resumes_to_the_same_metrics(
     }
     assert evaluation["split_rows"] == {"train": 3_200, "validation": 800, "test": 1_000}
     assert got["fscd_validation_auc"] > 0.5 and got["fscd_strength"] == 0.05
-    # The logged model (torch.export format, traced on 5 rows) scores like the phase's weights.
+    # The logged model (a pyfunc with the network and its encoder) scores like the phase's
+    # weights, and is the deployable kind the registry reads.
+    assert result["model_kind"] == "fscd" and result["test_auc"] == got["fscd_auc"]
     mlflow.set_tracking_uri(settings.tracking_uri)
-    loaded = mlflow.pytorch.load_model(result["model_uri"])
+    loaded = mlflow.pyfunc.load_model(result["model_uri"]).unwrap_python_model().model
     encoder = FieldEncoder.from_state(json.loads((killed / "encoder.json").read_text()))
     codes = encoder.encode(synthetic_training_frame(5, seed=5))
     fields = tuple(result["fscd_fields"])
