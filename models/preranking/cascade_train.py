@@ -450,6 +450,8 @@ def train_phase(
 
     def checkpoint(step: int) -> None:
         save_latest_checkpoint(engine, ckpt_dir, step)
+        if rank == 0:
+            print(f"[cascade] {phase.name}: checkpoint at step {step} in {ckpt_dir}", flush=True)
 
     regularizer = None
     if phase.kind == "select":
@@ -710,7 +712,8 @@ def train_cascade(config: CascadeTrainConfig, out: Path, ds: str = "") -> dict[s
         _write_json(out / "encoder.json", data.encoder.state())
         print(
             f"[cascade] config={config.name} world={world} train={len(data.train_labels)} "
-            f"validation={len(data.validation.labels)} test={len(data.test.labels)} run={run_id}",
+            f"validation={len(data.validation.labels)} test={len(data.test.labels)} run={run_id} "
+            f"pid={os.getpid()}",
             flush=True,
         )
 
@@ -889,6 +892,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="override the config's DeepSpeed ZeRO stage",
     )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help="override the config's checkpoint interval (steps)",
+    )
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
     return parser.parse_args(argv)
 
@@ -1012,6 +1021,8 @@ def main(argv: list[str] | None = None) -> None:
         config = dataclasses.replace(config, zero_stage=args.zero_stage)
     if args.data is not None:
         config = dataclasses.replace(config, data=str(args.data))
+    if args.checkpoint_every is not None:
+        config = dataclasses.replace(config, checkpoint_every=args.checkpoint_every)
     if args.throughput_steps:
         measure_throughput(config, args.out, args.throughput_steps)
     else:
@@ -1050,6 +1061,19 @@ def launch_cascade(
 
 STALE_ON_NEW_DATA = ("phases", "checkpoints", "mlflow_run.json")
 """What a run folder keeps to resume; it belongs to one config, data file and partition."""
+CHECKPOINT_EVERY_ENV = "CASCADE_PRERANKING_CHECKPOINT_EVERY"
+"""Overrides the pipeline config's checkpoint interval (steps); the fault tests set it so a
+phase checkpoints well before it ends."""
+
+
+def checkpoint_every_override(env: dict[str, str] | None = None) -> int | None:
+    """The interval from :data:`CHECKPOINT_EVERY_ENV`, or None when unset."""
+    value = (os.environ if env is None else env).get(CHECKPOINT_EVERY_ENV)
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{CHECKPOINT_EVERY_ENV}={value!r}: expected a step count >= 1")
+    return int(value)
 
 
 def pipeline_fingerprint(config: CascadeTrainConfig, data: Path, ds: str) -> str:
@@ -1068,13 +1092,19 @@ def launch_pipeline(
 
     Retried for the same partition, data and config, it resumes (finished phases, the last
     checkpoint, the same MLflow run); phases and checkpoints left by other data or another
-    config are removed first.
+    config are removed first. :data:`CHECKPOINT_EVERY_ENV` overrides the config's checkpoint
+    interval.
     """
     from cascade.lake import Lake, check_ds
     from models.preranking.train import check_launch_outcome, run_torchrun
 
     check_ds(ds)
     cascade = get_cascade_config(config)  # fail fast on a bad name, before starting processes
+    checkpoint_every = checkpoint_every_override()
+    extra_args: list[str] = []
+    if checkpoint_every is not None:
+        cascade = dataclasses.replace(cascade, checkpoint_every=checkpoint_every)
+        extra_args = ["--checkpoint-every", str(checkpoint_every)]
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     data = lake.training_set("preranking", ds) / "data.parquet"
@@ -1098,7 +1128,7 @@ def launch_pipeline(
     result_path.unlink(missing_ok=True)  # a stale result must never pass for this launch's
     returncode, tail = run_torchrun(
         "models.preranking.cascade_train",
-        ["--config", config, "--data", str(data), "--ds", ds, "--out", str(out)],
+        ["--config", config, "--data", str(data), "--ds", ds, "--out", str(out), *extra_args],
         processes=settings.train_processes,
         settings=settings,
         log_path=out / "train.log",

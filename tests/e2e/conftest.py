@@ -16,9 +16,15 @@ DS = "2026-11-22"
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     from infra.stack import private_stack
+    from models.preranking.cascade_train import CHECKPOINT_EVERY_ENV
 
-    # The asr DAG trains its seconds-long debug flavor here.
-    env = {"CASCADE_ASR_CONFIG": "debug"}
+    env = {
+        # The asr DAG trains its seconds-long debug flavor here.
+        "CASCADE_ASR_CONFIG": "debug",
+        # Pre-ranker phases checkpoint at steps 50 and 100 of the ~126 the partition gives
+        # each, so the fault test's kill lands well inside the phase it checkpointed.
+        CHECKPOINT_EVERY_ENV: "50",
+    }
     with private_stack(tmp_path_factory.mktemp("cascade-home"), env=env) as settings:
         yield settings
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -323,6 +324,10 @@ def test_killed_two_process_run_resumes_to_the_same_metrics(
     )
     assert code != 0 and not (killed / "result.json").exists(), tail
     assert (killed / "checkpoints" / "select_0.05" / "step5").is_dir()
+    log = (killed / "train.log").read_text()
+    # Rank 0's pid at the start and a line per checkpoint, by phase and step.
+    assert re.search(r"\[cascade\] config=debug .* pid=\d+", log), log[-3000:]
+    assert "[cascade] select_0.05: checkpoint at step 5 in " in log, log[-3000:]
     assert (killed / "phases" / "two_tower" / "model.pt").exists()
     assert not (killed / "phases" / "select_0.05" / "model.pt").exists()
     code, tail = launch_cascade("debug", killed, processes=2, settings=settings)

@@ -17,7 +17,13 @@ from sklearn.metrics import roc_auc_score
 from cascade.config import Settings
 from cascade.ctr_schema import LABEL
 from cascade.lake import Lake
-from models.preranking.cascade_train import launch_pipeline, pipeline_fingerprint
+from models.preranking.cascade_train import (
+    CHECKPOINT_EVERY_ENV,
+    checkpoint_every_override,
+    launch_pipeline,
+    parse_args,
+    pipeline_fingerprint,
+)
 from models.preranking.config_registry import cascade_debug, get_cascade_config
 from models.preranking.fields import FIELD_NAMES
 from models.preranking.inference import (
@@ -47,6 +53,17 @@ def test_pipeline_config_is_the_ml100k_networks_with_a_short_sweep() -> None:
     config = get_cascade_config("pipeline")
     assert config.net == get_cascade_config("ml100k").net
     assert len(config.fscd_strengths) == 3 and config.epochs == 2
+
+
+def test_checkpoint_interval_override_is_a_positive_step_count() -> None:
+    assert checkpoint_every_override({}) is None
+    assert checkpoint_every_override({CHECKPOINT_EVERY_ENV: "50"}) == 50
+    for bad in ("0", "-5", "ten"):
+        with pytest.raises(ValueError, match=CHECKPOINT_EVERY_ENV):
+            checkpoint_every_override({CHECKPOINT_EVERY_ENV: bad})
+    args = parse_args(["--config", "pipeline", "--out", "x", "--checkpoint-every", "50"])
+    assert args.checkpoint_every == 50
+    assert parse_args(["--config", "pipeline", "--out", "x"]).checkpoint_every is None
 
 
 def test_fingerprint_changes_with_the_data_and_the_partition(tmp_path: Path) -> None:
