@@ -15,6 +15,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("local", "cluster")
 PROMOTION_METRICS = {"auc": True, "logloss": False}
 """Metrics the champion/challenger gate can compare -> whether higher is better."""
+PRERANKING_MODELS = ("fscd", "mlp")
+"""What the ``ctr_preranking`` train step trains (``Settings.preranking_model``)."""
 
 
 PORT_NAMES = ("broker", "airflow", "mlflow", "serving", "asr_serving")
@@ -77,6 +79,11 @@ class Settings:
     """``auc`` (higher is better) or ``logloss`` (lower is better): what the gate compares."""
     airflow_parallelism: int = 2
     """Airflow core parallelism (low on a 2-core machine)."""
+    preranking_model: str = "fscd"
+    """What the ``ctr_preranking`` train step trains (``CASCADE_PRERANKING_MODEL``): ``fscd``,
+    the ranking cascade whose FSCD-selected ColdPreRanker is deployed
+    (``models.preranking.cascade_train``), or ``mlp``, the dense-feature PreRanker
+    (``models.preranking.train``), which the compile step can package with AOTInductor."""
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -87,6 +94,11 @@ class Settings:
             raise ValueError("train_processes must be >= 1")
         if not 0 <= self.promotion_tolerance < 1:
             raise ValueError("promotion_tolerance must be in [0, 1)")
+        if self.preranking_model not in PRERANKING_MODELS:
+            raise ValueError(
+                f"unknown preranking_model {self.preranking_model!r}; choose one of "
+                f"{PRERANKING_MODELS} (CASCADE_PRERANKING_MODEL)"
+            )
         if self.promotion_metric not in PROMOTION_METRICS:
             raise ValueError(
                 f"unknown promotion_metric {self.promotion_metric!r}; choose one of "
@@ -165,4 +177,6 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         overrides["promotion_tolerance"] = float(env["CASCADE_PROMOTION_TOLERANCE"])
     if "CASCADE_PROMOTION_METRIC" in env:
         overrides["promotion_metric"] = env["CASCADE_PROMOTION_METRIC"]
+    if "CASCADE_PRERANKING_MODEL" in env:
+        overrides["preranking_model"] = env["CASCADE_PRERANKING_MODEL"]
     return replace(base, **overrides)  # type: ignore[arg-type]

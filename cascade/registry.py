@@ -122,15 +122,23 @@ def held_out_rows(lake: Lake, ds: str, test_fraction: float) -> Any:
 
 
 def compare_on_held_out(
-    challenger: Any, champion: Any, rows: Any, *, metric: str, tolerance: float
+    challenger: Any,
+    champion: Any,
+    rows: Any,
+    *,
+    metric: str,
+    tolerance: float,
+    challenger_encoder: Any = None,
+    champion_encoder: Any = None,
 ) -> dict[str, Any]:
     """Score both models on ``rows``; ``passed`` when the challenger is not worse than the
-    champion by more than ``tolerance`` on ``metric``."""
+    champion by more than ``tolerance`` on ``metric``. Either may be a PreRanker or a
+    ColdPreRanker (which reads ``rows`` through its field encoder)."""
     from models.preranking.train import evaluate
 
     higher_is_better = PROMOTION_METRICS[metric]
-    new = evaluate(challenger, rows)[metric]
-    old = evaluate(champion, rows)[metric]
+    new = evaluate(challenger, rows, challenger_encoder)[metric]
+    old = evaluate(champion, rows, champion_encoder)[metric]
     passed = new >= old - tolerance if higher_is_better else new <= old + tolerance
     verdict = {
         "metric": metric,
@@ -223,20 +231,20 @@ def register_and_promote(ds: str, *, settings: Settings | None = None) -> dict:
         previous = version.tags.get(PREVIOUS_CHAMPION_TAG) or None
         previous_auc = None
     else:
-        from models.preranking.inference import load_model_dir, load_version
+        from models.preranking.inference import load_trained, load_version
 
         previous = str(champion.version)
         previous_auc = _version_auc(client, champion)
-        reports = lake.reports("train", ds)
-        challenger_model, config = load_model_dir(
-            reports / "state_dict.pt", reports / "train_config.json"
-        )
+        challenger = load_trained(lake.reports("train", ds))
+        champion_model = load_version(settings, previous)
         comparison = compare_on_held_out(
-            challenger_model,
-            load_version(settings, previous).model,
-            held_out_rows(lake, ds, config.test_fraction),
+            challenger.model,
+            champion_model.model,
+            held_out_rows(lake, ds, challenger.test_fraction),
             metric=settings.promotion_metric,
             tolerance=settings.promotion_tolerance,
+            challenger_encoder=challenger.encoder,
+            champion_encoder=champion_model.encoder,
         )
         if not comparison["passed"]:
             reasons.append(comparison["reason"])

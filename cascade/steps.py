@@ -45,9 +45,16 @@ def training_set(ds: str) -> dict[str, Any]:
 
 
 def train(ds: str) -> dict[str, Any]:
+    from cascade.config import load_settings
+
+    settings = load_settings()
+    if settings.preranking_model == "fscd":
+        from models.preranking.cascade_train import launch_pipeline
+
+        return launch_pipeline(ds, settings=settings)
     from models.preranking.train import launch
 
-    return launch(ds)
+    return launch(ds, settings=settings)
 
 
 def compile_gate(ds: str) -> dict[str, Any]:

@@ -3,7 +3,9 @@
     cascade step compile --ds 2026-11-22
 
 Runs after ``train`` and before ``register``: builds the request-shaped AOTInductor artifact of
-the trained pre-ranking model, runs :func:`compilers.gate.compile_gate` on held-out requests of
+the trained pre-ranking model (the FSCD ColdPreRanker or the dense PreRanker, as the training
+result's ``model_kind`` says), runs :func:`compilers.gate.compile_cold_gate` /
+:func:`compilers.gate.compile_gate` on held-out requests of
 the partition's training set (the rows the model was not trained on), logs the artifact and the
 gate report to the training's MLflow run, and writes ``Lake.reports("compile", ds) /
 "result.json"``. A failed gate does not fail the task: the registry reads the report and keeps
@@ -36,13 +38,31 @@ def gate_sample(frame: Any, *, max_users: int = MAX_USERS) -> list[Any]:
     return held_out_requests(frame[frame["user_id"].isin(users)])
 
 
+def cold_gate_sample(frame: Any, encoder: Any, *, max_users: int = MAX_USERS) -> list[Any]:
+    """Held-out requests of the ``max_users`` users with the most held-out impressions, for the
+    FSCD pre-ranker: ``((user_codes [1, F], candidate_codes [N, F]), labels [N])`` per user,
+    the user's fields as of its first held-out row; deterministic for a given frame."""
+    from cascade.ctr_schema import LABEL
+
+    counts = frame.groupby("user_id").size().sort_values(ascending=False, kind="stable")
+    chosen = frame[frame["user_id"].isin(set(counts.index[:max_users].tolist()))]
+    codes = encoder.encode(chosen)
+    labels = chosen[LABEL].to_numpy()
+    sample = []
+    for positions in chosen.reset_index(drop=True).groupby("user_id", sort=True).indices.values():
+        user_codes = codes[positions]
+        sample.append(((user_codes[:1], user_codes), labels[positions]))
+    return sample
+
+
 def compile_and_gate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     """Compile and gate the model trained for ``ds``; returns and writes the gate's report."""
     import mlflow
 
     from cascade.registry import held_out_rows
-    from compilers.gate import compile_gate
-    from models.preranking.inference import load_model_dir
+    from compilers.gate import compile_cold_gate, compile_gate
+    from models.preranking.inference import load_trained
+    from models.preranking.model import ColdPreRanker, PreRanker
     from models.preranking.train import read_complete_result
 
     check_ds(ds)
@@ -54,11 +74,18 @@ def compile_and_gate(ds: str, *, settings: Settings | None = None) -> dict[str, 
         raise FileNotFoundError(
             f"no complete training result in {trained_dir}; run the train step for ds={ds}"
         )
-    model, config = load_model_dir(trained_dir / "state_dict.pt", trained_dir / "train_config.json")
-    sample = gate_sample(held_out_rows(lake, ds, config.test_fraction))
+    loaded = load_trained(trained_dir)
+    rows = held_out_rows(lake, ds, loaded.test_fraction)
     out = lake.reports("compile", ds)
     out.mkdir(parents=True, exist_ok=True)
-    report = compile_gate(model, sample, out_dir=out, cache_dir=settings.home / "compile-cache")
+    cache = settings.home / "compile-cache"
+    if isinstance(loaded.model, ColdPreRanker):
+        sample = cold_gate_sample(rows, loaded.encoder)
+        report = compile_cold_gate(loaded.model, sample, out_dir=out, cache_dir=cache)
+    else:
+        assert isinstance(loaded.model, PreRanker)
+        sample = gate_sample(rows)
+        report = compile_gate(loaded.model, sample, out_dir=out, cache_dir=cache)
     report = {
         # NaN (AUC undefined) and inf (broken parity) as null: the report travels as JSON.
         **{

@@ -36,7 +36,8 @@ from compilers.pipeline import (
     PipelineReport,
     run_pipeline,
 )
-from models.preranking.model import PreRanker, PreRankerConfig
+from models.preranking.fields import FIELDS
+from models.preranking.model import ColdPreRanker, PreRanker, PreRankerConfig
 
 MAX_CANDIDATES = 1 << 20
 """Upper bound of the candidate dim; export needs a finite range to reason about sizes."""
@@ -88,6 +89,51 @@ def preranking_dynamic_shapes() -> tuple[dict[int, Any] | None, ...]:
     """The candidate count is the one dynamic dim (``Dim("candidates")``)."""
     candidates = Dim("candidates", min=1, max=MAX_CANDIDATES)
     return None, None, {0: candidates}, {0: candidates}
+
+
+class ColdPreRankingRequest(nn.Module):
+    """One ranking request to the FSCD pre-ranker: the user's encoded fields once, ``N``
+    candidates' encoded fields (:meth:`ColdPreRanker.score_request`: the user side runs once)."""
+
+    def __init__(self, model: ColdPreRanker) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, user_codes: torch.Tensor, candidate_codes: torch.Tensor) -> torch.Tensor:
+        """Logits ``[N]`` from ``user_codes [1, F]`` and ``candidate_codes [N, F]`` (the codes
+        of ``models.preranking.fields.FieldEncoder.encode``; F = every field)."""
+        return self.model.score_request(user_codes[0], candidate_codes)
+
+
+def cold_preranking_example(candidates: int) -> tuple[torch.Tensor, ...]:
+    """Request inputs with every code 0 (unknown): valid for any encoder."""
+    fields = len(FIELDS)
+    return (
+        torch.zeros(1, fields, dtype=torch.long),
+        torch.zeros(candidates, fields, dtype=torch.long),
+    )
+
+
+def compile_cold_preranking(
+    model: ColdPreRanker,
+    out: Path,
+    *,
+    passes: Sequence[str] = DEFAULT_PASSES,
+    cache_dir: Path | None = None,
+    fast_build: bool = False,
+) -> Artifact:
+    """The request-shaped FSCD pre-ranker artifact (:class:`ColdPreRankingRequest`, dynamic
+    candidate count), through the same export, pass pipeline and AOTInductor packaging."""
+    candidates = Dim("candidates", min=1, max=MAX_CANDIDATES)
+    return package_artifact(
+        ColdPreRankingRequest(model.eval()).eval(),
+        cold_preranking_example(64),
+        (None, {0: candidates}),
+        out,
+        passes=passes,
+        cache_dir=cache_dir,
+        fast_build=fast_build,
+    )
 
 
 def export_program(

@@ -27,8 +27,14 @@ import numpy as np
 import torch
 from sklearn.metrics import roc_auc_score
 
-from compilers.export import PreRankingRequest, compile_preranking, load_artifact
-from models.preranking.model import PreRanker
+from compilers.export import (
+    ColdPreRankingRequest,
+    PreRankingRequest,
+    compile_cold_preranking,
+    compile_preranking,
+    load_artifact,
+)
+from models.preranking.model import ColdPreRanker, PreRanker
 
 Request = tuple[tuple[torch.Tensor, ...], np.ndarray]
 """``(inputs, labels)``: the four request tensors and one 0/1 label per candidate."""
@@ -89,46 +95,20 @@ def interleaved_ms(
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def compile_gate(
-    model: PreRanker,
+def judge_artifact(
+    eager: Callable[..., Any],
+    compiled: Callable[..., Any],
     sample: Sequence[Request],
+    largest: tuple[torch.Tensor, ...],
     *,
-    out_dir: Path,
-    max_abs_diff: float = DEFAULT_MAX_ABS_DIFF,
-    auc_budget: float = 0.001,
-    min_speedup: float = 1.0,
-    cache_dir: Path | None = None,
-    fast_build: bool = False,
+    max_abs_diff: float,
+    auc_budget: float,
+    min_speedup: float,
 ) -> dict[str, Any]:
-    """Compile ``model`` and decide whether its artifact may be deployed.
-
-    Checks, each adding a readable reason when it fails:
-
-    * parity: every artifact logit on ``sample`` is finite and within ``max_abs_diff`` of
-      eager PyTorch's;
-    * accuracy: ``|AUC(artifact) - AUC(eager)| <= auc_budget`` over all candidates of the
-      sample (skipped, with a reason, when the labels hold one class only: AUC is undefined);
-    * latency: on one request holding all the sample's candidates, eager median / artifact
-      median (interleaved rounds) is at least ``min_speedup``.
-
-    Returns ``{"passed", "reasons", "artifact", "max_abs_diff", "auc_delta", "eager_auc",
-    "artifact_auc", "speedup_vs_eager", "eager_ms", "artifact_ms", "candidates_timed",
-    "passes", "compile"}``; ``passes`` is the pass pipeline's per-pass report. ``cache_dir``
-    and ``fast_build`` are passed to :func:`compilers.export.compile_preranking`.
-    """
-    if max_abs_diff <= 0 or auc_budget < 0 or min_speedup <= 0:
-        raise ValueError(
-            f"gate limits must be positive (max_abs_diff={max_abs_diff}, "
-            f"auc_budget={auc_budget}, min_speedup={min_speedup})"
-        )
-    model = model.eval()
-    _check_sample(sample, model.config.num_dense)
-    out_dir = Path(out_dir)
-    artifact = compile_preranking(
-        model, out_dir / "preranking.pt2", cache_dir=cache_dir, fast_build=fast_build
-    )
-    compiled = load_artifact(artifact.path)
-    eager = PreRankingRequest(model).eval()
+    """Parity, accuracy and latency of ``compiled`` against ``eager`` on ``sample`` (requests
+    of any input form both take), latency on the one request ``largest`` (its last input's
+    first dim is the candidate count). Returns the checks' figures, ``passed`` and
+    ``reasons``."""
     reasons: list[str] = []
 
     eager_scores = _scores(eager, sample)
@@ -169,16 +149,6 @@ def compile_gate(
                 f"{artifact_auc:.4f} artifact), beyond the budget of {auc_budget:.4f}"
             )
 
-    # Held-out requests are often a handful of candidates, where a timing is all call overhead
-    # and scheduler noise; serving scores hundreds. Time one request holding every candidate
-    # of the sample, for the user of the largest request.
-    user_dense, user_id, _, _ = max(sample, key=lambda entry: entry[0][2].shape[0])[0]
-    largest = (
-        user_dense,
-        user_id,
-        torch.cat([inputs[2] for inputs, _ in sample]),
-        torch.cat([inputs[3] for inputs, _ in sample]),
-    )
     # Timed with one intra-op thread, as each serving worker runs (CASCADE_SERVING_TORCH_THREADS):
     # that is the latency that matters, and multi-threaded kernels on a busy machine mostly
     # measure how long their threads wait for a core (0.46x seen with the suite running beside).
@@ -194,15 +164,13 @@ def compile_gate(
     speedup = timings["eager"] / timings["artifact"]
     if speedup < min_speedup:
         reasons.append(
-            f"latency: the artifact is {speedup:.2f}x eager on {largest[2].shape[0]} "
+            f"latency: the artifact is {speedup:.2f}x eager on {largest[-1].shape[0]} "
             f"candidates ({timings['artifact']:.3f} ms vs {timings['eager']:.3f} ms), below "
             f"the required {min_speedup:.2f}x"
         )
-    report = dict(artifact.report)
     return {
         "passed": not reasons,
         "reasons": reasons,
-        "artifact": str(artifact.path),
         "max_abs_diff": worst,
         "auc_delta": auc_delta,
         "eager_auc": eager_auc,
@@ -210,7 +178,127 @@ def compile_gate(
         "speedup_vs_eager": speedup,
         "eager_ms": timings["eager"],
         "artifact_ms": timings["artifact"],
-        "candidates_timed": int(largest[2].shape[0]),
+        "candidates_timed": int(largest[-1].shape[0]),
+    }
+
+
+def compile_gate(
+    model: PreRanker,
+    sample: Sequence[Request],
+    *,
+    out_dir: Path,
+    max_abs_diff: float = DEFAULT_MAX_ABS_DIFF,
+    auc_budget: float = 0.001,
+    min_speedup: float = 1.0,
+    cache_dir: Path | None = None,
+    fast_build: bool = False,
+) -> dict[str, Any]:
+    """Compile ``model`` and decide whether its artifact may be deployed.
+
+    Checks, each adding a readable reason when it fails:
+
+    * parity: every artifact logit on ``sample`` is finite and within ``max_abs_diff`` of
+      eager PyTorch's;
+    * accuracy: ``|AUC(artifact) - AUC(eager)| <= auc_budget`` over all candidates of the
+      sample (skipped, with a reason, when the labels hold one class only: AUC is undefined);
+    * latency: on one request holding all the sample's candidates, eager median / artifact
+      median (interleaved rounds) is at least ``min_speedup``.
+
+    Returns ``{"passed", "reasons", "artifact", "max_abs_diff", "auc_delta", "eager_auc",
+    "artifact_auc", "speedup_vs_eager", "eager_ms", "artifact_ms", "candidates_timed",
+    "passes", "compile"}``; ``passes`` is the pass pipeline's per-pass report. ``cache_dir``
+    and ``fast_build`` are passed to :func:`compilers.export.compile_preranking`.
+    """
+    if max_abs_diff <= 0 or auc_budget < 0 or min_speedup <= 0:
+        raise ValueError(
+            f"gate limits must be positive (max_abs_diff={max_abs_diff}, "
+            f"auc_budget={auc_budget}, min_speedup={min_speedup})"
+        )
+    model = model.eval()
+    _check_sample(sample, model.config.num_dense)
+    out_dir = Path(out_dir)
+    artifact = compile_preranking(
+        model, out_dir / "preranking.pt2", cache_dir=cache_dir, fast_build=fast_build
+    )
+    # Held-out requests are often a handful of candidates, where a timing is all call overhead
+    # and scheduler noise; serving scores hundreds. Time one request holding every candidate
+    # of the sample, for the user of the largest request.
+    user_dense, user_id, _, _ = max(sample, key=lambda entry: entry[0][2].shape[0])[0]
+    largest = (
+        user_dense,
+        user_id,
+        torch.cat([inputs[2] for inputs, _ in sample]),
+        torch.cat([inputs[3] for inputs, _ in sample]),
+    )
+    verdict = judge_artifact(
+        PreRankingRequest(model).eval(),
+        load_artifact(artifact.path),
+        sample,
+        largest,
+        max_abs_diff=max_abs_diff,
+        auc_budget=auc_budget,
+        min_speedup=min_speedup,
+    )
+    return _gate_report(verdict, artifact)
+
+
+def compile_cold_gate(
+    model: ColdPreRanker,
+    sample: Sequence[Request],
+    *,
+    out_dir: Path,
+    max_abs_diff: float = DEFAULT_MAX_ABS_DIFF,
+    auc_budget: float = 0.001,
+    min_speedup: float = 1.0,
+    cache_dir: Path | None = None,
+    fast_build: bool = False,
+) -> dict[str, Any]:
+    """:func:`compile_gate` for the FSCD pre-ranker: the same checks and report, on requests
+    ``((user_codes [1, F], candidate_codes [N, F]), labels [N])`` of encoded fields (as
+    :func:`compilers.deploy_gate.cold_gate_sample` builds them), the artifact built by
+    :func:`compilers.export.compile_cold_preranking`."""
+    if max_abs_diff <= 0 or auc_budget < 0 or min_speedup <= 0:
+        raise ValueError(
+            f"gate limits must be positive (max_abs_diff={max_abs_diff}, "
+            f"auc_budget={auc_budget}, min_speedup={min_speedup})"
+        )
+    if not sample:
+        raise ValueError("compile_cold_gate needs a non-empty held-out sample of requests")
+    for index, ((user_codes, candidate_codes), labels) in enumerate(sample):
+        if user_codes.shape[0] != 1 or user_codes.shape[1] != candidate_codes.shape[1]:
+            raise ValueError(
+                f"sample[{index}]: user_codes {tuple(user_codes.shape)} must be [1, F] with the "
+                f"F of candidate_codes {tuple(candidate_codes.shape)}"
+            )
+        if candidate_codes.shape[0] != len(labels):
+            raise ValueError(
+                f"sample[{index}]: {candidate_codes.shape[0]} candidates, {len(labels)} labels"
+            )
+    model = model.eval()
+    out_dir = Path(out_dir)
+    artifact = compile_cold_preranking(
+        model, out_dir / "preranking.pt2", cache_dir=cache_dir, fast_build=fast_build
+    )
+    user_codes = max(sample, key=lambda entry: entry[0][1].shape[0])[0][0]
+    largest = (user_codes, torch.cat([inputs[1] for inputs, _ in sample]))
+    verdict = judge_artifact(
+        ColdPreRankingRequest(model).eval(),
+        load_artifact(artifact.path),
+        sample,
+        largest,
+        max_abs_diff=max_abs_diff,
+        auc_budget=auc_budget,
+        min_speedup=min_speedup,
+    )
+    return _gate_report(verdict, artifact)
+
+
+def _gate_report(verdict: dict[str, Any], artifact: Any) -> dict[str, Any]:
+    """The gate's verdict with the artifact's path, its per-pass report and compile figures."""
+    report = dict(artifact.report)
+    return {
+        **verdict,
+        "artifact": str(artifact.path),
         "passes": report.pop("passes", {}),
         "compile": report,
     }

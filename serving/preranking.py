@@ -10,8 +10,11 @@ Protocol v2 JSON, ``POST /v2/models/preranking/infer``::
 Response: output ``scores`` (FP32, shape ``[N]``, sigmoid of the logits) and
 ``parameters.model_version``. Requests carry ids, never feature tensors: per request only the
 user's features come from the online store; item features of the catalogue are held in memory,
-loaded together with each model version. A background thread polls the registry's champion
-alias and swaps a new version in without a restart.
+loaded together with each model version. The FSCD ColdPreRanker (with its field encoder) is
+scored by ``ColdSharedScorer``: item fields encoded and put through the network's item side when
+a version loads, user fields once per request, cross (user x genre) fields once per genre of the
+request; a dense-feature PreRanker by ``SharedUserScorer``. A background thread polls the
+registry's champion alias and swaps a new version in without a restart.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ from cascade.ctr_schema import (
     USER_GENRE_FEATURES,
 )
 from cascade.lake import Lake
-from models.preranking.model import SharedUserScorer
+from models.preranking.fields import FieldEncoder
+from models.preranking.model import ColdPreRanker, ColdSharedScorer, SharedUserScorer
 
 log = logging.getLogger(__name__)
 
@@ -467,14 +471,31 @@ class ServedVersion:
     version: str
     run_id: str
     items: ItemTable
-    scorer: SharedUserScorer | None = field(init=False)
+    encoder: FieldEncoder | None = None
+    """The field encoder of a ColdPreRanker (None for a PreRanker)."""
+    scorer: SharedUserScorer | ColdSharedScorer | None = field(init=False)
     """The network split by input side with the item side precomputed for ``items`` (built
-    here, so a version and its precomputed item outputs are swapped in together); None when
-    the network is not a plain PreRanker, which is then run in full on every candidate row."""
+    here, so a version and its precomputed item outputs are swapped in together): a
+    ColdSharedScorer for the FSCD ColdPreRanker, a SharedUserScorer for a plain PreRanker;
+    None for any other PreRanker, which is then run in full on every candidate row."""
 
     def __post_init__(self) -> None:
-        scorer = None
-        if SharedUserScorer.supports(self.network):
+        scorer: SharedUserScorer | ColdSharedScorer | None = None
+        if isinstance(self.network, ColdPreRanker):
+            if self.encoder is None:
+                raise ValueError(
+                    f"version {self.version} is a ColdPreRanker without its field encoder; "
+                    "load it with models.preranking.inference.load_version"
+                )
+            genres = np.array([*self.items.genres, None], dtype=object)
+            scorer = ColdSharedScorer(
+                self.network,
+                self.encoder,
+                self.items.ids.to_numpy(),
+                self.items.dense,
+                genres[self.items.genre_codes].tolist(),  # code -1: the trailing None
+            )
+        elif SharedUserScorer.supports(self.network):
             scorer = SharedUserScorer(
                 self.network,  # type: ignore[arg-type]
                 self.items.ids.to_numpy(),
@@ -650,7 +671,11 @@ class PreRankingModel(Model):
         items = ItemTable.from_frame(frame)
         log.info("version %s: %d items held in memory", loaded.version, len(items.ids))
         return ServedVersion(
-            network=network, version=str(loaded.version), run_id=str(loaded.run_id), items=items
+            network=network,
+            version=str(loaded.version),
+            run_id=str(loaded.run_id),
+            items=items,
+            encoder=getattr(loaded, "encoder", None),
         )
 
     # Inference -------------------------------------------------------------------------------
@@ -682,7 +707,8 @@ class PreRankingModel(Model):
     def score_request(self, served: ServedVersion, user_id: int, item_ids: np.ndarray) -> Scored:
         """:meth:`score` with the features it used: one online-store lookup (the user's
         features and user x genre features of the candidates' genres), item features from
-        memory, the user side of the network once (see :class:`SharedUserScorer`)."""
+        memory, the user side of the network once (see :class:`SharedUserScorer` and
+        :class:`ColdSharedScorer`)."""
         items = served.items
         rows = items.rows(item_ids)
         codes = items.codes(rows)

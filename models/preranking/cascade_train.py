@@ -7,7 +7,10 @@ Run it with 2 processes (gloo on CPU, NCCL on GPU)::
 
 Configs (``models.preranking.config_registry.CASCADE_CONFIGS``): ``debug`` (seconds),
 ``ml100k`` (MovieLens-100k, point-in-time features), ``generated`` (synthetic logs, 200k rows).
-From Python, :func:`launch_cascade` builds that command.
+From Python, :func:`launch_cascade` builds that command. The pipeline's train step runs it on
+a partition's training set (``--data PATH --ds DS``) through :func:`launch_pipeline`::
+
+    python -c "from models.preranking.cascade_train import launch_pipeline as l; l('2026-01-31')"
 
 Phases, in order, each trained with the same DeepSpeed loop: ``teacher`` (DCN-v2 over every
 field), ``two_tower``, then for every regularizer strength λ ``select_λ`` (the gated COLD-style
@@ -37,9 +40,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -445,6 +450,8 @@ def train_phase(
 
     def checkpoint(step: int) -> None:
         save_latest_checkpoint(engine, ckpt_dir, step)
+        if rank == 0:
+            print(f"[cascade] {phase.name}: checkpoint at step {step} in {ckpt_dir}", flush=True)
 
     regularizer = None
     if phase.kind == "select":
@@ -690,8 +697,9 @@ def _flat(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def train_cascade(config: CascadeTrainConfig, out: Path) -> dict[str, Any] | None:
-    """The whole run inside an initialized process group; the result on rank 0."""
+def train_cascade(config: CascadeTrainConfig, out: Path, ds: str = "") -> dict[str, Any] | None:
+    """The whole run inside an initialized process group; the result on rank 0. ``ds``: the
+    partition the data belongs to (the pipeline's train step), recorded in ``result.json``."""
     import mlflow
 
     started = time.monotonic()
@@ -704,7 +712,8 @@ def train_cascade(config: CascadeTrainConfig, out: Path) -> dict[str, Any] | Non
         _write_json(out / "encoder.json", data.encoder.state())
         print(
             f"[cascade] config={config.name} world={world} train={len(data.train_labels)} "
-            f"validation={len(data.validation.labels)} test={len(data.test.labels)} run={run_id}",
+            f"validation={len(data.validation.labels)} test={len(data.test.labels)} run={run_id} "
+            f"pid={os.getpid()}",
             flush=True,
         )
 
@@ -735,7 +744,9 @@ def train_cascade(config: CascadeTrainConfig, out: Path) -> dict[str, Any] | Non
                 models[phase.name] = train_phase(phase, config, data, out, log=log)
         result = None
         if rank == 0:
-            result = finish(config, data, models, selections, out, started=started, world=world)
+            result = finish(
+                config, data, models, selections, out, started=started, world=world, ds=ds
+            )
     except BaseException:
         if rank == 0 and mlflow.active_run() is not None:
             mlflow.end_run("FAILED")
@@ -752,11 +763,23 @@ def finish(
     *,
     started: float,
     world: int,
+    ds: str = "",
 ) -> dict[str, Any]:
     """Rank 0: choose λ on validation, report test; write the tables, metrics, plot and
-    result; log them to MLflow."""
+    result; log them to MLflow.
+
+    The chosen FSCD model is what the run deploys: its weights, config, kept fields and the
+    field encoder go to ``OUT/fscd_model`` and to MLflow as a :class:`ColdPreRankerPyfunc`
+    (``result["model_uri"]``, what the registry registers); ``result["test_auc"]`` is its
+    test AUC, the figure the registry compares champions by."""
     import mlflow
-    from mlflow.models import infer_signature
+    import mlflow.pyfunc
+
+    from models.preranking.inference import (
+        COLD_DIR_ARTIFACT,
+        ColdPreRankerPyfunc,
+        save_cold_model,
+    )
 
     validation_rows = evaluate_models(models, data.validation, data.costs, config)
     rows = evaluate_models(models, data.test, data.costs, config)
@@ -791,6 +814,9 @@ def finish(
     run = mlflow.active_run()
     assert run is not None
     mlflow.log_metrics(metrics)
+    # The deployed model's hold-out AUC under the name the registry and the dense-feature
+    # training use.
+    mlflow.log_metric("test_auc", metrics["fscd_auc"])
     for r in rows:
         mlflow.log_metrics(
             {
@@ -812,16 +838,16 @@ def finish(
     )
     mlflow.log_artifact(str(out / "tradeoff.png"))
     mlflow.log_artifact(str(out / "encoder.json"))
-    import mlflow.pytorch
-
     fscd_model = models[chosen["model"]]
-    sample = data.test.codes[:5]
-    info = mlflow.pytorch.log_model(
-        fscd_model,
+    assert isinstance(fscd_model, ColdPreRanker)
+    model_dir = save_cold_model(out / COLD_DIR_ARTIFACT, fscd_model, config, data.encoder)
+    info = mlflow.pyfunc.log_model(
         name="fscd_preranker",
-        signature=infer_signature(sample.numpy(), predict(fscd_model, sample)),
-        input_example=sample.numpy(),
-        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+        python_model=ColdPreRankerPyfunc(),
+        artifacts={COLD_DIR_ARTIFACT: str(model_dir)},
+        # Listing requirements skips MLflow's slow inference of them; the model also needs
+        # this repository's `models.preranking` package importable where it is loaded.
+        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "pandas", "numpy"],
     )
     result = {
         **metrics,
@@ -830,7 +856,10 @@ def finish(
         "fscd_fields": chosen["fields"],
         "run_id": run.info.run_id,
         "model_uri": info.model_uri,
+        "model_kind": "fscd",
+        "test_auc": metrics["fscd_auc"],
         "config": config.name,
+        "ds": ds,
         "world_size": world,
     }
     _write_json(out / "result.json", result)
@@ -847,6 +876,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", required=True, choices=sorted(CASCADE_CONFIGS))
     parser.add_argument("--out", required=True, type=Path, help="run folder (resumes if present)")
     parser.add_argument(
+        "--data", default=None, help="training parquet, in place of the config's data source"
+    )
+    parser.add_argument("--ds", default="", help="partition date of --data (recorded)")
+    parser.add_argument(
         "--throughput-steps",
         type=int,
         default=0,
@@ -858,6 +891,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=(0, 1, 2, 3),
         default=None,
         help="override the config's DeepSpeed ZeRO stage",
+    )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help="override the config's checkpoint interval (steps)",
     )
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
     return parser.parse_args(argv)
@@ -980,10 +1019,14 @@ def main(argv: list[str] | None = None) -> None:
     config = get_cascade_config(args.config)
     if args.zero_stage is not None:
         config = dataclasses.replace(config, zero_stage=args.zero_stage)
+    if args.data is not None:
+        config = dataclasses.replace(config, data=str(args.data))
+    if args.checkpoint_every is not None:
+        config = dataclasses.replace(config, checkpoint_every=args.checkpoint_every)
     if args.throughput_steps:
         measure_throughput(config, args.out, args.throughput_steps)
     else:
-        train_cascade(config, args.out)
+        train_cascade(config, args.out, ds=args.ds)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -1014,6 +1057,85 @@ def launch_cascade(
         append=True,
         extra_env=extra_env,
     )
+
+
+STALE_ON_NEW_DATA = ("phases", "checkpoints", "mlflow_run.json")
+"""What a run folder keeps to resume; it belongs to one config, data file and partition."""
+CHECKPOINT_EVERY_ENV = "CASCADE_PRERANKING_CHECKPOINT_EVERY"
+"""Overrides the pipeline config's checkpoint interval (steps); the fault tests set it so a
+phase checkpoints well before it ends."""
+
+
+def checkpoint_every_override(env: dict[str, str] | None = None) -> int | None:
+    """The interval from :data:`CHECKPOINT_EVERY_ENV`, or None when unset."""
+    value = (os.environ if env is None else env).get(CHECKPOINT_EVERY_ENV)
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{CHECKPOINT_EVERY_ENV}={value!r}: expected a step count >= 1")
+    return int(value)
+
+
+def pipeline_fingerprint(config: CascadeTrainConfig, data: Path, ds: str) -> str:
+    """What a run folder's finished phases and checkpoints must match to be reused."""
+    stat = data.stat()
+    blob = json.dumps([config.to_dict(), str(data.resolve()), stat.st_size, stat.st_mtime_ns, ds])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def launch_pipeline(
+    ds: str, *, config: str = "pipeline", settings: Settings | None = None
+) -> dict[str, Any]:
+    """The ``ctr_preranking`` train step: the cascade (teacher, FSCD selection, ColdPreRanker)
+    on ``Lake.training_set("preranking", ds)`` with ``settings.train_processes`` processes,
+    into ``Lake.reports("train", ds)``; returns the run's ``result.json``.
+
+    Retried for the same partition, data and config, it resumes (finished phases, the last
+    checkpoint, the same MLflow run); phases and checkpoints left by other data or another
+    config are removed first. :data:`CHECKPOINT_EVERY_ENV` overrides the config's checkpoint
+    interval.
+    """
+    from cascade.lake import Lake, check_ds
+    from models.preranking.train import check_launch_outcome, run_torchrun
+
+    check_ds(ds)
+    cascade = get_cascade_config(config)  # fail fast on a bad name, before starting processes
+    checkpoint_every = checkpoint_every_override()
+    extra_args: list[str] = []
+    if checkpoint_every is not None:
+        cascade = dataclasses.replace(cascade, checkpoint_every=checkpoint_every)
+        extra_args = ["--checkpoint-every", str(checkpoint_every)]
+    settings = settings or load_settings()
+    lake = Lake(settings.lake_root)
+    data = lake.training_set("preranking", ds) / "data.parquet"
+    if not data.exists():
+        raise FileNotFoundError(
+            f"training set {data} does not exist; run the training-set task for ds={ds} first"
+        )
+    out = lake.reports("train", ds)
+    out.mkdir(parents=True, exist_ok=True)
+    fingerprint = pipeline_fingerprint(dataclasses.replace(cascade, data=str(data)), data, ds)
+    marker = out / "fingerprint.txt"
+    if not marker.exists() or marker.read_text() != fingerprint:
+        for name in STALE_ON_NEW_DATA:
+            path = out / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        marker.write_text(fingerprint)
+    result_path = out / "result.json"
+    result_path.unlink(missing_ok=True)  # a stale result must never pass for this launch's
+    returncode, tail = run_torchrun(
+        "models.preranking.cascade_train",
+        ["--config", config, "--data", str(data), "--ds", ds, "--out", str(out), *extra_args],
+        processes=settings.train_processes,
+        settings=settings,
+        log_path=out / "train.log",
+        echo=True,
+        append=True,
+    )
+    return check_launch_outcome(returncode, result_path, ds, tail)
 
 
 if __name__ == "__main__":

@@ -314,10 +314,22 @@ def cascade_generated() -> CascadeTrainConfig:
     )
 
 
+def cascade_pipeline() -> CascadeTrainConfig:
+    """The ``ctr_preranking`` DAG's train step: the ml100k networks on the partition's Feast
+    training set (``--data``), a three-point λ sweep around where ml100k's choice falls."""
+    return dataclasses.replace(
+        cascade_ml100k(),
+        name="pipeline",
+        epochs=2,
+        fscd_strengths=(0.001, 0.003, 0.01),
+    )
+
+
 CASCADE_CONFIGS: dict[str, Callable[[], CascadeTrainConfig]] = {
     "debug": cascade_debug,
     "ml100k": cascade_ml100k,
     "generated": cascade_generated,
+    "pipeline": cascade_pipeline,
 }
 """Config names accepted by :func:`get_cascade_config` and ``cascade_train --config``."""
 

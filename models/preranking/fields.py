@@ -127,15 +127,25 @@ class FieldEncoder:
             raise RuntimeError("FieldEncoder.encode before fit(); fit it on the training split")
         codes = np.zeros((len(frame), len(FIELDS)), dtype=np.int64)
         for j, spec in enumerate(FIELDS):
-            column = frame[spec.name]
-            if spec.categorical:
-                index = self.vocab[spec.name].get_indexer(column)
-                codes[:, j] = index + 1  # -1 (unseen) becomes 0
-            else:
-                values = pd.to_numeric(column, errors="coerce").to_numpy(np.float64)
-                bucket = np.searchsorted(self.edges[spec.name], values, side="right") + 1
-                codes[:, j] = np.where(np.isnan(values), 0, bucket)
+            codes[:, j] = self.encode_column(spec.name, frame[spec.name])
         return torch.from_numpy(codes)
+
+    def encode_column(self, name: str, values: Any) -> np.ndarray:
+        """int64 codes of one field's values (a column, list or array; None/NaN: unknown).
+
+        What :meth:`encode` does per column; serving calls it on the few values of a request
+        without building a frame."""
+        if name in self.vocab:
+            index = self.vocab[name].get_indexer(pd.Index(values))
+            return (index + 1).astype(np.int64)  # -1 (unseen) becomes 0
+        if name not in self.edges:
+            raise KeyError(f"field {name!r} is not fitted; call fit() first")
+        if isinstance(values, np.ndarray) and values.dtype.kind == "f":
+            numbers = values.astype(np.float64, copy=False)  # no pandas round trip per request
+        else:
+            numbers = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(np.float64)
+        bucket = np.searchsorted(self.edges[name], numbers, side="right") + 1
+        return np.where(np.isnan(numbers), 0, bucket).astype(np.int64)
 
     def costs(self, embedding_dim: int) -> list[float]:
         """Per-field cost, in FIELDS order."""

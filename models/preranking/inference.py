@@ -1,9 +1,11 @@
 """Load the registered pre-ranking model for serving, evaluation and the registry.
 
-A trained model is logged to MLflow as a pyfunc (:class:`PreRankerPyfunc`) whose artifacts are
-the fp32 ``state_dict`` and the run's :class:`TrainConfig` as JSON, so it loads wherever
-``models.preranking`` is importable. Serving uses :func:`load_registered` to get the plain
-``nn.Module`` behind an alias::
+A trained model is logged to MLflow as a pyfunc, so it loads wherever ``models.preranking`` is
+importable: :class:`ColdPreRankerPyfunc` for the FSCD pre-ranker of the cascade (artifact: the
+folder :func:`save_cold_model` writes: fp32 state dict, run config with the kept fields, field
+encoder), :class:`PreRankerPyfunc` for the dense-feature network (artifacts: the fp32
+``state_dict`` and the run's :class:`TrainConfig` as JSON). Serving uses
+:func:`load_registered` to get the plain ``nn.Module`` (and encoder) behind an alias::
 
     python -c "from models.preranking.inference import load_registered; print(load_registered())"
 """
@@ -22,15 +24,26 @@ import pandas as pd
 import torch
 from mlflow.pyfunc.model import PythonModel, PythonModelContext
 from mlflow.tracking import MlflowClient
+from torch import nn
 
 from cascade.config import Settings, load_settings
 from cascade.ctr_schema import MODEL_FEATURES
 from cascade.registry import TEST_AUC_TAG, version_by_alias
-from models.preranking.config_registry import TrainConfig
-from models.preranking.model import PreRanker
+from models.preranking.config_registry import CascadeTrainConfig, TrainConfig
+from models.preranking.fields import FIELD_NAMES, FieldEncoder
+from models.preranking.model import ColdPreRanker, PreRanker
 
 STATE_DICT_ARTIFACT = "state_dict"
 CONFIG_ARTIFACT = "train_config"
+COLD_DIR_ARTIFACT = "fscd_model"
+"""Artifact of :class:`ColdPreRankerPyfunc`: the folder :func:`save_cold_model` writes."""
+COLD_STATE_FILE = "state_dict.pt"
+COLD_CONFIG_FILE = "cascade_config.json"
+"""``{"config": CascadeTrainConfig dict, "fields": [kept fields]}``."""
+ENCODER_FILE = "encoder.json"
+MODEL_KINDS = ("fscd", "mlp")
+"""``fscd``: the FSCD ColdPreRanker (models.preranking.cascade_train); ``mlp``: the PreRanker
+over dense features (models.preranking.train). ``result.json`` names it as ``model_kind``."""
 
 
 def build_model(state_dict: dict[str, torch.Tensor], config: TrainConfig) -> PreRanker:
@@ -63,6 +76,119 @@ def frame_inputs(frame: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor, torch
     return dense, user, item
 
 
+def save_cold_model(
+    folder: Path,
+    model: ColdPreRanker,
+    config: CascadeTrainConfig,
+    encoder: FieldEncoder,
+) -> Path:
+    """Write what serving needs to rebuild an FSCD pre-ranker: the fp32 state dict, the run
+    config with the model's fields (the kept ones), and the field encoder."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {
+        k: v.detach().cpu().float() if v.is_floating_point() else v.detach().cpu()
+        for k, v in model.state_dict().items()
+    }
+    torch.save(state, folder / COLD_STATE_FILE)
+    (folder / COLD_CONFIG_FILE).write_text(
+        json.dumps({"config": config.to_dict(), "fields": list(model.fields)}, indent=2)
+    )
+    (folder / ENCODER_FILE).write_text(json.dumps(encoder.state()))
+    return folder
+
+
+def load_cold_dir(folder: Path) -> tuple[ColdPreRanker, FieldEncoder, CascadeTrainConfig]:
+    """Inverse of :func:`save_cold_model`: the model in eval mode, its encoder and config."""
+    folder = Path(folder)
+    if not (folder / COLD_CONFIG_FILE).exists():
+        raise FileNotFoundError(
+            f"{folder} holds no FSCD pre-ranker ({COLD_CONFIG_FILE} missing); the cascade "
+            "training (models.preranking.cascade_train) writes it"
+        )
+    saved = json.loads((folder / COLD_CONFIG_FILE).read_text())
+    config = CascadeTrainConfig.from_dict(saved["config"])
+    encoder = FieldEncoder.from_state(json.loads((folder / ENCODER_FILE).read_text()))
+    model = ColdPreRanker(config.net, tuple(saved["fields"]), encoder.cardinalities())
+    model.load_state_dict(
+        torch.load(folder / COLD_STATE_FILE, map_location="cpu", weights_only=True)
+    )
+    return model.eval(), encoder, config
+
+
+@dataclass
+class TrainedModel:
+    """A training run's model as its output folder holds it (before registration)."""
+
+    model: nn.Module
+    """PreRanker or ColdPreRanker, fp32, eval mode."""
+    encoder: FieldEncoder | None
+    """The field encoder of a ColdPreRanker; None for a PreRanker."""
+    test_fraction: float
+    """Share of the latest rows the run held out (the registry compares on the same rows)."""
+
+
+def load_trained(out: Path) -> TrainedModel:
+    """The model a finished training run left in ``out`` (its ``result.json`` says which kind)."""
+    out = Path(out)
+    result = json.loads((out / "result.json").read_text())
+    kind = result.get("model_kind", "mlp")
+    if kind == "fscd":
+        model, encoder, cascade = load_cold_dir(out / COLD_DIR_ARTIFACT)
+        return TrainedModel(model=model, encoder=encoder, test_fraction=cascade.test_fraction)
+    if kind != "mlp":
+        raise ValueError(f"{out}/result.json names model_kind {kind!r}; one of {MODEL_KINDS}")
+    network, config = load_model_dir(out / "state_dict.pt", out / "train_config.json")
+    return TrainedModel(model=network, encoder=None, test_fraction=config.test_fraction)
+
+
+@torch.no_grad()
+def score_frame(
+    model: nn.Module, frame: pd.DataFrame, encoder: FieldEncoder | None = None, batch: int = 65_536
+) -> np.ndarray:
+    """Click probabilities of either kind of pre-ranker for the rows of a training-set frame
+    (a ColdPreRanker reads the fields through ``encoder``, a PreRanker the dense columns)."""
+    model.eval()
+    if isinstance(model, ColdPreRanker):
+        if encoder is None:
+            raise ValueError("a ColdPreRanker scores encoded fields; pass its FieldEncoder")
+        codes = encoder.encode(frame)
+        parts = [model(codes[s : s + batch]) for s in range(0, len(codes), batch)]
+    else:
+        dense, user, item = frame_inputs(frame)
+        parts = [
+            model(dense[s : s + batch], user[s : s + batch], item[s : s + batch])
+            for s in range(0, len(frame), batch)
+        ]
+    if not parts:
+        return np.zeros(0, dtype=np.float32)
+    return torch.sigmoid(torch.cat(parts).float()).numpy()
+
+
+class ColdPreRankerPyfunc(PythonModel):
+    """MLflow pyfunc of the FSCD pre-ranker: a frame with the field columns
+    (``models.preranking.fields.FIELD_NAMES``) in, click probabilities out."""
+
+    model: ColdPreRanker | None = None
+    encoder: FieldEncoder | None = None
+
+    def load_context(self, context: PythonModelContext) -> None:
+        self.model, self.encoder, _ = load_cold_dir(Path(context.artifacts[COLD_DIR_ARTIFACT]))
+
+    def predict(
+        self,
+        context: PythonModelContext,
+        model_input: pd.DataFrame,
+        params: dict[str, Any] | None = None,
+    ) -> np.ndarray:
+        if self.model is None:
+            raise RuntimeError("ColdPreRankerPyfunc.predict before load_context; load via mlflow")
+        missing = [c for c in FIELD_NAMES if c not in model_input.columns]
+        if missing:
+            raise ValueError(f"pre-ranking input lacks field columns {missing}")
+        return score_frame(self.model, model_input, self.encoder)
+
+
 class PreRankerPyfunc(PythonModel):
     """MLflow pyfunc: a frame of ids + MODEL_FEATURES in, click probabilities out."""
 
@@ -90,14 +216,16 @@ class PreRankerPyfunc(PythonModel):
 class LoadedModel:
     """A registered model version, ready to score."""
 
-    model: PreRanker
-    """The network, fp32, in eval mode."""
+    model: nn.Module
+    """The network (PreRanker or ColdPreRanker), fp32, in eval mode."""
     version: str
     """Registry version number."""
     run_id: str
     """MLflow run that trained it."""
     test_auc: float
     """Hold-out AUC measured at training time."""
+    encoder: FieldEncoder | None = None
+    """The field encoder a ColdPreRanker reads its inputs through; None for a PreRanker."""
 
 
 def _client(settings: Settings | None) -> tuple[MlflowClient, Settings]:
@@ -133,11 +261,13 @@ def load_version(settings: Settings | None, version: str) -> LoadedModel:
     mlflow.set_tracking_uri(settings.tracking_uri)
     mlflow.set_registry_uri(settings.tracking_uri)
     wrapper = mlflow.pyfunc.load_model(uri).unwrap_python_model()
-    if not isinstance(wrapper, PreRankerPyfunc) or wrapper.model is None:
+    if not isinstance(wrapper, PreRankerPyfunc | ColdPreRankerPyfunc) or wrapper.model is None:
         raise RuntimeError(
-            f"{uri} is not a pre-ranking model logged by models.preranking.train "
-            f"(got {type(wrapper).__name__}); retrain and register it"
+            f"{uri} is not a pre-ranking model logged by models.preranking.train or "
+            f"models.preranking.cascade_train (got {type(wrapper).__name__}); retrain and "
+            "register it"
         )
+    encoder = wrapper.encoder if isinstance(wrapper, ColdPreRankerPyfunc) else None
     auc_tag = registered.tags.get(TEST_AUC_TAG)
     test_auc = (
         float(auc_tag)
@@ -149,4 +279,5 @@ def load_version(settings: Settings | None, version: str) -> LoadedModel:
         version=str(registered.version),
         run_id=str(registered.run_id),
         test_auc=test_auc,
+        encoder=encoder,
     )

@@ -7,7 +7,9 @@ set (held as buffers, so they travel with the state dict).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,7 +22,7 @@ from cascade.ctr_schema import (
     USER_FEATURES,
     USER_GENRE_FEATURES,
 )
-from models.preranking.fields import FIELDS
+from models.preranking.fields import FIELDS, FieldEncoder
 
 
 @dataclass(kw_only=True)
@@ -513,3 +515,150 @@ class ColdPreRanker(nn.Module):
         i = self._side("item", candidate_codes, gi)
         c = self._side("cross", candidate_codes, gc)
         return self._candidate_logits(self._user_part(u), u, i, c)
+
+
+class ColdSharedScorer:
+    """A :class:`ColdPreRanker` with its encoder, split by side for one user x N candidates.
+
+    The pre-ranker's first layer is a sum of per-side parts (see :class:`ColdPreRanker`), and
+    the user x item interaction part is linear in the item embeddings once the user is fixed,
+    so per served version and per request the work splits as:
+
+    * item side (``item_id``, ``genre``, ITEM_FEATURES): encoded and embedded for every item of
+      the table when a version loads; its share of the first layer, ``[M, h0]``, and its
+      flattened embeddings, ``[M, Fi * d]``, are kept;
+    * user side (``user_id``, USER_FEATURES): encoded, embedded and put through the user
+      linear map once per request; with it the interaction weights collapse to one
+      ``[Fi * d, h0]`` matrix for the request, so the interactions of all candidates are one
+      matmul of their gathered item embeddings;
+    * cross side (USER_GENRE_FEATURES): encoded and put through the cross linear map once per
+      genre of the request, ``[G + 1, h0]`` (the last row: unknown genre), gathered per
+      candidate by genre code.
+
+    Scores equal :meth:`ColdPreRanker.forward` on the encoded rows up to float rounding; a
+    candidate missing from the table gets its item side computed on the spot (its id encoded,
+    every item feature unknown), as the full forward would score it.
+    """
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> bool:
+        """True for an fp32 ColdPreRanker in eval mode (hard gates, if gated)."""
+        return (
+            type(model) is ColdPreRanker
+            and not model.training
+            and all(p.dtype == torch.float32 for p in model.parameters())
+        )
+
+    @torch.no_grad()
+    def __init__(
+        self,
+        model: ColdPreRanker,
+        encoder: FieldEncoder,
+        item_ids: np.ndarray,
+        item_dense: np.ndarray,
+        item_genres: Sequence[str | None],
+    ) -> None:
+        """``item_ids [M]``, their raw ``ITEM_FEATURES`` ``item_dense [M, 4]`` (NaN: unknown)
+        and primary genres ``item_genres [M]`` (None: unknown): the in-memory item table."""
+        if not self.supports(model):
+            raise TypeError(f"{type(model).__name__} cannot be split by side (or in train)")
+        self.model = model
+        self.encoder = encoder
+        self._user_fields = [FIELDS[int(p)].name for p in model.user_index.tolist()]
+        self._item_fields = [FIELDS[int(p)].name for p in model.item_index.tolist()]
+        self._cross_fields = [FIELDS[int(p)].name for p in model.cross_index.tolist()]
+        gu, gi, gc = model._split_gates(model._gates(1, None))
+        self._gates = (gu, gi, gc)
+        item_ids = np.asarray(item_ids, dtype=np.int64)
+        dense = np.asarray(item_dense, dtype=np.float32).reshape(len(item_ids), -1)
+        self.item_flat, self.item_part = self._item_side(item_ids, dense, list(item_genres))
+        self._interaction: torch.Tensor | None = None
+        if len(self._user_fields) and len(self._item_fields):
+            weight = model.interaction_linear.weight  # [h0, Fu * Fi], Fu-major
+            self._interaction = weight.reshape(
+                weight.shape[0], len(self._user_fields), len(self._item_fields)
+            )
+
+    def _codes(self, names: list[str], columns: dict[str, Any], rows: int) -> torch.Tensor:
+        """``[rows, len(names)]`` codes of the named fields from raw values."""
+        codes = np.zeros((rows, len(names)), dtype=np.int64)
+        for j, name in enumerate(names):
+            codes[:, j] = self.encoder.encode_column(name, columns[name])
+        return torch.from_numpy(codes)
+
+    def _embed(self, side: str, codes: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        emb = getattr(self.model, f"{side}_embedding")(codes)
+        if gate is not None:
+            emb = emb * gate[:1].unsqueeze(-1).to(emb.dtype)
+        return emb
+
+    def _item_side(
+        self, item_ids: np.ndarray, dense: np.ndarray, genres: list[str | None]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(flattened item embeddings [M, Fi * d], item share of the first layer [M, h0])``."""
+        columns: dict[str, Any] = {"item_id": item_ids, "genre": genres}
+        columns.update({name: dense[:, j] for j, name in enumerate(ITEM_FEATURES)})
+        codes = self._codes(self._item_fields, columns, len(item_ids))
+        emb = self._embed("item", codes, self._gates[1])
+        flat = emb.flatten(1)
+        h0 = self.model.user_linear.out_features
+        if not self._item_fields:
+            return flat, torch.zeros(len(item_ids), h0)
+        return flat, self.model.item_linear(flat)
+
+    @torch.no_grad()
+    def logits(
+        self,
+        user_id: int,
+        user_dense: np.ndarray,
+        genre_dense: np.ndarray,
+        rows: np.ndarray,
+        codes: np.ndarray,
+        item_ids: np.ndarray,
+    ) -> torch.Tensor:
+        """Logits ``[N]``; the arguments as in :meth:`SharedUserScorer.logits`."""
+        model = self.model
+        user_columns: dict[str, Any] = {"user_id": [int(user_id)]}
+        user_values = np.asarray(user_dense, dtype=np.float32).reshape(1, -1)
+        user_columns.update({name: user_values[:, j] for j, name in enumerate(USER_FEATURES)})
+        u = self._embed("user", self._codes(self._user_fields, user_columns, 1), self._gates[0])
+        shared = model._user_part(u)  # [1, h0], the bias included
+        # Cross side, once per genre of the request (the last row: unknown genre).
+        if self._cross_fields:
+            genre_values = np.asarray(genre_dense, dtype=np.float32)
+            cross_columns = {name: genre_values[:, j] for j, name in enumerate(USER_GENRE_FEATURES)}
+            c = self._embed(
+                "cross",
+                self._codes(self._cross_fields, cross_columns, len(genre_values)),
+                self._gates[2],
+            )
+            per_genre = model.cross_linear(c.flatten(1)) + shared  # [G + 1, h0]
+        else:
+            per_genre = shared.expand(len(genre_dense), -1)
+        rows = np.asarray(rows, dtype=np.int64)
+        known = rows >= 0
+        if known.all():
+            index = torch.from_numpy(rows)
+            item_flat, h = self.item_flat[index], self.item_part[index]
+        else:
+            item_flat = torch.empty(len(rows), self.item_flat.shape[1])
+            h = torch.empty(len(rows), self.item_part.shape[1])
+            inside = torch.from_numpy(known)
+            item_flat[inside] = self.item_flat[torch.from_numpy(rows[known])]
+            h[inside] = self.item_part[torch.from_numpy(rows[known])]
+            missing = ~known
+            count = int(missing.sum())
+            unknown_flat, unknown_part = self._item_side(
+                np.asarray(item_ids, dtype=np.int64)[missing],
+                np.full((count, len(ITEM_FEATURES)), np.nan, dtype=np.float32),
+                [None] * count,
+            )
+            item_flat[~inside], h[~inside] = unknown_flat, unknown_part
+        # code -1 (unknown genre) wraps to the last row, as numpy's take(mode="wrap") does.
+        genre_rows = torch.from_numpy(np.where(codes < 0, len(genre_dense) - 1, codes))
+        h = h + per_genre[genre_rows]
+        if self._interaction is not None:
+            # sum_{f,g} W[:, f, g] <u_f, i_g> = i_flat @ A with A[g*d + k] = sum_f W[:, f, g] u_f[k]
+            collapsed = torch.einsum("hfg,fk->gkh", self._interaction, u[0]).reshape(-1, h.shape[1])
+            h = h + item_flat @ collapsed
+        return model.mlp(torch.relu(h)).squeeze(-1)

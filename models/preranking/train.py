@@ -53,12 +53,14 @@ from cascade.config import REPO_ROOT, Settings, load_settings
 from cascade.ctr_schema import LABEL, MODEL_FEATURES, TIMESTAMP
 from cascade.lake import Lake, check_ds
 from models.preranking.config_registry import CONFIGS, TrainConfig, get_config
+from models.preranking.fields import FieldEncoder
 from models.preranking.inference import (
     CONFIG_ARTIFACT,
     STATE_DICT_ARTIFACT,
     PreRankerPyfunc,
     build_model,
     frame_inputs,
+    score_frame,
 )
 from models.preranking.model import PreRanker
 
@@ -147,25 +149,18 @@ def _consolidated_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Te
     return {k: v.detach().cpu().clone() for k, v in engine.module.state_dict().items()}
 
 
-def _scores(model: PreRanker, frame: pd.DataFrame, batch: int = 65_536) -> np.ndarray:
-    dense, user, item = frame_inputs(frame)
-    out = []
-    with torch.no_grad():
-        for start in range(0, len(frame), batch):
-            stop = start + batch
-            out.append(torch.sigmoid(model(dense[start:stop], user[start:stop], item[start:stop])))
-    return torch.cat(out).numpy()
-
-
-def evaluate(model: PreRanker, frame: pd.DataFrame) -> dict[str, float]:
-    """AUC and log loss of ``model`` on ``frame``."""
+def evaluate(
+    model: torch.nn.Module, frame: pd.DataFrame, encoder: FieldEncoder | None = None
+) -> dict[str, float]:
+    """AUC and log loss of ``model`` on ``frame`` (a ColdPreRanker reads it through its
+    ``encoder``)."""
     labels = frame[LABEL].to_numpy()
     if len(np.unique(labels)) < 2:
         raise ValueError(
             "the hold-out has a single class, so AUC is undefined; use more data or a larger "
             "test_fraction"
         )
-    scores = _scores(model, frame)
+    scores = score_frame(model, frame, encoder)
     return {
         "auc": float(roc_auc_score(labels, scores)),
         "logloss": float(log_loss(labels, np.clip(scores, 1e-7, 1 - 1e-7))),
@@ -253,6 +248,7 @@ def log_run(
             "test_auc": metrics["test_auc"],
             "train_loss": metrics.get("train_loss"),
             "model_uri": info.model_uri,
+            "model_kind": "mlp",
             "config": config.name,
             "ds": ds,
         }

@@ -53,3 +53,10 @@ def test_settings_reject_unknown_profile() -> None:
     with pytest.raises(ValueError, match="unknown profile"):
         Settings(profile="staging")
     assert Ports().serving == 28081
+
+
+def test_preranking_model_is_fscd_unless_the_environment_says_mlp() -> None:
+    assert load_settings({}).preranking_model == "fscd"
+    assert load_settings({"CASCADE_PRERANKING_MODEL": "mlp"}).preranking_model == "mlp"
+    with pytest.raises(ValueError, match="CASCADE_PRERANKING_MODEL"):
+        load_settings({"CASCADE_PRERANKING_MODEL": "dcn"})

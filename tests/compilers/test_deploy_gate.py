@@ -7,11 +7,23 @@ from pathlib import Path
 
 import mlflow
 import pytest
+import torch
 
 from cascade.config import Settings
 from cascade.lake import Lake
 from cascade.registry import register_and_promote
-from compilers.deploy_gate import compile_and_gate
+from compilers.deploy_gate import cold_gate_sample, compile_and_gate
+from compilers.export import load_artifact
+from models.preranking.config_registry import cascade_debug
+from models.preranking.fields import FIELD_NAMES, FieldEncoder
+from models.preranking.inference import (
+    COLD_DIR_ARTIFACT,
+    ColdPreRankerPyfunc,
+    load_trained,
+    save_cold_model,
+)
+from models.preranking.model import ColdPreRanker
+from models.preranking.synthetic_data import synthetic_training_frame
 from tests.cascade.test_registry import fitted, trained
 
 DS = "2026-01-07"
@@ -41,3 +53,82 @@ def test_compile_step_gates_logs_and_lets_the_registry_promote(settings: Setting
 
     decision = register_and_promote(DS, settings=settings)
     assert decision["promoted"] and decision["compile_gate"]["passed"]
+
+
+def fscd_trained(settings: Settings, ds: str) -> ColdPreRanker:
+    """Write ``ds``'s training set and an FSCD pre-ranker's run folder and MLflow run as the
+    cascade's train step leaves them (random weights: the gate checks fidelity, not skill)."""
+    lake = Lake(settings.lake_root)
+    data = lake.training_set("preranking", ds) / "data.parquet"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    frame = synthetic_training_frame(3000, seed=int(ds[-2:]), end=ds)
+    frame.to_parquet(data)
+    config = cascade_debug()
+    encoder = FieldEncoder(bins=config.bins).fit(frame)
+    torch.manual_seed(0)
+    fields = ("user_id", "user_ctr", "item_id", "genre", "item_ctr", "ug_ctr")
+    model = ColdPreRanker(config.net, fields, encoder.cardinalities())
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "embedding" in name:
+                parameter.normal_(0, 0.5)
+    out = lake.reports("train", ds)
+    folder = save_cold_model(out / COLD_DIR_ARTIFACT, model.eval(), config, encoder)
+    mlflow.set_tracking_uri(settings.tracking_uri)
+    with mlflow.start_run() as run:
+        info = mlflow.pyfunc.log_model(
+            name="fscd_preranker",
+            python_model=ColdPreRankerPyfunc(),
+            artifacts={COLD_DIR_ARTIFACT: str(folder)},
+            pip_requirements=["torch"],
+        )
+    result = {
+        "run_id": run.info.run_id,
+        "test_auc": 0.5,
+        "model_uri": info.model_uri,
+        "model_kind": "fscd",
+        "config": config.name,
+        "ds": ds,
+        "fscd_fields": list(fields),
+    }
+    (out / "result.json").write_text(json.dumps(result))
+    return model
+
+
+@pytest.mark.slow
+def test_compile_step_compiles_and_gates_the_fscd_preranker(settings: Settings) -> None:
+    model = fscd_trained(settings, DS)
+    report = compile_and_gate(DS, settings=settings)
+    assert report["max_abs_diff"] < 1e-4 and abs(report["auc_delta"]) <= 1e-3, report
+    assert not [r for r in report["reasons"] if not r.startswith("latency")], report["reasons"]
+    assert report["requests"] > 10 and report["candidates_timed"] > 100
+    artifact = Path(report["artifact"])
+    # The artifact scores one user x N candidates like the network, also for N = 1.
+    encoder = load_trained(Lake(settings.lake_root).reports("train", DS)).encoder
+    assert encoder is not None
+    codes = encoder.encode(synthetic_training_frame(40, seed=3))
+    compiled = load_artifact(artifact)
+    for n in (1, 40):
+        with torch.no_grad():
+            torch.testing.assert_close(
+                compiled(codes[:1], codes[:n]), model.score_request(codes[0], codes[:n])
+            )
+    client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
+    logged = {a.path for a in client.list_artifacts(report["run_id"], "compiled")}
+    assert {"compiled/preranking.pt2", "compiled/gate.json"} <= logged
+
+
+def test_cold_gate_sample_is_one_request_per_user_with_its_labels() -> None:
+    frame = synthetic_training_frame(600, users=20, items=50, seed=4)
+    encoder = FieldEncoder(bins=6).fit(frame)
+    sample = cold_gate_sample(frame, encoder, max_users=5)
+    counts = frame.groupby("user_id").size().sort_values(ascending=False, kind="stable")
+    assert len(sample) == 5
+    assert sorted(len(labels) for _, labels in sample) == sorted(counts.iloc[:5].tolist())
+    for (user_codes, candidate_codes), labels in sample:
+        assert user_codes.shape == (1, candidate_codes.shape[1])
+        assert torch.equal(user_codes[0], candidate_codes[0])
+        assert candidate_codes.shape[0] == len(labels)
+    # The rows of a request are one user's: its user_id code is the same on every row.
+    user_col = FIELD_NAMES.index("user_id")
+    assert all(len(set(c[:, user_col].tolist())) == 1 for (_, c), _ in sample)

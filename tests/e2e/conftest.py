@@ -16,6 +16,7 @@ DS = "2026-11-22"
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     from infra.stack import private_stack
+    from models.preranking.cascade_train import CHECKPOINT_EVERY_ENV
 
     # The asr and multimodal DAGs train their seconds-long debug flavors here; the multimodal
     # corpus is ~250 pairs and its dense twin is left to tests/models/test_multimodal_pipeline.py.
@@ -25,6 +26,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         "CASCADE_MULTIMODAL_GENERATED": "200",
         "CASCADE_MULTIMODAL_SOURCE_LIMIT": "15",
         "CASCADE_MULTIMODAL_DENSE_TWIN": "0",
+        # Pre-ranker phases checkpoint at steps 50 and 100 of the ~126 the partition gives
+        # each, so the fault test's kill lands well inside the phase it checkpointed.
+        CHECKPOINT_EVERY_ENV: "50",
     }
     with private_stack(tmp_path_factory.mktemp("cascade-home"), env=env) as settings:
         yield settings

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -166,19 +167,40 @@ def test_training_task_killed_mid_run_retries_from_its_checkpoint(
     import mlflow
 
     from cascade.airflow_client import AirflowClient
+    from models.preranking.cascade_train import EXPERIMENT, STALE_ON_NEW_DATA, phases
+    from models.preranking.config_registry import get_cascade_config
 
     first = pipeline_run["train"]
     run_id = pipeline_run["dag_run_id"]
-    reports = Lake(stack.lake_root).reports("train", DS)
+    lake = Lake(stack.lake_root)
+    reports = lake.reports("train", DS)
+    data = lake.training_set("preranking", DS) / "data.parquet"
+    names = [phase.name for phase in phases(get_cascade_config(first["config"]))]
+    # Killed in the first FSCD selection: the teacher and the two-tower baseline are finished
+    # by then, so the retry both reuses finished phases and resumes a gated one mid-way.
+    target = next(name for name in names if name.startswith("select_"))
+    done_before, rest = names[: names.index(target)], names[names.index(target) :]
+
+    # The pipeline's run finished every phase; without its phases, checkpoints, MLflow run
+    # marker and result, the cleared task must train all of them again, in a new MLflow run.
+    assert (reports / "phases" / names[-1] / "model.pt").is_file()
+    for name in (*STALE_ON_NEW_DATA, "result.json"):
+        path = reports / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
     log_path = reports / "train.log"
+    log_path.rename(log_path.with_name("train.log.first"))  # only the new tries' lines count
     airflow = AirflowClient(stack)
     before = {ti["task_id"]: ti for ti in airflow.task_instances(DAG_ID, run_id)}
-    log_path.rename(log_path.with_name("train.log.first"))  # only the new try's lines count
     airflow.clear_task(DAG_ID, run_id, "train")
 
-    # Wait for the new try's rank 0 to reach its second checkpoint, then kill it.
-    started = _wait_for_line(log_path, r"\[train\] config=.* pid=(\d+)", timeout_s=600)
-    _wait_for_line(log_path, r"\[train\] checkpoint step=100\b", timeout_s=600)
+    # Wait for the new try's rank 0 to checkpoint the target phase, then kill it.
+    started = _wait_for_line(log_path, r"\[cascade\] config=.* pid=(\d+)", timeout_s=600)
+    _wait_for_line(
+        log_path, rf"\[cascade\] {re.escape(target)}: checkpoint at step \d+", timeout_s=900
+    )
     os.kill(int(started.group(1)), signal.SIGKILL)
 
     run = airflow.wait_for_run(DAG_ID, match=lambda r: r["dag_run_id"] == run_id, timeout_s=900)
@@ -187,20 +209,36 @@ def test_training_task_killed_mid_run_retries_from_its_checkpoint(
     assert train["state"] == "success"
     # try 1: the pipeline run; try 2: killed; try 3: Airflow's retry, which resumed.
     assert train["try_number"] == before["train"]["try_number"] + 2, train
-    log = log_path.read_text()
-    assert "[train] resumed at step 100" in log, log[-3000:]
+    log = log_path.read_text(errors="replace")
+    starts = [m.start() for m in re.finditer(r"\[cascade\] config=", log)]
+    assert len(starts) == 2, log[-3000:]
+    killed, retry = log[: starts[1]], log[starts[1] :]
+    # The killed try trained from scratch: every earlier phase trained, nothing resumed, and
+    # it died inside the target phase after a checkpoint.
+    assert all(f"[cascade] {name}: done after" in killed for name in done_before), killed[-3000:]
+    assert "resumed at step" not in killed and f"[cascade] {target}: done" not in killed
+    steps = re.findall(rf"\[cascade\] {re.escape(target)}: checkpoint at step (\d+)", killed)
+    assert steps, killed[-3000:]
+    # The retry loaded the finished phases, resumed the target at its last checkpoint and
+    # trained the rest.
+    assert f"[cascade] {target}: resumed at step {steps[-1]} from" in retry, retry[-3000:]
+    assert not any(f"[cascade] {name}: done" in retry for name in done_before), retry[-3000:]
+    assert all(f"[cascade] {name}: done after" in retry for name in rest), retry[-3000:]
 
     result = json.loads((reports / "result.json").read_text())
     assert result["ds"] == DS and result["run_id"] != first["run_id"]
-    # The resumed run ends exactly where an uninterrupted one does.
+    # The resumed run ends exactly where the uninterrupted one did.
     assert result["test_auc"] == pytest.approx(first["test_auc"], abs=1e-6)
+    assert (result["chosen"], result["fscd_fields"]) == (first["chosen"], first["fscd_fields"])
     client = mlflow.MlflowClient(tracking_uri=stack.tracking_uri)
-    experiment = client.get_experiment_by_name("preranking")
-    runs = client.search_runs(
-        [experiment.experiment_id], f"tags.mlflow.runName = '{first['config']}-{DS}'"
-    )
-    # One run per training that finished (the pipeline's and the resumed one); the killed try
-    # was continued, not duplicated, and nothing is left running.
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    runs = client.search_runs([experiment.experiment_id], f"params.data = '{data}'")
+    # One run per training of this partition (the pipeline's and the one the retry finished):
+    # the killed try was continued, not duplicated, and nothing is left running.
     assert sorted(r.info.run_id for r in runs) == sorted([first["run_id"], result["run_id"]])
     assert {r.info.status for r in runs} == {"FINISHED"}
-    assert client.get_run(result["run_id"]).data.params["resumed_from_step"] == "100"
+    # What the killed try logged is in that run: the teacher trained only before the kill,
+    # and the target's loss curve spans both sides of the checkpoint it resumed from.
+    assert client.get_metric_history(result["run_id"], "loss.teacher")
+    logged = [m.step for m in client.get_metric_history(result["run_id"], f"loss.{target}")]
+    assert logged and min(logged) < int(steps[-1]) < max(logged), logged

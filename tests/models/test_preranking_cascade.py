@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -284,7 +285,7 @@ def test_choose_fscd_prefers_best_auc_within_budget() -> None:
 
 
 def test_cascade_configs_validate_and_round_trip() -> None:
-    assert set(CASCADE_CONFIGS) == {"debug", "ml100k", "generated"}
+    assert set(CASCADE_CONFIGS) == {"debug", "ml100k", "generated", "pipeline"}
     for name in CASCADE_CONFIGS:
         config = get_cascade_config(name)
         assert CascadeTrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
@@ -323,6 +324,10 @@ def test_killed_two_process_run_resumes_to_the_same_metrics(
     )
     assert code != 0 and not (killed / "result.json").exists(), tail
     assert (killed / "checkpoints" / "select_0.05" / "step5").is_dir()
+    log = (killed / "train.log").read_text()
+    # Rank 0's pid at the start and a line per checkpoint, by phase and step.
+    assert re.search(r"\[cascade\] config=debug .* pid=\d+", log), log[-3000:]
+    assert "[cascade] select_0.05: checkpoint at step 5 in " in log, log[-3000:]
     assert (killed / "phases" / "two_tower" / "model.pt").exists()
     assert not (killed / "phases" / "select_0.05" / "model.pt").exists()
     code, tail = launch_cascade("debug", killed, processes=2, settings=settings)
@@ -364,9 +369,11 @@ def test_killed_two_process_run_resumes_to_the_same_metrics(
     }
     assert evaluation["split_rows"] == {"train": 3_200, "validation": 800, "test": 1_000}
     assert got["fscd_validation_auc"] > 0.5 and got["fscd_strength"] == 0.05
-    # The logged model (torch.export format, traced on 5 rows) scores like the phase's weights.
+    # The logged model (a pyfunc with the network and its encoder) scores like the phase's
+    # weights, and is the deployable kind the registry reads.
+    assert result["model_kind"] == "fscd" and result["test_auc"] == got["fscd_auc"]
     mlflow.set_tracking_uri(settings.tracking_uri)
-    loaded = mlflow.pytorch.load_model(result["model_uri"])
+    loaded = mlflow.pyfunc.load_model(result["model_uri"]).unwrap_python_model().model
     encoder = FieldEncoder.from_state(json.loads((killed / "encoder.json").read_text()))
     codes = encoder.encode(synthetic_training_frame(5, seed=5))
     fields = tuple(result["fscd_fields"])

@@ -18,7 +18,8 @@ import torch
 
 from cascade.config import Settings
 from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE, USER_FEATURES, USER_GENRE_FEATURES
-from models.preranking.model import PreRanker, PreRankerConfig
+from models.preranking.fields import FIELD_NAMES, FieldEncoder
+from models.preranking.model import CascadeNetConfig, ColdPreRanker, PreRanker, PreRankerConfig
 from serving.preranking import Backends
 
 GENRES = ("Action", "Comedy", "Drama")
@@ -30,10 +31,47 @@ CATALOG = tuple(range(1, 201))
 class FakeLoaded:
     """Stands in for models.preranking.inference.LoadedModel."""
 
-    model: PreRanker
+    model: PreRanker | ColdPreRanker
     version: str
     run_id: str
     test_auc: float = 0.7
+    encoder: FieldEncoder | None = None
+
+
+def feature_rows() -> pd.DataFrame:
+    """Users 1..11 x the catalogue with the fake store's features, as training-set fields."""
+    items = item_features(FakeStore(), CATALOG)
+    rows = []
+    for user_id in range(1, 12):
+        user, per_genre = user_features(FakeStore(), user_id, GENRES)
+        for item_id, item in items.iterrows():
+            rows.append(
+                {
+                    "user_id": user_id,
+                    "item_id": item_id,
+                    "genre": item[ITEM_GENRE],
+                    **user,
+                    **{f: item[f] for f in ITEM_FEATURES},
+                    **per_genre[item[ITEM_GENRE]],
+                }
+            )
+    return pd.DataFrame(rows, columns=list(FIELD_NAMES))
+
+
+def cold_network(seed: int) -> tuple[ColdPreRanker, FieldEncoder]:
+    """An FSCD pre-ranker over a subset of the fields (as FSCD keeps), with its encoder fitted
+    on the fake store's features; random weights of a scale that spreads the scores."""
+    encoder = FieldEncoder(bins=6).fit(feature_rows())
+    fields = ("user_id", "user_ctr", "item_id", "genre", "item_ctr", "ug_ctr", "ug_clicks")
+    torch.manual_seed(seed)
+    net = ColdPreRanker(
+        CascadeNetConfig(embedding_dim=4, hidden=(16, 8)), fields, encoder.cardinalities()
+    )
+    with torch.no_grad():
+        for name, parameter in net.named_parameters():
+            if "embedding" in name:
+                parameter.normal_(0, 0.5)
+    return net, encoder
 
 
 def network(seed: int) -> PreRanker:
@@ -114,10 +152,12 @@ def item_features(store: FakeStore, item_ids: Sequence[int]) -> pd.DataFrame:
     return frame.set_index("item_id")
 
 
-def write_champion(path: Path, version: str | None, seed: int = 0) -> None:
-    """Promote ``version`` (None removes the alias); written atomically for the poller."""
+def write_champion(path: Path, version: str | None, seed: int = 0, kind: str = "mlp") -> None:
+    """Promote ``version`` (None removes the alias); written atomically for the poller.
+    ``kind``: ``mlp`` (a PreRanker) or ``fscd`` (a ColdPreRanker with its encoder)."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(None if version is None else {"version": version, "seed": seed}))
+    champion = None if version is None else {"version": version, "seed": seed, "kind": kind}
+    tmp.write_text(json.dumps(champion))
     tmp.replace(path)
 
 
@@ -138,11 +178,11 @@ def backends(champion_file: Path, store: FakeStore | None = None) -> Backends:
         champ = _champion(champion_file)
         if champ is None:
             return None
-        return FakeLoaded(
-            model=network(int(champ["seed"])),
-            version=str(champ["version"]),
-            run_id=f"run-{champ['version']}",
-        )
+        version, run_id = str(champ["version"]), f"run-{champ['version']}"
+        if champ.get("kind") == "fscd":
+            cold, encoder = cold_network(int(champ["seed"]))
+            return FakeLoaded(model=cold, version=version, run_id=run_id, encoder=encoder)
+        return FakeLoaded(model=network(int(champ["seed"])), version=version, run_id=run_id)
 
     return Backends(
         champion_version=champion_version,

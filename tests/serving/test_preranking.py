@@ -20,12 +20,15 @@ from kserve.errors import InvalidInput, ModelNotReady
 from kserve.protocol.infer_type import InferInput
 
 from cascade.config import Settings
-from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE, MODEL_FEATURES
+from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE, MODEL_FEATURES, USER_GENRE_FEATURES
 from cascade.lake import Lake
+from models.preranking.fields import FIELD_NAMES
+from models.preranking.model import ColdSharedScorer
 from serving.preranking import (
     ItemTable,
     MalformedRequest,
     PreRankingModel,
+    ServedVersion,
     ServingConfig,
     decode_v2_json,
     lake_item_ids,
@@ -214,6 +217,59 @@ def test_predict_matches_the_network_on_assembled_features(
     ).item()
     got = infer(model, 5, [7]).outputs[0].data[0]
     assert math.isclose(float(got), expected, rel_tol=1e-5)
+
+
+def test_fscd_version_scores_like_the_full_network_with_the_user_side_once(
+    model: PreRankingModel, champion_file: Path, store: serving_fakes.FakeStore
+) -> None:
+    serving_fakes.write_champion(champion_file, "5", seed=5, kind="fscd")
+    model.load()
+    served = model._served
+    assert served is not None and isinstance(served.scorer, ColdSharedScorer)
+    assert store.item_calls == [serving_fakes.CATALOG]  # item side: once, at load
+    assert served.scorer.item_part.shape[0] == len(serving_fakes.CATALOG)
+    calls: list[int] = []
+    served.network.user_linear.register_forward_hook(lambda m, i, o: calls.append(len(i[0])))
+    candidates = [3, 4, 6, 150, 999_999]  # 999999: unknown to the store
+    got = infer(model, 5, candidates).outputs[0].data
+    assert calls == [1]  # the user side ran once for the five candidates
+    assert store.user_calls == [(5, ("Action", "Comedy"))]
+    # The reference: every candidate's fields in a frame, encoded, through the whole network.
+    user_feats, per_genre = serving_fakes.user_features(
+        serving_fakes.FakeStore(), 5, serving_fakes.GENRES
+    )
+    frame = serving_fakes.item_features(serving_fakes.FakeStore(), candidates)
+    rows = []
+    for item_id, item in frame.iterrows():
+        genre = item[ITEM_GENRE]
+        cross = per_genre.get(genre, dict.fromkeys(USER_GENRE_FEATURES, math.nan))
+        rows.append(
+            {"user_id": 5, "item_id": item_id, "genre": genre, **user_feats, **item, **cross}
+        )
+    fields = pd.DataFrame(rows, columns=list(FIELD_NAMES))
+    with torch.no_grad():
+        want = torch.sigmoid(served.network(served.encoder.encode(fields))).numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert np.ptp(got) > 1e-3  # the scores depend on the candidate
+
+
+def test_hot_swap_between_network_kinds(model: PreRankingModel, champion_file: Path) -> None:
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+    mlp = infer(model, 9, [1, 2, 3])
+    serving_fakes.write_champion(champion_file, "2", seed=2, kind="fscd")
+    assert model.refresh() is True
+    fscd = infer(model, 9, [1, 2, 3])
+    assert (mlp.model_version, fscd.model_version) == ("1", "2")
+    assert model._served is not None and isinstance(model._served.scorer, ColdSharedScorer)
+    assert not np.allclose(mlp.outputs[0].data, fscd.outputs[0].data)
+
+
+def test_a_cold_preranker_without_its_encoder_is_refused(tmp_path: Path) -> None:
+    cold, _ = serving_fakes.cold_network(1)
+    table = ItemTable.from_frame(serving_fakes.item_features(serving_fakes.FakeStore(), [1, 2]))
+    with pytest.raises(ValueError, match="without its field encoder"):
+        ServedVersion(network=cold.eval(), version="3", run_id="r", items=table)
 
 
 def test_swap_changes_version_and_scores(model: PreRankingModel, champion_file: Path) -> None:
