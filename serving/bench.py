@@ -9,8 +9,10 @@ running local stack is never touched:
 * feature snapshots of a synthetic log (943 users, 1,682 items: MovieLens-100k's sizes) written
   to the lake as the CTR job writes them, then ``feast apply`` + materialize into the SQLite
   online store (:func:`cascade.feature_store.apply_and_materialize`);
-* a small :class:`~models.preranking.model.PreRanker` trained on that log, logged to a SQLite
-  MLflow and promoted to ``champion`` by :func:`cascade.registry.register_and_promote`;
+* the pipeline's network trained on that log, logged to a SQLite MLflow and promoted to
+  ``champion`` by :func:`cascade.registry.register_and_promote`: the FSCD pre-ranker (its
+  ``debug`` config, trained as the pipeline's train step trains it) or, with
+  ``CASCADE_BENCH_SERVING_MODEL=mlp``, the first path's small PreRanker (seconds);
 * ``python -m serving.server`` with ``--workers`` processes (default 2, one per core here),
   which loads the champion from the registry, holds the item features in memory and reads each
   request's user features from the online store.
@@ -103,6 +105,24 @@ def write_feature_lake(frame: pd.DataFrame, lake: Lake, ds: str) -> None:
         folder = lake.ctr_features(view, ds)
         folder.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, folder / "part-00000.parquet")
+
+
+MODEL_ENV = "CASCADE_BENCH_SERVING_MODEL"
+"""``fscd`` or ``mlp``: the network the benchmark serves (default: the pipeline's
+``CASCADE_PRERANKING_MODEL``, i.e. the FSCD pre-ranker)."""
+
+
+def train_fscd_and_promote(frame: pd.DataFrame, settings: Settings, ds: str) -> dict[str, Any]:
+    """Train the FSCD cascade's ``debug`` config on ``frame`` as the pipeline's train step does
+    (DeepSpeed, 2 processes), register the pre-ranker and make it champion."""
+    from cascade.registry import register_and_promote
+    from models.preranking.cascade_train import launch_pipeline
+
+    data = Lake(settings.lake_root).training_set("preranking", ds) / "data.parquet"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_parquet(data, index=False)
+    trained = launch_pipeline(ds, config="debug", settings=settings)
+    return {**register_and_promote(ds, settings=settings), "test_auc": trained["test_auc"]}
 
 
 def train_and_promote(frame: pd.DataFrame, settings: Settings, ds: str) -> dict[str, Any]:
@@ -381,7 +401,11 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         )
         write_feature_lake(frame, Lake(settings.lake_root), DS)
         apply_and_materialize(DS, settings=settings)
-        promoted = train_and_promote(frame, settings, DS)
+        model_kind = os.environ.get(MODEL_ENV, settings.preranking_model)
+        if model_kind not in ("fscd", "mlp"):
+            raise ValueError(f"{MODEL_ENV}={model_kind!r}: choose fscd or mlp")
+        trainer = train_fscd_and_promote if model_kind == "fscd" else train_and_promote
+        promoted = {**trainer(frame, settings, DS), "model": model_kind}
         ids = workdir / "ids.json"
         ids.write_text(
             json.dumps(
@@ -418,6 +442,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             "log_rows": LOG_ROWS,
             "online_store": "feast sqlite (local profile)",
             "registry": "mlflow sqlite",
+            "model": promoted["model"],
             "model_version": promoted["version"],
             "model_test_auc": promoted["test_auc"],
             "setup_s": setup_s,

@@ -1096,7 +1096,7 @@ def launch_pipeline(
     interval.
     """
     from cascade.lake import Lake, check_ds
-    from models.preranking.train import check_launch_outcome, run_torchrun
+    from models.preranking.train import check_launch_outcome, partition_training_set, run_torchrun
 
     check_ds(ds)
     cascade = get_cascade_config(config)  # fail fast on a bad name, before starting processes
@@ -1107,11 +1107,7 @@ def launch_pipeline(
         extra_args = ["--checkpoint-every", str(checkpoint_every)]
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
-    data = lake.training_set("preranking", ds) / "data.parquet"
-    if not data.exists():
-        raise FileNotFoundError(
-            f"training set {data} does not exist; run the training-set task for ds={ds} first"
-        )
+    data = partition_training_set(lake, ds)
     out = lake.reports("train", ds)
     out.mkdir(parents=True, exist_ok=True)
     fingerprint = pipeline_fingerprint(dataclasses.replace(cascade, data=str(data)), data, ds)

@@ -724,6 +724,16 @@ def launch_for_result(
     return result
 
 
+def partition_training_set(lake: Lake, ds: str) -> Path:
+    """The partition's training-set parquet, or FileNotFoundError naming the missing task."""
+    data = lake.training_set("preranking", ds) / "data.parquet"
+    if not data.exists():
+        raise FileNotFoundError(
+            f"training set {data} does not exist; run the training-set task for ds={ds} first"
+        )
+    return data
+
+
 def launch(ds: str, *, config: str = "ml100k", settings: Settings | None = None) -> dict:
     """Train on ``Lake.training_set("preranking", ds)`` with ``settings.train_processes``
     processes, stream the log, and return the run's ``result.json``."""
@@ -731,11 +741,7 @@ def launch(ds: str, *, config: str = "ml100k", settings: Settings | None = None)
     get_config(config)  # fail fast on a bad name, before starting processes
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
-    data = lake.training_set("preranking", ds) / "data.parquet"
-    if not data.exists():
-        raise FileNotFoundError(
-            f"training set {data} does not exist; run the training-set task for ds={ds} first"
-        )
+    data = partition_training_set(lake, ds)
     out = lake.reports("train", ds)
     out.mkdir(parents=True, exist_ok=True)
     result_path = out / "result.json"

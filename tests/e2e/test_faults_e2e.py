@@ -55,7 +55,7 @@ class Client(threading.Thread):
         self.settings = settings
         self.stop = threading.Event()
         self.sent: list[str] = []
-        self.answers: list[tuple[str, str, float]] = []  # (request id, model version, time)
+        self.answers: list[tuple[str, str, float]] = []  # (request id, model version, sent at)
         self.retries = 0
         self.error: BaseException | None = None
 
@@ -66,6 +66,7 @@ class Client(threading.Thread):
             while not self.stop.is_set():
                 request_id = uuid.uuid4().hex
                 self.sent.append(request_id)
+                sent_at = time.time()
                 deadline = time.monotonic() + 180
                 while True:
                     try:
@@ -79,7 +80,7 @@ class Client(threading.Thread):
                             raise
                         self.retries += 1
                         time.sleep(0.2)
-                self.answers.append((answer["id"], str(answer["model_version"]), time.time()))
+                self.answers.append((answer["id"], str(answer["model_version"]), sent_at))
                 time.sleep(0.05)
         except BaseException as exc:  # reported by the test
             self.error = exc
@@ -156,7 +157,10 @@ def test_serving_killed_during_a_model_swap_comes_back_on_the_new_champion(
     # Once the new version answered, the old one never answered again: no flip-flop.
     first_new = versions.index(str(new.version))
     assert all(v == str(new.version) for v in versions[first_new:])
-    after_restart = [v for _, v, at in client.answers if at > killed_at]
+    # Sent after the kill, so only the restarted server can have answered. (When a request was
+    # answered is no test: an answer the old server sent just before the kill can reach this
+    # thread just after it.)
+    after_restart = [v for _, v, sent_at in client.answers if sent_at > killed_at]
     assert after_restart and set(after_restart) == {str(new.version)}
     print(f"swap finished before the kill: {bool(swapped_before_kill)}; retries {client.retries}")
 
