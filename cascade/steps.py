@@ -20,6 +20,31 @@ from typing import Any
 from cascade.lake import check_ds, lake_from_settings
 
 
+def write_step_result(lake: Any, kind: str, ds: str, result: dict[str, Any]) -> dict[str, Any]:
+    """Write ``result`` atomically as ``Lake.reports(kind, ds) / "result.json"``; returns it."""
+    from models.preranking.train import write_result
+
+    out = lake.reports(kind, ds)
+    out.mkdir(parents=True, exist_ok=True)
+    write_result(out / "result.json", json.loads(json.dumps(result, default=str)))
+    return result
+
+
+def read_step_result(lake: Any, kind: str, ds: str, *, produced_by: str) -> dict[str, Any]:
+    """The ``result.json`` a step wrote for ``ds``; FileNotFoundError names the step to run."""
+    path = lake.reports(kind, ds) / "result.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no {kind} result {path}; run step {produced_by!r} for ds={ds}")
+    return json.loads(path.read_text())
+
+
+def partition_seed(ds: str) -> int:
+    """A stable per-partition seed: every day's generated batch differs from the others."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(check_ds(ds).encode()).digest()[:4], "little")
+
+
 def features(ds: str) -> dict[str, Any]:
     from jobs.ctr_cross_features import run
 

@@ -14,7 +14,6 @@ The training config is ``CASCADE_ASR_CONFIG`` (default ``synthetic``; the CI run
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from typing import Any
 
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
+from cascade.steps import partition_seed, read_step_result, write_step_result
 
 CONFIG_ENV = "CASCADE_ASR_CONFIG"
 DEFAULT_CONFIG = "synthetic"
@@ -44,27 +44,6 @@ def landing_dir(lake: Lake, ds: str) -> Path:
 
 def corpus_dir(lake: Lake, ds: str) -> Path:
     return lake.root / "corpora" / "speech" / f"dt={check_ds(ds)}"
-
-
-def _write_result(lake: Lake, kind: str, ds: str, result: dict[str, Any]) -> dict[str, Any]:
-    from models.preranking.train import write_result
-
-    out = lake.reports(kind, ds)
-    out.mkdir(parents=True, exist_ok=True)
-    write_result(out / "result.json", json.loads(json.dumps(result, default=str)))
-    return result
-
-
-def read_result(lake: Lake, kind: str, ds: str, *, produced_by: str) -> dict[str, Any]:
-    path = lake.reports(kind, ds) / "result.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no {kind} result {path}; run step {produced_by!r} for ds={ds}")
-    return json.loads(path.read_text())
-
-
-def partition_seed(ds: str) -> int:
-    """A stable per-partition seed: every day's synthetic batch holds different utterances."""
-    return int.from_bytes(hashlib.sha256(check_ds(ds).encode()).digest()[:4], "little")
 
 
 def _synthetic_count() -> int:
@@ -101,7 +80,7 @@ def corpus(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         scratch.rename(landing)
     summary = build_corpus(spark, landing, corpus_dir(lake, ds))
     summary.update(ds=ds, landing=str(landing), synthesized=synthesized)
-    return _write_result(lake, "asr_corpus", ds, summary)
+    return write_step_result(lake, "asr_corpus", ds, summary)
 
 
 def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
@@ -122,7 +101,7 @@ def train(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     result = train_asr(settings, config_name(), corpus_dir(lake, ds), lake.reports("asr_train", ds))
-    return _write_result(lake, "asr_train", ds, {**result, "ds": ds})
+    return write_step_result(lake, "asr_train", ds, {**result, "ds": ds})
 
 
 CER_TOLERANCE_ENV = "CASCADE_ASR_CER_TOLERANCE"
@@ -170,14 +149,14 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
-    trained = read_result(lake, "asr_train", ds, produced_by="train")
-    gate = read_result(lake, "asr_compile", ds, produced_by="compile")
+    trained = read_step_result(lake, "asr_train", ds, produced_by="train")
+    gate = read_step_result(lake, "asr_compile", ds, produced_by="compile")
     client = registry_client(settings)
     ensure_registered_model(client, MODEL_NAME, "Speech recognition, ConvDFSMN int8 (Cascade)")
     run_id = trained["run_id"]
     version, stored = version_of_run(client, MODEL_NAME, run_id)
     if stored is not None:
-        return _write_result(lake, "asr_register", ds, stored)
+        return write_step_result(lake, "asr_register", ds, stored)
     if version is None:
         version = client.create_model_version(
             MODEL_NAME,
@@ -239,7 +218,7 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         "reasons": reasons,
     }
     client.set_model_version_tag(MODEL_NAME, new_version, DECISION_TAG, json.dumps(report))
-    return _write_result(lake, "asr_register", ds, report)
+    return write_step_result(lake, "asr_register", ds, report)
 
 
 GATE_UTTERANCES = 200
@@ -276,7 +255,7 @@ def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # 
 
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
-    trained = read_result(lake, "asr_train", ds, produced_by="train")
+    trained = read_step_result(lake, "asr_train", ds, produced_by="train")
     model_dir = Path(trained["int8_artifact"]).parent
     threads = torch.get_num_threads()
     report = compile_asr(model_dir, fp32=False, int8=True, onnx=False)
@@ -341,7 +320,7 @@ def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # 
         f"({len(texts)} held-out utterances)",
         flush=True,
     )
-    return _write_result(lake, "asr_compile", ds, gate)
+    return write_step_result(lake, "asr_compile", ds, gate)
 
 
 def served_version(settings: Settings, *, timeout_s: float = 10.0) -> str | None:
@@ -392,7 +371,7 @@ def deploy(ds: str, *, settings: Settings | None = None, timeout_s: float = 300)
 
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
-    decision = read_result(lake, "asr_register", ds, produced_by="register")
+    decision = read_step_result(lake, "asr_register", ds, produced_by="register")
     champion = champion_version(settings, MODEL_NAME)
     if champion is None:
         raise RuntimeError(
@@ -409,7 +388,7 @@ def deploy(ds: str, *, settings: Settings | None = None, timeout_s: float = 300)
         hint=f"check that the ASR server runs (python -m serving.asr) and its log under "
         f"{settings.logs_dir}",
     )
-    return _write_result(
+    return write_step_result(
         lake,
         "asr_deploy",
         ds,

@@ -20,7 +20,6 @@ The training config is ``CASCADE_MULTIMODAL_CONFIG`` (default ``small``; the CI 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from typing import Any
 
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
+from cascade.steps import partition_seed, read_step_result, write_step_result
 
 CONFIG_ENV = "CASCADE_MULTIMODAL_CONFIG"
 DEFAULT_CONFIG = "small"
@@ -66,27 +66,6 @@ def landing_dir(lake: Lake, ds: str) -> Path:
 
 def corpus_dir(lake: Lake, ds: str) -> Path:
     return lake.root / "corpora" / "images" / f"dt={check_ds(ds)}"
-
-
-def _write_result(lake: Lake, kind: str, ds: str, result: dict[str, Any]) -> dict[str, Any]:
-    from models.preranking.train import write_result
-
-    out = lake.reports(kind, ds)
-    out.mkdir(parents=True, exist_ok=True)
-    write_result(out / "result.json", json.loads(json.dumps(result, default=str)))
-    return result
-
-
-def read_result(lake: Lake, kind: str, ds: str, *, produced_by: str) -> dict[str, Any]:
-    path = lake.reports(kind, ds) / "result.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no {kind} result {path}; run step {produced_by!r} for ds={ds}")
-    return json.loads(path.read_text())
-
-
-def partition_seed(ds: str) -> int:
-    """A stable per-partition seed: every day's generated batch holds different pictures."""
-    return int.from_bytes(hashlib.sha256(check_ds(ds).encode()).digest()[:4], "little")
 
 
 def _count_env(name: str, default: int | None) -> int | None:
@@ -155,7 +134,7 @@ def corpus(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     summary = build_corpus(spark, landing, corpus_dir(lake, ds))
     summary.pop("shards", None)  # per-shard figures stay in the corpus's shards.json
     summary.update(ds=ds, landing=str(landing), producer_landed=producer_landed, **produced)
-    return _write_result(lake, "mm_corpus", ds, summary)
+    return write_step_result(lake, "mm_corpus", ds, summary)
 
 
 def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
@@ -206,7 +185,7 @@ def train(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     for state in sorted(final.glob("*model_states.pt")):
         client.log_artifact(result["run_id"], str(state), MODEL_ARTIFACT_PATH)
     client.log_artifact(result["run_id"], str(out / "result.json"), MODEL_ARTIFACT_PATH)
-    return _write_result(lake, "mm_train", ds, {**result, "ds": ds})
+    return write_step_result(lake, "mm_train", ds, {**result, "ds": ds})
 
 
 def _dense_twin_enabled() -> bool:
@@ -230,7 +209,7 @@ def evaluate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
-    trained = read_result(lake, "mm_train", ds, produced_by="train")
+    trained = read_step_result(lake, "mm_train", ds, produced_by="train")
     keys = ("i2t_recall_at_1", "i2t_recall_at_5", "t2i_recall_at_1", "t2i_recall_at_5")
     report: dict[str, Any] = {
         "ds": ds,
@@ -280,7 +259,7 @@ def evaluate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         ),
         flush=True,
     )
-    return _write_result(lake, "mm_evaluate", ds, report)
+    return write_step_result(lake, "mm_evaluate", ds, report)
 
 
 def _recall_tolerance() -> float:
@@ -313,13 +292,13 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     require_gate(lake, ds)
-    evaluation = read_result(lake, "mm_evaluate", ds, produced_by="evaluate")
+    evaluation = read_step_result(lake, "mm_evaluate", ds, produced_by="evaluate")
     client = registry_client(settings)
     ensure_registered_model(client, MODEL_NAME, "Image-text retrieval, MoE transformer (Cascade)")
     run_id = evaluation["run_id"]
     version, stored = version_of_run(client, MODEL_NAME, run_id)
     if stored is not None:
-        return _write_result(lake, "mm_register", ds, stored)
+        return write_step_result(lake, "mm_register", ds, stored)
     recall = float(evaluation["mean_recall_at_1"])
     if version is None:
         version = client.create_model_version(
@@ -384,4 +363,4 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         "reasons": reasons,
     }
     client.set_model_version_tag(MODEL_NAME, new_version, DECISION_TAG, json.dumps(report))
-    return _write_result(lake, "mm_register", ds, report)
+    return write_step_result(lake, "mm_register", ds, report)
