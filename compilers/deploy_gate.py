@@ -7,10 +7,12 @@ the trained pre-ranking model (the FSCD ColdPreRanker or the dense PreRanker, as
 result's ``model_kind`` says), runs :func:`compilers.gate.compile_cold_gate` /
 :func:`compilers.gate.compile_gate` on held-out requests of
 the partition's training set (the rows the model was not trained on), logs the artifact and the
-gate report to the training's MLflow run, and writes ``Lake.reports("compile", ds) /
-"result.json"``. A failed gate does not fail the task: the registry reads the report and keeps
-the champion, stating the gate's reasons (:mod:`cascade.registry`), so the run shows what was
-blocked and why.
+gate report to the training's MLflow run (``compiled/preranking.pt2``, ``compiled/gate.json``:
+the FSCD pre-ranker's server downloads and scores with a passed package, built under the
+server's per-process thread count ``CASCADE_SERVING_TORCH_THREADS``), and writes
+``Lake.reports("compile", ds) / "result.json"``. A failed gate does not fail the task: the
+registry reads the report and keeps the champion, stating the gate's reasons
+(:mod:`cascade.registry`), so the run shows what was blocked and why.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import math
 import os
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
@@ -80,8 +84,18 @@ def compile_and_gate(ds: str, *, settings: Settings | None = None) -> dict[str, 
     out.mkdir(parents=True, exist_ok=True)
     cache = settings.home / "compile-cache"
     if isinstance(loaded.model, ColdPreRanker):
+        from serving.server import TORCH_THREADS_ENV, positive_int_env
+
+        # The server loads this package and runs it on one thread per process: build it (the
+        # thread count is baked into its kernels) and time it against eager the same way.
+        threads = positive_int_env(TORCH_THREADS_ENV, 1)
         sample = cold_gate_sample(rows, loaded.encoder)
-        report = compile_cold_gate(loaded.model, sample, out_dir=out, cache_dir=cache)
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            report = compile_cold_gate(loaded.model, sample, out_dir=out, cache_dir=cache)
+        finally:
+            torch.set_num_threads(before)
     else:
         assert isinstance(loaded.model, PreRanker)
         sample = gate_sample(rows)

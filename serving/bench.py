@@ -11,7 +11,8 @@ running local stack is never touched:
   online store (:func:`cascade.feature_store.apply_and_materialize`);
 * the pipeline's network trained on that log, logged to a SQLite MLflow and promoted to
   ``champion`` by :func:`cascade.registry.register_and_promote`: the FSCD pre-ranker (its
-  ``debug`` config, trained as the pipeline's train step trains it) or, with
+  ``debug`` config, trained as the pipeline's train step trains it, then compiled and gated by
+  the compile step, so the server scores with its AOTInductor package) or, with
   ``CASCADE_BENCH_SERVING_MODEL=mlp``, the first path's small PreRanker (seconds);
 * ``python -m serving.server`` with ``--workers`` processes (default 2, one per core here),
   which loads the champion from the registry, holds the item features in memory and reads each
@@ -24,9 +25,11 @@ request and the machine's load average (other work on a shared machine shows up 
 The server logs every scored candidate as feedback (its default); after the server stopped,
 the rows in the private lake are counted against the good answers (``feedback_complete``:
 none was dropped, none was lost at shutdown).
-Before the load, malformed requests are sent to check that each is answered 4xx. A full run
-then repeats the load with the other process count (``with_1_workers``). Options (environment
-variable): ``--candidates`` (CASCADE_BENCH_SERVING_CANDIDATES), ``--clients``
+Before the load, malformed requests are sent to check that each is answered 4xx. ``backend``
+says how the server scored (``compiled``: the package). A full run then repeats the load scored
+by eager PyTorch (``eager_scorer``, ``CASCADE_SERVING_COMPILED=0``; ``compiled_vs_eager_cpu``:
+eager server CPU per request / compiled) and with the other process count (``with_1_workers``).
+Options (environment variable): ``--candidates`` (CASCADE_BENCH_SERVING_CANDIDATES), ``--clients``
 (CASCADE_BENCH_SERVING_CLIENTS), ``--seconds`` (CASCADE_BENCH_SERVING_SECONDS, measured window),
 ``--workers`` (CASCADE_BENCH_SERVING_WORKERS).
 """
@@ -116,13 +119,22 @@ def train_fscd_and_promote(frame: pd.DataFrame, settings: Settings, ds: str) -> 
     """Train the FSCD cascade's ``debug`` config on ``frame`` as the pipeline's train step does
     (DeepSpeed, 2 processes), register the pre-ranker and make it champion."""
     from cascade.registry import register_and_promote
+    from compilers.deploy_gate import compile_and_gate
     from models.preranking.cascade_train import launch_pipeline
 
     data = Lake(settings.lake_root).training_set("preranking", ds) / "data.parquet"
     data.parent.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(data, index=False)
     trained = launch_pipeline(ds, config="debug", settings=settings)
-    return {**register_and_promote(ds, settings=settings), "test_auc": trained["test_auc"]}
+    # The pipeline's compile step: the package the server scores with when the gate passes.
+    gate = compile_and_gate(ds, settings=settings)
+    return {
+        **register_and_promote(ds, settings=settings),
+        "test_auc": trained["test_auc"],
+        "compile_gate": {
+            k: gate.get(k) for k in ("passed", "reasons", "speedup_vs_eager", "max_abs_diff")
+        },
+    }
 
 
 def train_and_promote(frame: pd.DataFrame, settings: Settings, ds: str) -> dict[str, Any]:
@@ -293,6 +305,16 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def served_backend(log: str) -> str:
+    """How the server's log says it scores: ``compiled`` (the version's AOTInductor package),
+    ``eager`` (an FSCD pre-ranker without a usable package) or ``eager-shared`` (a PreRanker)."""
+    if "scoring with its compiled package" in log:
+        return "compiled"
+    if "scoring with eager PyTorch" in log:
+        return "eager"
+    return "eager-shared"
+
+
 def measure(
     *,
     workdir: Path,
@@ -308,7 +330,7 @@ def measure(
     """Start the server with ``workers`` processes, probe bad requests, run the load."""
     server = Server(
         {**env, "CASCADE_SERVING_WORKERS": str(workers)},
-        workdir / f"server-{workers}.log",
+        workdir / f"server-{workers}-{env.get('CASCADE_SERVING_COMPILED', '1')}.log",
         port,
     )
     feedback = load_settings(env).lake_root / "feedback"
@@ -346,6 +368,7 @@ def measure(
             timeout=seconds + warmup + 120,
         )
         server_cpu = server.cpu_seconds() - cpu_before
+        backend = served_backend(server.log_path.read_text(errors="replace"))
         if done.returncode != 0 or not load_out.exists():
             raise RuntimeError(f"load generator failed ({done.returncode}):\n{done.stderr[-3000:]}")
         load = json.loads(load_out.read_text())
@@ -361,6 +384,7 @@ def measure(
         "feedback_rows_expected": expected,
         "feedback_complete": logged == expected,
         "workers": workers,
+        "backend": backend,
         "server_ready_s": ready_s,
         "server_cpu_ms_per_request": server_cpu / max(1, load["requests"]) * 1e3,
         "load_average_before": load_before,
@@ -428,7 +452,11 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             warmup=warmup,
         )
         main = load(workers=workers)
-        # For the record, the other process count (1 when the main run used several).
+        # Side by side, for the record: the same load scored by eager PyTorch (when the main
+        # run used the compiled package), and the other process count.
+        eager = None
+        if main["backend"] == "compiled" and not quick:
+            eager = load(workers=workers, env={**env, "CASCADE_SERVING_COMPILED": "0"})
         other = None if quick else load(workers=1 if workers > 1 else 2)
     result = {
         **main,
@@ -445,23 +473,28 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             "model": promoted["model"],
             "model_version": promoted["version"],
             "model_test_auc": promoted["test_auc"],
+            "compile_gate": promoted.get("compile_gate"),
             "setup_s": setup_s,
             "torch_threads_per_worker": 1,
             "feedback_logging": os.environ.get("CASCADE_FEEDBACK", "1") == "1",
         },
     }
+    summary = (
+        "backend",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "rps",
+        "errors",
+        "server_cpu_ms_per_request",
+        "load_average_before",
+        "feedback_complete",
+    )
+    if eager is not None:
+        result["eager_scorer"] = {k: eager[k] for k in summary}
+        result["compiled_vs_eager_cpu"] = (
+            eager["server_cpu_ms_per_request"] / main["server_cpu_ms_per_request"]
+        )
     if other is not None:
-        result[f"with_{other['workers']}_workers"] = {
-            k: other[k]
-            for k in (
-                "p50_ms",
-                "p90_ms",
-                "p99_ms",
-                "rps",
-                "errors",
-                "server_cpu_ms_per_request",
-                "load_average_before",
-                "feedback_complete",
-            )
-        }
+        result[f"with_{other['workers']}_workers"] = {k: other[k] for k in summary}
     return result

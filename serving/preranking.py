@@ -11,9 +11,13 @@ Response: output ``scores`` (FP32, shape ``[N]``, sigmoid of the logits) and
 ``parameters.model_version``. Requests carry ids, never feature tensors: per request only the
 user's features come from the online store; item features of the catalogue are held in memory,
 loaded together with each model version. The FSCD ColdPreRanker (with its field encoder) is
-scored by ``ColdSharedScorer``: item fields encoded and put through the network's item side when
-a version loads, user fields once per request, cross (user x genre) fields once per genre of the
-request; a dense-feature PreRanker by ``SharedUserScorer``. A background thread polls the
+scored by its compiled package (``CompiledColdScorer``: the AOTInductor ``.pt2`` the pipeline's
+compile gate built and passed for the version's run, downloaded with the version; item field codes
+per version, user fields once per request, cross fields once per genre), or, without a package
+(or with ``CASCADE_SERVING_COMPILED=0``), eagerly by ``ColdSharedScorer``: item fields encoded and
+put through the network's item side when a version loads, user fields once per request, cross
+(user x genre) fields once per genre of the request; a dense-feature PreRanker by
+``SharedUserScorer``. A background thread polls the
 registry's champion alias and swaps a new version in without a restart.
 """
 
@@ -28,6 +32,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -48,7 +53,8 @@ from cascade.ctr_schema import (
     USER_GENRE_FEATURES,
 )
 from cascade.lake import Lake
-from models.preranking.fields import FieldEncoder
+from compilers.export import load_artifact
+from models.preranking.fields import FIELDS, FieldEncoder
 from models.preranking.model import ColdPreRanker, ColdSharedScorer, SharedUserScorer
 
 log = logging.getLogger(__name__)
@@ -63,6 +69,7 @@ ID_DATATYPE = "INT64"
 _USER_COLS = [MODEL_FEATURES.index(name) for name in USER_FEATURES]
 _ITEM_COLS = [MODEL_FEATURES.index(name) for name in ITEM_FEATURES]
 _UG_COLS = [MODEL_FEATURES.index(name) for name in USER_GENRE_FEATURES]
+_USER_INDEX = {name: j for j, name in enumerate(USER_FEATURES)}
 
 
 @dataclass(kw_only=True)
@@ -77,6 +84,9 @@ class ServingConfig:
     """Registry alias whose version is served."""
     item_batch: int = 5_000
     """Item ids per online-store call while loading the in-memory item table."""
+    use_compiled: bool = True
+    """Score an FSCD pre-ranker with its gate-passed compiled package when its run has one
+    (``CASCADE_SERVING_COMPILED``: ``1``, ``0`` for eager PyTorch)."""
 
     def __post_init__(self) -> None:
         if self.max_candidates < 1:
@@ -94,9 +104,14 @@ class ServingConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServingConfig:
-        """Defaults, overridden by CASCADE_SERVING_POLL_S and CASCADE_SERVING_MAX_CANDIDATES."""
+        """Defaults, overridden by CASCADE_SERVING_POLL_S, CASCADE_SERVING_MAX_CANDIDATES and
+        CASCADE_SERVING_COMPILED."""
         env = os.environ if env is None else env
         overrides: dict[str, Any] = {}
+        compiled = env.get("CASCADE_SERVING_COMPILED", "1")
+        if compiled not in ("0", "1"):
+            raise ValueError(f"CASCADE_SERVING_COMPILED must be 0 or 1, got {compiled!r}")
+        overrides["use_compiled"] = compiled == "1"
         try:
             if "CASCADE_SERVING_POLL_S" in env:
                 overrides["poll_s"] = float(env["CASCADE_SERVING_POLL_S"])
@@ -463,6 +478,103 @@ class ItemTable:
         )
 
 
+class CompiledColdScorer:
+    """A ColdPreRanker's AOTInductor package (:func:`compilers.export.compile_cold_preranking`:
+    one user's codes ``[1, F]`` and N candidates' codes ``[N, F]`` in, logits out) behind the
+    same call as :class:`ColdSharedScorer`.
+
+    The item fields of every table item are encoded once per version (a ``[M + 1, F]`` code
+    table, the last row for an item not in the table: every item field unknown but its id);
+    per request the user fields are encoded once, the cross fields once per genre of the
+    request, and the candidates' rows are gathered from the tables. Only the fields the network
+    reads are encoded; the package ignores the other columns.
+    """
+
+    PARITY_ATOL = 1e-4
+    """Largest logit difference to the eager scorer :meth:`check_against` accepts."""
+
+    def __init__(
+        self,
+        run: Callable[..., Any],
+        model: ColdPreRanker,
+        encoder: FieldEncoder,
+        item_ids: np.ndarray,
+        item_dense: np.ndarray,
+        item_genres: Sequence[str | None],
+    ) -> None:
+        self.run = run
+        self.encoder = encoder
+        self._user = [(FIELDS[p].name, p) for p in model.user_index.tolist()]
+        self._cross = [(FIELDS[p].name, p) for p in model.cross_index.tolist()]
+        item_ids = np.asarray(item_ids, dtype=np.int64)
+        dense = np.asarray(item_dense, dtype=np.float32).reshape(len(item_ids), -1)
+        columns: dict[str, Any] = {"item_id": item_ids, "genre": list(item_genres)}
+        columns.update({name: dense[:, j] for j, name in enumerate(ITEM_FEATURES)})
+        self.item_codes = np.zeros((len(item_ids) + 1, len(FIELDS)), dtype=np.int64)
+        self._item_id_position: int | None = None
+        for position in model.item_index.tolist():
+            name = FIELDS[position].name
+            self.item_codes[:-1, position] = encoder.encode_column(name, columns[name])
+            if name == "item_id":
+                self._item_id_position = position
+        self._cross_positions = [p for _, p in self._cross]
+        self._cross_columns = [USER_GENRE_FEATURES.index(name) for name, _ in self._cross]
+
+    def logits(
+        self,
+        user_id: int,
+        user_dense: np.ndarray,
+        genre_dense: np.ndarray,
+        rows: np.ndarray,
+        codes: np.ndarray,
+        item_ids: np.ndarray,
+    ) -> torch.Tensor:
+        """Logits ``[N]``; the arguments as in :meth:`ColdSharedScorer.logits`."""
+        user = np.zeros((1, len(FIELDS)), dtype=np.int64)
+        user_values = np.asarray(user_dense, dtype=np.float32).reshape(-1)
+        for name, position in self._user:
+            value = [int(user_id)] if name == "user_id" else user_values[[_USER_INDEX[name]]]
+            user[0, position] = self.encoder.encode_column(name, value)[0]
+        rows = np.asarray(rows, dtype=np.int64)
+        candidates = self.item_codes[rows]  # row -1 picks the last row: an unknown item
+        missing = rows < 0
+        if self._item_id_position is not None and missing.any():
+            candidates[missing, self._item_id_position] = self.encoder.encode_column(
+                "item_id", np.asarray(item_ids, dtype=np.int64)[missing]
+            )
+        if self._cross:
+            genre_values = np.asarray(genre_dense, dtype=np.float32)
+            per_genre = np.empty((len(genre_values), len(self._cross)), dtype=np.int64)
+            for k, (name, _) in enumerate(self._cross):
+                column = genre_values[:, self._cross_columns[k]]
+                per_genre[:, k] = self.encoder.encode_column(name, column)
+            # code -1 (unknown genre) is the last row of genre_dense, as in ColdSharedScorer.
+            genre_rows = np.where(codes < 0, len(genre_values) - 1, codes)
+            candidates[:, self._cross_positions] = per_genre[genre_rows]
+        with torch.inference_mode():
+            out = self.run(torch.from_numpy(user), torch.from_numpy(candidates))
+        return torch.as_tensor(out).reshape(-1)
+
+    def check_against(self, eager: ColdSharedScorer, candidates: int = 64) -> None:
+        """Raise unless the package scores a probe request (the first table items, an item not
+        in the table, an unknown user with unknown features) like the eager scorer."""
+        count = min(candidates, len(self.item_codes) - 1)
+        rows = np.append(np.arange(count, dtype=np.int64), -1)
+        item_ids = np.append(np.arange(1, count + 1, dtype=np.int64), -7)
+        genre_dense = np.full((2, len(USER_GENRE_FEATURES)), np.nan, dtype=np.float32)
+        codes = np.full(len(rows), -1, dtype=np.int64)
+        user_dense = np.full(len(USER_FEATURES), np.nan, dtype=np.float32)
+        args = (-1, user_dense, genre_dense, rows, codes, item_ids)
+        with torch.inference_mode():
+            got, want = self.logits(*args), eager.logits(*args)
+        gap = float((got - want).abs().max())
+        if not gap <= self.PARITY_ATOL:
+            raise ValueError(
+                f"the package's logits differ from the network's by {gap:.3g} on a probe request "
+                f"(allowed {self.PARITY_ATOL:g}); recompile it for this model"
+            )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServedVersion:
     """Everything one model version needs; swapped in as one reference."""
@@ -473,14 +585,24 @@ class ServedVersion:
     items: ItemTable
     encoder: FieldEncoder | None = None
     """The field encoder of a ColdPreRanker (None for a PreRanker)."""
-    scorer: SharedUserScorer | ColdSharedScorer | None = field(init=False)
+    compiled: Path | None = None
+    """The version's AOTInductor package (a ColdPreRanker's, gate-passed), None if none."""
+    compiled_reason: str = ""
+    """Why there is no ``compiled`` package (logged when the version is served eagerly)."""
+    use_compiled: bool = True
+    """Score with ``compiled`` when there is one (``CASCADE_SERVING_COMPILED=0``: never)."""
+    scorer: SharedUserScorer | ColdSharedScorer | CompiledColdScorer | None = field(init=False)
     """The network split by input side with the item side precomputed for ``items`` (built
     here, so a version and its precomputed item outputs are swapped in together): a
-    ColdSharedScorer for the FSCD ColdPreRanker, a SharedUserScorer for a plain PreRanker;
-    None for any other PreRanker, which is then run in full on every candidate row."""
+    CompiledColdScorer (the compiled package) or ColdSharedScorer (eager) for the FSCD
+    ColdPreRanker, a SharedUserScorer for a plain PreRanker; None for any other PreRanker,
+    which is then run in full on every candidate row."""
+    backend: str = field(init=False)
+    """``compiled``, ``eager-shared`` (a scorer above, eager PyTorch) or ``eager``."""
 
     def __post_init__(self) -> None:
-        scorer: SharedUserScorer | ColdSharedScorer | None = None
+        scorer: SharedUserScorer | ColdSharedScorer | CompiledColdScorer | None = None
+        backend = "eager"
         if isinstance(self.network, ColdPreRanker):
             if self.encoder is None:
                 raise ValueError(
@@ -488,20 +610,38 @@ class ServedVersion:
                     "load it with models.preranking.inference.load_version"
                 )
             genres = np.array([*self.items.genres, None], dtype=object)
-            scorer = ColdSharedScorer(
-                self.network,
-                self.encoder,
+            table = (
                 self.items.ids.to_numpy(),
                 self.items.dense,
                 genres[self.items.genre_codes].tolist(),  # code -1: the trailing None
             )
+            scorer = ColdSharedScorer(self.network, self.encoder, *table)
+            backend = "eager-shared"
+            reason = self.compiled_reason or "no compiled package"
+            if not self.use_compiled:
+                reason = "CASCADE_SERVING_COMPILED=0"
+            elif self.compiled is not None:
+                try:
+                    compiled = CompiledColdScorer(
+                        load_artifact(self.compiled), self.network, self.encoder, *table
+                    )
+                    compiled.check_against(scorer)
+                    scorer, backend, reason = compiled, "compiled", ""
+                except Exception as exc:  # a package of another torch build, a broken file
+                    reason = f"{self.compiled.name} not used: {type(exc).__name__}: {exc}"
+            if reason:
+                log.warning("version %s: scoring with eager PyTorch: %s", self.version, reason)
+            else:
+                log.info("version %s: scoring with its compiled package", self.version)
         elif SharedUserScorer.supports(self.network):
             scorer = SharedUserScorer(
                 self.network,  # type: ignore[arg-type]
                 self.items.ids.to_numpy(),
                 self.items.dense,
             )
+            backend = "eager-shared"
         object.__setattr__(self, "scorer", scorer)
+        object.__setattr__(self, "backend", backend)
 
 
 @dataclass(frozen=True, slots=True)
@@ -676,6 +816,9 @@ class PreRankingModel(Model):
             run_id=str(loaded.run_id),
             items=items,
             encoder=getattr(loaded, "encoder", None),
+            compiled=getattr(loaded, "compiled", None),
+            compiled_reason=getattr(loaded, "compiled_reason", ""),
+            use_compiled=self.config.use_compiled,
         )
 
     # Inference -------------------------------------------------------------------------------

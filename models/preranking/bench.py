@@ -3,12 +3,15 @@
     cascade bench preranking --out bench-results/preranking.json          # ml100k, ~10 min
     cascade bench preranking --out /tmp/p.json --quick                     # smoke, < 30 s
     CASCADE_BENCH_PRERANKING_CONFIG=generated cascade bench preranking --out FILE
+    CASCADE_BENCH_PRERANKING_SEEDS=0,1,2 cascade bench preranking --out FILE   # one run per seed
 
 The full run trains the cascade (teacher, two-tower, FSCD sweep) with 2 processes through
 :func:`models.preranking.cascade_train.launch_cascade` and copies its headline metrics
 (``teacher_auc``, ``fscd_auc``, ``two_tower_auc``, ``auc_ratio``, ``cost_ratio``, ``fscd_gauc``,
 ``recall_at_k``, and ``fscd_strength``, the λ chosen on the validation split, with
-``fscd_validation_auc``); then it measures teacher training throughput on one process,
+``fscd_validation_auc``; with several seeds, medians, min/max, ``per_seed`` and ``goals_held``).
+Training logs to the local stack's MLflow when it runs, else to a SQLite store in the run folder.
+Then it measures teacher training throughput on one process,
 DeepSpeed against a plain ``torch.optim`` loop interleaved in the same process, same batch
 size and steps, warm-up excluded (``ds_vs_torch_throughput``, wall-clock medians of 7;
 ``ds_vs_torch_cpu_time`` the same from process CPU time), DeepSpeed on 1 vs 2
@@ -19,15 +22,20 @@ and the eager scoring cost of 1 user x 1,000 / 10,000 candidates with the user p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 
 from cascade.bench import median_seconds
+from cascade.config import Settings, load_settings
 from models.preranking.cascade_train import launch_cascade
 from models.preranking.config_registry import get_cascade_config
 from models.preranking.fields import FIELDS, FieldEncoder
@@ -35,12 +43,99 @@ from models.preranking.model import ColdPreRanker
 
 CONFIG_ENV = "CASCADE_BENCH_PRERANKING_CONFIG"
 """Cascade config of the full run (default ``ml100k``); ``--quick`` always uses ``debug``."""
+SEEDS_ENV = "CASCADE_BENCH_PRERANKING_SEEDS"
+"""Comma-separated training seeds of the full run (default ``0``); one cascade per seed."""
+HEADLINE = (
+    "teacher_auc",
+    "fscd_auc",
+    "two_tower_auc",
+    "auc_ratio",
+    "cost_ratio",
+    "fscd_gauc",
+    "recall_at_k",
+)
+"""Per-seed metrics whose median over the seeds is the headline figure."""
+
+
+def bench_seeds() -> list[int]:
+    raw = os.environ.get(SEEDS_ENV, "0")
+    try:
+        seeds = [int(part) for part in raw.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"{SEEDS_ENV} must list integer seeds, e.g. 0,1,2; got {raw!r}") from None
+    if not seeds or min(seeds) < 0:
+        raise ValueError(f"{SEEDS_ENV} must list seeds >= 0, got {raw!r}")
+    return seeds
+
+
+def summarize_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Headline keys = medians over the seeds' runs; the other keys (kept fields, λ, run folder)
+    are those of the run with the median FSCD AUC. Adds each key's min and max, the per-seed
+    table, and on how many seeds each goal held."""
+    by_fscd = sorted(runs, key=lambda run: float(run["fscd_auc"]))
+    middle = by_fscd[(len(by_fscd) - 1) // 2]
+    summary: dict[str, Any] = {k: v for k, v in middle.items() if k != "config"}
+    for key in HEADLINE:
+        values = sorted(float(run[key]) for run in runs)
+        summary[key] = float(statistics.median(values))
+        summary[f"{key}_min"] = values[0]
+        summary[f"{key}_max"] = values[-1]
+    summary["seeds"] = [int(run["seed"]) for run in runs]
+    summary["per_seed"] = [
+        {"seed": int(run["seed"]), **{k: float(run[k]) for k in HEADLINE}} for run in runs
+    ]
+    summary["fscd_margin_over_two_tower"] = [
+        float(run["fscd_auc"]) - float(run["two_tower_auc"]) for run in runs
+    ]
+    summary["goals_held"] = {
+        "auc_ratio_ge_0.98": sum(float(run["auc_ratio"]) >= 0.98 for run in runs),
+        "cost_ratio_le_0.5": sum(float(run["cost_ratio"]) <= 0.5 for run in runs),
+        "fscd_beats_two_tower": sum(
+            float(run["fscd_auc"]) > float(run["two_tower_auc"]) for run in runs
+        ),
+        "of": len(runs),
+    }
+    return summary
+
+
+def train_seeds(config_name: str, out: Path, seeds: list[int]) -> dict[str, Any]:
+    """Train the cascade once per seed (2 processes) and summarize the runs."""
+    runs = []
+    for seed in seeds:
+        run_dir = out.parent / f"{out.stem}-run" / f"seed{seed}"
+        shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run, not a resume of an old one
+        settings = tracking_settings(run_dir)
+        print(f"[bench] preranking {config_name} seed {seed}: training in {run_dir}", flush=True)
+        code, tail = launch_cascade(
+            config_name, run_dir, processes=2, settings=settings, extra_args=["--seed", str(seed)]
+        )
+        trained = _read(run_dir / "result.json", f"cascade training (exit {code})", tail)
+        trained.update(seed=seed, run_dir=str(run_dir), mlflow_uri=settings.tracking_uri)
+        runs.append(trained)
+    return summarize_seeds(runs)
 
 
 def _read(path: Path, what: str, log_tail: str) -> dict[str, Any]:
     if not path.exists():
         raise RuntimeError(f"{what} wrote no {path}; last log lines:\n{log_tail}")
     return dict(json.loads(path.read_text()))
+
+
+def tracking_settings(run_dir: Path) -> Settings:
+    """The settings the training runs log with: the local stack's MLflow server when it
+    answers, else a private SQLite store in ``run_dir`` (the benchmark needs no stack)."""
+    from infra.stack import port_open
+
+    settings = load_settings()
+    uri = urlparse(settings.tracking_uri)
+    if uri.scheme not in ("http", "https"):
+        return settings
+    if port_open(uri.hostname or "127.0.0.1", uri.port or 80):
+        return settings
+    run_dir.mkdir(parents=True, exist_ok=True)
+    private = f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+    print(f"[bench] MLflow at {settings.tracking_uri} does not answer; logging to {private}")
+    return dataclasses.replace(settings, mlflow_tracking_uri=private)
 
 
 def throughput(
@@ -95,12 +190,8 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         work = Path(tmp)
         fields: tuple[str, ...] = tuple(f.name for f in FIELDS)
         if not quick:
-            run_dir = out.parent / f"{out.stem}-run"
-            code, tail = launch_cascade(config_name, run_dir, processes=2)
-            trained = _read(run_dir / "result.json", f"cascade training (exit {code})", tail)
-            result.update({k: v for k, v in trained.items() if k != "config"})
-            result["run_dir"] = str(run_dir)
-            fields = tuple(trained["fscd_fields"])
+            result.update(train_seeds(config_name, out, bench_seeds()))
+            fields = tuple(result["fscd_fields"])
         steps = 10 if quick else 200
         one = throughput(config_name, 1, steps, work)
         result["torch_samples_per_s"] = one["torch_samples_per_s"]

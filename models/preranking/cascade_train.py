@@ -66,7 +66,7 @@ from models.preranking.config_registry import (
     CascadeTrainConfig,
     get_cascade_config,
 )
-from models.preranking.fields import FIELDS, FieldEncoder
+from models.preranking.fields import FIELD_NAMES, FIELDS, FieldEncoder
 from models.preranking.model import ColdPreRanker, DCNTeacher, TwoTower
 from models.preranking.train import (
     CRASH_ENV,
@@ -132,6 +132,8 @@ class Prepared:
     validation: EvalSplit
     test: EvalSplit
     costs: dict[str, float]
+    example: pd.DataFrame
+    """A few raw test rows (the field columns): the logged model's input example."""
 
 
 def prepare(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> Prepared:
@@ -158,6 +160,7 @@ def prepare(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> Pr
         validation=EvalSplit.of(validation, encoder),
         test=EvalSplit.of(test, encoder),
         costs=dict(zip(ALL_FIELDS, encoder.costs(config.net.embedding_dim), strict=True)),
+        example=test[list(FIELD_NAMES)].head(5).reset_index(drop=True),
     )
 
 
@@ -774,11 +777,13 @@ def finish(
     test AUC, the figure the registry compares champions by."""
     import mlflow
     import mlflow.pyfunc
+    from mlflow.models import infer_signature
 
     from models.preranking.inference import (
         COLD_DIR_ARTIFACT,
         ColdPreRankerPyfunc,
         save_cold_model,
+        score_frame,
     )
 
     validation_rows = evaluate_models(models, data.validation, data.costs, config)
@@ -841,10 +846,14 @@ def finish(
     fscd_model = models[chosen["model"]]
     assert isinstance(fscd_model, ColdPreRanker)
     model_dir = save_cold_model(out / COLD_DIR_ARTIFACT, fscd_model, config, data.encoder)
+    # The signature: the raw field columns in, one click probability per row out.
+    signature = infer_signature(data.example, score_frame(fscd_model, data.example, data.encoder))
     info = mlflow.pyfunc.log_model(
         name="fscd_preranker",
         python_model=ColdPreRankerPyfunc(),
         artifacts={COLD_DIR_ARTIFACT: str(model_dir)},
+        signature=signature,
+        input_example=data.example,
         # Listing requirements skips MLflow's slow inference of them; the model also needs
         # this repository's `models.preranking` package importable where it is loaded.
         pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "pandas", "numpy"],
@@ -897,6 +906,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help="override the config's checkpoint interval (steps)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="override the config's seed (initialization, data order, gate noise)",
     )
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
     return parser.parse_args(argv)
@@ -1023,6 +1038,8 @@ def main(argv: list[str] | None = None) -> None:
         config = dataclasses.replace(config, data=str(args.data))
     if args.checkpoint_every is not None:
         config = dataclasses.replace(config, checkpoint_every=args.checkpoint_every)
+    if args.seed is not None:
+        config = dataclasses.replace(config, seed=args.seed)
     if args.throughput_steps:
         measure_throughput(config, args.out, args.throughput_steps)
     else:

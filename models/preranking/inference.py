@@ -13,11 +13,14 @@ encoder), :class:`PreRankerPyfunc` for the dense-feature network (artifacts: the
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlflow
+import mlflow.artifacts
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
@@ -226,6 +229,11 @@ class LoadedModel:
     """Hold-out AUC measured at training time."""
     encoder: FieldEncoder | None = None
     """The field encoder a ColdPreRanker reads its inputs through; None for a PreRanker."""
+    compiled: Path | None = None
+    """The version's AOTInductor package (``compiled/preranking.pt2`` of its run, built and
+    passed by the pipeline's compile gate), downloaded; None when there is none."""
+    compiled_reason: str = ""
+    """Why ``compiled`` is None (empty when it is set)."""
 
 
 def _client(settings: Settings | None) -> tuple[MlflowClient, Settings]:
@@ -253,6 +261,49 @@ def load_registered(
     return load_version(settings, str(version.version))
 
 
+COMPILED_DIR = "compiled"
+"""Run artifact folder the compile step logs the package and its gate report to."""
+COMPILED_PACKAGE = "preranking.pt2"
+COMPILED_GATE = "gate.json"
+
+
+def fetch_compiled(settings: Settings, run_id: str, cache: Path) -> tuple[Path | None, str]:
+    """``(package, "")`` for the compiled package of ``run_id`` when its compile gate passed
+    (downloaded once into ``cache/run_id``), else ``(None, reason)``."""
+    client = _client(settings)[0]
+    names = {a.path for a in client.list_artifacts(run_id, COMPILED_DIR)}
+    package, gate = f"{COMPILED_DIR}/{COMPILED_PACKAGE}", f"{COMPILED_DIR}/{COMPILED_GATE}"
+    if package not in names or gate not in names:
+        return None, f"run {run_id} has no {package} with {gate} (the compile step did not run)"
+    target = Path(cache) / run_id
+    if not target.is_dir():
+        # Each serving process downloads into its own folder and renames it into place: a
+        # killed download is never mistaken for a finished one, and a sibling process that
+        # got there first wins.
+        partial = Path(cache) / f".{run_id}.{os.getpid()}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        for name in (package, gate):
+            mlflow.artifacts.download_artifacts(
+                run_id=run_id,
+                artifact_path=name,
+                dst_path=str(partial),
+                tracking_uri=settings.tracking_uri,
+            )
+        # A file's download lands in dst_path under its own name: partial/preranking.pt2.
+        try:
+            partial.rename(target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            shutil.rmtree(partial, ignore_errors=True)
+    report = json.loads((target / COMPILED_GATE).read_text())
+    if not report.get("passed"):
+        reasons = "; ".join(report.get("reasons") or ["no reason recorded"])
+        return None, f"the compile gate of run {run_id} failed: {reasons}"
+    return target / COMPILED_PACKAGE, ""
+
+
 def load_version(settings: Settings | None, version: str) -> LoadedModel:
     """Registered version ``version`` of the pre-ranking model (eval mode)."""
     client, settings = _client(settings)
@@ -274,10 +325,19 @@ def load_version(settings: Settings | None, version: str) -> LoadedModel:
         if auc_tag is not None
         else float(client.get_run(registered.run_id).data.metrics.get("test_auc", float("nan")))
     )
+    compiled, reason = None, "a PreRanker is served eagerly"
+    if encoder is not None:
+        try:
+            cache = settings.home / "serving" / "compiled"
+            compiled, reason = fetch_compiled(settings, str(registered.run_id), cache)
+        except Exception as exc:  # the eager network still serves; say why
+            reason = f"the compiled package did not download: {type(exc).__name__}: {exc}"
     return LoadedModel(
         model=wrapper.model.eval(),
         version=str(registered.version),
         run_id=str(registered.run_id),
         test_auc=test_auc,
         encoder=encoder,
+        compiled=compiled,
+        compiled_reason=reason,
     )

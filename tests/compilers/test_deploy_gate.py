@@ -132,3 +132,35 @@ def test_cold_gate_sample_is_one_request_per_user_with_its_labels() -> None:
     # The rows of a request are one user's: its user_id code is the same on every row.
     user_col = FIELD_NAMES.index("user_id")
     assert all(len(set(c[:, user_col].tolist())) == 1 for (_, c), _ in sample)
+
+
+def test_serving_fetches_a_runs_package_only_when_its_gate_passed(settings: Settings) -> None:
+    from models.preranking.inference import fetch_compiled
+
+    client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
+    experiment = client.create_experiment("fetch-compiled")
+    cache = settings.home / "cache"
+
+    def run_with(gate: dict[str, object] | None) -> str:
+        run_id = client.create_run(experiment).info.run_id
+        if gate is not None:
+            package = settings.home / "preranking.pt2"
+            package.parent.mkdir(parents=True, exist_ok=True)
+            package.write_bytes(b"package of " + run_id.encode())
+            client.log_artifact(run_id, str(package), artifact_path="compiled")
+            client.log_text(run_id, json.dumps(gate), "compiled/gate.json")
+        return run_id
+
+    passed = run_with({"passed": True, "reasons": []})
+    path, reason = fetch_compiled(settings, passed, cache)
+    assert reason == "" and path == cache / passed / "preranking.pt2"
+    assert path.read_bytes() == b"package of " + passed.encode()
+    path.write_bytes(b"kept")  # a second load reads the downloaded copy
+    assert fetch_compiled(settings, passed, cache)[0] == path and path.read_bytes() == b"kept"
+    assert not [p for p in cache.iterdir() if p.name.endswith(".partial")]
+
+    failed = run_with({"passed": False, "reasons": ["latency: 0.8x eager, need 1.0x"]})
+    path, reason = fetch_compiled(settings, failed, cache)
+    assert path is None and "gate of run" in reason and "latency: 0.8x" in reason
+    path, reason = fetch_compiled(settings, run_with(None), cache)
+    assert path is None and "compile step did not run" in reason

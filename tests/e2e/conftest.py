@@ -52,7 +52,12 @@ def pipeline_run(stack: Settings, triggered: dict[str, Any]) -> dict:
     """One asset-triggered ``ctr_preranking`` run started by a Kafka event."""
     from cascade.demo import wait_for_triggered
 
-    return wait_for_triggered(triggered["ctr_preranking"], settings=stack, timeout_s=1800)
+    return wait_for_triggered(
+        triggered["ctr_preranking"],
+        settings=stack,
+        timeout_s=1800,
+        result_tasks=("train", "compile", "register", "deploy"),
+    )
 
 
 @pytest.fixture(scope="session")

@@ -44,6 +44,22 @@ def test_server_scores_every_candidate_with_the_champion(
     assert str(result["model_version"]) == str(pipeline_run["register"]["champion_version"])
 
 
+def test_server_scores_with_the_compiled_package_the_gate_passed(
+    stack: Settings, pipeline_run: dict
+) -> None:
+    from serving.deploy import score
+
+    version = str(pipeline_run["register"]["champion_version"])
+    assert str(score(1, [1, 50], settings=stack)["model_version"]) == version
+    log = (stack.logs_dir / "serving.log").read_text()
+    gate = pipeline_run["compile"]
+    if gate["passed"]:
+        # The FSCD pre-ranker's package, downloaded with the version, scores its requests.
+        assert f"version {version}: scoring with its compiled package" in log
+    else:  # the gate's reason is the log's reason for serving eagerly
+        assert f"version {version}: scoring with eager PyTorch: the compile gate" in log
+
+
 @pytest.mark.parametrize(
     "body",
     [

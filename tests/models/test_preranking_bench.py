@@ -28,3 +28,58 @@ def test_quick_preranking_benchmark_writes_its_figures(
     assert result["throughput_setup"]["zero_stage"] == 0  # the debug config's stage
     assert 0 < result["score_1000_ms"] < 1_000
     assert result["score_1000_shared_speedup"] > 0
+
+
+def test_seeds_are_summarized_by_median_with_spread_and_goal_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from models.preranking.bench import HEADLINE, SEEDS_ENV, bench_seeds, summarize_seeds
+
+    monkeypatch.setenv(SEEDS_ENV, "0, 2,5")
+    assert bench_seeds() == [0, 2, 5]
+    monkeypatch.setenv(SEEDS_ENV, "zero")
+    with pytest.raises(ValueError, match="integer seeds"):
+        bench_seeds()
+
+    def run(seed: int, fscd: float, two_tower: float, cost: float) -> dict[str, object]:
+        base = {key: 0.5 for key in HEADLINE}
+        return {
+            **base,
+            "seed": seed,
+            "fscd_auc": fscd,
+            "two_tower_auc": two_tower,
+            "teacher_auc": 0.72,
+            "auc_ratio": fscd / 0.72,
+            "cost_ratio": cost,
+            "fscd_fields": [f"f{seed}"],
+            "config": "ml100k",
+        }
+
+    summary = summarize_seeds(
+        [run(0, 0.714, 0.709, 0.35), run(1, 0.700, 0.705, 0.40), run(2, 0.710, 0.708, 0.55)]
+    )
+    assert summary["fscd_auc"] == pytest.approx(0.710)
+    assert (summary["fscd_auc_min"], summary["fscd_auc_max"]) == (0.700, 0.714)
+    assert summary["fscd_fields"] == ["f2"]  # the run with the median FSCD AUC
+    assert summary["cost_ratio"] == pytest.approx(0.40) and summary["cost_ratio_max"] == 0.55
+    assert summary["goals_held"] == {
+        "auc_ratio_ge_0.98": 2,
+        "cost_ratio_le_0.5": 2,
+        "fscd_beats_two_tower": 2,
+        "of": 3,
+    }
+    assert summary["fscd_margin_over_two_tower"] == pytest.approx([0.005, -0.005, 0.002])
+    assert [row["seed"] for row in summary["per_seed"]] == [0, 1, 2] and "config" not in summary
+
+
+def test_training_logs_to_a_private_store_when_the_stack_is_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from models.preranking.bench import tracking_settings
+    from models.preranking.train import free_port
+
+    monkeypatch.setenv("CASCADE_MLFLOW_URI", f"http://127.0.0.1:{free_port()}")
+    settings = tracking_settings(tmp_path / "run")
+    assert settings.tracking_uri == f"sqlite:///{(tmp_path / 'run' / 'mlflow.db').resolve()}"
+    monkeypatch.setenv("CASCADE_MLFLOW_URI", f"sqlite:///{tmp_path / 'own.db'}")
+    assert tracking_settings(tmp_path / "run").tracking_uri.endswith("own.db")

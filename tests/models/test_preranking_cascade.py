@@ -38,7 +38,7 @@ from models.preranking.config_registry import (
     cascade_debug,
     get_cascade_config,
 )
-from models.preranking.fields import FIELDS, FieldEncoder, field_cost
+from models.preranking.fields import FIELD_NAMES, FIELDS, FieldEncoder, field_cost
 from models.preranking.model import ColdPreRanker, DCNTeacher, TwoTower
 from models.preranking.movielens_frame import prior_counts
 from models.preranking.synthetic_data import synthetic_training_frame
@@ -373,6 +373,8 @@ def test_killed_two_process_run_resumes_to_the_same_metrics(
     # weights, and is the deployable kind the registry reads.
     assert result["model_kind"] == "fscd" and result["test_auc"] == got["fscd_auc"]
     mlflow.set_tracking_uri(settings.tracking_uri)
+    signature = mlflow.models.get_model_info(result["model_uri"]).signature
+    assert signature is not None and signature.inputs.input_names() == list(FIELD_NAMES)
     loaded = mlflow.pyfunc.load_model(result["model_uri"]).unwrap_python_model().model
     encoder = FieldEncoder.from_state(json.loads((killed / "encoder.json").read_text()))
     codes = encoder.encode(synthetic_training_frame(5, seed=5))

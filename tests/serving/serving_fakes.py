@@ -36,6 +36,8 @@ class FakeLoaded:
     run_id: str
     test_auc: float = 0.7
     encoder: FieldEncoder | None = None
+    compiled: Path | None = None
+    compiled_reason: str = ""
 
 
 def feature_rows() -> pd.DataFrame:
@@ -152,11 +154,19 @@ def item_features(store: FakeStore, item_ids: Sequence[int]) -> pd.DataFrame:
     return frame.set_index("item_id")
 
 
-def write_champion(path: Path, version: str | None, seed: int = 0, kind: str = "mlp") -> None:
+def write_champion(
+    path: Path, version: str | None, seed: int = 0, kind: str = "mlp", compiled: Path | None = None
+) -> None:
     """Promote ``version`` (None removes the alias); written atomically for the poller.
-    ``kind``: ``mlp`` (a PreRanker) or ``fscd`` (a ColdPreRanker with its encoder)."""
+    ``kind``: ``mlp`` (a PreRanker) or ``fscd`` (a ColdPreRanker with its encoder, and the
+    ``compiled`` package of its run when given)."""
     tmp = path.with_suffix(".tmp")
-    champion = None if version is None else {"version": version, "seed": seed, "kind": kind}
+    package = None if compiled is None else str(compiled)
+    champion = (
+        None
+        if version is None
+        else {"version": version, "seed": seed, "kind": kind, "compiled": package}
+    )
     tmp.write_text(json.dumps(champion))
     tmp.replace(path)
 
@@ -181,7 +191,14 @@ def backends(champion_file: Path, store: FakeStore | None = None) -> Backends:
         version, run_id = str(champ["version"]), f"run-{champ['version']}"
         if champ.get("kind") == "fscd":
             cold, encoder = cold_network(int(champ["seed"]))
-            return FakeLoaded(model=cold, version=version, run_id=run_id, encoder=encoder)
+            compiled = champ.get("compiled")
+            return FakeLoaded(
+                model=cold,
+                version=version,
+                run_id=run_id,
+                encoder=encoder,
+                compiled=None if compiled is None else Path(compiled),
+            )
         return FakeLoaded(model=network(int(champ["seed"])), version=version, run_id=run_id)
 
     return Backends(

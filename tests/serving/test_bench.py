@@ -36,6 +36,7 @@ def test_quick_serving_benchmark_reports_latency_without_errors(
     assert result["machine"]["cpus"] >= 1 and result["warmup_s"] > 0
     assert result["bad_requests_all_4xx"], result["bad_request_status"]
     assert result["setup"]["model_version"] == "1" and result["setup"]["model"] == "mlp"
+    assert result["backend"] == "eager-shared"  # a PreRanker: no compiled package to load
     # Every candidate of every good answer (warm-up included) was logged, none lost at stop.
     assert result["setup"]["feedback_logging"]
     assert result["feedback_rows_expected"] == result["answered_total"] * 200 > 0

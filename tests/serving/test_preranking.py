@@ -25,6 +25,7 @@ from cascade.lake import Lake
 from models.preranking.fields import FIELD_NAMES
 from models.preranking.model import ColdSharedScorer
 from serving.preranking import (
+    CompiledColdScorer,
     ItemTable,
     MalformedRequest,
     PreRankingModel,
@@ -251,6 +252,84 @@ def test_fscd_version_scores_like_the_full_network_with_the_user_side_once(
         want = torch.sigmoid(served.network(served.encoder.encode(fields))).numpy()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     assert np.ptp(got) > 1e-3  # the scores depend on the candidate
+
+
+@pytest.fixture(scope="module")
+def cold_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The AOTInductor package of ``cold_network(5)`` (the compile step's artifact)."""
+    from compilers.export import compile_cold_preranking
+
+    cold, _ = serving_fakes.cold_network(5)
+    out = tmp_path_factory.mktemp("compiled") / "preranking.pt2"
+    return compile_cold_preranking(cold.eval(), out, fast_build=True).path
+
+
+@pytest.mark.slow
+def test_fscd_version_is_scored_by_its_compiled_package(
+    model: PreRankingModel,
+    champion_file: Path,
+    cold_package: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    candidates = [3, 4, 6, 150, 999_999, 7, 7]  # 999999: unknown; 7 twice
+    serving_fakes.write_champion(champion_file, "5", seed=5, kind="fscd")
+    model.load()
+    assert model._served is not None and model._served.backend == "eager-shared"
+    eager = infer(model, 5, candidates).outputs[0].data
+    unknown_user = infer(model, 424242, candidates).outputs[0].data
+
+    serving_fakes.write_champion(champion_file, "6", seed=5, kind="fscd", compiled=cold_package)
+    assert model.refresh() is True
+    served = model._served
+    assert served is not None and served.backend == "compiled"
+    assert isinstance(served.scorer, CompiledColdScorer)
+    calls: list[int] = []
+    served.network.user_linear.register_forward_hook(lambda m, i, o: calls.append(1))
+    np.testing.assert_allclose(infer(model, 5, candidates).outputs[0].data, eager, atol=1e-5)
+    np.testing.assert_allclose(
+        infer(model, 424242, candidates).outputs[0].data, unknown_user, atol=1e-5
+    )
+    assert calls == []  # the eager network did not run
+
+    # A package that does not load (another torch build, a broken file): the version is served
+    # eagerly and the log says why.
+    broken = tmp_path / "broken.pt2"
+    broken.write_bytes(b"not a package")
+    serving_fakes.write_champion(champion_file, "7", seed=5, kind="fscd", compiled=broken)
+    with caplog.at_level("WARNING", logger="serving.preranking"):
+        assert model.refresh() is True
+    assert model._served is not None and model._served.backend == "eager-shared"
+    assert "broken.pt2 not used" in caplog.text
+    np.testing.assert_allclose(infer(model, 5, candidates).outputs[0].data, eager, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_package_of_another_model_or_switched_off_is_not_used(
+    champion_file: Path, cold_package: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def served_backend(config: ServingConfig, seed: int) -> str:
+        model = PreRankingModel(
+            settings=Settings(home=tmp_path / "home"),
+            config=config,
+            backends=serving_fakes.backends(champion_file),
+        )
+        serving_fakes.write_champion(
+            champion_file, "1", seed=seed, kind="fscd", compiled=cold_package
+        )
+        model.load()
+        assert model._served is not None
+        return model._served.backend
+
+    # The package was built from seed 5's weights: seed 6's network differs, parity fails.
+    with caplog.at_level("WARNING", logger="serving.preranking"):
+        assert served_backend(ServingConfig(), seed=6) == "eager-shared"
+    assert "differ from the network's" in caplog.text
+    off = ServingConfig.from_env({"CASCADE_SERVING_COMPILED": "0"})
+    assert served_backend(off, seed=5) == "eager-shared"
+    assert served_backend(ServingConfig(), seed=5) == "compiled"
+    with pytest.raises(ValueError, match="CASCADE_SERVING_COMPILED"):
+        ServingConfig.from_env({"CASCADE_SERVING_COMPILED": "yes"})
 
 
 def test_hot_swap_between_network_kinds(model: PreRankingModel, champion_file: Path) -> None:
