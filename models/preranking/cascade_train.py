@@ -624,9 +624,11 @@ def plot_tradeoff(
     test_rows: list[dict[str, Any]],
     chosen: str,
     path: Path,
+    budget: float | None = None,
 ) -> None:
     """AUC vs feature cost ratio across λ, on validation (where λ is chosen) and on test (what
-    is reported); the teacher and the two-tower baseline as single test points."""
+    is reported); the teacher and the two-tower baseline as single test points; ``budget``
+    (the cost ratio the chosen model must stay within) as a vertical line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -642,9 +644,15 @@ def plot_tradeoff(
     ):
         points = sweep(rows)
         ax.plot([r["cost_ratio"] for r in points], [r["auc"] for r in points], style, label=label)
+    # λs that kept the same fields land on one point: one label naming them all.
+    labels: dict[tuple[float, float], list[str]] = {}
     for r in sweep(test_rows):
-        strength = r["model"].removeprefix("fscd_")
-        ax.annotate(f"λ={strength}", (r["cost_ratio"], r["auc"]), fontsize=7)
+        point = (round(float(r["cost_ratio"]), 6), round(float(r["auc"]), 6))
+        labels.setdefault(point, []).append(r["model"].removeprefix("fscd_"))
+    for (cost, auc), strengths in labels.items():
+        ax.annotate(f"λ={', '.join(strengths)}", (cost, auc), fontsize=7)
+    if budget is not None:
+        ax.axvline(budget, color="grey", linestyle=":", label=f"cost budget ({budget:g})")
     pick = next(r for r in test_rows if r["model"] == chosen)
     ax.plot([pick["cost_ratio"]], [pick["auc"]], "*", markersize=14, label=f"chosen ({chosen})")
     for name, marker in (("teacher", "s"), ("two_tower", "^")):
@@ -815,7 +823,9 @@ def finish(
     _write_json(out / "evaluation.json", evaluation)
     _write_json(out / "selections.json", selections)
     _write_json(out / "metrics.json", metrics)
-    plot_tradeoff(validation_rows, rows, chosen["model"], out / "tradeoff.png")
+    plot_tradeoff(
+        validation_rows, rows, chosen["model"], out / "tradeoff.png", budget=config.cost_budget
+    )
     run = mlflow.active_run()
     assert run is not None
     mlflow.log_metrics(metrics)
