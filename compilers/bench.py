@@ -11,7 +11,9 @@ headline; ``cascade_int8`` is the same artifact with RSQ int8 GEMMs for its wide
 reported with its own speedups and ``int8_auc_delta``. ``--quick`` uses a tiny model and small
 sizes and runs only eager and the pass pipeline (with and without RSQ int8, for the AUC
 change): the Inductor compiles, the ONNX export and AOTInductor's gcc build take minutes on 2
-cores. ``--model asr`` runs :func:`asr_compile_bench` (utterances of 1-20 s, ``cer_delta``)."""
+cores. ``--model asr`` runs :func:`asr_compile_bench` (utterances of 1-20 s, ``cer_delta``).
+A full run adds ``fscd``: the same comparison for the FSCD pre-ranker, the network the pipeline
+deploys (:mod:`compilers.fscd_bench`)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,17 +105,23 @@ def request_auc(score: Callable[..., Any], requests: Requests) -> float:
 
 
 def onnxruntime_session(
-    request: PreRankingRequest, example: tuple[torch.Tensor, ...], path: Path
+    request: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    path: Path,
+    *,
+    dynamic_shapes: Any = None,
+    input_names: Sequence[str] = ("user_dense", "user_id", "item_dense", "item_id"),
 ) -> Callable[..., np.ndarray]:
-    """Export the request module to ONNX (dynamic candidate dim) and open a 2-thread session."""
+    """Export the request module to ONNX (dynamic candidate dim; by default the PreRanker's
+    request, :func:`preranking_dynamic_shapes`) and open a session on this process's threads."""
     import onnxruntime as ort
 
     torch.onnx.export(
         request,
         example,
         str(path),
-        dynamic_shapes=preranking_dynamic_shapes(),
-        input_names=["user_dense", "user_id", "item_dense", "item_id"],
+        dynamic_shapes=preranking_dynamic_shapes() if dynamic_shapes is None else dynamic_shapes,
+        input_names=list(input_names),
         dynamo=True,
     )
     options = ort.SessionOptions()
@@ -321,4 +329,11 @@ def _run(quick: bool) -> dict[str, Any]:
         result["sizes"][f"1x{size}"] = entry
     largest = result["sizes"][f"1x{sizes[-1]}"]
     result.update({k: v for k, v in largest.items() if k.endswith("_ms") or "speedup" in k})
+    if not quick:
+        from compilers.fscd_bench import fscd_compile_table
+
+        # The network the pipeline deploys and the server runs as a package.
+        result["fscd"] = fscd_compile_table(
+            work, sizes=sizes, shapes=shapes, cache_dir=load_settings().home / "compile-cache"
+        )
     return result

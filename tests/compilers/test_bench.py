@@ -25,3 +25,30 @@ def test_compilers_benchmark_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert abs(result["passes_graph_auc_delta"]) < 1e-3
     assert math.isfinite(result["rsq_int8_auc_delta"])
     assert 0.5 < result["eager_auc"] <= 1.0
+
+
+@pytest.mark.slow
+def test_fscd_table_compares_the_deployed_network_and_its_package(tmp_path: Path) -> None:
+    from compilers.fscd_bench import fscd_compile_table
+
+    table = fscd_compile_table(
+        tmp_path,
+        sizes=(50,),
+        shapes=(1, 3, 17, 200),
+        rows=3_000,
+        variants=("eager_rows", "eager", "cascade"),
+        rounds=1,
+        repeats=2,
+        fast_build=True,
+    )
+    entry = table["sizes"]["1x50"]
+    assert entry["eager_ms"] > 0 and entry["cascade_ms"] > 0 and entry["eager_rows_ms"] > 0
+    assert entry["speedup_vs_eager"] == pytest.approx(entry["eager_ms"] / entry["cascade_ms"])
+    # Exact compilation: the ranking does not move; one package serves every candidate count.
+    assert (
+        abs(table["auc_delta"]["cascade"]) < 1e-6 and abs(table["auc_delta"]["eager_rows"]) < 1e-6
+    )
+    assert table["recompiles"]["cascade"] == {"compiles": 1, "recompiles": 0}
+    assert table["shapes_tried"] == 4 and table["requests"] > 10
+    assert 0.5 < table["eager_auc"] <= 1.0
+    assert table["passes"]["share_broadcast_computation"]["fired"] >= 0
