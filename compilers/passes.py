@@ -574,19 +574,87 @@ def _split_linear_over_broadcast(gm: fx.GraphModule, node: fx.Node) -> bool:
     return True
 
 
+def _collapse_shared_bilinear(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """``linear(flatten(matmul(s, x.transpose(1, 2)), 1), W, b) -> mm(flatten(x, 1), A) + b``.
+
+    ``s [1, F, d]`` is one request's rows, broadcast by the matmul over the ``N`` candidates
+    of ``x [N, G, d]``; ``W [h, F*G]`` is constant. The Linear of the ``F x G`` dot products is
+    linear in ``x`` once ``s`` is fixed: ``A[g*d + k, :] = sum_f W[:, f*G + g] * s[0, f, k]``,
+    a ``[G*d, h]`` matrix computed once per request (a ``[G, h, F] @ [F, d]`` product), so the
+    per-candidate work is one GEMM instead of a batched matmul and a Linear.
+    """
+    if node.target != aten.linear.default or len(node.args) < 2:
+        return False
+    flat = node.args[0]
+    if (
+        not isinstance(flat, fx.Node)
+        or flat.target != aten.flatten.using_ints
+        or tuple(flat.args[1:]) not in ((1,), (1, -1))
+        or len(flat.users) != 1
+    ):
+        return False
+    product = flat.args[0]
+    if (
+        not isinstance(product, fx.Node)
+        or product.target != aten.matmul.default
+        or len(product.users) != 1
+    ):
+        return False
+    shared, transposed = product.args
+    if (
+        not isinstance(transposed, fx.Node)
+        or transposed.target != aten.transpose.int
+        or sorted(int(d) for d in transposed.args[1:]) != [1, 2]
+    ):
+        return False
+    x = transposed.args[0]
+    s_shape, x_shape = _shape(shared), _shape(x)
+    weight = _const(gm, node.args[1])
+    if s_shape is None or x_shape is None or weight is None or weight.dim() != 2:
+        return False
+    if len(s_shape) != 3 or len(x_shape) != 3 or s_shape[0] != 1:
+        return False
+    if not all(_is_static(v) for v in (*s_shape[1:], *x_shape[1:])) or s_shape[2] != x_shape[2]:
+        return False
+    fields, others, width = int(s_shape[1]), int(x_shape[1]), int(x_shape[2])
+    hidden = int(weight.shape[0])
+    if weight.shape[1] != fields * others:
+        return False
+    bias = node.args[2] if len(node.args) > 2 else None
+    with gm.graph.inserting_before(node):
+        # [h, F, G] -> [G, h, F]: A's blocks come out of one batched product with s[0].
+        blocks = weight.reshape(hidden, fields, others).permute(2, 0, 1)
+        per_item = _add_const(gm, blocks, "bilinear_weight")
+        row = _call(gm, aten.select.int, shared, 0, 0)  # [F, d]
+        collapsed = _call(gm, aten.matmul.default, per_item, row)  # [G, h, d]
+        collapsed = _call(gm, aten.permute.default, collapsed, [0, 2, 1])  # [G, d, h]
+        collapsed = _call(gm, aten.reshape.default, collapsed, [others * width, hidden])
+        items = _call(gm, aten.flatten.using_ints, x, 1)  # [N, G*d]
+        total = _call(gm, aten.mm.default, items, collapsed)
+        if bias is not None:
+            total = _call(gm, aten.add.Tensor, total, bias)
+    node.replace_all_uses_with(total)
+    gm.graph.erase_node(node)
+    return True
+
+
 def share_broadcast_computation(gm: fx.GraphModule, context: PassContext) -> PassResult:
     """Move work on a tensor that is only repeated along dim 0 to before the repeat.
 
     For a pre-ranking request the user's row is expanded to ``N`` candidates; after this pass
     its transforms, embedding lookup and its columns of the first Linear run once per request.
-    Invariant: each rewrite computes the same values (elementwise ops commute with a
-    broadcast; a Linear over a concatenation is the sum of Linears over its parts); every new
-    node carries ``meta["val"]``; no in-place ops are introduced.
+    A Linear over the dot products of the request's rows with each candidate's is collapsed
+    into one per-request matrix (:func:`_collapse_shared_bilinear`). Invariant: each rewrite
+    computes the same values up to float rounding (elementwise ops commute with a broadcast; a
+    Linear over a concatenation is the sum of Linears over its parts; a bilinear form with one
+    side fixed is linear in the other); every new node carries ``meta["val"]``; no in-place
+    ops are introduced.
     """
     rules = {
         "pull_broadcast": _pull_broadcast_after,
         "split_cat": _split_across_cat,
         "flatten_cat": _flatten_cat,
+        "collapse_bilinear": _collapse_shared_bilinear,
         "split_linear": _split_linear_over_broadcast,
     }
     counts = dict.fromkeys(rules, 0)
@@ -620,6 +688,56 @@ FOLDED_TABLE_MAX_ELEMENTS = 1 << 24
 builds; beyond it the extra memory outweighs the saved multiply."""
 
 
+def _fold_field_lookups(gm: fx.GraphModule, node: fx.Node) -> list[int] | None:
+    """``linear(flatten(embedding(E, ids [N, F]), 1), W, b)`` -> ``sum_j T[ids[:, j] + j*R]``.
+
+    One lookup of ``F`` fields per row (``E [R, d]``, one table for all of them, as a side's
+    field embeddings are) flattened into a Linear ``W [h, F*d]``: field ``j``'s block of
+    columns folds into ``E @ W[:, j*d:(j+1)*d].T``; the blocks are stacked into one table
+    ``T [F*R, h]``, so a row costs ``F`` fetches of ``h`` finished values and their sum instead
+    of a ``F*d x h`` GEMM row. The lookup itself stays for any other user (e.g. dot products).
+    Returns the folded table's shape, or None when the pattern does not match or the table
+    would exceed :data:`FOLDED_TABLE_MAX_ELEMENTS`.
+    """
+    flat = node.args[0]
+    if (
+        not isinstance(flat, fx.Node)
+        or flat.target != aten.flatten.using_ints
+        or tuple(flat.args[1:]) not in ((1,), (1, -1))
+        or len(flat.users) != 1
+    ):
+        return None
+    lookup = flat.args[0]
+    if not isinstance(lookup, fx.Node) or lookup.target != aten.embedding.default:
+        return None
+    table, weight = _const(gm, lookup.args[0]), _const(gm, node.args[1])
+    ids_shape = _shape(lookup.args[1])
+    if table is None or weight is None or table.dim() != 2 or weight.dim() != 2:
+        return None
+    if ids_shape is None or len(ids_shape) != 2 or not _is_static(ids_shape[1]):
+        return None
+    rows, width = table.shape
+    fields, hidden = int(ids_shape[1]), int(weight.shape[0])
+    if weight.shape[1] != fields * width or fields * rows * hidden > FOLDED_TABLE_MAX_ELEMENTS:
+        return None
+    blocks = [
+        table.double() @ weight[:, j * width : (j + 1) * width].double().t() for j in range(fields)
+    ]
+    folded = torch.cat(blocks).to(weight.dtype)  # [F*R, h]
+    bias = node.args[2] if len(node.args) > 2 else None
+    with gm.graph.inserting_before(node):
+        table_node = _add_const(gm, folded, "folded_fields")
+        offsets = _add_const(gm, torch.arange(fields, dtype=torch.long) * rows, "field_offsets")
+        ids = _call(gm, aten.add.Tensor, lookup.args[1], offsets)
+        parts = _call(gm, aten.embedding.default, table_node, ids)  # [N, F, h]
+        total = _call(gm, aten.sum.dim_IntList, parts, [1])
+        if bias is not None:
+            total = _call(gm, aten.add.Tensor, total, bias)
+    node.replace_all_uses_with(total)
+    gm.graph.erase_node(node)
+    return list(folded.shape)
+
+
 def fold_embedding_linear(gm: fx.GraphModule, context: PassContext) -> PassResult:
     """Fold a Linear's columns that read an embedding lookup into the embedding table.
 
@@ -635,6 +753,11 @@ def fold_embedding_linear(gm: fx.GraphModule, context: PassContext) -> PassResul
     tables: list[list[int]] = []
     for node in list(gm.graph.nodes):
         if node.target != aten.linear.default or len(_shape(node) or ()) != 2:
+            continue
+        fields_table = _fold_field_lookups(gm, node)
+        if fields_table is not None:
+            folded += 1
+            tables.append(fields_table)
             continue
         cat = _cat_parts(node.args[0])
         weight = _const(gm, node.args[1])

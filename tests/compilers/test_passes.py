@@ -10,6 +10,8 @@ from torch import nn
 from torch.export import Dim
 
 from compilers.export import (
+    MAX_CANDIDATES,
+    ColdPreRankingRequest,
     PreRankingRequest,
     export_program,
     preranking_dynamic_shapes,
@@ -30,7 +32,8 @@ from compilers.passes import (
     winograd_filter,
 )
 from compilers.pipeline import DEFAULT_PASSES, PASS_ORDER, run_pipeline
-from models.preranking.model import PreRanker, PreRankerConfig
+from models.preranking.fields import FIELDS
+from models.preranking.model import ColdPreRanker, PreRanker, PreRankerConfig
 
 aten = torch.ops.aten
 
@@ -249,6 +252,63 @@ def test_fold_embedding_linear_premultiplies_both_tables() -> None:
     for n in (1, 5, 300):
         inputs = preranking_example(request.model.config, n, seed=n)
         torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
+
+
+def cold_request_graph() -> tuple[ColdPreRankingRequest, torch.fx.GraphModule, PassContext]:
+    """The FSCD pre-ranker's request graph (user, item and cross fields), noops removed."""
+    from models.preranking.config_registry import CascadeNetConfig
+
+    torch.manual_seed(0)
+    fields = ("user_id", "user_ctr", "item_id", "item_ctr", "genre", "ug_ctr")
+    cards = [30 + 7 * j for j in range(len(FIELDS))]
+    model = ColdPreRanker(CascadeNetConfig(embedding_dim=4, hidden=(16, 8)), fields, cards)
+    request = ColdPreRankingRequest(model.eval()).eval()
+    candidates = Dim("candidates", min=1, max=MAX_CANDIDATES)
+    gm = export_program(request, cold_codes(cards, 32), (None, {0: candidates})).module()
+    context = prepared(gm)
+    remove_noops(gm, context)
+    return request, gm, context
+
+
+def cold_codes(cards: list[int], n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    codes = (torch.rand(n, len(cards), generator=generator) * torch.tensor(cards)).long()
+    return codes[:1].clone(), codes
+
+
+def test_shared_bilinear_collapses_and_field_lookups_fold_into_the_first_layer() -> None:
+    request, gm, context = cold_request_graph()
+    cards = [30 + 7 * j for j in range(len(FIELDS))]
+    shared = share_broadcast_computation(gm, context)
+    # The user x item dot products and their Linear became one per-request matrix.
+    assert shared.details["collapse_bilinear"] == 1
+    assert count(gm, aten.matmul.default) == 1  # [Fi, h, Fu] @ [Fu, d], once per request
+    assert count(gm, aten.mm.default) == 1
+    folded = fold_embedding_linear(gm, context)
+    # The user, item and cross sides' lookups fold into their Linears (one table per side:
+    # fields x rows of the side's table, by the first layer's width); the MLP's are left.
+    model = request.model
+    sides = [(model.user_embedding, 2), (model.item_embedding, 3), (model.cross_embedding, 1)]
+    assert folded.details["folded_tables"] == [
+        [fields * side.table.weight.shape[0], 16] for side, fields in sides
+    ]
+    assert count(gm, aten.linear.default) == 2
+    gm.graph.lint()
+    gm.recompile()
+    for n in (1, 5, 300):
+        inputs = cold_codes(cards, n, seed=n)
+        torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_field_lookups_stay_when_the_folded_table_would_be_too_large(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import compilers.passes
+
+    _, gm, context = cold_request_graph()
+    monkeypatch.setattr(compilers.passes, "FOLDED_TABLE_MAX_ELEMENTS", 100)
+    assert fold_embedding_linear(gm, context).fired == 0
+    assert count(gm, aten.linear.default) == 6  # user, item, cross, interaction, MLP x 2
 
 
 def test_memory_bound_chains_rewrite_narrow_chain_and_head() -> None:
