@@ -574,6 +574,19 @@ def _split_linear_over_broadcast(gm: fx.GraphModule, node: fx.Node) -> bool:
     return True
 
 
+def _flattened_input(node: fx.Node) -> Any:
+    """``x`` when ``node``'s first argument is ``flatten(x, 1)`` used by ``node`` alone."""
+    flat = node.args[0]
+    if (
+        not isinstance(flat, fx.Node)
+        or flat.target != aten.flatten.using_ints
+        or tuple(flat.args[1:]) not in ((1,), (1, -1))
+        or len(flat.users) != 1
+    ):
+        return None
+    return flat.args[0]
+
+
 def _collapse_shared_bilinear(gm: fx.GraphModule, node: fx.Node) -> bool:
     """``linear(flatten(matmul(s, x.transpose(1, 2)), 1), W, b) -> mm(flatten(x, 1), A) + b``.
 
@@ -585,15 +598,7 @@ def _collapse_shared_bilinear(gm: fx.GraphModule, node: fx.Node) -> bool:
     """
     if node.target != aten.linear.default or len(node.args) < 2:
         return False
-    flat = node.args[0]
-    if (
-        not isinstance(flat, fx.Node)
-        or flat.target != aten.flatten.using_ints
-        or tuple(flat.args[1:]) not in ((1,), (1, -1))
-        or len(flat.users) != 1
-    ):
-        return False
-    product = flat.args[0]
+    product = _flattened_input(node)
     if (
         not isinstance(product, fx.Node)
         or product.target != aten.matmul.default
@@ -699,15 +704,7 @@ def _fold_field_lookups(gm: fx.GraphModule, node: fx.Node) -> list[int] | None:
     Returns the folded table's shape, or None when the pattern does not match or the table
     would exceed :data:`FOLDED_TABLE_MAX_ELEMENTS`.
     """
-    flat = node.args[0]
-    if (
-        not isinstance(flat, fx.Node)
-        or flat.target != aten.flatten.using_ints
-        or tuple(flat.args[1:]) not in ((1,), (1, -1))
-        or len(flat.users) != 1
-    ):
-        return None
-    lookup = flat.args[0]
+    lookup = _flattened_input(node)
     if not isinstance(lookup, fx.Node) or lookup.target != aten.embedding.default:
         return None
     table, weight = _const(gm, lookup.args[0]), _const(gm, node.args[1])
