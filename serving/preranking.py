@@ -180,7 +180,9 @@ def default_backends() -> Backends:
 
     return Backends(
         champion_version=lambda settings, alias: alias_version(settings, alias=alias),
-        load_champion=lambda settings, alias: load_registered(settings, alias=alias),
+        load_champion=lambda settings, alias: load_registered(
+            settings, alias=alias, with_package=True
+        ),
         open_feature_store=lambda settings: OnlineUserReader(feature_store(settings)),
         user_features=lambda reader, user_id, genres: reader.user_features(user_id, genres),
         item_features=lambda reader, item_ids: online_item_features(reader.store, item_ids),

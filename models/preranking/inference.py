@@ -250,15 +250,16 @@ def alias_version(settings: Settings | None = None, alias: str = "champion") -> 
 
 
 def load_registered(
-    settings: Settings | None = None, alias: str = "champion"
+    settings: Settings | None = None, alias: str = "champion", *, with_package: bool = False
 ) -> LoadedModel | None:
-    """The model behind ``alias`` (eval mode), or None when nothing is registered there yet."""
+    """The model behind ``alias`` (eval mode), or None when nothing is registered there yet;
+    ``with_package``: also fetch its compiled package (see :func:`load_version`)."""
     client, settings = _client(settings)
     version = version_by_alias(client, settings.registered_model, alias)
     if version is None:
         return None
     # Load by number, not alias: the alias may move while we download.
-    return load_version(settings, str(version.version))
+    return load_version(settings, str(version.version), with_package=with_package)
 
 
 COMPILED_DIR = "compiled"
@@ -304,8 +305,12 @@ def fetch_compiled(settings: Settings, run_id: str, cache: Path) -> tuple[Path |
     return target / COMPILED_PACKAGE, ""
 
 
-def load_version(settings: Settings | None, version: str) -> LoadedModel:
-    """Registered version ``version`` of the pre-ranking model (eval mode)."""
+def load_version(
+    settings: Settings | None, version: str, *, with_package: bool = False
+) -> LoadedModel:
+    """Registered version ``version`` of the pre-ranking model (eval mode); ``with_package``
+    (the server): also download an FSCD version's gate-passed compiled package
+    (:func:`fetch_compiled`) into ``LoadedModel.compiled``."""
     client, settings = _client(settings)
     registered = client.get_model_version(settings.registered_model, version)
     uri = f"models:/{settings.registered_model}/{version}"
@@ -326,7 +331,9 @@ def load_version(settings: Settings | None, version: str) -> LoadedModel:
         else float(client.get_run(registered.run_id).data.metrics.get("test_auc", float("nan")))
     )
     compiled, reason = None, "a PreRanker is served eagerly"
-    if encoder is not None:
+    if not with_package:
+        reason = "not fetched (with_package=False)"
+    elif encoder is not None:
         try:
             cache = settings.home / "serving" / "compiled"
             compiled, reason = fetch_compiled(settings, str(registered.run_id), cache)

@@ -20,6 +20,7 @@ from models.preranking.inference import (
     COLD_DIR_ARTIFACT,
     ColdPreRankerPyfunc,
     load_trained,
+    load_version,
     save_cold_model,
 )
 from models.preranking.model import ColdPreRanker
@@ -116,6 +117,22 @@ def test_compile_step_compiles_and_gates_the_fscd_preranker(settings: Settings) 
     client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
     logged = {a.path for a in client.list_artifacts(report["run_id"], "compiled")}
     assert {"compiled/preranking.pt2", "compiled/gate.json"} <= logged
+
+    # The server's load of this version fetches the package when (and only when) it passed.
+    client.create_registered_model(settings.registered_model)
+    trained_result = json.loads(
+        (Lake(settings.lake_root).reports("train", DS) / "result.json").read_text()
+    )
+    client.create_model_version(
+        settings.registered_model, trained_result["model_uri"], run_id=report["run_id"]
+    )
+    assert load_version(settings, "1").compiled is None  # the registry's loads skip it
+    served = load_version(settings, "1", with_package=True)
+    if report["passed"]:
+        assert served.compiled is not None and served.compiled_reason == ""
+        assert served.compiled.read_bytes() == artifact.read_bytes()
+    else:
+        assert served.compiled is None and "compile gate" in served.compiled_reason
 
 
 def test_cold_gate_sample_is_one_request_per_user_with_its_labels() -> None:
