@@ -38,7 +38,10 @@ ALIASES: dict[str, str] = {"ctr-features": "ctr", "compile": "compilers"}
 
 OPTIONS: dict[str, dict[str, str]] = {
     "ctr": {"impressions": "CASCADE_BENCH_CTR_SIZES"},
-    "preranking": {"config": "CASCADE_BENCH_PRERANKING_CONFIG"},
+    "preranking": {
+        "config": "CASCADE_BENCH_PRERANKING_CONFIG",
+        "seeds": "CASCADE_BENCH_PRERANKING_SEEDS",
+    },
     "compilers": {"model": "CASCADE_BENCH_COMPILE_MODEL"},
     "asr": {"model": "CASCADE_BENCH_ASR_MODEL", "sizes": "CASCADE_BENCH_ASR_SIZES"},
     "events": {"events": "CASCADE_BENCH_EVENTS"},

@@ -107,6 +107,7 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 BENCH_OPTIONS = {
     "impressions": "impressions, comma-separated sizes (ctr-features)",
     "config": "named training config (preranking, multimodal)",
+    "seeds": "training seeds, comma-separated: one run each, medians reported (preranking)",
     "corpus": "corpus folder to train on instead of generated pairs (multimodal)",
     "model": "model to compile: preranking (compile); an asr_model.pt folder to evaluate (asr)",
     "sizes": "corpus sizes in utterances, comma-separated (asr)",

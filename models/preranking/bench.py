@@ -3,7 +3,7 @@
     cascade bench preranking --out bench-results/preranking.json          # ml100k, ~10 min
     cascade bench preranking --out /tmp/p.json --quick                     # smoke, < 30 s
     CASCADE_BENCH_PRERANKING_CONFIG=generated cascade bench preranking --out FILE
-    CASCADE_BENCH_PRERANKING_SEEDS=0,1,2 cascade bench preranking --out FILE   # one run per seed
+    cascade bench preranking --config ml100k --seeds 0,1,2 --out FILE   # one run per seed
 
 The full run trains the cascade (teacher, two-tower, FSCD sweep) with 2 processes through
 :func:`models.preranking.cascade_train.launch_cascade` and copies its headline metrics
