@@ -119,15 +119,20 @@ def test_compile_step_compiles_and_gates_the_fscd_preranker(settings: Settings) 
     assert {"compiled/preranking.pt2", "compiled/gate.json"} <= logged
 
     # The server's load of this version fetches the package when (and only when) it passed.
-    client.create_registered_model(settings.registered_model)
+    # Both URIs: an earlier test may have left a global registry URI behind.
+    client = mlflow.MlflowClient(
+        tracking_uri=settings.tracking_uri, registry_uri=settings.tracking_uri
+    )
+    if not client.search_registered_models(f"name = '{settings.registered_model}'"):
+        client.create_registered_model(settings.registered_model)
     trained_result = json.loads(
         (Lake(settings.lake_root).reports("train", DS) / "result.json").read_text()
     )
-    client.create_model_version(
+    version = client.create_model_version(
         settings.registered_model, trained_result["model_uri"], run_id=report["run_id"]
-    )
-    assert load_version(settings, "1").compiled is None  # the registry's loads skip it
-    served = load_version(settings, "1", with_package=True)
+    ).version
+    assert load_version(settings, version).compiled is None  # the registry's loads skip it
+    served = load_version(settings, version, with_package=True)
     if report["passed"]:
         assert served.compiled is not None and served.compiled_reason == ""
         assert served.compiled.read_bytes() == artifact.read_bytes()
