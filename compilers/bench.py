@@ -40,6 +40,7 @@ from compilers.export import (
     load_artifact,
     preranking_dynamic_shapes,
     preranking_example,
+    torch_threads,
 )
 from compilers.pipeline import DEFAULT_PASSES, PassContext
 from models.preranking.config_registry import get_config
@@ -171,12 +172,8 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         return asr_compile_bench(out, quick)
     if model != "preranking":
         raise ValueError(f"cannot benchmark --model {model}: choose preranking or asr")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(BENCH_THREADS)
-    try:
+    with torch_threads(BENCH_THREADS):
         return _run(quick)
-    finally:
-        torch.set_num_threads(threads)
 
 
 ASR_COMPILE_BENCH_SIZES = "500"

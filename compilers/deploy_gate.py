@@ -23,10 +23,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
+from compilers.export import torch_threads
 
 MAX_USERS = 300
 """Held-out users (one request each) the gate scores: enough for a stable AUC, bounded time."""
@@ -90,12 +89,8 @@ def compile_and_gate(ds: str, *, settings: Settings | None = None) -> dict[str, 
         # thread count is baked into its kernels) and time it against eager the same way.
         threads = positive_int_env(TORCH_THREADS_ENV, 1)
         sample = cold_gate_sample(rows, loaded.encoder)
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
+        with torch_threads(threads):
             report = compile_cold_gate(loaded.model, sample, out_dir=out, cache_dir=cache)
-        finally:
-            torch.set_num_threads(before)
     else:
         assert isinstance(loaded.model, PreRanker)
         sample = gate_sample(rows)

@@ -15,11 +15,12 @@ builds the RSQ int8 variant (oneDNN int8 GEMMs for the wide layers, via freezing
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,6 +226,20 @@ def _calibration_key(context: PassContext | None) -> str:
             digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     digest.update(repr((context.rsq_bits, context.rsq_min_features, context.winograd)).encode())
     return digest.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """PyTorch's intra-op thread count set to ``threads`` inside the block, restored after.
+
+    Packages bake the count they were built under into their kernels, and timings depend on
+    it: build, gate and time a package under the count it will be served with."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def package_artifact(

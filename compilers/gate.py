@@ -33,6 +33,7 @@ from compilers.export import (
     compile_cold_preranking,
     compile_preranking,
     load_artifact,
+    torch_threads,
 )
 from models.preranking.model import ColdPreRanker, PreRanker
 
@@ -152,15 +153,10 @@ def judge_artifact(
     # Timed with one intra-op thread, as each serving worker runs (CASCADE_SERVING_TORCH_THREADS):
     # that is the latency that matters, and multi-threaded kernels on a busy machine mostly
     # measure how long their threads wait for a core (0.46x seen with the suite running beside).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.no_grad():
-            timings = interleaved_ms(
-                {"eager": lambda: eager(*largest), "artifact": lambda: compiled(*largest)}
-            )
-    finally:
-        torch.set_num_threads(threads)
+    with torch_threads(1), torch.no_grad():
+        timings = interleaved_ms(
+            {"eager": lambda: eager(*largest), "artifact": lambda: compiled(*largest)}
+        )
     speedup = timings["eager"] / timings["artifact"]
     if speedup < min_speedup:
         reasons.append(

@@ -247,13 +247,11 @@ def real_time_factors(
 
 def run(out: Path, quick: bool) -> dict[str, Any]:
     """``cascade bench asr``: see the module docstring."""
+    from compilers.export import torch_threads
+
     threads = _env_int("CASCADE_BENCH_ASR_THREADS", 2)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         return _run(quick, threads)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _run(quick: bool, threads: int) -> dict[str, Any]:

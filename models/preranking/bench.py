@@ -36,6 +36,7 @@ import torch
 
 from cascade.bench import median_seconds
 from cascade.config import Settings, load_settings
+from compilers.export import torch_threads
 from models.preranking.cascade_train import launch_cascade
 from models.preranking.config_registry import get_cascade_config
 from models.preranking.fields import FIELDS, FieldEncoder
@@ -171,15 +172,11 @@ def scoring_cost(
     rows = codes.clone()
     user_positions = [i for i, f in enumerate(FIELDS) if f.kind == "user"]
     rows[:, user_positions] = user[user_positions]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one request, one core: the serving worker's budget
-    try:
-        with torch.inference_mode():
-            shared = median_seconds(lambda: model.score_request(user, codes), repeats=repeats)
-            full = median_seconds(lambda: model(rows), repeats=repeats)
-            torch.testing.assert_close(model.score_request(user, codes), model(rows))
-    finally:
-        torch.set_num_threads(threads)
+    # One request, one core: the serving worker's budget.
+    with torch_threads(1), torch.inference_mode():
+        shared = median_seconds(lambda: model.score_request(user, codes), repeats=repeats)
+        full = median_seconds(lambda: model(rows), repeats=repeats)
+        torch.testing.assert_close(model.score_request(user, codes), model(rows))
     return {"shared_user_ms": shared * 1e3, "per_row_ms": full * 1e3, "speedup": full / shared}
 
 
