@@ -136,7 +136,7 @@ def onnxruntime_session(
     return run
 
 
-def _interleaved_ms(
+def interleaved_rounds_ms(
     variants: dict[str, Callable[[], object]], *, rounds: int, repeats: int
 ) -> dict[str, float]:
     """Median ms per variant; variants alternate round by round so load drifts hit all alike."""
@@ -309,7 +309,7 @@ def _run(quick: bool) -> dict[str, Any]:
                 got = torch.as_tensor(fn(*inputs))
                 if not torch.allclose(got.reshape(-1), reference, atol=1e-4, rtol=1e-4):
                     raise AssertionError(f"{name} disagrees with eager at 1x{size}")
-            timings = _interleaved_ms(
+            timings = interleaved_rounds_ms(
                 {name: (lambda fn=fn, inputs=inputs: fn(*inputs)) for name, fn in variants.items()},
                 rounds=3 if quick else 7,
                 repeats=5 if quick else 15,

@@ -21,7 +21,6 @@ recompiles of Inductor and of the package across ``shapes`` candidate counts.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,11 +28,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
 from torch.export import Dim
 
-from cascade.bench import median_seconds
 from cascade.ctr_schema import LABEL
+from compilers.bench import interleaved_rounds_ms, onnxruntime_session, request_auc
 from compilers.export import (
     MAX_CANDIDATES,
     ColdPreRankingRequest,
@@ -103,16 +101,8 @@ def full_rows(model: ColdPreRanker) -> Callable[[torch.Tensor, torch.Tensor], to
     return run
 
 
-def _auc(score: Callable[..., Any], requests: Sequence[Request]) -> float:
-    with torch.no_grad():
-        scores = [np.asarray(torch.as_tensor(score(*inputs))).reshape(-1) for inputs, _ in requests]
-    labels = np.concatenate([labels for _, labels in requests])
-    return float(roc_auc_score(labels, np.concatenate(scores)))
-
-
 def onnxruntime_cold(request: ColdPreRankingRequest, path: Path) -> Callable[..., np.ndarray]:
     """The request module exported to ONNX (dynamic candidate dim) on ONNX Runtime."""
-    from compilers.bench import onnxruntime_session
     from compilers.export import cold_preranking_example
 
     candidates = Dim("candidates", min=1, max=MAX_CANDIDATES)
@@ -182,13 +172,15 @@ def fscd_compile_table(
         recompiles["cascade"] = {"compiles": 1, "recompiles": 0}
         fns["cascade"] = package
 
-    eager_auc = _auc(request, requests)
+    eager_auc = request_auc(request, requests)
     result: dict[str, Any] = {
         "fields": list(BENCH_FIELDS),
         "eager_auc": eager_auc,
         "requests": len(requests),
         "auc_delta": {
-            name: _auc(fn, requests) - eager_auc for name, fn in fns.items() if name != "eager"
+            name: request_auc(fn, requests) - eager_auc
+            for name, fn in fns.items()
+            if name != "eager"
         },
         "compile_s": compile_s,
         "recompiles": recompiles,
@@ -205,14 +197,11 @@ def fscd_compile_table(
                 got = torch.as_tensor(fn(*inputs)).reshape(-1)
                 if not torch.allclose(got, reference, atol=1e-4, rtol=1e-4):
                     raise AssertionError(f"fscd {name} disagrees with eager at 1x{size}")
-            samples: dict[str, list[float]] = {name: [] for name in fns}
-            for _ in range(rounds):
-                for name, fn in fns.items():
-                    seconds = median_seconds(
-                        lambda fn=fn, inputs=inputs: fn(*inputs), repeats=repeats, warmup=1
-                    )
-                    samples[name].append(seconds * 1e3)
-        timings = {name: statistics.median(values) for name, values in samples.items()}
+            timings = interleaved_rounds_ms(
+                {name: (lambda fn=fn, inputs=inputs: fn(*inputs)) for name, fn in fns.items()},
+                rounds=rounds,
+                repeats=repeats,
+            )
         entry: dict[str, Any] = {f"{name}_ms": ms for name, ms in timings.items()}
         for base in ("eager_rows", "eager", "inductor", "onnxruntime"):
             if base in timings and base != headline:
