@@ -994,6 +994,110 @@ def rsq_conv1d(
     return out if bias is None else out + bias[:, None]
 
 
+DEPTHWISE_MAX_TAPS = 16
+"""A depthwise Conv1d with at most this many taps runs as shifted multiply-adds."""
+
+
+def depthwise_conv1d_taps(
+    x: torch.Tensor, taps: torch.Tensor, padding: int, dilation: int
+) -> torch.Tensor:
+    """Depthwise Conv1d (stride 1) of ``x [B, C, T]`` as shifted products summed, ``taps
+    [k, C]`` its weight tap by tap (:func:`depthwise_taps`): pointwise work Inductor fuses
+    with the quantization before it and the adds after it into one loop over the channels,
+    where oneDNN's depthwise conv was a separate pass over memory (2-4x slower on one core).
+    With the weight ``[C, 1, k]`` as it is, each tap's 16 lanes came from 16 scalar loads,
+    slower than the conv from ~500 frames on."""
+    if padding:
+        x = F.pad(x, (padding, padding))
+    count = taps.shape[0]
+    length = x.shape[2] - dilation * (count - 1)
+    out = x[:, :, :length] * taps[0][:, None]
+    for j in range(1, count):
+        out = out + x[:, :, j * dilation : j * dilation + length] * taps[j][:, None]
+    return out
+
+
+def depthwise_taps(weight: torch.Tensor) -> torch.Tensor:
+    """A depthwise Conv1d weight ``[C, 1, k]`` as the ``[k, C]`` rows
+    :func:`depthwise_conv1d_taps` takes."""
+    return weight[:, 0, :].T.contiguous()
+
+
+def rsq_depthwise_conv1d(
+    x: torch.Tensor,
+    taps_q: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: float,
+    bias: torch.Tensor | None,
+    levels: int,
+    padding: int,
+    dilation: int,
+) -> torch.Tensor:
+    """:func:`rsq_conv1d` of a depthwise, stride-1 conv through :func:`depthwise_conv1d_taps`
+    (``taps_q``: the int8 weight as :func:`depthwise_taps`): the same integer-valued sums,
+    scaled once after."""
+    q = torch.clamp(torch.round(x / input_scale), -levels, levels)
+    out = depthwise_conv1d_taps(q, taps_q.to(x.dtype), padding, dilation)
+    out = out * (weight_scale * input_scale)[:, None]
+    return out if bias is None else out + bias[:, None]
+
+
+def conv1d_columns(
+    x: torch.Tensor, kernel_size: int, stride: int, padding: int, dilation: int
+) -> torch.Tensor:
+    """``x [B, C, T]`` -> ``[B * T', kernel_size * C]``: row ``b * T' + t`` holds the inputs
+    output frame ``t`` of a Conv1d sees (im2col), tap by tap, channels innermost: the ASR
+    convs read a ``[B, T, C]`` tensor through a transpose, so each tap is one contiguous row
+    of it (with taps innermost the copy ran 3 lanes to a 16-lane vector)."""
+    span = dilation * (kernel_size - 1) + 1
+    # Unfolded along time of the [B, T, C] view: unfolding [B, C, T] and permuting made
+    # export guard on the strided length (T + 2 >= 2 * ((T - 1) // 2) + 2) and fail.
+    frames = F.pad(x.transpose(1, 2), (0, 0, padding, padding))  # [B, T + 2p, C]
+    windows = frames.unfold(1, span, stride)  # [B, T', C, span]
+    if dilation > 1:
+        windows = windows[..., ::dilation]
+    return windows.transpose(2, 3).contiguous().view(-1, kernel_size * x.shape[1])
+
+
+def conv1d_weight_as_gemm(weight: torch.Tensor) -> torch.Tensor:
+    """A Conv1d weight ``[out, C, k]`` as the ``[out, k * C]`` matrix that multiplies
+    :func:`conv1d_columns`."""
+    return weight.permute(0, 2, 1).reshape(weight.shape[0], -1)
+
+
+def columns_to_conv_output(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The GEMM over :func:`conv1d_columns` of ``x`` (``[B * T', out]``) -> ``[B, out, T']``,
+    the Conv1d's output layout."""
+    return y.reshape(x.shape[0], -1, y.shape[1]).transpose(1, 2)
+
+
+def _rsq_conv1d_as_gemm(
+    gm: fx.GraphModule,
+    x: fx.Node,
+    weight_q: torch.Tensor,
+    weight_scale: torch.Tensor,
+    input_scale: float,
+    bias: Any,
+    levels: int,
+    stride: int,
+    padding: int,
+    dilation: int,
+) -> fx.Node:
+    """RSQ Conv1d (``groups == 1``) as im2col + the int8 Linear pattern: the same products and
+    sums as the convolution, run by oneDNN's int8 GEMM."""
+    columns = _call(gm, conv1d_columns, x, weight_q.shape[2], stride, padding, dilation)
+    gemm = _rsq_linear_nodes(
+        gm,
+        columns,
+        conv1d_weight_as_gemm(weight_q),
+        weight_scale,
+        input_scale,
+        bias,
+        levels,
+    )
+    return _call(gm, columns_to_conv_output, gemm, x)
+
+
 def _rsq_activation(gm: fx.GraphModule, x: fx.Node, input_scale: float, levels: int) -> fx.Node:
     """Quantize -> dequantize of a layer input: uint8 around :data:`RSQ_ZERO_POINT`."""
     qd = torch.ops.quantized_decomposed
@@ -1103,6 +1207,33 @@ def _layer_input_ranges(
     return ranges
 
 
+def _single(value: Any, default: int) -> int:
+    """A Conv1d's stride / padding / dilation argument (``[n]``, ``n`` or absent) as an int."""
+    if value is None:
+        return default
+    return int(value[0]) if isinstance(value, list | tuple) else int(value)
+
+
+def _as_gemm(conv_args: list[Any]) -> bool:
+    """Whether an ``aten.conv1d`` (args padded to 7) runs as im2col + int8 GEMM: ungrouped,
+    with numeric (not ``"same"``) padding."""
+    groups, padding = conv_args[6] or 1, conv_args[4]
+    return groups == 1 and not isinstance(padding, str)
+
+
+def _as_taps(conv_args: list[Any], weight: torch.Tensor) -> bool:
+    """Whether an ``aten.conv1d`` runs as :func:`depthwise_conv1d_taps`: one input channel per
+    group and per output channel, stride 1, numeric padding, at most DEPTHWISE_MAX_TAPS."""
+    groups, padding = conv_args[6] or 1, conv_args[4]
+    return (
+        groups == weight.shape[0]
+        and weight.shape[1] == 1
+        and _single(conv_args[3], 1) == 1
+        and not isinstance(padding, str)
+        and weight.shape[2] <= DEPTHWISE_MAX_TAPS
+    )
+
+
 def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
     """Range-scaled quantization (RSQ) of Linear and Conv1d weights and input activations.
 
@@ -1111,7 +1242,9 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
     ``context.rsq_input_ranges`` (by module path: what quantization-aware training learned) or
     else the largest magnitude seen on ``context.calibration_inputs``. Linear layers are
     emitted as the quantize/dequantize pattern Inductor lowers to an int8 GEMM (3-D inputs
-    flattened to 2-D for it); Conv1d as :func:`rsq_conv1d`. Invariant:
+    flattened to 2-D for it); an ungrouped Conv1d as im2col (:func:`conv1d_columns`) into
+    that same pattern, a depthwise one as shifted products (:func:`rsq_depthwise_conv1d`),
+    another grouped one as :func:`rsq_conv1d`. Invariant:
     same output shapes and dtypes; values change by the quantization error (check accuracy
     after).
     """
@@ -1143,7 +1276,7 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
     to_calibrate = {n.name for n in layers if n.name not in ranges}
     if to_calibrate and context.calibration_inputs:
         ranges.update(_layer_input_ranges(gm, context.calibration_inputs, to_calibrate))
-    quantized = 0
+    quantized = as_gemm = as_taps = 0
     for node in layers:
         weight = _const(gm, node.args[1])
         assert weight is not None
@@ -1161,27 +1294,38 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
                 replacement = _rsq_linear_nodes(
                     gm, args[0], weight_q, weight_scale, scale, args[2], levels
                 )
-            else:
-                # Not the quantize/dequantize pattern: Inductor's int8 conv (qconv_pointwise)
-                # gets a Conv1d's output length wrong under a symbolic length (one frame too
-                # many per padded conv, torch 2.13), so the conv runs as float ops on the
-                # int8-valued operands: the same values, without the int8 kernel.
-                q_node = _add_const(gm, weight_q.to(torch.int8), "rsq_weight")
-                s_node = _add_const(gm, weight_scale, "rsq_scale")
-                replacement = _call(
+            elif _as_gemm(args):
+                # Not Inductor's int8 conv (qconv_pointwise): it gets a Conv1d's output length
+                # wrong under a symbolic length (one frame too many per padded conv, torch
+                # 2.13). As im2col + GEMM the conv gets the int8 Linear instead.
+                replacement = _rsq_conv1d_as_gemm(
                     gm,
-                    rsq_conv1d,
                     args[0],
-                    q_node,
-                    s_node,
+                    weight_q,
+                    weight_scale,
                     scale,
                     args[2],
                     levels,
-                    args[3] or [1],
-                    args[4] or [0],
-                    args[5] or [1],
-                    args[6] or 1,
+                    _single(args[3], 1),
+                    _single(args[4], 0),
+                    _single(args[5], 1),
                 )
+                as_gemm += 1
+            else:
+                # A depthwise conv as shifted products; another grouped one as float ops on
+                # the int8-valued operands (the same values, without an int8 kernel).
+                taps = _as_taps(args, weight)
+                stored = depthwise_taps(weight_q) if taps else weight_q
+                q_node = _add_const(gm, stored.to(torch.int8), "rsq_weight")
+                s_node = _add_const(gm, weight_scale, "rsq_scale")
+                operands = (args[0], q_node, s_node, scale, args[2], levels)
+                if taps:
+                    extra = (_single(args[4], 0), _single(args[5], 1))
+                    replacement = _call(gm, rsq_depthwise_conv1d, *operands, *extra)
+                    as_taps += 1
+                else:
+                    extra = (args[3] or [1], args[4] or [0], args[5] or [1], args[6] or 1)
+                    replacement = _call(gm, rsq_conv1d, *operands, *extra)
         if "nn_module_stack" in node.meta:
             replacement.meta["nn_module_stack"] = node.meta["nn_module_stack"]
         node.replace_all_uses_with(replacement)
@@ -1193,6 +1337,8 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
         details={
             "layers": len(layers),
             "kept_fp32": len(small),
+            "conv_as_gemm": as_gemm,
+            "depthwise_as_taps": as_taps,
             "ranges_from_model": len(from_model),
             "calibrated": len(to_calibrate) if context.calibration_inputs else 0,
             "input_ranges": ranges,

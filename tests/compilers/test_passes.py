@@ -20,7 +20,12 @@ from compilers.export import (
 from compilers.passes import (
     PassContext,
     collect_shape_constraints,
+    columns_to_conv_output,
+    conv1d_columns,
     conv1d_multiplications,
+    conv1d_weight_as_gemm,
+    depthwise_conv1d_taps,
+    depthwise_taps,
     fold_batch_norm,
     fold_embedding_linear,
     fuse_memory_bound_chains,
@@ -194,6 +199,86 @@ def test_rsq_quantize_int8_with_calibration() -> None:
     expected = module(x)
     error = (gm(x) - expected).norm() / expected.norm()
     assert 0 < error < 0.03, f"int8 relative error {error:.4f}"
+
+
+@pytest.mark.parametrize(("stride", "padding", "dilation"), [(1, 1, 1), (2, 1, 1), (2, 0, 2)])
+def test_conv1d_as_columns_and_gemm_matches_conv(stride: int, padding: int, dilation: int) -> None:
+    x, weight, bias = torch.randn(3, 5, 17), torch.randn(7, 5, 3), torch.randn(7)
+    expected = torch.nn.functional.conv1d(x, weight, bias, stride, padding, dilation)
+    columns = conv1d_columns(x, 3, stride, padding, dilation)
+    got = columns_to_conv_output(columns @ conv1d_weight_as_gemm(weight).T + bias, x)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+class StridedConvs(nn.Module):
+    """The ASR front end's shape: a 3-tap conv, then a 3-tap conv of stride 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Conv1d(6, 8, 3, padding=1)
+        self.second = nn.Conv1d(8, 8, 3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x)))
+
+
+class MemoryBlock(nn.Module):
+    """A DFSMN memory's shape: projected frames plus a depthwise 7-tap filter over time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.project = nn.Conv1d(6, 8, 1)
+        self.memory = nn.Conv1d(8, 8, 7, groups=8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.project(x)
+        return p + self.memory(torch.nn.functional.pad(p, (4, 2)))
+
+
+@pytest.mark.parametrize(
+    ("name", "layers", "as_gemm", "as_taps"),
+    [("stack", 3, 2, 0), ("strided", 2, 2, 0), ("memory", 2, 1, 1)],
+)
+def test_rsq_quantize_runs_convs_as_int8_gemms_and_taps_under_a_symbolic_length(
+    name: str, layers: int, as_gemm: int, as_taps: int
+) -> None:
+    if name == "stack":
+        module, gm = conv_program()
+    else:
+        torch.manual_seed(0)
+        module = (StridedConvs() if name == "strided" else MemoryBlock()).eval()
+        dims = ({2: Dim("time", min=4, max=4096)},)
+        gm = export_program(module, (torch.randn(2, 6, 16),), dims).module()
+    context = PassContext(
+        calibration_inputs=[(torch.randn(2, 6, 32),) for _ in range(4)], rsq_min_features=1
+    )
+    collect_shape_constraints(gm, context)
+    result = rsq_quantize(gm, context)
+    assert result.fired == layers
+    assert result.details["conv_as_gemm"] == as_gemm
+    assert result.details["depthwise_as_taps"] == as_taps
+    assert count(gm, aten.conv1d.default) == 0
+    qd = torch.ops.quantized_decomposed
+    assert count(gm, qd.quantize_per_tensor.default) == layers - as_taps  # the GEMM pattern
+    gm.recompile()
+    length = Dim("length", min=4, max=256)
+    program = export_program(gm, (torch.randn(2, 6, 16),), ({2: length},))
+    for frames in (5, 16, 33):
+        x = torch.randn(2, 6, frames)
+        expected = module(x)
+        got = program.module()(x)
+        assert got.shape == expected.shape
+        error = (got - expected).norm() / expected.norm()
+        assert error < 0.03, f"{frames} frames: int8 relative error {error:.4f}"
+
+
+@pytest.mark.parametrize("dilation", [1, 2])
+def test_depthwise_conv1d_taps_matches_conv(dilation: int) -> None:
+    x, weight = torch.randn(2, 5, 19), torch.randn(5, 1, 4)
+    expected = torch.nn.functional.conv1d(x, weight, None, 1, 2, dilation, groups=5)
+    got = depthwise_conv1d_taps(x, depthwise_taps(weight), 2, dilation)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_rsq_quantize_emits_int8_linear_pattern_and_keeps_narrow_layers() -> None:

@@ -87,6 +87,36 @@ def test_rows_read_back_one_per_candidate_with_their_features(tmp_path: Path) ->
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+def test_requests_scored_before_and_after_an_item_table_refresh_share_a_row_group(
+    tmp_path: Path,
+) -> None:
+    # A refresh builds new item columns; the requests of one flush index both tables.
+    feedback = FeedbackLog(tmp_path, clock=lambda: DAY)
+    log_request(feedback, 3, "before")
+    refreshed_ctr = np.array([0.9, np.nan, 0.7])
+    refreshed_genre = np.array([1, 0, -1])
+    feedback.log(
+        request_id="after",
+        user_id=9,
+        item_ids=[1, 2, 3, 4],
+        scores=[0.1, 0.2, 0.3, 0.4],
+        model_version="3",
+        features={
+            "user_ctr": float("nan"),  # the user has no features yet
+            "item_ctr": Gathered(np.array([2, 1, 0, -1]), refreshed_ctr),
+            "genre": Gathered(np.array([0, 2, 1, -1]), refreshed_genre, GENRES),
+        },
+    )
+    (part,) = feedback.flush()
+    assert pq.ParquetFile(part).metadata.num_row_groups == 1
+    frame = pd.read_parquet(part)
+    assert frame.user_ctr.isna().tolist() == [False] * 3 + [True] * 4
+    assert str(frame.item_ctr.dtype) == "float64" and frame.genre.dtype == object
+    np.testing.assert_array_equal(frame.item_ctr, [np.nan, 0.1, 0.2, 0.7, np.nan, 0.9, np.nan])
+    assert pq.read_table(part).column("item_ctr").null_count == 3  # NaN stored as null
+    assert frame.genre.tolist() == [None, "Action", "Comedy", "Comedy", None, "Action", None]
+
+
 def test_writer_thread_loses_nothing_when_closed(tmp_path: Path) -> None:
     config = FeedbackConfig(flush_rows=2_500, part_rows=10_000, flush_s=30)
     feedback = FeedbackLog(tmp_path, config, background=True)
