@@ -6,9 +6,10 @@ Compile a trained pre-ranking model (the two files a training run writes) into a
 
 The artifact is request-shaped (:class:`PreRankingRequest`: one user, any number of candidates)
 and loads with :func:`load_artifact` (``torch._inductor.aoti_load_package``) without importing
-``models.preranking``. Packages are cached by a digest of the weights, the passes, the build
-settings (Inductor options, thread count) and the torch version, because AOTInductor compiles
-C++ with gcc and that takes minutes on 2 cores. ``compile_preranking(..., int8_calibration=...)``
+``models.preranking``. Packages are cached by a digest of the weights, the passes and this
+package's source, the build settings (Inductor options, thread count) and the torch version,
+because AOTInductor compiles C++ with gcc and that takes minutes on 2 cores.
+``compile_preranking(..., int8_calibration=...)``
 builds the RSQ int8 variant (oneDNN int8 GEMMs for the wide layers, via freezing).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -228,6 +230,17 @@ def _calibration_key(context: PassContext | None) -> str:
     return digest.hexdigest()[:16]
 
 
+@functools.cache
+def compiler_source_digest() -> str:
+    """Digest of this package's source (the passes, the export and packaging code): a cached
+    package built by other pass code is stale even when weights and pass names match."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 @contextlib.contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
     """PyTorch's intra-op thread count set to ``threads`` inside the block, restored after.
@@ -257,18 +270,20 @@ def package_artifact(
     """Compile ``module`` into an AOTInductor package at ``out`` (reused from ``cache_dir``).
 
     A cached package is keyed by :func:`artifact_digest` over everything that shapes the
-    generated code: weights, passes, example shapes, ``inductor_config``, the calibration
-    settings and the thread count. The thread count matters because Inductor bakes it into the
-    C++ kernels: compiled under one thread they have no parallel loops at all, compiled under a
-    count other than the machine's cores they pin ``num_threads(n)``; a package built under
-    other settings than it is served with is slower, never wrong. Its report is stored beside
-    it. ``fast_build`` builds the C++ wrapper at ``-O0`` (kernels stay optimized): for tests,
-    where gcc time matters more than the wrapper's per-call overhead. ``inductor_config``
-    patches ``torch._inductor.config`` for the build (e.g. ``{"freezing": True}``).
+    generated code: weights, passes and their source (:func:`compiler_source_digest`), example
+    shapes, ``inductor_config``, the calibration settings and the thread count. The thread count
+    matters because Inductor bakes it into the C++ kernels: compiled under one thread they have
+    no parallel loops at all, compiled under a count other than the machine's cores they pin
+    ``num_threads(n)``; a package built under other settings than it is served with is slower,
+    never wrong. Its report is stored beside it. ``fast_build`` builds the C++ wrapper at
+    ``-O0`` (kernels stay optimized): for tests, where gcc time matters more than the wrapper's
+    per-call overhead. ``inductor_config`` patches ``torch._inductor.config`` for the build
+    (e.g. ``{"freezing": True}``).
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = {
+        "compilers": compiler_source_digest(),
         "shapes": [tuple(x.shape) for x in example_inputs],
         "inductor": sorted((inductor_config or {}).items()),
         "threads": torch.get_num_threads(),

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -78,6 +79,17 @@ def test_artifact_runs_without_model_code_for_any_candidate_count(tmp_path: Path
     again = compile_preranking(model, tmp_path / "b.pt2", cache_dir=cache, fast_build=True)
     assert again.report["cached"] is True and time.perf_counter() - start < 30
     assert again.path.read_bytes() == artifact.path.read_bytes()
+
+    # Other pass code (the compilers' source changed): the cached package is not reused.
+    def rebuilt(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("rebuilt")
+
+    with (
+        mock.patch("compilers.export.compiler_source_digest", return_value="other code"),
+        mock.patch("compilers.export.compile_graph", rebuilt),
+        pytest.raises(RuntimeError, match="rebuilt"),
+    ):
+        compile_preranking(model, tmp_path / "c.pt2", cache_dir=cache, fast_build=True)
 
 
 @pytest.mark.slow
