@@ -159,7 +159,10 @@ def _strings(codes: np.ndarray, vocabulary: Sequence[str]) -> pa.Array:
     """Strings as a dictionary array (code -1: null). Parquet stores those as it stores plain
     strings, minus the hashing, and the part files are written without the Arrow schema, so
     readers get plain strings back (not categoricals)."""
-    return _indices(codes, pa.array(list(vocabulary), type=pa.string()))
+    codes = codes.astype(np.int32, copy=False)
+    missing = codes < 0
+    indices = pa.array(codes, mask=missing) if missing.any() else pa.array(codes)
+    return pa.DictionaryArray.from_arrays(indices, pa.array(list(vocabulary), type=pa.string()))
 
 
 def _array(values: Any) -> np.ndarray:
@@ -205,9 +208,14 @@ def _column(chunks: list[_Chunk], counts: np.ndarray, name: str) -> pa.Array:
         values = [p.value for p in present]  # type: ignore[union-attr]
         if any(_is_text(v) for v in values):
             return _repeat_strings([None if v is None else str(v) for v in values], counts)
-        return _repeated_numbers(np.array(values, dtype=np.float64), counts)
-    if all(isinstance(p, Gathered) for p in parts):
-        return _gathered(parts)  # type: ignore[arg-type]
+        return _numeric(np.repeat(np.array(values, dtype=np.float64), counts))
+    first = parts[0]
+    if isinstance(first, Gathered) and all(
+        isinstance(p, Gathered) and p.column is first.column and p.vocabulary == first.vocabulary
+        for p in parts
+    ):  # one gather over all requests
+        rows = np.concatenate([p.rows for p in parts])  # type: ignore[union-attr]
+        return _arrow(Gathered(rows, first.column, first.vocabulary))
     if all(isinstance(p, Coded) for p in parts):
         vocabulary = parts[0].vocabulary  # type: ignore[union-attr]
         if all(p.vocabulary == vocabulary for p in parts):  # type: ignore[union-attr]
@@ -227,50 +235,10 @@ def _column(chunks: list[_Chunk], counts: np.ndarray, name: str) -> pa.Array:
     return _numeric(values)
 
 
-def _indices(codes: np.ndarray, dictionary: pa.Array) -> pa.DictionaryArray:
-    """Codes into ``dictionary`` as a dictionary array, code -1 null. Parquet stores it as it
-    stores the plain column (the readers see the values), and the writer takes the codes as
-    they are instead of hashing every value again."""
-    codes = codes.astype(np.int32, copy=False)
-    missing = codes < 0
-    indices = pa.array(codes, mask=missing) if missing.any() else pa.array(codes)
-    return pa.DictionaryArray.from_arrays(indices, dictionary)
-
-
-def _repeated_numbers(values: np.ndarray, counts: np.ndarray) -> pa.Array:
-    """``values[k]`` repeated ``counts[k]`` times (NaN: null), as codes into ``values``."""
-    codes = np.where(np.isnan(values), -1, np.arange(len(values)))
-    return _indices(np.repeat(codes, counts), pa.array(values))
-
-
-def _gathered(parts: list[Gathered]) -> pa.Array:
-    """The candidates' values of Gathered parts: their rows as codes into the columns they
-    index (one dictionary for all requests: one column, or a few across an item table
-    refresh), no value copied per candidate. Strings stay codes into the vocabulary; numbers
-    become float64, NaN or row -1 null, as pandas stores them."""
-    first = parts[0]
-    if first.vocabulary is not None and all(p.vocabulary == first.vocabulary for p in parts):
-        tables: dict[int, np.ndarray] = {}  # id(column) -> its codes, then -1 for row -1
-        for part in parts:
-            if id(part.column) not in tables:
-                tables[id(part.column)] = np.append(part.column.astype(np.int32), -1)
-        codes = np.concatenate([tables[id(p.column)][p.rows] for p in parts])
-        return _strings(codes, first.vocabulary)
-    if any(p.vocabulary is not None for p in parts):
-        values = np.concatenate([p.values() for p in parts])
-        return pa.array(values, type=pa.string(), from_pandas=True)
-    columns: dict[int, tuple[int, np.ndarray]] = {}  # id(column) -> (offset, code of each row)
-    offset = 0
-    for part in parts:
-        if id(part.column) not in columns:
-            numbers = part.column.astype(np.float64, copy=False)
-            code = np.where(np.isnan(numbers), -1, np.arange(len(numbers)) + offset)
-            columns[id(part.column)] = (offset, np.append(code, -1))  # row -1 -> null
-            offset += len(numbers)
-    codes = np.concatenate([columns[id(p.column)][1][p.rows] for p in parts])
-    distinct = {id(p.column): p.column for p in parts}
-    dictionary = np.concatenate([c.astype(np.float64, copy=False) for c in distinct.values()])
-    return _indices(codes, pa.array(dictionary))
+def _arrow(gathered: Gathered) -> pa.Array:
+    if gathered.vocabulary is not None:
+        return _strings(gathered.codes(), gathered.vocabulary)
+    return _numeric(gathered.values())
 
 
 def _numeric(values: np.ndarray) -> pa.Array:
