@@ -75,6 +75,9 @@ def test_artifact_runs_without_model_code_for_any_candidate_count(tmp_path: Path
             atol=1e-5,
         )
 
+    with pytest.raises(TypeError, match="takes 4 tensors, got 2"):
+        loaded(user_dense, user_id)
+
     start = time.perf_counter()
     again = compile_preranking(model, tmp_path / "b.pt2", cache_dir=cache, fast_build=True)
     assert again.report["cached"] is True and time.perf_counter() - start < 30
