@@ -949,6 +949,19 @@ def winograd_conv1d(gm: fx.GraphModule, context: PassContext) -> PassResult:
 # --- 7. RSQ int8 quantization -----------------------------------------------------------------
 
 
+def rsq_levels(x: torch.Tensor, input_scale: float, levels: int) -> torch.Tensor:
+    """``x`` in RSQ steps of ``input_scale``: integer values in ``[-levels, levels]``."""
+    return torch.clamp(torch.round(x / input_scale), -levels, levels)
+
+
+def _rsq_channels_out(
+    out: torch.Tensor, weight_scale: torch.Tensor, input_scale: float, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """A conv's integer-valued sums ``[B, out, T]`` scaled back per output channel, biased."""
+    out = out * (weight_scale * input_scale)[:, None]
+    return out if bias is None else out + bias[:, None]
+
+
 def rsq_linear(
     x: torch.Tensor,
     weight_q: torch.Tensor,
@@ -963,7 +976,7 @@ def rsq_linear(
     itself emits the equivalent ``quantized_decomposed`` quantize/dequantize pattern
     (:func:`_rsq_linear_nodes`), which Inductor (with freezing) lowers to a real int8 GEMM.
     """
-    q = torch.clamp(torch.round(x / input_scale), -levels, levels)
+    q = rsq_levels(x, input_scale, levels)
     out = F.linear(q, weight_q.to(x.dtype)) * (weight_scale * input_scale)
     return out if bias is None else out + bias
 
@@ -988,10 +1001,9 @@ def rsq_conv1d(
 ) -> torch.Tensor:
     """Conv1d on int8 weights and range-scaled int8-valued activations (what ``rsq_quantize``
     puts in place of a Conv1d, computed with float ops)."""
-    q = torch.clamp(torch.round(x / input_scale), -levels, levels)
+    q = rsq_levels(x, input_scale, levels)
     out = F.conv1d(q, weight_q.to(x.dtype), None, stride, padding, dilation, groups)
-    out = out * (weight_scale * input_scale)[:, None]
-    return out if bias is None else out + bias[:, None]
+    return _rsq_channels_out(out, weight_scale, input_scale, bias)
 
 
 DEPTHWISE_MAX_TAPS = 16
@@ -1036,10 +1048,9 @@ def rsq_depthwise_conv1d(
     """:func:`rsq_conv1d` of a depthwise, stride-1 conv through :func:`depthwise_conv1d_taps`
     (``taps_q``: the int8 weight as :func:`depthwise_taps`): the same integer-valued sums,
     scaled once after."""
-    q = torch.clamp(torch.round(x / input_scale), -levels, levels)
+    q = rsq_levels(x, input_scale, levels)
     out = depthwise_conv1d_taps(q, taps_q.to(x.dtype), padding, dilation)
-    out = out * (weight_scale * input_scale)[:, None]
-    return out if bias is None else out + bias[:, None]
+    return _rsq_channels_out(out, weight_scale, input_scale, bias)
 
 
 def conv1d_columns(
@@ -1214,22 +1225,14 @@ def _single(value: Any, default: int) -> int:
     return int(value[0]) if isinstance(value, list | tuple) else int(value)
 
 
-def _as_gemm(conv_args: list[Any]) -> bool:
-    """Whether an ``aten.conv1d`` (args padded to 7) runs as im2col + int8 GEMM: ungrouped,
-    with numeric (not ``"same"``) padding."""
-    groups, padding = conv_args[6] or 1, conv_args[4]
-    return groups == 1 and not isinstance(padding, str)
-
-
 def _as_taps(conv_args: list[Any], weight: torch.Tensor) -> bool:
-    """Whether an ``aten.conv1d`` runs as :func:`depthwise_conv1d_taps`: one input channel per
-    group and per output channel, stride 1, numeric padding, at most DEPTHWISE_MAX_TAPS."""
-    groups, padding = conv_args[6] or 1, conv_args[4]
+    """Whether a grouped ``aten.conv1d`` (args padded to 7) runs as
+    :func:`depthwise_conv1d_taps`: one input channel per group and per output channel,
+    stride 1, at most DEPTHWISE_MAX_TAPS taps."""
     return (
-        groups == weight.shape[0]
+        (conv_args[6] or 1) == weight.shape[0]
         and weight.shape[1] == 1
         and _single(conv_args[3], 1) == 1
-        and not isinstance(padding, str)
         and weight.shape[2] <= DEPTHWISE_MAX_TAPS
     )
 
@@ -1294,7 +1297,7 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
                 replacement = _rsq_linear_nodes(
                     gm, args[0], weight_q, weight_scale, scale, args[2], levels
                 )
-            elif _as_gemm(args):
+            elif (args[6] or 1) == 1:  # ungrouped (``aten.conv1d.default``: numeric padding)
                 # Not Inductor's int8 conv (qconv_pointwise): it gets a Conv1d's output length
                 # wrong under a symbolic length (one frame too many per padded conv, torch
                 # 2.13). As im2col + GEMM the conv gets the int8 Linear instead.
