@@ -1,5 +1,8 @@
 """The real local stack for end-to-end tests: its own state folder and free ports, started once
-per session and stopped at the end, so a developer's running stack is never touched."""
+for this package and stopped after its last test, so a developer's running stack is never
+touched and the rest of the suite does not share two cores with an idle Airflow and broker
+(the two-process ASR training test: 47 s alone, 240 s beside them; each collective waits for a
+descheduled rank)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from cascade.config import Settings
 DS = "2026-11-22"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     from infra.stack import private_stack
     from models.preranking.cascade_train import CHECKPOINT_EVERY_ENV
@@ -34,7 +37,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         yield settings
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def triggered(stack: Settings) -> dict[str, Any]:
     """Every pipeline's Kafka event, published together: the DAG runs overlap, as they would in
     production, and the session waits for the slowest one rather than for each in turn."""
@@ -47,7 +50,7 @@ def triggered(stack: Settings) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def pipeline_run(stack: Settings, triggered: dict[str, Any]) -> dict:
     """One asset-triggered ``ctr_preranking`` run started by a Kafka event."""
     from cascade.demo import wait_for_triggered
@@ -60,7 +63,7 @@ def pipeline_run(stack: Settings, triggered: dict[str, Any]) -> dict:
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def asr_run(stack: Settings, triggered: dict[str, Any]) -> dict:
     """One asset-triggered ``asr`` run started by a Kafka event (dataset ``speech``)."""
     from cascade.demo import wait_for_triggered
@@ -73,7 +76,7 @@ def asr_run(stack: Settings, triggered: dict[str, Any]) -> dict:
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def multimodal_run(stack: Settings, triggered: dict[str, Any]) -> dict:
     """One asset-triggered ``multimodal`` run started by a Kafka event (dataset ``images``)."""
     from cascade.demo import wait_for_triggered

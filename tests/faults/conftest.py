@@ -1,5 +1,5 @@
-"""A private broker + Airflow for the fault tests (free ports, tmp state folder), shared by the
-session so Airflow starts once."""
+"""A private broker + Airflow for the fault tests (free ports, tmp state folder), shared by this
+package so Airflow starts once, and stopped after its last test (see ``tests/e2e/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ WINDOW_S = 6.0
 longest pause seen between stored events of one burst on the loaded 2-core machine (2.3 s)."""
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def event_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     from cascade.event_bench import wait_for_probe_dag
     from infra.stack import private_stack
