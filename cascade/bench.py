@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cascade.allocator import keep_freed_memory
+
 BENCHMARKS: dict[str, str] = {
     "events": "cascade.event_bench:bench_events",
     "preranking": "models.preranking.bench:run",
@@ -108,6 +110,8 @@ def run_benchmark(
         raise ValueError(
             f"benchmark {name!r} takes no --{', --'.join(unknown)}; it takes {accepted}"
         )
+    # Every variant a benchmark compares runs under the allocator the model servers use.
+    allocator = keep_freed_memory()
     module_name, function_name = BENCHMARKS[name].split(":")
     function = getattr(importlib.import_module(module_name), function_name)
     saved = {supported[k]: os.environ.get(supported[k]) for k in given}
@@ -122,6 +126,7 @@ def run_benchmark(
                 os.environ[var] = value
     result.setdefault("benchmark", name)
     result.setdefault("machine", machine_info())
+    result.setdefault("allocator", allocator)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str))
     return result

@@ -19,6 +19,7 @@ import torch
 from torch import fx
 from torch.export import Dim
 
+from compilers.inductor_passes import UnfuseBiasAddmm
 from compilers.pipeline import DEFAULT_PASSES, PassContext, PipelineReport, run_pipeline
 
 LAST_REPORTS: list[PipelineReport] = []
@@ -123,7 +124,12 @@ def cascade_backend(
         report = run_pipeline(aten_gm, passes, PassContext(example_inputs=user_inputs))
     LAST_REPORTS.append(report)
     # Back in Dynamo's context: Inductor fakifies the inputs with Dynamo's symbolic sizes.
-    compiled = compile_fx(aten_gm, list(user_inputs))
+    # The packages' Inductor-level pass too, unless the caller set a post-grad pass.
+    options: dict[str, Any] = {}
+    if torch._inductor.config.post_grad_custom_post_pass is None:
+        options["post_grad_custom_post_pass"] = UnfuseBiasAddmm()
+    with torch._inductor.config.patch(options):
+        compiled = compile_fx(aten_gm, list(user_inputs))
 
     def run(*args: Any) -> Any:
         return compiled(*(args[i] for i in user_positions))

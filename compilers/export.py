@@ -32,6 +32,7 @@ from torch import nn
 from torch.export import Dim, ExportedProgram
 
 from cascade.ctr_schema import MODEL_FEATURES, USER_FEATURES
+from compilers.inductor_passes import UnfuseBiasAddmm
 from compilers.pipeline import (
     DEFAULT_PASSES,
     PASS_ORDER,
@@ -302,7 +303,15 @@ def package_artifact(
     assert compiled.program is not None
     start = time.perf_counter()
     level = "O0" if fast_build else torch._inductor.config.aot_inductor.compile_wrapper_opt_level
-    options = {**(inductor_config or {}), "aot_inductor.compile_wrapper_opt_level": level}
+    unfuse = UnfuseBiasAddmm()
+    options = {
+        "post_grad_custom_post_pass": unfuse,
+        # Inductor's own FX graph cache would skip the post-grad passes (and their count);
+        # this function's package cache already keys on everything that shapes the code.
+        "fx_graph_cache": False,
+        **(inductor_config or {}),
+        "aot_inductor.compile_wrapper_opt_level": level,
+    }
     # Inductor applies freezing (and with it the int8 weight prepacking) only to graphs
     # compiled without autograd; an inference artifact never needs it.
     with torch._inductor.config.patch(options), torch.no_grad():
@@ -313,6 +322,9 @@ def package_artifact(
         "package_s": time.perf_counter() - start,
         "threads": settings["threads"],
         "inductor_config": dict(inductor_config or {}),
+        "inductor_passes": (
+            {unfuse.name: unfuse.fired} if options["post_grad_custom_post_pass"] is unfuse else {}
+        ),
         "cached": False,
     }
     if cached is not None:

@@ -39,6 +39,7 @@ from kserve.logging import KSERVE_LOG_CONFIG, configure_logging
 from kserve.model import BaseKServeModel
 from kserve.protocol.rest.server import RESTServer
 
+from cascade.allocator import keep_freed_memory
 from cascade.config import Settings, load_settings
 
 # Not __name__: under ``python -m`` that is "__main__", which the "serving" logger misses.
@@ -468,7 +469,14 @@ def serve(
     port = settings.ports.serving if port is None else port
     request_log = request_log_enabled()
     configure_logging(stdout_log_config(request_log=request_log))
-    log.info("model server on http://%s:%d, %d worker(s)", settings.host, port, workers)
+    allocator = keep_freed_memory()  # before the fork: the workers inherit it
+    log.info(
+        "model server on http://%s:%d, %d worker(s), freed memory kept: %s",
+        settings.host,
+        port,
+        workers,
+        allocator.get("applied"),
+    )
     if workers == 1:
         LocalModelServer(host=settings.host, http_port=port, request_log=request_log).start(
             models() if callable(models) else models

@@ -40,6 +40,8 @@ def test_artifact_runs_without_model_code_for_any_candidate_count(tmp_path: Path
     artifact = compile_preranking(model, tmp_path / "a.pt2", cache_dir=cache, fast_build=True)
     assert artifact.path.stat().st_size > 0 and artifact.report["cached"] is False
     assert artifact.report["passes"]["share_broadcast_computation"]["fired"] > 0
+    # The hidden Linear's bias add went into the ReLU kernel after it, not an addmm's copy.
+    assert artifact.report["inductor_passes"]["unfuse_bias_addmm"] >= 1
 
     requests = [preranking_example(model.config, n, seed=n) for n in (1, 2, 7, 64, 1000)]
     torch.save(requests, tmp_path / "inputs.pt")
