@@ -41,10 +41,12 @@ from compilers.export import (
     load_artifact,
     package_artifact,
 )
+from compilers.passes import rsq_levels
 from compilers.pipeline import DEFAULT_PASSES, PASS_ORDER, PassContext
 from jobs.audio_corpus import SAMPLE_RATE, CorpusConfig
 from models.asr.artifact import AsrArtifact, artifact_file
 from models.asr.model import ConvDFSMN, ConvDFSMNConfig
+from models.asr.rsq import quantize_weight
 
 FP32_FILE = "asr_fp32.pt2"
 INT8_FILE = "asr_int8.pt2"
@@ -160,18 +162,13 @@ def fake_quant_model(model: ConvDFSMN, quantization: dict[str, Any]) -> ConvDFSM
     for name, module in reference.named_modules():
         if not isinstance(module, QUANTIZED_LAYERS) or not ranges.get(name, 0.0) > 0:
             continue
-        weight = module.weight.data
-        scale = weight.reshape(weight.shape[0], -1).abs().amax(dim=1).clamp_min(1e-12) / levels
-        shape = [-1] + [1] * (weight.dim() - 1)
-        quantized = torch.round(weight / scale.reshape(shape)).clamp(-levels, levels)
-        module.weight.data = quantized * scale.reshape(shape)
+        module.weight.data = quantize_weight(module.weight.data, levels)
         step = float(ranges[name]) / levels
 
         def quantize_input(
             _module: nn.Module, inputs: tuple[torch.Tensor, ...], step: float = step
         ) -> tuple[torch.Tensor, ...]:
-            x = torch.clamp(torch.round(inputs[0] / step), -levels, levels) * step
-            return (x, *inputs[1:])
+            return (rsq_levels(inputs[0], step, levels) * step, *inputs[1:])
 
         module.register_forward_pre_hook(quantize_input)
     return reference
