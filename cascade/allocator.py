@@ -6,12 +6,12 @@ glibc serves a block above its mmap threshold with a fresh ``mmap`` and gives it
 makes megabyte-sized intermediates (10,000 candidates x 64 floats is 2.5 MB) pays a page fault
 per 4 KiB on every call. Measured on one core, 1 user x 10,000 candidates of the FSCD pre-ranker:
 
-=========================  ==================  ==========================
-                           default glibc       :func:`keep_freed_memory`
-=========================  ==================  ==========================
-eager PyTorch              3,374 faults, 11 ms   0 faults, 2.9 ms
-compiled package           475 faults, 2.8 ms    3 faults, 1.5 ms
-=========================  ==================  ==========================
+================  =====================  ===========================
+per call          default glibc          :func:`keep_freed_memory`
+================  =====================  ===========================
+eager PyTorch     3,374 faults, 11 ms    0 faults, 2.9 ms
+compiled package  475 faults, 2.8 ms     3 faults, 1.5 ms
+================  =====================  ===========================
 
 The defaults are also unstable: glibc raises its mmap threshold on its own after freeing a
 mapped block, so the same call in two processes could differ by 4x. Model servers and the
