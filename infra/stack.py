@@ -476,10 +476,16 @@ def status(settings: Settings | None = None) -> list[ServiceState]:
     return [state(settings, name) for name in SERVICES]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: each socket stays bound until all are drawn, so the
+    system cannot hand the same port out twice (drawn one at a time, it sometimes did)."""
+    with contextlib.ExitStack() as sockets:
+        ports = []
+        for _ in range(count):
+            sock = sockets.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 @contextlib.contextmanager
@@ -495,8 +501,8 @@ def private_stack(
     for the duration (the services and their tasks inherit it).
     """
     overrides = {"CASCADE_HOME": str(home), **(env or {})}
-    for name in SERVICES:
-        overrides[f"CASCADE_{name.upper()}_PORT"] = str(_free_port())
+    for name, port in zip(SERVICES, free_ports(len(SERVICES)), strict=True):
+        overrides[f"CASCADE_{name.upper()}_PORT"] = str(port)
     saved = {k: os.environ.get(k) for k in overrides}
     os.environ.update(overrides)
     settings = load_settings()

@@ -13,17 +13,11 @@ from cascade.config import PORT_NAMES, load_settings
 from infra import stack
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
-    for name in PORT_NAMES:
-        monkeypatch.setenv(f"CASCADE_{name.upper()}_PORT", str(free_port()))
+    for name, port in zip(PORT_NAMES, stack.free_ports(len(PORT_NAMES)), strict=True):
+        monkeypatch.setenv(f"CASCADE_{name.upper()}_PORT", str(port))
     return load_settings()
 
 
