@@ -11,6 +11,7 @@ states its invariant. Parameters are ``get_attr`` nodes with real values, activa
 
 from __future__ import annotations
 
+import math
 import operator
 import statistics
 import time
@@ -1461,6 +1462,33 @@ def _feature_major(gm: fx.GraphModule, terminal: fx.Node) -> bool:
     return True
 
 
+def _nan_to_num_as_selects(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """``nan_to_num(x, nan, posinf, neginf)`` -> three selects on ``x != x``, ``x == inf``,
+    ``x == -inf``: the same values, but compares Inductor keeps in vector registers. Its CPU
+    code for ``isnan`` stores each vector and tests the 16 lanes one by one (1 x 70,000 floats:
+    ~200 us against ~65 us for the selects)."""
+    if node.target != aten.nan_to_num.default:
+        return False
+    value = _val(node)
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        return False
+    x = node.args[0]
+    options = dict(zip(("nan", "posinf", "neginf"), node.args[1:], strict=False))
+    options.update(node.kwargs)
+    limits = torch.finfo(value.dtype)
+    nan = 0.0 if options.get("nan") is None else float(options["nan"])
+    posinf = limits.max if options.get("posinf") is None else float(options["posinf"])
+    neginf = limits.min if options.get("neginf") is None else float(options["neginf"])
+    with gm.graph.inserting_before(node):
+        result = _call(gm, aten.where.ScalarSelf, _call(gm, aten.ne.Tensor, x, x), nan, x)
+        for bound, replacement in ((math.inf, posinf), (-math.inf, neginf)):
+            hit = _call(gm, aten.eq.Scalar, x, bound)
+            result = _call(gm, aten.where.ScalarSelf, hit, replacement, result)
+    node.replace_all_uses_with(result)
+    gm.graph.erase_node(node)
+    return True
+
+
 def _linear_as_reduction(gm: fx.GraphModule, node: fx.Node) -> bool:
     """``linear(x, W[o, K], b)`` with ``o <= 2`` -> ``sum(x[..., None, :] * W, -1) + b``.
 
@@ -1496,7 +1524,7 @@ def _linear_as_reduction(gm: fx.GraphModule, node: fx.Node) -> bool:
 def fuse_memory_bound_chains(gm: fx.GraphModule, context: PassContext) -> PassResult:
     """Reshape memory-bound pointwise/reduction work so Inductor emits fewer, vector kernels.
 
-    Two rewrites, both exact up to float rounding:
+    Three rewrites, all exact up to float rounding:
 
     * ``feature_major``: a chain of pointwise ops over a narrow ``[N, k]`` tensor (the
       candidates' dense features: NaN repair, ``log1p`` of counts, standardization) that feeds
@@ -1506,11 +1534,13 @@ def fuse_memory_bound_chains(gm: fx.GraphModule, context: PassContext) -> PassRe
       becomes multiply + sum (:func:`_linear_as_reduction`), which fuses with the pointwise op
       before it and the bias after it into one reduction kernel instead of an extern GEMM plus
       a separate pointwise kernel.
+    * ``nan_to_num_as_selects``: ``nan_to_num`` becomes three vector selects
+      (:func:`_nan_to_num_as_selects`) instead of Inductor's lane-by-lane ``isnan``.
 
     Invariant: every replaced value keeps its shape and dtype; new nodes carry ``meta["val"]``;
     only views, pointwise ops and reductions are added; nothing is computed in place.
     """
-    counts = {"feature_major": 0, "linear_as_reduction": 0}
+    counts = {"feature_major": 0, "linear_as_reduction": 0, "nan_to_num_as_selects": 0}
     for node in list(gm.graph.nodes):
         if node.op == "call_function" and _linear_as_reduction(gm, node):
             counts["linear_as_reduction"] += 1
@@ -1521,5 +1551,8 @@ def fuse_memory_bound_chains(gm: fx.GraphModule, context: PassContext) -> PassRe
             continue
         if _feature_major(gm, node):
             counts["feature_major"] += 1
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and _nan_to_num_as_selects(gm, node):
+            counts["nan_to_num_as_selects"] += 1
     fired = sum(counts.values())
     return PassResult(fired=fired, modified=fired > 0, details=counts)

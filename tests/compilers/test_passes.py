@@ -402,9 +402,14 @@ def test_memory_bound_chains_rewrite_narrow_chain_and_head() -> None:
     linears = count(gm, aten.linear.default)
     result = fuse_memory_bound_chains(gm, context)
     # The candidates' 7 dense features are transformed feature-major; the 1-output head
-    # becomes multiply + sum.
-    assert result.details == {"feature_major": 1, "linear_as_reduction": 1}
-    assert result.fired == 2
+    # becomes multiply + sum; both sides' NaN repairs become selects.
+    assert result.details == {
+        "feature_major": 1,
+        "linear_as_reduction": 1,
+        "nan_to_num_as_selects": 2,
+    }
+    assert result.fired == 4
+    assert count(gm, aten.nan_to_num.default) == 0
     assert count(gm, aten.linear.default) == linears - 1
     assert count(gm, aten.sum.dim_IntList) == 1
     (transposed,) = [
@@ -417,7 +422,31 @@ def test_memory_bound_chains_rewrite_narrow_chain_and_head() -> None:
     gm.recompile()
     for n in (1, 16, 333):
         inputs = preranking_example(request.model.config, n, seed=n)
+        # Missing and infinite features, on both sides, take the repaired values eager gives.
+        inputs[0][0, 1] = float("nan")
+        inputs[2][:: max(1, n // 5), 0] = float("nan")
+        inputs[2][1::3, 2] = float("inf")
+        inputs[2][2::3, 3] = float("-inf")
         torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_nan_to_num_as_selects_keeps_every_value() -> None:
+    class Repair(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (
+                torch.nan_to_num(x),
+                torch.nan_to_num(x, nan=1.5),
+                torch.nan_to_num(x, nan=0.0, posinf=7.0, neginf=-2.0),
+            )
+
+    x = torch.tensor([[float("nan"), float("inf"), -float("inf"), 3.0, -0.0, 1e38]])
+    gm = torch.export.export(Repair(), (x,)).module()
+    result = fuse_memory_bound_chains(gm, PassContext())
+    assert result.details["nan_to_num_as_selects"] == 3
+    assert count(gm, aten.nan_to_num.default) == 0
+    gm.recompile()
+    for got, want in zip(gm(x), Repair()(x), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def inductor_kernels(gm: torch.fx.GraphModule, inputs: tuple[torch.Tensor, ...]) -> int:
