@@ -2,18 +2,22 @@
 
     cascade bench compile --model preranking --out bench-results/compilers.json [--quick]
 
-On the pre-ranking model (``ml100k`` shape, trained for a few seconds on synthetic impressions
-with a known click signal) at 1 user x 1,000 and x 10,000 candidates: latency medians (all
-variants interleaved round by round in one process), speedups, recompiles across 20 candidate
-counts, compile times, and the AUC change of each compiled form against eager on a held-out
-split (requests grouped by user). ``cascade`` is the exact (fp32) AOTInductor artifact and the
-headline; ``cascade_int8`` is the same artifact with RSQ int8 GEMMs for its wide layers,
-reported with its own speedups and ``int8_auc_delta``. ``--quick`` uses a tiny model and small
-sizes and runs only eager and the pass pipeline (with and without RSQ int8, for the AUC
-change): the Inductor compiles, the ONNX export and AOTInductor's gcc build take minutes on 2
-cores. ``--model asr`` runs :func:`asr_compile_bench` (utterances of 1-20 s, ``cer_delta``).
-A full run adds ``fscd``: the same comparison for the FSCD pre-ranker, the network the pipeline
-deploys (:mod:`compilers.fscd_bench`)."""
+The headline (top-level keys) is the FSCD pre-ranker, the network the pipeline deploys and the
+server runs as a package (:mod:`compilers.fscd_bench`): at 1 user x 1,000 and x 10,000
+candidates, latency medians (all variants interleaved round by round in one process), speedups
+(the top-level ones at 10,000; every size under ``sizes``), recompiles across 20+ candidate
+counts, compile times, and the AUC change of each compiled form against eager on held-out
+requests (``auc_delta``: the exact package's; ``auc_deltas``: every variant's).
+
+``mlp`` holds the same comparison for the first network (``PreRanker``, ``ml100k`` shape,
+trained for a few seconds on synthetic impressions with a known click signal). ``cascade`` is
+the exact (fp32) AOTInductor artifact; ``cascade_int8`` the same artifact with RSQ int8 GEMMs
+for its wide layers and ``cascade_bf16`` with bf16 GEMMs (``bf16_gemm``), each reported with its
+own speedups and AUC change because neither is exact (the FSCD table has ``cascade_bf16`` too).
+``--quick`` uses a tiny model and small sizes and runs only the PreRanker's eager and the pass
+pipeline (with and without RSQ int8, for the AUC change), at the top level: the Inductor
+compiles, the ONNX export and AOTInductor's gcc build take minutes on 2 cores. ``--model asr``
+runs :func:`asr_compile_bench` (utterances of 1-20 s, ``cer_delta``)."""
 
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from cascade.bench import median_seconds
 from cascade.config import load_settings
 from cascade.ctr_schema import LABEL, MODEL_FEATURES, USER_FEATURES
 from compilers.export import (
+    BF16_PASSES,
     PreRankingRequest,
     compile_graph,
     compile_preranking,
@@ -286,12 +291,24 @@ def _run(quick: bool) -> dict[str, Any]:
         recompiles["cascade_int8"] = {"compiles": 1, "recompiles": 0}
         result["int8_auc_delta"] = request_auc(loaded_int8, requests) - eager_auc
         result["int8_passes"] = int8.report["passes"]
+
+        # And with bf16 GEMMs (fp32 accumulation) for the wide layers: not exact either.
+        start = time.perf_counter()
+        bf16 = compile_preranking(
+            model, work / "preranking-bf16.pt2", passes=BF16_PASSES, cache_dir=cache
+        )
+        compile_s["cascade_bf16"] = time.perf_counter() - start
+        loaded_bf16 = load_artifact(bf16.path)
+        recompiles["cascade_bf16"] = {"compiles": 1, "recompiles": 0}
+        result["bf16_auc_delta"] = request_auc(loaded_bf16, requests) - eager_auc
+        result["bf16_gemm"] = bf16.report["passes"]["bf16_gemm"]
         variants.update(
             {
                 "inductor": inductor,
                 "cascade_backend": backend,
                 "cascade": loaded,
                 "cascade_int8": loaded_int8,
+                "cascade_bf16": loaded_bf16,
             }
         )
     result["compile_s"] = compile_s
@@ -302,9 +319,10 @@ def _run(quick: bool) -> dict[str, Any]:
         with torch.no_grad():
             reference = request(*inputs)
             for name, fn in variants.items():
-                if name.endswith("int8"):
+                if name.endswith(("int8", "bf16")):
                     # These random inputs reach far past the calibrated activation ranges, so
-                    # int8 clamps them; its accuracy is judged on real requests (int8_auc_delta).
+                    # int8 clamps them; bf16 rounds; their accuracy is judged on real requests
+                    # (int8_auc_delta, bf16_auc_delta).
                     continue
                 got = torch.as_tensor(fn(*inputs))
                 if not torch.allclose(got.reshape(-1), reference, atol=1e-4, rtol=1e-4):
@@ -319,18 +337,44 @@ def _run(quick: bool) -> dict[str, Any]:
         for base in ("eager", "inductor", "onnxruntime"):
             if base in timings and base != headline:
                 entry[f"speedup_vs_{base}"] = timings[base] / timings[headline]
-        if "cascade_int8" in timings:
-            for base in ("eager", "inductor", "onnxruntime"):
-                entry[f"int8_speedup_vs_{base}"] = timings[base] / timings["cascade_int8"]
+        for variant in ("int8", "bf16"):
+            if f"cascade_{variant}" in timings:
+                for base in ("eager", "inductor", "onnxruntime"):
+                    entry[f"{variant}_speedup_vs_{base}"] = (
+                        timings[base] / timings[f"cascade_{variant}"]
+                    )
         entry["headline_variant"] = headline
         result["sizes"][f"1x{size}"] = entry
     largest = result["sizes"][f"1x{sizes[-1]}"]
     result.update({k: v for k, v in largest.items() if k.endswith("_ms") or "speedup" in k})
-    if not quick:
-        from compilers.fscd_bench import fscd_compile_table
+    if quick:
+        return result
+    from compilers.fscd_bench import fscd_compile_table
 
-        # The network the pipeline deploys and the server runs as a package.
-        result["fscd"] = fscd_compile_table(
-            work, sizes=sizes, shapes=shapes, cache_dir=load_settings().home / "compile-cache"
-        )
-    return result
+    # The network the pipeline deploys and the server runs as a package: its table is the
+    # headline, the first network's goes under ``mlp``.
+    fscd = fscd_compile_table(
+        work, sizes=sizes, shapes=shapes, cache_dir=load_settings().home / "compile-cache"
+    )
+    return headline_table(fscd, mlp=result, quick=quick)
+
+
+def headline_table(
+    fscd: dict[str, Any], *, mlp: dict[str, Any], quick: bool = False
+) -> dict[str, Any]:
+    """The benchmark's JSON: the FSCD table's keys at the top (its largest size's latencies and
+    speedups, ``auc_delta`` of its package), every size under ``sizes``, all AUC changes under
+    ``auc_deltas``, and the PreRanker's whole result under ``mlp``."""
+    sizes = fscd["sizes"]
+    largest = sizes[max(sizes, key=lambda name: int(name.split("x")[1]))]
+    return {
+        "quick": quick,
+        "network": "fscd",
+        "threads": mlp.get("threads"),
+        **{k: v for k, v in fscd.items() if k != "auc_delta"},
+        **{k: v for k, v in largest.items() if k.endswith("_ms") or "speedup" in k},
+        "auc_delta": fscd["auc_delta"].get("cascade"),
+        "bf16_auc_delta": fscd["auc_delta"].get("cascade_bf16"),
+        "auc_deltas": fscd["auc_delta"],
+        "mlp": mlp,
+    }

@@ -362,6 +362,10 @@ def load_artifact(path: Path) -> Callable[..., Any]:
     return run
 
 
+BF16_PASSES: tuple[str, ...] = (*DEFAULT_PASSES, "bf16_gemm")
+"""The exact passes plus ``bf16_gemm``: the mixed-precision build of a package, which the
+accuracy gate must pass like the int8 one."""
+
 INT8_MIN_FEATURES = 16
 """Layers narrower than this stay fp32 in the int8 artifact: on 2 cores the int8 GEMM only
 paid off for the 64 -> 32 hidden layer (10k candidates: 1.31 ms against 1.65 ms fp32), while

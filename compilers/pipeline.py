@@ -21,6 +21,7 @@ from torch import fx
 from compilers.passes import (
     PassContext,
     PassResult,
+    bf16_gemm,
     collect_shape_constraints,
     fold_batch_norm,
     fold_embedding_linear,
@@ -42,6 +43,7 @@ PASSES: dict[str, Callable[[fx.GraphModule, PassContext], PassResult]] = {
     "winograd_conv1d": winograd_conv1d,
     "rsq_quantize": rsq_quantize,
     "fuse_memory_bound_chains": fuse_memory_bound_chains,
+    "bf16_gemm": bf16_gemm,
 }
 """Every pass by name."""
 

@@ -36,7 +36,7 @@ def test_fscd_table_compares_the_deployed_network_and_its_package(tmp_path: Path
         sizes=(50,),
         shapes=(1, 3, 17, 200),
         rows=3_000,
-        variants=("eager_rows", "eager", "cascade"),
+        variants=("eager_rows", "eager", "cascade", "cascade_bf16"),
         rounds=1,
         repeats=2,
         fast_build=True,
@@ -49,6 +49,12 @@ def test_fscd_table_compares_the_deployed_network_and_its_package(tmp_path: Path
         abs(table["auc_delta"]["cascade"]) < 1e-6 and abs(table["auc_delta"]["eager_rows"]) < 1e-6
     )
     assert table["recompiles"]["cascade"] == {"compiles": 1, "recompiles": 0}
+    # The bf16 package moves the ranking by rounding only, and says which layers it converted.
+    assert abs(table["auc_delta"]["cascade_bf16"]) < 0.01
+    assert entry["bf16_speedup_vs_eager"] == pytest.approx(
+        entry["eager_ms"] / entry["cascade_bf16_ms"]
+    )
+    assert table["bf16_gemm"]["bf16_layers"] >= 1
     assert table["shapes_tried"] == 4 and table["requests"] > 10
     assert 0.5 < table["eager_auc"] <= 1.0
     assert table["passes"]["share_broadcast_computation"]["fired"] >= 0

@@ -19,6 +19,7 @@ from compilers.export import (
 )
 from compilers.passes import (
     PassContext,
+    bf16_gemm,
     collect_shape_constraints,
     columns_to_conv_output,
     conv1d_columns,
@@ -401,9 +402,11 @@ def test_memory_bound_chains_rewrite_narrow_chain_and_head() -> None:
     fold_embedding_linear(gm, context)
     linears = count(gm, aten.linear.default)
     result = fuse_memory_bound_chains(gm, context)
-    # The candidates' 7 dense features are transformed feature-major; the 1-output head
-    # becomes multiply + sum; both sides' NaN repairs become selects.
+    # The candidates' 7 dense features are transformed feature-major (the first layer has only
+    # 8 outputs, too few to write it column by column); the 1-output head becomes multiply +
+    # sum; both sides' NaN repairs become selects.
     assert result.details == {
+        "narrow_linear_by_column": 0,
         "feature_major": 1,
         "linear_as_reduction": 1,
         "nan_to_num_as_selects": 2,
@@ -427,6 +430,30 @@ def test_memory_bound_chains_rewrite_narrow_chain_and_head() -> None:
         inputs[2][:: max(1, n // 5), 0] = float("nan")
         inputs[2][1::3, 2] = float("inf")
         inputs[2][2::3, 3] = float("-inf")
+        torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_narrow_linear_by_column_folds_the_transform_and_stacks_its_branches() -> None:
+    request, gm, context = request_graph(hidden=(32, 16))
+    fold_embedding_linear(gm, context)
+    linears = count(gm, aten.linear.default)
+    result = fuse_memory_bound_chains(gm, context)
+    # The candidates' 7 features feed 32 outputs: written out column by column, with the
+    # standardization folded into the weights and log1p / plain picked per column.
+    assert result.details["narrow_linear_by_column"] == 1
+    assert result.details["feature_major"] == 0
+    assert count(gm, aten.linear.default) == linears - 2  # that Linear and the head
+    gm.graph.eliminate_dead_code()
+    (stacked,) = [n for n in gm.graph.nodes if n.target == aten.cat.default]
+    assert tuple(stacked.meta["val"].shape)[::2] == (2, 7)  # [branches, N, features]
+    assert count(gm, aten.where.self) == 1  # the user side's; the candidates' is gone
+    assert count(gm, aten.div.Tensor) == 1
+    gm.recompile()
+    for n in (1, 16, 333):
+        inputs = preranking_example(request.model.config, n, seed=n)
+        inputs[2][:: max(1, n // 5), 0] = float("nan")
+        inputs[2][1::3, 2] = float("inf")
+        inputs[2][2::3, 4] = -1.0  # a negative count: clamped before log1p
         torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
 
 
@@ -478,6 +505,36 @@ def test_memory_bound_chains_leave_inductor_fewer_kernels() -> None:
     assert after < before, (before, after)
     with torch.no_grad():
         torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_gemm_runs_wide_layers_in_bf16_and_keeps_the_rest() -> None:
+    request, gm, context = request_graph(hidden=(32, 16))
+    fuse_memory_bound_chains(gm, context)
+    result = bf16_gemm(gm, context)
+    # Only 32 -> 16 is wide on both sides. The user's part of the first layer (one static row)
+    # stays fp32; the candidates' part (11 inputs) is written out column by column and the
+    # head is a reduction, so neither is a Linear any more.
+    assert result.details == {"bf16_layers": 1, "kept_fp32": 1}
+    (wide,) = [
+        n
+        for n in gm.graph.nodes
+        if n.target == aten.linear.default and n.args[0].meta["val"].dtype == torch.bfloat16
+    ]
+    assert [a.meta["val"].dtype for a in wide.args] == [torch.bfloat16] * 3
+    (back,) = wide.users
+    assert back.meta["val"].dtype == torch.float32
+    gm.recompile()
+    inputs = preranking_example(request.model.config, 300, seed=3)
+    with torch.no_grad():
+        expected = request(*inputs)
+        got = gm(*inputs)
+    assert got.dtype == torch.float32
+    error = (got - expected).norm() / expected.norm()
+    assert 0 < error < 0.02, f"bf16 relative error {error:.5f}"
+    # A context that asks for wider layers than any keeps everything fp32.
+    _, narrow, narrow_context = request_graph(hidden=(32, 16))
+    narrow_context.bf16_min_features = 64
+    assert bf16_gemm(narrow, narrow_context).fired == 0
 
 
 def test_pipeline_enforces_order_and_reports() -> None:
