@@ -58,3 +58,29 @@ def test_fscd_table_compares_the_deployed_network_and_its_package(tmp_path: Path
     assert table["shapes_tried"] == 4 and table["requests"] > 10
     assert 0.5 < table["eager_auc"] <= 1.0
     assert table["passes"]["share_broadcast_computation"]["fired"] >= 0
+
+
+def test_headline_table_puts_the_deployed_network_on_top() -> None:
+    from compilers.bench import headline_table
+
+    sizes = {
+        "1x1000": {"eager_ms": 0.3, "cascade_ms": 0.1, "speedup_vs_eager": 3.0},
+        "1x10000": {"eager_ms": 3.0, "cascade_ms": 0.75, "speedup_vs_eager": 4.0},
+    }
+    fscd = {
+        "sizes": sizes,
+        "auc_delta": {"cascade": 0.0, "cascade_bf16": 2e-5},
+        "recompiles": {"cascade": {"compiles": 1, "recompiles": 0}},
+        "shapes_tried": 21,
+        "compile_s": {"cascade": 6.0},
+        "passes": {"fuse_memory_bound_chains": {"fired": 1}},
+    }
+    mlp = {"threads": 1, "eager_ms": 2.0, "sizes": {}}
+    table = headline_table(fscd, mlp=mlp)
+    # The keys come from the largest size of the deployed network, not the MLP's.
+    assert table["network"] == "fscd" and table["eager_ms"] == 3.0
+    assert table["speedup_vs_eager"] == 4.0 and table["cascade_ms"] == 0.75
+    assert table["auc_delta"] == 0.0 and table["bf16_auc_delta"] == 2e-5
+    assert table["auc_deltas"] == fscd["auc_delta"] and table["mlp"] is mlp
+    for key in ("recompiles", "shapes_tried", "compile_s", "passes", "sizes"):
+        assert table[key] == fscd[key]
