@@ -356,19 +356,17 @@ def _run(quick: bool) -> dict[str, Any]:
     fscd = fscd_compile_table(
         work, sizes=sizes, shapes=shapes, cache_dir=load_settings().home / "compile-cache"
     )
-    return headline_table(fscd, mlp=result, quick=quick)
+    return headline_table(fscd, mlp=result)
 
 
-def headline_table(
-    fscd: dict[str, Any], *, mlp: dict[str, Any], quick: bool = False
-) -> dict[str, Any]:
+def headline_table(fscd: dict[str, Any], *, mlp: dict[str, Any]) -> dict[str, Any]:
     """The benchmark's JSON: the FSCD table's keys at the top (its largest size's latencies and
     speedups, ``auc_delta`` of its package), every size under ``sizes``, all AUC changes under
     ``auc_deltas``, and the PreRanker's whole result under ``mlp``."""
     sizes = fscd["sizes"]
     largest = sizes[max(sizes, key=lambda name: int(name.split("x")[1]))]
     return {
-        "quick": quick,
+        "quick": False,  # a quick run has no FSCD table: its PreRanker keys are the top level
         "network": "fscd",
         "threads": mlp.get("threads"),
         **{k: v for k, v in fscd.items() if k != "auc_delta"},

@@ -1489,23 +1489,22 @@ def _column_constant(gm: fx.GraphModule, arg: Any, width: int) -> torch.Tensor |
 
 def _peel_column_affine(
     gm: fx.GraphModule, node: fx.Node, width: int
-) -> tuple[fx.Node, torch.Tensor, torch.Tensor, list[fx.Node]]:
-    """``(base, scale, shift, peeled)`` with ``node == base * scale + shift`` per column.
+) -> tuple[fx.Node, torch.Tensor, torch.Tensor]:
+    """``(base, scale, shift)`` with ``node == base * scale + shift`` per column.
 
     Walks back over add / sub / mul / div by per-column constants (the standardization at the
-    end of a feature transform). A peeled op must feed only the op after it, so dropping it
-    loses no other use.
+    end of a feature transform). A peeled op must have one user (the Linear, or the op after
+    it), so dropping it loses no other use.
     """
     scale = torch.ones(width, dtype=torch.float64)
     shift = torch.zeros(width, dtype=torch.float64)
-    peeled: list[fx.Node] = []
     current = node
     while (
         isinstance(current, fx.Node)
         and current.op == "call_function"
         and current.target in _AFFINE_OPS
         and not current.kwargs
-        and (current is node or len(current.users) == 1)
+        and len(current.users) == 1
     ):
         left, right = current.args[:2]
         constant = _column_constant(gm, right, width)
@@ -1524,9 +1523,8 @@ def _peel_column_affine(
             shift = shift - constant * scale
         else:
             shift = shift + constant * scale
-        peeled.append(current)
         current = base
-    return current, scale, shift, peeled
+    return current, scale, shift
 
 
 def _narrow_linear_by_column(gm: fx.GraphModule, node: fx.Node) -> bool:
@@ -1556,7 +1554,9 @@ def _narrow_linear_by_column(gm: fx.GraphModule, node: fx.Node) -> bool:
     if weight is None or weight.dim() != 2 or shape is None or len(shape) != 2:
         return False
     out_features, width = weight.shape
-    if not (width < VECTOR_LANES <= out_features) or not _is_static(shape[1]):
+    if not (width < VECTOR_LANES and out_features >= NARROW_LINEAR_MIN_OUT_FEATURES):
+        return False
+    if not _is_static(shape[1]):
         return False
     if _is_static(shape[0]) and shape[0] < VECTOR_LANES:
         return False  # a few rows: the GEMM call is cheap and nothing vectorizes better
@@ -1567,16 +1567,7 @@ def _narrow_linear_by_column(gm: fx.GraphModule, node: fx.Node) -> bool:
         if bias_value is None:
             return False
     source: fx.Node = node.args[0]  # type: ignore[assignment]
-    base, scale, shift, _ = (
-        _peel_column_affine(gm, source, width)
-        if len(source.users) == 1
-        else (
-            source,
-            torch.ones(width, dtype=torch.float64),
-            torch.zeros(width, dtype=torch.float64),
-            [],
-        )
-    )
+    base, scale, shift = _peel_column_affine(gm, source, width)
     branches: list[fx.Node] = [base] * width
     if (
         base.op == "call_function"
@@ -1593,6 +1584,8 @@ def _narrow_linear_by_column(gm: fx.GraphModule, node: fx.Node) -> bool:
             chosen = mask.reshape(width).tolist()
             branches = [base.args[1] if pick else base.args[2] for pick in chosen]  # type: ignore[misc]
     folded_weight = (weight.double() * scale).to(weight.dtype)
+    if not bool(folded_weight.any()):
+        return False
     folded_bias = weight.double() @ shift
     if bias_value is not None:
         folded_bias = folded_bias + bias_value.double()
@@ -1603,7 +1596,7 @@ def _narrow_linear_by_column(gm: fx.GraphModule, node: fx.Node) -> bool:
         stacked = _call(
             gm, aten.cat.default, [_call(gm, aten.unsqueeze.default, b, 0) for b in distinct], 0
         )
-        total: fx.Node | None = None
+        total: fx.Node | None = None  # set by the first nonzero column, which exists
         for column, branch in enumerate(branches):
             if not bool(folded_weight[:, column].any()):
                 continue
@@ -1616,8 +1609,7 @@ def _narrow_linear_by_column(gm: fx.GraphModule, node: fx.Node) -> bool:
                 _add_const(gm, folded_weight[:, column], "column_weight"),
             )
             total = term if total is None else _call(gm, aten.add.Tensor, total, term)
-        if total is None:
-            return False
+        assert total is not None
         if bias is not None or bool(folded_bias.any()):
             total = _call(
                 gm,
