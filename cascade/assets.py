@@ -40,6 +40,9 @@ ASSET_IMAGES_DATA_LANDED = "kafka://cascade/cascade.data.landed/images"
 """New image-text pairs (or a multimodal retrain request) for the ``multimodal`` pipeline."""
 ASSET_IMAGES_CORPUS = "file://cascade/lake/corpora/images"
 ASSET_MULTIMODAL_CHAMPION = "mlflow://cascade/models/multimodal/champion"
+ASSET_IMPRESSIONS_DATA_LANDED = "kafka://cascade/cascade.data.landed/impressions"
+"""A new impression log (or a request to recompute cross statistics) for ``ctr_cross``."""
+ASSET_CTR_CROSS_FEATURES = "file://cascade/lake/features/ctr_cross"
 ASSET_EVENT_PROBE = "kafka://cascade/cascade.data.landed/probe"
 """Events of the ``probe`` dataset: the trivial DAG that fault tests and the event benchmark use
 to account for every event id without running the full pipeline."""
@@ -64,5 +67,10 @@ MULTIMODAL_EVENT_SELECTORS = (
     "cascade.retrain.requested:model=multimodal",
 )
 """Events that start ``multimodal``."""
+CROSS_EVENT_SELECTORS = (
+    "cascade.data.landed:dataset=impressions",
+    "cascade.retrain.requested:model=ctr_cross",
+)
+"""Events that start ``ctr_cross``."""
 PROBE_EVENT_SELECTORS = ("cascade.data.landed:dataset=probe",)
 """Events that start ``event_probe``."""

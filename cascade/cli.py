@@ -5,7 +5,7 @@ cascade demo [--ds YYYY-MM-DD]
 cascade events publish cascade.data.landed --dataset ml100k --partition 2026-11-22
 cascade events dead-letters
 cascade rollback [--reason TEXT]
-cascade step NAME --ds YYYY-MM-DD [--pipeline asr|multimodal]
+cascade step NAME --ds YYYY-MM-DD [--pipeline asr|multimodal|ctr_cross]
 cascade score --user 1 --items 10 20 30
 """
 

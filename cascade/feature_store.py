@@ -25,7 +25,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -300,6 +300,66 @@ def cross_features_at(
     rows[TIMESTAMP] = pd.to_datetime(rows[TIMESTAMP], utc=True)
     found = store.get_historical_features(entity_df=rows, features=refs).to_df()
     return found
+
+
+def materialize_cross(
+    ds: str, *, settings: Settings | None = None, source: str = "generated"
+) -> dict[str, Any]:
+    """Apply the cross views of ``source`` and load partition ``ds`` of every pair into the
+    online store (rows with ``event_timestamp == ds`` midnight: the statistics of windows ending
+    at ``ds``, the newest a request on that day may see). Idempotent; a later partition
+    overwrites an earlier one key by key, keys absent from it keep their older row until the
+    views' ttl makes them stale."""
+    settings = settings or load_settings()
+    check_ds(ds)
+    started = time.perf_counter()
+    lake = Lake(settings.lake_root)
+    cross = repo_module("ctr.cross_views")
+    absent = [
+        pair
+        for pair in cross.PAIRS
+        if not (Path(cross.cross_root(lake, source, pair)) / f"dt={ds}").is_dir()
+    ]
+    if absent:
+        raise FileNotFoundError(
+            f"cross statistics of {absent} for ds={ds} ({source}) are missing; run "
+            f"`cascade step stats --pipeline ctr_cross --ds {ds}` first"
+        )
+    store = feature_store(settings)
+    objects = cross_repo_objects(settings=settings, source=source)
+    store.apply(objects)
+    views = [o.name for o in objects if isinstance(o, feast.FeatureView)]
+    moment = dt.datetime.combine(dt.date.fromisoformat(ds), dt.time(), tzinfo=dt.UTC)
+    # Both bounds are inclusive: exactly the ds partition (every row carries ds midnight).
+    store.materialize(start_date=moment, end_date=moment, feature_views=views)
+    seconds = round(time.perf_counter() - started, 1)
+    print(f"[feature_store] materialized {views} for ds={ds} ({source}) in {seconds} s", flush=True)
+    return {
+        "ds": ds,
+        "source": source,
+        "feature_views": views,
+        "feature_service": CROSS_FEATURE_SERVICE,
+        "materialized": moment.isoformat(),
+        "seconds": seconds,
+    }
+
+
+def online_cross_features(
+    store: feast.FeatureStore, pair: str, keys: Sequence[Mapping[str, Any]]
+) -> pd.DataFrame:
+    """The online cross features of one pair for ``keys`` (dicts of the pair's key columns):
+    one row per key in order, the key columns then the view's features; NaN for a key the
+    online store does not hold. Feast's online read does not apply the views' ttl: the
+    newest materialized partition answers, however old."""
+    view = store.get_feature_view(f"cross_{pair}")
+    names = [f.name for f in view.features]
+    response = store.get_online_features(
+        features=[f"{view.name}:{name}" for name in names], entity_rows=[dict(k) for k in keys]
+    ).to_dict()
+    frame = pd.DataFrame(response)
+    for name in names:
+        frame[name] = pd.to_numeric(frame[name], errors="coerce").astype("float64")
+    return frame[[*view.join_keys, *names]]
 
 
 def _nan_if_missing(value: Any) -> float:

@@ -1,9 +1,10 @@
-"""The pipeline steps of ``ctr_preranking``, ``asr`` and ``multimodal``: one table per pipeline,
-used by the Airflow DAG, DVC and the CLI.
+"""The pipeline steps of ``ctr_preranking``, ``asr``, ``multimodal`` and ``ctr_cross``: one table
+per pipeline, used by the Airflow DAG, DVC and the CLI.
 
     cascade step features --ds 2026-11-22
     cascade step train --pipeline asr --ds 2026-11-22
     cascade step corpus --pipeline multimodal --ds 2026-11-22
+    cascade step stats --pipeline ctr_cross --ds 2026-11-22
 
 Each step takes the partition date and returns a JSON-able summary. Imports are lazy so that
 the DAG file stays cheap to parse.
@@ -113,45 +114,43 @@ STEPS: dict[str, Callable[[str], dict[str, Any]]] = {
 """Step name -> function, in pipeline order. DAG task ids and DVC stage names are these names."""
 
 
-def _asr_step(name: str) -> Callable[[str], dict[str, Any]]:
-    def run(ds: str) -> dict[str, Any]:
-        from models.asr import pipeline
+def _lazy_steps(module: str, names: tuple[str, ...]) -> dict[str, Callable[[str], dict[str, Any]]]:
+    """Step name -> a function calling ``module.<name>(ds)``, imported only when it runs."""
 
-        return getattr(pipeline, name)(ds)
+    def step(name: str) -> Callable[[str], dict[str, Any]]:
+        def run(ds: str) -> dict[str, Any]:
+            import importlib
 
-    run.__name__ = name
-    return run
+            return getattr(importlib.import_module(module), name)(ds)
+
+        run.__name__ = name
+        return run
+
+    return {name: step(name) for name in names}
 
 
-ASR_STEPS: dict[str, Callable[[str], dict[str, Any]]] = {
-    name: _asr_step(name)
-    for name in ("corpus", "validate", "train", "compile", "register", "deploy")
-}
+ASR_STEPS = _lazy_steps(
+    "models.asr.pipeline", ("corpus", "validate", "train", "compile", "register", "deploy")
+)
 """The ``asr`` DAG's steps (:mod:`models.asr.pipeline`); DVC stages are ``asr_`` + the name."""
 
-
-def _multimodal_step(name: str) -> Callable[[str], dict[str, Any]]:
-    def run(ds: str) -> dict[str, Any]:
-        from models.multimodal import pipeline
-
-        return getattr(pipeline, name)(ds)
-
-    run.__name__ = name
-    return run
-
-
-MULTIMODAL_STEPS: dict[str, Callable[[str], dict[str, Any]]] = {
-    name: _multimodal_step(name) for name in ("corpus", "validate", "train", "evaluate", "register")
-}
+MULTIMODAL_STEPS = _lazy_steps(
+    "models.multimodal.pipeline", ("corpus", "validate", "train", "evaluate", "register")
+)
 """The ``multimodal`` DAG's steps (:mod:`models.multimodal.pipeline`); DVC stages are ``mm_`` +
 the name. No deploy step: the model ends in the registry."""
+
+CROSS_STEPS = _lazy_steps("jobs.ctr_cross_pipeline", ("log", "stats", "validate", "feast"))
+"""The ``ctr_cross`` DAG's steps (:mod:`jobs.ctr_cross_pipeline`): impression log -> cross
+statistics -> GX gate -> Feast. DVC stages are ``cross_`` + the name."""
 
 PIPELINES: dict[str, dict[str, Callable[[str], dict[str, Any]]]] = {
     "ctr_preranking": STEPS,
     "asr": ASR_STEPS,
     "multimodal": MULTIMODAL_STEPS,
+    "ctr_cross": CROSS_STEPS,
 }
-DVC_PREFIX = {"ctr_preranking": "", "asr": "asr_", "multimodal": "mm_"}
+DVC_PREFIX = {"ctr_preranking": "", "asr": "asr_", "multimodal": "mm_", "ctr_cross": "cross_"}
 """DVC stage name = prefix + step name (stage names share one ``dvc.yaml``)."""
 
 

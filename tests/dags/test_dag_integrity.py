@@ -131,3 +131,32 @@ def test_multimodal_is_scheduled_daily_and_on_the_images_asset_without_deploy(da
     assert "deploy" not in dag.task_ids
     for task_id in ("corpus", "validate", "train", "evaluate", "register"):
         assert dag.get_task(task_id).execution_timeout is not None, task_id
+
+
+def test_ctr_cross_runs_before_preranking_on_impressions_and_ends_in_feast(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.sdk import AssetOrTimeSchedule
+
+    from cascade.assets import (
+        ASSET_CTR_CROSS_FEATURES,
+        CROSS_EVENT_SELECTORS,
+        EVENT_TRIGGER,
+        WATCHED_TOPICS,
+    )
+
+    dag = dagbag.dags["ctr_cross"]
+    timetable = dag.timetable
+    assert isinstance(timetable, AssetOrTimeSchedule)
+    assert timetable.timetable.expression == "0 2 * * *"
+    (watcher,) = timetable.asset_condition.watchers
+    classpath, kwargs = watcher.trigger.serialize()
+    assert classpath == EVENT_TRIGGER
+    assert kwargs["topics"] == sorted(WATCHED_TOPICS)
+    assert kwargs["selectors"] == list(CROSS_EVENT_SELECTORS)
+    # Only the ctr_preranking watcher dead-letters, so a bad message is recorded once.
+    assert not kwargs.get("dead_letter")
+    # The gate sits between the Spark job and Feast: its failure leaves feast unrun.
+    assert dag.get_task("validate").downstream_task_ids == {"feast"}
+    assert dag.get_task("stats").downstream_task_ids == {"validate"}
+    assert [o.uri for o in dag.get_task("feast").outlets] == [ASSET_CTR_CROSS_FEATURES]
+    for task_id in ("log", "stats", "validate", "feast"):
+        assert dag.get_task(task_id).execution_timeout is not None, task_id

@@ -29,6 +29,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         "CASCADE_MULTIMODAL_GENERATED": "200",
         "CASCADE_MULTIMODAL_SOURCE_LIMIT": "15",
         "CASCADE_MULTIMODAL_DENSE_TWIN": "0",
+        "CASCADE_CROSS_IMPRESSIONS": "20000",
         # Pre-ranker phases checkpoint at steps 50 and 100 of the ~126 the partition gives
         # each, so the fault test's kill lands well inside the phase it checkpointed.
         CHECKPOINT_EVERY_ENV: "50",
@@ -47,6 +48,7 @@ def triggered(stack: Settings) -> dict[str, Any]:
         "ctr_preranking": trigger(DS, settings=stack),
         "asr": trigger(DS, settings=stack, dag_id="asr", dataset="speech"),
         "multimodal": trigger(DS, settings=stack, dag_id="multimodal", dataset="images"),
+        "ctr_cross": trigger(DS, settings=stack, dag_id="ctr_cross", dataset="impressions"),
     }
 
 
@@ -86,4 +88,17 @@ def multimodal_run(stack: Settings, triggered: dict[str, Any]) -> dict:
         settings=stack,
         timeout_s=1800,
         result_tasks=("corpus", "validate", "train", "evaluate", "register"),
+    )
+
+
+@pytest.fixture(scope="package")
+def cross_run(stack: Settings, triggered: dict[str, Any]) -> dict:
+    """One asset-triggered ``ctr_cross`` run started by a Kafka event (dataset ``impressions``)."""
+    from cascade.demo import wait_for_triggered
+
+    return wait_for_triggered(
+        triggered["ctr_cross"],
+        settings=stack,
+        timeout_s=1800,
+        result_tasks=("log", "stats", "validate", "feast"),
     )

@@ -1,0 +1,167 @@
+"""The ``ctr_cross`` pipeline: impression log -> cross statistics -> GX gate -> Feast.
+
+Steps (each takes the partition date, returns a JSON-able summary; the Airflow DAG
+``ctr_cross``, DVC's ``cross_*`` stages and ``cascade step NAME --pipeline ctr_cross --ds DS``
+all run these functions):
+
+* ``log``: the partition's impression log. A log that landed in
+  ``<lake>/landing/impressions/dt=<ds>/`` (any writer; parquet in the engine's input schema with
+  a ``_SUCCESS`` marker) is kept; otherwise the generator writes one there
+  (:mod:`jobs.impression_log`, ``CASCADE_CROSS_IMPRESSIONS`` rows ending at ``ds``). The
+  ``ml100k`` source (``CASCADE_CROSS_SOURCE=ml100k``) reads the installed MovieLens package.
+* ``stats``: :func:`jobs.ctr_cross_stats.run` (pairs x 1/7/30-day windows, fitted priors,
+  quarantine partition with reasons).
+* ``validate``: :func:`jobs.ctr_cross_stats_gate.validate`; a failed batch raises, so the run
+  stops before Feast.
+* ``feast``: applies the pair views and ``ctr_cross_v1`` and materializes the ``ds`` partition of
+  every pair into the online store. It refuses to run unless the gate's report for ``ds`` says
+  the batch passed (a ``cascade step`` or ``dvc repro`` that skips the gate cannot publish it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from cascade.config import Settings, load_settings
+from cascade.lake import Lake, check_ds
+
+SOURCE_ENV = "CASCADE_CROSS_SOURCE"
+IMPRESSIONS_ENV = "CASCADE_CROSS_IMPRESSIONS"
+DEFAULT_SOURCE = "generated"
+DEFAULT_IMPRESSIONS = 200_000
+"""Generated rows per partition: ~20 s of Spark on ``local[2]``; raise it for a load test."""
+
+
+def source_name() -> str:
+    """The log source the pipeline reads (``CASCADE_CROSS_SOURCE``: generated or ml100k)."""
+    from jobs.ctr_cross_stats import SOURCES
+
+    source = os.environ.get(SOURCE_ENV, DEFAULT_SOURCE)
+    if source not in SOURCES:
+        raise ValueError(f"{SOURCE_ENV}={source!r} is not a source; choose one of {SOURCES}")
+    return source
+
+
+def impressions() -> int:
+    raw = os.environ.get(IMPRESSIONS_ENV, "")
+    value = int(raw) if raw.strip() else DEFAULT_IMPRESSIONS
+    if value < 1:
+        raise ValueError(f"{IMPRESSIONS_ENV} must be >= 1, got {value}")
+    return value
+
+
+def landing_dir(lake: Lake, ds: str) -> Path:
+    """Where the partition's impression log lands (read by the ``generated`` source)."""
+    return lake.root / "landing" / "impressions" / f"dt={check_ds(ds)}"
+
+
+def gate_report(lake: Lake, source: str, ds: str) -> Path:
+    """The gate's JSON report for a partition (written by :mod:`jobs.ctr_cross_stats_gate`)."""
+    return lake.reports(f"gx_ctr_cross_{source}", check_ds(ds)) / "report.json"
+
+
+@contextmanager
+def spark_session(settings: Settings, app: str) -> Iterator[Any]:
+    """The active Spark session (left running: a caller's) or a new one, stopped afterwards."""
+    from pyspark.sql import SparkSession
+
+    from jobs import ctr_cross_stats as job
+
+    active = SparkSession.getActiveSession()
+    session = active or job.build_session(settings, app=app)
+    try:
+        yield session
+    finally:
+        if active is None:
+            session.stop()
+
+
+def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """Make sure the partition's log is there; generate it when nothing landed."""
+    settings = settings or load_settings()
+    source = source_name()
+    if source == "ml100k":
+        from jobs import movielens
+
+        path = movielens.default_ml100k_dir()
+        return {"ds": ds, "source": source, "path": str(path), "generated": False}
+    landing = landing_dir(Lake(settings.lake_root), ds)
+    if (landing / "_SUCCESS").is_file():
+        print(f"[cross] log for ds={ds} already landed at {landing}; kept", flush=True)
+        return {"ds": ds, "source": source, "path": str(landing), "generated": False}
+    from jobs import impression_log
+
+    rows = impressions()
+    started = time.perf_counter()
+    with spark_session(settings, "cascade.ctr_cross.log") as spark:
+        impression_log.write(
+            spark, impression_log.GeneratorConfig(impressions=rows, end_ds=ds), landing
+        )
+    seconds = round(time.perf_counter() - started, 1)
+    print(f"[cross] generated {rows:,} impressions ending at {ds} -> {landing} in {seconds} s")
+    return {"ds": ds, "source": source, "path": str(landing), "generated": True, "rows": rows}
+
+
+def _log_path(settings: Settings, ds: str) -> Path | None:
+    return landing_dir(Lake(settings.lake_root), ds) if source_name() == "generated" else None
+
+
+def stats(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """The cross statistics of the partition (see :func:`jobs.ctr_cross_stats.run`)."""
+    from jobs import ctr_cross_stats as job
+
+    settings = settings or load_settings()
+    with spark_session(settings, "cascade.ctr_cross.stats") as spark:
+        return job.run(
+            ds,
+            source=source_name(),
+            log_path=_log_path(settings, ds),
+            settings=settings,
+            spark=spark,
+        )
+
+
+def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """The batch gate; raises :class:`jobs.ctr_cross_stats_gate.GateFailed` when it fails."""
+    from jobs import ctr_cross_stats_gate as gate
+
+    settings = settings or load_settings()
+    with spark_session(settings, "cascade.ctr_cross.validate") as spark:
+        return gate.validate(
+            ds,
+            source=source_name(),
+            log_path=_log_path(settings, ds),
+            settings=settings,
+            spark=spark,
+        )
+
+
+class GateNotPassed(RuntimeError):
+    """Feast was asked to publish a partition whose gate did not pass (or did not run)."""
+
+
+def feast(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """Apply the cross views and load partition ``ds`` of every pair into the online store."""
+    settings = settings or load_settings()
+    source = source_name()
+    lake = Lake(settings.lake_root)
+    report = gate_report(lake, source, ds)
+    if not report.is_file():
+        raise GateNotPassed(
+            f"no gate report {report}: run step 'validate' for ds={ds} before publishing to Feast"
+        )
+    verdict = json.loads(report.read_text())
+    if not verdict.get("success"):
+        raise GateNotPassed(
+            f"the gate failed for ds={ds} ({', '.join(verdict.get('failed', []))}); "
+            f"see {report}. Feast keeps the previous partition."
+        )
+    from cascade.feature_store import materialize_cross
+
+    return materialize_cross(ds, settings=settings, source=source)

@@ -1,0 +1,105 @@
+"""The ``ctr_cross`` pipeline's steps in order: a generated log -> cross statistics -> gate ->
+Feast online store; the next day's batch with too many bad rows fails the gate and publishes
+nothing, so serving keeps the last good partition."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from cascade import steps
+from cascade.config import load_settings
+from cascade.lake import Lake
+from jobs import ctr_cross_pipeline as pipeline
+from jobs import ctr_cross_stats_gate as gate
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+DS, NEXT_DS = "2026-11-22", "2026-11-23"
+
+
+def online(pair: str, keys: list[dict]) -> pd.DataFrame:
+    from cascade.feature_store import feature_store, online_cross_features
+
+    return online_cross_features(feature_store(load_settings()), pair, keys)
+
+
+def partition(pair: str, ds: str) -> pd.DataFrame:
+    root = load_settings().lake_root / "features" / "ctr_cross" / "generated" / pair
+    return pd.read_parquet(root / f"dt={ds}")
+
+
+def test_a_passed_partition_reaches_the_online_store_and_a_failed_gate_publishes_nothing(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "20000")
+    monkeypatch.delenv(pipeline.SOURCE_ENV, raising=False)
+    results = {name: steps.run_step(name, DS, "ctr_cross") for name in steps.CROSS_STEPS}
+    assert results["log"]["generated"] and results["log"]["rows"] == 20_000
+    assert results["stats"]["input_rows"] == 20_000 and results["stats"]["quarantined_rows"] == 0
+    assert results["validate"]["success"]
+    assert set(results["feast"]["feature_views"]) == {
+        f"cross_{p}" for p in ("seg_cat", "user_cat", "seg_item", "ctx_item", "item_pos")
+    }
+    for name in steps.CROSS_STEPS:
+        assert steps.summary_path(name, DS, "ctr_cross").is_file()
+
+    # The online store answers with the partition's values, key by key.
+    expected = {pair: partition(pair, DS).head(5) for pair in ("user_cat", "item_pos")}
+    for pair, rows in expected.items():
+        keys = rows[[c for c in rows.columns if not c.startswith(pair) and c != "event_timestamp"]]
+        got = online(pair, keys.to_dict("records"))
+        for column in (f"{pair}_imp_30d", f"{pair}_ctr_7d", f"{pair}_decay_ctr"):
+            assert got[column].tolist() == pytest.approx(rows[column].astype(float).tolist())
+    unknown = online("user_cat", [{"user_id": 10**12, "item_category": "c0"}])
+    assert math.isnan(unknown["user_cat_ctr_30d"].iloc[0])
+
+    # Next day: a landed log where 5% of the rows have an invalid click.
+    landing = tmp_path / "lake" / "landing" / "impressions"
+    good = spark.read.parquet(str(landing / f"dt={DS}"))
+    bad = good.limit(1_000).withColumn("click", F.lit(7))
+    good.unionByName(bad).write.parquet(str(landing / f"dt={NEXT_DS}"))
+    assert steps.run_step("log", NEXT_DS, "ctr_cross")["generated"] is False
+    summary = steps.run_step("stats", NEXT_DS, "ctr_cross")
+    assert summary["quarantined_rows"] == 1_000
+    quarantine = pd.read_parquet(summary["quarantine_path"])
+    assert len(quarantine) == 1_000 and set(quarantine["reason"]) == {"click is not 0 or 1"}
+    with pytest.raises(gate.GateFailed, match="quarantine_fraction"):
+        steps.run_step("validate", NEXT_DS, "ctr_cross")
+    with pytest.raises(pipeline.GateNotPassed, match="the gate failed"):
+        steps.run_step("feast", NEXT_DS, "ctr_cross")
+    # Serving still reads the last good partition.
+    rows = expected["user_cat"]
+    got = online("user_cat", rows[["user_id", "item_category"]].to_dict("records"))
+    assert got["user_cat_ctr_7d"].tolist() == pytest.approx(rows["user_cat_ctr_7d"].tolist())
+    report = json.loads(
+        pipeline.gate_report(Lake(tmp_path / "lake"), "generated", NEXT_DS).read_text()
+    )
+    assert report["success"] is False
+
+
+def test_feast_refuses_a_partition_the_gate_never_saw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    with pytest.raises(pipeline.GateNotPassed, match="run step 'validate'"):
+        pipeline.feast(DS)
+
+
+def test_source_and_size_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(pipeline.SOURCE_ENV, "ml100k")
+    monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "5000")
+    assert pipeline.source_name() == "ml100k" and pipeline.impressions() == 5000
+    monkeypatch.setenv(pipeline.SOURCE_ENV, "clicks.csv")
+    with pytest.raises(ValueError, match="not a source"):
+        pipeline.source_name()
+    monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "0")
+    with pytest.raises(ValueError, match=">= 1"):
+        pipeline.impressions()
