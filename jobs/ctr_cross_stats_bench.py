@@ -11,7 +11,11 @@ not in ``<lake>/bench/impressions/`` yet (:mod:`jobs.impression_log`, seed 7), t
   cost of a full scan), and ``count_s``: read + count (Spark answers from parquet metadata);
 * ``job_s``: :func:`jobs.ctr_cross_stats.run` (all default pairs x 1/7/30 d, priors, writes);
 * ``reference_s``: the same counts and smoothed CTRs in pandas on one core (only up to
-  ``REFERENCE_MAX_ROWS``; the time includes reading the parquet).
+  ``REFERENCE_MAX_ROWS``; the time includes reading the parquet);
+* ``one_pair_count_s``: read the input, group it by the keys of the pair with the most feature
+  rows and count (one shuffle and one hash aggregation, no windows, no writes), under the
+  job's aggregation options. No exact cross statistic on Spark costs less than this for that
+  pair alone; ``one_pair_count_ratio`` is it over ``scan_s``, the floor of ``ratio``.
 
 At the smallest size the learned cross features (:mod:`jobs.ctr_learned_cross`) are fitted
 on the job's ``user_cat`` output (30-day smoothed CTR) and scored on held-out pairs:
@@ -182,6 +186,16 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
                 learned_cross = None
                 if n == min(sizes) and LEARNED_PAIR[0] in summary.get("paths", {}):
                     learned_cross = learned_cross_scores(Path(summary["paths"][LEARNED_PAIR[0]]))
+            floor_pair = next(
+                p for p in config.pairs if p.name == max(summary["rows"], key=summary["rows"].get)
+            )
+
+            def one_pair_count(path: Path = log, keys: tuple[str, ...] = floor_pair.keys) -> None:
+                counted = spark.read.parquet(str(path)).groupBy(*keys).count()
+                counted.write.format("noop").mode("overwrite").save()
+
+            with job.sql_conf(spark, job.aggregate_conf(config)):
+                one_pair_count_s = median_seconds(one_pair_count, repeats=repeats, warmup=warmup)
             reference_s = None
             if n <= REFERENCE_MAX_ROWS:
                 reference_s = median_seconds(
@@ -198,6 +212,9 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
                 "rows_per_s": n / job_s,
                 "ns_per_row": job_s / n * 1e9,
                 "peak_rss_mb": memory.peak_bytes / 2**20,
+                "one_pair_count_s": one_pair_count_s,
+                "one_pair_count_pair": floor_pair.name,
+                "one_pair_count_ratio": one_pair_count_s / scan_s,
                 "reference_s": reference_s,
                 "reference": "pandas (1 core)" if reference_s is not None else None,
                 "quarantined_rows": summary.get("quarantined_rows"),

@@ -29,6 +29,11 @@ def test_quick_bench_writes_the_promised_fields(
     for key in ("job_s", "scan_s", "ratio", "rows_per_s", "peak_rss_mb", "reference_s"):
         assert size[key] > 0, key
     assert size["ratio"] == pytest.approx(size["job_s"] / size["scan_s"])
+    # The floor is the pair with the most feature rows, and costs less than the whole job.
+    rows = size["feature_rows"]
+    assert rows[size["one_pair_count_pair"]] == max(rows.values())
+    assert 0 < size["one_pair_count_s"] < size["job_s"]
+    assert size["one_pair_count_ratio"] == pytest.approx(size["one_pair_count_s"] / size["scan_s"])
     assert size["quarantined_rows"] == 0
     assert size["feature_rows"]["seg_cat"] == 16 * 24  # every segment x category is seen
     learned = size["learned_cross"]
