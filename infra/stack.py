@@ -28,6 +28,7 @@ import requests
 
 from cascade.assets import KAFKA_CONN_ID
 from cascade.config import REPO_ROOT, Settings, load_settings
+from cascade.ports import free_ports
 
 SERVICES = ("broker", "mlflow", "airflow", "serving", "asr_serving")
 
@@ -474,18 +475,6 @@ def down(
 def status(settings: Settings | None = None) -> list[ServiceState]:
     settings = settings or load_settings()
     return [state(settings, name) for name in SERVICES]
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports: each socket stays bound until all are drawn, so the
-    system cannot hand the same port out twice (drawn one at a time, it sometimes did)."""
-    with contextlib.ExitStack() as sockets:
-        ports = []
-        for _ in range(count):
-            sock = sockets.enter_context(socket.socket())
-            sock.bind(("127.0.0.1", 0))
-            ports.append(int(sock.getsockname()[1]))
-        return ports
 
 
 @contextlib.contextmanager

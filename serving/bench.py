@@ -63,6 +63,7 @@ from cascade.ctr_schema import (
     USER_GENRE_FEATURES,
 )
 from cascade.lake import Lake
+from cascade.ports import free_port
 
 DS = "2026-02-01"
 """Partition of the private lake; the synthetic log ends the day before."""
@@ -297,14 +298,6 @@ class Server:
                 self.proc.wait()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def served_backend(log: str) -> str:
     """How the server's log says it scores: ``compiled`` (the version's AOTInductor package),
     ``eager`` (an FSCD pre-ranker without a usable package) or ``eager-shared`` (a PreRanker)."""
@@ -408,7 +401,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         workdir = Path(tmp)
         home = workdir / "home"
-        port = _free_port()
+        port = free_port()
         env = {
             **os.environ,
             "CASCADE_PROFILE": "local",

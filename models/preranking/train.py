@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -52,6 +51,7 @@ from torch.utils.data.distributed import DistributedSampler
 from cascade.config import REPO_ROOT, Settings, load_settings
 from cascade.ctr_schema import LABEL, MODEL_FEATURES, TIMESTAMP
 from cascade.lake import Lake, check_ds
+from cascade.ports import free_port
 from models.preranking.config_registry import CONFIGS, TrainConfig, get_config
 from models.preranking.fields import FieldEncoder
 from models.preranking.inference import (
@@ -571,13 +571,6 @@ def torch_extensions_dir(env: dict[str, str]) -> str:
     venv = hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]
     cache = Path(env.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return str(cache / "cascade" / "torch_extensions" / venv)
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (the rendezvous binds it right after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def read_complete_result(

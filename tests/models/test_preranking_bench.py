@@ -75,8 +75,8 @@ def test_seeds_are_summarized_by_median_with_spread_and_goal_counts(
 def test_training_logs_to_a_private_store_when_the_stack_is_down(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from cascade.ports import free_port
     from models.preranking.bench import tracking_settings
-    from models.preranking.train import free_port
 
     monkeypatch.setenv("CASCADE_MLFLOW_URI", f"http://127.0.0.1:{free_port()}")
     settings = tracking_settings(tmp_path / "run")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import requests
 import serving_fakes
 
 from cascade.config import Ports, Settings
+from cascade.ports import free_port
 
 FAKE_SERVER = Path(__file__).with_name("fake_server.py")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -51,12 +51,6 @@ class RunningServer:
             self.proc.wait()
             raise
         return time.monotonic() - t0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_server(

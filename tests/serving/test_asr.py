@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
-from conftest import REPO_ROOT, free_port
+from conftest import REPO_ROOT
 
+from cascade.ports import free_port
 from compilers.asr import INT8_FILE, REPORT_FILE, load_compiled
 from jobs.audio_corpus import CorpusConfig, decode_wav, log_mel, resample
 from jobs.speech_synth import synthesize, utterance_spec
