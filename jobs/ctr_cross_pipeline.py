@@ -15,7 +15,8 @@ all run these functions):
   stops before Feast.
 * ``feast``: applies the pair views and ``ctr_cross_v1`` and materializes the ``ds`` partition of
   every pair into the online store. It refuses to run unless the gate's report for ``ds`` says
-  the batch passed (a ``cascade step`` or ``dvc repro`` that skips the gate cannot publish it).
+  the batch passed and is newer than the statistics (a ``cascade step`` or ``dvc repro`` that
+  skips the gate, or reruns the job after it, cannot publish unchecked features).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ SOURCE_ENV = "CASCADE_CROSS_SOURCE"
 IMPRESSIONS_ENV = "CASCADE_CROSS_IMPRESSIONS"
 DEFAULT_SOURCE = "generated"
 DEFAULT_IMPRESSIONS = 200_000
-"""Generated rows per partition: ~20 s of Spark on ``local[2]``; raise it for a load test."""
+"""Generated rows per partition when nothing landed; raise it for a load test."""
 
 
 def source_name() -> str:
@@ -161,6 +162,14 @@ def feast(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         raise GateNotPassed(
             f"the gate failed for ds={ds} ({', '.join(verdict.get('failed', []))}); "
             f"see {report}. Feast keeps the previous partition."
+        )
+    from jobs.ctr_cross_stats import CrossLake
+
+    summary = CrossLake(lake, source).summary(ds)
+    if summary.is_file() and summary.stat().st_mtime > report.stat().st_mtime:
+        raise GateNotPassed(
+            f"the statistics of ds={ds} ({summary}) were rebuilt after the gate passed; "
+            "run step 'validate' again before publishing to Feast"
         )
     from cascade.feature_store import materialize_cross
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -83,6 +84,22 @@ def test_a_passed_partition_reaches_the_online_store_and_a_failed_gate_publishes
         pipeline.gate_report(Lake(tmp_path / "lake"), "generated", NEXT_DS).read_text()
     )
     assert report["success"] is False
+
+
+def test_feast_refuses_statistics_rebuilt_after_the_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    lake = Lake(tmp_path / "lake")
+    report = pipeline.gate_report(lake, "generated", DS)
+    report.parent.mkdir(parents=True)
+    report.write_text(json.dumps({"success": True, "failed": []}))
+    summary = lake.reports("ctr_cross_stats_generated", DS) / "summary.json"
+    summary.parent.mkdir(parents=True)
+    summary.write_text("{}")
+    os.utime(report, (1_000_000, 1_000_000))  # the gate ran long before the job's summary
+    with pytest.raises(pipeline.GateNotPassed, match="rebuilt after the gate passed"):
+        pipeline.feast(DS)
 
 
 def test_feast_refuses_a_partition_the_gate_never_saw(
