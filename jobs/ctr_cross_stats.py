@@ -45,7 +45,8 @@ own batches, and nothing pays for encoding a cache that is read a handful of tim
 
 Outputs under the lake: ``features/ctr_cross/<source>/<pair>/dt=<ds>/`` per pair,
 ``quarantine/<source>_log/dt=<ds>/`` and ``reports/ctr_cross_stats_<source>/dt=<ds>/summary.json``
-(counts, priors, position examination), which the gate reads.
+(counts, priors, position examination), which the gate reads. A run first deletes the gate's
+earlier report on ``ds`` (``CrossLake.gate_report``): rebuilt statistics need a new verdict.
 """
 
 from __future__ import annotations
@@ -456,6 +457,10 @@ class CrossLake:
     def summary(self, ds: str) -> Path:
         return self.lake.reports(f"ctr_cross_stats_{self.source}", ds) / "summary.json"
 
+    def gate_report(self, ds: str) -> Path:
+        """The verdict of :mod:`jobs.ctr_cross_stats_gate` on partition ``ds``."""
+        return self.lake.reports(f"gx_ctr_cross_{self.source}", ds) / "report.json"
+
 
 def build_session(settings: Settings, *, app: str = "cascade.ctr_cross_stats") -> SparkSession:
     """A session on ``settings.spark_master`` in UTC writing microsecond timestamps."""
@@ -623,6 +628,8 @@ def _run(
     started = time.monotonic()
     cutoff = ds_midnight(ds)
     where = CrossLake(Lake(settings.lake_root), source)
+    # The partition is being rebuilt: an earlier gate verdict no longer vouches for it.
+    where.gate_report(ds).unlink(missing_ok=True)
     log, adapter_quarantine = read_log(spark, source, log_path)
 
     observation = Observation(f"ctr_cross_stats {source} {ds}")

@@ -349,7 +349,7 @@ def _validate(
     quarantine_ok = fraction <= config.max_quarantine_fraction
     if not quarantine_ok:
         failed.append(f"quarantine_fraction({fraction:.4f} > {config.max_quarantine_fraction})")
-    report = lake.reports(f"gx_ctr_cross_{source}", ds) / "report.json"
+    report = where.gate_report(ds)
     report.parent.mkdir(parents=True, exist_ok=True)
     body = {
         "ds": ds,
