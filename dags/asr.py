@@ -19,35 +19,20 @@ watcher stream, claim ledger and coalescing as ``ctr_preranking``. Each task cal
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
-from airflow.sdk import Asset, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable, dag, task
+from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, dag
 
 from cascade.assets import (
     ASR_EVENT_SELECTORS,
     ASSET_ASR_CHAMPION,
     ASSET_SPEECH_CORPUS,
     ASSET_SPEECH_DATA_LANDED,
-    KAFKA_CONN_ID,
-    WATCHED_TOPICS,
 )
-from cascade.dag_steps import chain_steps
-from cascade.events import CascadeEventTrigger, release_failed_run
+from cascade.dag_steps import chain_steps, resolve_partition, watched_asset
+from cascade.events import release_failed_run
 
-speech_landed = Asset(
-    ASSET_SPEECH_DATA_LANDED,
-    watchers=[
-        AssetWatcher(
-            name="speech_data_landed_watcher",
-            trigger=CascadeEventTrigger(
-                topics=WATCHED_TOPICS,
-                kafka_config_id=KAFKA_CONN_ID,
-                poll_timeout=1,
-                selectors=ASR_EVENT_SELECTORS,
-                name="speech_data_landed_watcher",
-            ),
-        )
-    ],
+speech_landed = watched_asset(
+    ASSET_SPEECH_DATA_LANDED, watcher="speech_data_landed_watcher", selectors=ASR_EVENT_SELECTORS
 )
 speech_corpus = Asset(ASSET_SPEECH_CORPUS)
 asr_champion = Asset(ASSET_ASR_CHAMPION)
@@ -66,15 +51,9 @@ asr_champion = Asset(ASSET_ASR_CHAMPION)
     doc_md=__doc__,
 )
 def asr() -> None:
-    @task(inlets=[speech_landed])
-    def resolve_partition(**context: Any) -> str:
-        from cascade.events import claim_and_resolve
-
-        return claim_and_resolve(context, speech_landed)
-
     chain_steps(
         "asr",
-        resolve_partition(),
+        resolve_partition(speech_landed),
         {
             "corpus": {"outlets": [speech_corpus], "execution_timeout": dt.timedelta(minutes=30)},
             "train": {"execution_timeout": dt.timedelta(minutes=60)},

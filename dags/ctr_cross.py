@@ -22,34 +22,21 @@ via :mod:`cascade.steps`, the functions DVC's ``cross_*`` stages run
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
-from airflow.sdk import Asset, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable, dag, task
+from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, dag
 
 from cascade.assets import (
     ASSET_CTR_CROSS_FEATURES,
     ASSET_IMPRESSIONS_DATA_LANDED,
     CROSS_EVENT_SELECTORS,
-    KAFKA_CONN_ID,
-    WATCHED_TOPICS,
 )
-from cascade.dag_steps import chain_steps
-from cascade.events import CascadeEventTrigger, release_failed_run
+from cascade.dag_steps import chain_steps, resolve_partition, watched_asset
+from cascade.events import release_failed_run
 
-impressions_landed = Asset(
+impressions_landed = watched_asset(
     ASSET_IMPRESSIONS_DATA_LANDED,
-    watchers=[
-        AssetWatcher(
-            name="impressions_data_landed_watcher",
-            trigger=CascadeEventTrigger(
-                topics=WATCHED_TOPICS,
-                kafka_config_id=KAFKA_CONN_ID,
-                poll_timeout=1,
-                selectors=CROSS_EVENT_SELECTORS,
-                name="impressions_data_landed_watcher",
-            ),
-        )
-    ],
+    watcher="impressions_data_landed_watcher",
+    selectors=CROSS_EVENT_SELECTORS,
 )
 cross_features = Asset(ASSET_CTR_CROSS_FEATURES)
 
@@ -67,15 +54,9 @@ cross_features = Asset(ASSET_CTR_CROSS_FEATURES)
     doc_md=__doc__,
 )
 def ctr_cross() -> None:
-    @task(inlets=[impressions_landed])
-    def resolve_partition(**context: Any) -> str:
-        from cascade.events import claim_and_resolve
-
-        return claim_and_resolve(context, impressions_landed)
-
     chain_steps(
         "ctr_cross",
-        resolve_partition(),
+        resolve_partition(impressions_landed),
         {
             "log": {"execution_timeout": dt.timedelta(minutes=30)},
             "stats": {"execution_timeout": dt.timedelta(minutes=60)},

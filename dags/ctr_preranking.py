@@ -11,37 +11,24 @@ coalesces into one run (see :mod:`cascade.events`). Wiring only: each task calls
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
-from airflow.sdk import Asset, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable, dag, task
+from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, dag
 
 from cascade.assets import (
     ASSET_CTR_DATA_LANDED,
     ASSET_CTR_FEATURES,
     ASSET_PRERANKING_CHAMPION,
     CTR_EVENT_SELECTORS,
-    KAFKA_CONN_ID,
-    WATCHED_TOPICS,
 )
-from cascade.dag_steps import chain_steps
-from cascade.events import CascadeEventTrigger, release_failed_run
+from cascade.dag_steps import chain_steps, resolve_partition, watched_asset
+from cascade.events import release_failed_run
 
-data_landed = Asset(
+data_landed = watched_asset(
     ASSET_CTR_DATA_LANDED,
-    watchers=[
-        AssetWatcher(
-            name="ctr_data_landed_watcher",
-            trigger=CascadeEventTrigger(
-                topics=WATCHED_TOPICS,
-                kafka_config_id=KAFKA_CONN_ID,
-                poll_timeout=1,
-                selectors=CTR_EVENT_SELECTORS,
-                # This watcher owns dead-lettering: one record per bad message.
-                dead_letter=True,
-                name="ctr_data_landed_watcher",
-            ),
-        )
-    ],
+    watcher="ctr_data_landed_watcher",
+    selectors=CTR_EVENT_SELECTORS,
+    # This watcher owns dead-lettering: one record per bad message.
+    dead_letter=True,
 )
 ctr_features = Asset(ASSET_CTR_FEATURES)
 preranking_champion = Asset(ASSET_PRERANKING_CHAMPION)
@@ -62,17 +49,9 @@ preranking_champion = Asset(ASSET_PRERANKING_CHAMPION)
     doc_md=__doc__,
 )
 def ctr_preranking() -> None:
-    @task(inlets=[data_landed])
-    def resolve_partition(**context: Any) -> str:
-        from cascade.events import claim_and_resolve
-
-        # Claims the run's event ids (a redelivered or coalesced event skips the run's work)
-        # and returns the partition to work on.
-        return claim_and_resolve(context, data_landed)
-
     chain_steps(
         "ctr_preranking",
-        resolve_partition(),
+        resolve_partition(data_landed),
         {
             "features": {"outlets": [ctr_features]},
             "train": {"execution_timeout": dt.timedelta(minutes=30)},

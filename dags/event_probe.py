@@ -11,25 +11,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from airflow.sdk import Asset, AssetWatcher, dag, task
+from airflow.sdk import dag, task
 
-from cascade.assets import ASSET_EVENT_PROBE, KAFKA_CONN_ID, PROBE_EVENT_SELECTORS, WATCHED_TOPICS
-from cascade.events import CascadeEventTrigger, release_failed_run
+from cascade.assets import ASSET_EVENT_PROBE, PROBE_EVENT_SELECTORS
+from cascade.dag_steps import watched_asset
+from cascade.events import release_failed_run
 
-probe_events = Asset(
-    ASSET_EVENT_PROBE,
-    watchers=[
-        AssetWatcher(
-            name="event_probe_watcher",
-            trigger=CascadeEventTrigger(
-                topics=WATCHED_TOPICS,
-                kafka_config_id=KAFKA_CONN_ID,
-                poll_timeout=1,
-                selectors=PROBE_EVENT_SELECTORS,
-                name="event_probe_watcher",
-            ),
-        )
-    ],
+probe_events = watched_asset(
+    ASSET_EVENT_PROBE, watcher="event_probe_watcher", selectors=PROBE_EVENT_SELECTORS
 )
 
 

@@ -22,35 +22,22 @@ Nothing is deployed: the model is not served.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
-from airflow.sdk import Asset, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable, dag, task
+from airflow.sdk import Asset, AssetOrTimeSchedule, CronTriggerTimetable, dag
 
 from cascade.assets import (
     ASSET_IMAGES_CORPUS,
     ASSET_IMAGES_DATA_LANDED,
     ASSET_MULTIMODAL_CHAMPION,
-    KAFKA_CONN_ID,
     MULTIMODAL_EVENT_SELECTORS,
-    WATCHED_TOPICS,
 )
-from cascade.dag_steps import chain_steps
-from cascade.events import CascadeEventTrigger, release_failed_run
+from cascade.dag_steps import chain_steps, resolve_partition, watched_asset
+from cascade.events import release_failed_run
 
-images_landed = Asset(
+images_landed = watched_asset(
     ASSET_IMAGES_DATA_LANDED,
-    watchers=[
-        AssetWatcher(
-            name="images_data_landed_watcher",
-            trigger=CascadeEventTrigger(
-                topics=WATCHED_TOPICS,
-                kafka_config_id=KAFKA_CONN_ID,
-                poll_timeout=1,
-                selectors=MULTIMODAL_EVENT_SELECTORS,
-                name="images_data_landed_watcher",
-            ),
-        )
-    ],
+    watcher="images_data_landed_watcher",
+    selectors=MULTIMODAL_EVENT_SELECTORS,
 )
 images_corpus = Asset(ASSET_IMAGES_CORPUS)
 multimodal_champion = Asset(ASSET_MULTIMODAL_CHAMPION)
@@ -69,15 +56,9 @@ multimodal_champion = Asset(ASSET_MULTIMODAL_CHAMPION)
     doc_md=__doc__,
 )
 def multimodal() -> None:
-    @task(inlets=[images_landed])
-    def resolve_partition(**context: Any) -> str:
-        from cascade.events import claim_and_resolve
-
-        return claim_and_resolve(context, images_landed)
-
     chain_steps(
         "multimodal",
-        resolve_partition(),
+        resolve_partition(images_landed),
         {
             "corpus": {"outlets": [images_corpus], "execution_timeout": dt.timedelta(minutes=30)},
             "validate": {"execution_timeout": dt.timedelta(minutes=10)},

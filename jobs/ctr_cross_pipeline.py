@@ -15,8 +15,9 @@ all run these functions):
   stops before Feast.
 * ``feast``: applies the pair views and ``ctr_cross_v1`` and materializes the ``ds`` partition of
   every pair into the online store. It refuses to run unless the gate's report for ``ds`` says
-  the batch passed and is newer than the statistics (a ``cascade step`` or ``dvc repro`` that
-  skips the gate, or reruns the job after it, cannot publish unchecked features).
+  the batch passed. The job deletes that report when it rebuilds the partition, so a
+  ``cascade step`` or ``dvc repro`` that skips the gate, or reruns the job after it, cannot
+  publish unchecked features.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
+from jobs import ctr_cross_stats as job
+from jobs.spark_sessions import active_or_new
 
 SOURCE_ENV = "CASCADE_CROSS_SOURCE"
 IMPRESSIONS_ENV = "CASCADE_CROSS_IMPRESSIONS"
@@ -41,11 +43,9 @@ DEFAULT_IMPRESSIONS = 200_000
 
 def source_name() -> str:
     """The log source the pipeline reads (``CASCADE_CROSS_SOURCE``: generated or ml100k)."""
-    from jobs.ctr_cross_stats import SOURCES
-
     source = os.environ.get(SOURCE_ENV, DEFAULT_SOURCE)
-    if source not in SOURCES:
-        raise ValueError(f"{SOURCE_ENV}={source!r} is not a source; choose one of {SOURCES}")
+    if source not in job.SOURCES:
+        raise ValueError(f"{SOURCE_ENV}={source!r} is not a source; choose one of {job.SOURCES}")
     return source
 
 
@@ -60,27 +60,6 @@ def impressions() -> int:
 def landing_dir(lake: Lake, ds: str) -> Path:
     """Where the partition's impression log lands (read by the ``generated`` source)."""
     return lake.root / "landing" / "impressions" / f"dt={check_ds(ds)}"
-
-
-def gate_report(lake: Lake, source: str, ds: str) -> Path:
-    """The gate's JSON report for a partition (written by :mod:`jobs.ctr_cross_stats_gate`)."""
-    return lake.reports(f"gx_ctr_cross_{source}", check_ds(ds)) / "report.json"
-
-
-@contextmanager
-def spark_session(settings: Settings, app: str) -> Iterator[Any]:
-    """The active Spark session (left running: a caller's) or a new one, stopped afterwards."""
-    from pyspark.sql import SparkSession
-
-    from jobs import ctr_cross_stats as job
-
-    active = SparkSession.getActiveSession()
-    session = active or job.build_session(settings, app=app)
-    try:
-        yield session
-    finally:
-        if active is None:
-            session.stop()
 
 
 def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
@@ -100,7 +79,7 @@ def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
     rows = impressions()
     started = time.perf_counter()
-    with spark_session(settings, "cascade.ctr_cross.log") as spark:
+    with active_or_new(lambda: job.build_session(settings, app="cascade.ctr_cross.log")) as spark:
         impression_log.write(
             spark, impression_log.GeneratorConfig(impressions=rows, end_ds=ds), landing
         )
@@ -109,38 +88,27 @@ def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     return {"ds": ds, "source": source, "path": str(landing), "generated": True, "rows": rows}
 
 
-def _log_path(settings: Settings, ds: str) -> Path | None:
-    return landing_dir(Lake(settings.lake_root), ds) if source_name() == "generated" else None
+def _on_spark(
+    step: Callable[..., dict[str, Any]], ds: str, settings: Settings | None, app: str
+) -> dict[str, Any]:
+    """``step(ds, source=..., log_path=..., settings=..., spark=...)`` on the configured source."""
+    settings = settings or load_settings()
+    source = source_name()
+    log_path = landing_dir(Lake(settings.lake_root), ds) if source == "generated" else None
+    with active_or_new(lambda: job.build_session(settings, app=app)) as spark:
+        return step(ds, source=source, log_path=log_path, settings=settings, spark=spark)
 
 
 def stats(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     """The cross statistics of the partition (see :func:`jobs.ctr_cross_stats.run`)."""
-    from jobs import ctr_cross_stats as job
-
-    settings = settings or load_settings()
-    with spark_session(settings, "cascade.ctr_cross.stats") as spark:
-        return job.run(
-            ds,
-            source=source_name(),
-            log_path=_log_path(settings, ds),
-            settings=settings,
-            spark=spark,
-        )
+    return _on_spark(job.run, ds, settings, "cascade.ctr_cross.stats")
 
 
 def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     """The batch gate; raises :class:`jobs.ctr_cross_stats_gate.GateFailed` when it fails."""
     from jobs import ctr_cross_stats_gate as gate
 
-    settings = settings or load_settings()
-    with spark_session(settings, "cascade.ctr_cross.validate") as spark:
-        return gate.validate(
-            ds,
-            source=source_name(),
-            log_path=_log_path(settings, ds),
-            settings=settings,
-            spark=spark,
-        )
+    return _on_spark(gate.validate, ds, settings, "cascade.ctr_cross.validate")
 
 
 class GateNotPassed(RuntimeError):
@@ -151,8 +119,7 @@ def feast(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     """Apply the cross views and load partition ``ds`` of every pair into the online store."""
     settings = settings or load_settings()
     source = source_name()
-    lake = Lake(settings.lake_root)
-    report = gate_report(lake, source, ds)
+    report = job.CrossLake(Lake(settings.lake_root), source).gate_report(check_ds(ds))
     if not report.is_file():
         raise GateNotPassed(
             f"no gate report {report}: run step 'validate' for ds={ds} before publishing to Feast"
@@ -162,14 +129,6 @@ def feast(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         raise GateNotPassed(
             f"the gate failed for ds={ds} ({', '.join(verdict.get('failed', []))}); "
             f"see {report}. Feast keeps the previous partition."
-        )
-    from jobs.ctr_cross_stats import CrossLake
-
-    summary = CrossLake(lake, source).summary(ds)
-    if summary.is_file() and summary.stat().st_mtime > report.stat().st_mtime:
-        raise GateNotPassed(
-            f"the statistics of ds={ds} ({summary}) were rebuilt after the gate passed; "
-            "run step 'validate' again before publishing to Feast"
         )
     from cascade.feature_store import materialize_cross
 

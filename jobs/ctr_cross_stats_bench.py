@@ -42,6 +42,7 @@ from cascade.bench import median_seconds
 from cascade.config import Settings, load_settings
 from jobs import ctr_cross_stats as job
 from jobs import impression_log
+from jobs.spark_sessions import active_or_new
 
 DS = "2026-11-22"
 FULL_SIZES = (1_000_000, 10_000_000, 30_000_000)
@@ -130,7 +131,6 @@ def learned_cross_scores(features: Path) -> dict[str, Any]:
 
 def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
     """``cascade bench ctr``: see the module docstring."""
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     env_sizes = os.environ.get("CASCADE_BENCH_CTR_SIZES")
@@ -140,12 +140,10 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
         sizes = QUICK_SIZES if quick else FULL_SIZES
     settings = load_settings()
     inputs = settings.lake_root / "bench" / "impressions"
-    # A session that was already running (a caller's, a test's) is reused and left running.
-    borrowed = SparkSession.getActiveSession() is not None
-    spark = job.build_session(settings, app="cascade.bench.ctr")
     config = job.CrossStatsConfig()
     results: list[dict[str, Any]] = []
-    try:
+    # A session that was already running (a caller's, a test's) is reused and left running.
+    with active_or_new(lambda: job.build_session(settings, app="cascade.bench.ctr")) as spark:
         for n in sizes:
             log = inputs / f"n={n}_seed=7"
             generated_s = None
@@ -223,9 +221,6 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
             }
             print(f"[bench ctr] {result}", flush=True)
             results.append(result)
-    finally:
-        if not borrowed:
-            spark.stop()
     first, last = results[0], results[-1]
     return {
         "benchmark": "ctr",

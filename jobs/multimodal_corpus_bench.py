@@ -32,6 +32,7 @@ import pandas as pd
 from cascade.config import load_settings
 from jobs.multimodal_corpus import CorpusConfig, build_corpus, spark_session
 from jobs.multimodal_sources import GeneratorConfig, land_generated
+from jobs.spark_sessions import active_or_new
 
 FULL_SIZES = (10_000, 100_000)
 QUICK_SIZES = (1_000,)
@@ -79,17 +80,10 @@ def bench_multimodal_corpus(out: Path, quick: bool) -> dict[str, Any]:
         if env_sizes
         else (QUICK_SIZES if quick else FULL_SIZES)
     )
-    from pyspark.sql import SparkSession
-
     settings = load_settings()
     # A session that was already running (a caller's, a test's) is reused and left running.
-    borrowed = SparkSession.getActiveSession() is not None
-    spark = spark_session()
-    try:
+    with active_or_new(spark_session) as spark:
         return measure(spark, sizes, settings.spark_master, settings.lake_root, quick)
-    finally:
-        if not borrowed:
-            spark.stop()
 
 
 def measure(

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,23 +55,32 @@ def test_dags_have_tags_retries_and_explicit_schedule(dagbag) -> None:  # type: 
             assert task.retries >= 2, f"{dag_id}.{task.task_id} retries={task.retries}"
 
 
-def test_ctr_preranking_is_scheduled_daily_and_on_the_kafka_asset(dagbag) -> None:  # type: ignore[no-untyped-def]
+def watcher_of(dag: Any, cron: str, selectors: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+    """(watcher, trigger kwargs) of a DAG scheduled on ``cron`` or its one Kafka-watched asset,
+    after checking the trigger is the shared-stream one (commits after the asset event is
+    stored) on the topics every watcher shares, filtering with ``selectors``."""
     from airflow.sdk import AssetOrTimeSchedule
 
-    from cascade.assets import CTR_EVENT_SELECTORS, EVENT_TRIGGER, WATCHED_TOPICS
+    from cascade.assets import EVENT_TRIGGER, WATCHED_TOPICS
 
-    timetable = dagbag.dags["ctr_preranking"].timetable
+    timetable = dag.timetable
     assert isinstance(timetable, AssetOrTimeSchedule)
-    assert timetable.timetable.expression == "0 3 * * *"
-    asset = timetable.asset_condition
-    (watcher,) = asset.watchers
-    assert watcher.name == "ctr_data_landed_watcher"
-    # The shared-stream trigger (commits after the asset event is stored), on the topics
-    # every watcher shares, dead-lettering bad messages.
+    assert timetable.timetable.expression == cron
+    (watcher,) = timetable.asset_condition.watchers
     classpath, kwargs = watcher.trigger.serialize()
     assert classpath == EVENT_TRIGGER
     assert kwargs["topics"] == sorted(WATCHED_TOPICS)
-    assert kwargs["selectors"] == list(CTR_EVENT_SELECTORS)
+    assert kwargs["selectors"] == list(selectors)
+    return watcher, kwargs
+
+
+def test_ctr_preranking_is_scheduled_daily_and_on_the_kafka_asset(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from cascade.assets import CTR_EVENT_SELECTORS
+
+    dag = dagbag.dags["ctr_preranking"]
+    watcher, kwargs = watcher_of(dag, "0 3 * * *", CTR_EVENT_SELECTORS)
+    assert watcher.name == "ctr_data_landed_watcher"
+    # This watcher dead-letters bad messages.
     assert kwargs["dead_letter"] is True
 
 
@@ -115,43 +125,20 @@ def test_parse_does_no_db_query_no_connection_and_no_heavy_import(
 
 
 def test_multimodal_is_scheduled_daily_and_on_the_images_asset_without_deploy(dagbag) -> None:  # type: ignore[no-untyped-def]
-    from airflow.sdk import AssetOrTimeSchedule
-
-    from cascade.assets import EVENT_TRIGGER, MULTIMODAL_EVENT_SELECTORS, WATCHED_TOPICS
+    from cascade.assets import MULTIMODAL_EVENT_SELECTORS
 
     dag = dagbag.dags["multimodal"]
-    timetable = dag.timetable
-    assert isinstance(timetable, AssetOrTimeSchedule)
-    assert timetable.timetable.expression == "0 5 * * *"
-    (watcher,) = timetable.asset_condition.watchers
-    classpath, kwargs = watcher.trigger.serialize()
-    assert classpath == EVENT_TRIGGER
-    assert kwargs["topics"] == sorted(WATCHED_TOPICS)
-    assert kwargs["selectors"] == list(MULTIMODAL_EVENT_SELECTORS)
+    watcher_of(dag, "0 5 * * *", MULTIMODAL_EVENT_SELECTORS)
     assert "deploy" not in dag.task_ids
     for task_id in ("corpus", "validate", "train", "evaluate", "register"):
         assert dag.get_task(task_id).execution_timeout is not None, task_id
 
 
 def test_ctr_cross_runs_before_preranking_on_impressions_and_ends_in_feast(dagbag) -> None:  # type: ignore[no-untyped-def]
-    from airflow.sdk import AssetOrTimeSchedule
-
-    from cascade.assets import (
-        ASSET_CTR_CROSS_FEATURES,
-        CROSS_EVENT_SELECTORS,
-        EVENT_TRIGGER,
-        WATCHED_TOPICS,
-    )
+    from cascade.assets import ASSET_CTR_CROSS_FEATURES, CROSS_EVENT_SELECTORS
 
     dag = dagbag.dags["ctr_cross"]
-    timetable = dag.timetable
-    assert isinstance(timetable, AssetOrTimeSchedule)
-    assert timetable.timetable.expression == "0 2 * * *"
-    (watcher,) = timetable.asset_condition.watchers
-    classpath, kwargs = watcher.trigger.serialize()
-    assert classpath == EVENT_TRIGGER
-    assert kwargs["topics"] == sorted(WATCHED_TOPICS)
-    assert kwargs["selectors"] == list(CROSS_EVENT_SELECTORS)
+    _, kwargs = watcher_of(dag, "0 2 * * *", CROSS_EVENT_SELECTORS)
     # Only the ctr_preranking watcher dead-letters, so a bad message is recorded once.
     assert not kwargs.get("dead_letter")
     # The gate sits between the Spark job and Feast: its failure leaves feast unrun.

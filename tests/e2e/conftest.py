@@ -52,53 +52,41 @@ def triggered(stack: Settings) -> dict[str, Any]:
     }
 
 
+def finished_run(
+    stack: Settings, triggered: dict[str, Any], dag_id: str, tasks: tuple[str, ...]
+) -> dict[str, Any]:
+    """The asset-triggered run of ``dag_id`` that its Kafka event started, once it finished, with
+    the return values of ``tasks``."""
+    from cascade.demo import wait_for_triggered
+
+    return wait_for_triggered(triggered[dag_id], settings=stack, timeout_s=1800, result_tasks=tasks)
+
+
 @pytest.fixture(scope="package")
 def pipeline_run(stack: Settings, triggered: dict[str, Any]) -> dict:
     """One asset-triggered ``ctr_preranking`` run started by a Kafka event."""
-    from cascade.demo import wait_for_triggered
-
-    return wait_for_triggered(
-        triggered["ctr_preranking"],
-        settings=stack,
-        timeout_s=1800,
-        result_tasks=("train", "compile", "register", "deploy"),
+    return finished_run(
+        stack, triggered, "ctr_preranking", ("train", "compile", "register", "deploy")
     )
 
 
 @pytest.fixture(scope="package")
 def asr_run(stack: Settings, triggered: dict[str, Any]) -> dict:
     """One asset-triggered ``asr`` run started by a Kafka event (dataset ``speech``)."""
-    from cascade.demo import wait_for_triggered
-
-    return wait_for_triggered(
-        triggered["asr"],
-        settings=stack,
-        timeout_s=1800,
-        result_tasks=("corpus", "train", "compile", "register", "deploy"),
+    return finished_run(
+        stack, triggered, "asr", ("corpus", "train", "compile", "register", "deploy")
     )
 
 
 @pytest.fixture(scope="package")
 def multimodal_run(stack: Settings, triggered: dict[str, Any]) -> dict:
     """One asset-triggered ``multimodal`` run started by a Kafka event (dataset ``images``)."""
-    from cascade.demo import wait_for_triggered
-
-    return wait_for_triggered(
-        triggered["multimodal"],
-        settings=stack,
-        timeout_s=1800,
-        result_tasks=("corpus", "validate", "train", "evaluate", "register"),
+    return finished_run(
+        stack, triggered, "multimodal", ("corpus", "validate", "train", "evaluate", "register")
     )
 
 
 @pytest.fixture(scope="package")
 def cross_run(stack: Settings, triggered: dict[str, Any]) -> dict:
     """One asset-triggered ``ctr_cross`` run started by a Kafka event (dataset ``impressions``)."""
-    from cascade.demo import wait_for_triggered
-
-    return wait_for_triggered(
-        triggered["ctr_cross"],
-        settings=stack,
-        timeout_s=1800,
-        result_tasks=("log", "stats", "validate", "feast"),
-    )
+    return finished_run(stack, triggered, "ctr_cross", ("log", "stats", "validate", "feast"))
