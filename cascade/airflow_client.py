@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -11,6 +13,20 @@ import requests
 from cascade.config import Settings, load_settings
 
 TERMINAL_STATES = ("success", "failed")
+
+
+def airflow_home(settings: Settings) -> Path:
+    """``AIRFLOW_HOME`` of the local stack: under the state folder."""
+    return settings.home / "airflow"
+
+
+def airflow_password(settings: Settings) -> str | None:
+    """The ``admin`` password Airflow's simple auth manager generated, None before first start."""
+    path = airflow_home(settings) / "simple_auth_manager_passwords.json.generated"
+    try:
+        return json.loads(path.read_text()).get("admin")
+    except (OSError, ValueError):
+        return None
 
 
 class AirflowClient:
@@ -23,8 +39,6 @@ class AirflowClient:
         timeout_s: float = 30.0,
         attempts: int = 6,
     ) -> None:
-        from infra.stack import airflow_password
-
         self.settings = settings or load_settings()
         self.base = self.settings.airflow_url
         self.username = username

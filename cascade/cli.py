@@ -1,59 +1,34 @@
 """The ``cascade`` command.
 
-cascade up | down | status
-cascade demo [--ds YYYY-MM-DD]
+cascade pipelines [--json] [--write-dvc | --check-dvc]
+cascade step NAME --pipeline PIPELINE --ds YYYY-MM-DD
+cascade score --model preranking --user 1 --items 10 20 30
+cascade score --model asr --audio clip.wav
+cascade rollback --model MODEL [--reason TEXT]
 cascade events publish cascade.data.landed --dataset ml100k --partition 2026-11-22
 cascade events dead-letters
-cascade rollback [--reason TEXT]
-cascade step NAME --ds YYYY-MM-DD [--pipeline asr|multimodal|ctr_cross]
-cascade score --user 1 --items 10 20 30
+cascade up | down | status | demo | bench ...   (commands registered by other packages)
+
+Pipelines, their steps and their registered models come from the pipeline registry
+(:mod:`cascade.pipeline_registry`); more commands come from the ``cascade.commands`` entry-point
+group (each entry point is ``register(subparsers) -> error types``), so this module imports
+nothing above the kernel.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
+import importlib.metadata
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from cascade.config import load_settings
+from cascade.config import REPO_ROOT
+from cascade.pipeline_registry import registered_models, registered_pipelines
 
-
-def _print_status(settings: Any) -> None:
-    from infra.stack import airflow_password, status
-
-    print(f"profile {settings.profile}, state folder {settings.home}")
-    for s in status(settings):
-        mark = "up" if s.healthy else ("starting/unhealthy" if s.up else "down")
-        pid = f"pid {s.pid}" if s.pid else "-"
-        print(f"  {s.name:<8} {mark:<18} {s.url:<32} {pid:<12} log {s.log}")
-    password = airflow_password(settings)
-    if password:
-        print(f"Airflow UI {settings.airflow_url}  user admin  password {password}")
-
-
-def cmd_up(args: argparse.Namespace) -> int:
-    from infra.stack import up
-
-    settings = load_settings()
-    up(settings)
-    _print_status(settings)
-    return 0
-
-
-def cmd_down(args: argparse.Namespace) -> int:
-    from infra.stack import down
-
-    stopped = down(load_settings())
-    print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
-    return 0
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    _print_status(load_settings())
-    return 0
+COMMANDS_GROUP = "cascade.commands"
+DEFAULT_PIPELINE = "ctr_preranking"
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -69,34 +44,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_step(args: argparse.Namespace) -> int:
-    from cascade.steps import run_step
-
-    print(json.dumps(run_step(args.name, args.ds, args.pipeline), indent=2, default=str))
-    return 0
-
-
-def cmd_score(args: argparse.Namespace) -> int:
-    from serving.deploy import score
-
-    print(json.dumps(score(args.user, args.items), indent=2))
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from cascade.demo import run_demo
-
-    summary = run_demo(ds=args.ds, timeout_s=args.timeout)
-    return 0 if summary["dag_run_state"] == "success" else 1
-
-
-def cmd_rollback(args: argparse.Namespace) -> int:
-    from cascade.deployments import rollback
-
-    print(json.dumps(rollback(reason=args.reason), indent=2))
-    return 0
-
-
 def cmd_dead_letters(args: argparse.Namespace) -> int:
     from cascade.events import dead_letter_summary
 
@@ -104,51 +51,114 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCH_OPTIONS = {
-    "impressions": "impressions, comma-separated sizes (ctr-features)",
-    "config": "named training config (preranking, multimodal)",
-    "seeds": "training seeds, comma-separated: one run each, medians reported (preranking)",
-    "corpus": "corpus folder to train on instead of generated pairs (multimodal)",
-    "model": "model to compile: preranking (compile); an asr_model.pt folder to evaluate (asr)",
-    "sizes": "corpus sizes in utterances, comma-separated (asr)",
-    "events": "events to publish (events)",
-    "candidates": "item ids per request (serving)",
-    "clients": "concurrent clients (serving)",
-    "seconds": "measured seconds of load, after the warm-up (serving)",
-    "workers": "server processes (serving)",
-    "pairs": "generated image-text pairs, comma-separated sizes (multimodal-corpus)",
-}
+def cmd_step(args: argparse.Namespace) -> int:
+    from cascade.step_runner import run_step
 
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from cascade.bench import run_benchmark
-
-    options = {name: getattr(args, name) for name in BENCH_OPTIONS}
-    result = run_benchmark(args.name, args.out, quick=args.quick, options=options)
-    print(json.dumps(result, indent=2, default=str))
-    print(f"written to {args.out}")
+    print(json.dumps(run_step(args.name, args.ds, args.pipeline), indent=2, default=str))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from cascade.steps import PIPELINES
+def cmd_pipelines(args: argparse.Namespace) -> int:
+    from cascade.dvc_stages import dvc_yaml, write_dvc_yaml
 
-    parser = argparse.ArgumentParser(
-        prog="cascade", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("up", help="start the local stack and wait until healthy").set_defaults(
-        func=cmd_up
-    )
-    sub.add_parser("down", help="stop what `cascade up` started").set_defaults(func=cmd_down)
-    sub.add_parser("status", help="each service: up/down, URL, pid").set_defaults(func=cmd_status)
+    specs = registered_pipelines()
+    dvc_file = Path(args.dvc_file)
+    if args.write_dvc:
+        changed = write_dvc_yaml(dvc_file, specs.values())
+        print(f"{dvc_file}: {'written' if changed else 'already up to date'}", file=sys.stderr)
+        return 0
+    if args.check_dvc:
+        if not dvc_file.is_file() or dvc_file.read_text() != dvc_yaml(specs.values()):
+            print(
+                f"{dvc_file} differs from the pipeline specs; run `cascade pipelines --write-dvc`",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    described = [spec.describe() for spec in specs.values()]
+    if args.json:
+        print(json.dumps(described, indent=2))
+        return 0
+    for item in described:
+        trigger = item["assets"]["trigger"]
+        start = " or ".join(
+            part
+            for part in (
+                f"cron {item['schedule']['cron']} UTC" if item["schedule"]["cron"] else "",
+                f"events {', '.join(trigger['selectors'])}" if trigger else "",
+            )
+            if part
+        )
+        model = item["registered_model"]
+        print(f"{item['name']}: {item['description']}")
+        print(f"  starts on: {start}")
+        print(f"  steps: {' -> '.join(step['name'] for step in item['steps'])}")
+        if model:
+            print(f"  registers: {model['name']}@{model['alias']} ({model['promotion']['metric']})")
+    return 0
 
-    demo = sub.add_parser("demo", help="start the stack and run the pre-ranking path end to end")
-    demo.add_argument(
-        "--ds", default=dt.datetime.now(dt.UTC).date().isoformat(), help="partition date"
+
+def cmd_score(args: argparse.Namespace) -> int:
+    spec = registered_models()[args.model]
+    assert spec.model is not None and spec.model.score is not None
+    request = {"user": args.user, "items": args.items, "audio": args.audio}
+    print(json.dumps(spec.model.score(request), indent=2, default=str))
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from cascade.deployments import rollback
+
+    print(json.dumps(rollback(reason=args.reason, model=args.model), indent=2))
+    return 0
+
+
+def _add_core_commands(sub: Any) -> None:
+    pipelines = registered_pipelines()
+    models = registered_models()
+
+    listing = sub.add_parser(
+        "pipelines", help="the registered pipelines: steps, assets, schedule, registered model"
     )
-    demo.add_argument("--timeout", type=float, default=1500, help="seconds to wait for the DAG run")
-    demo.set_defaults(func=cmd_demo)
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    what = listing.add_mutually_exclusive_group()
+    what.add_argument("--write-dvc", action="store_true", help="regenerate dvc.yaml from the specs")
+    what.add_argument(
+        "--check-dvc", action="store_true", help="exit 1 when dvc.yaml differs from the specs"
+    )
+    listing.add_argument("--dvc-file", default=str(REPO_ROOT / "dvc.yaml"), help=argparse.SUPPRESS)
+    listing.set_defaults(func=cmd_pipelines)
+
+    steps = "; ".join(f"{name}: {', '.join(spec.step_names)}" for name, spec in pipelines.items())
+    step = sub.add_parser(
+        "step",
+        help="run one pipeline step (the DAG task / DVC stage of that name)",
+        epilog=f"steps per pipeline: {steps}",
+    )
+    step.add_argument("name", help="step name (see below)")
+    step.add_argument("--ds", required=True, help="partition date YYYY-MM-DD")
+    step.add_argument(
+        "--pipeline",
+        default=DEFAULT_PIPELINE,
+        choices=tuple(pipelines),
+        help=f"the DAG whose step it is (default {DEFAULT_PIPELINE})",
+    )
+    step.set_defaults(func=cmd_step)
+
+    scorable = tuple(name for name, spec in models.items() if spec.model and spec.model.score)
+    score = sub.add_parser("score", help="ask the served champion of a model")
+    score.add_argument("--model", default="preranking", choices=scorable)
+    score.add_argument("--user", type=int, help="user id (preranking)")
+    score.add_argument("--items", type=int, nargs="+", help="candidate item ids (preranking)")
+    score.add_argument("--audio", help="a WAV file to transcribe (asr)")
+    score.set_defaults(func=cmd_score)
+
+    back = sub.add_parser(
+        "rollback", help="point a model's champion alias back at the version it replaced"
+    )
+    back.add_argument("--model", default="preranking", choices=tuple(models))
+    back.add_argument("--reason", default="manual", help="recorded on the rolled-back version")
+    back.set_defaults(func=cmd_rollback)
 
     events = sub.add_parser("events", help="Kafka events").add_subparsers(
         dest="events_command", required=True
@@ -163,54 +173,43 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_dead_letters
     )
 
-    back = sub.add_parser(
-        "rollback", help="point the champion alias back at the version it replaced"
-    )
-    back.add_argument("--reason", default="manual", help="recorded on the rolled-back version")
-    back.set_defaults(func=cmd_rollback)
 
-    step = sub.add_parser(
-        "step", help="run one pipeline step (the DAG task / DVC stage of that name)"
+def build_parser() -> tuple[argparse.ArgumentParser, tuple[type[BaseException], ...]]:
+    """The parser, and the error types that the registered commands report as one line."""
+    parser = argparse.ArgumentParser(
+        prog="cascade", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    step.add_argument("name")
-    step.add_argument("--ds", required=True, help="partition date YYYY-MM-DD")
-    step.add_argument(
-        "--pipeline",
-        default="ctr_preranking",
-        choices=tuple(PIPELINES),
-        help="the DAG whose step it is (default ctr_preranking)",
-    )
-    step.set_defaults(func=cmd_step)
-
-    score = sub.add_parser("score", help="score candidates with the served champion")
-    score.add_argument("--user", type=int, required=True)
-    score.add_argument("--items", type=int, nargs="+", required=True)
-    score.set_defaults(func=cmd_score)
-
-    bench = sub.add_parser("bench", help="run a benchmark, write JSON results")
-    bench.add_argument("name", help="benchmark name (see cascade/bench.py)")
-    bench.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
-    for option, text in BENCH_OPTIONS.items():
-        bench.add_argument(f"--{option}", help=text)
-    bench.set_defaults(func=cmd_bench)
-    return parser
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_core_commands(sub)
+    errors: list[type[BaseException]] = []
+    seen: set[str] = set()
+    for entry in sorted(importlib.metadata.entry_points(group=COMMANDS_GROUP), key=str):
+        if entry.value in seen:
+            continue
+        seen.add(entry.value)
+        errors.extend(entry.load()(sub) or ())
+    return parser, tuple(errors)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from cascade.events import InvalidEvent
+
+    parser, plugin_errors = build_parser()
+    args = parser.parse_args(argv)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # a CLI error is one clear line, not a traceback
-        from cascade.events import InvalidEvent
-        from infra.stack import StackError
-
-        if isinstance(exc, (StackError, InvalidEvent, ValueError, KeyError, TimeoutError)):
-            print(f"cascade {args.command}: {exc}", file=sys.stderr)
-            return 2
-        raise
+    except (
+        InvalidEvent,
+        ValueError,
+        KeyError,
+        TimeoutError,
+        FileNotFoundError,
+        *plugin_errors,
+    ) as exc:  # a CLI error is one clear line, not a traceback
+        print(f"cascade {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
-"""Deployment safety: rollback of the champion alias (by command or on a serving error rate) and
-the shadow report comparing the challenger with the champion on the same requests.
+"""Deployment safety: rollback of a registered model's champion alias, by command or on a
+serving error rate.
 
-    cascade rollback [--reason TEXT]          # champion -> the version it replaced
-    python -m cascade.deployments shadow-report --ds 2026-11-22
+    cascade rollback --model preranking [--reason TEXT]   # champion -> the version it replaced
 
 The server follows the ``champion`` alias by polling the registry, so moving the alias is the
 whole rollback: no restart. Each champion version carries the version it replaced
@@ -12,14 +11,10 @@ rollbacks chain: two rollbacks go back two promotions.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
-import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-import numpy as np
 
 from cascade.assets import TOPIC_MODEL_DEPLOYED
 from cascade.config import Settings, load_settings
@@ -70,12 +65,14 @@ def rollback(
     settings: Settings | None = None,
     aliases: Aliases | None = None,
     publish: bool = True,
+    model: str | None = None,
 ) -> dict[str, Any]:
-    """Point ``champion`` back at the version the current champion replaced; returns what moved
-    and publishes ``cascade.model.deployed`` (reason ``rollback`` / ``automatic-rollback``)."""
+    """Point ``model``'s ``champion`` (default: the pre-ranker, ``settings.registered_model``)
+    back at the version the current champion replaced; returns what moved and publishes
+    ``cascade.model.deployed`` (reason ``rollback`` / ``automatic-rollback``)."""
     settings = settings or load_settings()
     aliases = aliases or MlflowAliases(settings)
-    model = settings.registered_model
+    model = model or settings.registered_model
     current = aliases.alias_version(model, CHAMPION)
     if current is None:
         raise ValueError(f"model {model!r} has no {CHAMPION!r} alias; nothing to roll back")
@@ -164,54 +161,3 @@ def auto_rollback(
         aliases=aliases,
         publish=publish,
     )
-
-
-def shadow_report(frame: Any) -> dict[str, Any]:
-    """Compare champion and shadow (challenger) scores logged on the same candidates:
-    agreement of the top candidate per request, score correlation, and online AUC of each
-    when clicks are joined. ``frame`` is :func:`serving.feedback.load_joined_feedback`'s."""
-    from cascade.monitor import online_auc
-
-    shadowed = frame[frame["shadow_score"].notna()] if "shadow_score" in frame else frame.iloc[:0]
-    if shadowed.empty:
-        raise ValueError("no shadow scores logged; start serving with CASCADE_SHADOW_ALIAS set")
-    top_champion = shadowed.loc[shadowed.groupby("request_id")["score"].idxmax(), "item_id"]
-    top_shadow = shadowed.loc[shadowed.groupby("request_id")["shadow_score"].idxmax(), "item_id"]
-    report: dict[str, Any] = {
-        "requests": int(shadowed["request_id"].nunique()),
-        "candidates": len(shadowed),
-        "champion_versions": sorted(map(str, shadowed["model_version"].unique())),
-        "shadow_versions": sorted(map(str, shadowed["shadow_version"].unique())),
-        "top1_agreement": float(np.mean(top_champion.to_numpy() == top_shadow.to_numpy())),
-        "score_correlation": float(
-            np.corrcoef(shadowed["score"], shadowed["shadow_score"].astype(float))[0, 1]
-        ),
-        "mean_abs_score_diff": float(
-            np.mean(np.abs(shadowed["score"] - shadowed["shadow_score"].astype(float)))
-        ),
-    }
-    if "click" in shadowed:
-        report["champion_online_auc"] = online_auc(shadowed["score"], shadowed["click"])
-        report["shadow_online_auc"] = online_auc(shadowed["shadow_score"], shadowed["click"])
-    return report
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    back = sub.add_parser("rollback", help="champion -> the version it replaced")
-    back.add_argument("--reason", default="manual")
-    shadow = sub.add_parser("shadow-report", help="champion vs shadow on one serving day")
-    shadow.add_argument("--ds", required=True)
-    args = parser.parse_args(argv)
-    if args.command == "rollback":
-        print(json.dumps(rollback(reason=args.reason), indent=2))
-    else:
-        from serving.feedback import load_joined_feedback
-
-        print(json.dumps(shadow_report(load_joined_feedback(args.ds)), indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -822,14 +822,14 @@ def release_failed_run(context: Mapping[str, Any]) -> None:
     log.warning("run %s failed: released %d event(s) for the next run", dag_run.run_id, released)
 
 
-def claim_and_resolve(context: Mapping[str, Any], asset: Any) -> str:
-    """``ctr_preranking``'s first task: claim the run's events, return the partition."""
-    from cascade.steps import resolve_partition
+def claim_and_resolve(context: Mapping[str, Any], asset: Any, *, lag_days: int = 0) -> str:
+    """A pipeline DAG's first task: claim the run's events, return the partition."""
+    from cascade.partitions import resolve_partition
 
     claim = claim_for_run(context, asset)
     dag_run = context["dag_run"]
     return resolve_partition(
-        claim.events, dag_run.logical_date, getattr(dag_run, "run_after", None)
+        claim.events, dag_run.logical_date, getattr(dag_run, "run_after", None), lag_days=lag_days
     )
 
 

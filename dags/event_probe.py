@@ -14,7 +14,7 @@ from typing import Any
 from airflow.sdk import dag, task
 
 from cascade.assets import ASSET_EVENT_PROBE, PROBE_EVENT_SELECTORS
-from cascade.dag_steps import watched_asset
+from cascade.dag_factory import watched_asset
 from cascade.events import release_failed_run
 
 probe_events = watched_asset(

@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 import requests
 
+from cascade.airflow_client import airflow_home
 from cascade.assets import KAFKA_CONN_ID
 from cascade.config import REPO_ROOT, Settings, load_settings
 from cascade.ports import free_ports
@@ -97,18 +98,6 @@ def airflow_healthy(settings: Settings) -> bool:
         return False
     needed = ("metadatabase", "scheduler", "triggerer", "dag_processor")
     return all(body.get(k, {}).get("status") == "healthy" for k in needed)
-
-
-def airflow_home(settings: Settings) -> Path:
-    return settings.home / "airflow"
-
-
-def airflow_password(settings: Settings) -> str | None:
-    path = airflow_home(settings) / "simple_auth_manager_passwords.json.generated"
-    try:
-        return json.loads(path.read_text()).get("admin")
-    except (OSError, ValueError):
-        return None
 
 
 def service_env(settings: Settings) -> dict[str, str]:

@@ -12,7 +12,7 @@ Enabled by environment variables of the serving process (``cascade up`` passes t
     CASCADE_SHADOW_ALIAS=challenger    also score with this registry alias and log both
     CASCADE_AUTO_ROLLBACK=1            roll back on the error-rate policy (cascade/deployments.py)
 
-The shadow report: ``python -m cascade.deployments shadow-report --ds YYYY-MM-DD``.
+The shadow report: ``python -m serving.shadow_report --ds YYYY-MM-DD``.
 """
 
 from __future__ import annotations

@@ -1,58 +1,186 @@
-"""The DVC stage graph and the Airflow DAGs run the same steps in the same order."""
+"""The pipeline specs are the one source of the Airflow DAGs, the DVC stages and the CLI: the
+committed ``dvc.yaml`` is what the specs make, every DAG's tasks are its spec's steps, and a
+toy pipeline in a package of its own (registered only through its entry point) becomes a DAG,
+DVC stages and ``cascade step`` choices with no edit anywhere else."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
 
 from cascade.config import REPO_ROOT
-from cascade.steps import DVC_PREFIX, PIPELINES
+from cascade.dvc_stages import dvc_yaml
+from cascade.pipeline_registry import registered_pipelines
+
+PIPELINES = registered_pipelines()
 
 
-def dvc_stages(pipeline: str) -> dict[str, dict]:
-    """The pipeline's stages (in file order) under their step names."""
-    prefix = DVC_PREFIX[pipeline]
+def test_the_project_registers_its_pipelines() -> None:
+    assert {"ctr_preranking", "ctr_cross", "asr", "multimodal", "ctr_monitor"} <= set(PIPELINES)
+
+
+def test_committed_dvc_yaml_is_the_one_the_specs_make() -> None:
+    committed = (REPO_ROOT / "dvc.yaml").read_text()
+    assert committed == dvc_yaml(PIPELINES.values()), (
+        "dvc.yaml differs from the pipeline specs; run `cascade pipelines --write-dvc`"
+    )
+
+
+@pytest.mark.parametrize("pipeline", list(PIPELINES))
+def test_every_step_is_a_dvc_stage_chained_in_step_order(pipeline: str) -> None:
+    spec = PIPELINES[pipeline]
     stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
-    return {
-        name[len(prefix) :]: stage
-        for name, stage in stages.items()
-        if name.startswith(prefix)
-        and (prefix or not any(name.startswith(p) for p in DVC_PREFIX.values() if p))
-    }
-
-
-@pytest.mark.parametrize("pipeline", list(PIPELINES))
-def test_every_step_is_a_dvc_stage_running_the_same_entry_point(pipeline: str) -> None:
-    stages = dvc_stages(pipeline)
-    assert list(stages) == list(PIPELINES[pipeline])
-    flag = "" if pipeline == "ctr_preranking" else f" --pipeline {pipeline}"
-    for name, stage in stages.items():
-        assert stage["cmd"] == f"cascade step {name}{flag} --ds ${{ds}}"
-
-
-@pytest.mark.parametrize("pipeline", list(PIPELINES))
-def test_dvc_stages_chain_in_step_order(pipeline: str) -> None:
-    stages = dvc_stages(pipeline)
-    names = list(stages)
+    names = [spec.dvc_prefix + step for step in spec.step_names]
+    for step, stage in zip(spec.step_names, names, strict=True):
+        assert stages[stage]["cmd"] == f"cascade step {step} --pipeline {pipeline} --ds ${{ds}}"
     for upstream, downstream in zip(names, names[1:], strict=False):
-        upstream_outs = {
-            next(iter(o)) if isinstance(o, dict) else o for o in stages[upstream]["outs"]
-        }
-        assert upstream_outs & set(stages[downstream]["deps"]), (
-            f"{downstream} does not depend on {upstream}"
-        )
+        outs = {next(iter(o)) if isinstance(o, dict) else o for o in stages[upstream]["outs"]}
+        assert outs & set(stages[downstream]["deps"]), f"{downstream} does not follow {upstream}"
 
 
-@pytest.mark.parametrize("pipeline", list(PIPELINES))
-def test_dag_tasks_are_the_steps_in_the_same_order(tmp_path, pipeline: str) -> None:  # type: ignore[no-untyped-def]
-    os.environ["AIRFLOW_HOME"] = str(tmp_path)
+@pytest.fixture(scope="module")
+def dagbag(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    home = tmp_path_factory.mktemp("airflow")
+    os.environ["AIRFLOW_HOME"] = str(home)
     from airflow.dag_processing.dagbag import DagBag
 
-    dag = DagBag(dag_folder=str(REPO_ROOT / "dags" / f"{pipeline}.py")).dags[pipeline]
-    steps = list(PIPELINES[pipeline])
-    order = [t.task_id for t in dag.topological_sort()]
-    assert order == ["resolve_partition", *steps]
+    return DagBag(dag_folder=str(REPO_ROOT / "dags" / "pipelines.py"))
+
+
+@pytest.mark.parametrize("pipeline", list(PIPELINES))
+def test_dag_tasks_are_the_steps_in_the_same_order(dagbag, pipeline: str) -> None:  # type: ignore[no-untyped-def]
+    assert dagbag.import_errors == {}
+    dag = dagbag.dags[pipeline]
+    spec = PIPELINES[pipeline]
+    steps = list(spec.step_names)
+    assert [t.task_id for t in dag.topological_sort()] == ["resolve_partition", *steps]
     for upstream, downstream in zip(steps, steps[1:], strict=False):
-        assert downstream in dag.get_task(upstream).downstream_task_ids
+        assert dag.get_task(upstream).downstream_task_ids == {downstream}
+    for step in spec.steps:
+        task = dag.get_task(step.name)
+        assert [o.uri for o in task.outlets] == list(step.outlets)
+        if step.timeout_minutes is not None:
+            assert task.execution_timeout.total_seconds() == step.timeout_minutes * 60
+
+
+TOY_MODULE = '''
+"""Toy: counts to three."""
+from cascade.pipeline_spec import Pipeline, Step, Trigger
+
+
+def count(ds: str) -> dict:
+    return {"ds": ds, "counted": 3}
+
+
+def report(ds: str) -> dict:
+    return {"ds": ds, "reported": True}
+
+
+PIPELINE = Pipeline(
+    name="toy_counter",
+    description=__doc__,
+    cron="0 6 * * *",
+    trigger=Trigger(
+        asset="kafka://cascade/cascade.data.landed/toy",
+        watcher="toy_watcher",
+        selectors=("cascade.data.landed:dataset=toy",),
+    ),
+    tags=("toy",),
+    dvc_prefix="toy_",
+    steps=(
+        Step(name="count", run=count, doc="count", dvc_deps=("toy_pipelines/toy.py",)),
+        Step(name="report", run=report, doc="report", timeout_minutes=5),
+    ),
+)
+'''
+
+PROBE = """
+import json, os, sys
+from cascade.dvc_stages import dvc_yaml
+from cascade.pipeline_registry import registered_pipelines
+from airflow.dag_processing.dagbag import DagBag
+
+bag = DagBag(dag_folder=sys.argv[1])
+dag = bag.dags["toy_counter"]
+import yaml
+stages = yaml.safe_load(dvc_yaml(registered_pipelines().values()))["stages"]
+print(json.dumps({
+    "errors": {str(k): str(v) for k, v in bag.import_errors.items()},
+    "dags": sorted(bag.dag_ids),
+    "tasks": [t.task_id for t in dag.topological_sort()],
+    "selectors": dag.timetable.asset_condition.watchers[0].trigger.serialize()[1]["selectors"],
+    "cron": dag.timetable.timetable.expression,
+    "stages": {k: v["cmd"] for k, v in stages.items() if k.startswith("toy_")},
+}))
+"""
+
+
+def test_a_toy_pipeline_in_its_own_package_becomes_a_dag_dvc_stages_and_cli_steps(
+    tmp_path: Path,
+) -> None:
+    # A separately installed package: its module and its distribution's entry point, nothing
+    # else. The project's files are not touched.
+    package = tmp_path / "toy_pipelines"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "toy.py").write_text(textwrap.dedent(TOY_MODULE))
+    dist = tmp_path / "toy_pipelines-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-pipelines\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[cascade.pipelines]\ntoy = toy_pipelines.toy\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)]),
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "CASCADE_HOME": str(tmp_path / "state"),
+    }
+
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE, str(REPO_ROOT / "dags" / "pipelines.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    seen = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert seen["errors"] == {}
+    # The toy is one more DAG beside the project's own.
+    assert {"toy_counter", "ctr_preranking", "asr"} <= set(seen["dags"])
+    assert seen["tasks"] == ["resolve_partition", "count", "report"]
+    assert seen["selectors"] == ["cascade.data.landed:dataset=toy"]
+    assert seen["cron"] == "0 6 * * *"
+    assert seen["stages"] == {
+        "toy_count": "cascade step count --pipeline toy_counter --ds ${ds}",
+        "toy_report": "cascade step report --pipeline toy_counter --ds ${ds}",
+    }
+
+    # The CLI lists it and runs its steps, recording their summaries.
+    cli = [sys.executable, "-m", "cascade.cli"]
+    listing = subprocess.run(
+        [*cli, "pipelines", "--json"], env=env, capture_output=True, text=True, check=True
+    )
+    toy = next(p for p in json.loads(listing.stdout) if p["name"] == "toy_counter")
+    assert [s["name"] for s in toy["steps"]] == ["count", "report"]
+    assert toy["assets"]["trigger"]["watcher"] == "toy_watcher"
+    ran = subprocess.run(
+        [*cli, "step", "count", "--pipeline", "toy_counter", "--ds", "2026-11-22"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(ran.stdout) == {"ds": "2026-11-22", "counted": 3}
+    summary = tmp_path / "state/lake/reports/step_toy_count/dt=2026-11-22/summary.json"
+    assert json.loads(summary.read_text())["counted"] == 3
+    helptext = subprocess.run(
+        [*cli, "step", "--help"], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert "toy_counter: count, report" in " ".join(helptext.split())

@@ -52,6 +52,7 @@ from cascade.config import REPO_ROOT, Settings, load_settings
 from cascade.ctr_schema import LABEL, MODEL_FEATURES, TIMESTAMP
 from cascade.lake import Lake, check_ds
 from cascade.ports import free_port
+from cascade.results import write_result
 from models.preranking.config_registry import CONFIGS, TrainConfig, get_config
 from models.preranking.fields import FieldEncoder
 from models.preranking.inference import (
@@ -272,13 +273,6 @@ def open_resumable_run(
     write_result(marker, {"run_id": run.info.run_id})
     mlflow.log_params(params)
     return str(run.info.run_id)
-
-
-def write_result(path: Path, result: dict[str, Any]) -> None:
-    """Write atomically, so a crash never leaves a half-written result that looks complete."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    os.replace(tmp, path)
 
 
 CRASH_ENV = "CASCADE_CRASH_AT"

@@ -42,7 +42,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
 def triggered(stack: Settings) -> dict[str, Any]:
     """Every pipeline's Kafka event, published together: the DAG runs overlap, as they would in
     production, and the session waits for the slowest one rather than for each in turn."""
-    from cascade.demo import trigger
+    from infra.demo import trigger
 
     return {
         "ctr_preranking": trigger(DS, settings=stack),
@@ -57,7 +57,7 @@ def finished_run(
 ) -> dict[str, Any]:
     """The asset-triggered run of ``dag_id`` that its Kafka event started, once it finished, with
     the return values of ``tasks``."""
-    from cascade.demo import wait_for_triggered
+    from infra.demo import wait_for_triggered
 
     return wait_for_triggered(triggered[dag_id], settings=stack, timeout_s=1800, result_tasks=tasks)
 

@@ -20,11 +20,11 @@ from cascade.deployments import (
     ErrorRatePolicy,
     auto_rollback,
     rollback,
-    shadow_report,
 )
 from cascade.registry import CHAMPION, PREVIOUS_CHAMPION_TAG
 from serving.feedback import FeedbackConfig, FeedbackLog, load_joined_feedback, log_clicks
 from serving.shadow import ObserverConfig, ServingObserver
+from serving.shadow_report import shadow_report
 
 
 class FakeAliases:

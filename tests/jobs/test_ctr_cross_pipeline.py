@@ -13,12 +13,13 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from cascade import steps
+from cascade import step_runner
 from cascade.config import load_settings
 from cascade.lake import Lake
-from jobs import ctr_cross_pipeline as pipeline
+from cascade.pipeline_registry import get_pipeline
 from jobs import ctr_cross_stats as job
 from jobs import ctr_cross_stats_gate as gate
+from pipelines import ctr_cross as pipeline
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -42,15 +43,18 @@ def test_a_passed_partition_reaches_the_online_store_and_a_failed_gate_publishes
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
     monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "20000")
     monkeypatch.delenv(pipeline.SOURCE_ENV, raising=False)
-    results = {name: steps.run_step(name, DS, "ctr_cross") for name in steps.CROSS_STEPS}
+    results = {
+        name: step_runner.run_step(name, DS, "ctr_cross")
+        for name in get_pipeline("ctr_cross").step_names
+    }
     assert results["log"]["generated"] and results["log"]["rows"] == 20_000
     assert results["stats"]["input_rows"] == 20_000 and results["stats"]["quarantined_rows"] == 0
     assert results["validate"]["success"]
     assert set(results["feast"]["feature_views"]) == {
         f"cross_{p}" for p in ("seg_cat", "user_cat", "seg_item", "ctx_item", "item_pos")
     }
-    for name in steps.CROSS_STEPS:
-        assert steps.summary_path(name, DS, "ctr_cross").is_file()
+    for name in get_pipeline("ctr_cross").step_names:
+        assert step_runner.summary_path(name, DS, "ctr_cross").is_file()
 
     # The online store answers with the partition's values, key by key.
     expected = {pair: partition(pair, DS).head(5) for pair in ("user_cat", "item_pos")}
@@ -67,20 +71,20 @@ def test_a_passed_partition_reaches_the_online_store_and_a_failed_gate_publishes
     good = spark.read.parquet(str(landing / f"dt={DS}"))
     bad = good.limit(1_000).withColumn("click", F.lit(7))
     good.unionByName(bad).write.parquet(str(landing / f"dt={NEXT_DS}"))
-    assert steps.run_step("log", NEXT_DS, "ctr_cross")["generated"] is False
+    assert step_runner.run_step("log", NEXT_DS, "ctr_cross")["generated"] is False
     # A passed verdict from an earlier build of NEXT_DS must not vouch for the rebuilt one.
     report = job.CrossLake(Lake(tmp_path / "lake"), "generated").gate_report(NEXT_DS)
     report.parent.mkdir(parents=True)
     report.write_text(json.dumps({"success": True, "failed": []}))
-    summary = steps.run_step("stats", NEXT_DS, "ctr_cross")
+    summary = step_runner.run_step("stats", NEXT_DS, "ctr_cross")
     assert not report.exists()
     assert summary["quarantined_rows"] == 1_000
     quarantine = pd.read_parquet(summary["quarantine_path"])
     assert len(quarantine) == 1_000 and set(quarantine["reason"]) == {"click is not 0 or 1"}
     with pytest.raises(gate.GateFailed, match="quarantine_fraction"):
-        steps.run_step("validate", NEXT_DS, "ctr_cross")
+        step_runner.run_step("validate", NEXT_DS, "ctr_cross")
     with pytest.raises(pipeline.GateNotPassed, match="the gate failed"):
-        steps.run_step("feast", NEXT_DS, "ctr_cross")
+        step_runner.run_step("feast", NEXT_DS, "ctr_cross")
     # Serving still reads the last good partition.
     rows = expected["user_cat"]
     got = online("user_cat", rows[["user_id", "item_category"]].to_dict("records"))

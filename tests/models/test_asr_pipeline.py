@@ -13,10 +13,10 @@ import torch
 
 from cascade.config import Settings
 from cascade.lake import Lake
-from models.asr import pipeline
 from models.asr.artifact import AsrArtifact, save_artifact
 from models.asr.model import Alphabet, ConvDFSMN, ConvDFSMNConfig, ctc_loss
 from models.asr.rsq import float_state_dict, prepare_qat, quantization_record
+from pipelines import asr as pipeline
 
 N_MELS = 8
 ALPHABET = Alphabet("ab")

@@ -14,7 +14,7 @@ import pytest
 from cascade.config import Settings
 from cascade.lake import Lake
 from jobs.multimodal_corpus_gate import MultimodalGateFailed
-from models.multimodal import pipeline
+from pipelines import multimodal as pipeline
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 

@@ -13,7 +13,8 @@ from sklearn.metrics import roc_auc_score
 
 from cascade.assets import TOPIC_DRIFT_DETECTED, TOPIC_RETRAIN_REQUESTED
 from cascade.config import Settings
-from cascade.monitor import (
+from serving.feedback import FeedbackConfig, FeedbackLog, log_clicks
+from serving.monitor import (
     MonitorConfig,
     evaluate_day,
     generate_serving_logs,
@@ -24,7 +25,6 @@ from cascade.monitor import (
     run_demo,
     verdict_events,
 )
-from serving.feedback import FeedbackConfig, FeedbackLog, log_clicks
 
 
 def test_psi_is_near_zero_for_the_same_distribution_and_large_for_a_shift() -> None:

@@ -1,4 +1,9 @@
-"""The steps of DAG ``multimodal`` (and DVC stages ``mm_*``), one function per task.
+"""Multimodal: Spark image-text corpus -> GX -> DeepSpeed MoE transformer -> registry.
+
+Runs daily at 05:00 UTC and whenever a ``cascade.data.landed`` (dataset ``images``) or
+``cascade.retrain.requested`` (model ``multimodal``) event arrives on Kafka, through the same
+shared watcher stream, claim ledger and coalescing as ``ctr_preranking``. DVC stages are
+``mm_*``.
 
     cascade step corpus --pipeline multimodal --ds 2026-11-22
     CASCADE_MULTIMODAL_CONFIG=debug cascade step train --pipeline multimodal --ds 2026-11-22
@@ -26,9 +31,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from cascade.assets import (
+    ASSET_IMAGES_CORPUS,
+    ASSET_IMAGES_DATA_LANDED,
+    ASSET_MULTIMODAL_CHAMPION,
+    MULTIMODAL_EVENT_SELECTORS,
+)
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
-from cascade.steps import partition_seed, read_step_result, write_step_result
+from cascade.partitions import partition_seed
+from cascade.pipeline_spec import Pipeline, Promotion, RegisteredModel, Step, Trigger
+from cascade.step_runner import read_step_result, write_step_result
 
 CONFIG_ENV = "CASCADE_MULTIMODAL_CONFIG"
 DEFAULT_CONFIG = "small"
@@ -364,3 +377,73 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     }
     client.set_model_version_tag(MODEL_NAME, new_version, DECISION_TAG, json.dumps(report))
     return write_step_result(lake, "mm_register", ds, report)
+
+
+PIPELINE = Pipeline(
+    name="multimodal",
+    description=__doc__ or "",
+    cron="0 5 * * *",
+    trigger=Trigger(
+        asset=ASSET_IMAGES_DATA_LANDED,
+        watcher="images_data_landed_watcher",
+        selectors=MULTIMODAL_EVENT_SELECTORS,
+    ),
+    tags=("multimodal", "images"),
+    model=RegisteredModel(
+        name=MODEL_NAME,
+        promotion=Promotion(
+            metric="mean_recall_at_1",
+            higher_is_better=True,
+            tolerance=DEFAULT_RECALL_TOLERANCE,
+        ),
+    ),
+    dvc_prefix="mm_",
+    steps=(
+        Step(
+            name="corpus",
+            run=corpus,
+            doc="landed image-text pairs (else the installed Tux Paint stamps and emoji plus "
+            "generated pictures) decoded, quarantined, near-deduplicated and tokenized on Spark",
+            timeout_minutes=30,
+            outlets=(ASSET_IMAGES_CORPUS,),
+            dvc_deps=(
+                "jobs/multimodal_sources.py",
+                "jobs/multimodal_corpus.py",
+                "jobs/caption_tokenizer.py",
+            ),
+            dvc_outs=(".cascade/lake/corpora/images/dt=${ds}",),
+        ),
+        Step(
+            name="validate",
+            run=validate,
+            doc="the GX suite on the manifest (unique pairs, token counts, languages, no group "
+            "across splits); a failure stops the run",
+            timeout_minutes=10,
+            dvc_deps=("jobs/multimodal_corpus_gate.py",),
+        ),
+        Step(
+            name="train",
+            run=train,
+            doc="the MoE image-text transformer on DeepSpeed, experts split over the processes",
+            timeout_minutes=60,
+            dvc_deps=("models/multimodal", ".cascade/lake/corpora/images/dt=${ds}"),
+        ),
+        Step(
+            name="evaluate",
+            run=evaluate,
+            doc="image->text and text->image recall@1/5 on the held-out split, beside the dense "
+            "twin's (same active parameters)",
+            timeout_minutes=60,
+            dvc_deps=("models/multimodal/evaluate.py",),
+        ),
+        Step(
+            name="register",
+            run=register,
+            doc="new MLflow version; champion only when its mean recall@1 is no worse than the "
+            "champion's within CASCADE_MULTIMODAL_RECALL_TOLERANCE",
+            timeout_minutes=10,
+            outlets=(ASSET_MULTIMODAL_CHAMPION,),
+            dvc_deps=("pipelines/multimodal.py",),
+        ),
+    ),
+)

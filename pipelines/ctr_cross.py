@@ -29,11 +29,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cascade.assets import (
+    ASSET_CTR_CROSS_FEATURES,
+    ASSET_IMPRESSIONS_DATA_LANDED,
+    CROSS_EVENT_SELECTORS,
+)
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
-from jobs import ctr_cross_stats as job
-from jobs.spark_sessions import active_or_new
+from cascade.pipeline_spec import Pipeline, Step, Trigger
 
+SOURCES = ("generated", "ml100k")
+"""The log sources the pipeline reads (:data:`jobs.ctr_cross_stats.SOURCES` checks the same)."""
 SOURCE_ENV = "CASCADE_CROSS_SOURCE"
 IMPRESSIONS_ENV = "CASCADE_CROSS_IMPRESSIONS"
 DEFAULT_SOURCE = "generated"
@@ -44,8 +50,8 @@ DEFAULT_IMPRESSIONS = 200_000
 def source_name() -> str:
     """The log source the pipeline reads (``CASCADE_CROSS_SOURCE``: generated or ml100k)."""
     source = os.environ.get(SOURCE_ENV, DEFAULT_SOURCE)
-    if source not in job.SOURCES:
-        raise ValueError(f"{SOURCE_ENV}={source!r} is not a source; choose one of {job.SOURCES}")
+    if source not in SOURCES:
+        raise ValueError(f"{SOURCE_ENV}={source!r} is not a source; choose one of {SOURCES}")
     return source
 
 
@@ -75,7 +81,9 @@ def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     if (landing / "_SUCCESS").is_file():
         print(f"[cross] log for ds={ds} already landed at {landing}; kept", flush=True)
         return {"ds": ds, "source": source, "path": str(landing), "generated": False}
+    from jobs import ctr_cross_stats as job
     from jobs import impression_log
+    from jobs.spark_sessions import active_or_new
 
     rows = impressions()
     started = time.perf_counter()
@@ -92,6 +100,9 @@ def _on_spark(
     step: Callable[..., dict[str, Any]], ds: str, settings: Settings | None, app: str
 ) -> dict[str, Any]:
     """``step(ds, source=..., log_path=..., settings=..., spark=...)`` on the configured source."""
+    from jobs import ctr_cross_stats as job
+    from jobs.spark_sessions import active_or_new
+
     settings = settings or load_settings()
     source = source_name()
     log_path = landing_dir(Lake(settings.lake_root), ds) if source == "generated" else None
@@ -101,6 +112,8 @@ def _on_spark(
 
 def stats(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     """The cross statistics of the partition (see :func:`jobs.ctr_cross_stats.run`)."""
+    from jobs import ctr_cross_stats as job
+
     return _on_spark(job.run, ds, settings, "cascade.ctr_cross.stats")
 
 
@@ -117,9 +130,11 @@ class GateNotPassed(RuntimeError):
 
 def feast(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     """Apply the cross views and load partition ``ds`` of every pair into the online store."""
+    from jobs.ctr_cross_stats import CrossLake
+
     settings = settings or load_settings()
     source = source_name()
-    report = job.CrossLake(Lake(settings.lake_root), source).gate_report(check_ds(ds))
+    report = CrossLake(Lake(settings.lake_root), source).gate_report(check_ds(ds))
     if not report.is_file():
         raise GateNotPassed(
             f"no gate report {report}: run step 'validate' for ds={ds} before publishing to Feast"
@@ -133,3 +148,71 @@ def feast(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     from cascade.feature_store import materialize_cross
 
     return materialize_cross(ds, settings=settings, source=source)
+
+
+PIPELINE = Pipeline(
+    name="ctr_cross",
+    description="""CTR cross statistics: impression log -> Spark pairs x windows -> GX -> Feast.
+
+Runs daily at 02:00 UTC (before ``ctr_preranking`` at 03:00) and whenever a
+``cascade.data.landed`` (dataset ``impressions``) or ``cascade.retrain.requested`` (model
+``ctr_cross``) event arrives on Kafka, through the same shared watcher stream, claim ledger and
+coalescing as the other pipelines. Rows that break a row rule go to the quarantine partition
+with their reason; a failed gate stops the run before Feast.
+""",
+    cron="0 2 * * *",
+    trigger=Trigger(
+        asset=ASSET_IMPRESSIONS_DATA_LANDED,
+        watcher="impressions_data_landed_watcher",
+        selectors=CROSS_EVENT_SELECTORS,
+    ),
+    tags=("ctr", "features"),
+    dvc_prefix="cross_",
+    steps=(
+        Step(
+            name="log",
+            run=log,
+            doc="the partition's impression log: kept when one landed in the lake, generated "
+            "otherwise (CASCADE_CROSS_IMPRESSIONS rows; CASCADE_CROSS_SOURCE=ml100k reads "
+            "MovieLens-100k)",
+            timeout_minutes=30,
+            dvc_deps=("pipelines/ctr_cross.py", "jobs/impression_log.py"),
+            # A log that landed from elsewhere is kept, never deleted before the stage runs.
+            dvc_persistent_outs=(".cascade/lake/landing/impressions/dt=${ds}",),
+        ),
+        Step(
+            name="stats",
+            run=stats,
+            doc="cross statistics on Spark: impressions, clicks, smoothed and position-debiased "
+            "CTRs over 1/7/30-day windows, recency, decayed CTR; bad rows quarantined",
+            timeout_minutes=60,
+            dvc_deps=(
+                "jobs/ctr_cross_stats.py",
+                "jobs/ctr_log_sources.py",
+                ".cascade/lake/landing/impressions/dt=${ds}",
+            ),
+            dvc_outs=(
+                *(
+                    f".cascade/lake/features/ctr_cross/generated/{pair}/dt=${{ds}}"
+                    for pair in ("seg_cat", "user_cat", "seg_item", "ctx_item", "item_pos")
+                ),
+                ".cascade/lake/quarantine/generated_log/dt=${ds}",
+            ),
+        ),
+        Step(
+            name="validate",
+            run=validate,
+            doc="the GX gate on the input and every pair's output; a failed batch fails the task",
+            timeout_minutes=30,
+            dvc_deps=("jobs/ctr_cross_stats_gate.py", "jobs/gx_suites.py"),
+        ),
+        Step(
+            name="feast",
+            run=feast,
+            doc="apply the pair views and ctr_cross_v1, materialize the partition online",
+            timeout_minutes=60,
+            outlets=(ASSET_CTR_CROSS_FEATURES,),
+            dvc_deps=("features/ctr/cross_views.py", "cascade/feature_store.py"),
+        ),
+    ),
+)

@@ -1,4 +1,9 @@
-"""The steps of DAG ``asr`` (and DVC stages ``asr_*``), one function per task.
+"""ASR: Spark speech corpus -> GX -> DeepSpeed ConvDFSMN (RSQ int8) -> compile -> serving.
+
+Runs daily at 04:00 UTC and whenever a ``cascade.data.landed`` (dataset ``speech``) or
+``cascade.retrain.requested`` (model ``asr``) event arrives on Kafka, through the same shared
+watcher stream, claim ledger and coalescing as ``ctr_preranking``. DVC stages are ``asr_*``
+(``cascade step NAME --pipeline asr --ds DS``).
 
 Each takes the partition date ``ds`` and returns a JSON-able summary; everything lives under the
 lake, keyed on ``ds``:
@@ -17,12 +22,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cascade.assets import (
+    ASR_EVENT_SELECTORS,
+    ASSET_ASR_CHAMPION,
+    ASSET_SPEECH_CORPUS,
+    ASSET_SPEECH_DATA_LANDED,
+)
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
-from cascade.steps import partition_seed, read_step_result, write_step_result
+from cascade.partitions import partition_seed
+from cascade.pipeline_spec import Pipeline, Promotion, RegisteredModel, Step, Trigger
+from cascade.step_runner import read_step_result, write_step_result
 
 CONFIG_ENV = "CASCADE_ASR_CONFIG"
 DEFAULT_CONFIG = "synthetic"
@@ -323,30 +337,19 @@ def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # 
     return write_step_result(lake, "asr_compile", ds, gate)
 
 
-def served_version(settings: Settings, *, timeout_s: float = 10.0) -> str | None:
-    """The registry version the ASR server transcribes with, None while down or not ready
-    (a half-second probe tone; the response names its ``model_version``)."""
+def _transcribe(settings: Settings, wav: bytes, *, timeout_s: float) -> dict[str, Any] | None:
+    """The ASR server's v2 response to one WAV, None while down, not ready or refusing it."""
     import base64
-    import io
-    import wave
 
-    import numpy as np
     import requests
 
-    tone = (0.1 * np.sin(np.arange(8000) * 2 * np.pi * 440 / 16000) * 32767).astype("<i2")
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(16000)
-        out.writeframes(tone.tobytes())
     body = {
         "inputs": [
             {
                 "name": "audio",
                 "datatype": "BYTES",
                 "shape": [1],
-                "data": [base64.b64encode(buffer.getvalue()).decode()],
+                "data": [base64.b64encode(wav).decode()],
             }
         ]
     }
@@ -359,8 +362,44 @@ def served_version(settings: Settings, *, timeout_s: float = 10.0) -> str | None
         return None
     if response.status_code != 200:
         return None
-    version = (response.json().get("parameters") or {}).get("model_version")
+    return dict(response.json())
+
+
+def served_version(settings: Settings, *, timeout_s: float = 10.0) -> str | None:
+    """The registry version the ASR server transcribes with, None while down or not ready
+    (a half-second probe tone; the response names its ``model_version``)."""
+    import io
+    import wave
+
+    import numpy as np
+
+    tone = (0.1 * np.sin(np.arange(8000) * 2 * np.pi * 440 / 16000) * 32767).astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes(tone.tobytes())
+    response = _transcribe(settings, buffer.getvalue(), timeout_s=timeout_s)
+    if response is None:
+        return None
+    version = (response.get("parameters") or {}).get("model_version")
     return None if version is None else str(version)
+
+
+def score(request: Mapping[str, Any]) -> dict[str, Any]:
+    """``cascade score --model asr --audio FILE.wav``: the served champion's transcript."""
+    path = request.get("audio")
+    if not path:
+        raise ValueError("transcribing needs --audio FILE.wav")
+    wav = Path(str(path)).read_bytes()
+    response = _transcribe(load_settings(), wav, timeout_s=30.0)
+    if response is None:
+        raise RuntimeError(
+            "the ASR server did not answer (not running, not ready, or it refused the file); "
+            "start the stack with `cascade up`"
+        )
+    return response
 
 
 def deploy(ds: str, *, settings: Settings | None = None, timeout_s: float = 300) -> dict[str, Any]:
@@ -403,3 +442,71 @@ def deploy(ds: str, *, settings: Settings | None = None, timeout_s: float = 300)
             "blocked_by": decision.get("reasons") or [],
         },
     )
+
+
+PIPELINE = Pipeline(
+    name="asr",
+    description=__doc__ or "",
+    cron="0 4 * * *",
+    trigger=Trigger(
+        asset=ASSET_SPEECH_DATA_LANDED,
+        watcher="speech_data_landed_watcher",
+        selectors=ASR_EVENT_SELECTORS,
+    ),
+    tags=("asr", "speech"),
+    model=RegisteredModel(
+        name=MODEL_NAME,
+        promotion=Promotion(metric="cer", higher_is_better=False, requires_compile_gate=True),
+        score=score,
+    ),
+    dvc_prefix="asr_",
+    steps=(
+        Step(
+            name="corpus",
+            run=corpus,
+            doc="the partition's landed WAVs + transcripts (a synthetic batch when none landed) "
+            "validated, resampled, featurized and split by voice on Spark; bad files quarantined",
+            timeout_minutes=30,
+            outlets=(ASSET_SPEECH_CORPUS,),
+            dvc_deps=("jobs/audio_corpus.py", "jobs/speech_synth.py"),
+            dvc_outs=(".cascade/lake/corpora/speech/dt=${ds}",),
+        ),
+        Step(
+            name="validate",
+            run=validate,
+            doc="the GX suite on the manifest (durations, rates, lengths, voice-disjoint splits)",
+            dvc_deps=("jobs/audio_corpus_gate.py",),
+        ),
+        Step(
+            name="train",
+            run=train,
+            doc="fp32 training, then range-scaled int8 QAT with distillation, on DeepSpeed",
+            timeout_minutes=60,
+            dvc_deps=("models/asr", ".cascade/lake/corpora/speech/dt=${ds}"),
+        ),
+        Step(
+            name="compile",
+            run=compile,
+            doc="the int8 .pt2 artifact with parity and accuracy gates",
+            timeout_minutes=20,
+            dvc_deps=("compilers",),
+        ),
+        Step(
+            name="register",
+            run=register,
+            doc="new MLflow version; champion only when its CER on the held-out voices is no "
+            "worse than the champion's and the compile gate passed",
+            outlets=(ASSET_ASR_CHAMPION,),
+            dvc_deps=(
+                "pipelines/asr.py",
+                ".cascade/lake/reports/step_asr_train/dt=${ds}/summary.json",
+            ),
+        ),
+        Step(
+            name="deploy",
+            run=deploy,
+            doc="waits until the ASR server transcribes with the champion",
+            dvc_deps=("serving",),
+        ),
+    ),
+)

@@ -1,0 +1,149 @@
+"""Airflow DAGs made from pipeline specs: one DAG per registered pipeline, no DAG file per pipeline.
+
+``dags/pipelines.py`` calls :func:`build_dags`. Each DAG is ``resolve_partition`` (claims the
+run's events, so a redelivered or coalesced event never does the work twice, and returns the
+partition) followed by one task per step, chained in order, each calling
+:func:`cascade.step_runner.run_step` (what the DVC stage and ``cascade step`` call too). A
+pipeline with a trigger runs on its cron or its Kafka-watched asset, whichever comes first.
+
+Imported by the DAG processor at parse time, so nothing heavy here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from cascade.pipeline_registry import registered_pipelines
+from cascade.pipeline_spec import Pipeline, Step
+
+
+def watched_asset(
+    uri: str, *, watcher: str, selectors: tuple[str, ...], dead_letter: bool = False
+) -> Any:
+    """An asset fed by the shared Kafka watcher stream: events matching ``selectors`` become
+    its asset events. Only one watcher sets ``dead_letter``, so a bad message is dead-lettered
+    once."""
+    from airflow.sdk import Asset, AssetWatcher
+
+    from cascade.assets import KAFKA_CONN_ID, WATCHED_TOPICS
+    from cascade.events import CascadeEventTrigger
+
+    trigger = CascadeEventTrigger(
+        topics=WATCHED_TOPICS,
+        kafka_config_id=KAFKA_CONN_ID,
+        poll_timeout=1,
+        selectors=selectors,
+        dead_letter=dead_letter,
+        name=watcher,
+    )
+    return Asset(uri, watchers=[AssetWatcher(name=watcher, trigger=trigger)])
+
+
+def _resolve_task(spec: Pipeline, asset: Any | None) -> Any:
+    """The ``resolve_partition`` task: with a watched asset it claims the run's events first."""
+    from airflow.sdk import task
+
+    lag = spec.partition_lag_days
+
+    @task(
+        task_id="resolve_partition",
+        inlets=[asset] if asset is not None else [],
+        doc_md="Claims the run's Kafka events (a redelivered or coalesced event skips the run) "
+        "and returns the partition date the steps work on.",
+    )
+    def resolve_partition(**context: Any) -> str:
+        from cascade.events import claim_and_resolve
+        from cascade.partitions import resolve_partition as partition_of
+
+        if asset is not None:
+            return claim_and_resolve(context, asset, lag_days=lag)
+        dag_run = context["dag_run"]
+        return partition_of(
+            [], dag_run.logical_date, getattr(dag_run, "run_after", None), lag_days=lag
+        )
+
+    return resolve_partition()
+
+
+def _step_task(spec: Pipeline, step: Step) -> Any:
+    from airflow.sdk import Asset, task
+
+    pipeline, name = spec.name, step.name
+
+    def run(ds: str) -> dict[str, Any]:
+        from cascade.step_runner import run_step
+
+        return run_step(name, ds, pipeline)
+
+    run.__name__ = name
+    options: dict[str, Any] = {
+        "task_id": name,
+        "doc_md": f"{step.doc}\n\nSame as `cascade step {name} --pipeline {pipeline} --ds DS` "
+        f"and DVC stage `{spec.dvc_prefix}{name}`.",
+    }
+    if step.outlets:
+        options["outlets"] = [Asset(uri) for uri in step.outlets]
+    if step.timeout_minutes is not None:
+        options["execution_timeout"] = dt.timedelta(minutes=step.timeout_minutes)
+    return task(**options)(run)
+
+
+def _schedule(spec: Pipeline, asset: Any | None) -> Any:
+    from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable
+
+    if spec.cron is None:
+        return [asset]
+    cron = CronTriggerTimetable(spec.cron, timezone="UTC")
+    if asset is None:
+        return cron
+    return AssetOrTimeSchedule(timetable=cron, assets=asset)
+
+
+def build_dag(spec: Pipeline) -> Any:
+    """The Airflow DAG of one pipeline spec."""
+    from airflow.sdk import dag
+
+    from cascade.events import release_failed_run
+
+    asset = (
+        None
+        if spec.trigger is None
+        else watched_asset(
+            spec.trigger.asset,
+            watcher=spec.trigger.watcher,
+            selectors=spec.trigger.selectors,
+            dead_letter=spec.trigger.dead_letter,
+        )
+    )
+
+    @dag(
+        dag_id=spec.name,
+        schedule=_schedule(spec, asset),
+        # No start_date: the first scheduled run waits for the next cron tick instead of
+        # running the latest past interval the moment the DAG appears.
+        catchup=False,
+        max_active_runs=1,
+        on_failure_callback=release_failed_run if asset is not None else None,
+        tags=["cascade", *spec.tags],
+        default_args={
+            "retries": spec.retries,
+            "retry_delay": dt.timedelta(seconds=spec.retry_delay_s),
+        },
+        doc_md=spec.description,
+    )
+    def pipeline_dag() -> None:
+        ds = _resolve_task(spec, asset)
+        upstream = ds
+        for step in spec.steps:
+            output = _step_task(spec, step)(ds)
+            upstream >> output
+            upstream = output
+
+    return pipeline_dag()
+
+
+def build_dags() -> dict[str, Any]:
+    """DAG id -> DAG for every registered pipeline (``dags/pipelines.py`` puts them in its
+    globals, where the DAG processor finds them)."""
+    return {name: build_dag(spec) for name, spec in registered_pipelines().items()}

@@ -1,0 +1,43 @@
+"""Which partition a run works on, and the per-partition seed of generated batches."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from cascade.lake import check_ds
+
+
+def partition_seed(ds: str) -> int:
+    """A stable per-partition seed: every day's generated batch differs from the others."""
+    return int.from_bytes(hashlib.sha256(check_ds(ds).encode()).digest()[:4], "little")
+
+
+def resolve_partition(
+    event_extras: Iterable[Mapping[str, Any]],
+    logical_date: dt.datetime | None,
+    run_after: dt.datetime | None,
+    *,
+    lag_days: int = 0,
+) -> str:
+    """The partition a run works on.
+
+    An asset-triggered run takes the newest partition named by its events; a scheduled run
+    takes its logical date (minus ``lag_days``: a monitor works on the day that just ended); a
+    manual run without either takes the day it ran after (minus ``lag_days``).
+    """
+    partitions = sorted(
+        str(extra["payload"]["partition"])
+        for extra in event_extras
+        if isinstance(extra, Mapping)
+        and isinstance(extra.get("payload"), Mapping)
+        and extra["payload"].get("partition")
+    )
+    if partitions:
+        return check_ds(partitions[-1][:10])
+    for moment in (logical_date, run_after):
+        if moment is not None:
+            return (moment.date() - dt.timedelta(days=lag_days)).isoformat()
+    raise ValueError("cannot resolve a partition: no event partition, logical date or run_after")

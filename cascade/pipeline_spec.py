@@ -1,0 +1,208 @@
+"""The pipeline spec: one typed value says everything the platform needs to know of a pipeline.
+
+A pipeline module (``pipelines/<name>.py``, or any installed package registered under the
+``cascade.pipelines`` entry-point group) defines its step functions and one :class:`Pipeline`
+named ``PIPELINE``. From that value alone come the Airflow DAG (:mod:`cascade.dag_factory`), the
+DVC stages (:mod:`cascade.dvc_stages`), the CLI choices (``cascade step``, ``cascade score
+--model``, ``cascade rollback --model``, ``cascade pipelines``) and the pipeline table of the
+docs. Nothing here imports a pipeline: :mod:`cascade.pipeline_registry` finds them.
+
+Specs are built at DAG-parse time, so a pipeline module keeps its heavy imports (torch, Spark,
+Feast, MLflow) inside its step functions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+StepFunction = Callable[[str], Mapping[str, Any]]
+"""A step: takes the partition date ``YYYY-MM-DD``, returns a JSON-able summary."""
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not _NAME.match(name):
+        raise ValueError(
+            f"{kind} name {name!r} must be lower-case letters, digits and '_' "
+            "(it becomes a DAG id, a task id and a DVC stage name)"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """One task of the DAG, one DVC stage, one ``cascade step`` choice."""
+
+    name: str
+    """Task id and step name; the DVC stage is the pipeline's ``dvc_prefix`` + this."""
+    run: StepFunction
+    """The function the task, the DVC stage and ``cascade step`` call with the partition date."""
+    doc: str = ""
+    """One line on what the step does (task ``doc_md``, ``cascade pipelines``)."""
+    timeout_minutes: float | None = None
+    """Airflow ``execution_timeout``; None leaves the task unbounded."""
+    outlets: tuple[str, ...] = ()
+    """Asset URIs the step updates (Airflow ``outlets``): consumers schedule on them."""
+    dvc_deps: tuple[str, ...] = ()
+    """Code and data paths the DVC stage depends on, beside the previous step's summary.
+    ``${ds}`` stands for the partition."""
+    dvc_outs: tuple[str, ...] = ()
+    """Data paths the DVC stage writes (cached), beside its own summary."""
+    dvc_persistent_outs: tuple[str, ...] = ()
+    """Outputs DVC must not delete before the stage runs (data that may have landed from
+    elsewhere and that the step keeps)."""
+
+    def __post_init__(self) -> None:
+        _check_name("step", self.name)
+        if not callable(self.run):
+            raise TypeError(f"step {self.name!r}: run must be a function of the partition date")
+        if self.timeout_minutes is not None and self.timeout_minutes <= 0:
+            raise ValueError(f"step {self.name!r}: timeout_minutes must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trigger:
+    """The Kafka-watched asset that starts a pipeline: events matching ``selectors``
+    (``TYPE`` or ``TYPE:payload_field=value``) on the shared watcher stream."""
+
+    asset: str
+    """Asset URI (``kafka://cascade/<topic>/<name>``)."""
+    watcher: str
+    """The ``AssetWatcher`` name (unique across pipelines)."""
+    selectors: tuple[str, ...]
+    dead_letter: bool = False
+    """Exactly one watcher dead-letters bad messages, so each is recorded once."""
+
+    def __post_init__(self) -> None:
+        if not self.selectors:
+            raise ValueError(f"trigger {self.watcher!r} needs at least one event selector")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Promotion:
+    """How a challenger becomes champion (:mod:`cascade.promotion` applies it)."""
+
+    metric: str
+    """The held-out metric both versions are scored on (e.g. ``auc``, ``cer``)."""
+    higher_is_better: bool
+    tolerance: float = 0.0
+    """How much worse than the champion a challenger may be and still be promoted."""
+    requires_compile_gate: bool = False
+    """The pipeline has a compile step: no promotion without its passed report."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegisteredModel:
+    """The MLflow registered model a pipeline trains, and what the CLI can do with it."""
+
+    name: str
+    promotion: Promotion
+    score: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    """``cascade score --model NAME``: takes the request fields, returns the served answer."""
+    alias: str = "champion"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pipeline:
+    """A pipeline: its steps in order, what starts it, what it registers."""
+
+    name: str
+    """DAG id, ``cascade step --pipeline`` value."""
+    description: str
+    """The DAG's ``doc_md`` and the docs' pipeline table."""
+    steps: tuple[Step, ...]
+    cron: str | None = None
+    """A five-field cron in UTC; with a trigger, the DAG runs on either."""
+    trigger: Trigger | None = None
+    tags: tuple[str, ...] = ()
+    settings: type | None = None
+    """The pipeline's settings class (read from ``CASCADE_*`` variables; ``cascade config``)."""
+    model: RegisteredModel | None = None
+    dvc_prefix: str = ""
+    """DVC stage name = prefix + step name (all pipelines share one ``dvc.yaml``)."""
+    partition_lag_days: int = 0
+    """A scheduled run works on its logical date minus this many days (1 for a monitor of the
+    day that just ended)."""
+    retries: int = 2
+    retry_delay_s: float = 30.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Free-form metadata shown by ``cascade pipelines``."""
+
+    def __post_init__(self) -> None:
+        _check_name("pipeline", self.name)
+        if not self.steps:
+            raise ValueError(f"pipeline {self.name!r} has no steps")
+        names = [step.name for step in self.steps]
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
+            raise ValueError(f"pipeline {self.name!r} repeats steps {duplicated}")
+        if "resolve_partition" in names:
+            raise ValueError("'resolve_partition' is the task every DAG starts with; rename it")
+        if self.cron is None and self.trigger is None:
+            raise ValueError(f"pipeline {self.name!r} needs a cron, a trigger or both")
+        if self.cron is not None and len(self.cron.split()) != 5:
+            raise ValueError(f"pipeline {self.name!r}: cron {self.cron!r} needs five fields")
+        if self.dvc_prefix and not _NAME.match(self.dvc_prefix.rstrip("_") or "x"):
+            raise ValueError(f"pipeline {self.name!r}: bad dvc_prefix {self.dvc_prefix!r}")
+        if self.retries < 2:
+            raise ValueError(f"pipeline {self.name!r}: retries must be >= 2")
+        if self.partition_lag_days < 0:
+            raise ValueError(f"pipeline {self.name!r}: partition_lag_days must be >= 0")
+
+    def step(self, name: str) -> Step:
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(f"unknown {self.name} step {name!r}; one of {', '.join(self.step_names)}")
+
+    @property
+    def step_names(self) -> tuple[str, ...]:
+        return tuple(step.name for step in self.steps)
+
+    def describe(self) -> dict[str, Any]:
+        """The JSON shape of ``cascade pipelines --json``."""
+        return {
+            "name": self.name,
+            "description": self.description.strip().splitlines()[0] if self.description else "",
+            "steps": [
+                {
+                    "name": step.name,
+                    "doc": step.doc,
+                    "timeout_minutes": step.timeout_minutes,
+                    "outlets": list(step.outlets),
+                    "dvc_stage": self.dvc_prefix + step.name,
+                }
+                for step in self.steps
+            ],
+            "schedule": {"cron": self.cron, "timezone": "UTC"},
+            "assets": {
+                "trigger": None
+                if self.trigger is None
+                else {
+                    "asset": self.trigger.asset,
+                    "watcher": self.trigger.watcher,
+                    "selectors": list(self.trigger.selectors),
+                },
+                "outlets": sorted({uri for step in self.steps for uri in step.outlets}),
+            },
+            "registered_model": None
+            if self.model is None
+            else {
+                "name": self.model.name,
+                "alias": self.model.alias,
+                "promotion": {
+                    "metric": self.model.promotion.metric,
+                    "higher_is_better": self.model.promotion.higher_is_better,
+                    "tolerance": self.model.promotion.tolerance,
+                    "requires_compile_gate": self.model.promotion.requires_compile_gate,
+                },
+                "scorable": self.model.score is not None,
+            },
+            "settings": None if self.settings is None else self.settings.__name__,
+            "dvc_prefix": self.dvc_prefix,
+            "tags": list(self.tags),
+            **({"extra": dict(self.extra)} if self.extra else {}),
+        }

@@ -1,0 +1,16 @@
+"""Result files written atomically: a crash never leaves a half-written result that looks
+complete (every step summary, training result and run marker goes through here)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """Write ``result`` as indented JSON to ``path`` through a temporary file and a rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    os.replace(tmp, path)

@@ -1,0 +1,50 @@
+"""Runs one step of a registered pipeline: what the Airflow task, the DVC stage and
+``cascade step NAME --pipeline P --ds DS`` all call.
+
+    cascade step features --pipeline ctr_preranking --ds 2026-11-22
+
+Each step takes the partition date and returns a JSON-able summary, recorded under the lake
+(``reports/step_<dvc stage>/dt=DS/summary.json``) where the next DVC stage depends on it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from cascade.lake import Lake, check_ds, lake_from_settings
+from cascade.pipeline_registry import get_pipeline
+from cascade.results import write_result
+
+
+def write_step_result(lake: Lake, kind: str, ds: str, result: dict[str, Any]) -> dict[str, Any]:
+    """Write ``result`` atomically as ``Lake.reports(kind, ds) / "result.json"``; returns it."""
+    out = lake.reports(kind, ds)
+    out.mkdir(parents=True, exist_ok=True)
+    write_result(out / "result.json", json.loads(json.dumps(result, default=str)))
+    return result
+
+
+def read_step_result(lake: Lake, kind: str, ds: str, *, produced_by: str) -> dict[str, Any]:
+    """The ``result.json`` a step wrote for ``ds``; FileNotFoundError names the step to run."""
+    path = lake.reports(kind, ds) / "result.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no {kind} result {path}; run step {produced_by!r} for ds={ds}")
+    return dict(json.loads(path.read_text()))
+
+
+def summary_path(name: str, ds: str, pipeline: str) -> Path:
+    """Where a step leaves its summary (a DVC output, and what the next stage depends on)."""
+    stage = get_pipeline(pipeline).dvc_prefix + name
+    return lake_from_settings().reports(f"step_{stage}", ds) / "summary.json"
+
+
+def run_step(name: str, ds: str, pipeline: str) -> dict[str, Any]:
+    """Run step ``name`` of ``pipeline`` for partition ``ds`` and record its JSON summary."""
+    step = get_pipeline(pipeline).step(name)
+    result = dict(step.run(check_ds(ds)))
+    path = summary_path(name, ds, pipeline)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str))
+    return result

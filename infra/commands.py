@@ -1,0 +1,73 @@
+"""The stack's commands of the ``cascade`` CLI: ``up``, ``down``, ``status``, ``demo``.
+
+Registered under the ``cascade.commands`` entry point (``pyproject.toml``), so the kernel's CLI
+offers them without importing this layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from typing import Any
+
+from cascade.config import load_settings
+
+
+def _print_status(settings: Any) -> None:
+    from infra.stack import airflow_password, status
+
+    print(f"profile {settings.profile}, state folder {settings.home}")
+    for s in status(settings):
+        mark = "up" if s.healthy else ("starting/unhealthy" if s.up else "down")
+        pid = f"pid {s.pid}" if s.pid else "-"
+        print(f"  {s.name:<8} {mark:<18} {s.url:<32} {pid:<12} log {s.log}")
+    password = airflow_password(settings)
+    if password:
+        print(f"Airflow UI {settings.airflow_url}  user admin  password {password}")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from infra.stack import up
+
+    settings = load_settings()
+    up(settings)
+    _print_status(settings)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from infra.stack import down
+
+    stopped = down(load_settings())
+    print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    _print_status(load_settings())
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from infra.demo import run_demo
+
+    summary = run_demo(ds=args.ds, timeout_s=args.timeout)
+    return 0 if summary["dag_run_state"] == "success" else 1
+
+
+def register(sub: Any) -> tuple[type[BaseException], ...]:
+    """Add the stack's subcommands; returns the errors the CLI reports as one line."""
+    from infra.stack import StackError
+
+    sub.add_parser("up", help="start the local stack and wait until healthy").set_defaults(
+        func=cmd_up
+    )
+    sub.add_parser("down", help="stop what `cascade up` started").set_defaults(func=cmd_down)
+    sub.add_parser("status", help="each service: up/down, URL, pid").set_defaults(func=cmd_status)
+    demo = sub.add_parser("demo", help="start the stack and run the pre-ranking path end to end")
+    demo.add_argument(
+        "--ds", default=dt.datetime.now(dt.UTC).date().isoformat(), help="partition date"
+    )
+    demo.add_argument("--timeout", type=float, default=1500, help="seconds to wait for the DAG run")
+    demo.set_defaults(func=cmd_demo)
+    return (StackError,)

@@ -1,0 +1,176 @@
+"""CTR pre-ranking: Spark features -> GX -> Feast -> DeepSpeed -> compile -> registry -> serving.
+
+Runs daily at 03:00 UTC and whenever a ``cascade.data.landed`` (dataset ml100k) or
+``cascade.retrain.requested`` (model preranking) event arrives on Kafka (Airflow's AssetWatcher
+with the shared-stream trigger: offsets committed after the asset event is stored). The first
+task claims the run's event ids, so a redelivered event never does the work twice, and a burst
+coalesces into one run (see :mod:`cascade.events`). Each step is also
+``cascade step NAME --pipeline ctr_preranking --ds DS`` and a DVC stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cascade.assets import (
+    ASSET_CTR_DATA_LANDED,
+    ASSET_CTR_FEATURES,
+    ASSET_PRERANKING_CHAMPION,
+    CTR_EVENT_SELECTORS,
+)
+from cascade.pipeline_spec import Pipeline, Promotion, RegisteredModel, Step, Trigger
+
+REPORTS = ".cascade/lake/reports"
+
+
+def features(ds: str) -> dict[str, Any]:
+    from jobs.ctr_cross_features import run
+
+    return run(ds)
+
+
+def validate(ds: str) -> dict[str, Any]:
+    from jobs.ctr_cross_features_gate import validate as run_gate
+
+    return run_gate(ds)
+
+
+def feast_materialize(ds: str) -> dict[str, Any]:
+    from cascade.feature_store import apply_and_materialize
+
+    return apply_and_materialize(ds)
+
+
+def training_set(ds: str) -> dict[str, Any]:
+    from cascade.feature_store import build_training_set
+
+    return {"ds": ds, "path": str(build_training_set(ds))}
+
+
+def train(ds: str) -> dict[str, Any]:
+    from cascade.config import load_settings
+
+    settings = load_settings()
+    if settings.preranking_model == "fscd":
+        from models.preranking.cascade_train import launch_pipeline
+
+        return launch_pipeline(ds, settings=settings)
+    from models.preranking.train import launch
+
+    return launch(ds, settings=settings)
+
+
+def compile_gate(ds: str) -> dict[str, Any]:
+    from compilers.deploy_gate import compile_and_gate
+
+    return compile_and_gate(ds)
+
+
+def register(ds: str) -> dict[str, Any]:
+    from cascade.registry import register_and_promote
+
+    return register_and_promote(ds)
+
+
+def deploy(ds: str) -> dict[str, Any]:
+    from serving.deploy import roll_out
+
+    return roll_out(ds)
+
+
+def score(request: Mapping[str, Any]) -> dict[str, Any]:
+    """``cascade score --model preranking --user 1 --items 10 20 30``."""
+    from serving.deploy import score as score_served
+
+    if request.get("user") is None or not request.get("items"):
+        raise ValueError("scoring the pre-ranker needs --user ID and --items ID [ID ...]")
+    return score_served(int(request["user"]), [int(item) for item in request["items"]])
+
+
+PIPELINE = Pipeline(
+    name="ctr_preranking",
+    description=__doc__ or "",
+    cron="0 3 * * *",
+    trigger=Trigger(
+        asset=ASSET_CTR_DATA_LANDED,
+        watcher="ctr_data_landed_watcher",
+        selectors=CTR_EVENT_SELECTORS,
+        # This watcher owns dead-lettering: one record per bad message.
+        dead_letter=True,
+    ),
+    tags=("ctr", "preranking"),
+    model=RegisteredModel(
+        name="preranking",
+        promotion=Promotion(metric="auc", higher_is_better=True, requires_compile_gate=True),
+        score=score,
+    ),
+    dvc_prefix="",
+    steps=(
+        Step(
+            name="features",
+            run=features,
+            doc="MovieLens-100k -> weekly user, item and user x genre CTR features (Spark); "
+            "bad rows quarantined",
+            outlets=(ASSET_CTR_FEATURES,),
+            dvc_deps=("jobs/ctr_cross_features.py", "jobs/movielens.py", "cascade/ctr_schema.py"),
+            dvc_outs=(
+                ".cascade/lake/features/ctr/user/dt=${ds}",
+                ".cascade/lake/features/ctr/item/dt=${ds}",
+                ".cascade/lake/features/ctr/user_genre/dt=${ds}",
+                ".cascade/lake/impressions/ml100k/dt=${ds}",
+            ),
+        ),
+        Step(
+            name="validate",
+            run=validate,
+            doc="Great Expectations suites on the features; a failure stops the run",
+            dvc_deps=("jobs/ctr_cross_features_gate.py",),
+        ),
+        Step(
+            name="feast_materialize",
+            run=feast_materialize,
+            doc="apply the feature repo (preranking_v1) and materialize the online store",
+            dvc_deps=("features", "cascade/feature_store.py"),
+        ),
+        Step(
+            name="training_set",
+            run=training_set,
+            doc="Feast point-in-time join of the impressions with the feature views",
+            dvc_deps=("cascade/feature_store.py",),
+            dvc_outs=(".cascade/lake/training/preranking/dt=${ds}/data.parquet",),
+        ),
+        Step(
+            name="train",
+            run=train,
+            doc="the FSCD pre-ranker on DeepSpeed; AUC on a held-out time split",
+            timeout_minutes=30,
+            dvc_deps=(
+                "models/preranking",
+                ".cascade/lake/training/preranking/dt=${ds}/data.parquet",
+            ),
+        ),
+        Step(
+            name="compile",
+            run=compile_gate,
+            doc="AOTInductor package gated on parity, accuracy and latency; a failure is "
+            "recorded and the registry then keeps the champion",
+            timeout_minutes=20,
+            dvc_deps=("compilers",),
+        ),
+        Step(
+            name="register",
+            run=register,
+            doc="new MLflow version; champion only if the compile gate passed and it is not "
+            "worse than the champion on the same held-out rows",
+            outlets=(ASSET_PRERANKING_CHAMPION,),
+            dvc_deps=("cascade/registry.py", f"{REPORTS}/step_train/dt=${{ds}}/summary.json"),
+        ),
+        Step(
+            name="deploy",
+            run=deploy,
+            doc="waits until the model server answers with the new champion",
+            dvc_deps=("serving",),
+        ),
+    ),
+)
