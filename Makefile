@@ -43,6 +43,7 @@ bench: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf .cascade .pytest_cache
