@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import os
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -56,7 +55,9 @@ def keep_freed_memory(
     global _applied
     if _applied is not None:
         return dict(_applied)
-    if os.environ.get(ENV, "1") == "0":
+    from cascade.config import load_settings
+
+    if not load_settings().runtime.keep_freed_memory:
         _applied = {"applied": False, "reason": f"{ENV}=0"}
         return dict(_applied)
     if mmap_threshold < 0 or trim_threshold < 0:

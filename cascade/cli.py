@@ -129,6 +129,18 @@ def _add_core_commands(sub: Any) -> None:
     listing.add_argument("--dvc-file", default=str(REPO_ROOT / "dvc.yaml"), help=argparse.SUPPRESS)
     listing.set_defaults(func=cmd_pipelines)
 
+    from cascade.config_report import cmd_config
+
+    config = sub.add_parser("config", help="every CASCADE_* setting: its value and its source")
+    shown = config.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="print JSON")
+    shown.add_argument("--markdown", action="store_true", help="print the README's table")
+    shown.add_argument("--write-readme", action="store_true", help="rewrite the README's table")
+    shown.add_argument(
+        "--check-readme", action="store_true", help="exit 1 when the README's table differs"
+    )
+    config.set_defaults(func=cmd_config)
+
     steps = "; ".join(f"{name}: {', '.join(spec.step_names)}" for name, spec in pipelines.items())
     step = sub.add_parser(
         "step",

@@ -1,15 +1,36 @@
-"""Typed configuration and the two profiles.
+"""Typed settings: every ``CASCADE_*`` variable is one documented field of one group.
 
-``local`` (the default) runs everything embedded on one machine; ``cluster`` points the same
-code at shared services. A profile is chosen by ``CASCADE_PROFILE``; individual fields are
-overridden by ``CASCADE_*`` environment variables (see :func:`load_settings`).
+:class:`Settings` is the root the kernel and every layer above it reads; its groups (ports,
+feature store, events, runtime, serving, benchmarks, hooks) are nested settings classes. A
+pipeline's own variables are a settings class in the pipeline's module, named by its
+``Pipeline.settings`` and loaded with :func:`load_group`.
+
+Each value comes from the first of these that has it (``cascade config`` shows which):
+
+1. ``environment``: the ``CASCADE_*`` variable;
+2. ``file``: the same name as a key of ``$CASCADE_HOME/cascade.toml`` (``CASCADE_X = value``);
+3. ``profile``: the ``cluster`` profile's value (``CASCADE_PROFILE=cluster`` points the code at
+   shared services);
+4. ``default``: the field's default.
+
+An unknown ``CASCADE_*`` name in the environment or the file gets one warning per process naming
+the closest known variable.
 """
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
-from dataclasses import dataclass, field, replace
+import tomllib
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass as plain_dataclass
 from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
+
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic.dataclasses import dataclass
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("local", "cluster")
@@ -17,93 +38,297 @@ PROMOTION_METRICS = {"auc": True, "logloss": False}
 """Metrics the champion/challenger gate can compare -> whether higher is better."""
 PRERANKING_MODELS = ("fscd", "mlp")
 """What the ``ctr_preranking`` train step trains (``Settings.preranking_model``)."""
-
-
 PORT_NAMES = ("broker", "airflow", "mlflow", "serving", "asr_serving")
 """Fields of :class:`Ports`; each is overridden by ``CASCADE_{NAME}_PORT``."""
+SETTINGS_FILE = "cascade.toml"
+"""Settings file in ``$CASCADE_HOME`` (flat ``CASCADE_X = value`` keys)."""
+
+SETTINGS_CONFIG = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+"""Config of every settings class: field docs come from the attribute docstrings."""
+
+SOURCES = ("default", "profile", "file", "environment")
+
+_PROFILE_VALUES: dict[str, dict[str, str]] = {
+    "local": {},
+    "cluster": {
+        "CASCADE_KAFKA_BOOTSTRAP": "kafka.cascade.svc:9092",
+        "CASCADE_MLFLOW_URI": "http://mlflow.cascade.svc:5000",
+        "CASCADE_SPARK_MASTER": "k8s://https://kubernetes.default.svc",
+        "CASCADE_TRAIN_PROCESSES": "8",
+    },
+}
+"""Per profile: variables whose value differs from the field default."""
 
 
-@dataclass(kw_only=True, frozen=True)
+def _zero_or_one(value: Any) -> Any:
+    if isinstance(value, bool):
+        return value
+    if str(value).strip() in ("0", "1"):
+        return str(value).strip() == "1"
+    raise ValueError("must be 0 or 1")
+
+
+def _comma_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+T = TypeVar("T")
+
+Flag = Annotated[bool, BeforeValidator(_zero_or_one)]
+"""A switch written ``0`` or ``1``."""
+Sizes = Annotated[tuple[Annotated[int, Field(ge=1)], ...], BeforeValidator(_comma_list)]
+"""Positive integers written ``1000,10000``."""
+Seeds = Annotated[
+    tuple[Annotated[int, Field(ge=0)], ...], BeforeValidator(_comma_list), Field(min_length=1)
+]
+"""Integers >= 0 written ``0,1,2``."""
+
+
+def setting(
+    default: Any = None,
+    *,
+    env: str | None = None,
+    group: str | None = None,
+    secret: bool = False,
+    hook: bool = False,
+    shape: str | None = None,
+    default_factory: Any = None,
+    **constraints: Any,
+) -> Any:
+    """A settings field: ``env`` overrides the group's variable name, ``group`` its heading in
+    the docs, ``secret`` masks the value in ``cascade config``, ``hook`` marks a test or
+    fault-injection hook, ``shape`` describes the form a ``pattern`` asks for."""
+    extra: dict[str, Any] = {
+        "env": env,
+        "group": group,
+        "secret": secret,
+        "hook": hook,
+        "shape": shape,
+    }
+    if default_factory is not None:
+        return Field(default_factory=default_factory, json_schema_extra=extra, **constraints)
+    return Field(default=default, json_schema_extra=extra, **constraints)
+
+
+@dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
 class Ports:
     """TCP ports of the local stack; every service binds to 127.0.0.1."""
 
-    broker: int = 19092
+    env_pattern: ClassVar[str] = "CASCADE_{}_PORT"
+    title: ClassVar[str] = "Ports"
+
+    broker: int = Field(default=19092, ge=1024, le=65535)
     """Kafka-protocol broker."""
-    airflow: int = 28080
+    airflow: int = Field(default=28080, ge=1024, le=65535)
     """Airflow API server and UI."""
-    mlflow: int = 25000
+    mlflow: int = Field(default=25000, ge=1024, le=65535)
     """MLflow tracking server and registry."""
-    serving: int = 28081
+    serving: int = Field(default=28081, ge=1024, le=65535)
     """KServe model server (Open Inference Protocol v2 over HTTP)."""
-    asr_serving: int = 28082
+    asr_serving: int = Field(default=28082, ge=1024, le=65535)
     """The ASR model's KServe server (its own process, like its own InferenceService)."""
 
     def __post_init__(self) -> None:
-        for name in PORT_NAMES:
-            port = getattr(self, name)
-            if not 1024 <= port <= 65535:
-                raise ValueError(
-                    f"port {name}={port} is outside 1024..65535; set CASCADE_{name.upper()}_PORT"
-                )
         values = [getattr(self, name) for name in PORT_NAMES]
         if len(set(values)) != len(values):
-            raise ValueError(f"ports must differ, got {values}")
+            raise ValueError(
+                f"ports must differ, got {dict(zip(PORT_NAMES, values, strict=True))}; "
+                "set CASCADE_{NAME}_PORT"
+            )
 
 
-@dataclass(kw_only=True, frozen=True)
+@dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
+class FeatureStoreSettings:
+    """Feast's shared stores in the ``cluster`` profile (``features/profiles/cluster``)."""
+
+    env_pattern: ClassVar[str] = "CASCADE_{}"
+    title: ClassVar[str] = "Feature store (cluster profile)"
+
+    redis: str = setting("", secret=True)
+    """Redis online store connection string (may carry a password)."""
+    feast_registry_url: str = setting("", secret=True)
+    """SQL registry URL of Feast (may carry a password)."""
+
+
+@dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
+class EventSettings:
+    """How an event-started run gathers the events it works on (``cascade.events``)."""
+
+    env_pattern: ClassVar[str] = "CASCADE_COALESCE_{}"
+    title: ClassVar[str] = "Events and coalescing"
+
+    window_s: float = Field(default=15.0, ge=0)
+    """A run starts work once the asset has had no new event for this many seconds."""
+    max_wait_s: float = Field(default=300.0, ge=0)
+    """Upper bound on that wait in seconds, so an endless trickle still gets processed."""
+
+
+@dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
+class RuntimeSettings:
+    """Training runtime and process memory."""
+
+    env_pattern: ClassVar[str] = "CASCADE_{}"
+    title: ClassVar[str] = "Training runtime"
+
+    preranking_checkpoint_every: int | None = Field(default=None, ge=1)
+    """Checkpoint interval in steps of the FSCD pre-ranker's phases (unset: the config's)."""
+    keep_freed_memory: Flag = True
+    """Keep freed heap memory in the process (glibc mmap/trim thresholds, ``cascade.allocator``);
+    ``0`` turns it off."""
+
+
+@dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
+class ServingSettings:
+    """The model servers (``serving/``)."""
+
+    env_pattern: ClassVar[str] = "CASCADE_SERVING_{}"
+    title: ClassVar[str] = "Serving"
+
+    poll_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
+    """Seconds between checks of the registry's champion alias."""
+    max_candidates: int = Field(default=10_000, ge=1)
+    """Most item ids one pre-ranking request may carry; larger lists get a 400."""
+    compiled: Flag = True
+    """Score with the gate-passed compiled package when the run has one; ``0``: eager PyTorch."""
+    workers: int = Field(default=1, ge=1)
+    """Server processes sharing the port."""
+    torch_threads: int = Field(default=1, ge=1)
+    """Intra-op threads per server process (the compile gate times with the same count)."""
+    request_log: bool = False
+    """Log a line per request (uvicorn access log and KServe timing)."""
+    feedback: Flag = setting(True, env="CASCADE_FEEDBACK")
+    """Write scored candidates and their features to the lake for the next training."""
+    shadow_alias: str | None = setting(None, env="CASCADE_SHADOW_ALIAS")
+    """Also score with this registry alias and log both (not ``champion``)."""
+    auto_rollback: Flag = setting(False, env="CASCADE_AUTO_ROLLBACK")
+    """Roll back on the error-rate policy (``cascade.deployments``)."""
+    asr_model_dir: Path | None = setting(None, env="CASCADE_ASR_MODEL_DIR")
+    """Folder with ``asr_model.pt`` for ``python -m serving.asr`` (the ``--model-dir`` default)."""
+    load_generator_loop: Literal["uvloop", "asyncio"] = setting(
+        "uvloop", env="CASCADE_LOAD_GENERATOR_LOOP"
+    )
+    """Event loop of the load generator."""
+
+    def __post_init__(self) -> None:
+        if self.shadow_alias == "champion":
+            raise ValueError("CASCADE_SHADOW_ALIAS must name another alias than champion")
+
+
+@dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
+class BenchSettings:
+    """Inputs of ``cascade bench`` (each also a command-line option there)."""
+
+    env_pattern: ClassVar[str] = "CASCADE_BENCH_{}"
+    title: ClassVar[str] = "Benchmarks"
+
+    ctr_sizes: Sizes | None = None
+    """Impression counts of ``bench ctr`` (unset: its quick or full sizes)."""
+    preranking_config: str = "ml100k"
+    """Training config of ``bench preranking``."""
+    preranking_seeds: Seeds = (0,)
+    """Seeds of ``bench preranking`` (``0,1,2``)."""
+    compile_model: Literal["preranking", "asr"] = "preranking"
+    """Model of ``bench compile``."""
+    asr_model: Path | None = None
+    """Trained ASR model folder of ``bench asr`` and ``bench compile --model asr`` (unset: train
+    one)."""
+    asr_config: str = "synthetic"
+    """Training config ``bench asr`` trains when no model is given."""
+    asr_sizes: Sizes | None = None
+    """Utterance counts of ``bench asr`` (unset: its quick or full sizes)."""
+    asr_unique: int = Field(default=2_000, ge=1)
+    """Most distinct utterances of a ``bench asr`` landing batch; larger batches repeat them."""
+    asr_threads: int = Field(default=2, ge=1)
+    """Intra-op threads of ``bench asr``."""
+    events: int = Field(default=1_000, ge=1)
+    """Events ``bench events`` produces."""
+    multimodal_config: str = "base"
+    """Training config of ``bench multimodal``."""
+    multimodal_corpus: Path | None = None
+    """Corpus folder of ``bench multimodal`` (unset: generate one)."""
+    multimodal_corpus_result: Path | None = None
+    """A ``bench multimodal-corpus`` result JSON whose figures ``bench multimodal`` reports."""
+    multimodal_sizes: Sizes | None = None
+    """Pair counts of ``bench multimodal-corpus`` (unset: its quick or full sizes)."""
+    serving_model: Literal["fscd", "mlp"] | None = None
+    """Model ``bench serving`` serves (unset: ``CASCADE_PRERANKING_MODEL``)."""
+    serving_candidates: int = Field(default=1_000, ge=1)
+    """Candidates per ``bench serving`` request."""
+    serving_clients: int = Field(default=8, ge=1)
+    """Concurrent ``bench serving`` clients."""
+    serving_seconds: int | None = Field(default=None, ge=1)
+    """Measured window of ``bench serving`` in seconds (unset: 30, or 3 with ``--quick``)."""
+    serving_workers: int = Field(default=2, ge=1)
+    """Server processes of ``bench serving``."""
+
+
+@dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
+class HookSettings:
+    """Test and fault-injection hooks: unset in normal runs."""
+
+    env_pattern: ClassVar[str] = "CASCADE_{}"
+    title: ClassVar[str] = "Test and fault-injection hooks"
+
+    crash_at: str | None = setting(
+        None, hook=True, pattern=r"^[^:]+:\d+$", shape="PHASE:STEP, e.g. train:25"
+    )
+    """Fault injection: a trainer kills rank 0 after ``PHASE:STEP`` (e.g. ``train:25``) once, so
+    the retry's resume from the last checkpoint can be tested."""
+    test_champion_file: Path | None = setting(None, hook=True)
+    """Test hook: the JSON file the fake model server (``tests/serving``) serves as champion."""
+
+
+def _default_home() -> Path:
+    return REPO_ROOT / ".cascade"
+
+
+@dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
 class Settings:
     """Everything a component needs to find the others."""
 
-    profile: str = "local"
-    """``local`` (embedded, one machine) or ``cluster``."""
-    home: Path = field(default_factory=lambda: REPO_ROOT / ".cascade")
+    env_pattern: ClassVar[str] = "CASCADE_{}"
+    title: ClassVar[str] = "Stack and paths"
+
+    profile: Literal["local", "cluster"] = "local"
+    """``local`` (embedded, one machine) or ``cluster`` (shared services)."""
+    home: Path = setting(default_factory=_default_home)
     """State folder: lake, logs, pids, Airflow home, MLflow store, Feast registry (git-ignored)."""
     host: str = "127.0.0.1"
     """Interface every local service binds to."""
-    ports: Ports = field(default_factory=Ports)
+    ports: Ports = Field(default_factory=lambda: Ports())
     """Ports of the local stack."""
     kafka_bootstrap: str = ""
     """Kafka bootstrap servers; empty means the local broker."""
-    mlflow_tracking_uri: str = ""
+    mlflow_tracking_uri: str = setting("", env="CASCADE_MLFLOW_URI")
     """MLflow tracking URI; empty means the local tracking server."""
     spark_master: str = "local[2]"
     """Spark master URL."""
-    train_processes: int = 2
-    """Training processes per node (gloo on CPU, NCCL on GPU)."""
-    registered_model: str = "preranking"
-    """Name of the pre-ranking model in the MLflow registry."""
-    promotion_tolerance: float = 0.005
-    """The champion alias moves only if the challenger is at most this much worse than the
-    champion on ``promotion_metric``, both measured on the same held-out rows."""
-    promotion_metric: str = "auc"
-    """``auc`` (higher is better) or ``logloss`` (lower is better): what the gate compares."""
-    airflow_parallelism: int = 2
+    spark_driver_memory: str = "3g"
+    """Driver memory of the local Spark sessions of the corpus jobs."""
+    airflow_parallelism: int = Field(default=2, ge=1)
     """Airflow core parallelism (low on a 2-core machine)."""
-    preranking_model: str = "fscd"
-    """What the ``ctr_preranking`` train step trains (``CASCADE_PRERANKING_MODEL``): ``fscd``,
-    the ranking cascade whose FSCD-selected ColdPreRanker is deployed
-    (``models.preranking.cascade_train``), or ``mlp``, the dense-feature PreRanker
-    (``models.preranking.train``), which the compile step can package with AOTInductor."""
-
-    def __post_init__(self) -> None:
-        if self.profile not in PROFILES:
-            raise ValueError(
-                f"unknown profile {self.profile!r}; choose one of {PROFILES} (CASCADE_PROFILE)"
-            )
-        if self.train_processes < 1:
-            raise ValueError("train_processes must be >= 1")
-        if not 0 <= self.promotion_tolerance < 1:
-            raise ValueError("promotion_tolerance must be in [0, 1)")
-        if self.preranking_model not in PRERANKING_MODELS:
-            raise ValueError(
-                f"unknown preranking_model {self.preranking_model!r}; choose one of "
-                f"{PRERANKING_MODELS} (CASCADE_PRERANKING_MODEL)"
-            )
-        if self.promotion_metric not in PROMOTION_METRICS:
-            raise ValueError(
-                f"unknown promotion_metric {self.promotion_metric!r}; choose one of "
-                f"{sorted(PROMOTION_METRICS)} (CASCADE_PROMOTION_METRIC)"
-            )
+    train_processes: int = setting(2, group="Training runtime", ge=1)
+    """Training processes per node (gloo on CPU, NCCL on GPU)."""
+    preranking_model: Literal["fscd", "mlp"] = setting("fscd", group="Training runtime")
+    """What the ``ctr_preranking`` train step trains: ``fscd``, the ranking cascade whose
+    FSCD-selected ColdPreRanker is deployed (``models.preranking.cascade_train``), or ``mlp``,
+    the dense-feature PreRanker (``models.preranking.train``), which the compile step can
+    package with AOTInductor."""
+    registered_model: str = setting("preranking", group="Promotion")
+    """Name of the pre-ranking model in the MLflow registry."""
+    promotion_tolerance: float = setting(0.005, group="Promotion", ge=0, lt=1)
+    """The champion alias moves only if the challenger is at most this much worse than the
+    champion on the promotion metric, both measured on the same held-out rows."""
+    promotion_metric: Literal["auc", "logloss"] = setting("auc", group="Promotion")
+    """``auc`` (higher is better) or ``logloss`` (lower is better): what the gate compares."""
+    feature_store: FeatureStoreSettings = Field(default_factory=lambda: FeatureStoreSettings())
+    events: EventSettings = Field(default_factory=lambda: EventSettings())
+    runtime: RuntimeSettings = Field(default_factory=lambda: RuntimeSettings())
+    serving: ServingSettings = Field(default_factory=lambda: ServingSettings())
+    bench: BenchSettings = Field(default_factory=lambda: BenchSettings())
+    hooks: HookSettings = Field(default_factory=lambda: HookSettings())
 
     @property
     def lake_root(self) -> Path:
@@ -134,49 +359,263 @@ class Settings:
         return f"http://{self.host}:{self.ports.asr_serving}"
 
 
-def local_profile() -> Settings:
-    return Settings(profile="local")
+class SettingsError(ValueError):
+    """A ``CASCADE_*`` value that does not fit its field; the message names the variable."""
 
 
-def cluster_profile() -> Settings:
-    return Settings(
-        profile="cluster",
-        kafka_bootstrap="kafka.cascade.svc:9092",
-        mlflow_tracking_uri="http://mlflow.cascade.svc:5000",
-        spark_master="k8s://https://kubernetes.default.svc",
-        train_processes=8,
+class UnknownSettingWarning(UserWarning):
+    """A ``CASCADE_*`` name that is no setting (a typo, or a variable that was removed)."""
+
+
+@plain_dataclass(frozen=True)
+class SettingField:
+    """One variable: where it lives in its settings class and how it is documented."""
+
+    env: str
+    path: tuple[str, ...]
+    group: str
+    annotation: Any
+    default: Any
+    description: str
+    secret: bool
+    hook: bool
+    shape: str | None = None
+
+
+def is_settings_class(value: Any) -> bool:
+    return (
+        isinstance(value, type)
+        and hasattr(value, "__pydantic_fields__")
+        and (hasattr(value, "env_pattern"))
     )
 
 
-def load_settings(env: dict[str, str] | None = None) -> Settings:
-    """The active settings: the profile from ``CASCADE_PROFILE``, then ``CASCADE_*`` overrides."""
-    env = dict(os.environ if env is None else env)
-    profile = env.get("CASCADE_PROFILE", "local")
-    if profile not in PROFILES:
-        raise ValueError(f"CASCADE_PROFILE={profile!r} is not a profile; choose one of {PROFILES}")
-    base = local_profile() if profile == "local" else cluster_profile()
-    ports = Ports(
-        **{
-            name: int(env[f"CASCADE_{name.upper()}_PORT"])
-            for name in PORT_NAMES
-            if f"CASCADE_{name.upper()}_PORT" in env
-        }
-    )
-    overrides: dict[str, object] = {"ports": ports}
-    if "CASCADE_HOME" in env:
-        overrides["home"] = Path(env["CASCADE_HOME"]).resolve()
-    if "CASCADE_KAFKA_BOOTSTRAP" in env:
-        overrides["kafka_bootstrap"] = env["CASCADE_KAFKA_BOOTSTRAP"]
-    if "CASCADE_MLFLOW_URI" in env:
-        overrides["mlflow_tracking_uri"] = env["CASCADE_MLFLOW_URI"]
-    if "CASCADE_SPARK_MASTER" in env:
-        overrides["spark_master"] = env["CASCADE_SPARK_MASTER"]
-    if "CASCADE_TRAIN_PROCESSES" in env:
-        overrides["train_processes"] = int(env["CASCADE_TRAIN_PROCESSES"])
-    if "CASCADE_PROMOTION_TOLERANCE" in env:
-        overrides["promotion_tolerance"] = float(env["CASCADE_PROMOTION_TOLERANCE"])
-    if "CASCADE_PROMOTION_METRIC" in env:
-        overrides["promotion_metric"] = env["CASCADE_PROMOTION_METRIC"]
-    if "CASCADE_PRERANKING_MODEL" in env:
-        overrides["preranking_model"] = env["CASCADE_PRERANKING_MODEL"]
-    return replace(base, **overrides)  # type: ignore[arg-type]
+def setting_fields(cls: type, path: tuple[str, ...] = ()) -> list[SettingField]:
+    """Every variable of a settings class and its nested groups, in declaration order."""
+    found: list[SettingField] = []
+    pattern: str = cls.env_pattern  # type: ignore[attr-defined]
+    for name, info in cls.__pydantic_fields__.items():  # type: ignore[attr-defined]
+        if is_settings_class(info.annotation):
+            found.extend(setting_fields(info.annotation, (*path, name)))
+            continue
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        default = info.default_factory() if info.default_factory else info.default  # type: ignore[call-arg]
+        found.append(
+            SettingField(
+                env=str(extra.get("env") or pattern.format(name.upper())),
+                path=(*path, name),
+                group=str(extra.get("group") or cls.title),  # type: ignore[attr-defined]
+                annotation=info.annotation,
+                default=default,
+                description=" ".join((info.description or "").split()),
+                secret=bool(extra.get("secret")),
+                hook=bool(extra.get("hook")),
+                shape=str(extra["shape"]) if extra.get("shape") else None,
+            )
+        )
+    return found
+
+
+def pipeline_settings_classes() -> dict[str, type]:
+    """Pipeline name -> its settings class, for the registered pipelines that have one."""
+    from cascade.pipeline_registry import registered_pipelines
+
+    return {
+        name: spec.settings
+        for name, spec in registered_pipelines().items()
+        if spec.settings is not None
+    }
+
+
+def all_setting_fields(*, pipelines: bool = True) -> list[SettingField]:
+    """The kernel's variables, then each registered pipeline's."""
+    found = setting_fields(Settings)
+    if pipelines:
+        seen: set[type] = set()
+        for cls in pipeline_settings_classes().values():
+            if cls not in seen:
+                seen.add(cls)
+                found.extend(setting_fields(cls))
+    return found
+
+
+def settings_file(env: Mapping[str, str]) -> Path:
+    home = env.get("CASCADE_HOME")
+    return (Path(home) if home else _default_home()) / SETTINGS_FILE
+
+
+def _file_values(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path} is not valid TOML: {exc}; fix or remove it") from None
+    bad = [key for key, value in data.items() if isinstance(value, dict | list)]
+    if bad:
+        raise SettingsError(
+            f"{path}: {bad} must be plain values (CASCADE_X = value), not tables or lists"
+        )
+    return data
+
+
+def raw_values(env: Mapping[str, str] | None = None) -> dict[str, tuple[Any, str]]:
+    """Variable -> (raw value, source) for every variable set anywhere but the defaults."""
+    env = os.environ if env is None else env
+    path = settings_file(env)
+    from_file = _file_values(path)
+    found: dict[str, tuple[Any, str]] = {}
+    profile = env.get("CASCADE_PROFILE") or str(from_file.get("CASCADE_PROFILE") or "local")
+    for name, value in _PROFILE_VALUES.get(profile, {}).items():
+        found[name] = (value, "profile")
+    for name, value in from_file.items():
+        found[name] = (value, "file")
+    for name, value in env.items():
+        if name.startswith("CASCADE_"):
+            found[name] = (value, "environment")
+    return found
+
+
+def _nested_kwargs(
+    fields: Sequence[SettingField], raw: Mapping[str, tuple[Any, str]]
+) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    for field in fields:
+        if field.env not in raw:
+            continue
+        value = raw[field.env][0]
+        if value == "" and field.annotation is not str:
+            continue  # an empty non-text variable means unset
+        if field.env == "CASCADE_HOME":
+            value = Path(value).resolve()
+        target = kwargs
+        for part in field.path[:-1]:
+            target = target.setdefault(part, {})
+        target[field.path[-1]] = value
+    return kwargs
+
+
+_RULES = {
+    "greater_than_equal": ">= {ge}",
+    "greater_than": "> {gt}",
+    "less_than": "< {lt}",
+    "less_than_equal": "<= {le}",
+    "literal_error": "one of {expected}",
+    "string_pattern_mismatch": "of the form {pattern}",
+    "too_short": "at least {min_length} long",
+    "too_long": "at most {max_length} long",
+}
+
+
+def _describe(value: Any) -> str:
+    return str(value) if isinstance(value, str) and value.strip() else repr(value)
+
+
+def _explain(
+    error: Mapping[str, Any],
+    fields: Sequence[SettingField],
+    raw: Mapping[str, tuple[Any, str]],
+    path_file: Path,
+) -> str:
+    loc = tuple(part for part in error["loc"] if isinstance(part, str))
+    field = next((f for f in fields if loc[: len(f.path)] == f.path), None)
+    kind = str(error["type"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if field is None:  # a check across fields (``__post_init__``) names its variables itself
+        return message
+    if kind == "string_pattern_mismatch" and field.shape:
+        need = f"must be {field.shape}"
+    elif kind in _RULES:
+        need = "must be " + _RULES[kind].format(**error.get("ctx", {}))
+    elif kind.startswith("int_"):
+        need = "must be an integer"
+    elif kind.startswith("float_") or kind == "finite_number":
+        need = "must be a finite number"
+    elif kind == "value_error":
+        need = message
+    else:
+        need = f"is invalid ({message})"
+    given, source = raw.get(field.env, (error.get("input"), "default"))
+    where = {"file": f" (set in {path_file})", "profile": " (the profile's value)"}.get(source, "")
+    fix = "fix it or unset it"
+    if field.default is not None:
+        fix += f" for the default ({_describe(field.default)})"
+    return f"{field.env} {need}, got {_describe(given)}{where}; {fix}"
+
+
+def _build(cls: type, fields: Sequence[SettingField], env: Mapping[str, str] | None) -> Any:
+    env = os.environ if env is None else env
+    raw = raw_values(env)
+    try:
+        return cls(**_nested_kwargs(fields, raw))
+    except ValidationError as exc:
+        reasons = [_explain(e, fields, raw, settings_file(env)) for e in exc.errors()]
+        raise SettingsError("; ".join(dict.fromkeys(reasons))) from None
+
+
+_warned: set[str] = set()
+_checking = False
+
+
+def _warn_unknown(env: Mapping[str, str] | None) -> None:
+    """One warning per unknown name per process, with the closest known variable."""
+    global _checking
+    if _checking:  # a pipeline module being imported by the registry loads settings
+        return
+    raw = raw_values(env)
+    kernel = {field.env for field in setting_fields(Settings)}
+    unknown = sorted(name for name in raw if name not in kernel and name not in _warned)
+    if not unknown:
+        return
+    _checking = True
+    try:
+        known = {field.env for field in all_setting_fields()}
+    finally:
+        _checking = False
+    for name in unknown:
+        if name in known:
+            continue
+        _warned.add(name)
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        warnings.warn(
+            f"{name} is not a Cascade setting{hint} (`cascade config` lists them)",
+            UnknownSettingWarning,
+            stacklevel=3,
+        )
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """The active settings from ``env`` (default: the process environment), the settings file,
+    the profile and the defaults; :class:`SettingsError` names a bad variable and the fix."""
+    settings: Settings = _build(Settings, setting_fields(Settings), env)
+    _warn_unknown(env)
+    return settings
+
+
+def load_group(cls: type[T], env: Mapping[str, str] | None = None) -> T:
+    """A pipeline's settings class (or any settings class) loaded like :func:`load_settings`."""
+    return _build(cls, setting_fields(cls), env)  # type: ignore[no-any-return]
+
+
+def mask(field: SettingField, value: Any) -> Any:
+    """``value`` as ``cascade config`` shows it: secrets and URL passwords hidden."""
+    if value in (None, ""):
+        return value
+    if field.secret:
+        return "********"
+    if isinstance(value, str) and "://" in value and "@" in value.split("://", 1)[1]:
+        scheme, rest = value.split("://", 1)
+        userinfo, host = rest.rsplit("@", 1)
+        if ":" in userinfo:
+            return f"{scheme}://{userinfo.split(':', 1)[0]}:********@{host}"
+    return value
+
+
+def effective_value(root: Any, field: SettingField) -> Any:
+    value = root
+    for part in field.path:
+        value = getattr(value, part)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value

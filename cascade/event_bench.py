@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade.assets import TOPIC_DATA_LANDED
-from cascade.config import Settings
+from cascade.config import Settings, load_settings
 from cascade.events import (
     Event,
     EventLedger,
@@ -208,7 +207,7 @@ def measure_events(
 
 def bench_events(out: Path, quick: bool) -> dict[str, Any]:
     """See the module docstring. ``--quick``: 20 events."""
-    n = 20 if quick else int(os.environ.get("CASCADE_BENCH_EVENTS", "1000"))
+    n = 20 if quick else load_settings().bench.events
     window_s = 10.0
     env = {"CASCADE_COALESCE_WINDOW_S": str(window_s), "CASCADE_COALESCE_MAX_WAIT_S": "600"}
     with tempfile.TemporaryDirectory(prefix="cascade-bench-events-") as tmp:

@@ -554,15 +554,10 @@ class CoalesceConfig:
             raise ValueError("lookback_s and poll_s must be > 0")
 
 
-def coalesce_config_from_env(env: Mapping[str, str]) -> CoalesceConfig:
-    """``CASCADE_COALESCE_WINDOW_S`` / ``CASCADE_COALESCE_MAX_WAIT_S`` override the defaults."""
-    config = CoalesceConfig()
-    if "CASCADE_COALESCE_WINDOW_S" in env:
-        config.window_s = float(env["CASCADE_COALESCE_WINDOW_S"])
-    if "CASCADE_COALESCE_MAX_WAIT_S" in env:
-        config.max_wait_s = float(env["CASCADE_COALESCE_MAX_WAIT_S"])
-    config.__post_init__()
-    return config
+def coalesce_config_from_env(env: Mapping[str, str] | None = None) -> CoalesceConfig:
+    """The defaults, with the window and the wait of the settings (``CASCADE_COALESCE_*``)."""
+    events = load_settings(env).events
+    return CoalesceConfig(window_s=events.window_s, max_wait_s=events.max_wait_s)
 
 
 def event_from_extra(extra: Any) -> dict[str, Any] | None:
@@ -756,12 +751,10 @@ def claim_for_run(
 
     Raises Airflow's skip exception when an asset-triggered run has nothing left to claim: its
     events were redelivered copies or were coalesced into another run, so its work is done."""
-    import os
-
     from airflow.sdk.exceptions import AirflowSkipException
 
     settings = settings or load_settings()
-    config = config or coalesce_config_from_env(os.environ)
+    config = config or coalesce_config_from_env()
     dag_run = context["dag_run"]
     triggering = context.get("triggering_asset_events") or {}
     extras = [event.extra for batch in triggering.values() for event in batch]

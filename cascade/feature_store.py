@@ -78,10 +78,13 @@ def repo_config(settings: Settings) -> RepoConfig:
     from_settings = {
         "CASCADE_HOME": str(settings.home),
         "CASCADE_SPARK_MASTER": settings.spark_master,
+        "CASCADE_REDIS": settings.feature_store.redis,
+        "CASCADE_FEAST_REGISTRY_URL": settings.feature_store.feast_registry_url,
     }
     text = path.read_text()
     for name, value in from_settings.items():
-        text = text.replace("${" + name + "}", value)
+        if value:  # an unset one stays a placeholder, named below
+            text = text.replace("${" + name + "}", value)
     text = os.path.expandvars(text)
     missing = sorted(set(_PLACEHOLDER.findall(text)))
     if missing:

@@ -172,7 +172,9 @@ parallel region wait for a descheduled thread (eager 1x1000: 133 ms at 2 threads
 
 def run(out: Path, quick: bool) -> dict[str, Any]:
     """``cascade bench compilers``: see the module docstring."""
-    model = os.environ.get("CASCADE_BENCH_COMPILE_MODEL", "preranking")
+    from cascade.config import load_settings
+
+    model = load_settings().bench.compile_model
     if model == "asr":
         return asr_compile_bench(out, quick)
     if model != "preranking":
@@ -191,14 +193,16 @@ def asr_compile_bench(out: Path, quick: bool) -> dict[str, Any]:
     benchmark's keys (``eager_ms`` ... ``speedup_vs_onnxruntime``, ``recompiles``,
     ``shapes_tried``, ``compile_s``, ``cer_delta``, ``passes``) beside its own. The model is
     ``CASCADE_BENCH_ASR_MODEL`` or one ``models.asr.train`` trains."""
+    from cascade.config import load_settings
     from models.asr.bench import run as asr_bench
 
-    previous = os.environ.get("CASCADE_BENCH_ASR_SIZES")
-    os.environ.setdefault("CASCADE_BENCH_ASR_SIZES", ASR_COMPILE_BENCH_SIZES)
+    given = load_settings().bench.asr_sizes
+    if given is None:
+        os.environ["CASCADE_BENCH_ASR_SIZES"] = ASR_COMPILE_BENCH_SIZES
     try:
         return asr_bench(out, quick)
     finally:
-        if previous is None:
+        if given is None:
             os.environ.pop("CASCADE_BENCH_ASR_SIZES", None)
 
 

@@ -83,11 +83,9 @@ def compile_and_gate(ds: str, *, settings: Settings | None = None) -> dict[str, 
     out.mkdir(parents=True, exist_ok=True)
     cache = settings.home / "compile-cache"
     if isinstance(loaded.model, ColdPreRanker):
-        from serving.server import TORCH_THREADS_ENV, positive_int_env
-
         # The server loads this package and runs it on one thread per process: build it (the
         # thread count is baked into its kernels) and time it against eager the same way.
-        threads = positive_int_env(TORCH_THREADS_ENV, 1)
+        threads = settings.serving.torch_threads
         sample = cold_gate_sample(rows, loaded.encoder)
         with torch_threads(threads):
             report = compile_cold_gate(loaded.model, sample, out_dir=out, cache_dir=cache)

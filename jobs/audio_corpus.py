@@ -380,7 +380,7 @@ def spark_session() -> Any:
         .appName("cascade.audio_corpus")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", os.environ.get("CASCADE_SPARK_DRIVER_MEMORY", "3g"))
+        .config("spark.driver.memory", settings.spark_driver_memory)
         .getOrCreate()
     )
 

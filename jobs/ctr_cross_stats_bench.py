@@ -29,7 +29,6 @@ largest size; ``peak_rss_mb`` is the peak resident memory of this process plus t
 
 from __future__ import annotations
 
-import os
 import tempfile
 import threading
 import time
@@ -133,12 +132,8 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
     """``cascade bench ctr``: see the module docstring."""
     from pyspark.sql import functions as F
 
-    env_sizes = os.environ.get("CASCADE_BENCH_CTR_SIZES")
-    if env_sizes:
-        sizes = tuple(int(s) for s in env_sizes.split(","))
-    else:
-        sizes = QUICK_SIZES if quick else FULL_SIZES
     settings = load_settings()
+    sizes = settings.bench.ctr_sizes or (QUICK_SIZES if quick else FULL_SIZES)
     inputs = settings.lake_root / "bench" / "impressions"
     config = job.CrossStatsConfig()
     results: list[dict[str, Any]] = []

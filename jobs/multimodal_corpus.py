@@ -642,7 +642,7 @@ def spark_session(master: str | None = None) -> Any:
         .config("spark.sql.files.openCostInBytes", str(256 << 10))
         .config("spark.sql.files.maxPartitionBytes", str(32 << 20))
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", os.environ.get("CASCADE_SPARK_DRIVER_MEMORY", "3g"))
+        .config("spark.driver.memory", settings.spark_driver_memory)
         .getOrCreate()
     )
 

@@ -19,7 +19,6 @@ first size; every size has its own entry in ``sizes``.
 
 from __future__ import annotations
 
-import os
 import statistics
 import tempfile
 import time
@@ -74,13 +73,8 @@ def planted_outcome(landing: Path, corpus: Path) -> dict[str, Any]:
 
 def bench_multimodal_corpus(out: Path, quick: bool) -> dict[str, Any]:
     """``cascade bench multimodal-corpus``: see the module docstring."""
-    env_sizes = os.environ.get("CASCADE_BENCH_MULTIMODAL_SIZES")
-    sizes = (
-        tuple(int(s) for s in env_sizes.split(","))
-        if env_sizes
-        else (QUICK_SIZES if quick else FULL_SIZES)
-    )
     settings = load_settings()
+    sizes = settings.bench.multimodal_sizes or (QUICK_SIZES if quick else FULL_SIZES)
     # A session that was already running (a caller's, a test's) is reused and left running.
     with active_or_new(spark_session) as spark:
         return measure(spark, sizes, settings.spark_master, settings.lake_root, quick)

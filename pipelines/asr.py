@@ -20,11 +20,13 @@ The training config is ``CASCADE_ASR_CONFIG`` (default ``synthetic``; the CI run
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 
 from cascade.assets import (
     ASR_EVENT_SELECTORS,
@@ -32,7 +34,7 @@ from cascade.assets import (
     ASSET_SPEECH_CORPUS,
     ASSET_SPEECH_DATA_LANDED,
 )
-from cascade.config import Settings, load_settings
+from cascade.config import SETTINGS_CONFIG, Settings, load_group, load_settings
 from cascade.lake import Lake, check_ds
 from cascade.partitions import partition_seed
 from cascade.pipeline_spec import Pipeline, Promotion, RegisteredModel, Step, Trigger
@@ -48,8 +50,25 @@ SERVED_ARTIFACT_PATH = "int8"
 (training logs it) and its compiled ``.pt2`` (the compile step adds it)."""
 
 
+@dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
+class AsrSettings:
+    """The ``asr`` pipeline's variables."""
+
+    env_pattern: ClassVar[str] = "CASCADE_ASR_{}"
+    title: ClassVar[str] = "Pipeline asr"
+
+    config: str = DEFAULT_CONFIG
+    """Training config (``models.asr.config_registry``; the CI run uses ``debug``)."""
+    utterances: int | None = Field(default=None, ge=1)
+    """Size of a synthesized batch (unset: the config's ``corpus_utterances``)."""
+    cer_tolerance: float = Field(default=0.005, ge=0, lt=1)
+    """A challenger may be this much worse (absolute CER) than the champion and still be
+    promoted: two evaluations of one model on the same rows agree exactly, so this only absorbs
+    real noise."""
+
+
 def config_name() -> str:
-    return os.environ.get(CONFIG_ENV, DEFAULT_CONFIG)
+    return load_group(AsrSettings).config
 
 
 def landing_dir(lake: Lake, ds: str) -> Path:
@@ -61,9 +80,8 @@ def corpus_dir(lake: Lake, ds: str) -> Path:
 
 
 def _synthetic_count() -> int:
-    if os.environ.get(UTTERANCES_ENV):
-        count = int(os.environ[UTTERANCES_ENV])
-    else:
+    count = load_group(AsrSettings).utterances
+    if count is None:
         from models.asr.config_registry import get_config
 
         count = get_config(config_name()).corpus_utterances
@@ -119,16 +137,10 @@ def train(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
 
 CER_TOLERANCE_ENV = "CASCADE_ASR_CER_TOLERANCE"
-DEFAULT_CER_TOLERANCE = 0.005
-"""A challenger may be this much worse (absolute CER) than the champion and still be promoted:
-two evaluations of one model on the same rows agree exactly, so this only absorbs real noise."""
 
 
 def _cer_tolerance() -> float:
-    value = float(os.environ.get(CER_TOLERANCE_ENV, DEFAULT_CER_TOLERANCE))
-    if not 0 <= value < 1:
-        raise ValueError(f"{CER_TOLERANCE_ENV} must be in [0, 1), got {value}")
-    return value
+    return load_group(AsrSettings).cer_tolerance
 
 
 def held_out_cer(artifact: Path, corpus: Path) -> dict[str, Any]:
@@ -454,6 +466,7 @@ PIPELINE = Pipeline(
         selectors=ASR_EVENT_SELECTORS,
     ),
     tags=("asr", "speech"),
+    settings=AsrSettings,
     model=RegisteredModel(
         name=MODEL_NAME,
         promotion=Promotion(metric="cer", higher_is_better=False, requires_compile_gate=True),

@@ -23,18 +23,20 @@ all run these functions):
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 
 from cascade.assets import (
     ASSET_CTR_CROSS_FEATURES,
     ASSET_IMPRESSIONS_DATA_LANDED,
     CROSS_EVENT_SELECTORS,
 )
-from cascade.config import Settings, load_settings
+from cascade.config import SETTINGS_CONFIG, Settings, load_group, load_settings
 from cascade.lake import Lake, check_ds
 from cascade.pipeline_spec import Pipeline, Step, Trigger
 
@@ -47,20 +49,27 @@ DEFAULT_IMPRESSIONS = 200_000
 """Generated rows per partition when nothing landed; raise it for a load test."""
 
 
+@dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
+class CrossSettings:
+    """The ``ctr_cross`` pipeline's variables."""
+
+    env_pattern: ClassVar[str] = "CASCADE_CROSS_{}"
+    title: ClassVar[str] = "Pipeline ctr_cross"
+
+    source: Literal["generated", "ml100k"] = "generated"
+    """The impression log the pipeline reads: ``generated`` (when nothing landed) or
+    ``ml100k`` (the installed MovieLens-100k package)."""
+    impressions: int = Field(default=DEFAULT_IMPRESSIONS, ge=1)
+    """Generated rows per partition when nothing landed; raise it for a load test."""
+
+
 def source_name() -> str:
     """The log source the pipeline reads (``CASCADE_CROSS_SOURCE``: generated or ml100k)."""
-    source = os.environ.get(SOURCE_ENV, DEFAULT_SOURCE)
-    if source not in SOURCES:
-        raise ValueError(f"{SOURCE_ENV}={source!r} is not a source; choose one of {SOURCES}")
-    return source
+    return load_group(CrossSettings).source
 
 
 def impressions() -> int:
-    raw = os.environ.get(IMPRESSIONS_ENV, "")
-    value = int(raw) if raw.strip() else DEFAULT_IMPRESSIONS
-    if value < 1:
-        raise ValueError(f"{IMPRESSIONS_ENV} must be >= 1, got {value}")
-    return value
+    return load_group(CrossSettings).impressions
 
 
 def landing_dir(lake: Lake, ds: str) -> Path:
@@ -167,6 +176,7 @@ with their reason; a failed gate stops the run before Feast.
         selectors=CROSS_EVENT_SELECTORS,
     ),
     tags=("ctr", "features"),
+    settings=CrossSettings,
     dvc_prefix="cross_",
     steps=(
         Step(

@@ -26,10 +26,12 @@ The training config is ``CASCADE_MULTIMODAL_CONFIG`` (default ``small``; the CI 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 
 from cascade.assets import (
     ASSET_IMAGES_CORPUS,
@@ -37,7 +39,7 @@ from cascade.assets import (
     ASSET_MULTIMODAL_CHAMPION,
     MULTIMODAL_EVENT_SELECTORS,
 )
-from cascade.config import Settings, load_settings
+from cascade.config import SETTINGS_CONFIG, Flag, Settings, load_group, load_settings
 from cascade.lake import Lake, check_ds
 from cascade.partitions import partition_seed
 from cascade.pipeline_spec import Pipeline, Promotion, RegisteredModel, Step, Trigger
@@ -69,8 +71,29 @@ MEAN_RECALL_TAG = "mean_recall_at_1"
 """Model-version tag: the version's mean of image->text and text->image recall@1."""
 
 
+@dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
+class MultimodalSettings:
+    """The ``multimodal`` pipeline's variables."""
+
+    env_pattern: ClassVar[str] = "CASCADE_MULTIMODAL_{}"
+    title: ClassVar[str] = "Pipeline multimodal"
+
+    config: str = DEFAULT_CONFIG
+    """Training config (``models.multimodal.config_registry``; the e2e stack uses ``debug``)."""
+    generated: int = Field(default=DEFAULT_GENERATED, ge=0)
+    """Generated pairs the corpus step lands when nothing landed for the partition."""
+    source_limit: int | None = Field(default=None, ge=0)
+    """Caps the stamps and the emoji landed from each offline source (unset: all of them)."""
+    dense_twin: Flag = True
+    """``1``: the evaluate step also trains the config's dense twin on the same shards and
+    records its recall beside the MoE's; ``0``: the MoE's figures only (the report says so)."""
+    recall_tolerance: float = Field(default=DEFAULT_RECALL_TOLERANCE, ge=0, lt=1)
+    """A challenger whose mean recall@1 is this much lower (absolute) than the champion's is
+    still promoted; the held-out split is small, one pair in fifty is 0.02."""
+
+
 def config_name() -> str:
-    return os.environ.get(CONFIG_ENV, DEFAULT_CONFIG)
+    return load_group(MultimodalSettings).config
 
 
 def landing_dir(lake: Lake, ds: str) -> Path:
@@ -81,21 +104,11 @@ def corpus_dir(lake: Lake, ds: str) -> Path:
     return lake.root / "corpora" / "images" / f"dt={check_ds(ds)}"
 
 
-def _count_env(name: str, default: int | None) -> int | None:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    value = int(raw)
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value
-
-
 def _land_offline_sources(spark: Any, landing: Path, ds: str) -> dict[str, Any]:
     """The installed offline sources (a missing one is skipped and named) plus the generator."""
     from jobs.multimodal_sources import GeneratorConfig, land_emoji, land_generated, land_tuxpaint
 
-    limit = _count_env(SOURCE_LIMIT_ENV, None)
+    limit = load_group(MultimodalSettings).source_limit
     landed: dict[str, int] = {}
     missing: dict[str, str] = {}
     for name, land in (("tuxpaint", land_tuxpaint), ("emoji", land_emoji)):
@@ -106,7 +119,7 @@ def _land_offline_sources(spark: Any, landing: Path, ds: str) -> dict[str, Any]:
         except FileNotFoundError as exc:
             missing[name] = str(exc)
             print(f"[multimodal] offline source {name} not installed: {exc}", flush=True)
-    generated = _count_env(GENERATED_ENV, DEFAULT_GENERATED) or 0
+    generated = load_group(MultimodalSettings).generated
     if generated:
         config = GeneratorConfig(seed=partition_seed(ds))
         landed["generated"] = land_generated(spark, landing, count=generated, config=config)
@@ -202,10 +215,7 @@ def train(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
 
 def _dense_twin_enabled() -> bool:
-    raw = os.environ.get(DENSE_TWIN_ENV, "1").strip().lower()
-    if raw not in ("0", "1", "true", "false"):
-        raise ValueError(f"{DENSE_TWIN_ENV} must be 0 or 1, got {raw!r}")
-    return raw in ("1", "true")
+    return load_group(MultimodalSettings).dense_twin
 
 
 def mean_recall_at_1(result: dict[str, Any]) -> float:
@@ -276,10 +286,7 @@ def evaluate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
 
 def _recall_tolerance() -> float:
-    value = float(os.environ.get(RECALL_TOLERANCE_ENV, DEFAULT_RECALL_TOLERANCE))
-    if not 0 <= value < 1:
-        raise ValueError(f"{RECALL_TOLERANCE_ENV} must be in [0, 1), got {value}")
-    return value
+    return load_group(MultimodalSettings).recall_tolerance
 
 
 def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
@@ -389,6 +396,7 @@ PIPELINE = Pipeline(
         selectors=MULTIMODAL_EVENT_SELECTORS,
     ),
     tags=("multimodal", "images"),
+    settings=MultimodalSettings,
     model=RegisteredModel(
         name=MODEL_NAME,
         promotion=Promotion(

@@ -46,7 +46,6 @@ import dataclasses
 import io
 import json
 import logging
-import os
 import struct
 import threading
 import uuid
@@ -428,7 +427,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--model-dir",
         type=Path,
-        default=os.environ.get(MODEL_DIR_ENV),
+        default=load_settings().serving.asr_model_dir,
         help=f"folder with asr_model.pt (default ${MODEL_DIR_ENV}); without one, serve the "
         f"MLflow registry's '{MODEL_NAME}@champion' and follow it as it moves",
     )

@@ -323,7 +323,7 @@ def measure(
     """Start the server with ``workers`` processes, probe bad requests, run the load."""
     server = Server(
         {**env, "CASCADE_SERVING_WORKERS": str(workers)},
-        workdir / f"server-{workers}-{env.get('CASCADE_SERVING_COMPILED', '1')}.log",
+        workdir / f"server-{workers}-{int(load_settings(env).serving.compiled)}.log",
         port,
     )
     feedback = load_settings(env).lake_root / "feedback"
@@ -389,12 +389,12 @@ def measure(
 def run(out: Path, quick: bool) -> dict[str, Any]:
     from cascade.feature_store import apply_and_materialize
     from models.preranking.synthetic_data import synthetic_training_frame
-    from serving.server import positive_int_env
 
-    candidates = positive_int_env("CASCADE_BENCH_SERVING_CANDIDATES", 1_000)
-    clients = positive_int_env("CASCADE_BENCH_SERVING_CLIENTS", 8)
-    seconds = positive_int_env("CASCADE_BENCH_SERVING_SECONDS", 3 if quick else 30)
-    workers = positive_int_env("CASCADE_BENCH_SERVING_WORKERS", 2)
+    options = load_settings().bench
+    candidates = options.serving_candidates
+    clients = options.serving_clients
+    seconds = options.serving_seconds or (3 if quick else 30)
+    workers = options.serving_workers
     warmup = 1.0 if quick else 5.0
     if candidates > ITEMS:
         raise ValueError(f"--candidates {candidates}: the benchmark catalogue has {ITEMS} items")
@@ -418,9 +418,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         )
         write_feature_lake(frame, Lake(settings.lake_root), DS)
         apply_and_materialize(DS, settings=settings)
-        model_kind = os.environ.get(MODEL_ENV, settings.preranking_model)
-        if model_kind not in ("fscd", "mlp"):
-            raise ValueError(f"{MODEL_ENV}={model_kind!r}: choose fscd or mlp")
+        model_kind = options.serving_model or settings.preranking_model
         trainer = train_fscd_and_promote if model_kind == "fscd" else train_and_promote
         promoted = {**trainer(frame, settings, DS), "model": model_kind}
         ids = workdir / "ids.json"
@@ -469,7 +467,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             "compile_gate": promoted.get("compile_gate"),
             "setup_s": setup_s,
             "torch_threads_per_worker": 1,
-            "feedback_logging": os.environ.get("CASCADE_FEEDBACK", "1") == "1",
+            "feedback_logging": load_settings().serving.feedback,
         },
     }
     summary = (

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import resource
 import time
@@ -258,7 +257,9 @@ def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
     streams then cost ~20% less CPU per request (0.19 vs 0.24 ms), CPU the server shares the
     machine's cores with. The load itself is the same: each client still waits for its
     answer. ``CASCADE_LOAD_GENERATOR_LOOP=asyncio`` runs it on asyncio's own loop."""
-    if os.environ.get("CASCADE_LOAD_GENERATOR_LOOP", "uvloop") == "uvloop":
+    from cascade.config import load_settings
+
+    if load_settings().serving.load_generator_loop == "uvloop":
         try:
             import uvloop
         except ImportError:

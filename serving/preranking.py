@@ -26,7 +26,6 @@ from __future__ import annotations
 import gc
 import logging
 import math
-import os
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -106,23 +105,12 @@ class ServingConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServingConfig:
         """Defaults, overridden by CASCADE_SERVING_POLL_S, CASCADE_SERVING_MAX_CANDIDATES and
         CASCADE_SERVING_COMPILED."""
-        env = os.environ if env is None else env
-        overrides: dict[str, Any] = {}
-        compiled = env.get("CASCADE_SERVING_COMPILED", "1")
-        if compiled not in ("0", "1"):
-            raise ValueError(f"CASCADE_SERVING_COMPILED must be 0 or 1, got {compiled!r}")
-        overrides["use_compiled"] = compiled == "1"
-        try:
-            if "CASCADE_SERVING_POLL_S" in env:
-                overrides["poll_s"] = float(env["CASCADE_SERVING_POLL_S"])
-            if "CASCADE_SERVING_MAX_CANDIDATES" in env:
-                overrides["max_candidates"] = int(env["CASCADE_SERVING_MAX_CANDIDATES"])
-        except ValueError as exc:
-            raise ValueError(
-                f"bad serving setting in the environment: {exc}; "
-                "CASCADE_SERVING_POLL_S takes seconds, CASCADE_SERVING_MAX_CANDIDATES an integer"
-            ) from exc
-        return cls(**overrides)
+        serving = load_settings(env).serving
+        return cls(
+            poll_s=serving.poll_s,
+            max_candidates=serving.max_candidates,
+            use_compiled=serving.compiled,
+        )
 
 
 class ChampionModel(Protocol):

@@ -50,7 +50,7 @@ REQUEST_LOG_ENV = "CASCADE_SERVING_REQUEST_LOG"
 
 
 def request_log_enabled() -> bool:
-    return os.environ.get(REQUEST_LOG_ENV, "0").lower() in ("1", "true", "yes")
+    return load_settings().serving.request_log
 
 
 def stdout_log_config(*, request_log: bool = False) -> dict[str, Any]:
@@ -410,23 +410,8 @@ async def _serve_balanced(rest: RESTServer, listener: SharedListener) -> None:
 WORKERS_ENV = "CASCADE_SERVING_WORKERS"
 
 
-def positive_int_env(name: str, default: int, env: Mapping[str, str] | None = None) -> int:
-    """Integer setting ``name`` from the environment (``default`` when unset), at least 1;
-    ValueError naming the variable otherwise."""
-    value = (os.environ if env is None else env).get(name)
-    if value is None:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not an integer") from None
-    if number < 1:
-        raise ValueError(f"{name} must be >= 1, got {number}")
-    return number
-
-
-def workers_from_env(env: dict[str, str] | None = None) -> int:
-    return positive_int_env(WORKERS_ENV, 1, env)
+def workers_from_env(env: Mapping[str, str] | None = None) -> int:
+    return load_settings(env).serving.workers
 
 
 ModelFactory = Callable[[], list[BaseKServeModel]]
@@ -542,7 +527,7 @@ def set_torch_threads(env: dict[str, str] | None = None) -> int:
     """
     import torch
 
-    threads = positive_int_env(TORCH_THREADS_ENV, 1, env)
+    threads = load_settings(env).serving.torch_threads
     torch.set_num_threads(threads)
     return threads
 

@@ -18,7 +18,6 @@ The shadow report: ``python -m serving.shadow_report --ds YYYY-MM-DD``.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 from collections.abc import Callable, Mapping
@@ -54,11 +53,13 @@ class ObserverConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ObserverConfig:
-        env = os.environ if env is None else env
+        from cascade.config import load_settings
+
+        serving = load_settings(env).serving
         return cls(
-            feedback=env.get("CASCADE_FEEDBACK", "1") == "1",
-            shadow_alias=env.get("CASCADE_SHADOW_ALIAS") or None,
-            auto_rollback=env.get("CASCADE_AUTO_ROLLBACK", "0") == "1",
+            feedback=serving.feedback,
+            shadow_alias=serving.shadow_alias,
+            auto_rollback=serving.auto_rollback,
         )
 
     @property

@@ -60,17 +60,9 @@ DURATIONS_S = (1.0, 2.0, 5.0, 10.0, 20.0)
 REPEAT_SUFFIX = r"-repeat\d+$"
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return default if value is None else int(value)
-
-
 def bench_sizes(quick: bool) -> tuple[int, ...]:
-    env = os.environ.get("CASCADE_BENCH_ASR_SIZES")
-    if env:
-        sizes = tuple(int(s) for s in env.split(",") if s.strip())
-        if not sizes or min(sizes) < 1:
-            raise ValueError(f"CASCADE_BENCH_ASR_SIZES={env!r}: give positive integers")
+    sizes = load_settings().bench.asr_sizes
+    if sizes:
         return tuple(sorted(sizes))
     return QUICK_SIZES if quick else FULL_SIZES
 
@@ -145,7 +137,7 @@ def obtain_model(settings: Settings, corpus: Path, work: Path) -> tuple[Path, Pa
     ``int8`` accepted too) are the float model and the quantization-aware one."""
     from models.asr.train import train_asr
 
-    given = os.environ.get("CASCADE_BENCH_ASR_MODEL")
+    given = str(load_settings().bench.asr_model or "")
     if given:
         trained_dir = Path(given)
         if (trained_dir / "fp32" / "asr_model.pt").is_file():
@@ -153,7 +145,7 @@ def obtain_model(settings: Settings, corpus: Path, work: Path) -> tuple[Path, Pa
             fp32_dir, int8_dir = trained_dir / "fp32", trained_dir / "int8"
             return fp32_dir, int8_dir, {"source": "given", "path": given}
         return trained_dir, trained_dir, {"source": "given", "path": given}
-    config_name = os.environ.get("CASCADE_BENCH_ASR_CONFIG", "synthetic")
+    config_name = load_settings().bench.asr_config
     print(f"[bench asr] training config {config_name!r} on {corpus}", flush=True)
     trained = train_asr(settings, config_name, corpus, work / "trained")
     fp32 = trained.get("fp32_artifact") or trained.get("fp32")
@@ -249,7 +241,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
     """``cascade bench asr``: see the module docstring."""
     from compilers.export import torch_threads
 
-    threads = _env_int("CASCADE_BENCH_ASR_THREADS", 2)
+    threads = load_settings().bench.asr_threads
     with torch_threads(threads):
         return _run(quick, threads)
 
@@ -276,7 +268,7 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     result: dict[str, Any] = {"quick": quick, "threads": threads, "sizes": {}}
     spark = spark_session()
     try:
-        unique = _env_int("CASCADE_BENCH_ASR_UNIQUE", 2_000)
+        unique = load_settings().bench.asr_unique
         corpus_runs, corpus, landing = corpus_throughput(spark, work, sizes, unique)
     finally:
         spark.stop()

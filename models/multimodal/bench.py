@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -73,7 +72,7 @@ def corpus_figures(work: Path, quick: bool) -> dict[str, Any]:
     else measured by running that benchmark now; None each, with the reason, when the corpus
     job is not importable."""
     keys = ("pairs_per_s", "quarantined", "duplicates_removed")
-    given = os.environ.get(CORPUS_RESULT_ENV)
+    given = load_settings().bench.multimodal_corpus_result
     if given:
         figures = json.loads(Path(given).read_text())
         source = f"read from {given}"
@@ -106,8 +105,8 @@ def mfu(config_name: str, dense_steps_per_s: float, world: int) -> float | None:
 
 
 def run(out: Path, quick: bool) -> dict[str, Any]:
-    config_name = "debug" if quick else os.environ.get(CONFIG_ENV, "base")
-    corpus = os.environ.get(CORPUS_ENV)
+    config_name = "debug" if quick else load_settings().bench.multimodal_config
+    corpus = load_settings().bench.multimodal_corpus
     steps = 8 if quick else 40
     with tempfile.TemporaryDirectory(prefix="bench-multimodal-") as tmp:
         work = Path(tmp)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import statistics
 import tempfile
@@ -59,14 +58,7 @@ HEADLINE = (
 
 
 def bench_seeds() -> list[int]:
-    raw = os.environ.get(SEEDS_ENV, "0")
-    try:
-        seeds = [int(part) for part in raw.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"{SEEDS_ENV} must list integer seeds, e.g. 0,1,2; got {raw!r}") from None
-    if not seeds or min(seeds) < 0:
-        raise ValueError(f"{SEEDS_ENV} must list seeds >= 0, got {raw!r}")
-    return seeds
+    return list(load_settings().bench.preranking_seeds)
 
 
 def summarize_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -181,7 +173,7 @@ def scoring_cost(
 
 
 def run(out: Path, quick: bool) -> dict[str, Any]:
-    config_name = "debug" if quick else os.environ.get(CONFIG_ENV, "ml100k")
+    config_name = "debug" if quick else load_settings().bench.preranking_config
     result: dict[str, Any] = {"config": config_name, "quick": quick}
     with tempfile.TemporaryDirectory(prefix="bench-preranking-") as tmp:
         work = Path(tmp)

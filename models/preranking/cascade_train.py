@@ -1095,12 +1095,7 @@ phase checkpoints well before it ends."""
 
 def checkpoint_every_override(env: dict[str, str] | None = None) -> int | None:
     """The interval from :data:`CHECKPOINT_EVERY_ENV`, or None when unset."""
-    value = (os.environ if env is None else env).get(CHECKPOINT_EVERY_ENV)
-    if not value:
-        return None
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{CHECKPOINT_EVERY_ENV}={value!r}: expected a step count >= 1")
-    return int(value)
+    return load_settings(env).runtime.preranking_checkpoint_every
 
 
 def pipeline_fingerprint(config: CascadeTrainConfig, data: Path, ds: str) -> str:

@@ -286,12 +286,10 @@ RUN_MARKER = "mlflow_run.json"
 
 def crash_point(env: dict[str, str] | None = None) -> tuple[str, int] | None:
     """``(phase, step)`` from ``CASCADE_CRASH_AT=phase:step``, or None when unset."""
-    value = (os.environ if env is None else env).get(CRASH_ENV)
+    value = load_settings(env).hooks.crash_at
     if not value:
         return None
     phase, _, step = value.rpartition(":")
-    if not phase or not step.isdigit():
-        raise ValueError(f"{CRASH_ENV}={value!r}: expected PHASE:STEP, e.g. train:25")
     return phase, int(step)
 
 

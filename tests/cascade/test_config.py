@@ -1,8 +1,20 @@
+import json
+import warnings
 from pathlib import Path
 
 import pytest
 
-from cascade.config import Ports, Settings, load_settings
+from cascade.config import (
+    REPO_ROOT,
+    Ports,
+    Settings,
+    SettingsError,
+    UnknownSettingWarning,
+    all_setting_fields,
+    load_group,
+    load_settings,
+)
+from cascade.config_report import readme_table, render_markdown, settings_report
 
 
 def test_local_is_the_default_profile_with_loopback_services(tmp_path: Path) -> None:
@@ -38,10 +50,10 @@ def test_cluster_profile_points_at_shared_services() -> None:
 @pytest.mark.parametrize(
     "env, message",
     [
-        ({"CASCADE_PROFILE": "prod"}, "not a profile"),
-        ({"CASCADE_BROKER_PORT": "80"}, "CASCADE_BROKER_PORT"),
+        ({"CASCADE_PROFILE": "prod"}, "CASCADE_PROFILE must be one of 'local' or 'cluster'"),
+        ({"CASCADE_BROKER_PORT": "80"}, "CASCADE_BROKER_PORT must be >= 1024, got 80"),
         ({"CASCADE_BROKER_PORT": "25000"}, "ports must differ"),
-        ({"CASCADE_PROMOTION_TOLERANCE": "2"}, "promotion_tolerance"),
+        ({"CASCADE_PROMOTION_TOLERANCE": "2"}, "CASCADE_PROMOTION_TOLERANCE must be < 1.0, got 2"),
     ],
 )
 def test_bad_configuration_names_the_setting(env: dict[str, str], message: str) -> None:
@@ -50,7 +62,7 @@ def test_bad_configuration_names_the_setting(env: dict[str, str], message: str) 
 
 
 def test_settings_reject_unknown_profile() -> None:
-    with pytest.raises(ValueError, match="unknown profile"):
+    with pytest.raises(ValueError, match="'local' or 'cluster'"):
         Settings(profile="staging")
     assert Ports().serving == 28081
 
@@ -60,3 +72,115 @@ def test_preranking_model_is_fscd_unless_the_environment_says_mlp() -> None:
     assert load_settings({"CASCADE_PRERANKING_MODEL": "mlp"}).preranking_model == "mlp"
     with pytest.raises(ValueError, match="CASCADE_PRERANKING_MODEL"):
         load_settings({"CASCADE_PRERANKING_MODEL": "dcn"})
+
+
+def test_a_bad_value_names_the_variable_and_the_fix() -> None:
+    with pytest.raises(SettingsError) as err:
+        load_settings({"CASCADE_SERVING_WORKERS": "0"})
+    assert str(err.value) == (
+        "CASCADE_SERVING_WORKERS must be >= 1, got 0; fix it or unset it for the default (1)"
+    )
+    with pytest.raises(SettingsError, match="CASCADE_COALESCE_WINDOW_S must be a finite number"):
+        load_settings({"CASCADE_COALESCE_WINDOW_S": "soon"})
+    with pytest.raises(SettingsError, match="CASCADE_SERVING_COMPILED must be 0 or 1, got yes"):
+        load_settings({"CASCADE_SERVING_COMPILED": "yes"})
+    with pytest.raises(SettingsError, match="CASCADE_CRASH_AT must be PHASE:STEP"):
+        load_settings({"CASCADE_CRASH_AT": "train"})
+
+
+def test_a_pipeline_group_validates_like_the_kernel() -> None:
+    from pipelines.asr import AsrSettings
+
+    assert load_group(AsrSettings, {"CASCADE_ASR_UTTERANCES": "40"}).utterances == 40
+    assert load_group(AsrSettings, {"CASCADE_ASR_UTTERANCES": ""}).utterances is None
+    with pytest.raises(SettingsError, match="^CASCADE_ASR_UTTERANCES must be >= 1, got 0;"):
+        load_group(AsrSettings, {"CASCADE_ASR_UTTERANCES": "0"})
+
+
+def test_values_come_from_environment_then_file_then_profile_then_default(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "cascade.toml").write_text(
+        'CASCADE_SERVING_POLL_S = 7.5\nCASCADE_SPARK_MASTER = "local[4]"\n'
+        'CASCADE_PROFILE = "cluster"\n'
+    )
+    env = {"CASCADE_HOME": str(tmp_path), "CASCADE_SPARK_MASTER": "local[1]"}
+    settings = load_settings(env)
+    assert settings.serving.poll_s == 7.5
+    assert settings.spark_master == "local[1]"
+    assert settings.kafka_bootstrap == "kafka.cascade.svc:9092"
+    sources = {row["name"]: row["source"] for row in settings_report(env)}
+    assert sources["CASCADE_SPARK_MASTER"] == "environment"
+    assert sources["CASCADE_SERVING_POLL_S"] == "file"
+    assert sources["CASCADE_KAFKA_BOOTSTRAP"] == "profile"
+    assert sources["CASCADE_SERVING_WORKERS"] == "default"
+    assert sources["CASCADE_ASR_CONFIG"] == "default"
+
+
+def test_a_bad_value_in_the_file_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "cascade.toml").write_text("CASCADE_SERVING_WORKERS = 0\n")
+    with pytest.raises(SettingsError, match=f"set in {tmp_path}/cascade.toml"):
+        load_settings({"CASCADE_HOME": str(tmp_path)})
+
+
+def test_an_unknown_variable_is_warned_about_once_with_the_closest_name() -> None:
+    env = {"CASCADE_SERVING_WORKRES": "2", "CASCADE_ASR_CONFIG": "debug"}
+    with pytest.warns(UnknownSettingWarning) as caught:
+        load_settings(env)
+    assert [str(w.message) for w in caught] == [
+        "CASCADE_SERVING_WORKRES is not a Cascade setting; did you mean "
+        "CASCADE_SERVING_WORKERS? (`cascade config` lists them)"
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_settings(env)  # once per process; a pipeline's variable is known
+
+
+def test_secrets_and_url_passwords_are_masked() -> None:
+    env = {
+        "CASCADE_PROFILE": "cluster",
+        "CASCADE_REDIS": "redis.svc:6379,password=hunter2",
+        "CASCADE_MLFLOW_URI": "https://ml:s3cret@mlflow.example/",
+    }
+    rows = {row["name"]: row for row in settings_report(env)}
+    assert rows["CASCADE_REDIS"]["value"] == "********"
+    assert rows["CASCADE_MLFLOW_URI"]["value"] == "https://ml:********@mlflow.example/"
+    assert "hunter2" not in json.dumps(list(rows.values()))
+    assert load_settings(env).feature_store.redis.endswith("hunter2")
+
+
+def test_cascade_config_json_lists_every_variable_with_its_source(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cascade.cli import main
+
+    monkeypatch.setenv("CASCADE_SERVING_WORKERS", "3")
+    assert main(["config", "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {field.env for field in all_setting_fields()}
+    assert rows["CASCADE_SERVING_WORKERS"] | {"group": None} == {
+        "name": "CASCADE_SERVING_WORKERS",
+        "group": None,
+        "value": 3,
+        "source": "environment",
+        "default": 1,
+        "secret": False,
+        "hook": False,
+    }
+    assert rows["CASCADE_CRASH_AT"]["hook"] is True
+    assert rows["CASCADE_MULTIMODAL_RECALL_TOLERANCE"]["group"] == "Pipeline multimodal"
+
+
+def test_every_setting_is_documented() -> None:
+    undocumented = [field.env for field in all_setting_fields() if not field.description]
+    assert undocumented == []
+    assert len({field.env for field in all_setting_fields()}) == len(all_setting_fields())
+
+
+def test_the_readme_table_is_the_rendered_settings() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert readme_table(readme) == render_markdown(), (
+        "README.md's settings table is stale; run `cascade config --write-readme`"
+    )
+    for field in all_setting_fields():
+        assert f"| `{field.env}` |" in readme

@@ -290,8 +290,9 @@ def test_cluster_profile_names_unset_variables(monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ValueError, match="CASCADE_FEAST_REGISTRY_URL.*CASCADE_REDIS"):
         fs.repo_config(Settings(profile="cluster"))
+    monkeypatch.setenv("CASCADE_PROFILE", "cluster")
     monkeypatch.setenv("CASCADE_REDIS", "redis.cascade.svc:6379")
     monkeypatch.setenv("CASCADE_FEAST_REGISTRY_URL", "postgresql://feast@pg/feast")
-    config = fs.repo_config(Settings(profile="cluster"))
+    config = fs.repo_config(load_settings())
     assert config.offline_store.type == "spark"
     assert config.online_store.connection_string == "redis.cascade.svc:6379"

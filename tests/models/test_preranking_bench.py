@@ -38,7 +38,7 @@ def test_seeds_are_summarized_by_median_with_spread_and_goal_counts(
     monkeypatch.setenv(SEEDS_ENV, "0, 2,5")
     assert bench_seeds() == [0, 2, 5]
     monkeypatch.setenv(SEEDS_ENV, "zero")
-    with pytest.raises(ValueError, match="integer seeds"):
+    with pytest.raises(ValueError, match=f"{SEEDS_ENV} must be an integer"):
         bench_seeds()
 
     def run(seed: int, fscd: float, two_tower: float, cost: float) -> dict[str, object]:

@@ -6,9 +6,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import serving_fakes
 
 from cascade.config import load_settings
@@ -18,7 +15,9 @@ from serving.server import serve, workers_from_env
 
 def main() -> None:
     settings = load_settings()
-    champion_file = Path(os.environ["CASCADE_TEST_CHAMPION_FILE"])
+    champion_file = settings.hooks.test_champion_file
+    if champion_file is None:
+        raise SystemExit("set CASCADE_TEST_CHAMPION_FILE to the champion JSON to serve")
     config = ServingConfig.from_env()
     serve(
         lambda: [
