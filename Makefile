@@ -36,7 +36,7 @@ e2e: venv
 
 bench: venv
 	mkdir -p bench-results
-	for name in $$($(PY) -c "from cascade.bench import BENCHMARKS; print(' '.join(BENCHMARKS))"); do \
+	for name in $$($(PY) -c "from benchmarks.registry import BENCHMARKS; print(' '.join(BENCHMARKS))"); do \
 		$(VENV)/bin/cascade bench $$name --out bench-results/$$name.json || exit 1; \
 	done
 

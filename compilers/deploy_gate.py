@@ -32,9 +32,9 @@ MAX_USERS = 300
 
 
 def gate_sample(frame: Any, *, max_users: int = MAX_USERS) -> list[Any]:
-    """Held-out requests (``compilers.bench.held_out_requests``) of the ``max_users`` users with
+    """Held-out requests (``compilers.gate.held_out_requests``) of the ``max_users`` users with
     the most held-out impressions; deterministic for a given frame."""
-    from compilers.bench import held_out_requests
+    from compilers.gate import held_out_requests
 
     counts = frame.groupby("user_id").size().sort_values(ascending=False, kind="stable")
     users = set(counts.index[:max_users].tolist())

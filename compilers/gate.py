@@ -9,24 +9,24 @@ serving when it scores like the model it was compiled from and is not slower; a 
 comes back as a sentence that names the check, the measured value and the limit, so the
 blocked deployment explains itself in the Airflow log.
 
-The sample is a list of requests in the form :func:`compilers.bench.held_out_requests`
-builds: ``[((user_dense [1, U], user_id [1], item_dense [N, F-U], item_id [N]), labels [N]),
-...]``, one entry per user, labels 0/1 (clicked or not) for each of its ``N`` candidates.
+The sample is a list of requests in the form :func:`held_out_requests` builds:
+``[((user_dense [1, U], user_id [1], item_dense [N, F-U], item_id [N]), labels [N]), ...]``,
+one entry per user, labels 0/1 (clicked or not) for each of its ``N`` candidates.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from sklearn.metrics import roc_auc_score
 
+from cascade.ctr_schema import LABEL, MODEL_FEATURES, USER_FEATURES
 from compilers.export import (
     ColdPreRankingRequest,
     PreRankingRequest,
@@ -35,10 +35,29 @@ from compilers.export import (
     load_artifact,
     torch_threads,
 )
+from compilers.timing import interleaved_ms
 from models.preranking.model import ColdPreRanker, PreRanker
 
 Request = tuple[tuple[torch.Tensor, ...], np.ndarray]
 """``(inputs, labels)``: the four request tensors and one 0/1 label per candidate."""
+
+
+def held_out_requests(frame: pd.DataFrame) -> list[Request]:
+    """One request per user: the user's mean features once, its impressions as candidates."""
+    users = len(USER_FEATURES)
+    requests: list[Request] = []
+    for user_id, rows in frame.groupby("user_id"):
+        dense = rows[list(MODEL_FEATURES)].to_numpy(np.float32)
+        user_dense = torch.tensor(np.nan_to_num(dense[:, :users]).mean(axis=0, keepdims=True))
+        inputs = (
+            user_dense,
+            torch.tensor([int(user_id)]),  # type: ignore[call-overload]
+            torch.tensor(dense[:, users:]),
+            torch.tensor(rows["item_id"].to_numpy(np.int64)),
+        )
+        requests.append((inputs, rows[LABEL].to_numpy()))
+    return requests
+
 
 DEFAULT_MAX_ABS_DIFF = 1e-3
 """Largest tolerated ``|artifact - eager|`` logit. The exact passes stay near 1e-6; int8
@@ -49,7 +68,7 @@ def _check_sample(sample: Sequence[Request], num_dense: int) -> None:
     if not sample:
         raise ValueError(
             "compile_gate needs a non-empty held-out sample: a list of (inputs, labels) "
-            "requests as compilers.bench.held_out_requests builds them"
+            "requests as compilers.gate.held_out_requests builds them"
         )
     for index, entry in enumerate(sample):
         if len(entry) != 2 or len(entry[0]) != 4:
@@ -76,24 +95,6 @@ def _scores(score: Callable[..., Any], sample: Sequence[Request]) -> list[np.nda
 
 def _auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float(roc_auc_score(labels, scores))
-
-
-def interleaved_ms(
-    variants: dict[str, Callable[[], object]], *, rounds: int = 5, repeats: int = 5
-) -> dict[str, float]:
-    """Median milliseconds per variant; variants alternate each round so load hits all alike."""
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    for fn in variants.values():
-        fn()  # warm-up: first calls allocate and page in the weights
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - start)
-            samples[name].append(statistics.median(times) * 1000)
-    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def judge_artifact(

@@ -29,7 +29,7 @@ come from a randomized slice instead), which also counts input, quarantined and 
 writes then read the cache. Rows breaking a row rule are written to the quarantine partition
 with a ``reason``.
 
-Why pass 2 runs the way it does (measured on ``local[2]``, see :mod:`jobs.ctr_cross_stats_bench`):
+Why pass 2 runs the way it does (measured on ``local[2]``, see :mod:`benchmarks.ctr_cross_stats`):
 most pairs are sparse (user x category, context x item: a few impressions per key), so a
 map-side partial aggregation hardly reduces the rows but builds a hash map as large as its
 input split, which spills and falls back to sorting (with grouping sets, at 10M impressions

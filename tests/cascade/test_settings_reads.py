@@ -23,9 +23,9 @@ SETTINGS_MODULES = {"cascade/config.py"}
 NAME = re.compile(r"^CASCADE_[A-Z0-9_]+$")
 ALLOWED: set[tuple[str, str]] = set()
 """(file, variable) pairs that may read a variable directly: none today. Modules that set
-variables for child processes (``infra/stack.py``, ``serving/bench.py``, ``cascade/bench.py``,
-``cascade/event_bench.py``, ``cascade/feature_store.py``, ``models/preranking/train.py``) only
-write them, which this scan allows."""
+variables for child processes (``infra/stack.py``, ``benchmarks/serving_load.py``,
+``benchmarks/registry.py``, ``benchmarks/event_delivery.py``, ``cascade/feature_store.py``,
+``models/preranking/train.py``) only write them, which this scan allows."""
 
 
 def _constants(tree: ast.Module) -> dict[str, str]:

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.compiled_inference import train_quickly
 from compilers import gate
-from compilers.bench import held_out_requests, train_quickly
+from compilers.gate import held_out_requests
 from models.preranking.model import PreRanker
 
 pytestmark = pytest.mark.slow

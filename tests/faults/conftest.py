@@ -16,7 +16,7 @@ longest pause seen between stored events of one burst on the loaded 2-core machi
 
 @pytest.fixture(scope="package")
 def event_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
-    from cascade.event_bench import wait_for_probe_dag
+    from benchmarks.event_delivery import wait_for_probe_dag
     from infra.stack import private_stack
 
     env = {"CASCADE_COALESCE_WINDOW_S": str(WINDOW_S), "CASCADE_COALESCE_MAX_WAIT_S": "300"}

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.event_delivery import account, probe_events, publish_malformed
 from cascade.config import Settings
-from cascade.event_bench import account, probe_events, publish_malformed
 from cascade.events import dead_letter_summary, publish_many
 from infra.stack import down
 from tests.faults.conftest import WINDOW_S
@@ -58,7 +58,7 @@ def test_triggerer_restart_with_pending_events_and_broker_restart_before_trigger
 def test_events_benchmark_smoke(event_stack: Settings) -> None:
     """What `cascade bench events --quick` measures, on the already running fault stack (a
     fresh Airflow alone takes longer than a smoke test may)."""
-    from cascade.event_bench import measure_events
+    from benchmarks.event_delivery import measure_events
 
     # No settle: the fault tests above already watch for late duplicates.
     result = measure_events(event_stack, events=20, malformed=3, window_s=WINDOW_S, settle_s=0)

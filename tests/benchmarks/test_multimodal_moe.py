@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from cascade.bench import BENCHMARKS, OPTIONS
-from models.multimodal.bench import CORPUS_RESULT_ENV, corpus_figures, mfu
+from benchmarks.multimodal_moe import CORPUS_RESULT_ENV, corpus_figures, mfu
+from benchmarks.registry import BENCHMARKS, OPTIONS
 from models.multimodal.evaluate import side_by_side
 
 
 def test_registered_with_its_options() -> None:
-    assert BENCHMARKS["multimodal"] == "models.multimodal.bench:run"
+    assert BENCHMARKS["multimodal"] == "benchmarks.multimodal_moe:run"
     assert set(OPTIONS["multimodal"]) == {"config", "corpus"}
 
 
@@ -24,7 +24,7 @@ def test_corpus_figures_are_none_with_a_reason_without_the_corpus_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(CORPUS_RESULT_ENV, raising=False)
-    monkeypatch.setitem(sys.modules, "jobs.multimodal_corpus_bench", None)  # import fails
+    monkeypatch.setitem(sys.modules, "benchmarks.multimodal_corpus", None)  # import fails
     figures = corpus_figures(tmp_path, quick=True)
     assert figures["pairs_per_s"] is None and figures["duplicates_removed"] is None
     assert (

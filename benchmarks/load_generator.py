@@ -1,6 +1,6 @@
 """Closed-loop load generator for the pre-ranking server: N clients sending id-only v2 requests.
 
-    python -m serving.load_generator --url http://127.0.0.1:28081 --ids ids.json \\
+    python -m benchmarks.load_generator --url http://127.0.0.1:28081 --ids ids.json \\
         --clients 8 --candidates 1000 --seconds 30 --warmup-seconds 5 --out load.json
 
 ``ids.json`` is ``{"users": [...], "items": [...]}``: each request asks for one random user and

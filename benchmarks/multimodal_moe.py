@@ -13,7 +13,7 @@
    both directions) on the held-out split, ``expert_load_cv`` and ``tokens_dropped`` of the MoE
    run's last logging window, and recall per training PFLOP and per second.
 3. Corpus figures (``pairs_per_s``, ``quarantined``, ``duplicates_removed``) come from the
-   corpus job's own benchmark (``jobs.multimodal_corpus_bench``, run now, or its JSON named by
+   corpus job's own benchmark (``benchmarks.multimodal_corpus``, run now, or its JSON named by
    ``CASCADE_BENCH_MULTIMODAL_CORPUS_RESULT``); without the corpus job they are None with the
    reason in ``corpus_note``.
 
@@ -78,14 +78,14 @@ def corpus_figures(work: Path, quick: bool) -> dict[str, Any]:
         source = f"read from {given}"
     else:
         try:
-            corpus_bench = importlib.import_module("jobs.multimodal_corpus_bench")
+            corpus_bench = importlib.import_module("benchmarks.multimodal_corpus")
         except ImportError as error:
             return dict.fromkeys(keys) | {
                 "corpus_note": f"the corpus job is not importable ({error}): corpus figures not "
                 f"measured; set {CORPUS_RESULT_ENV} to a multimodal-corpus benchmark JSON"
             }
         figures = corpus_bench.bench_multimodal_corpus(work / "corpus-bench.json", quick)
-        source = "measured by jobs.multimodal_corpus_bench in this run"
+        source = "measured by benchmarks.multimodal_corpus in this run"
     return {k: figures.get(k) for k in keys} | {"corpus_note": source}
 
 

@@ -1,12 +1,11 @@
-"""The load generator's requests and answer checks, and the server's process settings."""
+"""The load generator's requests and answer checks."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from serving.load_generator import check_response, request_bodies
-from serving.server import set_torch_threads, stdout_log_config, workers_from_env
+from benchmarks.load_generator import check_response, request_bodies
 
 
 def test_request_bodies_are_id_only_v2_requests_with_distinct_candidates() -> None:
@@ -32,15 +31,3 @@ def test_check_response_accepts_only_one_finite_score_per_candidate() -> None:
     assert "unreadable" in (check_response(200, b"{}", 2) or "")
     nan = b'{"outputs": [{"data": [0.1, NaN]}]}'
     assert check_response(200, nan, 2) is not None
-
-
-def test_server_process_settings_validate_the_environment() -> None:
-    assert workers_from_env({}) == 1 and workers_from_env({"CASCADE_SERVING_WORKERS": "2"}) == 2
-    with pytest.raises(ValueError, match="CASCADE_SERVING_WORKERS"):
-        workers_from_env({"CASCADE_SERVING_WORKERS": "0"})
-    with pytest.raises(ValueError, match="CASCADE_SERVING_TORCH_THREADS must be an integer"):
-        set_torch_threads({"CASCADE_SERVING_TORCH_THREADS": "two"})
-    quiet, verbose = stdout_log_config(), stdout_log_config(request_log=True)
-    assert quiet["loggers"]["uvicorn.access"]["level"] == "WARNING"
-    assert quiet["loggers"]["kserve.trace"]["level"] == "WARNING"
-    assert verbose["loggers"]["uvicorn.access"]["level"] != "WARNING"

@@ -18,7 +18,7 @@ running local stack is never touched:
   which loads the champion from the registry, holds the item features in memory and reads each
   request's user features from the online store.
 
-A load generator in a separate process (:mod:`serving.load_generator`) then runs ``--clients``
+A load generator in a separate process (:mod:`benchmarks.load_generator`) then runs ``--clients``
 closed-loop clients, each sending 1 user x ``--candidates`` item ids per request, and reports
 latency percentiles over the measured window (warm-up excluded), with the server's CPU time per
 request and the machine's load average (other work on a shared machine shows up in p99).
@@ -338,7 +338,7 @@ def measure(
             [
                 sys.executable,
                 "-m",
-                "serving.load_generator",
+                "benchmarks.load_generator",
                 "--url",
                 server.url,
                 "--ids",

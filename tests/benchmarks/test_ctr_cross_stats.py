@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cascade.bench import BENCHMARKS, run_benchmark
+from benchmarks.registry import BENCHMARKS, run_benchmark
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -22,7 +22,7 @@ def test_quick_bench_writes_the_promised_fields(
 
     result = run_benchmark("ctr", out, quick=True)
 
-    assert BENCHMARKS["ctr"] == "jobs.ctr_cross_stats_bench:bench_ctr"
+    assert BENCHMARKS["ctr"] == "benchmarks.ctr_cross_stats:bench_ctr"
     written = json.loads(out.read_text())
     (size,) = written["sizes"]
     assert size["impressions"] == 20000 and result["sizes"][0]["impressions"] == 20000

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from cascade.bench import BENCHMARKS, run_benchmark
+from benchmarks.registry import BENCHMARKS, run_benchmark
 
 
 def test_compilers_benchmark_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
-    assert BENCHMARKS["compilers"] == "compilers.bench:run"
+    assert BENCHMARKS["compilers"] == "benchmarks.compiled_inference:run"
     result = run_benchmark("compilers", tmp_path / "out.json", quick=True)
     written = json.loads((tmp_path / "out.json").read_text())
     assert written["benchmark"] == "compilers" and written["quick"] is True
@@ -29,7 +29,7 @@ def test_compilers_benchmark_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.slow
 def test_fscd_table_compares_the_deployed_network_and_its_package(tmp_path: Path) -> None:
-    from compilers.fscd_bench import fscd_compile_table
+    from benchmarks.compiled_fscd import fscd_compile_table
 
     table = fscd_compile_table(
         tmp_path,
@@ -61,7 +61,7 @@ def test_fscd_table_compares_the_deployed_network_and_its_package(tmp_path: Path
 
 
 def test_headline_table_puts_the_deployed_network_on_top() -> None:
-    from compilers.bench import headline_table
+    from benchmarks.compiled_inference import headline_table
 
     sizes = {
         "1x1000": {"eager_ms": 0.3, "cascade_ms": 0.1, "speedup_vs_eager": 3.0},

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cascade.bench import BENCHMARKS, OPTIONS, run_benchmark
+from benchmarks.registry import BENCHMARKS, OPTIONS, run_benchmark
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ def test_quick_serving_benchmark_reports_latency_without_errors(
 ) -> None:
     # The seconds-long first network: the FSCD champion is served in the e2e pipeline run.
     monkeypatch.setenv("CASCADE_BENCH_SERVING_MODEL", "mlp")
-    assert BENCHMARKS["serving"] == "serving.bench:run"
+    assert BENCHMARKS["serving"] == "benchmarks.serving_load:run"
     assert set(OPTIONS["serving"]) == {"candidates", "clients", "seconds", "workers"}
     out = tmp_path / "serving.json"
     result = run_benchmark(

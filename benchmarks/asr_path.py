@@ -51,8 +51,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cascade.bench import median_seconds
 from cascade.config import Settings, load_settings
+from compilers.timing import median_seconds
 
 FULL_SIZES = (10_000, 100_000)
 QUICK_SIZES = (200,)

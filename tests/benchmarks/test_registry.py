@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cascade import bench
+from benchmarks import registry as bench
 
 
 def echo_benchmark(out: Path, quick: bool) -> dict[str, Any]:
@@ -41,9 +41,3 @@ def test_issue_names_are_aliases_and_unknown_names_are_listed(tmp_path: Path) ->
     assert bench.ALIASES["compile"] in bench.BENCHMARKS
     with pytest.raises(KeyError, match="ctr-features"):
         bench.run_benchmark("nope", tmp_path / "r.json")
-
-
-def test_median_of_timed_calls() -> None:
-    calls: list[int] = []
-    assert bench.median_seconds(lambda: calls.append(1), repeats=5, warmup=2) >= 0
-    assert len(calls) == 7

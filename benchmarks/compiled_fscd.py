@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from torch.export import Dim
 
+from benchmarks.compiled_inference import onnxruntime_session, request_auc
 from cascade.ctr_schema import LABEL
-from compilers.bench import interleaved_rounds_ms, onnxruntime_session, request_auc
 from compilers.export import (
     BF16_PASSES,
     MAX_CANDIDATES,
@@ -41,6 +41,7 @@ from compilers.export import (
     compile_cold_preranking,
     load_artifact,
 )
+from compilers.timing import interleaved_ms
 from models.preranking.config_registry import get_cascade_config
 from models.preranking.fields import FIELDS, FieldEncoder
 from models.preranking.model import ColdPreRanker
@@ -224,10 +225,11 @@ def fscd_compile_table(
                 tolerance = 5e-2 if name.endswith("bf16") else 1e-4
                 if not torch.allclose(got, reference, atol=tolerance, rtol=tolerance):
                     raise AssertionError(f"fscd {name} disagrees with eager at 1x{size}")
-            timings = interleaved_rounds_ms(
+            timings = interleaved_ms(
                 {name: (lambda fn=fn, inputs=inputs: fn(*inputs)) for name, fn in fns.items()},
                 rounds=rounds,
                 repeats=repeats,
+                warmup_each_round=True,
             )
         entry: dict[str, Any] = {f"{name}_ms": ms for name, ms in timings.items()}
         for base in ("eager_rows", "eager", "inductor", "onnxruntime"):

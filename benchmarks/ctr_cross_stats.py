@@ -37,8 +37,8 @@ from typing import Any
 
 import psutil
 
-from cascade.bench import median_seconds
 from cascade.config import Settings, load_settings
+from compilers.timing import median_seconds
 from jobs import ctr_cross_stats as job
 from jobs import impression_log
 from jobs.spark_sessions import active_or_new

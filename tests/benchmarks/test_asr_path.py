@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cascade import bench
-from models.asr.bench import (
+from benchmarks import registry as bench
+from benchmarks.asr_path import (
     REPEAT_SUFFIX,
     bench_sizes,
     obtain_model,
@@ -29,7 +29,7 @@ def test_sizes_default_to_10k_and_100k_and_follow_the_environment(
     monkeypatch.setenv("CASCADE_BENCH_ASR_SIZES", "0")
     with pytest.raises(ValueError, match="CASCADE_BENCH_ASR_SIZES must be >= 1"):
         bench_sizes(quick=False)
-    assert bench.BENCHMARKS["asr"] == "models.asr.bench:run"
+    assert bench.BENCHMARKS["asr"] == "benchmarks.asr_path:run"
     assert bench.OPTIONS["asr"]["sizes"] == "CASCADE_BENCH_ASR_SIZES"
 
 

@@ -3,7 +3,7 @@
     cascade bench compile --model preranking --out bench-results/compilers.json [--quick]
 
 The headline (top-level keys) is the FSCD pre-ranker, the network the pipeline deploys and the
-server runs as a package (:mod:`compilers.fscd_bench`): at 1 user x 1,000 and x 10,000
+server runs as a package (:mod:`benchmarks.compiled_fscd`): at 1 user x 1,000 and x 10,000
 candidates, latency medians (all variants interleaved round by round in one process), speedups
 (the top-level ones at 10,000; every size under ``sizes``), recompiles across 20+ candidate
 counts, compile times, and the AUC change of each compiled form against eager on held-out
@@ -22,7 +22,6 @@ runs :func:`asr_compile_bench` (utterances of 1-20 s, ``cer_delta``)."""
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -34,9 +33,8 @@ import pandas as pd
 import torch
 from sklearn.metrics import roc_auc_score
 
-from cascade.bench import median_seconds
 from cascade.config import load_settings
-from cascade.ctr_schema import LABEL, MODEL_FEATURES, USER_FEATURES
+from cascade.ctr_schema import LABEL, MODEL_FEATURES
 from compilers.export import (
     BF16_PASSES,
     PreRankingRequest,
@@ -47,12 +45,14 @@ from compilers.export import (
     preranking_example,
     torch_threads,
 )
+from compilers.gate import Request, held_out_requests
 from compilers.pipeline import DEFAULT_PASSES, PassContext
+from compilers.timing import interleaved_ms
 from models.preranking.config_registry import get_config
 from models.preranking.model import PreRanker
 from models.preranking.synthetic_data import synthetic_training_frame
 
-Requests = list[tuple[tuple[torch.Tensor, ...], np.ndarray]]
+Requests = list[Request]
 
 
 def train_quickly(
@@ -83,23 +83,6 @@ def train_quickly(
             loss.backward()
             optimizer.step()
     return model.eval(), test
-
-
-def held_out_requests(frame: pd.DataFrame) -> Requests:
-    """One request per user: the user's mean features once, its impressions as candidates."""
-    users = len(USER_FEATURES)
-    requests: Requests = []
-    for user_id, rows in frame.groupby("user_id"):
-        dense = rows[list(MODEL_FEATURES)].to_numpy(np.float32)
-        user_dense = torch.tensor(np.nan_to_num(dense[:, :users]).mean(axis=0, keepdims=True))
-        inputs = (
-            user_dense,
-            torch.tensor([int(user_id)]),  # type: ignore[call-overload]
-            torch.tensor(dense[:, users:]),
-            torch.tensor(rows["item_id"].to_numpy(np.int64)),
-        )
-        requests.append((inputs, rows[LABEL].to_numpy()))
-    return requests
 
 
 def request_auc(score: Callable[..., Any], requests: Requests) -> float:
@@ -141,17 +124,6 @@ def onnxruntime_session(
     return run
 
 
-def interleaved_rounds_ms(
-    variants: dict[str, Callable[[], object]], *, rounds: int, repeats: int
-) -> dict[str, float]:
-    """Median ms per variant; variants alternate round by round so load drifts hit all alike."""
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            samples[name].append(median_seconds(fn, repeats=repeats, warmup=1) * 1000)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
 def _recompiles(fn: Callable[..., Any], shapes: list[int], config: Any) -> dict[str, int]:
     """Dynamo frames compiled while running every shape (1 = a single compile)."""
     from torch._dynamo.utils import counters
@@ -189,12 +161,12 @@ own throughput at 10k/100k utterances is ``cascade bench asr``'s."""
 
 
 def asr_compile_bench(out: Path, quick: bool) -> dict[str, Any]:
-    """``--model asr``: :mod:`models.asr.bench` on a small corpus, which reports this
+    """``--model asr``: :mod:`benchmarks.asr_path` on a small corpus, which reports this
     benchmark's keys (``eager_ms`` ... ``speedup_vs_onnxruntime``, ``recompiles``,
     ``shapes_tried``, ``compile_s``, ``cer_delta``, ``passes``) beside its own. The model is
     ``CASCADE_BENCH_ASR_MODEL`` or one ``models.asr.train`` trains."""
+    from benchmarks.asr_path import run as asr_bench
     from cascade.config import load_settings
-    from models.asr.bench import run as asr_bench
 
     given = load_settings().bench.asr_sizes
     if given is None:
@@ -331,10 +303,11 @@ def _run(quick: bool) -> dict[str, Any]:
                 got = torch.as_tensor(fn(*inputs))
                 if not torch.allclose(got.reshape(-1), reference, atol=1e-4, rtol=1e-4):
                     raise AssertionError(f"{name} disagrees with eager at 1x{size}")
-            timings = interleaved_rounds_ms(
+            timings = interleaved_ms(
                 {name: (lambda fn=fn, inputs=inputs: fn(*inputs)) for name, fn in variants.items()},
                 rounds=3 if quick else 7,
                 repeats=5 if quick else 15,
+                warmup_each_round=True,
             )
         entry: dict[str, Any] = {f"{name}_ms": ms for name, ms in timings.items()}
         headline = "cascade" if "cascade" in timings else "eager"
@@ -353,7 +326,7 @@ def _run(quick: bool) -> dict[str, Any]:
     result.update({k: v for k, v in largest.items() if k.endswith("_ms") or "speedup" in k})
     if quick:
         return result
-    from compilers.fscd_bench import fscd_compile_table
+    from benchmarks.compiled_fscd import fscd_compile_table
 
     # The network the pipeline deploys and the server runs as a package: its table is the
     # headline, the first network's goes under ``mlp``.

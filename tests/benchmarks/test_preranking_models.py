@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cascade.bench import BENCHMARKS, run_benchmark
+from benchmarks.registry import BENCHMARKS, run_benchmark
 
 
 def test_quick_preranking_benchmark_writes_its_figures(
@@ -15,7 +15,7 @@ def test_quick_preranking_benchmark_writes_its_figures(
 ) -> None:
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CASCADE_MLFLOW_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert BENCHMARKS["preranking"] == "models.preranking.bench:run"
+    assert BENCHMARKS["preranking"] == "benchmarks.preranking_models:run"
     out = tmp_path / "preranking.json"
     result = run_benchmark("preranking", out, quick=True)
     assert json.loads(out.read_text())["benchmark"] == "preranking"
@@ -33,7 +33,7 @@ def test_quick_preranking_benchmark_writes_its_figures(
 def test_seeds_are_summarized_by_median_with_spread_and_goal_counts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from models.preranking.bench import HEADLINE, SEEDS_ENV, bench_seeds, summarize_seeds
+    from benchmarks.preranking_models import HEADLINE, SEEDS_ENV, bench_seeds, summarize_seeds
 
     monkeypatch.setenv(SEEDS_ENV, "0, 2,5")
     assert bench_seeds() == [0, 2, 5]
@@ -75,8 +75,8 @@ def test_seeds_are_summarized_by_median_with_spread_and_goal_counts(
 def test_training_logs_to_a_private_store_when_the_stack_is_down(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from benchmarks.preranking_models import tracking_settings
     from cascade.ports import free_port
-    from models.preranking.bench import tracking_settings
 
     monkeypatch.setenv("CASCADE_MLFLOW_URI", f"http://127.0.0.1:{free_port()}")
     settings = tracking_settings(tmp_path / "run")

@@ -33,9 +33,9 @@ from urllib.parse import urlparse
 
 import torch
 
-from cascade.bench import median_seconds
 from cascade.config import Settings, load_settings
 from compilers.export import torch_threads
+from compilers.timing import median_seconds
 from models.preranking.cascade_train import launch_cascade
 from models.preranking.config_registry import get_cascade_config
 from models.preranking.fields import FIELDS, FieldEncoder

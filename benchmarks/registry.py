@@ -14,23 +14,20 @@ import importlib
 import json
 import os
 import platform
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cascade.allocator import keep_freed_memory
 
 BENCHMARKS: dict[str, str] = {
-    "events": "cascade.event_bench:bench_events",
-    "preranking": "models.preranking.bench:run",
-    "compilers": "compilers.bench:run",
-    "ctr": "jobs.ctr_cross_stats_bench:bench_ctr",
-    "serving": "serving.bench:run",
-    "asr": "models.asr.bench:run",
-    "multimodal": "models.multimodal.bench:run",
-    "multimodal-corpus": "jobs.multimodal_corpus_bench:bench_multimodal_corpus",
+    "events": "benchmarks.event_delivery:bench_events",
+    "preranking": "benchmarks.preranking_models:run",
+    "compilers": "benchmarks.compiled_inference:run",
+    "ctr": "benchmarks.ctr_cross_stats:bench_ctr",
+    "serving": "benchmarks.serving_load:run",
+    "asr": "benchmarks.asr_path:run",
+    "multimodal": "benchmarks.multimodal_moe:run",
+    "multimodal-corpus": "benchmarks.multimodal_corpus:bench_multimodal_corpus",
 }
 """Benchmark name -> ``module:function``; imported only when run."""
 
@@ -80,18 +77,6 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     return info
-
-
-def median_seconds(fn: Callable[[], object], *, repeats: int, warmup: int = 1) -> float:
-    """Median wall time of ``fn`` over ``repeats`` calls after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def run_benchmark(

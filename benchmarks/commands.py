@@ -1,0 +1,54 @@
+"""The ``cascade bench`` command: run one benchmark of :mod:`benchmarks.registry`, write its JSON.
+
+    cascade bench NAME --out FILE [--quick] [--OPTION VALUE ...]
+
+Registered under the ``cascade.commands`` entry point (``pyproject.toml``), so the kernel's CLI
+offers it without importing this package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+BENCH_OPTIONS = {
+    "impressions": "impressions, comma-separated sizes (ctr-features)",
+    "config": "named training config (preranking, multimodal)",
+    "seeds": "training seeds, comma-separated: one run each, medians reported (preranking)",
+    "corpus": "corpus folder to train on instead of generated pairs (multimodal)",
+    "model": "model to compile: preranking (compile); an asr_model.pt folder to evaluate (asr)",
+    "sizes": "corpus sizes in utterances, comma-separated (asr)",
+    "events": "events to publish (events)",
+    "candidates": "item ids per request (serving)",
+    "clients": "concurrent clients (serving)",
+    "seconds": "measured seconds of load, after the warm-up (serving)",
+    "workers": "server processes (serving)",
+    "pairs": "generated image-text pairs, comma-separated sizes (multimodal-corpus)",
+}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from benchmarks.registry import run_benchmark
+
+    options = {name: getattr(args, name) for name in BENCH_OPTIONS}
+    result = run_benchmark(args.name, args.out, quick=args.quick, options=options)
+    print(json.dumps(result, indent=2, default=str))
+    print(f"written to {args.out}")
+    return 0
+
+
+def register(sub: Any) -> tuple[type[BaseException], ...]:
+    """Add ``bench``; returns the errors the CLI reports as one line (the stack's, whose private
+    stack the event and serving benchmarks start)."""
+    from infra.stack import StackError
+
+    bench = sub.add_parser("bench", help="run a benchmark, write JSON results")
+    bench.add_argument("name", help="benchmark name (see benchmarks/registry.py)")
+    bench.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    for option, text in BENCH_OPTIONS.items():
+        bench.add_argument(f"--{option}", help=text)
+    bench.set_defaults(func=cmd_bench)
+    return (StackError,)
