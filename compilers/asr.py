@@ -41,7 +41,7 @@ from compilers.export import (
     load_artifact,
     package_artifact,
 )
-from compilers.passes import rsq_levels
+from compilers.passes.rsq_arithmetic import rsq_levels
 from compilers.pipeline import DEFAULT_PASSES, PASS_ORDER, PassContext
 from jobs.audio_corpus import SAMPLE_RATE, CorpusConfig
 from models.asr.artifact import AsrArtifact, artifact_file

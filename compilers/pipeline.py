@@ -2,11 +2,11 @@
 
     python -c "from compilers.pipeline import PASS_ORDER; print(PASS_ORDER)"
 
-Each pass is one function in :mod:`compilers.passes` (``(gm, context) -> PassResult``) whose
-docstring states its invariant. The pipeline refuses unknown names and names out of order
-(later passes rely on earlier ones: everything reads the constraints of
-``collect_shape_constraints``; quantization must see folded BatchNorms), and ends every run with
-dead-code elimination, ``recompile()`` and ``graph.lint()``.
+Each pass is one function in its own module of :mod:`compilers.passes`
+(``(gm, context) -> PassResult``) whose docstring states its invariant. The pipeline refuses
+unknown names and names out of order (later passes rely on earlier ones: everything reads the
+constraints of ``collect_shape_constraints``; quantization must see folded BatchNorms), and ends
+every run with dead-code elimination, ``recompile()`` and ``graph.lint()``.
 """
 
 from __future__ import annotations
@@ -18,19 +18,16 @@ from typing import Any
 
 from torch import fx
 
-from compilers.passes import (
-    PassContext,
-    PassResult,
-    bf16_gemm,
-    collect_shape_constraints,
-    fold_batch_norm,
-    fold_embedding_linear,
-    fuse_memory_bound_chains,
-    remove_noops,
-    rsq_quantize,
-    share_broadcast_computation,
-    winograd_conv1d,
-)
+from compilers.passes.batch_norm_folding import fold_batch_norm
+from compilers.passes.bf16_gemm_rewrite import bf16_gemm
+from compilers.passes.broadcast_sharing import share_broadcast_computation
+from compilers.passes.embedding_folding import fold_embedding_linear
+from compilers.passes.interface import PassContext, PassResult
+from compilers.passes.memory_bound_fusion import fuse_memory_bound_chains
+from compilers.passes.noop_removal import remove_noops
+from compilers.passes.rsq_quantization import rsq_quantize
+from compilers.passes.shape_constraints import collect_shape_constraints
+from compilers.passes.winograd_rewrite import winograd_conv1d
 
 __all__ = ["DEFAULT_PASSES", "PASS_ORDER", "PassContext", "PipelineReport", "run_pipeline"]
 

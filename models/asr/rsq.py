@@ -7,8 +7,8 @@ and computes in float as ``q * s``. Weights use their own range per output chann
 max |w|`` of the channel); a layer's input activation uses one range per layer, learned during
 training as an exponential moving average of the largest magnitude each step sees, then frozen.
 
-This is exactly what the inference side computes (:func:`compilers.passes.rsq_linear`,
-:func:`compilers.passes.rsq_conv1d`, the ``rsq_quantize`` pass): the same per-channel weight
+This is exactly what the inference side computes (``rsq_linear`` and ``rsq_conv1d`` in
+:mod:`compilers.passes.rsq_arithmetic`, the ``rsq_quantize`` pass): the same per-channel weight
 scale, the same per-layer activation scale ``range / L``, the same rounding and clamping, bias
 added in float. So an int8 model built by ``compilers/`` from the fp32 weights in the QAT
 artifact and its ``quantization["activation_ranges"]`` (module name -> range of that module's

@@ -389,10 +389,10 @@ def test_shared_bilinear_collapses_and_field_lookups_fold_into_the_first_layer()
 def test_field_lookups_stay_when_the_folded_table_would_be_too_large(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import compilers.passes
+    from compilers.passes import embedding_folding
 
     _, gm, context = cold_request_graph()
-    monkeypatch.setattr(compilers.passes, "FOLDED_TABLE_MAX_ELEMENTS", 100)
+    monkeypatch.setattr(embedding_folding, "FOLDED_TABLE_MAX_ELEMENTS", 100)
     assert fold_embedding_linear(gm, context).fired == 0
     assert count(gm, aten.linear.default) == 6  # user, item, cross, interaction, MLP x 2
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from compilers.passes import rsq_conv1d, rsq_linear
+from compilers.passes.rsq_arithmetic import rsq_conv1d, rsq_linear
 from models.asr.config_registry import ALPHABET
 from models.asr.model import ConvDFSMN, ConvDFSMNConfig
 from models.asr.rsq import (
