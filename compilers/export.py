@@ -236,8 +236,9 @@ def compiler_source_digest() -> str:
     """Digest of this package's source (the passes, the export and packaging code): a cached
     package built by other pass code is stale even when weights and pass names match."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.name.encode())
+    root = Path(__file__).parent
+    for path in sorted(root.rglob("*.py")):  # the pass modules are in compilers/passes/
+        digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -117,3 +117,18 @@ def test_int8_artifact_runs_rsq_layers_as_int8_gemms(tmp_path: Path) -> None:
             got = loaded(*inputs)
             assert got.shape == expected.shape
             assert (got - expected).abs().max() < 0.05 * expected.abs().max()
+
+
+def test_compiler_source_digest_covers_the_pass_modules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import compilers.export
+
+    (tmp_path / "passes").mkdir()
+    (tmp_path / "export.py").write_text("# export\n")
+    (tmp_path / "passes" / "noop_removal.py").write_text("# one pass\n")
+    monkeypatch.setattr(compilers.export, "__file__", str(tmp_path / "export.py"))
+    digest = compilers.export.compiler_source_digest.__wrapped__
+    before = digest()
+    (tmp_path / "passes" / "noop_removal.py").write_text("# the pass, edited\n")
+    assert digest() != before
