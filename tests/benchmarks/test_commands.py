@@ -1,0 +1,34 @@
+"""``cascade bench``: the command the benchmarks register parses every option and runs one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import registry
+from benchmarks.commands import BENCH_OPTIONS, register
+from infra.stack import StackError
+
+
+def echo_benchmark(out: Path, quick: bool) -> dict[str, Any]:
+    return {"quick": quick, "events": os.environ.get("CASCADE_BENCH_EVENTS")}
+
+
+def test_bench_command_runs_the_named_benchmark_with_its_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(registry.BENCHMARKS, "events", f"{__name__}:echo_benchmark")
+    monkeypatch.delenv("CASCADE_BENCH_EVENTS", raising=False)
+    parser = argparse.ArgumentParser()
+    assert register(parser.add_subparsers(dest="command")) == (StackError,)
+    out = tmp_path / "events.json"
+    args = parser.parse_args(["bench", "events", "--out", str(out), "--events", "7", "--quick"])
+    assert set(BENCH_OPTIONS) <= set(vars(args))
+    assert args.func(args) == 0
+    assert json.loads(out.read_text())["events"] == "7"
+    assert f"written to {out}" in capsys.readouterr().out
