@@ -22,15 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from cascade.assets import TOPIC_DATA_LANDED
+from cascade.broker import publish_many
 from cascade.config import Settings, load_settings
-from cascade.events import (
-    Event,
-    EventLedger,
-    make_event,
-    publish_many,
-    work_record_paths,
-    work_records,
-)
+from cascade.event_ledger import EventLedger, work_record_paths, work_records
+from cascade.events import Event, make_event
 from infra.stack import private_stack
 
 PROBE_DAG = "event_probe"
@@ -147,7 +142,7 @@ def measure_events(
     """Publish a burst into a running stack (DAG ``event_probe`` unpaused) and account for it.
     ``window_s`` is the stack's CASCADE_COALESCE_WINDOW_S; after every id is accounted for,
     the count is repeated ``settle_s`` later (default two windows) to catch late duplicates."""
-    from cascade.events import dead_letter_summary
+    from cascade.broker import dead_letter_summary
 
     dead_before = dead_letter_summary(settings)["distinct"]
     batch = probe_events(events, tag=f"bench-{time.time_ns()}")

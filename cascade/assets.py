@@ -47,9 +47,9 @@ ASSET_EVENT_PROBE = "kafka://cascade/cascade.data.landed/probe"
 """Events of the ``probe`` dataset: the trivial DAG that fault tests and the event benchmark use
 to account for every event id without running the full pipeline."""
 
-EVENT_TRIGGER = "cascade.events.CascadeEventTrigger"
+EVENT_TRIGGER = "cascade.event_trigger.CascadeEventTrigger"
 """The watcher trigger (importable in the triggerer: it lives in the installed package)."""
-EVENT_APPLY_FUNCTION = "cascade.events.to_asset_event"
+EVENT_APPLY_FUNCTION = "cascade.event_trigger.to_asset_event"
 """Dotted path for Airflow's plain ``MessageQueueTrigger`` (kept for callers of the old path)."""
 
 CTR_EVENT_SELECTORS = (

@@ -32,7 +32,8 @@ DEFAULT_PIPELINE = "ctr_preranking"
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from cascade.events import make_event, publish
+    from cascade.broker import publish
+    from cascade.events import make_event
 
     payload: dict[str, Any] = json.loads(args.payload) if args.payload else {}
     if args.dataset:
@@ -45,7 +46,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_dead_letters(args: argparse.Namespace) -> int:
-    from cascade.events import dead_letter_summary
+    from cascade.broker import dead_letter_summary
 
     print(json.dumps(dead_letter_summary(), indent=2))
     return 0

@@ -27,7 +27,7 @@ def watched_asset(
     from airflow.sdk import Asset, AssetWatcher
 
     from cascade.assets import KAFKA_CONN_ID, WATCHED_TOPICS
-    from cascade.events import CascadeEventTrigger
+    from cascade.event_trigger import CascadeEventTrigger
 
     trigger = CascadeEventTrigger(
         topics=WATCHED_TOPICS,
@@ -53,7 +53,7 @@ def _resolve_task(spec: Pipeline, asset: Any | None) -> Any:
         "and returns the partition date the steps work on.",
     )
     def resolve_partition(**context: Any) -> str:
-        from cascade.events import claim_and_resolve
+        from cascade.event_ledger import claim_and_resolve
         from cascade.partitions import resolve_partition as partition_of
 
         if asset is not None:
@@ -104,7 +104,7 @@ def build_dag(spec: Pipeline) -> Any:
     """The Airflow DAG of one pipeline spec."""
     from airflow.sdk import dag
 
-    from cascade.events import release_failed_run
+    from cascade.event_ledger import release_failed_run
 
     asset = (
         None

@@ -93,8 +93,8 @@ def rollback(
         **record,
     }
     if publish:
+        from cascade.broker import publish as publish_event
         from cascade.events import make_event
-        from cascade.events import publish as publish_event
 
         event = make_event(
             TOPIC_MODEL_DEPLOYED,

@@ -15,7 +15,7 @@ from airflow.sdk import dag, task
 
 from cascade.assets import ASSET_EVENT_PROBE, PROBE_EVENT_SELECTORS
 from cascade.dag_factory import watched_asset
-from cascade.events import release_failed_run
+from cascade.event_ledger import release_failed_run
 
 probe_events = watched_asset(
     ASSET_EVENT_PROBE, watcher="event_probe_watcher", selectors=PROBE_EVENT_SELECTORS
@@ -35,13 +35,13 @@ probe_events = watched_asset(
 def event_probe() -> None:
     @task(inlets=[probe_events])
     def claim(**context: Any) -> list[str]:
-        from cascade.events import claim_for_run
+        from cascade.event_ledger import claim_for_run
 
         return [str(event["id"]) for event in claim_for_run(context, probe_events).events]
 
     @task
     def record(event_ids: list[str], **context: Any) -> str:
-        from cascade.events import record_work
+        from cascade.event_ledger import record_work
 
         dag_run = context["dag_run"]
         return str(record_work(dag_run.dag_id, dag_run.run_id, event_ids))

@@ -40,7 +40,8 @@ def trigger(
 ) -> Triggered:
     """Unpause ``dag_id`` and publish a data-landed event for ``dataset`` and partition ``ds``."""
     from cascade.airflow_client import AirflowClient
-    from cascade.events import make_event, publish
+    from cascade.broker import publish
+    from cascade.events import make_event
 
     client = AirflowClient(settings)
     client.wait_for_dag(dag_id)

@@ -442,7 +442,7 @@ def up(
     for name in services:
         states.append(start_service(settings, name, echo=echo))
         if name == "broker":
-            from cascade.events import ensure_topics
+            from cascade.broker import ensure_topics
 
             created = ensure_topics(settings)
             if created:

@@ -4,7 +4,7 @@ Runs daily at 03:00 UTC and whenever a ``cascade.data.landed`` (dataset ml100k) 
 ``cascade.retrain.requested`` (model preranking) event arrives on Kafka (Airflow's AssetWatcher
 with the shared-stream trigger: offsets committed after the asset event is stored). The first
 task claims the run's event ids, so a redelivered event never does the work twice, and a burst
-coalesces into one run (see :mod:`cascade.events`). Each step is also
+coalesces into one run (see :mod:`cascade.event_ledger`). Each step is also
 ``cascade step NAME --pipeline ctr_preranking --ds DS`` and a DVC stage.
 """
 

@@ -315,7 +315,7 @@ def monitor_day(
     crossed. Idempotent: the report for ``ds`` is overwritten; events carry ids derived from
     nothing random only through the ledger (a rerun may publish again; consumers dedupe by
     coalescing into the same retraining run)."""
-    from cascade.events import publish_many
+    from cascade.broker import publish_many
     from serving.feedback import load_joined_feedback, load_reference
 
     settings = settings or load_settings()

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from cascade.assets import TOPIC_DATA_LANDED, TOPICS
-from cascade.events import InvalidEvent, make_event, parse_event, to_asset_event
+from cascade.event_trigger import to_asset_event
+from cascade.events import InvalidEvent, make_event, parse_event
 
 
 def test_event_round_trips_with_envelope_fields() -> None:

@@ -21,20 +21,21 @@ from cascade.assets import (
     TOPIC_RETRAIN_REQUESTED,
     TOPICS,
 )
-from cascade.events import (
-    SCHEMAS,
+from cascade.event_ledger import (
     CoalesceConfig,
     EventLedger,
-    InvalidEvent,
     claim_run_events,
-    dead_letter_event,
     event_from_extra,
+    wait_until_quiet,
+)
+from cascade.event_trigger import parse_selector, route_message
+from cascade.events import (
+    SCHEMAS,
+    InvalidEvent,
+    dead_letter_event,
     json_schemas,
     make_event,
     parse_event,
-    parse_selector,
-    route_message,
-    wait_until_quiet,
 )
 
 
@@ -135,7 +136,7 @@ class FakeTriggerContext:
 
 
 def test_watcher_fires_selected_events_and_dead_letters_the_rest_without_raising() -> None:
-    from cascade.events import CascadeEventTrigger
+    from cascade.event_trigger import CascadeEventTrigger
 
     trigger = CascadeEventTrigger(
         topics=[TOPIC_DATA_LANDED],
@@ -162,11 +163,13 @@ def test_watcher_fires_selected_events_and_dead_letters_the_rest_without_raising
     ]
     assert trigger.dead_letters == {"not-json": 1, "unknown-type": 1, "bad-payload": 1}
     classpath, kwargs = trigger.serialize()
-    assert classpath == "cascade.events.CascadeEventTrigger" and kwargs["dead_letter"] is True
+    assert (
+        classpath == "cascade.event_trigger.CascadeEventTrigger" and kwargs["dead_letter"] is True
+    )
 
 
 def test_watcher_survives_a_dead_letter_publish_failure() -> None:
-    from cascade.events import CascadeEventTrigger
+    from cascade.event_trigger import CascadeEventTrigger
 
     trigger = CascadeEventTrigger(topics=[TOPIC_DATA_LANDED], selectors=(), dead_letter=True)
 
@@ -180,7 +183,7 @@ def test_watcher_survives_a_dead_letter_publish_failure() -> None:
 
 
 def test_only_the_owning_watcher_dead_letters() -> None:
-    from cascade.events import CascadeEventTrigger
+    from cascade.event_trigger import CascadeEventTrigger
 
     trigger = CascadeEventTrigger(topics=[TOPIC_DATA_LANDED], selectors=PROBE_EVENT_SELECTORS)
     fake = FakeTriggerContext(trigger)

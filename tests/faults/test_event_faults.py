@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.event_delivery import account, probe_events, publish_malformed
+from cascade.broker import dead_letter_summary, publish_many
 from cascade.config import Settings
-from cascade.events import dead_letter_summary, publish_many
 from infra.stack import down
 from tests.faults.conftest import WINDOW_S
 

@@ -1,0 +1,344 @@
+"""Exactly-once in effect: the claim ledger of event ids per DAG, burst coalescing, and the
+work records by which every event id is accounted for."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cascade.config import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class CoalesceConfig:
+    """How a run gathers the events it works on."""
+
+    window_s: float = 15.0
+    """A run starts work once the asset has had no new event for this long (the burst window)."""
+    max_wait_s: float = 300.0
+    """Upper bound on that wait, so an endless trickle still gets processed."""
+    lookback_s: float = 24 * 3600.0
+    """How far back a run looks for unclaimed events (drains events no run took yet)."""
+    poll_s: float = 2.0
+    """How often the asset's events are re-read while waiting."""
+
+    def __post_init__(self) -> None:
+        if self.window_s < 0 or self.max_wait_s < 0:
+            raise ValueError("window_s and max_wait_s must be >= 0 (CASCADE_COALESCE_WINDOW_S)")
+        if self.lookback_s <= 0 or self.poll_s <= 0:
+            raise ValueError("lookback_s and poll_s must be > 0")
+
+
+def coalesce_config_from_env(env: Mapping[str, str] | None = None) -> CoalesceConfig:
+    """The defaults, with the window and the wait of the settings (``CASCADE_COALESCE_*``)."""
+    events = load_settings(env).events
+    return CoalesceConfig(window_s=events.window_s, max_wait_s=events.max_wait_s)
+
+
+def event_from_extra(extra: Any) -> dict[str, Any] | None:
+    """The Cascade event inside an asset event's extra (``{"payload": event}`` from the
+    trigger), or the event itself; None for asset events that carry no Cascade event."""
+    if not isinstance(extra, Mapping):
+        return None
+    candidate = extra.get("payload") if "from_trigger" in extra else extra
+    if isinstance(candidate, str):
+        try:
+            candidate = json.loads(candidate)
+        except json.JSONDecodeError:
+            return None
+    if isinstance(candidate, Mapping) and candidate.get("id") and candidate.get("type"):
+        return dict(candidate)
+    return None
+
+
+@dataclass
+class Claim:
+    """What one run took from the ledger."""
+
+    run_id: str
+    new: list[dict[str, Any]] = field(default_factory=list)
+    """Events this call claimed for the run."""
+    reclaimed: list[dict[str, Any]] = field(default_factory=list)
+    """Events the same run had claimed before (a task retry): still this run's work."""
+    taken: dict[str, str] = field(default_factory=dict)
+    """Event id -> the other run that owns it (redelivered or coalesced into that run)."""
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return self.new + self.reclaimed
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.new or self.reclaimed)
+
+
+class EventLedger:
+    """Which run owns which event, per DAG: SQLite in the state folder (a shared database in
+    the cluster profile). The primary key makes a second claim of an event impossible."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as db:
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS claims (dag_id TEXT NOT NULL, event_id TEXT NOT NULL,"
+                " run_id TEXT NOT NULL, event_type TEXT, event_time TEXT, claimed_at TEXT,"
+                " PRIMARY KEY (dag_id, event_id))"
+            )
+
+    @classmethod
+    def for_settings(cls, settings: Settings | None = None) -> EventLedger:
+        settings = settings or load_settings()
+        return cls(settings.home / "events" / "ledger.sqlite")
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=60, isolation_level=None)
+
+    def claim(self, *, dag_id: str, run_id: str, events: Iterable[Mapping[str, Any]]) -> Claim:
+        unique: dict[str, dict[str, Any]] = {}
+        for event in events:
+            unique.setdefault(str(event["id"]), dict(event))
+        result = Claim(run_id=run_id)
+        now = dt.datetime.now(dt.UTC).isoformat()
+        db = self._connect()
+        try:
+            # One write transaction: two runs claiming at once serialize here.
+            db.execute("BEGIN IMMEDIATE")
+            for event_id, event in unique.items():
+                inserted = db.execute(
+                    "INSERT OR IGNORE INTO claims VALUES (?, ?, ?, ?, ?, ?)",
+                    (dag_id, event_id, run_id, event.get("type"), str(event.get("time")), now),
+                ).rowcount
+                if inserted:
+                    result.new.append(event)
+                    continue
+                (owner,) = db.execute(
+                    "SELECT run_id FROM claims WHERE dag_id = ? AND event_id = ?",
+                    (dag_id, event_id),
+                ).fetchone()
+                if owner == run_id:
+                    result.reclaimed.append(event)
+                else:
+                    result.taken[event_id] = owner
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        finally:
+            db.close()
+        return result
+
+    def release(self, *, dag_id: str, run_id: str) -> int:
+        """Forget a run's claims (it failed); returns how many events were released."""
+        with self._connect() as db:
+            return db.execute(
+                "DELETE FROM claims WHERE dag_id = ? AND run_id = ?", (dag_id, run_id)
+            ).rowcount
+
+    def claimed_at(self, dag_id: str) -> dict[str, dt.datetime]:
+        """Event id -> when a run claimed it (the event-to-run moment)."""
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT event_id, claimed_at FROM claims WHERE dag_id = ?", (dag_id,)
+            ).fetchall()
+        return {event_id: dt.datetime.fromisoformat(at) for event_id, at in rows}
+
+    def owners(self, dag_id: str) -> dict[str, str]:
+        """Event id -> run id, for one DAG."""
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT event_id, run_id FROM claims WHERE dag_id = ?", (dag_id,)
+            ).fetchall()
+        return dict(rows)
+
+
+REREAD_S = 120.0
+"""How far behind the newest seen event a claiming run re-reads the asset's events."""
+
+RecentEvents = Callable[[dt.datetime], list[tuple[dt.datetime, Any]]]
+"""``since -> [(asset event timestamp, extra)]``: the asset's events stored after ``since``."""
+
+
+def wait_until_quiet(
+    recent: RecentEvents,
+    config: CoalesceConfig,
+    *,
+    clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[tuple[dt.datetime, Any]]:
+    """Re-read the asset's recent events until none arrived for ``window_s`` (or ``max_wait_s``
+    passed); returns the last read.
+
+    "None arrived" must hold twice: the newest event's timestamp is ``window_s`` old, and no new
+    event became visible during the last ``window_s`` of watching. The second rule matters
+    because the triggerer stamps an event before its transaction commits: on a loaded machine
+    events appear seconds after their timestamps, and timestamps alone would call a burst
+    quiet in the middle of it."""
+    started = clock()
+    since = started - dt.timedelta(seconds=config.lookback_s)
+    seen: int | None = None
+    last_change = started
+    while True:
+        events = recent(since)
+        now = clock()
+        if len(events) != seen:
+            seen, last_change = len(events), now
+        newest = max((ts for ts, _ in events), default=None)
+        quiet_for = min(
+            (now - newest).total_seconds() if newest else float("inf"),
+            (now - last_change).total_seconds(),
+        )
+        waited = (now - started).total_seconds()
+        if quiet_for >= config.window_s or waited >= config.max_wait_s:
+            return events
+        sleep(min(config.poll_s, config.window_s - quiet_for, config.max_wait_s - waited))
+
+
+def claim_run_events(
+    *,
+    dag_id: str,
+    run_id: str,
+    triggering_extras: Iterable[Any],
+    recent: RecentEvents | None,
+    ledger: EventLedger,
+    config: CoalesceConfig,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Claim:
+    """Claim the run's triggering events plus every unclaimed event the asset received (after
+    the burst went quiet). ``recent=None`` skips the coalescing wait (e.g. no inlet asset)."""
+    events = [e for e in map(event_from_extra, triggering_extras) if e is not None]
+    if recent is not None:
+        for _ts, extra in wait_until_quiet(recent, config, sleep=sleep):
+            event = event_from_extra(extra)
+            if event is not None:
+                events.append(event)
+    return ledger.claim(dag_id=dag_id, run_id=run_id, events=events)
+
+
+def claim_for_run(
+    context: Mapping[str, Any],
+    asset: Any,
+    *,
+    settings: Settings | None = None,
+    config: CoalesceConfig | None = None,
+) -> Claim:
+    """Claim the events of the running Airflow task's DAG run (``asset`` must be an inlet).
+
+    Raises Airflow's skip exception when an asset-triggered run has nothing left to claim: its
+    events were redelivered copies or were coalesced into another run, so its work is done."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    settings = settings or load_settings()
+    config = config or coalesce_config_from_env()
+    dag_run = context["dag_run"]
+    triggering = context.get("triggering_asset_events") or {}
+    extras = [event.extra for batch in triggering.values() for event in batch]
+    inlet_events = context["inlet_events"]
+
+    # The first read covers the lookback; later reads only the last REREAD_S (events can commit
+    # a little after their timestamp), merged by asset event id: re-reading thousands of
+    # events every poll through the one API server slowed it down for every task.
+    seen: dict[Any, tuple[dt.datetime, Any]] = {}
+    newest: list[dt.datetime] = []
+
+    def recent(since: dt.datetime) -> list[tuple[dt.datetime, Any]]:
+        start = max(since, newest[0] - dt.timedelta(seconds=REREAD_S)) if newest else since
+        for event in inlet_events[asset].after(start.isoformat()):
+            key = getattr(event, "id", None) or (
+                event.timestamp,
+                json.dumps(event.extra, default=str),
+            )
+            seen[key] = (event.timestamp, event.extra)
+        if seen:
+            newest[:] = [max(ts for ts, _ in seen.values())]
+        return list(seen.values())
+
+    claim = claim_run_events(
+        dag_id=dag_run.dag_id,
+        run_id=dag_run.run_id,
+        triggering_extras=extras,
+        recent=recent,
+        ledger=EventLedger.for_settings(settings),
+        config=config,
+    )
+    log.info(
+        "run %s claimed %d new event(s), %d from an earlier try; %d owned by other runs",
+        dag_run.run_id,
+        len(claim.new),
+        len(claim.reclaimed),
+        len(claim.taken),
+    )
+    if not claim.has_work and str(dag_run.run_type) in (
+        "asset_triggered",
+        "DagRunType.ASSET_TRIGGERED",
+    ):
+        owners = sorted(set(claim.taken.values()))
+        raise AirflowSkipException(
+            f"nothing to do: {len(claim.taken)} triggering event(s) already claimed by "
+            f"{owners[:5]} (redelivered or coalesced)"
+        )
+    return claim
+
+
+def release_failed_run(context: Mapping[str, Any]) -> None:
+    """DAG ``on_failure_callback``: a failed run gives its events back, so the next run (its
+    lookback reads unclaimed events) does their work instead of them being owned by a run
+    that never finished. A run that failed after partly working redoes that work, which the
+    idempotent tasks allow."""
+    dag_run = context["dag_run"]
+    released = EventLedger.for_settings().release(dag_id=dag_run.dag_id, run_id=dag_run.run_id)
+    log.warning("run %s failed: released %d event(s) for the next run", dag_run.run_id, released)
+
+
+def claim_and_resolve(context: Mapping[str, Any], asset: Any, *, lag_days: int = 0) -> str:
+    """A pipeline DAG's first task: claim the run's events, return the partition."""
+    from cascade.partitions import resolve_partition
+
+    claim = claim_for_run(context, asset)
+    dag_run = context["dag_run"]
+    return resolve_partition(
+        claim.events, dag_run.logical_date, getattr(dag_run, "run_after", None), lag_days=lag_days
+    )
+
+
+def record_work(
+    dag_id: str, run_id: str, event_ids: Sequence[str], *, settings: Settings | None = None
+) -> Path:
+    """Write which events a run did its work for: one file per run, overwritten on retry, so
+    the file set is the accounting of every event id (lost = published minus these)."""
+    settings = settings or load_settings()
+    safe_run = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
+    path = settings.home / "events" / "work" / dag_id / f"{safe_run}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"dag_id": dag_id, "run_id": run_id, "event_ids": list(event_ids)}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body))
+    tmp.replace(path)
+    return path
+
+
+def work_record_paths(dag_id: str, *, settings: Settings | None = None) -> dict[str, Path]:
+    """Run id -> its work record file."""
+    settings = settings or load_settings()
+    folder = settings.home / "events" / "work" / dag_id
+    return {json.loads(p.read_text())["run_id"]: p for p in sorted(folder.glob("*.json"))}
+
+
+def work_records(dag_id: str, *, settings: Settings | None = None) -> dict[str, list[str]]:
+    """Run id -> event ids it did work for (see :func:`record_work`)."""
+    settings = settings or load_settings()
+    folder = settings.home / "events" / "work" / dag_id
+    out: dict[str, list[str]] = {}
+    for path in sorted(folder.glob("*.json")):
+        body = json.loads(path.read_text())
+        out[body["run_id"]] = body["event_ids"]
+    return out
