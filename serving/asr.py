@@ -61,6 +61,7 @@ from kserve import InferRequest, InferResponse, Model
 from kserve.errors import InferenceError, InvalidInput, ModelNotReady
 from kserve.protocol.infer_type import InferInput, InferOutput
 
+from cascade.audio_features import SAMPLE_RATE, CorpusConfig, decode_wav, log_mel, resample
 from cascade.config import load_settings
 from cascade.v2_codec import (
     INFERENCE_HEADER,
@@ -77,7 +78,6 @@ from compilers.asr import (
     load_compiled,
     model_digest,
 )
-from jobs.audio_corpus import SAMPLE_RATE, CorpusConfig, decode_wav, log_mel, resample
 from models.asr.artifact import AsrArtifact, load_artifact
 from models.asr.inference import transcribe
 
@@ -120,8 +120,9 @@ def decode_request_audio(content: bytes, config: CorpusConfig) -> Audio:
     """Check and decode one WAV file, or AudioRejected with the status of what is wrong.
 
     The header is read first, so an over-long or unsupported file is refused before its samples
-    are decoded; the decoding itself is the corpus job's (:func:`~jobs.audio_corpus.decode_wav`,
-    :func:`~jobs.audio_corpus.resample`), so serving hears what training heard."""
+    are decoded; the decoding itself is the corpus job's
+    (:func:`~cascade.audio_features.decode_wav`, :func:`~cascade.audio_features.resample`), so
+    serving hears what training heard."""
     if not content:
         raise AudioRejected(400, "empty audio: the 'audio' input holds no bytes")
     if content[:4] != b"RIFF" or content[8:12] != b"WAVE":

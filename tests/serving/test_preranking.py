@@ -22,9 +22,9 @@ from kserve.protocol.infer_type import InferInput
 from cascade.config import Settings
 from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE, MODEL_FEATURES, USER_GENRE_FEATURES
 from cascade.lake import Lake
+from cascade.v2_codec import MalformedRequest, decode_v2_json
 from models.preranking.fields import FIELD_NAMES
 from models.preranking.model import ColdSharedScorer
-from cascade.v2_codec import MalformedRequest, decode_v2_json
 from serving.cold_scorer import CompiledColdScorer
 from serving.item_table import ItemTable, lake_item_ids
 from serving.preranking import PreRankingModel, ServingConfig, parse_request
