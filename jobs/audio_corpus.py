@@ -257,23 +257,20 @@ def build_corpus(
 
 
 def spark_session() -> Any:
-    import os
-
-    from pyspark.sql import SparkSession
-
     from cascade.config import load_settings
+    from jobs.spark_sessions import build_session
 
     settings = load_settings()
-    os.environ.setdefault("SPARK_LOCAL_IP", settings.host)
-    # Python workers must run this interpreter (the venv), not whatever python3 is on PATH.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return (
-        SparkSession.builder.master(settings.spark_master)
-        .appName("cascade.audio_corpus")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", settings.spark_driver_memory)
-        .getOrCreate()
+    return build_session(
+        "cascade.audio_corpus",
+        master=settings.spark_master,
+        conf={
+            "spark.sql.shuffle.partitions": "4",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.driver.memory": settings.spark_driver_memory,
+        },
+        local_ip=settings.host,
+        python_workers=True,
     )
 
 
