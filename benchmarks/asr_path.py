@@ -161,7 +161,7 @@ def obtain_model(settings: Settings, corpus: Path, work: Path) -> tuple[Path, Pa
 
 def held_out_split(corpus: Path, n_mels: int, limit: int | None) -> pd.DataFrame:
     """The corpus test split (held-out voices) with float32 features in column ``x``."""
-    from jobs.audio_corpus import features_of
+    from cascade.audio_features import features_of
 
     frame = pd.read_parquet(corpus / "shards" / "split=test").sort_values("utterance_id")
     # Repeats made by replicate_landing would count one utterance several times.
@@ -188,7 +188,7 @@ def long_utterances(landing: Path, frame: pd.DataFrame) -> list[tuple[float, byt
     import io
     import wave
 
-    from jobs.audio_corpus import SAMPLE_RATE, decode_wav, resample
+    from cascade.audio_features import SAMPLE_RATE, decode_wav, resample
 
     audio = []
     for utterance_id in frame["utterance_id"]:
@@ -247,6 +247,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
 
 
 def _run(quick: bool, threads: int) -> dict[str, Any]:
+    from cascade.audio_features import decode_wav, log_mel, resample
     from compilers.asr import (
         FP32_FILE,
         INT8_FILE,
@@ -258,7 +259,7 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
         load_compiled,
         onnxruntime_asr,
     )
-    from jobs.audio_corpus import decode_wav, log_mel, resample, spark_session
+    from jobs.audio_corpus import spark_session
     from models.asr.artifact import load_artifact
     from models.asr.inference import transcribe
 
@@ -393,7 +394,7 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
 
 
 def _features(wav: bytes, n_mels: int) -> np.ndarray:
-    from jobs.audio_corpus import decode_wav, log_mel, resample
+    from cascade.audio_features import decode_wav, log_mel, resample
 
     samples, rate = decode_wav(wav)
     return log_mel(resample(samples, rate), n_mels)

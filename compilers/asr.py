@@ -15,7 +15,7 @@ it (or into ``--out``):
   the artifacts were built from (serving refuses artifacts of another model file).
 
 One export covers every length: the time axis is ``Dim("frames")`` from :data:`MIN_FRAMES` to
-:data:`MAX_FRAMES` (:class:`~jobs.audio_corpus.CorpusConfig` ``max_seconds`` of audio), batch 1
+:data:`MAX_FRAMES` (:class:`~cascade.audio_features.CorpusConfig` ``max_seconds`` of audio), batch 1
 (serving transcribes one utterance per request).
 """
 
@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
+from cascade.audio_features import SAMPLE_RATE, CorpusConfig
 from compilers.export import (
     INT8_INDUCTOR_CONFIG,
     Artifact,
@@ -43,7 +44,6 @@ from compilers.export import (
 )
 from compilers.passes.rsq_arithmetic import rsq_levels
 from compilers.pipeline import DEFAULT_PASSES, PASS_ORDER, PassContext
-from jobs.audio_corpus import SAMPLE_RATE, CorpusConfig
 from models.asr.artifact import AsrArtifact, artifact_file
 from models.asr.model import ConvDFSMN, ConvDFSMNConfig
 from models.asr.rsq import quantize_weight
@@ -54,12 +54,12 @@ ONNX_FILE = "asr.onnx"
 REPORT_FILE = "asr_compiled.json"
 
 HOP = SAMPLE_RATE // 100
-"""Feature hop in samples (10 ms), as :func:`jobs.audio_corpus.log_mel` computes them."""
+"""Feature hop in samples (10 ms), as :func:`cascade.audio_features.log_mel` computes them."""
 WINDOW = int(0.025 * SAMPLE_RATE)
 
 
 def frames_for_seconds(seconds: float) -> int:
-    """Feature frames :func:`~jobs.audio_corpus.log_mel` makes of ``seconds`` of audio."""
+    """Feature frames :func:`~cascade.audio_features.log_mel` makes of ``seconds`` of audio."""
     samples = max(int(round(seconds * SAMPLE_RATE)), WINDOW)
     return 1 + (samples - WINDOW) // HOP
 
@@ -416,7 +416,7 @@ def corpus_features(
     """Feature tensors ``[1, T, n_mels]`` of a corpus split (first ``limit`` utterances by id)."""
     import pandas as pd
 
-    from jobs.audio_corpus import features_of
+    from cascade.audio_features import features_of
 
     shards = Path(corpus) / "shards" / f"split={split}"
     if not shards.exists():

@@ -22,133 +22,30 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
-import math
 import sys
-import unicodedata
-import wave
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
-from jobs.speech_human import HUMAN_VOICE_PREFIX
-from jobs.speech_synth import MANDARIN_PHRASES
+from cascade.audio_features import (
+    HUMAN_VOICE_PREFIX,
+    SAMPLE_RATE,
+    CorpusConfig,
+    decode_wav,
+    log_mel,
+    normalize_transcript,
+    out_of_vocabulary,
+    resample,
+)
 
-SAMPLE_RATE = 16_000
-ENGLISH_VOCAB = frozenset("abcdefghijklmnopqrstuvwxyz' ")
-MANDARIN_VOCAB = frozenset("".join(MANDARIN_PHRASES))
-VOCABULARY = ENGLISH_VOCAB | MANDARIN_VOCAB
-"""Characters a transcript may hold after normalization (the model's output alphabet)."""
 SPLITS = ("train", "dev", "test")
 
 
-@dataclass(frozen=True, kw_only=True)
-class CorpusConfig:
-    """Checks and feature settings of the corpus job."""
-
-    rates: tuple[int, ...] = (8_000, 16_000, 22_050, 24_000, 44_100, 48_000)
-    """Accepted input sample rates (resampled to 16 kHz); anything else is quarantined."""
-    min_seconds: float = 0.3
-    max_seconds: float = 20.0
-    min_chars_per_s: float = 1.0
-    """Speaking-rate floor (transcript characters per second of audio): slower is misaligned."""
-    max_chars_per_s: float = 30.0
-    clip_share: float = 0.01
-    """A file with more than this share of samples at full scale is clipped."""
-    n_mels: int = 40
-    dev_share: float = 0.1
-    test_share: float = 0.1
-    shards: int = 4
-    """Least number of write tasks; each writes one parquet file per split it holds."""
-    rows_per_shard: int = 4000
-    """More write tasks as the corpus grows: about this many utterances (~50 MB of features)
-    per task, so no task holds a whole split."""
-
-    def __post_init__(self) -> None:
-        if not 0 < self.min_seconds < self.max_seconds:
-            raise ValueError("need 0 < min_seconds < max_seconds")
-        if not 0 <= self.dev_share + self.test_share < 1:
-            raise ValueError("dev_share + test_share must be in [0, 1)")
-        if self.n_mels < 8 or self.shards < 1 or self.rows_per_shard < 1:
-            raise ValueError("n_mels must be >= 8, shards and rows_per_shard >= 1")
-
-    def write_tasks(self, rows: int) -> int:
-        return max(self.shards, -(-rows // self.rows_per_shard))
-
-
-# --- pure functions (no Spark) --------------------------------------------------------------
-
-
-def normalize_transcript(text: str) -> str:
-    """Lower case, NFKC, punctuation dropped, whitespace collapsed; Mandarin kept as is."""
-    text = unicodedata.normalize("NFKC", text).lower()
-    kept = [c if (c.isalnum() or c in "' ") else " " for c in text]
-    return " ".join("".join(kept).split())
-
-
-def out_of_vocabulary(text: str) -> list[str]:
-    return sorted({c for c in text if c not in VOCABULARY})
-
-
-def decode_wav(content: bytes) -> tuple[np.ndarray, int]:
-    """``(float32 mono samples in [-1, 1], rate)``; ValueError naming what is wrong."""
-    if not content:
-        raise ValueError("empty file")
-    try:
-        with wave.open(io.BytesIO(content)) as read:
-            channels, width, rate = read.getnchannels(), read.getsampwidth(), read.getframerate()
-            frames = read.readframes(read.getnframes())
-    except (wave.Error, EOFError) as exc:
-        raise ValueError(f"unreadable: {exc}") from None
-    if width != 2:
-        raise ValueError(f"unsupported sample width {8 * width} bits (16-bit PCM expected)")
-    samples = np.frombuffer(frames[: len(frames) - len(frames) % (2 * channels)], dtype="<i2")
-    if channels > 1:
-        samples = samples.reshape(-1, channels).mean(axis=1)
-    return samples.astype(np.float32) / 32768.0, rate
-
-
-def resample(samples: np.ndarray, rate: int, target: int = SAMPLE_RATE) -> np.ndarray:
-    """Polyphase resampling to ``target`` (exact rational ratio)."""
-    if rate == target:
-        return samples
-    from scipy.signal import resample_poly
-
-    g = math.gcd(rate, target)
-    return resample_poly(samples, target // g, rate // g).astype(np.float32)
-
-
-def mel_filterbank(n_mels: int, n_fft: int, rate: int = SAMPLE_RATE) -> np.ndarray:
-    """``[n_mels, n_fft // 2 + 1]`` triangular filters evenly spaced on the mel scale."""
-
-    def mel(hz: np.ndarray) -> np.ndarray:
-        return 2595.0 * np.log10(1.0 + hz / 700.0)
-
-    def hz(m: np.ndarray) -> np.ndarray:
-        return 700.0 * (10.0 ** (m / 2595.0) - 1.0)
-
-    edges = hz(np.linspace(mel(np.array(20.0)), mel(np.array(rate / 2)), n_mels + 2))
-    bins = np.fft.rfftfreq(n_fft, 1.0 / rate)
-    lower, centre, upper = edges[:-2, None], edges[1:-1, None], edges[2:, None]
-    rising = (bins[None, :] - lower) / (centre - lower)
-    falling = (upper - bins[None, :]) / (upper - centre)
-    return np.clip(np.minimum(rising, falling), 0.0, None).astype(np.float32)
-
-
-def log_mel(samples: np.ndarray, n_mels: int, rate: int = SAMPLE_RATE) -> np.ndarray:
-    """``[frames, n_mels]`` log-mel energies: 25 ms Hann windows every 10 ms."""
-    win, hop, n_fft = int(0.025 * rate), int(0.010 * rate), 512
-    if len(samples) < win:
-        samples = np.pad(samples, (0, win - len(samples)))
-    frames = 1 + (len(samples) - win) // hop
-    index = np.arange(win)[None, :] + hop * np.arange(frames)[:, None]
-    spectrum = np.abs(np.fft.rfft(samples[index] * np.hanning(win), n=n_fft)) ** 2
-    return np.log(spectrum @ mel_filterbank(n_mels, n_fft, rate).T + 1e-6).astype(np.float32)
+# --- pure functions (no Spark; the audio features are in cascade.audio_features) -----------
 
 
 def split_of(voice: str, config: CorpusConfig) -> str:
@@ -232,11 +129,6 @@ def process_one(
         features=features.astype(np.float16).tobytes(),
     )
     return row
-
-
-def features_of(row: dict[str, Any] | pd.Series, n_mels: int) -> np.ndarray:
-    """The ``[num_frames, n_mels]`` float32 features stored in a corpus row."""
-    return np.frombuffer(row["features"], dtype=np.float16).reshape(-1, n_mels).astype(np.float32)
 
 
 # --- Spark ----------------------------------------------------------------------------------
@@ -365,23 +257,20 @@ def build_corpus(
 
 
 def spark_session() -> Any:
-    import os
-
-    from pyspark.sql import SparkSession
-
     from cascade.config import load_settings
+    from jobs.spark_sessions import build_session
 
     settings = load_settings()
-    os.environ.setdefault("SPARK_LOCAL_IP", settings.host)
-    # Python workers must run this interpreter (the venv), not whatever python3 is on PATH.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return (
-        SparkSession.builder.master(settings.spark_master)
-        .appName("cascade.audio_corpus")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", settings.spark_driver_memory)
-        .getOrCreate()
+    return build_session(
+        "cascade.audio_corpus",
+        master=settings.spark_master,
+        conf={
+            "spark.sql.shuffle.partitions": "4",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.driver.memory": settings.spark_driver_memory,
+        },
+        local_ip=settings.host,
+        python_workers=True,
     )
 
 

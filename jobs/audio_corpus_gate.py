@@ -18,7 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from jobs.audio_corpus import SPLITS, CorpusConfig
+from cascade.audio_features import CorpusConfig
+from jobs.audio_corpus import SPLITS
 from jobs.gx_suites import GateFailed, gate_report, run_suite
 
 MAX_TRANSCRIPT_CHARS = 400

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from cascade.ctr_schema import (
     USER_GENRE_FEATURES,
 )
 from cascade.lake import CTR_VIEWS, Lake, check_ds
-from jobs import movielens
+from jobs import movielens, spark_sessions
 
 MICROS_PER_DAY = 86_400_000_000
 
@@ -226,28 +225,25 @@ def user_genre_features(
 
 
 def _timestamp_conf(spark: SparkSession) -> None:
-    # Feast and pandas cannot read INT96 or nanosecond timestamps; UTC keeps grid times exact.
-    spark.conf.set("spark.sql.session.timeZone", "UTC")
-    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    for key, value in spark_sessions.UTC_MICROS.items():
+        spark.conf.set(key, value)
 
 
 def build_session(settings: Settings) -> SparkSession:
     """A SparkSession on ``settings.spark_master`` configured for this job's outputs."""
-    if settings.spark_master.startswith("local"):
-        # The JVM otherwise binds to whatever the hostname resolves to.
-        os.environ.setdefault("SPARK_LOCAL_IP", settings.host)
-    spark = (
-        SparkSession.builder.master(settings.spark_master)
-        .appName("cascade.ctr_cross_features")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-        # ML-100k is tiny: the default 200 shuffle partitions only add task overhead.
-        .config("spark.sql.shuffle.partitions", "4" if settings.profile == "local" else "200")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
+    local = settings.spark_master.startswith("local")
+    return spark_sessions.build_session(
+        "cascade.ctr_cross_features",
+        master=settings.spark_master,
+        conf={
+            **spark_sessions.UTC_MICROS,
+            # ML-100k is tiny: the default 200 shuffle partitions only add task overhead.
+            "spark.sql.shuffle.partitions": "4" if settings.profile == "local" else "200",
+            "spark.ui.showConsoleProgress": "false",
+        },
+        local_ip=settings.host if local else None,
+        log_level="WARN",
     )
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
 
 
 def _write(frame: DataFrame, path: Path, files: int, **metrics: Column) -> dict[str, Any]:

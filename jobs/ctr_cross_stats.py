@@ -55,7 +55,6 @@ import argparse
 import datetime as dt
 import json
 import math
-import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -70,6 +69,7 @@ from pyspark.sql import functions as F
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
 from jobs import ctr_log_sources as sources
+from jobs import spark_sessions
 
 MICROS_PER_DAY = 86_400_000_000
 TIMESTAMP = "event_timestamp"
@@ -464,21 +464,20 @@ class CrossLake:
 
 def build_session(settings: Settings, *, app: str = "cascade.ctr_cross_stats") -> SparkSession:
     """A session on ``settings.spark_master`` in UTC writing microsecond timestamps."""
-    if settings.spark_master.startswith("local"):
-        os.environ.setdefault("SPARK_LOCAL_IP", settings.host)
-    spark = (
-        SparkSession.builder.master(settings.spark_master)
-        .appName(app)
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-        # Few cores locally: more shuffle partitions than ~4x cores only add task overhead.
-        .config("spark.sql.shuffle.partitions", "8" if settings.profile == "local" else "200")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "4g")
-        .getOrCreate()
+    local = settings.spark_master.startswith("local")
+    return spark_sessions.build_session(
+        app,
+        master=settings.spark_master,
+        conf={
+            **spark_sessions.UTC_MICROS,
+            # Few cores locally: more shuffle partitions than ~4x cores only add task overhead.
+            "spark.sql.shuffle.partitions": "8" if settings.profile == "local" else "200",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.driver.memory": "4g",
+        },
+        local_ip=settings.host if local else None,
+        log_level="WARN",
     )
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
 
 
 def read_log(

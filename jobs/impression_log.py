@@ -28,12 +28,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from jobs.spark_sessions import build_session
 
 MICROS_PER_DAY = 86_400_000_000
 _MANTISSA = (1 << 53) - 1
@@ -232,8 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="parquet folder to (over)write")
     args = parser.parse_args(argv)
     config = GeneratorConfig(impressions=args.impressions, end_ds=args.end_ds, seed=args.seed)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = SparkSession.builder.master("local[2]").appName("cascade.impression_log").getOrCreate()
+    spark = build_session("cascade.impression_log", master="local[2]", local_ip="127.0.0.1")
     try:
         print(f"[impression_log] wrote {write(spark, config, args.out):,} rows -> {args.out}")
     finally:

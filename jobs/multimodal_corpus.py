@@ -623,27 +623,24 @@ def write_outputs(
 
 
 def spark_session(master: str | None = None) -> Any:
-    import os
-
-    from pyspark.sql import SparkSession
-
     from cascade.config import load_settings
+    from jobs.spark_sessions import build_session
 
     settings = load_settings()
-    os.environ.setdefault("SPARK_LOCAL_IP", settings.host)
-    # Python workers must run this interpreter (the venv), not whatever python3 is on PATH.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return (
-        SparkSession.builder.master(master or settings.spark_master)
-        .appName("cascade.multimodal_corpus")
-        .config("spark.sql.shuffle.partitions", "8")
-        # Landed images are small files: at Spark's default 4 MB cost per opened file, 10k
-        # images become hundreds of tiny read tasks, each paying task and Python start-up.
-        .config("spark.sql.files.openCostInBytes", str(256 << 10))
-        .config("spark.sql.files.maxPartitionBytes", str(32 << 20))
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", settings.spark_driver_memory)
-        .getOrCreate()
+    return build_session(
+        "cascade.multimodal_corpus",
+        master=master or settings.spark_master,
+        conf={
+            "spark.sql.shuffle.partitions": "8",
+            # Landed images are small files: at Spark's default 4 MB cost per opened file, 10k
+            # images become hundreds of tiny read tasks, each paying task and Python start-up.
+            "spark.sql.files.openCostInBytes": str(256 << 10),
+            "spark.sql.files.maxPartitionBytes": str(32 << 20),
+            "spark.ui.showConsoleProgress": "false",
+            "spark.driver.memory": settings.spark_driver_memory,
+        },
+        local_ip=settings.host,
+        python_workers=True,
     )
 
 

@@ -5,9 +5,9 @@ Debian's ``tuxpaint-stamps-default`` ships, beside each stamp image, a ``NAME.tx
 the caption: ``NAME_desc.ogg`` in English, ``NAME_desc_LANG.ogg`` in other languages. The
 English clips become a landing batch (16-bit WAV at the clip's rate + ``transcripts.jsonl``) that
 :func:`jobs.audio_corpus.build_corpus` treats like any other; their voice names start with
-:data:`HUMAN_VOICE_PREFIX`, which the corpus always puts in the test split: a few dozen clips are
-too few to train on, and they measure how far a model trained on synthetic voices carries to
-people.
+:data:`cascade.audio_features.HUMAN_VOICE_PREFIX`, which the corpus always puts in the test
+split: a few dozen clips are too few to train on, and they measure how far a model trained on
+synthetic voices carries to people.
 
     python -m jobs.speech_human --landing DIR
 """
@@ -26,7 +26,6 @@ from jobs.speech_synth import write_wav
 
 STAMPS_ROOT = Path("/usr/share/tuxpaint/stamps")
 """Where the Debian package installs the stamps (``infra/install.sh`` installs it)."""
-HUMAN_VOICE_PREFIX = "human-"
 VOICE = "human-tuxpaint-en"
 
 

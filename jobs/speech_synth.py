@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cascade.audio_features import MANDARIN_PHRASES
+
 ESPEAK = "espeak-ng"
 ENGLISH = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-029", "en-us-nyc")
 """English accents; each combines with every variant into a distinct voice."""
@@ -43,11 +45,6 @@ ENGLISH_WORDS = (
     "call message phone number order pizza coffee tea water milk bread apple orange book movie "
     "news sport game score team city street north south east west turn volume louder quieter"
 ).split()
-MANDARIN_PHRASES = (
-    "你好", "谢谢", "请", "打开", "关闭", "音乐", "电灯", "今天", "明天", "天气", "下雨", "晴天",
-    "一", "二", "三", "四", "五", "六", "七", "八", "九", "十", "上", "下", "左", "右", "是", "不",
-    "电话", "消息", "火车", "车站", "时间", "分钟", "小时", "咖啡", "茶", "水", "苹果", "新闻",
-)  # fmt: skip
 MANDARIN_SHARE = 0.25
 """Share of utterances in Mandarin; the rest is English."""
 

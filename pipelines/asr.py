@@ -263,6 +263,7 @@ def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # 
     import torch
     from mlflow.tracking import MlflowClient
 
+    from cascade.audio_features import HUMAN_VOICE_PREFIX
     from compilers.asr import (
         INT8_FILE,
         MAX_FRAMES,
@@ -271,7 +272,6 @@ def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # 
         compile_asr,
         load_compiled,
     )
-    from jobs.speech_human import HUMAN_VOICE_PREFIX
     from models.asr.artifact import load_artifact
     from models.asr.config_registry import get_config
     from models.asr.corpus import load_split

@@ -56,13 +56,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import torch
 from kserve import InferRequest, InferResponse, Model
 from kserve.errors import InferenceError, InvalidInput, ModelNotReady
 from kserve.protocol.infer_type import InferInput, InferOutput
 
+from cascade.audio_features import SAMPLE_RATE, CorpusConfig, decode_wav, log_mel, resample
 from cascade.config import load_settings
+from cascade.v2_codec import (
+    INFERENCE_HEADER,
+    decode_binary_request,
+    decode_v2_json,
+    encode_v2_json,
+    require_v2,
+)
 from compilers.asr import (
     INT8_FILE,
     MIN_FRAMES,
@@ -71,17 +78,14 @@ from compilers.asr import (
     load_compiled,
     model_digest,
 )
-from jobs.audio_corpus import SAMPLE_RATE, CorpusConfig, decode_wav, log_mel, resample
 from models.asr.artifact import AsrArtifact, load_artifact
 from models.asr.inference import transcribe
-from serving.preranking import MalformedRequest, decode_v2_json, encode_v2_json, require_v2
 
 log = logging.getLogger("serving.asr")
 
 MODEL_NAME = "asr"
 AUDIO_INPUT = "audio"
 MODEL_DIR_ENV = "CASCADE_ASR_MODEL_DIR"
-INFERENCE_HEADER = "inference-header-content-length"
 MAX_BODY_BYTES = 16 << 20
 """Largest request body read: 20 s of 48 kHz stereo 16-bit PCM is 3.8 MB, 5.1 MB as base64."""
 
@@ -116,8 +120,9 @@ def decode_request_audio(content: bytes, config: CorpusConfig) -> Audio:
     """Check and decode one WAV file, or AudioRejected with the status of what is wrong.
 
     The header is read first, so an over-long or unsupported file is refused before its samples
-    are decoded; the decoding itself is the corpus job's (:func:`~jobs.audio_corpus.decode_wav`,
-    :func:`~jobs.audio_corpus.resample`), so serving hears what training heard."""
+    are decoded; the decoding itself is the corpus job's
+    (:func:`~cascade.audio_features.decode_wav`, :func:`~cascade.audio_features.resample`), so
+    serving hears what training heard."""
     if not content:
         raise AudioRejected(400, "empty audio: the 'audio' input holds no bytes")
     if content[:4] != b"RIFF" or content[8:12] != b"WAVE":
@@ -200,57 +205,6 @@ def unwrap_bytes_tensor(raw: bytes) -> bytes:
         if length == len(raw) - 4:
             return raw[4:]
     return raw
-
-
-def decode_binary_request(body: bytes, json_length: str, model_name: str) -> InferRequest:
-    """A v2 request in the binary tensor extension (JSON header, then the tensors' bytes)."""
-    try:
-        header_size = int(json_length)
-    except ValueError:
-        raise MalformedRequest(f"{INFERENCE_HEADER}={json_length!r} is not an integer") from None
-    if not 0 < header_size <= len(body):
-        raise MalformedRequest(
-            f"{INFERENCE_HEADER}={header_size} but the body has {len(body)} bytes"
-        )
-    try:
-        payload = orjson.loads(body[:header_size])
-    except orjson.JSONDecodeError as exc:
-        raise MalformedRequest(f"the JSON header is not JSON: {exc}") from None
-    if not isinstance(payload, dict) or not isinstance(payload.get("inputs"), list):
-        raise MalformedRequest("the JSON header needs 'inputs', a list of tensors")
-    offset, inputs = header_size, []
-    for position, tensor in enumerate(payload["inputs"]):
-        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
-            raise MalformedRequest(f"inputs[{position}] must be an object with a 'name'")
-        parameters = tensor.get("parameters") or {}
-        size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
-        data = tensor.get("data")
-        if size is not None:
-            if type(size) is not int or size < 0 or offset + size > len(body):
-                raise InvalidInput(
-                    f"input '{tensor['name']}' declares binary_data_size={size!r} but "
-                    f"{len(body) - offset} bytes follow"
-                )
-            data, offset = [body[offset : offset + size]], offset + size
-        elif not isinstance(data, list):
-            raise MalformedRequest(f"input '{tensor['name']}' needs 'data' or binary_data_size")
-        inputs.append(
-            InferInput(
-                name=tensor["name"],
-                shape=tensor.get("shape") or [],
-                datatype=str(tensor.get("datatype")),
-                data=data,
-            )
-        )
-    if offset != len(body):
-        raise InvalidInput(f"{len(body) - offset} bytes follow the declared binary inputs")
-    request_id = payload.get("id")
-    return InferRequest(
-        model_name=model_name,
-        infer_inputs=inputs,
-        request_id=request_id if isinstance(request_id, str) else None,
-        parameters=payload.get("parameters"),
-    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,29 +19,30 @@ put through the network's item side when a version loads, user fields once per r
 (user x genre) fields once per genre of the request; a dense-feature PreRanker by
 ``SharedUserScorer``. A background thread polls the
 registry's champion alias and swaps a new version in without a restart.
+
+Here: the KServe model, its settings and request parsing. The v2 codec is
+:mod:`cascade.v2_codec`; the in-memory item table :mod:`serving.item_table`; the compiled
+scorer :mod:`serving.cold_scorer`; one served version, swapped in as a whole,
+:mod:`serving.served_version`.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-import orjson
 import pandas as pd
 import torch
 from kserve import InferRequest, InferResponse, Model
 from kserve.errors import InferenceError, InvalidInput, ModelNotReady
 from kserve.metrics import PREDICT_HIST_TIME, get_labels
-from kserve.protocol.infer_type import InferInput, InferOutput, to_http_parameters
+from kserve.protocol.infer_type import InferInput, InferOutput
 
 from cascade.config import Settings, load_settings
 from cascade.ctr_schema import (
@@ -51,10 +52,9 @@ from cascade.ctr_schema import (
     USER_FEATURES,
     USER_GENRE_FEATURES,
 )
-from cascade.lake import Lake
-from compilers.export import load_artifact
-from models.preranking.fields import FIELDS, FieldEncoder
-from models.preranking.model import ColdPreRanker, ColdSharedScorer, SharedUserScorer
+from cascade.v2_codec import JsonTensor, decode_v2_tensors, require_v2, v2_response_body
+from serving.item_table import ItemTable, lake_item_ids
+from serving.served_version import ServedVersion, freeze_heap
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,6 @@ ID_DATATYPE = "INT64"
 _USER_COLS = [MODEL_FEATURES.index(name) for name in USER_FEATURES]
 _ITEM_COLS = [MODEL_FEATURES.index(name) for name in ITEM_FEATURES]
 _UG_COLS = [MODEL_FEATURES.index(name) for name in USER_GENRE_FEATURES]
-_USER_INDEX = {name: j for j, name in enumerate(USER_FEATURES)}
 
 
 @dataclass(kw_only=True)
@@ -145,22 +144,6 @@ class Backends:
     """``settings -> item ids`` whose features are held in memory."""
 
 
-def lake_item_ids(settings: Settings) -> list[int]:
-    """Every item id in the lake's CTR item view (all partitions): the servable catalogue."""
-    import pyarrow.dataset as ds
-
-    root = Lake(settings.lake_root).ctr_view_root("item")
-    if not root.exists():
-        log.warning(
-            "no item view at %s: every candidate will be scored with unknown (NaN) item "
-            "features; run the ctr_cross_features job to fill it",
-            root,
-        )
-        return []
-    table = ds.dataset(root, format="parquet", partitioning="hive").to_table(columns=["item_id"])
-    return sorted({int(v) for v in table.column("item_id").to_pylist() if v is not None})
-
-
 def default_backends() -> Backends:
     """MLflow registry + Feast online store; imported lazily so tests never need them."""
     from cascade.feature_store import OnlineUserReader, feature_store, online_item_features
@@ -215,121 +198,6 @@ def _ids_from_input(
     return ids
 
 
-class MalformedRequest(InvalidInput):
-    """A body that is not a v2 JSON request at all (HTTP 422, as KServe answers it)."""
-
-
-@dataclass(frozen=True, slots=True)
-class JsonTensor:
-    """One input tensor of a v2 JSON body, checked for structure only (what
-    :func:`_ids_from_input` reads of an ``InferInput``, whose data is always a list here)."""
-
-    name: str
-    datatype: str
-    shape: list[int]
-    data: list[Any]
-    parameters: Any = None
-
-
-def decode_v2_tensors(body: bytes) -> tuple[str | None, list[JsonTensor], Any]:
-    """``(request id, input tensors, request parameters)`` of a v2 JSON body, checking only
-    the protocol's structure; MalformedRequest (HTTP 422) naming what is wrong."""
-    try:
-        payload = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise MalformedRequest(f"the request body is not JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise MalformedRequest(
-            f"the request body is a JSON {type(payload).__name__}; send an object with 'inputs'"
-        )
-    inputs = payload.get("inputs")
-    if not isinstance(inputs, list):
-        raise MalformedRequest(
-            "field 'inputs' must be a list of tensors "
-            f"({{'name', 'datatype', 'shape', 'data'}}), got {type(inputs).__name__}"
-        )
-    request_id = payload.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise MalformedRequest(f"field 'id' must be a string, got {type(request_id).__name__}")
-    tensors = []
-    for position, tensor in enumerate(inputs):
-        if not isinstance(tensor, dict):
-            raise MalformedRequest(f"inputs[{position}] must be an object, got {tensor!r:.80}")
-        name, datatype, shape = tensor.get("name"), tensor.get("datatype"), tensor.get("shape")
-        data = tensor.get("data")
-        if not isinstance(name, str) or not isinstance(datatype, str):
-            raise MalformedRequest(f"inputs[{position}] needs string fields 'name' and 'datatype'")
-        if not isinstance(shape, list) or not all(type(d) is int for d in shape):
-            raise MalformedRequest(f"input '{name}' needs 'shape', a list of integers")
-        if not isinstance(data, list):
-            raise MalformedRequest(f"input '{name}' needs 'data', a list of values")
-        tensors.append(JsonTensor(name, datatype, shape, data, tensor.get("parameters")))
-    return request_id, tensors, payload.get("parameters")
-
-
-def decode_v2_json(body: bytes, model_name: str) -> InferRequest:
-    """An ``InferRequest`` from a v2 JSON body, checking only the protocol's structure.
-
-    KServe's own route validates the body into pydantic models field by field and builds the
-    answer through FastAPI's ``jsonable_encoder``, which walks every float of the 1,000-score
-    output one by one: ~4 ms of the ~6 ms a request cost. This does the same job with orjson;
-    the ids themselves are checked by :func:`parse_request`, as on KServe's route.
-    """
-    request_id, tensors, parameters = decode_v2_tensors(body)
-    return InferRequest(
-        model_name=model_name,
-        infer_inputs=[
-            InferInput(
-                name=t.name,
-                shape=t.shape,
-                datatype=t.datatype,
-                data=t.data,
-                parameters=t.parameters,
-            )
-            for t in tensors
-        ],
-        request_id=request_id,
-        parameters=parameters,
-    )
-
-
-def require_v2(payload: Any, model_name: str) -> InferRequest:
-    """``payload`` if it is a v2 request, else InvalidInput (a v1 ``{"instances": ...}`` body
-    reached ``predict`` through KServe's generic v1 route)."""
-    if not isinstance(payload, InferRequest):
-        raise InvalidInput(
-            f"send an Open Inference Protocol v2 request to /v2/models/{model_name}/infer"
-        )
-    return payload
-
-
-def encode_v2_json(response: InferResponse) -> bytes:
-    """The v2 JSON body of ``response``, as ``InferResponse.to_rest`` shapes it."""
-    outputs = []
-    for output in response.outputs:
-        data = output.data
-        if not isinstance(data, np.ndarray | list):
-            data = output.as_numpy()
-        entry: dict[str, Any] = {
-            "name": output.name,
-            "shape": list(output.shape),
-            "datatype": output.datatype,
-            "data": data,
-        }
-        if output.parameters:
-            entry["parameters"] = to_http_parameters(output.parameters)
-        outputs.append(entry)
-    body: dict[str, Any] = {
-        "id": response.id,
-        "model_name": response.model_name,
-        "model_version": response.model_version,
-        "outputs": outputs,
-    }
-    if response.parameters:
-        body["parameters"] = to_http_parameters(response.parameters)
-    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
 def parse_request(request: InferRequest, *, max_candidates: int) -> tuple[int, np.ndarray]:
     """``(user_id, item_ids)`` of a v2 request; InvalidInput (HTTP 400) naming the problem."""
     return parse_inputs(request.inputs or [], max_candidates=max_candidates)
@@ -369,271 +237,6 @@ def parse_inputs(
     return int(user[0]), items
 
 
-@dataclass(frozen=True, kw_only=True)
-class ItemTable:
-    """In-memory item features: row ``i`` belongs to ``ids[i]``."""
-
-    ids: pd.Index
-    """Item ids, unique."""
-    dense: np.ndarray
-    """float32 ``[M, len(ITEM_FEATURES)]``, NaN where unknown."""
-    genre_codes: np.ndarray
-    """int64 ``[M]``: index into ``genres``, -1 where the genre is unknown."""
-    genres: tuple[str, ...]
-    """Distinct genres."""
-
-    @classmethod
-    def from_frame(cls, frame: pd.DataFrame) -> ItemTable:
-        """Build from ``online_item_features`` output (indexed by item_id)."""
-        missing = [c for c in (*ITEM_FEATURES, ITEM_GENRE) if c not in frame.columns]
-        if missing:
-            raise ValueError(
-                f"item features lack columns {missing}; online_item_features must return "
-                f"{list(ITEM_FEATURES) + [ITEM_GENRE]}"
-            )
-        frame = frame[~frame.index.duplicated(keep="last")]
-        dense = (
-            frame[list(ITEM_FEATURES)]
-            .apply(pd.to_numeric, errors="coerce")
-            .to_numpy(dtype=np.float32, na_value=np.nan)
-        )
-        genre = frame[ITEM_GENRE].where(frame[ITEM_GENRE].notna(), None)
-        codes, uniques = pd.factorize(genre, use_na_sentinel=True)
-        return cls(
-            ids=pd.Index(frame.index.astype(np.int64)),
-            dense=dense.reshape(len(frame), len(ITEM_FEATURES)),
-            genre_codes=codes.astype(np.int64),
-            genres=tuple(str(g) for g in uniques),
-        )
-
-    @cached_property
-    def _row_of_id(self) -> np.ndarray | None:
-        """Row per id as a flat array (-1 = unknown) when ids are non-negative and dense
-        enough: one gather per request instead of building and probing a hash index."""
-        if len(self.ids) == 0:
-            return None
-        low, high = int(self.ids.min()), int(self.ids.max())
-        if low < 0 or high >= max(1_000_000, 8 * len(self.ids)):
-            return None
-        row_of = np.full(high + 1, -1, dtype=np.int64)
-        row_of[self.ids.to_numpy()] = np.arange(len(self.ids))
-        return row_of
-
-    def rows(self, item_ids: np.ndarray) -> np.ndarray:
-        """Row of each candidate in the table, -1 for ids not in it."""
-        row_of = self._row_of_id
-        if row_of is None:
-            return self.ids.get_indexer(item_ids)
-        inside = (item_ids >= 0) & (item_ids < len(row_of))
-        return np.where(inside, row_of[np.where(inside, item_ids, 0)], -1)
-
-    def lookup(
-        self, item_ids: np.ndarray, rows: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``(dense [N, 4], genre_codes [N])`` for the candidates; unknown ids get NaN / -1.
-        ``rows``: their :meth:`rows`, when already known."""
-        rows = self.rows(item_ids) if rows is None else rows
-        known = rows >= 0
-        dense = np.full((len(item_ids), len(ITEM_FEATURES)), np.nan, dtype=np.float32)
-        codes = np.full(len(item_ids), -1, dtype=np.int64)
-        dense[known] = self.dense[rows[known]]
-        codes[known] = self.genre_codes[rows[known]]
-        return dense, codes
-
-    def feature_column(self, name: str) -> np.ndarray:
-        """ITEM_FEATURES ``name`` of every row, float64 (NaN where unknown)."""
-        return self._feature_columns[name]
-
-    @cached_property
-    def _feature_columns(self) -> dict[str, np.ndarray]:
-        return {
-            name: np.ascontiguousarray(self.dense[:, j], dtype=np.float64)
-            for j, name in enumerate(ITEM_FEATURES)
-        }
-
-    def codes(self, rows: np.ndarray) -> np.ndarray:
-        """Genre code per table row (-1 for row -1: unknown item or genre)."""
-        return self._codes_by_row[rows]
-
-    @cached_property
-    def _codes_by_row(self) -> np.ndarray:
-        # One extra trailing entry, -1, so row -1 (not in the table) maps to code -1.
-        return np.append(self.genre_codes, -1).astype(np.int64)
-
-    @cached_property
-    def genres_by_name(self) -> np.ndarray:
-        """Genre codes in the order of their names."""
-        return np.array(
-            sorted(range(len(self.genres)), key=self.genres.__getitem__), dtype=np.int64
-        )
-
-
-class CompiledColdScorer:
-    """A ColdPreRanker's AOTInductor package (:func:`compilers.export.compile_cold_preranking`:
-    one user's codes ``[1, F]`` and N candidates' codes ``[N, F]`` in, logits out) behind the
-    same call as :class:`ColdSharedScorer`.
-
-    The item fields of every table item are encoded once per version (a ``[M + 1, F]`` code
-    table, the last row for an item not in the table: every item field unknown but its id);
-    per request the user fields are encoded once, the cross fields once per genre of the
-    request, and the candidates' rows are gathered from the tables. Only the fields the network
-    reads are encoded; the package ignores the other columns.
-    """
-
-    PARITY_ATOL = 1e-4
-    """Largest logit difference to the eager scorer :meth:`check_against` accepts."""
-
-    def __init__(
-        self,
-        run: Callable[..., Any],
-        model: ColdPreRanker,
-        encoder: FieldEncoder,
-        item_ids: np.ndarray,
-        item_dense: np.ndarray,
-        item_genres: Sequence[str | None],
-    ) -> None:
-        self.run = run
-        self.encoder = encoder
-        self._user = [(FIELDS[p].name, p) for p in model.user_index.tolist()]
-        self._cross = [(FIELDS[p].name, p) for p in model.cross_index.tolist()]
-        item_ids = np.asarray(item_ids, dtype=np.int64)
-        dense = np.asarray(item_dense, dtype=np.float32).reshape(len(item_ids), -1)
-        columns: dict[str, Any] = {"item_id": item_ids, "genre": list(item_genres)}
-        columns.update({name: dense[:, j] for j, name in enumerate(ITEM_FEATURES)})
-        self.item_codes = np.zeros((len(item_ids) + 1, len(FIELDS)), dtype=np.int64)
-        self._item_id_position: int | None = None
-        for position in model.item_index.tolist():
-            name = FIELDS[position].name
-            self.item_codes[:-1, position] = encoder.encode_column(name, columns[name])
-            if name == "item_id":
-                self._item_id_position = position
-        self._cross_positions = [p for _, p in self._cross]
-        self._cross_columns = [USER_GENRE_FEATURES.index(name) for name, _ in self._cross]
-
-    def logits(
-        self,
-        user_id: int,
-        user_dense: np.ndarray,
-        genre_dense: np.ndarray,
-        rows: np.ndarray,
-        codes: np.ndarray,
-        item_ids: np.ndarray,
-    ) -> torch.Tensor:
-        """Logits ``[N]``; the arguments as in :meth:`ColdSharedScorer.logits`."""
-        user = np.zeros((1, len(FIELDS)), dtype=np.int64)
-        user_values = np.asarray(user_dense, dtype=np.float32).reshape(-1)
-        for name, position in self._user:
-            value = [int(user_id)] if name == "user_id" else user_values[[_USER_INDEX[name]]]
-            user[0, position] = self.encoder.encode_column(name, value)[0]
-        rows = np.asarray(rows, dtype=np.int64)
-        candidates = self.item_codes[rows]  # row -1 picks the last row: an unknown item
-        missing = rows < 0
-        if self._item_id_position is not None and missing.any():
-            candidates[missing, self._item_id_position] = self.encoder.encode_column(
-                "item_id", np.asarray(item_ids, dtype=np.int64)[missing]
-            )
-        if self._cross:
-            genre_values = np.asarray(genre_dense, dtype=np.float32)
-            per_genre = np.empty((len(genre_values), len(self._cross)), dtype=np.int64)
-            for k, (name, _) in enumerate(self._cross):
-                column = genre_values[:, self._cross_columns[k]]
-                per_genre[:, k] = self.encoder.encode_column(name, column)
-            # code -1 (unknown genre) is the last row of genre_dense, as in ColdSharedScorer.
-            genre_rows = np.where(codes < 0, len(genre_values) - 1, codes)
-            candidates[:, self._cross_positions] = per_genre[genre_rows]
-        with torch.inference_mode():
-            out = self.run(torch.from_numpy(user), torch.from_numpy(candidates))
-        return torch.as_tensor(out).reshape(-1)
-
-    def check_against(self, eager: ColdSharedScorer, candidates: int = 64) -> None:
-        """Raise unless the package scores a probe request (the first table items, an item not
-        in the table, an unknown user with unknown features) like the eager scorer."""
-        count = min(candidates, len(self.item_codes) - 1)
-        rows = np.append(np.arange(count, dtype=np.int64), -1)
-        item_ids = np.append(np.arange(1, count + 1, dtype=np.int64), -7)
-        genre_dense = np.full((2, len(USER_GENRE_FEATURES)), np.nan, dtype=np.float32)
-        codes = np.full(len(rows), -1, dtype=np.int64)
-        user_dense = np.full(len(USER_FEATURES), np.nan, dtype=np.float32)
-        args = (-1, user_dense, genre_dense, rows, codes, item_ids)
-        with torch.inference_mode():
-            got, want = self.logits(*args), eager.logits(*args)
-        gap = float((got - want).abs().max())
-        if not gap <= self.PARITY_ATOL:
-            raise ValueError(
-                f"the package's logits differ from the network's by {gap:.3g} on a probe request "
-                f"(allowed {self.PARITY_ATOL:g}); recompile it for this model"
-            )
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServedVersion:
-    """Everything one model version needs; swapped in as one reference."""
-
-    network: torch.nn.Module
-    version: str
-    run_id: str
-    items: ItemTable
-    encoder: FieldEncoder | None = None
-    """The field encoder of a ColdPreRanker (None for a PreRanker)."""
-    compiled: Path | None = None
-    """The version's AOTInductor package (a ColdPreRanker's, gate-passed), None if none."""
-    compiled_reason: str = ""
-    """Why there is no ``compiled`` package (logged when the version is served eagerly)."""
-    use_compiled: bool = True
-    """Score with ``compiled`` when there is one (``CASCADE_SERVING_COMPILED=0``: never)."""
-    scorer: SharedUserScorer | ColdSharedScorer | CompiledColdScorer | None = field(init=False)
-    """The network split by input side with the item side precomputed for ``items`` (built
-    here, so a version and its precomputed item outputs are swapped in together): a
-    CompiledColdScorer (the compiled package) or ColdSharedScorer (eager) for the FSCD
-    ColdPreRanker, a SharedUserScorer for a plain PreRanker; None for any other PreRanker,
-    which is then run in full on every candidate row."""
-    backend: str = field(init=False)
-    """``compiled``, ``eager-shared`` (a scorer above, eager PyTorch) or ``eager``."""
-
-    def __post_init__(self) -> None:
-        scorer: SharedUserScorer | ColdSharedScorer | CompiledColdScorer | None = None
-        backend = "eager"
-        if isinstance(self.network, ColdPreRanker):
-            if self.encoder is None:
-                raise ValueError(
-                    f"version {self.version} is a ColdPreRanker without its field encoder; "
-                    "load it with models.preranking.inference.load_version"
-                )
-            genres = np.array([*self.items.genres, None], dtype=object)
-            table = (
-                self.items.ids.to_numpy(),
-                self.items.dense,
-                genres[self.items.genre_codes].tolist(),  # code -1: the trailing None
-            )
-            scorer = ColdSharedScorer(self.network, self.encoder, *table)
-            backend = "eager-shared"
-            reason = self.compiled_reason or "no compiled package"
-            if not self.use_compiled:
-                reason = "CASCADE_SERVING_COMPILED=0"
-            elif self.compiled is not None:
-                try:
-                    compiled = CompiledColdScorer(
-                        load_artifact(self.compiled), self.network, self.encoder, *table
-                    )
-                    compiled.check_against(scorer)
-                    scorer, backend, reason = compiled, "compiled", ""
-                except Exception as exc:  # a package of another torch build, a broken file
-                    reason = f"{self.compiled.name} not used: {type(exc).__name__}: {exc}"
-            if reason:
-                log.warning("version %s: scoring with eager PyTorch: %s", self.version, reason)
-            else:
-                log.info("version %s: scoring with its compiled package", self.version)
-        elif SharedUserScorer.supports(self.network):
-            scorer = SharedUserScorer(
-                self.network,  # type: ignore[arg-type]
-                self.items.ids.to_numpy(),
-                self.items.dense,
-            )
-            backend = "eager-shared"
-        object.__setattr__(self, "scorer", scorer)
-        object.__setattr__(self, "backend", backend)
-
-
 @dataclass(frozen=True, slots=True)
 class Scored:
     """One request's scores and the features they were computed with (for the feedback log)."""
@@ -644,22 +247,6 @@ class Scored:
     """The user's USER_FEATURES as looked up."""
     rows: np.ndarray
     """Each candidate's row in the served item table (-1: unknown item)."""
-
-
-_heap_frozen = False
-
-
-def freeze_heap() -> None:
-    """Once per process, when the first version is served: move every object alive now (the
-    imported libraries, the loaded model: ~5 x 10^5 objects) out of the garbage collector's
-    reach (``gc.freeze``). A full collection otherwise walks all of them again and again, a
-    pause of tens of milliseconds (up to 300 ms seen) on whichever requests are in flight.
-    No ``gc.collect()`` first: walking them once more holds the GIL for ~0.5 s while the
-    server already answers health checks; what garbage gets frozen with them is a one-off."""
-    global _heap_frozen
-    if not _heap_frozen:
-        _heap_frozen = True
-        gc.freeze()
 
 
 def _floats(rows: list[list[Any]]) -> np.ndarray:
@@ -883,10 +470,10 @@ class PreRankingModel(Model):
         """A v2 JSON request body in, the v2 JSON response body out.
 
         Serves ``POST /v2/models/<name>/infer`` in :mod:`serving.server` in place of KServe's
-        generic route (see :func:`decode_v2_json` for why): the same checks and answers as
-        :meth:`predict` on ``decode_v2_json(body)`` (a test holds them equal), without building
-        KServe's request and response objects. Of ``Model.__call__`` it keeps what this model
-        uses: pre- and postprocess are the identity here, so only KServe's predict latency
+        generic route (see :func:`cascade.v2_codec.decode_v2_json` for why): the same checks and
+        answers as :meth:`predict` on ``decode_v2_json(body)`` (a test holds them equal), without
+        building KServe's request and response objects. Of ``Model.__call__`` it keeps what this
+        model uses: pre- and postprocess are the identity here, so only KServe's predict latency
         histogram is observed (its three histograms, with their label lookups and coroutine
         checks, cost ~0.1 ms a request). Raises MalformedRequest (422), InvalidInput (400),
         ModelNotReady (503) or InferenceError (500).
@@ -896,22 +483,14 @@ class PreRankingModel(Model):
             served = self._serving()
             user_id, item_ids = parse_inputs(tensors, max_candidates=self.config.max_candidates)
             response_id, scores = self._infer(served, user_id, item_ids, request_id)
-        return orjson.dumps(
-            {
-                "id": response_id,
-                "model_name": self.name,
-                "model_version": served.version,
-                "outputs": [
-                    {
-                        "name": SCORES_OUTPUT,
-                        "shape": [len(scores)],
-                        "datatype": "FP32",
-                        "data": scores,
-                    }
-                ],
-                "parameters": {"model_version": served.version, "run_id": served.run_id},
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
+        return v2_response_body(
+            response_id=response_id,
+            model_name=self.name,
+            model_version=served.version,
+            outputs=[
+                {"name": SCORES_OUTPUT, "shape": [len(scores)], "datatype": "FP32", "data": scores}
+            ],
+            parameters={"model_version": served.version, "run_id": served.run_id},
         )
 
     async def predict(

@@ -41,6 +41,7 @@ from kserve.protocol.rest.server import RESTServer
 
 from cascade.allocator import keep_freed_memory
 from cascade.config import Settings, load_settings
+from cascade.v2_codec import MalformedRequest
 
 # Not __name__: under ``python -m`` that is "__main__", which the "serving" logger misses.
 log = logging.getLogger("serving.server")
@@ -99,8 +100,6 @@ def add_http_infer_route(
     (an InvalidInput subclass that knows its 4xx) is answered with that status."""
     from starlette.routing import Route
 
-    from serving.preranking import MalformedRequest
-
     def error(status: int, message: str) -> Response:
         return Response(
             orjson.dumps({"error": message}), status_code=status, media_type="application/json"
@@ -152,8 +151,6 @@ class JsonInferRoutes:
     @staticmethod
     async def _infer(infer_json: JsonInfer, receive: Any, send: Any) -> None:
         from kserve.errors import InferenceError, InvalidInput, ModelNotReady
-
-        from serving.preranking import MalformedRequest
 
         chunks = []
         while True:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.audio_corpus import VOCABULARY
+from cascade.audio_features import VOCABULARY
 from models.asr.model import Alphabet, ConvDFSMNConfig
 
 ALPHABET = Alphabet(sorted(VOCABULARY))

@@ -3,7 +3,7 @@ padding and SpecAugment-style masking.
 
 The corpus is what :func:`jobs.audio_corpus.build_corpus` writes: ``shards/split=NAME/*.parquet``
 with one row per utterance (log-mel features stored as float16 bytes, see
-:func:`jobs.audio_corpus.features_of`) and ``summary.json`` with the feature settings.
+:func:`cascade.audio_features.features_of`) and ``summary.json`` with the feature settings.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from jobs.audio_corpus import features_of
+from cascade.audio_features import features_of
 from models.asr.model import Alphabet
 
 SILENCE = math.log(1e-6)

@@ -125,7 +125,7 @@ def evaluate_artifacts(
     reported apart under ``human`` (``cer_human_fp32``, ``cer_human_int8``): a model trained on
     synthetic speech is expected to do far worse on them, and mixing the two would make the
     headline depend on how many such clips a partition happens to hold."""
-    from jobs.speech_human import HUMAN_VOICE_PREFIX
+    from cascade.audio_features import HUMAN_VOICE_PREFIX
 
     float_artifact = load_artifact(fp32)
     everything = load_split(corpus, split, float_artifact.alphabet)

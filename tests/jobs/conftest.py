@@ -2,30 +2,29 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import SparkSession
 
+from jobs.spark_sessions import UTC_MICROS, build_session
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """local[1] session in UTC writing microsecond timestamps, as the job configures its own."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    # Python workers run this interpreter (the venv), not whatever python3 is on PATH.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (
-        SparkSession.builder.master("local[1]")
-        .appName("cascade-tests-jobs")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-        .getOrCreate()
+    session = build_session(
+        "cascade-tests-jobs",
+        master="local[1]",
+        conf={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            **UTC_MICROS,
+        },
+        local_ip="127.0.0.1",
+        python_workers=True,
+        log_level="ERROR",
     )
-    session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

@@ -10,19 +10,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from jobs.audio_corpus import (
+from cascade.audio_features import (
     SAMPLE_RATE,
     CorpusConfig,
-    build_corpus,
     decode_wav,
     features_of,
-    land_synthetic,
     log_mel,
     mel_filterbank,
     normalize_transcript,
     resample,
-    split_of,
 )
+from jobs.audio_corpus import build_corpus, land_synthetic, split_of
 from jobs.audio_corpus_gate import CorpusGateFailed, validate_corpus
 from jobs.speech_synth import write_wav
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobs.audio_corpus import CorpusConfig, decode_wav, split_of
+from cascade.audio_features import CorpusConfig, decode_wav
+from jobs.audio_corpus import split_of
 from jobs.speech_human import english_caption, english_clips, land_human
 
 

@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
+from cascade.audio_features import CorpusConfig
 from cascade.config import Settings
-from jobs.audio_corpus import CorpusConfig, process_one
+from jobs.audio_corpus import process_one
 from jobs.speech_synth import synthesize, utterance_spec, write_wav
 from models.asr.artifact import load_artifact
 from models.asr.config_registry import ALPHABET, CONFIGS, AsrTrainConfig, get_config

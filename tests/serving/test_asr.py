@@ -21,9 +21,9 @@ import pytest
 import requests
 from conftest import REPO_ROOT
 
+from cascade.audio_features import CorpusConfig, decode_wav, log_mel, resample
 from cascade.ports import free_port
 from compilers.asr import INT8_FILE, REPORT_FILE, load_compiled
-from jobs.audio_corpus import CorpusConfig, decode_wav, log_mel, resample
 from jobs.speech_synth import synthesize, utterance_spec
 from models.asr.artifact import load_artifact, save_artifact
 from models.asr.inference import transcribe

@@ -22,19 +22,13 @@ from kserve.protocol.infer_type import InferInput
 from cascade.config import Settings
 from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE, MODEL_FEATURES, USER_GENRE_FEATURES
 from cascade.lake import Lake
+from cascade.v2_codec import MalformedRequest, decode_v2_json
 from models.preranking.fields import FIELD_NAMES
 from models.preranking.model import ColdSharedScorer
-from serving.preranking import (
-    CompiledColdScorer,
-    ItemTable,
-    MalformedRequest,
-    PreRankingModel,
-    ServedVersion,
-    ServingConfig,
-    decode_v2_json,
-    lake_item_ids,
-    parse_request,
-)
+from serving.cold_scorer import CompiledColdScorer
+from serving.item_table import ItemTable, lake_item_ids
+from serving.preranking import PreRankingModel, ServingConfig, parse_request
+from serving.served_version import ServedVersion
 
 
 def request(*inputs: InferInput, request_id: str | None = None) -> InferRequest:
@@ -297,7 +291,7 @@ def test_fscd_version_is_scored_by_its_compiled_package(
     broken = tmp_path / "broken.pt2"
     broken.write_bytes(b"not a package")
     serving_fakes.write_champion(champion_file, "7", seed=5, kind="fscd", compiled=broken)
-    with caplog.at_level("WARNING", logger="serving.preranking"):
+    with caplog.at_level("WARNING", logger="serving.served_version"):
         assert model.refresh() is True
     assert model._served is not None and model._served.backend == "eager-shared"
     assert "broken.pt2 not used" in caplog.text
@@ -322,7 +316,7 @@ def test_a_package_of_another_model_or_switched_off_is_not_used(
         return model._served.backend
 
     # The package was built from seed 5's weights: seed 6's network differs, parity fails.
-    with caplog.at_level("WARNING", logger="serving.preranking"):
+    with caplog.at_level("WARNING", logger="serving.served_version"):
         assert served_backend(ServingConfig(), seed=6) == "eager-shared"
     assert "differ from the network's" in caplog.text
     off = ServingConfig.from_env({"CASCADE_SERVING_COMPILED": "0"})

@@ -1,0 +1,142 @@
+"""Audio features shared by the speech corpus job, the ASR trainer, its compiler and its server:
+WAV decoding, resampling to 16 kHz, log-mel filterbank features, transcript normalization and
+the model's alphabet, and the settings that bound all of them (:class:`CorpusConfig`).
+
+No Spark here: :mod:`jobs.audio_corpus` runs these on the executors, the server on each request,
+so serving hears what training heard.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import unicodedata
+import wave
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+MANDARIN_PHRASES = (
+    "你好", "谢谢", "请", "打开", "关闭", "音乐", "电灯", "今天", "明天", "天气", "下雨", "晴天",
+    "一", "二", "三", "四", "五", "六", "七", "八", "九", "十", "上", "下", "左", "右", "是", "不",
+    "电话", "消息", "火车", "车站", "时间", "分钟", "小时", "咖啡", "茶", "水", "苹果", "新闻",
+)  # fmt: skip
+"""Mandarin phrases the synthetic corpus speaks (:mod:`jobs.speech_synth`); their characters
+are the Mandarin part of :data:`VOCABULARY`."""
+HUMAN_VOICE_PREFIX = "human-"
+"""Voice names of real people's recordings (:mod:`jobs.speech_human`): evaluation-only, the
+corpus always puts them in the test split."""
+
+SAMPLE_RATE = 16_000
+ENGLISH_VOCAB = frozenset("abcdefghijklmnopqrstuvwxyz' ")
+MANDARIN_VOCAB = frozenset("".join(MANDARIN_PHRASES))
+VOCABULARY = ENGLISH_VOCAB | MANDARIN_VOCAB
+"""Characters a transcript may hold after normalization (the model's output alphabet)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorpusConfig:
+    """Checks and feature settings of the corpus job."""
+
+    rates: tuple[int, ...] = (8_000, 16_000, 22_050, 24_000, 44_100, 48_000)
+    """Accepted input sample rates (resampled to 16 kHz); anything else is quarantined."""
+    min_seconds: float = 0.3
+    max_seconds: float = 20.0
+    min_chars_per_s: float = 1.0
+    """Speaking-rate floor (transcript characters per second of audio): slower is misaligned."""
+    max_chars_per_s: float = 30.0
+    clip_share: float = 0.01
+    """A file with more than this share of samples at full scale is clipped."""
+    n_mels: int = 40
+    dev_share: float = 0.1
+    test_share: float = 0.1
+    shards: int = 4
+    """Least number of write tasks; each writes one parquet file per split it holds."""
+    rows_per_shard: int = 4000
+    """More write tasks as the corpus grows: about this many utterances (~50 MB of features)
+    per task, so no task holds a whole split."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_seconds < self.max_seconds:
+            raise ValueError("need 0 < min_seconds < max_seconds")
+        if not 0 <= self.dev_share + self.test_share < 1:
+            raise ValueError("dev_share + test_share must be in [0, 1)")
+        if self.n_mels < 8 or self.shards < 1 or self.rows_per_shard < 1:
+            raise ValueError("n_mels must be >= 8, shards and rows_per_shard >= 1")
+
+    def write_tasks(self, rows: int) -> int:
+        return max(self.shards, -(-rows // self.rows_per_shard))
+
+
+def normalize_transcript(text: str) -> str:
+    """Lower case, NFKC, punctuation dropped, whitespace collapsed; Mandarin kept as is."""
+    text = unicodedata.normalize("NFKC", text).lower()
+    kept = [c if (c.isalnum() or c in "' ") else " " for c in text]
+    return " ".join("".join(kept).split())
+
+
+def out_of_vocabulary(text: str) -> list[str]:
+    return sorted({c for c in text if c not in VOCABULARY})
+
+
+def decode_wav(content: bytes) -> tuple[np.ndarray, int]:
+    """``(float32 mono samples in [-1, 1], rate)``; ValueError naming what is wrong."""
+    if not content:
+        raise ValueError("empty file")
+    try:
+        with wave.open(io.BytesIO(content)) as read:
+            channels, width, rate = read.getnchannels(), read.getsampwidth(), read.getframerate()
+            frames = read.readframes(read.getnframes())
+    except (wave.Error, EOFError) as exc:
+        raise ValueError(f"unreadable: {exc}") from None
+    if width != 2:
+        raise ValueError(f"unsupported sample width {8 * width} bits (16-bit PCM expected)")
+    samples = np.frombuffer(frames[: len(frames) - len(frames) % (2 * channels)], dtype="<i2")
+    if channels > 1:
+        samples = samples.reshape(-1, channels).mean(axis=1)
+    return samples.astype(np.float32) / 32768.0, rate
+
+
+def resample(samples: np.ndarray, rate: int, target: int = SAMPLE_RATE) -> np.ndarray:
+    """Polyphase resampling to ``target`` (exact rational ratio)."""
+    if rate == target:
+        return samples
+    from scipy.signal import resample_poly
+
+    g = math.gcd(rate, target)
+    return resample_poly(samples, target // g, rate // g).astype(np.float32)
+
+
+def mel_filterbank(n_mels: int, n_fft: int, rate: int = SAMPLE_RATE) -> np.ndarray:
+    """``[n_mels, n_fft // 2 + 1]`` triangular filters evenly spaced on the mel scale."""
+
+    def mel(hz: np.ndarray) -> np.ndarray:
+        return 2595.0 * np.log10(1.0 + hz / 700.0)
+
+    def hz(m: np.ndarray) -> np.ndarray:
+        return 700.0 * (10.0 ** (m / 2595.0) - 1.0)
+
+    edges = hz(np.linspace(mel(np.array(20.0)), mel(np.array(rate / 2)), n_mels + 2))
+    bins = np.fft.rfftfreq(n_fft, 1.0 / rate)
+    lower, centre, upper = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    rising = (bins[None, :] - lower) / (centre - lower)
+    falling = (upper - bins[None, :]) / (upper - centre)
+    return np.clip(np.minimum(rising, falling), 0.0, None).astype(np.float32)
+
+
+def log_mel(samples: np.ndarray, n_mels: int, rate: int = SAMPLE_RATE) -> np.ndarray:
+    """``[frames, n_mels]`` log-mel energies: 25 ms Hann windows every 10 ms."""
+    win, hop, n_fft = int(0.025 * rate), int(0.010 * rate), 512
+    if len(samples) < win:
+        samples = np.pad(samples, (0, win - len(samples)))
+    frames = 1 + (len(samples) - win) // hop
+    index = np.arange(win)[None, :] + hop * np.arange(frames)[:, None]
+    spectrum = np.abs(np.fft.rfft(samples[index] * np.hanning(win), n=n_fft)) ** 2
+    return np.log(spectrum @ mel_filterbank(n_mels, n_fft, rate).T + 1e-6).astype(np.float32)
+
+
+def features_of(row: dict[str, Any] | pd.Series, n_mels: int) -> np.ndarray:
+    """The ``[num_frames, n_mels]`` float32 features stored in a corpus row."""
+    return np.frombuffer(row["features"], dtype=np.float16).reshape(-1, n_mels).astype(np.float32)

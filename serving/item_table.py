@@ -1,0 +1,132 @@
+"""The catalogue's item features held in memory by the pre-ranking server, one table per
+served model version, and the catalogue itself: every item id of the lake's CTR item view."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import pandas as pd
+
+from cascade.config import Settings
+from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE
+from cascade.lake import Lake
+
+log = logging.getLogger(__name__)
+
+
+def lake_item_ids(settings: Settings) -> list[int]:
+    """Every item id in the lake's CTR item view (all partitions): the servable catalogue."""
+    import pyarrow.dataset as ds
+
+    root = Lake(settings.lake_root).ctr_view_root("item")
+    if not root.exists():
+        log.warning(
+            "no item view at %s: every candidate will be scored with unknown (NaN) item "
+            "features; run the ctr_cross_features job to fill it",
+            root,
+        )
+        return []
+    table = ds.dataset(root, format="parquet", partitioning="hive").to_table(columns=["item_id"])
+    return sorted({int(v) for v in table.column("item_id").to_pylist() if v is not None})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemTable:
+    """In-memory item features: row ``i`` belongs to ``ids[i]``."""
+
+    ids: pd.Index
+    """Item ids, unique."""
+    dense: np.ndarray
+    """float32 ``[M, len(ITEM_FEATURES)]``, NaN where unknown."""
+    genre_codes: np.ndarray
+    """int64 ``[M]``: index into ``genres``, -1 where the genre is unknown."""
+    genres: tuple[str, ...]
+    """Distinct genres."""
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> ItemTable:
+        """Build from ``online_item_features`` output (indexed by item_id)."""
+        missing = [c for c in (*ITEM_FEATURES, ITEM_GENRE) if c not in frame.columns]
+        if missing:
+            raise ValueError(
+                f"item features lack columns {missing}; online_item_features must return "
+                f"{list(ITEM_FEATURES) + [ITEM_GENRE]}"
+            )
+        frame = frame[~frame.index.duplicated(keep="last")]
+        dense = (
+            frame[list(ITEM_FEATURES)]
+            .apply(pd.to_numeric, errors="coerce")
+            .to_numpy(dtype=np.float32, na_value=np.nan)
+        )
+        genre = frame[ITEM_GENRE].where(frame[ITEM_GENRE].notna(), None)
+        codes, uniques = pd.factorize(genre, use_na_sentinel=True)
+        return cls(
+            ids=pd.Index(frame.index.astype(np.int64)),
+            dense=dense.reshape(len(frame), len(ITEM_FEATURES)),
+            genre_codes=codes.astype(np.int64),
+            genres=tuple(str(g) for g in uniques),
+        )
+
+    @cached_property
+    def _row_of_id(self) -> np.ndarray | None:
+        """Row per id as a flat array (-1 = unknown) when ids are non-negative and dense
+        enough: one gather per request instead of building and probing a hash index."""
+        if len(self.ids) == 0:
+            return None
+        low, high = int(self.ids.min()), int(self.ids.max())
+        if low < 0 or high >= max(1_000_000, 8 * len(self.ids)):
+            return None
+        row_of = np.full(high + 1, -1, dtype=np.int64)
+        row_of[self.ids.to_numpy()] = np.arange(len(self.ids))
+        return row_of
+
+    def rows(self, item_ids: np.ndarray) -> np.ndarray:
+        """Row of each candidate in the table, -1 for ids not in it."""
+        row_of = self._row_of_id
+        if row_of is None:
+            return self.ids.get_indexer(item_ids)
+        inside = (item_ids >= 0) & (item_ids < len(row_of))
+        return np.where(inside, row_of[np.where(inside, item_ids, 0)], -1)
+
+    def lookup(
+        self, item_ids: np.ndarray, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(dense [N, 4], genre_codes [N])`` for the candidates; unknown ids get NaN / -1.
+        ``rows``: their :meth:`rows`, when already known."""
+        rows = self.rows(item_ids) if rows is None else rows
+        known = rows >= 0
+        dense = np.full((len(item_ids), len(ITEM_FEATURES)), np.nan, dtype=np.float32)
+        codes = np.full(len(item_ids), -1, dtype=np.int64)
+        dense[known] = self.dense[rows[known]]
+        codes[known] = self.genre_codes[rows[known]]
+        return dense, codes
+
+    def feature_column(self, name: str) -> np.ndarray:
+        """ITEM_FEATURES ``name`` of every row, float64 (NaN where unknown)."""
+        return self._feature_columns[name]
+
+    @cached_property
+    def _feature_columns(self) -> dict[str, np.ndarray]:
+        return {
+            name: np.ascontiguousarray(self.dense[:, j], dtype=np.float64)
+            for j, name in enumerate(ITEM_FEATURES)
+        }
+
+    def codes(self, rows: np.ndarray) -> np.ndarray:
+        """Genre code per table row (-1 for row -1: unknown item or genre)."""
+        return self._codes_by_row[rows]
+
+    @cached_property
+    def _codes_by_row(self) -> np.ndarray:
+        # One extra trailing entry, -1, so row -1 (not in the table) maps to code -1.
+        return np.append(self.genre_codes, -1).astype(np.int64)
+
+    @cached_property
+    def genres_by_name(self) -> np.ndarray:
+        """Genre codes in the order of their names."""
+        return np.array(
+            sorted(range(len(self.genres)), key=self.genres.__getitem__), dtype=np.int64
+        )

@@ -1,0 +1,105 @@
+"""One served model version of the pre-ranker: its network, its in-memory item table and the
+scorer built for both, swapped in by the server as one reference (hot swap without a restart)."""
+
+from __future__ import annotations
+
+import gc
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from compilers.export import load_artifact
+from models.preranking.fields import FieldEncoder
+from models.preranking.model import ColdPreRanker, ColdSharedScorer, SharedUserScorer
+from serving.cold_scorer import CompiledColdScorer
+from serving.item_table import ItemTable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServedVersion:
+    """Everything one model version needs; swapped in as one reference."""
+
+    network: torch.nn.Module
+    version: str
+    run_id: str
+    items: ItemTable
+    encoder: FieldEncoder | None = None
+    """The field encoder of a ColdPreRanker (None for a PreRanker)."""
+    compiled: Path | None = None
+    """The version's AOTInductor package (a ColdPreRanker's, gate-passed), None if none."""
+    compiled_reason: str = ""
+    """Why there is no ``compiled`` package (logged when the version is served eagerly)."""
+    use_compiled: bool = True
+    """Score with ``compiled`` when there is one (``CASCADE_SERVING_COMPILED=0``: never)."""
+    scorer: SharedUserScorer | ColdSharedScorer | CompiledColdScorer | None = field(init=False)
+    """The network split by input side with the item side precomputed for ``items`` (built
+    here, so a version and its precomputed item outputs are swapped in together): a
+    CompiledColdScorer (the compiled package) or ColdSharedScorer (eager) for the FSCD
+    ColdPreRanker, a SharedUserScorer for a plain PreRanker; None for any other PreRanker,
+    which is then run in full on every candidate row."""
+    backend: str = field(init=False)
+    """``compiled``, ``eager-shared`` (a scorer above, eager PyTorch) or ``eager``."""
+
+    def __post_init__(self) -> None:
+        scorer: SharedUserScorer | ColdSharedScorer | CompiledColdScorer | None = None
+        backend = "eager"
+        if isinstance(self.network, ColdPreRanker):
+            if self.encoder is None:
+                raise ValueError(
+                    f"version {self.version} is a ColdPreRanker without its field encoder; "
+                    "load it with models.preranking.inference.load_version"
+                )
+            genres = np.array([*self.items.genres, None], dtype=object)
+            table = (
+                self.items.ids.to_numpy(),
+                self.items.dense,
+                genres[self.items.genre_codes].tolist(),  # code -1: the trailing None
+            )
+            scorer = ColdSharedScorer(self.network, self.encoder, *table)
+            backend = "eager-shared"
+            reason = self.compiled_reason or "no compiled package"
+            if not self.use_compiled:
+                reason = "CASCADE_SERVING_COMPILED=0"
+            elif self.compiled is not None:
+                try:
+                    compiled = CompiledColdScorer(
+                        load_artifact(self.compiled), self.network, self.encoder, *table
+                    )
+                    compiled.check_against(scorer)
+                    scorer, backend, reason = compiled, "compiled", ""
+                except Exception as exc:  # a package of another torch build, a broken file
+                    reason = f"{self.compiled.name} not used: {type(exc).__name__}: {exc}"
+            if reason:
+                log.warning("version %s: scoring with eager PyTorch: %s", self.version, reason)
+            else:
+                log.info("version %s: scoring with its compiled package", self.version)
+        elif SharedUserScorer.supports(self.network):
+            scorer = SharedUserScorer(
+                self.network,  # type: ignore[arg-type]
+                self.items.ids.to_numpy(),
+                self.items.dense,
+            )
+            backend = "eager-shared"
+        object.__setattr__(self, "scorer", scorer)
+        object.__setattr__(self, "backend", backend)
+
+
+_heap_frozen = False
+
+
+def freeze_heap() -> None:
+    """Once per process, when the first version is served: move every object alive now (the
+    imported libraries, the loaded model: ~5 x 10^5 objects) out of the garbage collector's
+    reach (``gc.freeze``). A full collection otherwise walks all of them again and again, a
+    pause of tens of milliseconds (up to 300 ms seen) on whichever requests are in flight.
+    No ``gc.collect()`` first: walking them once more holds the GIL for ~0.5 s while the
+    server already answers health checks; what garbage gets frozen with them is a one-off."""
+    global _heap_frozen
+    if not _heap_frozen:
+        _heap_frozen = True
+        gc.freeze()
