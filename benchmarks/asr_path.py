@@ -173,7 +173,7 @@ def held_out_split(corpus: Path, n_mels: int, limit: int | None) -> pd.DataFrame
 
 
 def error_rates(forward: Any, alphabet: Any, frame: pd.DataFrame) -> dict[str, float]:
-    from compilers.asr import MIN_FRAMES
+    from models.asr.compiled import MIN_FRAMES
     from models.asr.inference import transcribe
     from models.asr.metrics import cer, wer
 
@@ -248,19 +248,17 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
 
 def _run(quick: bool, threads: int) -> dict[str, Any]:
     from cascade.audio_features import decode_wav, log_mel, resample
-    from compilers.asr import (
+    from compilers.asr import compile_asr, corpus_features, count_recompiles
+    from jobs.audio_corpus import spark_session
+    from models.asr.artifact import load_artifact
+    from models.asr.compiled import (
         FP32_FILE,
         INT8_FILE,
         ONNX_FILE,
-        compile_asr,
-        corpus_features,
-        count_recompiles,
         frames_for_seconds,
         load_compiled,
         onnxruntime_asr,
     )
-    from jobs.audio_corpus import spark_session
-    from models.asr.artifact import load_artifact
     from models.asr.inference import transcribe
 
     settings = load_settings()

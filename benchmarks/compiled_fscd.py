@@ -33,13 +33,13 @@ import torch
 from torch.export import Dim
 
 from benchmarks.compiled_inference import onnxruntime_session, request_auc
+from cascade.compiled_packages import load_package
 from cascade.ctr_schema import LABEL
 from compilers.export import (
     BF16_PASSES,
     MAX_CANDIDATES,
     ColdPreRankingRequest,
     compile_cold_preranking,
-    load_artifact,
 )
 from compilers.timing import interleaved_ms
 from models.preranking.config_registry import get_cascade_config
@@ -177,7 +177,7 @@ def fscd_compile_table(
         )
         compile_s["cascade"] = time.perf_counter() - start
         passes = artifact.report.get("passes", {})
-        package = load_artifact(artifact.path)
+        package = load_package(artifact.path)
         with torch.no_grad():
             for n in shapes:  # one package: a shape it cannot serve raises here
                 package(*request_example(encoder, n, seed=n))
@@ -194,7 +194,7 @@ def fscd_compile_table(
         )
         compile_s["cascade_bf16"] = time.perf_counter() - start
         bf16_report = mixed.report.get("passes", {}).get("bf16_gemm", {})
-        fns["cascade_bf16"] = load_artifact(mixed.path)
+        fns["cascade_bf16"] = load_package(mixed.path)
 
     eager_auc = request_auc(request, requests)
     result: dict[str, Any] = {

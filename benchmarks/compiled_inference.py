@@ -33,6 +33,7 @@ import pandas as pd
 import torch
 from sklearn.metrics import roc_auc_score
 
+from cascade.compiled_packages import load_package
 from cascade.config import load_settings
 from cascade.ctr_schema import LABEL, MODEL_FEATURES
 from compilers.export import (
@@ -40,7 +41,6 @@ from compilers.export import (
     PreRankingRequest,
     compile_graph,
     compile_preranking,
-    load_artifact,
     preranking_dynamic_shapes,
     preranking_example,
     torch_threads,
@@ -248,7 +248,7 @@ def _run(quick: bool) -> dict[str, Any]:
         compile_s["cascade"] = time.perf_counter() - start
         result["cascade_artifact"] = {k: v for k, v in artifact.report.items() if k != "passes"}
         result["passes"] = artifact.report["passes"]
-        loaded = load_artifact(artifact.path)
+        loaded = load_package(artifact.path)
         for n in shapes:  # one package, so any failure here is a shape it cannot serve
             loaded(*preranking_example(model.config, n, seed=n))
         recompiles["cascade"] = {"compiles": 1, "recompiles": 0}
@@ -261,7 +261,7 @@ def _run(quick: bool) -> dict[str, Any]:
             model, work / "preranking-int8.pt2", cache_dir=cache, int8_calibration=calibration
         )
         compile_s["cascade_int8"] = time.perf_counter() - start
-        loaded_int8 = load_artifact(int8.path)
+        loaded_int8 = load_package(int8.path)
         for n in shapes:
             loaded_int8(*preranking_example(model.config, n, seed=n))
         recompiles["cascade_int8"] = {"compiles": 1, "recompiles": 0}
@@ -274,7 +274,7 @@ def _run(quick: bool) -> dict[str, Any]:
             model, work / "preranking-bf16.pt2", passes=BF16_PASSES, cache_dir=cache
         )
         compile_s["cascade_bf16"] = time.perf_counter() - start
-        loaded_bf16 = load_artifact(bf16.path)
+        loaded_bf16 = load_package(bf16.path)
         recompiles["cascade_bf16"] = {"compiles": 1, "recompiles": 0}
         result["bf16_auc_delta"] = request_auc(loaded_bf16, requests) - eager_auc
         result["bf16_gemm"] = bf16.report["passes"]["bf16_gemm"]

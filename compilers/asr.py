@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -35,40 +34,22 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from cascade.audio_features import SAMPLE_RATE, CorpusConfig
-from compilers.export import (
-    INT8_INDUCTOR_CONFIG,
-    Artifact,
-    load_artifact,
-    package_artifact,
-)
+from compilers.export import INT8_INDUCTOR_CONFIG, Artifact, package_artifact
 from compilers.passes.rsq_arithmetic import rsq_levels
 from compilers.pipeline import DEFAULT_PASSES, PASS_ORDER, PassContext
-from models.asr.artifact import AsrArtifact, artifact_file
-from models.asr.model import ConvDFSMN, ConvDFSMNConfig
+from models.asr.artifact import AsrArtifact
+from models.asr.compiled import (
+    FP32_FILE,
+    INT8_FILE,
+    MAX_FRAMES,
+    MIN_FRAMES,
+    ONNX_FILE,
+    REPORT_FILE,
+    model_digest,
+)
+from models.asr.model import ConvDFSMN
 from models.asr.rsq import quantize_weight
 
-FP32_FILE = "asr_fp32.pt2"
-INT8_FILE = "asr_int8.pt2"
-ONNX_FILE = "asr.onnx"
-REPORT_FILE = "asr_compiled.json"
-
-HOP = SAMPLE_RATE // 100
-"""Feature hop in samples (10 ms), as :func:`cascade.audio_features.log_mel` computes them."""
-WINDOW = int(0.025 * SAMPLE_RATE)
-
-
-def frames_for_seconds(seconds: float) -> int:
-    """Feature frames :func:`~cascade.audio_features.log_mel` makes of ``seconds`` of audio."""
-    samples = max(int(round(seconds * SAMPLE_RATE)), WINDOW)
-    return 1 + (samples - WINDOW) // HOP
-
-
-MIN_FRAMES = 8
-"""Shortest input the export admits: below 3 frames the stride-2 front end yields one output
-frame, which export specializes on; 8 frames (80 ms) keeps the symbolic reasoning simple."""
-MAX_FRAMES = frames_for_seconds(CorpusConfig().max_seconds) + 2
-"""Longest input: the corpus (and serving) limit of audio, a little headroom for rounding."""
 INT8_PASSES: tuple[str, ...] = tuple(
     sorted({*DEFAULT_PASSES, "rsq_quantize"} - {"winograd_conv1d"}, key=PASS_ORDER.index)
 )
@@ -91,15 +72,6 @@ def asr_example(n_mels: int, frames: int = 400, *, seed: int = 0) -> tuple[torch
     """Random log-mel-like features ``[1, frames, n_mels]`` (export traces, never scores them)."""
     generator = torch.Generator().manual_seed(seed)
     return (torch.randn(1, frames, n_mels, generator=generator) * 2 - 6,)
-
-
-def model_digest(path: Path) -> str:
-    """sha256 of an ``asr_model.pt``: ties compiled artifacts to the weights they came from."""
-    digest = hashlib.sha256()
-    with open(artifact_file(path), "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # --- quantization: ranges and the eager reference ----------------------------------------------
@@ -308,54 +280,6 @@ def compile_asr(
         report["onnx"] = {"export_s": time.perf_counter() - start}
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2, default=str))
     return report
-
-
-# --- running -----------------------------------------------------------------------------------
-
-
-class CompiledAsr:
-    """A compiled ASR forward pass that :func:`models.asr.inference.transcribe` accepts in place
-    of the model: ``features [1, T, n_mels] -> log-probs [1, T', V]`` plus ``config``.
-
-    ``T`` must lie in ``[MIN_FRAMES, MAX_FRAMES]``: padding a shorter input would change its
-    last outputs (the model looks ahead), so it is refused rather than silently different;
-    serving never sends one (it rejects audio under ``CorpusConfig.min_seconds``)."""
-
-    def __init__(self, run: Callable[[torch.Tensor], Any], config: ConvDFSMNConfig, kind: str):
-        self._run = run
-        self.config = config
-        self.kind = kind
-
-    def __call__(self, features: torch.Tensor) -> torch.Tensor:
-        frames = features.shape[1]
-        if not MIN_FRAMES <= frames <= MAX_FRAMES:
-            raise ValueError(
-                f"{frames} feature frames is outside the compiled range [{MIN_FRAMES}, "
-                f"{MAX_FRAMES}] (up to {CorpusConfig().max_seconds:g} s of audio)"
-            )
-        return torch.as_tensor(self._run(features.float()))
-
-
-def load_compiled(path: Path, config: ConvDFSMNConfig) -> CompiledAsr:
-    """An AOTInductor ``.pt2`` from :func:`compile_asr` (no model code needed to run it)."""
-    package = load_artifact(path)
-    return CompiledAsr(lambda x: package(x), config, Path(path).stem)
-
-
-def onnxruntime_asr(path: Path, config: ConvDFSMNConfig, *, threads: int = 1) -> CompiledAsr:
-    """An ONNX Runtime session (CPU, ``threads`` intra-op threads) over :data:`ONNX_FILE`."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-
-    def run(x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(session.run(None, {name: x.contiguous().numpy()})[0])
-
-    return CompiledAsr(run, config, "onnxruntime")
 
 
 def count_recompiles(

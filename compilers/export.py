@@ -5,8 +5,8 @@ Compile a trained pre-ranking model (the two files a training run writes) into a
     python -m compilers.export --state-dict model.pt --config train_config.json --out model.pt2
 
 The artifact is request-shaped (:class:`PreRankingRequest`: one user, any number of candidates)
-and loads with :func:`load_artifact` (``torch._inductor.aoti_load_package``) without importing
-``models.preranking``. Packages are cached by a digest of the weights, the passes and this
+and loads with :func:`cascade.compiled_packages.load_package` (``aoti_load_package``) without
+importing ``models.preranking``. Packages are cached by a digest of the weights, the passes and this
 package's source, the build settings (Inductor options, thread count) and the torch version,
 because AOTInductor compiles C++ with gcc and that takes minutes on 2 cores.
 ``compile_preranking(..., int8_calibration=...)``
@@ -22,7 +22,7 @@ import hashlib
 import io
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -333,34 +333,6 @@ def package_artifact(
         cached.write_bytes(out.read_bytes())
         cached.with_suffix(".json").write_text(json.dumps(report, indent=2))
     return Artifact(path=out, report=report)
-
-
-def load_artifact(path: Path) -> Callable[..., Any]:
-    """Load a ``.pt2`` package; the callable takes the exported inputs positionally.
-
-    The compiled kernels assume the contiguous strides they were exported with and do not check
-    them: a column slice of a pandas frame (Fortran order) silently gave wrong scores. So every
-    input is made contiguous first (free when it already is).
-
-    The call goes to the package's runner directly with the input and output structure read
-    once: the package's own ``__call__`` parses both from JSON and flattens the arguments on
-    every call, ~20 us a call (1 user x 1,000 candidates: 180 us -> 150 us on one core).
-    """
-    from torch.utils import _pytree as pytree
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no compiled artifact at {path}; build it with compilers.export")
-    loader = torch._inductor.aoti_load_package(str(path)).loader
-    in_spec, out_spec = (pytree.treespec_loads(spec) for spec in loader.get_call_spec())
-    expected = in_spec.num_leaves
-
-    def run(*inputs: torch.Tensor) -> Any:
-        if len(inputs) != expected:
-            raise TypeError(f"{path.name} takes {expected} tensors, got {len(inputs)}")
-        return pytree.tree_unflatten(loader.boxed_run([x.contiguous() for x in inputs]), out_spec)
-
-    return run
 
 
 BF16_PASSES: tuple[str, ...] = (*DEFAULT_PASSES, "bf16_gemm")

@@ -26,13 +26,13 @@ import pandas as pd
 import torch
 from sklearn.metrics import roc_auc_score
 
+from cascade.compiled_packages import load_package
 from cascade.ctr_schema import LABEL, MODEL_FEATURES, USER_FEATURES
 from compilers.export import (
     ColdPreRankingRequest,
     PreRankingRequest,
     compile_cold_preranking,
     compile_preranking,
-    load_artifact,
     torch_threads,
 )
 from compilers.timing import interleaved_ms
@@ -229,7 +229,7 @@ def compile_gate(
     )
     verdict = judge_artifact(
         PreRankingRequest(model).eval(),
-        load_artifact(artifact.path),
+        load_package(artifact.path),
         sample,
         largest,
         max_abs_diff=max_abs_diff,
@@ -280,7 +280,7 @@ def compile_cold_gate(
     largest = (user_codes, torch.cat([inputs[1] for inputs, _ in sample]))
     verdict = judge_artifact(
         ColdPreRankingRequest(model).eval(),
-        load_artifact(artifact.path),
+        load_package(artifact.path),
         sample,
         largest,
         max_abs_diff=max_abs_diff,

@@ -264,15 +264,9 @@ def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # 
     from mlflow.tracking import MlflowClient
 
     from cascade.audio_features import HUMAN_VOICE_PREFIX
-    from compilers.asr import (
-        INT8_FILE,
-        MAX_FRAMES,
-        MIN_FRAMES,
-        REPORT_FILE,
-        compile_asr,
-        load_compiled,
-    )
+    from compilers.asr import compile_asr
     from models.asr.artifact import load_artifact
+    from models.asr.compiled import INT8_FILE, MAX_FRAMES, MIN_FRAMES, REPORT_FILE, load_compiled
     from models.asr.config_registry import get_config
     from models.asr.corpus import load_split
     from models.asr.evaluate import int8_model

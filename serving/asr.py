@@ -70,7 +70,8 @@ from cascade.v2_codec import (
     encode_v2_json,
     require_v2,
 )
-from compilers.asr import (
+from models.asr.artifact import AsrArtifact, load_artifact
+from models.asr.compiled import (
     INT8_FILE,
     MIN_FRAMES,
     REPORT_FILE,
@@ -78,7 +79,6 @@ from compilers.asr import (
     load_compiled,
     model_digest,
 )
-from models.asr.artifact import AsrArtifact, load_artifact
 from models.asr.inference import transcribe
 
 log = logging.getLogger("serving.asr")

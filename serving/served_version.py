@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compilers.export import load_artifact
+from cascade.compiled_packages import load_package
 from models.preranking.fields import FieldEncoder
 from models.preranking.model import ColdPreRanker, ColdSharedScorer, SharedUserScorer
 from serving.cold_scorer import CompiledColdScorer
@@ -68,7 +68,7 @@ class ServedVersion:
             elif self.compiled is not None:
                 try:
                     compiled = CompiledColdScorer(
-                        load_artifact(self.compiled), self.network, self.encoder, *table
+                        load_package(self.compiled), self.network, self.encoder, *table
                     )
                     compiled.check_against(scorer)
                     scorer, backend, reason = compiled, "compiled", ""

@@ -10,23 +10,25 @@ import pytest
 import torch
 
 from compilers.asr import (
-    FP32_FILE,
-    INT8_FILE,
     INT8_PASSES,
-    MAX_FRAMES,
-    MIN_FRAMES,
-    ONNX_FILE,
-    REPORT_FILE,
     asr_dynamic_shapes,
     asr_example,
     fake_quant_model,
     int8_context,
+)
+from compilers.export import compile_graph
+from models.asr.artifact import load_artifact
+from models.asr.compiled import (
+    FP32_FILE,
+    INT8_FILE,
+    MAX_FRAMES,
+    MIN_FRAMES,
+    ONNX_FILE,
+    REPORT_FILE,
     load_compiled,
     model_digest,
     onnxruntime_asr,
 )
-from compilers.export import compile_graph
-from models.asr.artifact import load_artifact
 from tests.asr_models import TINY, tiny_artifact
 
 LENGTHS = (MIN_FRAMES, 9, 37, 100, 401, MAX_FRAMES)

@@ -9,11 +9,11 @@ import mlflow
 import pytest
 import torch
 
+from cascade.compiled_packages import load_package
 from cascade.config import Settings
 from cascade.lake import Lake
 from cascade.registry import register_and_promote
 from compilers.deploy_gate import cold_gate_sample, compile_and_gate
-from compilers.export import load_artifact
 from models.preranking.config_registry import cascade_debug
 from models.preranking.fields import FIELD_NAMES, FieldEncoder
 from models.preranking.inference import (
@@ -108,7 +108,7 @@ def test_compile_step_compiles_and_gates_the_fscd_preranker(settings: Settings) 
     encoder = load_trained(Lake(settings.lake_root).reports("train", DS)).encoder
     assert encoder is not None
     codes = encoder.encode(synthetic_training_frame(40, seed=3))
-    compiled = load_artifact(artifact)
+    compiled = load_package(artifact)
     for n in (1, 40):
         with torch.no_grad():
             torch.testing.assert_close(

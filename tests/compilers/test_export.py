@@ -11,12 +11,8 @@ from unittest import mock
 import pytest
 import torch
 
-from compilers.export import (
-    PreRankingRequest,
-    compile_preranking,
-    load_artifact,
-    preranking_example,
-)
+from cascade.compiled_packages import load_package
+from compilers.export import PreRankingRequest, compile_preranking, preranking_example
 from models.preranking.model import PreRanker, PreRankerConfig
 
 # Runs in a fresh interpreter that never imports the model package: the artifact must carry
@@ -64,11 +60,11 @@ def test_artifact_runs_without_model_code_for_any_candidate_count(tmp_path: Path
             torch.testing.assert_close(got, request(*inputs), rtol=1e-5, atol=1e-5)
 
     # A column slice of a Fortran-ordered frame: the kernels assume contiguous strides, so
-    # load_artifact must fix the layout (this gave wrong scores before it did).
+    # load_package must fix the layout (this gave wrong scores before it did).
     user_dense, user_id, item_dense, item_id = preranking_example(model.config, 9, seed=5)
     strided = torch.cat([item_dense, item_dense], dim=1).t().contiguous().t()[:, :7]
     assert not strided.is_contiguous()
-    loaded = load_artifact(artifact.path)
+    loaded = load_package(artifact.path)
     with torch.no_grad():
         torch.testing.assert_close(
             loaded(user_dense, user_id, strided, item_id),
@@ -108,7 +104,7 @@ def test_int8_artifact_runs_rsq_layers_as_int8_gemms(tmp_path: Path) -> None:
     )
     assert artifact.report["passes"]["rsq_quantize"]["fired"] == 1  # the 32 -> 16 layer
     assert artifact.report["inductor_config"] == {"freezing": True}
-    loaded = load_artifact(artifact.path)
+    loaded = load_package(artifact.path)
     request = PreRankingRequest(model)
     with torch.no_grad():
         for n in (1, 9, 500):

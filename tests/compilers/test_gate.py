@@ -59,14 +59,14 @@ def test_gate_blocks_a_broken_artifact_with_readable_reasons(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real_load = gate.load_artifact
+    real_load = gate.load_package
 
     def broken_load(path: Path) -> Callable[..., torch.Tensor]:
         run = real_load(path)
         # A miscompiled artifact: scores shifted and their order scrambled.
         return lambda *inputs: -run(*inputs) + 0.5
 
-    monkeypatch.setattr(gate, "load_artifact", broken_load)
+    monkeypatch.setattr(gate, "load_package", broken_load)
     result = run_gate(trained, cache_dir, tmp_path, min_speedup=0.5)
     assert result["passed"] is False
     parity = [r for r in result["reasons"] if r.startswith("parity:")]
@@ -82,13 +82,13 @@ def test_gate_blocks_a_non_finite_artifact(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real_load = gate.load_artifact
+    real_load = gate.load_package
 
     def nan_load(path: Path) -> Callable[..., torch.Tensor]:
         run = real_load(path)
         return lambda *inputs: run(*inputs) * float("nan")
 
-    monkeypatch.setattr(gate, "load_artifact", nan_load)
+    monkeypatch.setattr(gate, "load_package", nan_load)
     result = run_gate(trained, cache_dir, tmp_path, min_speedup=0.5)
     assert not result["passed"]
     assert any("non-finite scores" in r for r in result["reasons"])

@@ -23,9 +23,9 @@ from conftest import REPO_ROOT
 
 from cascade.audio_features import CorpusConfig, decode_wav, log_mel, resample
 from cascade.ports import free_port
-from compilers.asr import INT8_FILE, REPORT_FILE, load_compiled
 from jobs.speech_synth import synthesize, utterance_spec
 from models.asr.artifact import load_artifact, save_artifact
+from models.asr.compiled import INT8_FILE, REPORT_FILE, load_compiled
 from models.asr.inference import transcribe
 from serving.asr import decode_request_audio, load_model_dir, unwrap_bytes_tensor
 from tests.asr_models import tiny_artifact

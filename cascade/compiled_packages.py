@@ -1,0 +1,39 @@
+"""Loads compiled model packages (AOTInductor ``.pt2``): what serving, the compile gates and the
+benchmarks run. The package is built by :mod:`compilers.export`; loading it needs no model
+code, so the servers import this, not the compilers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def load_package(path: Path) -> Callable[..., Any]:
+    """Load a ``.pt2`` package; the callable takes the exported inputs positionally.
+
+    The compiled kernels assume the contiguous strides they were exported with and do not check
+    them: a column slice of a pandas frame (Fortran order) silently gave wrong scores. So every
+    input is made contiguous first (free when it already is).
+
+    The call goes to the package's runner directly with the input and output structure read
+    once: the package's own ``__call__`` parses both from JSON and flattens the arguments on
+    every call, ~20 us a call (1 user x 1,000 candidates: 180 us -> 150 us on one core).
+    """
+    from torch.utils import _pytree as pytree
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no compiled artifact at {path}; build it with compilers.export")
+    loader = torch._inductor.aoti_load_package(str(path)).loader
+    in_spec, out_spec = (pytree.treespec_loads(spec) for spec in loader.get_call_spec())
+    expected = in_spec.num_leaves
+
+    def run(*inputs: torch.Tensor) -> Any:
+        if len(inputs) != expected:
+            raise TypeError(f"{path.name} takes {expected} tensors, got {len(inputs)}")
+        return pytree.tree_unflatten(loader.boxed_run([x.contiguous() for x in inputs]), out_spec)
+
+    return run
