@@ -32,11 +32,11 @@ from typing import Any
 import torch
 
 from cascade.config import load_settings
+from cascade.training.launch import run_torchrun
 from models.multimodal.config_registry import dense_twin, get_config
 from models.multimodal.evaluate import compare
 from models.multimodal.model import parameter_counts
 from models.multimodal.train import build_model
-from models.preranking.train import run_torchrun
 
 CONFIG_ENV = "CASCADE_BENCH_MULTIMODAL_CONFIG"
 """MoE config of the full run (default ``base``); ``--quick`` always uses ``debug``."""

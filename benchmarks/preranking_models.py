@@ -211,7 +211,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             if one["zero_stage"] != 1:
                 zero1 = throughput(config_name, 1, steps, work, zero_stage=1)
                 result["ds_vs_torch_throughput_zero1"] = zero1["ds_vs_torch_throughput"]
-    from models.preranking.cascade_train import load_frame
+    from models.preranking.fscd_data import load_frame
     from models.preranking.train import time_split
 
     config = get_cascade_config(config_name)

@@ -119,9 +119,9 @@ MODEL_ENV = "CASCADE_BENCH_SERVING_MODEL"
 def train_fscd_and_promote(frame: pd.DataFrame, settings: Settings, ds: str) -> dict[str, Any]:
     """Train the FSCD cascade's ``debug`` config on ``frame`` as the pipeline's train step does
     (DeepSpeed, 2 processes), register the pre-ranker and make it champion."""
-    from cascade.registry import register_and_promote
     from compilers.deploy_gate import compile_and_gate
     from models.preranking.cascade_train import launch_pipeline
+    from models.preranking.registration import register_and_promote
 
     data = Lake(settings.lake_root).training_set("preranking", ds) / "data.parquet"
     data.parent.mkdir(parents=True, exist_ok=True)
@@ -142,10 +142,10 @@ def train_and_promote(frame: pd.DataFrame, settings: Settings, ds: str) -> dict[
     """Train a small PreRanker on ``frame`` (plain Adam, seconds), log it, make it champion."""
     import torch
 
-    from cascade.registry import register_and_promote
     from models.preranking.config_registry import preranking_debug
     from models.preranking.inference import frame_inputs
     from models.preranking.model import PreRanker
+    from models.preranking.registration import register_and_promote
     from models.preranking.train import evaluate, log_run, time_split
 
     config = preranking_debug()

@@ -62,10 +62,10 @@ def compile_and_gate(ds: str, *, settings: Settings | None = None) -> dict[str, 
     """Compile and gate the model trained for ``ds``; returns and writes the gate's report."""
     import mlflow
 
-    from cascade.registry import held_out_rows
     from compilers.gate import compile_cold_gate, compile_gate
     from models.preranking.inference import load_trained
     from models.preranking.model import ColdPreRanker, PreRanker
+    from models.preranking.registration import held_out_rows
     from models.preranking.train import read_complete_result
 
     check_ds(ds)

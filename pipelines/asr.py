@@ -160,91 +160,63 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     MLflow model ``asr`` (alias ``challenger``); move ``champion`` to it when the compile gate
     passed and its CER on this partition's held-out voices is within the tolerance of the
     champion's CER on the same utterances. Calling it again returns the first decision."""
+    import dataclasses
+
     import mlflow
 
-    from cascade.registry import (
-        CHALLENGER,
-        CHAMPION,
-        DECISION_TAG,
-        PREVIOUS_CHAMPION_TAG,
-        ensure_registered_model,
-        registry_client,
-        version_by_alias,
-        version_of_run,
-    )
+    from cascade.promotion import Decision, NewVersion, Scores, register_and_promote
+    from cascade.registry import registry_client
 
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     trained = read_step_result(lake, "asr_train", ds, produced_by="train")
     gate = read_step_result(lake, "asr_compile", ds, produced_by="compile")
     client = registry_client(settings)
-    ensure_registered_model(client, MODEL_NAME, "Speech recognition, ConvDFSMN int8 (Cascade)")
     run_id = trained["run_id"]
-    version, stored = version_of_run(client, MODEL_NAME, run_id)
-    if stored is not None:
-        return write_step_result(lake, "asr_register", ds, stored)
-    if version is None:
-        version = client.create_model_version(
-            MODEL_NAME,
-            source=f"{mlflow.get_run(run_id).info.artifact_uri}/{SERVED_ARTIFACT_PATH}",
-            run_id=run_id,
-            tags={"ds": ds, "cer_int8": repr(float(trained["cer_int8"])), "run_id": run_id},
-            description=f"trained for ds={ds} with config {trained.get('config')}",
-        )
-    new_version = str(version.version)
+    assert PIPELINE.model is not None
+    promotion = dataclasses.replace(PIPELINE.model.promotion, tolerance=_cer_tolerance())
 
-    reasons: list[str] = []
-    if not gate.get("passed"):
-        reasons += [f"compile gate: {r}" for r in gate.get("reasons") or ["failed"]]
-    champion = version_by_alias(client, MODEL_NAME, CHAMPION)
-    comparison: dict[str, Any] | None = None
-    if champion is None:
-        previous = None
-    elif str(champion.version) == new_version:
-        # A retry after the alias moved but before the decision was stored.
-        previous = version.tags.get(PREVIOUS_CHAMPION_TAG) or None
-    else:
-        previous = str(champion.version)
+    def score(champion: Any) -> Scores:
         corpus = corpus_dir(lake, ds)
         champion_dir = mlflow.artifacts.download_artifacts(
-            f"models:/{MODEL_NAME}/{previous}", tracking_uri=settings.tracking_uri
+            f"models:/{MODEL_NAME}/{champion.version}", tracking_uri=settings.tracking_uri
         )
-        tolerance = _cer_tolerance()
         challenger_cer = held_out_cer(Path(trained["int8_artifact"]), corpus)
         champion_cer = held_out_cer(Path(champion_dir), corpus)
-        comparison = {
-            "metric": "cer",
-            "challenger": challenger_cer["cer"],
-            "champion": champion_cer["cer"],
-            "utterances": challenger_cer["utterances"],
-            "tolerance": tolerance,
-            "passed": challenger_cer["cer"] <= champion_cer["cer"] + tolerance,
+        utterances = challenger_cer["utterances"]
+        return Scores(
+            challenger=challenger_cer["cer"],
+            champion=champion_cer["cer"],
+            rows=f"the same {utterances} held-out utterances",
+            details={"utterances": utterances},
+        )
+
+    def report(decision: Decision) -> dict[str, Any]:
+        return {
+            "ds": ds,
+            **decision.record(),
+            "run_id": run_id,
+            "cer_int8": trained["cer_int8"],
+            "cer_fp32": trained["cer_fp32"],
+            "compile_gate": {k: gate.get(k) for k in ("passed", "reasons", "artifact")},
         }
-        if not comparison["passed"]:
-            reasons.append(
-                f"CER {challenger_cer['cer']:.4f} on the held-out voices is worse than champion "
-                f"v{previous}'s {champion_cer['cer']:.4f} (tolerance {tolerance})"
-            )
-    promoted = not reasons
-    client.set_registered_model_alias(MODEL_NAME, CHALLENGER, new_version)
-    if promoted:
-        client.set_model_version_tag(MODEL_NAME, new_version, PREVIOUS_CHAMPION_TAG, previous or "")
-        client.set_registered_model_alias(MODEL_NAME, CHAMPION, new_version)
-    report = {
-        "ds": ds,
-        "version": new_version,
-        "promoted": promoted,
-        "champion_version": new_version if promoted else previous,
-        "previous_champion": previous,
-        "run_id": run_id,
-        "cer_int8": trained["cer_int8"],
-        "cer_fp32": trained["cer_fp32"],
-        "comparison": comparison,
-        "compile_gate": {k: gate.get(k) for k in ("passed", "reasons", "artifact")},
-        "reasons": reasons,
-    }
-    client.set_model_version_tag(MODEL_NAME, new_version, DECISION_TAG, json.dumps(report))
-    return write_step_result(lake, "asr_register", ds, report)
+
+    result = register_and_promote(
+        client,
+        NewVersion(
+            name=MODEL_NAME,
+            model_description="Speech recognition, ConvDFSMN int8 (Cascade)",
+            run_id=run_id,
+            source=f"{mlflow.get_run(run_id).info.artifact_uri}/{SERVED_ARTIFACT_PATH}",
+            tags={"ds": ds, "cer_int8": repr(float(trained["cer_int8"])), "run_id": run_id},
+            description=f"trained for ds={ds} with config {trained.get('config')}",
+        ),
+        promotion=promotion,
+        score=score,
+        compile_gate=gate,
+        report=report,
+    )
+    return write_step_result(lake, "asr_register", ds, result)
 
 
 GATE_UTTERANCES = 200

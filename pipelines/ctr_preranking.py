@@ -68,9 +68,12 @@ def compile_gate(ds: str) -> dict[str, Any]:
 
 
 def register(ds: str) -> dict[str, Any]:
-    from cascade.registry import register_and_promote
+    from models.preranking.registration import register_and_promote
 
-    return register_and_promote(ds)
+    assert PIPELINE.model is not None
+    return register_and_promote(
+        ds, requires_compile_gate=PIPELINE.model.promotion.requires_compile_gate
+    )
 
 
 def deploy(ds: str) -> dict[str, Any]:
@@ -164,7 +167,11 @@ PIPELINE = Pipeline(
             doc="new MLflow version; champion only if the compile gate passed and it is not "
             "worse than the champion on the same held-out rows",
             outlets=(ASSET_PRERANKING_CHAMPION,),
-            dvc_deps=("cascade/registry.py", f"{REPORTS}/step_train/dt=${{ds}}/summary.json"),
+            dvc_deps=(
+                "cascade/promotion.py",
+                "models/preranking/registration.py",
+                f"{REPORTS}/step_train/dt=${{ds}}/summary.json",
+            ),
         ),
         Step(
             name="deploy",

@@ -285,6 +285,9 @@ def evaluate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     return write_step_result(lake, "mm_evaluate", ds, report)
 
 
+RECALL_KEYS = ("i2t_recall_at_1", "i2t_recall_at_5", "t2i_recall_at_1", "t2i_recall_at_5")
+
+
 def _recall_tolerance() -> float:
     return load_group(MultimodalSettings).recall_tolerance
 
@@ -296,94 +299,63 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     partition's held-out split: the caption tokenizer is refitted per corpus, so a champion's
     token ids do not apply to a newer partition's shards. Refuses a corpus that failed its GX
     gate; calling it again returns the first decision."""
+    import dataclasses
+
     import mlflow
 
-    from cascade.registry import (
-        CHALLENGER,
-        CHAMPION,
-        DECISION_TAG,
-        PREVIOUS_CHAMPION_TAG,
-        ensure_registered_model,
-        registry_client,
-        version_by_alias,
-        version_of_run,
-    )
+    from cascade.promotion import Decision, NewVersion, Scores, register_and_promote
+    from cascade.registry import registry_client
 
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     require_gate(lake, ds)
     evaluation = read_step_result(lake, "mm_evaluate", ds, produced_by="evaluate")
     client = registry_client(settings)
-    ensure_registered_model(client, MODEL_NAME, "Image-text retrieval, MoE transformer (Cascade)")
     run_id = evaluation["run_id"]
-    version, stored = version_of_run(client, MODEL_NAME, run_id)
-    if stored is not None:
-        return write_step_result(lake, "mm_register", ds, stored)
     recall = float(evaluation["mean_recall_at_1"])
-    if version is None:
-        version = client.create_model_version(
-            MODEL_NAME,
-            source=f"{mlflow.get_run(run_id).info.artifact_uri}/{MODEL_ARTIFACT_PATH}",
-            run_id=run_id,
-            tags={"ds": ds, MEAN_RECALL_TAG: repr(recall), "run_id": run_id},
-            description=f"trained for ds={ds} with config {evaluation.get('config')}",
-        )
-    new_version = str(version.version)
+    assert PIPELINE.model is not None
+    promotion = dataclasses.replace(PIPELINE.model.promotion, tolerance=_recall_tolerance())
 
-    reasons: list[str] = []
-    champion = version_by_alias(client, MODEL_NAME, CHAMPION)
-    comparison: dict[str, Any] | None = None
-    if champion is None:
-        previous = None
-    elif str(champion.version) == new_version:
-        # A retry after the alias moved but before the decision was stored.
-        previous = version.tags.get(PREVIOUS_CHAMPION_TAG) or None
-    else:
-        previous = str(champion.version)
-        tolerance = _recall_tolerance()
+    def score(champion: Any) -> Scores:
         if MEAN_RECALL_TAG not in champion.tags:
             raise RuntimeError(
-                f"champion v{previous} of {MODEL_NAME!r} has no {MEAN_RECALL_TAG!r} tag to "
-                f"compare with; tag it (or move the alias) and run step 'register' again"
+                f"champion v{champion.version} of {MODEL_NAME!r} has no {MEAN_RECALL_TAG!r} tag "
+                f"to compare with; tag it (or move the alias) and run step 'register' again"
             )
-        champion_recall = float(champion.tags[MEAN_RECALL_TAG])
-        comparison = {
-            "metric": MEAN_RECALL_TAG,
-            "challenger": recall,
-            "champion": champion_recall,
-            "champion_ds": champion.tags.get("ds"),
-            "tolerance": tolerance,
-            "passed": recall >= champion_recall - tolerance,
+        return Scores(
+            challenger=recall,
+            champion=float(champion.tags[MEAN_RECALL_TAG]),
+            rows="each version's own partition's held-out split",
+            details={"champion_ds": champion.tags.get("ds")},
+        )
+
+    def report(decision: Decision) -> dict[str, Any]:
+        return {
+            "ds": ds,
+            **decision.record(),
+            "run_id": run_id,
+            "config": evaluation.get("config"),
+            MEAN_RECALL_TAG: recall,
+            **{k: evaluation[k] for k in RECALL_KEYS},
+            "dense_mean_recall_at_1": (evaluation.get("dense") or {}).get("mean_recall_at_1"),
         }
-        if not comparison["passed"]:
-            reasons.append(
-                f"mean recall@1 {recall:.4f} is worse than champion v{previous}'s "
-                f"{champion_recall:.4f} (tolerance {tolerance})"
-            )
-    promoted = not reasons
-    client.set_registered_model_alias(MODEL_NAME, CHALLENGER, new_version)
-    if promoted:
-        client.set_model_version_tag(MODEL_NAME, new_version, PREVIOUS_CHAMPION_TAG, previous or "")
-        client.set_registered_model_alias(MODEL_NAME, CHAMPION, new_version)
-    report = {
-        "ds": ds,
-        "version": new_version,
-        "promoted": promoted,
-        "champion_version": new_version if promoted else previous,
-        "previous_champion": previous,
-        "run_id": run_id,
-        "config": evaluation.get("config"),
-        MEAN_RECALL_TAG: recall,
-        **{
-            k: evaluation[k]
-            for k in ("i2t_recall_at_1", "i2t_recall_at_5", "t2i_recall_at_1", "t2i_recall_at_5")
-        },
-        "dense_mean_recall_at_1": (evaluation.get("dense") or {}).get("mean_recall_at_1"),
-        "comparison": comparison,
-        "reasons": reasons,
-    }
-    client.set_model_version_tag(MODEL_NAME, new_version, DECISION_TAG, json.dumps(report))
-    return write_step_result(lake, "mm_register", ds, report)
+
+    result = register_and_promote(
+        client,
+        NewVersion(
+            name=MODEL_NAME,
+            model_description="Image-text retrieval, MoE transformer (Cascade)",
+            run_id=run_id,
+            source=f"{mlflow.get_run(run_id).info.artifact_uri}/{MODEL_ARTIFACT_PATH}",
+            tags={"ds": ds, MEAN_RECALL_TAG: repr(recall), "run_id": run_id},
+            description=f"trained for ds={ds} with config {evaluation.get('config')}",
+        ),
+        promotion=promotion,
+        score=score,
+        compile_gate=None,
+        report=report,
+    )
+    return write_step_result(lake, "mm_register", ds, result)
 
 
 PIPELINE = Pipeline(

@@ -350,7 +350,7 @@ def log_to_mlflow(verdict: DayVerdict, report_dir: Path, settings: Settings) -> 
     A repeated call for the same day logs into the same run (found by its name)."""
     import mlflow
 
-    from models.preranking.train import use_experiment
+    from cascade.training.resumable_run import use_experiment
 
     experiment_id = use_experiment(settings, MONITOR_EXPERIMENT)
     client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)

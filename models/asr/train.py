@@ -32,11 +32,9 @@ headline figures and paths.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -50,6 +48,21 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from cascade.config import Settings, load_settings
+from cascade.results import write_result
+from cascade.training.checkpoints import (
+    CHECKPOINTS,
+    consolidated_state_dict,
+    fingerprint,
+    keep_only_run,
+    resume_step,
+    save_finished_state,
+    save_latest_checkpoint,
+)
+from cascade.training.crash_points import crash_if_due, crash_point
+from cascade.training.deepspeed_config import deepspeed_config as build_deepspeed_config
+from cascade.training.deepspeed_config import warmup_decay_scheduler
+from cascade.training.launch import init_distributed, launch_for_result, rank_world
+from cascade.training.resumable_run import RUN_MARKER, failed_on_error, open_resumable_run
 from models.asr.artifact import AsrArtifact, save_artifact
 from models.asr.config_registry import ALPHABET, CONFIGS, AsrTrainConfig, get_config
 from models.asr.corpus import Batch, Utterances, collate, corpus_n_mels, epoch_batches, load_split
@@ -62,19 +75,9 @@ from models.asr.rsq import (
     quantization_record,
     set_range_tracking,
 )
-from models.preranking.cascade_train import init_distributed
-from models.preranking.train import (
-    CRASH_ENV,
-    crash_point,
-    launch_for_result,
-    open_resumable_run,
-    save_latest_checkpoint,
-    write_result,
-)
 
 EXPERIMENT = "asr"
 PHASES = ("fp32", "qat")
-RUN_MARKER = "mlflow_run.json"
 RESULT_KEYS = ("run_id", "config", "fp32_artifact", "int8_artifact", "cer_fp32", "cer_int8")
 """Keys every complete ``result.json`` carries."""
 
@@ -82,39 +85,18 @@ RESULT_KEYS = ("run_id", "config", "fp32_artifact", "int8_artifact", "cer_fp32",
 # --- the training loop --------------------------------------------------------------------
 
 
-def _rank_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def deepspeed_config(config: AsrTrainConfig, *, lr: float, steps: int) -> dict[str, Any]:
     """One phase's DeepSpeed config: Adam, linear warm-up then linear decay to 0 over ``steps``
     (the scheduler is checkpointed with the optimizer, so a resumed phase keeps its rate)."""
-    return {
-        "train_micro_batch_size_per_gpu": config.batch_size,
-        "gradient_accumulation_steps": 1,
-        "optimizer": {
-            "type": "Adam",
-            # torch's Adam: DeepSpeed's fused CPU Adam compiles for ~80 s on first use.
-            "params": {"lr": lr, "weight_decay": config.weight_decay, "torch_adam": True},
-        },
-        "scheduler": {
-            "type": "WarmupDecayLR",
-            "params": {
-                "total_num_steps": steps,
-                "warmup_min_lr": 0.0,
-                "warmup_max_lr": lr,
-                "warmup_num_steps": max(1, min(config.warmup_steps, steps - 1)),
-                "warmup_type": "linear",
-            },
-        },
-        "zero_optimization": {"stage": config.zero_stage},
-        "gradient_clipping": config.gradient_clipping,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-        "timers": {"throughput": {"enabled": False, "synchronized": False}},
-    }
+    return build_deepspeed_config(
+        micro_batch_size=config.batch_size,
+        lr=lr,
+        weight_decay=config.weight_decay,
+        zero_stage=config.zero_stage,
+        gradient_clipping=config.gradient_clipping,
+        scheduler=warmup_decay_scheduler(lr=lr, steps=steps, warmup_steps=config.warmup_steps),
+        throughput_timer=False,
+    )
 
 
 def ctc(log_probs: torch.Tensor, batch: Batch, output_lengths: torch.Tensor) -> torch.Tensor:
@@ -158,7 +140,7 @@ def run_steps(
 ) -> int:
     """Steps ``start_step .. plan.steps`` of one phase; each rank takes its own batch of the
     epoch's bucketed order, a function of (seed, epoch) only."""
-    rank, world = _rank_world()
+    rank, world = rank_world()
     lengths = data.lengths
     first = epoch_batches(
         lengths, batch_size=config.batch_size, pool_batches=config.bucket_batches,
@@ -205,9 +187,7 @@ def run_steps(
             window = []
         if step % config.checkpoint_every == 0 and step < plan.steps:
             checkpoint(step)
-        if crash == (plan.name, step) and rank == 0:
-            print(f"[asr] {CRASH_ENV}: killing rank 0 after {plan.name} step {step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        crash_if_due(crash, plan.name, step, rank=rank, who="asr")
     return step
 
 
@@ -236,9 +216,7 @@ def train_phase(
     """Train one phase with DeepSpeed (or load it when already finished); its full state."""
     import deepspeed
 
-    from models.preranking.train import _consolidated_state_dict
-
-    rank, world = _rank_world()
+    rank, world = rank_world()
     final = phase_file(out, plan.name)
     if final.exists():
         return dict(torch.load(final, map_location="cpu", weights_only=True))
@@ -256,13 +234,10 @@ def train_phase(
         model_parameters=[p for p in model.parameters() if p.requires_grad],
         config=deepspeed_config(config, lr=plan.lr, steps=plan.steps),
     )
-    ckpt_dir = out / "checkpoints" / plan.name
-    start = 0
-    if (ckpt_dir / "latest").exists():
-        _, client_state = engine.load_checkpoint(str(ckpt_dir))
-        start = int(client_state["step"])
-        if rank == 0:
-            print(f"[asr] {plan.name}: resumed at step {start} from {ckpt_dir}", flush=True)
+    ckpt_dir = out / CHECKPOINTS / plan.name
+    start = resume_step(engine, ckpt_dir)
+    if start and rank == 0:
+        print(f"[asr] {plan.name}: resumed at step {start} from {ckpt_dir}", flush=True)
     engine.train()
     module = engine.module
     if teacher is not None:
@@ -304,13 +279,10 @@ def train_phase(
         log=lambda step, values: log(plan.name, step, values),
         before_step=before_step,
     )
-    state = _consolidated_state_dict(engine, config.zero_stage)
+    state = consolidated_state_dict(engine, config.zero_stage)
     if rank == 0:
         assert state is not None
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_suffix(".tmp")
-        torch.save({k: v.detach().cpu().float() for k, v in state.items()}, tmp)
-        os.replace(tmp, final)  # a crash never leaves a half-written "finished" phase
+        save_finished_state(final, {k: v.detach().cpu().float() for k, v in state.items()})
         print(f"[asr] {plan.name}: done after {steps} steps (world {world})", flush=True)
     dist.barrier()
     return dict(torch.load(final, map_location="cpu", weights_only=True))
@@ -322,22 +294,7 @@ def train_phase(
 def run_fingerprint(config: AsrTrainConfig, corpus: Path) -> str:
     """What checkpoints must match to be resumed: the config and the corpus (its summary)."""
     summary = (corpus / "summary.json").read_text()
-    blob = json.dumps([config.to_dict(), str(corpus.resolve()), summary], sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _prepare_out(out: Path, fingerprint: str) -> None:
-    """Rank 0: keep what a run with this fingerprint left, drop anything else."""
-    marker = out / "fingerprint.txt"
-    if marker.exists() and marker.read_text() != fingerprint:
-        print(f"[asr] removing checkpoints and phases of another run from {out}", flush=True)
-        for name in ("checkpoints", "phases", RUN_MARKER):
-            path = out / name
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(
-                missing_ok=True
-            )
-    out.mkdir(parents=True, exist_ok=True)
-    marker.write_text(fingerprint)
+    return fingerprint([config.to_dict(), str(corpus.resolve()), summary], sort_keys=True)
 
 
 def _mlflow_run(settings: Settings, out: Path, config: AsrTrainConfig, corpus: Path) -> str:
@@ -351,15 +308,16 @@ def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] 
     import mlflow
 
     started = time.monotonic()
-    rank, world = _rank_world()
+    rank, world = rank_world()
     corpus, out = Path(corpus), Path(out)
     n_mels = corpus_n_mels(corpus)
     data = load_split(corpus, "train", ALPHABET, limit=config.max_train_utterances)
     if len(data) == 0:
         raise ValueError(f"{corpus} has no training utterances")
-    fingerprint = run_fingerprint(config, corpus)
-    if rank == 0:
-        _prepare_out(out, fingerprint)
+    if rank == 0 and keep_only_run(
+        out, run_fingerprint(config, corpus), (CHECKPOINTS, "phases", RUN_MARKER)
+    ):
+        print(f"[asr] removed checkpoints and phases of another run from {out}", flush=True)
     dist.barrier()
     settings = load_settings()
     run_id = None
@@ -386,7 +344,7 @@ def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] 
         print(f"[asr] {phase} step={step}/{total} {text} {rate:.2f} steps/s", flush=True)
         mlflow.log_metrics({f"{k}.{phase}": v for k, v in values.items()}, step=step)
 
-    try:
+    with failed_on_error(rank):
         states = {
             plan.name: train_phase(plan, config, data, out, log=log) for plan in phase_plans(config)
         }
@@ -396,10 +354,6 @@ def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] 
             result = finish(
                 config, corpus, out, states, run_id=run_id, started=started, world=world
             )
-    except BaseException:
-        if rank == 0 and mlflow.active_run() is not None:
-            mlflow.end_run("FAILED")
-        raise
     return result
 
 
@@ -509,8 +463,8 @@ def finish(
         }
         for kind in ("fp32", "int8")
     }
-    _write_json(out / "evaluation.json", {"test": evaluation, "dev": dev})
-    _write_json(out / "confusions.json", confusions)
+    write_result(out / "evaluation.json", {"test": evaluation, "dev": dev})
+    write_result(out / "confusions.json", confusions)
     mlflow.log_metrics(metrics)
     mlflow.log_dict(confusions, "confusions.json")
     mlflow.log_artifact(str(out / "evaluation.json"))
@@ -530,11 +484,11 @@ def finish(
             "int8_within_0.2_points": abs(metrics["int8_cer_delta"]) <= 0.2,
         },
     }
-    _write_json(out / "result.json", result)
+    write_result(out / "result.json", result)
     mlflow.log_artifact(str(out / "result.json"))
     mlflow.end_run()
     # Finished: nothing to resume; a later launch with this out starts afresh.
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
     shutil.rmtree(out / "phases", ignore_errors=True)
     (out / RUN_MARKER).unlink(missing_ok=True)
     print(
@@ -548,10 +502,6 @@ def finish(
 
 def _has_split(corpus: Path, split: str) -> bool:
     return any((corpus / "shards" / f"split={split}").glob("*.parquet"))
-
-
-def _write_json(path: Path, value: Any) -> None:
-    write_result(path, json.loads(json.dumps(value, default=str)))
 
 
 # --- launching ----------------------------------------------------------------------------

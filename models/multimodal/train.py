@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -48,7 +46,19 @@ import torch
 import torch.distributed as dist
 
 from cascade.config import Settings, load_settings
-from models.asr.train import deepspeed_config as asr_deepspeed_config
+from cascade.results import write_result
+from cascade.training.checkpoints import (
+    CHECKPOINTS,
+    fingerprint,
+    keep_only_run,
+    resume_step,
+    save_latest_checkpoint,
+)
+from cascade.training.crash_points import crash_if_due, crash_point
+from cascade.training.deepspeed_config import deepspeed_config as build_deepspeed_config
+from cascade.training.deepspeed_config import warmup_decay_scheduler
+from cascade.training.launch import init_distributed, launch_for_result, rank_world
+from cascade.training.resumable_run import RUN_MARKER, failed_on_error, open_resumable_run
 from models.multimodal.config_registry import CONFIGS, MultimodalTrainConfig, get_config
 from models.multimodal.model import ImageTextTransformer, objective, parameter_counts
 from models.multimodal.pairs import (
@@ -58,28 +68,12 @@ from models.multimodal.pairs import (
     generate_pairs,
     load_split,
 )
-from models.preranking.cascade_train import init_distributed
-from models.preranking.train import (
-    CRASH_ENV,
-    crash_point,
-    launch_for_result,
-    open_resumable_run,
-    save_latest_checkpoint,
-    write_result,
-)
 
 EXPERIMENT = "multimodal"
-RUN_MARKER = "mlflow_run.json"
 RESULT_KEYS = ("run_id", "config", "i2t_recall_at_1", "t2i_recall_at_1", "final_loss")
 """Keys every complete ``result.json`` carries."""
 THROUGHPUT_REPEATS = 5
 """Timed runs of each model in :func:`measure_throughput`; the reported figure is the median."""
-
-
-def _rank_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def expert_parallel_size(config: MultimodalTrainConfig, world: int) -> int:
@@ -91,9 +85,19 @@ def expert_parallel_size(config: MultimodalTrainConfig, world: int) -> int:
 
 
 def deepspeed_config(config: MultimodalTrainConfig) -> dict[str, Any]:
-    """Adam with linear warm-up then decay, ZeRO ``config.zero_stage``: the ASR trainer's
-    DeepSpeed config (same field names), which keeps the scheduler in the checkpoint."""
-    return asr_deepspeed_config(cast(Any, config), lr=config.lr, steps=config.steps)
+    """Adam with linear warm-up then decay (the scheduler is kept in the checkpoint), ZeRO
+    ``config.zero_stage``, the config's clipping."""
+    return build_deepspeed_config(
+        micro_batch_size=config.batch_size,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        zero_stage=config.zero_stage,
+        gradient_clipping=config.gradient_clipping,
+        scheduler=warmup_decay_scheduler(
+            lr=config.lr, steps=config.steps, warmup_steps=config.warmup_steps
+        ),
+        throughput_timer=False,
+    )
 
 
 def build_model(config: MultimodalTrainConfig, world: int) -> ImageTextTransformer:
@@ -229,7 +233,7 @@ def run_steps(
     log: Callable[[int, dict[str, float]], None] | None = None,
 ) -> int:
     """Optimizer steps ``start_step .. stop_step``; logs every ``log_every`` steps."""
-    rank, world = _rank_world()
+    rank, world = rank_world()
     module = cast(ImageTextTransformer, engine.module)
     routing = RoutingWindow(module)
     crash = crash_point()
@@ -258,9 +262,7 @@ def run_steps(
             window = []
         if checkpoint is not None and step % config.checkpoint_every == 0 and step < stop_step:
             checkpoint(step)
-        if crash == ("train", step) and rank == 0:
-            print(f"[multimodal] {CRASH_ENV}: killing rank 0 after step {step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        crash_if_due(crash, "train", step, rank=rank, who="multimodal")
     return step
 
 
@@ -275,18 +277,7 @@ def run_fingerprint(config: MultimodalTrainConfig, corpus: Path | None, world: i
         if corpus is None
         else [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in corpus_files(corpus)]
     )
-    blob = json.dumps([config.to_dict(), str(corpus), files, world], sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _prepare_out(out: Path, fingerprint: str) -> None:
-    marker = out / "fingerprint.txt"
-    if marker.exists() and marker.read_text() != fingerprint:
-        print(f"[multimodal] removing checkpoints of another run from {out}", flush=True)
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
-        (out / RUN_MARKER).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-    marker.write_text(fingerprint)
+    return fingerprint([config.to_dict(), str(corpus), files, world], sort_keys=True)
 
 
 def _mlflow_run(settings: Settings, out: Path, config: MultimodalTrainConfig, source: str) -> str:
@@ -306,25 +297,24 @@ def train(
     from models.multimodal.evaluate import retrieval_metrics
 
     started = time.monotonic()
-    rank, world = _rank_world()
+    rank, world = rank_world()
     out = Path(out)
     config = for_corpus(config, corpus)
     data = load_data(config, corpus)
     if len(data.test) < 2:
         raise ValueError(f"{data.source} has {len(data.test)} test pairs; retrieval needs >= 2")
-    if rank == 0:
-        _prepare_out(out, run_fingerprint(config, corpus, world))
+    if rank == 0 and keep_only_run(
+        out, run_fingerprint(config, corpus, world), (CHECKPOINTS, RUN_MARKER)
+    ):
+        print(f"[multimodal] removed checkpoints of another run from {out}", flush=True)
     dist.barrier()
     model = build_model(config, world)
     counts = parameter_counts(model)
     engine = make_engine(model, config)
-    ckpt_dir = out / "checkpoints"
-    start = 0
-    if (ckpt_dir / "latest").exists():
-        _, client_state = engine.load_checkpoint(str(ckpt_dir))
-        start = int(client_state["step"])
-        if rank == 0:
-            print(f"[multimodal] resumed at step {start} from {ckpt_dir}", flush=True)
+    ckpt_dir = out / CHECKPOINTS
+    start = resume_step(engine, ckpt_dir)
+    if start and rank == 0:
+        print(f"[multimodal] resumed at step {start} from {ckpt_dir}", flush=True)
     run_id = None
     settings = load_settings()
     if rank == 0:
@@ -358,7 +348,7 @@ def train(
         if rank == 0:
             print(f"[multimodal] checkpoint step={step} {ckpt_dir}", flush=True)
 
-    try:
+    with failed_on_error(rank):
         engine.train()
         train_started = time.monotonic()
         run_steps(
@@ -417,10 +407,6 @@ def train(
                 f"seconds={time.monotonic() - started:.0f} result={out / 'result.json'}",
                 flush=True,
             )
-    except BaseException:
-        if rank == 0 and mlflow.active_run() is not None:
-            mlflow.end_run("FAILED")
-        raise
     return result
 
 
@@ -430,7 +416,7 @@ def measure_throughput(config: MultimodalTrainConfig, out: Path, steps: int) -> 
     ``steps`` steps, so background load hits both alike. Writes ``OUT/throughput.json``."""
     from models.multimodal.config_registry import dense_twin
 
-    rank, world = _rank_world()
+    rank, world = rank_world()
     data = load_data(config, None).train
     runs: dict[str, Callable[[], float]] = {}
     for name, variant in (("moe", config), ("dense", dense_twin(config))):

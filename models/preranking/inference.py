@@ -31,10 +31,13 @@ from torch import nn
 
 from cascade.config import Settings, load_settings
 from cascade.ctr_schema import MODEL_FEATURES
-from cascade.registry import TEST_AUC_TAG, version_by_alias
+from cascade.registry import version_by_alias
 from models.preranking.config_registry import CascadeTrainConfig, TrainConfig
 from models.preranking.fields import FIELD_NAMES, FieldEncoder
 from models.preranking.model import ColdPreRanker, PreRanker
+
+TEST_AUC_TAG = "test_auc"
+"""Model-version tag holding the hold-out AUC measured at training time."""
 
 STATE_DICT_ARTIFACT = "state_dict"
 CONFIG_ARTIFACT = "train_config"

@@ -23,19 +23,13 @@ test AUC on it, logs params, per-step loss, metrics and the model to MLflow (exp
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
-import hashlib
 import json
 import math
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,11 +42,21 @@ from sklearn.metrics import log_loss, roc_auc_score
 from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from cascade.config import REPO_ROOT, Settings, load_settings
+from cascade.config import Settings, load_settings
 from cascade.ctr_schema import LABEL, MODEL_FEATURES, TIMESTAMP
 from cascade.lake import Lake, check_ds
-from cascade.ports import free_port
 from cascade.results import write_result
+from cascade.training import launch as launching
+from cascade.training.checkpoints import (
+    CHECKPOINTS,
+    consolidated_state_dict,
+    data_fingerprint,
+    save_latest_checkpoint,
+)
+from cascade.training.crash_points import crash_if_due, crash_point
+from cascade.training.deepspeed_config import deepspeed_config as build_deepspeed_config
+from cascade.training.launch import init_distributed, launch_for_result
+from cascade.training.resumable_run import RUN_MARKER, open_resumable_run, use_experiment
 from models.preranking.config_registry import CONFIGS, TrainConfig, get_config
 from models.preranking.fields import FieldEncoder
 from models.preranking.inference import (
@@ -113,41 +117,13 @@ def time_split(frame: pd.DataFrame, test_fraction: float) -> tuple[pd.DataFrame,
 
 def deepspeed_config(config: TrainConfig, *, bf16_supported: bool) -> dict[str, Any]:
     """The DeepSpeed JSON config for one run."""
-    return {
-        "train_micro_batch_size_per_gpu": config.batch_size,
-        "gradient_accumulation_steps": 1,
-        "optimizer": {
-            "type": "Adam",
-            # DeepSpeed's fused CPU Adam compiles for ~80 s on first use; torch's is enough here.
-            "params": {"lr": config.lr, "weight_decay": config.weight_decay, "torch_adam": True},
-        },
-        "zero_optimization": {"stage": config.zero_stage},
-        "bf16": {"enabled": bool(config.bf16 and bf16_supported)},
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-
-
-def _ensure_distributed_env() -> None:
-    """Let ``python -m models.preranking.train`` run as a single process without a launcher."""
-    if "RANK" in os.environ:
-        return
-    os.environ.update(
-        RANK="0",
-        LOCAL_RANK="0",
-        WORLD_SIZE="1",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
+    return build_deepspeed_config(
+        micro_batch_size=config.batch_size,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        zero_stage=config.zero_stage,
+        bf16=config.bf16 and bf16_supported,
     )
-
-
-def _consolidated_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | None:
-    """Full weights on rank 0 (None elsewhere). Under ZeRO-3 every rank must call this."""
-    if zero_stage == 3:
-        return engine._zero3_consolidated_16bit_state_dict()
-    if dist.get_rank() != 0:
-        return None
-    return {k: v.detach().cpu().clone() for k, v in engine.module.state_dict().items()}
 
 
 def evaluate(
@@ -166,32 +142,6 @@ def evaluate(
         "auc": float(roc_auc_score(labels, scores)),
         "logloss": float(log_loss(labels, np.clip(scores, 1e-7, 1 - 1e-7))),
     }
-
-
-def use_experiment(settings: Settings, name: str = EXPERIMENT) -> str:
-    """Point MLflow at ``settings`` and return experiment ``name``'s id (created if missing).
-
-    With a local store (sqlite/file) the experiment's artifacts go under ``settings.home``:
-    MLflow's default is ``./mlruns`` of the current directory, i.e. inside the repository.
-    """
-    import mlflow
-
-    uri = settings.tracking_uri
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
-    experiment = mlflow.get_experiment_by_name(name)
-    if experiment is not None:
-        return str(experiment.experiment_id)
-    local_store = not uri.startswith(("http://", "https://", "databricks"))
-    location = (settings.home / "mlflow-artifacts").as_uri() if local_store else None
-    try:
-        return str(mlflow.create_experiment(name, artifact_location=location))
-    except mlflow.exceptions.MlflowException:
-        # Another process created it between our lookup and create.
-        experiment = mlflow.get_experiment_by_name(name)
-        if experiment is None:
-            raise
-        return str(experiment.experiment_id)
 
 
 def log_run(
@@ -220,7 +170,7 @@ def log_run(
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, state_path)
     config_path.write_text(json.dumps(config.to_dict(), indent=2))
 
-    experiment_id = use_experiment(settings)
+    experiment_id = use_experiment(settings, EXPERIMENT)
     active = mlflow.active_run()
     if active is not None and active.info.run_id == (run_id or active.info.run_id):
         # Rank 0 of train() started the run to log the loss curve; keep it open for its caller.
@@ -257,61 +207,12 @@ def log_run(
     return result
 
 
-def open_resumable_run(
-    settings: Settings, experiment: str, marker: Path, run_name: str, params: dict[str, str]
-) -> str:
-    """Start an MLflow run in ``experiment`` and record its id in ``marker``, or reopen the run
-    an interrupted attempt recorded there (its params are already logged)."""
-    import mlflow
-
-    experiment_id = use_experiment(settings, experiment)
-    if marker.exists():
-        run_id = str(json.loads(marker.read_text())["run_id"])
-        mlflow.start_run(run_id=run_id)
-        return run_id
-    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name)
-    write_result(marker, {"run_id": run.info.run_id})
-    mlflow.log_params(params)
-    return str(run.info.run_id)
-
-
-CRASH_ENV = "CASCADE_CRASH_AT"
-"""Fault injection for resume tests: ``train:STEP`` makes rank 0 SIGKILL itself right after
-that optimizer step (and its checkpoint, if one falls due)."""
-CHECKPOINTS = "checkpoints"
-"""Folder under ``--out`` with the DeepSpeed checkpoints of an unfinished run."""
-RUN_MARKER = "mlflow_run.json"
-"""File under ``--out`` naming the MLflow run of the unfinished run, so a resume continues it."""
-
-
-def crash_point(env: dict[str, str] | None = None) -> tuple[str, int] | None:
-    """``(phase, step)`` from ``CASCADE_CRASH_AT=phase:step``, or None when unset."""
-    value = load_settings(env).hooks.crash_at
-    if not value:
-        return None
-    phase, _, step = value.rpartition(":")
-    return phase, int(step)
-
-
 def run_fingerprint(config: TrainConfig, data: Path, ds: str) -> str:
     """What a checkpoint must match to be resumed: the config, the data file and the partition.
 
     A checkpoint left by a run on other data or with another config is never resumed.
     """
-    stat = data.stat()
-    blob = json.dumps([config.to_dict(), str(data.resolve()), stat.st_size, stat.st_mtime_ns, ds])
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def save_latest_checkpoint(engine: Any, ckpt_dir: Path, step: int) -> None:
-    """Save a DeepSpeed checkpoint tagged ``step{step}`` and drop older ones (only the latest is
-    needed to resume). Every rank must call it."""
-    engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state={"step": step})
-    dist.barrier()
-    if dist.get_rank() == 0:
-        for old in ckpt_dir.glob("step*"):
-            if old.name != f"step{step}":
-                shutil.rmtree(old, ignore_errors=True)
+    return data_fingerprint(config.to_dict(), data, ds)
 
 
 def _step_seed(config: TrainConfig, step: int, rank: int, world: int) -> int:
@@ -325,22 +226,9 @@ def _mlflow_run(settings: Settings, out: Path, config: TrainConfig, ds: str, res
     A marker without a checkpoint to resume belongs to an attempt that died before its first
     checkpoint: that run is marked KILLED, so the registry never shows it as still running.
     """
-    import mlflow
-
-    experiment_id = use_experiment(settings)
-    marker = out / RUN_MARKER
-    previous = json.loads(marker.read_text())["run_id"] if marker.exists() else None
-    if resume and previous:
-        mlflow.start_run(run_id=previous)
-        return str(previous)
-    if previous:
-        with contextlib.suppress(Exception):
-            mlflow.tracking.MlflowClient().set_terminated(previous, "KILLED")
-    run_id = mlflow.start_run(
-        experiment_id=experiment_id, run_name=f"{config.name}-{ds}"
-    ).info.run_id
-    write_result(marker, {"run_id": run_id})
-    return str(run_id)
+    return open_resumable_run(
+        settings, EXPERIMENT, out / RUN_MARKER, f"{config.name}-{ds}", {}, resume=resume
+    )
 
 
 def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, Any] | None:
@@ -352,17 +240,10 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
     of the seed and the step). A finished run removes its checkpoints.
     """
     started = time.monotonic()
-    _ensure_distributed_env()
-    cuda = torch.cuda.is_available()
-    # Must be set before deepspeed is imported: it picks its accelerator at import time.
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if cuda else "cpu")
+    init_distributed()
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if cuda:
-        torch.cuda.set_device(local_rank)
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
 
     frame = load_training_frame(data)
@@ -460,11 +341,9 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
                     mlflow.log_metric("loss", value, step=step)
             if step % config.checkpoint_every == 0 and step < total:
                 checkpoint(step)
-            if crash == ("train", step) and rank == 0:
-                print(f"[train] {CRASH_ENV}: killing rank 0 after step {step}", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
+            crash_if_due(crash, "train", step, rank=rank, who="train")
 
-        state_dict = _consolidated_state_dict(engine, config.zero_stage)
+        state_dict = consolidated_state_dict(engine, config.zero_stage)
         result = None
         if rank == 0:
             assert state_dict is not None
@@ -553,160 +432,25 @@ def main(argv: list[str] | None = None) -> None:
 # --- launching from Python --------------------------------------------------------------
 
 
-def torch_extensions_dir(env: dict[str, str]) -> str:
-    """A stable cache outside CASCADE_HOME, one per virtual environment.
-
-    Stable: the DeepSpeed extension compiles once, not once per home. Per venv: the build
-    records its include paths, so two checkouts sharing one folder (seen: a CI clone beside
-    the working tree) rebuild it on every launch, ~3 minutes each on a loaded 2-core machine.
-    """
-    venv = hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]
-    cache = Path(env.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return str(cache / "cascade" / "torch_extensions" / venv)
-
-
 def read_complete_result(
     path: Path, ds: str | None, keys: Sequence[str] = RESULT_KEYS
 ) -> dict[str, Any] | None:
-    """The result at ``path`` if it exists, parses, has every one of ``keys`` and is for ``ds``
-    (any partition when ``ds`` is None)."""
-    try:
-        result = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    if not isinstance(result, dict) or any(result.get(k) in (None, "") for k in keys):
-        return None
-    return result if ds is None or result["ds"] == ds else None
+    """The training result at ``path`` if complete (every one of ``keys``) and for ``ds``."""
+    return launching.read_complete_result(path, ds, keys)
 
 
 def check_launch_outcome(
     returncode: int, result_path: Path, ds: str, log_tail: str
 ) -> dict[str, Any]:
     """Accept a run whose result is complete, even if a rank crashed at exit; else raise."""
-    result = read_complete_result(result_path, ds)
-    if returncode == 0 and result is not None:
-        return result
-    if result is not None:
-        # Seen here: rank 0 SIGABRTs at interpreter exit after everything was written.
-        warnings.warn(
-            f"training for ds={ds} exited with code {returncode} after writing a complete "
-            f"{result_path}; accepting run {result['run_id']}",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return result
-    raise RuntimeError(
-        f"pre-ranking training for ds={ds} failed (exit code {returncode}) without a complete "
-        f"{result_path}; last log lines:\n{log_tail}"
+    return launching.accept_result(
+        returncode,
+        result_path,
+        log_tail,
+        what=f"pre-ranking training for ds={ds}",
+        keys=RESULT_KEYS,
+        ds=ds,
     )
-
-
-def run_torchrun(
-    module: str,
-    args: list[str],
-    *,
-    processes: int,
-    settings: Settings,
-    log_path: Path,
-    echo: bool = False,
-    append: bool = False,
-    extra_env: dict[str, str] | None = None,
-) -> tuple[int, str]:
-    """Run ``python -m module args`` under ``torch.distributed.run`` on this node.
-
-    The output goes to ``log_path`` line by line (and to stdout with ``echo``); returns the
-    exit code and the last 60 lines.
-    """
-    env = dict(os.environ)
-    # The child reads its settings from the environment: hand it these, not the ambient ones.
-    env.update(
-        CASCADE_HOME=str(settings.home),
-        CASCADE_MLFLOW_URI=settings.tracking_uri,
-        PYTHONUNBUFFERED="1",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-        **(extra_env or {}),
-    )
-    if not torch.cuda.is_available():
-        env.setdefault("DS_ACCELERATOR", "cpu")
-    env.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir(env))
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1",
-        "--nproc_per_node", str(processes),
-        "--master_addr", env["MASTER_ADDR"],
-        "--master_port", env["MASTER_PORT"],
-        "-m", module, *args,
-    ]  # fmt: skip
-    if echo:
-        print(f"[launch] {' '.join(cmd)}", flush=True)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    tail: collections.deque[str] = collections.deque(maxlen=60)
-    with (
-        open(log_path, "a" if append else "w", buffering=1) as log,  # line by line: watchable
-        subprocess.Popen(
-            cmd,
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-        ) as proc,
-    ):
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if echo:
-                sys.stdout.write(line)
-            log.write(line)
-            tail.append(line)
-        returncode = proc.wait()
-    if echo:
-        sys.stdout.flush()
-    return returncode, "".join(tail)
-
-
-def launch_for_result(
-    module: str,
-    args: list[str],
-    *,
-    what: str,
-    out_dir: Path,
-    keys: Sequence[str],
-    processes: int,
-    settings: Settings,
-    echo: bool,
-) -> dict[str, Any]:
-    """Run ``module`` under :func:`run_torchrun` (log in ``OUT/train.log``) and return its
-    complete ``OUT/result.json`` (every one of ``keys`` set); raise with the log's tail when
-    there is none. A stale result is removed first, so it never passes for this launch's."""
-    result_path = out_dir / "result.json"
-    result_path.unlink(missing_ok=True)
-    returncode, tail = run_torchrun(
-        module,
-        args,
-        processes=processes,
-        settings=settings,
-        log_path=out_dir / "train.log",
-        echo=echo,
-        append=True,
-    )
-    result = read_complete_result(result_path, None, keys)
-    if result is None:
-        raise RuntimeError(
-            f"{what} failed (exit code {returncode}) without a complete {result_path}; "
-            f"last log lines:\n{tail}"
-        )
-    if returncode != 0:
-        # Seen with DeepSpeed on CPU: a rank SIGABRTs at exit after everything was written.
-        warnings.warn(
-            f"{what} exited with code {returncode} after writing a complete {result_path}; "
-            f"accepting run {result['run_id']}",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return result
 
 
 def partition_training_set(lake: Lake, ds: str) -> Path:
@@ -729,18 +473,18 @@ def launch(ds: str, *, config: str = "ml100k", settings: Settings | None = None)
     data = partition_training_set(lake, ds)
     out = lake.reports("train", ds)
     out.mkdir(parents=True, exist_ok=True)
-    result_path = out / "result.json"
-    result_path.unlink(missing_ok=True)  # a stale result must never pass for this launch's
-
-    returncode, tail = run_torchrun(
+    return launch_for_result(
         "models.preranking.train",
         ["--config", config, "--data", str(data), "--out", str(out), "--ds", ds],
+        what=f"pre-ranking training for ds={ds}",
+        out_dir=out,
+        keys=RESULT_KEYS,
         processes=settings.train_processes,
         settings=settings,
-        log_path=out / "train.log",
         echo=True,
+        ds=ds,
+        append=False,
     )
-    return check_launch_outcome(returncode, result_path, ds, tail)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,10 @@ import torch
 from cascade.config import Settings, load_settings
 from cascade.ctr_schema import LABEL
 from cascade.lake import Lake
-from cascade.registry import register_and_promote
 from models.preranking.config_registry import preranking_debug
 from models.preranking.inference import alias_version, frame_inputs, load_registered
 from models.preranking.model import PreRanker
+from models.preranking.registration import register_and_promote
 from models.preranking.synthetic_data import synthetic_training_frame
 from models.preranking.train import log_run
 

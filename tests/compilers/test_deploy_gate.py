@@ -12,7 +12,6 @@ import torch
 from cascade.compiled_packages import load_package
 from cascade.config import Settings
 from cascade.lake import Lake
-from cascade.registry import register_and_promote
 from compilers.deploy_gate import cold_gate_sample, compile_and_gate
 from models.preranking.config_registry import cascade_debug
 from models.preranking.fields import FIELD_NAMES, FieldEncoder
@@ -24,6 +23,7 @@ from models.preranking.inference import (
     save_cold_model,
 )
 from models.preranking.model import ColdPreRanker
+from models.preranking.registration import register_and_promote
 from models.preranking.synthetic_data import synthetic_training_frame
 from tests.cascade.test_registry import fitted, trained
 

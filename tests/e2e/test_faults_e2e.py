@@ -171,8 +171,10 @@ def test_training_task_killed_mid_run_retries_from_its_checkpoint(
     import mlflow
 
     from cascade.airflow_client import AirflowClient
-    from models.preranking.cascade_train import EXPERIMENT, STALE_ON_NEW_DATA, phases
+    from models.preranking.cascade_train import STALE_ON_NEW_DATA
     from models.preranking.config_registry import get_cascade_config
+    from models.preranking.fscd_phases import phases
+    from models.preranking.fscd_run import EXPERIMENT
 
     first = pipeline_run["train"]
     run_id = pipeline_run["dag_run_id"]

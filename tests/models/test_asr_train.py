@@ -15,6 +15,7 @@ import torch
 
 from cascade.audio_features import CorpusConfig
 from cascade.config import Settings
+from cascade.training.crash_points import CRASH_ENV
 from jobs.audio_corpus import process_one
 from jobs.speech_synth import synthesize, utterance_spec, write_wav
 from models.asr.artifact import load_artifact
@@ -22,7 +23,6 @@ from models.asr.config_registry import ALPHABET, CONFIGS, AsrTrainConfig, get_co
 from models.asr.corpus import SILENCE, collate, epoch_batches, load_split
 from models.asr.evaluate import error_report, int8_model
 from models.asr.train import RUN_MARKER, train_asr
-from models.preranking.train import CRASH_ENV
 
 
 def test_configs_are_complete_typed_and_validated() -> None:

@@ -10,8 +10,8 @@ import mlflow
 import pytest
 
 from cascade.config import Settings
+from cascade.training.crash_points import CRASH_ENV
 from models.multimodal.train import RUN_MARKER, train_multimodal
-from models.preranking.train import CRASH_ENV
 
 
 @pytest.mark.slow

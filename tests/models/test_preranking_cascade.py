@@ -16,22 +16,8 @@ import torch
 
 from cascade.config import Settings
 from cascade.ctr_schema import LABEL, TIMESTAMP
-from models.preranking.cascade_train import (
-    ALL_FIELDS,
-    CRASH_ENV,
-    PlainTorch,
-    build_network,
-    choose_fscd,
-    epoch_shard,
-    fscd_regularizer,
-    gate_noise,
-    gauc,
-    headline_metrics,
-    launch_cascade,
-    prepare,
-    recall_at_k,
-    run_steps,
-)
+from cascade.training.crash_points import CRASH_ENV
+from models.preranking.cascade_train import launch_cascade
 from models.preranking.config_registry import (
     CASCADE_CONFIGS,
     CascadeTrainConfig,
@@ -39,6 +25,16 @@ from models.preranking.config_registry import (
     get_cascade_config,
 )
 from models.preranking.fields import FIELD_NAMES, FIELDS, FieldEncoder, field_cost
+from models.preranking.fscd_data import ALL_FIELDS, prepare
+from models.preranking.fscd_metrics import choose_fscd, gauc, headline_metrics, recall_at_k
+from models.preranking.fscd_phases import (
+    PlainTorch,
+    build_network,
+    epoch_shard,
+    fscd_regularizer,
+    gate_noise,
+    run_steps,
+)
 from models.preranking.model import ColdPreRanker, DCNTeacher, TwoTower
 from models.preranking.movielens_frame import prior_counts
 from models.preranking.synthetic_data import synthetic_training_frame
@@ -389,13 +385,15 @@ def test_killed_two_process_run_resumes_to_the_same_metrics(
 DEEPSPEED_MATCHES_PLAIN = """
 import dataclasses, json, sys
 import torch
-from models.preranking import cascade_train as ct
+from cascade.training.launch import init_distributed
+from models.preranking import fscd_phases as ct
 from models.preranking.config_registry import cascade_debug
+from models.preranking.fscd_data import prepare
 from models.preranking.synthetic_data import synthetic_training_frame
 
-ct.init_distributed()
+init_distributed()
 config = dataclasses.replace(cascade_debug(), zero_stage=0, bf16=False)
-data = ct.prepare(config, synthetic_training_frame(3_000, users=80, items=120, seed=1))
+data = prepare(config, synthetic_training_frame(3_000, users=80, items=120, seed=1))
 cards = data.encoder.cardinalities()
 torch.manual_seed(0)
 plain = ct.PlainTorch(ct.build_network("teacher", config, cards), config)
@@ -425,7 +423,7 @@ def test_deepspeed_step_is_the_plain_pytorch_step_on_one_process(tmp_path: Path)
     import subprocess
     import sys
 
-    from models.preranking.train import torch_extensions_dir
+    from cascade.training.launch import torch_extensions_dir
 
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "CASCADE_HOME": str(tmp_path)}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])

@@ -86,7 +86,7 @@ def test_fingerprint_changes_with_the_data_and_the_partition(tmp_path: Path) -> 
 def test_train_step_trains_registers_and_serves_the_fscd_preranker(
     settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from cascade.registry import register_and_promote
+    from models.preranking.registration import register_and_promote
 
     lake = Lake(settings.lake_root)
     data = lake.training_set("preranking", DS) / "data.parquet"

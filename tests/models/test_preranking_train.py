@@ -15,16 +15,15 @@ import torch
 from cascade.config import Settings
 from cascade.ctr_schema import LABEL, MODEL_FEATURES, TIMESTAMP
 from cascade.lake import Lake
+from cascade.training.checkpoints import CHECKPOINTS
+from cascade.training.crash_points import CRASH_ENV, crash_point
+from cascade.training.resumable_run import RUN_MARKER
 from models.preranking.config_registry import preranking_debug
 from models.preranking.inference import build_model, frame_inputs, load_model_dir
 from models.preranking.model import PreRanker
 from models.preranking.synthetic_data import synthetic_training_frame
 from models.preranking.train import (
-    CHECKPOINTS,
-    CRASH_ENV,
-    RUN_MARKER,
     check_launch_outcome,
-    crash_point,
     launch,
     load_training_frame,
     parse_args,

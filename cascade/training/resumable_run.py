@@ -1,0 +1,87 @@
+"""The MLflow run of a training that a retry continues: its id is recorded in a run marker
+under the run folder, so an attempt killed half-way and started again logs into the same run."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from cascade.config import Settings
+from cascade.results import write_result
+
+RUN_MARKER = "mlflow_run.json"
+"""File under a run folder naming the MLflow run of the unfinished run."""
+
+
+def use_experiment(settings: Settings, name: str) -> str:
+    """Point MLflow at ``settings`` and return experiment ``name``'s id (created if missing).
+
+    With a local store (sqlite/file) the experiment's artifacts go under ``settings.home``:
+    MLflow's default is ``./mlruns`` of the current directory, i.e. inside the repository.
+    """
+    import mlflow
+
+    uri = settings.tracking_uri
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    experiment = mlflow.get_experiment_by_name(name)
+    if experiment is not None:
+        return str(experiment.experiment_id)
+    local_store = not uri.startswith(("http://", "https://", "databricks"))
+    location = (settings.home / "mlflow-artifacts").as_uri() if local_store else None
+    try:
+        return str(mlflow.create_experiment(name, artifact_location=location))
+    except mlflow.exceptions.MlflowException:
+        # Another process created it between our lookup and create.
+        experiment = mlflow.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return str(experiment.experiment_id)
+
+
+def open_resumable_run(
+    settings: Settings,
+    experiment: str,
+    marker: Path,
+    run_name: str,
+    params: Mapping[str, Any],
+    *,
+    resume: bool = True,
+) -> str:
+    """Start an MLflow run in ``experiment``, record its id in ``marker`` and log ``params``;
+    or reopen the run an interrupted attempt recorded there (its params are already logged).
+
+    With ``resume=False`` (the attempt left nothing to resume from) a recorded run is marked
+    KILLED, so the registry never shows it as still running, and a new run starts.
+    """
+    import mlflow
+
+    experiment_id = use_experiment(settings, experiment)
+    previous = str(json.loads(marker.read_text())["run_id"]) if marker.exists() else None
+    if resume and previous:
+        mlflow.start_run(run_id=previous)
+        return previous
+    if previous:
+        with contextlib.suppress(Exception):
+            mlflow.tracking.MlflowClient().set_terminated(previous, "KILLED")
+    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name)
+    write_result(marker, {"run_id": run.info.run_id})
+    if params:
+        mlflow.log_params(dict(params))
+    return str(run.info.run_id)
+
+
+@contextlib.contextmanager
+def failed_on_error(rank: int) -> Iterator[None]:
+    """Rank 0 ends its active MLflow run as FAILED when the block raises (then re-raises)."""
+    import mlflow
+
+    try:
+        yield
+    except BaseException:
+        if rank == 0 and mlflow.active_run() is not None:
+            mlflow.end_run("FAILED")
+        raise

@@ -1,0 +1,98 @@
+"""The FSCD cascade's data: the labelled impressions, split in time into train / validation /
+test, encoded by a field encoder fitted on the training rows only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from cascade.ctr_schema import LABEL
+from models.preranking.config_registry import CascadeTrainConfig
+from models.preranking.fields import FIELD_NAMES, FIELDS, FieldEncoder
+
+ALL_FIELDS = tuple(f.name for f in FIELDS)
+
+
+def load_frame(config: CascadeTrainConfig) -> pd.DataFrame:
+    """The labelled impressions named by ``config.data``."""
+    if config.data == "synthetic":
+        from models.preranking.synthetic_data import synthetic_training_frame
+
+        return synthetic_training_frame(
+            config.rows, users=max(50, config.rows // 40), items=max(80, config.rows // 25)
+        )
+    if config.data == "ml100k":
+        from models.preranking.movielens_frame import movielens_training_frame
+
+        return movielens_training_frame()
+    from models.preranking.train import load_training_frame
+
+    return load_training_frame(Path(config.data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalSplit:
+    """Encoded rows that a model is scored on, never trained on."""
+
+    codes: torch.Tensor
+    labels: np.ndarray
+    users: np.ndarray
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame, encoder: FieldEncoder) -> EvalSplit:
+        return cls(
+            codes=encoder.encode(frame),
+            labels=frame[LABEL].to_numpy(np.int64),
+            users=frame["user_id"].to_numpy(np.int64),
+        )
+
+
+@dataclass(kw_only=True)
+class Prepared:
+    """Encoded splits and the encoder fitted on the training rows.
+
+    Three splits in time order: the networks train on ``train``; ``validation`` (the end of
+    the training period) chooses the FSCD regularizer strength; ``test`` (the latest rows) is
+    only reported, so its numbers are an unbiased estimate for the chosen model.
+    """
+
+    encoder: FieldEncoder
+    train_codes: torch.Tensor
+    train_labels: torch.Tensor
+    validation: EvalSplit
+    test: EvalSplit
+    costs: dict[str, float]
+    example: pd.DataFrame
+    """A few raw test rows (the field columns): the logged model's input example."""
+
+
+def prepare(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> Prepared:
+    """Time split into train / validation / test, fit the encoder on train only, encode all.
+
+    The encoder sees only the training rows, so ids first seen in the validation period are
+    unknown to it exactly as ids first seen in the test period are: validation mimics test.
+    """
+    from models.preranking.train import time_split
+
+    frame = load_frame(config) if frame is None else frame
+    period, test = time_split(frame, config.test_fraction)
+    if len(period) < 2:
+        raise ValueError(
+            f"{len(frame)} rows leave {len(period)} before the test split; need at least 2 to "
+            "carve a validation split (lower test_fraction or use more data)"
+        )
+    train, validation = time_split(period, config.validation_fraction)
+    encoder = FieldEncoder(bins=config.bins).fit(train)
+    return Prepared(
+        encoder=encoder,
+        train_codes=encoder.encode(train),
+        train_labels=torch.from_numpy(train[LABEL].to_numpy(np.float32)),
+        validation=EvalSplit.of(validation, encoder),
+        test=EvalSplit.of(test, encoder),
+        costs=dict(zip(ALL_FIELDS, encoder.costs(config.net.embedding_dim), strict=True)),
+        example=test[list(FIELD_NAMES)].head(5).reset_index(drop=True),
+    )

@@ -1,0 +1,224 @@
+"""One FSCD cascade run inside an initialized process group: every phase in order (finished
+phases skipped, the current one resumed), then on rank 0 the evaluation, the choice of λ, the
+files under ``OUT`` and the MLflow run with the chosen model."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from cascade.config import Settings, load_settings
+from cascade.results import write_result
+from cascade.training.launch import rank_world
+from cascade.training.resumable_run import RUN_MARKER, failed_on_error, open_resumable_run
+from models.preranking.config_registry import CascadeTrainConfig
+from models.preranking.fscd_data import Prepared, prepare
+from models.preranking.fscd_metrics import (
+    choose_fscd,
+    evaluate_models,
+    headline_metrics,
+    plot_tradeoff,
+)
+from models.preranking.fscd_phases import phases, train_phase
+from models.preranking.model import ColdPreRanker
+
+EXPERIMENT = "preranking-cascade"
+
+
+def _mlflow_run(settings: Settings, out: Path, config: CascadeTrainConfig) -> str:
+    """Start (or, on resume, reopen) the run recorded in ``OUT/mlflow_run.json``."""
+    params = {k: str(v) for k, v in _flat(config.to_dict()).items()}
+    return open_resumable_run(
+        settings, EXPERIMENT, out / RUN_MARKER, f"cascade-{config.name}", params
+    )
+
+
+def _flat(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, item in value.items():
+        if isinstance(item, dict):
+            flat.update(_flat(item, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = item
+    return flat
+
+
+def train_cascade(config: CascadeTrainConfig, out: Path, ds: str = "") -> dict[str, Any] | None:
+    """The whole run inside an initialized process group; the result on rank 0. ``ds``: the
+    partition the data belongs to (the pipeline's train step), recorded in ``result.json``."""
+    import mlflow
+
+    started = time.monotonic()
+    rank, world = rank_world()
+    out.mkdir(parents=True, exist_ok=True)
+    data = prepare(config)
+    settings = load_settings()
+    if rank == 0:
+        run_id = _mlflow_run(settings, out, config)
+        write_result(out / "encoder.json", data.encoder.state())
+        print(
+            f"[cascade] config={config.name} world={world} train={len(data.train_labels)} "
+            f"validation={len(data.validation.labels)} test={len(data.test.labels)} run={run_id} "
+            f"pid={os.getpid()}",
+            flush=True,
+        )
+
+    def log(phase: str, step: int, value: float) -> None:
+        if rank == 0:
+            print(f"[cascade] {phase} step={step} loss={value:.4f}", flush=True)
+            mlflow.log_metric(f"loss.{phase}", value, step=step)
+
+    with failed_on_error(rank):
+        models: dict[str, nn.Module] = {}
+        selections: dict[str, Any] = {}
+        for phase in phases(config):
+            if phase.kind == "fscd":
+                selector = models.pop(f"select_{phase.strength:g}")
+                assert isinstance(selector, ColdPreRanker)
+                kept = selector.kept_fields() or (
+                    # Nothing kept: keep the single most probable field rather than no model.
+                    (selector.gate_fields[int(selector.keep_probability().argmax())],)
+                )
+                selections[phase.name] = {
+                    "keep_probability": dict(
+                        zip(selector.gate_fields, selector.keep_probability().tolist(), strict=True)
+                    ),
+                    "kept": list(kept),
+                }
+                models[phase.name] = train_phase(phase, config, data, out, fields=kept, log=log)
+            else:
+                models[phase.name] = train_phase(phase, config, data, out, log=log)
+        result = None
+        if rank == 0:
+            result = finish(
+                config, data, models, selections, out, started=started, world=world, ds=ds
+            )
+    return result
+
+
+def finish(
+    config: CascadeTrainConfig,
+    data: Prepared,
+    models: dict[str, nn.Module],
+    selections: dict[str, Any],
+    out: Path,
+    *,
+    started: float,
+    world: int,
+    ds: str = "",
+) -> dict[str, Any]:
+    """Rank 0: choose λ on validation, report test; write the tables, metrics, plot and
+    result; log them to MLflow.
+
+    The chosen FSCD model is what the run deploys: its weights, config, kept fields and the
+    field encoder go to ``OUT/fscd_model`` and to MLflow as a :class:`ColdPreRankerPyfunc`
+    (``result["model_uri"]``, what the registry registers); ``result["test_auc"]`` is its
+    test AUC, the figure the registry compares champions by."""
+    import mlflow
+    import mlflow.pyfunc
+    from mlflow.models import infer_signature
+
+    from models.preranking.inference import (
+        COLD_DIR_ARTIFACT,
+        ColdPreRankerPyfunc,
+        save_cold_model,
+        score_frame,
+    )
+
+    validation_rows = evaluate_models(models, data.validation, data.costs, config)
+    rows = evaluate_models(models, data.test, data.costs, config)
+    metrics = headline_metrics(validation_rows, rows, config)
+    metrics["train_seconds"] = time.monotonic() - started
+    chosen_name = choose_fscd(validation_rows, config.cost_budget)["model"]
+    chosen = next(r for r in rows if r["model"] == chosen_name)
+    recall_key = f"recall_at_{config.recall_k}"
+    goals = {
+        "auc_ratio_at_least_0.98": metrics["auc_ratio"] >= 0.98,
+        "cost_ratio_at_most_0.5": metrics["cost_ratio"] <= 0.5,
+        "beats_two_tower": metrics["fscd_auc"] > metrics["two_tower_auc"],
+    }
+    evaluation = {
+        "config": config.name,
+        "world_size": world,
+        "recall_k": config.recall_k,
+        "selected_on": "validation",
+        "chosen": chosen["model"],
+        "split_rows": {
+            "train": len(data.train_labels),
+            "validation": len(data.validation.labels),
+            "test": len(data.test.labels),
+        },
+        "rows": rows,
+        "validation_rows": validation_rows,
+    }
+    write_result(out / "evaluation.json", evaluation)
+    write_result(out / "selections.json", selections)
+    write_result(out / "metrics.json", metrics)
+    plot_tradeoff(
+        validation_rows, rows, chosen["model"], out / "tradeoff.png", budget=config.cost_budget
+    )
+    run = mlflow.active_run()
+    assert run is not None
+    mlflow.log_metrics(metrics)
+    # The deployed model's hold-out AUC under the name the registry and the dense-feature
+    # training use.
+    mlflow.log_metric("test_auc", metrics["fscd_auc"])
+    for r in rows:
+        mlflow.log_metrics(
+            {
+                f"{r['model']}.{k}": float(r[k])
+                for k in ("auc", "gauc", recall_key, "cost", "cost_ratio")
+            }
+        )
+    mlflow.log_metrics({f"{r['model']}.validation_auc": float(r["auc"]) for r in validation_rows})
+    mlflow.log_dict(evaluation, "evaluation.json")
+    mlflow.log_dict(
+        {
+            "chosen": chosen["model"],
+            "fields": chosen["fields"],
+            "cost": chosen["cost"],
+            "cost_ratio": chosen["cost_ratio"],
+            "selections": selections,
+        },
+        "selected_features.json",
+    )
+    mlflow.log_artifact(str(out / "tradeoff.png"))
+    mlflow.log_artifact(str(out / "encoder.json"))
+    fscd_model = models[chosen["model"]]
+    assert isinstance(fscd_model, ColdPreRanker)
+    model_dir = save_cold_model(out / COLD_DIR_ARTIFACT, fscd_model, config, data.encoder)
+    # The signature: the raw field columns in, one click probability per row out.
+    signature = infer_signature(data.example, score_frame(fscd_model, data.example, data.encoder))
+    info = mlflow.pyfunc.log_model(
+        name="fscd_preranker",
+        python_model=ColdPreRankerPyfunc(),
+        artifacts={COLD_DIR_ARTIFACT: str(model_dir)},
+        signature=signature,
+        input_example=data.example,
+        # Listing requirements skips MLflow's slow inference of them; the model also needs
+        # this repository's `models.preranking` package importable where it is loaded.
+        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "pandas", "numpy"],
+    )
+    result = {
+        **metrics,
+        "goals": goals,
+        "chosen": chosen["model"],
+        "fscd_fields": chosen["fields"],
+        "run_id": run.info.run_id,
+        "model_uri": info.model_uri,
+        "model_kind": "fscd",
+        "test_auc": metrics["fscd_auc"],
+        "config": config.name,
+        "ds": ds,
+        "world_size": world,
+    }
+    write_result(out / "result.json", result)
+    mlflow.end_run()
+    print(f"[cascade] done: {json.dumps(metrics)}", flush=True)
+    return result

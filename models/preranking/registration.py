@@ -1,0 +1,172 @@
+"""Register a trained pre-ranking model and put it through the promotion gate
+(:mod:`cascade.promotion`).
+
+Champion and challenger are scored on the same held-out rows: the latest ``test_fraction`` of
+the challenger's training set, which the champion never saw trained on either when it is
+older, on ``settings.promotion_metric`` (AUC or log loss) with ``settings.promotion_tolerance``.
+The compile gate's report is ``Lake.reports("compile", ds)``. Run for one partition date after
+training::
+
+    python -c "from models.preranking.registration import register_and_promote as r
+    print(r('2026-01-31'))"
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cascade.config import PROMOTION_METRICS, Settings, load_settings
+from cascade.lake import Lake, check_ds
+from cascade.pipeline_spec import Promotion
+from cascade.promotion import Decision, NewVersion, Scores
+from cascade.promotion import register_and_promote as promote
+from cascade.registry import registry_client, registry_report_path
+from cascade.results import write_result
+from models.preranking.inference import TEST_AUC_TAG
+
+GATE_KEYS = ("passed", "reasons", "artifact", "max_abs_diff", "auc_delta", "speedup_vs_eager")
+"""What the registry's decision keeps of the compile gate's report."""
+
+
+def _read_train_result(lake: Lake, ds: str) -> dict[str, Any]:
+    path = lake.reports("train", ds) / "result.json"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no training result {path}; train first "
+            f"(models.preranking.train.launch({ds!r}) writes it)"
+        )
+    result = json.loads(path.read_text())
+    missing = [k for k in ("run_id", "test_auc", "model_uri") if k not in result]
+    if missing:
+        raise ValueError(f"training result {path} lacks {missing}; rerun training for ds={ds}")
+    if result.get("ds") not in (None, "", ds):
+        raise ValueError(f"training result {path} is for ds={result['ds']}, not {ds}; retrain")
+    return result
+
+
+def held_out_rows(lake: Lake, ds: str, test_fraction: float) -> Any:
+    """The rows both models are compared on: the latest ``test_fraction`` of ``ds``'s training
+    set by event time (the challenger's own hold-out)."""
+    from models.preranking.train import load_training_frame, time_split
+
+    path = lake.training_set("preranking", ds) / "data.parquet"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no training set {path} to compare champion and challenger on; run the "
+            f"training-set step for ds={ds}"
+        )
+    return time_split(load_training_frame(path), test_fraction)[1]
+
+
+def compile_gate_report(lake: Lake, ds: str) -> dict[str, Any] | None:
+    """The compile step's gate result for ``ds``, or None when the pipeline did not run it."""
+    path = lake.reports("compile", ds) / "result.json"
+    if not path.exists():
+        return None
+    report = json.loads(path.read_text())
+    if "passed" not in report:
+        raise ValueError(f"compile gate report {path} has no 'passed'; rerun the compile step")
+    return report
+
+
+def _version_auc(client: Any, version: Any) -> float:
+    tag = version.tags.get(TEST_AUC_TAG)
+    if tag is not None:
+        return float(tag)
+    metric = client.get_run(version.run_id).data.metrics.get("test_auc")
+    if metric is None:
+        raise ValueError(
+            f"model version {version.name}/{version.version} has no test_auc tag or run metric; "
+            "tag it with test_auc or retrain it"
+        )
+    return float(metric)
+
+
+def promotion_rule(settings: Settings, *, requires_compile_gate: bool = False) -> Promotion:
+    """The pre-ranker's rule: the settings' metric (its direction) and tolerance."""
+    metric = settings.promotion_metric
+    return Promotion(
+        metric=metric,
+        higher_is_better=PROMOTION_METRICS[metric],
+        tolerance=settings.promotion_tolerance,
+        requires_compile_gate=requires_compile_gate,
+    )
+
+
+def register_and_promote(
+    ds: str, *, settings: Settings | None = None, requires_compile_gate: bool = False
+) -> dict:
+    """Register the model trained for ``ds`` and move the aliases; returns and writes the decision.
+
+    Returns ``{"version", "promoted", "test_auc", "champion_version", "champion_auc",
+    "previous_champion", ...}`` (versions as strings; ``previous_champion`` None for the first
+    one), also written to ``Lake.reports("register", ds) / "result.json"``. Calling it again for
+    the same training run registers nothing new and returns the first decision.
+    ``requires_compile_gate``: refuse when the compile step left no report (the pipeline has
+    one); otherwise a missing report means the pipeline did not run it.
+    """
+    from models.preranking.inference import load_trained, load_version
+    from models.preranking.train import evaluate
+
+    check_ds(ds)
+    settings = settings or load_settings()
+    lake = Lake(settings.lake_root)
+    trained = _read_train_result(lake, ds)
+    client = registry_client(settings)
+    promotion = promotion_rule(settings, requires_compile_gate=requires_compile_gate)
+    run_id, model_uri = trained["run_id"], trained["model_uri"]
+    new_auc = float(trained["test_auc"])
+    champion_auc: dict[str, float] = {}
+
+    def score(champion: Any) -> Scores:
+        champion_auc[str(champion.version)] = _version_auc(client, champion)
+        challenger = load_trained(lake.reports("train", ds))
+        champion_model = load_version(settings, str(champion.version))
+        rows = held_out_rows(lake, ds, challenger.test_fraction)
+        return Scores(
+            challenger=evaluate(challenger.model, rows, challenger.encoder)[promotion.metric],
+            champion=evaluate(champion_model.model, rows, champion_model.encoder)[promotion.metric],
+            rows=f"the same {len(rows)} held-out rows",
+            details={"rows": len(rows)},
+        )
+
+    gate = compile_gate_report(lake, ds)
+
+    def report(decision: Decision) -> dict[str, Any]:
+        return {
+            **decision.record(),
+            "test_auc": new_auc,
+            "champion_auc": new_auc
+            if decision.promoted
+            else champion_auc.get(str(decision.champion_version)),
+            "ds": ds,
+            "run_id": run_id,
+            "tolerance": promotion.tolerance,
+            "metric": promotion.metric,
+            "compile_gate": None if gate is None else {k: gate.get(k) for k in GATE_KEYS},
+        }
+
+    result = promote(
+        client,
+        NewVersion(
+            name=settings.registered_model,
+            model_description="Pre-ranking CTR model (Cascade)",
+            run_id=run_id,
+            source=model_uri,
+            # Links the version to MLflow 3's logged model (models:/m-<id>).
+            model_id=model_uri.removeprefix("models:/")
+            if model_uri.startswith("models:/m-")
+            else None,
+            tags={"ds": ds, TEST_AUC_TAG: repr(new_auc), "run_id": run_id},
+            description=f"trained for ds={ds} with config {trained.get('config')}",
+        ),
+        promotion=promotion,
+        score=score,
+        compile_gate=gate,
+        report=report,
+    )
+    path = registry_report_path(ds, settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_result(path, result)
+    return result

@@ -1,0 +1,214 @@
+"""The promotion gate: compile gate, metric direction and tolerance, and no alias move when the
+champion changed between the decision and the move."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from cascade.pipeline_spec import Promotion
+from cascade.promotion import NewVersion, Scores, compare, decide, register_and_promote
+from cascade.registry import CHALLENGER, CHAMPION, DECISION_TAG, PREVIOUS_CHAMPION_TAG
+
+NAME = "toy"
+
+
+@dataclass
+class Version:
+    name: str
+    version: str
+    run_id: str
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+class FakeRegistry:
+    """The client calls the gate makes, on an in-memory registry. ``before_move`` runs right
+    before the champion alias is read again (another process moving it meanwhile)."""
+
+    def __init__(self) -> None:
+        self.versions: dict[str, Version] = {}
+        self.aliases: dict[str, str] = {}
+        self.moves: list[tuple[str, str]] = []
+        self.before_recheck: Any = None
+        self._reads = 0
+
+    def create_registered_model(self, name: str, description: str = "") -> None:
+        pass
+
+    def search_model_versions(self, query: str) -> list[Version]:
+        run_id = query.split("run_id='")[1].rstrip("'")
+        return [v for v in self.versions.values() if v.run_id == run_id]
+
+    def create_model_version(self, name: str, **kwargs: Any) -> Version:
+        version = Version(name, str(len(self.versions) + 1), kwargs["run_id"], dict(kwargs["tags"]))
+        self.versions[version.version] = version
+        return version
+
+    def get_model_version_by_alias(self, name: str, alias: str) -> Version:
+        if alias == CHAMPION:
+            self._reads += 1
+            if self._reads == 2 and self.before_recheck is not None:
+                self.before_recheck(self)
+        if alias not in self.aliases:
+            from mlflow.exceptions import MlflowException
+            from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
+
+            raise MlflowException("no alias", error_code=RESOURCE_DOES_NOT_EXIST)
+        return self.versions[self.aliases[alias]]
+
+    def set_registered_model_alias(self, name: str, alias: str, version: str) -> None:
+        self.aliases[alias] = version
+        self.moves.append((alias, version))
+
+    def set_model_version_tag(self, name: str, version: str, key: str, value: str) -> None:
+        self.versions[version].tags[key] = value
+
+
+def version_of(client: FakeRegistry, run_id: str, score: float) -> Version:
+    return client.create_model_version(NAME, run_id=run_id, tags={"score": repr(score)})
+
+
+def tag_scores(challenger: float) -> Any:
+    return lambda champion: Scores(
+        challenger=challenger, champion=float(champion.tags["score"]), rows="the same rows"
+    )
+
+
+HIGHER = Promotion(metric="auc", higher_is_better=True, tolerance=0.01)
+LOWER = Promotion(metric="cer", higher_is_better=False, tolerance=0.01)
+
+
+@pytest.mark.parametrize(
+    ("promotion", "challenger", "passed"),
+    [
+        (HIGHER, 0.70, True),
+        (HIGHER, 0.691, True),  # worse, within the tolerance
+        (HIGHER, 0.689, False),
+        (LOWER, 0.70, True),
+        (LOWER, 0.709, True),
+        (LOWER, 0.711, False),
+        (Promotion(metric="auc", higher_is_better=True), 0.6999, False),
+    ],
+)
+def test_compare_respects_direction_and_tolerance(
+    promotion: Promotion, challenger: float, passed: bool
+) -> None:
+    verdict = compare(
+        promotion,
+        Scores(challenger=challenger, champion=0.70, rows="the same 10 rows", details={"rows": 10}),
+        champion="3",
+    )
+    assert verdict["passed"] is passed and verdict["rows"] == 10
+    assert verdict["metric"] == promotion.metric
+    if not passed:
+        direction = "below" if promotion.higher_is_better else "above"
+        assert f"{direction} champion {promotion.metric}" in verdict["reason"]
+        assert "worse than champion v3" in verdict["reason"]
+
+
+def test_first_version_needs_a_passed_compile_report_when_required() -> None:
+    required = Promotion(metric="auc", higher_is_better=True, requires_compile_gate=True)
+    client = FakeRegistry()
+    first = version_of(client, "r1", 0.7)
+    refused = decide(
+        client, NAME, first, promotion=required, score=tag_scores(0.7), compile_gate=None
+    )
+    assert not refused.promoted and refused.champion_version is None
+    assert refused.reasons == [
+        "compile gate: no report; the compile step must pass before a promotion"
+    ]
+    assert client.aliases == {CHALLENGER: "1"}
+
+    failed = decide(
+        client,
+        NAME,
+        first,
+        promotion=required,
+        score=tag_scores(0.7),
+        compile_gate={"passed": False, "reasons": ["parity"]},
+    )
+    assert not failed.promoted and failed.reasons == ["compile gate: parity"]
+
+    passed = decide(
+        client,
+        NAME,
+        first,
+        promotion=required,
+        score=tag_scores(0.7),
+        compile_gate={"passed": True, "reasons": []},
+    )
+    assert passed.promoted and client.aliases[CHAMPION] == "1"
+    # Where no compile step is required, a missing report does not block.
+    second = version_of(client, "r2", 0.7)
+    unrequired = decide(
+        client, NAME, second, promotion=HIGHER, score=tag_scores(0.7), compile_gate=None
+    )
+    assert unrequired.promoted and unrequired.previous_champion == "1"
+    assert client.versions["2"].tags[PREVIOUS_CHAMPION_TAG] == "1"
+
+
+def test_refuses_a_worse_challenger_in_the_metric_direction() -> None:
+    client = FakeRegistry()
+    decide(client, NAME, version_of(client, "r1", 0.30), promotion=LOWER, score=tag_scores(0.30),
+           compile_gate=None)  # fmt: skip
+    worse = decide(client, NAME, version_of(client, "r2", 0.35), promotion=LOWER,
+                   score=tag_scores(0.35), compile_gate=None)  # fmt: skip
+    assert not worse.promoted and worse.champion_version == "1"
+    assert worse.comparison is not None and worse.comparison["champion"] == 0.30
+    assert "above champion cer" in worse.reasons[0]
+    assert client.aliases == {CHAMPION: "1", CHALLENGER: "2"}
+
+
+def test_alias_stays_when_the_champion_changed_before_the_move() -> None:
+    client = FakeRegistry()
+    decide(client, NAME, version_of(client, "r1", 0.70), promotion=HIGHER,
+           score=tag_scores(0.70), compile_gate=None)  # fmt: skip
+    other = version_of(client, "r-other", 0.90)
+
+    def someone_promotes_another(registry: FakeRegistry) -> None:
+        registry.aliases[CHAMPION] = other.version
+
+    client.before_recheck = someone_promotes_another
+    client._reads = 0
+    result = register_and_promote(
+        client,
+        NewVersion(
+            name=NAME,
+            model_description="",
+            run_id="r3",
+            source="s",
+            tags={"score": "0.8"},
+            description="",
+        ),  # fmt: skip
+        promotion=HIGHER,
+        score=tag_scores(0.80),
+        compile_gate=None,
+        report=lambda d: {
+            "promoted": d.promoted,
+            "champion": d.champion_version,
+            "reasons": d.reasons,
+        },  # fmt: skip
+    )
+    assert result["promoted"] is False and result["champion"] == other.version
+    assert "changed from v1 to v2" in result["reasons"][0]
+    assert client.aliases[CHAMPION] == other.version  # not moved to v3
+    assert (CHAMPION, "3") not in client.moves
+    new = client.versions["3"]
+    # Not stored: registering again decides against the new champion.
+    assert DECISION_TAG not in new.tags and PREVIOUS_CHAMPION_TAG not in new.tags
+    client.before_recheck = None
+    again = register_and_promote(
+        client,
+        NewVersion(
+            name=NAME, model_description="", run_id="r3", source="s", tags={}, description=""
+        ),  # fmt: skip
+        promotion=HIGHER,
+        score=tag_scores(0.80),
+        compile_gate=None,
+        report=lambda d: {"promoted": d.promoted, "previous": d.previous_champion},
+    )
+    assert again == {"promoted": False, "previous": "2"}
+    assert json.loads(client.versions["3"].tags[DECISION_TAG]) == again
