@@ -33,6 +33,7 @@ from torch.export import Dim, ExportedProgram
 
 from cascade.ctr_schema import MODEL_FEATURES, USER_FEATURES
 from compilers.inductor_passes import UnfuseBiasAddmm
+from compilers.passes.rsq_quantization import exact_int8_gemm
 from compilers.pipeline import (
     DEFAULT_PASSES,
     PASS_ORDER,
@@ -220,14 +221,16 @@ def artifact_digest(module: nn.Module, passes: Sequence[str], extra: str = "") -
 
 
 def _calibration_key(context: PassContext | None) -> str:
-    """Digest of the calibration batches and quantization knobs (they shape an int8 graph)."""
+    """Digest of the calibration batches and quantization knobs (they shape an int8 graph, and
+    so does whether this CPU's int8 GEMM is exact)."""
     if context is None:
         return ""
     digest = hashlib.sha256()
     for batch in context.calibration_inputs or []:
         for tensor in batch:
             digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    digest.update(repr((context.rsq_bits, context.rsq_min_features, context.winograd)).encode())
+    knobs = (context.rsq_bits, context.rsq_min_features, context.winograd, exact_int8_gemm())
+    digest.update(repr(knobs).encode())
     return digest.hexdigest()[:16]
 
 

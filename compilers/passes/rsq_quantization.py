@@ -5,6 +5,7 @@ quantize/dequantize pattern Inductor lowers to int8 GEMMs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,9 +24,30 @@ from compilers.passes.rsq_arithmetic import (
     depthwise_taps,
     rsq_conv1d,
     rsq_depthwise_conv1d,
+    rsq_linear,
 )
 
 aten = torch.ops.aten
+
+INT8_DOT_PRODUCT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+"""x86 CPU flags of an int8 dot product that accumulates u8 x s8 products in 32 bits."""
+
+
+@functools.cache
+def exact_int8_gemm(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether oneDNN's int8 GEMM is exact on this CPU. Without VNNI (AVX2 only, or AVX-512
+    without VNNI) it sums pairs of u8 x s8 products in a saturating 16-bit lane: activations
+    up to 255 around the zero point times weights up to 127 overflow it, and a package's
+    scores were off by 8% of their range here. Other CPUs are taken as exact."""
+    try:
+        with open(cpuinfo) as lines:
+            flags = next((line for line in lines if line.startswith("flags")), "")
+    except OSError:
+        return True
+    if not flags or " avx2" not in flags:
+        return True  # not an x86 with oneDNN's AVX2 kernels (or unknown): nothing to avoid
+    words = set(flags.split())
+    return any(flag in words for flag in INT8_DOT_PRODUCT_FLAGS)
 
 
 def _rsq_conv1d_as_gemm(
@@ -193,7 +215,9 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
     emitted as the quantize/dequantize pattern Inductor lowers to an int8 GEMM (3-D inputs
     flattened to 2-D for it); an ungrouped Conv1d as im2col (:func:`conv1d_columns`) into
     that same pattern, a depthwise one as shifted products (:func:`rsq_depthwise_conv1d`),
-    another grouped one as :func:`rsq_conv1d`. Invariant:
+    another grouped one as :func:`rsq_conv1d`. On a CPU whose int8 GEMM saturates
+    (:func:`exact_int8_gemm`), Linear and ungrouped Conv1d layers run the same integer-valued
+    operands in fp32 arithmetic instead (``fp32_arithmetic`` counts them). Invariant:
     same output shapes and dtypes; values change by the quantization error (check accuracy
     after).
     """
@@ -225,7 +249,8 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
     to_calibrate = {n.name for n in layers if n.name not in ranges}
     if to_calibrate and context.calibration_inputs:
         ranges.update(_layer_input_ranges(gm, context.calibration_inputs, to_calibrate))
-    quantized = as_gemm = as_taps = 0
+    quantized = as_gemm = as_taps = as_float = 0
+    int8_kernels = exact_int8_gemm()
     for node in layers:
         weight = const(gm, node.args[1])
         assert weight is not None
@@ -239,11 +264,18 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
         args = list(node.args) + [None] * (7 - len(node.args))
         with gm.graph.inserting_before(node):
             scale = input_range / levels
-            if node.target == aten.linear.default:
+            if node.target == aten.linear.default and not int8_kernels:
+                # The same integer-valued operands in fp32 arithmetic: exact where the CPU's
+                # int8 GEMM would saturate (:func:`exact_int8_gemm`).
+                q_node = add_const(gm, weight_q.to(torch.int8), "rsq_weight")
+                s_node = add_const(gm, weight_scale, "rsq_scale")
+                replacement = call(gm, rsq_linear, args[0], q_node, s_node, scale, args[2], levels)
+                as_float += 1
+            elif node.target == aten.linear.default:
                 replacement = _rsq_linear_nodes(
                     gm, args[0], weight_q, weight_scale, scale, args[2], levels
                 )
-            elif (args[6] or 1) == 1:  # ungrouped (``aten.conv1d.default``: numeric padding)
+            elif (args[6] or 1) == 1 and int8_kernels:  # ungrouped (numeric padding)
                 # Not Inductor's int8 conv (qconv_pointwise): it gets a Conv1d's output length
                 # wrong under a symbolic length (one frame too many per padded conv, torch
                 # 2.13). As im2col + GEMM the conv gets the int8 Linear instead.
@@ -275,6 +307,7 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
                 else:
                     extra = (args[3] or [1], args[4] or [0], args[5] or [1], args[6] or 1)
                     replacement = call(gm, rsq_conv1d, *operands, *extra)
+                    as_float += (args[6] or 1) == 1
         if "nn_module_stack" in node.meta:
             replacement.meta["nn_module_stack"] = node.meta["nn_module_stack"]
         node.replace_all_uses_with(replacement)
@@ -288,6 +321,8 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
             "kept_fp32": len(small),
             "conv_as_gemm": as_gemm,
             "depthwise_as_taps": as_taps,
+            "int8_kernels": int8_kernels,
+            "fp32_arithmetic": as_float,
             "ranges_from_model": len(from_model),
             "calibrated": len(to_calibrate) if context.calibration_inputs else 0,
             "input_ranges": ranges,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +32,7 @@ from compilers.passes import (
     fold_embedding_linear,
     fuse_memory_bound_chains,
     remove_noops,
+    rsq_quantization,
     rsq_quantize,
     share_broadcast_computation,
     winograd_conv1d,
@@ -186,7 +188,14 @@ def test_winograd_auto_times_both_forms() -> None:
     assert result.fired == int(timing["winograd_ms"] < timing["direct_ms"])
 
 
-def test_rsq_quantize_int8_with_calibration() -> None:
+@pytest.fixture
+def int8_gemm_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass as it runs on a CPU with VNNI: the int8 GEMM pattern (the graph is checked in
+    eager float ops, so this runs on any CPU)."""
+    monkeypatch.setattr(rsq_quantization, "exact_int8_gemm", lambda: True)
+
+
+def test_rsq_quantize_int8_with_calibration(int8_gemm_exact: None) -> None:
     module, gm = conv_program()
     calibration = [(torch.randn(4, 6, 32),) for _ in range(4)]
     context = PassContext(calibration_inputs=calibration)
@@ -242,7 +251,7 @@ class MemoryBlock(nn.Module):
     [("stack", 3, 2, 0), ("strided", 2, 2, 0), ("memory", 2, 1, 1)],
 )
 def test_rsq_quantize_runs_convs_as_int8_gemms_and_taps_under_a_symbolic_length(
-    name: str, layers: int, as_gemm: int, as_taps: int
+    name: str, layers: int, as_gemm: int, as_taps: int, int8_gemm_exact: None
 ) -> None:
     if name == "stack":
         module, gm = conv_program()
@@ -282,7 +291,9 @@ def test_depthwise_conv1d_taps_matches_conv(dilation: int) -> None:
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_rsq_quantize_emits_int8_linear_pattern_and_keeps_narrow_layers() -> None:
+def test_rsq_quantize_emits_int8_linear_pattern_and_keeps_narrow_layers(
+    int8_gemm_exact: None,
+) -> None:
     request, gm, _ = request_graph(hidden=(32, 16))
     calibration = [preranking_example(request.model.config, 50, seed=s) for s in range(4)]
     context = PassContext(calibration_inputs=calibration, rsq_min_features=16)
@@ -301,6 +312,47 @@ def test_rsq_quantize_emits_int8_linear_pattern_and_keeps_narrow_layers() -> Non
         expected = request(*inputs)
         error = (gm(*inputs) - expected).norm() / expected.norm()
     assert 0 < error < 0.05, f"int8 relative error {error:.4f}"
+
+
+def test_without_an_exact_int8_gemm_the_same_integer_operands_run_in_fp32(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    module, gm = conv_program()
+    reference_gm = copy.deepcopy(gm)
+    calibration = [(torch.randn(4, 6, 32),) for _ in range(4)]
+    results = {}
+    for exact, graph in ((False, gm), (True, reference_gm)):
+        monkeypatch.setattr(rsq_quantization, "exact_int8_gemm", lambda exact=exact: exact)
+        context = PassContext(calibration_inputs=calibration)
+        collect_shape_constraints(graph, context)
+        results[exact] = rsq_quantize(graph, context)
+        graph.recompile()
+    fallback = results[False]
+    assert fallback.fired == 3 and fallback.details["int8_kernels"] is False
+    assert fallback.details["fp32_arithmetic"] == 3 and fallback.details["conv_as_gemm"] == 0
+    assert count(gm, torch.ops.quantized_decomposed.quantize_per_tensor.default) == 0
+    assert results[True].details["fp32_arithmetic"] == 0
+    # The same quantized values: both graphs agree with each other, not only with fp32.
+    x = torch.randn(4, 6, 32)
+    torch.testing.assert_close(gm(x), reference_gm(x), rtol=1e-4, atol=1e-4)
+    error = (gm(x) - module(x)).norm() / module(x).norm()
+    assert 0 < error < 0.03
+
+
+@pytest.mark.parametrize(
+    ("flags", "exact"),
+    [
+        ("fpu sse2 avx2 fma", False),
+        ("fpu sse2 avx2 avx512f avx512bw", False),
+        ("fpu sse2 avx2 avx512f avx512_vnni", True),
+        ("fpu sse2 avx2 avx_vnni", True),
+        ("fp asimd", True),
+    ],
+)
+def test_exact_int8_gemm_reads_the_cpu_flags(tmp_path: Path, flags: str, exact: bool) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert rsq_quantization.exact_int8_gemm(str(cpuinfo)) is exact
 
 
 def test_rsq_quantize_needs_calibration() -> None:
