@@ -1,6 +1,6 @@
 """Airflow DAGs made from pipeline specs: one DAG per registered pipeline, no DAG file per pipeline.
 
-``dags/pipelines.py`` calls :func:`build_dags`. Each DAG is ``resolve_partition`` (claims the
+``dags/pipeline_dags.py`` calls :func:`build_dags`. Each DAG is ``resolve_partition`` (claims the
 run's events, so a redelivered or coalesced event never does the work twice, and returns the
 partition) followed by one task per step, chained in order, each calling
 :func:`cascade.step_runner.run_step` (what the DVC stage and ``cascade step`` call too). A
@@ -144,6 +144,6 @@ def build_dag(spec: Pipeline) -> Any:
 
 
 def build_dags() -> dict[str, Any]:
-    """DAG id -> DAG for every registered pipeline (``dags/pipelines.py`` puts them in its
+    """DAG id -> DAG for every registered pipeline (``dags/pipeline_dags.py`` puts them in its
     globals, where the DAG processor finds them)."""
     return {name: build_dag(spec) for name, spec in registered_pipelines().items()}

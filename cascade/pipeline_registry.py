@@ -55,6 +55,12 @@ def _load(value: Any, found: dict[str, Pipeline], origin: str) -> None:
             f"entry point {origin} gives a {type(value).__name__}; "
             "it must name a Pipeline, a module defining PIPELINE, or a package of such modules"
         )
+    if not hasattr(value, "__path__") and not hasattr(value, "PIPELINE"):
+        # E.g. a DAG file of the same name shadowing the package on the DAG processor's path.
+        raise PipelineRegistryError(
+            f"entry point {origin} resolves to {getattr(value, '__file__', value)!r}, a module "
+            "that defines no PIPELINE (is another module of that name earlier on sys.path?)"
+        )
     _from_module(value, found, origin)
     if hasattr(value, "__path__"):
         for info in sorted(pkgutil.iter_modules(value.__path__), key=lambda i: i.name):

@@ -35,3 +35,12 @@ def imported_packages(path: Path) -> set[str]:
 def test_dag_files_import_only_the_kernel() -> None:
     for path in sorted((REPO_ROOT / "dags").glob("*.py")):
         assert imported_packages(path) <= {"cascade"}, path.name
+
+
+def test_no_dag_file_shadows_a_package() -> None:
+    # The DAG processor puts dags/ first on sys.path: a dags/pipelines.py would be imported in
+    # place of the pipelines package and the registry would find no pipeline.
+    shadowing = {p.stem for p in (REPO_ROOT / "dags").glob("*.py")} & (
+        PROJECT_PACKAGES | {"benchmarks", "features", "dags", "tests"}
+    )
+    assert not shadowing

@@ -51,7 +51,7 @@ def dagbag(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     os.environ["AIRFLOW_HOME"] = str(home)
     from airflow.dag_processing.dagbag import DagBag
 
-    return DagBag(dag_folder=str(REPO_ROOT / "dags" / "pipelines.py"))
+    return DagBag(dag_folder=str(REPO_ROOT / "dags" / "pipeline_dags.py"))
 
 
 @pytest.mark.parametrize("pipeline", list(PIPELINES))
@@ -143,7 +143,7 @@ def test_a_toy_pipeline_in_its_own_package_becomes_a_dag_dvc_stages_and_cli_step
     }
 
     probe = subprocess.run(
-        [sys.executable, "-c", PROBE, str(REPO_ROOT / "dags" / "pipelines.py")],
+        [sys.executable, "-c", PROBE, str(REPO_ROOT / "dags" / "pipeline_dags.py")],
         env=env,
         capture_output=True,
         text=True,

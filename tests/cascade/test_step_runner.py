@@ -92,3 +92,19 @@ def test_a_step_the_pipeline_lacks_is_one_clear_cli_error(
     assert main(["step", "nope", "--pipeline", "asr", "--ds", "2026-11-22"]) == 2
     err = capsys.readouterr().err
     assert "unknown asr step 'nope'" in err and "corpus, validate" in err
+
+
+def test_an_entry_point_shadowed_by_a_plain_module_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the DAG processor would import for the ``pipelines`` entry point if a DAG file of
+    # that name sat first on sys.path: a module with no PIPELINE and no submodules.
+    (tmp_path / "pipelines.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import sys
+
+    monkeypatch.delitem(sys.modules, "pipelines", raising=False)
+    with pytest.raises(pipeline_registry.PipelineRegistryError, match="defines no PIPELINE"):
+        pipeline_registry.registered_pipelines(refresh=True)
+    monkeypatch.delitem(sys.modules, "pipelines", raising=False)
+    monkeypatch.setattr(pipeline_registry, "_cache", None)
