@@ -1,6 +1,6 @@
 """The ``cascade`` command.
 
-cascade pipelines [--json] [--write-dvc | --check-dvc]
+cascade pipelines [--json | --markdown | --write | --check]
 cascade step NAME --pipeline PIPELINE --ds YYYY-MM-DD
 cascade score --model preranking --user 1 --items 10 20 30
 cascade score --model asr --audio clip.wav
@@ -60,18 +60,32 @@ def cmd_step(args: argparse.Namespace) -> int:
 
 
 def cmd_pipelines(args: argparse.Namespace) -> int:
+    from cascade import pipeline_docs
     from cascade.dvc_stages import dvc_yaml, write_dvc_yaml
 
     specs = registered_pipelines()
-    dvc_file = Path(args.dvc_file)
-    if args.write_dvc:
-        changed = write_dvc_yaml(dvc_file, specs.values())
-        print(f"{dvc_file}: {'written' if changed else 'already up to date'}", file=sys.stderr)
+    dvc_file, readme = Path(args.dvc_file), Path(args.readme)
+    if args.markdown:
+        print(pipeline_docs.render_markdown(specs.values()), end="")
         return 0
-    if args.check_dvc:
+    if args.write:
+        for path, changed in (
+            (dvc_file, write_dvc_yaml(dvc_file, specs.values())),
+            (readme, pipeline_docs.write_readme_table(readme, specs.values())),
+        ):
+            print(f"{path}: {'written' if changed else 'already up to date'}", file=sys.stderr)
+        return 0
+    if args.check:
+        stale = []
         if not dvc_file.is_file() or dvc_file.read_text() != dvc_yaml(specs.values()):
+            stale.append(str(dvc_file))
+        table = pipeline_docs.render_markdown(specs.values())
+        if pipeline_docs.readme_table(readme.read_text()) != table:
+            stale.append(f"{readme} (pipeline table)")
+        if stale:
             print(
-                f"{dvc_file} differs from the pipeline specs; run `cascade pipelines --write-dvc`",
+                f"{', '.join(stale)} differ from the pipeline specs; run `cascade pipelines "
+                "--write`",
                 file=sys.stderr,
             )
             return 1
@@ -123,11 +137,17 @@ def _add_core_commands(sub: Any) -> None:
     )
     listing.add_argument("--json", action="store_true", help="print JSON")
     what = listing.add_mutually_exclusive_group()
-    what.add_argument("--write-dvc", action="store_true", help="regenerate dvc.yaml from the specs")
+    what.add_argument("--markdown", action="store_true", help="print the README's pipeline table")
     what.add_argument(
-        "--check-dvc", action="store_true", help="exit 1 when dvc.yaml differs from the specs"
+        "--write",
+        action="store_true",
+        help="regenerate dvc.yaml and the README's pipeline table from the specs",
+    )
+    what.add_argument(
+        "--check", action="store_true", help="exit 1 when either differs from the specs"
     )
     listing.add_argument("--dvc-file", default=str(REPO_ROOT / "dvc.yaml"), help=argparse.SUPPRESS)
+    listing.add_argument("--readme", default=str(REPO_ROOT / "README.md"), help=argparse.SUPPRESS)
     listing.set_defaults(func=cmd_pipelines)
 
     from cascade.config_report import cmd_config

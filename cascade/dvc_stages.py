@@ -1,6 +1,6 @@
 """``dvc.yaml`` made from the pipeline specs: one stage per step, chained through the summaries.
 
-    cascade pipelines --write-dvc      # regenerate dvc.yaml after adding or changing a pipeline
+    cascade pipelines --write          # regenerate dvc.yaml after adding or changing a pipeline
     dvc repro                          # then run the stages
 
 Stage ``<dvc_prefix><step>`` runs ``cascade step <step> --pipeline <name> --ds ${ds}``, the same
@@ -20,7 +20,7 @@ import yaml
 from cascade.pipeline_spec import Pipeline
 
 HEADER = """\
-# Generated from the pipeline specs (pipelines/*.py) by `cascade pipelines --write-dvc`; do not
+# Generated from the pipeline specs (pipelines/*.py) by `cascade pipelines --write`; do not
 # edit by hand. Stage <prefix><step> runs `cascade step <step> --pipeline <name> --ds ${ds}`,
 # the function the Airflow task of the same name calls. Every step leaves a summary.json that
 # the next stage depends on. Outputs live under the default state folder (.cascade/,

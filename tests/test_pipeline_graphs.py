@@ -29,8 +29,16 @@ def test_the_project_registers_its_pipelines() -> None:
 def test_committed_dvc_yaml_is_the_one_the_specs_make() -> None:
     committed = (REPO_ROOT / "dvc.yaml").read_text()
     assert committed == dvc_yaml(PIPELINES.values()), (
-        "dvc.yaml differs from the pipeline specs; run `cascade pipelines --write-dvc`"
+        "dvc.yaml differs from the pipeline specs; run `cascade pipelines --write`"
     )
+
+
+def test_the_readme_pipeline_table_is_the_one_the_specs_make() -> None:
+    from cascade.pipeline_docs import readme_table, render_markdown
+
+    table = readme_table((REPO_ROOT / "README.md").read_text())
+    assert table == render_markdown(PIPELINES.values()), "run `cascade pipelines --write`"
+    assert all(f"| `{name}` |" in table for name in PIPELINES)
 
 
 @pytest.mark.parametrize("pipeline", list(PIPELINES))
