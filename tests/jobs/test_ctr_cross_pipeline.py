@@ -105,7 +105,7 @@ def test_source_and_size_come_from_the_environment(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "5000")
     assert pipeline.source_name() == "ml100k" and pipeline.impressions() == 5000
     monkeypatch.setenv(pipeline.SOURCE_ENV, "clicks.csv")
-    with pytest.raises(ValueError, match="not a source"):
+    with pytest.raises(ValueError, match="CASCADE_CROSS_SOURCE must be one of"):
         pipeline.source_name()
     monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "0")
     with pytest.raises(ValueError, match=">= 1"):
