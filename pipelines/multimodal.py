@@ -63,7 +63,8 @@ promoted; the held-out split is small, one pair in fifty is 0.02."""
 MODEL_NAME = "multimodal"
 MODEL_ARTIFACT_PATH = "model"
 """Folder of the training's MLflow run that a registered version points at: the final
-DeepSpeed checkpoint's module states (experts in their own files) and the run config."""
+DeepSpeed checkpoint's module states (experts in their own files), the model's config, its
+corpus's caption tokenizer, their digests and the run's result (:mod:`models.multimodal.stored`)."""
 LANDED_HERE_FILE = "landed_by_corpus_step.json"
 """In a landing folder the corpus step filled itself (offline sources + generator): what it
 landed, so a retry reports the same batch rather than a producer's."""
@@ -198,6 +199,7 @@ def train(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     artifact ``model``. A killed attempt resumes from its checkpoints on the task's retry."""
     from mlflow.tracking import MlflowClient
 
+    from models.multimodal.stored import stored_files
     from models.multimodal.train import train_multimodal
 
     settings = settings or load_settings()
@@ -207,9 +209,9 @@ def train(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     result = train_multimodal(settings, config_name(), corpus_dir(lake, ds), out)
     final = Path(result["model_checkpoint"]) / "final"
     client = MlflowClient(tracking_uri=settings.tracking_uri)
-    # Module states only: the optimizer's ZeRO partitions are for resuming, not for using.
-    for state in sorted(final.glob("*model_states.pt")):
-        client.log_artifact(result["run_id"], str(state), MODEL_ARTIFACT_PATH)
+    # The stored model only: the optimizer's ZeRO partitions are for resuming, not for using.
+    for path in stored_files(final):
+        client.log_artifact(result["run_id"], str(path), MODEL_ARTIFACT_PATH)
     client.log_artifact(result["run_id"], str(out / "result.json"), MODEL_ARTIFACT_PATH)
     return write_step_result(lake, "mm_train", ds, {**result, "ds": ds})
 
@@ -295,16 +297,20 @@ def _recall_tolerance() -> float:
 def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     """Register the model trained for ``ds`` as a new version of MLflow model ``multimodal``
     (alias ``challenger``); move ``champion`` to it when its mean recall@1 is within the
-    tolerance of the champion's. Each version's figure is the one measured on its own
-    partition's held-out split: the caption tokenizer is refitted per corpus, so a champion's
-    token ids do not apply to a newer partition's shards. Refuses a corpus that failed its GX
-    gate; calling it again returns the first decision."""
+    tolerance of the champion's. Both are measured on the same rows, this partition's held-out
+    split: the champion's stored model is scored there with its own caption tokenizer (the
+    tokenizer is refitted per corpus, :mod:`models.multimodal.stored`). A champion stored
+    without its tokenizer is compared by its ``mean_recall_at_1`` tag, measured on its own
+    partition, and the decision says so. Refuses a corpus that failed its GX gate; calling it
+    again returns the first decision."""
     import dataclasses
+    import tempfile
 
     import mlflow
 
     from cascade.promotion import Decision, NewVersion, Scores, register_and_promote
     from cascade.registry import registry_client
+    from models.multimodal.stored import NoStoredTokenizer, score_stored_model
 
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
@@ -313,20 +319,63 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     client = registry_client(settings)
     run_id = evaluation["run_id"]
     recall = float(evaluation["mean_recall_at_1"])
+    eval_pairs = int(evaluation["eval_pairs"])
+    rows = f"ds={ds} test split, {eval_pairs} pairs"
     assert PIPELINE.model is not None
     promotion = dataclasses.replace(PIPELINE.model.promotion, tolerance=_recall_tolerance())
 
-    def score(champion: Any) -> Scores:
+    def tagged(champion: Any, why: str) -> Scores:
         if MEAN_RECALL_TAG not in champion.tags:
             raise RuntimeError(
-                f"champion v{champion.version} of {MODEL_NAME!r} has no {MEAN_RECALL_TAG!r} tag "
-                f"to compare with; tag it (or move the alias) and run step 'register' again"
+                f"champion v{champion.version} of {MODEL_NAME!r} cannot be scored on {rows} "
+                f"({why}) and has no {MEAN_RECALL_TAG!r} tag to compare with; tag it (or move "
+                "the alias) and run step 'register' again"
             )
         return Scores(
             challenger=recall,
             champion=float(champion.tags[MEAN_RECALL_TAG]),
-            rows="each version's own partition's held-out split",
-            details={"champion_ds": champion.tags.get("ds")},
+            rows=f"{rows} for the challenger, its own partition's for the champion",
+            details={
+                "rows": rows,
+                "same_rows": False,
+                "champion_ds": champion.tags.get("ds"),
+                "champion_scored_by": f"its {MEAN_RECALL_TAG!r} tag: {why}",
+            },
+        )
+
+    def score(champion: Any) -> Scores:
+        with tempfile.TemporaryDirectory(prefix="mm-champion-") as scratch:
+            folder = mlflow.artifacts.download_artifacts(
+                f"models:/{MODEL_NAME}/{champion.version}",
+                dst_path=scratch,
+                tracking_uri=settings.tracking_uri,
+            )
+            try:
+                scored = score_stored_model(
+                    settings,
+                    Path(folder),
+                    corpus_dir(lake, ds),
+                    lake.reports("mm_register", ds) / f"champion-v{champion.version}",
+                    limit=eval_pairs,
+                )
+            except NoStoredTokenizer as exc:
+                return tagged(champion, str(exc))
+        if int(scored["eval_pairs"]) != eval_pairs:
+            raise RuntimeError(
+                f"champion v{champion.version} was scored on {scored['eval_pairs']} pairs of "
+                f"ds={ds}'s test split, the challenger on {eval_pairs}"
+            )
+        return Scores(
+            challenger=recall,
+            champion=mean_recall_at_1(scored),
+            rows=f"the same {rows}",
+            details={
+                "rows": rows,
+                "same_rows": True,
+                "champion_ds": champion.tags.get("ds"),
+                "champion_tag": champion.tags.get(MEAN_RECALL_TAG),
+                **{f"champion_{k}": float(scored[k]) for k in RECALL_KEYS},
+            },
         )
 
     def report(decision: Decision) -> dict[str, Any]:
@@ -389,7 +438,7 @@ PIPELINE = Pipeline(
             dvc_deps=(
                 "jobs/multimodal_sources.py",
                 "jobs/multimodal_corpus.py",
-                "jobs/caption_tokenizer.py",
+                "cascade/caption_tokenizer.py",
             ),
             dvc_outs=(".cascade/lake/corpora/images/dt=${ds}",),
         ),
@@ -423,7 +472,7 @@ PIPELINE = Pipeline(
             "champion's within CASCADE_MULTIMODAL_RECALL_TOLERANCE",
             timeout_minutes=10,
             outlets=(ASSET_MULTIMODAL_CHAMPION,),
-            dvc_deps=("pipelines/multimodal.py",),
+            dvc_deps=("pipelines/multimodal.py", "models/multimodal/stored.py"),
         ),
     ),
 )

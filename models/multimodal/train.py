@@ -22,7 +22,8 @@ loss and its parts, per MoE layer the coefficient of variation of tokens per exp
 (``expert_load_cv.layerN``) and the share of routed tokens dropped for capacity
 (``tokens_dropped.layerN``); at the end image->text and text->image recall@1/5 on the test
 split. ``OUT/result.json`` holds the headline figures; ``OUT/model`` the final DeepSpeed
-checkpoint (experts in their own files).
+checkpoint (experts in their own files), with the model's config, its corpus's caption tokenizer
+and their digests beside the module states (:mod:`models.multimodal.stored`).
 
 ``--throughput-steps N`` instead times N training steps of this config and of its dense twin,
 interleaved in the same processes (:func:`measure_throughput`, used by the benchmark).
@@ -68,6 +69,7 @@ from models.multimodal.pairs import (
     generate_pairs,
     load_split,
 )
+from models.multimodal.stored import save_model_files
 
 EXPERIMENT = "multimodal"
 RESULT_KEYS = ("run_id", "config", "i2t_recall_at_1", "t2i_recall_at_1", "final_loss")
@@ -395,6 +397,7 @@ def train(
                     if isinstance(v, int | float) and not isinstance(v, bool)
                 }
             )
+            save_model_files(out / "model" / "final", model.config, corpus)
             write_result(out / "result.json", result)
             mlflow.log_artifact(str(out / "result.json"))
             mlflow.end_run()

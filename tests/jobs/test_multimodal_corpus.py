@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from jobs.caption_tokenizer import BOS, EOS, CaptionTokenizer
+from cascade.caption_tokenizer import BOS, EOS, CaptionTokenizer
 from jobs.multimodal_corpus import (
     CorpusConfig,
     build_corpus,

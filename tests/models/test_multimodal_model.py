@@ -176,3 +176,41 @@ def test_configs_are_validated() -> None:
     with pytest.raises(ValueError, match="batch_size must be >= 2"):
         dataclasses.replace(get_config("debug"), batch_size=1)
     assert get_config("base").flat_params()["model.moe.num_experts"] == "16"
+
+
+def test_stored_model_keeps_its_tokenizer_and_refuses_changed_or_missing_files(
+    tmp_path: Path,
+) -> None:
+    from cascade.caption_tokenizer import CaptionTokenizer
+    from models.multimodal import stored
+
+    corpus, final = tmp_path / "corpus", tmp_path / "final"
+    corpus.mkdir()
+    final.mkdir()
+    CaptionTokenizer(chars=("a", "b")).save(corpus / "tokenizer.json")
+    torch.save({"module": {"w": torch.zeros(2)}}, final / stored.MODULE_STATES)
+    torch.save({"e": torch.ones(1)}, final / "layer_0_expert_1_mp_rank_00_model_states.pt")
+    stored.save_model_files(final, MultimodalConfig(), corpus)
+    assert [p.name for p in stored.stored_files(final)] == [
+        "layer_0_expert_1_mp_rank_00_model_states.pt",
+        "model_config.json",
+        stored.MODULE_STATES,
+        "tokenizer.json",
+        "digests.json",
+    ]
+    stored.check_digests(final)
+    tokenizer = stored.stored_tokenizer(final)
+    assert tokenizer.chars == ("a", "b")
+
+    # Captions are cut or padded to the model's length with the model's own ids.
+    pairs = generate_pairs(20, "test", max_tokens=4)
+    again = stored.retokenized(pairs, tokenizer, 4)
+    assert again.tokens[0].tolist() == tokenizer.encode(pairs.captions[0])[:4]
+    assert again.pair_ids == pairs.pair_ids and again.images is pairs.images
+
+    torch.save({"e": torch.zeros(1)}, final / "layer_0_expert_1_mp_rank_00_model_states.pt")
+    with pytest.raises(ValueError, match="does not match its sha256"):
+        stored.check_digests(final)
+    (final / "tokenizer.json").unlink()
+    with pytest.raises(stored.NoStoredTokenizer, match="stored without its caption tokenizer"):
+        stored.stored_tokenizer(final)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import mlflow
 import pandas as pd
 import pytest
 
+from cascade.caption_tokenizer import CaptionTokenizer
 from cascade.config import Settings
 from cascade.lake import Lake
 from jobs.multimodal_corpus_gate import MultimodalGateFailed
@@ -37,11 +39,32 @@ def _client(settings: Settings) -> mlflow.MlflowClient:
     )
 
 
-def _challenger(settings: Settings, ds: str, recall: float) -> None:
+def _test_pairs(settings: Settings, ds: str) -> int:
+    corpus = pipeline.corpus_dir(Lake(settings.lake_root), ds)
+    return len(pd.read_parquet(corpus / "shards" / "split=test"))
+
+
+def _refit(corpus: Path) -> None:
+    """Another partition's corpus: half of the held-out pairs, and a tokenizer whose ids differ
+    from the original's (the characters in reverse order), the shards tokenized with it."""
+    tokenizer = CaptionTokenizer(chars=CaptionTokenizer.load(corpus / "tokenizer.json").chars[::-1])
+    tokenizer.save(corpus / "tokenizer.json")
+    for path in sorted((corpus / "shards").rglob("*.parquet")):
+        frame = pd.read_parquet(path)
+        if "split=test" in str(path):
+            frame = frame.iloc[::2]
+        frame = frame.assign(token_ids=[tokenizer.encode(c) for c in frame["caption"]])
+        frame.to_parquet(path)
+
+
+def _challenger(settings: Settings, ds: str, recall: float, *, refit: bool = False) -> None:
     """What train and evaluate leave for a model of the given recall: a finished MLflow run and
-    an evaluate result (the corpus and its gate copied from an earlier partition)."""
+    an evaluate result (the corpus and its gate copied from an earlier partition; ``refit``:
+    then changed as :func:`_refit` does)."""
     lake = Lake(settings.lake_root)
     shutil.copytree(pipeline.corpus_dir(lake, DS), pipeline.corpus_dir(lake, ds))
+    if refit:
+        _refit(pipeline.corpus_dir(lake, ds))
     mlflow.set_tracking_uri(settings.tracking_uri)
     mlflow.set_experiment(pipeline.MODEL_NAME)
     with mlflow.start_run() as run:
@@ -49,7 +72,7 @@ def _challenger(settings: Settings, ds: str, recall: float) -> None:
     result = {
         "ds": ds, "config": "debug", "run_id": run.info.run_id, "mean_recall_at_1": recall,
         "i2t_recall_at_1": recall, "t2i_recall_at_1": recall, "i2t_recall_at_5": recall,
-        "t2i_recall_at_5": recall, "dense": None,
+        "t2i_recall_at_5": recall, "dense": None, "eval_pairs": _test_pairs(settings, ds),
     }  # fmt: skip
     folder = lake.reports("mm_evaluate", ds)
     folder.mkdir(parents=True, exist_ok=True)
@@ -102,6 +125,8 @@ def test_steps_build_train_evaluate_and_register_a_champion(
     assert run_id is not None
     files = {f.path for f in client.list_artifacts(run_id, pipeline.MODEL_ARTIFACT_PATH)}
     assert "model/mp_rank_00_model_states.pt" in files
+    # Stored with what scoring it on another partition needs: its config and tokenizer.
+    assert {"model/model_config.json", "model/tokenizer.json", "model/digests.json"} <= files
     assert any("expert" in f for f in files)  # the experts' own files
     metrics = client.get_run(run_id).data.metrics
     assert {"i2t_recall_at_1", "t2i_recall_at_5", "mean_recall_at_1"} <= set(metrics)
@@ -118,9 +143,28 @@ def test_steps_build_train_evaluate_and_register_a_champion(
     assert second["comparison"]["champion"] == recall
     assert "worse than champion v1" in second["reasons"][0]
     assert str(client.get_model_version_by_alias(pipeline.MODEL_NAME, "challenger").version) == "2"
-    _challenger(settings, "2026-11-23", recall + 0.1)
+    # The champion was scored again, on the new partition's held-out pairs: here a copy of its
+    # own, so it measures what its tag says.
+    pairs = int(trained["eval_pairs"])
+    assert second["comparison"]["same_rows"] is True
+    assert second["comparison"]["rows"] == f"ds=2026-11-21 test split, {pairs} pairs"
+    assert f"the same ds=2026-11-21 test split, {pairs} pairs" in second["reasons"][0]
+    assert float(second["comparison"]["champion_tag"]) == recall
+    # On a partition with other held-out pairs and another tokenizer, the champion reads the
+    # captions with its own tokenizer and scores what it scores on those pairs, not its tag; a
+    # challenger at the top is promoted whatever that is.
+    _challenger(settings, "2026-11-23", 1.0, refit=True)
     third = pipeline.register("2026-11-23", settings=settings)
     assert third["promoted"] and third["previous_champion"] == "1" and third["version"] == "3"
+    halved = _test_pairs(settings, "2026-11-23")
+    assert halved < pairs
+    comparison = third["comparison"]
+    assert comparison["same_rows"] is True and comparison["champion_ds"] == DS
+    assert comparison["rows"] == f"ds=2026-11-23 test split, {halved} pairs"
+    assert comparison["champion"] != recall and float(comparison["champion_tag"]) == recall
+    assert comparison["champion"] == pytest.approx(
+        (comparison["champion_i2t_recall_at_1"] + comparison["champion_t2i_recall_at_1"]) / 2
+    )
 
     # A corpus that fails its gate (one group in two splits) is refused by every later step.
     bad = "2026-11-22"

@@ -1,6 +1,7 @@
 """Character tokenizer with byte fallback for the image-text corpus (English and Chinese).
 
-Built from the training captions, saved as JSON beside the corpus, nothing downloaded. Ids:
+Built from the training captions by the corpus job, saved as JSON beside the corpus and beside
+every model trained on it (a model reads captions with its own), nothing downloaded. Ids:
 four specials, then the 256 UTF-8 bytes, then the most frequent characters. A character not in
 the vocabulary is spelled as its UTF-8 bytes, so every string round-trips exactly; Chinese
 characters common enough in training get one id each instead of three byte ids.
