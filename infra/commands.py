@@ -14,7 +14,8 @@ from cascade.config import load_settings
 
 
 def _print_status(settings: Any) -> None:
-    from infra.stack import airflow_password, status
+    from cascade.airflow_client import airflow_password
+    from infra.stack import status
 
     print(f"profile {settings.profile}, state folder {settings.home}")
     for s in status(settings):

@@ -108,7 +108,8 @@ def trigger_and_wait(
 def run_demo(
     *, ds: str, timeout_s: float = 1500, echo: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    from infra.stack import airflow_password, up
+    from cascade.airflow_client import airflow_password
+    from infra.stack import up
 
     settings = load_settings()
     echo("== starting the local stack")

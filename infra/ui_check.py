@@ -61,9 +61,8 @@ def check_dag_runs(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cascade.airflow_client import AirflowClient
+    from cascade.airflow_client import AirflowClient, airflow_password
     from cascade.config import load_settings
-    from infra.stack import airflow_password
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -91,7 +91,7 @@ def test_malformed_requests_get_a_4xx(stack: Settings, pipeline_run: dict, body:
 def test_airflow_ui_shows_the_asset_triggered_run_as_successful(
     stack: Settings, pipeline_run: dict, tmp_path: Path
 ) -> None:
-    from infra.stack import airflow_password
+    from cascade.airflow_client import airflow_password
     from infra.ui_check import check_dag_runs
 
     shot = REPO_ROOT / "artifacts" / "screenshots" / "ctr_preranking_runs.png"
