@@ -55,8 +55,11 @@ def test_freed_blocks_are_reused_without_page_faults() -> None:
     # 10 MB is 2,500 pages: memory given back after each call would fault thousands of times.
     assert kept["faults"] < 5
     # glibc's own thresholds grow to one block (2.5 MB) and trim the heap top above twice
-    # that, so freeing the four gives ~7.5 MB back and the next call faults it in again.
-    assert _probe("default")["faults"] > 500
+    # that, so freeing the four gives memory back and the next call faults it in again: up to
+    # ~1,900 pages a call, fewer where transparent huge pages back the heap (262 on one CI
+    # host), always far above the kept allocator's.
+    default = _probe("default")["faults"]
+    assert default > max(100, 20 * kept["faults"]), (default, kept["faults"])
 
 
 def test_switched_off_by_the_environment() -> None:
