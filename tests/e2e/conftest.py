@@ -30,6 +30,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         "CASCADE_MULTIMODAL_SOURCE_LIMIT": "15",
         "CASCADE_MULTIMODAL_DENSE_TWIN": "0",
         "CASCADE_CROSS_IMPRESSIONS": "20000",
+        # One event per DAG here: a 5 s quiet window instead of 15 s lets each run's
+        # resolve_partition free its Airflow slot sooner (two slots serve the four DAGs).
+        "CASCADE_COALESCE_WINDOW_S": "5",
         # Pre-ranker phases checkpoint at steps 50 and 100 of the ~126 the partition gives
         # each, so the fault test's kill lands well inside the phase it checkpointed.
         CHECKPOINT_EVERY_ENV: "50",
