@@ -224,58 +224,52 @@ def _run(quick: bool) -> dict[str, Any]:
         result["onnxruntime_auc_delta"] = request_auc(ort_run, requests) - eager_auc
         variants["onnxruntime"] = ort_run
 
-        torch._dynamo.reset()
-        inductor = torch.compile(request, dynamic=True)
-        start = time.perf_counter()
-        with torch.no_grad():
-            inductor(*example)
-        compile_s["inductor"] = time.perf_counter() - start
-        recompiles["inductor"] = _recompiles(inductor, shapes, model.config)
-        result["inductor_auc_delta"] = request_auc(inductor, requests) - eager_auc
+        def torch_compiled(name: str, **options: Any) -> Any:
+            """``request`` through ``torch.compile`` (dynamic shapes): its first-call compile
+            time, recompiles over ``shapes`` and AUC delta go under ``name``."""
+            torch._dynamo.reset()
+            compiled = torch.compile(request, dynamic=True, **options)
+            start = time.perf_counter()
+            with torch.no_grad():
+                compiled(*example)
+            compile_s[name] = time.perf_counter() - start
+            recompiles[name] = _recompiles(compiled, shapes, model.config)
+            result[f"{name}_auc_delta"] = request_auc(compiled, requests) - eager_auc
+            return compiled
 
-        torch._dynamo.reset()
-        backend = torch.compile(request, backend="cascade", dynamic=True)
-        start = time.perf_counter()
-        with torch.no_grad():
-            backend(*example)
-        compile_s["cascade_backend"] = time.perf_counter() - start
-        recompiles["cascade_backend"] = _recompiles(backend, shapes, model.config)
-        result["cascade_backend_auc_delta"] = request_auc(backend, requests) - eager_auc
+        inductor = torch_compiled("inductor")
+        backend = torch_compiled("cascade_backend", backend="cascade")
 
         cache = load_settings().home / "compile-cache"
-        start = time.perf_counter()
-        artifact = compile_preranking(model, work / "preranking.pt2", cache_dir=cache)
-        compile_s["cascade"] = time.perf_counter() - start
+
+        def package(name: str, file: str, **options: Any) -> tuple[Any, Any]:
+            """``model`` compiled to one AOTInductor package and loaded: its compile time goes
+            under ``name``; each of ``shapes`` runs once, so a failure is a shape the one
+            package cannot serve."""
+            start = time.perf_counter()
+            artifact = compile_preranking(model, work / file, cache_dir=cache, **options)
+            compile_s[name] = time.perf_counter() - start
+            loaded = load_package(artifact.path)
+            for n in shapes:
+                loaded(*preranking_example(model.config, n, seed=n))
+            recompiles[name] = {"compiles": 1, "recompiles": 0}
+            return artifact, loaded
+
+        artifact, loaded = package("cascade", "preranking.pt2")
         result["cascade_artifact"] = {k: v for k, v in artifact.report.items() if k != "passes"}
         result["passes"] = artifact.report["passes"]
-        loaded = load_package(artifact.path)
-        for n in shapes:  # one package, so any failure here is a shape it cannot serve
-            loaded(*preranking_example(model.config, n, seed=n))
-        recompiles["cascade"] = {"compiles": 1, "recompiles": 0}
         result["auc_delta"] = request_auc(loaded, requests) - eager_auc
 
         # The same artifact with RSQ int8 GEMMs for the wide layers: faster at large candidate
         # counts, not exact, so it is reported beside the headline rather than as it.
-        start = time.perf_counter()
-        int8 = compile_preranking(
-            model, work / "preranking-int8.pt2", cache_dir=cache, int8_calibration=calibration
+        int8, loaded_int8 = package(
+            "cascade_int8", "preranking-int8.pt2", int8_calibration=calibration
         )
-        compile_s["cascade_int8"] = time.perf_counter() - start
-        loaded_int8 = load_package(int8.path)
-        for n in shapes:
-            loaded_int8(*preranking_example(model.config, n, seed=n))
-        recompiles["cascade_int8"] = {"compiles": 1, "recompiles": 0}
         result["int8_auc_delta"] = request_auc(loaded_int8, requests) - eager_auc
         result["int8_passes"] = int8.report["passes"]
 
         # And with bf16 GEMMs (fp32 accumulation) for the wide layers: not exact either.
-        start = time.perf_counter()
-        bf16 = compile_preranking(
-            model, work / "preranking-bf16.pt2", passes=BF16_PASSES, cache_dir=cache
-        )
-        compile_s["cascade_bf16"] = time.perf_counter() - start
-        loaded_bf16 = load_package(bf16.path)
-        recompiles["cascade_bf16"] = {"compiles": 1, "recompiles": 0}
+        bf16, loaded_bf16 = package("cascade_bf16", "preranking-bf16.pt2", passes=BF16_PASSES)
         result["bf16_auc_delta"] = request_auc(loaded_bf16, requests) - eager_auc
         result["bf16_gemm"] = bf16.report["passes"]["bf16_gemm"]
         variants.update(

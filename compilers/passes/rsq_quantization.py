@@ -123,6 +123,17 @@ def _rsq_weight(
     )
 
 
+def _int8_operands(
+    gm: fx.GraphModule, stored: torch.Tensor, weight_scale: torch.Tensor
+) -> tuple[fx.Node, fx.Node]:
+    """The int8 weight and its per-channel scale as graph constants, for the float-arithmetic
+    kernels (:func:`rsq_linear`, :func:`rsq_conv1d`, :func:`rsq_depthwise_conv1d`)."""
+    return (
+        add_const(gm, stored.to(torch.int8), "rsq_weight"),
+        add_const(gm, weight_scale, "rsq_scale"),
+    )
+
+
 def _rsq_linear_nodes(
     gm: fx.GraphModule,
     x: fx.Node,
@@ -267,8 +278,7 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
             if node.target == aten.linear.default and not int8_kernels:
                 # The same integer-valued operands in fp32 arithmetic: exact where the CPU's
                 # int8 GEMM would saturate (:func:`exact_int8_gemm`).
-                q_node = add_const(gm, weight_q.to(torch.int8), "rsq_weight")
-                s_node = add_const(gm, weight_scale, "rsq_scale")
+                q_node, s_node = _int8_operands(gm, weight_q, weight_scale)
                 replacement = call(gm, rsq_linear, args[0], q_node, s_node, scale, args[2], levels)
                 as_float += 1
             elif node.target == aten.linear.default:
@@ -297,9 +307,13 @@ def rsq_quantize(gm: fx.GraphModule, context: PassContext) -> PassResult:
                 # the int8-valued operands (the same values, without an int8 kernel).
                 taps = _as_taps(args, weight)
                 stored = depthwise_taps(weight_q) if taps else weight_q
-                q_node = add_const(gm, stored.to(torch.int8), "rsq_weight")
-                s_node = add_const(gm, weight_scale, "rsq_scale")
-                operands = (args[0], q_node, s_node, scale, args[2], levels)
+                operands = (
+                    args[0],
+                    *_int8_operands(gm, stored, weight_scale),
+                    scale,
+                    args[2],
+                    levels,
+                )
                 if taps:
                     extra = (_single(args[4], 0), _single(args[5], 1))
                     replacement = call(gm, rsq_depthwise_conv1d, *operands, *extra)
