@@ -3,7 +3,7 @@
 ``cascade bench compile --model preranking`` reports it under ``fscd``: a ColdPreRanker over the
 fields FSCD keeps on the generated logs (user, item and one user x genre cross field), fitted
 for a few seconds with plain Adam on synthetic impressions, scored as one request of 1 user x N
-candidates (:class:`compilers.export.ColdPreRankingRequest`, field codes in). Variants, all on
+candidates (:class:`compilers.preranking.ColdPreRankingRequest`, field codes in). Variants, all on
 one thread and interleaved round by round:
 
 * ``eager_rows``: the network's ``forward`` on N full rows (the user's fields repeated per
@@ -13,7 +13,7 @@ one thread and interleaved round by round:
 * ``inductor``: ``torch.compile(dynamic=True)`` of the request module;
 * ``onnxruntime``: its ONNX export (dynamic candidate dim) on ONNX Runtime's CPU provider;
 * ``cascade``: the AOTInductor package the compile step builds and the server loads
-  (:func:`compilers.export.compile_cold_preranking`);
+  (:func:`compilers.preranking.compile_cold_preranking`);
 * ``cascade_bf16``: the same package with ``bf16_gemm`` (bf16 GEMMs, fp32 accumulation), reported
   beside it (``bf16_speedup_vs_*``, ``auc_delta.cascade_bf16``) because it is not exact.
 
@@ -35,12 +35,8 @@ from torch.export import Dim
 from benchmarks.compiled_inference import onnxruntime_session, request_auc
 from cascade.compiled_packages import load_package
 from cascade.ctr_schema import LABEL
-from compilers.export import (
-    BF16_PASSES,
-    MAX_CANDIDATES,
-    ColdPreRankingRequest,
-    compile_cold_preranking,
-)
+from compilers.export import BF16_PASSES
+from compilers.preranking import MAX_CANDIDATES, ColdPreRankingRequest, compile_cold_preranking
 from compilers.timing import interleaved_ms
 from models.preranking.config_registry import get_cascade_config
 from models.preranking.fields import FIELDS, FieldEncoder
@@ -107,7 +103,7 @@ def full_rows(model: ColdPreRanker) -> Callable[[torch.Tensor, torch.Tensor], to
 
 def onnxruntime_cold(request: ColdPreRankingRequest, path: Path) -> Callable[..., np.ndarray]:
     """The request module exported to ONNX (dynamic candidate dim) on ONNX Runtime."""
-    from compilers.export import cold_preranking_example
+    from compilers.preranking import cold_preranking_example
 
     candidates = Dim("candidates", min=1, max=MAX_CANDIDATES)
     return onnxruntime_session(

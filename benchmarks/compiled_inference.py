@@ -36,17 +36,15 @@ from sklearn.metrics import roc_auc_score
 from cascade.compiled_packages import load_package
 from cascade.config import load_settings
 from cascade.ctr_schema import LABEL, MODEL_FEATURES
-from compilers.export import (
-    BF16_PASSES,
+from compilers.export import BF16_PASSES, compile_graph, torch_threads
+from compilers.gate import Request, held_out_requests
+from compilers.pipeline import DEFAULT_PASSES, PassContext
+from compilers.preranking import (
     PreRankingRequest,
-    compile_graph,
     compile_preranking,
     preranking_dynamic_shapes,
     preranking_example,
-    torch_threads,
 )
-from compilers.gate import Request, held_out_requests
-from compilers.pipeline import DEFAULT_PASSES, PassContext
 from compilers.timing import interleaved_ms
 from models.preranking.config_registry import get_config
 from models.preranking.model import PreRanker

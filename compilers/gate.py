@@ -3,7 +3,7 @@
     python -c "from compilers.gate import compile_gate; help(compile_gate)"
 
 Before a trained pre-ranking model is registered and served, the pipeline compiles it into the
-request-shaped AOTInductor artifact (:func:`compilers.export.compile_preranking`) and calls
+request-shaped AOTInductor artifact (:func:`compilers.preranking.compile_preranking`) and calls
 :func:`compile_gate` on a held-out sample of requests. The artifact may only replace eager
 serving when it scores like the model it was compiled from and is not slower; a failed check
 comes back as a sentence that names the check, the measured value and the limit, so the
@@ -28,12 +28,12 @@ from sklearn.metrics import roc_auc_score
 
 from cascade.compiled_packages import load_package
 from cascade.ctr_schema import LABEL, MODEL_FEATURES, USER_FEATURES
-from compilers.export import (
+from compilers.export import torch_threads
+from compilers.preranking import (
     ColdPreRankingRequest,
     PreRankingRequest,
     compile_cold_preranking,
     compile_preranking,
-    torch_threads,
 )
 from compilers.timing import interleaved_ms
 from models.preranking.model import ColdPreRanker, PreRanker
@@ -204,7 +204,7 @@ def compile_gate(
     Returns ``{"passed", "reasons", "artifact", "max_abs_diff", "auc_delta", "eager_auc",
     "artifact_auc", "speedup_vs_eager", "eager_ms", "artifact_ms", "candidates_timed",
     "passes", "compile"}``; ``passes`` is the pass pipeline's per-pass report. ``cache_dir``
-    and ``fast_build`` are passed to :func:`compilers.export.compile_preranking`.
+    and ``fast_build`` are passed to :func:`compilers.preranking.compile_preranking`.
     """
     if max_abs_diff <= 0 or auc_budget < 0 or min_speedup <= 0:
         raise ValueError(
@@ -253,7 +253,7 @@ def compile_cold_gate(
     """:func:`compile_gate` for the FSCD pre-ranker: the same checks and report, on requests
     ``((user_codes [1, F], candidate_codes [N, F]), labels [N])`` of encoded fields (as
     :func:`compilers.deploy_gate.cold_gate_sample` builds them), the artifact built by
-    :func:`compilers.export.compile_cold_preranking`."""
+    :func:`compilers.preranking.compile_cold_preranking`."""
     if max_abs_diff <= 0 or auc_budget < 0 or min_speedup <= 0:
         raise ValueError(
             f"gate limits must be positive (max_abs_diff={max_abs_diff}, "

@@ -17,7 +17,7 @@ _USER_INDEX = {name: j for j, name in enumerate(USER_FEATURES)}
 
 
 class CompiledColdScorer:
-    """A ColdPreRanker's AOTInductor package (:func:`compilers.export.compile_cold_preranking`:
+    """A ColdPreRanker's AOTInductor package (:func:`compilers.preranking.compile_cold_preranking`:
     one user's codes ``[1, F]`` and N candidates' codes ``[N, F]`` in, logits out) behind the
     same call as :class:`ColdSharedScorer`.
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from compilers import backend
-from compilers.export import PreRankingRequest, preranking_example
+from compilers.preranking import PreRankingRequest, preranking_example
 from models.preranking.model import PreRanker, PreRankerConfig
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cascade.compiled_packages import load_package
-from compilers.export import PreRankingRequest, compile_preranking, preranking_example
+from compilers.preranking import PreRankingRequest, compile_preranking, preranking_example
 from models.preranking.model import PreRanker, PreRankerConfig
 
 # Runs in a fresh interpreter that never imports the model package: the artifact must carry

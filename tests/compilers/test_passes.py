@@ -10,14 +10,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from compilers.export import (
-    MAX_CANDIDATES,
-    ColdPreRankingRequest,
-    PreRankingRequest,
-    export_program,
-    preranking_dynamic_shapes,
-    preranking_example,
-)
+from compilers.export import export_program
 from compilers.passes import (
     PassContext,
     bf16_gemm,
@@ -40,6 +33,13 @@ from compilers.passes import (
     winograd_filter,
 )
 from compilers.pipeline import DEFAULT_PASSES, PASS_ORDER, run_pipeline
+from compilers.preranking import (
+    MAX_CANDIDATES,
+    ColdPreRankingRequest,
+    PreRankingRequest,
+    preranking_dynamic_shapes,
+    preranking_example,
+)
 from models.preranking.fields import FIELDS
 from models.preranking.model import ColdPreRanker, PreRanker, PreRankerConfig
 

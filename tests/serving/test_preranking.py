@@ -251,7 +251,7 @@ def test_fscd_version_scores_like_the_full_network_with_the_user_side_once(
 @pytest.fixture(scope="module")
 def cold_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The AOTInductor package of ``cold_network(5)`` (the compile step's artifact)."""
-    from compilers.export import compile_cold_preranking
+    from compilers.preranking import compile_cold_preranking
 
     cold, _ = serving_fakes.cold_network(5)
     out = tmp_path_factory.mktemp("compiled") / "preranking.pt2"
