@@ -123,13 +123,15 @@ def _build_trigger_class() -> type:
                 message = await poll(self.poll_timeout)
                 if message is None:
                     # Paused partitions are not fetched; the event loop (and the commits
-                    # and seeks of advance()) go on meanwhile.
+                    # and seeks of advance()) go on meanwhile. Nothing assigned yet: poll
+                    # again at once, since the group's assignment arrives through poll.
                     paused = await sync_to_async(_pause_assigned)(consumer)
+                    if not paused:
+                        continue
                     try:
                         await asyncio.sleep(IDLE_PAUSE_S)
                     finally:
-                        if paused:
-                            await sync_to_async(consumer.resume)(paused)
+                        await sync_to_async(consumer.resume)(paused)
                     continue
                 if message.error():
                     raise RuntimeError(f"Kafka consumer error: {message.error()}")
