@@ -21,13 +21,15 @@ The Beta(a, b) priors are fitted to the data by the method of moments, one per p
 statistic (see :func:`beta_from_moments`), never a constant.
 
 Passes over the input: (1) a pass for the examination probability of each position,
-``ctr(position) / ctr(top position)`` (unbiased when positions are assigned independently of
-relevance, as in the generator; on logs ranked by relevance it overstates the bias and should
-come from a randomized slice instead), which also counts input, quarantined and future rows
-(an Observation); (2) one scan, one shuffle and one aggregation for all pairs and windows
-(:func:`cross_aggregate`), cached because it is small next to the input; the priors and per-pair
-writes then read the cache. Rows breaking a row rule are written to the quarantine partition
-with a ``reason``.
+``min(1, ctr(position) / ctr(top position))`` (unbiased when positions are assigned
+independently of relevance, as in the generator; on logs ranked by relevance it overstates the
+bias and should come from a randomized slice instead); the same small aggregation counts input
+rows, quarantined rows per reason, and clean rows inside and before the longest window. A batch
+with no clean row in the window stops there with :class:`EmptyBatch` (its bad rows are still
+quarantined; nothing is published). (2) one scan, one shuffle and one aggregation for all pairs
+and windows (:func:`cross_aggregate`), cached because it is small next to the input; the
+priors and per-pair writes then read the cache. Rows breaking a row rule are written to the
+quarantine partition with a ``reason`` and the raw row as it came (``line``).
 
 Why pass 2 runs the way it does (measured on ``local[2]``, see :mod:`benchmarks.ctr_cross_stats`):
 most pairs are sparse (user x category, context x item: a few impressions per key), so a
@@ -73,7 +75,10 @@ from jobs import spark_sessions
 
 MICROS_PER_DAY = 86_400_000_000
 TIMESTAMP = "event_timestamp"
-SOURCES = ("generated", "ml100k")
+
+
+class EmptyBatch(RuntimeError):
+    """No clean row of the log falls in the longest window: there is nothing to publish."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +109,34 @@ ITEM_POS = CrossPair(name="item_pos", keys=("item_id", "position"))
 GENERATED_PAIRS = (SEG_CAT, USER_CAT, SEG_ITEM, CTX_ITEM, ITEM_POS)
 ML100K_PAIRS = (SEG_CAT, USER_CAT, SEG_ITEM)
 """ML-100k has no positions and no contexts, so only user/item attribute crosses."""
+PAIRS_BY_NAME = {pair.name: pair for pair in GENERATED_PAIRS}
+
+
+def pairs_for(source: sources.LogSource, provided: Sequence[str]) -> tuple[CrossPair, ...]:
+    """The pairs a source gets: the ones it names, else every built-in pair whose keys the log
+    provides (a log without positions gets no ``item_pos``)."""
+    if source.pairs is not None:
+        unknown = [name for name in source.pairs if name not in PAIRS_BY_NAME]
+        if unknown:
+            raise ValueError(
+                f"source {source.name!r} names pairs {unknown}; known: {sorted(PAIRS_BY_NAME)}"
+            )
+        return tuple(PAIRS_BY_NAME[name] for name in source.pairs)
+    usable = tuple(p for p in GENERATED_PAIRS if set(p.keys) <= set(provided))
+    if not usable:
+        raise ValueError(
+            f"source {source.name!r} provides {list(provided)}: no built-in pair can be keyed "
+            f"({[(p.name, p.keys) for p in GENERATED_PAIRS]}); map more columns"
+        )
+    return usable
+
+
+def window_text(ds: str, windows: Sequence[int]) -> str:
+    """What the windows of partition ``ds`` cover, in words (ds itself is never inside)."""
+    end = dt.date.fromisoformat(check_ds(ds))
+    last = end - dt.timedelta(days=1)
+    spans = [f"{w}d = {end - dt.timedelta(days=w)} .. {last}" for w in windows]
+    return f"windows end at {ds} 00:00 UTC, exclusive ({'; '.join(spans)})"
 
 
 @dataclass(kw_only=True)
@@ -181,9 +214,13 @@ def feature_columns(pair: CrossPair, windows: Sequence[int]) -> list[str]:
 # --- transforms: DataFrame -> DataFrame, no I/O -------------------------------------------------
 
 
-def with_reason(log: DataFrame, key_columns: Sequence[str]) -> DataFrame:
-    """``log`` plus ``reason``: the first row rule it breaks, null for a clean row."""
-    return log.withColumn("reason", sources.first_failed(sources.row_rules(key_columns)))
+def with_reason(
+    log: DataFrame, key_columns: Sequence[str], *, cutoff: dt.datetime | None = None
+) -> DataFrame:
+    """``log`` plus ``reason``: the first row rule it breaks, null for a clean row. With
+    ``cutoff`` a row at or after it breaks a rule (see :func:`jobs.ctr_log_sources.row_rules`)."""
+    rules = sources.row_rules(key_columns, cutoff=cutoff)
+    return log.withColumn("reason", sources.first_failed(rules))
 
 
 def in_lookback(log: DataFrame, *, cutoff: dt.datetime, days: int) -> DataFrame:
@@ -199,15 +236,6 @@ def clip_position(log: DataFrame, max_position: int) -> DataFrame:
     return log.withColumn("position", F.least(F.col("position"), F.lit(max_position)))
 
 
-def position_clicks(log: DataFrame) -> DataFrame:
-    """Impressions and clicks per (clipped) position, for :func:`examination_by_position`."""
-    return (
-        log.filter(F.col("position").isNotNull())
-        .groupBy("position")
-        .agg(F.count(F.lit(1)).alias("imp"), F.sum("click").cast("long").alias("clk"))
-    )
-
-
 def examination_by_position(counts: Sequence[tuple[int, int, int]]) -> dict[int, float]:
     """Examination probability per position = ctr(position) / ctr(top position).
 
@@ -220,7 +248,9 @@ def examination_by_position(counts: Sequence[tuple[int, int, int]]) -> dict[int,
     top = rates[min(rates)]
     if top <= 0:
         return {p: 1.0 for p in rates}
-    return {p: max(rate / top, 1e-3) for p, rate in rates.items()}
+    # A lower position can out-click the top one by chance (few impressions): an examination
+    # probability is still at most 1.
+    return {p: min(max(rate / top, 1e-3), 1.0) for p, rate in rates.items()}
 
 
 def with_examination(log: DataFrame, examination: dict[int, float]) -> DataFrame:
@@ -481,16 +511,18 @@ def build_session(settings: Settings, *, app: str = "cascade.ctr_cross_stats") -
 
 
 def read_log(
-    spark: SparkSession, source: str, log_path: Path | None
+    spark: SparkSession, source: str, log_path: Path | None, *, sources_file: Path | None = None
 ) -> tuple[DataFrame, DataFrame | None]:
-    """(log in the input schema, adapter-level quarantine or None) for a named source."""
-    if source == "generated":
-        if log_path is None:
-            raise ValueError("source 'generated' needs --log PATH (see jobs.impression_log)")
-        return sources.from_generated(spark, log_path), None
-    if source == "ml100k":
-        return sources.from_ml100k(spark, log_path)
-    raise ValueError(f"unknown source {source!r}; one of {SOURCES}")
+    """(log in the input schema, adapter-level quarantine or None) for a registered source."""
+    return sources.resolve(source, sources_file).read(spark, log_path)
+
+
+def default_config(
+    spark: SparkSession, source: str, log_path: Path | None, *, sources_file: Path | None = None
+) -> CrossStatsConfig:
+    """The engine's defaults with the pairs the source can key (:func:`pairs_for`)."""
+    registered = sources.resolve(source, sources_file)
+    return CrossStatsConfig(pairs=pairs_for(registered, registered.provided(spark, log_path)))
 
 
 @contextmanager
@@ -525,34 +557,80 @@ def aggregate_conf(config: CrossStatsConfig) -> dict[str, str]:
     }
 
 
+def batch_counts(checked: DataFrame, *, cutoff: dt.datetime, lookback_days: int) -> DataFrame:
+    """Pass 1's one small aggregation over :func:`with_reason` rows: per ``reason`` (null for
+    clean rows), ``in_window`` (clean rows only: inside the longest window or older) and
+    ``position`` (clean rows in the window only): ``imp`` and ``clk``. A few dozen rows."""
+    clean = F.col("reason").isNull()
+    age = F.unix_micros(F.lit(cutoff)) - F.unix_micros(F.col(TIMESTAMP))
+    inside = clean & (age <= lookback_days * MICROS_PER_DAY)
+    return (
+        checked.select(
+            "reason",
+            F.when(clean, inside).alias("in_window"),
+            F.when(inside, F.col("position")).alias("position"),
+            F.when(clean, F.col("click")).alias("click"),
+        )
+        .groupBy("reason", "in_window", "position")
+        .agg(F.count(F.lit(1)).alias("imp"), F.sum("click").cast("long").alias("clk"))
+    )
+
+
+def summarize_counts(rows: Sequence[Any]) -> dict[str, Any]:
+    """The batch facts of :func:`batch_counts`' rows: input, quarantined (and per reason),
+    clean rows in and before the window, and (position, imp, clk) for the examination."""
+    by_reason: dict[str, int] = {}
+    in_window = older = 0
+    positions: list[tuple[int, int, int]] = []
+    for row in rows:
+        imp = int(row["imp"])
+        if row["reason"] is not None:
+            by_reason[row["reason"]] = by_reason.get(row["reason"], 0) + imp
+        elif row["in_window"]:
+            in_window += imp
+            if row["position"] is not None:
+                positions.append((int(row["position"]), imp, int(row["clk"] or 0)))
+        else:
+            older += imp
+    quarantined = sum(by_reason.values())
+    return {
+        "input_rows": quarantined + in_window + older,
+        "quarantined_rows": quarantined,
+        "quarantined_by_reason": dict(sorted(by_reason.items())),
+        "clean_rows_in_window": in_window,
+        "clean_rows_before_window": older,
+        "position_counts": sorted(positions),
+    }
+
+
 def compute(
     log: DataFrame,
     config: CrossStatsConfig,
     *,
     cutoff: dt.datetime,
-    observation: Observation | None = None,
 ) -> tuple[DataFrame, dict[str, Any]]:
-    """Run passes 1 and 2; return (cached aggregate, facts: examination, priors, row counts).
+    """Run passes 1 and 2; return (cached aggregate, facts: examination, priors, row counts,
+    the batch counts of :func:`summarize_counts` under ``"batch"``).
 
-    The caller unpersists the aggregate. ``observation``, when given, counts input rows,
-    quarantined rows and clean rows at or after the cut-off during pass 1.
+    The caller unpersists the aggregate. Raises :class:`EmptyBatch` (after pass 1, nothing
+    cached) when no clean row falls inside the longest window.
     """
     lookback = max(config.windows)
-    checked = clip_position(with_reason(log, config.key_columns), config.max_position)
-    # Pass 1: examination per position from clean rows in the longest window; the same scan
-    # counts every input row (pass 2 needs the examination first and drops rows early).
-    narrow = checked.select("position", "click", TIMESTAMP, "reason")
-    if observation is not None:
-        age = F.unix_micros(F.lit(cutoff)) - F.unix_micros(F.col(TIMESTAMP))
-        narrow = narrow.observe(
-            observation,
-            F.count(F.lit(1)).alias("input_rows"),
-            F.count(F.col("reason")).alias("quarantined_rows"),
-            F.count(F.when(F.col("reason").isNull() & (age <= 0), 1)).alias("future_rows"),
+    checked = clip_position(
+        with_reason(log, config.key_columns, cutoff=cutoff), config.max_position
+    )
+    # Pass 1: examination per position from clean rows in the longest window, and every
+    # input row counted by reason (pass 2 needs the examination first and drops rows early).
+    batch = summarize_counts(batch_counts(checked, cutoff=cutoff, lookback_days=lookback).collect())
+    if batch["clean_rows_in_window"] == 0:
+        raise EmptyBatch(
+            f"no clean row in the {lookback}-day window before the cut-off "
+            f"{cutoff.date()} 00:00 UTC: {batch['input_rows']:,} input rows, "
+            f"{batch['quarantined_rows']:,} quarantined {batch['quarantined_by_reason']}, "
+            f"{batch['clean_rows_before_window']:,} older than the window. Nothing is "
+            "published; check the log's ids and timestamps against --ds"
         )
-    narrow = in_lookback(narrow, cutoff=cutoff, days=lookback).filter(F.col("reason").isNull())
-    counts = [(r["position"], r["imp"], r["clk"]) for r in position_clicks(narrow).collect()]
-    examination = examination_by_position(counts)
+    examination = examination_by_position(batch["position_counts"])
 
     # Pass 2: every pair and window (see cross_aggregate for the single shuffle).
     clean = in_lookback(checked, cutoff=cutoff, days=lookback).filter(F.col("reason").isNull())
@@ -581,8 +659,38 @@ def compute(
                 min_strength=config.min_prior_strength,
                 max_strength=config.max_prior_strength,
             )
-    facts = {"examination": examination, "priors": priors, "aggregate_rows": key_rows}
+    facts = {
+        "examination": examination,
+        "priors": priors,
+        "aggregate_rows": key_rows,
+        "batch": batch,
+        "constant_features": constant_features(priors, config),
+    }
     return aggregate, facts
+
+
+def statistic_column(pair: str, tag: str) -> str:
+    """The feature column smoothed with the prior ``tag`` (``ctr_7``, ``decay_None``, ...)."""
+    statistic, window = tag.split("_", 1)
+    return f"{pair}_decay_ctr" if statistic == "decay" else f"{pair}_{statistic}_{window}d"
+
+
+def constant_features(
+    priors: dict[str, dict[str, tuple[float, float]]], config: CrossStatsConfig
+) -> dict[str, list[str]]:
+    """Per pair, the smoothed columns whose fitted prior sits at ``max_prior_strength``: the
+    data showed no spread between keys, so the prior swamps every key's counts and the column
+    is (nearly) the same constant for every key. Worth flagging, not worth serving."""
+    flagged: dict[str, list[str]] = {}
+    for pair, tags in priors.items():
+        at_clamp = [
+            statistic_column(pair, tag)
+            for tag, (a, b) in tags.items()
+            if a + b >= config.max_prior_strength * (1 - 1e-9)
+        ]
+        if at_clamp:
+            flagged[pair] = at_clamp
+    return flagged
 
 
 def run(
@@ -593,24 +701,64 @@ def run(
     settings: Settings | None = None,
     spark: SparkSession | None = None,
     config: CrossStatsConfig | None = None,
+    sources_file: Path | None = None,
 ) -> dict[str, Any]:
-    """Build partition ``ds`` of every configured pair for one source; returns the summary.
+    """Build partition ``ds`` of every configured pair for one registered source; returns the
+    summary. ``config`` defaults to the pairs the source can key (:func:`default_config`).
 
+    Raises :class:`EmptyBatch` when no clean row falls in the longest window (bad rows are
+    quarantined first; no feature partition, summary or gate verdict is written).
     A session passed in is left running; one built here is stopped before returning.
     """
     check_ds(ds)
     settings = settings or load_settings()
-    if config is None:
-        config = CrossStatsConfig(pairs=ML100K_PAIRS if source == "ml100k" else GENERATED_PAIRS)
+    registered = sources.resolve(source, sources_file)
+    if registered.reads_landing and log_path is None:
+        raise ValueError(f"source {source!r} reads a landed log: pass --log PATH")
     own = spark is None
     session = spark or build_session(settings)
     try:
+        if config is None:
+            config = default_config(session, source, log_path, sources_file=sources_file)
         return _run(
-            ds, source=source, log_path=log_path, settings=settings, spark=session, config=config
+            ds,
+            source=source,
+            log_path=log_path,
+            settings=settings,
+            spark=session,
+            config=config,
+            sources_file=sources_file,
         )
     finally:
         if own:
             session.stop()
+
+
+def _write_quarantine(
+    log: DataFrame,
+    adapter_quarantine: DataFrame | None,
+    *,
+    source: str,
+    config: CrossStatsConfig,
+    cutoff: dt.datetime,
+    path: Path,
+    any_bad: bool,
+) -> int:
+    """Write the rows breaking a rule with their reason and raw line; returns the adapter's
+    count. Bad rows are rare: the input is only re-read for them when ``any_bad``."""
+    bad = with_reason(log, config.key_columns, cutoff=cutoff).filter(F.col("reason").isNotNull())
+    raw = (
+        F.col(sources.RAW_COLUMN)
+        if sources.RAW_COLUMN in log.columns
+        else F.struct(*sources.LOG_COLUMNS)
+    )
+    quarantine = bad.select(F.lit(source).alias("source"), F.to_json(raw).alias("line"), "reason")
+    if not any_bad:
+        quarantine = quarantine.limit(0)
+    if adapter_quarantine is not None:
+        quarantine = quarantine.unionByName(adapter_quarantine)
+    quarantine.coalesce(1).write.mode("overwrite").parquet(str(path))
+    return adapter_quarantine.count() if adapter_quarantine is not None else 0
 
 
 def _run(
@@ -621,6 +769,7 @@ def _run(
     settings: Settings,
     spark: SparkSession,
     config: CrossStatsConfig,
+    sources_file: Path | None,
 ) -> dict[str, Any]:
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
@@ -629,15 +778,35 @@ def _run(
     where = CrossLake(Lake(settings.lake_root), source)
     # The partition is being rebuilt: an earlier gate verdict no longer vouches for it.
     where.gate_report(ds).unlink(missing_ok=True)
-    log, adapter_quarantine = read_log(spark, source, log_path)
+    log, adapter_quarantine = read_log(spark, source, log_path, sources_file=sources_file)
+    print(f"[cross] {source} ds={ds}: {window_text(ds, config.windows)}", flush=True)
 
-    observation = Observation(f"ctr_cross_stats {source} {ds}")
-    aggregate, facts = compute(log, config, cutoff=cutoff, observation=observation)
-    seen = observation.get
+    try:
+        aggregate, facts = compute(log, config, cutoff=cutoff)
+    except EmptyBatch:
+        where.summary(ds).unlink(missing_ok=True)
+        _write_quarantine(
+            log,
+            adapter_quarantine,
+            source=source,
+            config=config,
+            cutoff=cutoff,
+            path=where.quarantine(ds),
+            any_bad=True,
+        )
+        print(f"[cross] bad rows of ds={ds} -> {where.quarantine(ds)}", flush=True)
+        raise
+    batch = facts["batch"]
     print(
-        f"[cross] {source} ds={ds}: {seen['input_rows']:,} input rows, "
-        f"{seen['quarantined_rows']:,} quarantined, {seen['future_rows']:,} at/after ds ignored"
+        f"[cross] {batch['input_rows']:,} input rows, {batch['clean_rows_in_window']:,} clean in "
+        f"the window, {batch['quarantined_rows']:,} quarantined {batch['quarantined_by_reason']}"
     )
+    if facts["constant_features"]:
+        print(
+            "[cross] WARNING prior at its clamp (no spread between keys, the column is a "
+            f"constant): {facts['constant_features']}",
+            flush=True,
+        )
 
     rows: dict[str, int] = {}
     paths: dict[str, str] = {}
@@ -657,38 +826,43 @@ def _run(
     finally:
         aggregate.unpersist()
 
-    # Bad rows are rare: only re-read the input for them when pass 2 counted some.
-    bad = with_reason(log, config.key_columns).filter(F.col("reason").isNotNull())
-    quarantine = bad.select(
-        F.lit(source).alias("source"),
-        F.to_json(F.struct(*sources.LOG_COLUMNS)).alias("line"),
-        "reason",
+    quarantined = int(batch["quarantined_rows"])
+    adapter_bad = _write_quarantine(
+        log,
+        adapter_quarantine,
+        source=source,
+        config=config,
+        cutoff=cutoff,
+        path=where.quarantine(ds),
+        any_bad=quarantined > 0,
     )
-    if seen["quarantined_rows"] == 0:
-        quarantine = quarantine.limit(0)
-    if adapter_quarantine is not None:
-        quarantine = quarantine.unionByName(adapter_quarantine)
-    quarantine.coalesce(1).write.mode("overwrite").parquet(str(where.quarantine(ds)))
-    quarantined = int(seen["quarantined_rows"])
-    adapter_bad = adapter_quarantine.count() if adapter_quarantine is not None else 0
     print(f"[cross] quarantined {quarantined + adapter_bad:,} rows -> {where.quarantine(ds)}")
 
+    by_reason = dict(batch["quarantined_by_reason"])
+    if adapter_bad:
+        by_reason["adapter"] = adapter_bad
     summary = {
         "ds": ds,
         "source": source,
-        "input_rows": int(seen["input_rows"]) + adapter_bad,
+        "pairs": [pair.name for pair in config.pairs],
+        "input_rows": int(batch["input_rows"]) + adapter_bad,
         "quarantined_rows": quarantined + adapter_bad,
         "adapter_quarantined_rows": adapter_bad,
-        "future_rows_ignored": int(seen["future_rows"]),
+        "quarantined_by_reason": by_reason,
+        "future_rows_quarantined": int(by_reason.get(sources.FUTURE_REASON, 0)),
+        "clean_rows_in_window": int(batch["clean_rows_in_window"]),
+        "clean_rows_before_window": int(batch["clean_rows_before_window"]),
         "rows": rows,
         "paths": paths,
         "quarantine_path": str(where.quarantine(ds)),
         "windows_days": list(config.windows),
+        "windows": window_text(ds, config.windows),
         "examination": {str(k): v for k, v in sorted(facts["examination"].items())},
         "priors": {
             pair: {tag: {"a": a, "b": b} for tag, (a, b) in tags.items()}
             for pair, tags in facts["priors"].items()
         },
+        "constant_features": facts["constant_features"],
         "seconds": round(time.monotonic() - started, 3),
     }
     summary_path = where.summary(ds)
@@ -699,14 +873,26 @@ def _run(
     return summary
 
 
+DS_HELP = (
+    "partition date YYYY-MM-DD. Every window ends at DS 00:00 UTC and excludes it: the 1-day "
+    "window of 2026-11-22 is 2026-11-21; rows at or after DS are quarantined as misfiled"
+)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """CLI: ``python -m jobs.ctr_cross_stats --ds YYYY-MM-DD --source NAME [--log PATH]``."""
     parser = argparse.ArgumentParser(prog="python -m jobs.ctr_cross_stats", description=__doc__)
-    parser.add_argument("--ds", required=True, help="partition date YYYY-MM-DD (UTC cut-off)")
-    parser.add_argument("--source", choices=SOURCES, default="generated")
-    parser.add_argument("--log", type=Path, help="generated: parquet log; ml100k: source dir")
+    parser.add_argument("--ds", required=True, help=DS_HELP)
+    parser.add_argument(
+        "--source",
+        default="generated",
+        help="a registered log source: generated, ml100k, or one from --sources-file or the "
+        f"'{sources.ENTRY_POINT_GROUP}' entry points",
+    )
+    parser.add_argument("--log", type=Path, help="the landed log folder (ml100k: source dir)")
+    parser.add_argument("--sources-file", type=Path, help="TOML file of [sources.NAME] tables")
     args = parser.parse_args(argv)
-    return run(args.ds, source=args.source, log_path=args.log)
+    return run(args.ds, source=args.source, log_path=args.log, sources_file=args.sources_file)
 
 
 if __name__ == "__main__":

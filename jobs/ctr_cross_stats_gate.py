@@ -223,17 +223,23 @@ def validate(
     settings: Settings | None = None,
     spark: SparkSession | None = None,
     config: job.CrossStatsConfig | None = None,
+    sources_file: Path | None = None,
 ) -> dict[str, Any]:
-    """Validate partition ``ds``; write the report; raise :class:`GateFailed` on failure."""
+    """Validate partition ``ds``; write the report; raise :class:`GateFailed` on failure.
+    ``config`` defaults to the pairs the job's summary lists (the pairs it computed)."""
     check_ds(ds)
     settings = settings or load_settings()
-    if config is None:
-        pairs = job.ML100K_PAIRS if source == "ml100k" else job.GENERATED_PAIRS
-        config = job.CrossStatsConfig(pairs=pairs)
     own = spark is None
     session = spark or job.build_session(settings, app="cascade.ctr_cross_stats_gate")
     try:
-        return _validate(ds, source, log_path, settings, session, config)
+        if config is None:
+            summary = job.CrossLake(Lake(settings.lake_root), source).summary(ds)
+            named = json.loads(summary.read_text()).get("pairs") if summary.is_file() else None
+            if named:
+                config = job.CrossStatsConfig(pairs=tuple(job.PAIRS_BY_NAME[n] for n in named))
+            else:
+                config = job.default_config(session, source, log_path, sources_file=sources_file)
+        return _validate(ds, source, log_path, settings, session, config, sources_file)
     finally:
         if own:
             session.stop()
@@ -246,6 +252,7 @@ def _validate(
     settings: Settings,
     spark: SparkSession,
     config: job.CrossStatsConfig,
+    sources_file: Path | None = None,
 ) -> dict[str, Any]:
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no network from a task
     import great_expectations as gx
@@ -264,11 +271,11 @@ def _validate(
     cutoff = job.ds_midnight(ds)
 
     lookback = max(config.windows)
-    log, _ = job.read_log(spark, source, log_path)
+    log, _ = job.read_log(spark, source, log_path, sources_file=sources_file)
     # One pass over the input: all rows are counted before the clean-row filter, the input
     # rules after it, and the sample is drawn from the clean rows in the lookback.
     everything = Observation(f"gate {source} input rows")
-    checked = job.with_reason(log, config.key_columns).observe(
+    checked = job.with_reason(log, config.key_columns, cutoff=cutoff).observe(
         everything,
         F.count(F.lit(1)).alias("rows"),
         F.count(F.col("reason")).alias("rule_breaking_rows"),
@@ -349,6 +356,12 @@ def _validate(
     quarantine_ok = fraction <= config.max_quarantine_fraction
     if not quarantine_ok:
         failed.append(f"quarantine_fraction({fraction:.4f} > {config.max_quarantine_fraction})")
+    # Flagged, not failed: a column the prior swamps is legal, only useless to a model.
+    warnings = [
+        f"{pair}: prior at its clamp, constant column {column}"
+        for pair, columns in summary.get("constant_features", {}).items()
+        for column in columns
+    ]
     report = where.gate_report(ds)
     report.parent.mkdir(parents=True, exist_ok=True)
     body = {
@@ -356,26 +369,33 @@ def _validate(
         "source": source,
         "success": not failed,
         "failed": failed,
+        "warnings": warnings,
         "quarantine_fraction": fraction,
         "previous_partition": None if previous is None else previous["ds"],
         "datasets": report_sets,
     }
     report.write_text(json.dumps(body, indent=2, default=str))
-    print(f"[cross-gate] {len(failed)} failed; quarantine {fraction:.4%}; report -> {report}")
+    print(
+        f"[cross-gate] {len(failed)} failed, {len(warnings)} warnings; quarantine "
+        f"{fraction:.4%}; report -> {report}"
+    )
+    for warning in warnings:
+        print(f"[cross-gate] WARNING {warning}")
     if failed:
         raise GateFailed(report, failed)
-    return {"success": True, "report": str(report), "failed": []}
+    return {"success": True, "report": str(report), "failed": [], "warnings": warnings}
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m jobs.ctr_cross_stats_gate --ds YYYY-MM-DD --source NAME [--log PATH]``."""
     parser = argparse.ArgumentParser(prog="python -m jobs.ctr_cross_stats_gate")
-    parser.add_argument("--ds", required=True)
-    parser.add_argument("--source", choices=job.SOURCES, default="generated")
-    parser.add_argument("--log", type=Path)
+    parser.add_argument("--ds", required=True, help=job.DS_HELP)
+    parser.add_argument("--source", default="generated", help="a registered log source")
+    parser.add_argument("--log", type=Path, help="the landed log folder (ml100k: source dir)")
+    parser.add_argument("--sources-file", type=Path, help="TOML file of [sources.NAME] tables")
     args = parser.parse_args(argv)
     try:
-        validate(args.ds, source=args.source, log_path=args.log)
+        validate(args.ds, source=args.source, log_path=args.log, sources_file=args.sources_file)
     except GateFailed as failure:
         print(failure, file=sys.stderr)
         return 1

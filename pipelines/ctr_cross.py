@@ -5,10 +5,13 @@ Steps (each takes the partition date, returns a JSON-able summary; the Airflow D
 all run these functions):
 
 * ``log``: the partition's impression log. A log that landed in
-  ``<lake>/landing/impressions/dt=<ds>/`` (any writer; parquet in the engine's input schema with
-  a ``_SUCCESS`` marker) is kept; otherwise the generator writes one there
-  (:mod:`jobs.impression_log`, ``CASCADE_CROSS_IMPRESSIONS`` rows ending at ``ds``). The
+  ``<lake>/landing/impressions/dt=<ds>/`` (any writer, with a ``_SUCCESS`` marker) is kept and
+  read as the source its ``_SOURCE`` file names (else ``CASCADE_CROSS_SOURCE``); sources are
+  registered by name with a mapping onto the engine's schema (:mod:`jobs.ctr_log_sources`:
+  built in, entry points, or ``CASCADE_CROSS_SOURCES_FILE``). Otherwise the generator writes one
+  there (:mod:`jobs.impression_log`, ``CASCADE_CROSS_IMPRESSIONS`` rows ending at ``ds``). The
   ``ml100k`` source (``CASCADE_CROSS_SOURCE=ml100k``) reads the installed MovieLens package.
+  Every output, quarantine and report path carries the source's name.
 * ``stats``: :func:`jobs.ctr_cross_stats.run` (pairs x 1/7/30-day windows, fitted priors,
   quarantine partition with reasons).
 * ``validate``: :func:`jobs.ctr_cross_stats_gate.validate`; a failed batch raises, so the run
@@ -26,7 +29,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
@@ -40,8 +43,6 @@ from cascade.config import SETTINGS_CONFIG, Settings, load_group, load_settings
 from cascade.lake import Lake, check_ds
 from cascade.pipeline_spec import Pipeline, Step, Trigger
 
-SOURCES = ("generated", "ml100k")
-"""The log sources the pipeline reads (:data:`jobs.ctr_cross_stats.SOURCES` checks the same)."""
 SOURCE_ENV = "CASCADE_CROSS_SOURCE"
 IMPRESSIONS_ENV = "CASCADE_CROSS_IMPRESSIONS"
 DEFAULT_SOURCE = "generated"
@@ -56,16 +57,46 @@ class CrossSettings:
     env_pattern: ClassVar[str] = "CASCADE_CROSS_{}"
     title: ClassVar[str] = "Pipeline ctr_cross"
 
-    source: Literal["generated", "ml100k"] = "generated"
-    """The impression log the pipeline reads: ``generated`` (when nothing landed) or
-    ``ml100k`` (the installed MovieLens-100k package)."""
+    source: str = Field(default="generated", pattern=r"^[a-z][a-z0-9_]{0,47}$")
+    """The registered log source read when a landed log names none: ``generated`` (written
+    when nothing landed), ``ml100k`` (the installed MovieLens-100k package), or one from the
+    sources file or the ``cascade.log_sources`` entry points."""
+    sources_file: Path | None = None
+    """TOML file of ``[sources.NAME]`` tables registering log sources (see
+    :mod:`jobs.ctr_log_sources`); default ``$CASCADE_HOME/log_sources.toml`` when it exists."""
     impressions: int = Field(default=DEFAULT_IMPRESSIONS, ge=1)
     """Generated rows per partition when nothing landed; raise it for a load test."""
 
 
+def sources_file(settings: Settings | None = None) -> Path:
+    """The file registering log sources (it need not exist)."""
+    configured = load_group(CrossSettings).sources_file
+    if configured is not None:
+        return configured
+    return (settings or load_settings()).home / "log_sources.toml"
+
+
 def source_name() -> str:
-    """The log source the pipeline reads (``CASCADE_CROSS_SOURCE``: generated or ml100k)."""
-    return load_group(CrossSettings).source
+    """The configured log source (``CASCADE_CROSS_SOURCE``), checked against the registry."""
+    from jobs import ctr_log_sources
+
+    name = load_group(CrossSettings).source
+    ctr_log_sources.resolve(name, sources_file())
+    return name
+
+
+def partition_source(ds: str, settings: Settings | None = None) -> str:
+    """The source of partition ``ds``: the one its landed log names in ``_SOURCE``, else the
+    configured one. Every step of a run resolves the same name, so outputs, quarantine and
+    reports of a landed log go under its own source."""
+    from jobs import ctr_log_sources
+
+    settings = settings or load_settings()
+    declared = ctr_log_sources.declared_source(landing_dir(Lake(settings.lake_root), ds))
+    if declared is None:
+        return source_name()
+    ctr_log_sources.resolve(declared, sources_file(settings))
+    return declared
 
 
 def impressions() -> int:
@@ -80,16 +111,22 @@ def landing_dir(lake: Lake, ds: str) -> Path:
 def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     """Make sure the partition's log is there; generate it when nothing landed."""
     settings = settings or load_settings()
-    source = source_name()
-    if source == "ml100k":
-        from jobs import movielens
+    from jobs import ctr_log_sources
 
-        path = movielens.default_ml100k_dir()
-        return {"ds": ds, "source": source, "path": str(path), "generated": False}
+    source = partition_source(ds, settings)
+    registered = ctr_log_sources.resolve(source, sources_file(settings))
+    if not registered.reads_landing:
+        return {"ds": ds, "source": source, "path": None, "generated": False}
     landing = landing_dir(Lake(settings.lake_root), ds)
     if (landing / "_SUCCESS").is_file():
-        print(f"[cross] log for ds={ds} already landed at {landing}; kept", flush=True)
+        print(f"[cross] log for ds={ds} ({source}) already landed at {landing}; kept", flush=True)
         return {"ds": ds, "source": source, "path": str(landing), "generated": False}
+    if source != "generated":
+        raise FileNotFoundError(
+            f"source {source!r} reads a landed log, and none landed at {landing} (a folder "
+            "with the log's files and a _SUCCESS marker); land it there or set "
+            f"{SOURCE_ENV}=generated"
+        )
     from jobs import ctr_cross_stats as job
     from jobs import impression_log
     from jobs.spark_sessions import active_or_new
@@ -108,15 +145,26 @@ def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 def _on_spark(
     step: Callable[..., dict[str, Any]], ds: str, settings: Settings | None, app: str
 ) -> dict[str, Any]:
-    """``step(ds, source=..., log_path=..., settings=..., spark=...)`` on the configured source."""
+    """``step(ds, source=..., log_path=..., settings=..., spark=..., sources_file=...)`` on the
+    partition's source (:func:`partition_source`)."""
     from jobs import ctr_cross_stats as job
+    from jobs import ctr_log_sources
     from jobs.spark_sessions import active_or_new
 
     settings = settings or load_settings()
-    source = source_name()
-    log_path = landing_dir(Lake(settings.lake_root), ds) if source == "generated" else None
+    source = partition_source(ds, settings)
+    registry_file = sources_file(settings)
+    landed = ctr_log_sources.resolve(source, registry_file).reads_landing
+    log_path = landing_dir(Lake(settings.lake_root), ds) if landed else None
     with active_or_new(lambda: job.build_session(settings, app=app)) as spark:
-        return step(ds, source=source, log_path=log_path, settings=settings, spark=spark)
+        return step(
+            ds,
+            source=source,
+            log_path=log_path,
+            settings=settings,
+            spark=spark,
+            sources_file=registry_file,
+        )
 
 
 def stats(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
@@ -142,7 +190,7 @@ def feast(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     from jobs.ctr_cross_stats import CrossLake
 
     settings = settings or load_settings()
-    source = source_name()
+    source = partition_source(ds, settings)
     report = CrossLake(Lake(settings.lake_root), source).gate_report(check_ds(ds))
     if not report.is_file():
         raise GateNotPassed(

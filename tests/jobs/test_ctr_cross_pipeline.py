@@ -100,13 +100,23 @@ def test_feast_refuses_a_partition_the_gate_never_saw(
         pipeline.feast(DS)
 
 
-def test_source_and_size_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_source_and_size_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
     monkeypatch.setenv(pipeline.SOURCE_ENV, "ml100k")
     monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "5000")
     assert pipeline.source_name() == "ml100k" and pipeline.impressions() == 5000
     monkeypatch.setenv(pipeline.SOURCE_ENV, "clicks.csv")
-    with pytest.raises(ValueError, match="CASCADE_CROSS_SOURCE must be one of"):
+    with pytest.raises(ValueError, match="CASCADE_CROSS_SOURCE must be of the form"):
         pipeline.source_name()
+    monkeypatch.setenv(pipeline.SOURCE_ENV, "shop_clicks")
+    with pytest.raises(ValueError, match="unknown log source 'shop_clicks'; registered: generated"):
+        pipeline.source_name()
+    (tmp_path / "log_sources.toml").write_text(
+        '[sources.shop_clicks]\nformat = "csv"\ncolumns = { user_id = "uid" }\n'
+    )
+    assert pipeline.source_name() == "shop_clicks"
     monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "0")
     with pytest.raises(ValueError, match=">= 1"):
         pipeline.impressions()

@@ -217,7 +217,7 @@ def test_run_quarantines_bad_rows_and_overwrites(spark: SparkSession, tmp_path: 
         (3, 2, "s2", "c1", None, 1, T0 - DAY, 3),  # click 3
         (3, 2, None, "c1", None, 1, T0 - DAY, 0),  # segment needed by seg_cat
         (4, 2, "s2", "c1", None, 0, T0 - DAY, 0),  # position 0
-        (5, 2, "s2", "c1", None, 1, T0 + DAY, 1),  # future: ignored, not bad
+        (5, 2, "s2", "c1", None, 1, T0 + DAY, 1),  # at/after ds: misfiled, quarantined
     ]
     folder = tmp_path / "log"
     spark.createDataFrame(rows, SCHEMA).write.parquet(str(folder))
@@ -227,16 +227,18 @@ def test_run_quarantines_bad_rows_and_overwrites(spark: SparkSession, tmp_path: 
     summary = job.run(DS, log_path=folder, settings=settings, spark=spark, config=config)
     again = job.run(DS, log_path=folder, settings=settings, spark=spark, config=config)
 
-    assert (summary["input_rows"], summary["quarantined_rows"]) == (7, 4)
-    assert summary["future_rows_ignored"] == 1
+    assert (summary["input_rows"], summary["quarantined_rows"]) == (7, 5)
+    assert summary["future_rows_quarantined"] == 1
     assert summary["rows"] == again["rows"] == {"seg_cat": 2, "user_cat": 2}
     bad = pd.read_parquet(summary["quarantine_path"]).sort_values("reason")
     assert bad.reason.tolist() == [
         "click is not 0 or 1",
+        sources.FUTURE_REASON,
         "position < 1",
         "user_id is null or not an integer",
         "user_segment is null but a configured pair uses it",
     ]
+    assert summary["quarantined_by_reason"] == dict.fromkeys(sorted(bad.reason), 1)
     assert json.loads(bad.line.iloc[0])["click"] == 3
     written = pd.read_parquet(summary["paths"]["user_cat"])
     assert str(written.event_timestamp.dtype) == "datetime64[us, UTC]"
