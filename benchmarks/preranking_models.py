@@ -22,18 +22,17 @@ and the eager scoring cost of 1 user x 1,000 / 10,000 candidates with the user p
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 
 from cascade.config import Settings, load_settings
+from cascade.training.resumable_run import reachable_tracking
 from compilers.export import torch_threads
 from compilers.timing import median_seconds
 from models.preranking.cascade_train import launch_cascade
@@ -117,18 +116,7 @@ def _read(path: Path, what: str, log_tail: str) -> dict[str, Any]:
 def tracking_settings(run_dir: Path) -> Settings:
     """The settings the training runs log with: the local stack's MLflow server when it
     answers, else a private SQLite store in ``run_dir`` (the benchmark needs no stack)."""
-    from infra.stack import port_open
-
-    settings = load_settings()
-    uri = urlparse(settings.tracking_uri)
-    if uri.scheme not in ("http", "https"):
-        return settings
-    if port_open(uri.hostname or "127.0.0.1", uri.port or 80):
-        return settings
-    run_dir.mkdir(parents=True, exist_ok=True)
-    private = f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
-    print(f"[bench] MLflow at {settings.tracking_uri} does not answer; logging to {private}")
-    return dataclasses.replace(settings, mlflow_tracking_uri=private)
+    return reachable_tracking(load_settings(), run_dir, fallback=True, who="bench")
 
 
 def throughput(

@@ -4,16 +4,59 @@ under the run folder, so an attempt killed half-way and started again logs into 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from cascade.config import Settings
 from cascade.results import write_result
 
 RUN_MARKER = "mlflow_run.json"
 """File under a run folder naming the MLflow run of the unfinished run."""
+START_HINT = "start the local stack with `cascade up` (or `make up`)"
+
+
+class TrackingUnavailable(RuntimeError):
+    """The MLflow tracking server named by the settings does not answer."""
+
+
+def tracking_answers(uri: str, timeout: float = 0.5) -> bool:
+    """Whether an http(s) tracking server accepts a connection (a local store always does)."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("http", "https"):
+        return True
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def reachable_tracking(settings: Settings, run_dir: Path, *, fallback: bool, who: str) -> Settings:
+    """``settings`` when its tracking server answers. Otherwise, with ``fallback``, the same
+    settings logging to a private SQLite store in ``run_dir`` (one line says so); without it,
+    :class:`TrackingUnavailable` in one line with the fix. MLflow's client would otherwise retry
+    for minutes and end with "connection refused"."""
+    if tracking_answers(settings.tracking_uri):
+        return settings
+    if not fallback:
+        raise TrackingUnavailable(
+            f"{who}: MLflow at {settings.tracking_uri} does not answer; {START_HINT}, or set "
+            f"CASCADE_MLFLOW_URI=sqlite:///PATH/mlflow.db to log to a local store"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    private = f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+    print(
+        f"[{who}] MLflow at {settings.tracking_uri} does not answer ({START_HINT} to use it); "
+        f"logging to {private}",
+        flush=True,
+    )
+    return dataclasses.replace(settings, mlflow_tracking_uri=private)
 
 
 def use_experiment(settings: Settings, name: str) -> str:

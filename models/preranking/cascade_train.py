@@ -48,7 +48,7 @@ import torch.distributed as dist
 from cascade.config import Settings, load_settings
 from cascade.training.checkpoints import CHECKPOINTS, data_fingerprint, keep_only_run
 from cascade.training.launch import init_distributed, launch_for_result, run_torchrun
-from cascade.training.resumable_run import RUN_MARKER
+from cascade.training.resumable_run import RUN_MARKER, TrackingUnavailable, reachable_tracking
 from models.preranking.config_registry import (
     CASCADE_CONFIGS,
     CascadeTrainConfig,
@@ -94,6 +94,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="override the config's seed (initialization, data order, gate noise)",
     )
+    parser.add_argument(
+        "--require-tracking",
+        action="store_true",
+        help="fail at once when the MLflow server does not answer (the pipeline's runs must "
+        "reach the registry); without it such a run logs to OUT/mlflow.db and says so",
+    )
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
     return parser.parse_args(argv)
 
@@ -102,6 +108,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    try:
+        settings = reachable_tracking(
+            load_settings(),
+            args.out,
+            fallback=not args.require_tracking,
+            who="cascade_train" if os.environ.get("RANK", "0") == "0" else "cascade_train rank",
+        )
+    except TrackingUnavailable as exc:
+        raise SystemExit(str(exc)) from None
+    # Every load_settings() of this process (the trainer reads its own) sees the chosen store.
+    os.environ["CASCADE_MLFLOW_URI"] = settings.tracking_uri
     init_distributed()
     config = get_cascade_config(args.config)
     if args.zero_stage is not None:
@@ -187,6 +204,8 @@ def launch_pipeline(
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     data = partition_training_set(lake, ds)
+    # Fail in one line before starting processes, not after MLflow's client retried for minutes.
+    reachable_tracking(settings, lake.reports("train", ds), fallback=False, who="train")
     out = lake.reports("train", ds)
     out.mkdir(parents=True, exist_ok=True)
     keep_only_run(
@@ -196,7 +215,18 @@ def launch_pipeline(
     )
     return launch_for_result(
         "models.preranking.cascade_train",
-        ["--config", config, "--data", str(data), "--ds", ds, "--out", str(out), *extra_args],
+        [
+            "--config",
+            config,
+            "--data",
+            str(data),
+            "--ds",
+            ds,
+            "--out",
+            str(out),
+            "--require-tracking",
+            *extra_args,
+        ],  # fmt: skip
         what=f"pre-ranking training for ds={ds}",
         out_dir=out,
         keys=RESULT_KEYS,

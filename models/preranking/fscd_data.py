@@ -17,6 +17,23 @@ from models.preranking.fields import FIELD_NAMES, FIELDS, FieldEncoder
 ALL_FIELDS = tuple(f.name for f in FIELDS)
 
 
+class DegenerateData(ValueError):
+    """The training set cannot train or choose a model (see :func:`prepare`)."""
+
+
+def degenerate_fields(train: pd.DataFrame) -> dict[str, list[str]]:
+    """Fields no model can learn from on these rows: ``all_missing`` (no value at all) and
+    ``constant`` (the same value on every row; missing counts as a value, so a field that is
+    present on some rows and missing on others is not constant)."""
+    all_missing = [name for name in FIELD_NAMES if train[name].isna().all()]
+    constant = [
+        name
+        for name in FIELD_NAMES
+        if name not in all_missing and train[name].nunique(dropna=False) <= 1
+    ]
+    return {"all_missing": all_missing, "constant": constant}
+
+
 def load_frame(config: CascadeTrainConfig) -> pd.DataFrame:
     """The labelled impressions named by ``config.data``."""
     if config.data == "synthetic":
@@ -68,6 +85,12 @@ class Prepared:
     costs: dict[str, float]
     example: pd.DataFrame
     """A few raw test rows (the field columns): the logged model's input example."""
+    degenerate: dict[str, list[str]]
+    """Fields of :func:`degenerate_fields` on the training rows: never kept by FSCD."""
+
+    @property
+    def unusable(self) -> set[str]:
+        return {name for names in self.degenerate.values() for name in names}
 
 
 def prepare(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> Prepared:
@@ -86,6 +109,21 @@ def prepare(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> Pr
             "carve a validation split (lower test_fraction or use more data)"
         )
     train, validation = time_split(period, config.validation_fraction)
+    clicks = int(validation[LABEL].sum())
+    need = config.min_validation_clicks
+    if min(clicks, len(validation) - clicks) < need:
+        raise DegenerateData(
+            f"the validation split has {len(validation)} rows with {clicks} clicks; choosing "
+            f"the FSCD strength needs at least {need} clicks and {need} non-clicks (below that "
+            "the AUCs it compares differ by less than their noise, about 0.05 at 100 clicks). "
+            "Train on a longer period or more impressions, or raise validation_fraction"
+        )
+    degenerate = degenerate_fields(train)
+    unusable = {name for names in degenerate.values() for name in names}
+    if unusable >= set(FIELD_NAMES):
+        raise DegenerateData(f"every field is empty or constant on the training rows: {degenerate}")
+    if unusable:
+        print(f"[cascade] WARNING fields FSCD will not keep: {degenerate}", flush=True)
     encoder = FieldEncoder(bins=config.bins).fit(train)
     return Prepared(
         encoder=encoder,
@@ -95,4 +133,5 @@ def prepare(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> Pr
         test=EvalSplit.of(test, encoder),
         costs=dict(zip(ALL_FIELDS, encoder.costs(config.net.embedding_dim), strict=True)),
         example=test[list(FIELD_NAMES)].head(5).reset_index(drop=True),
+        degenerate=degenerate,
     )

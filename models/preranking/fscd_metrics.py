@@ -92,9 +92,19 @@ def evaluate_models(
                 "cost": cost,
                 "cost_ratio": cost / teacher_cost,
                 "fields": list(fields),
+                # 0 when the model scores every row the same (it ranks nothing).
+                "score_spread": float(np.std(scores[name])),
             }
         )
     return rows
+
+
+CONSTANT_SCORES = 1e-6
+"""A model whose scores' standard deviation on a split is below this ranks nothing."""
+
+
+class DegenerateModel(RuntimeError):
+    """Every candidate FSCD model scores the validation rows the same: nothing to deploy."""
 
 
 def choose_fscd(validation_rows: list[dict[str, Any]], budget: float) -> dict[str, Any]:
@@ -107,6 +117,14 @@ def choose_fscd(validation_rows: list[dict[str, Any]], budget: float) -> dict[st
     fscd = [r for r in validation_rows if r["model"].startswith("fscd_")]
     if not fscd:
         raise ValueError("no fscd_<λ> rows to choose from; fscd_strengths must not be empty")
+    ranking = [r for r in fscd if r.get("score_spread", 1.0) >= CONSTANT_SCORES]
+    if not ranking:
+        raise DegenerateModel(
+            f"every FSCD model ({', '.join(r['model'] for r in fscd)}) scores all validation "
+            f"rows the same (kept fields {[r['fields'] for r in fscd]}): its AUC of 0.5 is no "
+            "result. Check the training set for empty or constant fields"
+        )
+    fscd = ranking
     within = [r for r in fscd if r["cost_ratio"] <= budget + 1e-9]
     if within:
         return max(within, key=lambda r: r["auc"])

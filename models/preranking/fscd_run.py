@@ -81,10 +81,15 @@ def train_cascade(config: CascadeTrainConfig, out: Path, ds: str = "") -> dict[s
             if phase.kind == "fscd":
                 selector = models.pop(f"select_{phase.strength:g}")
                 assert isinstance(selector, ColdPreRanker)
-                kept = selector.kept_fields() or (
-                    # Nothing kept: keep the single most probable field rather than no model.
-                    (selector.gate_fields[int(selector.keep_probability().argmax())],)
-                )
+                # Empty or constant fields carry nothing, whatever their gate says.
+                kept = tuple(f for f in selector.kept_fields() if f not in data.unusable)
+                if not kept:
+                    # Nothing kept: the most probable usable field rather than no model.
+                    probability = dict(
+                        zip(selector.gate_fields, selector.keep_probability().tolist(), strict=True)
+                    )
+                    usable = [f for f in selector.gate_fields if f not in data.unusable]
+                    kept = (max(usable, key=lambda f: probability[f]),)
                 selections[phase.name] = {
                     "keep_probability": dict(
                         zip(selector.gate_fields, selector.keep_probability().tolist(), strict=True)
@@ -156,6 +161,7 @@ def finish(
         },
         "rows": rows,
         "validation_rows": validation_rows,
+        "degenerate_fields": data.degenerate,
     }
     write_result(out / "evaluation.json", evaluation)
     write_result(out / "selections.json", selections)

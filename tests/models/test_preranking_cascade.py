@@ -4,6 +4,7 @@ same metrics as an uninterrupted one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -25,8 +26,14 @@ from models.preranking.config_registry import (
     get_cascade_config,
 )
 from models.preranking.fields import FIELD_NAMES, FIELDS, FieldEncoder, field_cost
-from models.preranking.fscd_data import ALL_FIELDS, prepare
-from models.preranking.fscd_metrics import choose_fscd, gauc, headline_metrics, recall_at_k
+from models.preranking.fscd_data import ALL_FIELDS, DegenerateData, prepare
+from models.preranking.fscd_metrics import (
+    DegenerateModel,
+    choose_fscd,
+    gauc,
+    headline_metrics,
+    recall_at_k,
+)
 from models.preranking.fscd_phases import (
     PlainTorch,
     build_network,
@@ -232,6 +239,40 @@ def test_prepare_carves_validation_from_the_training_period() -> None:
     assert data.validation.codes[-1, item] == 0 and (data.test.codes[:, item] == 0).all()
     with pytest.raises(ValueError, match="validation_fraction"):
         CascadeTrainConfig(name="x", validation_fraction=1.0)
+
+
+def test_prepare_refuses_a_validation_split_too_small_to_choose_on() -> None:
+    config = dataclasses.replace(cascade_debug(), min_validation_clicks=100)
+    frame = synthetic_training_frame(1_000, users=40, items=60, seed=3)
+    with pytest.raises(DegenerateData, match=r"160 rows with \d+ clicks; .* at least 100 clicks"):
+        prepare(config, frame)
+
+
+def test_empty_and_constant_fields_are_flagged_and_an_all_degenerate_set_refused() -> None:
+    frame = synthetic_training_frame(1_000, users=40, items=60, seed=3)
+    numeric = [f.name for f in FIELDS if not f.categorical]
+    frame[numeric[0]] = np.nan
+    frame[numeric[1]] = 0.5
+    frame.loc[frame.index[::2], numeric[2]] = np.nan  # present on some rows: informative
+
+    data = prepare(cascade_debug(), frame)
+
+    assert data.degenerate == {"all_missing": [numeric[0]], "constant": [numeric[1]]}
+    assert data.unusable == {numeric[0], numeric[1]}
+    for name in FIELD_NAMES:
+        frame[name] = np.nan if name in numeric else frame[name].iloc[0]
+    with pytest.raises(DegenerateData, match="every field is empty or constant"):
+        prepare(cascade_debug(), frame)
+
+
+def test_a_model_that_scores_every_row_the_same_is_never_chosen() -> None:
+    rows = [
+        {**_row("fscd_0.01", 0.5, 0.1), "score_spread": 0.0, "fields": ["empty"]},
+        {**_row("fscd_0.03", 0.49, 0.2), "score_spread": 0.02, "fields": ["user_id"]},
+    ]
+    assert choose_fscd(rows, budget=0.5)["model"] == "fscd_0.03"
+    with pytest.raises(DegenerateModel, match="scores all validation rows the same"):
+        choose_fscd(rows[:1], budget=0.5)
 
 
 def _row(model: str, auc: float, cost_ratio: float) -> dict[str, object]:
