@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     options = {name: getattr(args, name) for name in BENCH_OPTIONS}
     result = run_benchmark(args.name, args.out, quick=args.quick, options=options)
     print(json.dumps(result, indent=2, default=str))
-    print(f"written to {args.out}")
+    print(f"written to {args.out}", file=sys.stderr)  # stdout stays one JSON document
     return 0
 
 
@@ -45,7 +46,9 @@ def register(sub: Any) -> tuple[type[BaseException], ...]:
     from infra.stack import StackError
 
     bench = sub.add_parser("bench", help="run a benchmark, write JSON results")
-    bench.add_argument("name", help="benchmark name (see benchmarks/registry.py)")
+    from benchmarks.registry import BENCHMARKS
+
+    bench.add_argument("name", choices=tuple(BENCHMARKS), help="the benchmark to run")
     bench.add_argument("--out", type=Path, required=True, help="JSON file to write")
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     for option, text in BENCH_OPTIONS.items():

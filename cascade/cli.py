@@ -7,7 +7,12 @@ cascade score --model asr --audio clip.wav
 cascade rollback --model MODEL [--reason TEXT]
 cascade events publish cascade.data.landed --dataset ml100k --partition 2026-11-22
 cascade events dead-letters
+cascade version [--json]
 cascade up | down | status | demo | bench ...   (commands registered by other packages)
+
+Exit codes: 0 done; 1 the action ran and failed (a step, a gate, a benchmark); 2 usage (a bad
+option or value); 3 not ready (a service is down, an input a step needs does not exist yet).
+Errors are one line with the fix; ``cascade --debug ...`` shows the traceback.
 
 Pipelines, their steps and their registered models come from the pipeline registry
 (:mod:`cascade.pipeline_registry`); more commands come from the ``cascade.commands`` entry-point
@@ -25,10 +30,40 @@ from pathlib import Path
 from typing import Any
 
 from cascade.config import REPO_ROOT
+from cascade.errors import NotReady, UsageError
 from cascade.pipeline_registry import registered_models, registered_pipelines
 
 COMMANDS_GROUP = "cascade.commands"
 DEFAULT_PIPELINE = "ctr_preranking"
+EXIT_FAILED, EXIT_USAGE, EXIT_NOT_READY = 1, 2, 3
+
+
+NOT_READY_NAMES = frozenset(
+    {"NoBrokersAvailable", "KafkaConnectionError", "TrackingUnavailable", "StackNotRunning"}
+)
+"""Exception type names (of packages the kernel does not import) that mean "not ready"."""
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code of an error that ended a command (see the module docstring)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if isinstance(exc, NotReady | FileNotFoundError | ConnectionError | TimeoutError):
+        return EXIT_NOT_READY
+    if names & NOT_READY_NAMES or "ConnectionError" in names:  # requests, urllib3, kafka
+        return EXIT_NOT_READY
+    if isinstance(exc, UsageError):
+        return EXIT_USAGE
+    from cascade.events import InvalidEvent
+
+    if isinstance(exc, InvalidEvent):
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+def one_line(exc: BaseException) -> str:
+    """The error as one line: its message, or its type when the message is empty."""
+    text = " ".join(str(exc).split())
+    return text if text else type(exc).__name__
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -53,10 +88,43 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 
 
 def cmd_step(args: argparse.Namespace) -> int:
+    from cascade.lake import check_ds
+    from cascade.pipeline_registry import get_pipeline
     from cascade.step_runner import run_step
 
+    spec = get_pipeline(args.pipeline)
+    if args.name not in spec.step_names:
+        raise UsageError(
+            f"unknown {args.pipeline} step {args.name!r}; choose one of "
+            f"{', '.join(spec.step_names)}"
+        )
+    try:
+        check_ds(args.ds)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     print(json.dumps(run_step(args.name, args.ds, args.pipeline), indent=2, default=str))
     return 0
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    versions = {"cascade": _version("cascade")}
+    for package in (
+        "apache-airflow", "pyspark", "torch", "deepspeed", "feast", "great-expectations",
+        "mlflow", "kserve", "dvc", "confluent-kafka", "noida-db",
+    ):  # fmt: skip
+        versions[package] = _version(package)
+    if args.json:
+        print(json.dumps(versions, indent=2))
+    else:
+        print("  ".join(f"{name} {version}" for name, version in versions.items()))
+    return 0
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def cmd_pipelines(args: argparse.Namespace) -> int:
@@ -116,6 +184,10 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
 def cmd_score(args: argparse.Namespace) -> int:
     spec = registered_models()[args.model]
     assert spec.model is not None and spec.model.score is not None
+    if args.model == "asr" and not args.audio:
+        raise UsageError("--model asr needs --audio FILE.wav")
+    if args.model != "asr" and (args.user is None or not args.items):
+        raise UsageError(f"--model {args.model} needs --user ID and --items ID [ID ...]")
     request = {"user": args.user, "items": args.items, "audio": args.audio}
     print(json.dumps(spec.model.score(request), indent=2, default=str))
     return 0
@@ -205,6 +277,9 @@ def _add_core_commands(sub: Any) -> None:
     events.add_parser("dead-letters", help="count the dead-letter topic by reason").set_defaults(
         func=cmd_dead_letters
     )
+    version = sub.add_parser("version", help="the versions of cascade and of the stack's parts")
+    version.add_argument("--json", action="store_true", help="print JSON")
+    version.set_defaults(func=cmd_version)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, tuple[type[BaseException], ...]]:
@@ -212,7 +287,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[type[BaseException], 
     parser = argparse.ArgumentParser(
         prog="cascade", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error, not one line"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_core_commands(sub)
     errors: list[type[BaseException]] = []
     seen: set[str] = set()
@@ -225,24 +303,25 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[type[BaseException], 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cascade.events import InvalidEvent
-
-    parser, plugin_errors = build_parser()
+    parser, _ = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
-    except (
-        InvalidEvent,
-        ValueError,
-        KeyError,
-        TimeoutError,
-        FileNotFoundError,
-        *plugin_errors,
-    ) as exc:  # a CLI error is one clear line, not a traceback
-        print(f"cascade {args.command}: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:  # a CLI error is one clear line, not a traceback
+        if args.debug:
+            raise
+        code = exit_code(exc)
+        message = one_line(exc)
+        if code == EXIT_NOT_READY and not isinstance(exc, NotReady | FileNotFoundError):
+            message = (
+                f"{type(exc).__name__}: {message[:300]}. Is the stack up? `cascade status` "
+                "shows each service; `cascade up` starts them"
+            )
+        hint = "" if code == EXIT_USAGE else " (cascade --debug ... shows the traceback)"
+        print(f"cascade {args.command}: {message}{hint}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -239,6 +239,14 @@ class LogSource:
         if self.format not in FORMATS:
             raise ValueError(f"source {self.name!r}: format {self.format!r} not in {FORMATS}")
 
+    def _require_landed(self, path: Path | None) -> None:
+        if path is None or not path.is_dir():
+            raise FileNotFoundError(
+                f"source {self.name!r}: no log folder at {path}; land the log there (with a "
+                "_SUCCESS marker), run the pipeline's `log` step, or generate one with "
+                "`python -m jobs.impression_log --out PATH`"
+            )
+
     @property
     def reads_landing(self) -> bool:
         """Whether the source's data is a log landed in the lake (else its reader finds it)."""
@@ -248,11 +256,7 @@ class LogSource:
         """(log in the schema with :data:`RAW_COLUMN`, adapter quarantine or None)."""
         if self.reader is not None:
             return self.reader(spark, path)
-        if path is None or not path.is_dir():
-            raise FileNotFoundError(
-                f"source {self.name!r}: no log folder at {path}; land the log there (with a "
-                f"_SUCCESS marker) or generate one with `python -m jobs.impression_log --out PATH`"
-            )
+        self._require_landed(path)
         raw = spark.read.options(**dict(self.options)).format(self.format).load(str(path))
         return map_log(raw, self.mapping, keep_raw=True), None
 
@@ -260,8 +264,7 @@ class LogSource:
         """Schema columns this source fills (from the landed log's raw columns)."""
         if self.reader is not None:
             return LOG_COLUMNS  # a reader source names its pairs
-        if path is None or not path.is_dir():
-            return REQUIRED_COLUMNS
+        self._require_landed(path)
         columns = spark.read.options(**dict(self.options)).format(self.format).load(str(path))
         return provided_columns(columns.columns, self.mapping)
 

@@ -40,6 +40,7 @@ from cascade.assets import (
     CROSS_EVENT_SELECTORS,
 )
 from cascade.config import SETTINGS_CONFIG, Settings, load_group, load_settings
+from cascade.errors import NotReady
 from cascade.lake import Lake, check_ds
 from cascade.pipeline_spec import Pipeline, Step, Trigger
 
@@ -156,6 +157,12 @@ def _on_spark(
     registry_file = sources_file(settings)
     landed = ctr_log_sources.resolve(source, registry_file).reads_landing
     log_path = landing_dir(Lake(settings.lake_root), ds) if landed else None
+    if log_path is not None and not log_path.is_dir():
+        # Before a Spark session starts: the answer is the same and comes at once.
+        raise FileNotFoundError(
+            f"no impression log for ds={ds} at {log_path}; run the pipeline's `log` step "
+            f"(`cascade step log --pipeline ctr_cross --ds {ds}`) or land one there"
+        )
     with active_or_new(lambda: job.build_session(settings, app=app)) as spark:
         return step(
             ds,
@@ -181,7 +188,7 @@ def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     return _on_spark(gate.validate, ds, settings, "cascade.ctr_cross.validate")
 
 
-class GateNotPassed(RuntimeError):
+class GateNotPassed(NotReady):
     """Feast was asked to publish a partition whose gate did not pass (or did not run)."""
 
 

@@ -1,0 +1,16 @@
+"""The two error kinds the ``cascade`` CLI tells apart from a plain failure (exit 1).
+
+Raise :class:`UsageError` for a command line that cannot be acted on (exit 2) and
+:class:`NotReady` when something the action needs is not there yet: a service that is down, an
+input an earlier step has not written (exit 3). The message is one line that names the fix.
+"""
+
+from __future__ import annotations
+
+
+class UsageError(ValueError):
+    """A command line the command cannot act on (exit 2)."""
+
+
+class NotReady(RuntimeError):
+    """A service the command needs is down, or an input does not exist yet (exit 3)."""
