@@ -15,7 +15,7 @@ import datetime as dt
 from typing import Any
 
 from cascade.pipeline_registry import registered_pipelines
-from cascade.pipeline_spec import Pipeline, Step
+from cascade.pipeline_spec import MAX_RETRY_DELAY_S, Pipeline, Step
 
 
 def watched_asset(
@@ -40,6 +40,24 @@ def watched_asset(
     return Asset(uri, watchers=[AssetWatcher(name=watcher, trigger=trigger)])
 
 
+PARTITION_PARAM = "ds"
+"""The DAG parameter a manual run names its partition by (empty: the run's own date)."""
+
+
+def partition_param() -> Any:
+    """The ``ds`` Param of every pipeline DAG: validated by the trigger form."""
+    from airflow.sdk import Param
+
+    return Param(
+        None,
+        type=["null", "string"],
+        pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$",
+        title="Partition (YYYY-MM-DD)",
+        description="The partition this run works on, e.g. a backfill of 2026-11-22. Leave "
+        "empty for the run's own date (scheduled runs) or the events' partition.",
+    )
+
+
 def _resolve_task(spec: Pipeline, asset: Any | None) -> Any:
     """The ``resolve_partition`` task: with a watched asset it claims the run's events first."""
     from airflow.sdk import task
@@ -54,14 +72,22 @@ def _resolve_task(spec: Pipeline, asset: Any | None) -> Any:
     )
     def resolve_partition(**context: Any) -> str:
         from cascade.event_ledger import claim_and_resolve
+        from cascade.lake import check_ds
         from cascade.partitions import resolve_partition as partition_of
 
+        requested = (context.get("params") or {}).get(PARTITION_PARAM)
         if asset is not None:
-            return claim_and_resolve(context, asset, lag_days=lag)
-        dag_run = context["dag_run"]
-        return partition_of(
-            [], dag_run.logical_date, getattr(dag_run, "run_after", None), lag_days=lag
-        )
+            partition = claim_and_resolve(context, asset, lag_days=lag)
+        else:
+            dag_run = context["dag_run"]
+            partition = partition_of(
+                [], dag_run.logical_date, getattr(dag_run, "run_after", None), lag_days=lag
+            )
+        if requested:
+            # A run triggered from the form (or `airflow dags trigger -c '{"ds": ...}'`):
+            # a backfill of that partition, whatever the run's date.
+            return check_ds(str(requested))
+        return partition
 
     return resolve_partition()
 
@@ -127,9 +153,14 @@ def build_dag(spec: Pipeline) -> Any:
         on_failure_callback=release_failed_run if asset is not None else None,
         tags=["cascade", *spec.tags],
         default_args={
+            "owner": spec.owner,
             "retries": spec.retries,
             "retry_delay": dt.timedelta(seconds=spec.retry_delay_s),
+            "retry_exponential_backoff": 2.0,
+            "max_retry_delay": dt.timedelta(seconds=MAX_RETRY_DELAY_S),
         },
+        dagrun_timeout=dt.timedelta(minutes=spec.run_timeout_minutes),
+        params={PARTITION_PARAM: partition_param()},
         doc_md=spec.description,
     )
     def pipeline_dag() -> None:

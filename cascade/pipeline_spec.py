@@ -105,6 +105,12 @@ class RegisteredModel:
     alias: str = "champion"
 
 
+MAX_RETRY_DELAY_S = 1800.0
+"""The longest wait between two tries of a task."""
+DEFAULT_STEP_MINUTES = 60.0
+"""What a step without ``timeout_minutes`` counts for in the DAG run's timeout."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Pipeline:
     """A pipeline: its steps in order, what starts it, what it registers."""
@@ -128,6 +134,10 @@ class Pipeline:
     day that just ended)."""
     retries: int = 2
     retry_delay_s: float = 30.0
+    """The first retry's delay; each later one doubles it (Airflow's exponential back-off),
+    up to :data:`MAX_RETRY_DELAY_S`."""
+    owner: str = "cascade"
+    """The DAG's owner in the Airflow UI (its tasks' ``owner``)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Free-form metadata shown by ``cascade pipelines``."""
 
@@ -151,6 +161,15 @@ class Pipeline:
             raise ValueError(f"pipeline {self.name!r}: retries must be >= 2")
         if self.partition_lag_days < 0:
             raise ValueError(f"pipeline {self.name!r}: partition_lag_days must be >= 0")
+
+    @property
+    def run_timeout_minutes(self) -> float:
+        """A whole run's bound (Airflow ``dagrun_timeout``): every step's timeout, each tried
+        ``retries + 1`` times, plus the waits between tries; a run past it is failed."""
+        steps = sum(step.timeout_minutes or DEFAULT_STEP_MINUTES for step in self.steps)
+        delays = (self.retry_delay_s * 2**attempt for attempt in range(self.retries))
+        waits = sum(min(delay, MAX_RETRY_DELAY_S) for delay in delays)
+        return steps * (self.retries + 1) + len(self.steps) * waits / 60.0
 
     def step(self, name: str) -> Step:
         for step in self.steps:

@@ -147,3 +147,31 @@ def test_ctr_cross_runs_before_preranking_on_impressions_and_ends_in_feast(dagba
     assert [o.uri for o in dag.get_task("feast").outlets] == [ASSET_CTR_CROSS_FEATURES]
     for task_id in ("log", "stats", "validate", "feast"):
         assert dag.get_task(task_id).execution_timeout is not None, task_id
+
+
+def test_every_dag_has_an_owner_a_run_timeout_backoff_and_a_partition_param(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from cascade.pipeline_registry import registered_pipelines
+
+    for dag_id, spec in registered_pipelines().items():
+        dag = dagbag.dags[dag_id]
+        assert dag.dagrun_timeout.total_seconds() == pytest.approx(spec.run_timeout_minutes * 60)
+        # Every step may use its whole timeout on each try, with the waits in between.
+        longest = sum(t.execution_timeout.total_seconds() for t in dag.tasks if t.execution_timeout)
+        assert dag.dagrun_timeout.total_seconds() > longest * (spec.retries + 1)
+        param = dag.params.get_param("ds")
+        assert param.value is None and param.schema["pattern"] == "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
+        for task in dag.tasks:
+            assert task.owner == "cascade" and task.retry_exponential_backoff == 2.0
+            assert task.doc_md, f"{dag_id}.{task.task_id} has no doc_md"
+
+
+def test_a_manual_run_works_on_the_partition_it_names(dagbag) -> None:  # type: ignore[no-untyped-def]
+    import datetime as dt
+    from types import SimpleNamespace
+
+    resolve = dagbag.dags["ctr_monitor"].get_task("resolve_partition").python_callable
+    run = SimpleNamespace(logical_date=dt.datetime(2026, 11, 25, 1, tzinfo=dt.UTC), run_after=None)
+    assert resolve(params={"ds": None}, dag_run=run) == "2026-11-24"  # the day that just ended
+    assert resolve(params={"ds": "2026-10-02"}, dag_run=run) == "2026-10-02"  # a backfill
+    with pytest.raises(ValueError, match="YYYY-MM-DD"):
+        resolve(params={"ds": "2026-02-30"}, dag_run=run)
