@@ -9,7 +9,10 @@ Each step takes the partition date and returns a JSON-able summary, recorded und
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +43,36 @@ def summary_path(name: str, ds: str, pipeline: str) -> Path:
     return lake_from_settings().reports(f"step_{stage}", ds) / "summary.json"
 
 
+RUN_CONTEXT = {
+    "pipeline": "CASCADE_RUN_PIPELINE",
+    "step": "CASCADE_RUN_STEP",
+    "ds": "CASCADE_RUN_DS",
+}
+"""Variables a step's process (and the training processes it starts) sees while it runs: the
+MLflow runs it opens are named and tagged with them (:mod:`cascade.training.resumable_run`)."""
+
+
+@contextlib.contextmanager
+def step_context(pipeline: str, name: str, ds: str) -> Iterator[None]:
+    """Set :data:`RUN_CONTEXT` for the block and restore the previous values after it."""
+    values = {"pipeline": pipeline, "step": name, "ds": ds}
+    previous = {var: os.environ.get(var) for var in RUN_CONTEXT.values()}
+    os.environ.update({RUN_CONTEXT[key]: value for key, value in values.items()})
+    try:
+        yield
+    finally:
+        for var, value in previous.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
 def run_step(name: str, ds: str, pipeline: str) -> dict[str, Any]:
     """Run step ``name`` of ``pipeline`` for partition ``ds`` and record its JSON summary."""
     step = get_pipeline(pipeline).step(name)
-    result = dict(step.run(check_ds(ds)))
+    with step_context(pipeline, name, check_ds(ds)):
+        result = dict(step.run(ds))
     path = summary_path(name, ds, pipeline)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=str))

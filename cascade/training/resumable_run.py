@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -85,6 +86,33 @@ def use_experiment(settings: Settings, name: str) -> str:
         return str(experiment.experiment_id)
 
 
+AIRFLOW_CONTEXT = {
+    "dag_id": "AIRFLOW_CTX_DAG_ID",
+    "run_id": "AIRFLOW_CTX_DAG_RUN_ID",
+    "task_id": "AIRFLOW_CTX_TASK_ID",
+    "try_number": "AIRFLOW_CTX_TRY_NUMBER",
+}
+"""Run tags from the variables Airflow sets in a task's process (inherited by its trainers)."""
+
+
+def run_context(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Where a training runs from: the step's pipeline, step and ``ds`` (set by
+    :func:`cascade.step_runner.step_context`) and the Airflow DAG, run, task and try."""
+    from cascade.step_runner import RUN_CONTEXT
+
+    env = os.environ if env is None else env
+    names = {**RUN_CONTEXT, **AIRFLOW_CONTEXT}
+    return {tag: env[var][:250] for tag, var in names.items() if env.get(var)}
+
+
+def run_display_name(run_name: str, context: Mapping[str, str]) -> str:
+    """``pipeline/ds/name`` when the run belongs to a pipeline's partition, else ``name``:
+    every daily run of a pipeline gets its own name in the MLflow UI."""
+    if context.get("pipeline") and context.get("ds"):
+        return f"{context['pipeline']}/{context['ds']}/{run_name}"
+    return run_name
+
+
 def open_resumable_run(
     settings: Settings,
     experiment: str,
@@ -103,14 +131,19 @@ def open_resumable_run(
     import mlflow
 
     experiment_id = use_experiment(settings, experiment)
+    context = run_context()
     previous = str(json.loads(marker.read_text())["run_id"]) if marker.exists() else None
     if resume and previous:
         mlflow.start_run(run_id=previous)
+        if context:
+            mlflow.set_tags(context)  # a retry: its try_number
         return previous
     if previous:
         with contextlib.suppress(Exception):
             mlflow.tracking.MlflowClient().set_terminated(previous, "KILLED")
-    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name)
+    run = mlflow.start_run(
+        experiment_id=experiment_id, run_name=run_display_name(run_name, context), tags=context
+    )
     write_result(marker, {"run_id": run.info.run_id})
     if params:
         mlflow.log_params(dict(params))

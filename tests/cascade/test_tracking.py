@@ -43,3 +43,35 @@ def test_the_documented_training_command_runs_without_the_stack(tmp_path: Path) 
     assert "does not answer" in (out / "train.log").read_text()
     assert (out / "mlflow.db").is_file()
     assert json.loads((out / "result.json").read_text())["run_id"]
+
+
+def test_runs_are_named_and_tagged_with_their_pipeline_partition_and_airflow_try(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mlflow
+
+    from cascade.step_runner import step_context
+    from cascade.training.resumable_run import open_resumable_run
+
+    settings = Settings(
+        home=tmp_path / "home", mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"
+    )
+    monkeypatch.setenv("AIRFLOW_CTX_DAG_ID", "ctr_preranking")
+    monkeypatch.setenv("AIRFLOW_CTX_DAG_RUN_ID", "asset_triggered__2026-11-22T03:00:00")
+    monkeypatch.setenv("AIRFLOW_CTX_TASK_ID", "train")
+    monkeypatch.setenv("AIRFLOW_CTX_TRY_NUMBER", "1")
+    marker = tmp_path / "mlflow_run.json"
+    with step_context("ctr_preranking", "train", "2026-11-22"):
+        run_id = open_resumable_run(settings, "exp", marker, "cascade-pipeline", {"lr": 0.1})
+        mlflow.end_run()
+        monkeypatch.setenv("AIRFLOW_CTX_TRY_NUMBER", "2")
+        assert open_resumable_run(settings, "exp", marker, "cascade-pipeline", {}) == run_id
+        mlflow.end_run()
+
+    run = mlflow.MlflowClient(settings.tracking_uri).get_run(run_id)
+    assert run.info.run_name == "ctr_preranking/2026-11-22/cascade-pipeline"
+    tags = run.data.tags
+    assert (tags["dag_id"], tags["ds"], tags["step"], tags["task_id"]) == (
+        "ctr_preranking", "2026-11-22", "train", "train"
+    )  # fmt: skip
+    assert tags["run_id"].startswith("asset_triggered__") and tags["try_number"] == "2"
