@@ -132,7 +132,10 @@ Name = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MA
 EventId = Annotated[
     str,
     StringConstraints(
-        strict=True, min_length=1, max_length=MAX_NAME_CHARS, pattern=r"^[A-Za-z0-9][\w.:-]*$"
+        strict=True,
+        min_length=1,
+        max_length=MAX_NAME_CHARS,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$",
     ),
 ]
 Text = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_TEXT_CHARS)]
@@ -352,7 +355,11 @@ def dead_letter_event(
     text = raw_bytes.decode("utf-8", "backslashreplace")[:RAW_KEEP_CHARS]
     payload = DeadLetter(
         kind=error.kind[:MAX_NAME_CHARS],
-        reason=str(error)[:MAX_TEXT_CHARS] or "invalid",
+        # Escaped so that no character of the message (a lone surrogate) breaks the record.
+        reason=str(error)[:MAX_TEXT_CHARS]
+        .encode("utf-8", "backslashreplace")
+        .decode()[:MAX_TEXT_CHARS]
+        or "invalid",
         fingerprint=fingerprint,
         raw=text,
         consumer=consumer,

@@ -52,15 +52,17 @@ def landed_raw(partition: Any, **payload: Any) -> bytes:
 
 # --- Property: no input makes parsing raise anything but InvalidEvent --------------------------
 
+# Any code point, lone surrogates included (json.dumps writes them as "\\ud800" escapes).
+any_text = st.text(st.characters(exclude_categories=()), max_size=40)
 json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers()
     | st.floats()
-    | st.text(max_size=40)
+    | any_text
     | st.dates().map(dt.date.isoformat),
     lambda children: (
-        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=12), children, max_size=5)
+        st.lists(children, max_size=5) | st.dictionaries(any_text, children, max_size=5)
     ),
     max_leaves=25,
 )
@@ -75,7 +77,11 @@ partitions = st.one_of(
     st.text(max_size=12),
     st.none(),
 )
-names = st.one_of(st.sampled_from(["ml100k", "preranking", "champion", "3"]), st.text(max_size=150))
+names = st.one_of(
+    st.sampled_from(["ml100k", "preranking", "champion", "3"]),
+    st.text(max_size=150),
+    any_text,
+)
 scores = st.one_of(st.floats(), st.integers(-2, 2), st.booleans(), st.text(max_size=3))
 typed_payloads = {
     "cascade.data.landed": st.fixed_dictionaries(
@@ -109,7 +115,7 @@ envelope_fields = {
     "id": ids,
     "schema_version": st.one_of(st.just(1), st.integers(), st.booleans(), st.text(max_size=3)),
     "time": st.one_of(st.datetimes().map(dt.datetime.isoformat), st.integers(), st.text()),
-    "source": st.text(max_size=200),
+    "source": st.one_of(st.text(max_size=200), any_text),
     "extra": json_values,
 }
 typed_envelopes = st.sampled_from(sorted(typed_payloads)).flatmap(
