@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +13,9 @@ from typing import Any
 import requests
 
 from cascade.config import Settings, load_settings
+from cascade.state import narrow_secret, secure_state_folder, write_secret
+
+log = logging.getLogger(__name__)
 
 TERMINAL_STATES = ("success", "failed")
 
@@ -20,13 +25,44 @@ def airflow_home(settings: Settings) -> Path:
     return settings.home / "airflow"
 
 
+def airflow_password_file(settings: Settings) -> Path:
+    """Where the Airflow ``admin`` password lives (0600; Airflow's simple auth manager reads
+    it). Summaries and status lines name this file, never the password."""
+    return airflow_home(settings) / "simple_auth_manager_passwords.json.generated"
+
+
 def airflow_password(settings: Settings) -> str | None:
-    """The ``admin`` password Airflow's simple auth manager generated, None before first start."""
-    path = airflow_home(settings) / "simple_auth_manager_passwords.json.generated"
+    """The ``admin`` password of the local Airflow, None before the first start."""
     try:
-        return json.loads(path.read_text()).get("admin")
-    except (OSError, ValueError):
+        password = json.loads(airflow_password_file(settings).read_text()).get("admin")
+    except (OSError, ValueError, AttributeError):
         return None
+    return password if isinstance(password, str) and password else None
+
+
+def ensure_airflow_password(settings: Settings) -> Path:
+    """Write the ``admin`` password file (0600) before Airflow starts.
+
+    Left to itself, Airflow's simple auth manager generates the password into a file created
+    with the default umask (world-readable) and prints it to its log. With the file already
+    there it does neither. A file that others could read gets a new password: the old one may
+    have been read."""
+    secure_state_folder(settings.home)
+    path = airflow_password_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        passwords = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        passwords = {}
+    if not isinstance(passwords, dict):
+        passwords = {}
+    exposed = narrow_secret(path)
+    if exposed:
+        log.warning("%s was readable by others; it now holds a new admin password (0600)", path)
+    if exposed or not isinstance(passwords.get("admin"), str) or not passwords["admin"]:
+        passwords["admin"] = secrets.token_urlsafe(18)
+        write_secret(path, json.dumps(passwords) + "\n")
+    return path
 
 
 class AirflowClient:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade.config import Settings, load_settings
+from cascade.events import MAX_NAME_CHARS, InvalidEvent, parse_event
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,23 @@ def coalesce_config_from_env(env: Mapping[str, str] | None = None) -> CoalesceCo
     return CoalesceConfig(window_s=events.window_s, max_wait_s=events.max_wait_s)
 
 
+def checked_events(
+    events: Iterable[Mapping[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Each event validated again and normalised as the watcher does (:func:`parse_event`);
+    returns (valid events, event id -> reason for the others)."""
+    valid: list[dict[str, Any]] = []
+    refused: dict[str, str] = {}
+    for event in events:
+        try:
+            text = json.dumps(event, default=str)
+            valid.append(json.loads(parse_event(text).model_dump_json()))
+        except (InvalidEvent, TypeError, ValueError, RecursionError) as exc:
+            event_id = str(event.get("id"))[:MAX_NAME_CHARS] if isinstance(event, Mapping) else "?"
+            refused[event_id] = str(exc)[:500]
+    return valid, refused
+
+
 def event_from_extra(extra: Any) -> dict[str, Any] | None:
     """The Cascade event inside an asset event's extra (``{"payload": event}`` from the
     trigger), or the event itself; None for asset events that carry no Cascade event."""
@@ -71,6 +89,10 @@ class Claim:
     """Events the same run had claimed before (a task retry): still this run's work."""
     taken: dict[str, str] = field(default_factory=dict)
     """Event id -> the other run that owns it (redelivered or coalesced into that run)."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Event id -> why it is not a valid event today: stored asset events are checked again
+    (one stored before the watcher checked as strictly, say) and never claimed, so a bad one
+    cannot fail run after run."""
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -214,14 +236,20 @@ def claim_run_events(
     sleep: Callable[[float], None] = time.sleep,
 ) -> Claim:
     """Claim the run's triggering events plus every unclaimed event the asset received (after
-    the burst went quiet). ``recent=None`` skips the coalescing wait (e.g. no inlet asset)."""
+    the burst went quiet). ``recent=None`` skips the coalescing wait (e.g. no inlet asset).
+    Events that are not valid today are not claimed (:attr:`Claim.refused` says why)."""
     events = [e for e in map(event_from_extra, triggering_extras) if e is not None]
     if recent is not None:
         for _ts, extra in wait_until_quiet(recent, config, sleep=sleep):
             event = event_from_extra(extra)
             if event is not None:
                 events.append(event)
-    return ledger.claim(dag_id=dag_id, run_id=run_id, events=events)
+    valid, refused = checked_events(events)
+    for event_id, reason in refused.items():
+        log.warning("not claiming event %s: %s", event_id, reason)
+    claim = ledger.claim(dag_id=dag_id, run_id=run_id, events=valid)
+    claim.refused = refused
+    return claim
 
 
 def claim_for_run(
@@ -271,11 +299,13 @@ def claim_for_run(
         config=config,
     )
     log.info(
-        "run %s claimed %d new event(s), %d from an earlier try; %d owned by other runs",
+        "run %s claimed %d new event(s), %d from an earlier try; %d owned by other runs; "
+        "%d invalid, not claimed",
         dag_run.run_id,
         len(claim.new),
         len(claim.reclaimed),
         len(claim.taken),
+        len(claim.refused),
     )
     if not claim.has_work and str(dag_run.run_type) in (
         "asset_triggered",
@@ -284,7 +314,7 @@ def claim_for_run(
         owners = sorted(set(claim.taken.values()))
         raise AirflowSkipException(
             f"nothing to do: {len(claim.taken)} triggering event(s) already claimed by "
-            f"{owners[:5]} (redelivered or coalesced)"
+            f"{owners[:5]} (redelivered or coalesced), {len(claim.refused)} invalid"
         )
     return claim
 

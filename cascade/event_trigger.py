@@ -3,6 +3,17 @@ passing on the events its selectors match and dead-lettering what fails validati
 
 Imported by the triggerer by dotted path (:data:`cascade.assets.EVENT_TRIGGER`); the trigger
 class is defined on first use, so importing this module does not import Airflow.
+
+Dead letters, at least once: the dead-lettering watcher *rejects* a message that fails
+validation (``reject_shared_stream_event``); the shared consumer's ``advance`` publishes a
+:class:`~cascade.events.DeadLetter` record for each rejected message (its reason recomputed from
+the message) and commits the offset only after the broker acknowledged the record. A publish
+is retried :data:`DEAD_LETTER_ATTEMPTS` times with doubling back-off; if it still fails,
+``advance`` raises: the offset stays uncommitted, Airflow ends the shared stream (its watchers
+restart), and the message is read again and re-dead-lettered. Nothing is counted as
+dead-lettered before the broker has it, and a bad message is never dropped. A repeat of the
+same record (after a restart) has the same id, which :func:`cascade.broker.dead_letter_summary`
+counts once.
 """
 
 from __future__ import annotations
@@ -10,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, NamedTuple
 
 from cascade.assets import EVENT_TRIGGER, TOPIC_DEAD_LETTER, TOPICS
@@ -80,6 +92,99 @@ def route_message(raw: bytes | str, selectors: Sequence[str]) -> Route:
     return Route("skip", event, None)
 
 
+DEAD_LETTER_CONSUMER = "cascade-watchers"
+"""The ``consumer`` of the dead-letter records the watchers' shared consumer publishes."""
+DEAD_LETTER_ATTEMPTS = 4
+"""Tries to publish a batch of dead letters before the shared stream gives up (and redelivers)."""
+DEAD_LETTER_BACKOFF_S = 1.0
+"""Pause before the second try; it doubles before each further one (1, 2, 4 s)."""
+DEAD_LETTER_FLUSH_S = 10.0
+"""How long one try waits for the broker to acknowledge the batch."""
+
+
+class DeadLetterPublishError(RuntimeError):
+    """Dead letters the broker did not acknowledge after every try; their offsets stay
+    uncommitted, so the messages are read and dead-lettered again."""
+
+
+def dead_letter_record(raw: Any, *, consumer: str = DEAD_LETTER_CONSUMER) -> Event:
+    """The dead-letter record of a rejected message, its reason recomputed from the message."""
+    try:
+        parse_event(raw)
+    except InvalidEvent as exc:
+        return dead_letter_event(raw, exc, consumer=consumer)
+    # Valid now, rejected a moment ago: only a partition that came into range at midnight.
+    return dead_letter_event(
+        raw,
+        InvalidEvent("rejected by a watcher; valid when re-read", kind="rejected"),
+        consumer=consumer,
+    )
+
+
+def publish_dead_letters(
+    get_producer: Callable[[], Any],
+    records: Sequence[Event],
+    *,
+    topic: str = TOPIC_DEAD_LETTER,
+    attempts: int = DEAD_LETTER_ATTEMPTS,
+    backoff_s: float = DEAD_LETTER_BACKOFF_S,
+    flush_s: float = DEAD_LETTER_FLUSH_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Produce ``records`` through the confluent-kafka producer ``get_producer()`` returns and
+    wait for the broker's acknowledgement; retried with doubling back-off, and raises
+    :class:`DeadLetterPublishError` once every try failed. A retry re-sends the whole batch
+    (records have stable ids; readers count a repeat once)."""
+    last: BaseException | None = None
+    for attempt in range(1, attempts + 1):
+        # flush() counts only what is still queued; a message the broker refused leaves the
+        # queue too, and only its delivery report says so.
+        failed: list[str] = []
+
+        def delivered(error: Any, _message: Any, failed: list[str] = failed) -> None:
+            if error is not None:
+                failed.append(str(error))
+
+        try:
+            producer = get_producer()
+            for record in records:
+                producer.produce(
+                    topic,
+                    key=record.id.encode(),
+                    value=record.model_dump_json().encode(),
+                    on_delivery=delivered,
+                )
+            remaining = producer.flush(flush_s)
+            if remaining:
+                raise RuntimeError(f"{remaining} dead letter(s) not acknowledged in {flush_s:g} s")
+            if failed:
+                raise RuntimeError(f"broker refused {len(failed)} dead letter(s): {failed[0]}")
+            return
+        except Exception as exc:  # the broker client raises KafkaException, BufferError, ...
+            last = exc
+            if attempt < attempts:
+                pause = backoff_s * 2 ** (attempt - 1)
+                log.warning(
+                    "dead-letter publish try %d/%d failed (%s); retrying in %.1f s",
+                    attempt,
+                    attempts,
+                    exc,
+                    pause,
+                )
+                sleep(pause)
+    ids = [r.id for r in records]
+    log.error(
+        "DEAD LETTERS NOT PUBLISHED after %d tries: %s (%s); their offsets stay uncommitted and "
+        "the messages will be read again",
+        attempts,
+        ids,
+        last,
+    )
+    raise DeadLetterPublishError(
+        f"{len(records)} dead letter(s) not published after {attempts} tries: {last}"
+    ) from last
+
+
 _trigger_class: type | None = None
 
 # An idle consumer's fetch loop: poll for the trigger's poll_timeout (1 s in the DAGs), and
@@ -99,6 +204,7 @@ def _build_trigger_class() -> type:
     """Define the trigger on first use: it subclasses an Airflow provider class, and importing
     Airflow in every ``cascade`` command (publish, score) would cost seconds for nothing."""
     from airflow.providers.apache.kafka.hooks.consume import KafkaConsumerHook
+    from airflow.providers.apache.kafka.hooks.produce import KafkaProducerHook
     from airflow.providers.apache.kafka.triggers.shared_stream import (
         KafkaBrokerPayload,
         KafkaSharedStreamProducer,
@@ -110,8 +216,59 @@ def _build_trigger_class() -> type:
 
     class IdlePausingProducer(KafkaSharedStreamProducer):
         """The provider's shared consumer, whose poll loop pauses its partitions for
-        :data:`IDLE_PAUSE_S` after an empty poll (the comment above it says why). Commits,
-        seeks and dead letters are the provider's."""
+        :data:`IDLE_PAUSE_S` after an empty poll (the comment above it says why), and whose
+        dead letters are :class:`~cascade.events.DeadLetter` records with their reason,
+        published with retries before the offset is committed (the module docstring says how).
+        Commits and seeks are the provider's."""
+
+        def __init__(
+            self,
+            *,
+            topics: Sequence[str],
+            kafka_config_id: str = "kafka_default",
+            poll_timeout: float = 1.0,
+            dlq_topic: str | None = TOPIC_DEAD_LETTER,
+            consumer_name: str = DEAD_LETTER_CONSUMER,
+        ) -> None:
+            super().__init__(
+                topics=topics,
+                kafka_config_id=kafka_config_id,
+                poll_timeout=poll_timeout,
+                dlq_topic=dlq_topic,
+            )
+            self.consumer_name = consumer_name
+            self.dead_letters: dict[str, int] = {}
+            """Dead letters the broker acknowledged, by kind."""
+
+        def _get_dlq_producer(self) -> Any:
+            if self._dlq_producer is None:
+                self._dlq_producer = KafkaProducerHook(
+                    kafka_config_id=self.kafka_config_id
+                ).get_producer()
+            return self._dlq_producer
+
+        def _send_to_dlq(self, topic: str, payloads: list[Any]) -> None:
+            # Called by advance() for the batch's rejected messages, before it commits their
+            # offsets; raising keeps them uncommitted (the module docstring says what follows).
+            records = [dead_letter_record(p.value, consumer=self.consumer_name) for p in payloads]
+            publish_dead_letters(
+                self._get_dlq_producer,
+                records,
+                topic=topic,
+                attempts=DEAD_LETTER_ATTEMPTS,
+                backoff_s=DEAD_LETTER_BACKOFF_S,
+                flush_s=DEAD_LETTER_FLUSH_S,
+            )
+            for record in records:
+                kind = str(record.payload["kind"])
+                self.dead_letters[kind] = self.dead_letters.get(kind, 0) + 1
+                log.warning(
+                    "dead-lettered %s (%s): %s; dead letters so far by kind: %s",
+                    record.id,
+                    kind,
+                    record.payload["reason"],
+                    self.dead_letters,
+                )
 
         async def open_stream(self) -> Any:
             hook = KafkaConsumerHook(topics=self.topics, kafka_config_id=self.kafka_config_id)
@@ -135,22 +292,25 @@ def _build_trigger_class() -> type:
                     continue
                 if message.error():
                     raise RuntimeError(f"Kafka consumer error: {message.error()}")
+                keep = self.dlq_topic is not None
                 yield (
                     message.value(),
                     KafkaBrokerPayload(
                         topic=message.topic(),
                         partition=message.partition(),
                         offset=message.offset(),
+                        value=message.value() if keep else None,
+                        key=message.key() if keep else None,
                     ),
                 )
 
     class CascadeEventTrigger(KafkaSharedStreamTrigger):
         """``KafkaSharedStreamTrigger`` that validates Cascade events, fires for the selected
-        ones and dead-letters invalid ones with their reason.
+        ones and rejects invalid ones, which the shared consumer dead-letters with their reason.
 
         All watchers name the same topics, so they share one consumer; each sees every
-        message. Only the watcher with ``dead_letter=True`` publishes dead letters (one
-        record per bad message); the others skip invalid messages.
+        message. Only the watcher with ``dead_letter=True`` rejects bad messages (one record
+        per bad message); the others skip them.
         """
 
         producer_class = IdlePausingProducer
@@ -165,8 +325,8 @@ def _build_trigger_class() -> type:
             dead_letter: bool = False,
             name: str = "cascade-watcher",
         ) -> None:
-            # dlq_topic stays None: the provider would re-publish the raw bytes without a
-            # reason; we publish a DeadLetter event (reason, kind, fingerprint) ourselves.
+            # dlq_topic stays None here: the shared consumer publishes DeadLetter records
+            # (reason, kind, fingerprint) to the dead-letter topic, not the raw bytes.
             super().__init__(
                 topics=topics, kafka_config_id=kafka_config_id, poll_timeout=poll_timeout
             )
@@ -175,8 +335,9 @@ def _build_trigger_class() -> type:
             self.selectors = list(selectors)
             self.dead_letter = dead_letter
             self.name = name
-            self.dead_letters: dict[str, int] = {}
-            self._dl_producer: Any = None
+            self.rejected: dict[str, int] = {}
+            """Messages this watcher rejected, by kind (dead-lettered by the shared consumer;
+            its ``dead_letters`` counts those the broker acknowledged)."""
 
         def serialize(self) -> tuple[str, dict[str, Any]]:
             return (
@@ -199,21 +360,6 @@ def _build_trigger_class() -> type:
                 poll_timeout=kwargs["poll_timeout"],
             )
 
-        def _publish_dead_letter(self, record: Event) -> None:
-            if self._dl_producer is None:
-                from airflow.providers.apache.kafka.hooks.produce import KafkaProducerHook
-
-                self._dl_producer = KafkaProducerHook(
-                    kafka_config_id=self.kafka_config_id
-                ).get_producer()
-            self._dl_producer.produce(
-                TOPIC_DEAD_LETTER, key=record.id.encode(), value=record.model_dump_json().encode()
-            )
-            # Flushed before the reject lets the offset be committed past the bad message.
-            remaining = self._dl_producer.flush(30)
-            if remaining:
-                raise RuntimeError(f"{remaining} dead letter(s) not acknowledged in 30 s")
-
         async def filter_shared_stream(self, shared_stream: Any) -> Any:
             async for value in shared_stream:
                 route = route_message(value, self.selectors)
@@ -224,21 +370,14 @@ def _build_trigger_class() -> type:
                 if route.action == "skip" or not self.dead_letter:
                     continue
                 assert route.error is not None
-                record = dead_letter_event(value, route.error, consumer=self.name)
-                try:
-                    await sync_to_async(self._publish_dead_letter)(record)
-                except Exception:
-                    # Never raise out of the filter (that would fail every watcher on the
-                    # shared consumer); the message is logged in full and rejected anyway.
-                    log.exception("could not dead-letter %s: %s", record.id, record.payload)
                 kind = route.error.kind
-                self.dead_letters[kind] = self.dead_letters.get(kind, 0) + 1
+                self.rejected[kind] = self.rejected.get(kind, 0) + 1
                 log.warning(
-                    "dead-lettered %s (%s): %s; dead letters so far by kind: %s",
-                    record.id,
+                    "%s rejected a message (%s): %s; it is dead-lettered before its offset is "
+                    "committed",
+                    self.name,
                     kind,
                     route.error,
-                    self.dead_letters,
                 )
                 reject_shared_stream_event()
 

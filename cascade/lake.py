@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 CTR_VIEWS = ("user", "item", "user_genre")
 
 
+DS_PATTERN = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+"""The one spelling of a partition date: ``YYYY-MM-DD`` (matched whole, ASCII digits only)."""
+
+
 def check_ds(ds: str) -> str:
-    """Validate a partition date ``YYYY-MM-DD`` and return it unchanged."""
+    """Validate a partition date, canonical ``YYYY-MM-DD`` only, and return it unchanged.
+
+    ``date.fromisoformat`` alone also takes ``20261122`` and ``2026-W47-1``, which would name
+    the same day with another folder (``dt=20261122``); those are refused here."""
+    if not isinstance(ds, str) or not DS_PATTERN.fullmatch(ds):
+        raise ValueError(f"partition date {ds!r} is not YYYY-MM-DD")
     try:
         dt.date.fromisoformat(ds)
     except ValueError as exc:
-        raise ValueError(f"partition date {ds!r} is not YYYY-MM-DD") from exc
+        raise ValueError(f"partition date {ds!r} is not a calendar day (YYYY-MM-DD)") from exc
     return ds
 
 

@@ -36,7 +36,8 @@ def resolve_partition(
         and extra["payload"].get("partition")
     )
     if partitions:
-        return check_ds(partitions[-1][:10])
+        # Claimed events are validated (canonical dates in range), so the newest sorts last.
+        return check_ds(partitions[-1])
     for moment in (logical_date, run_after):
         if moment is not None:
             return (moment.date() - dt.timedelta(days=lag_days)).isoformat()

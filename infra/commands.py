@@ -14,7 +14,7 @@ from cascade.config import load_settings
 
 
 def _print_status(settings: Any) -> None:
-    from cascade.airflow_client import airflow_password
+    from cascade.airflow_client import airflow_password, airflow_password_file
     from infra.stack import status
 
     print(f"profile {settings.profile}, state folder {settings.home}")
@@ -22,9 +22,12 @@ def _print_status(settings: Any) -> None:
         mark = "up" if s.healthy else ("starting/unhealthy" if s.up else "down")
         pid = f"pid {s.pid}" if s.pid else "-"
         print(f"  {s.name:<8} {mark:<18} {s.url:<32} {pid:<12} log {s.log}")
-    password = airflow_password(settings)
-    if password:
-        print(f"Airflow UI {settings.airflow_url}  user admin  password {password}")
+    if airflow_password(settings):
+        # The file's path, not the password: terminal output ends up in logs and CI output.
+        print(
+            f"Airflow UI {settings.airflow_url}  user admin  password in "
+            f"{airflow_password_file(settings)}"
+        )
 
 
 def cmd_up(args: argparse.Namespace) -> int:

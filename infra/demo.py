@@ -108,7 +108,8 @@ def trigger_and_wait(
 def run_demo(
     *, ds: str, timeout_s: float = 1500, echo: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    from cascade.airflow_client import airflow_password
+    from cascade.airflow_client import airflow_password_file
+    from cascade.state import secure_state_folder
     from infra.stack import up
 
     settings = load_settings()
@@ -119,7 +120,8 @@ def run_demo(
     summary: dict[str, Any] = {
         "airflow_url": f"{settings.airflow_url}/dags/{DAG_ID}",
         "airflow_user": "admin",
-        "airflow_password": airflow_password(settings),
+        # Where the password is, never the password: the summary is a plain file.
+        "airflow_password_file": str(airflow_password_file(settings)),
         "mlflow_url": settings.tracking_uri,
         "serving_url": f"{settings.serving_url}/v2/models/preranking",
         **outcome,
@@ -128,8 +130,8 @@ def run_demo(
         from serving.deploy import score
 
         summary["sample_request"] = score(1, [1, 50, 100, 181, 258], settings=settings)
-    out = settings.home / "demo" / "summary.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = secure_state_folder(settings.home) / "demo" / "summary.json"
+    out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     out.write_text(json.dumps(summary, indent=2, default=str))
     train, register = outcome.get("train") or {}, outcome.get("register") or {}
     echo("")
@@ -137,7 +139,10 @@ def run_demo(
         f"== {DAG_ID} run {outcome['dag_run_id']} ({outcome['run_type']}): "
         f"{outcome['dag_run_state']}"
     )
-    echo(f"   Airflow   {summary['airflow_url']}  (admin / {summary['airflow_password']})")
+    echo(
+        f"   Airflow   {summary['airflow_url']}  (user admin, password in "
+        f"{summary['airflow_password_file']})"
+    )
     echo(f"   MLflow    {summary['mlflow_url']}  run {train.get('run_id')}")
     echo(
         f"   champion  {settings.registered_model} v{register.get('champion_version')} "

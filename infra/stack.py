@@ -26,10 +26,11 @@ from pathlib import Path
 import psutil
 import requests
 
-from cascade.airflow_client import airflow_home
+from cascade.airflow_client import airflow_home, airflow_password_file, ensure_airflow_password
 from cascade.assets import KAFKA_CONN_ID
 from cascade.config import REPO_ROOT, Settings, load_settings
 from cascade.ports import free_ports
+from cascade.state import SERVICE_UMASK, exposed_secrets, secure_state_folder
 
 SERVICES = ("broker", "mlflow", "airflow", "serving", "asr_serving")
 
@@ -147,6 +148,11 @@ def airflow_env(settings: Settings) -> dict[str, str]:
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{settings.host}:{port}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            # Written 0600 by ensure_airflow_password before Airflow starts, so Airflow never
+            # generates (and prints) one.
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(
+                airflow_password_file(settings)
+            ),
             "AIRFLOW__API__HOST": settings.host,
             "AIRFLOW__API__PORT": str(port),
             "AIRFLOW__API__BASE_URL": f"http://{settings.host}:{port}",
@@ -310,10 +316,15 @@ def start_service(
                 f"{name}: port {spec.port} on {settings.host} is already taken by another process; "
                 f"stop it or choose another port with CASCADE_{name.upper()}_PORT"
             )
-        for folder in (settings.home, settings.logs_dir, _run_dir(settings)):
-            folder.mkdir(parents=True, exist_ok=True)
+        secure_state_folder(settings.home)
+        for folder in (settings.logs_dir, _run_dir(settings)):
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if name == "airflow":
+            ensure_airflow_password(settings)
         log_path = _log_file(settings, name)
-        with log_path.open("ab") as log:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "ab") as log:
             log.write(
                 f"\n=== start {time.strftime('%Y-%m-%dT%H:%M:%S')} "
                 f"{' '.join(spec.command)}\n".encode()
@@ -327,6 +338,9 @@ def start_service(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # Whatever a service writes (airflow.cfg with its signing keys, databases,
+                # logs) is the owner's only.
+                umask=SERVICE_UMASK,
             )
         _pid_file(settings, name).write_text(
             json.dumps(
@@ -459,6 +473,19 @@ def down(
     settings = settings or load_settings()
     # Reverse order: consumers of the broker and registry go first.
     return [name for name in reversed(services) if stop_service(settings, name, echo=echo)]
+
+
+def secret_files(settings: Settings) -> list[Path]:
+    """The files of the local stack that hold secrets: the Airflow admin password, and
+    ``airflow.cfg`` (Airflow writes its JWT and API signing keys there)."""
+    home = airflow_home(settings)
+    return [airflow_password_file(settings), home / "airflow.cfg"]
+
+
+def world_readable_secrets(settings: Settings | None = None) -> list[Path]:
+    """The state folder and secret files that another user could read (should be empty)."""
+    settings = settings or load_settings()
+    return exposed_secrets(settings.home, secret_files(settings))
 
 
 def status(settings: Settings | None = None) -> list[ServiceState]:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cascade import event_trigger
 from cascade.assets import (
     CTR_EVENT_SELECTORS,
     PROBE_EVENT_SELECTORS,
@@ -37,6 +38,7 @@ from cascade.events import (
     make_event,
     parse_event,
 )
+from tests.events.memory_stream import MemoryDeadLetters, run_stream
 
 
 def landed(dataset: str = "ml100k", partition: str = "2026-11-22") -> dict[str, Any]:
@@ -116,35 +118,11 @@ def test_dead_letter_keeps_reason_kind_and_a_stable_id() -> None:
     assert parse_event(first.model_dump_json()).payload["raw"] == raw.decode()
 
 
-class FakeTriggerContext:
-    """Drives the watcher's filter the way the triggerer's shared stream does."""
-
-    def __init__(self, trigger: Any) -> None:
-        self.trigger = trigger
-        self.published: list[Any] = []
-        trigger._publish_dead_letter = self.published.append
-
-    def run(self, values: list[bytes]) -> list[Any]:
-        async def stream() -> Any:
-            for value in values:
-                yield value
-
-        async def collect() -> list[Any]:
-            return [e async for e in self.trigger.filter_shared_stream(stream())]
-
-        return asyncio.run(collect())
-
-
-def test_watcher_fires_selected_events_and_dead_letters_the_rest_without_raising() -> None:
+def test_watcher_fires_selected_events_and_dead_letters_the_rest_without_raising(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from cascade.event_trigger import CascadeEventTrigger
 
-    trigger = CascadeEventTrigger(
-        topics=[TOPIC_DATA_LANDED],
-        kafka_config_id="k",
-        selectors=CTR_EVENT_SELECTORS,
-        dead_letter=True,
-        name="ctr",
-    )
     good = landed()
     values = [
         json.dumps(good).encode(),
@@ -153,41 +131,77 @@ def test_watcher_fires_selected_events_and_dead_letters_the_rest_without_raising
         b'{"type": "cascade.nope"}',
         json.dumps({**landed(), "payload": {"dataset": "x"}}).encode(),
     ]
-    fake = FakeTriggerContext(trigger)
-    fired = fake.run(values)
-    assert [e.payload["id"] for e in fired] == [good["id"]]
-    assert [r.payload["kind"] for r in fake.published] == [
-        "not-json",
-        "unknown-type",
-        "bad-payload",
-    ]
-    assert trigger.dead_letters == {"not-json": 1, "unknown-type": 1, "bad-payload": 1}
+    run = run_stream(values, selectors=CTR_EVENT_SELECTORS)
+    assert run.error is None
+    assert [e["id"] for e in run.fired] == [good["id"]]
+    kinds = ["not-json", "unknown-type", "bad-payload"]
+    assert [r["payload"]["kind"] for r in run.dead_letters] == kinds
+    assert all(r["type"] == TOPIC_DEAD_LETTER and r["payload"]["reason"] for r in run.dead_letters)
+    assert run.rejected == run.counted == {"not-json": 1, "unknown-type": 1, "bad-payload": 1}
+    # Every message, the dead-lettered ones included, is committed past.
+    assert run.commits[-1] >= len(values) and run.seeks == []
+    trigger = CascadeEventTrigger(
+        topics=[TOPIC_DATA_LANDED], selectors=CTR_EVENT_SELECTORS, dead_letter=True, name="ctr"
+    )
     classpath, kwargs = trigger.serialize()
     assert (
         classpath == "cascade.event_trigger.CascadeEventTrigger" and kwargs["dead_letter"] is True
     )
 
 
-def test_watcher_survives_a_dead_letter_publish_failure() -> None:
-    from cascade.event_trigger import CascadeEventTrigger
+def test_a_dead_letter_publish_is_retried_before_the_offset_is_committed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(event_trigger, "DEAD_LETTER_BACKOFF_S", 0.01)
+    dlq = MemoryDeadLetters(fail_flushes=2)
+    run = run_stream([b"x"], dead_letters=dlq)
+    assert run.error is None
+    assert run.extra["flushes"] == 3
+    assert [r["payload"]["kind"] for r in run.dead_letters] == ["not-json"]
+    assert run.counted == {"not-json": 1} and run.commits[-1] >= 1
 
-    trigger = CascadeEventTrigger(topics=[TOPIC_DATA_LANDED], selectors=(), dead_letter=True)
 
-    def broken(record: Any) -> None:
-        raise RuntimeError("broker down")
+def test_a_dead_letter_that_cannot_be_published_is_neither_counted_nor_committed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(event_trigger, "DEAD_LETTER_BACKOFF_S", 0.01)
+    dlq = MemoryDeadLetters(fail_flushes=10**6)
+    good = landed()
+    with caplog.at_level(logging.ERROR, logger="cascade.event_trigger"):
+        run = run_stream([json.dumps(good).encode(), b"x", b"y"], dead_letters=dlq)
+    # The shared stream ends (Airflow restarts its watchers) and the broker redelivers from
+    # the last commit: the good event before the bad one is committed, the bad ones are not.
+    assert isinstance(run.error, event_trigger.DeadLetterPublishError)
+    assert run.extra["flushes"] == event_trigger.DEAD_LETTER_ATTEMPTS
+    assert run.dead_letters == [] and run.counted == {}
+    assert all(offset <= 1 for offset in run.commits)
+    assert "DEAD LETTERS NOT PUBLISHED" in caplog.text
 
-    fake = FakeTriggerContext(trigger)
-    trigger._publish_dead_letter = broken
-    assert fake.run([b"x", b"y"]) == []
-    assert trigger.dead_letters == {"not-json": 2}
+
+def test_publish_dead_letters_backs_off_and_raises_after_the_last_try() -> None:
+    record = dead_letter_event(b"x", InvalidEvent("not JSON", kind="not-json"), consumer="w")
+    pauses: list[float] = []
+    dlq = MemoryDeadLetters(fail_flushes=10**6)
+    with pytest.raises(event_trigger.DeadLetterPublishError, match="after 4 tries"):
+        event_trigger.publish_dead_letters(lambda: dlq, [record], attempts=4, sleep=pauses.append)
+    assert pauses == [1.0, 2.0, 4.0] and dlq.sent == []
+
+    def timing_out() -> Any:
+        class Stuck(MemoryDeadLetters):
+            def flush(self, timeout: float | None = None) -> int:
+                return 1
+
+        return Stuck()
+
+    with pytest.raises(event_trigger.DeadLetterPublishError, match="not acknowledged"):
+        event_trigger.publish_dead_letters(timing_out, [record], attempts=2, sleep=pauses.append)
 
 
 def test_only_the_owning_watcher_dead_letters() -> None:
-    from cascade.event_trigger import CascadeEventTrigger
-
-    trigger = CascadeEventTrigger(topics=[TOPIC_DATA_LANDED], selectors=PROBE_EVENT_SELECTORS)
-    fake = FakeTriggerContext(trigger)
-    assert fake.run([b"{bad"]) == [] and fake.published == []
+    run = run_stream([b"{bad"], selectors=PROBE_EVENT_SELECTORS, dead_letter=False)
+    assert run.fired == [] and run.dead_letters == [] and run.rejected == {}
+    # Skipped, not rejected: the other watcher's reject is what dead-letters it.
+    assert run.commits[-1] >= 1
 
 
 def test_ledger_claims_each_event_once_and_lets_a_retry_reclaim(tmp_path: Path) -> None:
