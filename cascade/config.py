@@ -177,6 +177,13 @@ class RuntimeSettings:
     keep_freed_memory: Flag = True
     """Keep freed heap memory in the process (glibc mmap/trim thresholds, ``cascade.allocator``);
     ``0`` turns it off."""
+    run_pipeline: str = ""
+    """Set by the step runner while a step runs, for the processes it starts: the pipeline
+    (MLflow runs are named and tagged with it)."""
+    run_step: str = ""
+    """Set by the step runner while a step runs: the step's name."""
+    run_ds: str = ""
+    """Set by the step runner while a step runs: the partition date."""
 
 
 @dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)

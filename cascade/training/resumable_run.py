@@ -98,11 +98,13 @@ AIRFLOW_CONTEXT = {
 def run_context(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Where a training runs from: the step's pipeline, step and ``ds`` (set by
     :func:`cascade.step_runner.step_context`) and the Airflow DAG, run, task and try."""
-    from cascade.step_runner import RUN_CONTEXT
+    from cascade.config import load_settings
 
     env = os.environ if env is None else env
-    names = {**RUN_CONTEXT, **AIRFLOW_CONTEXT}
-    return {tag: env[var][:250] for tag, var in names.items() if env.get(var)}
+    runtime = load_settings(env).runtime
+    step = {"pipeline": runtime.run_pipeline, "step": runtime.run_step, "ds": runtime.run_ds}
+    airflow = {tag: env.get(var, "") for tag, var in AIRFLOW_CONTEXT.items()}
+    return {tag: value[:250] for tag, value in {**step, **airflow}.items() if value}
 
 
 def run_display_name(run_name: str, context: Mapping[str, str]) -> str:
