@@ -144,10 +144,13 @@ async def client(
     tally: Tally,
 ) -> None:
     """One closed-loop client on one keep-alive connection (reconnects after a failure)."""
+    from cascade.config import load_settings
+
+    auth = "".join(f"{k}: {v}\r\n" for k, v in load_settings().serving.auth_headers().items())
     header = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n"
-    )
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{auth}"
+        "Content-Type: application/json\r\nContent-Length: "
+    ).encode("latin-1")
     n = offset
     writer: asyncio.StreamWriter | None = None
     reader: asyncio.StreamReader | None = None
@@ -159,7 +162,7 @@ async def client(
             if writer is None:
                 reader, writer = await asyncio.open_connection(host, port)
             assert reader is not None
-            writer.write(header.format(len(body)).encode("latin-1") + body)
+            writer.write(b"%s%d\r\n\r\n%s" % (header, len(body), body))
             status, answer, keep_alive = await read_response(reader)
             elapsed = time.perf_counter() - started
             problem = check_response(status, answer, candidates)

@@ -184,9 +184,10 @@ def _post(url: str, body: bytes) -> tuple[int, str]:
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(
-        url, data=body, method="POST", headers={"Content-Type": "application/json"}
-    )
+    from cascade.config import load_settings
+
+    headers = {"Content-Type": "application/json", **load_settings().serving.auth_headers()}
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return int(response.status), response.read().decode(errors="replace")
@@ -267,6 +268,12 @@ class Server:
         import urllib.error
         import urllib.request
 
+        from cascade.config import load_settings
+
+        ready = urllib.request.Request(
+            f"{self.url}/v2/models/preranking/ready",
+            headers=load_settings().serving.auth_headers(),
+        )
         started = time.monotonic()
         ready_in_a_row = 0
         while time.monotonic() - started < timeout_s:
@@ -275,9 +282,7 @@ class Server:
                     f"serving.server exited with {self.proc.returncode}:\n{self.log_tail()}"
                 )
             try:
-                with urllib.request.urlopen(
-                    f"{self.url}/v2/models/preranking/ready", timeout=2
-                ) as answer:
+                with urllib.request.urlopen(ready, timeout=2) as answer:
                     ready_in_a_row = ready_in_a_row + 1 if answer.status == 200 else 0
             except (urllib.error.URLError, OSError):
                 ready_in_a_row = 0

@@ -55,6 +55,7 @@ _PROFILE_VALUES: dict[str, dict[str, str]] = {
         "CASCADE_MLFLOW_URI": "http://mlflow.cascade.svc:5000",
         "CASCADE_SPARK_MASTER": "k8s://https://kubernetes.default.svc",
         "CASCADE_TRAIN_PROCESSES": "8",
+        "CASCADE_SERVING_AUTH": "1",
     },
 }
 """Per profile: variables whose value differs from the field default."""
@@ -84,6 +85,8 @@ Seeds = Annotated[
     tuple[Annotated[int, Field(ge=0)], ...], BeforeValidator(_comma_list), Field(min_length=1)
 ]
 """Integers >= 0 written ``0,1,2``."""
+Names = Annotated[tuple[str, ...], BeforeValidator(_comma_list)]
+"""Names written ``a.example,b.example``."""
 
 
 def setting(
@@ -205,6 +208,20 @@ class ServingSettings:
     """Intra-op threads per server process (the compile gate times with the same count)."""
     request_log: bool = False
     """Log a line per request (uvicorn access log and KServe timing)."""
+    max_body_bytes: int = Field(default=1 << 20, ge=1)
+    """Largest request body in bytes, counted while it streams (chunked uploads included);
+    larger bodies get a 413. The ASR infer route has its own limit (16 MiB)."""
+    max_concurrent: int = Field(default=64, ge=1)
+    """Requests one server process handles at once; more get a 503 with ``Retry-After: 1``
+    (not queued). Health probes are not counted."""
+    allowed_hosts: Names = ()
+    """Host names a request's ``Host`` may name besides 127.0.0.1, localhost and
+    ``CASCADE_HOST`` (others get a 400), written ``a.example,b.example``; ``*`` allows any."""
+    auth: Flag = False
+    """Require ``Authorization: Bearer`` with ``CASCADE_SERVING_TOKEN`` on every request but the
+    health probes (401 without it); on in the ``cluster`` profile."""
+    token: str = setting("", secret=True)
+    """Bearer token of the model servers; sent by the project's clients whenever it is set."""
     feedback: Flag = setting(True, env="CASCADE_FEEDBACK")
     """Write scored candidates and their features to the lake for the next training."""
     shadow_alias: str | None = setting(None, env="CASCADE_SHADOW_ALIAS")
@@ -217,6 +234,10 @@ class ServingSettings:
         "uvloop", env="CASCADE_LOAD_GENERATOR_LOOP"
     )
     """Event loop of the load generator."""
+
+    def auth_headers(self) -> dict[str, str]:
+        """The ``Authorization`` header the model servers want; none without a token."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def __post_init__(self) -> None:
         if self.shadow_alias == "champion":

@@ -103,7 +103,7 @@ def type_name(annotation: Any) -> str:
 
 def _default_text(field: SettingField) -> str:
     value = field.default
-    if value is None or value == "":
+    if value is None or value == "" or value == ():
         return "unset"
     if isinstance(value, Path):
         try:

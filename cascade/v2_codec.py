@@ -5,11 +5,14 @@ Shared by every model server (pre-ranking, ASR). :func:`decode_v2_tensors` and
 not a v2 request raises :class:`MalformedRequest`, HTTP 422); :func:`decode_binary_request`
 reads the binary tensor extension (a JSON header of ``Inference-Header-Content-Length`` bytes,
 then the tensors' bytes); :func:`encode_v2_json` and :func:`v2_response_body` write the JSON
-answer. What a tensor must hold is the model's to check.
+answer. What a tensor must hold is the model's to check. A request ``id`` is 1 to 128 letters,
+digits, ``.``, ``_``, ``:`` or ``-`` (:func:`check_request_id`, HTTP 400 otherwise): it is echoed
+in the answer and written to the feedback lake.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +29,32 @@ INFERENCE_HEADER = "inference-header-content-length"
 
 class MalformedRequest(InvalidInput):
     """A body that is not a v2 JSON request at all (HTTP 422, as KServe answers it)."""
+
+
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+"""What a request id may be: it is echoed in the answer and stored with the feedback rows."""
+
+
+def check_request_id(request_id: Any) -> str | None:
+    """``request_id`` if it is absent or a bounded id; MalformedRequest (422) for a non-string,
+    InvalidInput (400) for a string of the wrong length or characters (not echoed back)."""
+    if request_id is None:
+        return None
+    if not isinstance(request_id, str):
+        raise MalformedRequest(f"field 'id' must be a string, got {type(request_id).__name__}")
+    if REQUEST_ID.fullmatch(request_id) is None:
+        raise InvalidInput(
+            f"field 'id' must be 1 to 128 letters, digits, '.', '_', ':' or '-' "
+            f"(got {len(request_id)} characters)"
+        )
+    return request_id
+
+
+def not_json(what: str, exc: ValueError) -> MalformedRequest:
+    """MalformedRequest naming where the JSON broke, not the parser's message."""
+    line, column = getattr(exc, "lineno", None), getattr(exc, "colno", None)
+    where = f" (line {line}, column {column})" if line is not None else ""
+    return MalformedRequest(f"{what} is not JSON{where}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +75,7 @@ def decode_v2_tensors(body: bytes) -> tuple[str | None, list[JsonTensor], Any]:
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise MalformedRequest(f"the request body is not JSON: {exc}") from None
+        raise not_json("the request body", exc) from None
     if not isinstance(payload, dict):
         raise MalformedRequest(
             f"the request body is a JSON {type(payload).__name__}; send an object with 'inputs'"
@@ -57,9 +86,7 @@ def decode_v2_tensors(body: bytes) -> tuple[str | None, list[JsonTensor], Any]:
             "field 'inputs' must be a list of tensors "
             f"({{'name', 'datatype', 'shape', 'data'}}), got {type(inputs).__name__}"
         )
-    request_id = payload.get("id")
-    if request_id is not None and not isinstance(request_id, str):
-        raise MalformedRequest(f"field 'id' must be a string, got {type(request_id).__name__}")
+    request_id = check_request_id(payload.get("id"))
     tensors = []
     for position, tensor in enumerate(inputs):
         if not isinstance(tensor, dict):
@@ -104,11 +131,13 @@ def decode_v2_json(body: bytes, model_name: str) -> InferRequest:
 
 def require_v2(payload: Any, model_name: str) -> InferRequest:
     """``payload`` if it is a v2 request, else InvalidInput (a v1 ``{"instances": ...}`` body
-    reached ``predict`` through KServe's generic v1 route)."""
+    reached ``predict`` through KServe's generic v1 route); its id checked by
+    :func:`check_request_id`."""
     if not isinstance(payload, InferRequest):
         raise InvalidInput(
             f"send an Open Inference Protocol v2 request to /v2/models/{model_name}/infer"
         )
+    check_request_id(payload.id)
     return payload
 
 
@@ -171,7 +200,7 @@ def decode_binary_request(body: bytes, json_length: str, model_name: str) -> Inf
     try:
         payload = orjson.loads(body[:header_size])
     except orjson.JSONDecodeError as exc:
-        raise MalformedRequest(f"the JSON header is not JSON: {exc}") from None
+        raise not_json("the JSON header", exc) from None
     if not isinstance(payload, dict) or not isinstance(payload.get("inputs"), list):
         raise MalformedRequest("the JSON header needs 'inputs', a list of tensors")
     offset, inputs = header_size, []
@@ -200,10 +229,9 @@ def decode_binary_request(body: bytes, json_length: str, model_name: str) -> Inf
         )
     if offset != len(body):
         raise InvalidInput(f"{len(body) - offset} bytes follow the declared binary inputs")
-    request_id = payload.get("id")
     return InferRequest(
         model_name=model_name,
         infer_inputs=inputs,
-        request_id=request_id if isinstance(request_id, str) else None,
+        request_id=check_request_id(payload.get("id")),
         parameters=payload.get("parameters"),
     )

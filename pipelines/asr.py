@@ -333,9 +333,10 @@ def _transcribe(settings: Settings, wav: bytes, *, timeout_s: float) -> dict[str
     }
     base = f"{settings.asr_serving_url}/v2/models/{MODEL_NAME}"
     try:
-        if requests.get(f"{base}/ready", timeout=timeout_s).status_code != 200:
+        headers = settings.serving.auth_headers()
+        if requests.get(f"{base}/ready", headers=headers, timeout=timeout_s).status_code != 200:
             return None
-        response = requests.post(f"{base}/infer", json=body, timeout=timeout_s)
+        response = requests.post(f"{base}/infer", json=body, headers=headers, timeout=timeout_s)
     except requests.RequestException:
         return None
     if response.status_code != 200:

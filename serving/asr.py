@@ -32,8 +32,11 @@ WAV file (16-bit PCM, mono or stereo, a rate in ``CorpusConfig.rates``, at most
 Response outputs: ``transcript`` (BYTES ``[1]``), ``words`` (BYTES ``[W]``), ``word_start_s`` and
 ``word_end_s`` (FP32 ``[W]``), ``duration_s`` (FP32 ``[1]``); ``parameters`` name the backend
 and the model digest. Errors: 422 not a v2 request, 400 wrong tensor / not a WAV file / empty or
-too short audio, 413 audio longer than the limit (or a body past :data:`MAX_BODY_BYTES`), 415
-a WAV the model cannot take (sample width, channels, rate, compression).
+too short audio, 413 audio longer than the limit (or a body past :data:`MAX_BODY_BYTES`, counted
+while it streams), 415 a WAV the model cannot take (sample width, channels, rate, compression)
+or a Content-Type other than ``application/json`` (v2 JSON) or ``application/octet-stream`` (the
+binary extension). The server's other checks (Host, token, concurrency) are
+:mod:`serving.guard`'s.
 """
 
 from __future__ import annotations
@@ -135,8 +138,13 @@ def decode_request_audio(content: bytes, config: CorpusConfig) -> Audio:
             rate, frames = reader.getframerate(), reader.getnframes()
     except wave.Error as exc:
         # The RIFF header is there, so this is a WAV the wave module refuses: float or
-        # compressed samples ("unknown format: 3"), or a broken fmt chunk.
-        raise AudioRejected(415, f"unsupported WAV: {exc}; send 16-bit PCM") from None
+        # compressed samples ("unknown format: 3"), or a broken fmt chunk. The module's
+        # message stays in the log: answers never carry exception text.
+        log.info("WAV refused by the wave module: %s", exc)
+        raise AudioRejected(
+            415,
+            "unsupported WAV (float or compressed samples, or a broken fmt chunk); send 16-bit PCM",
+        ) from None
     except EOFError:
         raise AudioRejected(400, "truncated WAV file: the header ends early") from None
     if width != 2:
@@ -157,7 +165,8 @@ def decode_request_audio(content: bytes, config: CorpusConfig) -> Audio:
     try:
         samples, rate = decode_wav(content)
     except ValueError as exc:
-        raise AudioRejected(400, f"unreadable WAV: {exc}") from None
+        log.info("WAV not decoded: %s", exc)
+        raise AudioRejected(400, "unreadable WAV: its data chunk does not decode") from None
     if len(samples) == 0:
         raise AudioRejected(400, "empty audio: the WAV file's data chunk holds no samples")
     audio = resample(samples, rate)
@@ -246,7 +255,8 @@ class AsrModel(Model):
     """KServe model ``asr`` over one model folder; :meth:`swap` loads another in place."""
 
     max_body_bytes = MAX_BODY_BYTES
-    """Read by :mod:`serving.server`: larger bodies get 413 before they are read."""
+    """Read by :mod:`serving.server`: the byte limit of this model's infer route (413 past it,
+    counted while the body streams, :class:`serving.guard.RequestGuard`)."""
 
     def __init__(
         self,

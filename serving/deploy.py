@@ -64,7 +64,12 @@ def score(
     """
     settings = settings or load_settings()
     body = _request_body(user_id, item_ids, request_id or uuid.uuid4().hex)
-    response = requests.post(infer_url(settings), json=body, timeout=timeout_s)
+    response = requests.post(
+        infer_url(settings),
+        json=body,
+        headers=settings.serving.auth_headers(),
+        timeout=timeout_s,
+    )
     if response.status_code != 200:
         raise RuntimeError(
             f"{infer_url(settings)} answered {response.status_code}: {response.text[:500]}"
@@ -85,7 +90,9 @@ def served_version(settings: Settings, *, timeout_s: float = 5.0) -> str | None:
     """The version the server answers with now, or None while it is down or not ready."""
     try:
         ready = requests.get(
-            f"{settings.serving_url}/v2/models/{MODEL_NAME}/ready", timeout=timeout_s
+            f"{settings.serving_url}/v2/models/{MODEL_NAME}/ready",
+            headers=settings.serving.auth_headers(),
+            timeout=timeout_s,
         )
         if ready.status_code != 200:
             return None

@@ -12,6 +12,13 @@ Environment: ``CASCADE_*`` (see :mod:`cascade.config`), ``CASCADE_SERVING_POLL_S
 timing trace; off by default, see :func:`stdout_log_config`), ``CASCADE_SERVING_TORCH_THREADS``
 (default 1, see :func:`set_torch_threads`), ``CASCADE_SERVING_WORKERS`` (server processes,
 default 1, see :func:`serve`). Stop it with SIGTERM or SIGINT.
+
+Every request passes :class:`serving.guard.RequestGuard` first: byte limit while the body streams
+(``CASCADE_SERVING_MAX_BODY_BYTES``, 413), JSON only (415), at most
+``CASCADE_SERVING_MAX_CONCURRENT`` requests at once (503), a Host allow-list
+(``CASCADE_SERVING_ALLOWED_HOSTS``, 400), a bearer token with ``CASCADE_SERVING_AUTH=1``
+(``CASCADE_SERVING_TOKEN``, 401); KServe's model load/unload routes are off (404) and a 500 names
+a log reference, never the exception.
 """
 
 from __future__ import annotations
@@ -32,9 +39,21 @@ from typing import Any, TypeVar
 import orjson
 import uvicorn
 from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from kserve import ModelServer
 from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
-from kserve.errors import InvalidInput
+from kserve.errors import (
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    ServerNotLive,
+    ServerNotReady,
+    invalid_input_handler,
+    model_not_found_handler,
+    model_not_ready_handler,
+    server_not_live_handler,
+    server_not_ready_handler,
+)
 from kserve.logging import KSERVE_LOG_CONFIG, configure_logging
 from kserve.model import BaseKServeModel
 from kserve.protocol.rest.server import RESTServer
@@ -42,6 +61,7 @@ from kserve.protocol.rest.server import RESTServer
 from cascade.allocator import keep_freed_memory
 from cascade.config import Settings, load_settings
 from cascade.v2_codec import MalformedRequest
+from serving.guard import GuardPolicy, RequestGuard, internal_error_body, send_json
 
 # Not __name__: under ``python -m`` that is "__main__", which the "serving" logger misses.
 log = logging.getLogger("serving.server")
@@ -91,13 +111,11 @@ def add_json_infer_route(app: FastAPI, model_name: str, infer_json: JsonInfer) -
     add_http_infer_route(app, model_name, infer)
 
 
-def add_http_infer_route(
-    app: FastAPI, model_name: str, infer_http: HttpInfer, *, max_body_bytes: int | None = None
-) -> None:
+def add_http_infer_route(app: FastAPI, model_name: str, infer_http: HttpInfer) -> None:
     """:func:`add_json_infer_route` for a handler that also reads the request headers (the v2
-    binary tensor extension puts the JSON header's length in one). A body declared longer than
-    ``max_body_bytes`` gets 413 before it is read; an error with an HTTP ``status`` attribute
-    (an InvalidInput subclass that knows its 4xx) is answered with that status."""
+    binary tensor extension puts the JSON header's length in one). An error with an HTTP
+    ``status`` attribute (an InvalidInput subclass that knows its 4xx) is answered with that
+    status. The body's size and type were checked by :class:`serving.guard.RequestGuard`."""
     from starlette.routing import Route
 
     def error(status: int, message: str) -> Response:
@@ -106,9 +124,6 @@ def add_http_infer_route(
         )
 
     async def infer(request: Request) -> Response:
-        declared = request.headers.get("content-length", "")
-        if max_body_bytes is not None and declared.isdigit() and int(declared) > max_body_bytes:
-            return error(413, f"request body of {declared} bytes; at most {max_body_bytes}")
         try:
             body = await infer_http(await request.body(), request.headers)
         except MalformedRequest as exc:
@@ -131,7 +146,8 @@ class JsonInferRoutes:
 
     The same bytes in and out as :func:`add_json_infer_route`, and the same statuses as
     KServe's exception handlers (422 not a v2 request, 400 invalid input, 503 not ready,
-    500 inference error or anything else, each with ``{"error": ...}``), without the
+    500 inference error or anything else, each with ``{"error": ...}``; a 500 names a log
+    reference, not the exception: :func:`serving.guard.internal_error_body`), without the
     middleware stack, routing and Request/Response objects of Starlette in between: those
     cost ~0.3 ms of a request that has ~1.5 ms of CPU on this machine.
     """
@@ -150,7 +166,7 @@ class JsonInferRoutes:
 
     @staticmethod
     async def _infer(infer_json: JsonInfer, receive: Any, send: Any) -> None:
-        from kserve.errors import InferenceError, InvalidInput, ModelNotReady
+        from kserve.errors import InvalidInput, ModelNotReady
 
         chunks = []
         while True:
@@ -169,25 +185,11 @@ class JsonInferRoutes:
             status, body = 400, orjson.dumps({"error": str(exc)})
         except ModelNotReady as exc:
             status, body = 503, orjson.dumps({"error": str(exc)})
-        except InferenceError as exc:
-            log.error("inference failed: %s", exc)
-            status, body = 500, orjson.dumps({"error": str(exc)})
         except Exception as exc:
-            log.exception("inference failed")
-            status, body = 500, orjson.dumps({"error": f"{type(exc).__name__} : {exc}"})
-        if status != 200 and status != 503:
+            status, body = 500, internal_error_body("inference", exc)
+        if 400 <= status < 500:
             log.warning("infer answered %d: %s", status, body[:300].decode(errors="replace"))
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, status, body)
 
 
 class LocalModelServer(ModelServer):
@@ -199,12 +201,21 @@ class LocalModelServer(ModelServer):
     registered anyway, so ``start`` is replaced by the single-worker branch of the original.
     A model with an ``infer_json`` (or ``infer_http``) method also gets its own infer route
     (:func:`add_json_infer_route`, :func:`add_http_infer_route`); the access log and
-    per-request latency lines are on only with ``request_log``.
+    per-request latency lines are on only with ``request_log``. Every request passes
+    :class:`serving.guard.RequestGuard` first, with the settings' limits and a model's own
+    ``max_body_bytes`` on its infer route.
     """
 
     def __init__(
-        self, *, host: str, http_port: int, request_log: bool = False, **kwargs: Any
+        self,
+        *,
+        host: str,
+        http_port: int,
+        request_log: bool = False,
+        settings: Settings | None = None,
+        **kwargs: Any,
     ) -> None:
+        self.settings = settings or load_settings()
         super().__init__(
             http_port=http_port,
             workers=1,
@@ -222,22 +233,28 @@ class LocalModelServer(ModelServer):
         from kserve.model_server import app
 
         routes: dict[str, JsonInfer] = {}
+        route_body_bytes: dict[str, int] = {}
+        binary_paths: list[str] = []
         for model in models:
             self.register_model(model)
             model.enable_latency_logging = self.enable_latency_logging
             model.start()
             infer_http = getattr(model, "infer_http", None)
             infer_json = getattr(model, "infer_json", None)
+            path = f"/v2/models/{model.name}/infer"
+            max_body_bytes = getattr(model, "max_body_bytes", None)
+            if max_body_bytes is not None:
+                route_body_bytes[path] = int(max_body_bytes)
             if infer_http is not None:
-                add_http_infer_route(
-                    app,
-                    model.name,
-                    infer_http,
-                    max_body_bytes=getattr(model, "max_body_bytes", None),
-                )
+                add_http_infer_route(app, model.name, infer_http)
+                binary_paths.append(path)
             elif infer_json is not None:
                 add_json_infer_route(app, model.name, infer_json)
-                routes[f"/v2/models/{model.name}/infer"] = infer_json
+                routes[path] = infer_json
+        name_models_in_openapi(app, [model.name for model in models])
+        policy = GuardPolicy.from_settings(
+            self.settings, route_body_bytes=route_body_bytes, binary_paths=binary_paths
+        )
         self._rest_server = LocalRESTServer(
             FASTAPI_APP_IMPORT_STRING,
             self.dataplane,
@@ -255,6 +272,11 @@ class LocalModelServer(ModelServer):
             # With request logging on, the infer route stays inside the app, where KServe's
             # timing middleware and the access log see it.
             self._rest_server.config.app = JsonInferRoutes(app, routes)
+        inner = self._rest_server.config.app
+        # Still the import string when no fast route wraps the app (uvicorn would import it).
+        self._rest_server.config.app = RequestGuard(
+            app if isinstance(inner, str) else inner, policy
+        )
         if balance is None:
             self.servers.append(self._rest_server.start())
         else:
@@ -295,8 +317,24 @@ def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
         return runner.run(main)
 
 
+REMOVED_ROUTES = (
+    "/v2/repository/models/{model_name}/load",
+    "/v2/repository/models/{model_name}/unload",
+    "/v2/models/{model_name}/versions/{model_version}",
+    "/v2/models/{model_name}/versions/{model_version}/ready",
+    "/v2/models/{model_name}/versions/{model_version}/infer",
+    "/v1/models/{model_name}:explain",
+)
+"""KServe routes this server does not offer: model load/unload (they would stop a model's
+champion poller while the fast route kept answering with a stale version), the versioned
+routes (KServe raises NotImplementedError for each: the served version is the champion's)
+and explain (no model here has an explainer)."""
+
+
 class LocalRESTServer(RESTServer):
-    """KServe's REST server, without its timing middleware unless requests are logged.
+    """KServe's REST server without the routes in :data:`REMOVED_ROUTES`, with 5xx answers
+    that never carry exception text, and without its timing middleware unless requests are
+    logged.
 
     That middleware reads the process CPU time twice per request (``getrusage``) only to
     log it in ``kserve.trace`` lines, which :func:`stdout_log_config` silences by default.
@@ -309,6 +347,73 @@ class LocalRESTServer(RESTServer):
     def _add_middlewares(self, app: FastAPI) -> None:
         if self.request_log:
             super()._add_middlewares(app)
+
+    def _register_endpoints(self, app: FastAPI) -> None:
+        super()._register_endpoints(app)
+        app.router.routes[:] = [
+            route
+            for route in app.router.routes
+            if getattr(route, "path", None) not in REMOVED_ROUTES
+        ]
+        app.openapi_schema = None
+
+    def _add_exception_handlers(self, app: FastAPI) -> None:
+        """KServe's handlers for the 4xx and 503 it raises (their messages are written for the
+        client); NotImplementedError, which KServe raises for what it does not offer (a
+        ``model_version`` query parameter), is 404; a body that does not fit KServe's schema
+        is 422 naming at most five fields, without FastAPI's echo of the input; everything
+        else is a 500 with a log reference (KServe's own handler answers
+        ``"<type> : <exception text>"``)."""
+        app.add_exception_handler(InvalidInput, invalid_input_handler)
+        app.add_exception_handler(ModelNotFound, model_not_found_handler)
+        app.add_exception_handler(ModelNotReady, model_not_ready_handler)
+        app.add_exception_handler(ServerNotLive, server_not_live_handler)
+        app.add_exception_handler(ServerNotReady, server_not_ready_handler)
+        app.add_exception_handler(NotImplementedError, not_offered_handler)
+        app.add_exception_handler(RequestValidationError, validation_error_handler)
+        app.add_exception_handler(Exception, internal_error_handler)
+
+
+async def not_offered_handler(request: Request, exc: Exception) -> Response:
+    log.info("%s %s: not offered (%s)", request.method, request.url.path, exc)
+    body = orjson.dumps({"error": "not offered by this server (one version per model)"})
+    return Response(body, status_code=404, media_type="application/json")
+
+
+async def validation_error_handler(request: Request, exc: Exception) -> Response:
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    where = "; ".join(
+        f"{'.'.join(str(part) for part in error.get('loc', ()))[:80]}: "
+        f"{str(error.get('msg', ''))[:80]}"
+        for error in errors[:5]
+    )
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    body = orjson.dumps({"error": f"the request does not fit the schema: {where}{more}"})
+    return Response(body, status_code=422, media_type="application/json")
+
+
+async def internal_error_handler(request: Request, exc: Exception) -> Response:
+    body = internal_error_body(f"{request.method} {request.url.path}", exc)
+    return Response(body, status_code=500, media_type="application/json")
+
+
+def name_models_in_openapi(app: FastAPI, names: list[str]) -> None:
+    """The app's OpenAPI document lists the served models as the values of ``model_name``, so
+    a client (or a fuzzer) generated from it sends requests to real models."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            for item in schema.get("paths", {}).values():
+                for operation in item.values():
+                    for parameter in operation.get("parameters", []):
+                        if parameter.get("name") == "model_name" and parameter.get("in") == "path":
+                            parameter["schema"] = {"type": "string", "enum": list(names)}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True)
@@ -449,6 +554,7 @@ def serve(
     interval after a promotion two workers may answer with different versions.
     """
     port = settings.ports.serving if port is None else port
+    GuardPolicy.from_settings(settings)  # auth on without a token fails here, before any fork
     request_log = request_log_enabled()
     configure_logging(stdout_log_config(request_log=request_log))
     allocator = keep_freed_memory()  # before the fork: the workers inherit it
@@ -460,9 +566,9 @@ def serve(
         allocator.get("applied"),
     )
     if workers == 1:
-        LocalModelServer(host=settings.host, http_port=port, request_log=request_log).start(
-            models() if callable(models) else models
-        )
+        LocalModelServer(
+            host=settings.host, http_port=port, request_log=request_log, settings=settings
+        ).start(models() if callable(models) else models)
         return
     if not callable(models):
         raise TypeError("serve(workers > 1) needs a model factory, called in each worker")
@@ -507,9 +613,9 @@ def _worker(
     models: ModelFactory, settings: Settings, listener: SharedListener, request_log: bool
 ) -> None:
     set_torch_threads()
-    LocalModelServer(host=settings.host, http_port=listener.port, request_log=request_log).start(
-        models(), balance=listener
-    )
+    LocalModelServer(
+        host=settings.host, http_port=listener.port, request_log=request_log, settings=settings
+    ).start(models(), balance=listener)
 
 
 TORCH_THREADS_ENV = "CASCADE_SERVING_TORCH_THREADS"

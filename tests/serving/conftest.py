@@ -54,8 +54,14 @@ class RunningServer:
 
 
 def start_server(
-    workdir: Path, *, poll_s: float = 0.2, max_candidates: int = 10_000, workers: int = 1
+    workdir: Path,
+    *,
+    poll_s: float = 0.2,
+    max_candidates: int = 10_000,
+    workers: int = 1,
+    env: dict[str, str] | None = None,
 ) -> RunningServer:
+    """The fake server on a free port; ``env`` adds or overrides variables of its process."""
     port = free_port()
     champion_file = workdir / "champion.json"
     log_path = workdir / "server.log"
@@ -69,6 +75,7 @@ def start_server(
         "CASCADE_TEST_CHAMPION_FILE": str(champion_file),
         # The fake server imports serving_fakes from this folder.
         "PYTHONPATH": os.pathsep.join([str(FAKE_SERVER.parent), str(REPO_ROOT)]),
+        **(env or {}),
     }
     t0 = time.monotonic()
     with log_path.open("wb") as log:

@@ -238,7 +238,61 @@ def test_bad_requests_get_their_4xx(int8_server: tuple[AsrServer, Path]) -> None
     assert response.status_code == 400 and "BYTES" in response.json()["error"]
     response = server.post_json({"inputs": [{**audio, "name": "wav"}]})
     assert response.status_code == 400 and "'audio'" in response.json()["error"]
-    not_json = requests.post(f"{server.url}/v2/models/asr/infer", data=b"{", timeout=10)
+    not_json = requests.post(
+        f"{server.url}/v2/models/asr/infer",
+        data=b"{",
+        headers={"Content-Type": "application/json"},
+        timeout=10,
+    )
     assert not_json.status_code == 422
-    huge = requests.post(f"{server.url}/v2/models/asr/infer", data=b"0" * (17 << 20), timeout=30)
+    huge = requests.post(
+        f"{server.url}/v2/models/asr/infer",
+        data=b"0" * (17 << 20),
+        headers={"Content-Type": "application/json"},
+        timeout=30,
+    )
     assert huge.status_code == 413
+
+
+def chunks(total: int, piece: int = 1 << 20) -> Iterator[bytes]:
+    """A body of ``total`` bytes that requests sends chunked (no Content-Length)."""
+    for _ in range(total // piece):
+        yield b"0" * piece
+
+
+@pytest.mark.slow
+def test_the_asr_route_takes_json_or_binary_and_counts_streamed_bytes(tmp_path: Path) -> None:
+    """The ASR route's 16 MiB limit holds for a chunked upload (no Content-Length to trust),
+    other paths keep the server's 1 MiB, and only its documented content types are read."""
+    server = AsrServer(model_dir(tmp_path / "model"), tmp_path / "server.log")
+    try:
+        server.wait_ready()
+        url = f"{server.url}/v2/models/asr/infer"
+        as_json = {"Content-Type": "application/json"}
+        binary = {
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": "1",
+        }
+        response = requests.post(url, data=chunks(20 << 20), headers=as_json, timeout=60)
+        assert response.status_code == 413, response.text
+        assert "16777216 bytes" in response.json()["error"]
+        response = requests.post(url, data=chunks(20 << 20), headers=binary, timeout=60)
+        assert response.status_code == 413
+        # 8 MB chunked is within the route's limit: read whole, then refused as not JSON.
+        response = requests.post(url, data=chunks(8 << 20), headers=as_json, timeout=60)
+        assert response.status_code == 422, response.text
+        other = requests.post(
+            f"{server.url}/v1/models/asr:predict", data=chunks(2 << 20), headers=as_json, timeout=60
+        )
+        assert other.status_code == 413
+        for content_type in ("text/plain", "application/x-www-form-urlencoded", "audio/wav"):
+            response = requests.post(
+                url, data=b"{}", headers={"Content-Type": content_type}, timeout=10
+            )
+            assert response.status_code == 415, content_type
+        response = requests.post(url, data=b"{", headers=binary, timeout=10)
+        assert response.status_code == 422  # the binary extension's JSON header is read
+        espeak = server.post_wav(espeak_wav())
+        assert espeak.status_code == 200, espeak.text
+    finally:
+        server.stop()
