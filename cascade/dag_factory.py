@@ -12,8 +12,10 @@ Imported by the DAG processor at parse time, so nothing heavy here.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
+from cascade.assets import TOPIC_RUN_FAILED
 from cascade.pipeline_registry import registered_pipelines
 from cascade.pipeline_spec import MAX_RETRY_DELAY_S, Pipeline, Step
 
@@ -92,6 +94,37 @@ def _resolve_task(spec: Pipeline, asset: Any | None) -> Any:
     return resolve_partition()
 
 
+def notify_failure(context: Mapping[str, Any]) -> None:
+    """Task ``on_failure_callback`` (a task failed for good, its retries spent): an error line
+    in the task log and a ``cascade.run.failed`` event on the broker, for whoever watches
+    (alerting, a chat bridge). Best effort: a broker that is down costs a warning, never the
+    callback."""
+    import logging
+
+    ti, dag_run = context.get("ti"), context.get("dag_run")
+    error = context.get("exception")
+    detail = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    fields = {
+        "pipeline": str(getattr(ti, "dag_id", "?")),
+        "run_id": str(getattr(dag_run, "run_id", "?"))[:2000],
+        "task": str(getattr(ti, "task_id", "?")),
+        "try_number": int(getattr(ti, "try_number", 1) or 1),
+        "error": detail[:2000],
+    }
+    log = logging.getLogger(__name__)
+    where = f"{fields['pipeline']}.{fields['task']} run {fields['run_id']}"
+    log.error("FAILED %s (try %s): %s", where, fields["try_number"], detail)
+    try:
+        from cascade.broker import publish
+        from cascade.events import make_event
+
+        partition = (context.get("params") or {}).get(PARTITION_PARAM)
+        payload = {**fields, **({"partition": partition} if partition else {})}
+        publish(make_event(TOPIC_RUN_FAILED, payload, source="airflow"), timeout_s=5.0)
+    except Exception as exc:  # the notice must not fail the callback
+        log.warning("could not publish %s: %s", TOPIC_RUN_FAILED, exc)
+
+
 def _step_task(spec: Pipeline, step: Step) -> Any:
     from airflow.sdk import Asset, task
 
@@ -158,6 +191,7 @@ def build_dag(spec: Pipeline) -> Any:
             "retry_delay": dt.timedelta(seconds=spec.retry_delay_s),
             "retry_exponential_backoff": 2.0,
             "max_retry_delay": dt.timedelta(seconds=MAX_RETRY_DELAY_S),
+            "on_failure_callback": notify_failure,
         },
         dagrun_timeout=dt.timedelta(minutes=spec.run_timeout_minutes),
         params={PARTITION_PARAM: partition_param()},

@@ -68,6 +68,7 @@ from cascade.assets import (
     TOPIC_DRIFT_DETECTED,
     TOPIC_MODEL_DEPLOYED,
     TOPIC_RETRAIN_REQUESTED,
+    TOPIC_RUN_FAILED,
     TOPICS,
 )
 from cascade.lake import check_ds
@@ -220,12 +221,28 @@ class DeadLetter(BaseModel):
     consumer: Name
 
 
+class RunFailed(BaseModel):
+    """``cascade.run.failed`` v1: a pipeline task failed for good (its retries spent)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pipeline: Name
+    """The DAG id."""
+    run_id: Text
+    task: Name
+    try_number: int = Field(ge=1, le=1000, strict=True)
+    partition: PartitionDate | None = None
+    error: Text
+    """The error's type and first line (no traceback)."""
+
+
 SCHEMAS: dict[tuple[str, int], type[BaseModel]] = {
     (TOPIC_DATA_LANDED, 1): DataLanded,
     (TOPIC_RETRAIN_REQUESTED, 1): RetrainRequested,
     (TOPIC_DRIFT_DETECTED, 1): DriftDetected,
     (TOPIC_MODEL_DEPLOYED, 1): ModelDeployed,
     (TOPIC_DEAD_LETTER, 1): DeadLetter,
+    (TOPIC_RUN_FAILED, 1): RunFailed,
 }
 """(event type, schema version) -> payload model. A new version is a new entry; old ones stay
 until no producer writes them."""
