@@ -18,8 +18,9 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
    :func:`models.asr.train.train_asr` trains the ``CASCADE_BENCH_ASR_CONFIG`` config (default
    ``synthetic``, ~45 min on 2 cores) on that corpus.
 3. **Compile** (:func:`compilers.asr.compile_asr`): fp32 and int8 AOTInductor packages and the
-   ONNX file, each run on 21 lengths from 0.3 to 20 s (``shapes_tried``): ``recompiles`` is 0
-   when every length ran on the one package (a length outside it fails the benchmark).
+   ONNX file, each run on 21 lengths from ``MIN_SECONDS`` (0.3 s) to 20 s (``shapes_tried``):
+   ``recompiles`` is 0 when every length ran on the one package (a length outside it fails the
+   benchmark).
    ``recompiles_torch_compile_dynamic`` is the same count for in-process
    ``torch.compile(dynamic=True)`` (Dynamo graphs - 1): its convolution backend choice guards
    on the length (<= 512, <= 1280 frames), so it compiles three graphs where export needs one.
@@ -254,6 +255,7 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     from models.asr.compiled import (
         FP32_FILE,
         INT8_FILE,
+        MIN_AUDIO_FRAMES,
         ONNX_FILE,
         frames_for_seconds,
         load_compiled,
@@ -311,7 +313,7 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     }
 
     lengths = sorted(
-        {frames_for_seconds(s) for s in np.linspace(1.0, 20.0, 20)} | {frames_for_seconds(0.3)}
+        {frames_for_seconds(s) for s in np.linspace(1.0, 20.0, 20)} | {MIN_AUDIO_FRAMES}
     )
     for name in ("fp32_artifact", "int8", "onnxruntime"):
         for frames in lengths:  # one package / session each: a failure is a length it lacks

@@ -34,6 +34,15 @@ ENGLISH_VOCAB = frozenset("abcdefghijklmnopqrstuvwxyz' ")
 MANDARIN_VOCAB = frozenset("".join(MANDARIN_PHRASES))
 VOCABULARY = ENGLISH_VOCAB | MANDARIN_VOCAB
 """Characters a transcript may hold after normalization (the model's output alphabet)."""
+MIN_SECONDS = 0.3
+"""Shortest utterance anywhere: the corpus job quarantines shorter audio, the ASR server refuses
+it (400), and the compiled ASR package's frame range starts below it
+(:data:`models.asr.compiled.MIN_FRAMES`), so whatever the server takes fits the package."""
+STREAMED_DATA_SIZE = 0x7FFF0000
+"""A ``data`` chunk declaring at least this many bytes is a streaming placeholder (espeak-ng
+``--stdout`` and many recorders write ``0x7ffff000`` or ``0xffffffff`` before they know the
+length): its frames are whatever follows the header. A smaller declared size is a promise, and a
+file holding less than it is truncated."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +51,7 @@ class CorpusConfig:
 
     rates: tuple[int, ...] = (8_000, 16_000, 22_050, 24_000, 44_100, 48_000)
     """Accepted input sample rates (resampled to 16 kHz); anything else is quarantined."""
-    min_seconds: float = 0.3
+    min_seconds: float = MIN_SECONDS
     max_seconds: float = 20.0
     min_chars_per_s: float = 1.0
     """Speaking-rate floor (transcript characters per second of audio): slower is misaligned."""
@@ -81,22 +90,113 @@ def out_of_vocabulary(text: str) -> list[str]:
     return sorted({c for c in text if c not in VOCABULARY})
 
 
-def decode_wav(content: bytes) -> tuple[np.ndarray, int]:
-    """``(float32 mono samples in [-1, 1], rate)``; ValueError naming what is wrong."""
+class WavError(ValueError):
+    """What is wrong with a WAV file. ``kind`` is a short, stable name that the corpus job counts
+    and the server's status follows: ``empty`` (no bytes), ``unreadable`` (not RIFF/WAVE),
+    ``truncated header`` (the file ends before its ``data`` chunk starts), ``unsupported`` (a
+    format the decoder does not take) or ``truncated`` (less data than the header declares);
+    ``detail`` says what exactly."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class WavHeader:
+    """The format of a WAV file and where its samples are, read without decoding them."""
+
+    channels: int
+    width: int
+    """Bytes per sample."""
+    rate: int
+    data_start: int
+    """Offset of the first sample byte."""
+    declared_frames: int
+    frames: int
+    """Frames to decode: the declared count, or what follows the header of a streamed file."""
+    streamed: bool
+    """The ``data`` size is a placeholder (:data:`STREAMED_DATA_SIZE`)."""
+
+
+def _data_chunk(content: bytes) -> tuple[int, int]:
+    """``(offset of the first sample byte, declared data size)``; WavError naming where the
+    header is cut when the file ends before its ``data`` chunk starts."""
+    size = len(content)
+    if size < 12:
+        raise WavError(
+            "truncated header", f"the file ends after {size} bytes, inside the 12-byte RIFF header"
+        )
+    position = 12
+    while True:
+        if position + 8 > size:
+            raise WavError(
+                "truncated header",
+                f"the file ends after {size} bytes, before its 'data' chunk (the chunk header "
+                f"at byte {position} needs 8 bytes)",
+            )
+        chunk = content[position : position + 4]
+        length = int.from_bytes(content[position + 4 : position + 8], "little")
+        if chunk == b"data":
+            return position + 8, length
+        if position + 8 + length > size:
+            name = chunk.decode("latin-1")
+            raise WavError(
+                "truncated header",
+                f"the file ends after {size} bytes, inside the {name!r} chunk (bytes "
+                f"{position}-{position + 8 + length} of the header)",
+            )
+        position += 8 + length + (length & 1)
+
+
+def read_wav_header(content: bytes) -> WavHeader:
+    """The header of a WAV file, checked against the bytes that follow it; WavError otherwise."""
     if not content:
-        raise ValueError("empty file")
+        raise WavError("empty", "the file holds no bytes")
+    if not (b"RIFF".startswith(content[:4]) and b"WAVE".startswith(content[8:12])):
+        raise WavError("unreadable", f"not a RIFF/WAVE file (starts with {content[:12]!r})")
+    data_start, data_size = _data_chunk(content)
     try:
         with wave.open(io.BytesIO(content)) as read:
             channels, width, rate = read.getnchannels(), read.getsampwidth(), read.getframerate()
-            frames = read.readframes(read.getnframes())
-    except (wave.Error, EOFError) as exc:
-        raise ValueError(f"unreadable: {exc}") from None
-    if width != 2:
-        raise ValueError(f"unsupported sample width {8 * width} bits (16-bit PCM expected)")
-    samples = np.frombuffer(frames[: len(frames) - len(frames) % (2 * channels)], dtype="<i2")
-    if channels > 1:
-        samples = samples.reshape(-1, channels).mean(axis=1)
-    return samples.astype(np.float32) / 32768.0, rate
+    except wave.Error as exc:  # float or compressed samples, a broken fmt chunk
+        raise WavError("unsupported", str(exc) or "broken fmt chunk") from None
+    except EOFError:
+        raise WavError("truncated header", "the fmt chunk ends early") from None
+    if channels < 1 or width < 1 or rate < 1:
+        raise WavError("unsupported", f"{channels} channels, {width}-byte samples at {rate} Hz")
+    block = channels * width
+    present = max(0, len(content) - data_start) // block
+    declared = data_size // block
+    streamed = data_size >= STREAMED_DATA_SIZE
+    if present < declared and not streamed:
+        raise WavError(
+            "truncated",
+            f"the data chunk holds {present} of the {declared} frames its header declares "
+            f"({present / rate:.3f} of {declared / rate:.3f} s)",
+        )
+    return WavHeader(
+        channels=channels,
+        width=width,
+        rate=rate,
+        data_start=data_start,
+        declared_frames=declared,
+        frames=present if streamed else declared,
+        streamed=streamed,
+    )
+
+
+def decode_wav(content: bytes) -> tuple[np.ndarray, int]:
+    """``(float32 mono samples in [-1, 1], rate)``; :class:`WavError` naming what is wrong."""
+    header = read_wav_header(content)
+    if header.width != 2:
+        raise WavError("unsupported", f"sample width {8 * header.width} bits (16-bit PCM expected)")
+    end = header.data_start + header.frames * header.channels * 2
+    samples = np.frombuffer(content[header.data_start : end], dtype="<i2")
+    if header.channels > 1:
+        samples = samples.reshape(-1, header.channels).mean(axis=1)
+    return samples.astype(np.float32) / 32768.0, header.rate
 
 
 def resample(samples: np.ndarray, rate: int, target: int = SAMPLE_RATE) -> np.ndarray:

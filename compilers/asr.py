@@ -42,6 +42,7 @@ from models.asr.compiled import (
     FP32_FILE,
     INT8_FILE,
     MAX_FRAMES,
+    MIN_AUDIO_FRAMES,
     MIN_FRAMES,
     ONNX_FILE,
     REPORT_FILE,
@@ -252,6 +253,7 @@ def compile_asr(
     report: dict[str, Any] = {
         "model_digest": model_digest(model_dir),
         "min_frames": MIN_FRAMES,
+        "min_audio_frames": MIN_AUDIO_FRAMES,
         "max_frames": MAX_FRAMES,
         "threads": torch.get_num_threads(),
     }

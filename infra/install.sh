@@ -16,6 +16,8 @@ apt_install() {
   # Human speech (spoken stamp descriptions) and captioned images.
   [ -d /usr/share/tuxpaint/stamps ] || missing+=(tuxpaint-stamps-default)
   command -v npm >/dev/null || missing+=(npm)
+  # cairo, under cairosvg (SVG images in the image-text corpus).
+  { ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep -q 'libcairo\.so\.2' || missing+=(libcairo2)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "install: apt packages ${missing[*]}"
     if [ "$(id -u)" = 0 ]; then

@@ -8,14 +8,17 @@ with ``utterance_id``, ``text``, ``language``, ``voice``); :func:`land_synthetic
 espeak-ng (:mod:`jobs.speech_synth`) on the Spark executors. :func:`build_corpus` then
 
 - pairs every WAV with its transcript (either side missing is a quarantined row);
-- decodes and validates each file: unreadable, empty, clipped, sample rate outside
-  ``CorpusConfig.rates``, transcript characters outside the vocabulary → quarantine with the
-  reason;
+- decodes and validates each file: empty (0 bytes), unreadable (not RIFF/WAVE), header cut
+  short, data cut short (fewer frames than the header declares), unsupported format, clipped,
+  sample rate outside ``CorpusConfig.rates``, transcript characters outside the vocabulary →
+  quarantine with the reason (``audio: KIND: detail``, kinds as
+  :class:`~cascade.audio_features.WavError` names them);
 - resamples to 16 kHz, filters on duration and speaking rate, normalizes the transcript;
 - computes log-mel filterbank features (25 ms windows, 10 ms hop, ``n_mels`` bins);
 - splits by voice (speaker-disjoint train/dev/test, a hash of the voice name);
 - writes parquet shards per split and a manifest (one row per utterance, no features) plus the
-  quarantine with a ``reason`` column, and returns counts.
+  quarantine with a ``reason`` column, and returns counts (``quarantine_by_reason`` counts each
+  distinct problem, e.g. ``{"audio:truncated": 2, "audio:empty": 1}``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from cascade.audio_features import (
     out_of_vocabulary,
     resample,
 )
+from jobs.quarantine import count_reasons, empty_files
 
 SPLITS = ("train", "dev", "test")
 
@@ -114,12 +118,10 @@ def process_one(
     seconds = len(audio) / SAMPLE_RATE
     rate_cps = len(normalized.replace(" ", "")) / seconds
     row.update(transcript=normalized, seconds=seconds, chars_per_s=rate_cps)
-    if not config.min_seconds <= seconds <= config.max_seconds:
-        return {
-            **row,
-            "reason": f"duration {seconds:.2f} s outside "
-            f"[{config.min_seconds}, {config.max_seconds}]",
-        }
+    if seconds < config.min_seconds:
+        return {**row, "reason": f"duration: too short ({seconds:.2f} s < {config.min_seconds} s)"}
+    if seconds > config.max_seconds:
+        return {**row, "reason": f"duration: too long ({seconds:.2f} s > {config.max_seconds} s)"}
     if not config.min_chars_per_s <= rate_cps <= config.max_chars_per_s:
         return {**row, "reason": f"speaking rate {rate_cps:.1f} chars/s out of range"}
     features = log_mel(audio, config.n_mels)
@@ -180,7 +182,16 @@ def build_corpus(
             F.regexp_extract("path", r"([^/]+)\.wav$", 1).alias("utterance_id"),
             F.col("content"),
         )
+        .where(F.length("content") > 0)
     )
+    # binaryFile skips 0-byte files: listed here, they are quarantined as empty, not "missing".
+    empty = [
+        (p.name.removesuffix(".wav"), bytearray()) for p in empty_files(landing / "wav", "*.wav")
+    ]
+    if empty:
+        audio = audio.unionByName(
+            spark.createDataFrame(empty, "utterance_id string, content binary")
+        )
     if transcripts_path.exists():
         texts = spark.read.json(str(transcripts_path)).select(
             "utterance_id", "text", "language", "voice"
@@ -230,27 +241,27 @@ def build_corpus(
         good.drop("features").coalesce(1).write.mode("overwrite").parquet(str(out / "manifest"))
         bad.coalesce(1).write.mode("overwrite").parquet(str(out / "quarantine"))
         counts = {r["split"]: r["count"] for r in good.groupBy("split").count().collect()}
-        reasons = {
-            r["reason"]: r["count"]
-            for r in bad.select(F.regexp_extract("reason", r"^([^:(]+)", 1).alias("reason"))
-            .groupBy("reason")
-            .count()
-            .collect()
-        }
+        distinct = [(r["reason"], r["count"]) for r in bad.groupBy("reason").count().collect()]
     finally:
         processed.unpersist()
+    reasons: dict[str, int] = {}
+    for reason, count in distinct:
+        area = reason.split(":")[0].split("(")[0].strip()
+        reasons[area] = reasons.get(area, 0) + count
+    by_reason = count_reasons(distinct)
     summary = {
         "utterances": sum(counts.values()),
         "splits": {s: counts.get(s, 0) for s in SPLITS},
         "quarantined": sum(reasons.values()),
         "quarantine_reasons": reasons,
+        "quarantine_by_reason": by_reason,
         "out": str(out),
         "config": asdict(config),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(
         f"[audio_corpus] {summary['utterances']} utterances {summary['splits']}, "
-        f"{summary['quarantined']} quarantined {reasons}",
+        f"{summary['quarantined']} quarantined {by_reason}",
         flush=True,
     )
     return summary

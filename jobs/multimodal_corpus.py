@@ -7,10 +7,12 @@ A landing batch (:mod:`jobs.multimodal_sources`) is ``images/`` plus ``captions.
 :func:`build_corpus` runs four timed stages, each ending in a Spark action:
 
 1. ``decode``: pair every caption with its image file (either missing -> quarantine); decode and
-   validate the image (unreadable, truncated, too small, extreme aspect ratio, SVG without a
-   rasterizer -> quarantine with the reason), pad it to a square on white (alpha composited),
-   resize to ``side`` x ``side`` RGB; normalize the caption (NFKC, whitespace) and check its
-   language tag (``en``/``zh``, the script must match).
+   validate the image (empty, unreadable, truncated, too small, extreme aspect ratio, uniform,
+   an SVG that does not rasterize -> quarantine with the reason), pad it to a square on white
+   (alpha composited), resize to ``side`` x ``side`` RGB; normalize the caption (NFKC,
+   whitespace) and check its language tag (``en``/``zh``, the script must match). Accepted: what
+   Pillow decodes (PNG, JPEG, GIF, WebP, BMP, TIFF...) and SVG, rasterized by cairosvg in a
+   child process with a timeout and size caps (:mod:`jobs.svg_raster`).
 2. ``hashing``: a 64-bit perceptual hash (:func:`phash`) per image, cut into
    ``max_hamming + 1`` bands; MinHash signatures (Spark ML ``MinHashLSH``) of each caption's
    shingles.
@@ -46,6 +48,8 @@ from typing import Any
 import numpy as np
 
 from cascade.caption_tokenizer import CaptionTokenizer
+from jobs.quarantine import count_reasons, empty_files
+from jobs.svg_raster import SvgRasterizer
 
 SPLITS = ("train", "val", "test")
 LANGUAGES = ("en", "zh")
@@ -62,6 +66,15 @@ class CorpusConfig:
     """Smaller input images (either dimension, in pixels) are quarantined."""
     max_aspect: float = 4.0
     """Long side / short side above this is quarantined (strips, banners)."""
+    min_pixel_std: float = 1.0
+    """An image whose output pixels vary less than this (standard deviation, 0-255 scale) is
+    uniform (blank, one colour, fully transparent) and quarantined."""
+    svg_max_bytes: int = 1 << 20
+    """Larger SVG files are quarantined unparsed."""
+    svg_max_side: int = 256
+    """Longest side of an SVG's raster in pixels (the drawing's own size sets only its shape)."""
+    svg_timeout_s: float = 10.0
+    """An SVG that takes longer to rasterize is quarantined (its child process is killed)."""
     max_hamming: int = 3
     """Images whose 64-bit pHashes differ in at most this many bits are near-duplicates."""
     caption_max_distance: float = 0.5
@@ -85,6 +98,15 @@ class CorpusConfig:
             raise ValueError("val_share + test_share in [0, 1) and shards >= 1")
         if self.max_tokens < 3:
             raise ValueError("max_tokens must be >= 3")
+        if self.min_pixel_std < 0 or self.svg_max_bytes < 1 or self.svg_timeout_s <= 0:
+            raise ValueError("need min_pixel_std >= 0, svg_max_bytes >= 1, svg_timeout_s > 0")
+        if self.svg_max_side < self.side:
+            raise ValueError("svg_max_side must be >= side")
+
+    def svg_rasterizer(self) -> SvgRasterizer:
+        return SvgRasterizer(
+            max_side=self.svg_max_side, max_bytes=self.svg_max_bytes, timeout_s=self.svg_timeout_s
+        )
 
 
 # --- pure functions (no Spark) --------------------------------------------------------------
@@ -134,28 +156,27 @@ def shingles(caption: str, n: int = 3) -> list[str]:
     return sorted({" ".join(units[i : i + n]) for i in range(len(units) - n + 1)})
 
 
-def rasterize_svg(content: bytes, side: int) -> bytes:
-    """PNG bytes of an SVG, when a rasterizer is installed; ValueError otherwise."""
-    try:
-        import cairosvg  # type: ignore[import-not-found]
-    except ImportError:
-        raise ValueError("SVG and no rasterizer installed (cairosvg)") from None
-    try:
-        return cairosvg.svg2png(bytestring=content, output_width=4 * side)  # type: ignore[no-any-return]
-    except Exception as exc:  # noqa: BLE001 - any parse failure is a reason, not a crash
-        raise ValueError(f"SVG not rasterized: {exc}") from None
+def is_svg(content: bytes, name: str) -> bool:
+    return name.lower().endswith(".svg") or b"<svg" in content[:2048]
 
 
-def decode_image(content: bytes, name: str, config: CorpusConfig) -> np.ndarray:
+def decode_image(
+    content: bytes, name: str, config: CorpusConfig, rasterizer: SvgRasterizer | None = None
+) -> np.ndarray:
     """``[side, side, 3]`` uint8: decoded, checked, alpha on white, padded square, resized.
 
-    ValueError naming what is wrong."""
+    ValueError naming what is wrong. An SVG is rasterized by ``rasterizer`` (one is started for
+    this file when none is given)."""
     from PIL import Image
 
     if not content:
         raise ValueError("empty file")
-    if name.lower().endswith(".svg") or b"<svg" in content[:2048]:
-        content = rasterize_svg(content, config.side)
+    if is_svg(content, name):
+        if rasterizer is None:
+            with config.svg_rasterizer() as own:
+                content = own.rasterize(content)
+        else:
+            content = rasterizer.rasterize(content)
     try:
         image: Image.Image = Image.open(io.BytesIO(content))
     except Exception:  # noqa: BLE001 - PIL raises several types for foreign bytes
@@ -179,7 +200,15 @@ def decode_image(content: bytes, name: str, config: CorpusConfig) -> np.ndarray:
     else:
         canvas.paste(image.convert("RGB"), offset)
     resized = canvas.resize((config.side, config.side), Image.Resampling.BILINEAR)
-    return np.asarray(resized, dtype=np.uint8)
+    pixels = np.asarray(resized, dtype=np.uint8)
+    spread = float(pixels.std())
+    if spread < config.min_pixel_std:
+        colour = tuple(int(c) for c in pixels.reshape(-1, 3).mean(axis=0).round())
+        raise ValueError(
+            f"uniform (pixel std {spread:.2f} < {config.min_pixel_std:g}: every pixel about "
+            f"RGB {colour})"
+        )
+    return pixels
 
 
 def phash(pixels: np.ndarray) -> int:
@@ -229,11 +258,14 @@ def split_column(group: Any, config: CorpusConfig) -> Any:
 
 
 def decode_file(
-    content: bytes | None, name: str, config: CorpusConfig
+    content: bytes | None,
+    name: str,
+    config: CorpusConfig,
+    rasterizer: SvgRasterizer | None = None,
 ) -> tuple[str | None, bytes | None]:
     """``(None, pixels)`` or ``(reason, None)`` for one landed image file."""
     try:
-        return None, decode_image(content or b"", name, config).tobytes()
+        return None, decode_image(content or b"", name, config, rasterizer).tobytes()
     except ValueError as exc:
         return f"image: {exc}", None
 
@@ -332,14 +364,22 @@ def decode_stage(spark: Any, landing: Path, config: CorpusConfig) -> Any:
         spark.read.format("binaryFile")
         .load(str(landing / "images"))
         .select(F.regexp_extract("path", r"([^/]+)$", 1).alias("image"), "content")
+        .where(F.length("content") > 0)
     )
+    # binaryFile skips 0-byte files: listed here, they are quarantined as empty, not "missing".
+    empty = [(p.name, bytearray()) for p in empty_files(landing / "images")]
+    if empty:
+        files = files.unionByName(spark.createDataFrame(empty, "image string, content binary"))
 
     def decode(records: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
         # RDD partitions, not mapInPandas: the installed PySpark's Python side and its JVM
         # disagree on the pandas-UDF constructor; plain RDD functions work across them.
-        for r in records:
-            reason, pixels = decode_file(r["content"] and bytes(r["content"]), r["image"], config)
-            yield r["image"], reason, pixels
+        # One SVG rasterizer per partition: its child process starts at the first SVG.
+        with config.svg_rasterizer() as rasterizer:
+            for r in records:
+                content = r["content"] and bytes(r["content"])
+                reason, pixels = decode_file(content, r["image"], config, rasterizer)
+                yield r["image"], reason, pixels
 
     images = spark.createDataFrame(
         files.rdd.mapPartitions(decode), "image string, image_reason string, pixels binary"
@@ -591,6 +631,12 @@ def write_outputs(
         .value_counts()
     )
     reasons_by_kind = {str(k): int(v) for k, v in reasons.items()}
+    by_reason = count_reasons(
+        (str(reason), int(count))
+        for reason, count in pd.read_parquet(out / "quarantine", columns=["reason"])["reason"]
+        .value_counts()
+        .items()
+    )
     rows = pd.read_parquet(out / "manifest", columns=["split", "shard", "language", "num_tokens"])
     shard_stats = [
         {
@@ -614,6 +660,7 @@ def write_outputs(
         "splits": splits,
         "quarantined": sum(reasons_by_kind.values()),
         "quarantine_reasons": reasons_by_kind,
+        "quarantine_by_reason": by_reason,
         "duplicates_removed": by_kind,
         "groups_spanning_pairs": len(set(groups.values())),
         "vocab_size": tokenizer.vocab_size,

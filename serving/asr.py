@@ -31,12 +31,13 @@ WAV file (16-bit PCM, mono or stereo, a rate in ``CorpusConfig.rates``, at most
 
 Response outputs: ``transcript`` (BYTES ``[1]``), ``words`` (BYTES ``[W]``), ``word_start_s`` and
 ``word_end_s`` (FP32 ``[W]``), ``duration_s`` (FP32 ``[1]``); ``parameters`` name the backend
-and the model digest. Errors: 422 not a v2 request, 400 wrong tensor / not a WAV file / empty or
-too short audio, 413 audio longer than the limit (or a body past :data:`MAX_BODY_BYTES`, counted
-while it streams), 415 a WAV the model cannot take (sample width, channels, rate, compression)
-or a Content-Type other than ``application/json`` (v2 JSON) or ``application/octet-stream`` (the
-binary extension). The server's other checks (Host, token, concurrency) are
-:mod:`serving.guard`'s.
+and the model digest. Errors: 422 not a v2 request, 400 wrong tensor / not a WAV file / empty
+audio / a header or data cut short (fewer frames than the header declares) / audio shorter than
+``CorpusConfig.min_seconds`` (:data:`~cascade.audio_features.MIN_SECONDS`, the corpus's), 413
+audio longer than the limit (or a body past :data:`MAX_BODY_BYTES`, counted while it streams),
+415 a WAV the model cannot take (sample width, channels, rate, compression) or a Content-Type
+other than ``application/json`` (v2 JSON) or ``application/octet-stream`` (the binary
+extension). The server's other checks (Host, token, concurrency) are :mod:`serving.guard`'s.
 """
 
 from __future__ import annotations
@@ -46,13 +47,11 @@ import asyncio
 import base64
 import binascii
 import dataclasses
-import io
 import json
 import logging
 import struct
 import threading
 import uuid
-import wave
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +63,15 @@ from kserve import InferRequest, InferResponse, Model
 from kserve.errors import InferenceError, InvalidInput, ModelNotReady
 from kserve.protocol.infer_type import InferInput, InferOutput
 
-from cascade.audio_features import SAMPLE_RATE, CorpusConfig, decode_wav, log_mel, resample
+from cascade.audio_features import (
+    SAMPLE_RATE,
+    CorpusConfig,
+    WavError,
+    decode_wav,
+    log_mel,
+    read_wav_header,
+    resample,
+)
 from cascade.config import load_settings
 from cascade.v2_codec import (
     INFERENCE_HEADER,
@@ -133,20 +140,20 @@ def decode_request_audio(content: bytes, config: CorpusConfig) -> Audio:
             400, f"not a WAV file (starts with {content[:12]!r}); send a RIFF/WAVE file"
         )
     try:
-        with wave.open(io.BytesIO(content)) as reader:
-            channels, width = reader.getnchannels(), reader.getsampwidth()
-            rate, frames = reader.getframerate(), reader.getnframes()
-    except wave.Error as exc:
-        # The RIFF header is there, so this is a WAV the wave module refuses: float or
-        # compressed samples ("unknown format: 3"), or a broken fmt chunk. The module's
-        # message stays in the log: answers never carry exception text.
-        log.info("WAV refused by the wave module: %s", exc)
-        raise AudioRejected(
-            415,
-            "unsupported WAV (float or compressed samples, or a broken fmt chunk); send 16-bit PCM",
-        ) from None
-    except EOFError:
-        raise AudioRejected(400, "truncated WAV file: the header ends early") from None
+        header = read_wav_header(content)
+    except WavError as exc:
+        if exc.kind == "unsupported":
+            # The RIFF header is there, so this is a WAV the decoder refuses: float or
+            # compressed samples ("unknown format: 3"), or a broken fmt chunk.
+            raise AudioRejected(415, f"unsupported WAV: {exc.detail}; send 16-bit PCM") from None
+        if exc.kind == "truncated header":
+            raise AudioRejected(400, f"truncated WAV header: {exc.detail}") from None
+        if exc.kind == "truncated":
+            raise AudioRejected(
+                400, f"truncated WAV file: {exc.detail}; send the whole file"
+            ) from None
+        raise AudioRejected(400, f"unreadable WAV: {exc}") from None
+    channels, width, rate = header.channels, header.width, header.rate
     if width != 2:
         raise AudioRejected(415, f"unsupported sample width {8 * width} bits; send 16-bit PCM")
     if channels not in (1, 2):
@@ -155,26 +162,29 @@ def decode_request_audio(content: bytes, config: CorpusConfig) -> Audio:
         raise AudioRejected(
             415, f"unsupported sample rate {rate} Hz; send one of {list(config.rates)} Hz"
         )
-    if frames == 0:
+    if header.frames == 0:
         raise AudioRejected(400, "empty audio: the WAV file holds no samples")
-    # A streamed WAV (espeak-ng --stdout, many recorders) declares a placeholder data size, so
-    # the frames that can follow a 44-byte header bound the length as well.
-    frames = min(frames, max(0, len(content) - 44) // (channels * width))
-    if frames / rate > config.max_seconds:
-        raise too_long(frames / rate, config)
+    # A streamed WAV (espeak-ng --stdout, many recorders) declares a placeholder data size: its
+    # length is what follows the header (header.frames); any other file holds all it declares.
+    if header.frames / rate > config.max_seconds:
+        raise too_long(header.frames / rate, config)
     try:
         samples, rate = decode_wav(content)
-    except ValueError as exc:
-        log.info("WAV not decoded: %s", exc)
-        raise AudioRejected(400, "unreadable WAV: its data chunk does not decode") from None
+    except WavError as exc:
+        raise AudioRejected(400, f"unreadable WAV: {exc}") from None
     if len(samples) == 0:
         raise AudioRejected(400, "empty audio: the WAV file's data chunk holds no samples")
     audio = resample(samples, rate)
     seconds = len(audio) / SAMPLE_RATE
     if seconds > config.max_seconds:
         raise too_long(seconds, config)
-    if 1 + (len(audio) - int(0.025 * SAMPLE_RATE)) // (SAMPLE_RATE // 100) < MIN_FRAMES:
-        raise AudioRejected(400, f"audio of {seconds * 1000:.0f} ms is too short to transcribe")
+    frames = 1 + (len(audio) - int(0.025 * SAMPLE_RATE)) // (SAMPLE_RATE // 100)
+    if seconds < config.min_seconds or frames < MIN_FRAMES:
+        raise AudioRejected(
+            400,
+            f"audio of {seconds * 1000:.0f} ms is too short to transcribe: the shortest "
+            f"utterance taken is {config.min_seconds:g} s",
+        )
     return Audio(samples=audio, seconds=seconds, source_rate=rate, channels=channels)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from cascade.audio_features import SAMPLE_RATE, CorpusConfig
+from cascade.audio_features import MIN_SECONDS, SAMPLE_RATE, CorpusConfig
 from cascade.compiled_packages import load_package
 from models.asr.artifact import artifact_file
 from models.asr.model import ConvDFSMNConfig
@@ -37,7 +37,11 @@ def frames_for_seconds(seconds: float) -> int:
 
 MIN_FRAMES = 8
 """Shortest input the export admits: below 3 frames the stride-2 front end yields one output
-frame, which export specializes on; 8 frames (80 ms) keeps the symbolic reasoning simple."""
+frame, which export specializes on; 8 frames (80 ms) keeps the symbolic reasoning simple. It lies
+below :data:`MIN_AUDIO_FRAMES`, so every utterance the server takes fits the package."""
+MIN_AUDIO_FRAMES = frames_for_seconds(MIN_SECONDS)
+"""Feature frames of the shortest utterance the corpus keeps and the server takes
+(:data:`cascade.audio_features.MIN_SECONDS`, 0.3 s: 28 frames)."""
 MAX_FRAMES = frames_for_seconds(CorpusConfig().max_seconds) + 2
 """Longest input: the corpus (and serving) limit of audio, a little headroom for rounding."""
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 from pathlib import Path
@@ -74,9 +73,14 @@ def test_captions_images_and_duplicate_resolution() -> None:
 
     # Transparent pixels land on white, and a wide image is padded, not stretched.
     rgba = np.zeros((20, 40, 4), np.uint8)
+    rgba[8:12, 18:22] = (0, 0, 0, 255)
     square = decode_image(png(rgba), "t.png", CONFIG)
-    assert square.min() == 255
-    with pytest.raises(ValueError, match="SVG"):
+    assert square[:16].min() == 255 and square[48:].min() == 255  # padding above and below
+    assert square[32, 32].max() < 128  # the opaque dot, in the middle
+    # Nothing drawn: a fully transparent image, like an empty SVG, is uniform white.
+    with pytest.raises(ValueError, match="uniform"):
+        decode_image(png(np.zeros((20, 40, 4), np.uint8)), "t.png", CONFIG)
+    with pytest.raises(ValueError, match="uniform"):
         decode_image(b'<svg xmlns="http://www.w3.org/2000/svg"/>', "s.svg", CONFIG)
 
     # a~b and b~c but a and c differ: greedy keeps a and c, drops b only.
@@ -137,9 +141,7 @@ def land_faults(landing: Path) -> dict[str, str]:
         "wide", "wide.png", png(np.zeros((20, 200, 3), np.uint8)), "a black strip", "image: extreme"
     )
     svg = b'<svg xmlns="http://www.w3.org/2000/svg" width="32" height="32"><circle r="9"/></svg>'
-    # Rasterized when a rasterizer is installed, else quarantined with that reason.
-    rasterizer = importlib.util.find_spec("cairosvg") is not None
-    add("vector", "vector.svg", svg, "a black circle", "kept" if rasterizer else "image: SVG")
+    add("vector", "vector.svg", svg, "a black circle", "kept")
     add("no-image", "nowhere.png", None, "a picture that never landed", "image missing")
     add("wrong-language", "lang.png", png(base[::-1].copy()), "一个红色的圆", "language:")
     (images / "orphan.png").write_bytes(png(base[:, ::-1].copy()))

@@ -72,6 +72,23 @@ def test_decoding_checks_the_header_before_the_samples() -> None:
     assert unwrap_bytes_tensor(b"RIFF....") == b"RIFF...."
 
 
+def test_cut_short_and_too_short_audio_is_a_400() -> None:
+    config = CorpusConfig()
+    whole = wav_bytes(TONE)
+    cases = {
+        whole[: 44 + 9000]: "truncated WAV file: the data chunk holds 4500 of the 16000 frames",
+        whole[:30]: "truncated WAV header: the file ends after 30 bytes, inside the 'fmt ' chunk",
+        wav_bytes(TONE[:2000]): "audio of 125 ms is too short to transcribe",
+        wav_bytes(TONE[:4700]): "the shortest utterance taken is 0.3 s",
+    }
+    for content, message in cases.items():
+        with pytest.raises(ValueError) as rejected:
+            decode_request_audio(content, config)
+        assert getattr(rejected.value, "status", None) == 400, rejected.value
+        assert message in str(rejected.value)
+    assert decode_request_audio(wav_bytes(TONE[:4800]), config).seconds == pytest.approx(0.3)
+
+
 def test_serves_eager_when_the_package_is_missing_or_from_another_model(tmp_path: Path) -> None:
     directory = model_dir(tmp_path)
     assert load_model_dir(directory).backend == "eager"
@@ -208,6 +225,9 @@ BAD_AUDIO = [
     pytest.param(b"", 400, "empty audio", id="empty-bytes"),
     pytest.param(wav_bytes(TONE[:0]), 400, "empty audio", id="no-samples"),
     pytest.param(wav_bytes(TONE[:400]), 400, "too short", id="too-short"),
+    pytest.param(wav_bytes(TONE[:2000]), 400, "too short", id="125-ms"),
+    pytest.param(wav_bytes(TONE)[:9044], 400, "truncated WAV file", id="truncated-data"),
+    pytest.param(wav_bytes(TONE)[:30], 400, "truncated WAV header", id="header-cut-30"),
     pytest.param(wav_bytes(np.zeros(16_000 * 21, "<i2")), 413, "longer than 20 s", id="too-long"),
     pytest.param(
         wav_bytes((TONE // 256 + 128).astype(np.uint8), width=1), 415, "8 bits", id="8-bit"
