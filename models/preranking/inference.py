@@ -1,5 +1,12 @@
 """Load the registered pre-ranking model for serving, evaluation and the registry.
 
+The pipeline and the server load a registered version as data (:func:`load_version`): the
+version's files are downloaded, checked against the sha256 digests its registration recorded
+(:mod:`cascade.artifacts`), and the network is rebuilt from its state dict
+(``torch.load(weights_only=True)``) and JSON config by this module's code. The pickled pyfunc
+object MLflow keeps beside them is never unpickled here; it is for people who load a version
+the standard way (``mlflow.pyfunc.load_model``) and trust their registry.
+
 A trained model is logged to MLflow as a pyfunc, so it loads wherever ``models.preranking`` is
 importable: :class:`ColdPreRankerPyfunc` for the FSCD pre-ranker of the cascade (artifact: the
 folder :func:`save_cold_model` writes: fp32 state dict, run config with the kept fields, field
@@ -15,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +38,13 @@ from mlflow.pyfunc.model import PythonModel, PythonModelContext
 from mlflow.tracking import MlflowClient
 from torch import nn
 
+from cascade.artifacts import (
+    TamperedArtifact,
+    folder_digests,
+    recorded_digests,
+    sha256_file,
+    verify,
+)
 from cascade.config import Settings, load_settings
 from cascade.ctr_schema import MODEL_FEATURES
 from cascade.registry import version_by_alias
@@ -271,9 +287,43 @@ COMPILED_PACKAGE = "preranking.pt2"
 COMPILED_GATE = "gate.json"
 
 
-def fetch_compiled(settings: Settings, run_id: str, cache: Path) -> tuple[Path | None, str]:
+RUN_FILES = "run:"
+"""Prefix of the digests of run artifacts (the compiled package) in a version's digest tag."""
+REGISTRY_META = "registered_model_meta"
+"""A file MLflow adds to a ``models:/`` download (name and version); not part of the model."""
+
+
+def registration_digests(settings: Settings, model_uri: str, run_id: str) -> dict[str, str]:
+    """What registration records for a pre-ranker: the sha256 of every file of the logged
+    model (as the registry stores it) and of the run's compiled package and gate report when
+    the compile step logged them (prefixed :data:`RUN_FILES`)."""
+    client = _client(settings)[0]
+    with tempfile.TemporaryDirectory(prefix="cascade-register-") as tmp:
+        local = Path(
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=model_uri, dst_path=tmp, tracking_uri=settings.tracking_uri
+            )
+        )
+        (local / REGISTRY_META).unlink(missing_ok=True)
+        digests = folder_digests(local)
+        names = {a.path for a in client.list_artifacts(run_id, COMPILED_DIR)}
+        for name in (f"{COMPILED_DIR}/{COMPILED_PACKAGE}", f"{COMPILED_DIR}/{COMPILED_GATE}"):
+            if name in names:
+                path = mlflow.artifacts.download_artifacts(
+                    run_id=run_id, artifact_path=name, dst_path=tmp,
+                    tracking_uri=settings.tracking_uri,
+                )  # fmt: skip
+                digests[RUN_FILES + name] = sha256_file(Path(path))
+    return digests
+
+
+def fetch_compiled(
+    settings: Settings, run_id: str, cache: Path, expected: Mapping[str, str] | None = None
+) -> tuple[Path | None, str]:
     """``(package, "")`` for the compiled package of ``run_id`` when its compile gate passed
-    (downloaded once into ``cache/run_id``), else ``(None, reason)``."""
+    (downloaded once into ``cache/run_id``), else ``(None, reason)``. With ``expected`` (a
+    version's recorded digests, see :func:`registration_digests`) the package and its report
+    must match them before the package is offered, every time it is offered."""
     client = _client(settings)[0]
     names = {a.path for a in client.list_artifacts(run_id, COMPILED_DIR)}
     package, gate = f"{COMPILED_DIR}/{COMPILED_PACKAGE}", f"{COMPILED_DIR}/{COMPILED_GATE}"
@@ -301,6 +351,19 @@ def fetch_compiled(settings: Settings, run_id: str, cache: Path) -> tuple[Path |
             if not target.is_dir():
                 raise
             shutil.rmtree(partial, ignore_errors=True)
+    if expected is not None:
+        wanted = {
+            name: expected.get(f"{RUN_FILES}{COMPILED_DIR}/{name}")
+            for name in (COMPILED_PACKAGE, COMPILED_GATE)
+        }
+        if not all(wanted.values()):
+            return None, f"run {run_id}'s compiled package carries no recorded digest"
+        found = {name: sha256_file(target / name) for name in wanted}
+        if found != wanted:
+            return None, (
+                f"run {run_id}'s compiled package differs from the one registered "
+                f"({', '.join(n for n in wanted if found[n] != wanted[n])}); not loaded"
+            )
     report = json.loads((target / COMPILED_GATE).read_text())
     if not report.get("passed"):
         reasons = "; ".join(report.get("reasons") or ["no reason recorded"])
@@ -317,16 +380,11 @@ def load_version(
     client, settings = _client(settings)
     registered = client.get_model_version(settings.registered_model, version)
     uri = f"models:/{settings.registered_model}/{version}"
-    mlflow.set_tracking_uri(settings.tracking_uri)
-    mlflow.set_registry_uri(settings.tracking_uri)
-    wrapper = mlflow.pyfunc.load_model(uri).unwrap_python_model()
-    if not isinstance(wrapper, PreRankerPyfunc | ColdPreRankerPyfunc) or wrapper.model is None:
-        raise RuntimeError(
-            f"{uri} is not a pre-ranking model logged by models.preranking.train or "
-            f"models.preranking.cascade_train (got {type(wrapper).__name__}); retrain and "
-            "register it"
-        )
-    encoder = wrapper.encoder if isinstance(wrapper, ColdPreRankerPyfunc) else None
+    expected = recorded_digests(registered.tags, uri)
+    # Where the registry of these settings keeps the files (a models:/ URI would resolve in
+    # MLflow's process-wide registry, which may be another store).
+    location = client.get_model_version_download_uri(settings.registered_model, version)
+    network, encoder = _load_checked(settings, uri, location, expected)
     auc_tag = registered.tags.get(TEST_AUC_TAG)
     test_auc = (
         float(auc_tag)
@@ -339,11 +397,13 @@ def load_version(
     elif encoder is not None:
         try:
             cache = settings.home / "serving" / "compiled"
-            compiled, reason = fetch_compiled(settings, str(registered.run_id), cache)
+            compiled, reason = fetch_compiled(
+                settings, str(registered.run_id), cache, expected=expected
+            )
         except Exception as exc:  # the eager network still serves; say why
             reason = f"the compiled package did not download: {type(exc).__name__}: {exc}"
     return LoadedModel(
-        model=wrapper.model.eval(),
+        model=network.eval(),
         version=str(registered.version),
         run_id=str(registered.run_id),
         test_auc=test_auc,
@@ -351,3 +411,46 @@ def load_version(
         compiled=compiled,
         compiled_reason=reason,
     )
+
+
+def _load_checked(
+    settings: Settings, uri: str, location: str, expected: Mapping[str, str]
+) -> tuple[nn.Module, FieldEncoder | None]:
+    """Download version ``uri`` from ``location``, check every file against ``expected`` and
+    rebuild the network from its state dict and JSON (never from the pickled pyfunc object
+    beside them)."""
+    model_files = {k: v for k, v in expected.items() if not k.startswith(RUN_FILES)}
+    cold = f"artifacts/{COLD_DIR_ARTIFACT}"
+    with tempfile.TemporaryDirectory(prefix="cascade-load-") as tmp:
+        local = Path(
+            mlflow.artifacts.download_artifacts(
+                artifact_uri=location, dst_path=tmp, tracking_uri=settings.tracking_uri
+            )
+        )
+        (local / REGISTRY_META).unlink(missing_ok=True)
+        if (local / cold / COLD_CONFIG_FILE).is_file():
+            needed = [
+                f"{cold}/{name}" for name in (COLD_STATE_FILE, COLD_CONFIG_FILE, ENCODER_FILE)
+            ]
+            verify(local, model_files, uri, needed=needed)
+            model, encoder, _ = load_cold_dir(local / cold)
+            return model, encoder
+        state, config = _mlp_files(local)
+        if state is None or config is None:
+            raise TamperedArtifact(
+                f"{uri} holds neither an FSCD pre-ranker ({cold}/) nor a PreRanker state dict "
+                "and config; retrain and register it"
+            )
+        verify(local, model_files, uri, needed=[state, config])
+        network, _ = load_model_dir(local / state, local / config)
+        return network, None
+
+
+def _mlp_files(local: Path) -> tuple[str | None, str | None]:
+    """(state dict, config) of a PreRanker pyfunc folder, relative to it (None when absent)."""
+    artifacts = local / "artifacts"
+    states = sorted(artifacts.glob("*.pt")) if artifacts.is_dir() else []
+    configs = sorted(artifacts.glob("*.json")) if artifacts.is_dir() else []
+    if len(states) != 1 or len(configs) != 1:
+        return None, None
+    return states[0].relative_to(local).as_posix(), configs[0].relative_to(local).as_posix()

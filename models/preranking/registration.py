@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from cascade.artifacts import DIGESTS_TAG, digests_tag
 from cascade.config import PROMOTION_METRICS, Settings, load_settings
 from cascade.lake import Lake, check_ds
 from cascade.pipeline_spec import Promotion
@@ -23,7 +24,7 @@ from cascade.promotion import Decision, NewVersion, Scores
 from cascade.promotion import register_and_promote as promote
 from cascade.registry import registry_client, registry_report_path
 from cascade.results import write_result
-from models.preranking.inference import TEST_AUC_TAG
+from models.preranking.inference import TEST_AUC_TAG, registration_digests
 
 GATE_KEYS = ("passed", "reasons", "artifact", "max_abs_diff", "auc_delta", "speedup_vs_eager")
 """What the registry's decision keeps of the compile gate's report."""
@@ -147,6 +148,8 @@ def register_and_promote(
             "compile_gate": None if gate is None else {k: gate.get(k) for k in GATE_KEYS},
         }
 
+    # What the registry holds now is what every later load must find (cascade.artifacts).
+    digests = registration_digests(settings, model_uri, run_id)
     result = promote(
         client,
         NewVersion(
@@ -158,7 +161,12 @@ def register_and_promote(
             model_id=model_uri.removeprefix("models:/")
             if model_uri.startswith("models:/m-")
             else None,
-            tags={"ds": ds, TEST_AUC_TAG: repr(new_auc), "run_id": run_id},
+            tags={
+                "ds": ds,
+                TEST_AUC_TAG: repr(new_auc),
+                "run_id": run_id,
+                DIGESTS_TAG: digests_tag(digests),
+            },
             description=f"trained for ds={ds} with config {trained.get('config')}",
         ),
         promotion=promotion,

@@ -9,6 +9,7 @@ import mlflow
 import pytest
 import torch
 
+from cascade.artifacts import DIGESTS_TAG, digests_tag
 from cascade.compiled_packages import load_package
 from cascade.config import Settings
 from cascade.lake import Lake
@@ -20,6 +21,7 @@ from models.preranking.inference import (
     ColdPreRankerPyfunc,
     load_trained,
     load_version,
+    registration_digests,
     save_cold_model,
 )
 from models.preranking.model import ColdPreRanker
@@ -128,8 +130,12 @@ def test_compile_step_compiles_and_gates_the_fscd_preranker(settings: Settings) 
     trained_result = json.loads(
         (Lake(settings.lake_root).reports("train", DS) / "result.json").read_text()
     )
+    digests = registration_digests(settings, trained_result["model_uri"], report["run_id"])
     version = client.create_model_version(
-        settings.registered_model, trained_result["model_uri"], run_id=report["run_id"]
+        settings.registered_model,
+        trained_result["model_uri"],
+        run_id=report["run_id"],
+        tags={DIGESTS_TAG: digests_tag(digests)},
     ).version
     assert load_version(settings, version).compiled is None  # the registry's loads skip it
     served = load_version(settings, version, with_package=True)

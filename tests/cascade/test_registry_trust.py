@@ -1,0 +1,83 @@
+"""What comes out of the registry is data: a registered version whose files changed after
+registration is never loaded, and a pickle planted in a version is never unpickled."""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from pathlib import Path
+
+import mlflow
+import mlflow.pyfunc
+import pytest
+import torch
+
+from cascade.artifacts import DIGESTS_TAG, TamperedArtifact, digests_tag, folder_digests
+from cascade.config import Settings
+from models.preranking.inference import frame_inputs, load_version
+from models.preranking.registration import register_and_promote
+from models.preranking.synthetic_data import synthetic_training_frame
+from tests.cascade.test_registry import fitted, settings, trained  # noqa: F401 (fixture)
+
+DS = "2026-01-01"
+
+
+class Planted:
+    """Unpickling it writes a file: the proof that something unpickled it."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (Path.write_text, (Path(self.marker), "unpickled"))
+
+
+def stored_folder(store: Settings, version: str) -> Path:
+    client = mlflow.MlflowClient(store.tracking_uri, registry_uri=store.tracking_uri)
+    uri = client.get_model_version_download_uri(store.registered_model, version)
+    folder = Path(uri.removeprefix("file://"))
+    assert folder.is_dir(), uri  # the local profile's store is a folder under the state folder
+    return folder
+
+
+def test_a_version_changed_after_registration_is_never_loaded(settings: Settings) -> None:  # noqa: F811
+    model = trained(settings, DS, fitted(20))
+    version = register_and_promote(DS, settings=settings)["version"]
+    sample = frame_inputs(synthetic_training_frame(8, seed=5))
+    torch.testing.assert_close(load_version(settings, version).model(*sample), model(*sample))
+
+    state = next(stored_folder(settings, version).rglob("*.pt"))
+    weights = torch.load(state, weights_only=True)
+    torch.save({k: v + 1 if v.is_floating_point() else v for k, v in weights.items()}, state)
+    with pytest.raises(TamperedArtifact, match=r"changed \['artifacts/.*\.pt'\]"):
+        load_version(settings, version)
+
+    client = mlflow.MlflowClient(settings.tracking_uri, registry_uri=settings.tracking_uri)
+    client.delete_model_version_tag(settings.registered_model, version, DIGESTS_TAG)
+    with pytest.raises(TamperedArtifact, match="records no artifact digests"):
+        load_version(settings, version)
+
+
+def test_a_planted_pickle_is_never_unpickled(settings: Settings, tmp_path: Path) -> None:  # noqa: F811
+    model = trained(settings, DS, fitted(20))
+    version = register_and_promote(DS, settings=settings)["version"]
+    folder = stored_folder(settings, version)
+    marker = tmp_path / "unpickled.txt"
+    # Whoever can write the store can also write the digests: the loader must not depend on
+    # them to stay away from pickles.
+    (folder / "python_model.pkl").write_bytes(pickle.dumps(Planted(str(marker))))
+    client = mlflow.MlflowClient(settings.tracking_uri, registry_uri=settings.tracking_uri)
+    client.set_model_version_tag(
+        settings.registered_model, version, DIGESTS_TAG, digests_tag(folder_digests(folder))
+    )
+
+    loaded = load_version(settings, version)
+
+    assert not marker.exists()
+    sample = frame_inputs(synthetic_training_frame(8, seed=5))
+    torch.testing.assert_close(loaded.model(*sample), model(*sample))
+    # The control: MLflow's standard loader does run it.
+    mlflow.set_registry_uri(settings.tracking_uri)
+    with contextlib.suppress(Exception):
+        mlflow.pyfunc.load_model(f"models:/{settings.registered_model}/{version}")
+    assert marker.read_text() == "unpickled"
