@@ -22,6 +22,11 @@ on the job's ``user_cat`` output (30-day smoothed CTR) and scored on held-out pa
 ``learned_cross`` holds their storage saving against the explicit table and their error
 (RMSE, Spearman) predicting the held-out explicit statistic, beside the additive baseline.
 
+``materialize_rows_per_s``: the job's partition (every pair) loaded into a fresh local
+online store by :func:`cascade.feature_store.materialize_cross` (bulk path,
+:mod:`cascade.online_bulk`): feature rows written per second of writing (Feast's apply
+excluded), once per size up to ``MATERIALIZE_MAX_IMPRESSIONS`` (null above).
+
 ``ratio = job_s / scan_s``; ``ns_per_row`` per size and its growth from the smallest to the
 largest size; ``peak_rss_mb`` is the peak resident memory of this process plus the Spark JVM
 (sampled every 0.2 s during the job). Medians over ``repeats`` runs.
@@ -38,6 +43,7 @@ from typing import Any
 import psutil
 
 from cascade.config import Settings, load_settings
+from cascade.feature_store import materialize_cross
 from compilers.timing import median_seconds
 from jobs import ctr_cross_stats as job
 from jobs import impression_log
@@ -48,6 +54,8 @@ FULL_SIZES = (1_000_000, 10_000_000, 30_000_000)
 QUICK_SIZES = (100_000,)
 LEARNED_PAIR = ("user_cat", ("user_id", "item_category"))
 """The pair whose explicit statistic the learned cross features try to predict."""
+MATERIALIZE_MAX_IMPRESSIONS = 1_000_000
+"""Above this the online-store load (minutes at SQLite's pace) is skipped and reported null."""
 REFERENCE_MAX_ROWS = 10_000_000
 """pandas holds the whole log in memory; above this it is skipped (and reported as null)."""
 
@@ -176,6 +184,9 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
 
                 with PeakMemory() as memory:
                     job_s = median_seconds(run_job, repeats=repeats, warmup=warmup)
+                materialized: dict[str, Any] = {}
+                if n <= MATERIALIZE_MAX_IMPRESSIONS:
+                    materialized = materialize_cross(DS, settings=Settings(home=Path(home)))
                 learned_cross = None
                 if n == min(sizes) and LEARNED_PAIR[0] in summary.get("paths", {}):
                     learned_cross = learned_cross_scores(Path(summary["paths"][LEARNED_PAIR[0]]))
@@ -212,6 +223,9 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
                 "reference": "pandas (1 core)" if reference_s is not None else None,
                 "quarantined_rows": summary.get("quarantined_rows"),
                 "feature_rows": summary.get("rows"),
+                "materialize_rows": materialized.get("rows"),
+                "materialize_s": materialized.get("write_s"),
+                "materialize_rows_per_s": materialized.get("rows_per_s"),
                 "learned_cross": learned_cross,
             }
             print(f"[bench ctr] {result}", flush=True)

@@ -35,6 +35,11 @@ def test_quick_bench_writes_the_promised_fields(
     assert 0 < size["one_pair_count_s"] < size["job_s"]
     assert size["one_pair_count_ratio"] == pytest.approx(size["one_pair_count_s"] / size["scan_s"])
     assert size["quarantined_rows"] == 0
+    # The job's partition went into the online store by the bulk path.
+    assert size["materialize_rows"] == sum(rows.values())
+    assert size["materialize_rows_per_s"] == pytest.approx(
+        size["materialize_rows"] / size["materialize_s"]
+    )
     assert size["feature_rows"]["seg_cat"] == 16 * 24  # every segment x category is seen
     learned = size["learned_cross"]
     assert learned["pairs"] == size["feature_rows"]["user_cat"]
