@@ -316,10 +316,12 @@ def materialize_cross(
     settings: Settings | None = None,
     source: str = "generated",
     engine: str = "bulk",
+    pairs: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Apply the cross views of ``source`` and load partition ``ds`` of every pair into the
-    online store (rows with ``event_timestamp == ds`` midnight: the statistics of windows ending
-    at ``ds``, the newest a request on that day may see). Idempotent; a later partition
+    """Apply the cross views of ``source`` and load partition ``ds`` of every pair (or of
+    ``pairs``: the ones the source's log could key) into the online store (rows with
+    ``event_timestamp == ds`` midnight: the statistics of windows ending at ``ds``, the newest
+    a request on that day may see). Idempotent; a later partition
     overwrites an earlier one key by key, keys absent from it keep their older row until the
     views' ttl makes them stale.
 
@@ -335,9 +337,11 @@ def materialize_cross(
     started = time.perf_counter()
     lake = Lake(settings.lake_root)
     cross = repo_module("ctr.cross_views")
-    folders = {
-        pair: Path(cross.cross_root(lake, source, pair)) / f"dt={ds}" for pair in cross.PAIRS
-    }
+    unknown = sorted(set(pairs or ()) - set(cross.PAIRS))
+    if unknown:
+        raise ValueError(f"no cross views for pairs {unknown}; the repo defines {cross.PAIRS}")
+    chosen = [pair for pair in cross.PAIRS if pairs is None or pair in pairs]
+    folders = {pair: Path(cross.cross_root(lake, source, pair)) / f"dt={ds}" for pair in chosen}
     absent = [pair for pair, folder in folders.items() if not folder.is_dir()]
     if absent:
         raise FileNotFoundError(
@@ -347,7 +351,7 @@ def materialize_cross(
     store = feature_store(settings)
     objects = cross_repo_objects(settings=settings, source=source)
     store.apply(objects)
-    views = [o.name for o in objects if isinstance(o, feast.FeatureView)]
+    views = [f"cross_{pair}" for pair in chosen]
     moment = dt.datetime.combine(dt.date.fromisoformat(ds), dt.time(), tzinfo=dt.UTC)
     if engine == "bulk":
         try:

@@ -211,7 +211,9 @@ def feast(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         )
     from cascade.feature_store import materialize_cross
 
-    return materialize_cross(ds, settings=settings, source=source)
+    summary = CrossLake(Lake(settings.lake_root), source).summary(check_ds(ds))
+    pairs = json.loads(summary.read_text()).get("pairs") if summary.is_file() else None
+    return materialize_cross(ds, settings=settings, source=source, pairs=pairs)
 
 
 PIPELINE = Pipeline(

@@ -139,6 +139,19 @@ def test_a_landed_log_declares_its_source_and_keeps_its_name_everywhere(
     written = pd.read_parquet(summary["paths"]["user_cat"])
     assert written.user_cat_clk_30d.sum() == 400 // 7 + 1 - (5 % 7 == 0)
 
+    # Published with only the pairs it has: the online store answers them.
+    published = pipeline.feast(DS, settings=settings)
+    assert published["feature_views"] == ["cross_seg_cat", "cross_user_cat", "cross_seg_item"]
+    from cascade.feature_store import feature_store, online_cross_features
+
+    key = written.iloc[0]
+    online = online_cross_features(
+        feature_store(settings),
+        "user_cat",
+        [{"user_id": int(key.user_id), "item_category": key.item_category}],
+    )
+    assert online.user_cat_clk_30d.iloc[0] == key.user_cat_clk_30d
+
 
 @pytest.mark.spark
 def test_an_all_bad_batch_stops_with_a_clear_error_and_publishes_nothing(
