@@ -142,7 +142,7 @@ def test_a_landed_log_declares_its_source_and_keeps_its_name_everywhere(
     # Published with only the pairs it has: the online store answers them.
     published = pipeline.feast(DS, settings=settings)
     assert published["feature_views"] == ["cross_seg_cat", "cross_user_cat", "cross_seg_item"]
-    from cascade.feature_store import feature_store, online_cross_features
+    from cascade.feature_store import cross_features_at, feature_store, online_cross_features
 
     key = written.iloc[0]
     online = online_cross_features(
@@ -151,6 +151,27 @@ def test_a_landed_log_declares_its_source_and_keeps_its_name_everywhere(
         [{"user_id": int(key.user_id), "item_category": key.item_category}],
     )
     assert online.user_cat_clk_30d.iloc[0] == key.user_cat_clk_30d
+    # No skew: the point-in-time value a training row of that day gets is the online one.
+    rows = pd.DataFrame(
+        {
+            "user_id": written.user_id.astype("int64"),
+            "item_category": written.item_category,
+            "event_timestamp": pd.Timestamp(DS, tz="UTC") + pd.Timedelta(hours=12),
+        }
+    )
+    offline = cross_features_at(rows, "user_cat", settings=settings, source="shop_clicks")
+    online = online_cross_features(
+        feature_store(settings),
+        "user_cat",
+        rows[["user_id", "item_category"]].to_dict("records"),
+    )
+    columns = [c for c in written.columns if c.startswith("user_cat_")]
+    by_key = ["user_id", "item_category"]
+    pd.testing.assert_frame_equal(
+        offline.sort_values(by_key)[by_key + columns].reset_index(drop=True),
+        online.sort_values(by_key)[by_key + columns].reset_index(drop=True),
+        check_dtype=False,
+    )
 
 
 @pytest.mark.spark
