@@ -130,7 +130,7 @@ def train_fscd_and_promote(frame: pd.DataFrame, settings: Settings, ds: str) -> 
     # The pipeline's compile step: the package the server scores with when the gate passes.
     gate = compile_and_gate(ds, settings=settings)
     return {
-        **register_and_promote(ds, settings=settings),
+        **register_and_promote(ds, settings=settings, requires_compile_gate=True),
         "test_auc": trained["test_auc"],
         "compile_gate": {
             k: gate.get(k) for k in ("passed", "reasons", "speedup_vs_eager", "max_abs_diff")

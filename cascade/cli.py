@@ -4,7 +4,7 @@ cascade pipelines [--json | --markdown | --write | --check]
 cascade step NAME --pipeline PIPELINE --ds YYYY-MM-DD
 cascade score --model preranking --user 1 --items 10 20 30
 cascade score --model asr --audio clip.wav
-cascade rollback --model MODEL [--reason TEXT]
+cascade rollback --model MODEL [--reason TEXT] [--expect-version V]
 cascade events publish cascade.data.landed --dataset ml100k --partition 2026-11-22
 cascade events dead-letters
 cascade version [--json]
@@ -196,7 +196,11 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_rollback(args: argparse.Namespace) -> int:
     from cascade.deployments import rollback
 
-    print(json.dumps(rollback(reason=args.reason, model=args.model), indent=2))
+    result = rollback(reason=args.reason, model=args.model, expected=args.expect_version)
+    print(json.dumps(result, indent=2))
+    if not result["moved"]:
+        print(result["skipped"], file=sys.stderr)
+        return EXIT_FAILED
     return 0
 
 
@@ -263,6 +267,11 @@ def _add_core_commands(sub: Any) -> None:
     )
     back.add_argument("--model", default="preranking", choices=tuple(models))
     back.add_argument("--reason", default="manual", help="recorded on the rolled-back version")
+    back.add_argument(
+        "--expect-version",
+        help="roll back only if this version is still the champion (default: the champion "
+        "read when the command starts); exit 1 without a move when it is not",
+    )
     back.set_defaults(func=cmd_rollback)
 
     events = sub.add_parser("events", help="Kafka events").add_subparsers(

@@ -9,8 +9,13 @@ A trained model becomes a new version of its registered model with the ``challen
   than the rule's tolerance, in the rule's direction. The caller scores both versions
   (:data:`Score`), on the same held-out rows wherever the two models can read the same rows;
 - the champion is still the version the decision was made against: the alias is read again
-  right before it moves, and a champion that changed meanwhile is left alone (the decision
-  says why, and is not stored, so registering again decides against the new champion).
+  right before it moves, under the registry's alias lock (:mod:`cascade.alias_lock`, which
+  rollbacks hold too), and a champion that changed meanwhile is left alone (the decision says
+  why, and is not stored, so registering again decides against the new champion).
+
+Where the pipeline compiles, :func:`register_and_promote` refuses to register at all without
+the compile step's report (:class:`CompileReportMissing`): the register step ran before, or
+without, its compile step, and a stored refusal would outlive the report written later.
 
 The first version is promoted when its compile gate passed. Every refusal is stated in the
 decision's ``reasons``. A repeated registration of the same training run returns the decision
@@ -20,10 +25,13 @@ stored on its version instead of registering again.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cascade.alias_lock import alias_lock
+from cascade.errors import NotReady
 from cascade.pipeline_spec import Promotion
 from cascade.registry import (
     CHALLENGER,
@@ -34,6 +42,8 @@ from cascade.registry import (
     version_by_alias,
     version_of_run,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,13 +133,18 @@ def compare(promotion: Promotion, scores: Scores, *, champion: str) -> dict[str,
     return verdict
 
 
+class CompileReportMissing(NotReady):
+    """The pipeline compiles, and its compile step left no report for this training run."""
+
+
 def compile_gate_reasons(promotion: Promotion, report: Mapping[str, Any] | None) -> list[str]:
-    """Why the compile gate blocks a promotion (empty: it does not)."""
+    """Why the compile gate blocks a promotion (empty: it does not). Only ``"passed": true``
+    passes: a report that says anything else (``"false"``, nothing) is a failed gate."""
     if report is None:
         if promotion.requires_compile_gate:
             return ["compile gate: no report; the compile step must pass before a promotion"]
         return []
-    if report.get("passed"):
+    if report.get("passed") is True:
         return []
     return [f"compile gate: {r}" for r in report.get("reasons") or ["failed"]]
 
@@ -164,8 +179,15 @@ def decide(
     client.set_registered_model_alias(name, CHALLENGER, new_version)
     promoted, moved, holder = not reasons, False, previous
     if promoted:
-        current = version_by_alias(client, name, CHAMPION)
-        now = None if current is None else str(current.version)
+        with alias_lock(client):  # compare and set: no other move between the read and ours
+            current = version_by_alias(client, name, CHAMPION)
+            now = None if current is None else str(current.version)
+            if now == expected:
+                client.set_model_version_tag(
+                    name, new_version, PREVIOUS_CHAMPION_TAG, previous or ""
+                )
+                client.set_registered_model_alias(name, CHAMPION, new_version)
+                holder = new_version
         if now != expected:
             promoted, moved, holder = False, True, now
             reasons.append(
@@ -173,10 +195,7 @@ def decide(
                 "decision was made; the alias stays: register again to decide against the new "
                 "champion"
             )
-        else:
-            client.set_model_version_tag(name, new_version, PREVIOUS_CHAMPION_TAG, previous or "")
-            client.set_registered_model_alias(name, CHAMPION, new_version)
-            holder = new_version
+            log.warning("%s v%s not promoted: %s", name, new_version, reasons[-1])
     return Decision(
         version=new_version,
         promoted=promoted,
@@ -204,7 +223,16 @@ def register_and_promote(
 ) -> dict[str, Any]:
     """Register the training run ``new`` (once), decide on it with :func:`decide` and return
     the caller's ``report`` of the decision, stored on the version so a repeated call returns
-    it. A decision the champion's move overtook is returned but not stored."""
+    it. A decision the champion's move overtook is returned but not stored.
+
+    Raises :class:`CompileReportMissing` (nothing registered, no alias moved) when the rule
+    requires the compile gate and ``compile_gate`` is None."""
+    if compile_gate is None and promotion.requires_compile_gate:
+        raise CompileReportMissing(
+            f"no compile gate report for {new.name} (training run {new.run_id}): this pipeline "
+            "compiles, so no version is registered or promoted without the report; run the "
+            "pipeline's compile step for this partition, then register again"
+        )
     ensure_registered_model(client, new.name, new.model_description)
     version, stored = version_of_run(client, new.name, new.run_id)
     if stored is not None:

@@ -2,18 +2,29 @@
 
 Used by the ASR server (the pre-ranking server has its own, which also refreshes features).
 Each tick asks the registry which version ``NAME@champion`` is; a different one than served is
-downloaded (``models:/NAME/VERSION`` into a per-version folder, written under a temporary name
-and renamed, so a killed download is never mistaken for a finished one) and handed to ``swap``.
-A registry outage keeps the served version and is logged once per distinct error.
+downloaded and handed to ``swap``. A registry outage keeps the served version and is logged
+once per distinct error.
+
+Downloads: each server process downloads into a folder of its own,
+``CACHE/worker-PID/vVERSION`` (the workers of one server never write into, or delete, a folder
+another one serves from), and a version's folder is complete only when its marker
+:data:`COMPLETE_MARKER` is there: written last, it lists every file with its size and sha256.
+A folder without the marker (a download killed half way), or whose files no longer match it,
+is never served: it is deleted and downloaded again. Folders of processes that no longer run
+are removed when a follower starts.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from cascade.config import Settings
 
@@ -28,23 +39,115 @@ def champion_version(settings: Settings, model_name: str, alias: str = "champion
     return None if version is None else str(version.version)
 
 
+COMPLETE_MARKER = ".cascade-complete.json"
+"""Written last into a downloaded version's folder: ``{"model", "version", "files": {relative
+path: {"bytes", "sha256"}}}``. No marker, no complete download."""
+WORKER_PREFIX = "worker-"
+
+
+def worker_cache(cache: Path, pid: int | None = None) -> Path:
+    """This process's own download folder under ``cache``."""
+    return cache / f"{WORKER_PREFIX}{os.getpid() if pid is None else pid}"
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def _files(folder: Path) -> dict[str, Path]:
+    return {
+        path.relative_to(folder).as_posix(): path
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != COMPLETE_MARKER
+    }
+
+
+def write_marker(folder: Path, **about: Any) -> dict[str, Any]:
+    """Mark ``folder`` complete: the digest list of its files, written under a temporary name,
+    flushed and renamed (a crash leaves no marker, or a whole one)."""
+    files = {
+        name: {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        for name, path in _files(folder).items()
+    }
+    marker = {**about, "files": files}
+    tmp = folder / f"{COMPLETE_MARKER}.tmp"
+    with tmp.open("w") as out:
+        json.dump(marker, out, indent=1, sort_keys=True)
+        out.flush()
+        os.fsync(out.fileno())
+    tmp.replace(folder / COMPLETE_MARKER)
+    return marker
+
+
+def incomplete_reason(folder: Path) -> str | None:
+    """Why ``folder`` is not a complete download (None: it is): no marker, an unreadable one,
+    a file missing, added, or changed since the marker was written."""
+    marker_path = folder / COMPLETE_MARKER
+    if not marker_path.is_file():
+        return f"no {COMPLETE_MARKER} (the download did not finish)"
+    try:
+        listed = json.loads(marker_path.read_text())["files"]
+        assert isinstance(listed, dict)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        return f"unreadable {COMPLETE_MARKER}"
+    present = _files(folder)
+    if set(present) != set(listed):
+        missing = sorted(set(listed) - set(present))
+        extra = sorted(set(present) - set(listed))
+        return f"files differ from the marker (missing {missing[:3]}, unlisted {extra[:3]})"
+    for name, path in present.items():
+        entry = listed[name]
+        if not isinstance(entry, dict):
+            return f"unreadable {COMPLETE_MARKER} entry for {name}"
+        if path.stat().st_size != entry.get("bytes") or _sha256(path) != entry.get("sha256"):
+            return f"{name} does not match its digest in the marker"
+    return None
+
+
 def download_version(settings: Settings, model_name: str, version: str, cache: Path) -> Path:
-    """The files of ``model_name`` version ``version`` in ``cache/v{version}`` (downloaded once)."""
+    """The files of ``model_name`` version ``version`` in this process's
+    ``cache/worker-PID/v{version}``: reused when its marker vouches for it, else (no marker, or
+    files that do not match it) deleted and downloaded again, then marked complete."""
     import mlflow
 
-    target = cache / f"v{version}"
-    if target.is_dir():
-        return target
-    partial = cache / f".v{version}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    target = worker_cache(cache) / f"v{version}"
+    if target.exists():
+        reason = incomplete_reason(target)
+        if reason is None:
+            return target
+        log.warning("%s v%s in %s is incomplete: %s; downloading it again", model_name,
+                    version, target, reason)  # fmt: skip
+        shutil.rmtree(target)
+    target.mkdir(parents=True, mode=0o700)
     mlflow.artifacts.download_artifacts(
         f"models:/{model_name}/{version}",
-        dst_path=str(partial),
+        dst_path=str(target),
         tracking_uri=settings.tracking_uri,
     )
-    partial.rename(target)
+    write_marker(target, model=model_name, version=str(version))
     return target
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def remove_dead_workers(cache: Path) -> list[Path]:
+    """Delete the download folders of processes that no longer run; returns them."""
+    removed = []
+    for folder in cache.glob(f"{WORKER_PREFIX}*"):
+        pid = folder.name[len(WORKER_PREFIX) :]
+        if folder.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 class ChampionFollower:
@@ -67,6 +170,8 @@ class ChampionFollower:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        for folder in remove_dead_workers(cache):
+            log.info("removed %s (its server process no longer runs)", folder)
 
     def refresh(self) -> bool:
         with self._lock:
@@ -78,7 +183,16 @@ class ChampionFollower:
             self.swap(folder, wanted)
             previous, self.served = self.served, wanted
             log.info("serving %s version %s (was %s)", self.model_name, wanted, previous)
+            self._remove_versions(keep={wanted, previous})
             return True
+
+    def _remove_versions(self, keep: set[str | None]) -> None:
+        """Delete this process's downloads of versions other than ``keep`` (the served one
+        and the one it replaced, which a request in flight may still use)."""
+        names = {f"v{version}" for version in keep if version is not None}
+        for folder in worker_cache(self.cache).glob("v*"):
+            if folder.is_dir() and folder.name not in names:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def start(self) -> None:
         if self._thread and self._thread.is_alive():

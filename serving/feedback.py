@@ -12,6 +12,13 @@ row group of the day's open part file. Part files are never rewritten, and reade
 half a file (written under a temporary name, renamed when closed). With ``background`` the
 writing runs on a writer thread of its own, so a request only ever appends; :meth:`close`
 writes what is left (the server calls it on shutdown).
+
+A write that fails loses nothing already written and nothing silently: the open part file is
+closed (its row groups written before the failure are published) or, when even that fails,
+kept aside as ``.part-*.parquet.failed``; the rows of the failed write wait in a bounded retry
+buffer for the next write. Rows that cannot be kept (the retry buffer is full, a row failed
+``max_write_attempts`` writes, shutdown) are counted in ``dropped_rows`` and in the server's
+``cascade_feedback_dropped_rows_total`` metric (:mod:`serving.metrics`).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import pyarrow.parquet as pq
 
 from cascade.config import Settings, load_settings
 from cascade.lake import check_ds
+from serving.metrics import FEEDBACK_DROPPED_ROWS, FEEDBACK_RETRY_ROWS, FEEDBACK_WRITE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +62,20 @@ class FeedbackConfig:
     max_buffered_rows: int = 5_000_000
     """Rows held while waiting for the writer; beyond it new requests are dropped and counted
     (only when writing fails or stalls for a long time: a bound on memory, ~50 B a row)."""
+    max_retry_rows: int = 500_000
+    """Rows of failed writes kept for the next write; beyond it the oldest are dropped and
+    counted (a disk that stays full must not grow the server without bound)."""
+    max_write_attempts: int = 3
+    """Writes a row may fail for another reason than I/O (a value the file cannot take)
+    before it is dropped and counted; I/O errors are retried until the retry buffer is full."""
 
     def __post_init__(self) -> None:
         if self.flush_rows < 1 or self.flush_s <= 0 or self.part_rows < 1:
             raise ValueError("flush_rows and part_rows must be >= 1 and flush_s > 0")
         if self.max_buffered_rows < self.flush_rows:
             raise ValueError("max_buffered_rows must be >= flush_rows")
+        if self.max_retry_rows < 0 or self.max_write_attempts < 1:
+            raise ValueError("max_retry_rows must be >= 0 and max_write_attempts >= 1")
 
 
 def feedback_dir(root: Path, kind: str, ds: str) -> Path:
@@ -301,16 +317,20 @@ def _parquet_options(table: pa.Table) -> dict[str, Any]:
     }
 
 
-def _batches(chunks: list[_Chunk], rows: int) -> list[list[_Chunk]]:
+_Pending = tuple[_Chunk, int]
+"""A buffered request and the writes it failed so far."""
+
+
+def _batches(chunks: list[_Pending], rows: int) -> list[list[_Pending]]:
     """``chunks`` in order, cut into runs of about ``rows`` rows (whole requests)."""
-    batches: list[list[_Chunk]] = [[]]
+    batches: list[list[_Pending]] = [[]]
     count = 0
     for chunk in chunks:
         if count >= rows:
             batches.append([])
             count = 0
         batches[-1].append(chunk)
-        count += chunk.rows
+        count += chunk[0].rows
     return batches
 
 
@@ -337,11 +357,29 @@ class _OpenPart:
         self.tmp.replace(self.final)
         return self.final
 
-    def abort(self) -> None:
+    def close_after_failure(self) -> Path | None:
+        """After a failed write: close the file and publish the row groups written before the
+        failure (the file's footer must say exactly those rows); else keep the file aside as
+        ``.part-*.parquet.failed`` for a person to look at. Returns the published file."""
         try:
             self.writer.close()
-        finally:
-            self.tmp.unlink(missing_ok=True)
+            if self.rows == 0:
+                self.tmp.unlink(missing_ok=True)
+                return None
+            found = pq.ParquetFile(self.tmp).metadata.num_rows
+            if found != self.rows:
+                raise ValueError(f"the file holds {found} rows, {self.rows} were written")
+            self.tmp.replace(self.final)
+            return self.final
+        except Exception as exc:
+            kept = self.tmp.with_name(f".{self.final.name}.failed")
+            try:
+                self.tmp.replace(kept)
+            except OSError:
+                kept = self.tmp
+            log.error("feedback part %s could not be closed (%s); its %d rows are kept in %s",
+                      self.final.name, exc, self.rows, kept)  # fmt: skip
+            return None
 
 
 class FeedbackLog:
@@ -382,9 +420,18 @@ class FeedbackLog:
         """Serializes writing (the writer thread, flush, close) and guards the open parts."""
         self._parts: dict[str, _OpenPart] = {}
         self.dropped_rows = 0
-        """Rows not logged because the buffer was full (see ``max_buffered_rows``)."""
+        """Rows that will never be written: the buffer was full (``max_buffered_rows``), the
+        retry buffer was full (``max_retry_rows``), a row failed ``max_write_attempts``
+        writes, or writes still failed at :meth:`close`."""
         self.written_rows = 0
         """Rows in published (closed) part files."""
+        self.write_errors = 0
+        """Writes (of a row group, or of a part file's close) that failed."""
+        self.stranded_rows = 0
+        """Rows written to part files that could not be closed (kept aside as ``.failed``)."""
+        self._retry: list[_Pending] = []
+        self._retry_rows = 0
+        self._retry_after = 0.0
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._writer: threading.Thread | None = None
@@ -456,6 +503,7 @@ class FeedbackLog:
         with self._lock:
             if self._rows + n > self.config.max_buffered_rows:
                 self.dropped_rows += n
+                FEEDBACK_DROPPED_ROWS.labels(reason="buffer_full").inc(n)
                 if self.dropped_rows == n:
                     log.warning(
                         "feedback buffer full (%d rows): dropping requests until the writer "
@@ -475,32 +523,90 @@ class FeedbackLog:
 
     def _due(self, now: float) -> bool:
         """Caller holds the lock."""
-        return self._rows >= self.config.flush_rows or (
-            self._oldest is not None and now - self._oldest >= self.config.flush_s
+        return (
+            self._rows >= self.config.flush_rows
+            or (self._oldest is not None and now - self._oldest >= self.config.flush_s)
+            or (self._retry_rows > 0 and now >= self._retry_after)
         )
 
     @property
     def buffered_rows(self) -> int:
         return self._rows
 
+    @property
+    def retry_rows(self) -> int:
+        """Rows of failed writes waiting for the next write."""
+        return self._retry_rows
+
     def _write_buffer(self) -> None:
-        """Write the buffered rows as row groups of the open parts (caller holds
-        ``_write_lock``); parts that reach ``part_rows`` are closed."""
+        """Write the rows waiting for a retry, then the buffered rows, as row groups of the
+        open parts (caller holds ``_write_lock``); parts that reach ``part_rows`` are closed.
+        A batch that fails goes to the retry buffer (after an I/O error, so do the batches
+        after it, untried); nothing is raised."""
         with self._lock:
-            chunks, self._chunks, self._rows, self._oldest = self._chunks, [], 0, None
-        if not chunks:
+            fresh, self._chunks, self._rows, self._oldest = self._chunks, [], 0, None
+        pending, self._retry, self._retry_rows = [*self._retry, *((c, 0) for c in fresh)], [], 0
+        if not pending:
+            FEEDBACK_RETRY_ROWS.set(0)
             return
-        by_day: dict[str, list[_Chunk]] = {}
-        for chunk in chunks:
-            day = dt.datetime.fromtimestamp(chunk.ts, dt.UTC).strftime("%Y-%m-%d")
-            by_day.setdefault(day, []).append(chunk)
+        by_day: dict[str, list[_Pending]] = {}
+        for item in pending:
+            day = dt.datetime.fromtimestamp(item[0].ts, dt.UTC).strftime("%Y-%m-%d")
+            by_day.setdefault(day, []).append(item)
+        io_failed = False
         for ds, day_chunks in by_day.items():
-            for group in _batches(day_chunks, self.config.flush_rows):
-                self._write_row_group(ds, feedback_table(group))
+            # A request that failed a write for another reason than I/O is tried alone: one
+            # request whose values the file cannot take must not take the others down with it.
+            suspects = [[item] for item in day_chunks if item[1] > 0]
+            clean = [item for item in day_chunks if item[1] == 0]
+            for group in [*suspects, *_batches(clean, self.config.flush_rows)]:
+                if not group:
+                    continue
+                if io_failed:
+                    self._keep_for_retry(group, failed=False)
+                    continue
+                try:
+                    self._write_row_group(ds, feedback_table([c for c, _ in group]))
+                except Exception as exc:
+                    io_failed = isinstance(exc, OSError)
+                    self.write_errors += 1
+                    FEEDBACK_WRITE_ERRORS.inc()
+                    rows = sum(c.rows for c, _ in group)
+                    log.error("writing %d feedback rows of %s failed (%s: %s); kept for a retry",
+                              rows, ds, type(exc).__name__, exc)  # fmt: skip
+                    self._keep_for_retry(group, failed=True, io_error=io_failed)
+        FEEDBACK_RETRY_ROWS.set(self._retry_rows)
+
+    def _keep_for_retry(
+        self, group: list[_Pending], *, failed: bool, io_error: bool = True
+    ) -> None:
+        """Hold ``group`` for the next write. A failure other than I/O counts as an attempt
+        of each of its requests; requests past ``max_write_attempts`` or over
+        ``max_retry_rows`` (the oldest first) are dropped and counted."""
+        for chunk, attempts in group:
+            attempts += int(failed and not io_error)
+            if attempts >= self.config.max_write_attempts:
+                self._drop(chunk.rows, "write_failed")
+                continue
+            self._retry.append((chunk, attempts))
+            self._retry_rows += chunk.rows
+        while self._retry_rows > self.config.max_retry_rows:
+            oldest, _ = self._retry.pop(0)
+            self._retry_rows -= oldest.rows
+            self._drop(oldest.rows, "retry_full")
+        self._retry_after = self._clock() + self.config.flush_s
+
+    def _drop(self, rows: int, reason: str) -> None:
+        with self._lock:
+            self.dropped_rows += rows
+        FEEDBACK_DROPPED_ROWS.labels(reason=reason).inc(rows)
+        log.warning("dropped %d feedback rows (%s); %d dropped so far", rows, reason,
+                    self.dropped_rows)  # fmt: skip
 
     def _write_row_group(self, ds: str, table: pa.Table) -> None:
         """Append ``table`` to day ``ds``'s open part (opened here if needed); publish the
-        part once it holds ``part_rows``."""
+        part once it holds ``part_rows``. When the write fails, the part is closed with the
+        row groups it holds (:meth:`_OpenPart.close_after_failure`) and the error raised."""
         part = self._parts.get(ds)
         if part is not None and part.schema != table.schema:
             self._publish(ds)  # e.g. shadow scoring switched on: a new file, a new schema
@@ -512,23 +618,45 @@ class FeedbackLog:
             part.write(table)
         except Exception:
             self._parts.pop(ds, None)
-            part.abort()
+            if part.close_after_failure() is not None:
+                self.written_rows += part.rows
+            else:
+                self.stranded_rows += part.rows
             raise
         if part.rows >= self.config.part_rows:
             self._publish(ds)
 
-    def _publish(self, ds: str) -> Path:
+    def _publish(self, ds: str) -> Path | None:
+        """Close day ``ds``'s open part and rename it into view; None when closing failed
+        (the file is kept aside, see :meth:`_OpenPart.close_after_failure`)."""
         part = self._parts.pop(ds)
-        path = part.close()
+        try:
+            path = part.close()
+        except Exception as exc:
+            self.write_errors += 1
+            FEEDBACK_WRITE_ERRORS.inc()
+            log.error("closing feedback part %s failed: %s", part.final.name, exc)
+            if part.close_after_failure() is None:
+                self.stranded_rows += part.rows
+                return None
+            path = part.final
         self.written_rows += part.rows
         return path
 
-    def flush(self) -> list[Path]:
-        """Write buffered rows and publish every open part (one per serving day); returns the
-        files published."""
+    def write(self) -> None:
+        """Write buffered rows (and those waiting for a retry) as row groups of the open parts,
+        without publishing them (the writer thread's step; :meth:`flush` also publishes)."""
         with self._write_lock:
             self._write_buffer()
-            return [self._publish(ds) for ds in list(self._parts)]
+
+    def flush(self) -> list[Path]:
+        """Write buffered rows (and those waiting for a retry) and publish every open part
+        (one per serving day); returns the files published. Rows whose write fails stay in
+        the retry buffer (:attr:`retry_rows`)."""
+        with self._write_lock:
+            self._write_buffer()
+            published = [self._publish(ds) for ds in list(self._parts)]
+            return [path for path in published if path is not None]
 
     def _write_forever(self) -> None:
         while not self._closed.is_set():
@@ -546,7 +674,7 @@ class FeedbackLog:
                     for ds, part in list(self._parts.items()):
                         if now - part.opened >= self.config.flush_s:
                             self._publish(ds)
-            except Exception:  # the server keeps serving; the rows of this write are lost
+            except Exception:  # the server keeps serving; failed rows wait for a retry
                 log.exception("writing serving feedback failed")
 
     def close(self) -> list[Path]:
@@ -556,7 +684,13 @@ class FeedbackLog:
         self._wake.set()
         if self._writer is not None and self._writer is not threading.current_thread():
             self._writer.join(timeout=60)
-        return self.flush()
+        published = self.flush()
+        with self._write_lock:
+            if self._retry_rows:  # writes still fail: nothing left to retry them
+                rows, self._retry, self._retry_rows = self._retry_rows, [], 0
+                FEEDBACK_RETRY_ROWS.set(0)
+                self._drop(rows, "shutdown")
+        return published
 
 
 def log_clicks(ds: str, clicks: pd.DataFrame, *, settings: Settings | None = None) -> Path:

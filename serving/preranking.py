@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -54,6 +55,7 @@ from cascade.ctr_schema import (
 )
 from cascade.v2_codec import JsonTensor, decode_v2_tensors, require_v2, v2_response_body
 from serving.item_table import ItemTable, lake_item_ids
+from serving.metrics import INFERENCE_ERRORS
 from serving.served_version import ServedVersion, freeze_heap
 
 log = logging.getLogger(__name__)
@@ -124,6 +126,41 @@ class ChampionModel(Protocol):
 
 
 UserFeatures = tuple[Mapping[str, Any], Mapping[str, Mapping[str, Any]]]
+
+
+LOCK_MESSAGES = ("database is locked", "database table is locked", "database is busy")
+"""SQLite's answers to a read that waited out its busy timeout behind a writer."""
+
+
+class FeatureStoreBusy(ModelNotReady):
+    """The online store was locked or timed out: 503, counted apart from the model's errors
+    (a rollback would not bring the store back)."""
+
+    def __init__(self, model_name: str) -> None:
+        super().__init__(model_name)
+        self.error_msg = (
+            f"the feature store did not answer in time for {model_name} (locked or timed "
+            "out); retry shortly"
+        )
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) says the online store was busy,
+    not broken: SQLite's "database is locked" (a materialization held the write lock past the
+    reader's busy timeout), or any client's timeout (a builtin TimeoutError, or a class named
+    ``TimeoutError`` such as Redis')."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, TimeoutError) or type(current).__name__ == "TimeoutError":
+            return True
+        if isinstance(current, sqlite3.OperationalError):
+            message = str(current).lower()
+            if any(text in message for text in LOCK_MESSAGES):
+                return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 @dataclass(kw_only=True)
@@ -283,6 +320,8 @@ class PreRankingModel(Model):
         self._served: ServedVersion | None = None
         self._refresh_lock = threading.Lock()
         self._predict_seconds = PREDICT_HIST_TIME.labels(**get_labels(name))
+        self.feature_store_timeouts = 0
+        """Requests answered 503 because the online store was locked or timed out."""
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         # Feedback log, shadow scoring, automatic rollback: off unless enabled by environment.
@@ -436,7 +475,12 @@ class PreRankingModel(Model):
         seen = np.bincount(codes + 1, minlength=len(items.genres) + 1)[1:] > 0
         present = items.genres_by_name[seen[items.genres_by_name]].tolist()
         genres = [items.genres[c] for c in present]
-        user, per_genre = self.backends.user_features(self._feature_store(), user_id, genres)
+        try:
+            user, per_genre = self.backends.user_features(self._feature_store(), user_id, genres)
+        except Exception as exc:
+            if is_lock_timeout(exc):
+                raise FeatureStoreBusy(self.name) from exc
+            raise
         user_dense = _floats([[user.get(f) for f in USER_FEATURES]])[0]
         # Row g of ug_table holds genre g's user x genre features; the last row (code -1) is NaN.
         ug_table = np.full((len(items.genres) + 1, len(USER_GENRE_FEATURES)), np.nan, np.float32)
@@ -531,7 +575,18 @@ class PreRankingModel(Model):
         """
         try:
             scored = self.score_request(served, user_id, item_ids)
+        except FeatureStoreBusy as exc:
+            # Not the model's error: never counted toward the automatic rollback.
+            INFERENCE_ERRORS.labels(model_name=self.name, kind="feature_store_timeout").inc()
+            self.feature_store_timeouts += 1
+            if self.observer is not None:
+                self.observer.feature_store_timeout(served)
+            total = self.feature_store_timeouts
+            if total == 1 or total % 100 == 0:
+                log.warning("feature store busy (%d so far): %s", total, exc.__cause__)
+            raise
         except Exception:
+            INFERENCE_ERRORS.labels(model_name=self.name, kind="model").inc()
             if self.observer is not None:
                 self.observer.failed(served)
             raise

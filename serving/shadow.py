@@ -89,6 +89,10 @@ class ServingObserver:
         self.dropped = 0
         self.requests: dict[str, int] = {}
         self.errors: dict[str, int] = {}
+        """Per version: requests that failed in the model (the automatic rollback's rate)."""
+        self.feature_store_timeouts: dict[str, int] = {}
+        """Per version: requests that failed because the online store was locked or timed
+        out. Neither a request nor an error of the version: a rollback would not help."""
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._work, name="serving-observer", daemon=True)
         self._thread.start()
@@ -156,6 +160,13 @@ class ServingObserver:
         """Called when scoring raised: counts toward the error rate of that version."""
         self._count(served.version, ok=False)
 
+    def feature_store_timeout(self, served: Any) -> None:
+        """Called when the online store was locked or timed out: counted on its own, never
+        toward the error rate (nor as a request of the version)."""
+        with self._lock:
+            counts = self.feature_store_timeouts
+            counts[served.version] = counts.get(served.version, 0) + 1
+
     def _count(self, version: str, *, ok: bool) -> None:
         with self._lock:
             self.requests[version] = self.requests.get(version, 0) + 1
@@ -173,7 +184,10 @@ class ServingObserver:
             served_version=version, requests=requests, errors=errors, settings=self.model.settings
         )
         if result:
-            log.warning("automatic rollback: %s", result)
+            if result.get("moved", True):
+                log.warning("automatic rollback: %s", result)
+            else:  # another worker (or a promotion) moved the champion first
+                log.info("automatic rollback not needed: %s", result.get("skipped"))
             # Fresh counts for whatever version is served next.
             with self._lock:
                 self.requests.pop(version, None)

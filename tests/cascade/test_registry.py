@@ -175,3 +175,30 @@ def test_missing_training_result_says_how_to_make_it(settings: Settings) -> None
         register_and_promote("2026-02-01", settings=settings)
     with pytest.raises(ValueError, match="YYYY-MM-DD"):
         register_and_promote("yesterday", settings=settings)
+
+
+def test_a_pipeline_that_compiles_registers_nothing_without_its_compile_report(
+    settings: Settings,
+) -> None:
+    """ctr_preranking compiles: a register step that finds no compile report (or one that does
+    not say ``"passed": true``) moves no alias; a missing one registers nothing, so the
+    register step that runs after the compile step decides afresh."""
+    from mlflow.tracking import MlflowClient
+
+    from cascade.promotion import CompileReportMissing
+    from pipelines.ctr_preranking import PIPELINE
+
+    assert PIPELINE.model is not None and PIPELINE.model.promotion.requires_compile_gate
+    trained(settings, "2026-01-01", fitted(30))
+    with pytest.raises(CompileReportMissing, match="run the pipeline's compile step"):
+        register_and_promote("2026-01-01", settings=settings, requires_compile_gate=True)
+    client = MlflowClient(settings.tracking_uri, settings.tracking_uri)
+    assert client.search_model_versions(f"name='{settings.registered_model}'") == []
+    assert alias_version(settings) is None
+
+    gate_dir = Lake(settings.lake_root).reports("compile", "2026-01-01")
+    gate_dir.mkdir(parents=True)
+    (gate_dir / "result.json").write_text(json.dumps({"passed": "true", "reasons": []}))
+    refused = register_and_promote("2026-01-01", settings=settings, requires_compile_gate=True)
+    assert not refused["promoted"] and alias_version(settings) is None
+    assert refused["reasons"] == ["compile gate: failed"]

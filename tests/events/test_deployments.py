@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -44,6 +45,9 @@ class FakeAliases:
     def set_version_tag(self, model: str, version: str, key: str, value: str) -> None:
         self.tags[(model, version, key)] = value
 
+    def locked(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
 
 def test_rollbacks_chain_back_through_promotions_and_stop_at_the_first(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path)
@@ -66,8 +70,11 @@ def test_automatic_rollback_only_past_the_policy_and_only_once(tmp_path: Path) -
     assert auto_rollback(served_version="3", requests=100, errors=10, **kwargs) is None
     done = auto_rollback(served_version="3", requests=100, errors=11, **kwargs)
     assert done is not None and done["automatic"] and done["to_version"] == "2"
+    assert done["moved"]
     # Another replica seeing the same errors: version 3 is no longer champion.
-    assert auto_rollback(served_version="3", requests=100, errors=50, **kwargs) is None
+    again = auto_rollback(served_version="3", requests=100, errors=50, **kwargs)
+    assert again is not None and not again["moved"] and again["champion_version"] == "2"
+    assert "no longer v3" in again["skipped"]
     assert aliases.alias_version("preranking", CHAMPION) == "2"
 
 

@@ -4,9 +4,11 @@ writer thread, read back as one row per scored candidate; nothing lost on close.
 from __future__ import annotations
 
 import datetime as dt
+import io
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -218,3 +220,134 @@ def test_bad_feedback_columns_are_refused(tmp_path: Path) -> None:
         )
     with pytest.raises(ValueError, match="max_buffered_rows"):
         FeedbackConfig(flush_rows=10, max_buffered_rows=5)
+
+
+def metric(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+class FailingWrites:
+    """Makes the part files' row-group writes fail while ``error`` is set (``when`` picks the
+    tables: all by default), as a full disk or a value the file cannot take would."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from serving import feedback as module
+
+        self.error: Exception | None = None
+        self.when = lambda table: True
+        self.calls = 0
+        original = module._OpenPart.write
+
+        def write(part: module._OpenPart, table: object) -> None:
+            self.calls += 1
+            if self.error is not None and self.when(table):
+                raise self.error
+            original(part, table)
+
+        monkeypatch.setattr(module._OpenPart, "write", write)
+
+
+def test_a_failed_write_keeps_the_rows_already_written_and_retries_the_failed_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing = FailingWrites(monkeypatch)
+    config = FeedbackConfig(flush_rows=1000, flush_s=3600, max_buffered_rows=10_000)
+    feedback = FeedbackLog(tmp_path, config, clock=lambda: DAY)
+    errors_before = metric("cascade_feedback_write_errors_total")
+    log_request(feedback, 5, "a")
+    feedback.write()  # one row group in the open (hidden) part
+    assert parts(tmp_path) == [] and len(list(tmp_path.rglob(".part-*.tmp"))) == 1
+
+    failing.error = OSError(28, "No space left on device")
+    log_request(feedback, 7, "b")
+    feedback.write()
+    # The part was closed with the row group written before the failure, and published.
+    assert list(read(tmp_path).request_id) == ["a"] * 5
+    assert feedback.written_rows == 5 and feedback.retry_rows == 7
+    assert feedback.write_errors == 1 and feedback.dropped_rows == 0
+    assert metric("cascade_feedback_write_errors_total") == errors_before + 1
+    assert metric("cascade_feedback_retry_rows") == 7
+    assert not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob("*.failed"))
+
+    failing.error = None  # the disk has room again: the next write takes the kept rows
+    log_request(feedback, 3, "c")
+    feedback.flush()
+    frame = read(tmp_path)
+    assert frame.groupby("request_id").size().to_dict() == {"a": 5, "b": 7, "c": 3}
+    assert feedback.written_rows == 15 and feedback.retry_rows == 0
+    assert feedback.dropped_rows == 0 and metric("cascade_feedback_retry_rows") == 0
+
+
+def test_the_retry_buffer_is_bounded_and_what_it_drops_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing = FailingWrites(monkeypatch)
+    failing.error = OSError(5, "Input/output error")
+    config = FeedbackConfig(flush_rows=1000, flush_s=3600, max_retry_rows=10)
+    feedback = FeedbackLog(tmp_path, config, clock=lambda: DAY)
+    full_before = metric("cascade_feedback_dropped_rows_total", reason="retry_full")
+    shutdown_before = metric("cascade_feedback_dropped_rows_total", reason="shutdown")
+    for name in ("a", "b", "c"):
+        log_request(feedback, 4, name)
+        feedback.write()
+    # 12 rows failed; 10 fit the retry buffer: the oldest request (4 rows) was dropped.
+    assert feedback.retry_rows == 8 and feedback.dropped_rows == 4
+    assert metric("cascade_feedback_dropped_rows_total", reason="retry_full") == full_before + 4
+    assert feedback.write_errors == 3
+    feedback.close()  # still failing at shutdown: nothing is left to retry them
+    assert feedback.dropped_rows == 12 and feedback.retry_rows == 0 and parts(tmp_path) == []
+    assert metric("cascade_feedback_dropped_rows_total", reason="shutdown") == shutdown_before + 8
+
+
+def test_a_request_the_file_cannot_take_is_dropped_alone_after_its_attempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing = FailingWrites(monkeypatch)
+    failing.error = ValueError("a value the file cannot take")
+    failing.when = lambda table: "bad" in table.column("request_id").to_pylist()
+    config = FeedbackConfig(flush_rows=1000, flush_s=3600, max_write_attempts=2)
+    feedback = FeedbackLog(tmp_path, config, clock=lambda: DAY)
+    before = metric("cascade_feedback_dropped_rows_total", reason="write_failed")
+    for name in ("a", "bad", "c"):
+        log_request(feedback, 3, name)
+    feedback.write()  # one batch of the three requests fails
+    assert feedback.retry_rows == 9 and feedback.write_errors == 1
+    feedback.write()  # each request alone: a and c are written, bad fails its second attempt
+    assert feedback.retry_rows == 0 and feedback.dropped_rows == 3
+    assert metric("cascade_feedback_dropped_rows_total", reason="write_failed") == before + 3
+    feedback.close()
+    assert read(tmp_path).groupby("request_id").size().to_dict() == {"a": 3, "c": 3}
+
+
+def test_a_part_broken_by_an_io_error_is_kept_aside_and_its_rows_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real I/O failure under the Parquet writer (the disk fills up while a part is open):
+    the writer's file cannot be finished, so it is kept as ``.failed``, never deleted."""
+
+    class FillingDisk(io.FileIO):
+        full = False
+
+        def write(self, data: Any) -> int:
+            if FillingDisk.full:
+                raise OSError(28, "No space left on device")
+            return super().write(data)
+
+    real = pq.ParquetWriter
+    monkeypatch.setattr(
+        pq, "ParquetWriter", lambda where, schema, **kw: real(FillingDisk(where, "w"), schema, **kw)
+    )
+    feedback = FeedbackLog(tmp_path, FeedbackConfig(flush_s=3600), clock=lambda: DAY)
+    log_request(feedback, 5, "a")
+    feedback.write()
+    FillingDisk.full = True
+    log_request(feedback, 2, "b")
+    feedback.flush()
+    assert len(list(tmp_path.rglob(".part-*.parquet.failed"))) == 1
+    assert feedback.stranded_rows == 5 and feedback.retry_rows == 2 and parts(tmp_path) == []
+    assert feedback.write_errors >= 1
+    FillingDisk.full = False  # room again: the kept rows are written
+    feedback.close()
+    assert list(read(tmp_path).request_id) == ["b", "b"] and feedback.dropped_rows == 0

@@ -598,3 +598,96 @@ def test_not_ready_is_answered_before_the_ids_are_checked(model: PreRankingModel
     )
     with pytest.raises(ModelNotReady):
         asyncio.run(model.infer_json(body))
+
+
+def test_feature_store_lock_timeouts_are_not_model_errors_and_never_roll_back(
+    tmp_path: Path, champion_file: Path, store: serving_fakes.FakeStore
+) -> None:
+    """A materialization holding SQLite's write lock makes user lookups fail with "database
+    is locked": 503s counted on their own, never toward the automatic rollback; the model's
+    own errors still are."""
+    import sqlite3
+
+    from prometheus_client import REGISTRY
+
+    from serving.preranking import FeatureStoreBusy
+    from serving.shadow import ObserverConfig, ServingObserver
+
+    online = tmp_path / "online.db"
+    with sqlite3.connect(online) as setup:
+        setup.execute("CREATE TABLE user_features (user_id INTEGER, value REAL)")
+    broken: list[Exception] = []
+
+    def locked_store_reads(store: object, user_id: int, genres: Sequence[str]) -> object:
+        # A real read of a real SQLite file (short busy timeout) before the fake's answer.
+        with sqlite3.connect(online, timeout=0.05) as reader:
+            reader.execute("SELECT value FROM user_features WHERE user_id = ?", (user_id,))
+        if broken:
+            raise broken[0]
+        return serving_fakes.user_features(store, user_id, genres)  # type: ignore[arg-type]
+
+    backends = dataclasses.replace(
+        serving_fakes.backends(champion_file, store), user_features=locked_store_reads
+    )
+    model = PreRankingModel(
+        settings=Settings(home=tmp_path / "home"), config=ServingConfig(), backends=backends
+    )
+    rollbacks: list[dict[str, object]] = []
+    model.observer = ServingObserver(
+        model,
+        ObserverConfig(auto_rollback=True),
+        rollback=lambda **kwargs: rollbacks.append(kwargs),
+    )
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+
+    def count(kind: str) -> float:
+        labels = {"model_name": "preranking", "kind": kind}
+        return REGISTRY.get_sample_value("cascade_inference_errors_total", labels) or 0.0
+
+    timeouts_before, model_errors_before = count("feature_store_timeout"), count("model")
+    writer = sqlite3.connect(online, isolation_level=None)
+    writer.execute("BEGIN EXCLUSIVE")  # what a materialization's write holds
+    try:
+        for _ in range(30):
+            with pytest.raises(FeatureStoreBusy) as busy:
+                infer(model, 5, [3, 4])
+            assert isinstance(busy.value, ModelNotReady)  # answered 503 by both routes
+            assert "database is locked" in str(busy.value.__cause__)
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    model.observer.drain()
+    assert model.observer.feature_store_timeouts == {"1": 30}
+    assert model.observer.errors == {} and model.observer.requests == {} and rollbacks == []
+    assert model.feature_store_timeouts == 30
+    assert count("feature_store_timeout") == timeouts_before + 30
+    assert count("model") == model_errors_before
+
+    assert infer(model, 5, [3, 4]).outputs[0].data.shape == (2,)  # the lock is gone
+    broken.append(RuntimeError("the model's own failure"))
+    with pytest.raises(RuntimeError):
+        infer(model, 5, [3, 4])
+    model.observer.drain()
+    assert model.observer.errors == {"1": 1} and count("model") == model_errors_before + 1
+    assert [(call["served_version"], call["errors"]) for call in rollbacks] == [("1", 1)]
+
+
+def test_lock_timeouts_are_told_apart_from_other_failures() -> None:
+    import sqlite3
+
+    from serving.preranking import is_lock_timeout
+
+    client_timeout = type("TimeoutError", (Exception,), {})  # as redis.exceptions names it
+
+    try:
+        try:
+            raise sqlite3.OperationalError("database is locked")
+        except sqlite3.OperationalError as inner:
+            raise RuntimeError("lookup failed") from inner
+    except RuntimeError as wrapped:
+        assert is_lock_timeout(wrapped)
+    assert is_lock_timeout(client_timeout("Timeout reading from socket"))
+    assert is_lock_timeout(TimeoutError("timed out"))
+    assert not is_lock_timeout(sqlite3.OperationalError("no such table: user_features"))
+    assert not is_lock_timeout(ValueError("database is locked"))
