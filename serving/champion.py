@@ -119,12 +119,20 @@ def download_version(settings: Settings, model_name: str, version: str, cache: P
         log.warning("%s v%s in %s is incomplete: %s; downloading it again", model_name,
                     version, target, reason)  # fmt: skip
         shutil.rmtree(target)
-    target.mkdir(parents=True, mode=0o700)
-    mlflow.artifacts.download_artifacts(
-        f"models:/{model_name}/{version}",
-        dst_path=str(target),
+    # The files' location in these settings' registry: a models:/ URI would be resolved in
+    # MLflow's process-wide registry, which may be another store.
+    client = mlflow.MlflowClient(settings.tracking_uri, registry_uri=settings.tracking_uri)
+    staging = target.parent / f".{target.name}.download"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True, mode=0o700)
+    downloaded = mlflow.artifacts.download_artifacts(
+        artifact_uri=client.get_model_version_download_uri(model_name, str(version)),
+        dst_path=str(staging),
         tracking_uri=settings.tracking_uri,
     )
+    Path(downloaded).rename(target)  # the version's folder itself, whatever its stored name
+    shutil.rmtree(staging, ignore_errors=True)
+    target.chmod(0o700)
     write_marker(target, model=model_name, version=str(version))
     return target
 
