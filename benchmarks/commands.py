@@ -16,6 +16,7 @@ from typing import Any
 
 BENCH_OPTIONS = {
     "impressions": "impressions, comma-separated sizes (ctr-features)",
+    "repeats": "timed runs per size, variants alternating (ctr-features)",
     "config": "named training config (preranking, multimodal)",
     "seeds": "training seeds, comma-separated: one run each, medians reported (preranking)",
     "corpus": "corpus folder to train on instead of generated pairs (multimodal)",
@@ -46,9 +47,12 @@ def register(sub: Any) -> tuple[type[BaseException], ...]:
     from infra.stack import StackError
 
     bench = sub.add_parser("bench", help="run a benchmark, write JSON results")
-    from benchmarks.registry import BENCHMARKS
+    from benchmarks.registry import ALIASES, BENCHMARKS
 
-    bench.add_argument("name", choices=tuple(BENCHMARKS), help="the benchmark to run")
+    # The issues' names (ctr-features, compile) are accepted too.
+    bench.add_argument(
+        "name", choices=(*BENCHMARKS, *ALIASES), help="the benchmark to run (or its alias)"
+    )
     bench.add_argument("--out", type=Path, required=True, help="JSON file to write")
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     for option, text in BENCH_OPTIONS.items():

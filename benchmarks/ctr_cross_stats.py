@@ -1,7 +1,8 @@
-"""Benchmark of the cross statistics engine against a plain scan and a pandas reference.
+"""Benchmark of the cross statistics engine against a plain scan, a DuckDB peer and pandas.
 
     cascade bench ctr --out bench-results/ctr.json            # 1M, 10M, 30M impressions
     cascade bench ctr --out /tmp/ctr.json --quick             # ~100k, a smoke run
+    cascade bench ctr-features --impressions 1000000 --repeats 3 --out FILE
     CASCADE_BENCH_CTR_SIZES=1000000,10000000 cascade bench ctr --out FILE
 
 Per size, in one Spark session on ``local[2]`` (the default master): generate the log if it is
@@ -10,6 +11,13 @@ not in ``<lake>/bench/impressions/`` yet (:mod:`jobs.impression_log`, seed 7), t
 * ``scan_s``: read every column of the input and drop it (Spark's ``noop`` sink: the plain
   cost of a full scan), and ``count_s``: read + count (Spark answers from parquet metadata);
 * ``job_s``: :func:`jobs.ctr_cross_stats.run` (all default pairs x 1/7/30 d, priors, writes);
+* ``duckdb_s``: the same statistics in DuckDB (:mod:`benchmarks.ctr_cross_duckdb`: the same
+  rules and quarantine, fitted priors, debiasing, recency, decay, one parquet file per pair) on
+  as many threads as Spark's master has cores, in a child process of its own (timed inside it,
+  so neither interpreter start nor imports count; its peak RSS is ``duckdb_peak_rss_mb``).
+  ``spark_vs_duckdb = job_s / duckdb_s``. The two alternate (Spark, DuckDB, DuckDB, Spark,
+  ...) after one untimed run of each, so neither always runs first; ``job_s_runs`` and
+  ``duckdb_s_runs`` hold every timed run, ``*_min`` / ``*_max`` their spread;
 * ``reference_s``: the same counts and smoothed CTRs in pandas on one core (only up to
   ``REFERENCE_MAX_ROWS``; the time includes reading the parquet);
 * ``one_pair_count_s``: read the input, group it by the keys of the pair with the most feature
@@ -29,14 +37,22 @@ excluded), once per size up to ``MATERIALIZE_MAX_IMPRESSIONS`` (null above).
 
 ``ratio = job_s / scan_s``; ``ns_per_row`` per size and its growth from the smallest to the
 largest size; ``peak_rss_mb`` is the peak resident memory of this process plus the Spark JVM
-(sampled every 0.2 s during the job). Medians over ``repeats`` runs.
+(sampled every 0.2 s during the Spark job's runs). Medians over ``repeats`` runs (``--repeats``;
+default 3 up to 1M impressions, 1 above and with ``--quick``).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +74,78 @@ MATERIALIZE_MAX_IMPRESSIONS = 1_000_000
 """Above this the online-store load (minutes at SQLite's pace) is skipped and reported null."""
 REFERENCE_MAX_ROWS = 10_000_000
 """pandas holds the whole log in memory; above this it is skipped (and reported as null)."""
+DUCKDB_MEMORY_LIMIT = "4GB"
+"""DuckDB's buffer limit in the peer; beyond it the aggregation spills under the work dir."""
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def spark_cores(master: str) -> int:
+    """Cores of a ``local[N]`` master (``local``: 1, ``local[*]`` or a cluster: this machine's)."""
+    if master == "local":
+        return 1
+    found = re.fullmatch(r"local\[(\d+)(?:,\s*\d+)?\]", master)
+    return int(found.group(1)) if found else os.cpu_count() or 1
+
+
+def duckdb_peer(log: Path, out: Path, *, threads: int) -> dict[str, Any]:
+    """Run :mod:`benchmarks.ctr_cross_duckdb` in a child process; its summary (``seconds``
+    timed inside the child, ``peak_rss_mb`` of the child)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.ctr_cross_duckdb",
+        f"--log={log}",
+        f"--ds={DS}",
+        f"--out={out}",
+        f"--threads={threads}",
+        f"--memory-limit={DUCKDB_MEMORY_LIMIT}",
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"the DuckDB peer failed (rc {done.returncode}): {' '.join(command)}\n"
+            f"{done.stderr[-4000:]}"
+        )
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return summary
+
+
+def duckdb_version() -> str:
+    from importlib.metadata import version
+
+    return version("duckdb")
+
+
+def interleaved(
+    first: Callable[[], float], second: Callable[[], float], *, repeats: int, warmup: bool
+) -> tuple[list[float], list[float]]:
+    """Timed runs of two variants in the order A B B A A B ...: neither always goes first.
+    Each callable returns its own duration; with ``warmup`` each runs once untimed first."""
+    if warmup:
+        first()
+        second()
+    a: list[float] = []
+    b: list[float] = []
+    for index in range(repeats):
+        if index % 2 == 0:
+            a.append(first())
+            b.append(second())
+        else:
+            b.append(second())
+            a.append(first())
+    return a, b
+
+
+def spread(name: str, samples: list[float]) -> dict[str, Any]:
+    """``name`` (the median), ``name_min``, ``name_max`` and ``name_runs``."""
+    return {
+        name: statistics.median(samples),
+        f"{name}_min": min(samples),
+        f"{name}_max": max(samples),
+        f"{name}_runs": samples,
+    }
 
 
 class PeakMemory:
@@ -144,6 +232,7 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
     sizes = settings.bench.ctr_sizes or (QUICK_SIZES if quick else FULL_SIZES)
     inputs = settings.lake_root / "bench" / "impressions"
     config = job.CrossStatsConfig()
+    threads = spark_cores(settings.spark_master)
     results: list[dict[str, Any]] = []
     # A session that was already running (a caller's, a test's) is reused and left running.
     with active_or_new(lambda: job.build_session(settings, app="cascade.bench.ctr")) as spark:
@@ -154,7 +243,7 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
                 started = time.perf_counter()
                 impression_log.write(spark, impression_log.GeneratorConfig(impressions=n), log)
                 generated_s = time.perf_counter() - started
-            repeats = 1 if quick or n > 1_000_000 else 3
+            repeats = settings.bench.ctr_repeats or (1 if quick or n > 1_000_000 else 3)
             warmup = 0 if quick else 1
 
             def scan(path: Path = log) -> None:
@@ -166,24 +255,41 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
             scan_s = median_seconds(scan, repeats=repeats, warmup=1)
             count_s = median_seconds(count, repeats=repeats, warmup=0)
             summary: dict[str, Any] = {}
+            duck: dict[str, Any] = {}
+            peaks: list[int] = []
             with tempfile.TemporaryDirectory(prefix="ctr-bench-") as home:
 
                 def run_job(
-                    path: Path = log, home: str = home, summary: dict[str, Any] = summary
-                ) -> None:
-                    summary.update(
-                        job.run(
-                            DS,
-                            source="generated",
-                            log_path=path,
-                            spark=spark,
-                            config=config,
-                            settings=Settings(home=Path(home)),
+                    path: Path = log,
+                    home: str = home,
+                    summary: dict[str, Any] = summary,
+                    peaks: list[int] = peaks,
+                ) -> float:
+                    with PeakMemory() as memory:
+                        started = time.perf_counter()
+                        summary.update(
+                            job.run(
+                                DS,
+                                source="generated",
+                                log_path=path,
+                                spark=spark,
+                                config=config,
+                                settings=Settings(home=Path(home)),
+                            )
                         )
-                    )
+                        seconds = time.perf_counter() - started
+                    peaks.append(memory.peak_bytes)
+                    return seconds
 
-                with PeakMemory() as memory:
-                    job_s = median_seconds(run_job, repeats=repeats, warmup=warmup)
+                def run_duckdb(
+                    path: Path = log, home: str = home, duck: dict[str, Any] = duck
+                ) -> float:
+                    duck.update(duckdb_peer(path, Path(home) / "duckdb", threads=threads))
+                    return float(duck["seconds"])
+
+                job_runs, duckdb_runs = interleaved(
+                    run_job, run_duckdb, repeats=repeats, warmup=bool(warmup)
+                )
                 materialized: dict[str, Any] = {}
                 if n <= MATERIALIZE_MAX_IMPRESSIONS:
                     materialized = materialize_cross(DS, settings=Settings(home=Path(home)))
@@ -205,17 +311,36 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
                 reference_s = median_seconds(
                     lambda path=log: pandas_reference(path, config), repeats=1, warmup=0
                 )
+            job_s = statistics.median(job_runs)
+            duckdb_s = statistics.median(duckdb_runs)
+            same_work = (duck["rows"], duck["quarantined_rows"]) == (
+                summary["rows"],
+                summary["quarantined_rows"],
+            )
+            if not same_work:
+                print(
+                    f"[bench ctr] WARNING the DuckDB peer wrote {duck['rows']} rows, quarantined "
+                    f"{duck['quarantined_rows']}; Spark {summary['rows']}, "
+                    f"{summary['quarantined_rows']}",
+                    flush=True,
+                )
             result = {
                 "impressions": n,
                 "generated_s": generated_s,
                 "repeats": repeats,
-                "job_s": job_s,
+                **spread("job_s", job_runs),
+                **spread("duckdb_s", duckdb_runs),
+                "spark_vs_duckdb": job_s / duckdb_s,
+                "duckdb_threads": threads,
+                "duckdb_memory_limit": DUCKDB_MEMORY_LIMIT,
+                "duckdb_peak_rss_mb": duck.get("peak_rss_mb"),
+                "duckdb_same_rows": same_work,
                 "scan_s": scan_s,
                 "count_s": count_s,
                 "ratio": job_s / scan_s,
                 "rows_per_s": n / job_s,
                 "ns_per_row": job_s / n * 1e9,
-                "peak_rss_mb": memory.peak_bytes / 2**20,
+                "peak_rss_mb": max(peaks) / 2**20,
                 "one_pair_count_s": one_pair_count_s,
                 "one_pair_count_pair": floor_pair.name,
                 "one_pair_count_ratio": one_pair_count_s / scan_s,
@@ -237,6 +362,7 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
         "spark_master": settings.spark_master,
         "pairs": [p.name for p in config.pairs],
         "windows_days": list(config.windows),
+        "duckdb": f"duckdb {duckdb_version()}, {threads} threads",
         "sizes": results,
         "ns_per_row_growth": last["ns_per_row"] / first["ns_per_row"] - 1.0,
         "quick": quick,

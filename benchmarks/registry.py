@@ -36,7 +36,7 @@ ALIASES: dict[str, str] = {"ctr-features": "ctr", "compile": "compilers"}
 """Names the issues use for the same benchmarks."""
 
 OPTIONS: dict[str, dict[str, str]] = {
-    "ctr": {"impressions": "CASCADE_BENCH_CTR_SIZES"},
+    "ctr": {"impressions": "CASCADE_BENCH_CTR_SIZES", "repeats": "CASCADE_BENCH_CTR_REPEATS"},
     "preranking": {
         "config": "CASCADE_BENCH_PRERANKING_CONFIG",
         "seeds": "CASCADE_BENCH_PRERANKING_SEEDS",

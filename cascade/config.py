@@ -253,6 +253,9 @@ class BenchSettings:
 
     ctr_sizes: Sizes | None = None
     """Impression counts of ``bench ctr`` (unset: its quick or full sizes)."""
+    ctr_repeats: int | None = Field(default=None, ge=1)
+    """Timed runs per size of ``bench ctr``, the Spark job and its DuckDB peer alternating
+    (unset: 3 up to 1M impressions, else 1; 1 with ``--quick``)."""
     preranking_config: str = "ml100k"
     """Training config of ``bench preranking``."""
     preranking_seeds: Seeds = (0,)

@@ -31,4 +31,14 @@ def test_bench_command_runs_the_named_benchmark_with_its_options(
     assert set(BENCH_OPTIONS) <= set(vars(args))
     assert args.func(args) == 0
     assert json.loads(out.read_text())["events"] == "7"
-    assert f"written to {out}" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["events"] == "7"  # stdout is one JSON document
+    assert f"written to {out}" in printed.err
+
+
+def test_bench_command_takes_the_aliases_the_readme_uses() -> None:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "ctr-features", "--out", "x.json", "--repeats", "3"])
+    assert (args.name, args.repeats) == ("ctr-features", "3")
+    assert registry.ALIASES["ctr-features"] == "ctr"

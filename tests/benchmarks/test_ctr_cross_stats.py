@@ -3,15 +3,43 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from benchmarks.ctr_cross_stats import interleaved, spark_cores
 from benchmarks.registry import BENCHMARKS, run_benchmark
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+def test_variants_alternate_so_neither_always_runs_first() -> None:
+    calls: list[str] = []
+
+    def variant(name: str, seconds: float) -> Callable[[], float]:
+        def run() -> float:
+            calls.append(name)
+            return seconds
+
+        return run
+
+    a, b = interleaved(variant("spark", 2.0), variant("duckdb", 1.0), repeats=4, warmup=True)
+
+    warmup, timed = calls[:2], calls[2:]
+    assert warmup == ["spark", "duckdb"]
+    assert timed == ["spark", "duckdb", "duckdb", "spark", "spark", "duckdb", "duckdb", "spark"]
+    assert a == [2.0] * 4 and b == [1.0] * 4
 
 
+@pytest.mark.parametrize(
+    ("master", "cores"), [("local[2]", 2), ("local[4, 3]", 4), ("local", 1), ("local[*]", None)]
+)
+def test_duckdb_gets_as_many_threads_as_spark_has_cores(master: str, cores: int | None) -> None:
+    assert spark_cores(master) == (cores or os.cpu_count())
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 def test_quick_bench_writes_the_promised_fields(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -29,6 +57,12 @@ def test_quick_bench_writes_the_promised_fields(
     for key in ("job_s", "scan_s", "ratio", "rows_per_s", "peak_rss_mb", "reference_s"):
         assert size[key] > 0, key
     assert size["ratio"] == pytest.approx(size["job_s"] / size["scan_s"])
+    # The DuckDB peer ran beside the job on as many threads as local[2] has cores.
+    assert size["duckdb_s"] > 0 and size["duckdb_threads"] == 2
+    assert size["spark_vs_duckdb"] == pytest.approx(size["job_s"] / size["duckdb_s"])
+    assert size["repeats"] == 1 and size["duckdb_s_runs"] == [size["duckdb_s"]]
+    assert size["job_s_min"] == size["job_s"] == size["job_s_max"]
+    assert size["duckdb_same_rows"] is True and size["duckdb_peak_rss_mb"] > 0
     # The floor is the pair with the most feature rows, and costs less than the whole job.
     rows = size["feature_rows"]
     assert rows[size["one_pair_count_pair"]] == max(rows.values())
