@@ -115,8 +115,15 @@ def notify_failure(context: Mapping[str, Any]) -> None:
     where = f"{fields['pipeline']}.{fields['task']} run {fields['run_id']}"
     log.error("FAILED %s (try %s): %s", where, fields["try_number"], detail)
     try:
+        import socket
+
         from cascade.broker import publish
+        from cascade.config import load_settings
         from cascade.events import make_event
+
+        settings = load_settings()
+        # A broker that is down would hold the callback for the producer's timeouts (~30 s).
+        socket.create_connection((settings.host, settings.ports.broker), timeout=1.0).close()
 
         partition = (context.get("params") or {}).get(PARTITION_PARAM)
         payload = {**fields, **({"partition": partition} if partition else {})}

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from cascade.artifacts import DIGESTS_TAG
 from cascade.config import Settings
 from cascade.lake import Lake
 
@@ -104,7 +105,8 @@ def test_serving_killed_during_a_model_swap_comes_back_on_the_new_champion(
         source=old.source,
         run_id=old.run_id,
         model_id=old.source.removeprefix("models:/"),  # MLflow 3: the logged model behind it
-        tags={"test_auc": "0.9"},
+        # The same files as the old version: the digests its registration recorded hold.
+        tags={"test_auc": "0.9", DIGESTS_TAG: old.tags[DIGESTS_TAG]},
     )
     client = Client(stack)
     client.start()

@@ -29,17 +29,17 @@ FILES = {"asr_model.pt": b"weights " * 4096, "config/asr.json": b'{"vocab": 42}'
 def registry(settings: Settings, tmp_path: Path) -> Settings:
     """``MODEL`` version 1 in a real sqlite MLflow store, its files logged as run artifacts,
     and the champion alias on it."""
-    import mlflow
     from mlflow.tracking import MlflowClient
 
     source = tmp_path / "model"
     for name, data in FILES.items():
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         (source / name).write_bytes(data)
-    mlflow.set_tracking_uri(settings.tracking_uri)
-    with mlflow.start_run() as run:
-        mlflow.log_artifacts(str(source), artifact_path="model")
     client = MlflowClient(settings.tracking_uri, settings.tracking_uri)
+    # A run of its own experiment in this store: no process-wide MLflow state is used.
+    run = client.create_run(client.create_experiment("downloads"))
+    client.log_artifacts(run.info.run_id, str(source), artifact_path="model")
+    client.set_terminated(run.info.run_id)
     client.create_registered_model(MODEL)
     version = client.create_model_version(
         MODEL, source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id
