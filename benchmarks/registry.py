@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade.allocator import keep_freed_memory
+from cascade.config import scoped_environ
 
 BENCHMARKS: dict[str, str] = {
     "events": "benchmarks.event_delivery:bench_events",
@@ -99,16 +100,8 @@ def run_benchmark(
     allocator = keep_freed_memory()
     module_name, function_name = BENCHMARKS[name].split(":")
     function = getattr(importlib.import_module(module_name), function_name)
-    saved = {supported[k]: os.environ.get(supported[k]) for k in given}
-    os.environ.update({supported[k]: str(v) for k, v in given.items()})
-    try:
+    with scoped_environ({supported[k]: str(v) for k, v in given.items()}):
         result = function(out, quick)
-    finally:
-        for var, value in saved.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
     result.setdefault("benchmark", name)
     result.setdefault("machine", machine_info())
     result.setdefault("allocator", allocator)

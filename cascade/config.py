@@ -19,12 +19,13 @@ the closest known variable.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import os
 import tomllib
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass as plain_dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
@@ -650,3 +651,19 @@ def effective_value(root: Any, field: SettingField) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
+
+
+@contextlib.contextmanager
+def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set ``values`` in this process's environment (children started inside inherit them)
+    for the block, then restore each variable's previous value or absence."""
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

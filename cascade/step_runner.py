@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from cascade.config import scoped_environ
 from cascade.lake import Lake, check_ds, lake_from_settings
 from cascade.pipeline_registry import get_pipeline
 from cascade.results import write_result
@@ -56,16 +56,8 @@ MLflow runs it opens are named and tagged with them (:mod:`cascade.training.resu
 def step_context(pipeline: str, name: str, ds: str) -> Iterator[None]:
     """Set :data:`RUN_CONTEXT` for the block and restore the previous values after it."""
     values = {"pipeline": pipeline, "step": name, "ds": ds}
-    previous = {var: os.environ.get(var) for var in RUN_CONTEXT.values()}
-    os.environ.update({RUN_CONTEXT[key]: value for key, value in values.items()})
-    try:
+    with scoped_environ({RUN_CONTEXT[key]: value for key, value in values.items()}):
         yield
-    finally:
-        for var, value in previous.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
 
 
 def run_step(name: str, ds: str, pipeline: str) -> dict[str, Any]:

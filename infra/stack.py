@@ -28,7 +28,7 @@ import requests
 
 from cascade.airflow_client import airflow_home, airflow_password_file, ensure_airflow_password
 from cascade.assets import KAFKA_CONN_ID
-from cascade.config import REPO_ROOT, Settings, load_settings
+from cascade.config import REPO_ROOT, Settings, load_settings, scoped_environ
 from cascade.ports import free_ports
 from cascade.state import SERVICE_UMASK, exposed_secrets, secure_state_folder
 
@@ -508,18 +508,10 @@ def private_stack(
     overrides = {"CASCADE_HOME": str(home), **(env or {})}
     for name, port in zip(SERVICES, free_ports(len(SERVICES)), strict=True):
         overrides[f"CASCADE_{name.upper()}_PORT"] = str(port)
-    saved = {k: os.environ.get(k) for k in overrides}
-    os.environ.update(overrides)
-    settings = load_settings()
-    try:
-        up(settings, tuple(services))
-        yield settings
-    finally:
+    with scoped_environ(overrides):
+        settings = load_settings()
         try:
-            down(settings, tuple(services))
+            up(settings, tuple(services))
+            yield settings
         finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            down(settings, tuple(services))

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import math
 import time
@@ -781,19 +782,20 @@ def _run(
     log, adapter_quarantine = read_log(spark, source, log_path, sources_file=sources_file)
     print(f"[cross] {source} ds={ds}: {window_text(ds, config.windows)}", flush=True)
 
+    write_quarantine = functools.partial(
+        _write_quarantine,
+        log,
+        adapter_quarantine,
+        source=source,
+        config=config,
+        cutoff=cutoff,
+        path=where.quarantine(ds),
+    )
     try:
         aggregate, facts = compute(log, config, cutoff=cutoff)
     except EmptyBatch:
         where.summary(ds).unlink(missing_ok=True)
-        _write_quarantine(
-            log,
-            adapter_quarantine,
-            source=source,
-            config=config,
-            cutoff=cutoff,
-            path=where.quarantine(ds),
-            any_bad=True,
-        )
+        write_quarantine(any_bad=True)
         print(f"[cross] bad rows of ds={ds} -> {where.quarantine(ds)}", flush=True)
         raise
     batch = facts["batch"]
@@ -827,15 +829,7 @@ def _run(
         aggregate.unpersist()
 
     quarantined = int(batch["quarantined_rows"])
-    adapter_bad = _write_quarantine(
-        log,
-        adapter_quarantine,
-        source=source,
-        config=config,
-        cutoff=cutoff,
-        path=where.quarantine(ds),
-        any_bad=quarantined > 0,
-    )
+    adapter_bad = write_quarantine(any_bad=quarantined > 0)
     print(f"[cross] quarantined {quarantined + adapter_bad:,} rows -> {where.quarantine(ds)}")
 
     by_reason = dict(batch["quarantined_by_reason"])
