@@ -178,6 +178,9 @@ class RuntimeSettings:
 
     preranking_checkpoint_every: int | None = Field(default=None, ge=1)
     """Checkpoint interval in steps of the FSCD pre-ranker's phases (unset: the config's)."""
+    retry_delay_s: float | None = Field(default=None, ge=0)
+    """Every pipeline's first retry delay in seconds, instead of each pipeline's own (later
+    retries still double it); for development stacks and tests that kill tasks on purpose."""
     keep_freed_memory: Flag = True
     """Keep freed heap memory in the process (glibc mmap/trim thresholds, ``cascade.allocator``);
     ``0`` turns it off."""
@@ -341,6 +344,9 @@ class Settings:
     """Driver memory of the local Spark sessions of the corpus jobs."""
     airflow_parallelism: int = Field(default=2, ge=1)
     """Airflow core parallelism (low on a 2-core machine)."""
+    airflow_schedules: Flag = True
+    """Run the pipelines on their cron schedules; ``0`` leaves only event-triggered and manual
+    runs (a development or test stack that should start no run of its own)."""
     train_processes: int = setting(2, group="Training runtime", ge=1)
     """Training processes per node (gloo on CPU, NCCL on GPU)."""
     preranking_model: Literal["fscd", "mlp"] = setting("fscd", group="Training runtime")

@@ -11,6 +11,7 @@ Imported by the DAG processor at parse time, so nothing heavy here.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Mapping
 from typing import Any
@@ -155,15 +156,27 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
     return task(**options)(run)
 
 
-def _schedule(spec: Pipeline, asset: Any | None) -> Any:
+def _schedule(spec: Pipeline, asset: Any | None, *, cron_on: bool = True) -> Any:
     from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable
 
-    if spec.cron is None:
-        return [asset]
+    if spec.cron is None or not cron_on:
+        return None if asset is None else [asset]
     cron = CronTriggerTimetable(spec.cron, timezone="UTC")
     if asset is None:
         return cron
     return AssetOrTimeSchedule(timetable=cron, assets=asset)
+
+
+def _stack_overrides(spec: Pipeline) -> tuple[Pipeline, bool]:
+    """``spec`` with the stack's ``CASCADE_RETRY_DELAY_S`` as its first retry delay, if set,
+    and whether cron schedules are on (``CASCADE_AIRFLOW_SCHEDULES``)."""
+    from cascade.config import load_settings
+
+    settings = load_settings()
+    delay = settings.runtime.retry_delay_s
+    if delay is not None:
+        spec = dataclasses.replace(spec, retry_delay_s=delay)
+    return spec, settings.airflow_schedules
 
 
 def build_dag(spec: Pipeline) -> Any:
@@ -171,6 +184,8 @@ def build_dag(spec: Pipeline) -> Any:
     from airflow.sdk import dag
 
     from cascade.event_ledger import release_failed_run
+
+    spec, cron_on = _stack_overrides(spec)
 
     asset = (
         None
@@ -185,7 +200,7 @@ def build_dag(spec: Pipeline) -> Any:
 
     @dag(
         dag_id=spec.name,
-        schedule=_schedule(spec, asset),
+        schedule=_schedule(spec, asset, cron_on=cron_on),
         # No start_date: the first scheduled run waits for the next cron tick instead of
         # running the latest past interval the moment the DAG appears.
         catchup=False,

@@ -12,6 +12,7 @@ import collections
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -61,15 +62,31 @@ def rank_world() -> tuple[int, int]:
 
 
 def torch_extensions_dir(env: dict[str, str]) -> str:
-    """A stable cache outside CASCADE_HOME, one per virtual environment.
+    """A stable cache outside CASCADE_HOME, one per virtual environment and ninja.
 
     Stable: the DeepSpeed extension compiles once, not once per home. Per venv: the build
     records its include paths, so two checkouts sharing one folder (seen: a CI clone beside
     the working tree) rebuild it on every launch, ~3 minutes each on a loaded 2-core machine.
+    Per ninja: the venv's ``ninja`` and the system's record the same build differently, so a
+    folder shared by launches whose ``PATH`` finds one or the other was rebuilt each time the
+    other one ran (~50 s on a quiet 2-core machine, 2 minutes loaded).
     """
-    venv = hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]
+    ninja = shutil.which("ninja", path=env.get("PATH", os.defpath)) or ""
+    key = f"{sys.prefix}\0{os.path.realpath(ninja) if ninja else ''}"
+    venv = hashlib.sha1(key.encode()).hexdigest()[:10]
     cache = Path(env.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return str(cache / "cascade" / "torch_extensions" / venv)
+
+
+def extension_build_env(env: dict[str, str]) -> None:
+    """Point ``env`` at this interpreter's tools first (its ``ninja`` among them) and at the
+    matching extension cache, so every launch builds DeepSpeed's CPU extension with the same
+    tools into the same folder, whoever started it."""
+    tools = str(Path(sys.executable).parent)
+    path = env.get("PATH", os.defpath)
+    if path.split(os.pathsep)[0] != tools:
+        env["PATH"] = f"{tools}{os.pathsep}{path}"
+    env.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir(env))
 
 
 def read_complete_result(path: Path, ds: str | None, keys: Sequence[str]) -> dict[str, Any] | None:
@@ -140,7 +157,7 @@ def run_torchrun(
     )
     if not torch.cuda.is_available():
         env.setdefault("DS_ACCELERATOR", "cpu")
-    env.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir(env))
+    extension_build_env(env)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
     cmd = [
         sys.executable, "-m", "torch.distributed.run",

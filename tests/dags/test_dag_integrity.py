@@ -175,3 +175,41 @@ def test_a_manual_run_works_on_the_partition_it_names(dagbag) -> None:  # type: 
     assert resolve(params={"ds": "2026-10-02"}, dag_run=run) == "2026-10-02"  # a backfill
     with pytest.raises(ValueError, match="YYYY-MM-DD"):
         resolve(params={"ds": "2026-02-30"}, dag_run=run)
+
+
+def test_a_stack_wide_retry_delay_replaces_each_pipelines_own(
+    airflow_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datetime as dt
+
+    from cascade.dag_factory import build_dag
+    from cascade.pipeline_registry import registered_pipelines
+
+    spec = registered_pipelines()["ctr_preranking"]
+    assert spec.retry_delay_s != 2.0
+    default = build_dag(spec)
+    monkeypatch.setenv("CASCADE_RETRY_DELAY_S", "2")
+    short = build_dag(spec)
+    for dag, delay in ((default, spec.retry_delay_s), (short, 2.0)):
+        for task in dag.tasks:
+            assert task.retry_delay == dt.timedelta(seconds=delay), task.task_id
+            assert task.retry_exponential_backoff == 2.0
+    # The run's bound follows the shorter waits.
+    assert short.dagrun_timeout < default.dagrun_timeout
+
+
+def test_with_schedules_off_only_events_and_people_start_runs(
+    airflow_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cascade.dag_factory import build_dag
+    from cascade.pipeline_registry import registered_pipelines
+
+    pipelines = registered_pipelines()
+    on = {name: build_dag(pipelines[name]) for name in ("ctr_preranking", "ctr_monitor")}
+    monkeypatch.setenv("CASCADE_AIRFLOW_SCHEDULES", "0")
+    off = {name: build_dag(pipelines[name]) for name in ("ctr_preranking", "ctr_monitor")}
+    # On: the event or the cron; off: the event alone, and a cron-only DAG runs when asked.
+    assert type(on["ctr_preranking"].timetable).__name__ == "AssetOrTimeSchedule"
+    assert type(off["ctr_preranking"].timetable).__name__ == "AssetTriggeredTimetable"
+    assert type(on["ctr_monitor"].timetable).__name__ == "CronTriggerTimetable"
+    assert type(off["ctr_monitor"].timetable).__name__ == "NullTimetable"

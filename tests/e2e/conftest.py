@@ -36,6 +36,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         # Pre-ranker phases checkpoint at steps 50 and 100 of the ~126 the partition gives
         # each, so the fault test's kill lands well inside the phase it checkpointed.
         CHECKPOINT_EVERY_ENV: "50",
+        # Runs start from the tests' events only: no cron tick (ctr_monitor's latest one is run
+        # when the DAG appears) takes an Airflow slot or a partition mid-test.
+        "CASCADE_AIRFLOW_SCHEDULES": "0",
+        # The fault test kills a training task on purpose: its retry starts seconds later
+        # instead of after the production back-off (30 s, doubled per try).
+        "CASCADE_RETRY_DELAY_S": "2",
     }
     with private_stack(tmp_path_factory.mktemp("cascade-home"), env=env) as settings:
         yield settings

@@ -19,7 +19,11 @@ def event_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     from benchmarks.event_delivery import wait_for_probe_dag
     from infra.stack import private_stack
 
-    env = {"CASCADE_COALESCE_WINDOW_S": str(WINDOW_S), "CASCADE_COALESCE_MAX_WAIT_S": "300"}
+    env = {
+        "CASCADE_COALESCE_WINDOW_S": str(WINDOW_S),
+        "CASCADE_COALESCE_MAX_WAIT_S": "300",
+        "CASCADE_AIRFLOW_SCHEDULES": "0",
+    }
     with private_stack(
         tmp_path_factory.mktemp("faults-home"), services=("broker", "airflow"), env=env
     ) as settings:

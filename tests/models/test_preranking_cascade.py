@@ -464,12 +464,12 @@ def test_deepspeed_step_is_the_plain_pytorch_step_on_one_process(tmp_path: Path)
     import subprocess
     import sys
 
-    from cascade.training.launch import torch_extensions_dir
+    from cascade.training.launch import extension_build_env
 
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "CASCADE_HOME": str(tmp_path)}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     # The launcher's shared cache: DeepSpeed's CPU comm extension compiles once, not per test.
-    env["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir(env)
+    extension_build_env(env)
     done = subprocess.run(
         [sys.executable, "-c", DEEPSPEED_MATCHES_PLAIN],
         env=env,
