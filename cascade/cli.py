@@ -204,6 +204,30 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from cascade.config import load_settings
+    from cascade.lake import check_ds
+    from cascade.run_report import write_report
+
+    try:
+        check_ds(args.ds)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    report = write_report(load_settings(), args.ds, Path(args.out), args.pipeline)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        counts = report["counts"]
+        print(
+            f"ds={report['ds']}: {counts['ok']} steps ok, {counts['failed']} failed, "
+            f"{counts['not run']} not run; {len(report['figures'])} figures, "
+            f"{len(report['curves'])} training-curve sets -> {report['index']}"
+        )
+        if report["curves_note"]:
+            print(f"note: {report['curves_note']}", file=sys.stderr)
+    return 0
+
+
 def _add_core_commands(sub: Any) -> None:
     pipelines = registered_pipelines()
     models = registered_models()
@@ -286,6 +310,21 @@ def _add_core_commands(sub: Any) -> None:
     events.add_parser("dead-letters", help="count the dead-letter topic by reason").set_defaults(
         func=cmd_dead_letters
     )
+    report = sub.add_parser(
+        "report",
+        help="one HTML page for a partition: every step's status, time, gate verdict, "
+        "figures and training curves",
+    )
+    report.add_argument("--ds", required=True, help="partition date YYYY-MM-DD")
+    report.add_argument("--out", required=True, help="folder for index.html, report.json, PNGs")
+    report.add_argument(
+        "--pipeline",
+        action="append",
+        choices=tuple(pipelines),
+        help="only this pipeline (repeatable; default: all)",
+    )
+    report.add_argument("--json", action="store_true", help="print report.json's content")
+    report.set_defaults(func=cmd_report)
     version = sub.add_parser("version", help="the versions of cascade and of the stack's parts")
     version.add_argument("--json", action="store_true", help="print JSON")
     version.set_defaults(func=cmd_version)

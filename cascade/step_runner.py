@@ -10,7 +10,9 @@ Each step takes the partition date and returns a JSON-able summary, recorded und
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,12 +62,39 @@ def step_context(pipeline: str, name: str, ds: str) -> Iterator[None]:
         yield
 
 
+TIMING_FILE = "timing.json"
+"""Beside each step's summary: when it started, its wall seconds, ``ok`` or ``failed`` and the
+error's first line (read by ``cascade report``)."""
+
+
+def _record_timing(path: Path, started: dt.datetime, seconds: float, error: str | None) -> None:
+    record = {
+        "started_at": started.isoformat(timespec="seconds"),
+        "seconds": round(seconds, 3),
+        "status": "failed" if error else "ok",
+        "error": error,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_result(path, record)
+
+
 def run_step(name: str, ds: str, pipeline: str) -> dict[str, Any]:
-    """Run step ``name`` of ``pipeline`` for partition ``ds`` and record its JSON summary."""
+    """Run step ``name`` of ``pipeline`` for partition ``ds`` and record its JSON summary
+    and its timing (:data:`TIMING_FILE`, also when it fails)."""
     step = get_pipeline(pipeline).step(name)
-    with step_context(pipeline, name, check_ds(ds)):
-        result = dict(step.run(ds))
-    path = summary_path(name, ds, pipeline)
+    path = summary_path(name, check_ds(ds), pipeline)
+    started, clock = dt.datetime.now(dt.UTC), time.monotonic()
+    try:
+        with step_context(pipeline, name, ds):
+            result = dict(step.run(ds))
+    except BaseException as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        _record_timing(
+            path.with_name(TIMING_FILE), started, time.monotonic() - clock,
+            f"{type(exc).__name__}: {first}",
+        )  # fmt: skip
+        raise
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=str))
+    _record_timing(path.with_name(TIMING_FILE), started, time.monotonic() - clock, None)
     return result

@@ -1,0 +1,323 @@
+"""One page per partition: what every pipeline's steps did for ``ds``, in one place.
+
+    cascade report --ds 2026-11-22 --out report/
+
+Reads what the steps leave in the lake, so it works for Airflow runs, ``cascade step`` and
+``dvc repro`` alike:
+
+- each step's summary (``reports/step_<stage>/dt=DS/summary.json``) and its timing record
+  (``timing.json`` beside it: seconds, ok or failed with the error's first line);
+- gate verdicts: a summary with a boolean ``success`` (failed checks and warnings listed);
+- figures the steps drew (any ``*.png`` under ``reports/*/dt=DS/``: the pre-ranker's
+  trade-off, the monitor's drift);
+- training curves: every metric with several steps in the MLflow runs the summaries name
+  (``run_id``), when the tracking server answers; otherwise the page says why they are missing.
+
+Writes ``index.html``, ``report.json`` and the PNGs into the output folder. Everything read is
+data: JSON is parsed, never executed, and every value shown is escaped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cascade.config import Settings
+from cascade.errors import NotReady
+from cascade.lake import Lake, check_ds
+from cascade.pipeline_registry import registered_pipelines
+
+TIMING_FILE = "timing.json"
+"""Written by the step runner beside a step's summary (``cascade.step_runner.TIMING_FILE``)."""
+MAX_FIGURES = 40
+MAX_CURVES = 12
+"""Metrics drawn per run (the ones with the most points first)."""
+MAX_SHOWN_FIELDS = 16
+
+
+@dataclass
+class StepReport:
+    pipeline: str
+    step: str
+    stage: str
+    status: str
+    """``ok``, ``failed`` or ``not run``."""
+    seconds: float | None = None
+    error: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gate(self) -> dict[str, Any] | None:
+        """The verdict of a gate step: ``success``, failed checks and warnings."""
+        if not isinstance(self.summary.get("success"), bool):
+            return None
+        return {
+            "success": self.summary["success"],
+            "failed": list(self.summary.get("failed") or [])[:50],
+            "warnings": len(self.summary.get("warnings") or []),
+        }
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def collect_steps(lake: Lake, ds: str, pipelines: list[str] | None = None) -> list[StepReport]:
+    """Every registered step's record for ``ds`` (``not run`` where it left none)."""
+    specs = registered_pipelines()
+    names = pipelines or sorted(specs)
+    unknown = sorted(set(names) - set(specs))
+    if unknown:
+        raise ValueError(f"unknown pipelines {unknown}; one of {', '.join(sorted(specs))}")
+    steps = []
+    for name in names:
+        spec = specs[name]
+        for step in spec.steps:
+            stage = spec.dvc_prefix + step.name
+            folder = lake.reports(f"step_{stage}", ds)
+            summary = _read_json(folder / "summary.json")
+            timing = _read_json(folder / TIMING_FILE)
+            if timing.get("status") == "failed":
+                status = "failed"
+            elif summary or timing.get("status") == "ok":
+                status = "ok"
+            else:
+                status = "not run"
+            seconds = timing.get("seconds")
+            steps.append(
+                StepReport(
+                    pipeline=name,
+                    step=step.name,
+                    stage=stage,
+                    status=status,
+                    seconds=float(seconds) if isinstance(seconds, int | float) else None,
+                    error=str(timing["error"])[:300] if timing.get("error") else None,
+                    summary=summary,
+                )
+            )
+    return steps
+
+
+def _figures(lake: Lake, ds: str, out: Path) -> list[dict[str, str]]:
+    """Copies of the PNGs the steps drew for ``ds`` into ``out/figures``."""
+    root = lake.root / "reports"
+    found = sorted(root.glob(f"*/dt={ds}/**/*.png")) if root.is_dir() else []
+    figures = []
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    for path in found[:MAX_FIGURES]:
+        kind = path.relative_to(root).parts[0]
+        name = f"{kind}-{path.name}"
+        shutil.copyfile(path, out / "figures" / name)
+        figures.append({"kind": kind, "file": f"figures/{name}", "source": str(path)})
+    return figures
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _timings_figure(steps: list[StepReport], out: Path) -> str | None:
+    timed = [s for s in steps if s.seconds is not None]
+    if not timed:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(timed) + 1.2))
+    labels = [f"{s.pipeline} · {s.step}" for s in timed]
+    colors = ["#c0392b" if s.status == "failed" else "#2e86c1" for s in timed]
+    ax.barh(labels[::-1], [s.seconds for s in timed][::-1], color=colors[::-1])
+    ax.set_xlabel("seconds")
+    ax.set_title("Step wall time (red: failed)")
+    fig.tight_layout()
+    fig.savefig(out / "timings.png", dpi=100)
+    plt.close(fig)
+    return "timings.png"
+
+
+def _curves(settings: Settings, steps: list[StepReport], out: Path) -> tuple[list[dict], str]:
+    """Training curves of the MLflow runs the summaries name, and a note on what was skipped."""
+    runs = {}
+    for s in steps:
+        run_id = s.summary.get("run_id")
+        if isinstance(run_id, str) and run_id.isalnum() and len(run_id) <= 64:
+            runs.setdefault(run_id, f"{s.pipeline} · {s.step}")
+    if not runs:
+        return [], "no step names an MLflow run"
+    from cascade.training.resumable_run import tracking_answers
+
+    if not tracking_answers(settings.tracking_uri):
+        return [], (
+            f"MLflow at {settings.tracking_uri} does not answer: no training curves "
+            "(`cascade up` starts it)"
+        )
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=settings.tracking_uri)
+    curves, missing = [], []
+    for run_id, label in runs.items():
+        try:
+            keys = sorted(client.get_run(run_id).data.metrics)
+            histories = {key: client.get_metric_history(run_id, key) for key in keys}
+        except MlflowException:
+            missing.append(run_id)
+            continue
+        drawn = sorted(
+            ((k, h) for k, h in histories.items() if len(h) >= 3), key=lambda kh: -len(kh[1])
+        )[:MAX_CURVES]
+        if not drawn:
+            continue
+        plt = _plt()
+        cols = min(3, len(drawn))
+        rows = (len(drawn) + cols - 1) // cols
+        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.6 * rows), squeeze=False)
+        for ax, (key, history) in zip(axes.flat, drawn, strict=False):
+            points = sorted((m.step, m.value) for m in history)
+            ax.plot([p[0] for p in points], [p[1] for p in points], lw=1.2)
+            ax.set_title(key, fontsize=9)
+            ax.set_xlabel("step", fontsize=8)
+        for ax in list(axes.flat)[len(drawn) :]:
+            ax.axis("off")
+        fig.suptitle(f"{label} — run {run_id[:8]}", fontsize=10)
+        fig.tight_layout()
+        name = f"curves-{run_id[:12]}.png"
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        curves.append(
+            {"run_id": run_id, "label": label, "file": name, "metrics": [k for k, _ in drawn]}
+        )
+    note = f"runs not found in MLflow: {', '.join(missing)}" if missing else ""
+    return curves, note
+
+
+def _scalar_fields(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    shown = []
+    for key, value in summary.items():
+        if isinstance(value, bool | int | float | str) and len(str(value)) <= 120:
+            if isinstance(value, float):
+                value = f"{value:.4g}"
+            shown.append((key, str(value)))
+        if len(shown) >= MAX_SHOWN_FIELDS:
+            break
+    return shown
+
+
+def _html(report: dict[str, Any], steps: list[StepReport]) -> str:
+    e = html.escape
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>Cascade report {e(report['ds'])}</title>",
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}"
+        "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;"
+        "padding:3px 8px;font-size:13px;text-align:left;vertical-align:top}"
+        ".ok{color:#1e8449}.failed{color:#c0392b;font-weight:bold}.notrun{color:#888}"
+        "img{max-width:100%;border:1px solid #ddd;margin:.4em 0}</style></head><body>",
+        f"<h1>Partition {e(report['ds'])}</h1>",
+        f"<p>Generated {e(report['generated_at'])} from {e(report['lake'])}. "
+        f"{report['counts']['ok']} steps ok, {report['counts']['failed']} failed, "
+        f"{report['counts']['not run']} not run.</p>",
+    ]
+    if report["timings"]:
+        parts.append(f"<h2>Timings</h2><img src='{e(report['timings'])}' alt='step timings'>")
+    for pipeline in report["pipelines"]:
+        parts.append(
+            f"<h2>{e(pipeline)}</h2><table><tr><th>step</th><th>status</th>"
+            "<th>seconds</th><th>gate</th><th>summary</th></tr>"
+        )
+        for s in (s for s in steps if s.pipeline == pipeline):
+            css = s.status.replace(" ", "")
+            gate = s.gate
+            verdict = ""
+            if gate is not None:
+                verdict = ("passed" if gate["success"] else "FAILED") + (
+                    f"; {gate['warnings']} warnings" if gate["warnings"] else ""
+                )
+                if gate["failed"]:
+                    verdict += "<br>" + "<br>".join(e(str(f)) for f in gate["failed"][:10])
+            fields = "<br>".join(f"{e(k)}: {e(v)}" for k, v in _scalar_fields(s.summary))
+            if s.error:
+                fields = f"<span class='failed'>{e(s.error)}</span><br>{fields}"
+            seconds = "" if s.seconds is None else f"{s.seconds:.1f}"
+            parts.append(
+                f"<tr><td>{e(s.step)}</td><td class='{css}'>{e(s.status)}</td>"
+                f"<td>{seconds}</td><td>{verdict}</td><td>{fields}</td></tr>"
+            )
+        parts.append("</table>")
+        for curve in (c for c in report["curves"] if c["label"].startswith(f"{pipeline} ·")):
+            parts.append(
+                f"<h3>Training curves: {e(curve['label'])}</h3>"
+                f"<img src='{e(curve['file'])}' alt='training curves'>"
+            )
+    if report["curves_note"]:
+        parts.append(f"<p><em>{e(report['curves_note'])}</em></p>")
+    if report["figures"]:
+        parts.append("<h2>Figures</h2>")
+        for figure in report["figures"]:
+            parts.append(
+                f"<h3>{e(figure['kind'])}</h3><img src='{e(figure['file'])}' "
+                f"alt='{e(figure['kind'])}'>"
+            )
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(
+    settings: Settings, ds: str, out: Path, pipelines: list[str] | None = None
+) -> dict[str, Any]:
+    """Write ``index.html``, ``report.json`` and the PNGs for partition ``ds`` into ``out``.
+
+    :class:`NotReady` when no step has left anything for ``ds``.
+    """
+    ds = check_ds(ds)
+    lake = Lake(settings.lake_root)
+    steps = collect_steps(lake, ds, pipelines)
+    if all(s.status == "not run" for s in steps):
+        raise NotReady(
+            f"no step has run for ds={ds} under {lake.root}; trigger a DAG or run "
+            f"`cascade step NAME --pipeline P --ds {ds}` first"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    curves, note = _curves(settings, steps, out)
+    counts = {
+        status: sum(s.status == status for s in steps) for status in ("ok", "failed", "not run")
+    }
+    report = {
+        "ds": ds,
+        "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "lake": str(lake.root),
+        "pipelines": sorted({s.pipeline for s in steps}),
+        "counts": counts,
+        "steps": [
+            {
+                "pipeline": s.pipeline,
+                "step": s.step,
+                "stage": s.stage,
+                "status": s.status,
+                "seconds": s.seconds,
+                "error": s.error,
+                "gate": s.gate,
+            }
+            for s in steps
+        ],
+        "timings": _timings_figure(steps, out),
+        "figures": _figures(lake, ds, out),
+        "curves": curves,
+        "curves_note": note,
+    }
+    (out / "index.html").write_text(_html(report, steps))
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    report["index"] = str(out / "index.html")
+    return report

@@ -1,0 +1,97 @@
+"""`cascade report`: one page per partition from what the steps left in the lake."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cascade import step_runner
+from cascade.cli import main
+from tests.cascade.test_step_runner import with_step
+
+DS = "2026-11-22"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _fail(ds: str) -> dict:
+    raise RuntimeError("the log for 2026-11-22 is empty\nsecond line not shown")
+
+
+def test_the_report_shows_each_steps_status_time_gate_curves_and_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import mlflow
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("CASCADE_HOME", str(home))
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("CASCADE_MLFLOW_URI", tracking)
+    client = mlflow.MlflowClient(tracking_uri=tracking)
+    experiment = client.create_experiment("report-test", artifact_location=str(tmp_path / "art"))
+    run_id = client.create_run(experiment).info.run_id
+    for step, loss in enumerate([0.9, 0.7, 0.6, 0.55]):
+        client.log_metric(run_id, "loss.teacher", loss, step=step)
+    client.log_metric(run_id, "test_auc", 0.7)  # one point: no curve
+
+    # Real step-runner records: a step that ran, a gate that said no, a step that raised.
+    with_step(monkeypatch, "ctr_preranking", "features", lambda ds: {"rows": 3})
+    gate = {"success": False, "failed": ["user.expect_column_values_to_not_be_null(user_id)"]}
+    with_step(monkeypatch, "ctr_preranking", "validate", lambda ds: {**gate, "warnings": ["w"]})
+    with_step(monkeypatch, "ctr_preranking", "train", lambda ds: {"run_id": run_id, "auc": 0.7})
+    with_step(monkeypatch, "ctr_preranking", "compile", _fail)
+    for name in ("features", "validate", "train"):
+        step_runner.run_step(name, DS, "ctr_preranking")
+    with pytest.raises(RuntimeError):
+        step_runner.run_step("compile", DS, "ctr_preranking")
+    figure = home / "lake" / "reports" / "train" / f"dt={DS}" / "tradeoff.png"
+    figure.parent.mkdir(parents=True, exist_ok=True)
+    figure.write_bytes(PNG_MAGIC + b"figure")
+
+    out = tmp_path / "report"
+    assert main(["report", "--ds", DS, "--out", str(out), "--pipeline", "ctr_preranking"]) == 0
+    assert "3 steps ok, 1 failed" in capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    steps = {s["step"]: s for s in report["steps"]}
+    assert steps["features"]["status"] == "ok" and steps["features"]["seconds"] >= 0
+    assert steps["validate"]["gate"] == {"success": False, "failed": gate["failed"], "warnings": 1}
+    assert steps["compile"]["status"] == "failed"
+    assert steps["compile"]["error"] == "RuntimeError: the log for 2026-11-22 is empty"
+    assert steps["deploy"]["status"] == "not run" and steps["deploy"]["seconds"] is None
+    # The MLflow run the train step named: its curve, not its one-point metric.
+    assert [c["metrics"] for c in report["curves"]] == [["loss.teacher"]]
+    for name in (report["timings"], report["curves"][0]["file"], "figures/train-tradeoff.png"):
+        assert (out / name).read_bytes().startswith(PNG_MAGIC), name
+    page = (out / "index.html").read_text()
+    assert "FAILED" in page and "the log for 2026-11-22 is empty" in page
+    assert "second line" not in page
+    assert "<img src='figures/train-tradeoff.png'" in page and "timings.png" in page
+
+
+def test_values_from_the_lake_are_escaped_and_a_dead_tracking_server_is_a_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cascade.ports import free_port
+
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CASCADE_MLFLOW_URI", f"http://127.0.0.1:{free_port()}")
+    hostile = {"run_id": "abc123", "note": "<script>alert(1)</script>"}
+    with_step(monkeypatch, "ctr_preranking", "features", lambda ds: hostile)
+    step_runner.run_step("features", DS, "ctr_preranking")
+    out = tmp_path / "report"
+    assert main(["report", "--ds", DS, "--out", str(out)]) == 0
+    page = (out / "index.html").read_text()
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "does not answer" in capsys.readouterr().err
+    assert json.loads((out / "report.json").read_text())["curves"] == []
+
+
+def test_a_partition_nothing_ran_for_exits_not_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    assert main(["report", "--ds", DS, "--out", str(tmp_path / "r")]) == 3
+    err = capsys.readouterr().err
+    assert "no step has run for ds=2026-11-22" in err and "Traceback" not in err
+    assert main(["report", "--ds", "2026-13-45", "--out", str(tmp_path / "r")]) == 2
