@@ -138,10 +138,17 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
 
     pipeline, name = spec.name, step.name
 
+    registered = spec.model.name if spec.model is not None else None
+
     def run(ds: str) -> dict[str, Any]:
+        from cascade.config import load_settings
+        from cascade.step_links import step_links
         from cascade.step_runner import run_step
 
-        return run_step(name, ds, pipeline)
+        result = run_step(name, ds, pipeline)
+        links = step_links(result, load_settings().tracking_uri, registered)
+        # The task's result carries the links its extra-link buttons show.
+        return {**result, "links": links} if links else result
 
     run.__name__ = name
     options: dict[str, Any] = {
@@ -183,6 +190,7 @@ def build_dag(spec: Pipeline) -> Any:
     """The Airflow DAG of one pipeline spec."""
     from airflow.sdk import dag
 
+    from cascade.airflow_links import STEP_LINKS
     from cascade.event_ledger import release_failed_run
 
     spec, cron_on = _stack_overrides(spec)
@@ -224,6 +232,7 @@ def build_dag(spec: Pipeline) -> Any:
         upstream = ds
         for step in spec.steps:
             output = _step_task(spec, step)(ds)
+            output.operator.operator_extra_links = STEP_LINKS
             upstream >> output
             upstream = output
 

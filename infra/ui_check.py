@@ -27,6 +27,54 @@ CHROMIUM_ARGS = [
 ]
 
 
+def _log_in(page: Any, url: str, username: str, password: str) -> None:
+    page.goto(url)
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+
+
+def follow_extra_link(
+    base_url: str,
+    password: str,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    link_name: str,
+    expect_text: str,
+    screenshots: Path,
+    *,
+    username: str = "admin",
+    timeout_ms: int = 90_000,
+) -> dict[str, Any]:
+    """Open a finished task's page, follow its extra link ``link_name`` and wait until the page
+    it leads to shows ``expect_text``; screenshots of both pages go into ``screenshots``."""
+    from urllib.parse import quote
+
+    from playwright.sync_api import expect, sync_playwright
+
+    screenshots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            page.set_default_timeout(timeout_ms)
+            task_page = f"{base_url}/dags/{dag_id}/runs/{quote(run_id, safe='')}/tasks/{task_id}"
+            _log_in(page, task_page, username, password)
+            page.wait_for_url(re.compile(rf".*/tasks/{task_id}.*"))
+            link = page.get_by_role("link", name=link_name)
+            expect(link).to_be_visible(timeout=timeout_ms)
+            href = link.get_attribute("href") or ""
+            page.screenshot(path=str(screenshots / f"{dag_id}_{task_id}_task.png"))
+            page.goto(href)  # the link opens a new tab; the same page follows it here
+            expect(page.get_by_text(expect_text).first).to_be_visible(timeout=timeout_ms)
+            target = screenshots / f"{dag_id}_{task_id}_link.png"
+            page.screenshot(path=str(target), full_page=True)
+            return {"href": href, "url": page.url, "screenshot": str(target)}
+        finally:
+            browser.close()
+
+
 def check_dag_runs(
     base_url: str,
     password: str,
@@ -45,10 +93,7 @@ def check_dag_runs(
         try:
             page = browser.new_page(viewport={"width": 1440, "height": 900})
             page.set_default_timeout(timeout_ms)
-            page.goto(f"{base_url}/dags/{dag_id}/runs")
-            page.get_by_label("Username").fill(username)
-            page.get_by_label("Password").fill(password)
-            page.get_by_role("button", name="Sign in").click()
+            _log_in(page, f"{base_url}/dags/{dag_id}/runs", username, password)
             page.wait_for_url(re.compile(rf".*/dags/{dag_id}.*"))
             row = page.get_by_role("row").filter(has_text=run_id)
             expect(row).to_be_visible(timeout=timeout_ms)

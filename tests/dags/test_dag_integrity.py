@@ -213,3 +213,28 @@ def test_with_schedules_off_only_events_and_people_start_runs(
     assert type(off["ctr_preranking"].timetable).__name__ == "AssetTriggeredTimetable"
     assert type(on["ctr_monitor"].timetable).__name__ == "CronTriggerTimetable"
     assert type(off["ctr_monitor"].timetable).__name__ == "NullTimetable"
+
+
+def test_every_step_task_has_the_mlflow_links_and_its_result_carries_them(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from cascade.pipeline_registry import registered_pipelines
+    from cascade.step_links import LINK_NAMES, step_links
+
+    for dag_id, spec in registered_pipelines().items():
+        dag = dagbag.dags[dag_id]
+        serialized = DagSerialization.to_dict(dag)["dag"]["tasks"]
+        for task in serialized:
+            data = task["__var"]
+            if data["task_id"] == "resolve_partition":
+                continue
+            # What the UI shows: one button per link, read back from the task's XCom.
+            assert set(data["_operator_extra_links"]) == set(LINK_NAMES), (dag_id, data["task_id"])
+    links = step_links({"run_id": "abc123", "version": "7"}, "http://127.0.0.1:25000/", "asr")
+    assert links == {
+        "MLflow run": "http://127.0.0.1:25000/#/runs/abc123",
+        "Model version": "http://127.0.0.1:25000/#/models/asr/versions/7",
+    }
+    # Only what looks like an id makes a URL; a local store has no pages.
+    assert step_links({"run_id": "../x?y", "version": "1; drop"}, "http://h:1", "asr") == {}
+    assert step_links({"run_id": "abc"}, "sqlite:///m.db", "asr") == {}

@@ -104,3 +104,47 @@ def test_airflow_ui_shows_the_asset_triggered_run_as_successful(
     )
     assert "Success" in seen["row"] and "Asset Triggered" in seen["row"], seen["row"]
     assert shot.stat().st_size > 10_000
+
+
+def test_a_tasks_extra_link_leads_to_its_mlflow_run_tagged_with_the_dag_run(
+    stack: Settings, pipeline_run: dict
+) -> None:
+    from urllib.parse import quote
+
+    from mlflow import MlflowClient
+
+    from cascade.airflow_client import AirflowClient, airflow_password
+    from infra.ui_check import follow_extra_link
+
+    airflow = AirflowClient(stack)
+    dag_run = pipeline_run["dag_run_id"]
+    base = f"/dags/ctr_preranking/dagRuns/{quote(dag_run, safe='')}/taskInstances"
+    train_run = pipeline_run["train"]["run_id"]
+    run_page = f"{stack.tracking_uri}/#/runs/{train_run}"
+    # The task's result and its extra-link buttons carry the same links.
+    assert pipeline_run["train"]["links"]["MLflow run"] == run_page
+    assert airflow.get(f"{base}/train/links")["extra_links"]["MLflow run"] == run_page
+    version = pipeline_run["register"]["version"]
+    registered = airflow.get(f"{base}/register/links")["extra_links"]
+    assert registered["Model version"] == (
+        f"{stack.tracking_uri}/#/models/preranking/versions/{version}"
+    )
+
+    client = MlflowClient(tracking_uri=stack.tracking_uri)
+    run = client.get_run(train_run)
+    tags = run.data.tags
+    assert (tags["dag_id"], tags["run_id"], tags["task_id"]) == ("ctr_preranking", dag_run, "train")
+    assert tags["ds"] == pipeline_run["train"]["ds"] and tags["try_number"]
+    # In the browser: the train task's page, its "MLflow run" button, MLflow's page for the run.
+    seen = follow_extra_link(
+        stack.airflow_url,
+        airflow_password(stack) or "",
+        "ctr_preranking",
+        dag_run,
+        "train",
+        "MLflow run",
+        run.info.run_name,
+        REPO_ROOT / "artifacts" / "screenshots",
+    )
+    assert seen["href"] == run_page and train_run in seen["url"]
+    assert Path(seen["screenshot"]).stat().st_size > 10_000
