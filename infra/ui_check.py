@@ -9,9 +9,11 @@ through Playwright; nothing is downloaded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,21 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+
+@contextlib.contextmanager
+def _browser_page(timeout_ms: int) -> Iterator[Any]:
+    """A page of a headless Chromium, closed on exit."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            page.set_default_timeout(timeout_ms)
+            yield page
+        finally:
+            browser.close()
 
 
 def _log_in(page: Any, url: str, username: str, password: str) -> None:
@@ -51,28 +68,22 @@ def follow_extra_link(
     it leads to shows ``expect_text``; screenshots of both pages go into ``screenshots``."""
     from urllib.parse import quote
 
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     screenshots.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 900})
-            page.set_default_timeout(timeout_ms)
-            task_page = f"{base_url}/dags/{dag_id}/runs/{quote(run_id, safe='')}/tasks/{task_id}"
-            _log_in(page, task_page, username, password)
-            page.wait_for_url(re.compile(rf".*/tasks/{task_id}.*"))
-            link = page.get_by_role("link", name=link_name)
-            expect(link).to_be_visible(timeout=timeout_ms)
-            href = link.get_attribute("href") or ""
-            page.screenshot(path=str(screenshots / f"{dag_id}_{task_id}_task.png"))
-            page.goto(href)  # the link opens a new tab; the same page follows it here
-            expect(page.get_by_text(expect_text).first).to_be_visible(timeout=timeout_ms)
-            target = screenshots / f"{dag_id}_{task_id}_link.png"
-            page.screenshot(path=str(target), full_page=True)
-            return {"href": href, "url": page.url, "screenshot": str(target)}
-        finally:
-            browser.close()
+    with _browser_page(timeout_ms) as page:
+        task_page = f"{base_url}/dags/{dag_id}/runs/{quote(run_id, safe='')}/tasks/{task_id}"
+        _log_in(page, task_page, username, password)
+        page.wait_for_url(re.compile(rf".*/tasks/{task_id}.*"))
+        link = page.get_by_role("link", name=link_name)
+        expect(link).to_be_visible(timeout=timeout_ms)
+        href = link.get_attribute("href") or ""
+        page.screenshot(path=str(screenshots / f"{dag_id}_{task_id}_task.png"))
+        page.goto(href)  # the link opens a new tab; the same page follows it here
+        expect(page.get_by_text(expect_text).first).to_be_visible(timeout=timeout_ms)
+        target = screenshots / f"{dag_id}_{task_id}_link.png"
+        page.screenshot(path=str(target), full_page=True)
+        return {"href": href, "url": page.url, "screenshot": str(target)}
 
 
 def check_dag_runs(
@@ -86,23 +97,17 @@ def check_dag_runs(
     timeout_ms: int = 90_000,
 ) -> dict[str, Any]:
     """Log in, open the DAG's runs list, and return what the page says about ``run_id``."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1440, "height": 900})
-            page.set_default_timeout(timeout_ms)
-            _log_in(page, f"{base_url}/dags/{dag_id}/runs", username, password)
-            page.wait_for_url(re.compile(rf".*/dags/{dag_id}.*"))
-            row = page.get_by_role("row").filter(has_text=run_id)
-            expect(row).to_be_visible(timeout=timeout_ms)
-            row_text = row.inner_text()
-            screenshot.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(screenshot), full_page=True)
-            return {"url": page.url, "row": row_text, "screenshot": str(screenshot)}
-        finally:
-            browser.close()
+    with _browser_page(timeout_ms) as page:
+        _log_in(page, f"{base_url}/dags/{dag_id}/runs", username, password)
+        page.wait_for_url(re.compile(rf".*/dags/{dag_id}.*"))
+        row = page.get_by_role("row").filter(has_text=run_id)
+        expect(row).to_be_visible(timeout=timeout_ms)
+        row_text = row.inner_text()
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(screenshot), full_page=True)
+        return {"url": page.url, "row": row_text, "screenshot": str(screenshot)}
 
 
 def main(argv: list[str] | None = None) -> int:
