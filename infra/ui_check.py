@@ -86,6 +86,16 @@ def follow_extra_link(
         return {"href": href, "url": page.url, "screenshot": str(target)}
 
 
+def screenshot_page(path: Path, screenshot: Path, *, timeout_ms: int = 60_000) -> Path:
+    """A full-page screenshot of a local HTML file (a ``cascade report`` page)."""
+    with _browser_page(timeout_ms) as page:
+        page.goto(path.resolve().as_uri())
+        page.wait_for_load_state("load")
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(screenshot), full_page=True)
+    return screenshot
+
+
 def check_dag_runs(
     base_url: str,
     password: str,

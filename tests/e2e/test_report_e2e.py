@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cascade.config import Settings
+from cascade.config import REPO_ROOT, Settings
 from tests.e2e.conftest import DS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -45,3 +45,10 @@ def test_the_partitions_report_shows_every_run_step_timed_gated_and_its_curves(
     for name in pipelines:
         assert f"<h2>{name}</h2>" in page
     assert json.loads((tmp_path / "report.json").read_text())["counts"]["ok"] == len(steps)
+    # What a person sees: the page renders with its images (the README's screenshot).
+    from infra.ui_check import screenshot_page
+
+    shot = screenshot_page(
+        tmp_path / "index.html", REPO_ROOT / "artifacts" / "screenshots" / "report.png"
+    )
+    assert shot.stat().st_size > 20_000
