@@ -123,9 +123,11 @@ def open_resumable_run(
     params: Mapping[str, Any],
     *,
     resume: bool = True,
+    inputs: Mapping[str, Path | str] | None = None,
 ) -> str:
-    """Start an MLflow run in ``experiment``, record its id in ``marker`` and log ``params``;
-    or reopen the run an interrupted attempt recorded there (its params are already logged).
+    """Start an MLflow run in ``experiment``, record its id in ``marker`` and log ``params``
+    and the datasets in ``inputs`` (name -> lake path, :mod:`cascade.training.datasets`); or
+    reopen the run an interrupted attempt recorded there (all of those are already logged).
 
     With ``resume=False`` (the attempt left nothing to resume from) a recorded run is marked
     KILLED, so the registry never shows it as still running, and a new run starts.
@@ -149,6 +151,10 @@ def open_resumable_run(
     write_result(marker, {"run_id": run.info.run_id})
     if params:
         mlflow.log_params(dict(params))
+    if inputs:
+        from cascade.training.datasets import log_inputs
+
+        log_inputs(inputs)
     return str(run.info.run_id)
 
 

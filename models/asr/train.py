@@ -300,7 +300,10 @@ def run_fingerprint(config: AsrTrainConfig, corpus: Path) -> str:
 def _mlflow_run(settings: Settings, out: Path, config: AsrTrainConfig, corpus: Path) -> str:
     """Start the run, or reopen the one an interrupted attempt recorded in ``OUT/RUN_MARKER``."""
     params = config.flat_params() | {"corpus": str(corpus), "alphabet_size": str(len(ALPHABET))}
-    return open_resumable_run(settings, EXPERIMENT, out / RUN_MARKER, f"asr-{config.name}", params)
+    inputs = {f"{corpus.parent.name}/{corpus.name}": corpus}
+    return open_resumable_run(
+        settings, EXPERIMENT, out / RUN_MARKER, f"asr-{config.name}", params, inputs=inputs
+    )
 
 
 def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] | None:

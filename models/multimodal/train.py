@@ -285,8 +285,14 @@ def run_fingerprint(config: MultimodalTrainConfig, corpus: Path | None, world: i
 def _mlflow_run(settings: Settings, out: Path, config: MultimodalTrainConfig, source: str) -> str:
     """Start the run, or reopen the one an interrupted attempt recorded in ``OUT/RUN_MARKER``."""
     params = config.flat_params() | {"data": source}
+    path = Path(source)
     return open_resumable_run(
-        settings, EXPERIMENT, out / RUN_MARKER, f"multimodal-{config.name}", params
+        settings,
+        EXPERIMENT,
+        out / RUN_MARKER,
+        f"multimodal-{config.name}",
+        params,
+        inputs={f"{path.parent.name}/{path.name}": path},
     )
 
 

@@ -34,8 +34,14 @@ EXPERIMENT = "preranking-cascade"
 def _mlflow_run(settings: Settings, out: Path, config: CascadeTrainConfig) -> str:
     """Start (or, on resume, reopen) the run recorded in ``OUT/mlflow_run.json``."""
     params = {k: str(v) for k, v in _flat(config.to_dict()).items()}
+    data = Path(config.data)
     return open_resumable_run(
-        settings, EXPERIMENT, out / RUN_MARKER, f"cascade-{config.name}", params
+        settings,
+        EXPERIMENT,
+        out / RUN_MARKER,
+        f"cascade-{config.name}",
+        params,
+        inputs={f"{data.parent.name}/{data.name}": data},
     )
 
 

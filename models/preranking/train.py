@@ -220,14 +220,22 @@ def _step_seed(config: TrainConfig, step: int, rank: int, world: int) -> int:
     return config.seed * 1_000_003 + step * world + rank
 
 
-def _mlflow_run(settings: Settings, out: Path, config: TrainConfig, ds: str, resume: bool) -> str:
+def _mlflow_run(
+    settings: Settings, out: Path, config: TrainConfig, ds: str, resume: bool, data: Path
+) -> str:
     """Start the run, or reopen the one an interrupted attempt left in ``out/RUN_MARKER``.
 
     A marker without a checkpoint to resume belongs to an attempt that died before its first
     checkpoint: that run is marked KILLED, so the registry never shows it as still running.
     """
     return open_resumable_run(
-        settings, EXPERIMENT, out / RUN_MARKER, f"{config.name}-{ds}", {}, resume=resume
+        settings,
+        EXPERIMENT,
+        out / RUN_MARKER,
+        f"{config.name}-{ds}",
+        {},
+        resume=resume,
+        inputs={f"{data.parent.name}/{data.name}": data},
     )
 
 
@@ -289,7 +297,7 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
     settings = load_settings()
     run_id = None
     if rank == 0:
-        run_id = _mlflow_run(settings, out, config, ds, resume=start_step > 0)
+        run_id = _mlflow_run(settings, out, config, ds, resume=start_step > 0, data=data)
         print(
             f"[train] config={config.name} ds={ds} world={world} rows train={len(train_frame)} "
             f"test={len(test_frame)} zero={config.zero_stage} "

@@ -221,7 +221,7 @@ def test_every_step_task_has_the_mlflow_links_and_its_result_carries_them(dagbag
     from cascade.pipeline_registry import registered_pipelines
     from cascade.step_links import LINK_NAMES, step_links
 
-    for dag_id, spec in registered_pipelines().items():
+    for dag_id in registered_pipelines():
         dag = dagbag.dags[dag_id]
         serialized = DagSerialization.to_dict(dag)["dag"]["tasks"]
         for task in serialized:

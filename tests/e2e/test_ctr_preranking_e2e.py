@@ -135,6 +135,9 @@ def test_a_tasks_extra_link_leads_to_its_mlflow_run_tagged_with_the_dag_run(
     tags = run.data.tags
     assert (tags["dag_id"], tags["run_id"], tags["task_id"]) == ("ctr_preranking", dag_run, "train")
     assert tags["ds"] == pipeline_run["train"]["ds"] and tags["try_number"]
+    # The training set it read, with its digest (MLflow's Datasets column).
+    (read,) = run.inputs.dataset_inputs
+    assert read.dataset.name.endswith(f"dt={pipeline_run['train']['ds']}") and read.dataset.digest
     # In the browser: the train task's page, its "MLflow run" button, MLflow's page for the run.
     seen = follow_extra_link(
         stack.airflow_url,
