@@ -5,13 +5,17 @@ STAMP := $(VENV)/.cascade-installed
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: venv demo test test-fast e2e up down status lint bench clean
+.PHONY: venv lock demo test test-fast e2e up down status lint bench clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml infra/install.sh
+$(STAMP): pyproject.toml infra/install.sh infra/requirements.lock
 	bash infra/install.sh $(VENV)
 	touch $(STAMP)
+
+# Rewrites infra/requirements.lock from the packages installed in $(VENV) (infra/lock.py says how).
+lock:
+	$(PY) -m infra.lock
 
 demo: venv
 	$(VENV)/bin/cascade demo

@@ -32,18 +32,29 @@ apt_install
 if [ ! -x "$VENV/bin/python" ]; then
   echo "install: creating $VENV"
   "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade pip
 fi
 PIP="$VENV/bin/pip"
-# torch first and pinned: an unpinned torch pulled in by another package is a multi-GB CUDA build.
-"$PIP" install -q torch==2.13.0
+# Every Python package comes from the lock (`make lock`, infra/lock.py): pinned, and pip refuses a
+# file whose sha256 it does not list. --no-deps: the lock is the whole environment, and kserve 0.21
+# (its psutil<6 pin clashes with Airflow's task SDK) and recbole (only its MovieLens data is read)
+# are in it without their declared dependencies. torch is pinned to the local CPU wheel's hash, so
+# no CUDA build can come instead.
+LOCK=infra/requirements.lock
+# The lock's entries (pinned line and its --hash lines) for the distributions named.
+lock_entries() { awk -v names=" $* " '/^[^ #]/ { split($1, a, "=="); keep = index(names, " " a[1] " ") > 0 } keep' "$LOCK"; }
+BOOT=$(mktemp)
+trap 'rm -f "$BOOT"' EXIT
+lock_entries pip setuptools >"$BOOT"
+# pip and setuptools first: the venv's bundled pip runs only this step, and the locked setuptools
+# builds the lock's few sdists in the venv (--no-build-isolation), so no unhashed build tool is fetched.
+"$VENV/bin/python" -m pip install -q --require-hashes --no-deps -r "$BOOT"
 # The broker's native binary only from the wheel with the pinned sha256.
 "$PIP" install -q --no-deps --require-hashes -r infra/broker-requirements.txt
-"$PIP" install -q -e '.[dev]'
-# kserve 0.21 pins psutil<6, which Airflow's task SDK cannot use; its other needs are in pyproject.
-"$PIP" install -q --no-deps kserve==0.21.0
-# MovieLens-100k ships inside recbole; only its data is used, so none of its dependencies.
-"$PIP" install -q --no-deps recbole==1.2.1
+echo "install: $(grep -c '^[^ #]' "$LOCK") locked packages from $LOCK"
+"$PIP" install -q --require-hashes --no-deps --no-build-isolation -r "$LOCK"
+# The project itself, editable; its dependencies are all in the lock.
+"$PIP" install -q --no-deps --no-build-isolation -e .
+# MovieLens-100k ships inside recbole (in the lock); only its data is used.
 "$VENV/bin/python" -c "import importlib.util as u; from pathlib import Path; p=Path(u.find_spec('recbole').submodule_search_locations[0])/'dataset_example/ml-100k/ml-100k.inter'; assert p.exists(), p"
 # Emoji images with their names (npm, PNG + emoji.json): image-text pairs for the multimodal corpus.
 EMOJI="$VENV/npm/node_modules/emoji-datasource-google"
