@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "asr": "benchmarks.asr_path:run",
     "multimodal": "benchmarks.multimodal_moe:run",
     "multimodal-corpus": "benchmarks.multimodal_corpus:bench_multimodal_corpus",
+    "security": "benchmarks.security:run",
 }
 """Benchmark name -> ``module:function``; imported only when run."""
 

@@ -391,6 +391,17 @@ def measure(
     }
 
 
+def private_stack_env(home: Path, port: int) -> dict[str, str]:
+    """The settings of a private stack in ``home``: local profile, a SQLite MLflow, the model
+    server on ``port``."""
+    return {
+        "CASCADE_PROFILE": "local",
+        "CASCADE_HOME": str(home),
+        "CASCADE_MLFLOW_URI": f"sqlite:///{home / 'mlflow.db'}",
+        "CASCADE_SERVING_PORT": str(port),
+    }
+
+
 def run(out: Path, quick: bool) -> dict[str, Any]:
     from cascade.feature_store import apply_and_materialize
     from models.preranking.synthetic_data import synthetic_training_frame
@@ -409,10 +420,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         port = free_port()
         env = {
             **os.environ,
-            "CASCADE_PROFILE": "local",
-            "CASCADE_HOME": str(home),
-            "CASCADE_MLFLOW_URI": f"sqlite:///{home / 'mlflow.db'}",
-            "CASCADE_SERVING_PORT": str(port),
+            **private_stack_env(home, port),
             "CASCADE_SERVING_MAX_CANDIDATES": str(max(candidates, 10_000)),
         }
         settings = load_settings(env)

@@ -5,14 +5,23 @@ A new version gets the ``challenger`` alias; :mod:`cascade.promotion` decides wh
 repeated registration returns the same answer. Before ``champion`` moves, the version is
 tagged with the champion it replaces (:data:`PREVIOUS_CHAMPION_TAG`), which the rollback of
 :mod:`cascade.deployments` follows.
+
+A version's files are data checked against what its registration recorded
+(:mod:`cascade.artifacts`): :func:`source_digests` is what a registration step records as
+:data:`~cascade.artifacts.DIGESTS_TAG`, :func:`download_verified` is how a loader gets the files
+of a version, refused (:class:`~cascade.artifacts.TamperedArtifact`) before any is read when
+one changed, went missing or was added.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cascade.artifacts import folder_digests, recorded_digests, verify
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake
 
@@ -22,6 +31,8 @@ DECISION_TAG = "cascade.promotion"
 """Model-version tag holding the decision as JSON, so a repeated call returns the same answer."""
 PREVIOUS_CHAMPION_TAG = "cascade.previous_champion"
 """Written before the champion alias moves, so a retry after a crash still knows it."""
+REGISTRY_META = "registered_model_meta"
+"""A file MLflow adds to a ``models:/`` download (name and version); not part of the model."""
 
 
 def version_by_alias(client: Any, name: str, alias: str) -> Any | None:
@@ -74,3 +85,63 @@ def registry_report_path(ds: str, settings: Settings | None = None) -> Path:
     """Where the pre-ranker's register step writes its decision for ``ds``."""
     settings = settings or load_settings()
     return Lake(settings.lake_root).reports("register", ds) / "result.json"
+
+
+def download_source(settings: Settings, source: str, dst: Path) -> Path:
+    """The files at registry location ``source`` downloaded under ``dst`` (without the
+    :data:`REGISTRY_META` file MLflow adds); returns their folder."""
+    import mlflow.artifacts
+
+    local = Path(
+        mlflow.artifacts.download_artifacts(
+            artifact_uri=source, dst_path=str(dst), tracking_uri=settings.tracking_uri
+        )
+    )
+    (local / REGISTRY_META).unlink(missing_ok=True)
+    return local
+
+
+def source_digests(settings: Settings, source: str) -> dict[str, str]:
+    """What a registration records for the version it creates from ``source``: the sha256 of
+    every file of the registry's own copy (a path relative to ``source`` -> hex digest)."""
+    with tempfile.TemporaryDirectory(prefix="cascade-register-") as tmp:
+        return folder_digests(download_source(settings, source, Path(tmp)))
+
+
+def recorded_version_digests(settings: Settings, name: str, version: str) -> dict[str, str]:
+    """The digests version ``version`` of ``name`` recorded at registration; raises
+    :class:`~cascade.artifacts.TamperedArtifact` when it records none."""
+    client = registry_client_of(settings)
+    return recorded_digests(client.get_model_version(name, version).tags, f"{name} v{version}")
+
+
+def registry_client_of(settings: Settings) -> Any:
+    """A client on the settings' store that leaves MLflow's process-wide URIs alone."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=settings.tracking_uri, registry_uri=settings.tracking_uri)
+
+
+def download_verified(
+    settings: Settings,
+    name: str,
+    version: str,
+    dst: Path,
+    *,
+    expected: Mapping[str, str] | None = None,
+) -> Path:
+    """The files of version ``version`` of ``name``, downloaded under ``dst`` from where the
+    settings' registry keeps them (a ``models:/`` URI would resolve in MLflow's process-wide
+    registry, which may be another store) and checked against the digests recorded at
+    registration (``expected``, else the version's tag) before anything reads them.
+
+    Raises :class:`~cascade.artifacts.TamperedArtifact` (the files stay under ``dst`` for
+    the caller to delete) when the version records no digests or a file differs."""
+    what = f"{name} v{version}"
+    client = registry_client_of(settings)
+    if expected is None:
+        expected = recorded_digests(client.get_model_version(name, version).tags, what)
+    location = client.get_model_version_download_uri(name, version)
+    local = download_source(settings, location, dst)
+    verify(local, expected, what)
+    return local

@@ -161,11 +161,13 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     passed and its CER on this partition's held-out voices is within the tolerance of the
     champion's CER on the same utterances. Calling it again returns the first decision."""
     import dataclasses
+    import tempfile
 
     import mlflow
 
+    from cascade.artifacts import DIGESTS_TAG, digests_tag
     from cascade.promotion import Decision, NewVersion, Scores, register_and_promote
-    from cascade.registry import registry_client
+    from cascade.registry import download_verified, registry_client, source_digests
 
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
@@ -178,11 +180,13 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
     def score(champion: Any) -> Scores:
         corpus = corpus_dir(lake, ds)
-        champion_dir = mlflow.artifacts.download_artifacts(
-            f"models:/{MODEL_NAME}/{champion.version}", tracking_uri=settings.tracking_uri
-        )
         challenger_cer = held_out_cer(Path(trained["int8_artifact"]), corpus)
-        champion_cer = held_out_cer(Path(champion_dir), corpus)
+        # The champion's files are read only once they match what its registration recorded.
+        with tempfile.TemporaryDirectory(prefix="asr-champion-") as scratch:
+            champion_dir = download_verified(
+                settings, MODEL_NAME, str(champion.version), Path(scratch)
+            )
+            champion_cer = held_out_cer(champion_dir, corpus)
         utterances = challenger_cer["utterances"]
         return Scores(
             challenger=challenger_cer["cer"],
@@ -201,14 +205,22 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
             "compile_gate": {k: gate.get(k) for k in ("passed", "reasons", "artifact")},
         }
 
+    source = f"{mlflow.get_run(run_id).info.artifact_uri}/{SERVED_ARTIFACT_PATH}"
+    # What the registry holds now is what every later load must find (cascade.artifacts).
+    digests = digests_tag(source_digests(settings, source))
     result = register_and_promote(
         client,
         NewVersion(
             name=MODEL_NAME,
             model_description="Speech recognition, ConvDFSMN int8 (Cascade)",
             run_id=run_id,
-            source=f"{mlflow.get_run(run_id).info.artifact_uri}/{SERVED_ARTIFACT_PATH}",
-            tags={"ds": ds, "cer_int8": repr(float(trained["cer_int8"])), "run_id": run_id},
+            source=source,
+            tags={
+                "ds": ds,
+                "cer_int8": repr(float(trained["cer_int8"])),
+                "run_id": run_id,
+                DIGESTS_TAG: digests,
+            },
             description=f"trained for ds={ds} with config {trained.get('config')}",
         ),
         promotion=promotion,

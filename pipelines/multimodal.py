@@ -308,8 +308,9 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
     import mlflow
 
+    from cascade.artifacts import DIGESTS_TAG, digests_tag
     from cascade.promotion import Decision, NewVersion, Scores, register_and_promote
-    from cascade.registry import registry_client
+    from cascade.registry import download_verified, registry_client, source_digests
     from models.multimodal.stored import NoStoredTokenizer, score_stored_model
 
     settings = settings or load_settings()
@@ -345,15 +346,12 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
     def score(champion: Any) -> Scores:
         with tempfile.TemporaryDirectory(prefix="mm-champion-") as scratch:
-            folder = mlflow.artifacts.download_artifacts(
-                f"models:/{MODEL_NAME}/{champion.version}",
-                dst_path=scratch,
-                tracking_uri=settings.tracking_uri,
-            )
+            # Its files are read only once they match what its registration recorded.
+            folder = download_verified(settings, MODEL_NAME, str(champion.version), Path(scratch))
             try:
                 scored = score_stored_model(
                     settings,
-                    Path(folder),
+                    folder,
                     corpus_dir(lake, ds),
                     lake.reports("mm_register", ds) / f"champion-v{champion.version}",
                     limit=eval_pairs,
@@ -389,14 +387,17 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
             "dense_mean_recall_at_1": (evaluation.get("dense") or {}).get("mean_recall_at_1"),
         }
 
+    source = f"{mlflow.get_run(run_id).info.artifact_uri}/{MODEL_ARTIFACT_PATH}"
+    # What the registry holds now is what every later load must find (cascade.artifacts).
+    digests = digests_tag(source_digests(settings, source))
     result = register_and_promote(
         client,
         NewVersion(
             name=MODEL_NAME,
             model_description="Image-text retrieval, MoE transformer (Cascade)",
             run_id=run_id,
-            source=f"{mlflow.get_run(run_id).info.artifact_uri}/{MODEL_ARTIFACT_PATH}",
-            tags={"ds": ds, MEAN_RECALL_TAG: repr(recall), "run_id": run_id},
+            source=source,
+            tags={"ds": ds, MEAN_RECALL_TAG: repr(recall), "run_id": run_id, DIGESTS_TAG: digests},
             description=f"trained for ds={ds} with config {evaluation.get('config')}",
         ),
         promotion=promotion,

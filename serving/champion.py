@@ -12,6 +12,12 @@ another one serves from), and a version's folder is complete only when its marke
 A folder without the marker (a download killed half way), or whose files no longer match it,
 is never served: it is deleted and downloaded again. Folders of processes that no longer run
 are removed when a follower starts.
+
+Trust: a version is downloaded only when its registration recorded the digests of its files
+(:data:`cascade.artifacts.DIGESTS_TAG`), and handed to ``swap`` only when every file matches them
+(nothing changed, missing or added since). A version that does not is refused before any of its
+files is read: the refusal is logged once (``refusing ... v3 ...; still serving v2``), the folder
+deleted, and the served version stays until the alias moves to another version.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cascade.artifacts import TamperedArtifact
 from cascade.config import Settings
 
 log = logging.getLogger(__name__)
@@ -105,32 +112,42 @@ def incomplete_reason(folder: Path) -> str | None:
     return None
 
 
+def _marked_digests(folder: Path) -> dict[str, str]:
+    listed = json.loads((folder / COMPLETE_MARKER).read_text())["files"]
+    return {name: entry["sha256"] for name, entry in listed.items()}
+
+
 def download_version(settings: Settings, model_name: str, version: str, cache: Path) -> Path:
     """The files of ``model_name`` version ``version`` in this process's
-    ``cache/worker-PID/v{version}``: reused when its marker vouches for it, else (no marker, or
-    files that do not match it) deleted and downloaded again, then marked complete."""
-    import mlflow
+    ``cache/worker-PID/v{version}``: reused when its marker vouches for it and lists the digests
+    the version's registration recorded, else (no marker, files that do not match it) deleted
+    and downloaded again, checked against those digests, then marked complete.
 
+    Raises :class:`~cascade.artifacts.TamperedArtifact`, leaving no folder behind, when the
+    version records no digests or its files do not match them."""
+    from cascade.registry import download_verified, recorded_version_digests
+
+    expected = recorded_version_digests(settings, model_name, str(version))
     target = worker_cache(cache) / f"v{version}"
     if target.exists():
         reason = incomplete_reason(target)
-        if reason is None:
+        if reason is None and _marked_digests(target) == expected:
             return target
+        reason = reason or "its files are not the ones the registration recorded"
         log.warning("%s v%s in %s is incomplete: %s; downloading it again", model_name,
                     version, target, reason)  # fmt: skip
         shutil.rmtree(target)
-    # The files' location in these settings' registry: a models:/ URI would be resolved in
-    # MLflow's process-wide registry, which may be another store.
-    client = mlflow.MlflowClient(settings.tracking_uri, registry_uri=settings.tracking_uri)
     staging = target.parent / f".{target.name}.download"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True, mode=0o700)
-    downloaded = mlflow.artifacts.download_artifacts(
-        artifact_uri=client.get_model_version_download_uri(model_name, str(version)),
-        dst_path=str(staging),
-        tracking_uri=settings.tracking_uri,
-    )
-    Path(downloaded).rename(target)  # the version's folder itself, whatever its stored name
+    try:
+        downloaded = download_verified(
+            settings, model_name, str(version), staging, expected=expected
+        )
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    downloaded.rename(target)  # the version's folder itself, whatever its stored name
     shutil.rmtree(staging, ignore_errors=True)
     target.chmod(0o700)
     write_marker(target, model=model_name, version=str(version))
@@ -175,6 +192,9 @@ class ChampionFollower:
         self.settings, self.model_name, self.swap = settings, model_name, swap
         self.cache, self.poll_s, self.alias = cache, poll_s, alias
         self.served: str | None = None
+        self.refused: str | None = None
+        """The version last refused (its files are not what its registration recorded): not
+        downloaded again until the alias has moved to another version."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -184,10 +204,18 @@ class ChampionFollower:
     def refresh(self) -> bool:
         with self._lock:
             wanted = champion_version(self.settings, self.model_name, self.alias)
-            if wanted is None or wanted == self.served:
+            if wanted is None or wanted == self.served or wanted == self.refused:
                 return False
+            self.refused = None
             log.info("loading %s version %s (serving %s)", self.model_name, wanted, self.served)
-            folder = download_version(self.settings, self.model_name, wanted, self.cache)
+            try:
+                folder = download_version(self.settings, self.model_name, wanted, self.cache)
+            except TamperedArtifact as exc:
+                self.refused = wanted
+                serving = "no version yet" if self.served is None else f"v{self.served}"
+                log.error("refusing %s v%s: %s; still serving %s", self.model_name, wanted,
+                          exc, serving)  # fmt: skip
+                return False
             self.swap(folder, wanted)
             previous, self.served = self.served, wanted
             log.info("serving %s version %s (was %s)", self.model_name, wanted, previous)

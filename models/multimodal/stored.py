@@ -12,6 +12,11 @@ A registered version's folder (artifact ``model`` of its training run) holds
 - ``digests.json``: the sha256 of each of those files, checked before any of them is read;
 - ``result.json``: the training's figures.
 
+``digests.json`` sits beside the files it vouches for, so it guards against a broken copy, not
+against whoever can write the store: a registered version's files are checked against the
+digests its registration recorded (:func:`cascade.registry.download_verified`) before this
+module reads them.
+
 Nothing is unpickled: the state dicts are read with ``torch.load(..., weights_only=True)``, the
 rest is JSON. The caption tokenizer is refitted for every corpus, so another partition's token
 ids mean nothing to a model: :func:`score_stored_model` tokenizes the split's captions again
@@ -26,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import shutil
 import sys
@@ -35,6 +39,7 @@ from typing import Any
 
 import torch
 
+from cascade.artifacts import sha256_file
 from cascade.caption_tokenizer import CaptionTokenizer
 from cascade.config import Settings
 from cascade.results import write_result
@@ -55,14 +60,6 @@ class NoStoredTokenizer(FileNotFoundError):
     """The model was stored without its caption tokenizer (trained before it was kept)."""
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def save_model_files(final: Path, config: MultimodalConfig, corpus: Path | None) -> None:
     """Write the model's config, its corpus's tokenizer (when the corpus has one) and the
     digests beside the module states in ``final``."""
@@ -75,7 +72,7 @@ def save_model_files(final: Path, config: MultimodalConfig, corpus: Path | None)
     files = [final / MODULE_STATES, *sorted(final.glob(EXPERT_STATES)), final / MODEL_CONFIG_FILE]
     if (final / TOKENIZER_FILE).is_file():
         files.append(final / TOKENIZER_FILE)
-    digests = {f.name: _sha256(f) for f in files}
+    digests = {f.name: sha256_file(f) for f in files}
     (final / DIGESTS_FILE).write_text(json.dumps(digests, indent=1, sort_keys=True))
 
 
@@ -94,7 +91,7 @@ def check_digests(folder: Path) -> None:
         path = Path(folder) / name
         if not path.is_file():
             raise ValueError(f"{folder}: {name} is listed in {DIGESTS_FILE} but missing")
-        if _sha256(path) != expected:
+        if sha256_file(path) != expected:
             raise ValueError(f"{folder}: {name} does not match its sha256 in {DIGESTS_FILE}")
 
 
@@ -114,8 +111,8 @@ def load_stored_model(folder: Path) -> tuple[ImageTextTransformer, CaptionTokeni
     from deepspeed.moe.layer import MoE
 
     folder = Path(folder)
-    tokenizer = stored_tokenizer(folder)
     check_digests(folder)
+    tokenizer = stored_tokenizer(folder)
     fields = json.loads((folder / MODEL_CONFIG_FILE).read_text())
     moe = fields.pop("moe")
     config = MultimodalConfig(

@@ -47,7 +47,7 @@ from cascade.artifacts import (
 )
 from cascade.config import Settings, load_settings
 from cascade.ctr_schema import MODEL_FEATURES
-from cascade.registry import version_by_alias
+from cascade.registry import REGISTRY_META, version_by_alias
 from models.preranking.config_registry import CascadeTrainConfig, TrainConfig
 from models.preranking.fields import FIELD_NAMES, FieldEncoder
 from models.preranking.model import ColdPreRanker, PreRanker
@@ -289,8 +289,6 @@ COMPILED_GATE = "gate.json"
 
 RUN_FILES = "run:"
 """Prefix of the digests of run artifacts (the compiled package) in a version's digest tag."""
-REGISTRY_META = "registered_model_meta"
-"""A file MLflow adds to a ``models:/`` download (name and version); not part of the model."""
 
 
 def registration_digests(settings: Settings, model_uri: str, run_id: str) -> dict[str, str]:

@@ -4,7 +4,6 @@ registration is never loaded, and a pickle planted in a version is never unpickl
 from __future__ import annotations
 
 import contextlib
-import pickle
 from pathlib import Path
 
 import mlflow
@@ -18,18 +17,9 @@ from models.preranking.inference import frame_inputs, load_version
 from models.preranking.registration import register_and_promote
 from models.preranking.synthetic_data import synthetic_training_frame
 from tests.cascade.test_registry import fitted, settings, trained  # noqa: F401 (fixture)
+from tests.planted import planted_pickle
 
 DS = "2026-01-01"
-
-
-class Planted:
-    """Unpickling it writes a file: the proof that something unpickled it."""
-
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[object, tuple[str, str]]:
-        return (Path.write_text, (Path(self.marker), "unpickled"))
 
 
 def stored_folder(store: Settings, version: str) -> Path:
@@ -65,7 +55,7 @@ def test_a_planted_pickle_is_never_unpickled(settings: Settings, tmp_path: Path)
     marker = tmp_path / "unpickled.txt"
     # Whoever can write the store can also write the digests: the loader must not depend on
     # them to stay away from pickles.
-    (folder / "python_model.pkl").write_bytes(pickle.dumps(Planted(str(marker))))
+    (folder / "python_model.pkl").write_bytes(planted_pickle(marker))
     client = mlflow.MlflowClient(settings.tracking_uri, registry_uri=settings.tracking_uri)
     client.set_model_version_tag(
         settings.registered_model, version, DIGESTS_TAG, digests_tag(folder_digests(folder))

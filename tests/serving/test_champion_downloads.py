@@ -1,6 +1,7 @@
 """A server process downloads a registry version into a folder of its own and serves it only
 when the completeness marker (written last, with the files' digests) vouches for it: a planted
-partial download is never served, it is downloaded again."""
+partial download is never served, it is downloaded again. A version whose stored files are not
+the ones its registration recorded is never loaded: the ASR server keeps the version it serves."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cascade.artifacts import DIGESTS_TAG, digests_tag, folder_digests
 from cascade.config import Settings
 from serving.champion import (
     COMPLETE_MARKER,
@@ -20,6 +22,7 @@ from serving.champion import (
     incomplete_reason,
     worker_cache,
 )
+from tests.planted import planted_pickle
 
 MODEL = "asr"
 FILES = {"asr_model.pt": b"weights " * 4096, "config/asr.json": b'{"vocab": 42}'}
@@ -42,7 +45,10 @@ def registry(settings: Settings, tmp_path: Path) -> Settings:
     client.set_terminated(run.info.run_id)
     client.create_registered_model(MODEL)
     version = client.create_model_version(
-        MODEL, source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id
+        MODEL,
+        source=f"{run.info.artifact_uri}/model",
+        run_id=run.info.run_id,
+        tags={DIGESTS_TAG: digests_tag(folder_digests(source))},
     )
     client.set_registered_model_alias(MODEL, "champion", version.version)
     return settings
@@ -105,3 +111,83 @@ def test_folders_of_server_processes_that_ended_are_removed(
     mine = download_version(registry, MODEL, "1", cache)
     ChampionFollower(registry, MODEL, lambda folder, version: None, cache=cache)
     assert not dead.exists() and mine.is_dir()
+
+
+def _register_asr(settings: Settings, folder: Path) -> tuple[str, Path]:
+    """``folder`` registered as a new version of ``asr`` with the digests its registration
+    records (:func:`cascade.registry.source_digests`, as the asr pipeline's register step
+    does); returns the version and where the store keeps its files."""
+    from mlflow.tracking import MlflowClient
+
+    from cascade.registry import source_digests
+
+    client = MlflowClient(settings.tracking_uri, settings.tracking_uri)
+    names = [m.name for m in client.search_registered_models()]
+    experiment = "asr-trust"
+    found = client.get_experiment_by_name(experiment)
+    run = client.create_run(found.experiment_id if found else client.create_experiment(experiment))
+    client.log_artifacts(run.info.run_id, str(folder), artifact_path="int8")
+    client.set_terminated(run.info.run_id)
+    if MODEL not in names:
+        client.create_registered_model(MODEL)
+    source = f"{run.info.artifact_uri}/int8"
+    version = client.create_model_version(
+        MODEL,
+        source=source,
+        run_id=run.info.run_id,
+        tags={DIGESTS_TAG: digests_tag(source_digests(settings, source))},
+    ).version
+    stored = Path(client.get_model_version_download_uri(MODEL, version).removeprefix("file://"))
+    assert stored.is_dir()  # the local profile's artifact store is a folder
+    return str(version), stored
+
+
+@pytest.mark.parametrize("tamper", ["changed_weights", "planted_pickle", "no_digests"])
+def test_the_asr_server_never_loads_a_version_that_differs_from_its_registration(
+    settings: Settings, tmp_path: Path, tamper: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import torch
+    from mlflow.tracking import MlflowClient
+
+    from models.asr.artifact import save_artifact
+    from serving.asr import AsrModel
+    from tests.asr_models import tiny_artifact
+
+    model_dir = tmp_path / "model"
+    save_artifact(model_dir, tiny_artifact(quantized=False))
+    first, _ = _register_asr(settings, model_dir)
+    second, stored = _register_asr(settings, model_dir)
+    client = MlflowClient(settings.tracking_uri, settings.tracking_uri)
+    client.set_registered_model_alias(MODEL, "champion", first)
+    server = AsrModel(None, prefer_compiled=False)
+    cache = tmp_path / "cache"
+    follower = ChampionFollower(settings, MODEL, server.swap, cache=cache)
+    assert follower.refresh() and server.served_version == first
+
+    marker = tmp_path / "unpickled.txt"
+    if tamper == "changed_weights":  # still a valid model file: only the digest tells
+        payload = torch.load(stored / "asr_model.pt", weights_only=True)
+        payload["state_dict"] = {k: v + 1 for k, v in payload["state_dict"].items()}
+        torch.save(payload, stored / "asr_model.pt")
+    elif tamper == "planted_pickle":
+        (stored / "asr_model.pt").write_bytes(planted_pickle(marker))
+    else:
+        client.delete_model_version_tag(MODEL, second, DIGESTS_TAG)
+    client.set_registered_model_alias(MODEL, "champion", second)
+
+    with caplog.at_level("ERROR", logger="serving.champion"):
+        assert not follower.refresh()
+    assert server.served_version == first and follower.served == first
+    refusal = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(refusal) == 1 and f"refusing {MODEL} v{second}" in refusal[0]
+    assert f"still serving v{first}" in refusal[0]
+    why = "records no artifact digests" if tamper == "no_digests" else "changed ['asr_model.pt']"
+    assert why in refusal[0]
+    assert not marker.exists()
+    assert not (worker_cache(cache) / f"v{second}").exists()
+    assert not list(worker_cache(cache).glob(f".v{second}*"))  # nothing left of the download
+    # Refused once: the next ticks neither download it again nor log again.
+    caplog.clear()
+    with caplog.at_level("ERROR", logger="serving.champion"):
+        assert not follower.refresh()
+    assert not caplog.records and server.served_version == first

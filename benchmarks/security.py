@@ -1,0 +1,973 @@
+"""Benchmark ``security``: the trust boundaries of the stack, attacked and counted.
+
+    cascade bench security --out bench-results/security.json
+    cascade bench security --out /tmp/security.json --quick        # smoke, a few minutes
+
+Everything runs in a private state folder (a temporary one, never a running stack's), created
+under the most permissive umask a user could have, so only the stack's own modes protect it:
+
+* **the model server** (``python -m serving.server``, started as the stack starts its
+  ``serving`` service, :func:`infra.stack.start_service`) with the cluster profile's bearer token
+  and a 1 MiB body limit, serving a pre-ranker trained on a synthetic log, registered in a
+  SQLite MLflow and read through Feast's SQLite online store (the setup of
+  :mod:`benchmarks.serving_load`). ``fuzz_requests``: requests schemathesis generated from the
+  server's own OpenAPI document, schema-valid and schema-violating, for every operation in it
+  (``fuzz_per_operation`` examples per operation and mode, within ``fuzz_budget_s``);
+  ``fuzz_5xx``: how many were answered 5xx (0). ``oversize_rss_growth_mb``: the growth of the
+  server's resident memory (its processes together) over chunked and Content-Length bodies far
+  past the limit and chunked bodies of the wrong type, all on one keep-alive connection
+  (``oversize_statuses``: 413 and 415), measured after one warm-up body of each kind;
+* **events**: ``events_fuzzed`` messages hypothesis generated (bytes, text, any JSON, envelopes of
+  every event type with hostile fields) routed as a watcher routes them; each one that fires is
+  claimed by a run (:func:`cascade.event_ledger.claim_run_events`, which checks it again) and the
+  run's partition resolved; each one refused becomes a dead-letter record with its reason.
+  ``events_stalling_a_run``: messages that raised, fired something a run cannot work on, or were
+  refused without a readable dead-letter record (0). ``bad_classes``: the issue's bad events
+  (an integer partition, a far-future date, ...) with the kind and reason each was dead-lettered
+  with;
+* **the registry**: for each model kind (pre-ranker, ASR, multimodal), versions registered with
+  their digests (:func:`cascade.registry.source_digests`) whose stored files were then changed,
+  replaced by a pickle that writes a file when unpickled (with the digests re-tagged to match, as
+  someone who can write both the store and the tags would), or registered with no digests, each
+  handed to that kind's loader: the pre-ranker's :func:`~models.preranking.inference.load_version`,
+  the ASR server's champion follower, the multimodal register step's
+  :func:`~cascade.registry.download_verified`. ``tampered_artifacts_loaded``: versions a loader
+  accepted with files other than those registered, plus planted pickles that ran (0). The
+  running model server is pointed at a tampered pre-ranker too: it keeps its version
+  (``server_kept_its_version``);
+* **secrets**: ``world_readable_secrets``: the state folder and secret files another user could
+  read (:func:`infra.stack.world_readable_secrets`), plus every other file of the state folder
+  (logs, summaries, databases) holding the Airflow admin password or the serving token, after
+  the stack wrote the password (:func:`cascade.airflow_client.ensure_airflow_password`), Airflow's
+  auth manager started on it, and the server ran with the token (0).
+
+``--quick`` uses a smaller log, fewer examples and smaller bodies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import pickle
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from cascade.config import REPO_ROOT, Settings, load_settings, scoped_environ
+from cascade.lake import Lake
+from cascade.ports import free_port
+
+MB = 1 << 20
+BODY_LIMIT = MB
+INFER = "/v2/models/preranking/infer"
+QUICK_LOG_ROWS = 4_000
+FULL_LOG_ROWS = 40_000
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def open_umask() -> Iterator[None]:
+    """The most permissive umask: only the stack's own modes protect what it writes."""
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+class Trace:
+    """A pickle that writes ``marker`` when unpickled: the proof that something unpickled it."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (Path.write_text, (Path(self.marker), "unpickled"))
+
+
+def _client(settings: Settings) -> Any:
+    from cascade.registry import registry_client_of
+
+    return registry_client_of(settings)
+
+
+def _register_folder(settings: Settings, name: str, folder: Path, *, digests: bool = True) -> str:
+    """``folder`` logged to a run of its own and registered as a new version of ``name`` with
+    the digests a registration records (none with ``digests=False``); returns the version."""
+    from cascade.artifacts import DIGESTS_TAG, digests_tag
+    from cascade.registry import ensure_registered_model, source_digests
+
+    client = _client(settings)
+    experiment = client.get_experiment_by_name("security-bench")
+    experiment_id = (
+        experiment.experiment_id if experiment else client.create_experiment("security-bench")
+    )
+    run = client.create_run(experiment_id)
+    client.log_artifacts(run.info.run_id, str(folder), artifact_path="model")
+    client.set_terminated(run.info.run_id)
+    ensure_registered_model(client, name, "security benchmark")
+    source = f"{run.info.artifact_uri}/model"
+    tags = {DIGESTS_TAG: digests_tag(source_digests(settings, source))} if digests else {}
+    return str(
+        client.create_model_version(name, source=source, run_id=run.info.run_id, tags=tags).version
+    )
+
+
+def _stored(settings: Settings, name: str, version: str) -> Path:
+    uri = _client(settings).get_model_version_download_uri(name, version)
+    folder = Path(uri.removeprefix("file://"))
+    if not folder.is_dir():
+        raise RuntimeError(f"{name} v{version} is not stored in a local folder ({uri})")
+    return folder
+
+
+def _retag(settings: Settings, name: str, version: str) -> None:
+    """Record the stored files' current digests: what someone who writes the tags does too."""
+    from cascade.artifacts import DIGESTS_TAG, digests_tag, folder_digests
+
+    folder = _stored(settings, name, version)
+    _client(settings).set_model_version_tag(
+        name, version, DIGESTS_TAG, digests_tag(folder_digests(folder))
+    )
+
+
+# --- the model server ---------------------------------------------------------------------------
+
+
+class RawHttp:
+    """One keep-alive connection for bodies no HTTP client library would send."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self.port, self.token = port, token
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def start(self, content_type: str, framing: str) -> None:
+        self.sock.sendall(
+            (
+                f"POST {INFER} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+                f"Authorization: Bearer {self.token}\r\nContent-Type: {content_type}\r\n"
+                f"{framing}\r\n\r\n"
+            ).encode()
+        )
+
+    def chunked(self, total: int, piece: int = 256 << 10) -> None:
+        frame = b"%x\r\n%s\r\n" % (piece, b"7" * piece)
+        for _ in range(total // piece):
+            self.sock.sendall(frame)
+        self.sock.sendall(b"0\r\n\r\n")
+
+    def raw(self, total: int) -> None:
+        block = b"7" * MB
+        for _ in range(total // MB):
+            self.sock.sendall(block)
+
+    def answer(self) -> tuple[int, bytes]:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            got = self.sock.recv(65536)
+            if not got:
+                raise ConnectionError(f"the server closed the connection after {data[:200]!r}")
+            data += got
+        head, _, body = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        fields = {k.lower(): v for k, _, v in (line.partition(": ") for line in lines[1:])}
+        length = int(fields.get("content-length", "0"))
+        while len(body) < length:
+            body += self.sock.recv(65536)
+        return int(lines[0].split()[1]), body[:length]
+
+
+def server_rss_mb(pid: int) -> float:
+    import psutil
+
+    parent = psutil.Process(pid)
+    total = 0
+    for process in [parent, *parent.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += process.memory_info().rss
+    return total / MB
+
+
+def oversize_bodies(port: int, token: str, pid: int, *, body_mb: int) -> dict[str, Any]:
+    """Bodies far past the limit, chunked and with a Content-Length, and chunked bodies of the
+    wrong type, on one connection: their statuses and the server's RSS growth."""
+    kinds = [
+        ("application/json", "Transfer-Encoding: chunked", "chunked"),
+        ("text/plain", "Transfer-Encoding: chunked", "chunked"),
+        ("application/x-www-form-urlencoded", "Transfer-Encoding: chunked", "chunked"),
+        ("application/json", f"Content-Length: {body_mb * MB}", "raw"),
+    ]
+    http = RawHttp(port, token)
+    try:
+
+        def send(content_type: str, framing: str, how: str, size: int) -> int:
+            http.start(content_type, framing)
+            (http.chunked if how == "chunked" else http.raw)(size)
+            return http.answer()[0]
+
+        # One of each first (the allocator's pools, each path's first use), then measure.
+        warm = [send(t, f.replace(str(body_mb * MB), str(2 * MB)), h, 2 * MB) for t, f, h in kinds]
+        before = peak = server_rss_mb(pid)
+        statuses = []
+        for content_type, framing, how in kinds:
+            statuses.append(send(content_type, framing, how, body_mb * MB))
+            peak = max(peak, server_rss_mb(pid))
+        good = json.dumps(
+            {
+                "inputs": [
+                    {"name": "user_id", "datatype": "INT64", "shape": [1], "data": [3]},
+                    {"name": "item_ids", "datatype": "INT64", "shape": [3], "data": [1, 2, 3]},
+                ]
+            }
+        ).encode()
+        http.start("application/json", f"Content-Length: {len(good)}")
+        http.sock.sendall(good)
+        after_status, _ = http.answer()
+    finally:
+        http.close()
+    after = server_rss_mb(pid)
+    return {
+        "oversize_rss_growth_mb": round(max(peak, after) - before, 2),
+        "oversize_statuses": statuses,
+        "oversize_warmup_statuses": warm,
+        "oversize_body_mb": body_mb,
+        "oversize_bodies": len(kinds),
+        "server_rss_mb_before": round(before, 1),
+        "good_request_after_status": after_status,
+    }
+
+
+def fuzz_server(url: str, token: str, *, per_operation: int, budget_s: float) -> dict[str, Any]:
+    """Schemathesis over every operation of the server's OpenAPI document (schema-valid and,
+    where there is something to violate, schema-violating requests), within ``budget_s``."""
+    import requests
+    import schemathesis
+    from schemathesis.generation import GenerationMode
+
+    headers = {"Authorization": f"Bearer {token}"}
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=headers, timeout=10)
+    operations = [result.ok() for result in schema.get_all_operations()]
+    session = requests.Session()
+    statuses: dict[str, Counter[int]] = {}
+    failures: list[str] = []
+    deadline = time.monotonic() + budget_s
+    started = time.monotonic()
+    for operation in operations:
+        seen = statuses.setdefault(f"{operation.method.upper()} {operation.path}", Counter())
+        modes = [operation.as_strategy(GenerationMode.POSITIVE)]
+        with contextlib.suppress(Exception):  # nothing to violate (no parameters, no body)
+            modes.append(operation.as_strategy(GenerationMode.NEGATIVE))
+        # The budget is shared: each operation gets its share of what is left.
+        share = max(0.0, deadline - time.monotonic()) / max(1, len(operations) - len(statuses) + 1)
+        stop_at = time.monotonic() + share
+
+        _fuzz_operation(
+            modes, per_operation, url, session, headers, seen, failures, stop_at=stop_at
+        )
+    requests_sent = sum(sum(c.values()) for c in statuses.values())
+    return {
+        "fuzz_requests": requests_sent,
+        "fuzz_5xx": sum(n for c in statuses.values() for code, n in c.items() if code >= 500),
+        "fuzz_operations": len(operations),
+        "fuzz_operations_without_requests": sorted(op for op, c in statuses.items() if not c),
+        "fuzz_statuses": {op: dict(sorted(c.items())) for op, c in statuses.items()},
+        "fuzz_s": round(time.monotonic() - started, 1),
+        "fuzz_per_operation": per_operation,
+        "fuzz_budget_s": budget_s,
+        "fuzz_failures": failures,
+    }
+
+
+def _fuzz_operation(
+    modes: list[Any],
+    per_operation: int,
+    url: str,
+    session: Any,
+    headers: dict[str, str],
+    seen: Counter[int],
+    failures: list[str],
+    *,
+    stop_at: float,
+) -> None:
+    """Up to ``per_operation`` requests per mode of one operation, until ``stop_at``."""
+    import requests
+    from hypothesis import HealthCheck, Phase, given
+    from hypothesis import settings as hsettings
+    from hypothesis import strategies as st
+
+    @given(case=st.one_of(modes))
+    @hsettings(
+        max_examples=per_operation * len(modes),
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    def call(case: Any) -> None:
+        if time.monotonic() > stop_at and seen:
+            return
+        try:
+            response = case.call(base_url=url, session=session, headers=headers, timeout=10)
+        except requests.RequestException as exc:
+            seen[599] += 1  # no answer at all counts as a server failure
+            failures.append(f"{case.method} {case.formatted_path}: {exc}")
+            return
+        seen[response.status_code] += 1
+        if response.status_code >= 500 and len(failures) < 5:
+            failures.append(
+                f"{case.method} {case.formatted_path} -> {response.status_code}: "
+                f"{response.text[:200]}"
+            )
+
+    call()
+
+
+def served_version(url: str, token: str) -> str | None:
+    import requests
+
+    response = requests.post(
+        f"{url}{INFER}",
+        json={
+            "inputs": [
+                {"name": "user_id", "datatype": "INT64", "shape": [1], "data": [3]},
+                {"name": "item_ids", "datatype": "INT64", "shape": [2], "data": [1, 2]},
+            ]
+        },
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+    if response.status_code != 200:
+        return None
+    return str(response.json().get("parameters", {}).get("model_version"))
+
+
+# --- events -------------------------------------------------------------------------------------
+
+
+def _event_strategies() -> Any:
+    """Messages a watcher may read: raw bytes and text, any JSON, and envelopes of every event
+    type whose fields are hostile (wrong types, non-canonical or far dates, huge strings)."""
+    from hypothesis import strategies as st
+
+    from cascade.assets import TOPICS
+
+    text = st.text(st.characters(exclude_categories=()), max_size=40)
+    json_values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | text,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4),
+        max_leaves=20,
+    )
+    days = st.dates()
+    partitions = st.one_of(
+        st.dates(dt.date(1999, 12, 1), dt.date.today() + dt.timedelta(days=30)).map(
+            dt.date.isoformat
+        ),
+        days.map(dt.date.isoformat),
+        days.map(lambda d: d.strftime("%Y%m%d")),
+        days.map(lambda d: "{}-W{:02d}-{}".format(*d.isocalendar())),
+        days.map(lambda d: f"{d.isoformat()}T00:00:00"),
+        st.integers(),
+        st.floats(),
+        text,
+        st.none(),
+    )
+    names = st.one_of(st.sampled_from(["ml100k", "preranking", "asr"]), st.text(max_size=300))
+    scores = st.one_of(st.floats(), st.integers(), st.booleans(), text)
+    payloads = {
+        "cascade.data.landed": st.fixed_dictionaries(
+            {"dataset": names, "partition": partitions},
+            optional={"path": st.one_of(st.none(), st.text(max_size=80))},
+        ),
+        "cascade.retrain.requested": st.fixed_dictionaries(
+            {"model": names, "reason": names},
+            optional={"partition": partitions, "caused_by": st.lists(text, max_size=300)},
+        ),
+        "cascade.drift.detected": st.fixed_dictionaries(
+            {"model": names, "partition": partitions, "max_psi": scores, "psi_threshold": scores}
+        ),
+        "cascade.model.deployed": st.fixed_dictionaries(
+            {"model": names, "alias": names, "version": names}
+        ),
+    }
+    # Envelope fields: mostly well-formed (so payloads get checked), sometimes hostile.
+    fields = {
+        "id": st.one_of(
+            st.uuids().map(lambda u: u.hex),
+            st.uuids().map(lambda u: u.hex),
+            st.text(max_size=300),
+            st.integers(),
+        ),
+        "time": st.one_of(
+            st.just(dt.datetime.now(dt.UTC).isoformat()),
+            st.datetimes().map(dt.datetime.isoformat),
+            st.integers(),
+            text,
+        ),
+        "source": st.one_of(st.just("bench"), st.just("bench"), st.text(max_size=300)),
+    }
+    optional = {"schema_version": st.one_of(st.just(1), st.integers(), st.text(max_size=3))}
+    typed = st.sampled_from(sorted(payloads)).flatmap(
+        lambda kind: st.fixed_dictionaries(
+            {"type": st.just(kind), "payload": payloads[kind], **fields}, optional=optional
+        )
+    )
+    untyped = st.fixed_dictionaries(
+        {"type": st.one_of(st.sampled_from(TOPICS), text), "payload": json_values},
+        optional={**fields, **optional, "extra": json_values},
+    )
+    envelopes = st.one_of(typed, typed, untyped)
+    return st.one_of(
+        st.binary(max_size=300),
+        st.text(max_size=300),
+        json_values.map(json.dumps),
+        envelopes.map(lambda e: json.dumps(e).encode()),
+        envelopes.map(json.dumps),
+    )
+
+
+def bad_event_classes() -> dict[str, bytes]:
+    """The issue's bad events, one per class."""
+    from cascade.events import MAX_EVENT_BYTES, MAX_NAME_CHARS
+
+    def landed(partition: Any, **more: Any) -> bytes:
+        payload = {"dataset": "ml100k", "partition": partition, **more}
+        envelope = {
+            "id": "bad",
+            "type": "cascade.data.landed",
+            "time": "2026-11-22T10:00:00+00:00",
+            "source": "bench",
+            "payload": payload,
+        }
+        return json.dumps(envelope).encode()
+
+    return {
+        "integer partition": landed(2999980800),
+        "far-future partition": landed("9999-12-31"),
+        "partition before the lake": landed("1970-01-01"),
+        "basic date": landed("20261122"),
+        "week date": landed("2026-W47-1"),
+        "oversized field": landed("2026-11-22", path=None).replace(
+            b'"ml100k"', json.dumps("d" * (MAX_NAME_CHARS + 1)).encode()
+        ),
+        "oversized message": landed("2026-11-22", path="p" * MAX_EVENT_BYTES),
+        "not JSON": b"\xff{not json",
+        "unknown type": json.dumps({"type": "cascade.nope", "payload": {}}).encode(),
+    }
+
+
+class EventRun:
+    """Watcher routing, dead-letter records and run claims for a stream of messages."""
+
+    def __init__(self, ledger_path: Path) -> None:
+        from cascade.event_ledger import EventLedger
+
+        self.ledger = EventLedger(ledger_path)
+        self.routed: Counter[str] = Counter()
+        self.dead_letter_kinds: Counter[str] = Counter()
+        self.stalls: list[str] = []
+        self.claimed = 0
+        self.refused_at_claim = 0
+        self.runs = 0
+        self._pending: list[dict[str, Any]] = []
+
+    def route(self, raw: Any) -> tuple[str, str | None, str | None]:
+        """``(action, dead-letter kind, reason)`` of one message; a failure is counted."""
+        from cascade.assets import CTR_EVENT_SELECTORS
+        from cascade.event_trigger import dead_letter_record, route_message
+        from cascade.events import parse_event
+
+        try:
+            route = route_message(raw, CTR_EVENT_SELECTORS)
+        except Exception as exc:  # the watcher would die on it: the stream stalls
+            self.stalls.append(f"routing raised {type(exc).__name__}: {str(exc)[:200]}")
+            return "raised", None, None
+        self.routed[route.action] += 1
+        if route.action == "dead-letter":
+            try:
+                record = parse_event(dead_letter_record(raw).model_dump_json())
+                kind, reason = record.payload["kind"], record.payload["reason"]
+                if not kind or not reason:
+                    raise ValueError("dead-letter record without kind or reason")
+            except Exception as exc:
+                self.stalls.append(f"no readable dead-letter record: {type(exc).__name__}: {exc}")
+                return "dead-letter", None, None
+            self.dead_letter_kinds[kind] += 1
+            return "dead-letter", kind, reason
+        if route.action == "fire":
+            assert route.event is not None
+            self._pending.append(json.loads(route.event.model_dump_json()))
+        # Stored asset events are claimed again by runs, whatever the watcher did: a
+        # generated envelope goes in raw too, as one stored before the watcher was this strict.
+        with contextlib.suppress(Exception):
+            data = json.loads(raw)
+            if isinstance(data, dict):
+                self._pending.append(data)
+        if len(self._pending) >= 25:
+            self.claim()
+        return route.action, None, None
+
+    def claim(self) -> None:
+        """One run claims the pending events and resolves its partition, as a DAG's first task
+        does; anything raised would fail (and, re-claimed, stall) the run."""
+        from cascade.event_ledger import CoalesceConfig, claim_run_events
+        from cascade.lake import check_ds
+        from cascade.partitions import resolve_partition
+
+        if not self._pending:
+            return
+        extras = [{"from_trigger": True, "payload": e} for e in self._pending]
+        self._pending = []
+        self.runs += 1
+        try:
+            claim = claim_run_events(
+                dag_id="ctr_preranking",
+                run_id=f"run-{self.runs}",
+                triggering_extras=extras,
+                recent=None,
+                ledger=self.ledger,
+                config=CoalesceConfig(window_s=0),
+            )
+            partition = resolve_partition(
+                claim.events, dt.datetime(2026, 11, 24, tzinfo=dt.UTC), None
+            )
+            check_ds(partition)
+            self.claimed += len(claim.new)
+            self.refused_at_claim += len(claim.refused)
+        except Exception as exc:
+            self.stalls.append(f"run-{self.runs} failed: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+def fuzz_events(workdir: Path, *, examples: int) -> dict[str, Any]:
+    from hypothesis import HealthCheck, given
+    from hypothesis import settings as hsettings
+
+    run = EventRun(workdir / "ledger.sqlite")
+    count = 0
+
+    @given(_event_strategies())
+    @hsettings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    def feed(raw: Any) -> None:
+        nonlocal count
+        count += 1
+        run.route(raw)
+
+    started = time.monotonic()
+    feed()
+    run.claim()
+    bad: dict[str, dict[str, Any]] = {}
+    for name, raw in bad_event_classes().items():
+        count += 1
+        action, kind, reason = run.route(raw)
+        bad[name] = {"action": action, "kind": kind, "reason": (reason or "")[:160]}
+        if action != "dead-letter":
+            run.stalls.append(f"bad class {name!r} was not dead-lettered ({action})")
+    run.claim()
+    return {
+        "events_fuzzed": count,
+        "events_stalling_a_run": len(run.stalls),
+        "events_routed": dict(run.routed),
+        "events_dead_letter_kinds": dict(run.dead_letter_kinds),
+        "events_claimed_by_runs": run.claimed,
+        "events_refused_at_claim": run.refused_at_claim,
+        "event_runs": run.runs,
+        "event_stalls": run.stalls[:5],
+        "bad_classes": bad,
+        "events_s": round(time.monotonic() - started, 1),
+    }
+
+
+# --- the registry -------------------------------------------------------------------------------
+
+TAMPERINGS = ("changed file", "planted pickle", "no digests")
+
+
+def _tamper(
+    settings: Settings,
+    name: str,
+    folder: Path,
+    target: str,
+    how: str,
+    marker: Path,
+    change: Callable[[Path], None],
+) -> str:
+    """A version of ``name`` registered from ``folder``, then tampered with ``how``."""
+    version = _register_folder(settings, name, folder, digests=how != "no digests")
+    stored = _stored(settings, name, version)
+    if how == "changed file":
+        change(stored / target)
+    elif how == "planted pickle":
+        (stored / target).write_bytes(pickle.dumps(Trace(str(marker))))
+        _retag(settings, name, version)
+    return version
+
+
+def tampered_preranker(settings: Settings, workdir: Path, champion: str) -> dict[str, Any]:
+    """The champion's files copied into tampered versions, each loaded as the server loads."""
+    import torch
+
+    from cascade.artifacts import TamperedArtifact
+    from cascade.registry import download_source
+    from models.preranking.inference import load_version
+
+    name = settings.registered_model
+    location = _client(settings).get_model_version_download_uri(name, champion)
+    files = download_source(settings, location, workdir / "preranker")
+    state = next(p.relative_to(files).as_posix() for p in files.rglob("*.pt"))
+
+    def change(path: Path) -> None:
+        weights = torch.load(path, weights_only=True)
+        bumped = {k: v + 1 if v.is_floating_point() else v for k, v in weights.items()}
+        torch.save(bumped, path)
+
+    outcomes: dict[str, Any] = {}
+    versions: dict[str, str] = {}
+    for how in TAMPERINGS:
+        marker = workdir / f"preranker-{how.replace(' ', '-')}.txt"
+        # The pickle goes where MLflow's own loader unpickles it; the others change weights.
+        target = "python_model.pkl" if how == "planted pickle" else state
+        version = _tamper(settings, name, files, target, how, marker, change)
+        versions[how] = version
+        try:
+            load_version(settings, version)
+            loaded = how != "planted pickle"  # with the pickle: loaded, from the state dict
+        except TamperedArtifact as exc:
+            loaded, outcomes[f"{how} refused"] = False, str(exc)[:160]
+        outcomes[how] = {"version": version, "loaded": loaded, "unpickled": marker.exists()}
+    outcomes["versions"] = versions
+    return outcomes
+
+
+def tampered_asr(settings: Settings, workdir: Path) -> dict[str, Any]:
+    """Versions of ``asr`` (a small untrained model) followed by the ASR server's follower."""
+    import torch
+
+    from models.asr.artifact import FILENAME, AsrArtifact, save_artifact
+    from models.asr.model import Alphabet, ConvDFSMN, ConvDFSMNConfig
+    from serving.asr import AsrModel
+    from serving.champion import ChampionFollower
+
+    alphabet = Alphabet("abcdefghijklmnopqrstuvwxyz' ")
+    config = ConvDFSMNConfig(
+        n_mels=40, vocab_size=len(alphabet), conv_channels=8, hidden=16, memory=8, blocks=1
+    )
+    folder = workdir / "asr"
+    save_artifact(folder, AsrArtifact(model=ConvDFSMN(config).eval(), alphabet=alphabet, n_mels=40))
+
+    def change(path: Path) -> None:
+        payload = torch.load(path, weights_only=True)
+        payload["state_dict"] = {k: v + 1 for k, v in payload["state_dict"].items()}
+        torch.save(payload, path)
+
+    good = _register_folder(settings, "asr", folder)
+    client = _client(settings)
+    client.set_registered_model_alias("asr", "champion", good)
+    server = AsrModel(None, prefer_compiled=False)
+    follower = ChampionFollower(settings, "asr", server.swap, cache=workdir / "asr-cache")
+    follower.refresh()
+    outcomes: dict[str, Any] = {"served_before": server.served_version}
+    for how in TAMPERINGS:
+        marker = workdir / f"asr-{how.replace(' ', '-')}.txt"
+        version = _tamper(settings, "asr", folder, FILENAME, how, marker, change)
+        client.set_registered_model_alias("asr", "champion", version)
+        try:
+            follower.refresh()
+            refusal = None
+        except Exception as exc:  # the follower's poll loop logs it and keeps serving
+            refusal = f"{type(exc).__name__}: {str(exc)[:120]}"
+        outcomes[how] = {
+            "version": version,
+            "load_error": refusal,
+            "loaded": server.served_version == version,
+            "unpickled": marker.exists(),
+            "served_after": server.served_version,
+        }
+    return outcomes
+
+
+def tampered_multimodal(settings: Settings, workdir: Path) -> dict[str, Any]:
+    """Versions of ``multimodal`` (a stored model's files) downloaded as the register step
+    downloads a champion to score it, then read as :mod:`models.multimodal.stored` reads."""
+    import torch
+
+    from cascade.artifacts import TamperedArtifact, folder_digests
+    from cascade.registry import download_verified
+    from models.multimodal.stored import (
+        DIGESTS_FILE,
+        MODEL_CONFIG_FILE,
+        MODULE_STATES,
+        check_digests,
+    )
+
+    folder = workdir / "multimodal"
+    folder.mkdir()
+    torch.save({"module": {"proj.weight": torch.zeros(4, 4)}}, folder / MODULE_STATES)
+    (folder / MODEL_CONFIG_FILE).write_text("{}")
+    (folder / DIGESTS_FILE).write_text(json.dumps(folder_digests(folder)))
+
+    def change(path: Path) -> None:
+        torch.save({"module": {"proj.weight": torch.ones(4, 4)}}, path)
+
+    outcomes: dict[str, Any] = {}
+    for how in TAMPERINGS:
+        marker = workdir / f"multimodal-{how.replace(' ', '-')}.txt"
+        version = _tamper(settings, "multimodal", folder, MODULE_STATES, how, marker, change)
+        if how == "planted pickle":  # the attacker rewrites digests.json as well
+            stored = _stored(settings, "multimodal", version)
+            listing = folder_digests(stored)
+            listing.pop(DIGESTS_FILE)
+            (stored / DIGESTS_FILE).write_text(json.dumps(listing))
+            _retag(settings, "multimodal", version)
+        scratch = workdir / f"multimodal-download-{version}"
+        try:
+            local = download_verified(settings, "multimodal", version, scratch)
+        except TamperedArtifact as exc:
+            outcomes[how] = {"version": version, "loaded": False, "reason": str(exc)[:160]}
+            continue
+        check_digests(local)
+        try:
+            torch.load(local / MODULE_STATES, map_location="cpu", weights_only=True)
+            read = True
+        except pickle.UnpicklingError:
+            read = False
+        outcomes[how] = {
+            "version": version,
+            "loaded": read and how != "planted pickle",
+            "unpickled": marker.exists(),
+        }
+    return outcomes
+
+
+def count_loaded(outcomes: dict[str, dict[str, Any]]) -> int:
+    return sum(
+        int(bool(case.get("loaded"))) + int(bool(case.get("unpickled")))
+        for kind in outcomes.values()
+        for how, case in kind.items()
+        if how in TAMPERINGS
+    )
+
+
+# --- secrets ------------------------------------------------------------------------------------
+
+TEXT_SUFFIXES = {".json", ".log", ".txt", ".yaml", ".yml", ".cfg", ".jsonl", ".out", ""}
+
+
+def scan_secrets(settings: Settings, values: dict[str, str]) -> dict[str, Any]:
+    """The state folder's permission bits, the secret files', and every other file holding
+    one of ``values`` (logs and summaries above all; databases too, scanned as bytes)."""
+    from infra.stack import secret_files, world_readable_secrets
+
+    exposed = [str(p) for p in world_readable_secrets(settings)]
+    secret_paths = {p.resolve() for p in secret_files(settings)}
+    holding: list[str] = []
+    scanned = 0
+    for path in sorted(settings.home.rglob("*")):
+        if not path.is_file() or path.resolve() in secret_paths or path.stat().st_size > 64 * MB:
+            continue
+        scanned += 1
+        data = path.read_bytes()
+        for name, value in values.items():
+            if value.encode() in data:
+                holding.append(f"{path.relative_to(settings.home)} holds the {name}")
+    logs = (
+        sorted(p.name for p in settings.logs_dir.glob("*.log"))
+        if settings.logs_dir.exists()
+        else []
+    )
+    return {
+        "world_readable_secrets": len(exposed) + len(holding),
+        "secrets_exposed_by_mode": exposed,
+        "secrets_in_files": holding,
+        "state_files_scanned": scanned,
+        "state_folder_mode": oct(settings.home.stat().st_mode & 0o777),
+        "logs_scanned": logs,
+    }
+
+
+def start_airflow_auth(settings: Settings) -> int:
+    """Airflow's auth manager started on the stack's password file (as the Airflow service
+    starts it), its output in the state folder's logs: it must neither print nor rewrite it."""
+    from infra.stack import airflow_env
+
+    log_path = settings.logs_dir / "airflow-auth.log"
+    settings.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    code = (
+        "from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import "
+        "SimpleAuthManager as M; M().init()"
+    )
+    with log_path.open("ab") as log:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env=airflow_env(settings),
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=300,
+        )
+    return done.returncode
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+def source_commit() -> dict[str, Any]:
+    """The commit the benchmark ran from, and whether the tree had changes on top of it."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30
+        )
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain"))}
+
+
+def run(out: Path, quick: bool) -> dict[str, Any]:
+    from benchmarks.serving_load import (
+        DS,
+        ITEMS,
+        USERS,
+        private_stack_env,
+        train_and_promote,
+        write_feature_lake,
+    )
+    from cascade.airflow_client import airflow_password, ensure_airflow_password
+    from cascade.artifacts import DIGESTS_TAG
+    from cascade.feature_store import apply_and_materialize
+    from infra.stack import start_service, state, stop_service
+    from models.preranking.synthetic_data import synthetic_training_frame
+
+    started = time.monotonic()
+    token = secrets.token_urlsafe(24)
+    with tempfile.TemporaryDirectory(prefix="bench-security-") as tmp, open_umask():
+        workdir = Path(tmp)
+        home = workdir / "state"
+        port = free_port()
+        env = {
+            **private_stack_env(home, port),
+            "CASCADE_SERVING_AUTH": "1",
+            "CASCADE_SERVING_TOKEN": token,
+            "CASCADE_SERVING_MAX_BODY_BYTES": str(BODY_LIMIT),
+            "CASCADE_SERVING_POLL_S": "1",
+            "CASCADE_SERVING_WORKERS": "1",
+            "CASCADE_FEEDBACK": "0",
+        }
+        with scoped_environ(env):
+            settings = load_settings()
+            ensure_airflow_password(settings)  # the stack's secret-writing code, first
+            password = airflow_password(settings) or ""
+            airflow_rc = start_airflow_auth(settings)
+            rows = QUICK_LOG_ROWS if quick else FULL_LOG_ROWS
+            frame = synthetic_training_frame(
+                rows, users=USERS, items=ITEMS, seed=7, end="2026-01-31"
+            )
+            write_feature_lake(frame, Lake(settings.lake_root), DS)
+            apply_and_materialize(DS, settings=settings)
+            promoted = train_and_promote(frame, settings, DS)
+            promoted_digests = hashlib.sha256(
+                _client(settings)
+                .get_model_version(settings.registered_model, promoted["version"])
+                .tags[DIGESTS_TAG]
+                .encode()
+            ).hexdigest()
+            setup_s = time.monotonic() - started
+            events = fuzz_events(workdir, examples=300 if quick else 3000)
+            start_service(settings, "serving", echo=lambda _line: None)
+            try:
+                url = settings.serving_url
+                deadline = time.monotonic() + 120
+                while served_version(url, token) is None:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"the model server never answered; see {state(settings, 'serving').log}"
+                        )
+                    time.sleep(0.5)
+                pid = state(settings, "serving").pid
+                assert pid is not None
+                oversize = oversize_bodies(port, token, pid, body_mb=16 if quick else 50)
+                fuzz = fuzz_server(
+                    url, token, per_operation=25 if quick else 100, budget_s=60 if quick else 300
+                )
+                registry: dict[str, Any] = {
+                    "preranking": tampered_preranker(settings, workdir, promoted["version"])
+                }
+                # The running server is pointed at the tampered versions: it keeps its own.
+                client = _client(settings)
+                for how in ("changed file", "no digests"):
+                    client.set_registered_model_alias(
+                        settings.registered_model,
+                        "champion",
+                        registry["preranking"][how]["version"],
+                    )
+                    time.sleep(3)  # three polls
+                kept = served_version(url, token)
+                registry["asr"] = tampered_asr(settings, workdir)
+                registry["multimodal"] = tampered_multimodal(settings, workdir)
+            finally:
+                stop_service(settings, "serving", echo=lambda _line: None)
+            server_log = state(settings, "serving").log.read_text(errors="replace")
+            secrets_scan = scan_secrets(
+                settings, {"Airflow admin password": password, "serving token": token}
+            )
+    return {
+        "fuzz_requests": fuzz["fuzz_requests"],
+        "fuzz_5xx": fuzz["fuzz_5xx"],
+        "oversize_rss_growth_mb": oversize["oversize_rss_growth_mb"],
+        "events_fuzzed": events["events_fuzzed"],
+        "events_stalling_a_run": events["events_stalling_a_run"],
+        "tampered_artifacts_loaded": count_loaded(registry),
+        "world_readable_secrets": secrets_scan["world_readable_secrets"],
+        "quick": quick,
+        "server": {
+            **oversize,
+            **{k: v for k, v in fuzz.items() if k not in ("fuzz_requests", "fuzz_5xx")},
+        },
+        "server_kept_its_version": kept == promoted["version"],
+        "server_version_served_after_tampering": kept,
+        "server_logged_refusals": server_log.count("differs from what was registered")
+        + server_log.count("records no artifact digests"),
+        "tampered_versions": registry,
+        "tampered_versions_tried": sum(
+            1 for kind in registry.values() for how in kind if how in TAMPERINGS
+        ),
+        "events": {
+            k: v for k, v in events.items() if k not in ("events_fuzzed", "events_stalling_a_run")
+        },
+        "secrets": {k: v for k, v in secrets_scan.items() if k != "world_readable_secrets"},
+        "airflow_auth_exit_code": airflow_rc,
+        "setup": {
+            "log_rows": rows,
+            "model_version": promoted["version"],
+            "model_test_auc": promoted["test_auc"],
+            "registry": "mlflow sqlite",
+            "online_store": "feast sqlite (local profile)",
+            "body_limit_bytes": BODY_LIMIT,
+            "setup_s": round(setup_s, 1),
+        },
+        "total_s": round(time.monotonic() - started, 1),
+        **source_commit(),
+        "model_digest": promoted_digests,  # sha256 of the champion's recorded digests
+        "repeats": 1,
+        "generation": "hypothesis, derandomized: the same requests and events on every run",
+    }

@@ -1,0 +1,43 @@
+"""``cascade bench security --quick``: the server fuzzed and flooded, events fuzzed, tampered
+registry versions of every model kind and the state folder's secrets, each counted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.registry import BENCHMARKS, run_benchmark
+
+pytestmark = pytest.mark.slow
+
+
+def test_quick_security_benchmark_finds_no_hole(tmp_path: Path) -> None:
+    assert BENCHMARKS["security"] == "benchmarks.security:run"
+    out = tmp_path / "security.json"
+    result = run_benchmark("security", out, quick=True)
+    assert json.loads(out.read_text())["benchmark"] == "security"
+    # The zero keys are zero...
+    for key in ("fuzz_5xx", "events_stalling_a_run", "tampered_artifacts_loaded"):
+        assert result[key] == 0, (key, result)
+    assert result["world_readable_secrets"] == 0, result["secrets"]
+    # ...over real work: every route fuzzed, events of every outcome, every model kind.
+    assert result["fuzz_requests"] > 50
+    assert result["server"]["fuzz_operations"] >= 5
+    assert not result["server"]["fuzz_operations_without_requests"]
+    assert result["server"]["oversize_statuses"] == [413, 415, 415, 413]
+    assert result["server"]["good_request_after_status"] == 200
+    assert 0 <= result["oversize_rss_growth_mb"] < 20
+    assert result["events_fuzzed"] >= 300
+    routed = result["events"]["events_routed"]
+    assert routed["dead-letter"] > 0 and routed.get("fire", 0) + routed.get("skip", 0) > 0
+    assert all(
+        c["action"] == "dead-letter" and c["reason"]
+        for c in result["events"]["bad_classes"].values()
+    )
+    assert result["tampered_versions_tried"] == 9
+    assert set(result["tampered_versions"]) == {"preranking", "asr", "multimodal"}
+    assert result["server_kept_its_version"] and result["server_logged_refusals"] >= 1
+    assert result["secrets"]["state_files_scanned"] > 10
+    assert result["commit"] and result["machine"]["cpus"] >= 1
