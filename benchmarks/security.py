@@ -892,7 +892,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
                 .encode()
             ).hexdigest()
             setup_s = time.monotonic() - started
-            events = fuzz_events(workdir, examples=300 if quick else 3000)
+            events = fuzz_events(workdir, examples=120 if quick else 3000)
             start_service(settings, "serving", echo=lambda _line: None)
             try:
                 url = settings.serving_url
@@ -905,9 +905,9 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
                     time.sleep(0.5)
                 pid = state(settings, "serving").pid
                 assert pid is not None
-                oversize = oversize_bodies(port, token, pid, body_mb=16 if quick else 50)
+                oversize = oversize_bodies(port, token, pid, body_mb=8 if quick else 50)
                 fuzz = fuzz_server(
-                    url, token, per_operation=25 if quick else 100, budget_s=60 if quick else 300
+                    url, token, per_operation=10 if quick else 100, budget_s=25 if quick else 300
                 )
                 registry: dict[str, Any] = {
                     "preranking": tampered_preranker(settings, workdir, promoted["version"])

@@ -29,7 +29,7 @@ def test_quick_security_benchmark_finds_no_hole(tmp_path: Path) -> None:
     assert result["server"]["oversize_statuses"] == [413, 415, 415, 413]
     assert result["server"]["good_request_after_status"] == 200
     assert 0 <= result["oversize_rss_growth_mb"] < 20
-    assert result["events_fuzzed"] >= 300
+    assert result["events_fuzzed"] >= 120
     routed = result["events"]["events_routed"]
     assert routed["dead-letter"] > 0 and routed.get("fire", 0) + routed.get("skip", 0) > 0
     assert all(
