@@ -350,10 +350,25 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[type[BaseException], 
     return parser, tuple(errors)
 
 
+def _use_stack_credentials() -> None:
+    """Give this process the local stack's MLflow credentials (when the settings point at its
+    tracking server), so every command's MLflow client authenticates. A bad setting is left to
+    the command, which reports it (``cascade config`` lists them all)."""
+    from cascade.config import SettingsError, load_settings
+    from cascade.tracking_auth import use_tracking_credentials
+
+    try:
+        settings = load_settings()
+    except SettingsError:
+        return
+    use_tracking_credentials(settings)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser, _ = build_parser()
     args = parser.parse_args(argv)
     try:
+        _use_stack_credentials()
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130

@@ -54,6 +54,9 @@ class MlflowAliases:
     def __init__(self, settings: Settings) -> None:
         from mlflow.tracking import MlflowClient
 
+        from cascade.tracking_auth import use_tracking_credentials
+
+        use_tracking_credentials(settings)
         uri = settings.tracking_uri
         self.settings = settings
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)

@@ -54,6 +54,9 @@ def registry_client(settings: Settings) -> Any:
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    from cascade.tracking_auth import use_tracking_credentials
+
+    use_tracking_credentials(settings)
     uri = settings.tracking_uri
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)

@@ -15,6 +15,7 @@ from cascade.config import load_settings
 
 def _print_status(settings: Any) -> None:
     from cascade.airflow_client import airflow_password, airflow_password_file
+    from cascade.tracking_auth import credentials_file, tracking_credentials
     from infra.stack import status
 
     print(f"profile {settings.profile}, state folder {settings.home}")
@@ -27,6 +28,11 @@ def _print_status(settings: Any) -> None:
         print(
             f"Airflow UI {settings.airflow_url}  user admin  password in "
             f"{airflow_password_file(settings)}"
+        )
+    if tracking_credentials(settings):
+        print(
+            f"MLflow UI  {settings.tracking_uri}  user admin  password in "
+            f"{credentials_file(settings)}"
         )
 
 

@@ -110,11 +110,13 @@ def run_demo(
 ) -> dict[str, Any]:
     from cascade.airflow_client import airflow_password_file
     from cascade.state import secure_state_folder
+    from cascade.tracking_auth import credentials_file, use_tracking_credentials
     from infra.stack import up
 
     settings = load_settings()
     echo("== starting the local stack")
     up(settings, echo=echo)
+    use_tracking_credentials(settings)  # written by the first `up`, maybe just now
     echo(f"== event-triggered run of {DAG_ID} for partition {ds}")
     outcome = trigger_and_wait(ds, settings=settings, timeout_s=timeout_s, echo=echo)
     summary: dict[str, Any] = {
@@ -123,6 +125,7 @@ def run_demo(
         # Where the password is, never the password: the summary is a plain file.
         "airflow_password_file": str(airflow_password_file(settings)),
         "mlflow_url": settings.tracking_uri,
+        "mlflow_credentials_file": str(credentials_file(settings)),
         "serving_url": f"{settings.serving_url}/v2/models/preranking",
         **outcome,
     }
@@ -143,7 +146,10 @@ def run_demo(
         f"   Airflow   {summary['airflow_url']}  (user admin, password in "
         f"{summary['airflow_password_file']})"
     )
-    echo(f"   MLflow    {summary['mlflow_url']}  run {train.get('run_id')}")
+    echo(
+        f"   MLflow    {summary['mlflow_url']}  run {train.get('run_id')}  (user admin, "
+        f"password in {summary['mlflow_credentials_file']})"
+    )
     echo(
         f"   champion  {settings.registered_model} v{register.get('champion_version')} "
         f"AUC {register.get('champion_auc')} (this run: v{register.get('version')}, "

@@ -31,6 +31,13 @@ from cascade.assets import KAFKA_CONN_ID
 from cascade.config import REPO_ROOT, Settings, load_settings, scoped_environ
 from cascade.ports import free_ports
 from cascade.state import SERVICE_UMASK, exposed_secrets, secure_state_folder
+from cascade.tracking_auth import (
+    credentials_file,
+    ensure_tracking_credentials,
+    is_stack_tracking,
+    tracking_credentials_env,
+    tracking_server_env,
+)
 
 SERVICES = ("broker", "mlflow", "airflow", "serving", "asr_serving")
 
@@ -102,7 +109,9 @@ def airflow_healthy(settings: Settings) -> bool:
 
 
 def service_env(settings: Settings) -> dict[str, str]:
-    """Environment every service and every Airflow task inherits."""
+    """Environment every service and every Airflow task inherits: with the local stack's
+    tracking server, its MLflow credentials too (the environment of a process is its owner's
+    only; no log prints it)."""
     env = dict(os.environ)
     env.update(
         {
@@ -118,6 +127,7 @@ def service_env(settings: Settings) -> dict[str, str]:
             "SPARK_LOCAL_IP": settings.host,
             "DS_ACCELERATOR": env.get("DS_ACCELERATOR", "cpu"),
             "PYTHONUNBUFFERED": "1",
+            **tracking_credentials_env(settings),
         }
     )
     return env
@@ -210,8 +220,12 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
                 str(ports.mlflow),
                 "--workers",
                 "1",
+                # Every request but /health needs a user (401 without one); the configuration,
+                # user store and admin password live under the state folder (cascade.tracking_auth).
+                "--app-name",
+                "basic-auth",
             ],
-            env=service_env(settings),
+            env={**service_env(settings), **tracking_server_env(settings)},
             url=settings.tracking_uri,
             healthy=lambda: http_ok(f"{settings.tracking_uri}/health"),
             start_timeout_s=120,
@@ -321,6 +335,10 @@ def start_service(
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         if name == "airflow":
             ensure_airflow_password(settings)
+        if is_stack_tracking(settings):
+            # Before any service starts: each one's environment carries the credentials.
+            ensure_tracking_credentials(settings)
+        spec = service_specs(settings)[name]
         log_path = _log_file(settings, name)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.fchmod(fd, 0o600)
@@ -476,10 +494,11 @@ def down(
 
 
 def secret_files(settings: Settings) -> list[Path]:
-    """The files of the local stack that hold secrets: the Airflow admin password, and
-    ``airflow.cfg`` (Airflow writes its JWT and API signing keys there)."""
+    """The files of the local stack that hold secrets: the Airflow admin password,
+    ``airflow.cfg`` (Airflow writes its JWT and API signing keys there) and MLflow's
+    credentials."""
     home = airflow_home(settings)
-    return [airflow_password_file(settings), home / "airflow.cfg"]
+    return [airflow_password_file(settings), home / "airflow.cfg", credentials_file(settings)]
 
 
 def world_readable_secrets(settings: Settings | None = None) -> list[Path]:
@@ -503,15 +522,19 @@ def private_stack(
     """Start ``services`` in state folder ``home`` on free ports; stop them (by pid) on exit.
 
     For tests and benchmarks that must not touch a developer's running stack. ``env`` is set
-    for the duration (the services and their tasks inherit it).
+    for the duration (the services and their tasks inherit it), and so are the stack's MLflow
+    credentials: the caller's own MLflow clients authenticate like the services'.
     """
     overrides = {"CASCADE_HOME": str(home), **(env or {})}
     for name, port in zip(SERVICES, free_ports(len(SERVICES)), strict=True):
         overrides[f"CASCADE_{name.upper()}_PORT"] = str(port)
     with scoped_environ(overrides):
         settings = load_settings()
-        try:
-            up(settings, tuple(services))
-            yield settings
-        finally:
-            down(settings, tuple(services))
+        if is_stack_tracking(settings):
+            ensure_tracking_credentials(settings)
+        with scoped_environ(tracking_credentials_env(settings)):
+            try:
+                up(settings, tuple(services))
+                yield settings
+            finally:
+                down(settings, tuple(services))

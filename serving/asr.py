@@ -73,6 +73,7 @@ from cascade.audio_features import (
     resample,
 )
 from cascade.config import load_settings
+from cascade.tracking_auth import use_tracking_credentials
 from cascade.v2_codec import (
     INFERENCE_HEADER,
     decode_binary_request,
@@ -412,6 +413,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"no asr_model.pt in {args.model_dir}")
     set_torch_threads()
     settings = load_settings()
+    use_tracking_credentials(settings)
 
     def models() -> list[Model]:
         model = AsrModel(args.model_dir, prefer_compiled=not args.eager)

@@ -26,6 +26,7 @@ import pandas as pd
 from cascade.assets import TOPIC_DRIFT_DETECTED, TOPIC_RETRAIN_REQUESTED
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
+from cascade.tracking_auth import use_tracking_credentials
 
 PSI_EPS = 1e-4
 """Floor for a bin's share: an empty bin would make PSI infinite."""
@@ -390,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.ds:
+        use_tracking_credentials(load_settings())
         print(json.dumps(monitor_day(args.ds), indent=2, default=str))
         return 0
     parser.error("give --demo or --ds")

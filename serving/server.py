@@ -60,6 +60,7 @@ from kserve.protocol.rest.server import RESTServer
 
 from cascade.allocator import keep_freed_memory
 from cascade.config import Settings, load_settings
+from cascade.tracking_auth import use_tracking_credentials
 from cascade.v2_codec import MalformedRequest
 from serving.guard import GuardPolicy, RequestGuard, internal_error_body, send_json
 
@@ -640,6 +641,7 @@ def main() -> None:
 
     set_torch_threads()
     settings = load_settings()
+    use_tracking_credentials(settings)
     config = ServingConfig.from_env()
     serve(
         lambda: [PreRankingModel(settings=settings, config=config)],

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from cascade.config import REPO_ROOT, Settings
 from cascade.ports import free_port
+from cascade.tracking_auth import tracking_credentials_env
 
 
 def ensure_distributed_env() -> None:
@@ -151,6 +152,7 @@ def run_torchrun(
         CASCADE_HOME=str(settings.home),
         CASCADE_MLFLOW_URI=settings.tracking_uri,
         PYTHONUNBUFFERED="1",
+        **tracking_credentials_env(settings),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(free_port()),
         **(extra_env or {}),

@@ -68,6 +68,9 @@ def use_experiment(settings: Settings, name: str) -> str:
     """
     import mlflow
 
+    from cascade.tracking_auth import use_tracking_credentials
+
+    use_tracking_credentials(settings)
     uri = settings.tracking_uri
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)

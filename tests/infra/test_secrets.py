@@ -1,5 +1,5 @@
 """The state folder is the owner's alone (0700), secret files are 0600, and no summary, status
-line or log of the project holds the Airflow password."""
+line or log of the project holds the Airflow or the MLflow password."""
 
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ import pytest
 from cascade.airflow_client import airflow_password, airflow_password_file, ensure_airflow_password
 from cascade.config import PORT_NAMES, Settings, load_settings
 from cascade.state import secure_state_folder, write_secret
+from cascade.tracking_auth import (
+    credentials_file,
+    ensure_tracking_credentials,
+    tracking_credentials,
+)
 from infra import stack
 
 
@@ -164,6 +169,9 @@ def test_the_demo_summary_and_its_output_name_the_password_file_not_the_password
     ensure_airflow_password(settings)
     password = airflow_password(settings)
     assert password
+    ensure_tracking_credentials(settings)
+    mlflow_credentials = tracking_credentials(settings)
+    assert mlflow_credentials
     outcome: dict[str, Any] = {
         "event_id": "e1",
         "dag_run_id": "r1",
@@ -183,6 +191,10 @@ def test_the_demo_summary_and_its_output_name_the_password_file_not_the_password
     assert password not in json.dumps(summary)
     assert json.loads(written)["airflow_password_file"] == str(airflow_password_file(settings))
     assert any(str(airflow_password_file(settings)) in line for line in lines)
+    mlflow_password = mlflow_credentials[1]
+    assert mlflow_password not in written and mlflow_password not in "\n".join(lines)
+    assert json.loads(written)["mlflow_credentials_file"] == str(credentials_file(settings))
+    assert any(str(credentials_file(settings)) in line for line in lines)
 
 
 def test_status_names_the_password_file_not_the_password(
@@ -193,7 +205,11 @@ def test_status_names_the_password_file_not_the_password(
     ensure_airflow_password(settings)
     password = airflow_password(settings)
     assert password
+    ensure_tracking_credentials(settings)
+    mlflow_credentials = tracking_credentials(settings)
+    assert mlflow_credentials
     monkeypatch.setattr(stack, "status", lambda settings=None: [])
     commands._print_status(settings)
     out = capsys.readouterr().out
     assert password not in out and str(airflow_password_file(settings)) in out
+    assert mlflow_credentials[1] not in out and str(credentials_file(settings)) in out
