@@ -30,14 +30,18 @@ CHROMIUM_ARGS = [
 
 
 @contextlib.contextmanager
-def _browser_page(timeout_ms: int) -> Iterator[Any]:
-    """A page of a headless Chromium, closed on exit."""
+def _browser_page(timeout_ms: int, http_credentials: dict[str, str] | None = None) -> Iterator[Any]:
+    """A page of a headless Chromium, closed on exit; ``http_credentials`` (username, password,
+    origin) answer that origin's basic-auth challenge, as a person types them into the prompt."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            context = browser.new_context(
+                viewport={"width": 1440, "height": 900}, http_credentials=http_credentials
+            )
+            page = context.new_page()
             page.set_default_timeout(timeout_ms)
             yield page
         finally:
@@ -62,16 +66,19 @@ def follow_extra_link(
     screenshots: Path,
     *,
     username: str = "admin",
+    link_credentials: dict[str, str] | None = None,
     timeout_ms: int = 90_000,
 ) -> dict[str, Any]:
     """Open a finished task's page, follow its extra link ``link_name`` and wait until the page
-    it leads to shows ``expect_text``; screenshots of both pages go into ``screenshots``."""
+    it leads to shows ``expect_text``; screenshots of both pages go into ``screenshots``.
+    ``link_credentials`` (username, password, origin) sign in to a target behind basic auth
+    (the stack's MLflow)."""
     from urllib.parse import quote
 
     from playwright.sync_api import expect
 
     screenshots.mkdir(parents=True, exist_ok=True)
-    with _browser_page(timeout_ms) as page:
+    with _browser_page(timeout_ms, link_credentials) as page:
         task_page = f"{base_url}/dags/{dag_id}/runs/{quote(run_id, safe='')}/tasks/{task_id}"
         _log_in(page, task_page, username, password)
         page.wait_for_url(re.compile(rf".*/tasks/{task_id}.*"))

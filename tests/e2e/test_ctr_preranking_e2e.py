@@ -114,6 +114,7 @@ def test_a_tasks_extra_link_leads_to_its_mlflow_run_tagged_with_the_dag_run(
     from mlflow import MlflowClient
 
     from cascade.airflow_client import AirflowClient, airflow_password
+    from cascade.tracking_auth import tracking_credentials
     from infra.ui_check import follow_extra_link
 
     airflow = AirflowClient(stack)
@@ -138,7 +139,11 @@ def test_a_tasks_extra_link_leads_to_its_mlflow_run_tagged_with_the_dag_run(
     # The training set it read, with its digest (MLflow's Datasets column).
     (read,) = run.inputs.dataset_inputs
     assert read.dataset.name.endswith(f"dt={pipeline_run['train']['ds']}") and read.dataset.digest
-    # In the browser: the train task's page, its "MLflow run" button, MLflow's page for the run.
+    # In the browser: the train task's page, its "MLflow run" button, MLflow's page for the run
+    # (behind the stack's basic auth: the admin's credentials, as a person types them).
+    credentials = tracking_credentials(stack)
+    assert credentials is not None
+    user, password = credentials
     seen = follow_extra_link(
         stack.airflow_url,
         airflow_password(stack) or "",
@@ -148,6 +153,7 @@ def test_a_tasks_extra_link_leads_to_its_mlflow_run_tagged_with_the_dag_run(
         "MLflow run",
         run.info.run_name,
         REPO_ROOT / "artifacts" / "screenshots",
+        link_credentials={"username": user, "password": password, "origin": stack.tracking_uri},
     )
     assert seen["href"] == run_page and train_run in seen["url"]
     assert Path(seen["screenshot"]).stat().st_size > 10_000
