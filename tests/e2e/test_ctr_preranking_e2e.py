@@ -138,7 +138,7 @@ def test_a_tasks_extra_link_leads_to_its_mlflow_run_tagged_with_the_dag_run(
     assert tags["ds"] == pipeline_run["train"]["ds"] and tags["try_number"]
     # The training set it read, with its digest (MLflow's Datasets column).
     (read,) = run.inputs.dataset_inputs
-    assert read.dataset.name.endswith(f"dt={pipeline_run['train']['ds']}") and read.dataset.digest
+    assert f"dt={pipeline_run['train']['ds']}" in read.dataset.name and read.dataset.digest
     # In the browser: the train task's page, its "MLflow run" button, MLflow's page for the run
     # (behind the stack's basic auth: the admin's credentials, as a person types them).
     credentials = tracking_credentials(stack)

@@ -67,8 +67,17 @@ def _challenger(settings: Settings, ds: str, recall: float, *, refit: bool = Fal
         _refit(pipeline.corpus_dir(lake, ds))
     mlflow.set_tracking_uri(settings.tracking_uri)
     mlflow.set_experiment(pipeline.MODEL_NAME)
+    # The champion's model files stand in for its own (registration records their digests).
+    champion = _client(settings).get_model_version_by_alias(pipeline.MODEL_NAME, "champion")
+    files = mlflow.artifacts.download_artifacts(
+        run_id=champion.run_id,
+        artifact_path=pipeline.MODEL_ARTIFACT_PATH,
+        dst_path=str(settings.home / f"challenger-{ds}"),
+        tracking_uri=settings.tracking_uri,
+    )
     with mlflow.start_run() as run:
         mlflow.log_metric("mean_recall_at_1", recall)
+        mlflow.log_artifacts(files, pipeline.MODEL_ARTIFACT_PATH)
     result = {
         "ds": ds, "config": "debug", "run_id": run.info.run_id, "mean_recall_at_1": recall,
         "i2t_recall_at_1": recall, "t2i_recall_at_1": recall, "i2t_recall_at_5": recall,
