@@ -79,9 +79,12 @@ def follow_extra_link(
 
     screenshots.mkdir(parents=True, exist_ok=True)
     with _browser_page(timeout_ms, link_credentials) as page:
-        task_page = f"{base_url}/dags/{dag_id}/runs/{quote(run_id, safe='')}/tasks/{task_id}"
+        # The task's Details tab: its extra links are there (Logs, the default tab, has none).
+        task_page = (
+            f"{base_url}/dags/{dag_id}/runs/{quote(run_id, safe='')}/tasks/{task_id}/details"
+        )
         _log_in(page, task_page, username, password)
-        page.wait_for_url(re.compile(rf".*/tasks/{task_id}.*"))
+        page.wait_for_url(re.compile(rf".*/tasks/{task_id}/details.*"))
         link = page.get_by_role("link", name=link_name)
         expect(link).to_be_visible(timeout=timeout_ms)
         href = link.get_attribute("href") or ""
