@@ -97,6 +97,11 @@ class Trace:
         return (Path.write_text, (Path(self.marker), "unpickled"))
 
 
+def planted_pickle(marker: Path) -> bytes:
+    """A pickled :class:`Trace` of ``marker``, to plant where a loader might read it."""
+    return pickle.dumps(Trace(str(marker)))
+
+
 def _client(settings: Settings) -> Any:
     from cascade.registry import registry_client_of
 
@@ -618,7 +623,7 @@ def _tamper(
     if how == "changed file":
         change(stored / target)
     elif how == "planted pickle":
-        (stored / target).write_bytes(pickle.dumps(Trace(str(marker))))
+        (stored / target).write_bytes(planted_pickle(marker))
         _retag(settings, name, version)
     return version
 

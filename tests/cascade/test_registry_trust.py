@@ -11,13 +11,13 @@ import mlflow.pyfunc
 import pytest
 import torch
 
+from benchmarks.security import planted_pickle
 from cascade.artifacts import DIGESTS_TAG, TamperedArtifact, digests_tag, folder_digests
 from cascade.config import Settings
 from models.preranking.inference import frame_inputs, load_version
 from models.preranking.registration import register_and_promote
 from models.preranking.synthetic_data import synthetic_training_frame
 from tests.cascade.test_registry import fitted, settings, trained  # noqa: F401 (fixture)
-from tests.planted import planted_pickle
 
 DS = "2026-01-01"
 

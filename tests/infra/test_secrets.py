@@ -8,13 +8,12 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from benchmarks.security import open_umask
 from cascade.airflow_client import airflow_password, airflow_password_file, ensure_airflow_password
 from cascade.config import PORT_NAMES, Settings, load_settings
 from cascade.state import secure_state_folder, write_secret
@@ -28,16 +27,6 @@ from infra import stack
 
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
-
-
-@contextmanager
-def open_umask() -> Iterator[None]:
-    """The most permissive umask a user could have: only our own modes protect the files."""
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ import mlflow
 import pytest
 import torch
 
+from benchmarks.security import planted_pickle
 from cascade.artifacts import DIGESTS_TAG, TamperedArtifact, folder_digests
 from cascade.config import Settings
 from cascade.lake import Lake
 from pipelines import asr as asr_pipeline
 from pipelines import multimodal as mm_pipeline
-from tests.planted import planted_pickle
 
 
 def _client(settings: Settings) -> mlflow.MlflowClient:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.security import planted_pickle
 from cascade.artifacts import DIGESTS_TAG, digests_tag, folder_digests
 from cascade.config import Settings
 from serving.champion import (
@@ -22,7 +23,6 @@ from serving.champion import (
     incomplete_reason,
     worker_cache,
 )
-from tests.planted import planted_pickle
 
 MODEL = "asr"
 FILES = {"asr_model.pt": b"weights " * 4096, "config/asr.json": b'{"vocab": 42}'}
