@@ -30,7 +30,7 @@ status:
 	$(VENV)/bin/cascade status
 
 test: venv
-	$(PY) -m pytest -m "not gpu" -p no:cacheprovider --durations=20
+	$(PY) -m pytest -m "not gpu" -p no:cacheprovider --durations=20 -n 2 --dist loadgroup
 
 test-fast: venv
 	$(PY) -m pytest -m "not gpu and not e2e and not slow" -p no:cacheprovider
