@@ -38,11 +38,13 @@ test-fast: venv
 e2e: venv
 	$(PY) -m pytest -m "e2e" -p no:cacheprovider
 
+# Every benchmark into bench-results/NAME.json and NAME.png; docs/benchmarks.md from them.
 bench: venv
 	mkdir -p bench-results
 	for name in $$($(PY) -c "from benchmarks.registry import BENCHMARKS; print(' '.join(BENCHMARKS))"); do \
 		$(VENV)/bin/cascade bench $$name --out bench-results/$$name.json || exit 1; \
 	done
+	$(PY) -m benchmarks.docs --results bench-results
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -37,6 +37,7 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -52,6 +53,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from benchmarks.provenance import files_digest, private_tracking, rotated
 from cascade.config import Settings, load_settings
 from compilers.timing import median_seconds
 
@@ -136,6 +138,7 @@ def obtain_model(settings: Settings, corpus: Path, work: Path) -> tuple[Path, Pa
     package. Without it, :func:`models.asr.train.train_asr` trains now; its result's
     ``fp32_artifact`` / ``int8_artifact`` (an ``asr_model.pt`` or its folder; ``fp32`` /
     ``int8`` accepted too) are the float model and the quantization-aware one."""
+    from models.asr.train import EXPERIMENT as ASR_EXPERIMENT
     from models.asr.train import train_asr
 
     given = str(load_settings().bench.asr_model or "")
@@ -148,7 +151,10 @@ def obtain_model(settings: Settings, corpus: Path, work: Path) -> tuple[Path, Pa
         return trained_dir, trained_dir, {"source": "given", "path": given}
     config_name = load_settings().bench.asr_config
     print(f"[bench asr] training config {config_name!r} on {corpus}", flush=True)
-    trained = train_asr(settings, config_name, corpus, work / "trained")
+    # A private MLflow store: the benchmark needs no stack, and logs nothing into one.
+    with private_tracking(work / "mlflow", (ASR_EXPERIMENT,)) as uri:
+        private = dataclasses.replace(settings, mlflow_tracking_uri=uri)
+        trained = train_asr(private, config_name, corpus, work / "trained")
     fp32 = trained.get("fp32_artifact") or trained.get("fp32")
     int8 = trained.get("int8_artifact") or trained.get("int8") or fp32
     if fp32 is None:
@@ -218,14 +224,15 @@ def real_time_factors(
     rounds: int,
     repeats: int,
 ) -> dict[str, Any]:
-    """Median seconds per utterance per variant, interleaved round by round."""
+    """Median seconds per utterance per variant, interleaved round by round (the variants'
+    order rotating each round); ``rtf_runs`` is each round's real-time factor."""
     samples: dict[str, dict[float, list[float]]] = {
         name: {seconds: [] for seconds, _ in utterances} for name in variants
     }
-    for _ in range(rounds):
+    for round_ in range(rounds):
         for seconds, item in utterances:
-            for name, fn in variants.items():
-                call = functools.partial(fn, item)
+            for name in rotated(list(variants), round_):
+                call = functools.partial(variants[name], item)
                 samples[name][seconds].append(median_seconds(call, repeats=repeats, warmup=1))
     total_audio = sum(seconds for seconds, _ in utterances)
     result: dict[str, Any] = {}
@@ -233,7 +240,18 @@ def real_time_factors(
         medians = {seconds: statistics.median(values) for seconds, values in per_length.items()}
         result[name] = {
             "rtf": sum(medians.values()) / total_audio,
-            "per_length": {f"{s:g}s": {"ms": m * 1000, "rtf": m / s} for s, m in medians.items()},
+            "rtf_runs": [
+                sum(values[r] for values in per_length.values()) / total_audio
+                for r in range(rounds)
+            ],
+            "per_length": {
+                f"{s:g}s": {
+                    "ms": m * 1000,
+                    "rtf": m / s,
+                    "ms_runs": [v * 1000 for v in per_length[s]],
+                }
+                for s, m in medians.items()
+            },
         }
     return result
 
@@ -280,6 +298,9 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
 
     fp32_dir, int8_dir, provenance = obtain_model(settings, corpus, work)
     result["model"] = provenance
+    result["model_provenance"] = provenance
+    model_files = sorted({fp32_dir / "asr_model.pt", int8_dir / "asr_model.pt"})
+    result["model_digest"] = files_digest(model_files)
     artifact = load_artifact(fp32_dir)
     quantized = load_artifact(int8_dir)
     # The float packages come from the float model, the int8 one from the quantized model.
@@ -384,6 +405,9 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
         ("fp32_artifact", "cascade_fp32_ms"),
     ):
         result[key] = timings[name]["per_length"][longest]["ms"]
+        result[f"{key}_runs"] = timings[name]["per_length"][longest]["ms_runs"]
+    for name in timings:  # each figure's rounds, for its spread
+        result[f"rtf_{name}_runs"] = timings[name]["rtf_runs"]
     for base in ("eager", "inductor", "onnxruntime"):
         result[f"speedup_vs_{base}"] = result[f"{base}_ms"] / result["cascade_ms"]
     result["speedup_int8_vs_eager"] = result["rtf_eager"] / result["rtf_int8"]

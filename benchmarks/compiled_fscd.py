@@ -23,6 +23,7 @@ recompiles of Inductor and of the package across ``shapes`` candidate counts.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,11 +34,12 @@ import torch
 from torch.export import Dim
 
 from benchmarks.compiled_inference import onnxruntime_session, request_auc
+from benchmarks.provenance import weights_digest
 from cascade.compiled_packages import load_package
 from cascade.ctr_schema import LABEL
 from compilers.export import BF16_PASSES
 from compilers.preranking import MAX_CANDIDATES, ColdPreRankingRequest, compile_cold_preranking
-from compilers.timing import interleaved_ms
+from compilers.timing import interleaved_runs_ms
 from models.preranking.config_registry import get_cascade_config
 from models.preranking.fields import FIELDS, FieldEncoder
 from models.preranking.model import ColdPreRanker
@@ -207,6 +209,16 @@ def fscd_compile_table(
         "shapes_tried": len(shapes),
         "passes": passes,
         "sizes": {},
+        "model_digest": weights_digest(model),
+        "model_provenance": {
+            "source": "trained by this run (train_cold_quickly)",
+            "network": "ColdPreRanker",
+            "config": "ml100k",
+            "rows": rows,
+            "epochs": 2,
+            "seed": 0,
+            "fields": list(BENCH_FIELDS),
+        },
     }
     if "cascade_bf16" in fns:
         result["bf16_gemm"] = bf16_report
@@ -221,13 +233,15 @@ def fscd_compile_table(
                 tolerance = 5e-2 if name.endswith("bf16") else 1e-4
                 if not torch.allclose(got, reference, atol=tolerance, rtol=tolerance):
                     raise AssertionError(f"fscd {name} disagrees with eager at 1x{size}")
-            timings = interleaved_ms(
+            runs = interleaved_runs_ms(
                 {name: (lambda fn=fn, inputs=inputs: fn(*inputs)) for name, fn in fns.items()},
                 rounds=rounds,
                 repeats=repeats,
                 warmup_each_round=True,
             )
+        timings = {name: statistics.median(values) for name, values in runs.items()}
         entry: dict[str, Any] = {f"{name}_ms": ms for name, ms in timings.items()}
+        entry.update({f"{name}_ms_runs": values for name, values in runs.items()})
         for base in ("eager_rows", "eager", "inductor", "onnxruntime"):
             if base in timings and base != headline:
                 entry[f"speedup_vs_{base}"] = timings[base] / timings[headline]

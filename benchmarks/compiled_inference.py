@@ -22,6 +22,7 @@ runs :func:`asr_compile_bench` (utterances of 1-20 s, ``cer_delta``)."""
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +34,7 @@ import pandas as pd
 import torch
 from sklearn.metrics import roc_auc_score
 
+from benchmarks.provenance import weights_digest
 from cascade.compiled_packages import load_package
 from cascade.config import load_settings
 from cascade.ctr_schema import LABEL, MODEL_FEATURES
@@ -45,7 +47,7 @@ from compilers.preranking import (
     preranking_dynamic_shapes,
     preranking_example,
 )
-from compilers.timing import interleaved_ms
+from compilers.timing import interleaved_runs_ms
 from models.preranking.config_registry import get_config
 from models.preranking.model import PreRanker
 from models.preranking.synthetic_data import synthetic_training_frame
@@ -180,9 +182,8 @@ def _run(quick: bool) -> dict[str, Any]:
     torch.manual_seed(0)
     sizes = [100, 1000] if quick else [1000, 10_000]
     shapes = sorted({int(x) for x in np.geomspace(1, sizes[-1], 20).round()} | {2, 3, 5, 7})[:24]
-    model, test = train_quickly(
-        2_000 if quick else 30_000, "debug" if quick else "ml100k", epochs=1 if quick else 3
-    )
+    rows, config_name, epochs = (2_000, "debug", 1) if quick else (30_000, "ml100k", 3)
+    model, test = train_quickly(rows, config_name, epochs=epochs)
     request = PreRankingRequest(model).eval()
     requests = held_out_requests(test)[: 120 if quick else None]
     result: dict[str, Any] = {
@@ -190,6 +191,15 @@ def _run(quick: bool) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "shapes_tried": len(shapes),
         "sizes": {},
+        "model_digest": weights_digest(model),
+        "model_provenance": {
+            "source": "trained by this run (train_quickly)",
+            "network": "PreRanker",
+            "config": config_name,
+            "rows": rows,
+            "epochs": epochs,
+            "seed": 0,
+        },
     }
     eager_auc = request_auc(request, requests)
     result["eager_auc"] = eager_auc
@@ -295,13 +305,15 @@ def _run(quick: bool) -> dict[str, Any]:
                 got = torch.as_tensor(fn(*inputs))
                 if not torch.allclose(got.reshape(-1), reference, atol=1e-4, rtol=1e-4):
                     raise AssertionError(f"{name} disagrees with eager at 1x{size}")
-            timings = interleaved_ms(
+            runs = interleaved_runs_ms(
                 {name: (lambda fn=fn, inputs=inputs: fn(*inputs)) for name, fn in variants.items()},
                 rounds=3 if quick else 7,
                 repeats=5 if quick else 15,
                 warmup_each_round=True,
             )
+        timings = {name: statistics.median(values) for name, values in runs.items()}
         entry: dict[str, Any] = {f"{name}_ms": ms for name, ms in timings.items()}
+        entry.update({f"{name}_ms_runs": values for name, values in runs.items()})
         headline = "cascade" if "cascade" in timings else "eager"
         for base in ("eager", "inductor", "onnxruntime"):
             if base in timings and base != headline:
@@ -315,7 +327,9 @@ def _run(quick: bool) -> dict[str, Any]:
         entry["headline_variant"] = headline
         result["sizes"][f"1x{size}"] = entry
     largest = result["sizes"][f"1x{sizes[-1]}"]
-    result.update({k: v for k, v in largest.items() if k.endswith("_ms") or "speedup" in k})
+    result.update(
+        {k: v for k, v in largest.items() if k.endswith(("_ms", "_ms_runs")) or "speedup" in k}
+    )
     if quick:
         return result
     from benchmarks.compiled_fscd import fscd_compile_table
@@ -339,7 +353,7 @@ def headline_table(fscd: dict[str, Any], *, mlp: dict[str, Any]) -> dict[str, An
         "network": "fscd",
         "threads": mlp.get("threads"),
         **{k: v for k, v in fscd.items() if k != "auc_delta"},
-        **{k: v for k, v in largest.items() if k.endswith("_ms") or "speedup" in k},
+        **{k: v for k, v in largest.items() if k.endswith(("_ms", "_ms_runs")) or "speedup" in k},
         "auc_delta": fscd["auc_delta"].get("cascade"),
         "bf16_auc_delta": fscd["auc_delta"].get("cascade_bf16"),
         "auc_deltas": fscd["auc_delta"],

@@ -112,7 +112,9 @@ def measure(
                 "generated_s": batches[n][1],
                 "repeats": repeats[n],
                 "wall_s": wall,
+                "wall_s_runs": [r["wall_s"] for r in runs[n]],
                 "pairs_per_s": n / wall,
+                "pairs_per_s_runs": [n / r["wall_s"] for r in runs[n]],
                 "stage_s": {
                     k: statistics.median(r["seconds"][k] for r in runs[n]) for k in last["seconds"]
                 },
@@ -131,6 +133,8 @@ def measure(
         "benchmark": "multimodal-corpus",
         "spark_master": master,
         "pairs_per_s": headline["pairs_per_s"],
+        "pairs_per_s_runs": headline["pairs_per_s_runs"],
+        "repeats": max(repeats.values()),
         "pairs": headline["pairs"],
         "quarantined": headline["quarantined"],
         "duplicates_removed": headline["duplicates_removed"],

@@ -31,12 +31,13 @@ from typing import Any
 
 import torch
 
+from benchmarks.provenance import files_digest, private_tracking
 from cascade.config import load_settings
 from cascade.training.launch import run_torchrun
 from models.multimodal.config_registry import dense_twin, get_config
 from models.multimodal.evaluate import compare
 from models.multimodal.model import parameter_counts
-from models.multimodal.train import build_model
+from models.multimodal.train import EXPERIMENT, build_model
 
 CONFIG_ENV = "CASCADE_BENCH_MULTIMODAL_CONFIG"
 """MoE config of the full run (default ``base``); ``--quick`` always uses ``debug``."""
@@ -110,11 +111,17 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
     steps = 8 if quick else 40
     with tempfile.TemporaryDirectory(prefix="bench-multimodal-") as tmp:
         work = Path(tmp)
-        speed = throughput(config_name, steps, work)
-        table = compare(config_name, Path(corpus) if corpus else None, work / "compare")
+        # A private MLflow store: the training processes need no stack and log into none.
+        with private_tracking(work / "mlflow", (EXPERIMENT,)):
+            speed = throughput(config_name, steps, work)
+            table = compare(config_name, Path(corpus) if corpus else None, work / "compare")
         moe_result = json.loads((work / "compare" / "moe" / "result.json").read_text())
+        model_digest = files_digest(
+            [work / "compare" / kind / "model" / "final" for kind in ("moe", "dense")]
+        )
         corpus_result = corpus_figures(work, quick)
     moe, dense = table["moe"], table["dense"]
+    seconds = speed.get("seconds", {})
     result: dict[str, Any] = {
         "benchmark": "multimodal",
         "config": config_name,
@@ -122,6 +129,20 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "moe_vs_dense_throughput": speed["moe_vs_dense_throughput"],
         "moe_steps_per_s": speed["moe_steps_per_s"],
         "dense_steps_per_s": speed["dense_steps_per_s"],
+        "moe_steps_per_s_runs": [steps / s for s in seconds.get("moe", [])],
+        "dense_steps_per_s_runs": [steps / s for s in seconds.get("dense", [])],
+        "moe_vs_dense_throughput_runs": [
+            d / m for m, d in zip(seconds.get("moe", []), seconds.get("dense", []), strict=False)
+        ],
+        "repeats": speed.get("repeats"),
+        "model_digest": model_digest,
+        "model_provenance": {
+            "source": "trained by this run",
+            "configs": [config_name, dense_twin(get_config(config_name)).name],
+            "training_config": get_config(config_name).to_dict(),
+            "data": corpus or "generator",
+            "files": "model/final of the MoE run and of its dense twin",
+        },
         "throughput_goal_met": speed["moe_vs_dense_throughput"] >= 0.7,
         "expert_load_cv": moe_result.get("expert_load_cv"),
         "tokens_dropped": moe_result.get("tokens_dropped"),

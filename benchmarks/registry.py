@@ -4,8 +4,9 @@
     make bench                       # every benchmark into bench-results/
 
 A benchmark is a function ``(out: Path, quick: bool) -> dict`` named in :data:`BENCHMARKS`;
-it measures side by side in one run, reports medians and names the machine
-(:func:`machine_info`). ``--quick`` shrinks sizes so a smoke test finishes in seconds.
+it measures side by side in one run, reports medians and their spread, and every result
+carries its provenance (:mod:`benchmarks.provenance`: machine, git commit, input and model
+digests, repeats). ``--quick`` shrinks sizes so a smoke test finishes in seconds.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import platform
 from pathlib import Path
 from typing import Any
 
+from benchmarks.provenance import provenance
 from cascade.allocator import keep_freed_memory
 from cascade.config import scoped_environ
 
@@ -60,25 +61,37 @@ OPTIONS: dict[str, dict[str, str]] = {
 }
 """Per benchmark: command-line option -> the environment variable its function reads."""
 
+BENCH_ENV_PREFIX = "CASCADE_BENCH_"
 
-def machine_info() -> dict[str, Any]:
-    """What the numbers were measured on."""
-    import torch
-
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
-    try:
-        with open("/proc/meminfo") as meminfo:
-            info["memory_kib"] = int(meminfo.readline().split()[1])
-    except OSError:
-        pass
-    return info
+GENERATORS: dict[str, tuple[str, ...]] = {
+    "events": ("benchmarks.event_delivery",),
+    "preranking": ("benchmarks.preranking_models", "models.preranking.synthetic_data"),
+    "compilers": (
+        "benchmarks.compiled_inference",
+        "benchmarks.compiled_fscd",
+        "models.preranking.synthetic_data",
+        "benchmarks.asr_path",
+        "jobs.audio_corpus",
+        "jobs.speech_synth",
+    ),
+    "ctr": ("benchmarks.ctr_cross_stats", "jobs.impression_log"),
+    "serving": (
+        "benchmarks.serving_load",
+        "benchmarks.load_generator",
+        "models.preranking.synthetic_data",
+    ),
+    "asr": ("benchmarks.asr_path", "jobs.audio_corpus", "jobs.speech_synth"),
+    "multimodal": (
+        "benchmarks.multimodal_moe",
+        "models.multimodal.pairs",
+        "benchmarks.multimodal_corpus",
+        "jobs.multimodal_sources",
+    ),
+    "multimodal-corpus": ("benchmarks.multimodal_corpus", "jobs.multimodal_sources"),
+    "security": ("benchmarks.security",),
+}
+"""Per benchmark: the modules whose code makes its inputs; their sources and the run's
+parameters make its ``input_digest``."""
 
 
 def run_benchmark(
@@ -102,9 +115,16 @@ def run_benchmark(
     module_name, function_name = BENCHMARKS[name].split(":")
     function = getattr(importlib.import_module(module_name), function_name)
     with scoped_environ({supported[k]: str(v) for k, v in given.items()}):
+        # The parameters: --quick and every benchmark setting in force (options included).
+        parameters = {"quick": quick} | {
+            k: v for k, v in sorted(os.environ.items()) if k.startswith(BENCH_ENV_PREFIX)
+        }
         result = function(out, quick)
     result.setdefault("benchmark", name)
-    result.setdefault("machine", machine_info())
+    generators = GENERATORS.get(name, (module_name,))
+    stamp = provenance(result, generators=generators, parameters=parameters)
+    for key, value in stamp.items():
+        result.setdefault(key, value)
     result.setdefault("allocator", allocator)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str))

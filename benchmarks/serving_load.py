@@ -37,6 +37,7 @@ Options (environment variable): ``--candidates`` (CASCADE_BENCH_SERVING_CANDIDAT
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -391,6 +392,25 @@ def measure(
     }
 
 
+def served_model(settings: Settings, promoted: dict[str, Any]) -> dict[str, Any]:
+    """The served version in the private registry: its name, version and training, and
+    ``digest``, a SHA-256 of the file digests its registration recorded."""
+    from cascade.registry import recorded_version_digests
+
+    name, version = settings.registered_model, str(promoted["version"])
+    digests = recorded_version_digests(settings, name, version)
+    return {
+        "registry": "private MLflow (sqlite)",
+        "name": name,
+        "version": version,
+        "network": promoted["model"],
+        "training_config": "debug",
+        "run_id": promoted.get("run_id"),
+        "digest": "sha256:"
+        + hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest(),
+    }
+
+
 def private_stack_env(home: Path, port: int) -> dict[str, str]:
     """The settings of a private stack in ``home``: local profile, a SQLite MLflow, the model
     server on ``port``."""
@@ -434,6 +454,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         model_kind = options.serving_model or settings.preranking_model
         trainer = train_fscd_and_promote if model_kind == "fscd" else train_and_promote
         promoted = {**trainer(frame, settings, DS), "model": model_kind}
+        model_provenance = served_model(settings, promoted)
         ids = workdir / "ids.json"
         ids.write_text(
             json.dumps(
@@ -464,6 +485,8 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         other = None if quick else load(workers=1 if workers > 1 else 2)
     result = {
         **main,
+        "model_digest": model_provenance.pop("digest"),
+        "model_provenance": model_provenance,
         "goal_p99_ms": GOAL_P99_MS,
         "meets_goal": main["p99_ms"] is not None and main["p99_ms"] <= GOAL_P99_MS,
         "quick": quick,

@@ -422,7 +422,8 @@ def train(
 def measure_throughput(config: MultimodalTrainConfig, out: Path, steps: int) -> dict[str, Any]:
     """Training steps/s of ``config`` (MoE) and its dense twin, same batches, in these
     processes: one warm-up run each, then :data:`THROUGHPUT_REPEATS` interleaved timed runs of
-    ``steps`` steps, so background load hits both alike. Writes ``OUT/throughput.json``."""
+    ``steps`` steps (the order rotating each round), so background load hits both alike.
+    Writes ``OUT/throughput.json``."""
     from models.multimodal.config_registry import dense_twin
 
     rank, world = rank_world()
@@ -443,9 +444,11 @@ def measure_throughput(config: MultimodalTrainConfig, out: Path, steps: int) -> 
     for timed in runs.values():
         timed()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(THROUGHPUT_REPEATS):
-        for name, timed in runs.items():
-            times[name].append(timed())
+    for round_ in range(THROUGHPUT_REPEATS):
+        names = list(runs)
+        # The order rotates each round, so neither model always runs first.
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+            times[name].append(runs[name]())
     median = {name: float(np.median(t)) for name, t in times.items()}
     result = {
         "config": config.name,

@@ -67,3 +67,8 @@ def test_events_benchmark_smoke(event_stack: Settings) -> None:
     # A run claims only after the burst was quiet for the window; the work record follows.
     assert WINDOW_S <= result["latency_p50_s"] <= result["latency_p95_s"]
     assert result["work_latency_p50_s"] >= result["latency_p50_s"]
+    # The JSON's figures: every key the docs table shows, each a finite number.
+    from benchmarks.docs import FIGURES
+    from benchmarks.provenance import non_finite
+
+    assert set(FIGURES["events"]) <= set(result) and non_finite(result) == []

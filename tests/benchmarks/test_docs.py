@@ -1,0 +1,80 @@
+"""docs/benchmarks.md shows what the JSON it names holds, and `make bench` regenerates it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import docs
+from benchmarks.provenance import REPO_ROOT
+
+FIXTURE = {
+    "benchmark": "ctr",
+    "quick": False,
+    "sizes": [
+        {"impressions": 1000000, "job_s": 16.0, "job_s_runs": [15.9, 16.0, 19.8], "ratio": 14.0}
+    ],
+    "machine": {"cpu_model": "Test CPU 9000", "usable_cpus": 2, "cuda_device": None},
+    "git_commit": "0123456789abcdef0123456789abcdef01234567",
+    "git_dirty": False,
+    "input_digest": "sha256:feedfacecafe00",
+    "inputs": {
+        "parameters": {
+            "quick": False,
+            "CASCADE_BENCH_CTR_SIZES": "1000000",
+            "CASCADE_BENCH_CTR_REPEATS": "3",
+        }
+    },
+    "model_digest": None,
+    "repeats": 3,
+    "spread": {"sizes.0.job_s": {"min": 15.9, "median": 16.0, "max": 19.8, "n": 3}},
+}
+
+
+def test_a_block_shows_the_command_provenance_and_every_figure() -> None:
+    block = docs.render_block(FIXTURE, "ctr", "docs/results/ctr.json")
+    assert block.startswith("<!-- bench ctr: docs/results/ctr.json -->")
+    assert block.endswith("<!-- end bench ctr -->")
+    assert (
+        "cascade bench ctr --repeats 3 --impressions 1000000 --out bench-results/ctr.json" in block
+    )
+    assert "Test CPU 9000, 2 cores, no GPU; commit `0123456789ab`" in block
+    assert "inputs `feedfacecafe`" in block and "model none" in block
+    assert "| `job_s [impressions=1000000]` | 16 | 15.9–19.8 | 3 |" in block
+    assert "| `ratio [impressions=1000000]` | 14 | — | 1 |" in block
+
+
+def test_publish_copies_charts_and_renders_and_a_stale_page_is_caught(tmp_path: Path) -> None:
+    results = tmp_path / "bench-results"
+    results.mkdir()
+    (results / "ctr.json").write_text(json.dumps(FIXTURE))
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n\nProse kept as written.\n")
+    assert docs.publish(results, page, root=tmp_path) == ["ctr"]
+    text = page.read_text()
+    assert "Prose kept as written." in text
+    assert "<!-- bench ctr: docs/results/ctr.json -->" in text
+    assert "| `job_s [impressions=1000000]` | 16 | 15.9–19.8 | 3 |" in text
+    assert (results / "ctr.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "docs" / "results" / "ctr.png").is_file()
+    assert "![ctr](../docs/results/ctr.png)" in text
+    assert docs.render_page(text, tmp_path) == text  # rendering again changes nothing
+
+    # The JSON changes: the page no longer equals what it names.
+    changed = dict(FIXTURE, sizes=[dict(FIXTURE["sizes"][0], job_s=17.5)])  # type: ignore[arg-type]
+    (tmp_path / "docs" / "results" / "ctr.json").write_text(json.dumps(changed))
+    assert docs.render_page(text, tmp_path) != text
+
+    with pytest.raises(FileNotFoundError, match="names docs/results/gone.json"):
+        docs.render_page("<!-- bench gone: docs/results/gone.json -->\n<!-- end bench gone -->")
+
+
+def test_the_committed_page_equals_the_json_it_names() -> None:
+    page = (REPO_ROOT / "docs" / "benchmarks.md").read_text()
+    blocks = list(docs.BLOCK.finditer(page))
+    assert blocks, "docs/benchmarks.md has no generated block"
+    for block in blocks:
+        assert (REPO_ROOT / block["path"]).is_file(), f"{block['path']} is not in the repository"
+    assert docs.render_page(page) == page, "run: python -m benchmarks.docs"
