@@ -90,7 +90,7 @@ def cmd_dead_letters(args: argparse.Namespace) -> int:
 def cmd_step(args: argparse.Namespace) -> int:
     from cascade.lake import check_ds
     from cascade.pipeline_registry import get_pipeline
-    from cascade.step_runner import run_step
+    from cascade.step_runner import knob_environment, run_step
 
     spec = get_pipeline(args.pipeline)
     if args.name not in spec.step_names:
@@ -102,7 +102,17 @@ def cmd_step(args: argparse.Namespace) -> int:
         check_ds(args.ds)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(json.dumps(run_step(args.name, args.ds, args.pipeline), indent=2, default=str))
+    params: dict[str, str] = {}
+    for given in args.param or ():
+        knob, sep, value = given.partition("=")
+        if not sep or not knob:
+            raise UsageError(f"--param takes KNOB=VALUE, got {given!r}")
+        params[knob.strip()] = value
+    try:
+        knob_environment(spec.step(args.name), params)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps(run_step(args.name, args.ds, args.pipeline, params), indent=2, default=str))
     return 0
 
 
@@ -129,16 +139,18 @@ def _version(package: str) -> str:
 
 def cmd_pipelines(args: argparse.Namespace) -> int:
     from cascade import pipeline_docs
-    from cascade.dvc_stages import dvc_yaml, write_dvc_yaml
+    from cascade.dvc_stages import dvc_yaml, params_yaml, write_dvc_yaml, write_params_yaml
 
     specs = registered_pipelines()
     dvc_file, readme = Path(args.dvc_file), Path(args.readme)
+    params_file = dvc_file.with_name("params.yaml")
     if args.markdown:
         print(pipeline_docs.render_markdown(specs.values()), end="")
         return 0
     if args.write:
         for path, changed in (
             (dvc_file, write_dvc_yaml(dvc_file, specs.values())),
+            (params_file, write_params_yaml(params_file, specs.values())),
             (readme, pipeline_docs.write_readme_table(readme, specs.values())),
         ):
             print(f"{path}: {'written' if changed else 'already up to date'}", file=sys.stderr)
@@ -147,6 +159,9 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
         stale = []
         if not dvc_file.is_file() or dvc_file.read_text() != dvc_yaml(specs.values()):
             stale.append(str(dvc_file))
+        current = params_file.read_text() if params_file.is_file() else ""
+        if current != params_yaml(specs.values(), current):
+            stale.append(str(params_file))
         table = pipeline_docs.render_markdown(specs.values())
         if pipeline_docs.readme_table(readme.read_text()) != table:
             stale.append(f"{readme} (pipeline table)")
@@ -275,6 +290,13 @@ def _add_core_commands(sub: Any) -> None:
         default=DEFAULT_PIPELINE,
         choices=tuple(pipelines),
         help=f"the DAG whose step it is (default {DEFAULT_PIPELINE})",
+    )
+    step.add_argument(
+        "--param",
+        action="append",
+        metavar="KNOB=VALUE",
+        help="set one of the step's knobs for this run (its CASCADE_* setting; the DVC stage "
+        "passes params.yaml's <pipeline>.<knob>); repeatable",
     )
     step.set_defaults(func=cmd_step)
 

@@ -7,6 +7,15 @@ Stage ``<dvc_prefix><step>`` runs ``cascade step <step> --pipeline <name> --ds $
 function its Airflow task calls. It depends on the step's declared paths and on the previous
 step's summary, and writes its declared outputs plus its own summary (uncached), so DVC's graph
 is the DAG's order. A test keeps the committed file equal to what this module makes.
+
+Knobs: a step's :attr:`~cascade.pipeline_spec.Step.params` are the DVC parameters
+``<pipeline>.<knob>`` of ``params.yaml`` (written here too: a new knob gets its setting's
+default, the values already set are kept); the stage passes each to the step with
+``--param knob=${<pipeline>.<knob>}``, so ``dvc exp run -S asr.config=debug`` runs the step with
+``CASCADE_ASR_CONFIG=debug``. A step with :attr:`~cascade.pipeline_spec.Step.metrics` leaves
+``metrics.json`` beside its summary, declared as the stage's metrics (cached, so ``dvc metrics
+diff`` finds the baseline's values although the state folder is git-ignored), and its
+:attr:`~cascade.pipeline_spec.Step.plots` are the top-level ``plots:`` (``dvc plots show``).
 """
 
 from __future__ import annotations
@@ -22,15 +31,37 @@ from cascade.pipeline_spec import Pipeline
 HEADER = """\
 # Generated from the pipeline specs (pipelines/*.py) by `cascade pipelines --write`; do not
 # edit by hand. Stage <prefix><step> runs `cascade step <step> --pipeline <name> --ds ${ds}`,
-# the function the Airflow task of the same name calls. Every step leaves a summary.json that
-# the next stage depends on. Outputs live under the default state folder (.cascade/,
-# git-ignored). Run: `dvc repro`.
+# the function the Airflow task of the same name calls, with its knobs from params.yaml
+# (--param knob=${pipeline.knob}). Every step leaves a summary.json that the next stage depends
+# on; steps with metrics leave a metrics.json beside it. Outputs live under the default state
+# folder (.cascade/, git-ignored). Run: `dvc repro`; `dvc exp run -S asr.config=debug`;
+# `dvc metrics diff`; `dvc plots show`.
 """
+PARAMS_HEADER = """\
+# Parameters of the reproducible stage graph (dvc.yaml): the partition `ds`, and per pipeline
+# its steps' knobs (`<pipeline>.<knob>`, each a CASCADE_* setting; `cascade config` documents
+# them). `cascade pipelines --write` adds a new knob with its setting's default and keeps the
+# values set here. Change one for a run with `dvc exp run -S asr.config=debug`. An empty value
+# leaves the setting to the environment, the settings file or its default.
+"""
+DEFAULT_DS = "2026-11-22"
 SUMMARY = ".cascade/lake/reports/step_{stage}/dt=${{ds}}/summary.json"
 
 
 def summary_out(stage: str) -> str:
     return SUMMARY.format(stage=stage)
+
+
+def metrics_out(stage: str) -> str:
+    """The stage's metrics file, beside its summary (:mod:`cascade.step_runner` writes it)."""
+    return summary_out(stage).removesuffix("summary.json") + "metrics.json"
+
+
+def command(spec: Pipeline, step_name: str) -> str:
+    """The stage's ``cmd``: the step with the partition and its knobs from ``params.yaml``."""
+    step = spec.step(step_name)
+    knobs = "".join(f" --param {k}=${{{spec.name}.{k}}}" for k in step.params)
+    return f"cascade step {step.name} --pipeline {spec.name} --ds ${{ds}}{knobs}"
 
 
 def stages(spec: Pipeline) -> dict[str, dict[str, Any]]:
@@ -46,13 +77,15 @@ def stages(spec: Pipeline) -> dict[str, dict[str, Any]]:
         outs += [{path: {"persist": True}} for path in step.dvc_persistent_outs]
         outs.append({summary_out(stage): {"cache": False}})
         body: dict[str, Any] = {
-            "cmd": f"cascade step {step.name} --pipeline {spec.name} --ds ${{ds}}",
+            "cmd": command(spec, step.name),
             "deps": deps,
-            "params": ["ds"],
+            "params": ["ds", *(f"{spec.name}.{knob}" for knob in step.params)],
             "outs": outs,
         }
         if not deps:
             del body["deps"]
+        if step.metrics:
+            body["metrics"] = [metrics_out(stage)]
         out[stage] = body
         previous = stage
     return out
@@ -60,6 +93,7 @@ def stages(spec: Pipeline) -> dict[str, dict[str, Any]]:
 
 def dvc_yaml(specs: Iterable[Pipeline]) -> str:
     """The whole ``dvc.yaml`` text for ``specs``; stage names must not collide."""
+    specs = list(specs)
     all_stages: dict[str, dict[str, Any]] = {}
     for spec in specs:
         for name, body in stages(spec).items():
@@ -69,7 +103,15 @@ def dvc_yaml(specs: Iterable[Pipeline]) -> str:
                     "pipeline's; give it a distinct dvc_prefix"
                 )
             all_stages[name] = body
-    document = {"vars": ["params.yaml"], "stages": all_stages}
+    document: dict[str, Any] = {"vars": ["params.yaml"], "stages": all_stages}
+    plots = [
+        {plot.path: {"x": plot.x, "y": plot.y, **({"title": plot.title} if plot.title else {})}}
+        for spec in specs
+        for step in spec.steps
+        for plot in step.plots
+    ]
+    if plots:
+        document["plots"] = plots
     return HEADER + yaml.safe_dump(document, sort_keys=False, width=100)
 
 
@@ -77,6 +119,62 @@ def write_dvc_yaml(path: Path, specs: Iterable[Pipeline]) -> bool:
     """Write ``path``; True when its content changed."""
     text = dvc_yaml(specs)
     if path.is_file() and path.read_text() == text:
+        return False
+    path.write_text(text)
+    return True
+
+
+def _param_value(value: Any) -> Any:
+    """A setting's default as ``params.yaml`` writes it (what ``--param`` reads back)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int | float | str):
+        return value
+    if isinstance(value, tuple | list):
+        return ",".join(str(part) for part in value)
+    return str(value)
+
+
+def knob_defaults(spec: Pipeline) -> dict[str, Any]:
+    """The pipeline's knobs with their settings' defaults; a knob naming no setting is an
+    error."""
+    from cascade.config import all_setting_fields
+
+    fields = {field.env: field for field in all_setting_fields()}
+    defaults: dict[str, Any] = {}
+    for knob, variable in spec.knobs.items():
+        if variable not in fields:
+            raise ValueError(
+                f"pipeline {spec.name!r}: knob {knob!r} names {variable}, which is no setting "
+                "(`cascade config` lists them)"
+            )
+        defaults[knob] = _param_value(fields[variable].default)
+    return defaults
+
+
+def params_yaml(specs: Iterable[Pipeline], current: str = "") -> str:
+    """``params.yaml`` for ``specs``: ``ds`` and every knob, keeping the values ``current`` (the
+    file's text) sets for them; knobs no spec has any more are dropped."""
+    old = yaml.safe_load(current) if current.strip() else {}
+    if not isinstance(old, dict):
+        raise ValueError("params.yaml must be a mapping")
+    document: dict[str, Any] = {"ds": str(old.get("ds", DEFAULT_DS))}
+    for spec in specs:
+        knobs = knob_defaults(spec)
+        if not knobs:
+            continue
+        kept = old.get(spec.name) if isinstance(old.get(spec.name), dict) else {}
+        document[spec.name] = {knob: kept.get(knob, value) for knob, value in knobs.items()}
+    return PARAMS_HEADER + yaml.safe_dump(document, sort_keys=False, width=100)
+
+
+def write_params_yaml(path: Path, specs: Iterable[Pipeline]) -> bool:
+    """Write ``path`` (keeping the values already set); True when its content changed."""
+    current = path.read_text() if path.is_file() else ""
+    text = params_yaml(specs, current)
+    if text == current:
         return False
     path.write_text(text)
     return True

@@ -33,6 +33,20 @@ def _check_name(kind: str, name: str) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Plot:
+    """A file a step writes that ``dvc plots show`` draws (CSV, TSV or JSON rows)."""
+
+    path: str
+    """Repository-relative path; ``${ds}`` stands for the partition. A folder draws each of its
+    files."""
+    x: str
+    """The column on the x axis."""
+    y: str
+    """The column on the y axis."""
+    title: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Step:
     """One task of the DAG, one DVC stage, one ``cascade step`` choice."""
 
@@ -54,9 +68,25 @@ class Step:
     dvc_persistent_outs: tuple[str, ...] = ()
     """Outputs DVC must not delete before the stage runs (data that may have landed from
     elsewhere and that the step keeps)."""
+    params: Mapping[str, str] = field(default_factory=dict)
+    """Knobs of the step: name -> the ``CASCADE_*`` setting it sets. Each is the DVC parameter
+    ``<pipeline>.<name>`` in ``params.yaml`` (``dvc exp run -S``), given to the step as
+    ``cascade step ... --param name=VALUE``."""
+    metrics: tuple[str, ...] = ()
+    """Numeric keys of the step's summary that are its metrics: the step runner writes them to
+    ``metrics.json`` beside the summary, a DVC metrics file (``dvc metrics diff``)."""
+    plots: tuple[Plot, ...] = ()
+    """Files the step writes that DVC draws (``dvc plots show``): training curves, trade-offs."""
 
     def __post_init__(self) -> None:
         _check_name("step", self.name)
+        for knob, variable in self.params.items():
+            _check_name("knob", knob)
+            if not variable.startswith("CASCADE_"):
+                raise ValueError(
+                    f"step {self.name!r}: knob {knob!r} must name a CASCADE_* setting, "
+                    f"got {variable!r}"
+                )
         if not callable(self.run):
             raise TypeError(f"step {self.name!r}: run must be a function of the partition date")
         if self.timeout_minutes is not None and self.timeout_minutes <= 0:
@@ -161,6 +191,20 @@ class Pipeline:
             raise ValueError(f"pipeline {self.name!r}: retries must be >= 2")
         if self.partition_lag_days < 0:
             raise ValueError(f"pipeline {self.name!r}: partition_lag_days must be >= 0")
+        knobs: dict[str, str] = {}
+        for step in self.steps:
+            for knob, variable in step.params.items():
+                if knobs.setdefault(knob, variable) != variable:
+                    raise ValueError(
+                        f"pipeline {self.name!r}: knob {knob!r} sets {knobs[knob]} in one step "
+                        f"and {variable} in step {step.name!r}; one knob, one setting"
+                    )
+
+    @property
+    def knobs(self) -> dict[str, str]:
+        """Every step's knobs: name -> the ``CASCADE_*`` setting (DVC parameter
+        ``<pipeline>.<name>``)."""
+        return {knob: var for step in self.steps for knob, var in step.params.items()}
 
     @property
     def run_timeout_minutes(self) -> float:
@@ -193,6 +237,12 @@ class Pipeline:
                     "timeout_minutes": step.timeout_minutes,
                     "outlets": list(step.outlets),
                     "dvc_stage": self.dvc_prefix + step.name,
+                    **(
+                        {"params": {f"{self.name}.{k}": v for k, v in step.params.items()}}
+                        if step.params
+                        else {}
+                    ),
+                    **({"metrics": list(step.metrics)} if step.metrics else {}),
                 }
                 for step in self.steps
             ],

@@ -13,13 +13,14 @@ import contextlib
 import datetime as dt
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from cascade.config import scoped_environ
 from cascade.lake import Lake, check_ds, lake_from_settings
 from cascade.pipeline_registry import get_pipeline
+from cascade.pipeline_spec import Step
 from cascade.results import write_result
 
 
@@ -78,14 +79,49 @@ def _record_timing(path: Path, started: dt.datetime, seconds: float, error: str 
     write_result(path, record)
 
 
-def run_step(name: str, ds: str, pipeline: str) -> dict[str, Any]:
-    """Run step ``name`` of ``pipeline`` for partition ``ds`` and record its JSON summary
-    and its timing (:data:`TIMING_FILE`, also when it fails)."""
+METRICS_FILE = "metrics.json"
+"""Beside the summary of a step with ``metrics``: those keys of its summary (a DVC metrics
+file)."""
+
+
+def knob_environment(step: Step, params: Mapping[str, str]) -> dict[str, str]:
+    """The ``CASCADE_*`` variables that ``--param knob=VALUE`` values set for ``step``. An empty
+    value sets nothing; ``true``/``false`` (how DVC writes a YAML boolean) become ``1``/``0``.
+    An unknown knob is a ValueError naming the step's knobs."""
+    unknown = sorted(set(params) - set(step.params))
+    if unknown:
+        known = ", ".join(sorted(step.params)) or "none"
+        raise ValueError(f"step {step.name!r} has no knob {', '.join(unknown)} (knobs: {known})")
+    words = {"true": "1", "false": "0"}
+    return {
+        step.params[knob]: words.get(value.strip().lower(), value.strip())
+        for knob, value in params.items()
+        if value.strip()
+    }
+
+
+def step_metrics(step: Step, summary: Mapping[str, Any]) -> dict[str, float]:
+    """The step's metrics out of its summary: the declared keys that hold numbers."""
+    return {
+        key: summary[key]
+        for key in step.metrics
+        if isinstance(summary.get(key), int | float) and not isinstance(summary[key], bool)
+    }
+
+
+def run_step(
+    name: str, ds: str, pipeline: str, params: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Run step ``name`` of ``pipeline`` for partition ``ds`` with its knobs set from
+    ``params`` (:func:`knob_environment`), and record its JSON summary, its metrics
+    (:data:`METRICS_FILE`, when it declares some) and its timing (:data:`TIMING_FILE`, also
+    when it fails)."""
     step = get_pipeline(pipeline).step(name)
+    knobs = knob_environment(step, params or {})
     path = summary_path(name, check_ds(ds), pipeline)
     started, clock = dt.datetime.now(dt.UTC), time.monotonic()
     try:
-        with step_context(pipeline, name, ds):
+        with step_context(pipeline, name, ds), scoped_environ(knobs):
             result = dict(step.run(ds))
     except BaseException as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
@@ -96,5 +132,7 @@ def run_step(name: str, ds: str, pipeline: str) -> dict[str, Any]:
         raise
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=str))
+    if step.metrics:
+        write_result(path.with_name(METRICS_FILE), step_metrics(step, result))
     _record_timing(path.with_name(TIMING_FILE), started, time.monotonic() - clock, None)
     return result

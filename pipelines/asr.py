@@ -37,7 +37,7 @@ from cascade.assets import (
 from cascade.config import SETTINGS_CONFIG, Settings, load_group, load_settings
 from cascade.lake import Lake, check_ds
 from cascade.partitions import partition_seed
-from cascade.pipeline_spec import Pipeline, Promotion, RegisteredModel, Step, Trigger
+from cascade.pipeline_spec import Pipeline, Plot, Promotion, RegisteredModel, Step, Trigger
 from cascade.step_runner import read_step_result, write_step_result
 
 CONFIG_ENV = "CASCADE_ASR_CONFIG"
@@ -462,6 +462,7 @@ PIPELINE = Pipeline(
             outlets=(ASSET_SPEECH_CORPUS,),
             dvc_deps=("jobs/audio_corpus.py", "jobs/speech_synth.py"),
             dvc_outs=(".cascade/lake/corpora/speech/dt=${ds}",),
+            params={"config": CONFIG_ENV, "utterances": UTTERANCES_ENV},
         ),
         Step(
             name="validate",
@@ -475,6 +476,16 @@ PIPELINE = Pipeline(
             doc="fp32 training, then range-scaled int8 QAT with distillation, on DeepSpeed",
             timeout_minutes=60,
             dvc_deps=("models/asr", ".cascade/lake/corpora/speech/dt=${ds}"),
+            params={"config": CONFIG_ENV},
+            metrics=("cer_fp32", "cer_int8", "wer_fp32", "wer_int8"),
+            plots=(
+                Plot(
+                    path=".cascade/lake/reports/asr_train/dt=${ds}/curves",
+                    x="step",
+                    y="loss",
+                    title="ASR loss (fp32, then int8 QAT)",
+                ),
+            ),
         ),
         Step(
             name="compile",

@@ -11,7 +11,10 @@ coalesces into one run (see :mod:`cascade.event_ledger`). Each step is also
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 
 from cascade.assets import (
     ASSET_CTR_DATA_LANDED,
@@ -19,9 +22,30 @@ from cascade.assets import (
     ASSET_PRERANKING_CHAMPION,
     CTR_EVENT_SELECTORS,
 )
-from cascade.pipeline_spec import Pipeline, Promotion, RegisteredModel, Step, Trigger
+from cascade.config import SETTINGS_CONFIG
+from cascade.pipeline_spec import Pipeline, Plot, Promotion, RegisteredModel, Step, Trigger
 
 REPORTS = ".cascade/lake/reports"
+TRAIN_OUT = f"{REPORTS}/train/dt=${{ds}}"
+DEFAULT_CONFIGS = {"fscd": "pipeline", "mlp": "ml100k"}
+"""The training config of each ``CASCADE_PRERANKING_MODEL`` when ``CASCADE_PRERANKING_CONFIG``
+is unset."""
+
+
+@dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
+class PrerankingSettings:
+    """The ``ctr_preranking`` train step's knobs (``params.yaml``'s ``ctr_preranking.*``)."""
+
+    env_pattern: ClassVar[str] = "CASCADE_PRERANKING_{}"
+    title: ClassVar[str] = "Pipeline ctr_preranking"
+
+    config: str = ""
+    """Training config (``models.preranking.config_registry``: a cascade config for ``fscd``,
+    a dense one for ``mlp``; unset: ``pipeline`` for fscd, ``ml100k`` for mlp)."""
+    epochs: int | None = Field(default=None, ge=1)
+    """Epochs of each training phase, instead of the config's."""
+    lr: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Learning rate, instead of the config's."""
 
 
 def features(ds: str) -> dict[str, Any]:
@@ -49,16 +73,20 @@ def training_set(ds: str) -> dict[str, Any]:
 
 
 def train(ds: str) -> dict[str, Any]:
-    from cascade.config import load_settings
+    from cascade.config import load_group, load_settings
 
     settings = load_settings()
+    knobs = load_group(PrerankingSettings)
+    config = knobs.config or DEFAULT_CONFIGS[settings.preranking_model]
     if settings.preranking_model == "fscd":
         from models.preranking.cascade_train import launch_pipeline
 
-        return launch_pipeline(ds, settings=settings)
+        return launch_pipeline(
+            ds, config=config, settings=settings, epochs=knobs.epochs, lr=knobs.lr
+        )
     from models.preranking.train import launch
 
-    return launch(ds, settings=settings)
+    return launch(ds, config=config, settings=settings, epochs=knobs.epochs, lr=knobs.lr)
 
 
 def compile_gate(ds: str) -> dict[str, Any]:
@@ -103,6 +131,7 @@ PIPELINE = Pipeline(
         dead_letter=True,
     ),
     tags=("ctr", "preranking"),
+    settings=PrerankingSettings,
     model=RegisteredModel(
         name="preranking",
         promotion=Promotion(metric="auc", higher_is_better=True, requires_compile_gate=True),
@@ -151,6 +180,32 @@ PIPELINE = Pipeline(
             dvc_deps=(
                 "models/preranking",
                 ".cascade/lake/training/preranking/dt=${ds}/data.parquet",
+            ),
+            params={
+                "model": "CASCADE_PRERANKING_MODEL",
+                "config": "CASCADE_PRERANKING_CONFIG",
+                "epochs": "CASCADE_PRERANKING_EPOCHS",
+                "lr": "CASCADE_PRERANKING_LR",
+            },
+            metrics=(
+                "test_auc",
+                "fscd_auc",
+                "fscd_gauc",
+                "teacher_auc",
+                "two_tower_auc",
+                "auc_ratio",
+                "cost_ratio",
+                "recall_at_k",
+                "train_seconds",
+            ),  # fmt: skip
+            plots=(
+                Plot(path=f"{TRAIN_OUT}/curves", x="step", y="loss", title="pre-ranker loss"),
+                Plot(
+                    path=f"{TRAIN_OUT}/tradeoff.csv",
+                    x="cost_ratio",
+                    y="auc",
+                    title="FSCD: AUC against feature cost",
+                ),
             ),
         ),
         Step(

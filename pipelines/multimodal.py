@@ -42,7 +42,7 @@ from cascade.assets import (
 from cascade.config import SETTINGS_CONFIG, Flag, Settings, load_group, load_settings
 from cascade.lake import Lake, check_ds
 from cascade.partitions import partition_seed
-from cascade.pipeline_spec import Pipeline, Promotion, RegisteredModel, Step, Trigger
+from cascade.pipeline_spec import Pipeline, Plot, Promotion, RegisteredModel, Step, Trigger
 from cascade.step_runner import read_step_result, write_step_result
 
 CONFIG_ENV = "CASCADE_MULTIMODAL_CONFIG"
@@ -442,6 +442,10 @@ PIPELINE = Pipeline(
                 "cascade/caption_tokenizer.py",
             ),
             dvc_outs=(".cascade/lake/corpora/images/dt=${ds}",),
+            params={
+                "generated": "CASCADE_MULTIMODAL_GENERATED",
+                "source_limit": "CASCADE_MULTIMODAL_SOURCE_LIMIT",
+            },
         ),
         Step(
             name="validate",
@@ -457,6 +461,15 @@ PIPELINE = Pipeline(
             doc="the MoE image-text transformer on DeepSpeed, experts split over the processes",
             timeout_minutes=60,
             dvc_deps=("models/multimodal", ".cascade/lake/corpora/images/dt=${ds}"),
+            params={"config": "CASCADE_MULTIMODAL_CONFIG"},
+            plots=(
+                Plot(
+                    path=".cascade/lake/reports/mm_train/dt=${ds}/curves",
+                    x="step",
+                    y="loss",
+                    title="multimodal loss",
+                ),
+            ),
         ),
         Step(
             name="evaluate",
@@ -465,6 +478,8 @@ PIPELINE = Pipeline(
             "twin's (same active parameters)",
             timeout_minutes=60,
             dvc_deps=("models/multimodal/evaluate.py",),
+            params={"dense_twin": "CASCADE_MULTIMODAL_DENSE_TWIN"},
+            metrics=RECALL_KEYS + ("mean_recall_at_1",),
         ),
         Step(
             name="register",

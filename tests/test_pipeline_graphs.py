@@ -47,7 +47,10 @@ def test_every_step_is_a_dvc_stage_chained_in_step_order(pipeline: str) -> None:
     stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
     names = [spec.dvc_prefix + step for step in spec.step_names]
     for step, stage in zip(spec.step_names, names, strict=True):
-        assert stages[stage]["cmd"] == f"cascade step {step} --pipeline {pipeline} --ds ${{ds}}"
+        knobs = "".join(f" --param {k}=${{{pipeline}.{k}}}" for k in spec.step(step).params)
+        assert stages[stage]["cmd"] == (
+            f"cascade step {step} --pipeline {pipeline} --ds ${{ds}}{knobs}"
+        )
     for upstream, downstream in zip(names, names[1:], strict=False):
         outs = {next(iter(o)) if isinstance(o, dict) else o for o in stages[upstream]["outs"]}
         assert outs & set(stages[downstream]["deps"]), f"{downstream} does not follow {upstream}"

@@ -59,6 +59,7 @@ from cascade.training.checkpoints import (
     save_latest_checkpoint,
 )
 from cascade.training.crash_points import crash_if_due, crash_point
+from cascade.training.curves import CURVES_DIR, CurveLog
 from cascade.training.deepspeed_config import deepspeed_config as build_deepspeed_config
 from cascade.training.deepspeed_config import warmup_decay_scheduler
 from cascade.training.launch import init_distributed, launch_for_result, rank_world
@@ -318,7 +319,7 @@ def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] 
     if len(data) == 0:
         raise ValueError(f"{corpus} has no training utterances")
     if rank == 0 and keep_only_run(
-        out, run_fingerprint(config, corpus), (CHECKPOINTS, "phases", RUN_MARKER)
+        out, run_fingerprint(config, corpus), (CHECKPOINTS, "phases", RUN_MARKER, CURVES_DIR)
     ):
         print(f"[asr] removed checkpoints and phases of another run from {out}", flush=True)
     dist.barrier()
@@ -335,6 +336,7 @@ def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] 
             flush=True,
         )
     clock = {"t": time.monotonic()}
+    curves = CurveLog(out)
 
     def log(phase: str, step: int, values: dict[str, float]) -> None:
         if rank != 0:
@@ -346,6 +348,7 @@ def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] 
         total = config.fp32_steps if phase == "fp32" else config.qat_steps
         print(f"[asr] {phase} step={step}/{total} {text} {rate:.2f} steps/s", flush=True)
         mlflow.log_metrics({f"{k}.{phase}": v for k, v in values.items()}, step=step)
+        curves.add(step, values, phase=phase)
 
     with failed_on_error(rank):
         states = {

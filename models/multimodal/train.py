@@ -56,6 +56,7 @@ from cascade.training.checkpoints import (
     save_latest_checkpoint,
 )
 from cascade.training.crash_points import crash_if_due, crash_point
+from cascade.training.curves import CURVES_DIR, CurveLog
 from cascade.training.deepspeed_config import deepspeed_config as build_deepspeed_config
 from cascade.training.deepspeed_config import warmup_decay_scheduler
 from cascade.training.launch import init_distributed, launch_for_result, rank_world
@@ -312,7 +313,7 @@ def train(
     if len(data.test) < 2:
         raise ValueError(f"{data.source} has {len(data.test)} test pairs; retrieval needs >= 2")
     if rank == 0 and keep_only_run(
-        out, run_fingerprint(config, corpus, world), (CHECKPOINTS, RUN_MARKER)
+        out, run_fingerprint(config, corpus, world), (CHECKPOINTS, RUN_MARKER, CURVES_DIR)
     ):
         print(f"[multimodal] removed checkpoints of another run from {out}", flush=True)
     dist.barrier()
@@ -337,6 +338,7 @@ def train(
     clock = {"t": time.monotonic()}
     losses: list[float] = []
     routing_last: dict[str, float] = {}
+    curves = CurveLog(out)
 
     def log(step: int, values: dict[str, float]) -> None:
         losses.append(values["loss"])
@@ -350,6 +352,7 @@ def train(
         text = " ".join(f"{k}={v:.4f}" for k, v in shown.items())
         print(f"[multimodal] step={step}/{config.steps} {text} {rate:.2f} steps/s", flush=True)
         mlflow.log_metrics(values, step=step)
+        curves.add(step, shown)
 
     def checkpoint(step: int) -> None:
         save_latest_checkpoint(engine, ckpt_dir, step)

@@ -47,12 +47,15 @@ import torch.distributed as dist
 
 from cascade.config import Settings, load_settings
 from cascade.training.checkpoints import CHECKPOINTS, data_fingerprint, keep_only_run
+from cascade.training.curves import CURVES_DIR
 from cascade.training.launch import init_distributed, launch_for_result, run_torchrun
 from cascade.training.resumable_run import RUN_MARKER, TrackingUnavailable, reachable_tracking
 from models.preranking.config_registry import (
     CASCADE_CONFIGS,
     CascadeTrainConfig,
     get_cascade_config,
+    override_args,
+    with_overrides,
 )
 from models.preranking.fscd_run import train_cascade
 from models.preranking.fscd_throughput import measure_throughput
@@ -95,6 +98,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="override the config's seed (initialization, data order, gate noise)",
     )
     parser.add_argument(
+        "--epochs", type=int, default=None, help="override the config's epochs per phase"
+    )
+    parser.add_argument(
+        "--lr", type=float, default=None, help="override the config's learning rate"
+    )
+    parser.add_argument(
         "--require-tracking",
         action="store_true",
         help="fail at once when the MLflow server does not answer (the pipeline's runs must "
@@ -129,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         config = dataclasses.replace(config, checkpoint_every=args.checkpoint_every)
     if args.seed is not None:
         config = dataclasses.replace(config, seed=args.seed)
+    config = with_overrides(config, epochs=args.epochs, lr=args.lr)
     if args.throughput_steps:
         measure_throughput(config, args.out, args.throughput_steps)
     else:
@@ -163,7 +173,7 @@ def launch_cascade(
     )
 
 
-STALE_ON_NEW_DATA = ("phases", CHECKPOINTS, RUN_MARKER)
+STALE_ON_NEW_DATA = ("phases", CHECKPOINTS, RUN_MARKER, CURVES_DIR)
 """What a run folder keeps to resume; it belongs to one config, data file and partition."""
 CHECKPOINT_EVERY_ENV = "CASCADE_PRERANKING_CHECKPOINT_EVERY"
 """Overrides the pipeline config's checkpoint interval (steps); the fault tests set it so a
@@ -181,7 +191,12 @@ def pipeline_fingerprint(config: CascadeTrainConfig, data: Path, ds: str) -> str
 
 
 def launch_pipeline(
-    ds: str, *, config: str = "pipeline", settings: Settings | None = None
+    ds: str,
+    *,
+    config: str = "pipeline",
+    settings: Settings | None = None,
+    epochs: int | None = None,
+    lr: float | None = None,
 ) -> dict[str, Any]:
     """The ``ctr_preranking`` train step: the cascade (teacher, FSCD selection, ColdPreRanker)
     on ``Lake.training_set("preranking", ds)`` with ``settings.train_processes`` processes,
@@ -190,7 +205,7 @@ def launch_pipeline(
     Retried for the same partition, data and config, it resumes (finished phases, the last
     checkpoint, the same MLflow run); phases and checkpoints left by other data or another
     config are removed first. :data:`CHECKPOINT_EVERY_ENV` overrides the config's checkpoint
-    interval.
+    interval; ``epochs`` and ``lr`` override the config's (the pipeline's knobs).
     """
     from cascade.lake import Lake, check_ds
 
@@ -201,6 +216,8 @@ def launch_pipeline(
     if checkpoint_every is not None:
         cascade = dataclasses.replace(cascade, checkpoint_every=checkpoint_every)
         extra_args = ["--checkpoint-every", str(checkpoint_every)]
+    cascade = with_overrides(cascade, epochs=epochs, lr=lr)
+    extra_args += override_args(epochs=epochs, lr=lr)
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     data = partition_training_set(lake, ds)

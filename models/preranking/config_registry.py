@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from models.preranking.model import CascadeNetConfig, PreRankerConfig
 
@@ -353,3 +353,24 @@ def get_cascade_config(name: str) -> CascadeTrainConfig:
         raise ValueError(
             f"unknown cascade config {name!r}; choose one of {sorted(CASCADE_CONFIGS)}"
         ) from None
+
+
+ConfigT = TypeVar("ConfigT", TrainConfig, CascadeTrainConfig)
+
+
+def with_overrides(
+    config: ConfigT, *, epochs: int | None = None, lr: float | None = None
+) -> ConfigT:
+    """``config`` with the epochs and learning rate given (None keeps the config's)."""
+    if epochs is not None and epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    if lr is not None and not lr > 0:
+        raise ValueError(f"the learning rate must be > 0, got {lr}")
+    changes = {k: v for k, v in (("epochs", epochs), ("lr", lr)) if v is not None}
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def override_args(*, epochs: int | None = None, lr: float | None = None) -> list[str]:
+    """The trainers' command-line options for :func:`with_overrides`'s values."""
+    args = [] if epochs is None else ["--epochs", str(epochs)]
+    return args + ([] if lr is None else ["--lr", repr(lr)])

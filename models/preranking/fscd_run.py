@@ -15,6 +15,7 @@ from torch import nn
 
 from cascade.config import Settings, load_settings
 from cascade.results import write_result
+from cascade.training.curves import CurveLog
 from cascade.training.launch import rank_world
 from cascade.training.resumable_run import RUN_MARKER, failed_on_error, open_resumable_run
 from models.preranking.config_registry import CascadeTrainConfig
@@ -75,10 +76,13 @@ def train_cascade(config: CascadeTrainConfig, out: Path, ds: str = "") -> dict[s
             flush=True,
         )
 
+    curves = CurveLog(out)
+
     def log(phase: str, step: int, value: float) -> None:
         if rank == 0:
             print(f"[cascade] {phase} step={step} loss={value:.4f}", flush=True)
             mlflow.log_metric(f"loss.{phase}", value, step=step)
+            curves.add(step, {"loss": value}, phase=phase)
 
     with failed_on_error(rank):
         models: dict[str, nn.Module] = {}
@@ -172,6 +176,7 @@ def finish(
     write_result(out / "evaluation.json", evaluation)
     write_result(out / "selections.json", selections)
     write_result(out / "metrics.json", metrics)
+    write_tradeoff_csv(out / TRADEOFF_CSV, validation_rows, rows)
     plot_tradeoff(
         validation_rows, rows, chosen["model"], out / "tradeoff.png", budget=config.cost_budget
     )
@@ -234,3 +239,23 @@ def finish(
     mlflow.end_run()
     print(f"[cascade] done: {json.dumps(metrics)}", flush=True)
     return result
+
+
+TRADEOFF_CSV = "tradeoff.csv"
+"""AUC against feature cost of every model on both splits (what ``dvc plots show`` draws)."""
+
+
+def write_tradeoff_csv(
+    path: Path, validation_rows: list[dict[str, Any]], test_rows: list[dict[str, Any]]
+) -> None:
+    """One row per model and split: ``model,split,cost_ratio,auc,gauc``."""
+    import csv
+
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["model", "split", "cost_ratio", "auc", "gauc"])
+        for split, rows in (("validation", validation_rows), ("test", test_rows)):
+            for r in rows:
+                writer.writerow([r["model"], split, r["cost_ratio"], r["auc"], r["gauc"]])
+    tmp.replace(path)

@@ -54,10 +54,17 @@ from cascade.training.checkpoints import (
     save_latest_checkpoint,
 )
 from cascade.training.crash_points import crash_if_due, crash_point
+from cascade.training.curves import CURVES_DIR, CurveLog
 from cascade.training.deepspeed_config import deepspeed_config as build_deepspeed_config
 from cascade.training.launch import init_distributed, launch_for_result
 from cascade.training.resumable_run import RUN_MARKER, open_resumable_run, use_experiment
-from models.preranking.config_registry import CONFIGS, TrainConfig, get_config
+from models.preranking.config_registry import (
+    CONFIGS,
+    TrainConfig,
+    get_config,
+    override_args,
+    with_overrides,
+)
 from models.preranking.fields import FieldEncoder
 from models.preranking.inference import (
     CONFIG_ARTIFACT,
@@ -289,6 +296,7 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
         if found:
             print(f"[train] removing checkpoints of another run from {ckpt_dir}", flush=True)
             shutil.rmtree(ckpt_dir, ignore_errors=True)
+        shutil.rmtree(out / CURVES_DIR, ignore_errors=True)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         fingerprint_file.write_text(fingerprint)
 
@@ -327,6 +335,7 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
         loss_fn = torch.nn.BCEWithLogitsLoss()
         engine.train()
         step = start_step
+        curves = CurveLog(out)
         order_epoch, order = -1, torch.empty(0, dtype=torch.long)
         while step < total:
             epoch, within = divmod(step, steps_per_epoch)
@@ -347,6 +356,7 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
                 if rank == 0:
                     print(f"[train] epoch={epoch} step={step} loss={value:.4f}", flush=True)
                     mlflow.log_metric("loss", value, step=step)
+                    curves.add(step, {"loss": value})
             if step % config.checkpoint_every == 0 and step < total:
                 checkpoint(step)
             crash_if_due(crash, "train", step, rank=rank, who="train")
@@ -419,6 +429,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", required=True, type=Path, help="training parquet")
     parser.add_argument("--out", required=True, type=Path, help="folder for result.json")
     parser.add_argument("--ds", default=None, help="partition date (default: dt=... in --data)")
+    parser.add_argument("--epochs", type=int, default=None, help="override the config's epochs")
+    parser.add_argument(
+        "--lr", type=float, default=None, help="override the config's learning rate"
+    )
     # The deepspeed launcher passes --local_rank; torch.distributed.run sets LOCAL_RANK.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
     args = parser.parse_args(argv)
@@ -434,7 +448,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     args.out.mkdir(parents=True, exist_ok=True)
-    train(get_config(args.config), data=args.data, out=args.out, ds=args.ds)
+    config = with_overrides(get_config(args.config), epochs=args.epochs, lr=args.lr)
+    train(config, data=args.data, out=args.out, ds=args.ds)
 
 
 # --- launching from Python --------------------------------------------------------------
@@ -471,11 +486,20 @@ def partition_training_set(lake: Lake, ds: str) -> Path:
     return data
 
 
-def launch(ds: str, *, config: str = "ml100k", settings: Settings | None = None) -> dict:
+def launch(
+    ds: str,
+    *,
+    config: str = "ml100k",
+    settings: Settings | None = None,
+    epochs: int | None = None,
+    lr: float | None = None,
+) -> dict:
     """Train on ``Lake.training_set("preranking", ds)`` with ``settings.train_processes``
-    processes, stream the log, and return the run's ``result.json``."""
+    processes, stream the log, and return the run's ``result.json``; ``epochs`` and ``lr``
+    override the config's."""
     check_ds(ds)
-    get_config(config)  # fail fast on a bad name, before starting processes
+    # Fail fast on a bad name or override, before starting processes.
+    with_overrides(get_config(config), epochs=epochs, lr=lr)
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     data = partition_training_set(lake, ds)
@@ -483,7 +507,17 @@ def launch(ds: str, *, config: str = "ml100k", settings: Settings | None = None)
     out.mkdir(parents=True, exist_ok=True)
     return launch_for_result(
         "models.preranking.train",
-        ["--config", config, "--data", str(data), "--out", str(out), "--ds", ds],
+        [
+            "--config",
+            config,
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--ds",
+            ds,
+            *override_args(epochs=epochs, lr=lr),
+        ],  # fmt: skip
         what=f"pre-ranking training for ds={ds}",
         out_dir=out,
         keys=RESULT_KEYS,

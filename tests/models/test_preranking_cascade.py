@@ -393,6 +393,13 @@ def test_killed_two_process_run_resumes_to_the_same_metrics(
     for phase in ("teacher", "select_0.05", "fscd_0.05"):
         assert client.get_metric_history(result["run_id"], f"loss.{phase}"), phase
     assert (killed / "tradeoff.png").stat().st_size > 1_000
+    # The curves and the trade-off DVC plots: the resumed run's are the uninterrupted run's.
+    for phase in ("teacher", "select_0.05", "fscd_0.05"):
+        curve = (killed / "curves" / f"{phase}.csv").read_text()
+        assert curve.startswith("step,loss\n5,"), curve
+        assert curve == (whole / "curves" / f"{phase}.csv").read_text(), phase
+    tradeoff = (killed / "tradeoff.csv").read_text().splitlines()
+    assert tradeoff[0] == "model,split,cost_ratio,auc,gauc" and len(tradeoff) > 4
     evaluation = json.loads((killed / "evaluation.json").read_text())
     assert {r["model"] for r in evaluation["rows"]} == {
         "teacher",

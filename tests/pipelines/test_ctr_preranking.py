@@ -3,20 +3,60 @@ import pytest
 from pipelines import ctr_preranking
 
 
-@pytest.mark.parametrize(("kind", "launcher"), [("fscd", "cascade_train"), ("mlp", "train")])
+@pytest.mark.parametrize(
+    ("kind", "launcher", "config"),
+    [("fscd", "cascade_train", "pipeline"), ("mlp", "train", "ml100k")],
+)
 def test_train_step_launches_the_configured_network(
-    monkeypatch: pytest.MonkeyPatch, kind: str, launcher: str
+    monkeypatch: pytest.MonkeyPatch, kind: str, launcher: str, config: str
 ) -> None:
     from models.preranking import cascade_train, train
 
-    calls: list[tuple[str, str]] = []
-    monkeypatch.setattr(
-        cascade_train, "launch_pipeline", lambda ds, settings: calls.append(("cascade_train", ds))
-    )
-    monkeypatch.setattr(train, "launch", lambda ds, settings: calls.append(("train", ds)))
+    calls: list[tuple] = []
+
+    def fake(name: str):  # type: ignore[no-untyped-def]
+        return lambda ds, *, settings, **knobs: calls.append((name, ds, knobs))
+
+    monkeypatch.setattr(cascade_train, "launch_pipeline", fake("cascade_train"))
+    monkeypatch.setattr(train, "launch", fake("train"))
     monkeypatch.setenv("CASCADE_PRERANKING_MODEL", kind)
+    for name in ("CONFIG", "EPOCHS", "LR"):
+        monkeypatch.delenv(f"CASCADE_PRERANKING_{name}", raising=False)
     ctr_preranking.train("2026-11-22")
-    assert calls == [(launcher, "2026-11-22")]
+    assert calls == [(launcher, "2026-11-22", {"config": config, "epochs": None, "lr": None})]
+
+
+def test_the_train_steps_knobs_reach_the_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `cascade step train --param ...` (the DVC stage) sets is what the trainer gets."""
+    from cascade.step_runner import knob_environment
+    from models.preranking import cascade_train
+
+    calls: list[dict] = []
+    monkeypatch.setattr(
+        cascade_train, "launch_pipeline", lambda ds, *, settings, **knobs: calls.append(knobs)
+    )
+    step = ctr_preranking.PIPELINE.step("train")
+    given = {"model": "fscd", "config": "debug", "epochs": "4", "lr": "0.01"}
+    for name, value in knob_environment(step, given).items():
+        monkeypatch.setenv(name, value)
+    ctr_preranking.train("2026-11-22")
+    assert calls == [{"config": "debug", "epochs": 4, "lr": 0.01}]
+
+
+def test_epochs_and_learning_rate_override_the_config() -> None:
+    from models.preranking.config_registry import (
+        get_cascade_config,
+        override_args,
+        with_overrides,
+    )
+
+    base = get_cascade_config("debug")
+    changed = with_overrides(base, epochs=base.epochs + 1, lr=0.5)
+    assert (changed.epochs, changed.lr) == (base.epochs + 1, 0.5)
+    assert with_overrides(base) == base
+    assert override_args(epochs=3, lr=0.5) == ["--epochs", "3", "--lr", "0.5"]
+    with pytest.raises(ValueError, match="epochs must be >= 1"):
+        with_overrides(base, epochs=0)
 
 
 def test_scoring_needs_a_user_and_items() -> None:
