@@ -53,6 +53,7 @@ import pandas as pd
 import torch
 
 from cascade.config import Settings, load_settings
+from cascade.progress import track
 from compilers.timing import median_seconds
 
 FULL_SIZES = (10_000, 100_000)
@@ -222,7 +223,7 @@ def real_time_factors(
     samples: dict[str, dict[float, list[float]]] = {
         name: {seconds: [] for seconds, _ in utterances} for name in variants
     }
-    for _ in range(rounds):
+    for _ in track(range(rounds), desc="bench asr rounds", unit="rounds"):
         for seconds, item in utterances:
             for name, fn in variants.items():
                 call = functools.partial(fn, item)

@@ -191,6 +191,13 @@ class RuntimeSettings:
     """Set by the step runner while a step runs: the step's name."""
     run_ds: str = ""
     """Set by the step runner while a step runs: the partition date."""
+    progress: Literal["auto", "bar", "lines", "off"] = "auto"
+    """Progress of long work (training epochs, materialization, corpus builds, benchmarks):
+    ``auto`` draws a bar on a terminal and prints one line now and then otherwise (task logs);
+    ``bar``, ``lines`` or ``off`` force one."""
+    progress_every_s: float = Field(default=30.0, gt=0)
+    """Without a terminal: the most seconds between two progress lines (there is also one
+    every 10%)."""
 
 
 @dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
