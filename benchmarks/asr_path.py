@@ -55,6 +55,7 @@ import torch
 
 from benchmarks.provenance import files_digest, private_tracking, rotated
 from cascade.config import Settings, load_settings
+from cascade.progress import track
 from compilers.timing import median_seconds
 
 FULL_SIZES = (10_000, 100_000)
@@ -229,7 +230,7 @@ def real_time_factors(
     samples: dict[str, dict[float, list[float]]] = {
         name: {seconds: [] for seconds, _ in utterances} for name in variants
     }
-    for round_ in range(rounds):
+    for round_ in track(range(rounds), desc="bench asr rounds", unit="rounds"):
         for seconds, item in utterances:
             for name in rotated(list(variants), round_):
                 call = functools.partial(variants[name], item)

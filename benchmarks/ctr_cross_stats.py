@@ -60,6 +60,7 @@ import psutil
 
 from cascade.config import Settings, load_settings
 from cascade.feature_store import materialize_cross
+from cascade.progress import track
 from compilers.timing import median_seconds
 from jobs import ctr_cross_stats as job
 from jobs import impression_log
@@ -128,7 +129,7 @@ def interleaved(
         second()
     a: list[float] = []
     b: list[float] = []
-    for index in range(repeats):
+    for index in track(range(repeats), desc="bench timed runs", unit="runs"):
         if index % 2 == 0:
             a.append(first())
             b.append(second())

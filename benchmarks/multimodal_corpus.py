@@ -29,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from cascade.config import load_settings
+from cascade.progress import track
 from jobs.multimodal_corpus import CorpusConfig, build_corpus, spark_session
 from jobs.multimodal_sources import GeneratorConfig, land_generated
 from jobs.spark_sessions import active_or_new
@@ -90,7 +91,8 @@ def measure(
     runs: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
     outcome: dict[int, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="multimodal-bench-") as scratch:
-        for round_ in range(max(repeats.values())):
+        rounds = range(max(repeats.values()))
+        for round_ in track(rounds, desc="bench multimodal-corpus", unit="rounds"):
             for n in sizes:  # interleaved: round 1 of every size, then round 2...
                 if round_ >= repeats[n]:
                     continue

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from cascade.config import Settings, load_settings
+from cascade.progress import track
 from cascade.training.resumable_run import reachable_tracking
 from compilers.export import torch_threads
 from compilers.timing import median_seconds
@@ -93,7 +94,7 @@ def summarize_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def train_seeds(config_name: str, out: Path, seeds: list[int]) -> dict[str, Any]:
     """Train the cascade once per seed (2 processes) and summarize the runs."""
     runs = []
-    for seed in seeds:
+    for seed in track(seeds, desc="bench preranking seeds", unit="seeds"):
         run_dir = out.parent / f"{out.stem}-run" / f"seed{seed}"
         shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run, not a resume of an old one
         settings = tracking_settings(run_dir)

@@ -191,6 +191,13 @@ class RuntimeSettings:
     """Set by the step runner while a step runs: the step's name."""
     run_ds: str = ""
     """Set by the step runner while a step runs: the partition date."""
+    progress: Literal["auto", "bar", "lines", "off"] = "auto"
+    """Progress of long work (training epochs, materialization, corpus builds, benchmarks):
+    ``auto`` draws a bar on a terminal and prints one line now and then otherwise (task logs);
+    ``bar``, ``lines`` or ``off`` force one."""
+    progress_every_s: float = Field(default=30.0, gt=0)
+    """Without a terminal: the most seconds between two progress lines (there is also one
+    every 10%)."""
 
 
 @dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
@@ -344,6 +351,10 @@ class Settings:
     """Driver memory of the local Spark sessions of the corpus jobs."""
     airflow_parallelism: int = Field(default=2, ge=1)
     """Airflow core parallelism (low on a 2-core machine)."""
+    airflow_heavy_slots: int | None = Field(default=None, ge=1)
+    """Slots of the Airflow pool ``cascade_heavy`` (Spark jobs, trainings, compiles: the steps
+    a spec marks heavy), created by `cascade up`; empty means the parallelism. Set it below the
+    parallelism (1 on a small machine) so light tasks keep running beside one heavy one."""
     airflow_schedules: Flag = True
     """Run the pipelines on their cron schedules; ``0`` leaves only event-triggered and manual
     runs (a development or test stack that should start no run of its own)."""

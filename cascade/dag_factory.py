@@ -18,7 +18,7 @@ from typing import Any
 
 from cascade.assets import TOPIC_RUN_FAILED
 from cascade.pipeline_registry import registered_pipelines
-from cascade.pipeline_spec import MAX_RETRY_DELAY_S, Pipeline, Step
+from cascade.pipeline_spec import HEAVY_POOL, MAX_RETRY_DELAY_S, Pipeline, Step
 
 
 def watched_asset(
@@ -133,20 +133,50 @@ def notify_failure(context: Mapping[str, Any]) -> None:
         log.warning("could not publish %s: %s", TOPIC_RUN_FAILED, exc)
 
 
+def run_report_links(pipeline: str, ds: str) -> dict[str, str]:
+    """Log the run's report to MLflow (:func:`cascade.run_report.log_run_report`) and return
+    its link. Best effort: the pipeline's work is done, a report that cannot be written or
+    logged costs a warning in the task log, never the task."""
+    import logging
+
+    from cascade.config import load_settings
+    from cascade.run_report import log_run_report
+    from cascade.step_links import RUN_REPORT
+
+    try:
+        logged = log_run_report(load_settings(), pipeline, ds)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        logging.getLogger(__name__).warning(
+            "no run report for %s ds=%s: %s: %s", pipeline, ds, type(exc).__name__, exc
+        )
+        return {}
+    print(f"[report] {pipeline} ds={ds}: {logged['url']}", flush=True)
+    return {RUN_REPORT: logged["url"]}
+
+
 def _step_task(spec: Pipeline, step: Step) -> Any:
     from airflow.sdk import Asset, task
 
     pipeline, name = spec.name, step.name
+    last, data_docs = step.name == spec.steps[-1].name, step.data_docs
 
     registered = spec.model.name if spec.model is not None else None
 
     def run(ds: str) -> dict[str, Any]:
         from cascade.config import load_settings
-        from cascade.step_links import step_links
+        from cascade.lake import Lake
+        from cascade.step_links import DATA_DOCS, file_link, step_links
         from cascade.step_runner import run_step
 
         result = run_step(name, ds, pipeline)
-        links = step_links(result, load_settings().tracking_uri, registered)
+        settings = load_settings()
+        links = step_links(result, settings.tracking_uri, registered)
+        if data_docs:
+            docs = file_link(Lake(settings.lake_root).data_docs(pipeline, name, ds) / "index.html")
+            if docs:
+                links[DATA_DOCS] = docs
+        if last:
+            links.update(run_report_links(pipeline, ds))
         # The task's result carries the links its extra-link buttons show.
         return {**result, "links": links} if links else result
 
@@ -158,6 +188,9 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
     }
     if step.outlets:
         options["outlets"] = [Asset(uri) for uri in step.outlets]
+    if step.heavy:
+        # At most the pool's slots of these run at once, across all pipelines.
+        options["pool"] = HEAVY_POOL
     if step.timeout_minutes is not None:
         options["execution_timeout"] = dt.timedelta(minutes=step.timeout_minutes)
     return task(**options)(run)
@@ -190,7 +223,7 @@ def build_dag(spec: Pipeline) -> Any:
     """The Airflow DAG of one pipeline spec."""
     from airflow.sdk import dag
 
-    from cascade.airflow_links import STEP_LINKS
+    from cascade.airflow_links import step_links_of
     from cascade.event_ledger import release_failed_run
 
     spec, cron_on = _stack_overrides(spec)
@@ -232,7 +265,9 @@ def build_dag(spec: Pipeline) -> Any:
         upstream = ds
         for step in spec.steps:
             output = _step_task(spec, step)(ds)
-            output.operator.operator_extra_links = STEP_LINKS
+            output.operator.operator_extra_links = step_links_of(
+                data_docs=step.data_docs, last=step is spec.steps[-1]
+            )
             upstream >> output
             upstream = output
 

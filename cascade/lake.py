@@ -56,6 +56,11 @@ class Lake:
     def reports(self, kind: str, ds: str) -> Path:
         return self.root / "reports" / kind / f"dt={check_ds(ds)}"
 
+    def data_docs(self, pipeline: str, step: str, ds: str) -> Path:
+        """The GX Data Docs site a gate step builds for ``ds`` (``index.html`` inside); the
+        task's "Data Docs" link points there."""
+        return self.reports("data_docs", ds) / pipeline / step
+
 
 def lake_from_settings() -> Lake:
     from cascade.config import load_settings

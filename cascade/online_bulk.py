@@ -42,7 +42,7 @@ import datetime as dt
 import sqlite3
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from operator import itemgetter
@@ -54,10 +54,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from cascade.progress import Progress
+
 BATCH_ROWS = 50_000
 """Entities per batch (one transaction each): ~750k SQL rows for the 15-feature cross views,
 a few tens of MB of Arrow and Python objects whatever the partition size."""
-PROGRESS_EVERY_S = 5.0
 SAMPLE_ROWS = 16
 """Rows per batch (plus up to as many rows with missing values) re-encoded by Feast's own
 converter and compared byte for byte."""
@@ -361,16 +362,6 @@ def check_supported(store: Any) -> None:
         raise BulkUnsupported("bulk materialization does not write vector/value_num columns")
 
 
-def _progress_line(view: str, rows: int, started: float) -> None:
-    """One line per report: rows written so far and the rate."""
-    seconds = time.perf_counter() - started
-    rate = rows / seconds if seconds > 0 else 0.0
-    print(
-        f"[materialize] {view}: {rows:,} rows written in {seconds:.1f} s ({rate:,.0f} rows/s)",
-        flush=True,
-    )
-
-
 class SqliteBulkWriter:
     """Loads Arrow batches of one feature view into Feast's SQLite online store."""
 
@@ -467,14 +458,21 @@ class SqliteBulkWriter:
         batches: Iterator[pa.RecordBatch],
         *,
         check: bool = True,
-        progress: Callable[[str, int, float], None] | None = _progress_line,
-        progress_every_s: float = PROGRESS_EVERY_S,
+        progress: bool = True,
+        progress_every_s: float | None = None,
     ) -> BulkResult:
-        """Encode and upsert every batch; one transaction per batch."""
+        """Encode and upsert every batch; one transaction per batch. ``progress`` shows the
+        rows written (:mod:`cascade.progress`: a bar on a terminal, a line every
+        ``progress_every_s``, default ``CASCADE_PROGRESS_EVERY_S``, in a log)."""
         result = BulkResult(view=self.view.name)
         started = time.perf_counter()
-        last_report, reported = started, 0
         conn = self._connect()
+        shown = Progress(
+            desc=f"materialize {self.view.name}",
+            unit="rows",
+            enabled=progress,
+            every_s=progress_every_s,
+        )
         result.journal_mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
 
         def stage(batch: pa.RecordBatch) -> _Staged:
@@ -515,19 +513,15 @@ class SqliteBulkWriter:
                     result.rows += staged.loaded
                     result.skipped_missing_key += staged.skipped
                     result.batches += 1
-                    now = time.perf_counter()
-                    if progress and now - last_report >= progress_every_s:
-                        progress(self.view.name, result.rows, started)
-                        last_report, reported = now, result.rows
+                    shown.update(staged.loaded)
                     mark = time.perf_counter()
                     staged = pending.result()
                     result.encode_wait_s += time.perf_counter() - mark
         finally:
             conn.execute("DROP TABLE IF EXISTS temp.bulk_stage")
             conn.close()
+            shown.close()
         result.seconds = time.perf_counter() - started
-        if progress and result.seconds >= progress_every_s and reported != result.rows:
-            progress(self.view.name, result.rows, started)
         return result
 
 

@@ -77,6 +77,14 @@ class Step:
     ``metrics.json`` beside the summary, a DVC metrics file (``dvc metrics diff``)."""
     plots: tuple[Plot, ...] = ()
     """Files the step writes that DVC draws (``dvc plots show``): training curves, trade-offs."""
+    heavy: bool = False
+    """The step saturates the machine (a Spark job, a DeepSpeed training, a compile): its task
+    runs in the Airflow pool :data:`HEAVY_POOL`, whose slots bound how many such tasks run at
+    once across all pipelines (``CASCADE_AIRFLOW_HEAVY_SLOTS``)."""
+    data_docs: bool = False
+    """The step is a GX gate that renders its results as Data Docs in
+    :meth:`cascade.lake.Lake.data_docs` (pipeline, step, ds): its task gets a "Data Docs" link,
+    which works when the gate fails too."""
 
     def __post_init__(self) -> None:
         _check_name("step", self.name)
@@ -135,6 +143,9 @@ class RegisteredModel:
     alias: str = "champion"
 
 
+HEAVY_POOL = "cascade_heavy"
+"""The Airflow pool of the heavy steps (:attr:`Step.heavy`); the stack creates it when Airflow
+starts (:func:`infra.stack.ensure_heavy_pool`)."""
 MAX_RETRY_DELAY_S = 1800.0
 """The longest wait between two tries of a task."""
 DEFAULT_STEP_MINUTES = 60.0
@@ -235,6 +246,8 @@ class Pipeline:
                     "name": step.name,
                     "doc": step.doc,
                     "timeout_minutes": step.timeout_minutes,
+                    "heavy": step.heavy,
+                    "data_docs": step.data_docs,
                     "outlets": list(step.outlets),
                     "dvc_stage": self.dvc_prefix + step.name,
                     **(

@@ -110,7 +110,11 @@ def collect_steps(lake: Lake, ds: str, pipelines: list[str] | None = None) -> li
 def _figures(lake: Lake, ds: str, out: Path) -> list[dict[str, str]]:
     """Copies of the PNGs the steps drew for ``ds`` into ``out/figures``."""
     root = lake.root / "reports"
-    found = sorted(root.glob(f"*/dt={ds}/**/*.png")) if root.is_dir() else []
+    found = sorted(
+        path
+        for path in (root.glob(f"*/dt={ds}/**/*.png") if root.is_dir() else [])
+        if "data_docs" not in path.relative_to(root).parts  # GX's logos, not a step's figure
+    )
     figures = []
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for path in found[:MAX_FIGURES]:
@@ -321,3 +325,88 @@ def write_report(
     (out / "report.json").write_text(json.dumps(report, indent=2))
     report["index"] = str(out / "index.html")
     return report
+
+
+RUN_REPORT_EXPERIMENT = "pipeline-reports"
+"""The MLflow experiment of the per-run reports: one small run per pipeline run."""
+REPORT_ARTIFACTS = "report"
+"""Where a report run keeps ``index.html``, ``report.json`` and the PNGs."""
+RUN_REPORT_KIND = "run_report"
+
+
+def run_report_dir(lake: Lake, pipeline: str, ds: str) -> Path:
+    """Where the run report of ``pipeline`` for ``ds`` is kept in the lake (outside
+    ``reports/``, so a report never shows another report's figures)."""
+    return lake.root / "run_reports" / pipeline / f"dt={check_ds(ds)}"
+
+
+def report_url(tracking_uri: str, experiment_id: str, run_id: str, index: Path) -> str:
+    """The page that shows the report: its artifact view in the MLflow UI, or the local file
+    when the tracking store is not a web server."""
+    if tracking_uri.startswith(("http://", "https://")):
+        base = tracking_uri.rstrip("/")
+        return (
+            f"{base}/#/experiments/{experiment_id}/runs/{run_id}/artifactPath/"
+            f"{REPORT_ARTIFACTS}/index.html"
+        )
+    return index.resolve().as_uri()
+
+
+def _quotable(value: str) -> bool:
+    return "'" not in value and "\\" not in value
+
+
+def log_run_report(
+    settings: Settings, pipeline: str, ds: str, context: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Write the report of ``pipeline``'s steps for ``ds`` (what ``cascade report --ds DS
+    --pipeline P`` writes) into :func:`run_report_dir` and log it as the artifacts
+    (``report/``) of a run of :data:`RUN_REPORT_EXPERIMENT`, named ``P/DS/report`` and tagged
+    with the pipeline, ``ds`` and the Airflow ``dag_id``/``run_id``/``try_number`` (from
+    ``context``, default: the task's environment). A retry of the same Airflow run logs into
+    the same MLflow run. Returns the index path, the MLflow run and the report's URL."""
+    import mlflow
+
+    from cascade.training.resumable_run import run_context, use_experiment
+
+    ds = check_ds(ds)
+    out = run_report_dir(Lake(settings.lake_root), pipeline, ds)
+    if out.exists():
+        shutil.rmtree(out)  # figures of an earlier try are not this one's
+    report = write_report(settings, ds, out, [pipeline])
+    context = dict(run_context() if context is None else context)
+    tags = {
+        **{k: v for k, v in context.items() if k in ("dag_id", "run_id", "try_number")},
+        "pipeline": pipeline,
+        "ds": ds,
+        "cascade.kind": RUN_REPORT_KIND,
+    }
+    experiment_id = use_experiment(settings, RUN_REPORT_EXPERIMENT)
+    client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
+    run_id = None
+    if tags.get("dag_id") and tags.get("run_id") and _quotable(tags["dag_id"] + tags["run_id"]):
+        found = client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.dag_id = '{tags['dag_id']}' and tags.run_id = '{tags['run_id']}'",
+            max_results=1,
+        )
+        run_id = found[0].info.run_id if found else None
+    if run_id is None:
+        run_id = client.create_run(
+            experiment_id, run_name=f"{pipeline}/{ds}/report", tags=tags
+        ).info.run_id
+    else:
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
+    for status, count in report["counts"].items():
+        client.log_metric(run_id, f"steps_{status.replace(' ', '_')}", count)
+    client.log_artifacts(run_id, str(out), artifact_path=REPORT_ARTIFACTS)
+    client.set_terminated(run_id)
+    index = out / "index.html"
+    return {
+        "index": str(index),
+        "run_id": run_id,
+        "experiment_id": experiment_id,
+        "url": report_url(settings.tracking_uri, experiment_id, run_id, index),
+        "counts": report["counts"],
+    }

@@ -8,12 +8,18 @@ the Airflow UI has one button per link.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlparse
 
 MLFLOW_RUN = "MLflow run"
 MODEL_VERSION = "Model version"
 LINK_NAMES = (MLFLOW_RUN, MODEL_VERSION)
+"""The links of every step task."""
+DATA_DOCS = "Data Docs"
+"""A gate step's GX Data Docs (a ``file://`` link: no server serves the lake)."""
+RUN_REPORT = "Run report"
+"""The pipeline run's report in MLflow, on the task of the pipeline's last step."""
 
 
 def _id(value: Any, *, max_len: int = 64) -> str | None:
@@ -41,3 +47,8 @@ def step_links(
     if registered_model and version and version.isdigit():
         links[MODEL_VERSION] = f"{base}/#/models/{quote(registered_model)}/versions/{version}"
     return links
+
+
+def file_link(path: Path) -> str:
+    """``file://`` URL of ``path`` when the file is there, else no link."""
+    return path.resolve().as_uri() if path.is_file() else ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 from typing import Any
 
 from cascade.config import load_settings
@@ -53,8 +54,40 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def status_json(settings: Any) -> dict[str, Any]:
+    """What ``cascade status --json`` prints: each service's state, and where the admin
+    passwords are (their files, never the passwords)."""
+    from cascade.airflow_client import airflow_password, airflow_password_file
+    from cascade.tracking_auth import credentials_file, tracking_credentials
+    from infra.stack import status
+
+    return {
+        "profile": settings.profile,
+        "home": str(settings.home),
+        "services": [
+            {
+                "name": s.name,
+                "state": "up" if s.healthy else ("starting/unhealthy" if s.up else "down"),
+                "healthy": s.healthy,
+                "url": s.url,
+                "pid": s.pid,
+                "log": str(s.log),
+            }
+            for s in status(settings)
+        ],
+        "password_files": {
+            "airflow": str(airflow_password_file(settings)) if airflow_password(settings) else None,
+            "mlflow": str(credentials_file(settings)) if tracking_credentials(settings) else None,
+        },
+    }
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    _print_status(load_settings())
+    settings = load_settings()
+    if args.json:
+        print(json.dumps(status_json(settings), indent=2))
+    else:
+        _print_status(settings)
     return 0
 
 
@@ -73,7 +106,9 @@ def register(sub: Any) -> tuple[type[BaseException], ...]:
         func=cmd_up
     )
     sub.add_parser("down", help="stop what `cascade up` started").set_defaults(func=cmd_down)
-    sub.add_parser("status", help="each service: up/down, URL, pid").set_defaults(func=cmd_status)
+    shown = sub.add_parser("status", help="each service: up/down, URL, pid")
+    shown.add_argument("--json", action="store_true", help="print JSON")
+    shown.set_defaults(func=cmd_status)
     demo = sub.add_parser("demo", help="start the stack and run the pre-ranking path end to end")
     demo.add_argument(
         "--ds", default=dt.datetime.now(dt.UTC).date().isoformat(), help="partition date"

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import requests
@@ -479,7 +480,50 @@ def up(
             created = ensure_topics(settings)
             if created:
                 echo(f"broker: created topics {', '.join(created)}")
+        elif name == "airflow":
+            echo(ensure_heavy_pool(settings))
     return states
+
+
+def heavy_slots(settings: Settings) -> int:
+    """Slots of the heavy steps' pool: ``CASCADE_AIRFLOW_HEAVY_SLOTS``, else the parallelism.
+
+    The default keeps the stack's behaviour as it was (the parallelism already bounds every
+    task); a lower value keeps Spark jobs and trainings apart while light tasks run beside."""
+    return settings.airflow_heavy_slots or settings.airflow_parallelism
+
+
+def ensure_heavy_pool(settings: Settings, client: Any = None) -> str:
+    """Create the Airflow pool of the heavy steps, or set its slots, through Airflow's REST API;
+    returns what it did. Airflow holds a task of a missing pool as scheduled (never run), so
+    the stack makes the pool before it answers that Airflow is up."""
+    from cascade.airflow_client import AirflowClient
+    from cascade.pipeline_spec import HEAVY_POOL
+
+    client = client or AirflowClient(settings)
+    slots = heavy_slots(settings)
+    try:
+        current = client.get(f"/pools/{HEAVY_POOL}")
+    except requests.HTTPError as exc:
+        if exc.response is None or exc.response.status_code != 404:
+            raise
+        current = None
+    if current is None:
+        client.post(
+            "/pools",
+            {
+                "name": HEAVY_POOL,
+                "slots": slots,
+                "description": "Spark jobs, trainings and compiles (steps marked heavy)",
+                "include_deferred": False,
+            },
+        )
+        return f"airflow: created pool {HEAVY_POOL} with {slots} slots"
+    before = current.get("slots")
+    if before != slots:
+        client.patch(f"/pools/{HEAVY_POOL}?update_mask=slots", {"slots": slots})
+        return f"airflow: pool {HEAVY_POOL} now has {slots} slots (was {before})"
+    return f"airflow: pool {HEAVY_POOL} has {slots} slots"
 
 
 def down(

@@ -20,7 +20,7 @@ import pandas as pd
 
 from cascade.audio_features import CorpusConfig
 from jobs.audio_corpus import SPLITS
-from jobs.gx_suites import GateFailed, gate_report, run_suite
+from jobs.gx_suites import GateFailed, build_data_docs, gate_report, run_suite
 
 MAX_TRANSCRIPT_CHARS = 400
 
@@ -29,8 +29,11 @@ class CorpusGateFailed(GateFailed):
     what = "speech corpus"
 
 
-def validate_corpus(corpus: Path, config: CorpusConfig | None = None) -> dict[str, Any]:
-    """Validate ``corpus/manifest``; returns the report, raises CorpusGateFailed on failure."""
+def validate_corpus(
+    corpus: Path, config: CorpusConfig | None = None, *, docs: Path | None = None
+) -> dict[str, Any]:
+    """Validate ``corpus/manifest``; returns the report, raises CorpusGateFailed on failure.
+    With ``docs``, the results are also rendered there as GX Data Docs (``data_docs``)."""
     import great_expectations as gx
     from great_expectations import expectations as gxe
 
@@ -80,7 +83,13 @@ def validate_corpus(corpus: Path, config: CorpusConfig | None = None) -> dict[st
             ],
         ),
     ]
-    report = gate_report(outcomes, corpus / "gate.json", rows=len(manifest), voices=len(voices))
+    report = gate_report(
+        outcomes,
+        corpus / "gate.json",
+        rows=len(manifest),
+        voices=len(voices),
+        data_docs=build_data_docs(context, docs),
+    )
     if not report["success"]:
         raise CorpusGateFailed(report)
     return report

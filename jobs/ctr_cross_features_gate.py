@@ -32,7 +32,7 @@ from cascade.ctr_schema import (
     USER_GENRE_FEATURES,
 )
 from cascade.lake import CTR_VIEWS, Lake, check_ds
-from jobs.gx_suites import run_suite
+from jobs.gx_suites import build_data_docs, run_suite
 
 REPORT_KIND = "gx_ctr_features"
 
@@ -101,11 +101,12 @@ def _read_partition(path: Path) -> pd.DataFrame:
     return pd.read_parquet(path)
 
 
-def validate(ds: str, *, settings: Settings | None = None) -> dict:
+def validate(ds: str, *, settings: Settings | None = None, docs: Path | None = None) -> dict:
     """Validate the ``ds`` partitions; write the JSON report; raise :class:`GateFailed` on failure.
 
-    Returns ``{"success": bool, "report": str(path), "evaluated": n, "failed": [names]}``
-    (``success`` is always True when it returns).
+    Returns ``{"success": bool, "report": str(path), "evaluated": n, "failed": [names],
+    "data_docs": index}`` (``success`` is always True when it returns); with ``docs`` the
+    results are also rendered there as GX Data Docs (``data_docs`` is its ``index.html``).
     """
     check_ds(ds)
     settings = settings or load_settings()
@@ -154,13 +155,20 @@ def validate(ds: str, *, settings: Settings | None = None) -> dict:
         "evaluated": evaluated,
         "failed": failed,
         "datasets": datasets,
+        "data_docs": build_data_docs(context, docs),
     }
     # default=str: GX results hold numpy scalars and pandas Timestamps.
     report.write_text(json.dumps(body, indent=2, default=str), encoding="utf-8")
     print(f"[gate] {evaluated} expectations, {len(failed)} failed; report -> {report}")
     if failed:
         raise GateFailed(report, failed)
-    return {"success": True, "report": str(report), "evaluated": evaluated, "failed": []}
+    return {
+        "success": True,
+        "report": str(report),
+        "evaluated": evaluated,
+        "failed": [],
+        "data_docs": body["data_docs"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

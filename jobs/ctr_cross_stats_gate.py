@@ -48,7 +48,7 @@ from pyspark.sql import functions as F
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
 from jobs import ctr_cross_stats as job
-from jobs.gx_suites import run_suite
+from jobs.gx_suites import build_data_docs, run_suite
 
 SAMPLE_ROWS = 50_000
 """About this many rows of each dataset (a uniform random sample) go through the GX suites."""
@@ -224,9 +224,11 @@ def validate(
     spark: SparkSession | None = None,
     config: job.CrossStatsConfig | None = None,
     sources_file: Path | None = None,
+    docs: Path | None = None,
 ) -> dict[str, Any]:
     """Validate partition ``ds``; write the report; raise :class:`GateFailed` on failure.
-    ``config`` defaults to the pairs the job's summary lists (the pairs it computed)."""
+    ``config`` defaults to the pairs the job's summary lists (the pairs it computed); with
+    ``docs`` the GX results are also rendered there as Data Docs (``data_docs``)."""
     check_ds(ds)
     settings = settings or load_settings()
     own = spark is None
@@ -239,7 +241,7 @@ def validate(
                 config = job.CrossStatsConfig(pairs=tuple(job.PAIRS_BY_NAME[n] for n in named))
             else:
                 config = job.default_config(session, source, log_path, sources_file=sources_file)
-        return _validate(ds, source, log_path, settings, session, config, sources_file)
+        return _validate(ds, source, log_path, settings, session, config, sources_file, docs)
     finally:
         if own:
             session.stop()
@@ -253,6 +255,7 @@ def _validate(
     spark: SparkSession,
     config: job.CrossStatsConfig,
     sources_file: Path | None = None,
+    docs: Path | None = None,
 ) -> dict[str, Any]:
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # no network from a task
     import great_expectations as gx
@@ -373,6 +376,7 @@ def _validate(
         "quarantine_fraction": fraction,
         "previous_partition": None if previous is None else previous["ds"],
         "datasets": report_sets,
+        "data_docs": build_data_docs(context, docs),
     }
     report.write_text(json.dumps(body, indent=2, default=str))
     print(
@@ -383,7 +387,13 @@ def _validate(
         print(f"[cross-gate] WARNING {warning}")
     if failed:
         raise GateFailed(report, failed)
-    return {"success": True, "report": str(report), "failed": [], "warnings": warnings}
+    return {
+        "success": True,
+        "report": str(report),
+        "failed": [],
+        "warnings": warnings,
+        "data_docs": body["data_docs"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,6 +69,40 @@ def run_suite(
     return SuiteOutcome(success=bool(result.success), checks=checks, failed=failed)
 
 
+DOCS_SITE = "lake"
+
+
+def build_data_docs(context: Any, folder: Path | None) -> str | None:
+    """Render the validation results of ``context`` (every suite the gate ran) as GX Data Docs,
+    a static site in ``folder``; returns its ``index.html``. Best effort: a gate's verdict never
+    depends on its pages, so a rendering error is printed and gives None."""
+    if folder is None:
+        return None
+    import shutil
+
+    try:
+        if folder.exists():
+            shutil.rmtree(folder)  # only this run's results, not an earlier run's
+        folder.mkdir(parents=True)
+        context.add_data_docs_site(
+            site_name=DOCS_SITE,
+            site_config={
+                "class_name": "SiteBuilder",
+                "store_backend": {
+                    "class_name": "TupleFilesystemStoreBackend",
+                    "base_directory": str(folder),
+                },
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            },
+        )
+        context.build_data_docs(site_names=[DOCS_SITE])
+    except Exception as exc:  # noqa: BLE001 - the pages are a view, not the gate
+        print(f"[gate] no Data Docs in {folder}: {type(exc).__name__}: {exc}")
+        return None
+    index = folder / "index.html"
+    return str(index) if index.is_file() else None
+
+
 def gate_report(outcomes: list[SuiteOutcome], path: Path, **counts: Any) -> dict[str, Any]:
     """A data gate's report over its suites, written as JSON to ``path``: ``success``,
     ``failed`` labels, the caller's ``counts``, every check and the path."""

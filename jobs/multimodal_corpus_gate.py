@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from jobs.gx_suites import GateFailed, gate_report, run_suite
+from jobs.gx_suites import GateFailed, build_data_docs, gate_report, run_suite
 from jobs.multimodal_corpus import LANGUAGES, SPLITS, CorpusConfig
 
 
@@ -27,8 +27,11 @@ class MultimodalGateFailed(GateFailed):
     what = "multimodal corpus"
 
 
-def validate_corpus(corpus: Path, config: CorpusConfig | None = None) -> dict[str, Any]:
-    """Validate ``corpus/manifest``; returns the report, raises MultimodalGateFailed on failure."""
+def validate_corpus(
+    corpus: Path, config: CorpusConfig | None = None, *, docs: Path | None = None
+) -> dict[str, Any]:
+    """Validate ``corpus/manifest``; returns the report, raises MultimodalGateFailed on failure.
+    With ``docs``, the results are also rendered there as GX Data Docs (``data_docs``)."""
     import great_expectations as gx
     from great_expectations import expectations as gxe
 
@@ -71,7 +74,13 @@ def validate_corpus(corpus: Path, config: CorpusConfig | None = None) -> dict[st
             ],
         ),
     ]
-    report = gate_report(outcomes, corpus / "gate.json", rows=len(manifest), groups=len(groups))
+    report = gate_report(
+        outcomes,
+        corpus / "gate.json",
+        rows=len(manifest),
+        groups=len(groups),
+        data_docs=build_data_docs(context, docs),
+    )
     if not report["success"]:
         raise MultimodalGateFailed(report)
     return report

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from cascade.progress import track
+
 STAMPS_ROOT = Path("/usr/share/tuxpaint/stamps")
 EMOJI_PACKAGE = Path("npm/node_modules/emoji-datasource-google")
 """Relative to the virtual environment's root (where ``infra/install.sh`` puts it)."""
@@ -106,7 +108,8 @@ def land_tuxpaint(landing: Path, root: Path = STAMPS_ROOT, limit: int | None = N
     images = landing / "images"
     images.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = []
-    for caption_file in sorted(root.rglob("*.txt"))[:limit]:
+    stamps = sorted(root.rglob("*.txt"))[:limit]
+    for caption_file in track(stamps, desc="land tuxpaint", unit="stamps"):
         stem = caption_file.with_suffix("")
         source_image = next(
             (p for p in (stem.with_suffix(".png"), stem.with_suffix(".svg")) if p.is_file()), None
@@ -138,7 +141,8 @@ def land_emoji(landing: Path, root: Path | None = None, limit: int | None = None
     images = landing / "images"
     images.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = []
-    for entry in json.loads((root / "emoji.json").read_text())[:limit]:
+    entries = json.loads((root / "emoji.json").read_text())[:limit]
+    for entry in track(entries, desc="land emoji", unit="emoji"):
         png = root / "img" / "google" / "64" / entry["image"]
         if not entry.get("has_img_google") or not entry.get("name") or not png.is_file():
             continue

@@ -121,8 +121,8 @@ def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
-    report = validate_corpus(corpus_dir(lake, ds))
-    return {k: report[k] for k in ("success", "rows", "voices", "path")} | {"ds": ds}
+    report = validate_corpus(corpus_dir(lake, ds), docs=lake.data_docs("asr", "validate", ds))
+    return {k: report[k] for k in ("success", "rows", "voices", "path", "data_docs")} | {"ds": ds}
 
 
 def train(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
@@ -456,6 +456,7 @@ PIPELINE = Pipeline(
         Step(
             name="corpus",
             run=corpus,
+            heavy=True,
             doc="the partition's landed WAVs + transcripts (a synthetic batch when none landed) "
             "validated, resampled, featurized and split by voice on Spark; bad files quarantined",
             timeout_minutes=30,
@@ -467,12 +468,14 @@ PIPELINE = Pipeline(
         Step(
             name="validate",
             run=validate,
+            data_docs=True,
             doc="the GX suite on the manifest (durations, rates, lengths, voice-disjoint splits)",
             dvc_deps=("jobs/audio_corpus_gate.py",),
         ),
         Step(
             name="train",
             run=train,
+            heavy=True,
             doc="fp32 training, then range-scaled int8 QAT with distillation, on DeepSpeed",
             timeout_minutes=60,
             dvc_deps=("models/asr", ".cascade/lake/corpora/speech/dt=${ds}"),
@@ -490,6 +493,7 @@ PIPELINE = Pipeline(
         Step(
             name="compile",
             run=compile,
+            heavy=True,
             doc="the int8 .pt2 artifact with parity and accuracy gates",
             timeout_minutes=20,
             dvc_deps=("compilers",),

@@ -183,9 +183,14 @@ def stats(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
 def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     """The batch gate; raises :class:`jobs.ctr_cross_stats_gate.GateFailed` when it fails."""
+    import functools
+
     from jobs import ctr_cross_stats_gate as gate
 
-    return _on_spark(gate.validate, ds, settings, "cascade.ctr_cross.validate")
+    settings = settings or load_settings()
+    docs = Lake(settings.lake_root).data_docs("ctr_cross", "validate", ds)
+    run = functools.partial(gate.validate, docs=docs)
+    return _on_spark(run, ds, settings, "cascade.ctr_cross.validate")
 
 
 class GateNotPassed(NotReady):
@@ -239,6 +244,7 @@ with their reason; a failed gate stops the run before Feast.
         Step(
             name="log",
             run=log,
+            heavy=True,
             doc="the partition's impression log: kept when one landed in the lake, generated "
             "otherwise (CASCADE_CROSS_IMPRESSIONS rows; CASCADE_CROSS_SOURCE=ml100k reads "
             "MovieLens-100k)",
@@ -250,6 +256,7 @@ with their reason; a failed gate stops the run before Feast.
         Step(
             name="stats",
             run=stats,
+            heavy=True,
             doc="cross statistics on Spark: impressions, clicks, smoothed and position-debiased "
             "CTRs over 1/7/30-day windows, recency, decayed CTR; bad rows quarantined",
             timeout_minutes=60,
@@ -269,6 +276,8 @@ with their reason; a failed gate stops the run before Feast.
         Step(
             name="validate",
             run=validate,
+            data_docs=True,
+            heavy=True,
             doc="the GX gate on the input and every pair's output; a failed batch fails the task",
             timeout_minutes=30,
             dvc_deps=("jobs/ctr_cross_stats_gate.py", "jobs/gx_suites.py"),

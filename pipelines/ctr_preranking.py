@@ -55,9 +55,10 @@ def features(ds: str) -> dict[str, Any]:
 
 
 def validate(ds: str) -> dict[str, Any]:
+    from cascade.lake import lake_from_settings
     from jobs.ctr_cross_features_gate import validate as run_gate
 
-    return run_gate(ds)
+    return run_gate(ds, docs=lake_from_settings().data_docs("ctr_preranking", "validate", ds))
 
 
 def feast_materialize(ds: str) -> dict[str, Any]:
@@ -142,6 +143,7 @@ PIPELINE = Pipeline(
         Step(
             name="features",
             run=features,
+            heavy=True,
             doc="MovieLens-100k -> weekly user, item and user x genre CTR features (Spark); "
             "bad rows quarantined",
             outlets=(ASSET_CTR_FEATURES,),
@@ -156,6 +158,7 @@ PIPELINE = Pipeline(
         Step(
             name="validate",
             run=validate,
+            data_docs=True,
             doc="Great Expectations suites on the features; a failure stops the run",
             dvc_deps=("jobs/ctr_cross_features_gate.py",),
         ),
@@ -175,6 +178,7 @@ PIPELINE = Pipeline(
         Step(
             name="train",
             run=train,
+            heavy=True,
             doc="the FSCD pre-ranker on DeepSpeed; AUC on a held-out time split",
             timeout_minutes=30,
             dvc_deps=(
@@ -211,6 +215,7 @@ PIPELINE = Pipeline(
         Step(
             name="compile",
             run=compile_gate,
+            heavy=True,
             doc="AOTInductor package gated on parity, accuracy and latency; a failure is "
             "recorded and the registry then keeps the champion",
             timeout_minutes=20,

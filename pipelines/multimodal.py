@@ -171,8 +171,10 @@ def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
-    report = validate_corpus(corpus_dir(lake, ds))
-    return {k: report[k] for k in ("success", "rows", "groups", "path")} | {"ds": ds}
+    report = validate_corpus(
+        corpus_dir(lake, ds), docs=lake.data_docs("multimodal", "validate", ds)
+    )
+    return {k: report[k] for k in ("success", "rows", "groups", "path", "data_docs")} | {"ds": ds}
 
 
 def require_gate(lake: Lake, ds: str) -> dict[str, Any]:
@@ -432,6 +434,7 @@ PIPELINE = Pipeline(
         Step(
             name="corpus",
             run=corpus,
+            heavy=True,
             doc="landed image-text pairs (else the installed Tux Paint stamps and emoji plus "
             "generated pictures) decoded, quarantined, near-deduplicated and tokenized on Spark",
             timeout_minutes=30,
@@ -450,6 +453,7 @@ PIPELINE = Pipeline(
         Step(
             name="validate",
             run=validate,
+            data_docs=True,
             doc="the GX suite on the manifest (unique pairs, token counts, languages, no group "
             "across splits); a failure stops the run",
             timeout_minutes=10,
@@ -458,6 +462,7 @@ PIPELINE = Pipeline(
         Step(
             name="train",
             run=train,
+            heavy=True,
             doc="the MoE image-text transformer on DeepSpeed, experts split over the processes",
             timeout_minutes=60,
             dvc_deps=("models/multimodal", ".cascade/lake/corpora/images/dt=${ds}"),

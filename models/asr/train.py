@@ -48,6 +48,7 @@ import torch.distributed as dist
 from torch.nn import functional as F
 
 from cascade.config import Settings, load_settings
+from cascade.progress import Progress
 from cascade.results import write_result
 from cascade.training.checkpoints import (
     CHECKPOINTS,
@@ -157,6 +158,7 @@ def run_steps(
     batches, batches_epoch = first, 0
     step = start_step
     window: list[float] = []
+    progress = Progress(plan.steps - step, desc=f"asr {plan.name}", unit="step", enabled=rank == 0)
     while step < plan.steps:
         epoch, within = divmod(step, steps_per_epoch)
         if epoch != batches_epoch:
@@ -175,6 +177,7 @@ def run_steps(
         engine.backward(loss)
         engine.step()
         step += 1
+        progress.update()
         window.append(float(loss.detach()))
         if step % config.log_every == 0 or step == plan.steps:
             values = torch.tensor([float(np.mean(window)), *parts.values()], dtype=torch.float64)
@@ -189,6 +192,7 @@ def run_steps(
         if step % config.checkpoint_every == 0 and step < plan.steps:
             checkpoint(step)
         crash_if_due(crash, plan.name, step, rank=rank, who="asr")
+    progress.close()
     return step
 
 

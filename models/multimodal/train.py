@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from cascade.config import Settings, load_settings
+from cascade.progress import Progress
 from cascade.results import write_result
 from cascade.training.checkpoints import (
     CHECKPOINTS,
@@ -242,6 +243,7 @@ def run_steps(
     crash = crash_point()
     window: list[list[float]] = []
     step = start_step
+    progress = Progress(stop_step - step, desc="multimodal train", unit="step", enabled=rank == 0)
     while step < stop_step:
         index = torch.from_numpy(step_batch(len(data), config, step, rank, world))
         torch.manual_seed(config.seed * 1_000_003 + step * world + rank)  # gate noise, dropout
@@ -252,6 +254,7 @@ def run_steps(
         engine.step()
         routing.add()
         step += 1
+        progress.update()
         window.append([float(loss.detach()), *parts.values()])
         if log is not None and (step % config.log_every == 0 or step == stop_step):
             values = torch.tensor(np.mean(window, axis=0), dtype=torch.float64)
@@ -266,6 +269,7 @@ def run_steps(
         if checkpoint is not None and step % config.checkpoint_every == 0 and step < stop_step:
             checkpoint(step)
         crash_if_due(crash, "train", step, rank=rank, who="multimodal")
+    progress.close()
     return step
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cascade.progress import Progress
 from cascade.training.checkpoints import (
     consolidated_state_dict,
     resume_step,
@@ -229,6 +230,7 @@ def run_steps(
     shard_epoch = -1
     device = engine.device
     step = start_step
+    progress = Progress(total - step, desc=f"fscd {phase}", unit="step", enabled=rank == 0)
     while step < total:
         epoch, within = divmod(step, steps_per_epoch)
         if epoch != shard_epoch:
@@ -250,6 +252,7 @@ def run_steps(
         engine.backward(loss)
         engine.step()
         step += 1
+        progress.update()
         if log is not None and step % config.log_every == 0:
             value = torch.tensor([loss.item()], dtype=torch.float64)
             if world > 1:
@@ -258,6 +261,7 @@ def run_steps(
         if checkpoint is not None and step % config.checkpoint_every == 0 and step < total:
             checkpoint(step)
         crash_if_due(crash, phase, step, rank=rank, who="cascade")
+    progress.close()
     return step
 
 

@@ -45,6 +45,7 @@ from torch.utils.data.distributed import DistributedSampler
 from cascade.config import Settings, load_settings
 from cascade.ctr_schema import LABEL, MODEL_FEATURES, TIMESTAMP
 from cascade.lake import Lake, check_ds
+from cascade.progress import Progress
 from cascade.results import write_result
 from cascade.training import launch as launching
 from cascade.training.checkpoints import (
@@ -337,6 +338,9 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
         step = start_step
         curves = CurveLog(out)
         order_epoch, order = -1, torch.empty(0, dtype=torch.long)
+        progress = Progress(
+            total - step, desc=f"preranking train {config.name}", unit="step", enabled=rank == 0
+        )
         while step < total:
             epoch, within = divmod(step, steps_per_epoch)
             if epoch != order_epoch:
@@ -349,6 +353,7 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
             engine.backward(loss)
             engine.step()
             step += 1
+            progress.update()
             if step % config.log_every == 0:
                 mean = torch.tensor([loss.item()], dtype=torch.float64)
                 dist.all_reduce(mean)
@@ -360,6 +365,7 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
             if step % config.checkpoint_every == 0 and step < total:
                 checkpoint(step)
             crash_if_due(crash, "train", step, rank=rank, who="train")
+        progress.close()
 
         state_dict = consolidated_state_dict(engine, config.zero_stage)
         result = None

@@ -80,3 +80,27 @@ def test_version_lists_the_stack(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["version", "--json"]) == 0
     versions = json.loads(capsys.readouterr().out)
     assert versions["cascade"] != "not installed" and versions["torch"].startswith("2.")
+
+
+def test_rollback_and_score_know_every_registered_model_and_data_commands_print_json(
+    no_stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cascade.pipeline_registry import registered_models
+
+    models = registered_models()
+    for command in (["rollback"], ["score", "--user", "1", "--items", "2"]):
+        with pytest.raises(SystemExit) as parsed:
+            main([*command, "--model", "no-such-model"])
+        assert parsed.value.code == 2
+        err = capsys.readouterr().err
+        assert "'preranking'" in err and "'asr'" in err, err
+    assert {"preranking", "asr"} <= set(models)
+    # Everything whose output is data has --json.
+    for command in (["status"], ["version"], ["pipelines"], ["config"]):
+        assert main([*command, "--json"]) == 0, command
+        json.loads(capsys.readouterr().out)
+    assert main(["status", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert {s["name"] for s in shown["services"]} >= {"broker", "airflow", "mlflow"}
+    assert all(s["state"] == "down" and s["pid"] is None for s in shown["services"])
+    assert shown["password_files"] == {"airflow": None, "mlflow": None}

@@ -305,7 +305,7 @@ def test_a_batch_that_differs_from_feast_is_refused_and_not_written(
     result = online_bulk.write_path(store, view, folder, moment, moment, progress_every_s=0)
     assert result.rows == 60 and result.batches == 1
     assert re.search(
-        r"\[materialize\] cross_seg_item: 60 rows written in .* rows/s\)", capsys.readouterr().out
+        r"\[materialize cross_seg_item\] 60 rows .* done \(.* rows/s\)", capsys.readouterr().err
     )
     written = table_rows(home)["cascade_cross_seg_item"]
     assert len(written) == 60 * len(view.features)

@@ -15,18 +15,26 @@ DS = "2026-11-22"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One sqlite tracking store for the module (its schema takes seconds to create)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
 def _fail(ds: str) -> dict:
     raise RuntimeError("the log for 2026-11-22 is empty\nsecond line not shown")
 
 
 def test_the_report_shows_each_steps_status_time_gate_curves_and_figures(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tracking: str,
 ) -> None:
     import mlflow
 
     home = tmp_path / "home"
     monkeypatch.setenv("CASCADE_HOME", str(home))
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("CASCADE_MLFLOW_URI", tracking)
     client = mlflow.MlflowClient(tracking_uri=tracking)
     experiment = client.create_experiment("report-test", artifact_location=str(tmp_path / "art"))
@@ -95,3 +103,50 @@ def test_a_partition_nothing_ran_for_exits_not_ready(
     err = capsys.readouterr().err
     assert "no step has run for ds=2026-11-22" in err and "Traceback" not in err
     assert main(["report", "--ds", "2026-13-45", "--out", str(tmp_path / "r")]) == 2
+
+
+def test_a_runs_report_is_logged_to_mlflow_tagged_with_its_airflow_run_and_a_retry_reuses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tracking: str
+) -> None:
+    import mlflow
+
+    from cascade.config import load_settings
+    from cascade.run_report import log_run_report, report_url
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("CASCADE_HOME", str(home))
+    monkeypatch.setenv("CASCADE_MLFLOW_URI", tracking)
+    with_step(monkeypatch, "ctr_monitor", "drift", lambda ds: {"psi": 0.02})
+    step_runner.run_step("drift", DS, "ctr_monitor")
+    # GX Data Docs ship logos as PNGs: they are no step's figure.
+    logo = home / "lake" / "reports" / "data_docs" / f"dt={DS}" / "asr" / "validate" / "logo.png"
+    logo.parent.mkdir(parents=True)
+    logo.write_bytes(PNG_MAGIC + b"logo")
+    settings = load_settings()
+    context = {"dag_id": "ctr_monitor", "run_id": "manual__2026-11-23", "try_number": "1"}
+
+    first = log_run_report(settings, "ctr_monitor", DS, context)
+
+    client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
+    run = client.get_run(first["run_id"])
+    assert run.info.run_name == f"ctr_monitor/{DS}/report" and run.info.status == "FINISHED"
+    assert {k: run.data.tags[k] for k in ("dag_id", "run_id", "ds", "pipeline")} == {
+        "dag_id": "ctr_monitor",
+        "run_id": "manual__2026-11-23",
+        "ds": DS,
+        "pipeline": "ctr_monitor",
+    }
+    assert run.data.metrics["steps_ok"] == 1
+    logged = {a.path for a in client.list_artifacts(first["run_id"], "report")}
+    assert {"report/index.html", "report/report.json", "report/timings.png"} <= logged
+    report = json.loads(Path(first["index"]).with_name("report.json").read_text())
+    assert report["pipelines"] == ["ctr_monitor"] and report["figures"] == []
+    # No web server behind a sqlite store: the link is the lake's copy.
+    assert first["url"] == Path(first["index"]).resolve().as_uri()
+
+    again = log_run_report(settings, "ctr_monitor", DS, {**context, "try_number": "2"})
+    assert again["run_id"] == first["run_id"]
+    assert client.get_run(first["run_id"]).data.tags["try_number"] == "2"
+    assert report_url("http://127.0.0.1:5000/", "3", "abc", Path("x")) == (
+        "http://127.0.0.1:5000/#/experiments/3/runs/abc/artifactPath/report/index.html"
+    )

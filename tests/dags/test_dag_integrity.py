@@ -219,17 +219,27 @@ def test_every_step_task_has_the_mlflow_links_and_its_result_carries_them(dagbag
     from airflow.serialization.serialized_objects import DagSerialization
 
     from cascade.pipeline_registry import registered_pipelines
-    from cascade.step_links import LINK_NAMES, step_links
+    from cascade.step_links import DATA_DOCS, LINK_NAMES, RUN_REPORT, step_links
 
-    for dag_id in registered_pipelines():
+    gates = set()
+    for dag_id, spec in registered_pipelines().items():
         dag = dagbag.dags[dag_id]
         serialized = DagSerialization.to_dict(dag)["dag"]["tasks"]
         for task in serialized:
             data = task["__var"]
             if data["task_id"] == "resolve_partition":
                 continue
-            # What the UI shows: one button per link, read back from the task's XCom.
-            assert set(data["_operator_extra_links"]) == set(LINK_NAMES), (dag_id, data["task_id"])
+            step = spec.step(data["task_id"])
+            # What the UI shows: one button per link, read back from the task's XCom; a gate's
+            # Data Docs, and the run's report on the last step.
+            expected = {
+                *LINK_NAMES,
+                *([DATA_DOCS] if step.data_docs else []),
+                *([RUN_REPORT] if step is spec.steps[-1] else []),
+            }
+            assert set(data["_operator_extra_links"]) == expected, (dag_id, data["task_id"])
+            gates |= {(dag_id, step.name)} if step.data_docs else set()
+    assert {("ctr_cross", "validate"), ("asr", "validate"), ("multimodal", "validate")} <= gates
     links = step_links({"run_id": "abc123", "version": "7"}, "http://127.0.0.1:25000/", "asr")
     assert links == {
         "MLflow run": "http://127.0.0.1:25000/#/runs/abc123",
@@ -238,3 +248,98 @@ def test_every_step_task_has_the_mlflow_links_and_its_result_carries_them(dagbag
     # Only what looks like an id makes a URL; a local store has no pages.
     assert step_links({"run_id": "../x?y", "version": "1; drop"}, "http://h:1", "asr") == {}
     assert step_links({"run_id": "abc"}, "sqlite:///m.db", "asr") == {}
+
+
+def test_exactly_the_heavy_steps_run_in_the_heavy_pool(dagbag) -> None:  # type: ignore[no-untyped-def]
+    from cascade.pipeline_registry import registered_pipelines
+    from cascade.pipeline_spec import HEAVY_POOL
+
+    pooled = set()
+    for dag_id, spec in registered_pipelines().items():
+        for task in dagbag.dags[dag_id].tasks:
+            heavy = task.task_id != "resolve_partition" and spec.step(task.task_id).heavy
+            assert task.pool == (HEAVY_POOL if heavy else "default_pool"), (dag_id, task.task_id)
+            pooled |= {(dag_id, task.task_id)} if heavy else set()
+    # Spark jobs, DeepSpeed trainings and compiles; gates on pandas, registry and serving calls
+    # stay out, so they run beside a heavy task.
+    assert {
+        ("ctr_cross", "stats"),
+        ("ctr_preranking", "features"),
+        ("ctr_preranking", "train"),
+        ("ctr_preranking", "compile"),
+        ("asr", "corpus"),
+        ("asr", "train"),
+        ("asr", "compile"),
+        ("multimodal", "corpus"),
+        ("multimodal", "train"),
+    } <= pooled
+    assert not pooled & {
+        ("ctr_preranking", "register"),
+        ("ctr_preranking", "deploy"),
+        ("asr", "validate"),
+        ("multimodal", "validate"),
+        ("ctr_monitor", "drift"),
+    }
+
+
+def test_a_gates_data_docs_link_works_when_the_gate_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from cascade.airflow_links import DataDocsLink
+    from cascade.lake import Lake
+
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    partitions = {"resolve_partition": "2026-11-22"}
+
+    def xcom_pull(task_ids: str, key: str) -> object:
+        if task_ids not in partitions:
+            raise KeyError(task_ids)  # the gate failed: no result of its own
+        return partitions[task_ids]
+
+    ti = SimpleNamespace(dag_id="asr", task_id="validate", xcom_pull=xcom_pull)
+    link = DataDocsLink()
+    assert link.get_link(None, ti_key=ti) == ""  # no pages rendered: no link
+    index = Lake(tmp_path / "lake").data_docs("asr", "validate", "2026-11-22") / "index.html"
+    index.parent.mkdir(parents=True)
+    index.write_text("<html>GX</html>")
+    assert link.get_link(None, ti_key=ti) == index.resolve().as_uri()
+    partitions.clear()  # the run failed before it had a partition
+    assert link.get_link(None, ti_key=ti) == ""
+
+
+def test_the_last_step_logs_the_run_report_and_a_gate_links_its_data_docs(  # type: ignore[no-untyped-def]
+    dagbag, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cascade.run_report as run_report
+    from cascade.lake import Lake
+    from tests.cascade.test_step_runner import with_step
+
+    ds = "2026-11-22"
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    with_step(monkeypatch, "ctr_monitor", "drift", lambda ds: {"psi": 0.01})
+    logged = []
+
+    def log(settings: Any, pipeline: str, ds: str) -> dict[str, Any]:
+        logged.append((pipeline, ds))
+        return {"url": "http://127.0.0.1:5000/#/experiments/1/runs/r/artifactPath/report"}
+
+    monkeypatch.setattr(run_report, "log_run_report", log)
+    drift = dagbag.dags["ctr_monitor"].get_task("drift").python_callable
+    report = {"Run report": "http://127.0.0.1:5000/#/experiments/1/runs/r/artifactPath/report"}
+    assert drift(ds) == {"psi": 0.01, "links": report} and logged == [("ctr_monitor", ds)]
+
+    def down(*args: Any) -> dict[str, Any]:
+        raise ConnectionError("MLflow does not answer")
+
+    monkeypatch.setattr(run_report, "log_run_report", down)
+    assert drift(ds) == {"psi": 0.01}  # the work is done: no report costs a warning only
+
+    index = Lake(tmp_path / "lake").data_docs("asr", "validate", ds) / "index.html"
+    with_step(monkeypatch, "asr", "validate", lambda ds: {"success": True})
+    gate = dagbag.dags["asr"].get_task("validate").python_callable
+    assert gate(ds) == {"success": True}  # no pages rendered
+    index.parent.mkdir(parents=True)
+    index.write_text("<html>GX</html>")
+    assert gate(ds) == {"success": True, "links": {"Data Docs": index.resolve().as_uri()}}

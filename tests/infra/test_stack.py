@@ -128,3 +128,56 @@ def test_a_killed_service_left_as_a_zombie_counts_as_stopped() -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     time.sleep(0.2)  # exited, not yet reaped by us: a zombie
     assert not _group_alive(proc.pid)
+
+
+class PoolApi:
+    """Airflow's pools endpoints over a dict; bodies are checked by Airflow's own models."""
+
+    def __init__(self) -> None:
+        self.pools: dict[str, dict] = {}
+        self.calls: list[str] = []
+
+    def get(self, path: str) -> dict:
+        import requests
+
+        self.calls.append(f"GET {path}")
+        name = path.removeprefix("/pools/")
+        if name not in self.pools:
+            response = requests.Response()
+            response.status_code = 404
+            raise requests.HTTPError("404 Not Found", response=response)
+        return self.pools[name]
+
+    def post(self, path: str, body: dict) -> dict:
+        from airflow.api_fastapi.core_api.datamodels.pools import PoolBody
+
+        self.calls.append(f"POST {path}")
+        pool = PoolBody.model_validate(body)
+        self.pools[pool.pool] = {"name": pool.pool, "slots": pool.slots}
+        return self.pools[pool.pool]
+
+    def patch(self, path: str, body: dict) -> dict:
+        from airflow.api_fastapi.core_api.datamodels.pools import PoolPatchBody
+
+        self.calls.append(f"PATCH {path}")
+        name, _, mask = path.removeprefix("/pools/").partition("?update_mask=")
+        patch = PoolPatchBody.model_validate(body)
+        assert mask == "slots" and patch.slots is not None
+        self.pools[name]["slots"] = patch.slots
+        return self.pools[name]
+
+
+def test_the_stack_makes_the_heavy_pool_with_the_configured_slots(
+    settings, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    from cascade.pipeline_spec import HEAVY_POOL
+
+    api = PoolApi()
+    # Default: the parallelism, so the pool never holds back what Airflow would run.
+    assert "created pool cascade_heavy with 2 slots" in stack.ensure_heavy_pool(settings, api)
+    assert api.pools[HEAVY_POOL]["slots"] == settings.airflow_parallelism == 2
+    assert "has 2 slots" in stack.ensure_heavy_pool(settings, api)  # started again: kept
+    monkeypatch.setenv("CASCADE_AIRFLOW_HEAVY_SLOTS", "1")
+    assert "now has 1 slots (was 2)" in stack.ensure_heavy_pool(load_settings(), api)
+    assert api.pools[HEAVY_POOL]["slots"] == 1
+    assert [c.split()[0] for c in api.calls] == ["GET", "POST", "GET", "GET", "PATCH"]

@@ -81,7 +81,13 @@ def test_gate_passes_on_good_partitions(tmp_path: Path) -> None:
     result = validate(DS, settings=settings)
 
     report = Lake(settings.lake_root).reports("gx_ctr_features", DS) / "report.json"
-    assert result == {"success": True, "report": str(report), "evaluated": 27, "failed": []}
+    assert result == {
+        "success": True,
+        "report": str(report),
+        "evaluated": 27,
+        "failed": [],
+        "data_docs": None,
+    }
     body = json.loads(report.read_text())
     assert body["success"] is True
     assert {d["dataset"] for d in body["datasets"]} == {"user", "item", "user_genre", "impressions"}
@@ -96,11 +102,20 @@ def test_gate_names_every_broken_rule_and_the_report(tmp_path: Path) -> None:
     frames["impressions"].loc[1, "click"] = 2
     settings = write_lake(tmp_path, frames)
 
+    docs = Lake(settings.lake_root).data_docs("ctr_preranking", "validate", DS)
+    stale = docs / "validations" / "earlier.html"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("an earlier run's page")
     with pytest.raises(GateFailed) as failure:
-        validate(DS, settings=settings)
+        validate(DS, settings=settings, docs=docs)
 
     report = Lake(settings.lake_root).reports("gx_ctr_features", DS) / "report.json"
     assert str(report) in str(failure.value)
+    # The failed batch's GX Data Docs: an index and one validation page per suite, this run's.
+    assert json.loads(report.read_text())["data_docs"] == str(docs / "index.html")
+    pages = sorted(p.name for p in (docs / "validations").rglob("*.html"))
+    assert len(pages) == 4 and "earlier.html" not in pages
+    assert "ctr_features_item" in (docs / "index.html").read_text()
     assert sorted(failure.value.failed) == sorted(
         [
             "user.expect_column_pair_values_a_to_be_greater_than_b(user_impressions, user_clicks)",
