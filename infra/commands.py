@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import sys
 from typing import Any
 
 from cascade.config import load_settings
@@ -83,11 +84,22 @@ def status_json(settings: Any) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """Exit 0 when every service is healthy, 3 (not ready) otherwise, so scripts and probes can
+    wait on ``cascade status``."""
     settings = load_settings()
+    shown = status_json(settings)
     if args.json:
-        print(json.dumps(status_json(settings), indent=2))
+        print(json.dumps(shown, indent=2))
     else:
         _print_status(settings)
+    unhealthy = [s["name"] for s in shown["services"] if not s["healthy"]]
+    if unhealthy:
+        print(
+            f"not healthy: {', '.join(unhealthy)}; start the stack with `cascade up` "
+            "(logs: the paths above)",
+            file=sys.stderr,
+        )
+        return 3
     return 0
 
 
