@@ -4,11 +4,41 @@ code, so the servers import this, not the compilers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+
+_TMPDIR_LOCK = threading.Lock()
+
+
+@contextmanager
+def _scratch_tmpdir() -> Iterator[Path]:
+    """``TMPDIR`` pointed at a fresh folder, removed on exit. AOTInductor extracts a package
+    (its kernels' ``.so`` and sources, ~3 MB) into a new ``aotinductor_*`` folder under
+    ``TMPDIR`` on every load and never removes it, so a server that swaps models, and every
+    compile gate, left one behind for good. The loaded kernels stay mapped in the process once
+    their file is gone."""
+    scratch = Path(tempfile.mkdtemp(prefix="cascade-pt2-"))
+    try:
+        with _TMPDIR_LOCK:
+            before = os.environ.get("TMPDIR")
+            os.environ["TMPDIR"] = str(scratch)
+            try:
+                yield scratch
+            finally:
+                if before is None:
+                    os.environ.pop("TMPDIR", None)
+                else:
+                    os.environ["TMPDIR"] = before
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def load_package(path: Path) -> Callable[..., Any]:
@@ -27,7 +57,8 @@ def load_package(path: Path) -> Callable[..., Any]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no compiled artifact at {path}; build it with compilers.export")
-    loader = torch._inductor.aoti_load_package(str(path)).loader
+    with _scratch_tmpdir():
+        loader = torch._inductor.aoti_load_package(str(path)).loader
     in_spec, out_spec = (pytree.treespec_loads(spec) for spec in loader.get_call_spec())
     expected = in_spec.num_leaves
 

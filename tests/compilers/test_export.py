@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -28,7 +29,9 @@ torch.save(outputs, sys.argv[3])
 
 
 @pytest.mark.slow
-def test_artifact_runs_without_model_code_for_any_candidate_count(tmp_path: Path) -> None:
+def test_artifact_runs_without_model_code_for_any_candidate_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     torch.manual_seed(0)
     model = PreRanker(PreRankerConfig(id_buckets=32, embedding_dim=4, hidden=(8,))).eval()
     model.fit_normalizer(torch.rand(64, model.config.num_dense) * 30)
@@ -64,7 +67,13 @@ def test_artifact_runs_without_model_code_for_any_candidate_count(tmp_path: Path
     user_dense, user_id, item_dense, item_id = preranking_example(model.config, 9, seed=5)
     strided = torch.cat([item_dense, item_dense], dim=1).t().contiguous().t()[:, :7]
     assert not strided.is_contiguous()
+    # AOTInductor extracts the package under TMPDIR on every load; nothing of it stays there
+    # (a swapping server left ~3 MB a load in /tmp), and the loaded kernels still run.
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
     loaded = load_package(artifact.path)
+    assert list(tmpdir.iterdir()) == [] and os.environ["TMPDIR"] == str(tmpdir)
     with torch.no_grad():
         torch.testing.assert_close(
             loaded(user_dense, user_id, strided, item_id),
