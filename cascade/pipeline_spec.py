@@ -54,6 +54,9 @@ class Step:
     dvc_persistent_outs: tuple[str, ...] = ()
     """Outputs DVC must not delete before the stage runs (data that may have landed from
     elsewhere and that the step keeps)."""
+    spark: bool = False
+    """The step runs Spark jobs: the cluster profile submits it as a spark-operator
+    ``SparkApplication`` (``infra/k8s/spark-applications.yaml``, made from the specs)."""
 
     def __post_init__(self) -> None:
         _check_name("step", self.name)

@@ -456,6 +456,7 @@ PIPELINE = Pipeline(
         Step(
             name="corpus",
             run=corpus,
+            spark=True,
             doc="the partition's landed WAVs + transcripts (a synthetic batch when none landed) "
             "validated, resampled, featurized and split by voice on Spark; bad files quarantined",
             timeout_minutes=30,

@@ -113,6 +113,7 @@ PIPELINE = Pipeline(
         Step(
             name="features",
             run=features,
+            spark=True,
             doc="MovieLens-100k -> weekly user, item and user x genre CTR features (Spark); "
             "bad rows quarantined",
             outlets=(ASSET_CTR_FEATURES,),

@@ -432,6 +432,7 @@ PIPELINE = Pipeline(
         Step(
             name="corpus",
             run=corpus,
+            spark=True,
             doc="landed image-text pairs (else the installed Tux Paint stamps and emoji plus "
             "generated pictures) decoded, quarantined, near-deduplicated and tokenized on Spark",
             timeout_minutes=30,
