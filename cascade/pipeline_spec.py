@@ -85,6 +85,9 @@ class Step:
     """The step is a GX gate that renders its results as Data Docs in
     :meth:`cascade.lake.Lake.data_docs` (pipeline, step, ds): its task gets a "Data Docs" link,
     which works when the gate fails too."""
+    spark: bool = False
+    """The step runs Spark jobs: the cluster profile submits it as a spark-operator
+    ``SparkApplication`` (``infra/k8s/spark-applications.yaml``, made from the specs)."""
 
     def __post_init__(self) -> None:
         _check_name("step", self.name)

@@ -1,4 +1,5 @@
-"""The stack's commands of the ``cascade`` CLI: ``up``, ``down``, ``status``, ``demo``.
+"""The stack's commands of the ``cascade`` CLI: ``up``, ``down``, ``status``, ``demo``,
+``manifests``.
 
 Registered under the ``cascade.commands`` entry point (``pyproject.toml``), so the kernel's CLI
 offers them without importing this layer.
@@ -39,9 +40,15 @@ def _print_status(settings: Any) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from infra import cluster
     from infra.stack import up
 
     settings = load_settings()
+    if cluster.remote(settings):
+        # Someone else's services: start no local copy beside them, check each one answers
+        # (ClusterUnreachable: exit 3 with the unreachable ones on one line).
+        cluster.check(settings)
+        return 0
     up(settings)
     _print_status(settings)
     return 0
@@ -114,9 +121,11 @@ def register(sub: Any) -> tuple[type[BaseException], ...]:
     """Add the stack's subcommands; returns the errors the CLI reports as one line."""
     from infra.stack import StackError
 
-    sub.add_parser("up", help="start the local stack and wait until healthy").set_defaults(
-        func=cmd_up
-    )
+    sub.add_parser(
+        "up",
+        help="start the local stack and wait until healthy (cluster profile with remote hosts: "
+        "check that each configured service answers, start nothing)",
+    ).set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop what `cascade up` started").set_defaults(func=cmd_down)
     shown = sub.add_parser("status", help="each service: up/down, URL, pid")
     shown.add_argument("--json", action="store_true", help="print JSON")
@@ -127,4 +136,7 @@ def register(sub: Any) -> tuple[type[BaseException], ...]:
     )
     demo.add_argument("--timeout", type=float, default=1500, help="seconds to wait for the DAG run")
     demo.set_defaults(func=cmd_demo)
+    from infra.manifests import register_command
+
+    register_command(sub)
     return (StackError,)

@@ -457,6 +457,7 @@ PIPELINE = Pipeline(
             name="corpus",
             run=corpus,
             heavy=True,
+            spark=True,
             doc="the partition's landed WAVs + transcripts (a synthetic batch when none landed) "
             "validated, resampled, featurized and split by voice on Spark; bad files quarantined",
             timeout_minutes=30,

@@ -245,6 +245,7 @@ with their reason; a failed gate stops the run before Feast.
             name="log",
             run=log,
             heavy=True,
+            spark=True,
             doc="the partition's impression log: kept when one landed in the lake, generated "
             "otherwise (CASCADE_CROSS_IMPRESSIONS rows; CASCADE_CROSS_SOURCE=ml100k reads "
             "MovieLens-100k)",
@@ -257,6 +258,7 @@ with their reason; a failed gate stops the run before Feast.
             name="stats",
             run=stats,
             heavy=True,
+            spark=True,
             doc="cross statistics on Spark: impressions, clicks, smoothed and position-debiased "
             "CTRs over 1/7/30-day windows, recency, decayed CTR; bad rows quarantined",
             timeout_minutes=60,
@@ -278,6 +280,7 @@ with their reason; a failed gate stops the run before Feast.
             run=validate,
             data_docs=True,
             heavy=True,
+            spark=True,
             doc="the GX gate on the input and every pair's output; a failed batch fails the task",
             timeout_minutes=30,
             dvc_deps=("jobs/ctr_cross_stats_gate.py", "jobs/gx_suites.py"),

@@ -144,6 +144,7 @@ PIPELINE = Pipeline(
             name="features",
             run=features,
             heavy=True,
+            spark=True,
             doc="MovieLens-100k -> weekly user, item and user x genre CTR features (Spark); "
             "bad rows quarantined",
             outlets=(ASSET_CTR_FEATURES,),

@@ -435,6 +435,7 @@ PIPELINE = Pipeline(
             name="corpus",
             run=corpus,
             heavy=True,
+            spark=True,
             doc="landed image-text pairs (else the installed Tux Paint stamps and emoji plus "
             "generated pictures) decoded, quarantined, near-deduplicated and tokenized on Spark",
             timeout_minutes=30,
