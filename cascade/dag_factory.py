@@ -47,6 +47,12 @@ PARTITION_PARAM = "ds"
 """The DAG parameter a manual run names its partition by (empty: the run's own date)."""
 
 
+PARTITION_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"
+"""What the trigger form accepts for ``ds``: a ``YYYY-MM-DD`` date with a real month and day
+(Airflow answers 400 otherwise, before any run exists); ``resolve_partition`` still checks the
+calendar (``2026-02-30``)."""
+
+
 def partition_param() -> Any:
     """The ``ds`` Param of every pipeline DAG: validated by the trigger form."""
     from airflow.sdk import Param
@@ -54,7 +60,7 @@ def partition_param() -> Any:
     return Param(
         None,
         type=["null", "string"],
-        pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$",
+        pattern=PARTITION_PATTERN,
         title="Partition (YYYY-MM-DD)",
         description="The partition this run works on, e.g. a backfill of 2026-11-22. Leave "
         "empty for the run's own date (scheduled runs) or the events' partition.",

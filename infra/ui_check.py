@@ -106,6 +106,44 @@ def screenshot_page(path: Path, screenshot: Path, *, timeout_ms: int = 60_000) -
     return screenshot
 
 
+def trigger_from_form(
+    base_url: str,
+    password: str,
+    dag_id: str,
+    ds: str,
+    screenshot: Path,
+    *,
+    username: str = "admin",
+    timeout_ms: int = 90_000,
+) -> dict[str, Any]:
+    """Trigger ``dag_id`` from the UI's trigger form with its ``ds`` Param set to ``ds``, as a
+    person starts a backfill of one partition. Returns the new run's id (from the page the UI
+    opens), or the error the form shows when Airflow refuses the value (no run then)."""
+    from urllib.parse import unquote
+
+    with _browser_page(timeout_ms) as page:
+        _log_in(page, f"{base_url}/dags/{dag_id}", username, password)
+        page.wait_for_url(re.compile(rf".*/dags/{dag_id}.*"))
+        page.get_by_role("button", name=re.compile("^Trigger")).first.click()
+        dialog = page.get_by_role("dialog")
+        field = dialog.locator("#element_ds")  # the form's field of the Param "ds"
+        field.fill(ds)
+        dialog.get_by_role("button", name="Trigger").click()
+        opened = re.compile(rf".*/dags/{dag_id}/runs/(?P<run>[^/?#]+)")
+        refused = dialog.get_by_text(re.compile("Invalid input for param ds"))
+        for _ in range(timeout_ms // 250):
+            if opened.match(page.url) or refused.count():
+                break
+            page.wait_for_timeout(250)
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(screenshot))
+        found = opened.match(page.url)
+        if found:
+            return {"run_id": unquote(found["run"]), "error": None, "screenshot": str(screenshot)}
+        error = refused.first.inner_text() if refused.count() else dialog.inner_text()
+        return {"run_id": None, "error": error, "screenshot": str(screenshot)}
+
+
 def check_dag_runs(
     base_url: str,
     password: str,

@@ -150,8 +150,15 @@ def test_ctr_cross_runs_before_preranking_on_impressions_and_ends_in_feast(dagba
 
 
 def test_every_dag_has_an_owner_a_run_timeout_backoff_and_a_partition_param(dagbag) -> None:  # type: ignore[no-untyped-def]
+    import re
+
+    from cascade.dag_factory import PARTITION_PATTERN
     from cascade.pipeline_registry import registered_pipelines
 
+    for good in ("2026-11-22", "2024-02-29", "2026-12-31"):
+        assert re.match(PARTITION_PATTERN, good), good
+    for bad in ("2026-13-01", "2026-11-32", "2026-00-10", "20261122", "2026-1-22", "2026-11-22x"):
+        assert not re.match(PARTITION_PATTERN, bad), bad
     for dag_id, spec in registered_pipelines().items():
         dag = dagbag.dags[dag_id]
         assert dag.dagrun_timeout.total_seconds() == pytest.approx(spec.run_timeout_minutes * 60)
@@ -159,7 +166,7 @@ def test_every_dag_has_an_owner_a_run_timeout_backoff_and_a_partition_param(dagb
         longest = sum(t.execution_timeout.total_seconds() for t in dag.tasks if t.execution_timeout)
         assert dag.dagrun_timeout.total_seconds() > longest * (spec.retries + 1)
         param = dag.params.get_param("ds")
-        assert param.value is None and param.schema["pattern"] == "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
+        assert param.value is None and param.schema["pattern"] == PARTITION_PATTERN
         for task in dag.tasks:
             assert task.owner == "cascade" and task.retry_exponential_backoff == 2.0
             assert task.doc_md, f"{dag_id}.{task.task_id} has no doc_md"

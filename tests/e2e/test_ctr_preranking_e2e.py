@@ -106,6 +106,41 @@ def test_airflow_ui_shows_the_asset_triggered_run_as_successful(
     assert shot.stat().st_size > 10_000
 
 
+@pytest.mark.browser
+def test_a_run_triggered_from_the_form_works_on_the_partition_it_names(
+    stack: Settings, pipeline_run: dict
+) -> None:
+    """A person backfills one partition of the monitor from the UI's trigger form: a date that
+    is no date is refused by the form (no run), a real one becomes the run's partition."""
+    from cascade.airflow_client import AirflowClient, airflow_password
+    from infra.ui_check import trigger_from_form
+
+    airflow = AirflowClient(stack)
+    password = airflow_password(stack) or ""
+    shots = REPO_ROOT / "artifacts" / "screenshots"
+    runs_before = len(airflow.dag_runs("ctr_monitor"))
+    refused = trigger_from_form(
+        stack.airflow_url, password, "ctr_monitor", "2026-13-40", shots / "trigger_refused.png"
+    )
+    assert refused["run_id"] is None and "Invalid input for param ds" in refused["error"]
+    assert len(airflow.dag_runs("ctr_monitor")) == runs_before
+
+    # A day before the pipeline's partition: the monitor finds no served rows, so it publishes
+    # no drift event (which would start a retraining here) and ends quickly.
+    backfill = "2026-11-20"
+    started = trigger_from_form(
+        stack.airflow_url, password, "ctr_monitor", backfill, shots / "trigger_backfill.png"
+    )
+    assert started["error"] is None and started["run_id"], started
+    run = airflow.wait_for_run(
+        "ctr_monitor", match=lambda r: r["dag_run_id"] == started["run_id"], timeout_s=600
+    )
+    assert (run["state"], run["run_type"], run["conf"]) == ("success", "manual", {"ds": backfill})
+    assert airflow.xcom("ctr_monitor", run["dag_run_id"], "resolve_partition") == backfill
+    drift = airflow.xcom("ctr_monitor", run["dag_run_id"], "drift")
+    assert drift["ds"] == backfill and drift["rows"] == 0 and not drift["retrain"], drift
+
+
 def test_a_tasks_extra_link_leads_to_its_mlflow_run_tagged_with_the_dag_run(
     stack: Settings, pipeline_run: dict
 ) -> None:
