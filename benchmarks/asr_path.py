@@ -25,7 +25,16 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
    ``torch.compile(dynamic=True)`` (Dynamo graphs - 1): its convolution backend choice guards
    on the length (<= 512, <= 1280 frames), so it compiles three graphs where export needs one.
 4. **Accuracy** on the corpus test split (held-out voices): ``cer_fp32``, ``wer_fp32`` (eager),
-   ``cer_int8``, ``wer_int8`` (the int8 package), ``cer_delta`` = int8 - fp32 in points.
+   ``cer_int8``, ``wer_int8`` (the int8 package), ``cer_delta`` = int8 - fp32 in points; each
+   utterance decoded for its own language (the corpus row's, as a request naming it is served).
+   People: when Debian's Tux Paint stamps are installed (:mod:`jobs.speech_human`), their
+   recordings of people become a second corpus (same Spark session) and ``cer_people_fp32`` /
+   ``cer_people_int8`` are its CER; without them both are null and ``people_reason`` says why.
+   ``cer_by_language``: fp32 CER per language over synthetic and people utterances together;
+   ``foreign_tokens``: characters outside the utterance's language in the int8 package's
+   transcriptions (``foreign_tokens_unrestricted``: the same decoded without a language).
+   ``train_s``: seconds of the training this run did (null with ``train_s_reason`` when
+   ``--model`` was given).
 5. **Real-time factor**: compute seconds / audio seconds of a greedy transcription
    (forward pass + CTC decoding, features given) for utterances of 1, 2, 5, 10 and 20 s made of
    test-split audio; every variant (eager fp32, fp32 package, int8 package, ONNX Runtime) runs
@@ -153,9 +162,11 @@ def obtain_model(settings: Settings, corpus: Path, work: Path) -> tuple[Path, Pa
     config_name = load_settings().bench.asr_config
     print(f"[bench asr] training config {config_name!r} on {corpus}", flush=True)
     # A private MLflow store: the benchmark needs no stack, and logs nothing into one.
+    started = time.perf_counter()
     with private_tracking(work / "mlflow", (ASR_EXPERIMENT,)) as uri:
         private = dataclasses.replace(settings, mlflow_tracking_uri=uri)
         trained = train_asr(private, config_name, corpus, work / "trained")
+    train_s = time.perf_counter() - started
     fp32 = trained.get("fp32_artifact") or trained.get("fp32")
     int8 = trained.get("int8_artifact") or trained.get("int8") or fp32
     if fp32 is None:
@@ -163,7 +174,12 @@ def obtain_model(settings: Settings, corpus: Path, work: Path) -> tuple[Path, Pa
             f"train_asr returned {sorted(trained)}; expected 'fp32_artifact' (and "
             "'int8_artifact'), the paths of the models it wrote"
         )
-    provenance = {"source": "trained", "config": config_name, "metrics": trained.get("metrics")}
+    provenance = {
+        "source": "trained",
+        "config": config_name,
+        "metrics": trained.get("metrics"),
+        "train_s": train_s,
+    }
     return _model_folder(fp32), _model_folder(int8), provenance
 
 
@@ -180,15 +196,73 @@ def held_out_split(corpus: Path, n_mels: int, limit: int | None) -> pd.DataFrame
     return frame
 
 
-def error_rates(forward: Any, alphabet: Any, frame: pd.DataFrame) -> dict[str, float]:
+def error_rates(forward: Any, alphabet: Any, frame: pd.DataFrame) -> dict[str, Any]:
+    """CER/WER of ``forward`` on ``frame``, each utterance decoded for its own language (when
+    the alphabet knows it), with the transcripts and how many output characters fall outside
+    the utterance's language, restricted and not (one forward pass serves both)."""
     from models.asr.compiled import MIN_FRAMES
-    from models.asr.inference import transcribe
+    from models.asr.evaluate import decoding_language
+    from models.asr.inference import decode, log_probs_of
     from models.asr.metrics import cer, wer
 
     usable = frame[[len(x) >= MIN_FRAMES for x in frame["x"]]]
-    refs = list(usable["transcript"])
-    hyps = [transcribe(forward, alphabet, x).text for x in usable["x"]]
-    return {"cer": cer(refs, hyps), "wer": wer(refs, hyps), "utterances": len(refs)}
+    refs, languages = list(usable["transcript"]), list(usable["language"])
+    hyps, foreign, foreign_plain = [], 0, 0
+    for x, language in zip(usable["x"], languages, strict=True):
+        log_probs = log_probs_of(forward, x)
+        lang = decoding_language(alphabet, language, True)
+        text = decode(log_probs, alphabet, forward.config.subsample, language=lang).text
+        plain = decode(log_probs, alphabet, forward.config.subsample).text
+        hyps.append(text)
+        foreign += alphabet.foreign_tokens(text, language)
+        foreign_plain += alphabet.foreign_tokens(plain, language)
+    return {
+        "cer": cer(refs, hyps),
+        "wer": wer(refs, hyps),
+        "utterances": len(refs),
+        "foreign_tokens": foreign,
+        "foreign_tokens_unrestricted": foreign_plain,
+        "references": refs,
+        "hypotheses": hyps,
+        "languages": languages,
+    }
+
+
+def cer_by_language(*rates: dict[str, Any]) -> dict[str, float]:
+    """CER per language (:func:`~cascade.audio_features.language_group`) over ``rates``'
+    transcripts together."""
+    from cascade.audio_features import language_group
+    from models.asr.metrics import cer
+
+    pairs: dict[str, tuple[list[str], list[str]]] = {}
+    for part in rates:
+        for ref, hyp, language in zip(
+            part["references"], part["hypotheses"], part["languages"], strict=True
+        ):
+            refs, hyps = pairs.setdefault(language_group(language), ([], []))
+            refs.append(ref)
+            hyps.append(hyp)
+    return {group: cer(refs, hyps) for group, (refs, hyps) in sorted(pairs.items())}
+
+
+def people_corpus(spark: Any, work: Path) -> tuple[Path | None, str | None]:
+    """A corpus of Tux Paint's recordings of people, or ``(None, why not)``."""
+    from jobs import speech_human
+    from jobs.audio_corpus import build_corpus
+
+    root = speech_human.STAMPS_ROOT
+    if not root.is_dir() or not speech_human.english_clips(root):
+        return None, (
+            f"no people corpus: no Tux Paint stamp recordings under {root} "
+            "(Debian package tuxpaint-stamps-default, infra/install.sh)"
+        )
+    landing = work / "landing-people"
+    speech_human.land_human(landing, root)
+    out = work / "corpus-people"
+    summary = build_corpus(spark, landing, out)
+    if not summary["utterances"]:
+        return None, f"no people corpus: every recording was quarantined ({summary})"
+    return out, None
 
 
 def long_utterances(landing: Path, frame: pd.DataFrame) -> list[tuple[float, bytes]]:
@@ -290,6 +364,7 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     try:
         unique = load_settings().bench.asr_unique
         corpus_runs, corpus, landing = corpus_throughput(spark, work, sizes, unique)
+        people, people_reason = people_corpus(spark, work)
     finally:
         spark.stop()
     for entry in corpus_runs:
@@ -300,6 +375,9 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     fp32_dir, int8_dir, provenance = obtain_model(settings, corpus, work)
     result["model"] = provenance
     result["model_provenance"] = provenance
+    result["train_s"] = provenance.get("train_s")
+    if result["train_s"] is None:
+        result["train_s_reason"] = "no training in this run: the model was given (--model)"
     model_files = sorted({fp32_dir / "asr_model.pt", int8_dir / "asr_model.pt"})
     result["model_digest"] = files_digest(model_files)
     artifact = load_artifact(fp32_dir)
@@ -349,9 +427,16 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     result["recompiles_torch_compile_dynamic"] = dynamic["recompiles"]
     variants["inductor"] = inductor
 
-    frame = held_out_split(corpus, artifact.n_mels, 60 if quick else None)
-    fp32_rates = error_rates(artifact.model, artifact.alphabet, frame)
-    int8_rates = error_rates(variants["int8"], quantized.alphabet, frame)
+    def rates_on(source: Path) -> tuple[pd.DataFrame, dict[str, Any], dict[str, Any]]:
+        """The test split of ``source`` and the eager fp32 and int8 package rates on it."""
+        frame = held_out_split(source, artifact.n_mels, 60 if quick else None)
+        return (
+            frame,
+            error_rates(artifact.model, artifact.alphabet, frame),
+            error_rates(variants["int8"], quantized.alphabet, frame),
+        )
+
+    frame, fp32_rates, int8_rates = rates_on(corpus)
     result.update(
         cer_fp32=fp32_rates["cer"],
         wer_fp32=fp32_rates["wer"],
@@ -359,6 +444,24 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
         wer_int8=int8_rates["wer"],
         cer_delta=(int8_rates["cer"] - fp32_rates["cer"]) * 100,
         test_utterances=fp32_rates["utterances"],
+        cer_people_fp32=None,
+        cer_people_int8=None,
+        people_utterances=0,
+        people_reason=people_reason,
+    )
+    fp32_people = int8_people = None
+    if people is not None:
+        _, fp32_people, int8_people = rates_on(people)
+        for kind, rates in (("fp32", fp32_people), ("int8", int8_people)):
+            result[f"cer_people_{kind}"], result[f"wer_people_{kind}"] = rates["cer"], rates["wer"]
+        result["people_utterances"] = fp32_people["utterances"]
+    result["cer_by_language"] = cer_by_language(
+        *(r for r in (fp32_rates, fp32_people) if r is not None)
+    )
+    int8_parts = [r for r in (int8_rates, int8_people) if r is not None]
+    result["foreign_tokens"] = sum(r["foreign_tokens"] for r in int8_parts)
+    result["foreign_tokens_unrestricted"] = sum(
+        r["foreign_tokens_unrestricted"] for r in int8_parts
     )
 
     files = long_utterances(landing, frame)

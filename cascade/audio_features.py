@@ -34,6 +34,23 @@ ENGLISH_VOCAB = frozenset("abcdefghijklmnopqrstuvwxyz' ")
 MANDARIN_VOCAB = frozenset("".join(MANDARIN_PHRASES))
 VOCABULARY = ENGLISH_VOCAB | MANDARIN_VOCAB
 """Characters a transcript may hold after normalization (the model's output alphabet)."""
+LANGUAGE_VOCABULARIES = {"english": ENGLISH_VOCAB, "mandarin": MANDARIN_VOCAB}
+"""Each language's characters (keys are :func:`language_group` names): the ASR model stores them
+beside its alphabet, and decoding for an utterance of one language emits only its characters."""
+
+
+def language_group(language: str) -> str:
+    """The language a corpus code or a request names: ``english`` for ``en`` and every English
+    accent (``en-us``, ``en-gb-x-rp``), ``mandarin`` for ``cmn``/``zh`` codes, the group names
+    themselves, else the code lower-cased."""
+    code = language.strip().lower().replace("_", "-")
+    if code == "english" or code == "en" or code.startswith("en-"):
+        return "english"
+    if code == "mandarin" or code.split("-")[0] in ("cmn", "zh"):
+        return "mandarin"
+    return code
+
+
 MIN_SECONDS = 0.3
 """Shortest utterance anywhere: the corpus job quarantines shorter audio, the ASR server refuses
 it (400), and the compiled ASR package's frame range starts below it

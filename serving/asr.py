@@ -29,9 +29,19 @@ WAV file (16-bit PCM, mono or stereo, a rate in ``CorpusConfig.rates``, at most
   header (``"parameters": {"binary_data_size": M}`` on the input, no ``data``), then ``M``
   bytes: the BYTES tensor (a 4-byte little-endian length, then the file) or the file itself.
 
+The utterance's language, optional: ``"parameters": {"language": "en"}`` on the request (v2 JSON,
+or the binary extension's JSON header) or an HTTP ``Content-Language: en`` header (either body
+type; the two must agree). A name or code of a language the model knows (``english``, ``en``,
+``en-us``, ``mandarin``, ``cmn``, ``zh``: :meth:`models.asr.model.Alphabet.language_of`)
+restricts decoding to that language's characters (the space and the blank always allowed);
+anything else is a 400 naming the languages the model knows. Without one, decoding is
+unrestricted (every character of the output layer; no language detection), and the response's
+``language`` parameter is null.
+
 Response outputs: ``transcript`` (BYTES ``[1]``), ``words`` (BYTES ``[W]``), ``word_start_s`` and
 ``word_end_s`` (FP32 ``[W]``), ``duration_s`` (FP32 ``[1]``); ``parameters`` name the backend
-and the model digest. Errors: 422 not a v2 request, 400 wrong tensor / not a WAV file / empty
+the model digest and the language decoded for. Errors: 422 not a v2 request, 400 an unknown
+language / wrong tensor / not a WAV file / empty
 audio / a header or data cut short (fewer frames than the header declares) / audio shorter than
 ``CorpusConfig.min_seconds`` (:data:`~cascade.audio_features.MIN_SECONDS`, the corpus's), 413
 audio longer than the limit (or a body past :data:`MAX_BODY_BYTES`, counted while it streams),
@@ -91,12 +101,17 @@ from models.asr.compiled import (
     model_digest,
 )
 from models.asr.inference import transcribe
+from models.asr.model import Alphabet
 
 log = logging.getLogger("serving.asr")
 
 MODEL_NAME = "asr"
 AUDIO_INPUT = "audio"
 MODEL_DIR_ENV = "CASCADE_ASR_MODEL_DIR"
+LANGUAGE_PARAMETER = "language"
+"""Request parameter naming the utterance's language."""
+LANGUAGE_HEADER = "content-language"
+"""HTTP header that names it as well (``Content-Language: en``), for a binary request."""
 MAX_BODY_BYTES = 16 << 20
 """Largest request body read: 20 s of 48 kHz stereo 16-bit PCM is 3.8 MB, 5.1 MB as base64."""
 
@@ -227,6 +242,24 @@ def unwrap_bytes_tensor(raw: bytes) -> bytes:
     return raw
 
 
+def request_language(parameters: Any, alphabet: Alphabet) -> str | None:
+    """The known language a request names (``parameters["language"]``), ``None`` for none;
+    AudioRejected 400 for one the model does not know or a value that is not a string."""
+    value = (parameters or {}).get(LANGUAGE_PARAMETER) if isinstance(parameters, Mapping) else None
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise AudioRejected(
+            400,
+            f"the '{LANGUAGE_PARAMETER}' parameter must be a language name or code, "
+            f"not {value!r}; this model knows {', '.join(sorted(alphabet.languages))}",
+        )
+    try:
+        return alphabet.language_of(value)
+    except ValueError as exc:
+        raise AudioRejected(400, str(exc)) from None
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoadedAsr:
     """One loaded model version: the file, and the forward pass requests use."""
@@ -321,11 +354,19 @@ class AsrModel(Model):
             {"name": "duration_s", "datatype": "FP32", "shape": [1]},
         ]
 
-    def transcribe_wav(self, loaded: LoadedAsr, content: bytes) -> dict[str, Any]:
-        """Decode, featurize and transcribe one WAV file with ``loaded``."""
+    def transcribe_wav(
+        self, loaded: LoadedAsr, content: bytes, language: str | None = None
+    ) -> dict[str, Any]:
+        """Decode, featurize and transcribe one WAV file with ``loaded`` (restricted to
+        ``language``'s characters when given)."""
         audio = decode_request_audio(content, self.config)
         features = log_mel(audio.samples, loaded.artifact.n_mels)
-        result = transcribe(loaded.forward, loaded.artifact.alphabet, features)  # type: ignore[arg-type]
+        result = transcribe(
+            loaded.forward,  # type: ignore[arg-type]
+            loaded.artifact.alphabet,
+            features,
+            language=language,
+        )
         return {"text": result.text, "words": result.words(), "seconds": audio.seconds}
 
     async def predict(
@@ -344,8 +385,9 @@ class AsrModel(Model):
                 f"inputs {sorted(inputs)}; the model takes one input '{AUDIO_INPUT}' "
                 "(BYTES [1], a WAV file)"
             )
+        language = request_language(payload.parameters, loaded.artifact.alphabet)
         content = audio_bytes(inputs[AUDIO_INPUT])
-        result = await asyncio.to_thread(self.transcribe_wav, loaded, content)
+        result = await asyncio.to_thread(self.transcribe_wav, loaded, content, language)
         words = result["words"]
         return InferResponse(
             response_id=payload.id or uuid.uuid4().hex,
@@ -378,6 +420,7 @@ class AsrModel(Model):
                 "backend": loaded.backend,
                 "model_digest": loaded.digest[:16],
                 "model_version": loaded.version,
+                "language": language,
             },
         )
 
@@ -389,6 +432,18 @@ class AsrModel(Model):
             request = decode_v2_json(body, self.name)
         else:
             request = decode_binary_request(body, json_length, self.name)
+        header = headers.get(LANGUAGE_HEADER)
+        if header is not None:
+            parameters = dict(request.parameters or {})
+            given = parameters.get(LANGUAGE_PARAMETER)
+            if given is not None and str(given).strip().lower() != header.strip().lower():
+                raise AudioRejected(
+                    400,
+                    f"the request's language parameter {given!r} and its {LANGUAGE_HEADER} "
+                    f"header {header!r} disagree; send one",
+                )
+            parameters[LANGUAGE_PARAMETER] = header
+            request.parameters = parameters
         response, _ = await self(request)
         if not isinstance(response, InferResponse):
             raise InferenceError(f"predict returned {type(response).__name__}, not InferResponse")

@@ -10,7 +10,10 @@ from compilers.asr import asr_example, calibrate_activation_ranges, compile_asr
 from models.asr.artifact import AsrArtifact, save_artifact
 from models.asr.model import Alphabet, ConvDFSMN, ConvDFSMNConfig
 
-ALPHABET = Alphabet("abcdefghijklmnopqrstuvwxyz' ")
+ENGLISH = "abcdefghijklmnopqrstuvwxyz'"
+MANDARIN = "你好天气"
+ALPHABET = Alphabet(ENGLISH + MANDARIN + " ", {"english": ENGLISH, "mandarin": MANDARIN})
+"""Two languages, as the real alphabet: decoding restricted to one has something to leave out."""
 TINY = ConvDFSMNConfig(
     n_mels=40,
     vocab_size=len(ALPHABET),

@@ -5,6 +5,9 @@ a ``torch.save`` of a plain dict (loadable with ``weights_only=True``):
 
 - ``config``: :class:`~models.asr.model.ConvDFSMNConfig` fields;
 - ``alphabet``: the output characters, id ``i + 1`` for ``alphabet[i]`` (0 is the CTC blank);
+- ``languages``: language name -> its characters (decoding for one language emits only those,
+  the space and the blank); a file without it gets them from the characters' scripts
+  (:func:`~models.asr.model.script_languages`);
 - ``n_mels``: features the model expects (log-mel, 25 ms windows every 10 ms at 16 kHz);
 - ``state_dict``: fp32 weights;
 - ``quantization``: ``None`` for a float model, else what range-scaled int8 inference needs
@@ -47,6 +50,7 @@ def save_artifact(path: Path, artifact: AsrArtifact) -> Path:
     payload = {
         "config": artifact.model.config.to_dict(),
         "alphabet": list(artifact.alphabet.characters),
+        "languages": {k: list(v) for k, v in artifact.alphabet.languages.items()},
         "n_mels": int(artifact.n_mels),
         "state_dict": state,
         "quantization": artifact.quantization,
@@ -70,7 +74,7 @@ def load_artifact(path: Path) -> AsrArtifact:
     model = ConvDFSMN(ConvDFSMNConfig(**payload["config"]))
     model.load_state_dict(payload["state_dict"])
     model.eval()
-    alphabet = Alphabet(payload["alphabet"])
+    alphabet = Alphabet(payload["alphabet"], payload.get("languages"))
     if len(alphabet) != model.config.vocab_size:
         raise ValueError(
             f"{target}: alphabet of {len(alphabet)} ids but the model outputs "

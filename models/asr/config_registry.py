@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cascade.audio_features import VOCABULARY
+from cascade.audio_features import LANGUAGE_VOCABULARIES, VOCABULARY
 from models.asr.model import Alphabet, ConvDFSMNConfig
 
-ALPHABET = Alphabet(sorted(VOCABULARY))
+ALPHABET = Alphabet(sorted(VOCABULARY), LANGUAGE_VOCABULARIES)
 """The output characters: every character a corpus transcript may hold, so a model trained on
 any corpus of the job has the same output layer."""
 

@@ -10,12 +10,15 @@ block, so the model streams with a fixed delay: :attr:`ConvDFSMN.lookahead_frame
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from cascade.audio_features import language_group
 
 BLANK = 0
 """CTC blank id; characters are 1..len(alphabet)."""
@@ -143,9 +146,27 @@ def ctc_loss(
     )
 
 
-def greedy_decode(log_probs: torch.Tensor, length: int | None = None) -> list[int]:
-    """Best path of one utterance ``[T, V]``: argmax, repeats collapsed, blanks dropped."""
-    best = log_probs[: length if length is not None else log_probs.shape[0]].argmax(-1).tolist()
+def restrict(log_probs: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """``log_probs [..., V]`` with the tokens outside ``allowed`` (bool ``[V]``) at ``-inf`` and
+    the rest renormalized: the model's distribution given that only those tokens may be
+    spoken. ``None`` leaves them as they are."""
+    if allowed is None:
+        return log_probs
+    if allowed.shape != log_probs.shape[-1:] or not bool(allowed[BLANK]):
+        raise ValueError(
+            f"allowed tokens must be a [{log_probs.shape[-1]}] mask that keeps the blank"
+        )
+    masked = log_probs.float().masked_fill(~allowed.to(log_probs.device), float("-inf"))
+    return torch.log_softmax(masked, dim=-1)
+
+
+def greedy_decode(
+    log_probs: torch.Tensor, length: int | None = None, allowed: torch.Tensor | None = None
+) -> list[int]:
+    """Best path of one utterance ``[T, V]``: argmax, repeats collapsed, blanks dropped; with
+    ``allowed`` (bool ``[V]``, :meth:`Alphabet.allowed`) only those tokens are emitted."""
+    log_probs = restrict(log_probs[: length if length is not None else log_probs.shape[0]], allowed)
+    best = log_probs.argmax(-1).tolist()
     out, previous = [], BLANK
     for token in best:
         if token != previous and token != BLANK:
@@ -154,11 +175,18 @@ def greedy_decode(log_probs: torch.Tensor, length: int | None = None) -> list[in
     return out
 
 
-def beam_decode(log_probs: torch.Tensor, beam: int = 8, length: int | None = None) -> list[int]:
-    """CTC prefix beam search over one utterance ``[T, V]`` (no language model)."""
+def beam_decode(
+    log_probs: torch.Tensor,
+    beam: int = 8,
+    length: int | None = None,
+    allowed: torch.Tensor | None = None,
+) -> list[int]:
+    """CTC prefix beam search over one utterance ``[T, V]`` (no language model); with
+    ``allowed`` (bool ``[V]``) no prefix holds a token outside it."""
     import math
 
-    steps = log_probs[: length if length is not None else log_probs.shape[0]].tolist()
+    steps = restrict(log_probs[: length if length is not None else log_probs.shape[0]], allowed)
+    steps = steps.tolist()
 
     def add(a: float, b: float) -> float:
         if a == -math.inf:
@@ -178,7 +206,7 @@ def beam_decode(log_probs: torch.Tensor, beam: int = 8, length: int | None = Non
             b, nb = nxt.get(prefix, (-math.inf, -math.inf))
             nxt[prefix] = (add(b, total + frame[BLANK]), nb)
             for token in top:
-                if token == BLANK:
+                if token == BLANK or frame[token] == -math.inf:
                     continue
                 extended = (*prefix, token)
                 b, nb = nxt.get(extended, (-math.inf, -math.inf))
@@ -193,16 +221,70 @@ def beam_decode(log_probs: torch.Tensor, beam: int = 8, length: int | None = Non
     return list(max(beams.items(), key=lambda kv: add(*kv[1]))[0])
 
 
-class Alphabet:
-    """Characters <-> ids (blank = 0)."""
+def script_languages(characters: Iterable[str]) -> dict[str, list[str]]:
+    """Languages of an alphabet stored without them: Latin letters and the apostrophe are
+    ``english``, CJK ideographs ``mandarin``; any other character belongs to no language."""
+    out: dict[str, list[str]] = {}
+    for char in sorted(set(characters)):
+        if char == " ":
+            continue
+        if char == "'" or ("a" <= char <= "z"):
+            out.setdefault("english", []).append(char)
+        elif unicodedata.name(char, "").startswith("CJK"):
+            out.setdefault("mandarin", []).append(char)
+    return out
 
-    def __init__(self, characters: Sequence[str]) -> None:
+
+class Alphabet:
+    """Characters <-> ids (blank = 0), and the characters of each language the model speaks
+    (the space and the blank belong to every language)."""
+
+    def __init__(
+        self, characters: Sequence[str], languages: Mapping[str, Iterable[str]] | None = None
+    ) -> None:
         chars = sorted(set(characters))
         self.characters = chars
         self._ids = {c: i + 1 for i, c in enumerate(chars)}
+        table = script_languages(chars) if languages is None else languages
+        self.languages: dict[str, list[str]] = {
+            name: sorted(set(members) & set(chars)) for name, members in table.items()
+        }
 
     def __len__(self) -> int:
         return len(self.characters) + 1
+
+    def language_of(self, language: str) -> str:
+        """The known language ``language`` names (``en-us`` -> ``english``), or ValueError."""
+        group = language_group(language)
+        if group not in self.languages:
+            known = ", ".join(sorted(self.languages)) or "none"
+            raise ValueError(
+                f"unknown language {language!r}: this model knows {known} "
+                "(a name or a code such as en, en-us, cmn, zh)"
+            )
+        return group
+
+    def allowed(self, language: str | None) -> torch.Tensor | None:
+        """Bool ``[V]`` mask of the tokens ``language`` may emit (blank, space and its
+        characters); ``None`` for no language (every token)."""
+        if language is None:
+            return None
+        members = set(self.languages[self.language_of(language)]) | {" "}
+        mask = torch.zeros(len(self), dtype=torch.bool)
+        mask[BLANK] = True
+        for char in members:
+            if char in self._ids:
+                mask[self._ids[char]] = True
+        return mask
+
+    def foreign_tokens(self, text: str, language: str) -> int:
+        """Characters of ``text`` outside ``language``'s (spaces excepted); 0 for a language
+        the alphabet does not know (nothing to compare with)."""
+        try:
+            members = set(self.languages[self.language_of(language)]) | {" "}
+        except ValueError:
+            return 0
+        return sum(char not in members for char in text)
 
     def encode(self, text: str) -> list[int]:
         missing = sorted({c for c in text if c not in self._ids})

@@ -432,7 +432,11 @@ def finish(
         print(f"[asr] {line}", flush=True)
     headline = {k: evaluation[k] for k in ("cer_fp32", "wer_fp32", "cer_int8", "wer_int8")}
     # People's recordings (test split only) are reported beside, never in, the headline.
-    headline |= {k: v for k, v in evaluation.items() if k.startswith(("cer_human", "wer_human"))}
+    headline |= {
+        k: v
+        for k, v in evaluation.items()
+        if k.startswith(("cer_human", "wer_human", "cer_people", "wer_people", "foreign_tokens"))
+    }
     per_language = {
         f"{kind}_{metric}_{group}": values[metric]
         for kind in ("fp32", "int8")

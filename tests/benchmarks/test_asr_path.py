@@ -77,3 +77,32 @@ def test_a_given_model_folder_or_training_output_is_used_as_it_is(
         (tmp_path / kind / "asr_model.pt").write_bytes(b"")
     fp32, int8, _ = obtain_model(None, tmp_path, tmp_path)  # type: ignore[arg-type]
     assert (fp32, int8) == (tmp_path / "fp32", tmp_path / "int8")
+
+
+def test_error_rates_decode_each_language_and_no_people_is_a_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+    import pandas as pd
+
+    from benchmarks.asr_path import cer_by_language, error_rates, people_corpus
+    from tests.asr_models import tiny_artifact
+
+    artifact = tiny_artifact(quantized=False)
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(
+        {
+            "transcript": ["good day", "你好", "hi"],
+            "language": ["en-us", "cmn", "en"],
+            "x": [(rng.standard_normal((60, 40)) * 2 - 4).astype(np.float32) for _ in range(3)],
+        }
+    )
+    rates = error_rates(artifact.model, artifact.alphabet, frame)
+    assert rates["utterances"] == 3 and rates["foreign_tokens"] == 0
+    assert rates["foreign_tokens_unrestricted"] > 0  # the untrained output layer mixes scripts
+    by_language = cer_by_language(rates)
+    assert set(by_language) == {"english", "mandarin"}
+    assert all(0 < v for v in by_language.values())
+    monkeypatch.setattr("jobs.speech_human.STAMPS_ROOT", tmp_path / "no-stamps")
+    corpus, reason = people_corpus(None, tmp_path)
+    assert corpus is None and reason is not None and "no people corpus" in reason

@@ -123,3 +123,74 @@ def test_transcript_has_character_and_word_times() -> None:
     words = Transcript(text="a b", char_times=times).words()
     assert [w["word"] for w in words] == ["a", "b"]
     assert words[1]["start_s"] == pytest.approx(0.10)
+
+
+LANGUAGES = {"en-us": set("abcdefghijklmnopqrstuvwxyz' "), "cmn": set("你好天气 ")}
+
+
+def test_decoding_for_a_language_emits_only_its_characters() -> None:
+    """Random log-probabilities favour every token alike, foreign ones included: restricted
+    greedy and beam decoding never emit one, unrestricted decoding does."""
+    from tests.asr_models import ALPHABET
+
+    torch.manual_seed(0)
+    unrestricted: set[str] = set()
+    for _ in range(10):
+        log_probs = torch.log_softmax(3 * torch.randn(30, len(ALPHABET)), -1)
+        unrestricted |= set(ALPHABET.decode(greedy_decode(log_probs)))
+        for language, allowed in LANGUAGES.items():
+            mask = ALPHABET.allowed(language)
+            assert mask is not None and bool(mask[BLANK])
+            greedy = ALPHABET.decode(greedy_decode(log_probs, allowed=mask))
+            beamed = ALPHABET.decode(beam_decode(log_probs, beam=4, allowed=mask))
+            assert greedy and set(greedy) <= allowed
+            assert set(beamed) <= allowed
+            assert ALPHABET.foreign_tokens(greedy, language) == 0
+    assert unrestricted & LANGUAGES["en-us"] and unrestricted & set("你好天气")
+    assert ALPHABET.allowed(None) is None
+    assert ALPHABET.language_of("en-gb-x-rp") == "english"
+    assert ALPHABET.language_of("zh") == "mandarin"
+    assert ALPHABET.foreign_tokens("ab 你好", "english") == 2
+    with pytest.raises(ValueError, match="unknown language 'fr': this model knows english, man"):
+        ALPHABET.allowed("fr")
+
+
+def test_an_untrained_model_decodes_only_the_requested_language(tmp_path) -> None:
+    """The tiny untrained model, eager and fake-quantized int8, greedy and beam, after a round
+    trip through the artifact (which stores each language's characters)."""
+    from models.asr.artifact import load_artifact, save_artifact
+    from models.asr.evaluate import int8_model
+    from models.asr.inference import transcribe
+    from tests.asr_models import tiny_artifact
+
+    save_artifact(tmp_path, tiny_artifact(quantized=True))
+    artifact = load_artifact(tmp_path)
+    assert artifact.alphabet.languages == {
+        "english": sorted("abcdefghijklmnopqrstuvwxyz'"),
+        "mandarin": sorted("你好天气"),
+    }
+    torch.manual_seed(1)
+    for model in (artifact.model, int8_model(artifact)):
+        for frames in (40, 120):
+            features = torch.randn(frames, artifact.n_mels) * 2 - 4
+            mixed = transcribe(model, artifact.alphabet, features).text
+            assert set(mixed) & LANGUAGES["en-us"] and set(mixed) & LANGUAGES["cmn"] - {" "}
+            for language, allowed in LANGUAGES.items():
+                for beam in (0, 4):
+                    text = transcribe(
+                        model, artifact.alphabet, features, beam=beam, language=language
+                    ).text
+                    assert text and set(text) <= allowed, (language, beam, text)
+
+
+def test_an_alphabet_stored_without_languages_gets_them_from_the_scripts() -> None:
+    alphabet = Alphabet("ab' 你好")
+    assert alphabet.languages == {"english": ["'", "a", "b"], "mandarin": ["你", "好"]}
+    mask = alphabet.allowed("english")
+    assert mask is not None
+    assert [alphabet.characters[i - 1] for i in mask.nonzero().flatten().tolist() if i] == [
+        " ",
+        "'",
+        "a",
+        "b",
+    ]

@@ -197,3 +197,85 @@ def test_launch_refuses_a_missing_corpus_and_a_bad_config(
         train_asr(settings, "debug", tmp_path / "nowhere", tmp_path / "out")
     with pytest.raises(ValueError, match="unknown ASR config"):
         train_asr(settings, "huge", tmp_path, tmp_path / "out")
+
+
+def labelled_corpus(root: Path, splits: dict[str, list[tuple[str, str, str]]]) -> Path:
+    """A corpus in the job's layout with random features: ``split -> [(text, language, voice)]``
+    (evaluation reads the features as they are; no audio needed)."""
+    rng = np.random.default_rng(0)
+    for split, rows in splits.items():
+        folder = root / "shards" / f"split={split}"
+        folder.mkdir(parents=True)
+        frame = pd.DataFrame(
+            [
+                {
+                    "utterance_id": f"{split}-{index:02d}",
+                    "transcript": text,
+                    "language": language,
+                    "voice": voice,
+                    "num_frames": 80,
+                    "features": (rng.standard_normal((80, 40)) * 2 - 4)
+                    .astype(np.float16)
+                    .tobytes(),
+                }
+                for index, (text, language, voice) in enumerate(rows)
+            ]
+        )
+        frame.to_parquet(folder / "part-0.parquet")
+    (root / "summary.json").write_text(json.dumps({"config": dataclasses.asdict(CorpusConfig())}))
+    return root
+
+
+def test_evaluation_reports_per_source_and_language_and_takes_a_people_only_split(
+    tmp_path: Path,
+) -> None:
+    from models.asr.artifact import save_artifact
+    from models.asr.evaluate import evaluate_artifacts
+    from models.asr.metrics import cer
+    from tests.asr_models import tiny_artifact
+
+    model = save_artifact(tmp_path / "model", tiny_artifact(quantized=True))
+    people = [("hi there", "en", "human-tuxpaint-en"), ("天气", "cmn", "human-reader-cmn")]
+    synthetic = [("good day", "en-us", "en-us+m1"), ("你好", "cmn", "cmn+f2")]
+    corpus = labelled_corpus(tmp_path / "corpus", {"test": synthetic + people, "dev": people})
+
+    mixed = evaluate_artifacts(model, model, corpus, split="test", beam=2)
+    assert mixed["sources"] == {"synthetic": 2, "people": 2}
+    assert mixed["headline_source"] == "synthetic"
+    for kind in ("fp32", "int8"):
+        report = mixed[kind]
+        greedy = report["greedy"]
+        assert set(greedy["per_source"]) == {"synthetic", "people"}
+        assert set(greedy["per_language"]) == {"english", "mandarin"}
+        assert greedy["per_language"]["mandarin"]["utterances"] == 2
+        # The untrained model gets every utterance wrong: the examples are all of them.
+        examples = report["examples"]
+        assert len(examples) == 4
+        for source in ("synthetic", "people"):
+            picked = [e for e in examples if e["source"] == source]
+            expected = cer([e["reference"] for e in picked], [e["hypothesis"] for e in picked])
+            assert greedy["per_source"][source]["cer"] == pytest.approx(expected)
+            assert mixed[f"cer_{source}_{kind}"] == pytest.approx(expected)
+        assert mixed[f"cer_{kind}"] == mixed[f"cer_synthetic_{kind}"]
+        assert mixed[f"cer_human_{kind}"] == mixed[f"cer_people_{kind}"]
+        assert set(mixed[f"cer_by_language_{kind}"]) == {"english", "mandarin"}
+        # Decoded for each utterance's language: nothing foreign, though the output layer
+        # alone emits both scripts.
+        assert mixed[f"foreign_tokens_{kind}"] == 0 == report["beam2"]["foreign_tokens"]
+        assert report["foreign_tokens_unrestricted"] > 0
+        for e in examples:
+            script = (
+                set("你好天气 ") if e["language"] == "cmn" else set("abcdefghijklmnopqrstuvwxyz' ")
+            )
+            assert set(e["hypothesis"]) <= script
+
+    only_people = evaluate_artifacts(model, None, corpus, split="dev")
+    assert only_people["sources"] == {"people": 2} and only_people["headline_source"] == "all"
+    assert only_people["cer_fp32"] == only_people["cer_people_fp32"] > 0
+    assert "cer_synthetic_fp32" not in only_people and "int8" not in only_people
+
+    unrestricted = evaluate_artifacts(model, None, corpus, split="dev", restrict=False)
+    assert unrestricted["fp32"]["restricted_utterances"] == 0
+    assert unrestricted["foreign_tokens_fp32"] > 0
+    with pytest.raises(ValueError, match="split 'train' of .* has no utterances"):
+        evaluate_artifacts(model, None, corpus, split="train")

@@ -218,6 +218,75 @@ def test_espeak_wav_round_trip_json_and_binary(int8_server: tuple[AsrServer, Pat
     assert outputs_of(binary)["transcript"]["data"] == [local.text]
 
 
+@pytest.mark.slow
+def test_the_language_restricts_the_transcript_and_an_unknown_one_is_a_400(
+    int8_server: tuple[AsrServer, Path],
+) -> None:
+    """A language on the request (JSON parameter or Content-Language header) gives the int8
+    package's transcription decoded for it; an unknown or contradicting one is a 400."""
+    server, directory = int8_server
+    content = espeak_wav()
+    samples, rate = decode_wav(content)
+    artifact = load_artifact(directory)
+    package = load_compiled(directory / INT8_FILE, artifact.model.config)
+    features = log_mel(resample(samples, rate), artifact.n_mels)
+    audio = {
+        "name": "audio",
+        "datatype": "BYTES",
+        "shape": [1],
+        "data": [base64.b64encode(content).decode()],
+    }
+    plain = server.post_json({"inputs": [audio]})
+    assert plain.json()["parameters"]["language"] is None
+    mixed = outputs_of(plain)["transcript"]["data"][0]
+    assert mixed == transcribe(package, artifact.alphabet, features).text
+    scripts = {"english": set("abcdefghijklmnopqrstuvwxyz' "), "mandarin": set("你好天气 ")}
+    texts = {}
+    for language, group in (("en-US", "english"), ("cmn", "mandarin")):
+        response = server.post_json({"parameters": {"language": language}, "inputs": [audio]})
+        text = outputs_of(response)["transcript"]["data"][0]
+        assert response.json()["parameters"]["language"] == group
+        assert text == transcribe(package, artifact.alphabet, features, language=language).text
+        assert set(text) <= scripts[group]
+        texts[group] = text
+    assert mixed not in texts.values()  # the untrained model mixes scripts; restriction ends it
+
+    raw = struct.pack("<I", len(content)) + content
+    header = json.dumps(
+        {"inputs": [{**audio, "data": None, "parameters": {"binary_data_size": len(raw)}}]}
+    ).encode()
+
+    def binary(language: str) -> requests.Response:
+        return requests.post(
+            f"{server.url}/v2/models/asr/infer",
+            data=header + raw,
+            headers={
+                "Inference-Header-Content-Length": str(len(header)),
+                "Content-Type": "application/octet-stream",
+                "Content-Language": language,
+            },
+            timeout=60,
+        )
+
+    assert outputs_of(binary("zh"))["transcript"]["data"] == [texts["mandarin"]]
+    for response in (
+        server.post_json({"parameters": {"language": "fr"}, "inputs": [audio]}),
+        binary("klingon"),
+    ):
+        assert response.status_code == 400, response.text
+        assert "unknown language" in response.json()["error"]
+        assert "this model knows english, mandarin" in response.json()["error"]
+    response = server.post_json({"parameters": {"language": 3}, "inputs": [audio]})
+    assert response.status_code == 400 and "language name or code" in response.json()["error"]
+    disagree = requests.post(
+        f"{server.url}/v2/models/asr/infer",
+        json={"parameters": {"language": "en"}, "inputs": [audio]},
+        headers={"Content-Language": "cmn"},
+        timeout=60,
+    )
+    assert disagree.status_code == 400 and "disagree" in disagree.json()["error"]
+
+
 TONE = (np.sin(np.arange(16_000) / 5) * 8000).astype("<i2")
 
 BAD_AUDIO = [
