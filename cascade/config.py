@@ -347,7 +347,7 @@ class Settings:
     postgres_url: str = setting("", secret=True)
     """PostgreSQL URL of the event ledger in the ``cluster`` profile
     (``postgresql://user:password@host:port/db``); empty: the ``cascade`` database of the
-    cluster stack's own PostgreSQL (:mod:`cascade.data_services`)."""
+    cluster stack's own PostgreSQL (``cascade.data_services``)."""
     spark_master: str = "local[2]"
     """Spark master URL."""
     spark_driver_memory: str = "3g"
