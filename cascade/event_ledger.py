@@ -139,6 +139,20 @@ class ClaimLedger(ABC):
     def owners(self, dag_id: str) -> dict[str, str]:
         """Event id -> run id, for one DAG."""
 
+    @abstractmethod
+    def record_work(self, dag_id: str, run_id: str, event_ids: Sequence[str]) -> str:
+        """Store which events a run did its work for, replacing the run's earlier record (a
+        retry); returns where. The records are the accounting of every event id (lost =
+        published minus these, duplicates = ids in two records)."""
+
+    @abstractmethod
+    def work_records(self, dag_id: str) -> dict[str, list[str]]:
+        """Run id -> event ids it did work for."""
+
+    @abstractmethod
+    def work_recorded_at(self, dag_id: str) -> dict[str, dt.datetime]:
+        """Run id -> when its work record was last written."""
+
 
 def _unique_events(events: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     unique: dict[str, dict[str, Any]] = {}
@@ -215,6 +229,38 @@ class EventLedger(ClaimLedger):
             ).fetchall()
         return dict(rows)
 
+    def work_folder(self, dag_id: str) -> Path:
+        """The DAG's work records: one JSON file per run beside the ledger file."""
+        return self.path.parent / "work" / dag_id
+
+    def record_work(self, dag_id: str, run_id: str, event_ids: Sequence[str]) -> str:
+        safe_run = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
+        path = self.work_folder(dag_id) / f"{safe_run}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {"dag_id": dag_id, "run_id": run_id, "event_ids": list(event_ids)}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(body))
+        tmp.replace(path)
+        return str(path)
+
+    def work_record_paths(self, dag_id: str) -> dict[str, Path]:
+        """Run id -> its work record file."""
+        folder = self.work_folder(dag_id)
+        return {json.loads(p.read_text())["run_id"]: p for p in sorted(folder.glob("*.json"))}
+
+    def work_records(self, dag_id: str) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for path in sorted(self.work_folder(dag_id).glob("*.json")):
+            body = json.loads(path.read_text())
+            out[body["run_id"]] = body["event_ids"]
+        return out
+
+    def work_recorded_at(self, dag_id: str) -> dict[str, dt.datetime]:
+        return {
+            run: dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
+            for run, path in self.work_record_paths(dag_id).items()
+        }
+
 
 class PostgresEventLedger(ClaimLedger):
     """The ledger in a PostgreSQL table (the ``cluster`` profile's), shared by every process
@@ -228,6 +274,7 @@ class PostgresEventLedger(ClaimLedger):
     cannot deadlock."""
 
     TABLE = "event_claims"
+    WORK_TABLE = "event_work"
     _SCHEMA_LOCK = 0x6361736361646531
     """Advisory lock key serializing the ``CREATE TABLE`` of processes starting at once."""
     _RETRIES = 3
@@ -244,6 +291,11 @@ class PostgresEventLedger(ClaimLedger):
             )
             cur.execute(
                 f"CREATE INDEX IF NOT EXISTS {self.TABLE}_run ON {self.TABLE} (dag_id, run_id)"
+            )
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {self.WORK_TABLE} (dag_id TEXT NOT NULL,"
+                " run_id TEXT NOT NULL, event_ids JSONB NOT NULL,"
+                " recorded_at TIMESTAMPTZ NOT NULL DEFAULT now(), PRIMARY KEY (dag_id, run_id))"
             )
 
     def __repr__(self) -> str:  # never the URL: it carries the password
@@ -338,17 +390,37 @@ class PostgresEventLedger(ClaimLedger):
         return int(self._transaction(work))
 
     def claimed_at(self, dag_id: str) -> dict[str, dt.datetime]:
-        def work(cur: Any) -> dict[str, dt.datetime]:
-            cur.execute(
-                f"SELECT event_id, claimed_at FROM {self.TABLE} WHERE dag_id = %s", (dag_id,)
-            )
-            return dict(cur.fetchall())
-
-        return dict(self._transaction(work))
+        sql = f"SELECT event_id, claimed_at FROM {self.TABLE} WHERE dag_id = %s"
+        return self._pairs(sql, dag_id)
 
     def owners(self, dag_id: str) -> dict[str, str]:
-        def work(cur: Any) -> dict[str, str]:
-            cur.execute(f"SELECT event_id, run_id FROM {self.TABLE} WHERE dag_id = %s", (dag_id,))
+        return self._pairs(f"SELECT event_id, run_id FROM {self.TABLE} WHERE dag_id = %s", dag_id)
+
+    def record_work(self, dag_id: str, run_id: str, event_ids: Sequence[str]) -> str:
+        def work(cur: Any) -> None:
+            cur.execute(
+                f"INSERT INTO {self.WORK_TABLE} (dag_id, run_id, event_ids) VALUES (%s, %s, %s) "
+                "ON CONFLICT (dag_id, run_id) DO UPDATE "
+                "SET event_ids = excluded.event_ids, recorded_at = now()",
+                (dag_id, run_id, json.dumps(list(event_ids))),
+            )
+
+        self._transaction(work)
+        return f"PostgreSQL table {self.WORK_TABLE}, row ({dag_id}, {run_id})"
+
+    def work_records(self, dag_id: str) -> dict[str, list[str]]:
+        sql = f"SELECT run_id, event_ids FROM {self.WORK_TABLE} WHERE dag_id = %s"
+        return {run: list(ids) for run, ids in self._pairs(sql, dag_id).items()}
+
+    def work_recorded_at(self, dag_id: str) -> dict[str, dt.datetime]:
+        sql = f"SELECT run_id, recorded_at FROM {self.WORK_TABLE} WHERE dag_id = %s"
+        return self._pairs(sql, dag_id)
+
+    def _pairs(self, sql: str, dag_id: str) -> dict[Any, Any]:
+        """The two columns of ``sql``'s rows (for one DAG) as a dict."""
+
+        def work(cur: Any) -> dict[Any, Any]:
+            cur.execute(sql, (dag_id,))
             return dict(cur.fetchall())
 
         return dict(self._transaction(work))
@@ -513,33 +585,18 @@ def claim_and_resolve(context: Mapping[str, Any], asset: Any, *, lag_days: int =
 
 def record_work(
     dag_id: str, run_id: str, event_ids: Sequence[str], *, settings: Settings | None = None
-) -> Path:
-    """Write which events a run did its work for: one file per run, overwritten on retry, so
-    the file set is the accounting of every event id (lost = published minus these)."""
-    settings = settings or load_settings()
-    safe_run = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
-    path = settings.home / "events" / "work" / dag_id / f"{safe_run}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"dag_id": dag_id, "run_id": run_id, "event_ids": list(event_ids)}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(body))
-    tmp.replace(path)
-    return path
-
-
-def work_record_paths(dag_id: str, *, settings: Settings | None = None) -> dict[str, Path]:
-    """Run id -> its work record file."""
-    settings = settings or load_settings()
-    folder = settings.home / "events" / "work" / dag_id
-    return {json.loads(p.read_text())["run_id"]: p for p in sorted(folder.glob("*.json"))}
+) -> str:
+    """Store which events a run did its work for in the profile's ledger (one JSON file per run
+    in the state folder locally, a row of PostgreSQL in the cluster profile), replacing the
+    run's earlier record on a retry; returns where."""
+    return ClaimLedger.for_settings(settings).record_work(dag_id, run_id, event_ids)
 
 
 def work_records(dag_id: str, *, settings: Settings | None = None) -> dict[str, list[str]]:
     """Run id -> event ids it did work for (see :func:`record_work`)."""
-    settings = settings or load_settings()
-    folder = settings.home / "events" / "work" / dag_id
-    out: dict[str, list[str]] = {}
-    for path in sorted(folder.glob("*.json")):
-        body = json.loads(path.read_text())
-        out[body["run_id"]] = body["event_ids"]
-    return out
+    return ClaimLedger.for_settings(settings).work_records(dag_id)
+
+
+def work_recorded_at(dag_id: str, *, settings: Settings | None = None) -> dict[str, dt.datetime]:
+    """Run id -> when its work record was last written."""
+    return ClaimLedger.for_settings(settings).work_recorded_at(dag_id)

@@ -17,7 +17,14 @@ import pytest
 
 from cascade.config import Settings
 from cascade.data_services import postgres_password_file, postgres_url
-from cascade.event_ledger import ClaimLedger, EventLedger, PostgresEventLedger
+from cascade.event_ledger import (
+    ClaimLedger,
+    EventLedger,
+    PostgresEventLedger,
+    record_work,
+    work_recorded_at,
+    work_records,
+)
 from cascade.events import TOPIC_DATA_LANDED, make_event
 
 pytestmark = pytest.mark.cluster
@@ -130,3 +137,22 @@ def test_two_processes_claiming_the_same_events_at_once_claim_each_exactly_once(
     owners = PostgresEventLedger(postgres_url(cluster)).owners("race")
     assert {i: owners[i] for i in claimed["run-a"]} == dict.fromkeys(claimed["run-a"], "run-a")
     assert {i: owners[i] for i in claimed["run-b"]} == dict.fromkeys(claimed["run-b"], "run-b")
+
+
+def test_work_records_of_the_cluster_profile_are_rows_every_worker_reads(
+    cluster: Settings,
+) -> None:
+    first = record_work("acct", "run-1", ["e1", "e2"], settings=cluster)
+    assert "event_work" in first
+    record_work("acct", "run-2", ["e3"], settings=cluster)
+    before = work_recorded_at("acct", settings=cluster)
+    record_work("acct", "run-1", ["e1", "e2", "e4"], settings=cluster)  # a retry replaces
+    assert work_records("acct", settings=cluster) == {"run-1": ["e1", "e2", "e4"], "run-2": ["e3"]}
+    after = work_recorded_at("acct", settings=cluster)
+    assert after["run-1"] > before["run-1"] and after["run-2"] == before["run-2"]
+    assert not (cluster.home / "events" / "work").exists()  # nothing on this host's disk
+    # The local profile keeps its files in the state folder.
+    local = Settings(home=cluster.home / "local")
+    assert record_work("acct", "r", ["x"], settings=local).endswith(".json")
+    assert work_records("acct", settings=local) == {"r": ["x"]}
+    assert set(work_recorded_at("acct", settings=local)) == {"r"}
