@@ -24,7 +24,7 @@ from typing import Any
 from cascade.assets import TOPIC_DATA_LANDED
 from cascade.broker import publish_many
 from cascade.config import Settings, load_settings
-from cascade.event_ledger import EventLedger, work_record_paths, work_records
+from cascade.event_ledger import ClaimLedger, work_recorded_at, work_records
 from cascade.events import Event, make_event
 from infra.stack import private_stack
 
@@ -105,10 +105,7 @@ def account(
         "runs": runs_with_work,
         "records": records,
         "accounted_at": accounted_at,
-        "recorded_at": {
-            run: dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
-            for run, path in work_record_paths(PROBE_DAG, settings=settings).items()
-        },
+        "recorded_at": work_recorded_at(PROBE_DAG, settings=settings),
     }
 
 
@@ -164,7 +161,7 @@ def measure_events(
             if event_id in published_at
         )
 
-    claimed = EventLedger.for_settings(settings).claimed_at(PROBE_DAG)
+    claimed = ClaimLedger.for_settings(settings).claimed_at(PROBE_DAG)
     to_claim = sorted(
         (claimed[event_id] - at).total_seconds()
         for event_id, at in published_at.items()

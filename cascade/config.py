@@ -39,7 +39,7 @@ PROMOTION_METRICS = {"auc": True, "logloss": False}
 """Metrics the champion/challenger gate can compare -> whether higher is better."""
 PRERANKING_MODELS = ("fscd", "mlp")
 """What the ``ctr_preranking`` train step trains (``Settings.preranking_model``)."""
-PORT_NAMES = ("broker", "airflow", "mlflow", "serving", "asr_serving")
+PORT_NAMES = ("broker", "airflow", "mlflow", "serving", "asr_serving", "postgres", "redis")
 """Fields of :class:`Ports`; each is overridden by ``CASCADE_{NAME}_PORT``."""
 SETTINGS_FILE = "cascade.toml"
 """Settings file in ``$CASCADE_HOME`` (flat ``CASCADE_X = value`` keys)."""
@@ -133,6 +133,10 @@ class Ports:
     """KServe model server (Open Inference Protocol v2 over HTTP)."""
     asr_serving: int = Field(default=28082, ge=1024, le=65535)
     """The ASR model's KServe server (its own process, like its own InferenceService)."""
+    postgres: int = Field(default=25432, ge=1024, le=65535)
+    """PostgreSQL of the cluster stack (event ledger, Feast registry)."""
+    redis: int = Field(default=26379, ge=1024, le=65535)
+    """Redis of the cluster stack (Feast's online store)."""
 
     def __post_init__(self) -> None:
         values = [getattr(self, name) for name in PORT_NAMES]
@@ -151,9 +155,11 @@ class FeatureStoreSettings:
     title: ClassVar[str] = "Feature store (cluster profile)"
 
     redis: str = setting("", secret=True)
-    """Redis online store connection string (may carry a password)."""
+    """Redis online store connection string (``host:port,password=...``, may carry a
+    password); empty: the cluster stack's own Redis."""
     feast_registry_url: str = setting("", secret=True)
-    """SQL registry URL of Feast (may carry a password)."""
+    """SQL registry URL of Feast (may carry a password); empty: the ``feast`` database of the
+    cluster stack's own PostgreSQL."""
 
 
 @dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
@@ -345,6 +351,10 @@ class Settings:
     """Kafka bootstrap servers; empty means the local broker."""
     mlflow_tracking_uri: str = setting("", env="CASCADE_MLFLOW_URI")
     """MLflow tracking URI; empty means the local tracking server."""
+    postgres_url: str = setting("", secret=True)
+    """PostgreSQL URL of the event ledger in the ``cluster`` profile
+    (``postgresql://user:password@host:port/db``); empty: the ``cascade`` database of the
+    cluster stack's own PostgreSQL (``cascade.data_services``)."""
     spark_master: str = "local[2]"
     """Spark master URL."""
     spark_driver_memory: str = "3g"

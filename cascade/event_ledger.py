@@ -1,5 +1,10 @@
 """Exactly-once in effect: the claim ledger of event ids per DAG, burst coalescing, and the
-work records by which every event id is accounted for."""
+work records by which every event id is accounted for.
+
+The ledger is SQLite in the state folder in the ``local`` profile (:class:`EventLedger`) and a
+PostgreSQL table in the ``cluster`` profile (:class:`PostgresEventLedger`), shared by every
+Airflow worker and the triggerer; :meth:`ClaimLedger.for_settings` picks the profile's. Both
+make a second claim of an event impossible with the table's primary key (DAG, event id)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import json
 import logging
 import sqlite3
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,9 +109,60 @@ class Claim:
         return bool(self.new or self.reclaimed)
 
 
-class EventLedger:
-    """Which run owns which event, per DAG: SQLite in the state folder (a shared database in
-    the cluster profile). The primary key makes a second claim of an event impossible."""
+class ClaimLedger(ABC):
+    """Which run owns which event, per DAG."""
+
+    @classmethod
+    def for_settings(cls, settings: Settings | None = None) -> ClaimLedger:
+        """The profile's ledger: SQLite under the state folder (``local``), PostgreSQL
+        (``cluster``: ``CASCADE_POSTGRES_URL`` or the cluster stack's own database)."""
+        settings = settings or load_settings()
+        if settings.profile == "cluster":
+            from cascade.data_services import postgres_url
+
+            return PostgresEventLedger(postgres_url(settings))
+        return EventLedger(settings.home / "events" / "ledger.sqlite")
+
+    @abstractmethod
+    def claim(self, *, dag_id: str, run_id: str, events: Iterable[Mapping[str, Any]]) -> Claim:
+        """Claim ``events`` for the run: each event id once per DAG, whoever asks at once."""
+
+    @abstractmethod
+    def release(self, *, dag_id: str, run_id: str) -> int:
+        """Forget a run's claims (it failed); returns how many events were released."""
+
+    @abstractmethod
+    def claimed_at(self, dag_id: str) -> dict[str, dt.datetime]:
+        """Event id -> when a run claimed it (the event-to-run moment)."""
+
+    @abstractmethod
+    def owners(self, dag_id: str) -> dict[str, str]:
+        """Event id -> run id, for one DAG."""
+
+    @abstractmethod
+    def record_work(self, dag_id: str, run_id: str, event_ids: Sequence[str]) -> str:
+        """Store which events a run did its work for, replacing the run's earlier record (a
+        retry); returns where. The records are the accounting of every event id (lost =
+        published minus these, duplicates = ids in two records)."""
+
+    @abstractmethod
+    def work_records(self, dag_id: str) -> dict[str, list[str]]:
+        """Run id -> event ids it did work for."""
+
+    @abstractmethod
+    def work_recorded_at(self, dag_id: str) -> dict[str, dt.datetime]:
+        """Run id -> when its work record was last written."""
+
+
+def _unique_events(events: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    unique: dict[str, dict[str, Any]] = {}
+    for event in events:
+        unique.setdefault(str(event["id"]), dict(event))
+    return unique
+
+
+class EventLedger(ClaimLedger):
+    """The ledger in a SQLite file (the ``local`` profile's, in the state folder)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -117,18 +174,11 @@ class EventLedger:
                 " PRIMARY KEY (dag_id, event_id))"
             )
 
-    @classmethod
-    def for_settings(cls, settings: Settings | None = None) -> EventLedger:
-        settings = settings or load_settings()
-        return cls(settings.home / "events" / "ledger.sqlite")
-
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=60, isolation_level=None)
 
     def claim(self, *, dag_id: str, run_id: str, events: Iterable[Mapping[str, Any]]) -> Claim:
-        unique: dict[str, dict[str, Any]] = {}
-        for event in events:
-            unique.setdefault(str(event["id"]), dict(event))
+        unique = _unique_events(events)
         result = Claim(run_id=run_id)
         now = dt.datetime.now(dt.UTC).isoformat()
         db = self._connect()
@@ -160,14 +210,12 @@ class EventLedger:
         return result
 
     def release(self, *, dag_id: str, run_id: str) -> int:
-        """Forget a run's claims (it failed); returns how many events were released."""
         with self._connect() as db:
             return db.execute(
                 "DELETE FROM claims WHERE dag_id = ? AND run_id = ?", (dag_id, run_id)
             ).rowcount
 
     def claimed_at(self, dag_id: str) -> dict[str, dt.datetime]:
-        """Event id -> when a run claimed it (the event-to-run moment)."""
         with self._connect() as db:
             rows = db.execute(
                 "SELECT event_id, claimed_at FROM claims WHERE dag_id = ?", (dag_id,)
@@ -175,12 +223,207 @@ class EventLedger:
         return {event_id: dt.datetime.fromisoformat(at) for event_id, at in rows}
 
     def owners(self, dag_id: str) -> dict[str, str]:
-        """Event id -> run id, for one DAG."""
         with self._connect() as db:
             rows = db.execute(
                 "SELECT event_id, run_id FROM claims WHERE dag_id = ?", (dag_id,)
             ).fetchall()
         return dict(rows)
+
+    def work_folder(self, dag_id: str) -> Path:
+        """The DAG's work records: one JSON file per run beside the ledger file."""
+        return self.path.parent / "work" / dag_id
+
+    def record_work(self, dag_id: str, run_id: str, event_ids: Sequence[str]) -> str:
+        safe_run = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
+        path = self.work_folder(dag_id) / f"{safe_run}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {"dag_id": dag_id, "run_id": run_id, "event_ids": list(event_ids)}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(body))
+        tmp.replace(path)
+        return str(path)
+
+    def work_record_paths(self, dag_id: str) -> dict[str, Path]:
+        """Run id -> its work record file."""
+        folder = self.work_folder(dag_id)
+        return {json.loads(p.read_text())["run_id"]: p for p in sorted(folder.glob("*.json"))}
+
+    def work_records(self, dag_id: str) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for path in sorted(self.work_folder(dag_id).glob("*.json")):
+            body = json.loads(path.read_text())
+            out[body["run_id"]] = body["event_ids"]
+        return out
+
+    def work_recorded_at(self, dag_id: str) -> dict[str, dt.datetime]:
+        return {
+            run: dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
+            for run, path in self.work_record_paths(dag_id).items()
+        }
+
+
+class PostgresEventLedger(ClaimLedger):
+    """The ledger in a PostgreSQL table (the ``cluster`` profile's), shared by every process
+    on every host.
+
+    A claim is one transaction: one multi-row ``INSERT ... ON CONFLICT DO NOTHING RETURNING``
+    (what it returns is this run's new claims), then the owners of the rest. Two runs claiming
+    the same event at once: the second insert waits on the first's uncommitted key, then does
+    nothing once it commits, and reads it as taken (read committed sees the committed row). The
+    rows go in event id order, so two overlapping claims wait on each other in one order and
+    cannot deadlock."""
+
+    TABLE = "event_claims"
+    WORK_TABLE = "event_work"
+    _SCHEMA_LOCK = 0x6361736361646531
+    """Advisory lock key serializing the ``CREATE TABLE`` of processes starting at once."""
+    _RETRIES = 3
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        with self._connect() as conn, conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (self._SCHEMA_LOCK,))
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {self.TABLE} (dag_id TEXT NOT NULL,"
+                " event_id TEXT NOT NULL, run_id TEXT NOT NULL, event_type TEXT,"
+                " event_time TEXT, claimed_at TIMESTAMPTZ NOT NULL DEFAULT now(),"
+                " PRIMARY KEY (dag_id, event_id))"
+            )
+            cur.execute(
+                f"CREATE INDEX IF NOT EXISTS {self.TABLE}_run ON {self.TABLE} (dag_id, run_id)"
+            )
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {self.WORK_TABLE} (dag_id TEXT NOT NULL,"
+                " run_id TEXT NOT NULL, event_ids JSONB NOT NULL,"
+                " recorded_at TIMESTAMPTZ NOT NULL DEFAULT now(), PRIMARY KEY (dag_id, run_id))"
+            )
+
+    def __repr__(self) -> str:  # never the URL: it carries the password
+        return f"{type(self).__name__}(table={self.TABLE})"
+
+    def _connect(self) -> Any:
+        import psycopg2
+
+        try:
+            return psycopg2.connect(self.url, connect_timeout=10)
+        except psycopg2.OperationalError as exc:
+            # The driver's message names host and port, not the password.
+            raise ConnectionError(f"event ledger database unreachable: {exc}".strip()) from None
+
+    def _transaction(self, work: Callable[[Any], Any]) -> Any:
+        """Run ``work(cursor)`` in one transaction; a deadlock victim is retried."""
+        import psycopg2.errors
+
+        conn = self._connect()
+        try:
+            for attempt in range(self._RETRIES):
+                try:
+                    with conn, conn.cursor() as cur:
+                        return work(cur)
+                except psycopg2.errors.DeadlockDetected:
+                    if attempt == self._RETRIES - 1:
+                        raise
+                    time.sleep(0.05 * (attempt + 1))
+        finally:
+            conn.close()
+        raise AssertionError("unreachable")
+
+    def claim(self, *, dag_id: str, run_id: str, events: Iterable[Mapping[str, Any]]) -> Claim:
+        from psycopg2.extras import execute_values
+
+        unique = _unique_events(events)
+        result = Claim(run_id=run_id)
+        if not unique:
+            return result
+        rows = [
+            (dag_id, event_id, run_id, event.get("type"), str(event.get("time")))
+            for event_id, event in sorted(unique.items())
+        ]
+
+        def work(cur: Any) -> tuple[set[str], dict[str, str]]:
+            new: set[str] = set()
+            owners: dict[str, str] = {}
+            pending = rows
+            # An owner may release between the insert and the read (its run failed): those
+            # events are free again, so they are inserted again.
+            for _ in range(self._RETRIES):
+                inserted = execute_values(
+                    cur,
+                    f"INSERT INTO {self.TABLE} (dag_id, event_id, run_id, event_type, "
+                    "event_time) VALUES %s ON CONFLICT (dag_id, event_id) DO NOTHING "
+                    "RETURNING event_id",
+                    pending,
+                    page_size=1000,
+                    fetch=True,
+                )
+                new.update(event_id for (event_id,) in inserted)
+                rest = [row[1] for row in pending if row[1] not in new]
+                if rest:
+                    cur.execute(
+                        f"SELECT event_id, run_id FROM {self.TABLE} "
+                        "WHERE dag_id = %s AND event_id = ANY(%s)",
+                        (dag_id, rest),
+                    )
+                    owners.update(cur.fetchall())
+                pending = [row for row in pending if row[1] not in new and row[1] not in owners]
+                if not pending:
+                    return new, owners
+            raise RuntimeError(f"events {[r[1] for r in pending][:5]} kept changing owner")
+
+        new, owners = self._transaction(work)
+        for event_id, event in unique.items():
+            if event_id in new:
+                result.new.append(event)
+            elif owners[event_id] == run_id:
+                result.reclaimed.append(event)
+            else:
+                result.taken[event_id] = owners[event_id]
+        return result
+
+    def release(self, *, dag_id: str, run_id: str) -> int:
+        def work(cur: Any) -> int:
+            cur.execute(
+                f"DELETE FROM {self.TABLE} WHERE dag_id = %s AND run_id = %s", (dag_id, run_id)
+            )
+            return int(cur.rowcount)
+
+        return int(self._transaction(work))
+
+    def claimed_at(self, dag_id: str) -> dict[str, dt.datetime]:
+        sql = f"SELECT event_id, claimed_at FROM {self.TABLE} WHERE dag_id = %s"
+        return self._pairs(sql, dag_id)
+
+    def owners(self, dag_id: str) -> dict[str, str]:
+        return self._pairs(f"SELECT event_id, run_id FROM {self.TABLE} WHERE dag_id = %s", dag_id)
+
+    def record_work(self, dag_id: str, run_id: str, event_ids: Sequence[str]) -> str:
+        def work(cur: Any) -> None:
+            cur.execute(
+                f"INSERT INTO {self.WORK_TABLE} (dag_id, run_id, event_ids) VALUES (%s, %s, %s) "
+                "ON CONFLICT (dag_id, run_id) DO UPDATE "
+                "SET event_ids = excluded.event_ids, recorded_at = now()",
+                (dag_id, run_id, json.dumps(list(event_ids))),
+            )
+
+        self._transaction(work)
+        return f"PostgreSQL table {self.WORK_TABLE}, row ({dag_id}, {run_id})"
+
+    def work_records(self, dag_id: str) -> dict[str, list[str]]:
+        sql = f"SELECT run_id, event_ids FROM {self.WORK_TABLE} WHERE dag_id = %s"
+        return {run: list(ids) for run, ids in self._pairs(sql, dag_id).items()}
+
+    def work_recorded_at(self, dag_id: str) -> dict[str, dt.datetime]:
+        sql = f"SELECT run_id, recorded_at FROM {self.WORK_TABLE} WHERE dag_id = %s"
+        return self._pairs(sql, dag_id)
+
+    def _pairs(self, sql: str, dag_id: str) -> dict[Any, Any]:
+        """The two columns of ``sql``'s rows (for one DAG) as a dict."""
+
+        def work(cur: Any) -> dict[Any, Any]:
+            cur.execute(sql, (dag_id,))
+            return dict(cur.fetchall())
+
+        return dict(self._transaction(work))
 
 
 REREAD_S = 120.0
@@ -231,7 +474,7 @@ def claim_run_events(
     run_id: str,
     triggering_extras: Iterable[Any],
     recent: RecentEvents | None,
-    ledger: EventLedger,
+    ledger: ClaimLedger,
     config: CoalesceConfig,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Claim:
@@ -295,7 +538,7 @@ def claim_for_run(
         run_id=dag_run.run_id,
         triggering_extras=extras,
         recent=recent,
-        ledger=EventLedger.for_settings(settings),
+        ledger=ClaimLedger.for_settings(settings),
         config=config,
     )
     log.info(
@@ -325,7 +568,7 @@ def release_failed_run(context: Mapping[str, Any]) -> None:
     that never finished. A run that failed after partly working redoes that work, which the
     idempotent tasks allow."""
     dag_run = context["dag_run"]
-    released = EventLedger.for_settings().release(dag_id=dag_run.dag_id, run_id=dag_run.run_id)
+    released = ClaimLedger.for_settings().release(dag_id=dag_run.dag_id, run_id=dag_run.run_id)
     log.warning("run %s failed: released %d event(s) for the next run", dag_run.run_id, released)
 
 
@@ -342,33 +585,18 @@ def claim_and_resolve(context: Mapping[str, Any], asset: Any, *, lag_days: int =
 
 def record_work(
     dag_id: str, run_id: str, event_ids: Sequence[str], *, settings: Settings | None = None
-) -> Path:
-    """Write which events a run did its work for: one file per run, overwritten on retry, so
-    the file set is the accounting of every event id (lost = published minus these)."""
-    settings = settings or load_settings()
-    safe_run = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
-    path = settings.home / "events" / "work" / dag_id / f"{safe_run}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"dag_id": dag_id, "run_id": run_id, "event_ids": list(event_ids)}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(body))
-    tmp.replace(path)
-    return path
-
-
-def work_record_paths(dag_id: str, *, settings: Settings | None = None) -> dict[str, Path]:
-    """Run id -> its work record file."""
-    settings = settings or load_settings()
-    folder = settings.home / "events" / "work" / dag_id
-    return {json.loads(p.read_text())["run_id"]: p for p in sorted(folder.glob("*.json"))}
+) -> str:
+    """Store which events a run did its work for in the profile's ledger (one JSON file per run
+    in the state folder locally, a row of PostgreSQL in the cluster profile), replacing the
+    run's earlier record on a retry; returns where."""
+    return ClaimLedger.for_settings(settings).record_work(dag_id, run_id, event_ids)
 
 
 def work_records(dag_id: str, *, settings: Settings | None = None) -> dict[str, list[str]]:
     """Run id -> event ids it did work for (see :func:`record_work`)."""
-    settings = settings or load_settings()
-    folder = settings.home / "events" / "work" / dag_id
-    out: dict[str, list[str]] = {}
-    for path in sorted(folder.glob("*.json")):
-        body = json.loads(path.read_text())
-        out[body["run_id"]] = body["event_ids"]
-    return out
+    return ClaimLedger.for_settings(settings).work_records(dag_id)
+
+
+def work_recorded_at(dag_id: str, *, settings: Settings | None = None) -> dict[str, dt.datetime]:
+    """Run id -> when its work record was last written."""
+    return ClaimLedger.for_settings(settings).work_recorded_at(dag_id)

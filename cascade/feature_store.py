@@ -14,6 +14,7 @@ path (registry, online store, lake) comes from :func:`cascade.config.load_settin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import importlib
 import json
@@ -75,13 +76,25 @@ def repo_config(settings: Settings) -> RepoConfig:
         raise FileNotFoundError(
             f"no Feast config for profile {settings.profile!r} at {path}; add one there"
         )
+    text = path.read_text()
     from_settings = {
         "CASCADE_HOME": str(settings.home),
         "CASCADE_SPARK_MASTER": settings.spark_master,
         "CASCADE_REDIS": settings.feature_store.redis,
         "CASCADE_FEAST_REGISTRY_URL": settings.feature_store.feast_registry_url,
     }
-    text = path.read_text()
+    if settings.profile == "cluster":
+        # Unset: the cluster stack's own Redis and PostgreSQL, once it has been started here.
+        from cascade import data_services
+
+        stack = {
+            "CASCADE_REDIS": data_services.redis_connection,
+            "CASCADE_FEAST_REGISTRY_URL": data_services.feast_registry_url,
+        }
+        for name, of_stack in stack.items():
+            if not from_settings[name] and "${" + name + "}" in text:
+                with contextlib.suppress(FileNotFoundError):
+                    from_settings[name] = of_stack(settings)
     for name, value in from_settings.items():
         if value:  # an unset one stays a placeholder, named below
             text = text.replace("${" + name + "}", value)
@@ -307,7 +320,8 @@ def cross_features_at(
 
 MATERIALIZE_ENGINES = ("bulk", "feast")
 """How :func:`materialize_cross` loads the online store: ``bulk`` (Arrow batches straight into
-SQLite, :mod:`cascade.online_bulk`) or ``feast`` (``FeatureStore.materialize``, row by row)."""
+SQLite or Redis, :mod:`cascade.online_bulk`) or ``feast`` (``FeatureStore.materialize``, row by
+row)."""
 
 
 def materialize_cross(
@@ -325,9 +339,10 @@ def materialize_cross(
     overwrites an earlier one key by key, keys absent from it keep their older row until the
     views' ttl makes them stale.
 
-    ``engine="bulk"`` (default) writes SQLite online stores from Arrow batches and records the
-    interval in the registry as Feast does; stores it does not write (Redis) go through
-    Feast. ``engine="feast"`` always uses ``FeatureStore.materialize`` (for comparison)."""
+    ``engine="bulk"`` (default) writes the SQLite (local) or Redis (cluster) online store from
+    Arrow batches and records the interval in the registry as Feast does; stores it does not
+    write go through Feast. ``engine="feast"`` always uses ``FeatureStore.materialize`` (for
+    comparison)."""
     from cascade import online_bulk
 
     if engine not in MATERIALIZE_ENGINES:

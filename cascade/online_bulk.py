@@ -1,4 +1,5 @@
-"""Bulk materialization into Feast's SQLite online store: Arrow batches in, SQL rows out.
+"""Bulk materialization into Feast's online stores: Arrow batches in, SQLite rows (the local
+profile) or Redis hashes (the cluster profile) out.
 
 Feast's ``materialize`` turns every value into a ``ValueProto`` object and upserts one SQL row
 per (entity, feature) from Python. Here a partition is read as Arrow record batches of bounded
@@ -31,6 +32,15 @@ The loading connection runs with ``synchronous = OFF`` and a large page cache (i
 settings, gone when it closes: an application crash loses at most the open batch, an OS crash
 may need the partition rerun); the store's journal mode is left as it is, since switching a
 shared store's mode while the server reads it is not safe.
+
+Redis (:class:`RedisBulkWriter`) gets Feast's own layout: one hash per entity under the key
+``serialize_entity_key(...) + project``, a field per feature named by the murmur3 hash of
+``view:feature`` holding the value blob, and ``_ts:view`` holding the event time as a
+``Timestamp`` message. Each batch is encoded by the same column encoders (checked against
+Feast's converter and ``_redis_key`` on a sample the same way), the stored timestamps of its
+keys are read in one pipeline and the hashes written in another, as Feast does: a row replaces
+a stored one only if its event time is newer (``skip_dedup`` in the store's config skips the
+read), and ``key_ttl_seconds`` is applied.
 
 After the load the caller records the materialized interval in the registry
 (:func:`record_materialization`), exactly as ``FeatureStore.materialize`` does.
@@ -271,6 +281,21 @@ def _epochs(column: pa.Array) -> list[int | None]:
     return lookup[indices].tolist()
 
 
+def _sample_rows(batch: pa.RecordBatch, features: list[tuple[str, Any]]) -> list[int]:
+    """The rows re-encoded by Feast: the first :data:`SAMPLE_ROWS`, and as many with a
+    missing value (null or NaN)."""
+    n = batch.num_rows
+    incomplete = np.zeros(n, dtype=bool)
+    for name, _ in features:
+        column = batch.column(name)
+        incomplete |= ~column.is_valid().to_numpy(zero_copy_only=False)
+        if pa.types.is_floating(column.type):
+            incomplete |= np.isnan(column.to_numpy(zero_copy_only=False))
+    return sorted(
+        set(range(min(SAMPLE_ROWS, n))) | set(np.flatnonzero(incomplete)[:SAMPLE_ROWS].tolist())
+    )
+
+
 def _check_against_feast(
     batch: pa.RecordBatch,
     view: Any,
@@ -284,20 +309,10 @@ def _check_against_feast(
     from feast.infra.online_stores.sqlite import adapt_datetime_epoch
     from feast.utils import _convert_arrow_to_proto, to_naive_utc
 
-    n = batch.num_rows
-    if n == 0:
+    if batch.num_rows == 0:
         return
-    incomplete = np.zeros(n, dtype=bool)
-    for name, _ in features:
-        column = batch.column(name)
-        incomplete |= ~column.is_valid().to_numpy(zero_copy_only=False)
-        if pa.types.is_floating(column.type):
-            incomplete |= np.isnan(column.to_numpy(zero_copy_only=False))
-    picks = sorted(
-        set(range(min(SAMPLE_ROWS, n))) | set(np.flatnonzero(incomplete)[:SAMPLE_ROWS].tolist())
-    )
-    sample = batch.take(pa.array(picks))
-    expected = _convert_arrow_to_proto(sample, view, join_keys)
+    picks = _sample_rows(batch, features)
+    expected = _convert_arrow_to_proto(batch.take(pa.array(picks)), view, join_keys)
     for row, (entity_key, values, event_ts, created_ts) in zip(picks, expected, strict=True):
         key, event, created, *columns = rows[row]
         if serialize_entity_key(entity_key, 3) != key:
@@ -335,11 +350,15 @@ class BulkResult:
     batches: int = 0
     journal_mode: str = ""
     stage_s: float = 0.0
-    """Binding the staging rows (Python, holds the GIL)."""
+    """Binding the staging rows (Python, holds the GIL); Redis: reading and encoding."""
     fanout_s: float = 0.0
-    """SQLite copying staged rows into the table and committing (without the GIL)."""
+    """SQLite copying staged rows into the table and committing (without the GIL); Redis:
+    the timestamp reads and hash writes."""
     encode_wait_s: float = 0.0
     """Waiting for the encoder thread beyond the fan-out (reading + encoding)."""
+    kept_newer: int = 0
+    """Rows not written because the store held the key with an event time at least as new
+    (Redis; SQLite's upsert does the same inside the statement, uncounted)."""
 
     @property
     def rows_per_s(self) -> float:
@@ -347,34 +366,61 @@ class BulkResult:
 
 
 def check_supported(store: Any) -> None:
-    """Raise :class:`BulkUnsupported` unless ``store`` is a local SQLite store this writes."""
+    """Raise :class:`BulkUnsupported` unless ``store``'s online store is one this writes: a
+    local SQLite store or a single Redis server."""
+    from feast.infra.online_stores.redis import RedisOnlineStoreConfig, RedisType
     from feast.infra.online_stores.sqlite import SqliteOnlineStoreConfig
 
     config = store.config
     online = config.online_store
-    if not isinstance(online, SqliteOnlineStoreConfig):
-        raise BulkUnsupported(f"bulk materialization writes SQLite; this store is {online.type}")
     if int(config.entity_key_serialization_version) != 3:
         raise BulkUnsupported("bulk materialization writes entity keys of serialization v3 only")
+    if isinstance(online, RedisOnlineStoreConfig):
+        if online.redis_type != RedisType.redis:
+            raise BulkUnsupported(
+                f"bulk materialization writes a single Redis server, not {online.redis_type.value}"
+            )
+        return
+    if not isinstance(online, SqliteOnlineStoreConfig):
+        raise BulkUnsupported(
+            f"bulk materialization writes SQLite or Redis; this store is {online.type}"
+        )
     if getattr(online, "vector_enabled", False) or getattr(
         online, "enable_openai_compatible_store", False
     ):
         raise BulkUnsupported("bulk materialization does not write vector/value_num columns")
 
 
-class SqliteBulkWriter:
-    """Loads Arrow batches of one feature view into Feast's SQLite online store."""
+class _Progress:
+    """Rows written so far, shown through :mod:`cascade.progress` (a bar on a terminal; in a
+    log, a line every ``every_s``, default ``CASCADE_PROGRESS_EVERY_S``, and one at the end)."""
+
+    def __init__(self, view: str, enabled: bool, every_s: float | None) -> None:
+        self.started = time.perf_counter()
+        self.shown = Progress(
+            desc=f"materialize {view}", unit="rows", enabled=enabled, every_s=every_s
+        )
+        self.rows = 0
+
+    def batch_done(self, rows: int) -> None:
+        self.shown.update(rows - self.rows)
+        self.rows = rows
+
+    def finish(self, rows: int) -> float:
+        """Seconds since the start; closes the display."""
+        self.batch_done(rows)
+        self.shown.close()
+        return time.perf_counter() - self.started
+
+
+class _ViewWriter:
+    """What every bulk writer knows of one feature view: keys, features, timestamps, and how
+    to read a partition's rows in Feast's materialization window."""
 
     def __init__(self, store: Any, view: Any) -> None:
-        from feast.infra.online_stores.sqlite import SqliteOnlineStore, _quote_id, _table_id
-
         check_supported(store)
         self.store = store
         self.view = view
-        config = store.config
-        self.db_path = SqliteOnlineStore._get_db_path(config)
-        versioning = bool(getattr(config.registry, "enable_online_feature_view_versioning", False))
-        self.table = _table_id(config.project, view, versioning)
         self.join_keys = {c.name: c.dtype.to_value_type() for c in view.entity_columns}
         source = view.batch_source
         self.timestamp_field = source.timestamp_field
@@ -385,6 +431,64 @@ class SqliteBulkWriter:
         for name, kind in [(f.name, f.dtype.to_value_type()) for f in view.features]:
             if kind.name not in ("DOUBLE", "FLOAT", "INT64", "INT32", "BOOL", "STRING"):
                 raise BulkUnsupported(f"{view.name}.{name}: {kind.name} features are not handled")
+
+    def batches(self, path: str | Path, start: dt.datetime, end: dt.datetime) -> Iterator:
+        """Record batches of the rows of ``path`` with ``start <= event_timestamp <= end``
+        (Feast's materialization window), bounded to :data:`BATCH_ROWS` rows."""
+        dataset = pads.dataset(str(path), format="parquet", partitioning=None)
+        columns = [*self.join_keys, *self.features, self.timestamp_field]
+        if self.created_field:
+            columns.append(self.created_field)
+        absent = [c for c in columns if c not in dataset.schema.names]
+        if absent:
+            raise ValueError(f"{path} lacks the columns {absent} of view {self.view.name}")
+        ts = pc.field(self.timestamp_field)
+        unit = dataset.schema.field(self.timestamp_field).type
+        window = (ts >= pa.scalar(start, unit)) & (ts <= pa.scalar(end, unit))
+        yield from dataset.to_batches(columns=columns, filter=window, batch_size=BATCH_ROWS)
+
+    def write(
+        self,
+        batches: Iterator[pa.RecordBatch],
+        *,
+        check: bool = True,
+        progress: bool = True,
+        progress_every_s: float | None = None,
+    ) -> BulkResult:
+        """Encode and store every batch, each checked against Feast's encoding (``check``);
+        ``progress`` shows the rows written (:mod:`cascade.progress`)."""
+        result = BulkResult(view=self.view.name)
+        tracker = _Progress(self.view.name, progress, progress_every_s)
+        try:
+            self._write(batches, result, tracker, check)
+        finally:
+            result.seconds = tracker.finish(result.rows)
+        return result
+
+    def _write(
+        self, batches: Iterator, result: BulkResult, tracker: _Progress, check: bool
+    ) -> None:
+        raise NotImplementedError
+
+
+class SqliteBulkWriter(_ViewWriter):
+    """Loads Arrow batches of one feature view into Feast's SQLite online store."""
+
+    def __init__(self, store: Any, view: Any) -> None:
+        from feast.infra.online_stores.sqlite import (
+            SqliteOnlineStore,
+            SqliteOnlineStoreConfig,
+            _quote_id,
+            _table_id,
+        )
+
+        super().__init__(store, view)
+        config = store.config
+        if not isinstance(config.online_store, SqliteOnlineStoreConfig):
+            raise BulkUnsupported(f"{view.name}: the online store is not SQLite")
+        self.db_path = SqliteOnlineStore._get_db_path(config)
+        versioning = bool(getattr(config.registry, "enable_online_feature_view_versioning", False))
+        self.table = _table_id(config.project, view, versioning)
         self._fanout = self._fanout_sql(_quote_id(self.table))
         params = ", ".join("?" * (3 + 2 * len(self.features)))
         self._stage_sql = f"INSERT INTO temp.bulk_stage VALUES ({params})"
@@ -438,41 +542,11 @@ class SqliteBulkWriter:
         conn.executemany("INSERT INTO temp.bulk_features VALUES (?, ?)", enumerate(self.features))
         return conn
 
-    def batches(self, path: str | Path, start: dt.datetime, end: dt.datetime) -> Iterator:
-        """Record batches of the rows of ``path`` with ``start <= event_timestamp <= end``
-        (Feast's materialization window), bounded to :data:`BATCH_ROWS` rows."""
-        dataset = pads.dataset(str(path), format="parquet", partitioning=None)
-        columns = [*self.join_keys, *self.features, self.timestamp_field]
-        if self.created_field:
-            columns.append(self.created_field)
-        absent = [c for c in columns if c not in dataset.schema.names]
-        if absent:
-            raise ValueError(f"{path} lacks the columns {absent} of view {self.view.name}")
-        ts = pc.field(self.timestamp_field)
-        unit = dataset.schema.field(self.timestamp_field).type
-        window = (ts >= pa.scalar(start, unit)) & (ts <= pa.scalar(end, unit))
-        yield from dataset.to_batches(columns=columns, filter=window, batch_size=BATCH_ROWS)
-
-    def write(
-        self,
-        batches: Iterator[pa.RecordBatch],
-        *,
-        check: bool = True,
-        progress: bool = True,
-        progress_every_s: float | None = None,
-    ) -> BulkResult:
-        """Encode and upsert every batch; one transaction per batch. ``progress`` shows the
-        rows written (:mod:`cascade.progress`: a bar on a terminal, a line every
-        ``progress_every_s``, default ``CASCADE_PROGRESS_EVERY_S``, in a log)."""
-        result = BulkResult(view=self.view.name)
-        started = time.perf_counter()
+    def _write(
+        self, batches: Iterator, result: BulkResult, tracker: _Progress, check: bool
+    ) -> None:
+        """Upsert every batch; one transaction per batch."""
         conn = self._connect()
-        shown = Progress(
-            desc=f"materialize {self.view.name}",
-            unit="rows",
-            enabled=progress,
-            every_s=progress_every_s,
-        )
         result.journal_mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
 
         def stage(batch: pa.RecordBatch) -> _Staged:
@@ -491,7 +565,7 @@ class SqliteBulkWriter:
         try:
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bulk-encode") as pool:
                 staged = pool.submit(produce).result()
-                result.encode_wait_s = time.perf_counter() - started
+                result.encode_wait_s = time.perf_counter() - tracker.started
                 while staged is not None:
                     conn.execute("BEGIN IMMEDIATE")
                     try:
@@ -513,16 +587,183 @@ class SqliteBulkWriter:
                     result.rows += staged.loaded
                     result.skipped_missing_key += staged.skipped
                     result.batches += 1
-                    shown.update(staged.loaded)
+                    tracker.batch_done(result.rows)
                     mark = time.perf_counter()
                     staged = pending.result()
                     result.encode_wait_s += time.perf_counter() - mark
         finally:
             conn.execute("DROP TABLE IF EXISTS temp.bulk_stage")
             conn.close()
-            shown.close()
-        result.seconds = time.perf_counter() - started
-        return result
+
+
+class RedisBulkWriter(_ViewWriter):
+    """Loads Arrow batches of one feature view into Feast's Redis online store, in Feast's
+    layout (see the module's doc), with pipelined reads of the stored timestamps and pipelined
+    hash writes of :data:`PIPELINE_ROWS` entities each."""
+
+    PIPELINE_ROWS = 5_000
+
+    def __init__(self, store: Any, view: Any) -> None:
+        from feast.infra.online_stores.helpers import _mmh3
+        from feast.infra.online_stores.redis import (
+            RedisOnlineStore,
+            RedisOnlineStoreConfig,
+            _versioned_fv_name,
+        )
+
+        super().__init__(store, view)
+        config = store.config
+        online = config.online_store
+        if not isinstance(online, RedisOnlineStoreConfig):
+            raise BulkUnsupported(f"{view.name}: the online store is not Redis")
+        self.online = online
+        self.project = config.project.encode("utf-8")
+        name = _versioned_fv_name(view, config)
+        self.ts_field = f"_ts:{name}".encode()
+        self.fields = [_mmh3(f"{name}:{feature}") for feature in self.features]
+        # The client Feast itself reads with, from the same connection string.
+        self.client = RedisOnlineStore()._get_client(online)
+        self._stored_nanos: dict[bytes, int] = {}
+
+    def _timestamps(self, column: pa.Array) -> tuple[list[bytes], list[int]]:
+        """Each row's event time as Feast stores it (a serialized ``Timestamp`` of the
+        tz-aware time) and in nanoseconds, computed once per distinct value."""
+        from feast.utils import make_tzaware
+        from google.protobuf.timestamp_pb2 import Timestamp
+
+        if not pa.types.is_timestamp(column.type):
+            column = column.cast(pa.timestamp("us", tz="UTC"))
+        unique = column.unique()
+        indices = pc.index_in(column, unique).to_numpy(zero_copy_only=False)
+        blobs, nanos = [], []
+        for value in unique.to_pylist():
+            stamp = Timestamp()
+            stamp.FromDatetime(make_tzaware(value))
+            blobs.append(stamp.SerializeToString())
+            nanos.append(stamp.seconds * 1_000_000_000 + stamp.nanos)
+        return [blobs[i] for i in indices], [nanos[i] for i in indices]
+
+    def stage(self, batch: pa.RecordBatch, *, check: bool = True) -> _Staged:
+        """One batch as ``(redis key, timestamp blob, nanoseconds, [value blobs])`` rows."""
+        keys, valid = encode_keys(batch, self.join_keys)
+        skipped = int((~valid).sum())
+        if skipped:
+            mask = pa.array(valid)
+            batch, keys = batch.filter(mask), keys.filter(mask)
+        features = [(f.name, f.dtype.to_value_type()) for f in self.view.features]
+        blobs = [encode_values(batch.column(n), kind).blobs.to_pylist() for n, kind in features]
+        stamps, nanos = self._timestamps(batch.column(self.timestamp_field))
+        project = self.project
+        rows = [
+            (key + project, stamp, nano, list(values))
+            for key, stamp, nano, *values in zip(
+                keys.to_pylist(), stamps, nanos, *blobs, strict=True
+            )
+        ]
+        if check:
+            self._check_against_feast(batch, rows, features)
+        return _Staged(rows, batch.num_rows, skipped)
+
+    def _check_against_feast(
+        self, batch: pa.RecordBatch, rows: list[tuple], features: list[tuple[str, Any]]
+    ) -> None:
+        """Feast's own key, timestamp and value bytes for a sample of the batch."""
+        from feast.infra.online_stores.helpers import _redis_key
+        from feast.utils import _convert_arrow_to_proto, make_tzaware
+        from google.protobuf.timestamp_pb2 import Timestamp
+
+        if batch.num_rows == 0:
+            return
+        picks = _sample_rows(batch, features)
+        expected = _convert_arrow_to_proto(batch.take(pa.array(picks)), self.view, self.join_keys)
+        name = self.view.name
+        for row, (entity_key, values, event_ts, _) in zip(picks, expected, strict=True):
+            key, stamp, _, blobs = rows[row]
+            if _redis_key(self.project.decode(), entity_key, 3) != key:
+                raise BulkEncodingMismatch(f"{name}: Redis key of row {row} differs from Feast")
+            want = Timestamp()
+            want.FromDatetime(make_tzaware(event_ts))
+            if want.SerializeToString() != stamp:
+                raise BulkEncodingMismatch(f"{name}: event time of row {row} differs from Feast")
+            for i, (feature, _) in enumerate(features):
+                if values[feature].SerializeToString() != blobs[i]:
+                    raise BulkEncodingMismatch(
+                        f"{name}: feature {feature} of row {row} (key {key!r}) is "
+                        f"{blobs[i]!r}, Feast writes {values[feature].SerializeToString()!r}"
+                    )
+
+    def _nanos(self, stored: bytes | None) -> int:
+        if not stored:
+            return 0
+        found = self._stored_nanos.get(stored)
+        if found is None:
+            from google.protobuf.timestamp_pb2 import Timestamp
+
+            stamp = Timestamp()
+            stamp.ParseFromString(stored)
+            found = stamp.seconds * 1_000_000_000 + stamp.nanos
+            if len(self._stored_nanos) < 1 << 16:
+                self._stored_nanos[stored] = found
+        return found
+
+    def _write_rows(self, rows: list[tuple]) -> int:
+        """Write ``rows`` whose event time is newer than the stored one (all of them with
+        ``skip_dedup``); returns how many were kept out as not newer."""
+        dedup = not self.online.skip_dedup
+        ttl = self.online.key_ttl_seconds
+        kept = 0
+        for start in range(0, len(rows), self.PIPELINE_ROWS):
+            chunk = rows[start : start + self.PIPELINE_ROWS]
+            stored: list[bytes | None] = [None] * len(chunk)
+            if dedup:
+                with self.client.pipeline(transaction=False) as pipe:
+                    for key, *_ in chunk:
+                        pipe.hget(key, self.ts_field)
+                    stored = pipe.execute()
+            latest: dict[bytes, int] = {}
+            with self.client.pipeline(transaction=False) as pipe:
+                for (key, stamp, nanos, blobs), previous in zip(chunk, stored, strict=True):
+                    if dedup:
+                        seen = max(self._nanos(previous), latest.get(key, 0))
+                        if seen and nanos <= seen:
+                            kept += 1
+                            continue
+                        latest[key] = nanos
+                    mapping = dict(zip(self.fields, blobs, strict=True))
+                    mapping[self.ts_field] = stamp
+                    pipe.hset(key, mapping=mapping)
+                    if ttl:
+                        pipe.expire(key, ttl)
+                pipe.execute()
+        return kept
+
+    def _write(
+        self, batches: Iterator, result: BulkResult, tracker: _Progress, check: bool
+    ) -> None:
+        """Encode and write every batch (one read and one write pipeline per chunk)."""
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            mark = time.perf_counter()
+            staged = self.stage(batch, check=check)
+            written_at = time.perf_counter()
+            result.kept_newer += self._write_rows(staged.rows)
+            result.stage_s += written_at - mark
+            result.fanout_s += time.perf_counter() - written_at
+            result.rows += staged.loaded
+            result.skipped_missing_key += staged.skipped
+            result.batches += 1
+            tracker.batch_done(result.rows)
+
+
+def writer_for(store: Any, view: Any) -> SqliteBulkWriter | RedisBulkWriter:
+    """The bulk writer of ``store``'s online store (:class:`BulkUnsupported` for others)."""
+    from feast.infra.online_stores.redis import RedisOnlineStoreConfig
+
+    check_supported(store)
+    if isinstance(store.config.online_store, RedisOnlineStoreConfig):
+        return RedisBulkWriter(store, view)
+    return SqliteBulkWriter(store, view)
 
 
 def write_path(
@@ -534,8 +775,8 @@ def write_path(
     **kwargs: Any,
 ) -> BulkResult:
     """Bulk-load the rows of ``path`` (a parquet file or folder) with ``start <= event
-    timestamp <= end`` into ``view``'s online table. Does not touch the registry."""
-    writer = SqliteBulkWriter(store, view)
+    timestamp <= end`` into ``view``'s online table or hashes. Does not touch the registry."""
+    writer = writer_for(store, view)
     return writer.write(writer.batches(path, start, end), **kwargs)
 
 

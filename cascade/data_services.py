@@ -1,0 +1,124 @@
+"""Where the cluster profile's data services are and how to sign in to them.
+
+The cluster stack (``CASCADE_PROFILE=cluster``, ``infra.stack``) runs its own PostgreSQL (the
+event ledger, Feast's registry) and Redis (Feast's online store) on loopback, each with a data
+folder under the state folder and a password generated at the first start into a secret file
+(0600, like the Airflow and MLflow passwords). Clients build their connection from the same
+files; summaries, status lines and logs name the files, never a password.
+
+A URL in the settings (``CASCADE_POSTGRES_URL``, ``CASCADE_FEAST_REGISTRY_URL``,
+``CASCADE_REDIS``) points at shared services elsewhere instead, and the files are not read.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from pathlib import Path
+
+from cascade.config import Settings
+from cascade.state import narrow_secret, secure_state_folder, write_secret
+
+log = logging.getLogger(__name__)
+
+POSTGRES_USER = "cascade"
+LEDGER_DATABASE = "cascade"
+FEAST_DATABASE = "feast"
+DATABASES = (LEDGER_DATABASE, FEAST_DATABASE)
+"""Databases the stack's PostgreSQL creates at its first start."""
+
+
+def postgres_dir(settings: Settings) -> Path:
+    """PostgreSQL's folder under the state folder: ``data/`` (the cluster) and its password."""
+    return settings.home / "postgres"
+
+
+def postgres_data_dir(settings: Settings) -> Path:
+    return postgres_dir(settings) / "data"
+
+
+def postgres_password_file(settings: Settings) -> Path:
+    """The superuser's password (0600): ``initdb`` reads it, so it is never on a command line."""
+    return postgres_dir(settings) / "password"
+
+
+def redis_dir(settings: Settings) -> Path:
+    """Redis's folder under the state folder: ``data/``, its password and its configuration."""
+    return settings.home / "redis"
+
+
+def redis_password_file(settings: Settings) -> Path:
+    return redis_dir(settings) / "password"
+
+
+def redis_config_file(settings: Settings) -> Path:
+    """``redis.conf`` (0600: it holds ``requirepass``, which a command line would show)."""
+    return redis_dir(settings) / "redis.conf"
+
+
+def _read_password(path: Path) -> str | None:
+    try:
+        password = path.read_text().strip()
+    except OSError:
+        return None
+    return password or None
+
+
+def _ensure_password(path: Path, *, what: str) -> str:
+    """The password in ``path``, generated (0600) when absent. A file others could read keeps
+    its password: the service was initialized with it (the caller refuses to start instead)."""
+    secure_state_folder(path.parent)
+    if narrow_secret(path):
+        log.warning("%s was readable by others; narrowed to 0600 (%s)", path, what)
+    password = _read_password(path)
+    if password is None:
+        password = secrets.token_urlsafe(24)
+        write_secret(path, password + "\n")
+    return password
+
+
+def ensure_postgres_password(settings: Settings) -> str:
+    return _ensure_password(postgres_password_file(settings), what="PostgreSQL superuser")
+
+
+def ensure_redis_password(settings: Settings) -> str:
+    return _ensure_password(redis_password_file(settings), what="Redis")
+
+
+def _stack_password(path: Path, service: str) -> str:
+    password = _read_password(path)
+    if password is None:
+        raise FileNotFoundError(
+            f"{path} is missing: the cluster stack's {service} has not been started in this "
+            "state folder (`CASCADE_PROFILE=cluster cascade up`), or set its URL setting"
+        )
+    return password
+
+
+def stack_postgres_url(settings: Settings, database: str = LEDGER_DATABASE) -> str:
+    """``postgresql://`` URL of ``database`` on the stack's own PostgreSQL."""
+    password = _stack_password(postgres_password_file(settings), "PostgreSQL")
+    host, port = settings.host, settings.ports.postgres
+    return f"postgresql://{POSTGRES_USER}:{password}@{host}:{port}/{database}"
+
+
+def postgres_url(settings: Settings) -> str:
+    """The event ledger's database: ``CASCADE_POSTGRES_URL``, else the stack's ``cascade``."""
+    return settings.postgres_url or stack_postgres_url(settings, LEDGER_DATABASE)
+
+
+def feast_registry_url(settings: Settings) -> str:
+    """Feast's SQL registry: ``CASCADE_FEAST_REGISTRY_URL``, else the stack's ``feast``
+    database (a SQLAlchemy URL with the psycopg2 driver)."""
+    if settings.feature_store.feast_registry_url:
+        return settings.feature_store.feast_registry_url
+    url = stack_postgres_url(settings, FEAST_DATABASE)
+    return url.replace("postgresql://", "postgresql+psycopg2://", 1)
+
+
+def redis_connection(settings: Settings) -> str:
+    """Feast's Redis ``connection_string``: ``CASCADE_REDIS``, else the stack's Redis."""
+    if settings.feature_store.redis:
+        return settings.feature_store.redis
+    password = _stack_password(redis_password_file(settings), "Redis")
+    return f"{settings.host}:{settings.ports.redis},password={password}"
