@@ -650,7 +650,7 @@ def tampered_preranker(settings: Settings, workdir: Path, champion: str) -> dict
     versions: dict[str, str] = {}
     for how in TAMPERINGS:
         marker = workdir / f"preranker-{how.replace(' ', '-')}.txt"
-        # The pickle goes where MLflow's own loader unpickles it; the others change weights.
+        # The pickle goes where a pickled pyfunc keeps its object; the others change weights.
         target = "python_model.pkl" if how == "planted pickle" else state
         version = _tamper(settings, name, files, target, how, marker, change)
         versions[how] = version

@@ -11,13 +11,18 @@ A version's files are data checked against what its registration recorded
 :data:`~cascade.artifacts.DIGESTS_TAG`, :func:`download_verified` is how a loader gets the files
 of a version, refused (:class:`~cascade.artifacts.TamperedArtifact`) before any is read when
 one changed, went missing or was added.
+
+A version registered from a run's raw artifact folder also gets what MLflow's standard loader
+needs (:func:`add_pyfunc_files`: ``MLmodel``, the model's code file, its signature and input
+example, a "model from code" that reads the weights as data) before its digests are taken, so
+those files are vouched for like the weights.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +114,37 @@ def source_digests(settings: Settings, source: str) -> dict[str, str]:
     every file of the registry's own copy (a path relative to ``source`` -> hex digest)."""
     with tempfile.TemporaryDirectory(prefix="cascade-register-") as tmp:
         return folder_digests(download_source(settings, source, Path(tmp)))
+
+
+MLMODEL = "MLmodel"
+
+
+def add_pyfunc_files(
+    settings: Settings, run_id: str, artifact_path: str, save: Callable[[Path], None]
+) -> bool:
+    """Log the files of an MLflow pyfunc beside the model files of run ``run_id`` at
+    ``artifact_path`` unless an :data:`MLMODEL` is there already (so a repeated registration
+    leaves the registered files as they were); True when it added them.
+
+    ``save(folder)`` writes the pyfunc into the new folder ``folder`` (``mlflow.pyfunc.save_model``
+    with a code file); a file of the same name as one of the model's is refused, not replaced."""
+    client = registry_client_of(settings)
+    present = {Path(a.path).name for a in client.list_artifacts(run_id, artifact_path)}
+    if MLMODEL in present:
+        return False
+    with tempfile.TemporaryDirectory(prefix="cascade-pyfunc-") as tmp:
+        folder = Path(tmp) / "pyfunc"
+        save(folder)
+        written = {p.name for p in folder.iterdir()}
+        if clash := sorted(written & present):
+            raise ValueError(
+                f"the pyfunc files {clash} would replace model files of run {run_id} "
+                f"({artifact_path}); not added"
+            )
+        if MLMODEL not in written:
+            raise ValueError(f"saving the pyfunc of run {run_id} wrote no {MLMODEL}")
+        client.log_artifacts(run_id, str(folder), artifact_path)
+    return True
 
 
 def recorded_version_digests(settings: Settings, name: str, version: str) -> dict[str, str]:

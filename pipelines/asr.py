@@ -159,7 +159,10 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     """Register the int8 model trained for ``ds`` (with its compiled artifact) as a new version of
     MLflow model ``asr`` (alias ``challenger``); move ``champion`` to it when the compile gate
     passed and its CER on this partition's held-out voices is within the tolerance of the
-    champion's CER on the same utterances. Calling it again returns the first decision."""
+    champion's CER on the same utterances. Calling it again returns the first decision.
+
+    The version's folder also gets the files of an MLflow pyfunc (:mod:`models.asr.pyfunc`)
+    before its digests are recorded, so it loads the standard way too."""
     import dataclasses
     import tempfile
 
@@ -167,7 +170,13 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
     from cascade.artifacts import DIGESTS_TAG, digests_tag
     from cascade.promotion import Decision, NewVersion, Scores, register_and_promote
-    from cascade.registry import download_verified, registry_client, source_digests
+    from cascade.registry import (
+        add_pyfunc_files,
+        download_verified,
+        registry_client,
+        source_digests,
+    )
+    from models.asr.pyfunc import save_pyfunc
 
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
@@ -206,6 +215,8 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         }
 
     source = f"{mlflow.get_run(run_id).info.artifact_uri}/{SERVED_ARTIFACT_PATH}"
+    # MLmodel, code file and input example beside the model file, for the standard loader.
+    add_pyfunc_files(settings, run_id, SERVED_ARTIFACT_PATH, save_pyfunc)
     # What the registry holds now is what every later load must find (cascade.artifacts).
     digests = digests_tag(source_digests(settings, source))
     result = register_and_promote(

@@ -304,7 +304,11 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     tokenizer is refitted per corpus, :mod:`models.multimodal.stored`). A champion stored
     without its tokenizer is compared by its ``mean_recall_at_1`` tag, measured on its own
     partition, and the decision says so. Refuses a corpus that failed its GX gate; calling it
-    again returns the first decision."""
+    again returns the first decision.
+
+    The version's folder also gets the files of an MLflow pyfunc
+    (:mod:`models.multimodal.pyfunc`) before its digests are recorded, so it loads the
+    standard way too."""
     import dataclasses
     import tempfile
 
@@ -312,7 +316,13 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
     from cascade.artifacts import DIGESTS_TAG, digests_tag
     from cascade.promotion import Decision, NewVersion, Scores, register_and_promote
-    from cascade.registry import download_verified, registry_client, source_digests
+    from cascade.registry import (
+        add_pyfunc_files,
+        download_verified,
+        registry_client,
+        source_digests,
+    )
+    from models.multimodal.pyfunc import save_pyfunc
     from models.multimodal.stored import NoStoredTokenizer, score_stored_model
 
     settings = settings or load_settings()
@@ -390,6 +400,8 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         }
 
     source = f"{mlflow.get_run(run_id).info.artifact_uri}/{MODEL_ARTIFACT_PATH}"
+    # MLmodel, code file and input example beside the model files, for the standard loader.
+    add_pyfunc_files(settings, run_id, MODEL_ARTIFACT_PATH, save_pyfunc)
     # What the registry holds now is what every later load must find (cascade.artifacts).
     digests = digests_tag(source_digests(settings, source))
     result = register_and_promote(

@@ -130,13 +130,21 @@ def load_stored_model(folder: Path) -> tuple[ImageTextTransformer, CaptionTokeni
     return model.eval(), tokenizer
 
 
-def retokenized(pairs: Pairs, tokenizer: CaptionTokenizer, max_tokens: int) -> Pairs:
-    """``pairs`` with their captions tokenized by ``tokenizer`` (cut or padded to
-    ``max_tokens``, as :func:`~models.multimodal.pairs.load_split` does)."""
-    tokens = torch.full((len(pairs), max_tokens), PAD, dtype=torch.int64)
-    for row, caption in enumerate(pairs.captions):
+def caption_tokens(
+    tokenizer: CaptionTokenizer, captions: list[str], max_tokens: int
+) -> torch.Tensor:
+    """``(len(captions), max_tokens)`` ids of ``captions`` read by ``tokenizer`` (cut or padded
+    to ``max_tokens``, as :func:`~models.multimodal.pairs.load_split` does)."""
+    tokens = torch.full((len(captions), max_tokens), PAD, dtype=torch.int64)
+    for row, caption in enumerate(captions):
         ids = tokenizer.encode(caption)[:max_tokens]
         tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+    return tokens
+
+
+def retokenized(pairs: Pairs, tokenizer: CaptionTokenizer, max_tokens: int) -> Pairs:
+    """``pairs`` with their captions tokenized by ``tokenizer`` (:func:`caption_tokens`)."""
+    tokens = caption_tokens(tokenizer, list(pairs.captions), max_tokens)
     return Pairs(pairs.pair_ids, pairs.images, tokens, pairs.captions)
 
 

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from cascade.config import Settings, load_settings
@@ -132,16 +131,16 @@ def finish(
     result; log them to MLflow.
 
     The chosen FSCD model is what the run deploys: its weights, config, kept fields and the
-    field encoder go to ``OUT/fscd_model`` and to MLflow as a :class:`ColdPreRankerPyfunc`
-    (``result["model_uri"]``, what the registry registers); ``result["test_auc"]`` is its
-    test AUC, the figure the registry compares champions by."""
+    field encoder go to ``OUT/fscd_model`` and to MLflow as a pyfunc from code
+    (:func:`~models.preranking.inference.log_pyfunc`; ``result["model_uri"]``, what the
+    registry registers); ``result["test_auc"]`` is its test AUC, the figure the registry
+    compares champions by."""
     import mlflow
-    import mlflow.pyfunc
     from mlflow.models import infer_signature
 
     from models.preranking.inference import (
         COLD_DIR_ARTIFACT,
-        ColdPreRankerPyfunc,
+        log_pyfunc,
         save_cold_model,
         score_frame,
     )
@@ -212,15 +211,11 @@ def finish(
     model_dir = save_cold_model(out / COLD_DIR_ARTIFACT, fscd_model, config, data.encoder)
     # The signature: the raw field columns in, one click probability per row out.
     signature = infer_signature(data.example, score_frame(fscd_model, data.example, data.encoder))
-    info = mlflow.pyfunc.log_model(
-        name="fscd_preranker",
-        python_model=ColdPreRankerPyfunc(),
-        artifacts={COLD_DIR_ARTIFACT: str(model_dir)},
-        signature=signature,
+    info = log_pyfunc(
+        "fscd_preranker",
+        {COLD_DIR_ARTIFACT: str(model_dir)},
         input_example=data.example,
-        # Listing requirements skips MLflow's slow inference of them; the model also needs
-        # this repository's `models.preranking` package importable where it is loaded.
-        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "pandas", "numpy"],
+        signature=signature,
     )
     result = {
         **metrics,

@@ -3,16 +3,19 @@
 The pipeline and the server load a registered version as data (:func:`load_version`): the
 version's files are downloaded, checked against the sha256 digests its registration recorded
 (:mod:`cascade.artifacts`), and the network is rebuilt from its state dict
-(``torch.load(weights_only=True)``) and JSON config by this module's code. The pickled pyfunc
-object MLflow keeps beside them is never unpickled here; it is for people who load a version
-the standard way (``mlflow.pyfunc.load_model``) and trust their registry.
+(``torch.load(weights_only=True)``) and JSON config by this module's code.
 
-A trained model is logged to MLflow as a pyfunc, so it loads wherever ``models.preranking`` is
-importable: :class:`ColdPreRankerPyfunc` for the FSCD pre-ranker of the cascade (artifact: the
-folder :func:`save_cold_model` writes: fp32 state dict, run config with the kept fields, field
-encoder), :class:`PreRankerPyfunc` for the dense-feature network (artifacts: the fp32
-``state_dict`` and the run's :class:`TrainConfig` as JSON). Serving uses
-:func:`load_registered` to get the plain ``nn.Module`` (and encoder) behind an alias::
+A trained model is also logged as an MLflow pyfunc "from code" (:func:`log_pyfunc`): the
+version holds ``MLmodel``, the code file :mod:`models.preranking.mlflow_model`, a signature and
+an input example beside the weights, so people who trust their registry can load it the
+standard way (``mlflow.pyfunc.load_model("models:/preranking/N")``, with
+``models.preranking`` importable) and nothing is unpickled there either. The pyfunc
+(:class:`PreRankingPyfunc`) reads the same files: for the FSCD pre-ranker of the cascade the
+folder :func:`save_cold_model` writes (fp32 state dict, run config with the kept fields, field
+encoder; a frame of the field columns in), for the dense-feature network the fp32
+``state_dict`` and the run's :class:`TrainConfig` as JSON (ids + MODEL_FEATURES in); click
+probabilities out. Serving uses :func:`load_registered` to get the plain ``nn.Module`` (and
+encoder) behind an alias::
 
     python -c "from models.preranking.inference import load_registered; print(load_registered())"
 """
@@ -187,15 +190,57 @@ def score_frame(
     return torch.sigmoid(torch.cat(parts).float()).numpy()
 
 
-class ColdPreRankerPyfunc(PythonModel):
-    """MLflow pyfunc of the FSCD pre-ranker: a frame with the field columns
-    (``models.preranking.fields.FIELD_NAMES``) in, click probabilities out."""
+PYFUNC_CODE = Path(__file__).with_name("mlflow_model.py")
+"""The code file MLflow runs to load a logged pre-ranker (models from code: no pickle)."""
 
-    model: ColdPreRanker | None = None
+
+def pip_requirements() -> list[str]:
+    """What a logged pre-ranker lists (listing them skips MLflow's slow inference of them);
+    it also needs this repository's ``models.preranking`` importable where it is loaded."""
+    return [f"torch=={torch.__version__.split('+')[0]}", "pandas", "numpy"]
+
+
+def log_pyfunc(
+    name: str,
+    artifacts: Mapping[str, str],
+    *,
+    input_example: pd.DataFrame | None = None,
+    signature: Any = None,
+) -> Any:
+    """Log a pre-ranker's files as an MLflow pyfunc from code into the active run (artifacts:
+    :data:`COLD_DIR_ARTIFACT` for an FSCD pre-ranker, :data:`STATE_DICT_ARTIFACT` and
+    :data:`CONFIG_ARTIFACT` for a PreRanker); returns MLflow's ``ModelInfo``."""
+    return mlflow.pyfunc.log_model(
+        name=name,
+        python_model=str(PYFUNC_CODE),
+        artifacts=dict(artifacts),
+        signature=signature,
+        input_example=input_example,
+        pip_requirements=pip_requirements(),
+    )
+
+
+class PreRankingPyfunc(PythonModel):
+    """MLflow pyfunc of either pre-ranker, rebuilt from its state dict and JSON files: a frame
+    of the field columns (``models.preranking.fields.FIELD_NAMES``, FSCD pre-ranker) or of ids +
+    MODEL_FEATURES (PreRanker) in, click probabilities out."""
+
+    model: nn.Module | None = None
     encoder: FieldEncoder | None = None
 
     def load_context(self, context: PythonModelContext) -> None:
-        self.model, self.encoder, _ = load_cold_dir(Path(context.artifacts[COLD_DIR_ARTIFACT]))
+        artifacts = context.artifacts
+        if COLD_DIR_ARTIFACT in artifacts:
+            self.model, self.encoder, _ = load_cold_dir(Path(artifacts[COLD_DIR_ARTIFACT]))
+        elif STATE_DICT_ARTIFACT in artifacts and CONFIG_ARTIFACT in artifacts:
+            self.model, _ = load_model_dir(
+                Path(artifacts[STATE_DICT_ARTIFACT]), Path(artifacts[CONFIG_ARTIFACT])
+            )
+        else:
+            raise ValueError(
+                f"a pre-ranker pyfunc has artifact {COLD_DIR_ARTIFACT!r} or both "
+                f"{STATE_DICT_ARTIFACT!r} and {CONFIG_ARTIFACT!r}; this one has {sorted(artifacts)}"
+            )
 
     def predict(
         self,
@@ -204,34 +249,17 @@ class ColdPreRankerPyfunc(PythonModel):
         params: dict[str, Any] | None = None,
     ) -> np.ndarray:
         if self.model is None:
-            raise RuntimeError("ColdPreRankerPyfunc.predict before load_context; load via mlflow")
-        missing = [c for c in FIELD_NAMES if c not in model_input.columns]
-        if missing:
-            raise ValueError(f"pre-ranking input lacks field columns {missing}")
+            raise RuntimeError("PreRankingPyfunc.predict before load_context; load it via mlflow")
+        if self.encoder is not None:
+            missing = [c for c in FIELD_NAMES if c not in model_input.columns]
+            if missing:
+                raise ValueError(f"pre-ranking input lacks field columns {missing}")
         return score_frame(self.model, model_input, self.encoder)
 
 
-class PreRankerPyfunc(PythonModel):
-    """MLflow pyfunc: a frame of ids + MODEL_FEATURES in, click probabilities out."""
-
-    model: PreRanker | None = None
-    config: TrainConfig | None = None
-
-    def load_context(self, context: PythonModelContext) -> None:
-        self.model, self.config = load_model_dir(
-            Path(context.artifacts[STATE_DICT_ARTIFACT]), Path(context.artifacts[CONFIG_ARTIFACT])
-        )
-
-    def predict(
-        self,
-        context: PythonModelContext,
-        model_input: pd.DataFrame,
-        params: dict[str, Any] | None = None,
-    ) -> np.ndarray:
-        if self.model is None:
-            raise RuntimeError("PreRankerPyfunc.predict before load_context; load it via mlflow")
-        with torch.no_grad():
-            return torch.sigmoid(self.model(*frame_inputs(model_input))).numpy()
+# Versions logged before the pyfunc moved to code hold a pickled object of one of these names;
+# MLflow's loader (where pickles are allowed) finds the class under them.
+ColdPreRankerPyfunc = PreRankerPyfunc = PreRankingPyfunc
 
 
 @dataclass
@@ -415,8 +443,8 @@ def _load_checked(
     settings: Settings, uri: str, location: str, expected: Mapping[str, str]
 ) -> tuple[nn.Module, FieldEncoder | None]:
     """Download version ``uri`` from ``location``, check every file against ``expected`` and
-    rebuild the network from its state dict and JSON (never from the pickled pyfunc object
-    beside them)."""
+    rebuild the network from its state dict and JSON (never through MLflow's loader, which
+    would run the code and read whatever ``MLmodel`` names)."""
     model_files = {k: v for k, v in expected.items() if not k.startswith(RUN_FILES)}
     cold = f"artifacts/{COLD_DIR_ARTIFACT}"
     with tempfile.TemporaryDirectory(prefix="cascade-load-") as tmp:

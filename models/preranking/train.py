@@ -70,9 +70,9 @@ from models.preranking.fields import FieldEncoder
 from models.preranking.inference import (
     CONFIG_ARTIFACT,
     STATE_DICT_ARTIFACT,
-    PreRankerPyfunc,
     build_model,
     frame_inputs,
+    log_pyfunc,
     score_frame,
 )
 from models.preranking.model import PreRanker
@@ -170,6 +170,7 @@ def log_run(
     artifacts). Pass ``run_id`` to log into an already started run.
     """
     import mlflow
+    from mlflow.models import infer_signature
 
     settings = settings or load_settings()
     out.mkdir(parents=True, exist_ok=True)
@@ -193,14 +194,14 @@ def log_run(
         mlflow.log_dict(config.to_dict(), "train_config.json")
         example = input_example[["user_id", "item_id", *MODEL_FEATURES]].head(5).copy()
         example[list(MODEL_FEATURES)] = example[list(MODEL_FEATURES)].astype("float64")
-        info = mlflow.pyfunc.log_model(
-            name="model",
-            python_model=PreRankerPyfunc(),
-            artifacts={STATE_DICT_ARTIFACT: str(state_path), CONFIG_ARTIFACT: str(config_path)},
+        # Ids and the dense features in, one click probability per row out.
+        model.eval()
+        signature = infer_signature(example, score_frame(model, example))
+        info = log_pyfunc(
+            "model",
+            {STATE_DICT_ARTIFACT: str(state_path), CONFIG_ARTIFACT: str(config_path)},
             input_example=example,
-            # Listing requirements skips MLflow's slow inference of them; the model also needs
-            # this repository's `models.preranking` package importable where it is loaded.
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", "pandas", "numpy"],
+            signature=signature,
         )
         result = {
             "run_id": run.info.run_id,

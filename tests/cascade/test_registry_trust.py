@@ -10,6 +10,7 @@ import mlflow
 import mlflow.pyfunc
 import pytest
 import torch
+import yaml
 
 from benchmarks.security import planted_pickle
 from cascade.artifacts import DIGESTS_TAG, TamperedArtifact, digests_tag, folder_digests
@@ -48,14 +49,24 @@ def test_a_version_changed_after_registration_is_never_loaded(settings: Settings
         load_version(settings, version)
 
 
-def test_a_planted_pickle_is_never_unpickled(settings: Settings, tmp_path: Path) -> None:  # noqa: F811
+def test_a_planted_pickle_is_never_unpickled(
+    settings: Settings,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     model = trained(settings, DS, fitted(20))
     version = register_and_promote(DS, settings=settings)["version"]
     folder = stored_folder(settings, version)
     marker = tmp_path / "unpickled.txt"
     # Whoever can write the store can also write the digests: the loader must not depend on
-    # them to stay away from pickles.
+    # them to stay away from pickles. The version is a pyfunc from code; the planted MLmodel
+    # names a pickled pyfunc object instead, as MLflow writes one for a pickled model.
     (folder / "python_model.pkl").write_bytes(planted_pickle(marker))
+    mlmodel = yaml.safe_load((folder / "MLmodel").read_text())
+    pyfunc = mlmodel["flavors"]["python_function"]
+    pyfunc.pop("model_code_path")
+    pyfunc.update(loader_module="mlflow.pyfunc.model", python_model="python_model.pkl")
+    (folder / "MLmodel").write_text(yaml.safe_dump(mlmodel))
     client = mlflow.MlflowClient(settings.tracking_uri, registry_uri=settings.tracking_uri)
     client.set_model_version_tag(
         settings.registered_model, version, DIGESTS_TAG, digests_tag(folder_digests(folder))
@@ -66,7 +77,8 @@ def test_a_planted_pickle_is_never_unpickled(settings: Settings, tmp_path: Path)
     assert not marker.exists()
     sample = frame_inputs(synthetic_training_frame(8, seed=5))
     torch.testing.assert_close(loaded.model(*sample), model(*sample))
-    # The control: MLflow's standard loader does run it.
+    # The control: MLflow's standard loader runs it where pickles are allowed.
+    monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "true")
     with contextlib.suppress(Exception):
         mlflow.pyfunc.load_model(str(folder))
     assert marker.read_text() == "unpickled"

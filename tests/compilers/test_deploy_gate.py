@@ -8,6 +8,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
+from mlflow.models import infer_signature
 
 from cascade.artifacts import DIGESTS_TAG, digests_tag
 from cascade.compiled_packages import load_package
@@ -18,11 +19,12 @@ from models.preranking.config_registry import cascade_debug
 from models.preranking.fields import FIELD_NAMES, FieldEncoder
 from models.preranking.inference import (
     COLD_DIR_ARTIFACT,
-    ColdPreRankerPyfunc,
     load_trained,
     load_version,
+    log_pyfunc,
     registration_digests,
     save_cold_model,
+    score_frame,
 )
 from models.preranking.model import ColdPreRanker
 from models.preranking.registration import register_and_promote
@@ -78,12 +80,14 @@ def fscd_trained(settings: Settings, ds: str) -> ColdPreRanker:
     out = lake.reports("train", ds)
     folder = save_cold_model(out / COLD_DIR_ARTIFACT, model.eval(), config, encoder)
     mlflow.set_tracking_uri(settings.tracking_uri)
+    example = frame[list(FIELD_NAMES)].head(5).reset_index(drop=True)
+    signature = infer_signature(example, score_frame(model, example, encoder))
     with mlflow.start_run() as run:
-        info = mlflow.pyfunc.log_model(
-            name="fscd_preranker",
-            python_model=ColdPreRankerPyfunc(),
-            artifacts={COLD_DIR_ARTIFACT: str(folder)},
-            pip_requirements=["torch"],
+        info = log_pyfunc(
+            "fscd_preranker",
+            {COLD_DIR_ARTIFACT: str(folder)},
+            input_example=example,
+            signature=signature,
         )
     result = {
         "run_id": run.info.run_id,

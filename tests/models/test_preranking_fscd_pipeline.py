@@ -152,16 +152,11 @@ def test_train_step_trains_registers_and_serves_the_fscd_preranker(
     with torch.no_grad():
         for parameter in worse.parameters():
             parameter.mul_(0.0)  # a constant scorer: AUC 0.5
-    from models.preranking.inference import ColdPreRankerPyfunc, save_cold_model
+    from models.preranking.inference import log_pyfunc, save_cold_model
 
     save_cold_model(out2 / COLD_DIR_ARTIFACT, worse, config, encoder)
     with mlflow.start_run() as worse_run:
-        info = mlflow.pyfunc.log_model(
-            name="fscd_preranker",
-            python_model=ColdPreRankerPyfunc(),
-            artifacts={COLD_DIR_ARTIFACT: str(out2 / COLD_DIR_ARTIFACT)},
-            pip_requirements=["torch"],
-        )
+        info = log_pyfunc("fscd_preranker", {COLD_DIR_ARTIFACT: str(out2 / COLD_DIR_ARTIFACT)})
     (out2 / "result.json").write_text(
         json.dumps(
             {**result, "ds": ds2, "run_id": worse_run.info.run_id, "model_uri": info.model_uri}
