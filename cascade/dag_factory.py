@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cascade.assets import TOPIC_RUN_FAILED
@@ -67,11 +67,26 @@ def partition_param() -> Any:
     )
 
 
+def upstream_partition(context: Mapping[str, Any], after: Sequence[str]) -> str | None:
+    """The ``ds`` of the newest triggering event of an ``after`` asset (another pipeline's
+    output, see :func:`_step_task`), or None when none of them started the run."""
+    triggering = context.get("triggering_asset_events") or {}
+    found: list[tuple[Any, str]] = []
+    for key in triggering:
+        for event in triggering[key]:
+            uri = getattr(getattr(event, "asset", None), "uri", None)
+            ds = (getattr(event, "extra", None) or {}).get("ds")
+            if uri in after and isinstance(ds, str):
+                found.append((event.timestamp, ds))
+    return max(found)[1] if found else None
+
+
 def _resolve_task(spec: Pipeline, asset: Any | None) -> Any:
     """The ``resolve_partition`` task: with a watched asset it claims the run's events first."""
     from airflow.sdk import task
 
     lag = spec.partition_lag_days
+    after = tuple(spec.after)
 
     @task(
         task_id="resolve_partition",
@@ -85,6 +100,11 @@ def _resolve_task(spec: Pipeline, asset: Any | None) -> Any:
         from cascade.partitions import resolve_partition as partition_of
 
         requested = (context.get("params") or {}).get(PARTITION_PARAM)
+        upstream = upstream_partition(context, after)
+        if upstream is not None and not requested:
+            # Started by another pipeline's data: its partition. Kafka events, if any, stay
+            # unclaimed for the next event-started run (its lookback drains them).
+            return check_ds(upstream)
         if asset is not None:
             partition = claim_and_resolve(context, asset, lag_days=lag)
         else:
@@ -160,6 +180,15 @@ def run_report_links(pipeline: str, ds: str) -> dict[str, str]:
     return {RUN_REPORT: logged["url"]}
 
 
+def outlet_events() -> Any:
+    """The running task's outlet events (Airflow's context). A step task takes its ``ds`` as
+    an argument, and Airflow reserves that name for the context, so the task cannot ask for the
+    context in its signature."""
+    from airflow.sdk import get_current_context
+
+    return get_current_context()["outlet_events"]
+
+
 def _step_task(spec: Pipeline, step: Step) -> Any:
     from airflow.sdk import Asset, task
 
@@ -167,6 +196,7 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
     last, data_docs = step.name == spec.steps[-1].name, step.data_docs
 
     registered = spec.model.name if spec.model is not None else None
+    outlets = tuple(step.outlets)
 
     def run(ds: str) -> dict[str, Any]:
         from cascade.config import load_settings
@@ -175,6 +205,12 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
         from cascade.step_runner import run_step
 
         result = run_step(name, ds, pipeline)
+        # The data this step published carries its partition: a pipeline started by it
+        # (``Pipeline.after``) works on the same one.
+        if outlets:
+            events = outlet_events()
+            for uri in outlets:
+                events[Asset(uri)].extra = {"ds": ds, "pipeline": pipeline, "step": name}
         settings = load_settings()
         links = step_links(result, settings.tracking_uri, registered)
         if data_docs:
@@ -203,14 +239,19 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
 
 
 def _schedule(spec: Pipeline, asset: Any | None, *, cron_on: bool = True) -> Any:
-    from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable
+    """Cron or any of the watched assets: the Kafka trigger's and the upstream ``after`` ones
+    (cron off in test stacks: ``CASCADE_AIRFLOW_SCHEDULES=0``)."""
+    from airflow.sdk import Asset, AssetAny, AssetOrTimeSchedule, CronTriggerTimetable
 
+    watched = [*([asset] if asset is not None else []), *(Asset(uri) for uri in spec.after)]
+    assets = None if not watched else watched[0] if len(watched) == 1 else AssetAny(*watched)
     if spec.cron is None or not cron_on:
-        return None if asset is None else [asset]
+        # One asset as the list Airflow takes; several already make one condition.
+        return None if assets is None else assets if len(watched) > 1 else [assets]
     cron = CronTriggerTimetable(spec.cron, timezone="UTC")
-    if asset is None:
+    if assets is None:
         return cron
-    return AssetOrTimeSchedule(timetable=cron, assets=asset)
+    return AssetOrTimeSchedule(timetable=cron, assets=assets)
 
 
 def _stack_overrides(spec: Pipeline) -> tuple[Pipeline, bool]:

@@ -23,6 +23,8 @@ def render_markdown(specs: Iterable[Pipeline]) -> str:
             starts.append(f"`{spec.cron}` UTC")
         if spec.trigger:
             starts.append(", ".join(f"`{s}`" for s in spec.trigger.selectors))
+        if spec.after:
+            starts.append(", ".join(f"`{uri}` (updated)" for uri in spec.after))
         model = "-"
         if spec.model is not None:
             rule = spec.model.promotion

@@ -167,6 +167,10 @@ class Pipeline:
     cron: str | None = None
     """A five-field cron in UTC; with a trigger, the DAG runs on either."""
     trigger: Trigger | None = None
+    after: tuple[str, ...] = ()
+    """Data assets other pipelines publish (their steps' ``outlets``) that start this one when
+    updated: chaining by data instead of by clock. A run they start works on the partition
+    the producing run worked on (the asset event carries its ``ds``)."""
     tags: tuple[str, ...] = ()
     settings: type | None = None
     """The pipeline's settings class (read from ``CASCADE_*`` variables; ``cascade config``)."""
@@ -195,8 +199,11 @@ class Pipeline:
             raise ValueError(f"pipeline {self.name!r} repeats steps {duplicated}")
         if "resolve_partition" in names:
             raise ValueError("'resolve_partition' is the task every DAG starts with; rename it")
-        if self.cron is None and self.trigger is None:
-            raise ValueError(f"pipeline {self.name!r} needs a cron, a trigger or both")
+        if self.cron is None and self.trigger is None and not self.after:
+            raise ValueError(f"pipeline {self.name!r} needs a cron, a trigger or an upstream asset")
+        own = {uri for step in self.steps for uri in step.outlets}
+        if set(self.after) & own:
+            raise ValueError(f"pipeline {self.name!r} cannot start on its own outlets")
         if self.cron is not None and len(self.cron.split()) != 5:
             raise ValueError(f"pipeline {self.name!r}: cron {self.cron!r} needs five fields")
         if self.dvc_prefix and not _NAME.match(self.dvc_prefix.rstrip("_") or "x"):
@@ -271,6 +278,7 @@ class Pipeline:
                     "watcher": self.trigger.watcher,
                     "selectors": list(self.trigger.selectors),
                 },
+                "after": list(self.after),
                 "outlets": sorted({uri for step in self.steps for uri in step.outlets}),
             },
             "registered_model": None

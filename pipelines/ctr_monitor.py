@@ -1,6 +1,7 @@
 """Monitor of the served pre-ranking model: feature drift (PSI) and online AUC of a serving day.
 
-Runs daily at 01:00 UTC for the serving day that just ended (its logical date minus one day);
+Runs daily at 01:00 UTC for the serving day that just ended (its logical date minus one day),
+and whenever a new pre-ranking champion is deployed (the champion asset), for its partition;
 publishes ``cascade.drift.detected`` and ``cascade.retrain.requested`` (which ``ctr_preranking``'s
 watcher turns into a retraining run) when a threshold is crossed. The same step from the shell:
 ``cascade step drift --pipeline ctr_monitor --ds 2026-11-22``.
@@ -8,21 +9,34 @@ watcher turns into a retraining run) when a threshold is crossed. The same step 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from cascade.assets import ASSET_PRERANKING_CHAMPION
 from cascade.pipeline_spec import Pipeline, Step
+
+
+def started_by_a_champion() -> bool:
+    """True in a run the champion asset started (this DAG has no Kafka trigger, so any
+    asset-triggered run is one)."""
+    return os.environ.get("AIRFLOW_CTX_DAG_RUN_ID", "").startswith("asset_triggered__")
 
 
 def drift(ds: str) -> dict[str, Any]:
     from serving.monitor import monitor_day
 
-    return monitor_day(ds)
+    # A run a new champion started checks it at once but requests no retraining: a retrained
+    # champion must not start its own retraining (a loop); the scheduled run decides that.
+    return monitor_day(ds, request_retrain=not started_by_a_champion())
 
 
 PIPELINE = Pipeline(
     name="ctr_monitor",
     description=__doc__ or "",
     cron="0 1 * * *",
+    # A new champion is checked at once, on the partition it was trained and deployed for,
+    # against its own training reference: the cron run would wait up to a day.
+    after=(ASSET_PRERANKING_CHAMPION,),
     tags=("ctr", "monitoring"),
     partition_lag_days=1,
     retry_delay_s=60,

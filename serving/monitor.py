@@ -310,6 +310,7 @@ def monitor_day(
     settings: Settings | None = None,
     config: MonitorConfig | None = None,
     publish: bool = True,
+    request_retrain: bool = True,
 ) -> dict[str, Any]:
     """The DAG task: evaluate the serving day ``ds`` from the lake's joined feedback against the
     champion's training reference, write report + plot, publish events when a threshold is
@@ -326,11 +327,15 @@ def monitor_day(
     reference = load_reference(settings=settings)
     verdict = evaluate_day(ds, reference, serving, config)
     events = verdict_events(verdict, config)
+    if not request_retrain:
+        # Drift is still announced; whether to retrain is left to the scheduled run.
+        events = [e for e in events if e.type != TOPIC_RETRAIN_REQUESTED]
     report_dir = lake.reports("monitor", ds)
     plot = plot_day(verdict, config, report_dir / "psi.png") if verdict.psi else None
     report = {
         **asdict(verdict),
         "events": [e.id for e in events],
+        "retrain_requested": any(e.type == TOPIC_RETRAIN_REQUESTED for e in events),
         "plot": str(plot) if plot else None,
     }
     if publish and events:

@@ -215,11 +215,11 @@ def test_with_schedules_off_only_events_and_people_start_runs(
     on = {name: build_dag(pipelines[name]) for name in ("ctr_preranking", "ctr_monitor")}
     monkeypatch.setenv("CASCADE_AIRFLOW_SCHEDULES", "0")
     off = {name: build_dag(pipelines[name]) for name in ("ctr_preranking", "ctr_monitor")}
-    # On: the event or the cron; off: the event alone, and a cron-only DAG runs when asked.
+    # On: the event (or upstream data) or the cron; off: the event or the data alone.
     assert type(on["ctr_preranking"].timetable).__name__ == "AssetOrTimeSchedule"
     assert type(off["ctr_preranking"].timetable).__name__ == "AssetTriggeredTimetable"
-    assert type(on["ctr_monitor"].timetable).__name__ == "CronTriggerTimetable"
-    assert type(off["ctr_monitor"].timetable).__name__ == "NullTimetable"
+    assert type(on["ctr_monitor"].timetable).__name__ == "AssetOrTimeSchedule"
+    assert type(off["ctr_monitor"].timetable).__name__ == "AssetTriggeredTimetable"
 
 
 def test_every_step_task_has_the_mlflow_links_and_its_result_carries_them(dagbag) -> None:  # type: ignore[no-untyped-def]
@@ -350,3 +350,65 @@ def test_the_last_step_logs_the_run_report_and_a_gate_links_its_data_docs(  # ty
     index.parent.mkdir(parents=True)
     index.write_text("<html>GX</html>")
     assert gate(ds) == {"success": True, "links": {"Data Docs": index.resolve().as_uri()}}
+
+
+def test_the_monitor_starts_on_a_new_champion_for_the_partition_it_was_deployed_for(
+    dagbag, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Chaining by data: a step's outlet event carries its partition, and a pipeline started by
+    it (``Pipeline.after``) resolves that partition; a form run's own ds still wins."""
+    import datetime as dt
+    import inspect
+    from types import SimpleNamespace
+
+    from cascade.assets import ASSET_CTR_FEATURES, ASSET_PRERANKING_CHAMPION
+    from cascade.pipeline_spec import Pipeline, Step
+
+    monitor = dagbag.dags["ctr_monitor"]
+    assert ASSET_PRERANKING_CHAMPION in str(monitor.timetable.asset_condition)
+
+    def event(uri: str, ds: str, minute: int) -> SimpleNamespace:
+        when = dt.datetime(2026, 11, 23, 3, minute, tzinfo=dt.UTC)
+        return SimpleNamespace(asset=SimpleNamespace(uri=uri), extra={"ds": ds}, timestamp=when)
+
+    resolve = monitor.get_task("resolve_partition").python_callable
+    run = SimpleNamespace(logical_date=dt.datetime(2026, 11, 25, 1, tzinfo=dt.UTC), run_after=None)
+    champion = {
+        "champion": [
+            event(ASSET_PRERANKING_CHAMPION, "2026-11-21", 1),
+            event(ASSET_PRERANKING_CHAMPION, "2026-11-22", 2),
+        ],
+        "other": [event("file://elsewhere", "2026-11-01", 3)],
+    }
+    started = {"params": {"ds": None}, "dag_run": run, "triggering_asset_events": champion}
+    assert resolve(**started) == "2026-11-22"  # the newest champion's partition
+    assert resolve(**{**started, "params": {"ds": "2026-10-02"}}) == "2026-10-02"
+    assert resolve(params={"ds": None}, dag_run=run) == "2026-11-24"  # cron: the day before
+
+    # The producing side: the step task sets its outlet event's extra to its partition.
+    import cascade.dag_factory
+    import cascade.step_runner
+
+    class Outlets(dict):
+        def __missing__(self, key):  # type: ignore[no-untyped-def]
+            self[key] = SimpleNamespace(extra={})
+            return self[key]
+
+    outlets = Outlets()
+    monkeypatch.setattr(cascade.step_runner, "run_step", lambda name, ds, pipeline: {"ok": 1})
+    monkeypatch.setattr(cascade.dag_factory, "outlet_events", lambda: outlets)
+    features = dagbag.dags["ctr_preranking"].get_task("features").python_callable
+    # Called the way Airflow calls it: the partition as its one argument (a `**context` in its
+    # signature would clash with Airflow's own "ds" and fail every step task).
+    assert list(inspect.signature(features).parameters) == ["ds"]
+    features("2026-11-22")
+    (published,) = outlets.items()
+    assert published[0].uri == ASSET_CTR_FEATURES
+    assert published[1].extra["ds"] == "2026-11-22"
+
+    def step() -> Step:
+        return Step(name="s", run=lambda ds: {}, doc="d", outlets=("file://x/out",))
+
+    with pytest.raises(ValueError, match="its own outlets"):
+        Pipeline(name="p", description="d", steps=(step(),), after=("file://x/out",))
+    assert Pipeline(name="p", description="d", steps=(step(),), after=("file://y",)).after

@@ -127,5 +127,9 @@ def test_monitor_day_reads_feedback_and_clicks_from_the_lake(tmp_path: Path) -> 
     assert run.data.metrics["online_auc"] == pytest.approx(report["online_auc"])
     assert run.data.metrics["psi_user_ctr"] == pytest.approx(report["psi"]["user_ctr"])
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"psi.png", "report.json"}
-    again = monitor_day("2026-11-22", settings=settings, publish=False)
+    assert report["retrain_requested"] and len(report["events"]) == 2
+    # A run a new champion started announces the drift but requests no retraining (the
+    # retrained champion would otherwise start its own retraining).
+    again = monitor_day("2026-11-22", settings=settings, publish=False, request_retrain=False)
     assert again["mlflow_run_id"] == report["mlflow_run_id"]
+    assert again["retrain"] and not again["retrain_requested"] and len(again["events"]) == 1
