@@ -181,9 +181,9 @@ def run_report_links(pipeline: str, ds: str) -> dict[str, str]:
 
 
 def outlet_events() -> Any:
-    """The running task's outlet events (Airflow's context). A step task takes its ``ds`` as
-    an argument, and Airflow reserves that name for the context, so the task cannot ask for the
-    context in its signature."""
+    """The running task's outlet events (Airflow's context), read without a ``**context``
+    parameter: Airflow passes the whole context to such a task, ``ds`` included, which clashes
+    with the partition argument of a run that has a logical date."""
     from airflow.sdk import get_current_context
 
     return get_current_context()["outlet_events"]
@@ -198,7 +198,10 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
     registered = spec.model.name if spec.model is not None else None
     outlets = tuple(step.outlets)
 
-    def run(ds: str) -> dict[str, Any]:
+    def run(partition: str) -> dict[str, Any]:
+        # Not "ds": Airflow refuses a task argument named like a context key, and every run
+        # with a logical date (cron ticks, the trigger form's runs) has "ds" in its context.
+        ds = partition
         from cascade.config import load_settings
         from cascade.lake import Lake
         from cascade.step_links import DATA_DOCS, file_link, step_links
