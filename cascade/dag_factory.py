@@ -233,7 +233,7 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
     }
     if step.outlets:
         options["outlets"] = [Asset(uri) for uri in step.outlets]
-    if step.heavy:
+    if step.in_heavy_pool:
         # At most the pool's slots of these run at once, across all pipelines.
         options["pool"] = HEAVY_POOL
     if step.timeout_minutes is not None:

@@ -78,9 +78,10 @@ class Step:
     plots: tuple[Plot, ...] = ()
     """Files the step writes that DVC draws (``dvc plots show``): training curves, trade-offs."""
     heavy: bool = False
-    """The step saturates the machine (a Spark job, a DeepSpeed training, a compile): its task
-    runs in the Airflow pool :data:`HEAVY_POOL`, whose slots bound how many such tasks run at
-    once across all pipelines (``CASCADE_AIRFLOW_HEAVY_SLOTS``)."""
+    """The step saturates the machine without Spark (a DeepSpeed training, a compile); a Spark
+    step (:attr:`spark`) is heavy by that alone. Heavy steps run in the Airflow pool
+    :data:`HEAVY_POOL`, whose slots bound how many run at once across all pipelines
+    (``CASCADE_AIRFLOW_HEAVY_SLOTS``): see :attr:`in_heavy_pool`."""
     data_docs: bool = False
     """The step is a GX gate that renders its results as Data Docs in
     :meth:`cascade.lake.Lake.data_docs` (pipeline, step, ds): its task gets a "Data Docs" link,
@@ -88,6 +89,11 @@ class Step:
     spark: bool = False
     """The step runs Spark jobs: the cluster profile submits it as a spark-operator
     ``SparkApplication`` (``infra/k8s/spark-applications.yaml``, made from the specs)."""
+
+    @property
+    def in_heavy_pool(self) -> bool:
+        """Whether the step's task runs in :data:`HEAVY_POOL`: Spark steps and heavy ones."""
+        return self.heavy or self.spark
 
     def __post_init__(self) -> None:
         _check_name("step", self.name)
@@ -256,7 +262,7 @@ class Pipeline:
                     "name": step.name,
                     "doc": step.doc,
                     "timeout_minutes": step.timeout_minutes,
-                    "heavy": step.heavy,
+                    "heavy": step.in_heavy_pool,
                     "data_docs": step.data_docs,
                     "outlets": list(step.outlets),
                     "dvc_stage": self.dvc_prefix + step.name,

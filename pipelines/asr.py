@@ -467,7 +467,6 @@ PIPELINE = Pipeline(
         Step(
             name="corpus",
             run=corpus,
-            heavy=True,
             spark=True,
             doc="the partition's landed WAVs + transcripts (a synthetic batch when none landed) "
             "validated, resampled, featurized and split by voice on Spark; bad files quarantined",

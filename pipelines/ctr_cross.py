@@ -244,7 +244,6 @@ with their reason; a failed gate stops the run before Feast.
         Step(
             name="log",
             run=log,
-            heavy=True,
             spark=True,
             doc="the partition's impression log: kept when one landed in the lake, generated "
             "otherwise (CASCADE_CROSS_IMPRESSIONS rows; CASCADE_CROSS_SOURCE=ml100k reads "
@@ -257,7 +256,6 @@ with their reason; a failed gate stops the run before Feast.
         Step(
             name="stats",
             run=stats,
-            heavy=True,
             spark=True,
             doc="cross statistics on Spark: impressions, clicks, smoothed and position-debiased "
             "CTRs over 1/7/30-day windows, recency, decayed CTR; bad rows quarantined",
@@ -279,7 +277,6 @@ with their reason; a failed gate stops the run before Feast.
             name="validate",
             run=validate,
             data_docs=True,
-            heavy=True,
             spark=True,
             doc="the GX gate on the input and every pair's output; a failed batch fails the task",
             timeout_minutes=30,

@@ -143,7 +143,6 @@ PIPELINE = Pipeline(
         Step(
             name="features",
             run=features,
-            heavy=True,
             spark=True,
             doc="MovieLens-100k -> weekly user, item and user x genre CTR features (Spark); "
             "bad rows quarantined",

@@ -446,7 +446,6 @@ PIPELINE = Pipeline(
         Step(
             name="corpus",
             run=corpus,
-            heavy=True,
             spark=True,
             doc="landed image-text pairs (else the installed Tux Paint stamps and emoji plus "
             "generated pictures) decoded, quarantined, near-deduplicated and tokenized on Spark",

@@ -264,7 +264,7 @@ def test_exactly_the_heavy_steps_run_in_the_heavy_pool(dagbag) -> None:  # type:
     pooled = set()
     for dag_id, spec in registered_pipelines().items():
         for task in dagbag.dags[dag_id].tasks:
-            heavy = task.task_id != "resolve_partition" and spec.step(task.task_id).heavy
+            heavy = task.task_id != "resolve_partition" and spec.step(task.task_id).in_heavy_pool
             assert task.pool == (HEAVY_POOL if heavy else "default_pool"), (dag_id, task.task_id)
             pooled |= {(dag_id, task.task_id)} if heavy else set()
     # Spark jobs, DeepSpeed trainings and compiles; gates on pandas, registry and serving calls
