@@ -199,13 +199,14 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
     outlets = tuple(step.outlets)
 
     def run(partition: str) -> dict[str, Any]:
-        # Not "ds": Airflow refuses a task argument named like a context key, and every run
-        # with a logical date (cron ticks, the trigger form's runs) has "ds" in its context.
-        ds = partition
         from cascade.config import load_settings
         from cascade.lake import Lake
         from cascade.step_links import DATA_DOCS, file_link, step_links
         from cascade.step_runner import run_step
+
+        # Not "ds" as the argument: Airflow refuses a task argument named like a context key,
+        # and every run with a logical date (cron ticks, the form's runs) has "ds" in its context.
+        ds = partition
 
         result = run_step(name, ds, pipeline)
         # The data this step published carries its partition: a pipeline started by it
