@@ -16,7 +16,7 @@ from typing import Any
 
 BENCH_OPTIONS = {
     "impressions": "impressions, comma-separated sizes (ctr-features)",
-    "repeats": "timed runs per size, variants alternating (ctr-features)",
+    "repeats": "timed repeats behind each figure, variants alternating (every benchmark)",
     "config": "named training config (preranking, multimodal)",
     "seeds": "training seeds, comma-separated: one run each, medians reported (preranking)",
     "corpus": "corpus folder to train on instead of generated pairs (multimodal)",

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.provenance import REPO_ROOT
-from benchmarks.registry import OPTIONS
+from benchmarks.registry import benchmark_options
 
 DOCS = REPO_ROOT / "docs" / "benchmarks.md"
 DOCS_RESULTS = Path("docs") / "results"
@@ -185,7 +185,7 @@ def command(result: Mapping[str, Any], name: str) -> str:
     """The command line that reruns ``result``: its options, the other benchmark settings it
     ran under as environment variables, and ``--quick`` when it was quick."""
     parameters = dict((result.get("inputs") or {}).get("parameters") or {})
-    option_of = {env: option for option, env in OPTIONS.get(name, {}).items()}
+    option_of = {env: option for option, env in benchmark_options(name).items()}
     env = []
     args = [f"cascade bench {name}"]
     for key, value in sorted(parameters.items()):

@@ -42,6 +42,17 @@ RUNS_SUFFIX = "_runs"
 T = TypeVar("T")
 
 
+def bench_repeats(default: int, *, quick: bool = False, quick_default: int | None = None) -> int:
+    """Timed repeats behind each figure: ``--repeats`` (``CASCADE_BENCH_REPEATS``) when given,
+    else ``quick_default`` under ``--quick`` (when given), else ``default``."""
+    from cascade.config import load_settings
+
+    given = load_settings().bench.repeats
+    if given is not None:
+        return given
+    return quick_default if quick and quick_default is not None else default
+
+
 # --- machine and code ------------------------------------------------------------------------
 
 

@@ -61,6 +61,16 @@ OPTIONS: dict[str, dict[str, str]] = {
 }
 """Per benchmark: command-line option -> the environment variable its function reads."""
 
+COMMON_OPTIONS: dict[str, str] = {"repeats": "CASCADE_BENCH_REPEATS"}
+"""Options every benchmark takes (read with :func:`benchmarks.provenance.bench_repeats`); a
+benchmark's own entry in :data:`OPTIONS` wins."""
+
+
+def benchmark_options(name: str) -> dict[str, str]:
+    """Command-line option -> environment variable, for benchmark ``name``."""
+    return COMMON_OPTIONS | OPTIONS.get(name, {})
+
+
 BENCH_ENV_PREFIX = "CASCADE_BENCH_"
 
 GENERATORS: dict[str, tuple[str, ...]] = {
@@ -102,7 +112,7 @@ def run_benchmark(
     if name not in BENCHMARKS:
         known = ", ".join(sorted([*BENCHMARKS, *ALIASES])) or "none yet"
         raise KeyError(f"unknown benchmark {name!r}; known: {known}")
-    supported = OPTIONS.get(name, {})
+    supported = benchmark_options(name)
     given = {k: v for k, v in (options or {}).items() if v is not None}
     unknown = sorted(set(given) - set(supported))
     if unknown:

@@ -268,6 +268,9 @@ class BenchSettings:
     env_pattern: ClassVar[str] = "CASCADE_BENCH_{}"
     title: ClassVar[str] = "Benchmarks"
 
+    repeats: int | None = Field(default=None, ge=1)
+    """Timed repeats behind each figure, for every benchmark that times repeats (``--repeats``;
+    unset: each benchmark's own default, fewer with ``--quick``)."""
     ctr_sizes: Sizes | None = None
     """Impression counts of ``bench ctr`` (unset: its quick or full sizes)."""
     ctr_repeats: int | None = Field(default=None, ge=1)
