@@ -39,7 +39,17 @@ PROMOTION_METRICS = {"auc": True, "logloss": False}
 """Metrics the champion/challenger gate can compare -> whether higher is better."""
 PRERANKING_MODELS = ("fscd", "mlp")
 """What the ``ctr_preranking`` train step trains (``Settings.preranking_model``)."""
-PORT_NAMES = ("broker", "airflow", "mlflow", "serving", "asr_serving", "postgres", "redis")
+PORT_NAMES = (
+    "broker",
+    "airflow",
+    "mlflow",
+    "serving",
+    "asr_serving",
+    "postgres",
+    "redis",
+    "spark",
+    "spark_ui",
+)
 """Fields of :class:`Ports`; each is overridden by ``CASCADE_{NAME}_PORT``."""
 SETTINGS_FILE = "cascade.toml"
 """Settings file in ``$CASCADE_HOME`` (flat ``CASCADE_X = value`` keys)."""
@@ -137,6 +147,10 @@ class Ports:
     """PostgreSQL of the cluster stack (event ledger, Feast registry)."""
     redis: int = Field(default=26379, ge=1024, le=65535)
     """Redis of the cluster stack (Feast's online store)."""
+    spark: int = Field(default=27077, ge=1024, le=65535)
+    """Spark standalone master of the cluster stack (``spark://``)."""
+    spark_ui: int = Field(default=28090, ge=1024, le=65535)
+    """Web UI and JSON status (``/json/``) of the cluster stack's Spark master."""
 
     def __post_init__(self) -> None:
         values = [getattr(self, name) for name in PORT_NAMES]
@@ -359,7 +373,14 @@ class Settings:
     (``postgresql://user:password@host:port/db``); empty: the ``cascade`` database of the
     cluster stack's own PostgreSQL (``cascade.data_services``)."""
     spark_master: str = "local[2]"
-    """Spark master URL."""
+    """Spark master URL; ``stack``: the cluster stack's own standalone master
+    (``spark://HOST:CASCADE_SPARK_PORT``, started by `cascade up` in the ``cluster`` profile)."""
+    spark_workers: int = Field(default=2, ge=1)
+    """Workers of the cluster stack's Spark standalone master."""
+    spark_worker_cores: int = Field(default=1, ge=1)
+    """Cores each standalone worker offers (its executors' cores)."""
+    spark_worker_memory: str = Field(default="2g", pattern=r"^\d+[kmgt]?$")
+    """Memory each standalone worker offers its executors."""
     spark_driver_memory: str = "3g"
     """Driver memory of the local Spark sessions of the corpus jobs."""
     airflow_parallelism: int = Field(default=2, ge=1)
@@ -391,6 +412,15 @@ class Settings:
     serving: ServingSettings = Field(default_factory=lambda: ServingSettings())
     bench: BenchSettings = Field(default_factory=lambda: BenchSettings())
     hooks: HookSettings = Field(default_factory=lambda: HookSettings())
+
+    def __post_init__(self) -> None:
+        if self.spark_master == "stack":
+            object.__setattr__(self, "spark_master", self.stack_spark_master)
+
+    @property
+    def stack_spark_master(self) -> str:
+        """The cluster stack's own Spark standalone master."""
+        return f"spark://{self.host}:{self.ports.spark}"
 
     @property
     def lake_root(self) -> Path:

@@ -1,9 +1,10 @@
 """Where the cluster profile's data services are and how to sign in to them.
 
 The cluster stack (``CASCADE_PROFILE=cluster``, ``infra.stack``) runs its own PostgreSQL (the
-event ledger, Feast's registry) and Redis (Feast's online store) on loopback, each with a data
-folder under the state folder and a password generated at the first start into a secret file
-(0600, like the Airflow and MLflow passwords). Clients build their connection from the same
+event ledger, Feast's registry), Redis (Feast's online store) and Spark standalone master and
+workers on loopback, each with a data folder under the state folder and a password (Spark: a
+shared authentication secret) generated at the first start into a secret file (0600, like the
+Airflow and MLflow passwords). Clients build their connection from the same
 files; summaries, status lines and logs name the files, never a password.
 
 A URL in the settings (``CASCADE_POSTGRES_URL``, ``CASCADE_FEAST_REGISTRY_URL``,
@@ -56,6 +57,21 @@ def redis_config_file(settings: Settings) -> Path:
     return redis_dir(settings) / "redis.conf"
 
 
+def spark_dir(settings: Settings) -> Path:
+    """The standalone Spark's folder: ``conf/`` (``spark-defaults.conf``, 0600: it holds the
+    authentication secret), ``events/`` (every application's event log), ``worker-N/`` (each
+    worker's application folders and executor logs), ``logs/``."""
+    return settings.home / "spark"
+
+
+def spark_secret_file(settings: Settings) -> Path:
+    return spark_dir(settings) / "secret"
+
+
+def spark_event_dir(settings: Settings) -> Path:
+    return spark_dir(settings) / "events"
+
+
 def _read_password(path: Path) -> str | None:
     try:
         password = path.read_text().strip()
@@ -83,6 +99,10 @@ def ensure_postgres_password(settings: Settings) -> str:
 
 def ensure_redis_password(settings: Settings) -> str:
     return _ensure_password(redis_password_file(settings), what="Redis")
+
+
+def ensure_spark_secret(settings: Settings) -> str:
+    return _ensure_password(spark_secret_file(settings), what="Spark authentication secret")
 
 
 def _stack_password(path: Path, service: str) -> str:
@@ -122,3 +142,23 @@ def redis_connection(settings: Settings) -> str:
         return settings.feature_store.redis
     password = _stack_password(redis_password_file(settings), "Redis")
     return f"{settings.host}:{settings.ports.redis},password={password}"
+
+
+def spark_client_conf(settings: Settings) -> dict[str, str]:
+    """What a driver adds to its session to use the stack's standalone master: the shared
+    authentication secret and the event log (so the master's history shows each job's
+    executors). Empty for any other master (``local[N]``, a cluster's own)."""
+    if settings.spark_master != settings.stack_spark_master:
+        return {}
+    events = spark_event_dir(settings)
+    events.mkdir(parents=True, exist_ok=True)
+    return {
+        "spark.authenticate": "true",
+        "spark.authenticate.secret": _stack_password(spark_secret_file(settings), "Spark"),
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": events.as_uri(),
+        # Plain JSON lines: readable without Spark (Spark 4 compresses them by default).
+        "spark.eventLog.compress": "false",
+        "spark.executor.cores": str(settings.spark_worker_cores),
+        "spark.executor.memory": settings.spark_worker_memory,
+    }

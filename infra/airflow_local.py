@@ -11,11 +11,12 @@ binds to ``AIRFLOW__API__HOST``, and SIGTERM stops them all.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from infra.supervise import stop_children, stop_requested
 
 COMPONENTS: dict[str, list[str]] = {
     "scheduler": ["scheduler", "--skip-serve-logs"],
@@ -35,33 +36,19 @@ def main() -> int:
     print("airflow-local: migrating the metadata database", flush=True)
     subprocess.run([airflow_cli(), "db", "migrate"], env=env, check=True)
     children: dict[str, subprocess.Popen[bytes]] = {}
+    requested = stop_requested()
     stopping = False
-
-    def stop(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     for name, args in COMPONENTS.items():
         children[name] = subprocess.Popen([airflow_cli(), *args], env=env)
         print(f"airflow-local: started {name} (pid {children[name].pid})", flush=True)
     exit_code = 0
-    while not stopping:
+    while not (stopping or requested()):
         for name, child in children.items():
             if child.poll() is not None:
                 print(f"airflow-local: {name} exited with {child.returncode}; stopping", flush=True)
                 exit_code, stopping = 1, True
         time.sleep(0.5)
-    for child in children.values():
-        if child.poll() is None:
-            child.terminate()
-    deadline = time.monotonic() + 20
-    for child in children.values():
-        try:
-            child.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.kill()
+    stop_children(children.values())
     print("airflow-local: stopped", flush=True)
     return exit_code
 

@@ -36,7 +36,7 @@ import requests
 
 from cascade.airflow_client import airflow_home, airflow_password_file, ensure_airflow_password
 from cascade.assets import KAFKA_CONN_ID
-from cascade.config import REPO_ROOT, Settings, load_settings, scoped_environ
+from cascade.config import PORT_NAMES, REPO_ROOT, Settings, load_settings, scoped_environ
 from cascade.data_services import (
     DATABASES,
     POSTGRES_USER,
@@ -58,10 +58,12 @@ from cascade.tracking_auth import (
     tracking_credentials_env,
     tracking_server_env,
 )
+from infra import spark_standalone
 
-SERVICES = ("postgres", "redis", "broker", "mlflow", "airflow", "serving", "asr_serving")
-CLUSTER_SERVICES = ("postgres", "redis")
-"""Started only in the ``cluster`` profile: the data services of the distributed engines."""
+SERVICES = ("postgres", "redis", "spark", "broker", "mlflow", "airflow", "serving", "asr_serving")
+CLUSTER_SERVICES = ("postgres", "redis", "spark")
+"""Started only in the ``cluster`` profile: the data services and the Spark standalone master
+and workers of the distributed engines."""
 STOP_SIGNALS = {"postgres": signal.SIGINT}
 """The first signal of a service whose SIGTERM would not stop it promptly: PostgreSQL's
 SIGTERM waits for every client to disconnect, SIGINT is its fast shutdown."""
@@ -416,6 +418,15 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
             url=f"redis://{host}:{ports.redis}",
             healthy=lambda: redis_healthy(settings),
             start_timeout_s=30,
+        ),
+        "spark": ServiceSpec(
+            name="spark",
+            port=ports.spark,
+            command=[py, "-m", "infra.spark_standalone"],
+            env=service_env(settings),
+            url=settings.stack_spark_master,
+            healthy=lambda: spark_standalone.healthy(settings),
+            start_timeout_s=120,
         ),
         "broker": ServiceSpec(
             name="broker",
@@ -817,7 +828,7 @@ def private_stack(
     credentials: the caller's own MLflow clients authenticate like the services'.
     """
     overrides = {"CASCADE_HOME": str(home), **(env or {})}
-    for name, port in zip(SERVICES, free_ports(len(SERVICES)), strict=True):
+    for name, port in zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True):
         overrides[f"CASCADE_{name.upper()}_PORT"] = str(port)
     with scoped_environ(overrides):
         settings = load_settings()

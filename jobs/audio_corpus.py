@@ -269,7 +269,7 @@ def build_corpus(
 
 def spark_session() -> Any:
     from cascade.config import load_settings
-    from jobs.spark_sessions import build_session
+    from jobs.spark_sessions import build_session, stack_conf
 
     settings = load_settings()
     return build_session(
@@ -279,6 +279,7 @@ def spark_session() -> Any:
             "spark.sql.shuffle.partitions": "4",
             "spark.ui.showConsoleProgress": "false",
             "spark.driver.memory": settings.spark_driver_memory,
+            **stack_conf(settings),
         },
         local_ip=settings.host,
         python_workers=True,

@@ -231,15 +231,16 @@ def _timestamp_conf(spark: SparkSession) -> None:
 
 def build_session(settings: Settings) -> SparkSession:
     """A SparkSession on ``settings.spark_master`` configured for this job's outputs."""
-    local = settings.spark_master.startswith("local")
+    local = spark_sessions.on_this_machine(settings)
     return spark_sessions.build_session(
         "cascade.ctr_cross_features",
         master=settings.spark_master,
         conf={
             **spark_sessions.UTC_MICROS,
             # ML-100k is tiny: the default 200 shuffle partitions only add task overhead.
-            "spark.sql.shuffle.partitions": "4" if settings.profile == "local" else "200",
+            "spark.sql.shuffle.partitions": "4" if local else "200",
             "spark.ui.showConsoleProgress": "false",
+            **spark_sessions.stack_conf(settings),
         },
         local_ip=settings.host if local else None,
         log_level="WARN",

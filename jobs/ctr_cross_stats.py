@@ -495,16 +495,17 @@ class CrossLake:
 
 def build_session(settings: Settings, *, app: str = "cascade.ctr_cross_stats") -> SparkSession:
     """A session on ``settings.spark_master`` in UTC writing microsecond timestamps."""
-    local = settings.spark_master.startswith("local")
+    local = spark_sessions.on_this_machine(settings)
     return spark_sessions.build_session(
         app,
         master=settings.spark_master,
         conf={
             **spark_sessions.UTC_MICROS,
             # Few cores locally: more shuffle partitions than ~4x cores only add task overhead.
-            "spark.sql.shuffle.partitions": "8" if settings.profile == "local" else "200",
+            "spark.sql.shuffle.partitions": "8" if local else "200",
             "spark.ui.showConsoleProgress": "false",
             "spark.driver.memory": "4g",
+            **spark_sessions.stack_conf(settings),
         },
         local_ip=settings.host if local else None,
         log_level="WARN",

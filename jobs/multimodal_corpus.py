@@ -671,7 +671,7 @@ def write_outputs(
 
 def spark_session(master: str | None = None) -> Any:
     from cascade.config import load_settings
-    from jobs.spark_sessions import build_session
+    from jobs.spark_sessions import build_session, stack_conf
 
     settings = load_settings()
     return build_session(
@@ -685,6 +685,7 @@ def spark_session(master: str | None = None) -> Any:
             "spark.sql.files.maxPartitionBytes": str(32 << 20),
             "spark.ui.showConsoleProgress": "false",
             "spark.driver.memory": settings.spark_driver_memory,
+            **stack_conf(settings),
         },
         local_ip=settings.host,
         python_workers=True,

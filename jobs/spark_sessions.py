@@ -53,6 +53,22 @@ def build_session(
     return spark
 
 
+def on_this_machine(settings: Any) -> bool:
+    """The settings' master runs on this machine: ``local[N]``, or the cluster stack's own
+    standalone master (loopback, a few cores), where a driver binds to loopback and a few
+    shuffle partitions suffice."""
+    master = settings.spark_master
+    return master.startswith("local") or master == settings.stack_spark_master
+
+
+def stack_conf(settings: Any) -> dict[str, str]:
+    """What a session needs for the cluster stack's standalone master (its authentication
+    secret, the event log; :func:`cascade.data_services.spark_client_conf`); empty otherwise."""
+    from cascade.data_services import spark_client_conf
+
+    return spark_client_conf(settings)
+
+
 @contextmanager
 def active_or_new(build: Callable[[], Any]) -> Iterator[Any]:
     """``build()``'s session (a builder's ``getOrCreate``: it returns, and configures, the

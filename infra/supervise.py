@@ -1,0 +1,38 @@
+"""Supervisors of the stack services made of several daemons (:mod:`infra.airflow_local`,
+:mod:`infra.spark_standalone`): stop on SIGTERM/SIGINT, stop every child within a grace
+period."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+
+
+def stop_requested() -> Callable[[], bool]:
+    """Install SIGTERM and SIGINT handlers; the returned function says whether one arrived."""
+    stopping = False
+
+    def stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return lambda: stopping
+
+
+def stop_children(children: Iterable[subprocess.Popen[bytes]], grace_s: float = 20.0) -> None:
+    """SIGTERM each running child (in the given order), then SIGKILL what is left after
+    ``grace_s`` seconds."""
+    children = list(children)
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
