@@ -1,12 +1,16 @@
-"""Benchmark of the cross statistics engine against a plain scan, a DuckDB peer and pandas.
+"""Benchmark of the cross statistics engine against a plain scan and a DuckDB peer.
 
     cascade bench ctr --out bench-results/ctr.json            # 1M, 10M, 30M impressions
     cascade bench ctr --out /tmp/ctr.json --quick             # ~100k, a smoke run
     cascade bench ctr-features --impressions 1000000 --repeats 3 --out FILE
     CASCADE_BENCH_CTR_SIZES=1000000,10000000 cascade bench ctr --out FILE
 
-Per size, in one Spark session on ``local[2]`` (the default master): generate the log if it is
-not in ``<lake>/bench/impressions/`` yet (:mod:`jobs.impression_log`, seed 7), then time
+Per size, in one Spark session on ``local[2]`` (the default master): generate the log
+(:mod:`jobs.impression_log`, seed 7) unless a previous run left it complete (``_SUCCESS``) in
+``<lake>/bench/impressions/<digest>/n=N_seed=7``, the folder named by the digest of the
+generator's code and its parameters (:func:`log_folder`): changed generator code or parameters
+generate a new log, never reuse one that other code made. That digest is the size's
+``input_digest``; the result's ``input_digest`` is one digest over every size's. Then time
 
 * ``scan_s``: read every column of the input and drop it (Spark's ``noop`` sink: the plain
   cost of a full scan), and ``count_s``: read + count (Spark answers from parquet metadata);
@@ -18,8 +22,10 @@ not in ``<lake>/bench/impressions/`` yet (:mod:`jobs.impression_log`, seed 7), t
   ``spark_vs_duckdb = job_s / duckdb_s``. The two alternate (Spark, DuckDB, DuckDB, Spark,
   ...) after one untimed run of each, so neither always runs first; ``job_s_runs`` and
   ``duckdb_s_runs`` hold every timed run, ``*_min`` / ``*_max`` their spread;
-* ``reference_s``: the same counts and smoothed CTRs in pandas on one core (only up to
-  ``REFERENCE_MAX_ROWS``; the time includes reading the parquet);
+* ``pandas_fixed_prior_counts_s``: NOT the same work, for scale only: per pair and window the
+  counts and a CTR smoothed with a fixed-strength pooled prior, in pandas on one core (no prior
+  fit, debiasing, recency, decay, quarantine or writes; only up to ``REFERENCE_MAX_ROWS``; the
+  time includes reading the parquet). The like-for-like peer is DuckDB;
 * ``one_pair_count_s``: read the input, group it by the keys of the pair with the most feature
   rows and count (one shuffle and one hash aggregation, no windows, no writes), under the
   job's aggregation options. No exact cross statistic on Spark costs less than this for that
@@ -37,8 +43,10 @@ excluded), once per size up to ``MATERIALIZE_MAX_IMPRESSIONS`` (null above).
 
 ``ratio = job_s / scan_s``; ``ns_per_row`` per size and its growth from the smallest to the
 largest size; ``peak_rss_mb`` is the peak resident memory of this process plus the Spark JVM
-(sampled every 0.2 s during the Spark job's runs). Medians over ``repeats`` runs (``--repeats``;
-default 3 up to 1M impressions, 1 above and with ``--quick``).
+(sampled every 0.2 s during the Spark job's runs). Every timed figure is the median of
+``repeats`` runs at every size (``--repeats`` / ``CASCADE_BENCH_CTR_REPEATS``, else
+``CASCADE_BENCH_REPEATS``, else 3; 1 with ``--quick``), and each size reports its ``repeats``:
+a figure of one run is that run, not a median.
 """
 
 from __future__ import annotations
@@ -53,11 +61,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from benchmarks.provenance import bench_repeats, digest_of, input_folder
 from cascade.config import Settings, load_settings
 from cascade.feature_store import materialize_cross
 from cascade.progress import track
@@ -78,6 +88,29 @@ REFERENCE_MAX_ROWS = 10_000_000
 DUCKDB_MEMORY_LIMIT = "4GB"
 """DuckDB's buffer limit in the peer; beyond it the aggregation spills under the work dir."""
 REPO_ROOT = Path(__file__).resolve().parents[1]
+GENERATOR_MODULES = ("jobs.impression_log",)
+"""The code that makes the benchmark's log; its source is part of the log folder's digest."""
+DEFAULT_REPEATS = 3
+PANDAS_WORK = (
+    "pandas on 1 core: counts and fixed-prior smoothed CTRs only (no prior fit, debiasing, "
+    "recency, decay, quarantine or writes): not the job's work"
+)
+
+
+def log_folder(inputs: Path, impressions: int) -> tuple[Path, str]:
+    """``(folder, input digest)`` of the generated log of ``impressions`` rows: under
+    ``inputs``, in a folder named by the digest of :data:`GENERATOR_MODULES`' code and the
+    generator's parameters (:func:`benchmarks.provenance.input_folder`)."""
+    config = impression_log.GeneratorConfig(impressions=impressions)
+    folder, digest = input_folder(inputs, GENERATOR_MODULES, asdict(config))
+    return folder / f"n={impressions}_seed={config.seed}", digest
+
+
+def ctr_repeats(quick: bool) -> int:
+    """Timed runs per figure, the same at every size: ``--repeats`` (this benchmark's
+    ``CASCADE_BENCH_CTR_REPEATS``), else ``CASCADE_BENCH_REPEATS``, else 3 (1 with ``--quick``)."""
+    own = load_settings().bench.ctr_repeats
+    return own or bench_repeats(DEFAULT_REPEATS, quick=quick, quick_default=1)
 
 
 def spark_cores(master: str) -> int:
@@ -179,11 +212,11 @@ class PeakMemory:
         self._thread.join()
 
 
-def pandas_reference(path: Path, config: job.CrossStatsConfig) -> int:
-    """Counts and smoothed CTRs per pair and window in pandas; returns output rows.
+def pandas_fixed_prior_counts(path: Path, config: job.CrossStatsConfig) -> int:
+    """Counts and fixed-prior smoothed CTRs per pair and window in pandas; returns output rows.
 
-    The prior here is the pooled mean with a fixed strength (the reference measures the cost
-    of the aggregation, not the prior fit).
+    Less than the job's work (see :data:`PANDAS_WORK`): the prior is the pooled mean with a
+    fixed strength, nothing is debiased, decayed, quarantined or written.
     """
     import numpy as np
     import pandas as pd
@@ -232,19 +265,19 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
     settings = load_settings()
     sizes = settings.bench.ctr_sizes or (QUICK_SIZES if quick else FULL_SIZES)
     inputs = settings.lake_root / "bench" / "impressions"
+    repeats = ctr_repeats(quick)
     config = job.CrossStatsConfig()
     threads = spark_cores(settings.spark_master)
     results: list[dict[str, Any]] = []
     # A session that was already running (a caller's, a test's) is reused and left running.
     with active_or_new(lambda: job.build_session(settings, app="cascade.bench.ctr")) as spark:
         for n in sizes:
-            log = inputs / f"n={n}_seed=7"
+            log, log_digest = log_folder(inputs, n)
             generated_s = None
             if not (log / "_SUCCESS").is_file():
                 started = time.perf_counter()
                 impression_log.write(spark, impression_log.GeneratorConfig(impressions=n), log)
                 generated_s = time.perf_counter() - started
-            repeats = settings.bench.ctr_repeats or (1 if quick or n > 1_000_000 else 3)
             warmup = 0 if quick else 1
 
             def scan(path: Path = log) -> None:
@@ -307,11 +340,12 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
 
             with job.sql_conf(spark, job.aggregate_conf(config)):
                 one_pair_count_s = median_seconds(one_pair_count, repeats=repeats, warmup=warmup)
-            reference_s = None
+            pandas_runs: list[float] = []
             if n <= REFERENCE_MAX_ROWS:
-                reference_s = median_seconds(
-                    lambda path=log: pandas_reference(path, config), repeats=1, warmup=0
-                )
+                for _ in range(repeats):
+                    started = time.perf_counter()
+                    pandas_fixed_prior_counts(log, config)
+                    pandas_runs.append(time.perf_counter() - started)
             job_s = statistics.median(job_runs)
             duckdb_s = statistics.median(duckdb_runs)
             same_work = (duck["rows"], duck["quarantined_rows"]) == (
@@ -327,11 +361,15 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
                 )
             result = {
                 "impressions": n,
+                "input_digest": log_digest,
+                "log": str(log),
                 "generated_s": generated_s,
                 "repeats": repeats,
                 **spread("job_s", job_runs),
                 **spread("duckdb_s", duckdb_runs),
                 "spark_vs_duckdb": job_s / duckdb_s,
+                # Per round, Spark's run over the DuckDB run beside it.
+                "spark_vs_duckdb_runs": [j / d for j, d in zip(job_runs, duckdb_runs, strict=True)],
                 "duckdb_threads": threads,
                 "duckdb_memory_limit": DUCKDB_MEMORY_LIMIT,
                 "duckdb_peak_rss_mb": duck.get("peak_rss_mb"),
@@ -345,8 +383,12 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
                 "one_pair_count_s": one_pair_count_s,
                 "one_pair_count_pair": floor_pair.name,
                 "one_pair_count_ratio": one_pair_count_s / scan_s,
-                "reference_s": reference_s,
-                "reference": "pandas (1 core)" if reference_s is not None else None,
+                **(
+                    spread("pandas_fixed_prior_counts_s", pandas_runs)
+                    if pandas_runs
+                    else {"pandas_fixed_prior_counts_s": None}
+                ),
+                "pandas_work": PANDAS_WORK if pandas_runs else None,
                 "quarantined_rows": summary.get("quarantined_rows"),
                 "feature_rows": summary.get("rows"),
                 "materialize_rows": materialized.get("rows"),
@@ -364,6 +406,9 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
         "pairs": [p.name for p in config.pairs],
         "windows_days": list(config.windows),
         "duckdb": f"duckdb {duckdb_version()}, {threads} threads",
+        "repeats": repeats,
+        "input_digest": digest_of(r["input_digest"] for r in results),
+        "spark_vs_duckdb": {str(r["impressions"]): r["spark_vs_duckdb"] for r in results},
         "sizes": results,
         "ns_per_row_growth": last["ns_per_row"] / first["ns_per_row"] - 1.0,
         "quick": quick,

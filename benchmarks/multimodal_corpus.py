@@ -6,15 +6,18 @@
 
 Per size, in one Spark session (the job's own, ``local[2]`` unless ``CASCADE_SPARK_MASTER``
 says otherwise): land that many generated pairs (:mod:`jobs.multimodal_sources`, seed 0,
-planted near-duplicates included) under ``<lake>/bench/multimodal/`` unless already there,
-then run :func:`jobs.multimodal_corpus.build_corpus` ``repeats`` times, interleaved across
-sizes, and report the median wall time, ``pairs_per_s`` and the median share of each stage
-(``decode`` reads and decodes the files, ``hashing`` computes pHash and MinHash signatures,
-``dedup`` finds and resolves near-duplicates, ``write`` splits, tokenizes and writes).
-Because the generator records what it planted, each size also reports the recall of planted
-duplicates and how many originals were removed (false positives). The top-level
-``pairs_per_s``, ``quarantined``, ``duplicates_removed`` and ``time_share`` are those of the
-first size; every size has its own entry in ``sizes``.
+planted near-duplicates included) under ``<lake>/bench/multimodal/<digest>/n=N_seed=0`` unless
+a previous run completed it there (``_LANDED``); the folder is named by the digest of the
+generator's code and parameters (:func:`landing_folder`), so changed generator code or
+parameters land a new batch. That digest is each size's ``input_digest``; the result's is one
+digest over every size's. Then it runs :func:`jobs.multimodal_corpus.build_corpus` ``repeats``
+times, interleaved across sizes, and reports the median wall time, ``pairs_per_s`` and the
+median share of each stage (``decode`` reads and decodes the files, ``hashing`` computes pHash
+and MinHash signatures, ``dedup`` finds and resolves near-duplicates, ``write`` splits,
+tokenizes and writes). Because the generator records what it planted, each size also reports
+the recall of planted duplicates and how many originals were removed (false positives). The
+top-level ``pairs_per_s``, ``quarantined``, ``duplicates_removed`` and ``time_share`` are those
+of the first size; every size has its own entry in ``sizes``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 
+from benchmarks.provenance import digest_of, input_folder
 from cascade.config import load_settings
 from cascade.progress import track
 from jobs.multimodal_corpus import CorpusConfig, build_corpus, spark_session
@@ -36,22 +40,34 @@ from jobs.spark_sessions import active_or_new
 
 FULL_SIZES = (10_000, 100_000)
 QUICK_SIZES = (1_000,)
+GENERATOR_MODULES = ("jobs.multimodal_sources",)
+"""The code that makes the landed pairs; its source is part of the landing folder's digest."""
+GENERATOR = GeneratorConfig(seed=0)
 
 
-def landed(spark: Any, root: Path, n: int) -> tuple[Path, float | None]:
-    """A landing batch of ``n`` generated pairs, reused when a previous run completed it."""
-    landing = root / f"n={n}_seed=0"
+def landing_folder(root: Path, n: int) -> tuple[Path, str]:
+    """``(folder, input digest)`` of a batch of ``n`` generated pairs: under ``root``, in a
+    folder named by the digest of :data:`GENERATOR_MODULES`' code and the generator's
+    parameters (:func:`benchmarks.provenance.input_folder`)."""
+    folder, digest = input_folder(root, GENERATOR_MODULES, {"count": n, **asdict(GENERATOR)})
+    return folder / f"n={n}_seed={GENERATOR.seed}", digest
+
+
+def landed(spark: Any, root: Path, n: int) -> tuple[Path, float | None, str]:
+    """``(landing, seconds spent landing or None, input digest)``: a batch of ``n`` generated
+    pairs, reused when a previous run of the same generator code and parameters completed it."""
+    landing, digest = landing_folder(root, n)
     done = landing / "_LANDED"
     if done.is_file():
-        return landing, None
+        return landing, None, digest
     if landing.exists():
         import shutil
 
         shutil.rmtree(landing)
     started = time.perf_counter()
-    land_generated(spark, landing, count=n, config=GeneratorConfig(seed=0))
+    land_generated(spark, landing, count=n, config=GENERATOR)
     done.write_text(str(n))
-    return landing, time.perf_counter() - started
+    return landing, time.perf_counter() - started, digest
 
 
 def planted_outcome(landing: Path, corpus: Path) -> dict[str, Any]:
@@ -112,6 +128,7 @@ def measure(
             {
                 "pairs": n,
                 "generated_s": batches[n][1],
+                "input_digest": batches[n][2],
                 "repeats": repeats[n],
                 "wall_s": wall,
                 "wall_s_runs": [r["wall_s"] for r in runs[n]],
@@ -137,6 +154,7 @@ def measure(
         "pairs_per_s": headline["pairs_per_s"],
         "pairs_per_s_runs": headline["pairs_per_s_runs"],
         "repeats": max(repeats.values()),
+        "input_digest": digest_of(r["input_digest"] for r in results),
         "pairs": headline["pairs"],
         "quarantined": headline["quarantined"],
         "duplicates_removed": headline["duplicates_removed"],

@@ -18,6 +18,15 @@ size and steps, warm-up excluded (``ds_vs_torch_throughput``, wall-clock medians
 processes, and for the record the same ratio under ZeRO-1 (``ds_vs_torch_throughput_zero1``);
 and the eager scoring cost of 1 user x 1,000 / 10,000 candidates with the user part shared
 (``score_request``) against scoring every candidate row in full.
+
+``model_digest`` is what the quality figures came from: one digest over every seed's trained
+networks (each run folder's ``phases/*/model.pt`` and the deployed ``fscd_model/``; per seed
+in ``model_provenance.per_seed``). ``model_provenance`` holds the config (its name and every
+value), the seeds and ``rows_digest``, the digest of the labelled rows the config trains on
+(:func:`benchmarks.provenance.frame_digest`), plus ``scoring_model_digest``, the weights of
+the network the scoring cost is timed on (initialized from torch seed 0, untrained: the cost
+does not depend on the weights). ``--quick`` trains no cascade, so there ``model_digest`` is
+that scoring network's.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.provenance import digest_of, files_digest, frame_digest, weights_digest
 from cascade.config import Settings, load_settings
 from cascade.progress import track
 from cascade.training.resumable_run import reachable_tracking
@@ -43,6 +53,11 @@ from models.preranking.model import ColdPreRanker
 
 CONFIG_ENV = "CASCADE_BENCH_PRERANKING_CONFIG"
 """Cascade config of the full run (default ``ml100k``); ``--quick`` always uses ``debug``."""
+SCORING_SEED = 0
+"""Torch seed of the (untrained) network the scoring cost is timed on."""
+TRAINED_MODEL_FILES = ("phases", "fscd_model")
+"""What a cascade run folder holds of its trained networks: every phase's ``model.pt`` and the
+deployed FSCD model."""
 SEEDS_ENV = "CASCADE_BENCH_PRERANKING_SEEDS"
 """Comma-separated training seeds of the full run (default ``0``); one cascade per seed."""
 HEADLINE = (
@@ -75,7 +90,12 @@ def summarize_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
         summary[f"{key}_max"] = values[-1]
     summary["seeds"] = [int(run["seed"]) for run in runs]
     summary["per_seed"] = [
-        {"seed": int(run["seed"]), **{k: float(run[k]) for k in HEADLINE}} for run in runs
+        {
+            "seed": int(run["seed"]),
+            **{k: float(run[k]) for k in HEADLINE},
+            **({"model_digest": run["model_digest"]} if "model_digest" in run else {}),
+        }
+        for run in runs
     ]
     summary["fscd_margin_over_two_tower"] = [
         float(run["fscd_auc"]) - float(run["two_tower_auc"]) for run in runs
@@ -103,9 +123,47 @@ def train_seeds(config_name: str, out: Path, seeds: list[int]) -> dict[str, Any]
             config_name, run_dir, processes=2, settings=settings, extra_args=["--seed", str(seed)]
         )
         trained = _read(run_dir / "result.json", f"cascade training (exit {code})", tail)
-        trained.update(seed=seed, run_dir=str(run_dir), mlflow_uri=settings.tracking_uri)
+        trained.update(
+            seed=seed,
+            run_dir=str(run_dir),
+            mlflow_uri=settings.tracking_uri,
+            model_digest=trained_models_digest(run_dir),
+        )
         runs.append(trained)
     return summarize_seeds(runs)
+
+
+def trained_models_digest(run_dir: Path) -> str:
+    """Digest of a cascade run's trained networks (:data:`TRAINED_MODEL_FILES` that exist)."""
+    found = [run_dir / name for name in TRAINED_MODEL_FILES if (run_dir / name).exists()]
+    if not found:
+        raise FileNotFoundError(f"cascade run {run_dir} left none of {TRAINED_MODEL_FILES}")
+    return files_digest(found)
+
+
+def model_record(
+    result: dict[str, Any], config_name: str, *, rows_digest: str, rows: int, scoring_digest: str
+) -> tuple[str, dict[str, Any]]:
+    """``(model_digest, model_provenance)`` of a run (see the module docstring)."""
+    provenance: dict[str, Any] = {
+        "config": config_name,
+        "config_values": get_cascade_config(config_name).to_dict(),
+        "rows_digest": rows_digest,
+        "rows": rows,
+        "scoring_model_digest": scoring_digest,
+        "scoring_model": f"ColdPreRanker initialized from torch seed {SCORING_SEED}, untrained",
+    }
+    per_seed = [row for row in result.get("per_seed", []) if "model_digest" in row]
+    if not per_seed:
+        return scoring_digest, provenance | {"source": "initialized (no cascade trained)"}
+    seeds = {str(row["seed"]): row["model_digest"] for row in per_seed}
+    provenance |= {
+        "source": "trained",
+        "seeds": [row["seed"] for row in per_seed],
+        "per_seed": seeds,
+        "models": "per seed: " + " + ".join(TRAINED_MODEL_FILES) + " of its run folder",
+    }
+    return digest_of(seeds.values()), provenance
 
 
 def _read(path: Path, what: str, log_tail: str) -> dict[str, Any]:
@@ -142,10 +200,11 @@ def throughput(
 
 def scoring_cost(
     fields: tuple[str, ...], encoder: FieldEncoder, config_name: str, candidates: int, repeats: int
-) -> dict[str, float]:
-    """Median ms to score one user x ``candidates`` items, user part shared vs recomputed."""
+) -> dict[str, Any]:
+    """Median ms to score one user x ``candidates`` items, user part shared vs recomputed, and
+    the scored network's ``weights_digest``."""
     config = get_cascade_config(config_name)
-    torch.manual_seed(0)
+    torch.manual_seed(SCORING_SEED)
     model = ColdPreRanker(config.net, fields, encoder.cardinalities()).eval()
     cards = torch.tensor(encoder.cardinalities())
     codes = (torch.rand(candidates, len(FIELDS)) * cards).long()
@@ -158,7 +217,12 @@ def scoring_cost(
         shared = median_seconds(lambda: model.score_request(user, codes), repeats=repeats)
         full = median_seconds(lambda: model(rows), repeats=repeats)
         torch.testing.assert_close(model.score_request(user, codes), model(rows))
-    return {"shared_user_ms": shared * 1e3, "per_row_ms": full * 1e3, "speedup": full / shared}
+    return {
+        "shared_user_ms": shared * 1e3,
+        "per_row_ms": full * 1e3,
+        "speedup": full / shared,
+        "weights_digest": weights_digest(model),
+    }
 
 
 def run(out: Path, quick: bool) -> dict[str, Any]:
@@ -204,11 +268,21 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
     from models.preranking.train import time_split
 
     config = get_cascade_config(config_name)
-    encoder = FieldEncoder(bins=config.bins).fit(time_split(load_frame(config), 0.2)[0])
+    frame = load_frame(config)
+    encoder = FieldEncoder(bins=config.bins).fit(time_split(frame, 0.2)[0])
     result["scoring_fields"] = list(fields)
+    scoring_digest = ""
     for candidates in (1_000,) if quick else (1_000, 10_000):
         cost = scoring_cost(fields, encoder, config_name, candidates, 5 if quick else 30)
         result[f"score_{candidates}_ms"] = cost["shared_user_ms"]
         result[f"score_{candidates}_per_row_ms"] = cost["per_row_ms"]
         result[f"score_{candidates}_shared_speedup"] = cost["speedup"]
+        scoring_digest = cost["weights_digest"]
+    result["model_digest"], result["model_provenance"] = model_record(
+        result,
+        config_name,
+        rows_digest=frame_digest(frame),
+        rows=len(frame),
+        scoring_digest=scoring_digest,
+    )
     return result

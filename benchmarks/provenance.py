@@ -129,6 +129,34 @@ def code_digest(modules: Iterable[str], parameters: Mapping[str, Any]) -> str:
     return "sha256:" + digest.hexdigest()
 
 
+def input_folder(
+    root: Path, generators: Iterable[str], parameters: Mapping[str, Any]
+) -> tuple[Path, str]:
+    """``(root / <digest>, digest)``: where inputs that ``generators`` make with ``parameters``
+    are kept, the folder named by their :func:`code_digest` (its first 16 hex digits). Changed
+    generator code or parameters give a new folder, so a benchmark regenerates instead of
+    reusing inputs made by other code; the same ones find the folder a previous run filled."""
+    digest = code_digest(generators, parameters)
+    return Path(root) / digest.removeprefix("sha256:")[:16], digest
+
+
+def digest_of(digests: Iterable[str]) -> str:
+    """One SHA-256 over several digests (in the order given): a result's ``input_digest``
+    when each of its sizes has inputs of its own."""
+    return "sha256:" + hashlib.sha256("\n".join(digests).encode()).hexdigest()
+
+
+def frame_digest(frame: Any) -> str:
+    """SHA-256 of a pandas frame's column names, dtypes and values (row order counts, the
+    index does not): the rows a model was trained on."""
+    import pandas as pd
+
+    digest = hashlib.sha256()
+    digest.update(json.dumps([[str(c), str(t)] for c, t in frame.dtypes.items()]).encode())
+    digest.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
+    return "sha256:" + digest.hexdigest()
+
+
 def files_digest(paths: Iterable[Path]) -> str:
     """SHA-256 of files, folders taken whole (each file's path relative to the folder, then
     its bytes, in name order)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.ctr_cross_stats import interleaved, spark_cores
+from benchmarks.ctr_cross_stats import ctr_repeats, interleaved, log_folder, spark_cores
 from benchmarks.registry import BENCHMARKS, run_benchmark
 
 
@@ -38,6 +38,18 @@ def test_duckdb_gets_as_many_threads_as_spark_has_cores(master: str, cores: int 
     assert spark_cores(master) == (cores or os.cpu_count())
 
 
+def test_every_size_is_repeated_alike_and_ctr_s_own_option_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CASCADE_BENCH_CTR_REPEATS", raising=False)
+    monkeypatch.delenv("CASCADE_BENCH_REPEATS", raising=False)
+    assert ctr_repeats(quick=False) == 3 and ctr_repeats(quick=True) == 1
+    monkeypatch.setenv("CASCADE_BENCH_REPEATS", "5")  # --repeats given to every benchmark
+    assert ctr_repeats(quick=False) == 5 and ctr_repeats(quick=True) == 5
+    monkeypatch.setenv("CASCADE_BENCH_CTR_REPEATS", "2")  # cascade bench ctr --repeats 2
+    assert ctr_repeats(quick=False) == 2
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_quick_bench_writes_the_promised_fields(
@@ -54,12 +66,16 @@ def test_quick_bench_writes_the_promised_fields(
     written = json.loads(out.read_text())
     (size,) = written["sizes"]
     assert size["impressions"] == 20000 and result["sizes"][0]["impressions"] == 20000
-    for key in ("job_s", "scan_s", "ratio", "rows_per_s", "peak_rss_mb", "reference_s"):
+    for key in ("job_s", "scan_s", "ratio", "rows_per_s", "peak_rss_mb"):
         assert size[key] > 0, key
+    # pandas does less than the job, and the key says so; it is no peer.
+    assert size["pandas_fixed_prior_counts_s"] > 0 and "no prior fit" in size["pandas_work"]
+    assert "reference_s" not in size
     assert size["ratio"] == pytest.approx(size["job_s"] / size["scan_s"])
     # The DuckDB peer ran beside the job on as many threads as local[2] has cores.
     assert size["duckdb_s"] > 0 and size["duckdb_threads"] == 2
     assert size["spark_vs_duckdb"] == pytest.approx(size["job_s"] / size["duckdb_s"])
+    assert written["spark_vs_duckdb"] == {"20000": size["spark_vs_duckdb"]}
     assert size["repeats"] == 1 and size["duckdb_s_runs"] == [size["duckdb_s"]]
     assert size["job_s_min"] == size["job_s"] == size["job_s_max"]
     assert size["duckdb_same_rows"] is True and size["duckdb_peak_rss_mb"] > 0
@@ -78,4 +94,8 @@ def test_quick_bench_writes_the_promised_fields(
     learned = size["learned_cross"]
     assert learned["pairs"] == size["feature_rows"]["user_cat"]
     assert 0 < learned["learned"]["rmse"] < 1 and learned["storage_saving"] < 1
-    assert (tmp_path / "home" / "lake" / "bench" / "impressions" / "n=20000_seed=7").is_dir()
+    # The log sits in the folder named by its generator's digest, which the JSON records.
+    log, digest = log_folder(tmp_path / "home" / "lake" / "bench" / "impressions", 20000)
+    assert (log / "_SUCCESS").is_file() and size["log"] == str(log)
+    assert size["input_digest"] == digest and written["input_digest"] != digest
+    assert written["repeats"] == 1 and written["spread"]["sizes.0.job_s"]["n"] == 1

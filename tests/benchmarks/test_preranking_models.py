@@ -28,6 +28,13 @@ def test_quick_preranking_benchmark_writes_its_figures(
     assert result["throughput_setup"]["zero_stage"] == 0  # the debug config's stage
     assert 0 < result["score_1000_ms"] < 1_000
     assert result["score_1000_shared_speedup"] > 0
+    # No cascade trained: the model is the scored network, and its provenance says so.
+    provenance = result["model_provenance"]
+    assert result["model_digest"] == provenance["scoring_model_digest"]
+    assert result["model_digest"].startswith("sha256:") and provenance["config"] == "debug"
+    assert provenance["source"].startswith("initialized")
+    assert provenance["config_values"]["name"] == "debug" and provenance["rows"] > 0
+    assert provenance["rows_digest"].startswith("sha256:")
 
 
 def test_seeds_are_summarized_by_median_with_spread_and_goal_counts(
@@ -83,3 +90,36 @@ def test_training_logs_to_a_private_store_when_the_stack_is_down(
     assert settings.tracking_uri == f"sqlite:///{(tmp_path / 'run' / 'mlflow.db').resolve()}"
     monkeypatch.setenv("CASCADE_MLFLOW_URI", f"sqlite:///{tmp_path / 'own.db'}")
     assert tracking_settings(tmp_path / "run").tracking_uri.endswith("own.db")
+
+
+def test_trained_models_give_the_digest_and_each_seed_its_own(tmp_path: Path) -> None:
+    from benchmarks.preranking_models import model_record, trained_models_digest
+
+    runs = {}
+    for seed in (0, 1):
+        run_dir = tmp_path / f"seed{seed}"
+        (run_dir / "phases" / "teacher").mkdir(parents=True)
+        (run_dir / "phases" / "teacher" / "model.pt").write_bytes(b"weights %d" % seed)
+        (run_dir / "fscd_model").mkdir()
+        (run_dir / "fscd_model" / "model.pt").write_bytes(b"fscd")
+        runs[seed] = trained_models_digest(run_dir)
+    assert runs[0] != runs[1]
+    with pytest.raises(FileNotFoundError, match="left none of"):
+        trained_models_digest(tmp_path / "empty")
+
+    result = {"per_seed": [{"seed": s, "model_digest": d} for s, d in runs.items()]}
+    digest, provenance = model_record(
+        result, "debug", rows_digest="sha256:rows", rows=10, scoring_digest="sha256:scoring"
+    )
+    assert provenance["source"] == "trained" and provenance["seeds"] == [0, 1]
+    assert provenance["per_seed"] == {"0": runs[0], "1": runs[1]}
+    assert provenance["rows_digest"] == "sha256:rows" and provenance["config"] == "debug"
+    assert digest not in (runs[0], runs[1], "sha256:scoring")
+    # One retrained seed changes the run's model digest.
+    result["per_seed"][1]["model_digest"] = runs[0]
+    assert (
+        model_record(
+            result, "debug", rows_digest="sha256:rows", rows=10, scoring_digest="sha256:scoring"
+        )[0]
+        != digest
+    )
