@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 POSTGRES_USER = "cascade"
 LEDGER_DATABASE = "cascade"
 FEAST_DATABASE = "feast"
-DATABASES = (LEDGER_DATABASE, FEAST_DATABASE)
+MLFLOW_DATABASE = "mlflow"
+DATABASES = (LEDGER_DATABASE, FEAST_DATABASE, MLFLOW_DATABASE)
 """Databases the stack's PostgreSQL creates at its first start."""
 
 

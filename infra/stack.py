@@ -39,6 +39,7 @@ from cascade.assets import KAFKA_CONN_ID
 from cascade.config import PORT_NAMES, REPO_ROOT, Settings, load_settings, scoped_environ
 from cascade.data_services import (
     DATABASES,
+    MLFLOW_DATABASE,
     POSTGRES_USER,
     ensure_postgres_password,
     ensure_redis_password,
@@ -373,9 +374,63 @@ def prepare_redis(settings: Settings) -> None:
     write_secret(redis_config_file(settings), config)
 
 
+def ensure_databases(settings: Settings) -> list[str]:
+    """Create the stack's databases that its PostgreSQL lacks (a cluster made before a database
+    joined :data:`DATABASES`); returns the ones created."""
+    import psycopg2
+
+    try:
+        conn = psycopg2.connect(stack_postgres_url(settings, "postgres"), connect_timeout=5)
+    except (psycopg2.Error, FileNotFoundError) as exc:
+        raise StackError(
+            "postgres is not running: the cluster profile keeps MLflow's runs and registry in "
+            f"it; start it first (`cascade up` starts it before mlflow) ({exc})"
+        ) from exc
+    conn.autocommit = True  # CREATE DATABASE cannot run inside a transaction
+    created = []
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT datname FROM pg_database")
+            present = {row[0] for row in cur.fetchall()}
+            for name in DATABASES:
+                if name not in present:
+                    cur.execute(f'CREATE DATABASE "{name}"')
+                    created.append(name)
+    finally:
+        conn.close()
+    return created
+
+
+def mlflow_uses_postgres(settings: Settings) -> bool:
+    """The cluster profile's own tracking server keeps runs and the registry in the stack's
+    PostgreSQL (database ``mlflow``); the local profile's, in SQLite under the state folder."""
+    return settings.profile == "cluster"
+
+
+def mlflow_store_env(settings: Settings) -> dict[str, str]:
+    """The backend store of the tracking server, as ``MLFLOW_BACKEND_STORE_URI`` (an
+    environment variable: a command line would show the password)."""
+    if mlflow_uses_postgres(settings):
+        if not postgres_password_file(settings).exists():
+            return {}  # prepare_mlflow refuses to start before PostgreSQL has a password
+        # SQLAlchemy names the driver: the psycopg2 the lock installs.
+        url = stack_postgres_url(settings, MLFLOW_DATABASE).replace(
+            "postgresql://", "postgresql+psycopg2://", 1
+        )
+    else:
+        url = f"sqlite:///{settings.home / 'mlflow' / 'mlflow.db'}"
+    return {"MLFLOW_BACKEND_STORE_URI": url}
+
+
+def prepare_mlflow(settings: Settings) -> None:
+    if mlflow_uses_postgres(settings):
+        ensure_databases(settings)
+
+
 PREPARE: dict[str, Callable[[Settings], None]] = {
     "postgres": prepare_postgres,
     "redis": prepare_redis,
+    "mlflow": prepare_mlflow,
 }
 """What must exist before a service starts (beyond the state folder)."""
 
@@ -456,8 +511,7 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
                 "-m",
                 "mlflow",
                 "server",
-                "--backend-store-uri",
-                f"sqlite:///{mlflow_dir / 'mlflow.db'}",
+                # The backend store is MLFLOW_BACKEND_STORE_URI (mlflow_store_env).
                 "--artifacts-destination",
                 str(mlflow_dir / "artifacts"),
                 "--host",
@@ -471,7 +525,11 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
                 "--app-name",
                 "basic-auth",
             ],
-            env={**service_env(settings), **tracking_server_env(settings)},
+            env={
+                **service_env(settings),
+                **tracking_server_env(settings),
+                **mlflow_store_env(settings),
+            },
             url=settings.tracking_uri,
             healthy=lambda: http_ok(f"{settings.tracking_uri}/health"),
             start_timeout_s=120,
