@@ -140,6 +140,10 @@ QUICK_CONFIG = "debug"
 """The training config ``--quick`` serves when no ``--config`` is given (seconds to train)."""
 
 
+DEBUG_NETWORK: dict[str, Any] = {"training_config": QUICK_CONFIG, "epochs": None, "lr": None}
+"""What the trainers below train when given no network: the ``debug`` config, as it stands."""
+
+
 def serving_network(settings: Settings, *, quick: bool) -> dict[str, Any]:
     """Which network the benchmark trains and serves: the model kind, the training config by
     name (and where the name came from), the pipeline's own config for that kind, and the
@@ -171,15 +175,17 @@ def serving_network(settings: Settings, *, quick: bool) -> dict[str, Any]:
 
 
 def train_fscd_and_promote(
-    frame: pd.DataFrame, settings: Settings, ds: str, network: dict[str, Any]
+    frame: pd.DataFrame, settings: Settings, ds: str, network: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Train the FSCD cascade's ``network["training_config"]`` on ``frame`` as the pipeline's
-    train step does (DeepSpeed, ``settings.train_processes`` processes), compile and gate it
-    as its compile step does, register the pre-ranker and make it champion."""
+    """Train the FSCD cascade of config ``network["training_config"]`` (default ``debug``) on
+    ``frame`` as the pipeline's train step does (DeepSpeed, ``settings.train_processes``
+    processes), compile and gate it as its compile step does, register the pre-ranker and make
+    it champion."""
     from compilers.deploy_gate import compile_and_gate
     from models.preranking.cascade_train import launch_pipeline
     from models.preranking.registration import register_and_promote
 
+    network = network or DEBUG_NETWORK
     data = Lake(settings.lake_root).training_set("preranking", ds) / "data.parquet"
     data.parent.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(data, index=False)
@@ -203,11 +209,11 @@ def train_fscd_and_promote(
 
 
 def train_and_promote(
-    frame: pd.DataFrame, settings: Settings, ds: str, network: dict[str, Any]
+    frame: pd.DataFrame, settings: Settings, ds: str, network: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Train the PreRanker of config ``network["training_config"]`` on ``frame`` in this
-    process (plain Adam with the config's batch size, learning rate and weight decay; seconds),
-    log it, make it champion."""
+    """Train the PreRanker of config ``network["training_config"]`` (default ``debug``) on
+    ``frame`` in this process (plain Adam with the config's batch size, learning rate and
+    weight decay; seconds), log it, make it champion."""
     import torch
 
     from models.preranking.config_registry import get_config, with_overrides
@@ -216,6 +222,7 @@ def train_and_promote(
     from models.preranking.registration import register_and_promote
     from models.preranking.train import evaluate, log_run, time_split
 
+    network = network or DEBUG_NETWORK
     config = with_overrides(
         get_config(network["training_config"]), epochs=network["epochs"], lr=network["lr"]
     )
