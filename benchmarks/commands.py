@@ -27,6 +27,7 @@ BENCH_OPTIONS = {
     "clients": "concurrent clients (serving)",
     "seconds": "measured seconds of load, after the warm-up (serving)",
     "workers": "server processes (serving)",
+    "rate": "open-loop arrival rate, requests/s (serving; default 70% of the closed loop's)",
     "pairs": "generated image-text pairs, comma-separated sizes (multimodal-corpus)",
 }
 

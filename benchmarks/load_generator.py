@@ -1,18 +1,33 @@
-"""Closed-loop load generator for the pre-ranking server: N clients sending id-only v2 requests.
+"""Load generator for the pre-ranking server: closed-loop clients or an open-loop arrival rate.
 
     python -m benchmarks.load_generator --url http://127.0.0.1:28081 --ids ids.json \\
         --clients 8 --candidates 1000 --seconds 30 --warmup-seconds 5 --out load.json
+    python -m benchmarks.load_generator ... --rate 400 --server-pid 1234 --out open.json
 
 ``ids.json`` is ``{"users": [...], "items": [...]}``: each request asks for one random user and
-``--candidates`` distinct random items (a pool of pre-encoded bodies, so building requests costs
-nothing while measuring). Each client holds one keep-alive HTTP/1.1 connection and sends its
-next request as soon as the previous answer has been read in full and checked (status 200, one
-finite score per candidate). Requests that start during the warm-up are not counted.
+``--candidates`` distinct random items, drawn and encoded when the request is sent, inside the
+timed path (:class:`RequestMaker`), as a client building its request would.
+
+Closed loop (default): ``--clients`` clients, each on one keep-alive HTTP/1.1 connection, send
+their next request as soon as the previous answer has been read in full and checked (status
+200, one finite score per candidate); latency runs from just before the request is built.
+
+Open loop (``--rate R``): requests are scheduled every ``1/R`` seconds and each is sent at its
+time whatever the earlier ones are doing, on a pool of keep-alive connections that grows as
+requests are in flight (at most ``--max-connections``), so a slow answer never holds back the
+next send. Latency runs from the *scheduled* send time, so time a request spent waiting to go
+out counts (no coordinated omission); a send that went out more than ``LATE_SEND_MS`` after
+its time is counted in ``late_sends``.
+
+Requests scheduled (or started) during the warm-up are not counted. With ``--server-pid``, the
+CPU time of that process and its children is sampled at the start and the end of the measured
+window, so ``server_cpu_ms_per_request`` covers the window only.
 
 It runs in its own process, apart from the server, so the client's CPU time is not the
 server's; a raw asyncio HTTP/1.1 client keeps that CPU time small on a 2-core machine, where
 every cycle the client spends is one the server cannot. The result (JSON) holds ``p50_ms``,
-``p90_ms``, ``p99_ms``, ``rps``, ``errors`` and the setup.
+``p90_ms``, ``p99_ms``, ``rps``, ``errors`` and the setup (and, open loop, ``rate_rps``,
+``achieved_rps``, ``late_sends``).
 """
 
 from __future__ import annotations
@@ -21,10 +36,9 @@ import argparse
 import asyncio
 import json
 import math
-import random
 import resource
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +48,8 @@ import numpy as np
 import orjson
 
 MODEL_PATH = "/v2/models/preranking/infer"
+LATE_SEND_MS = 5.0
+"""An open-loop send this much after its scheduled time counts as late."""
 T = TypeVar("T")
 
 
@@ -48,49 +64,73 @@ class Tally:
     answered: int = 0
     """Good answers (HTTP 200, checked) over the whole run, warm-up included: each one is a
     request the server scored, and logged as feedback."""
+    late_sends: int = 0
+    """Open loop: measured requests sent more than ``LATE_SEND_MS`` after their time."""
 
     def error(self, message: str) -> None:
         self.errors += 1
         if len(self.error_samples) < 5:
             self.error_samples.append(message[:300])
 
+    def count(self, *, measured: bool, status: int, problem: str | None, elapsed: float) -> None:
+        """One finished request; only ``measured`` ones (not warm-up) enter the figures."""
+        if problem is None:
+            self.answered += 1
+        if not measured:
+            return
+        self.status[str(status)] = self.status.get(str(status), 0) + 1
+        if problem is None:
+            self.latencies.append(elapsed)
+        else:
+            self.error(problem)
+
+
+class RequestMaker:
+    """Draws and encodes one v2 request per call: one random user, ``candidates`` distinct
+    random items (a client's work per request, done while it is timed)."""
+
+    def __init__(
+        self, users: Sequence[int], items: Sequence[int], *, candidates: int, seed: Any
+    ) -> None:
+        if candidates > len(items):
+            raise ValueError(
+                f"{candidates} candidates per request, but only {len(items)} item ids to draw from"
+            )
+        if not users:
+            raise ValueError("no user ids to draw requests from")
+        self.users = np.asarray(users, dtype=np.int64)
+        self.items = np.asarray(items, dtype=np.int64)
+        self.candidates = candidates
+        self.rng = np.random.default_rng(seed)
+        self.made = 0
+
+    def __call__(self) -> bytes:
+        user = int(self.users[self.rng.integers(len(self.users))])
+        chosen = self.rng.choice(self.items, self.candidates, replace=False)
+        self.made += 1
+        return orjson.dumps(
+            {
+                "id": f"load-{self.made}",
+                "inputs": [
+                    {"name": "user_id", "datatype": "INT64", "shape": [1], "data": [user]},
+                    {
+                        "name": "item_ids",
+                        "datatype": "INT64",
+                        "shape": [self.candidates],
+                        "data": chosen,
+                    },
+                ],
+            },
+            option=orjson.OPT_SERIALIZE_NUMPY,
+        )
+
 
 def request_bodies(
     users: list[int], items: list[int], *, candidates: int, count: int, seed: int
 ) -> list[bytes]:
-    """``count`` encoded v2 requests: one random user, ``candidates`` distinct random items."""
-    if candidates > len(items):
-        raise ValueError(
-            f"{candidates} candidates per request, but only {len(items)} item ids to draw from"
-        )
-    if not users:
-        raise ValueError("no user ids to draw requests from")
-    rng = random.Random(seed)
-    bodies = []
-    for n in range(count):
-        chosen = rng.sample(items, candidates)
-        bodies.append(
-            orjson.dumps(
-                {
-                    "id": f"load-{n}",
-                    "inputs": [
-                        {
-                            "name": "user_id",
-                            "datatype": "INT64",
-                            "shape": [1],
-                            "data": [rng.choice(users)],
-                        },
-                        {
-                            "name": "item_ids",
-                            "datatype": "INT64",
-                            "shape": [candidates],
-                            "data": chosen,
-                        },
-                    ],
-                }
-            )
-        )
-    return bodies
+    """``count`` requests as :class:`RequestMaker` draws them (for inspection and tests)."""
+    make = RequestMaker(users, items, candidates=candidates, seed=seed)
+    return [make() for _ in range(count)]
 
 
 def check_response(status: int, body: bytes, candidates: int) -> str | None:
@@ -131,107 +171,279 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]
     return status, body, headers.get("connection", "").lower() != "close"
 
 
+def request_header(host: str, port: int, path: str) -> bytes:
+    """The fixed start of every request (auth included); ``Content-Length`` comes next."""
+    from cascade.config import load_settings
+
+    auth = "".join(f"{k}: {v}\r\n" for k, v in load_settings().serving.auth_headers().items())
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{auth}"
+        "Content-Type: application/json\r\nContent-Length: "
+    ).encode("latin-1")
+
+
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+FAILURES = (OSError, asyncio.IncompleteReadError, ValueError, ConnectionError)
+"""What a request can fail with on the client side (the connection is then dropped)."""
+
+
+async def exchange(
+    connection: Connection, header: bytes, body: bytes, candidates: int
+) -> tuple[int, str | None, bool]:
+    """Send one request on ``connection`` and read its answer: ``(status, problem, keep)``."""
+    reader, writer = connection
+    writer.write(b"%s%d\r\n\r\n%s" % (header, len(body), body))
+    status, answer, keep_alive = await read_response(reader)
+    return status, check_response(status, answer, candidates), keep_alive
+
+
 async def client(
     host: str,
     port: int,
     path: str,
-    bodies: list[bytes],
+    make: RequestMaker,
     *,
-    offset: int,
     candidates: int,
     measure_from: float,
     stop_at: float,
     tally: Tally,
 ) -> None:
     """One closed-loop client on one keep-alive connection (reconnects after a failure)."""
-    from cascade.config import load_settings
-
-    auth = "".join(f"{k}: {v}\r\n" for k, v in load_settings().serving.auth_headers().items())
-    header = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{auth}"
-        "Content-Type: application/json\r\nContent-Length: "
-    ).encode("latin-1")
-    n = offset
-    writer: asyncio.StreamWriter | None = None
-    reader: asyncio.StreamReader | None = None
+    header = request_header(host, port, path)
+    connection: Connection | None = None
     while time.perf_counter() < stop_at:
-        body = bodies[n % len(bodies)]
-        n += 1
         started = time.perf_counter()
         try:
-            if writer is None:
-                reader, writer = await asyncio.open_connection(host, port)
-            assert reader is not None
-            writer.write(b"%s%d\r\n\r\n%s" % (header, len(body), body))
-            status, answer, keep_alive = await read_response(reader)
-            elapsed = time.perf_counter() - started
-            problem = check_response(status, answer, candidates)
+            body = make()
+            if connection is None:
+                connection = await asyncio.open_connection(host, port)
+            status, problem, keep_alive = await exchange(connection, header, body, candidates)
             if not keep_alive:
-                writer.close()
-                writer = None
-        except (OSError, asyncio.IncompleteReadError, ValueError, ConnectionError) as exc:
-            elapsed = time.perf_counter() - started
+                connection[1].close()
+                connection = None
+        except FAILURES as exc:
             status, problem = 0, f"{type(exc).__name__}: {exc}"
-            if writer is not None:
-                writer.close()
-            writer = None
-        if problem is None:
-            tally.answered += 1
-        if started < measure_from:
-            continue
-        tally.status[str(status)] = tally.status.get(str(status), 0) + 1
-        if problem is None:
-            tally.latencies.append(elapsed)
-        else:
-            tally.error(problem)
-    if writer is not None:
-        writer.close()
+            if connection is not None:
+                connection[1].close()
+            connection = None
+        elapsed = time.perf_counter() - started
+        tally.count(
+            measured=started >= measure_from, status=status, problem=problem, elapsed=elapsed
+        )
+    if connection is not None:
+        connection[1].close()
+
+
+class ConnectionPool:
+    """Keep-alive connections for the open loop: an idle one is reused, else a new one is
+    opened, up to ``limit`` requests in flight (a request beyond waits for a free one)."""
+
+    def __init__(self, host: str, port: int, limit: int) -> None:
+        self.host, self.port = host, port
+        self.slots = asyncio.Semaphore(limit)
+        self.idle: list[Connection] = []
+        self.opened = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    async def acquire(self) -> Connection:
+        await self.slots.acquire()
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        if self.idle:
+            return self.idle.pop()
+        try:
+            connection = await asyncio.open_connection(self.host, self.port)
+        except BaseException:
+            self.release(None)
+            raise
+        self.opened += 1
+        return connection
+
+    def release(self, connection: Connection | None) -> None:
+        """Return a slot; ``connection`` is kept for reuse (None: it was dropped)."""
+        if connection is not None:
+            self.idle.append(connection)
+        self.in_flight -= 1
+        self.slots.release()
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+async def open_loop(
+    host: str,
+    port: int,
+    path: str,
+    make: RequestMaker,
+    *,
+    rate: float,
+    candidates: int,
+    start: float,
+    measure_from: float,
+    stop_at: float,
+    tally: Tally,
+    max_connections: int,
+) -> dict[str, int]:
+    """Send a request every ``1 / rate`` seconds from ``start`` until ``stop_at``, each on
+    schedule whatever the earlier ones are doing; latency from the scheduled time."""
+    header = request_header(host, port, path)
+    pool = ConnectionPool(host, port, max_connections)
+    late_s = LATE_SEND_MS / 1e3
+
+    async def send(scheduled: float) -> None:
+        measured = scheduled >= measure_from
+        problem: str | None
+        try:
+            connection = await pool.acquire()
+        except FAILURES as exc:
+            elapsed = time.perf_counter() - scheduled
+            problem = f"{type(exc).__name__}: {exc}"
+            tally.count(measured=measured, status=0, problem=problem, elapsed=elapsed)
+            return
+        try:
+            body = make()
+            if measured and time.perf_counter() - scheduled > late_s:
+                tally.late_sends += 1
+            status, problem, keep_alive = await exchange(connection, header, body, candidates)
+        except FAILURES as exc:
+            status, problem, keep_alive = 0, f"{type(exc).__name__}: {exc}", False
+        elapsed = time.perf_counter() - scheduled
+        if not keep_alive:
+            connection[1].close()
+        pool.release(connection if keep_alive else None)
+        tally.count(measured=measured, status=status, problem=problem, elapsed=elapsed)
+
+    in_flight: set[asyncio.Task[None]] = set()
+    interval = 1.0 / rate
+    scheduled_total = 0
+    while (scheduled := start + scheduled_total * interval) < stop_at:
+        delay = scheduled - time.perf_counter()
+        # Behind schedule (a busy loop): send at once, but let the others run in between.
+        await asyncio.sleep(max(0.0, delay))
+        task = asyncio.create_task(send(scheduled))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+        scheduled_total += 1
+    await asyncio.gather(*in_flight)
+    pool.close()
+    return {
+        "scheduled_total": scheduled_total,
+        "connections_opened": pool.opened,
+        "max_in_flight": pool.max_in_flight,
+    }
+
+
+class ServerCpu:
+    """CPU seconds (user + system) of a server process and its children, per process."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+
+    def sample(self) -> dict[int, float]:
+        if self.pid is None:
+            return {}
+        import psutil
+
+        try:
+            parent = psutil.Process(self.pid)
+            processes = [parent, *parent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return {}
+        times: dict[int, float] = {}
+        for process in processes:
+            try:
+                cpu = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            times[process.pid] = cpu.user + cpu.system
+        return times
+
+    @staticmethod
+    def spent(before: dict[int, float], after: dict[int, float]) -> float:
+        """CPU seconds between two samples (a process that appeared in between: all of its)."""
+        return sum(t - before.get(pid, 0.0) for pid, t in after.items())
 
 
 async def generate(
     url: str,
-    bodies: list[bytes],
+    make: RequestMaker | Sequence[RequestMaker],
     *,
     clients: int,
     candidates: int,
     seconds: float,
     warmup_seconds: float,
+    rate: float | None = None,
+    max_connections: int = 256,
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
+    """Run the load (closed loop, or open loop at ``rate`` requests/s) and summarize the
+    measured window. ``make``: one request maker per client (closed loop) or one (open)."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname or not parts.port:
         raise ValueError(f"--url must look like http://HOST:PORT, got {url!r}")
+    makers = [make] if isinstance(make, RequestMaker) else list(make)
     tally = Tally()
+    server = ServerCpu(server_pid)
     start = time.perf_counter()
     measure_from = start + warmup_seconds
     stop_at = measure_from + seconds
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)
-    await asyncio.gather(
-        *(
-            client(
-                parts.hostname,
-                parts.port,
-                MODEL_PATH,
-                bodies,
-                offset=i * (len(bodies) // clients),
-                candidates=candidates,
-                measure_from=measure_from,
-                stop_at=stop_at,
-                tally=tally,
+
+    async def sample_at_window_start() -> dict[int, float]:
+        await asyncio.sleep(max(0.0, measure_from - time.perf_counter()))
+        return server.sample()
+
+    window_start = asyncio.create_task(sample_at_window_start())
+    open_stats: dict[str, int] = {}
+    if rate is None:
+        if len(makers) != clients:
+            raise ValueError(f"{clients} clients need {clients} request makers")
+        await asyncio.gather(
+            *(
+                client(
+                    parts.hostname,
+                    parts.port,
+                    MODEL_PATH,
+                    makers[i],
+                    candidates=candidates,
+                    measure_from=measure_from,
+                    stop_at=stop_at,
+                    tally=tally,
+                )
+                for i in range(clients)
             )
-            for i in range(clients)
         )
-    )
+    else:
+        open_stats = await open_loop(
+            parts.hostname,
+            parts.port,
+            MODEL_PATH,
+            makers[0],
+            rate=rate,
+            candidates=candidates,
+            start=start,
+            measure_from=measure_from,
+            stop_at=stop_at,
+            tally=tally,
+            max_connections=max_connections,
+        )
+    server_cpu_s = ServerCpu.spent(await window_start, server.sample())
     # The last requests may end after stop_at; the window is what they actually spanned.
     window = max(time.perf_counter(), stop_at) - measure_from
     cpu_after = resource.getrusage(resource.RUSAGE_SELF)
     lat_ms = np.asarray(tally.latencies) * 1e3
     good = len(lat_ms)
+    requests = good + tally.errors
     result: dict[str, Any] = {
+        "mode": "closed" if rate is None else "open",
         "clients": clients,
         "candidates": candidates,
         "duration_s": window,
         "warmup_s": warmup_seconds,
-        "requests": good + tally.errors,
+        "requests": requests,
         "errors": tally.errors,
         "error_samples": tally.error_samples,
         "status_counts": tally.status,
@@ -239,7 +451,22 @@ async def generate(
         "rps": good / window,
         "load_generator_cpu_s": (cpu_after.ru_utime + cpu_after.ru_stime)
         - (cpu_before.ru_utime + cpu_before.ru_stime),
+        "requests_encoded_per_send": True,
     }
+    if server_pid is not None:
+        result["server_cpu_s"] = server_cpu_s
+        result["server_cpu_ms_per_request"] = server_cpu_s / max(1, requests) * 1e3
+    if rate is not None:
+        result.update(
+            {
+                "rate_rps": rate,
+                "achieved_rps": good / window,
+                "late_sends": tally.late_sends,
+                "late_send_threshold_ms": LATE_SEND_MS,
+                "max_connections": max_connections,
+                **open_stats,
+            }
+        )
     if good:
         result.update(
             {
@@ -277,39 +504,51 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="server root, http://HOST:PORT")
     parser.add_argument("--ids", required=True, type=Path, help="JSON: users and items lists")
-    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--clients", type=int, default=8, help="closed-loop clients")
     parser.add_argument("--candidates", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=30.0, help="measured window")
     parser.add_argument("--warmup-seconds", type=float, default=5.0, help="not counted")
-    parser.add_argument("--pool", type=int, default=256, help="distinct request bodies")
+    parser.add_argument(
+        "--rate", type=float, default=None, help="open loop: requests per second (sent on time)"
+    )
+    parser.add_argument(
+        "--max-connections", type=int, default=256, help="open loop: most requests in flight"
+    )
+    parser.add_argument(
+        "--server-pid", type=int, default=None, help="sample this process tree's CPU time"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, type=Path, help="result JSON")
     args = parser.parse_args(argv)
-    if args.clients < 1 or args.candidates < 1 or args.pool < 1:
-        parser.error("--clients, --candidates and --pool must be >= 1")
+    if args.clients < 1 or args.candidates < 1 or args.max_connections < 1:
+        parser.error("--clients, --candidates and --max-connections must be >= 1")
     if not args.seconds > 0 or args.warmup_seconds < 0:
         parser.error("--seconds must be > 0 and --warmup-seconds >= 0")
+    if args.rate is not None and not (args.rate > 0 and math.isfinite(args.rate)):
+        parser.error("--rate must be a finite number of requests per second > 0")
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     ids = json.loads(args.ids.read_text())
-    bodies = request_bodies(
-        [int(u) for u in ids["users"]],
-        [int(i) for i in ids["items"]],
-        candidates=args.candidates,
-        count=args.pool,
-        seed=args.seed,
-    )
+    users, items = [int(u) for u in ids["users"]], [int(i) for i in ids["items"]]
+    # One request stream per closed-loop client (the open loop draws from the first).
+    makers = [
+        RequestMaker(users, items, candidates=args.candidates, seed=(args.seed, i))
+        for i in range(1 if args.rate is not None else args.clients)
+    ]
     result = run_event_loop(
         generate(
             args.url,
-            bodies,
+            makers,
             clients=args.clients,
             candidates=args.candidates,
             seconds=args.seconds,
             warmup_seconds=args.warmup_seconds,
+            rate=args.rate,
+            max_connections=args.max_connections,
+            server_pid=args.server_pid,
         )
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)

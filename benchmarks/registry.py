@@ -57,6 +57,8 @@ OPTIONS: dict[str, dict[str, str]] = {
         "clients": "CASCADE_BENCH_SERVING_CLIENTS",
         "seconds": "CASCADE_BENCH_SERVING_SECONDS",
         "workers": "CASCADE_BENCH_SERVING_WORKERS",
+        "config": "CASCADE_BENCH_SERVING_CONFIG",
+        "rate": "CASCADE_BENCH_SERVING_RATE",
     },
 }
 """Per benchmark: command-line option -> the environment variable its function reads."""

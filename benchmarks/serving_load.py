@@ -9,19 +9,36 @@ running local stack is never touched:
 * feature snapshots of a synthetic log (943 users, 1,682 items: MovieLens-100k's sizes) written
   to the lake as the CTR job writes them, then ``feast apply`` + materialize into the SQLite
   online store (:func:`cascade.feature_store.apply_and_materialize`);
-* the pipeline's network trained on that log, logged to a SQLite MLflow and promoted to
-  ``champion`` by :func:`cascade.registry.register_and_promote`: the FSCD pre-ranker (its
-  ``debug`` config, trained as the pipeline's train step trains it, then compiled and gated by
-  the compile step, so the server scores with its AOTInductor package) or, with
-  ``CASCADE_BENCH_SERVING_MODEL=mlp``, the first path's small PreRanker (seconds);
+* the network the pipeline's train step trains, trained on that log, logged to a SQLite MLflow
+  and promoted to ``champion`` by :func:`cascade.registry.register_and_promote`. The kind is
+  ``CASCADE_PRERANKING_MODEL`` (or ``CASCADE_BENCH_SERVING_MODEL``), the config is named by
+  ``--config``, else the pipeline's (``CASCADE_PRERANKING_CONFIG``, else ``pipeline`` for
+  ``fscd``, ``ml100k`` for ``mlp``); ``--quick`` trains ``debug`` instead and says so
+  (``training_config``, ``is_pipeline_network``). ``fscd``: the FSCD cascade, trained as the
+  train step trains it (DeepSpeed), then compiled and gated by the compile step, so the server
+  scores with its AOTInductor package. ``mlp``: the config's PreRanker, trained in process
+  (plain Adam, seconds). ``model_digest`` and ``model_provenance`` name what was served;
 * ``python -m serving.server`` with ``--workers`` processes (default 2, one per core here),
   which loads the champion from the registry, holds the item features in memory and reads each
-  request's user features from the online store.
+  request's user features from the online store. ``setup.torch_threads_per_worker`` is what
+  each worker reports on ``/metrics`` (``cascade_serving_torch_threads``).
 
-A load generator in a separate process (:mod:`benchmarks.load_generator`) then runs ``--clients``
-closed-loop clients, each sending 1 user x ``--candidates`` item ids per request, and reports
-latency percentiles over the measured window (warm-up excluded), with the server's CPU time per
-request and the machine's load average (other work on a shared machine shows up in p99).
+A load generator in a separate process (:mod:`benchmarks.load_generator`) then loads it in
+measured windows of two kinds, alternating (the order rotating each round), ``--repeats``
+windows each (default 3, 1 with ``--quick``):
+
+* closed loop: ``--clients`` clients, each sending 1 user x ``--candidates`` item ids per
+  request and the next one when the answer is in. The top-level figures (``p50_ms``,
+  ``p99_ms``, ``rps``, ``server_cpu_ms_per_request``, ...) are medians over its windows, each
+  window's in ``*_runs``;
+* open loop (``open_loop``): requests sent at a fixed ``--rate`` (default 70% of the first
+  closed window's throughput) whatever the answers are doing, latency from each request's
+  scheduled send time, so queueing shows (no coordinated omission).
+
+Each request is drawn and encoded when it is sent, inside the timed path. Server CPU per
+request is the server processes' CPU time over the measured window only (sampled at its start
+and end, warm-up excluded) over the window's requests. The machine's load average is recorded
+(other work on a shared machine shows up in p99).
 The server logs every scored candidate as feedback (its default); after the server stopped,
 the rows in the private lake are counted against the good answers (``feedback_complete``:
 none was dropped, none was lost at shutdown).
@@ -30,8 +47,10 @@ says how the server scored (``compiled``: the package). A full run then repeats 
 by eager PyTorch (``eager_scorer``, ``CASCADE_SERVING_COMPILED=0``; ``compiled_vs_eager_cpu``:
 eager server CPU per request / compiled) and with the other process count (``with_1_workers``).
 Options (environment variable): ``--candidates`` (CASCADE_BENCH_SERVING_CANDIDATES), ``--clients``
-(CASCADE_BENCH_SERVING_CLIENTS), ``--seconds`` (CASCADE_BENCH_SERVING_SECONDS, measured window),
-``--workers`` (CASCADE_BENCH_SERVING_WORKERS).
+(CASCADE_BENCH_SERVING_CLIENTS), ``--seconds`` (CASCADE_BENCH_SERVING_SECONDS, each measured
+window), ``--workers`` (CASCADE_BENCH_SERVING_WORKERS), ``--config``
+(CASCADE_BENCH_SERVING_CONFIG), ``--rate`` (CASCADE_BENCH_SERVING_RATE), ``--repeats``
+(CASCADE_BENCH_REPEATS).
 """
 
 from __future__ import annotations
@@ -42,6 +61,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +74,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.provenance import bench_repeats, rotated
 from cascade.config import REPO_ROOT, Settings, load_settings
 from cascade.ctr_schema import (
     ITEM_FEATURES,
@@ -115,48 +136,103 @@ def write_feature_lake(frame: pd.DataFrame, lake: Lake, ds: str) -> None:
 MODEL_ENV = "CASCADE_BENCH_SERVING_MODEL"
 """``fscd`` or ``mlp``: the network the benchmark serves (default: the pipeline's
 ``CASCADE_PRERANKING_MODEL``, i.e. the FSCD pre-ranker)."""
+QUICK_CONFIG = "debug"
+"""The training config ``--quick`` serves when no ``--config`` is given (seconds to train)."""
 
 
-def train_fscd_and_promote(frame: pd.DataFrame, settings: Settings, ds: str) -> dict[str, Any]:
-    """Train the FSCD cascade's ``debug`` config on ``frame`` as the pipeline's train step does
-    (DeepSpeed, 2 processes), register the pre-ranker and make it champion."""
+DEBUG_NETWORK: dict[str, Any] = {"training_config": QUICK_CONFIG, "epochs": None, "lr": None}
+"""What the trainers below train when given no network: the ``debug`` config, as it stands."""
+
+
+def serving_network(settings: Settings, *, quick: bool) -> dict[str, Any]:
+    """Which network the benchmark trains and serves: the model kind, the training config by
+    name (and where the name came from), the pipeline's own config for that kind, and the
+    pipeline's epoch and learning-rate knobs, which its train step applies too."""
+    from cascade.config import load_group
+    from models.preranking.config_registry import get_cascade_config, get_config
+    from pipelines.ctr_preranking import DEFAULT_CONFIGS, PrerankingSettings
+
+    options = settings.bench
+    kind = options.serving_model or settings.preranking_model
+    knobs = load_group(PrerankingSettings)
+    pipeline_config = knobs.config or DEFAULT_CONFIGS[kind]
+    if options.serving_config:
+        name, source = options.serving_config, "--config"
+    elif quick:
+        name, source = QUICK_CONFIG, "--quick (not the pipeline's config)"
+    else:
+        name, source = pipeline_config, "the pipeline's train step"
+    (get_cascade_config if kind == "fscd" else get_config)(name)  # a bad name fails here
+    return {
+        "model": kind,
+        "training_config": name,
+        "config_source": source,
+        "pipeline_config": pipeline_config,
+        "is_pipeline_network": name == pipeline_config,
+        "epochs": knobs.epochs,
+        "lr": knobs.lr,
+    }
+
+
+def train_fscd_and_promote(
+    frame: pd.DataFrame, settings: Settings, ds: str, network: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Train the FSCD cascade of config ``network["training_config"]`` (default ``debug``) on
+    ``frame`` as the pipeline's train step does (DeepSpeed, ``settings.train_processes``
+    processes), compile and gate it as its compile step does, register the pre-ranker and make
+    it champion."""
     from compilers.deploy_gate import compile_and_gate
     from models.preranking.cascade_train import launch_pipeline
     from models.preranking.registration import register_and_promote
 
+    network = network or DEBUG_NETWORK
     data = Lake(settings.lake_root).training_set("preranking", ds) / "data.parquet"
     data.parent.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(data, index=False)
-    trained = launch_pipeline(ds, config="debug", settings=settings)
+    trained = launch_pipeline(
+        ds,
+        config=network["training_config"],
+        settings=settings,
+        epochs=network["epochs"],
+        lr=network["lr"],
+    )
     # The pipeline's compile step: the package the server scores with when the gate passes.
     gate = compile_and_gate(ds, settings=settings)
     return {
         **register_and_promote(ds, settings=settings, requires_compile_gate=True),
         "test_auc": trained["test_auc"],
+        "trainer": "the pipeline's train step (models.preranking.cascade_train, DeepSpeed)",
         "compile_gate": {
             k: gate.get(k) for k in ("passed", "reasons", "speedup_vs_eager", "max_abs_diff")
         },
     }
 
 
-def train_and_promote(frame: pd.DataFrame, settings: Settings, ds: str) -> dict[str, Any]:
-    """Train a small PreRanker on ``frame`` (plain Adam, seconds), log it, make it champion."""
+def train_and_promote(
+    frame: pd.DataFrame, settings: Settings, ds: str, network: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Train the PreRanker of config ``network["training_config"]`` (default ``debug``) on
+    ``frame`` in this process (plain Adam with the config's batch size, learning rate and
+    weight decay; seconds), log it, make it champion."""
     import torch
 
-    from models.preranking.config_registry import preranking_debug
+    from models.preranking.config_registry import get_config, with_overrides
     from models.preranking.inference import frame_inputs
     from models.preranking.model import PreRanker
     from models.preranking.registration import register_and_promote
     from models.preranking.train import evaluate, log_run, time_split
 
-    config = preranking_debug()
+    network = network or DEBUG_NETWORK
+    config = with_overrides(
+        get_config(network["training_config"]), epochs=network["epochs"], lr=network["lr"]
+    )
     train, test = time_split(frame, config.test_fraction)
     dense, user, item = frame_inputs(train)
     label = torch.from_numpy(train[LABEL].to_numpy(np.float32))
     torch.manual_seed(config.seed)
     model = PreRanker(config.model)
     model.fit_normalizer(dense)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     for epoch in range(config.epochs):
         order = torch.randperm(len(label), generator=torch.Generator().manual_seed(epoch))
@@ -178,7 +254,11 @@ def train_and_promote(frame: pd.DataFrame, settings: Settings, ds: str) -> dict[
         input_example=test,
         settings=settings,
     )
-    return {**register_and_promote(ds, settings=settings), **metrics}
+    return {
+        **register_and_promote(ds, settings=settings),
+        **metrics,
+        "trainer": "in process, plain Adam, fp32 (the train step's network and config)",
+    }
 
 
 def _post(url: str, body: bytes) -> tuple[int, str]:
@@ -251,20 +331,6 @@ class Server:
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:]
 
-    def cpu_seconds(self) -> float:
-        """CPU time of the server and its worker processes so far."""
-        import psutil
-
-        parent = psutil.Process(self.proc.pid)
-        total = 0.0
-        for process in [parent, *parent.children(recursive=True)]:
-            try:
-                times = process.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            total += times.user + times.system
-        return total
-
     def wait_ready(self, timeout_s: float) -> float:
         import urllib.error
         import urllib.request
@@ -294,6 +360,25 @@ class Server:
             time.sleep(0.05 if ready_in_a_row else 0.2)
         raise TimeoutError(f"model not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
 
+    def torch_threads(self, workers: int, tries: int = 60) -> dict[str, int]:
+        """Intra-op threads per server process, as each reports it on ``/metrics``: every
+        probe is a new connection, answered by whichever worker accepts it, so probing until
+        ``workers`` processes have answered reads them all (fewer if some never did)."""
+        import urllib.request
+
+        from cascade.config import load_settings
+
+        probe = urllib.request.Request(
+            f"{self.url}/metrics", headers=load_settings().serving.auth_headers()
+        )
+        seen: dict[str, int] = {}
+        for _ in range(tries):
+            with urllib.request.urlopen(probe, timeout=10) as answer:
+                seen.update(torch_threads_from_metrics(answer.read().decode()))
+            if len(seen) >= workers:
+                break
+        return seen
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -304,6 +389,20 @@ class Server:
                 self.proc.wait()
 
 
+THREADS_METRIC = "cascade_serving_torch_threads"
+
+
+def torch_threads_from_metrics(text: str) -> dict[str, int]:
+    """``{pid: threads}`` from a Prometheus exposition's ``cascade_serving_torch_threads``."""
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(THREADS_METRIC + "{"):
+            labels, _, value = line.rpartition(" ")
+            pid = labels.split('pid="', 1)[1].split('"', 1)[0]
+            found[pid] = int(float(value))
+    return found
+
+
 def served_backend(log: str) -> str:
     """How the server's log says it scores: ``compiled`` (the version's AOTInductor package),
     ``eager`` (an FSCD pre-ranker without a usable package) or ``eager-shared`` (a PreRanker)."""
@@ -312,6 +411,132 @@ def served_backend(log: str) -> str:
     if "scoring with eager PyTorch" in log:
         return "eager"
     return "eager-shared"
+
+
+OPEN_LOOP_FRACTION = 0.7
+"""Default open-loop rate: this share of the first closed-loop window's throughput."""
+LOAD_MODES = ("closed", "open")
+
+
+def run_load(
+    server: Server,
+    *,
+    workdir: Path,
+    env: dict[str, str],
+    ids: Path,
+    clients: int,
+    candidates: int,
+    seconds: float,
+    warmup: float,
+    rate: float | None,
+    name: str,
+) -> dict[str, Any]:
+    """One measured window of the load generator against ``server`` (open loop at ``rate``
+    requests/s, else closed loop), with the server's CPU time over the window."""
+    load_out = workdir / f"{name}.json"
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.load_generator",
+        "--url",
+        server.url,
+        "--ids",
+        str(ids),
+        "--clients",
+        str(clients),
+        "--candidates",
+        str(candidates),
+        "--seconds",
+        str(seconds),
+        "--warmup-seconds",
+        str(warmup),
+        "--server-pid",
+        str(server.proc.pid),
+        "--out",
+        str(load_out),
+    ]
+    if rate is not None:
+        command += ["--rate", repr(rate)]
+    load_before = os.getloadavg()[0]
+    done = subprocess.run(
+        command,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=seconds + warmup + 120,
+    )
+    if done.returncode != 0 or not load_out.exists():
+        raise RuntimeError(f"load generator failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return {
+        **json.loads(load_out.read_text()),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg()[0],
+    }
+
+
+def _median(windows: list[dict[str, Any]], key: str) -> float | None:
+    values = [w[key] for w in windows if w.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def closed_loop_summary(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The closed-loop windows as the top-level figures: medians of each window's latency,
+    throughput and server CPU per request (each window's in ``*_runs``), counts summed."""
+    status: dict[str, int] = {}
+    for window in windows:
+        for code, count in window["status_counts"].items():
+            status[code] = status.get(code, 0) + count
+    first = windows[0]
+    summary: dict[str, Any] = {
+        "clients": first["clients"],
+        "candidates": first["candidates"],
+        "warmup_s": first["warmup_s"],
+        "windows": len(windows),
+        "duration_s": sum(w["duration_s"] for w in windows),
+        "requests": sum(w["requests"] for w in windows),
+        "errors": sum(w["errors"] for w in windows),
+        "error_samples": [e for w in windows for e in w["error_samples"]][:5],
+        "status_counts": status,
+        "answered_total": sum(w["answered_total"] for w in windows),
+        "load_generator_cpu_s": sum(w["load_generator_cpu_s"] for w in windows),
+        "requests_encoded_per_send": True,
+        "max_ms": max((w["max_ms"] for w in windows if w["max_ms"] is not None), default=None),
+        "load_average_before": first["load_average_before"],
+        "load_average_after": windows[-1]["load_average_after"],
+    }
+    for key in ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "rps", "server_cpu_ms_per_request"):
+        summary[key] = _median(windows, key)
+    for key in ("p50_ms", "p99_ms", "rps", "server_cpu_ms_per_request"):
+        summary[f"{key}_runs"] = [w[key] for w in windows if w.get(key) is not None]
+    return summary
+
+
+def open_loop_summary(windows: list[dict[str, Any]], rate_source: str) -> dict[str, Any]:
+    """The open-loop windows: medians (each window's in ``*_runs``), counts summed."""
+    summary: dict[str, Any] = {
+        "rate_rps": windows[0]["rate_rps"],
+        "rate_source": rate_source,
+        "windows": len(windows),
+        "achieved_rps": _median(windows, "achieved_rps"),
+        "p50_ms": _median(windows, "p50_ms"),
+        "p90_ms": _median(windows, "p90_ms"),
+        "p99_ms": _median(windows, "p99_ms"),
+        "max_ms": max((w["max_ms"] for w in windows if w["max_ms"] is not None), default=None),
+        "late_sends": sum(w["late_sends"] for w in windows),
+        "late_send_threshold_ms": windows[0]["late_send_threshold_ms"],
+        "errors": sum(w["errors"] for w in windows),
+        "error_samples": [e for w in windows for e in w["error_samples"]][:5],
+        "requests": sum(w["requests"] for w in windows),
+        "answered_total": sum(w["answered_total"] for w in windows),
+        "max_in_flight": max(w["max_in_flight"] for w in windows),
+        "connections_opened": max(w["connections_opened"] for w in windows),
+        "server_cpu_ms_per_request": _median(windows, "server_cpu_ms_per_request"),
+        "latency_from": "scheduled send time",
+    }
+    for key in ("p50_ms", "p99_ms", "achieved_rps", "late_sends"):
+        summary[f"{key}_runs"] = [w[key] for w in windows if w.get(key) is not None]
+    return summary
 
 
 def measure(
@@ -325,69 +550,67 @@ def measure(
     candidates: int,
     seconds: float,
     warmup: float,
+    repeats: int,
+    rate: float | None,
 ) -> dict[str, Any]:
-    """Start the server with ``workers`` processes, probe bad requests, run the load."""
+    """Start the server with ``workers`` processes, probe bad requests, read its torch
+    threads, then run ``repeats`` closed- and open-loop windows, alternating."""
+    tag = f"{workers}-{int(load_settings(env).serving.compiled)}"
     server = Server(
-        {**env, "CASCADE_SERVING_WORKERS": str(workers)},
-        workdir / f"server-{workers}-{int(load_settings(env).serving.compiled)}.log",
-        port,
+        {**env, "CASCADE_SERVING_WORKERS": str(workers)}, workdir / f"server-{tag}.log", port
     )
     feedback = load_settings(env).lake_root / "feedback"
     shutil.rmtree(feedback, ignore_errors=True)  # this run's rows only
+    windows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in LOAD_MODES}
+    open_rate, rate_source = rate, "--rate"
     try:
         ready_s = server.wait_ready(240)
         bad = probe_bad_requests(server.url)
-        load_out = workdir / f"load-{workers}.json"
-        load_before = os.getloadavg()[0]
-        cpu_before = server.cpu_seconds()
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.load_generator",
-                "--url",
-                server.url,
-                "--ids",
-                str(ids),
-                "--clients",
-                str(clients),
-                "--candidates",
-                str(candidates),
-                "--seconds",
-                str(seconds),
-                "--warmup-seconds",
-                str(warmup),
-                "--out",
-                str(load_out),
-            ],
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=seconds + warmup + 120,
-        )
-        server_cpu = server.cpu_seconds() - cpu_before
+        threads = server.torch_threads(workers)
+        for round_ in range(repeats):
+            # Round 0 runs the closed loop first: the default open-loop rate comes from it.
+            for mode in rotated(LOAD_MODES, round_):
+                if mode == "open" and open_rate is None:
+                    measured = windows["closed"][0]["rps"]
+                    open_rate = max(1.0, round(OPEN_LOOP_FRACTION * measured, 1))
+                    rate_source = (
+                        f"{OPEN_LOOP_FRACTION:.0%} of the first closed-loop window's "
+                        f"{measured:.1f} requests/s"
+                    )
+                windows[mode].append(
+                    run_load(
+                        server,
+                        workdir=workdir,
+                        env=env,
+                        ids=ids,
+                        clients=clients,
+                        candidates=candidates,
+                        seconds=seconds,
+                        warmup=warmup,
+                        rate=open_rate if mode == "open" else None,
+                        name=f"load-{tag}-{mode}-{round_}",
+                    )
+                )
         backend = served_backend(server.log_path.read_text(errors="replace"))
-        if done.returncode != 0 or not load_out.exists():
-            raise RuntimeError(f"load generator failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        load = json.loads(load_out.read_text())
     finally:
         server.stop()
-    # Every good answer (warm-up included) logged all its candidates, written by shutdown.
+    closed = closed_loop_summary(windows["closed"])
+    open_ = open_loop_summary(windows["open"], rate_source)
+    # Every good answer (warm-ups included) logged all its candidates, written by shutdown.
     logged = sum(pq.ParquetFile(p).metadata.num_rows for p in feedback.rglob("part-*.parquet"))
-    expected = load["answered_total"] * candidates
-    # Server CPU spans warm-up and measured window; so does the request count below.
+    expected = (closed["answered_total"] + open_["answered_total"]) * candidates
     return {
-        **load,
+        **closed,
+        "load_order": [list(rotated(LOAD_MODES, r)) for r in range(repeats)],
+        "open_loop": open_,
         "feedback_rows_logged": logged,
         "feedback_rows_expected": expected,
         "feedback_complete": logged == expected,
         "workers": workers,
         "backend": backend,
         "server_ready_s": ready_s,
-        "server_cpu_ms_per_request": server_cpu / max(1, load["requests"]) * 1e3,
-        "load_average_before": load_before,
-        "load_average_after": os.getloadavg()[0],
+        "server_cpu_window_only": True,
+        "torch_threads_by_worker": threads,
         "bad_request_status": bad,
     }
 
@@ -404,7 +627,12 @@ def served_model(settings: Settings, promoted: dict[str, Any]) -> dict[str, Any]
         "name": name,
         "version": version,
         "network": promoted["model"],
-        "training_config": "debug",
+        "training_config": promoted["training_config"],
+        "config_source": promoted["config_source"],
+        "is_pipeline_network": promoted["is_pipeline_network"],
+        "pipeline_config": promoted["pipeline_config"],
+        "trainer": promoted["trainer"],
+        "training_data": f"synthetic log, {LOG_ROWS} rows (models.preranking.synthetic_data)",
         "run_id": promoted.get("run_id"),
         "digest": "sha256:"
         + hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest(),
@@ -432,6 +660,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
     seconds = options.serving_seconds or (3 if quick else 30)
     workers = options.serving_workers
     warmup = 1.0 if quick else 5.0
+    repeats = bench_repeats(3, quick=quick, quick_default=1)
     if candidates > ITEMS:
         raise ValueError(f"--candidates {candidates}: the benchmark catalogue has {ITEMS} items")
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
@@ -444,6 +673,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             "CASCADE_SERVING_MAX_CANDIDATES": str(max(candidates, 10_000)),
         }
         settings = load_settings(env)
+        network = serving_network(settings, quick=quick)
         home.mkdir(parents=True)
         started = time.monotonic()
         frame = synthetic_training_frame(
@@ -451,9 +681,8 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         )
         write_feature_lake(frame, Lake(settings.lake_root), DS)
         apply_and_materialize(DS, settings=settings)
-        model_kind = options.serving_model or settings.preranking_model
-        trainer = train_fscd_and_promote if model_kind == "fscd" else train_and_promote
-        promoted = {**trainer(frame, settings, DS), "model": model_kind}
+        trainer = train_fscd_and_promote if network["model"] == "fscd" else train_and_promote
+        promoted = {**trainer(frame, settings, DS, network), **network}
         model_provenance = served_model(settings, promoted)
         ids = workdir / "ids.json"
         ids.write_text(
@@ -468,23 +697,28 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         load = functools.partial(
             measure,
             workdir=workdir,
-            env=env,
             port=port,
             ids=ids,
             clients=clients,
             candidates=candidates,
             seconds=seconds,
             warmup=warmup,
+            repeats=repeats,
+            rate=options.serving_rate,
         )
-        main = load(workers=workers)
+        main = load(workers=workers, env=env)
         # Side by side, for the record: the same load scored by eager PyTorch (when the main
         # run used the compiled package), and the other process count.
         eager = None
         if main["backend"] == "compiled" and not quick:
             eager = load(workers=workers, env={**env, "CASCADE_SERVING_COMPILED": "0"})
-        other = None if quick else load(workers=1 if workers > 1 else 2)
+        other = None if quick else load(workers=1 if workers > 1 else 2, env=env)
+    threads = set(main["torch_threads_by_worker"].values())
     result = {
         **main,
+        "repeats": repeats,
+        "training_config": network["training_config"],
+        "is_pipeline_network": network["is_pipeline_network"],
         "model_digest": model_provenance.pop("digest"),
         "model_provenance": model_provenance,
         "goal_p99_ms": GOAL_P99_MS,
@@ -500,9 +734,11 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             "model": promoted["model"],
             "model_version": promoted["version"],
             "model_test_auc": promoted["test_auc"],
+            "training_config": network["training_config"],
             "compile_gate": promoted.get("compile_gate"),
             "setup_s": setup_s,
-            "torch_threads_per_worker": 1,
+            # As the workers report it; None when they disagree (see torch_threads_by_worker).
+            "torch_threads_per_worker": threads.pop() if len(threads) == 1 else None,
             "feedback_logging": load_settings().serving.feedback,
         },
     }
@@ -516,6 +752,11 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "server_cpu_ms_per_request",
         "load_average_before",
         "feedback_complete",
+        "p50_ms_runs",
+        "p99_ms_runs",
+        "rps_runs",
+        "server_cpu_ms_per_request_runs",
+        "open_loop",
     )
     if eager is not None:
         result["eager_scorer"] = {k: eager[k] for k in summary}

@@ -327,6 +327,12 @@ class BenchSettings:
     """Measured window of ``bench serving`` in seconds (unset: 30, or 3 with ``--quick``)."""
     serving_workers: int = Field(default=2, ge=1)
     """Server processes of ``bench serving``."""
+    serving_config: str | None = None
+    """Training config of the network ``bench serving`` serves (unset: the pipeline's,
+    ``CASCADE_PRERANKING_CONFIG`` or the model's default; ``debug`` with ``--quick``)."""
+    serving_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Open-loop arrival rate of ``bench serving`` in requests/s (unset: 70% of the closed
+    loop's measured throughput)."""
 
 
 @dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)

@@ -28,3 +28,8 @@ FEEDBACK_RETRY_ROWS = Gauge(
     "cascade_feedback_retry_rows",
     "Feedback rows of failed writes waiting for the next write",
 )
+TORCH_THREADS = Gauge(
+    "cascade_serving_torch_threads",
+    "Intra-op threads torch uses in this server process (torch.get_num_threads())",
+    ["pid"],
+)

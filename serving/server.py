@@ -63,6 +63,7 @@ from cascade.config import Settings, load_settings
 from cascade.tracking_auth import use_tracking_credentials
 from cascade.v2_codec import MalformedRequest
 from serving.guard import GuardPolicy, RequestGuard, internal_error_body, send_json
+from serving.metrics import TORCH_THREADS
 
 # Not __name__: under ``python -m`` that is "__main__", which the "serving" logger misses.
 log = logging.getLogger("serving.server")
@@ -633,6 +634,10 @@ def set_torch_threads(env: dict[str, str] | None = None) -> int:
 
     threads = load_settings(env).serving.torch_threads
     torch.set_num_threads(threads)
+    # What this process now uses, as ``/metrics`` reports it (a forked worker drops the value
+    # it inherited from its parent).
+    TORCH_THREADS.clear()
+    TORCH_THREADS.labels(pid=str(os.getpid())).set(torch.get_num_threads())
     return threads
 
 

@@ -1,25 +1,132 @@
-"""``cascade bench serving --quick``: the private stack, the real server and the load
-generator run end to end and report the figures the issue asks for."""
+"""``cascade bench serving``: which network it serves, how its load windows are summarized, and
+``--quick`` end to end (the private stack, the real server and the load generator)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from benchmarks.registry import BENCHMARKS, OPTIONS, run_benchmark
 
-pytestmark = pytest.mark.slow
+
+def test_the_served_network_is_the_pipelines_by_config_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from benchmarks.serving_load import serving_network
+    from cascade.config import load_settings
+
+    for name in ("CASCADE_BENCH_SERVING_MODEL", "CASCADE_BENCH_SERVING_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("CASCADE_PRERANKING_CONFIG", raising=False)
+    monkeypatch.setenv("CASCADE_PRERANKING_MODEL", "fscd")
+    full = serving_network(load_settings(), quick=False)
+    assert (full["model"], full["training_config"], full["is_pipeline_network"]) == (
+        "fscd",
+        "pipeline",
+        True,
+    )
+    quick = serving_network(load_settings(), quick=True)
+    assert (quick["training_config"], quick["is_pipeline_network"]) == ("debug", False)
+    assert "--quick" in quick["config_source"]
+    # The pipeline's own config setting names the network; --config wins over both.
+    monkeypatch.setenv("CASCADE_PRERANKING_CONFIG", "ml100k")
+    assert serving_network(load_settings(), quick=False)["training_config"] == "ml100k"
+    monkeypatch.setenv("CASCADE_BENCH_SERVING_MODEL", "mlp")
+    monkeypatch.setenv("CASCADE_BENCH_SERVING_CONFIG", "debug")
+    given = serving_network(load_settings(), quick=False)
+    assert (given["model"], given["training_config"], given["config_source"]) == (
+        "mlp",
+        "debug",
+        "--config",
+    )
+    monkeypatch.setenv("CASCADE_BENCH_SERVING_CONFIG", "nope")
+    with pytest.raises(ValueError, match="unknown pre-ranking config 'nope'"):
+        serving_network(load_settings(), quick=False)
 
 
+def _window(mode: str, p50: float, rps: float, cpu: float) -> dict[str, Any]:
+    window: dict[str, Any] = {
+        "mode": mode,
+        "clients": 2,
+        "candidates": 5,
+        "warmup_s": 1.0,
+        "duration_s": 1.0,
+        "requests": 10,
+        "errors": 0,
+        "error_samples": [],
+        "status_counts": {"200": 10},
+        "answered_total": 12,
+        "load_generator_cpu_s": 0.1,
+        "p50_ms": p50,
+        "p90_ms": p50 * 2,
+        "p99_ms": p50 * 3,
+        "max_ms": p50 * 4,
+        "mean_ms": p50,
+        "rps": rps,
+        "server_cpu_ms_per_request": cpu,
+        "load_average_before": 1.0,
+        "load_average_after": 2.0,
+    }
+    if mode == "open":
+        window |= {"rate_rps": 7.0, "achieved_rps": rps, "late_sends": 1}
+        window |= {"late_send_threshold_ms": 5.0, "max_in_flight": 3, "connections_opened": 3}
+    return window
+
+
+def test_load_windows_give_medians_with_each_window_in_runs() -> None:
+    from benchmarks.provenance import spreads
+    from benchmarks.serving_load import closed_loop_summary, open_loop_summary
+
+    closed = closed_loop_summary(
+        [_window("closed", 4.0, 10.0, 2.0), _window("closed", 2.0, 12.0, 3.0)]
+        + [_window("closed", 3.0, 11.0, 9.0)]
+    )
+    assert (closed["p50_ms"], closed["rps"], closed["server_cpu_ms_per_request"]) == (3, 11, 3)
+    assert closed["p50_ms_runs"] == [4.0, 2.0, 3.0] and closed["max_ms"] == 16.0
+    assert (closed["requests"], closed["answered_total"], closed["status_counts"]) == (
+        30,
+        36,
+        {"200": 30},
+    )
+    open_ = open_loop_summary([_window("open", 5.0, 6.0, 2.0)], "--rate")
+    assert (open_["rate_rps"], open_["achieved_rps"], open_["late_sends"]) == (7.0, 6.0, 1)
+    assert open_["p99_ms"] == 15.0 and open_["rate_source"] == "--rate"
+    figures = spreads({**closed, "open_loop": open_})
+    assert figures["p99_ms"] == {"min": 6.0, "median": 9.0, "max": 12.0, "n": 3}
+    assert figures["open_loop.achieved_rps"]["n"] == 1
+
+
+def test_torch_threads_are_read_per_worker_from_the_metrics() -> None:
+    from benchmarks.serving_load import torch_threads_from_metrics
+
+    text = (
+        "# HELP cascade_serving_torch_threads Intra-op threads\n"
+        "# TYPE cascade_serving_torch_threads gauge\n"
+        'cascade_serving_torch_threads{pid="41"} 1.0\n'
+        'cascade_serving_torch_threads{pid="42"} 2.0\n'
+        'cascade_inference_errors_total{model_name="m",kind="model"} 0.0\n'
+    )
+    assert torch_threads_from_metrics(text) == {"41": 1, "42": 2}
+
+
+@pytest.mark.slow
 def test_quick_serving_benchmark_reports_latency_without_errors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The seconds-long first network: the FSCD champion is served in the e2e pipeline run.
     monkeypatch.setenv("CASCADE_BENCH_SERVING_MODEL", "mlp")
     assert BENCHMARKS["serving"] == "benchmarks.serving_load:run"
-    assert set(OPTIONS["serving"]) == {"candidates", "clients", "seconds", "workers"}
+    assert set(OPTIONS["serving"]) == {
+        "candidates",
+        "clients",
+        "seconds",
+        "workers",
+        "config",
+        "rate",
+    }
     out = tmp_path / "serving.json"
     result = run_benchmark(
         "serving",
@@ -39,5 +146,30 @@ def test_quick_serving_benchmark_reports_latency_without_errors(
     assert result["backend"] == "eager-shared"  # a PreRanker: no compiled package to load
     # Every candidate of every good answer (warm-up included) was logged, none lost at stop.
     assert result["setup"]["feedback_logging"]
-    assert result["feedback_rows_expected"] == result["answered_total"] * 200 > 0
     assert result["feedback_complete"], (result["feedback_rows_logged"], result["answered_total"])
+    open_loop = result["open_loop"]
+    assert (
+        result["feedback_rows_expected"]
+        == ((result["answered_total"] + open_loop["answered_total"]) * 200)
+        > 0
+    )
+    # --quick serves the debug config, and says it is not the pipeline's network.
+    assert result["training_config"] == "debug" and not result["is_pipeline_network"]
+    assert result["model_provenance"]["pipeline_config"] == "ml100k"
+    assert result["model_digest"].startswith("sha256:")
+    # One window per load mode; the open loop at 70% of the closed loop's throughput, latency
+    # from the scheduled send time.
+    assert result["repeats"] == 1 and result["p50_ms_runs"] == [result["p50_ms"]]
+    assert open_loop["rate_rps"] == pytest.approx(max(1.0, 0.7 * result["rps"]), abs=0.1)
+    assert open_loop["errors"] == 0 and open_loop["achieved_rps"] > 0
+    assert 0 < open_loop["p50_ms"] <= open_loop["p99_ms"] <= open_loop["max_ms"]
+    assert open_loop["late_sends"] >= 0 and open_loop["latency_from"] == "scheduled send time"
+    assert result["spread"]["open_loop.p99_ms"]["n"] == 1
+    # Server CPU of the measured window only, and the torch threads the worker reported.
+    assert result["server_cpu_window_only"] and result["server_cpu_ms_per_request"] > 0
+    assert list(result["torch_threads_by_worker"].values()) == [1]
+    assert result["setup"]["torch_threads_per_worker"] == 1
+    from benchmarks.docs import FIGURES
+    from benchmarks.provenance import non_finite
+
+    assert set(FIGURES["serving"]) <= set(result) and non_finite(result) == []

@@ -1,0 +1,92 @@
+"""``cascade bench events``: how bursts are summarized, and ``--quick`` end to end (the private
+broker and Airflow the benchmark starts itself)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks.event_delivery import (
+    COUNTS,
+    TIMINGS,
+    expected_run_count,
+    probe_events,
+    summarize_bursts,
+)
+from benchmarks.provenance import spreads
+from cascade.assets import TOPIC_DATA_LANDED
+from cascade.events import make_event
+
+
+def test_expected_runs_are_the_distinct_run_keys_of_the_published_events() -> None:
+    burst = probe_events(5, tag="t")
+    assert expected_run_count(burst) == 1  # one dataset, one partition
+    other_day = make_event(
+        TOPIC_DATA_LANDED, {"dataset": "probe", "partition": "2026-11-23"}, source="cascade-bench"
+    )
+    # A redelivered copy (same id) asks for no run of its own; another partition does.
+    assert expected_run_count([*burst, burst[0], other_day]) == 2
+    assert expected_run_count([]) == 0
+
+
+def _burst(**figures: float | None) -> dict[str, object]:
+    burst: dict[str, object] = {key: 1.0 for key in TIMINGS}
+    burst |= {key: 0 for key in COUNTS} | {"runs_started": 1, "expected_runs": 1}
+    burst |= {"published": 20, "malformed_published": 3, "coalesce_window_s": 3.0}
+    burst |= {"dead_letters_by_kind": {"not-json": 1}, "note": "n"}
+    return burst | figures
+
+
+def test_bursts_give_medians_of_timings_and_sums_of_counts() -> None:
+    result = summarize_bursts(
+        [
+            _burst(latency_p50_s=4.0, lost=1),
+            _burst(latency_p50_s=3.0, latency_p95_s=None),
+            _burst(latency_p50_s=9.0, dead_lettered=3),
+        ]
+    )
+    assert result["latency_p50_s"] == 4.0 and result["latency_p50_s_runs"] == [4.0, 3.0, 9.0]
+    assert result["latency_p95_s_runs"] == [1.0, 1.0]  # a burst without the figure is left out
+    assert (result["runs_started"], result["expected_runs"]) == (3, 3)
+    assert (result["lost"], result["dead_lettered"]) == (1, 3)
+    assert result["dead_letters_by_kind"] == {"not-json": 3}
+    assert (result["published"], result["published_total"], result["repeats"]) == (20, 60, 3)
+    assert len(result["bursts"]) == 3 and "note" not in result["bursts"][0]
+    assert spreads(result)["latency_p50_s"] == {"min": 3.0, "median": 4.0, "max": 9.0, "n": 3}
+    with pytest.raises(ValueError, match="no bursts"):
+        summarize_bursts([])
+
+
+@pytest.mark.slow
+def test_quick_events_benchmark_reports_every_figure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.docs import FIGURES
+    from benchmarks.provenance import non_finite
+    from benchmarks.registry import run_benchmark
+
+    monkeypatch.delenv("CASCADE_BENCH_REPEATS", raising=False)
+    out = tmp_path / "events.json"
+    result = run_benchmark("events", out, quick=True)
+    assert json.loads(out.read_text())["benchmark"] == "events"
+    for key in (*TIMINGS, *COUNTS, "published", "malformed_published", "dead_letters_by_kind"):
+        assert key in result, key
+    for key in ("git_commit", "input_digest", "model_digest", "repeats", "spread", "machine"):
+        assert key in result, key
+    # Nothing lost or done twice; every malformed message dead-lettered; the one burst of one
+    # (dataset, partition) asks for one run.
+    assert (result["published"], result["repeats"], result["expected_runs"]) == (20, 1, 1)
+    assert result["lost"] == 0 and result["duplicates"] == 0 and result["dead_lettered"] == 3
+    assert result["runs_started"] >= result["expected_runs"]
+    for key in TIMINGS:
+        value = result[key]
+        assert isinstance(value, float | int) and math.isfinite(value), (key, value)
+        assert result["spread"][key]["n"] == 1
+    # A run claims once the burst has been quiet for the window; the work record follows.
+    window = result["coalesce_window_s"]
+    assert window <= result["latency_p50_s"] <= result["latency_p95_s"]
+    assert result["work_latency_p50_s"] >= result["latency_p50_s"] and result["events_per_s"] > 0
+    assert set(FIGURES["events"]) <= set(result) and non_finite(result) == []
