@@ -17,7 +17,7 @@ from typing import Any
 BENCH_OPTIONS = {
     "impressions": "impressions, comma-separated sizes (ctr-features)",
     "repeats": "timed repeats behind each figure, variants alternating (every benchmark)",
-    "config": "named training config (preranking, multimodal)",
+    "config": "named training config (preranking, multimodal, serving)",
     "seeds": "training seeds, comma-separated: one run each, medians reported (preranking)",
     "corpus": "corpus folder to train on instead of generated pairs (multimodal)",
     "model": "model to compile: preranking (compile); an asr_model.pt folder to evaluate (asr)",
