@@ -18,12 +18,19 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
    :func:`models.asr.train.train_asr` trains the ``CASCADE_BENCH_ASR_CONFIG`` config (default
    ``synthetic``, ~45 min on 2 cores) on that corpus.
 3. **Compile** (:func:`compilers.asr.compile_asr`): fp32 and int8 AOTInductor packages and the
-   ONNX file, each run on 21 lengths from ``MIN_SECONDS`` (0.3 s) to 20 s (``shapes_tried``):
-   ``recompiles`` is 0 when every length ran on the one package (a length outside it fails the
-   benchmark).
-   ``recompiles_torch_compile_dynamic`` is the same count for in-process
-   ``torch.compile(dynamic=True)`` (Dynamo graphs - 1): its convolution backend choice guards
-   on the length (<= 512, <= 1280 frames), so it compiles three graphs where export needs one.
+   ONNX file, each run on 21 lengths from ``MIN_SECONDS`` (0.3 s) to 20 s (``shapes_tried``).
+   Measured, per variant (``recompiles_by_variant``): a package's ``compiles`` are the packages
+   loaded to serve every length (another is loaded only when one fails a length) and
+   ``shapes_served`` the lengths it ran; ``recompiles`` (top level) is the packages' largest
+   loads - 1, 0 when one package served every length (a length none serves fails the
+   benchmark). ``recompiles_torch_compile_dynamic`` is Dynamo's graph count - 1 for in-process
+   ``torch.compile(dynamic=True)``: its convolution backend choice guards on the length
+   (<= 512, <= 1280 frames), so it compiles three graphs where export needs one. The peers:
+   ``inductor`` (Inductor's defaults), ``inductor_tuned`` (freezing, the C++ wrapper, and
+   max-autotune where it measured faster: ``inductor_tuned_options``), ``onnxruntime`` (the fp32
+   ONNX file), ``onnxruntime_int8`` (ONNX Runtime's dynamic quantizer on that file:
+   ``onnxruntime_int8_quantization``) and ``eager_int8`` (PyTorch's dynamic int8 ``nn.Linear``:
+   ``eager_int8_quantization``).
 4. **Accuracy** on the corpus test split (held-out voices): ``cer_fp32``, ``wer_fp32`` (eager),
    ``cer_int8``, ``wer_int8`` (the int8 package), ``cer_delta`` = int8 - fp32 in points; each
    utterance decoded for its own language (the corpus row's, as a request naming it is served).
@@ -37,11 +44,22 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
    ``--model`` was given).
 5. **Real-time factor**: compute seconds / audio seconds of a greedy transcription
    (forward pass + CTC decoding, features given) for utterances of 1, 2, 5, 10 and 20 s made of
-   test-split audio; every variant (eager fp32, fp32 package, int8 package, ONNX Runtime) runs
-   each utterance in turn, round by round, and the median per utterance is kept. ``rtf_*`` is
-   the sum of those medians over the sum of audio seconds; ``rtf_int8_end_to_end`` adds WAV
-   decoding, resampling and log-mel features to the int8 package. Torch and ONNX Runtime use
+   test-split audio; every variant (eager fp32, fp32 package, int8 package, Inductor default and
+   tuned, ONNX Runtime fp32 and int8, eager int8) runs each utterance in turn, round by round
+   (order rotating), and the median per utterance is kept. ``rtf_*`` is the sum of those
+   medians over the sum of audio seconds; ``rtf_int8_end_to_end`` adds WAV decoding, resampling
+   and log-mel features to the int8 package. Torch and ONNX Runtime use
    ``CASCADE_BENCH_ASR_THREADS`` intra-op threads (default 2: the target machine's cores).
+6. **The compile benchmark's keys**, at the 20 s utterance: ``{variant}_ms`` (and ``_ms_runs``,
+   one per round) for ``eager``, ``inductor``, ``inductor_tuned``, ``onnxruntime``,
+   ``cascade`` (the fp32 package; ``cascade_fp32_ms`` is the same figure under its old name),
+   ``cascade_int8`` (the int8 package), ``onnxruntime_int8`` and ``eager_int8``. Ratios, fp32
+   against fp32: ``speedup_vs_{eager,inductor,inductor_tuned,onnxruntime}`` = ``{peer}_ms /
+   cascade_ms``; int8 against int8: ``int8_speedup_vs_{onnxruntime_int8,eager_int8}`` =
+   ``{peer}_ms / cascade_int8_ms``; ``int8_speedup_vs_{eager,inductor,onnxruntime}`` divide
+   the fp32 peers by the int8 package (compilation and quantization together), as do
+   ``speedup_int8_vs_eager`` / ``speedup_int8_vs_onnxruntime`` (real-time factors, every
+   length).
 """
 
 from __future__ import annotations
@@ -54,7 +72,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -331,16 +349,104 @@ def real_time_factors(
     return result
 
 
+ASR_PEERS = ("inductor_tuned", "onnxruntime_int8", "eager_int8")
+"""The ASR model's peers beside eager, Inductor's defaults and ONNX Runtime fp32."""
+
+
+def asr_peers(
+    model: Any,
+    n_mels: int,
+    onnx_file: Path,
+    work: Path,
+    *,
+    shapes: Sequence[tuple[torch.Tensor, ...]],
+    threads: int,
+    trial: bool,
+    names: tuple[str, ...] = ASR_PEERS,
+) -> tuple[dict[str, Callable[..., Any]], dict[str, Any]]:
+    """The ASR model's ``names`` peers (:func:`benchmarks.compiled_inference.build_peers`;
+    ``onnxruntime_int8`` is ONNX Runtime's quantization of the fp32 ``onnx_file``), each a
+    forward pass :func:`models.asr.inference.transcribe` accepts, and their report:
+    ``inductor_tuned_options`` (max-autotune tried on the longest of ``shapes`` when ``trial``),
+    the quantizers' ``*_quantization``, ``compile_s`` and ``inductor_tuned_recompiles``."""
+    from benchmarks.compiled_inference import build_peers, peer_report
+    from compilers.asr import asr_example
+    from models.asr.compiled import onnxruntime_asr
+
+    peers = build_peers(
+        model,
+        asr_example(n_mels),
+        work,
+        names=names,
+        shapes=shapes,
+        dynamic_shapes=None,
+        input_names=(),
+        trial_inputs=shapes[-1] if trial else None,
+        onnx_file=onnx_file,
+    )
+    report = peer_report(peers)
+    report["compile_s"] = {name: peer.compile_s for name, peer in peers.items()}
+    if "inductor_tuned" in peers:
+        report["inductor_tuned_recompiles"] = peers["inductor_tuned"].recompiles
+    fns = {name: peer.fn for name, peer in peers.items()}
+    if "onnxruntime_int8" in peers:
+        # The session behind the same range check and ``config`` as the fp32 one.
+        fns["onnxruntime_int8"] = onnxruntime_asr(
+            Path(onnx_file).with_suffix(".int8.onnx"), model.config, threads=threads
+        )
+    return fns, report
+
+
+COMPILE_BENCH_NAMES = {
+    "eager": "eager",
+    "inductor": "inductor",
+    "inductor_tuned": "inductor_tuned",
+    "onnxruntime": "onnxruntime",
+    "fp32_artifact": "cascade",
+    "int8": "cascade_int8",
+    "onnxruntime_int8": "onnxruntime_int8",
+    "eager_int8": "eager_int8",
+}
+"""Variant of the real-time factors -> its name in the compile benchmark (``cascade`` is the
+fp32 package, ``cascade_int8`` the int8 one)."""
+
+
+def compile_bench_keys(timings: dict[str, Any]) -> dict[str, Any]:
+    """The compile benchmark's keys from :func:`real_time_factors`' result, at the longest
+    utterance: ``{name}_ms`` and ``{name}_ms_runs`` per :data:`COMPILE_BENCH_NAMES`,
+    ``cascade_fp32_ms`` (= ``cascade_ms``), and the ratios of
+    :func:`benchmarks.compiled_inference.speedups`: fp32 peers over the fp32 package, int8
+    peers over the int8 package."""
+    from benchmarks.compiled_inference import speedups
+
+    longest = f"{DURATIONS_S[-1]:g}s"
+    keys: dict[str, Any] = {}
+    ms: dict[str, float] = {}
+    for variant, name in COMPILE_BENCH_NAMES.items():
+        if variant not in timings:
+            continue
+        figure = timings[variant]["per_length"][longest]
+        ms[name] = keys[f"{name}_ms"] = figure["ms"]
+        keys[f"{name}_ms_runs"] = figure["ms_runs"]
+    if "cascade" in ms:
+        keys["cascade_fp32_ms"] = ms["cascade"]
+        keys["cascade_fp32_ms_runs"] = keys["cascade_ms_runs"]
+    keys.update(speedups(ms))
+    return keys
+
+
 def run(out: Path, quick: bool) -> dict[str, Any]:
     """``cascade bench asr``: see the module docstring."""
+    from benchmarks.compiled_inference import RECOMPILE_LIMIT
     from compilers.export import torch_threads
 
     threads = load_settings().bench.asr_threads
-    with torch_threads(threads):
+    with torch_threads(threads), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
         return _run(quick, threads)
 
 
 def _run(quick: bool, threads: int) -> dict[str, Any]:
+    from benchmarks.compiled_inference import served_shapes
     from cascade.audio_features import decode_wav, log_mel, resample
     from compilers.asr import compile_asr, corpus_features, count_recompiles
     from jobs.audio_corpus import spark_session
@@ -405,27 +511,53 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     result["passes"] = int8_report["int8"]["passes"]
     result["fp32_passes"] = float_report["fp32"]["passes"]
     config = artifact.model.config
-    variants: dict[str, Callable[..., Any]] = {
-        "eager": artifact.model,
-        "fp32_artifact": load_compiled(fp32_compiled / FP32_FILE, config),
-        "int8": load_compiled(int8_compiled / INT8_FILE, quantized.model.config),
-        "onnxruntime": onnxruntime_asr(fp32_compiled / ONNX_FILE, config, threads=threads),
-    }
-
     lengths = sorted(
         {frames_for_seconds(s) for s in np.linspace(1.0, 20.0, 20)} | {MIN_AUDIO_FRAMES}
     )
-    for name in ("fp32_artifact", "int8", "onnxruntime"):
-        for frames in lengths:  # one package / session each: a failure is a length it lacks
-            variants[name](torch.randn(1, frames, artifact.n_mels) - 6)
-    # The deployed packages: one compile, and every length above ran through each of them.
-    result["recompiles"] = 0
+    shapes = [(torch.randn(1, frames, artifact.n_mels) - 6,) for frames in lengths]
+    recompiles: dict[str, dict[str, int]] = {}
+    # The deployed packages: each loaded once, unless a length fails on it (served_shapes).
+    fp32_package, recompiles["cascade"] = served_shapes(
+        lambda: load_compiled(fp32_compiled / FP32_FILE, config), shapes
+    )
+    int8_package, recompiles["cascade_int8"] = served_shapes(
+        lambda: load_compiled(int8_compiled / INT8_FILE, quantized.model.config), shapes
+    )
+    variants: dict[str, Callable[..., Any]] = {
+        "eager": artifact.model,
+        "fp32_artifact": fp32_package,
+        "int8": int8_package,
+        "onnxruntime": onnxruntime_asr(fp32_compiled / ONNX_FILE, config, threads=threads),
+    }
+    for inputs in shapes:  # one session: a failure is a length it lacks
+        variants["onnxruntime"](*inputs)
+    result["recompiles"] = max(r["recompiles"] for r in recompiles.values())
     result["shapes_tried"] = len(lengths)
     start = time.perf_counter()
     dynamic, inductor = count_recompiles(artifact.model, artifact.n_mels, lengths)
     result["compile_s"]["inductor"] = time.perf_counter() - start
     result["recompiles_torch_compile_dynamic"] = dynamic["recompiles"]
+    recompiles["inductor"] = {
+        "compiles": dynamic["compiles"],
+        "recompiles": dynamic["recompiles"],
+        "shapes": len(lengths),
+    }
     variants["inductor"] = inductor
+    # The like-for-like peers: Inductor tuned (fp32), ONNX Runtime's and PyTorch's int8.
+    peers, report = asr_peers(
+        artifact.model,
+        artifact.n_mels,
+        fp32_compiled / ONNX_FILE,
+        work,
+        shapes=shapes,
+        threads=threads,
+        trial=not quick,
+    )
+    recompiles["inductor_tuned"] = report.pop("inductor_tuned_recompiles")
+    result["compile_s"].update(report.pop("compile_s"))
+    result.update(report)
+    result["recompiles_by_variant"] = recompiles
+    variants.update(peers)
 
     def rates_on(source: Path) -> tuple[pd.DataFrame, dict[str, Any], dict[str, Any]]:
         """The test split of ``source`` and the eager fp32 and int8 package rates on it."""
@@ -496,24 +628,14 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
         rtf_int8=timings["int8"]["rtf"],
         rtf_onnxruntime=timings["onnxruntime"]["rtf"],
         rtf_inductor=timings["inductor"]["rtf"],
+        rtf_inductor_tuned=timings["inductor_tuned"]["rtf"],
+        rtf_onnxruntime_int8=timings["onnxruntime_int8"]["rtf"],
+        rtf_eager_int8=timings["eager_int8"]["rtf"],
         rtf_int8_end_to_end=timings["int8_end_to_end"]["rtf"],
     )
-    # The compiler benchmark's names (issue table: eager / Inductor / ONNX Runtime / Cascade),
-    # at the longest utterance; ``cascade`` is the int8 package that serving runs.
-    longest = f"{DURATIONS_S[-1]:g}s"
-    for name, key in (
-        ("eager", "eager_ms"),
-        ("inductor", "inductor_ms"),
-        ("onnxruntime", "onnxruntime_ms"),
-        ("int8", "cascade_ms"),
-        ("fp32_artifact", "cascade_fp32_ms"),
-    ):
-        result[key] = timings[name]["per_length"][longest]["ms"]
-        result[f"{key}_runs"] = timings[name]["per_length"][longest]["ms_runs"]
+    result.update(compile_bench_keys(timings))
     for name in timings:  # each figure's rounds, for its spread
         result[f"rtf_{name}_runs"] = timings[name]["rtf_runs"]
-    for base in ("eager", "inductor", "onnxruntime"):
-        result[f"speedup_vs_{base}"] = result[f"{base}_ms"] / result["cascade_ms"]
     result["speedup_int8_vs_eager"] = result["rtf_eager"] / result["rtf_int8"]
     result["speedup_int8_vs_onnxruntime"] = result["rtf_onnxruntime"] / result["rtf_int8"]
     result["goal_rtf_int8_le_0_05"] = result["rtf_int8"] <= 0.05

@@ -21,6 +21,7 @@ BENCH_OPTIONS = {
     "seeds": "training seeds, comma-separated: one run each, medians reported (preranking)",
     "corpus": "corpus folder to train on instead of generated pairs (multimodal)",
     "model": "model to compile: preranking (compile); an asr_model.pt folder to evaluate (asr)",
+    "model-dir": "trained ASR model folder that --model asr compiles (compile)",
     "sizes": "corpus sizes in utterances, comma-separated (asr)",
     "events": "events to publish (events)",
     "candidates": "item ids per request (serving)",
@@ -57,6 +58,6 @@ def register(sub: Any) -> tuple[type[BaseException], ...]:
     bench.add_argument("--out", type=Path, required=True, help="JSON file to write")
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     for option, text in BENCH_OPTIONS.items():
-        bench.add_argument(f"--{option}", help=text)
+        bench.add_argument(f"--{option}", dest=option, help=text)
     bench.set_defaults(func=cmd_bench)
     return (StackError,)

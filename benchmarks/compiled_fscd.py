@@ -1,31 +1,40 @@
 """The compile benchmark's table for the FSCD pre-ranker, the network the pipeline deploys.
 
-``cascade bench compile --model preranking`` reports it under ``fscd``: a ColdPreRanker over the
-fields FSCD keeps on the generated logs (user, item and one user x genre cross field), fitted
-for a few seconds with plain Adam on synthetic impressions, scored as one request of 1 user x N
-candidates (:class:`compilers.preranking.ColdPreRankingRequest`, field codes in). Variants, all on
-one thread and interleaved round by round:
+``cascade bench compile --model preranking`` reports it at the top level. The network is the
+one the pipeline's own train step makes (:func:`train_pipeline_fscd`:
+:func:`models.preranking.cascade_train.launch_pipeline`, DeepSpeed, the teacher, the FSCD
+selection sweep and the chosen ColdPreRanker) with the named config :data:`FSCD_CONFIG` on
+synthetic impressions, against a private state folder and MLflow store; ``model_digest`` is its
+weights' digest and ``model_provenance`` names the config and the training rows' digest. It is
+scored as one request of 1 user x N candidates (:class:`compilers.preranking.ColdPreRankingRequest`,
+field codes in). Variants, all on one thread and interleaved round by round (order rotating):
 
 * ``eager_rows``: the network's ``forward`` on N full rows (the user's fields repeated per
   candidate), what scoring a frame of impressions runs;
 * ``eager``: :meth:`ColdPreRanker.score_request`, the user side once per request (what the
-  server ran before it loaded packages), the baseline of ``speedup_vs_eager``;
-* ``inductor``: ``torch.compile(dynamic=True)`` of the request module;
+  server ran before it loaded packages);
+* ``inductor``: ``torch.compile(dynamic=True)`` of the request module, Inductor's defaults;
+* ``inductor_tuned``: the same with freezing and the C++ wrapper, plus max-autotune where it
+  measured faster (``inductor_tuned_options``:
+  :func:`benchmarks.compiled_inference.inductor_tuned_peer`);
 * ``onnxruntime``: its ONNX export (dynamic candidate dim) on ONNX Runtime's CPU provider;
 * ``cascade``: the AOTInductor package the compile step builds and the server loads
   (:func:`compilers.preranking.compile_cold_preranking`);
 * ``cascade_bf16``: the same package with ``bf16_gemm`` (bf16 GEMMs, fp32 accumulation), reported
   beside it (``bf16_speedup_vs_*``, ``auc_delta.cascade_bf16``) because it is not exact.
 
-The AUC change of each against eager is measured on held-out requests (one per user), and the
-recompiles of Inductor and of the package across ``shapes`` candidate counts.
+``speedup_vs_{peer}`` = ``{peer}_ms / cascade_ms`` (fp32 against fp32). The pipeline deploys no
+int8 FSCD package, so the int8 peers are the ``mlp`` table's. The AUC change of each against
+eager is measured on held-out requests (one per user); ``recompiles`` are measured across
+``shapes`` candidate counts: Dynamo's graphs for the in-process compiles, packages loaded and
+``shapes_served`` for the package.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,51 +42,97 @@ import numpy as np
 import torch
 from torch.export import Dim
 
-from benchmarks.compiled_inference import onnxruntime_session, request_auc
-from benchmarks.provenance import weights_digest
+from benchmarks.compiled_inference import (
+    agree_with_eager,
+    build_peers,
+    peer_report,
+    request_auc,
+    served_shapes,
+    timed_entry,
+)
+from benchmarks.provenance import files_digest, private_tracking, weights_digest
 from cascade.compiled_packages import load_package
-from cascade.ctr_schema import LABEL
 from compilers.export import BF16_PASSES
-from compilers.preranking import MAX_CANDIDATES, ColdPreRankingRequest, compile_cold_preranking
-from compilers.timing import interleaved_runs_ms
-from models.preranking.config_registry import get_cascade_config
+from compilers.preranking import (
+    MAX_CANDIDATES,
+    ColdPreRankingRequest,
+    compile_cold_preranking,
+)
 from models.preranking.fields import FIELDS, FieldEncoder
 from models.preranking.model import ColdPreRanker
-from models.preranking.synthetic_data import synthetic_training_frame
 
-BENCH_FIELDS = ("user_id", "user_clicks", "user_ctr", "item_id", "item_ctr", "ug_ctr")
-"""The fields FSCD kept on the generated logs (``cascade bench preranking``, config
-``generated``, λ = 0.004): the user, item and cross sides all present."""
+FSCD_CONFIG = "pipeline"
+"""The training config of the table's network: the ``ctr_preranking`` DAG's train step's."""
+
+FSCD_ROWS = 30_000
+"""Synthetic impressions the network trains, validates and is tested on."""
+
+FSCD_DS = "2026-01-31"
+"""The partition the private training set is written under (the frame's last day)."""
 
 Request = tuple[tuple[torch.Tensor, torch.Tensor], np.ndarray]
 
 
-def train_cold_quickly(
-    rows: int, *, epochs: int = 2, seed: int = 0
-) -> tuple[ColdPreRanker, FieldEncoder, list[Request]]:
-    """A ColdPreRanker (``ml100k`` network) on BENCH_FIELDS fitted with plain Adam on synthetic
-    impressions; returns it, its encoder and one held-out request per user."""
-    from compilers.deploy_gate import cold_gate_sample
+@dataclass
+class TrainedFscd:
+    """The pipeline's FSCD pre-ranker, its encoder, held-out requests and provenance."""
 
-    torch.manual_seed(seed)
-    frame = synthetic_training_frame(rows, seed=seed).sort_values("event_timestamp")
-    split = int(len(frame) * 0.8)
-    train, test = frame.iloc[:split], frame.iloc[split:]
-    config = get_cascade_config("ml100k")
-    encoder = FieldEncoder(bins=config.bins).fit(train)
-    model = ColdPreRanker(config.net, BENCH_FIELDS, encoder.cardinalities())
-    codes = encoder.encode(train)
-    labels = torch.tensor(train[LABEL].to_numpy(np.float32))
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(epochs):
-        for index in torch.randperm(len(labels)).split(512):
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(
-                model(codes[index]), labels[index]
-            )
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    return model.eval(), encoder, cold_gate_sample(test, encoder, max_users=10**9)
+    model: ColdPreRanker
+    encoder: FieldEncoder
+    requests: list[Request]
+    provenance: dict[str, Any]
+
+
+def train_pipeline_fscd(
+    work: Path, *, config: str = FSCD_CONFIG, rows: int = FSCD_ROWS, seed: int = 0
+) -> TrainedFscd:
+    """Train the FSCD cascade with the pipeline's own train step
+    (:func:`~models.preranking.cascade_train.launch_pipeline`) and config ``config`` on
+    ``rows`` synthetic impressions, under a private state folder and MLflow store in ``work``
+    (no stack needed, nothing logged into one). Returns the chosen ColdPreRanker, its encoder,
+    one held-out request per user of the run's own test split (the gate's sample), and its
+    provenance (config, training rows and their digest, chosen model, fields, test AUC)."""
+    from cascade.config import load_settings, scoped_environ
+    from cascade.lake import Lake
+    from compilers.deploy_gate import cold_gate_sample
+    from models.preranking.cascade_train import launch_pipeline
+    from models.preranking.fscd_run import EXPERIMENT
+    from models.preranking.inference import load_trained
+    from models.preranking.registration import held_out_rows
+    from models.preranking.synthetic_data import synthetic_training_frame
+
+    home = Path(work) / "fscd-home"
+    with (
+        scoped_environ({"CASCADE_HOME": str(home)}),
+        private_tracking(home / "mlflow", (EXPERIMENT,)),
+    ):
+        settings = load_settings()
+        lake = Lake(settings.lake_root)
+        data = lake.training_set("preranking", FSCD_DS) / "data.parquet"
+        data.parent.mkdir(parents=True, exist_ok=True)
+        frame = synthetic_training_frame(rows, seed=seed, end=FSCD_DS)
+        frame.to_parquet(data, index=False)
+        trained = launch_pipeline(FSCD_DS, config=config, settings=settings)
+        loaded = load_trained(lake.reports("train", FSCD_DS))
+        held_out = held_out_rows(lake, FSCD_DS, loaded.test_fraction)
+    model = loaded.model
+    if not isinstance(model, ColdPreRanker) or loaded.encoder is None:
+        raise TypeError(f"config {config!r} trained a {type(model).__name__}, not an FSCD model")
+    provenance = {
+        "source": "models.preranking.cascade_train.launch_pipeline (the pipeline's train step)",
+        "network": "ColdPreRanker",
+        "config": config,
+        "training_rows": len(frame),
+        "training_rows_digest": files_digest([data]),
+        "training_data": "models.preranking.synthetic_data.synthetic_training_frame",
+        "seed": seed,
+        "ds": FSCD_DS,
+        "chosen": trained.get("chosen"),
+        "fields": list(model.fields),
+        "test_auc": trained.get("test_auc"),
+    }
+    requests = cold_gate_sample(held_out, loaded.encoder, max_users=10**9)
+    return TrainedFscd(model.eval(), loaded.encoder, requests, provenance)
 
 
 def request_example(
@@ -103,18 +158,20 @@ def full_rows(model: ColdPreRanker) -> Callable[[torch.Tensor, torch.Tensor], to
     return run
 
 
-def onnxruntime_cold(request: ColdPreRankingRequest, path: Path) -> Callable[..., np.ndarray]:
-    """The request module exported to ONNX (dynamic candidate dim) on ONNX Runtime."""
-    from compilers.preranking import cold_preranking_example
+COLD_DYNAMIC_SHAPES = (None, {0: Dim("candidates", min=1, max=MAX_CANDIDATES)})
+"""The request's dynamic candidate count, as the package exports it."""
+COLD_INPUT_NAMES = ("user_codes", "candidate_codes")
 
-    candidates = Dim("candidates", min=1, max=MAX_CANDIDATES)
-    return onnxruntime_session(
-        request,
-        cold_preranking_example(64),
-        path,
-        dynamic_shapes=(None, {0: candidates}),
-        input_names=("user_codes", "candidate_codes"),
-    )
+FSCD_VARIANTS = (
+    "eager_rows",
+    "eager",
+    "inductor",
+    "inductor_tuned",
+    "onnxruntime",
+    "cascade",
+    "cascade_bf16",
+)
+"""The table's variants (module docstring)."""
 
 
 def fscd_compile_table(
@@ -122,50 +179,45 @@ def fscd_compile_table(
     *,
     sizes: Sequence[int] = (1_000, 10_000),
     shapes: Sequence[int] = (),
-    rows: int = 30_000,
-    variants: Sequence[str] = (
-        "eager_rows",
-        "eager",
-        "inductor",
-        "onnxruntime",
-        "cascade",
-        "cascade_bf16",
-    ),
+    config: str = FSCD_CONFIG,
+    rows: int = FSCD_ROWS,
+    variants: Sequence[str] = FSCD_VARIANTS,
     rounds: int = 7,
     repeats: int = 15,
     cache_dir: Path | None = None,
     fast_build: bool = False,
+    trained: TrainedFscd | None = None,
 ) -> dict[str, Any]:
-    """The table described in the module docstring; ``variants`` must include ``eager``."""
+    """The table described in the module docstring; ``variants`` must include ``eager``.
+    ``trained`` is the network to compile (default: :func:`train_pipeline_fscd` with
+    ``config`` on ``rows`` impressions)."""
     if "eager" not in variants:
         raise ValueError(f"variants {list(variants)} must include eager, the baseline")
-    model, encoder, requests = train_cold_quickly(rows)
+    if trained is None:
+        trained = train_pipeline_fscd(work, config=config, rows=rows)
+    model, encoder, requests = trained.model, trained.encoder, trained.requests
     request = ColdPreRankingRequest(model).eval()
+    shape_inputs = [request_example(encoder, n, seed=n) for n in shapes]
     fns: dict[str, Callable[..., Any]] = {"eager": request}
     if "eager_rows" in variants:
         fns["eager_rows"] = full_rows(model)
     compile_s: dict[str, float] = {}
     recompiles: dict[str, dict[str, int]] = {}
-    if "onnxruntime" in variants:
-        start = time.perf_counter()
-        fns["onnxruntime"] = onnxruntime_cold(request, work / "fscd.onnx")
-        compile_s["onnxruntime"] = time.perf_counter() - start
-    if "inductor" in variants:
-        from torch._dynamo.utils import counters
-
-        torch._dynamo.reset()
-        inductor = torch.compile(request, dynamic=True)
-        start = time.perf_counter()
-        with torch.no_grad():
-            inductor(*request_example(encoder, 64, seed=64))
-        compile_s["inductor"] = time.perf_counter() - start
-        before = counters["stats"]["unique_graphs"]
-        with torch.no_grad():
-            for n in shapes:
-                inductor(*request_example(encoder, n, seed=n))
-        compiles = counters["stats"]["unique_graphs"] - before + 1
-        recompiles["inductor"] = {"compiles": compiles, "recompiles": compiles - 1}
-        fns["inductor"] = inductor
+    peers = build_peers(
+        request,
+        request_example(encoder, 64, seed=64),
+        work,
+        names=[v for v in variants if v in ("inductor", "inductor_tuned", "onnxruntime")],
+        shapes=shape_inputs,
+        dynamic_shapes=COLD_DYNAMIC_SHAPES,
+        input_names=COLD_INPUT_NAMES,
+        trial_inputs=request_example(encoder, max(sizes), seed=max(sizes)),
+    )
+    for name, peer in peers.items():
+        compile_s[name] = peer.compile_s
+        if peer.recompiles is not None:
+            recompiles[name] = peer.recompiles
+        fns[name] = peer.fn
     passes: dict[str, Any] = {}
     bf16_report: dict[str, Any] = {}
     if "cascade" in variants:
@@ -175,12 +227,9 @@ def fscd_compile_table(
         )
         compile_s["cascade"] = time.perf_counter() - start
         passes = artifact.report.get("passes", {})
-        package = load_package(artifact.path)
-        with torch.no_grad():
-            for n in shapes:  # one package: a shape it cannot serve raises here
-                package(*request_example(encoder, n, seed=n))
-        recompiles["cascade"] = {"compiles": 1, "recompiles": 0}
-        fns["cascade"] = package
+        fns["cascade"], recompiles["cascade"] = served_shapes(
+            lambda: load_package(artifact.path), shape_inputs
+        )
     if "cascade_bf16" in variants:
         start = time.perf_counter()
         mixed = compile_cold_preranking(
@@ -192,11 +241,13 @@ def fscd_compile_table(
         )
         compile_s["cascade_bf16"] = time.perf_counter() - start
         bf16_report = mixed.report.get("passes", {}).get("bf16_gemm", {})
-        fns["cascade_bf16"] = load_package(mixed.path)
+        fns["cascade_bf16"], recompiles["cascade_bf16"] = served_shapes(
+            lambda: load_package(mixed.path), shape_inputs
+        )
 
     eager_auc = request_auc(request, requests)
     result: dict[str, Any] = {
-        "fields": list(BENCH_FIELDS),
+        "fields": list(model.fields),
         "eager_auc": eager_auc,
         "requests": len(requests),
         "auc_delta": {
@@ -210,15 +261,8 @@ def fscd_compile_table(
         "passes": passes,
         "sizes": {},
         "model_digest": weights_digest(model),
-        "model_provenance": {
-            "source": "trained by this run (train_cold_quickly)",
-            "network": "ColdPreRanker",
-            "config": "ml100k",
-            "rows": rows,
-            "epochs": 2,
-            "seed": 0,
-            "fields": list(BENCH_FIELDS),
-        },
+        "model_provenance": trained.provenance,
+        **peer_report(peers),
     }
     if "cascade_bf16" in fns:
         result["bf16_gemm"] = bf16_report
@@ -226,26 +270,9 @@ def fscd_compile_table(
     for size in sizes:
         inputs = request_example(encoder, size, seed=size)
         with torch.no_grad():
-            reference = request(*inputs)
-            for name, fn in fns.items():
-                got = torch.as_tensor(fn(*inputs)).reshape(-1)
-                # bf16 GEMMs round to 8 significant bits: judged by the AUC change instead.
-                tolerance = 5e-2 if name.endswith("bf16") else 1e-4
-                if not torch.allclose(got, reference, atol=tolerance, rtol=tolerance):
-                    raise AssertionError(f"fscd {name} disagrees with eager at 1x{size}")
-            runs = interleaved_runs_ms(
-                {name: (lambda fn=fn, inputs=inputs: fn(*inputs)) for name, fn in fns.items()},
-                rounds=rounds,
-                repeats=repeats,
-                warmup_each_round=True,
-            )
-        timings = {name: statistics.median(values) for name, values in runs.items()}
-        entry: dict[str, Any] = {f"{name}_ms": ms for name, ms in timings.items()}
-        entry.update({f"{name}_ms_runs": values for name, values in runs.items()})
-        for base in ("eager_rows", "eager", "inductor", "onnxruntime"):
-            if base in timings and base != headline:
-                entry[f"speedup_vs_{base}"] = timings[base] / timings[headline]
-            if base in timings and "cascade_bf16" in timings:
-                entry[f"bf16_speedup_vs_{base}"] = timings[base] / timings["cascade_bf16"]
-        result["sizes"][f"1x{size}"] = entry
+            # bf16 GEMMs round to 8 significant bits: judged by the AUC change instead.
+            agree_with_eager(fns, request(*inputs), inputs, what=f"fscd 1x{size}")
+        result["sizes"][f"1x{size}"] = timed_entry(
+            fns, inputs, rounds=rounds, repeats=repeats, headline=headline
+        )
     return result

@@ -1,31 +1,53 @@
-"""Benchmark: eager vs torch.compile (Inductor, dynamic) vs ONNX Runtime vs Cascade's artifact.
+"""Benchmark: Cascade's compiled packages against like-for-like peers, in one run.
 
     cascade bench compile --model preranking --out bench-results/compilers.json [--quick]
+    cascade bench compile --model asr --model-dir MODEL_DIR --out bench-results/compile-asr.json
 
 The headline (top-level keys) is the FSCD pre-ranker, the network the pipeline deploys and the
 server runs as a package (:mod:`benchmarks.compiled_fscd`): at 1 user x 1,000 and x 10,000
-candidates, latency medians (all variants interleaved round by round in one process), speedups
-(the top-level ones at 10,000; every size under ``sizes``), recompiles across 20+ candidate
-counts, compile times, and the AUC change of each compiled form against eager on held-out
-requests (``auc_delta``: the exact package's; ``auc_deltas``: every variant's).
+candidates, latency medians and their rounds (all variants interleaved round by round, the
+order rotating, in one process), speedups (the top-level ones at 10,000; every size under
+``sizes``), recompiles across 20+ candidate counts, compile times, and the AUC change of each
+compiled form against eager on held-out requests (``auc_delta``: the exact package's;
+``auc_deltas``: every variant's).
+
+Peers, fp32 against fp32 and int8 against int8:
+
+* fp32: ``cascade`` (the exact AOTInductor package) against ``eager``, ``inductor``
+  (``torch.compile(dynamic=True)``, Inductor's defaults), ``inductor_tuned`` (Inductor with
+  :data:`INDUCTOR_TUNED_OPTIONS`, freezing and the C++ wrapper, plus max-autotune where the
+  run measured it faster: ``inductor_tuned_options``) and ``onnxruntime`` (the ONNX export on
+  ONNX Runtime's CPU provider). ``speedup_vs_{peer}`` = ``{peer}_ms / cascade_ms``.
+* int8: ``cascade_int8`` (the package with RSQ int8 GEMMs for the wide layers) against
+  ``onnxruntime_int8`` (ONNX Runtime's own dynamic quantizer on the same ONNX export) and
+  ``eager_int8`` (PyTorch's dynamic int8 ``nn.Linear``). ``int8_speedup_vs_{peer}`` =
+  ``{peer}_ms / cascade_int8_ms``; ``int8_speedup_vs_eager`` / ``_inductor`` /
+  ``_onnxruntime`` divide the fp32 peers by the int8 package (compilation and quantization
+  together) and are not headline figures.
+
+``recompiles`` is measured per variant: Dynamo's graph count while the in-process compiles run
+every candidate count (``compiles``; ``recompiles`` = graphs - 1), and for a package the
+packages loaded to serve them (``recompiles`` = loads - 1) and ``shapes_served``.
 
 ``mlp`` holds the same comparison for the first network (``PreRanker``, ``ml100k`` shape,
-trained for a few seconds on synthetic impressions with a known click signal). ``cascade`` is
-the exact (fp32) AOTInductor artifact; ``cascade_int8`` the same artifact with RSQ int8 GEMMs
-for its wide layers and ``cascade_bf16`` with bf16 GEMMs (``bf16_gemm``), each reported with its
-own speedups and AUC change because neither is exact (the FSCD table has ``cascade_bf16`` too).
-``--quick`` uses a tiny model and small sizes and runs only the PreRanker's eager and the pass
-pipeline (with and without RSQ int8, for the AUC change), at the top level: the Inductor
-compiles, the ONNX export and AOTInductor's gcc build take minutes on 2 cores. ``--model asr``
-runs :func:`asr_compile_bench` (utterances of 1-20 s, ``cer_delta``)."""
+trained for a few seconds on synthetic impressions with a known click signal), with the int8
+peers; ``cascade_bf16`` (bf16 GEMMs, ``bf16_gemm``) is reported with its own speedups and AUC
+change because it is not exact (the FSCD table has it too). ``--quick`` uses a tiny model and
+small sizes and runs only the PreRanker's eager and the pass pipeline (with and without RSQ
+int8, for the AUC change), at the top level: the Inductor compiles, the ONNX export and
+AOTInductor's gcc build take minutes on 2 cores. ``--model asr`` runs :func:`asr_compile_bench`
+(utterances of 1-20 s, ``cer_delta``) on the model folder ``--model-dir`` names.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +56,7 @@ import pandas as pd
 import torch
 from sklearn.metrics import roc_auc_score
 
-from benchmarks.provenance import weights_digest
+from benchmarks.provenance import bench_repeats, weights_digest
 from cascade.compiled_packages import load_package
 from cascade.config import load_settings
 from cascade.ctr_schema import LABEL, MODEL_FEATURES
@@ -47,7 +69,7 @@ from compilers.preranking import (
     preranking_dynamic_shapes,
     preranking_example,
 )
-from compilers.timing import interleaved_runs_ms
+from compilers.timing import interleaved_ms, interleaved_runs_ms
 from models.preranking.config_registry import get_config
 from models.preranking.model import PreRanker
 from models.preranking.synthetic_data import synthetic_training_frame
@@ -85,7 +107,7 @@ def train_quickly(
     return model.eval(), test
 
 
-def request_auc(score: Callable[..., Any], requests: Requests) -> float:
+def request_auc(score: Callable[..., Any], requests: Sequence[tuple[Any, Any]]) -> float:
     """AUC of ``score`` over all requests' candidates."""
     with torch.no_grad():
         scores = [np.asarray(torch.as_tensor(score(*inputs)).reshape(-1)) for inputs, _ in requests]
@@ -103,37 +125,394 @@ def onnxruntime_session(
 ) -> Callable[..., np.ndarray]:
     """Export the request module to ONNX (dynamic candidate dim; by default the PreRanker's
     request, :func:`preranking_dynamic_shapes`) and open a session on this process's threads."""
-    import onnxruntime as ort
-
-    torch.onnx.export(
+    export_onnx(
         request,
         example,
-        str(path),
+        path,
         dynamic_shapes=preranking_dynamic_shapes() if dynamic_shapes is None else dynamic_shapes,
+        input_names=input_names,
+    )
+    return onnxruntime_run(path)
+
+
+# --- peers: the same request module under other compilers, fp32 and int8 --------------------
+
+INDUCTOR_TUNED_OPTIONS: dict[str, Any] = {"freezing": True, "cpp_wrapper": True}
+"""``inductor_tuned``: weights frozen into the graph (constant folding, prepacked GEMM weights)
+and the C++ wrapper in place of the Python one (less per-call overhead)."""
+
+MAX_AUTOTUNE_OPTIONS: dict[str, Any] = {"max_autotune": True}
+"""What ``mode="max-autotune"`` sets for a CPU run (its other setting, CUDA graphs, is GPU-only;
+``torch.compile`` takes a mode or options, not both). :func:`inductor_tuned_peer` tries it on top
+of :data:`INDUCTOR_TUNED_OPTIONS` and keeps it only where it is faster."""
+
+FP32_PEERS = ("eager_rows", "eager", "inductor", "inductor_tuned", "onnxruntime")
+"""The fp32 baselines the fp32 package (``cascade``) is divided into: ``speedup_vs_{peer}``."""
+
+INT8_PEERS = ("onnxruntime_int8", "eager_int8")
+"""The int8 baselines the int8 package (``cascade_int8``) is divided into:
+``int8_speedup_vs_{peer}``."""
+
+RECOMPILE_LIMIT = 64
+"""Dynamo's per-function graph limit while a benchmark runs. Every ``torch.compile`` of one
+request module shares its ``forward``'s cache; past the default limit (8) Dynamo would silently
+run the later variants eagerly."""
+
+
+@dataclass
+class Peer:
+    """One compiled variant: the callable, its build time, and what it compiled."""
+
+    fn: Callable[..., Any]
+    compile_s: float
+    recompiles: dict[str, int] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def dynamo_graphs(compiled: Callable[..., Any], examples: Sequence[tuple[Any, ...]]) -> int:
+    """Graphs Dynamo compiled while ``compiled`` ran every example (its counter, reset first)."""
+    from torch._dynamo.utils import counters
+
+    counters["stats"].clear()
+    with torch.no_grad():
+        for inputs in examples:
+            compiled(*inputs)
+    return int(counters["stats"]["unique_graphs"])
+
+
+def inductor_peer(
+    module: torch.nn.Module,
+    example: tuple[Any, ...],
+    shapes: Sequence[tuple[Any, ...]],
+    *,
+    options: dict[str, Any] | None = None,
+    backend: str = "inductor",
+) -> Peer:
+    """``torch.compile(module, dynamic=True)`` with Inductor ``options``: ``compile_s`` is its
+    first call on ``example``; ``recompiles`` counts Dynamo's graphs over that call and every
+    input of ``shapes`` (``compiles`` 1 = one graph served them all)."""
+    compiled = torch.compile(module, dynamic=True, backend=backend, options=options or None)
+    start = time.perf_counter()
+    graphs = dynamo_graphs(compiled, [example])
+    compile_s = time.perf_counter() - start
+    graphs += dynamo_graphs(compiled, shapes)
+    recompiles = {"compiles": graphs, "recompiles": max(0, graphs - 1), "shapes": len(shapes)}
+    return Peer(compiled, compile_s, recompiles, {"options": dict(options or {})})
+
+
+def inductor_tuned_peer(
+    module: torch.nn.Module,
+    example: tuple[Any, ...],
+    shapes: Sequence[tuple[Any, ...]],
+    *,
+    trial_inputs: tuple[Any, ...] | None = None,
+    rounds: int = 3,
+    repeats: int = 5,
+) -> Peer:
+    """Inductor with :data:`INDUCTOR_TUNED_OPTIONS`; with ``trial_inputs``, also with
+    :data:`MAX_AUTOTUNE_OPTIONS` on top, the two timed interleaved on ``trial_inputs`` and the
+    faster kept. ``info`` says which options won (``options``) and the trial's medians
+    (``trial_ms``); ``compile_s`` and ``recompiles`` are the kept one's."""
+    tuned = inductor_peer(module, example, shapes, options=INDUCTOR_TUNED_OPTIONS)
+    if trial_inputs is None:
+        return tuned
+    autotuned = inductor_peer(
+        module, example, shapes, options=INDUCTOR_TUNED_OPTIONS | MAX_AUTOTUNE_OPTIONS
+    )
+    candidates = {"freezing+cpp_wrapper": tuned, "freezing+cpp_wrapper+max_autotune": autotuned}
+    with torch.no_grad():
+        trial = interleaved_ms(
+            {name: functools.partial(peer.fn, *trial_inputs) for name, peer in candidates.items()},
+            rounds=rounds,
+            repeats=repeats,
+        )
+    best = min(trial, key=trial.__getitem__)
+    kept = candidates[best]
+    kept.info.update(
+        trial_ms=trial, tried=[c.info["options"] for c in candidates.values()], chose=best
+    )
+    return kept
+
+
+def export_onnx(
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    path: Path,
+    *,
+    dynamic_shapes: Any,
+    input_names: Sequence[str],
+) -> Path:
+    """``module`` exported to ONNX (``torch.onnx.export``, dynamo) at ``path``."""
+    torch.onnx.export(
+        module,
+        example,
+        str(path),
+        dynamic_shapes=dynamic_shapes,
         input_names=list(input_names),
         dynamo=True,
     )
+    return path
+
+
+def onnxruntime_run(path: Path, *, threads: int | None = None) -> Callable[..., np.ndarray]:
+    """A session over the ONNX file on ONNX Runtime's CPU provider (``threads`` intra-op threads,
+    by default this process's torch threads); the callable takes the inputs positionally."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
+    options.intra_op_num_threads = threads or torch.get_num_threads()
+    options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
 
     def run(*inputs: torch.Tensor) -> np.ndarray:
-        return session.run(None, {n: x.numpy() for n, x in zip(names, inputs, strict=True)})[0]
+        feed = {n: x.contiguous().numpy() for n, x in zip(names, inputs, strict=True)}
+        return session.run(None, feed)[0]
 
     return run
 
 
-def _recompiles(fn: Callable[..., Any], shapes: list[int], config: Any) -> dict[str, int]:
-    """Dynamo frames compiled while running every shape (1 = a single compile)."""
-    from torch._dynamo.utils import counters
+ONNXRUNTIME_INT8 = {
+    "quantizer": "onnxruntime.quantization.quantize_dynamic",
+    "weight_type": "QInt8",
+    "activations": "uint8, ranges computed per call",
+    "per_channel": False,
+}
+"""How ``onnxruntime_int8`` is made: ONNX Runtime's own dynamic quantizer, its defaults, except
+``reduce_range`` (:func:`ort_reduce_range`)."""
 
-    before = counters["stats"]["unique_graphs"]
+
+def ort_reduce_range() -> bool:
+    """Whether ONNX Runtime's quantizer should keep weights to 7 bits here: on x86 CPUs without
+    VNNI its uint8 x int8 kernels add pairs of products in 16 bits, which saturate on full-range
+    weights (ONNX Runtime's quantization guide). Measured on an AVX2 CPU with the tiny test
+    module: max |error| 0.20 on logits of up to 0.56 with full-range weights, 0.008 reduced."""
+    flags = cpu_flags()
+    return bool(flags) and not any("vnni" in flag for flag in flags)
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``; empty where it cannot be read)."""
+    import contextlib
+
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def onnxruntime_int8_file(fp32: Path, out: Path) -> dict[str, Any]:
+    """The fp32 ONNX file quantized by ONNX Runtime's dynamic quantizer (int8 weights, dynamic
+    uint8 activations) into ``out``; returns :data:`ONNXRUNTIME_INT8`, ``reduce_range`` and the
+    integer nodes it made (``int8_nodes``, e.g. MatMulInteger: none means nothing ran in int8)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    reduce_range = ort_reduce_range()
+    quantize_dynamic(
+        str(fp32),
+        str(out),
+        weight_type=QuantType.QInt8,
+        per_channel=False,
+        reduce_range=reduce_range,
+    )
+    ops = [node.op_type for node in onnx.load(str(out)).graph.node]
+    integer = sorted({op for op in ops if "Integer" in op})
+    return {
+        **ONNXRUNTIME_INT8,
+        "reduce_range": reduce_range,
+        "int8_nodes": sum(op in integer for op in ops),
+        "int8_ops": integer,
+    }
+
+
+def eager_int8(module: torch.nn.Module) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """A copy of ``module`` with every ``nn.Linear`` replaced by PyTorch's dynamically quantized
+    one (``torch.ao.quantization.quantize_dynamic``: int8 weights, activations quantized per
+    call); returns it and how many layers it converted (``int8_layers``)."""
+    import copy
+    import warnings
+
+    with warnings.catch_warnings():
+        # Deprecated in favour of torchao, which this project does not install; still shipped.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        quantized = torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(module).eval(), {torch.nn.Linear}, dtype=torch.qint8
+        )
+    dynamic_linear = torch.ao.nn.quantized.dynamic.Linear
+    layers = sum(isinstance(m, dynamic_linear) for m in quantized.modules())
+    info = {
+        "quantizer": "torch.ao.quantization.quantize_dynamic",
+        "modules": ["Linear"],
+        "int8_layers": layers,
+    }
+    return quantized, info
+
+
+def build_peers(
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    work: Path,
+    *,
+    names: Sequence[str],
+    shapes: Sequence[tuple[Any, ...]],
+    dynamic_shapes: Any,
+    input_names: Sequence[str],
+    trial_inputs: tuple[Any, ...] | None = None,
+    onnx_file: Path | None = None,
+) -> dict[str, Peer]:
+    """The peers of ``names`` (``inductor``, ``inductor_tuned``, ``cascade_backend``,
+    ``onnxruntime``, ``onnxruntime_int8``, ``eager_int8``) of the request ``module``.
+
+    Inductor's run every input of ``shapes`` (their Dynamo graphs counted); ``inductor_tuned``
+    tries max-autotune on ``trial_inputs`` when given (:func:`inductor_tuned_peer`); the ONNX
+    Runtime pair shares one export (``onnx_file`` when given, else one made under ``work``),
+    int8 being ONNX Runtime's own quantization of that file."""
+    peers: dict[str, Peer] = {}
+    known = {"inductor", "inductor_tuned", "cascade_backend", "onnxruntime", "onnxruntime_int8"}
+    unknown = sorted(set(names) - known - {"eager_int8"})
+    if unknown:
+        raise ValueError(f"unknown peers {unknown}; known: {sorted(known | {'eager_int8'})}")
+    module = module.eval()
+    if "inductor" in names:
+        peers["inductor"] = inductor_peer(module, example, shapes)
+    if "inductor_tuned" in names:
+        peers["inductor_tuned"] = inductor_tuned_peer(
+            module, example, shapes, trial_inputs=trial_inputs
+        )
+    if "cascade_backend" in names:
+        peers["cascade_backend"] = inductor_peer(module, example, shapes, backend="cascade")
+    if {"onnxruntime", "onnxruntime_int8"} & set(names):
+        start = time.perf_counter()
+        if onnx_file is None:
+            onnx_file = export_onnx(
+                module,
+                example,
+                work / "peer.onnx",
+                dynamic_shapes=dynamic_shapes,
+                input_names=input_names,
+            )
+        export_s = time.perf_counter() - start
+        if "onnxruntime" in names:
+            peers["onnxruntime"] = Peer(onnxruntime_run(onnx_file), export_s)
+        if "onnxruntime_int8" in names:
+            start = time.perf_counter()
+            info = onnxruntime_int8_file(onnx_file, onnx_file.with_suffix(".int8.onnx"))
+            run = onnxruntime_run(onnx_file.with_suffix(".int8.onnx"))
+            peers["onnxruntime_int8"] = Peer(
+                run, export_s + time.perf_counter() - start, None, info
+            )
+    if "eager_int8" in names:
+        start = time.perf_counter()
+        quantized, info = eager_int8(module)
+        peers["eager_int8"] = Peer(quantized, time.perf_counter() - start, None, info)
+    return peers
+
+
+def served_shapes(
+    load: Callable[[], Callable[..., Any]], shapes: Sequence[tuple[Any, ...]]
+) -> tuple[Callable[..., Any], dict[str, int]]:
+    """Load a package with ``load`` and run every input of ``shapes`` on it, loading another
+    only when the one in hand raises on an input (what serving one package per shape range
+    would need). Returns the last package and ``compiles`` (packages loaded),
+    ``recompiles`` (loads - 1), ``shapes_served`` (distinct input shapes that ran) and
+    ``shapes`` (tried). An input no freshly loaded package serves raises."""
+    loads = 0
+
+    def fresh() -> Callable[..., Any]:
+        nonlocal loads
+        loads += 1
+        return load()
+
+    package = fresh()
+    served: set[tuple[tuple[int, ...], ...]] = set()
     with torch.no_grad():
-        for n in shapes:
-            fn(*preranking_example(config, n, seed=n))
-    compiles = counters["stats"]["unique_graphs"] - before
-    return {"compiles": compiles, "recompiles": max(0, compiles - 1)}
+        for inputs in shapes:
+            try:
+                package(*inputs)
+            except Exception:
+                package = fresh()
+                package(*inputs)  # a shape no package serves fails the benchmark here
+            served.add(tuple(tuple(getattr(x, "shape", ())) for x in inputs))
+    return package, {
+        "compiles": loads,
+        "recompiles": loads - 1,
+        "shapes_served": len(served),
+        "shapes": len(shapes),
+    }
+
+
+def agree_with_eager(
+    fns: dict[str, Callable[..., Any]],
+    reference: torch.Tensor,
+    inputs: tuple[Any, ...],
+    *,
+    what: str,
+    tolerance: float = 1e-4,
+    skip: tuple[str, ...] = ("int8", "bf16"),
+) -> None:
+    """Raise unless every variant but the inexact ones (names ending in ``skip``: judged by
+    their accuracy change instead) gives ``reference`` on ``inputs``."""
+    for name, fn in fns.items():
+        if name.endswith(skip):
+            continue
+        got = torch.as_tensor(fn(*inputs)).reshape(-1)
+        if not torch.allclose(got, reference.reshape(-1), atol=tolerance, rtol=tolerance):
+            raise AssertionError(f"{name} disagrees with eager at {what}")
+
+
+def speedups(timings: dict[str, float], headline: str = "cascade") -> dict[str, float]:
+    """Ratios of median milliseconds, each a peer's over a package's (above 1: the package is
+    faster):
+
+    * ``speedup_vs_{peer}`` = ``{peer}_ms / {headline}_ms`` for every fp32 peer of
+      :data:`FP32_PEERS` (``headline`` is the fp32 package, ``cascade``; ``eager`` in a run
+      without packages);
+    * ``int8_speedup_vs_{peer}`` = ``{peer}_ms / cascade_int8_ms`` for the int8 peers of
+      :data:`INT8_PEERS` (int8 against int8) and, kept for the record, for the fp32 ``eager``,
+      ``inductor`` and ``onnxruntime`` (int8 package against fp32: part of that ratio is
+      quantization, not compilation);
+    * ``bf16_speedup_vs_{peer}`` = ``{peer}_ms / cascade_bf16_ms`` for the fp32 peers."""
+    ratios: dict[str, float] = {}
+    for base in FP32_PEERS:
+        if base in timings and base != headline and headline in timings:
+            ratios[f"speedup_vs_{base}"] = timings[base] / timings[headline]
+    if "cascade_int8" in timings:
+        for base in (*INT8_PEERS, "eager", "inductor", "onnxruntime"):
+            if base in timings:
+                ratios[f"int8_speedup_vs_{base}"] = timings[base] / timings["cascade_int8"]
+    if "cascade_bf16" in timings:
+        for base in FP32_PEERS:
+            if base in timings:
+                ratios[f"bf16_speedup_vs_{base}"] = timings[base] / timings["cascade_bf16"]
+    return ratios
+
+
+def timed_entry(
+    fns: dict[str, Callable[..., Any]],
+    inputs: tuple[Any, ...],
+    *,
+    rounds: int,
+    repeats: int,
+    headline: str = "cascade",
+) -> dict[str, Any]:
+    """Every variant on ``inputs``, interleaved (order rotating each round): ``{name}_ms``
+    (median of the rounds), ``{name}_ms_runs`` (each round's median of ``repeats`` calls) and
+    :func:`speedups`."""
+    with torch.no_grad():
+        runs = interleaved_runs_ms(
+            {name: functools.partial(fn, *inputs) for name, fn in fns.items()},
+            rounds=rounds,
+            repeats=repeats,
+            warmup_each_round=True,
+        )
+    timings = {name: statistics.median(values) for name, values in runs.items()}
+    entry: dict[str, Any] = {f"{name}_ms": ms for name, ms in timings.items()}
+    entry.update({f"{name}_ms_runs": values for name, values in runs.items()})
+    entry.update(speedups(timings, headline))
+    return entry
 
 
 BENCH_THREADS = 1
@@ -151,7 +530,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         return asr_compile_bench(out, quick)
     if model != "preranking":
         raise ValueError(f"cannot benchmark --model {model}: choose preranking or asr")
-    with torch_threads(BENCH_THREADS):
+    with torch_threads(BENCH_THREADS), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
         return _run(quick)
 
 
@@ -160,14 +539,52 @@ ASR_COMPILE_BENCH_SIZES = "500"
 own throughput at 10k/100k utterances is ``cascade bench asr``'s."""
 
 
+def asr_model_source() -> str:
+    """How ``--model asr`` gets its model, checked before anything slow runs: the folder
+    ``--model-dir`` (``CASCADE_BENCH_ASR_MODEL``) names, which must hold an ``asr_model.pt`` or
+    a training's ``fp32/`` (and ``int8/``) models, or, without one, training the
+    ``CASCADE_BENCH_ASR_CONFIG`` config on a corpus synthesized with espeak-ng (which the
+    evaluation corpus needs in either case). Raises ValueError saying what to give."""
+    import shutil
+
+    from jobs.speech_synth import ESPEAK
+
+    bench = load_settings().bench
+    given = bench.asr_model
+    if given is not None:
+        folder = Path(given)
+        folder = folder.parent if folder.suffix == ".pt" else folder
+        if (
+            not (folder / "asr_model.pt").is_file()
+            and not (folder / "fp32" / "asr_model.pt").is_file()
+        ):
+            raise ValueError(
+                f"--model-dir {given}: no asr_model.pt there (nor fp32/asr_model.pt); give the "
+                "folder of a trained ASR model (python -m models.asr.train writes one)"
+            )
+    if shutil.which(ESPEAK) is None:
+        needs = "its evaluation corpus" if given else "a corpus to train a model on"
+        raise ValueError(
+            f"cascade bench compile --model asr cannot run: {ESPEAK} is not installed and it "
+            f"synthesizes {needs}; install it (infra/install.sh, Debian package espeak-ng)"
+            + ("" if given else " and give --model-dir DIR, a trained ASR model's folder")
+        )
+    if given is not None:
+        return f"--model-dir {given}"
+    return f"trained now: config {bench.asr_config!r} (give --model-dir to skip training)"
+
+
 def asr_compile_bench(out: Path, quick: bool) -> dict[str, Any]:
     """``--model asr``: :mod:`benchmarks.asr_path` on a small corpus, which reports this
-    benchmark's keys (``eager_ms`` ... ``speedup_vs_onnxruntime``, ``recompiles``,
+    benchmark's keys (``eager_ms`` ... ``speedup_vs_onnxruntime`` fp32 against fp32,
+    ``int8_speedup_vs_onnxruntime_int8`` / ``_eager_int8`` int8 against int8, ``recompiles``,
     ``shapes_tried``, ``compile_s``, ``cer_delta``, ``passes``) beside its own. The model is
-    ``CASCADE_BENCH_ASR_MODEL`` or one ``models.asr.train`` trains."""
+    ``--model-dir`` (:func:`asr_model_source`) or one ``models.asr.train`` trains."""
     from benchmarks.asr_path import run as asr_bench
     from cascade.config import load_settings
 
+    source = asr_model_source()
+    print(f"[bench compile] ASR model: {source}", flush=True)
     given = load_settings().bench.asr_sizes
     if given is None:
         os.environ["CASCADE_BENCH_ASR_SIZES"] = ASR_COMPILE_BENCH_SIZES
@@ -176,6 +593,17 @@ def asr_compile_bench(out: Path, quick: bool) -> dict[str, Any]:
     finally:
         if given is None:
             os.environ.pop("CASCADE_BENCH_ASR_SIZES", None)
+
+
+MLP_PEERS = (
+    "inductor",
+    "inductor_tuned",
+    "cascade_backend",
+    "onnxruntime",
+    "onnxruntime_int8",
+    "eager_int8",
+)
+"""The PreRanker's in-process and ONNX Runtime peers of its packages."""
 
 
 def _run(quick: bool) -> dict[str, Any]:
@@ -206,6 +634,7 @@ def _run(quick: bool) -> dict[str, Any]:
 
     work = Path(tempfile.mkdtemp(prefix="cascade-bench-"))
     example = preranking_example(model.config, 64)
+    shape_inputs = [preranking_example(model.config, n, seed=n) for n in shapes]
     variants: dict[str, Callable[..., Any]] = {"eager": request}
 
     # The pass pipeline alone (graph run by PyTorch), and with RSQ int8, for accuracy.
@@ -226,41 +655,36 @@ def _run(quick: bool) -> dict[str, Any]:
     compile_s: dict[str, float] = {}
     recompiles: dict[str, Any] = {}
     if not quick:
-        start = time.perf_counter()
-        ort_run = onnxruntime_session(request, example, work / "preranking.onnx")
-        compile_s["onnxruntime"] = time.perf_counter() - start
-        result["onnxruntime_auc_delta"] = request_auc(ort_run, requests) - eager_auc
-        variants["onnxruntime"] = ort_run
-
-        def torch_compiled(name: str, **options: Any) -> Any:
-            """``request`` through ``torch.compile`` (dynamic shapes): its first-call compile
-            time, recompiles over ``shapes`` and AUC delta go under ``name``."""
-            torch._dynamo.reset()
-            compiled = torch.compile(request, dynamic=True, **options)
-            start = time.perf_counter()
-            with torch.no_grad():
-                compiled(*example)
-            compile_s[name] = time.perf_counter() - start
-            recompiles[name] = _recompiles(compiled, shapes, model.config)
-            result[f"{name}_auc_delta"] = request_auc(compiled, requests) - eager_auc
-            return compiled
-
-        inductor = torch_compiled("inductor")
-        backend = torch_compiled("cascade_backend", backend="cascade")
+        peers = build_peers(
+            request,
+            example,
+            work,
+            names=MLP_PEERS,
+            shapes=shape_inputs,
+            dynamic_shapes=preranking_dynamic_shapes(),
+            input_names=("user_dense", "user_id", "item_dense", "item_id"),
+            trial_inputs=preranking_example(model.config, sizes[-1], seed=sizes[-1]),
+        )
+        result.update(peer_report(peers))
+        for name, peer in peers.items():
+            compile_s[name] = peer.compile_s
+            if peer.recompiles is not None:
+                recompiles[name] = peer.recompiles
+            result[f"{name}_auc_delta"] = request_auc(peer.fn, requests) - eager_auc
+            variants[name] = peer.fn
 
         cache = load_settings().home / "compile-cache"
 
         def package(name: str, file: str, **options: Any) -> tuple[Any, Any]:
-            """``model`` compiled to one AOTInductor package and loaded: its compile time goes
-            under ``name``; each of ``shapes`` runs once, so a failure is a shape the one
-            package cannot serve."""
+            """``model`` compiled to one AOTInductor package: its compile time goes under
+            ``name``, the packages loaded to serve every input of ``shapes`` under
+            ``recompiles`` (:func:`served_shapes`)."""
             start = time.perf_counter()
             artifact = compile_preranking(model, work / file, cache_dir=cache, **options)
             compile_s[name] = time.perf_counter() - start
-            loaded = load_package(artifact.path)
-            for n in shapes:
-                loaded(*preranking_example(model.config, n, seed=n))
-            recompiles[name] = {"compiles": 1, "recompiles": 0}
+            loaded, recompiles[name] = served_shapes(
+                lambda: load_package(artifact.path), shape_inputs
+            )
             return artifact, loaded
 
         artifact, loaded = package("cascade", "preranking.pt2")
@@ -281,49 +705,25 @@ def _run(quick: bool) -> dict[str, Any]:
         result["bf16_auc_delta"] = request_auc(loaded_bf16, requests) - eager_auc
         result["bf16_gemm"] = bf16.report["passes"]["bf16_gemm"]
         variants.update(
-            {
-                "inductor": inductor,
-                "cascade_backend": backend,
-                "cascade": loaded,
-                "cascade_int8": loaded_int8,
-                "cascade_bf16": loaded_bf16,
-            }
+            {"cascade": loaded, "cascade_int8": loaded_int8, "cascade_bf16": loaded_bf16}
         )
     result["compile_s"] = compile_s
     result["recompiles"] = recompiles
 
+    headline = "cascade" if "cascade" in variants else "eager"
     for size in sizes:
         inputs = preranking_example(model.config, size, seed=size)
         with torch.no_grad():
-            reference = request(*inputs)
-            for name, fn in variants.items():
-                if name.endswith(("int8", "bf16")):
-                    # These random inputs reach far past the calibrated activation ranges, so
-                    # int8 clamps them; bf16 rounds; their accuracy is judged on real requests
-                    # (int8_auc_delta, bf16_auc_delta).
-                    continue
-                got = torch.as_tensor(fn(*inputs))
-                if not torch.allclose(got.reshape(-1), reference, atol=1e-4, rtol=1e-4):
-                    raise AssertionError(f"{name} disagrees with eager at 1x{size}")
-            runs = interleaved_runs_ms(
-                {name: (lambda fn=fn, inputs=inputs: fn(*inputs)) for name, fn in variants.items()},
-                rounds=3 if quick else 7,
-                repeats=5 if quick else 15,
-                warmup_each_round=True,
-            )
-        timings = {name: statistics.median(values) for name, values in runs.items()}
-        entry: dict[str, Any] = {f"{name}_ms": ms for name, ms in timings.items()}
-        entry.update({f"{name}_ms_runs": values for name, values in runs.items()})
-        headline = "cascade" if "cascade" in timings else "eager"
-        for base in ("eager", "inductor", "onnxruntime"):
-            if base in timings and base != headline:
-                entry[f"speedup_vs_{base}"] = timings[base] / timings[headline]
-        for variant in ("int8", "bf16"):
-            if f"cascade_{variant}" in timings:
-                for base in ("eager", "inductor", "onnxruntime"):
-                    entry[f"{variant}_speedup_vs_{base}"] = (
-                        timings[base] / timings[f"cascade_{variant}"]
-                    )
+            # Random inputs reach far past the calibrated activation ranges, so int8 clamps
+            # them; bf16 rounds: their accuracy is judged on real requests (*_auc_delta).
+            agree_with_eager(variants, request(*inputs), inputs, what=f"1x{size}")
+        entry = timed_entry(
+            variants,
+            inputs,
+            rounds=bench_repeats(7, quick=quick, quick_default=3),
+            repeats=5 if quick else 15,
+            headline=headline,
+        )
         entry["headline_variant"] = headline
         result["sizes"][f"1x{size}"] = entry
     largest = result["sizes"][f"1x{sizes[-1]}"]
@@ -337,9 +737,26 @@ def _run(quick: bool) -> dict[str, Any]:
     # The network the pipeline deploys and the server runs as a package: its table is the
     # headline, the first network's goes under ``mlp``.
     fscd = fscd_compile_table(
-        work, sizes=sizes, shapes=shapes, cache_dir=load_settings().home / "compile-cache"
+        work,
+        sizes=sizes,
+        shapes=shapes,
+        cache_dir=load_settings().home / "compile-cache",
+        rounds=bench_repeats(7),
     )
     return headline_table(fscd, mlp=result)
+
+
+def peer_report(peers: dict[str, Peer]) -> dict[str, Any]:
+    """What the peers were: ``inductor_tuned_options`` (the Inductor options the tuned peer
+    ran with, and its max-autotune trial), ``onnxruntime_int8_quantization`` and
+    ``eager_int8_quantization`` (the quantizer, its settings and how much it converted)."""
+    report: dict[str, Any] = {}
+    if "inductor_tuned" in peers:
+        report["inductor_tuned_options"] = peers["inductor_tuned"].info
+    for name in ("onnxruntime_int8", "eager_int8"):
+        if name in peers:
+            report[f"{name}_quantization"] = peers[name].info
+    return report
 
 
 def headline_table(fscd: dict[str, Any], *, mlp: dict[str, Any]) -> dict[str, Any]:

@@ -44,7 +44,10 @@ OPTIONS: dict[str, dict[str, str]] = {
         "config": "CASCADE_BENCH_PRERANKING_CONFIG",
         "seeds": "CASCADE_BENCH_PRERANKING_SEEDS",
     },
-    "compilers": {"model": "CASCADE_BENCH_COMPILE_MODEL"},
+    "compilers": {
+        "model": "CASCADE_BENCH_COMPILE_MODEL",
+        "model-dir": "CASCADE_BENCH_ASR_MODEL",
+    },
     "asr": {"model": "CASCADE_BENCH_ASR_MODEL", "sizes": "CASCADE_BENCH_ASR_SIZES"},
     "events": {"events": "CASCADE_BENCH_EVENTS"},
     "multimodal": {

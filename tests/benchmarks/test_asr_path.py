@@ -6,6 +6,7 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,3 +107,70 @@ def test_error_rates_decode_each_language_and_no_people_is_a_reason(
     monkeypatch.setattr("jobs.speech_human.STAMPS_ROOT", tmp_path / "no-stamps")
     corpus, reason = people_corpus(None, tmp_path)
     assert corpus is None and reason is not None and "no people corpus" in reason
+
+
+def test_compile_keys_divide_fp32_peers_by_the_fp32_package_and_int8_by_int8() -> None:
+    from benchmarks.asr_path import compile_bench_keys
+
+    def timed(ms: float) -> dict[str, Any]:
+        return {"per_length": {"20s": {"ms": ms, "ms_runs": [ms, ms]}}}
+
+    timings = {
+        "eager": timed(40.0),
+        "inductor": timed(30.0),
+        "inductor_tuned": timed(25.0),
+        "onnxruntime": timed(20.0),
+        "fp32_artifact": timed(10.0),
+        "int8": timed(5.0),
+        "onnxruntime_int8": timed(15.0),
+        "eager_int8": timed(35.0),
+    }
+    keys = compile_bench_keys(timings)
+    # cascade is the fp32 package: the headline ratios are fp32 against fp32.
+    assert keys["cascade_ms"] == keys["cascade_fp32_ms"] == 10.0 and keys["cascade_int8_ms"] == 5.0
+    assert keys["speedup_vs_eager"] == 4.0 and keys["speedup_vs_inductor"] == 3.0
+    assert keys["speedup_vs_inductor_tuned"] == 2.5 and keys["speedup_vs_onnxruntime"] == 2.0
+    # int8 against int8.
+    assert keys["int8_speedup_vs_onnxruntime_int8"] == 3.0
+    assert keys["int8_speedup_vs_eager_int8"] == 7.0
+    assert keys["onnxruntime_int8_ms_runs"] == [15.0, 15.0]
+
+
+def test_asr_int8_peers_serve_every_length_close_to_eager(
+    tmp_path: Path, compiled_asr_dir: Path
+) -> None:
+    """ONNX Runtime's quantization of the ONNX file ``compile_asr`` wrote (the session's tiny
+    model, built once for the compiler and serving tests) and PyTorch's eager int8."""
+    import torch
+
+    from benchmarks.asr_path import asr_peers
+    from models.asr.artifact import load_artifact
+    from models.asr.compiled import MIN_FRAMES, ONNX_FILE
+
+    artifact = load_artifact(compiled_asr_dir)
+    # A copy (the file and its external weights): the quantized file is written beside it.
+    for source in compiled_asr_dir.glob(f"{ONNX_FILE}*"):
+        (tmp_path / source.name).write_bytes(source.read_bytes())
+    onnx_file = tmp_path / ONNX_FILE
+    shapes = [(torch.randn(1, frames, artifact.n_mels) - 6,) for frames in (MIN_FRAMES, 90, 400)]
+    peers, report = asr_peers(
+        artifact.model,
+        artifact.n_mels,
+        onnx_file,
+        tmp_path,
+        shapes=shapes,
+        threads=1,
+        trial=False,
+        names=("onnxruntime_int8", "eager_int8"),
+    )
+    assert set(peers) == {"onnxruntime_int8", "eager_int8"}
+    assert report["onnxruntime_int8_quantization"]["int8_nodes"] > 0
+    assert report["eager_int8_quantization"]["int8_layers"] > 0
+    with torch.no_grad():
+        for (x,) in shapes:
+            reference = artifact.model(x)
+            for name, forward in peers.items():
+                got = torch.as_tensor(forward(x))
+                assert got.shape == reference.shape, name
+                # int8: close to the float model, not equal to it.
+                assert (got - reference).abs().mean() < 0.1 * reference.abs().mean(), name

@@ -1,14 +1,28 @@
-"""`cascade bench compilers --quick` runs end to end and reports what it measured."""
+"""`cascade bench compilers --quick` runs end to end and reports what it measured; the peers
+(Inductor default and tuned, ONNX Runtime fp32 and int8, eager int8) run on a tiny module."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
-from benchmarks.registry import BENCHMARKS, run_benchmark
+from benchmarks.compiled_inference import (
+    RECOMPILE_LIMIT,
+    agree_with_eager,
+    build_peers,
+    peer_report,
+    served_shapes,
+    speedups,
+    timed_entry,
+)
+from benchmarks.provenance import non_finite
+from benchmarks.registry import BENCHMARKS, OPTIONS, run_benchmark
 
 
 def test_compilers_benchmark_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,7 +49,8 @@ def test_fscd_table_compares_the_deployed_network_and_its_package(tmp_path: Path
         tmp_path,
         sizes=(50,),
         shapes=(1, 3, 17, 200),
-        rows=3_000,
+        config="pipeline",  # the deployed network's width: wide enough for bf16 GEMMs
+        rows=4_000,
         variants=("eager_rows", "eager", "cascade", "cascade_bf16"),
         rounds=1,
         repeats=2,
@@ -48,7 +63,13 @@ def test_fscd_table_compares_the_deployed_network_and_its_package(tmp_path: Path
     assert (
         abs(table["auc_delta"]["cascade"]) < 1e-6 and abs(table["auc_delta"]["eager_rows"]) < 1e-6
     )
-    assert table["recompiles"]["cascade"] == {"compiles": 1, "recompiles": 0}
+    assert table["recompiles"]["cascade"]["shapes_served"] == 4
+    assert table["recompiles"]["cascade"]["recompiles"] == 0
+    # The network is the pipeline's train step's, by config name, with its rows' digest.
+    provenance = table["model_provenance"]
+    assert provenance["config"] == "pipeline" and provenance["training_rows"] == 4_000
+    assert provenance["training_rows_digest"].startswith("sha256:")
+    assert table["model_digest"].startswith("sha256:") and table["fields"] == provenance["fields"]
     # The bf16 package moves the ranking by rounding only, and says which layers it converted.
     assert abs(table["auc_delta"]["cascade_bf16"]) < 0.01
     assert entry["bf16_speedup_vs_eager"] == pytest.approx(
@@ -70,7 +91,7 @@ def test_headline_table_puts_the_deployed_network_on_top() -> None:
     fscd = {
         "sizes": sizes,
         "auc_delta": {"cascade": 0.0, "cascade_bf16": 2e-5},
-        "recompiles": {"cascade": {"compiles": 1, "recompiles": 0}},
+        "recompiles": {"cascade": {"compiles": 1, "recompiles": 0, "shapes_served": 21}},
         "shapes_tried": 21,
         "compile_s": {"cascade": 6.0},
         "passes": {"fuse_memory_bound_chains": {"fired": 1}},
@@ -84,3 +105,146 @@ def test_headline_table_puts_the_deployed_network_on_top() -> None:
     assert table["auc_deltas"] == fscd["auc_delta"] and table["mlp"] is mlp
     for key in ("recompiles", "shapes_tried", "compile_s", "passes", "sizes"):
         assert table[key] == fscd[key]
+
+
+class TinyRequest(torch.nn.Module):
+    """One user's features and N candidates' in, N logits out: a request module in miniature."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.hidden = torch.nn.Linear(8, 32)
+        self.head = torch.nn.Linear(32, 1)
+
+    def forward(self, user: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.hidden(candidates + user))).squeeze(-1)
+
+
+def tiny_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(n)
+    return torch.randn(1, 8, generator=generator), torch.randn(n, 8, generator=generator)
+
+
+def test_every_peer_runs_agrees_with_eager_and_is_timed(tmp_path: Path) -> None:
+    from torch.export import Dim
+
+    module = TinyRequest().eval()
+    shapes = [tiny_inputs(n) for n in (1, 2, 3, 50)]
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        peers = build_peers(
+            module,
+            tiny_inputs(16),
+            tmp_path,
+            names=("inductor", "inductor_tuned", "onnxruntime", "onnxruntime_int8", "eager_int8"),
+            shapes=shapes,
+            dynamic_shapes=(None, {0: Dim("n", min=1, max=4096)}),
+            input_names=("user", "candidates"),
+        )
+        fns: dict[str, Callable[..., Any]] = {"eager": module}
+        fns.update({name: peer.fn for name, peer in peers.items()})
+        entries = {}
+        for n in (16, 200):
+            inputs = tiny_inputs(n)
+            with torch.no_grad():
+                reference = module(*inputs)
+                # fp32 peers agree with eager (this raises otherwise); int8 ones come close.
+                agree_with_eager(fns, reference, inputs, what=f"1x{n}")
+                for name in ("onnxruntime_int8", "eager_int8"):
+                    got = torch.as_tensor(fns[name](*inputs)).reshape(-1)
+                    assert torch.allclose(got, reference, atol=0.1), name
+            entries[n] = timed_entry(fns, inputs, rounds=2, repeats=2, headline="eager")
+    for entry in entries.values():
+        for name in fns:
+            assert entry[f"{name}_ms"] > 0 and len(entry[f"{name}_ms_runs"]) == 2
+        for peer in ("inductor", "inductor_tuned", "onnxruntime"):
+            assert entry[f"speedup_vs_{peer}"] == pytest.approx(
+                entry[f"{peer}_ms"] / entry["eager_ms"]
+            )
+    assert not non_finite(entries)
+    # Recompiles are Dynamo's graph count over the shapes, measured per variant.
+    for name in ("inductor", "inductor_tuned"):
+        counts = peers[name].recompiles
+        assert counts is not None and counts["shapes"] == 4 and counts["compiles"] >= 1
+        assert counts["recompiles"] == counts["compiles"] - 1
+    report = peer_report(peers)
+    assert report["inductor_tuned_options"]["options"] == {"freezing": True, "cpp_wrapper": True}
+    # Both quantizers really made int8 operators.
+    assert report["onnxruntime_int8_quantization"]["int8_nodes"] >= 2
+    assert report["eager_int8_quantization"]["int8_layers"] == 2
+
+
+def test_speedups_divide_fp32_peers_by_the_fp32_package_and_int8_by_int8() -> None:
+    ms = {
+        "eager": 8.0,
+        "inductor": 4.0,
+        "inductor_tuned": 3.0,
+        "onnxruntime": 6.0,
+        "cascade": 2.0,
+        "cascade_int8": 1.0,
+        "onnxruntime_int8": 5.0,
+        "eager_int8": 7.0,
+    }
+    ratios = speedups(ms)
+    assert ratios["speedup_vs_eager"] == 4.0 and ratios["speedup_vs_inductor"] == 2.0
+    assert ratios["speedup_vs_inductor_tuned"] == 1.5 and ratios["speedup_vs_onnxruntime"] == 3.0
+    assert ratios["int8_speedup_vs_onnxruntime_int8"] == 5.0
+    assert ratios["int8_speedup_vs_eager_int8"] == 7.0
+    assert "speedup_vs_onnxruntime_int8" not in ratios and "speedup_vs_cascade" not in ratios
+
+
+def test_recompiles_count_the_packages_loaded_to_serve_every_shape() -> None:
+    loads: list[int] = []
+
+    def static_package() -> Callable[[torch.Tensor], torch.Tensor]:
+        """A package for one candidate count: the first it sees."""
+        fixed: list[int] = []
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            fixed.append(fixed[0] if fixed else len(x))
+            if len(x) != fixed[0]:
+                raise RuntimeError(f"compiled for {fixed[0]} rows, got {len(x)}")
+            return x
+
+        loads.append(1)
+        return run
+
+    shapes = [(torch.zeros(n),) for n in (1, 2, 2, 5)]
+    _, counts = served_shapes(static_package, shapes)
+    assert counts == {"compiles": 3, "recompiles": 2, "shapes_served": 3, "shapes": 4}
+    assert len(loads) == 3
+    _, counts = served_shapes(lambda: lambda x: x, shapes)
+    assert counts == {"compiles": 1, "recompiles": 0, "shapes_served": 3, "shapes": 4}
+
+    def refuses(x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("no shape")
+
+    with pytest.raises(RuntimeError, match="no shape"):
+        served_shapes(lambda: refuses, shapes)
+
+
+def test_compile_asr_takes_a_model_dir_and_says_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.compiled_inference import asr_model_source
+
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
+    assert OPTIONS["compilers"]["model-dir"] == "CASCADE_BENCH_ASR_MODEL"
+    missing = tmp_path / "no-model"
+    with pytest.raises(ValueError, match=r"--model-dir .*no-model: no asr_model.pt"):
+        run_benchmark(
+            "compile",
+            tmp_path / "out.json",
+            quick=True,
+            options={"model": "asr", "model-dir": str(missing)},
+        )
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "asr_model.pt").write_bytes(b"")
+    monkeypatch.setenv("CASCADE_BENCH_ASR_MODEL", str(model))
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/" + name)
+    assert asr_model_source() == f"--model-dir {model}"
+    # Neither a model nor espeak-ng to make a corpus and train one: say what to give.
+    monkeypatch.delenv("CASCADE_BENCH_ASR_MODEL")
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(ValueError, match="espeak-ng is not installed.*--model-dir DIR"):
+        asr_model_source()
