@@ -84,14 +84,21 @@ class TrainedFscd:
 
 
 def train_pipeline_fscd(
-    work: Path, *, config: str = FSCD_CONFIG, rows: int = FSCD_ROWS, seed: int = 0
+    work: Path,
+    *,
+    config: str = FSCD_CONFIG,
+    rows: int = FSCD_ROWS,
+    seed: int = 0,
+    epochs: int | None = None,
 ) -> TrainedFscd:
     """Train the FSCD cascade with the pipeline's own train step
     (:func:`~models.preranking.cascade_train.launch_pipeline`) and config ``config`` on
     ``rows`` synthetic impressions, under a private state folder and MLflow store in ``work``
     (no stack needed, nothing logged into one). Returns the chosen ColdPreRanker, its encoder,
     one held-out request per user of the run's own test split (the gate's sample), and its
-    provenance (config, training rows and their digest, chosen model, fields, test AUC)."""
+    provenance (config, training rows and their digest, chosen model, fields, test AUC).
+    ``epochs`` overrides the config's, as the pipeline's knob does (recorded in the
+    provenance)."""
     from cascade.config import load_settings, scoped_environ
     from cascade.lake import Lake
     from compilers.deploy_gate import cold_gate_sample
@@ -112,7 +119,7 @@ def train_pipeline_fscd(
         data.parent.mkdir(parents=True, exist_ok=True)
         frame = synthetic_training_frame(rows, seed=seed, end=FSCD_DS)
         frame.to_parquet(data, index=False)
-        trained = launch_pipeline(FSCD_DS, config=config, settings=settings)
+        trained = launch_pipeline(FSCD_DS, config=config, settings=settings, epochs=epochs)
         loaded = load_trained(lake.reports("train", FSCD_DS))
         held_out = held_out_rows(lake, FSCD_DS, loaded.test_fraction)
     model = loaded.model
@@ -122,6 +129,8 @@ def train_pipeline_fscd(
         "source": "models.preranking.cascade_train.launch_pipeline (the pipeline's train step)",
         "network": "ColdPreRanker",
         "config": config,
+        "epochs_override": epochs,
+        "train_processes": settings.train_processes,
         "training_rows": len(frame),
         "training_rows_digest": files_digest([data]),
         "training_data": "models.preranking.synthetic_data.synthetic_training_frame",

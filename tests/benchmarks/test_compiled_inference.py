@@ -42,15 +42,23 @@ def test_compilers_benchmark_quick(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.slow
-def test_fscd_table_compares_the_deployed_network_and_its_package(tmp_path: Path) -> None:
-    from benchmarks.compiled_fscd import fscd_compile_table
+def test_fscd_table_compares_the_deployed_network_and_its_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.compiled_fscd import fscd_compile_table, train_pipeline_fscd
 
+    # One training process (this test runs beside the stacks, not in the exclusive worker) and
+    # one epoch per phase: the table is what is under test, not the network's accuracy.
+    monkeypatch.setenv("CASCADE_TRAIN_PROCESSES", "1")
+    trained = train_pipeline_fscd(tmp_path, config="pipeline", rows=4_000, epochs=1)
+    assert trained.provenance["train_processes"] == 1
     table = fscd_compile_table(
         tmp_path,
         sizes=(50,),
         shapes=(1, 3, 17, 200),
         config="pipeline",  # the deployed network's width: wide enough for bf16 GEMMs
         rows=4_000,
+        trained=trained,
         variants=("eager_rows", "eager", "cascade", "cascade_bf16"),
         rounds=1,
         repeats=2,
