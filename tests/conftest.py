@@ -2,9 +2,12 @@
 
 `make test` runs the suite in two pytest-xdist workers (``-n 2 --dist loadgroup``). The tests
 that need the machine's cores to themselves (``EXCLUSIVE``: the private stacks of ``tests/e2e``
-and ``tests/faults``, the multi-process DeepSpeed runs) run one after another in one worker, in
-collection order; every other test runs in the other worker, beside them. Without xdist the
-suite runs in one process, as before.
+and ``tests/faults``, the multi-process DeepSpeed runs) are one work unit, handed out first and
+run one after another in one worker, in collection order. Every other test runs beside them in
+the other worker, a unit at a time (a module, or the modules that share an expensive session
+fixture, :data:`SHARED_UNITS`); whichever worker is free takes the next unit, so the worker that
+finishes the exclusive unit helps with what is left. Without xdist the suite runs in one
+process, as before.
 """
 
 from __future__ import annotations
@@ -34,25 +37,70 @@ EXCLUSIVE = (
 multi-process DeepSpeed runs (a rank that waits for a descheduled peer stalls the collective)."""
 
 
+SHARED_UNITS: dict[str, str] = {
+    "tests/jobs/": "tests/jobs/",  # one local Spark session for the package (its conftest)
+    "tests/serving/": "serving+asr",  # the champion server, and the compiled ASR model ...
+    "tests/compilers/test_asr.py": "serving+asr",  # ... that these share (tests/conftest.py)
+}
+"""Node-id prefixes whose tests stay in one work unit: they share a session fixture that is
+expensive to build twice (a worker builds its own copy of each)."""
+
+
 def xdist_group_of(nodeid: str) -> str:
     """``exclusive`` for stack and multi-process tests, ``shared`` for every other test."""
     return "exclusive" if nodeid.startswith(EXCLUSIVE) else "shared"
 
 
+def work_unit_of(nodeid: str) -> str:
+    """The unit a worker takes at once: ``exclusive``, a :data:`SHARED_UNITS` name, else the
+    test's module."""
+    if xdist_group_of(nodeid) == "exclusive":
+        return "exclusive"
+    for prefix, unit in SHARED_UNITS.items():
+        if nodeid.startswith(prefix):
+            return unit
+    return nodeid.split("::", 1)[0]
+
+
+def ordered_units(nodeids: list[str]) -> dict[str, dict[str, bool]]:
+    """Work units in the order they are handed out: the exclusive unit first (it is the
+    longest), then the others in collection order; each unit's tests in collection order."""
+    units: dict[str, dict[str, bool]] = {"exclusive": {}}
+    for nodeid in nodeids:
+        units.setdefault(work_unit_of(nodeid), {})[nodeid] = False
+    if not units["exclusive"]:
+        del units["exclusive"]
+    return units
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """Two work units under ``--dist loadgroup``: the exclusive tests in one worker (in
-    collection order), the shared ones in the other. xdist's own ``xdist_group`` mark is not
+    """Under ``--dist loadgroup``: the exclusive unit to one worker first, then modules (and
+    :data:`SHARED_UNITS`) to whichever worker is free. xdist's own ``xdist_group`` mark is not
     used: its node-id suffix is lost on pytest 9."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class TwoGroups(LoadScopeScheduling):
+    class ExclusiveFirst(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return xdist_group_of(nodeid)
+            return work_unit_of(nodeid)
 
-    return TwoGroups(config, log)
+        def schedule(self) -> None:
+            if self.collection is not None or not self._check_nodes_have_same_collection():
+                return super().schedule()
+            self.collection = list(next(iter(self.registered_collections.values())))
+            if not self.collection:
+                return None
+            self.workqueue.update(ordered_units(self.collection))
+            for node in self.nodes:
+                if self.workqueue:
+                    self._assign_work_unit(node)
+            for node in self.nodes:
+                self._reschedule(node)
+            return None
+
+    return ExclusiveFirst(config, log)
 
 
 @pytest.fixture

@@ -44,3 +44,29 @@ def test_every_listed_prefix_names_a_test_and_quick_model_tests_stay_shared() ->
         assert any(n.startswith(name) for n in names), prefix
     quick = "tests/models/test_preranking_cascade.py::test_deepspeed_step_is_the_plain_pytorch_step"
     assert xdist_group_of(quick) == "shared"
+
+
+def test_the_exclusive_unit_goes_first_and_shared_units_keep_their_fixtures_together() -> None:
+    from tests.conftest import ordered_units, work_unit_of
+
+    nodeids = [
+        "tests/cascade/test_config.py::test_a",
+        "tests/compilers/test_asr.py::test_b",
+        "tests/e2e/test_stack.py::test_c",
+        "tests/cascade/test_config.py::test_d",
+        "tests/serving/test_asr.py::test_e",
+        "tests/models/test_asr_train.py::test_two_process_f",
+        "tests/jobs/test_audio_corpus.py::test_g",
+        "tests/jobs/test_multimodal_corpus.py::test_h",
+    ]
+    units = ordered_units(nodeids)
+    assert list(units) == [
+        "exclusive",
+        "tests/cascade/test_config.py",
+        "serving+asr",
+        "tests/jobs/",
+    ]
+    assert list(units["exclusive"]) == [nodeids[2], nodeids[5]]
+    assert list(units["serving+asr"]) == [nodeids[1], nodeids[4]]
+    assert work_unit_of("tests/test_layers.py::test_x") == "tests/test_layers.py"
+    assert "exclusive" not in ordered_units(nodeids[:2])
