@@ -224,8 +224,13 @@ def asr_synthetic() -> AsrTrainConfig:
 def asr_fast() -> AsrTrainConfig:
     """Between ``debug`` and ``synthetic``: a 0.25M-parameter network (5 blocks of 192/96), 2k
     fp32 steps of 2 x 16 utterances at a higher peak rate, 250 QAT steps, greedy evaluation;
-    about a third of ``synthetic``'s compute, <= 15 minutes on 2 cores, for ``cascade bench asr
-    --quick``. Same corpus and augmentation as ``synthetic``."""
+    about a third of ``synthetic``'s compute, for ``cascade bench asr --quick``. Same corpus and
+    augmentation as ``synthetic``.
+
+    Measured once (8,000 synthetic utterances + all Tux Paint readers, 11,363 training
+    utterances, 2 processes, nice 10, load average 2-6 from other work): 993 s wall, 1,118 CPU
+    seconds; synthetic test CER 41.1% fp32 / 40.3% int8, held-out people 95.0% / 95.3%, no
+    foreign tokens. The loss was still falling: 2,000 steps are too few to reach the 10% goal."""
     return dataclasses.replace(
         asr_synthetic(),
         name="fast",
