@@ -30,25 +30,48 @@ HUMAN_VOICE_PREFIX = "human-"
 corpus always puts them in the test split."""
 
 SAMPLE_RATE = 16_000
-ENGLISH_VOCAB = frozenset("abcdefghijklmnopqrstuvwxyz' ")
+LATIN = "abcdefghijklmnopqrstuvwxyz' "
+CYRILLIC = "абвгдежзийклмнопрстуфхцчшщъыьэюя "
+ENGLISH_VOCAB = frozenset(LATIN)
 MANDARIN_VOCAB = frozenset("".join(MANDARIN_PHRASES))
-VOCABULARY = ENGLISH_VOCAB | MANDARIN_VOCAB
-"""Characters a transcript may hold after normalization (the model's output alphabet)."""
-LANGUAGE_VOCABULARIES = {"english": ENGLISH_VOCAB, "mandarin": MANDARIN_VOCAB}
+LANGUAGE_VOCABULARIES: dict[str, frozenset[str]] = {
+    "english": ENGLISH_VOCAB,
+    "mandarin": MANDARIN_VOCAB,
+    # The languages people read Tux Paint's stamp descriptions in (jobs.speech_human): each
+    # language's letters after normalize_transcript (lower case, NFKC).
+    "french": frozenset(LATIN + "àâæçéèêëîïôœùûüÿ"),
+    "spanish": frozenset(LATIN + "áéíñóúü"),
+    "catalan": frozenset(LATIN + "àçéèíïòóúü"),
+    "romanian": frozenset(LATIN + "ăâîșț"),
+    "danish": frozenset(LATIN + "æøåé"),
+    "dutch": frozenset(LATIN + "áéèëïóöü"),
+    "lithuanian": frozenset(LATIN + "ąčęėįšųūž"),
+    "russian": frozenset(CYRILLIC + "ё"),
+    "bulgarian": frozenset(set(CYRILLIC) - set("ыэ")),
+    "belarusian": frozenset((set(CYRILLIC) - set("ищъ")) | set("іўё'")),
+    "greek": frozenset("αβγδεζηθικλμνξοπρστυφχψωςάέήίόύώϊϋΐΰ "),
+}
 """Each language's characters (keys are :func:`language_group` names): the ASR model stores them
 beside its alphabet, and decoding for an utterance of one language emits only its characters."""
+VOCABULARY = frozenset().union(*LANGUAGE_VOCABULARIES.values())
+"""Characters a transcript may hold after normalization (the model's output alphabet)."""
+LANGUAGE_CODES = {
+    "en": "english", "cmn": "mandarin", "zh": "mandarin", "fr": "french", "es": "spanish",
+    "ca": "catalan", "ro": "romanian", "da": "danish", "nl": "dutch", "lt": "lithuanian",
+    "ru": "russian", "bg": "bulgarian", "be": "belarusian", "el": "greek",
+}  # fmt: skip
+"""ISO 639 codes of the languages of :data:`LANGUAGE_VOCABULARIES`."""
 
 
 def language_group(language: str) -> str:
     """The language a corpus code or a request names: ``english`` for ``en`` and every English
-    accent (``en-us``, ``en-gb-x-rp``), ``mandarin`` for ``cmn``/``zh`` codes, the group names
-    themselves, else the code lower-cased."""
+    accent (``en-us``, ``en-gb-x-rp``), ``mandarin`` for ``cmn``/``zh`` codes, ``french`` for
+    ``fr``/``fr-ca`` and so on (:data:`LANGUAGE_CODES`), the group names themselves, else the
+    code lower-cased."""
     code = language.strip().lower().replace("_", "-")
-    if code == "english" or code == "en" or code.startswith("en-"):
-        return "english"
-    if code == "mandarin" or code.split("-")[0] in ("cmn", "zh"):
-        return "mandarin"
-    return code
+    if code in LANGUAGE_VOCABULARIES:
+        return code
+    return LANGUAGE_CODES.get(code.split("-")[0], code)
 
 
 MIN_SECONDS = 0.3
@@ -78,6 +101,14 @@ class CorpusConfig:
     n_mels: int = 40
     dev_share: float = 0.1
     test_share: float = 0.1
+    people_train_voices: tuple[str, ...] = tuple(
+        f"{HUMAN_VOICE_PREFIX}tuxpaint-{code}"
+        for code in ("fr", "es", "ro", "ru", "bg", "el", "da", "nl", "lt")
+    )
+    """People (voices named ``human-...``) whose recordings train the model; every other
+    person's recordings are test-only, so the test split's people are speakers no training
+    utterance used. Tux Paint has one reader per language (:mod:`jobs.speech_human`): by default
+    the English, Catalan and Belarusian readers are held out."""
     shards: int = 4
     """Least number of write tasks; each writes one parquet file per split it holds."""
     rows_per_shard: int = 4000
@@ -96,15 +127,25 @@ class CorpusConfig:
         return max(self.shards, -(-rows // self.rows_per_shard))
 
 
+_SPELLINGS = str.maketrans({"’": "'", "ʼ": "'", "‘": "'", "ş": "ș", "ţ": "ț"})
+"""Typographic apostrophes as ``'``; Romanian s/t with cedilla as the comma-below letters."""
+
+
 def normalize_transcript(text: str) -> str:
-    """Lower case, NFKC, punctuation dropped, whitespace collapsed; Mandarin kept as is."""
-    text = unicodedata.normalize("NFKC", text).lower()
+    """Lower case, NFKC, typographic apostrophes and Romanian cedillas unified, punctuation
+    dropped, whitespace collapsed; Mandarin kept as is."""
+    text = unicodedata.normalize("NFKC", text).lower().translate(_SPELLINGS)
     kept = [c if (c.isalnum() or c in "' ") else " " for c in text]
     return " ".join("".join(kept).split())
 
 
-def out_of_vocabulary(text: str) -> list[str]:
-    return sorted({c for c in text if c not in VOCABULARY})
+def out_of_vocabulary(text: str, language: str | None = None) -> list[str]:
+    """Characters of a normalized transcript outside the vocabulary: outside ``language``'s
+    characters (and the space) when it is a language the model knows, else outside all of
+    :data:`VOCABULARY`."""
+    known = LANGUAGE_VOCABULARIES.get(language_group(language)) if language else None
+    allowed = VOCABULARY if known is None else known | {" "}
+    return sorted({c for c in text if c not in allowed})
 
 
 class WavError(ValueError):

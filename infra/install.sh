@@ -16,6 +16,12 @@ apt_install() {
   command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
   [ -x /usr/bin/chromium ] || missing+=(chromium)
   [ -x /usr/bin/espeak-ng ] || missing+=(espeak-ng)
+  # More synthetic voices for the speech corpus (jobs/speech_synth.py): flite, festival and
+  # festival's two American English diphone voices.
+  command -v flite >/dev/null || missing+=(flite)
+  command -v text2wave >/dev/null || missing+=(festival)
+  [ -d /usr/share/festival/voices/english/kal_diphone ] || missing+=(festvox-kallpc16k)
+  [ -d /usr/share/festival/voices/english/ked_diphone ] || missing+=(festvox-kdlpc16k)
   # Human speech (spoken stamp descriptions) and captioned images.
   [ -d /usr/share/tuxpaint/stamps ] || missing+=(tuxpaint-stamps-default)
   command -v npm >/dev/null || missing+=(npm)

@@ -54,9 +54,10 @@ SPLITS = ("train", "dev", "test")
 
 def split_of(voice: str, config: CorpusConfig) -> str:
     """Speaker-disjoint split: a stable hash of the voice, never of the utterance. Real people's
-    recordings (:mod:`jobs.speech_human`) are evaluation-only: always ``test``."""
+    recordings (:mod:`jobs.speech_human`) are evaluation-only (``test``) unless
+    ``config.people_train_voices`` names the person: then all of their clips train."""
     if voice.startswith(HUMAN_VOICE_PREFIX):
-        return "test"
+        return "train" if voice in config.people_train_voices else "test"
     bucket = int.from_bytes(hashlib.sha256(voice.encode()).digest()[:4], "little") / 2**32
     if bucket < config.test_share:
         return "test"
@@ -111,7 +112,7 @@ def process_one(
     if clipped > config.clip_share:
         return {**row, "reason": f"audio: clipped ({clipped:.1%} of samples at full scale)"}
     normalized = normalize_transcript(row["text"])
-    bad = out_of_vocabulary(normalized)
+    bad = out_of_vocabulary(normalized, row["language"])
     if not normalized or bad:
         return {**row, "reason": f"transcript: characters outside the vocabulary {bad}"}
     audio = resample(samples, rate)

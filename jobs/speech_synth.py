@@ -1,4 +1,5 @@
-"""Labelled speech at any scale: deterministic utterances synthesized with espeak-ng.
+"""Labelled speech at any scale: deterministic utterances synthesized with espeak-ng, flite and
+festival.
 
     python -m jobs.speech_synth --count 5 --out /tmp/utterances     # writes WAV + JSON lines
 
@@ -6,9 +7,14 @@ Utterance ``i`` of seed ``s`` is always the same transcript, language, voice, sp
 (:func:`utterance_spec`), and espeak-ng renders the same samples for the same arguments, so a
 corpus of any size is reproducible without storing it. Voices combine a language (English
 accents, Mandarin) with an espeak-ng voice variant; :func:`voice_of` is the speaker identity the
-corpus splits on (train/dev/test voices never overlap).
+corpus splits on (train/dev/test voices never overlap). A share of the English utterances
+(:data:`ENGINE_SHARES`) is spoken by the other synthesizers Debian packages instead: flite's
+voices (:data:`FLITE_VOICES`) and festival's diphone voices (:data:`FESTIVAL_VOICES`), whose
+voice names (``flite:slt``, ``festival:kal_diphone``) each utterance records like espeak-ng's.
 
-espeak-ng is a Debian package (``infra/install.sh`` installs it); it renders ~350x real time.
+espeak-ng, flite and festival (with festvox-kallpc16k and festvox-kdlpc16k) are Debian packages
+(``infra/install.sh`` installs them); espeak-ng and flite render hundreds of times real time,
+festival about a second per utterance (mostly its start-up).
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ import json
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+import tempfile
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +54,14 @@ ENGLISH_WORDS = (
 ).split()
 MANDARIN_SHARE = 0.25
 """Share of utterances in Mandarin; the rest is English."""
+ESPEAK_ENGINE, FLITE, FESTIVAL = "espeak-ng", "flite", "festival"
+FLITE_VOICES = ("awb", "kal", "kal16", "rms", "slt")
+"""flite's built-in voices (``flite -lv``; ``awb_time`` only speaks the time, so it is left out)."""
+FESTIVAL_VOICES = ("kal_diphone", "ked_diphone")
+"""festival voices of the Debian packages festvox-kallpc16k and festvox-kdlpc16k."""
+ENGINE_SHARES = {FLITE: 0.2, FESTIVAL: 0.08}
+"""Share of the English utterances each other synthesizer speaks; espeak-ng speaks the rest and
+all the Mandarin ones (flite and festival speak English only)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,21 +75,31 @@ class UtteranceSpec:
     speed_wpm: int
     """Speaking rate in words per minute (espeak-ng ``-s``)."""
     pitch: int
-    """Pitch 0-99 (espeak-ng ``-p``)."""
+    """Pitch 0-99 (espeak-ng ``-p``; the other engines map it to a mean pitch in Hz)."""
+    engine: str = ESPEAK_ENGINE
+    """The synthesizer: ``espeak-ng``, ``flite`` or ``festival`` (``variant`` is then its voice)."""
 
     @property
     def voice(self) -> str:
-        """The espeak-ng ``-v`` argument, and the speaker identity of the utterance."""
-        return voice_of(self.language, self.variant)
+        """The speaker identity of the utterance: the espeak-ng ``-v`` argument, or
+        ``ENGINE:VOICE`` for flite and festival."""
+        return voice_of(self.language, self.variant, self.engine)
 
 
-def voice_of(language: str, variant: str) -> str:
-    return f"{language}+{variant}"
+def voice_of(language: str, variant: str, engine: str = ESPEAK_ENGINE) -> str:
+    if engine == ESPEAK_ENGINE:
+        return f"{language}+{variant}"
+    return f"{engine}:{variant}"
 
 
 def all_voices() -> list[str]:
-    """Every voice the generator draws from (language x variant), in a fixed order."""
-    return [voice_of(lang, v) for lang in ENGLISH + MANDARIN for v in VARIANTS]
+    """Every voice the generator draws from (espeak-ng's language x variant, then flite's and
+    festival's), in a fixed order."""
+    return (
+        [voice_of(lang, v) for lang in ENGLISH + MANDARIN for v in VARIANTS]
+        + [voice_of("en-us", v, FLITE) for v in FLITE_VOICES]
+        + [voice_of("en-us", v, FESTIVAL) for v in FESTIVAL_VOICES]
+    )
 
 
 def _rng(seed: int, index: int) -> np.random.Generator:
@@ -95,7 +120,7 @@ def utterance_spec(index: int, *, seed: int = 0) -> UtteranceSpec:
     else:
         language = ENGLISH[int(rng.integers(len(ENGLISH)))]
         text = " ".join(rng.choice(ENGLISH_WORDS, size=int(rng.integers(2, 11))))
-    return UtteranceSpec(
+    spec = UtteranceSpec(
         utterance_id=f"s{seed}-u{index:09d}",
         text=text,
         language=language,
@@ -103,6 +128,18 @@ def utterance_spec(index: int, *, seed: int = 0) -> UtteranceSpec:
         speed_wpm=int(rng.integers(120, 201)),
         pitch=int(rng.integers(25, 76)),
     )
+    # Drawn after the espeak-ng fields, so the utterances espeak-ng speaks are what they were
+    # before the other engines joined.
+    engine_draw, voice_draw = rng.random(), rng.random()
+    if mandarin:
+        return spec
+    cumulative = 0.0
+    for engine, voices in ((FLITE, FLITE_VOICES), (FESTIVAL, FESTIVAL_VOICES)):
+        cumulative += ENGINE_SHARES[engine]
+        if engine_draw < cumulative:
+            variant = voices[int(voice_draw * len(voices))]
+            return replace(spec, engine=engine, language="en-us", variant=variant)
+    return spec
 
 
 def espeak_binary() -> str:
@@ -114,8 +151,70 @@ def espeak_binary() -> str:
     return found
 
 
+def _binary(name: str, package: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(
+            f"{name} is not installed; run infra/install.sh (Debian package {package})"
+        )
+    return found
+
+
+def _target_f0(pitch: int) -> int:
+    """espeak-ng's 0-99 pitch as a mean f0 in Hz for flite and festival (25-75 -> 110-190)."""
+    return int(round(70 + 1.6 * pitch))
+
+
+def _flite(spec: UtteranceSpec, timeout_s: float) -> tuple[bytes, int]:
+    with tempfile.TemporaryDirectory(prefix="flite-") as folder:
+        out = Path(folder) / "u.wav"
+        cmd = [
+            _binary(FLITE, "flite"),
+            "-voice", spec.variant,
+            "--setf", f"duration_stretch={160 / spec.speed_wpm:.3f}",
+            "--setf", f"int_f0_target_mean={_target_f0(spec.pitch)}",
+            "-t", spec.text,
+            "-o", str(out),
+        ]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, timeout=timeout_s, check=False)
+        if done.returncode != 0 or not out.is_file():
+            raise RuntimeError(
+                f"flite failed for {spec.utterance_id} (voice {spec.voice}): "
+                f"{done.stderr.decode(errors='replace')[:300]}"
+            )
+        return parse_stream_wav(out.read_bytes())
+
+
+def _festival(spec: UtteranceSpec, timeout_s: float) -> tuple[bytes, int]:
+    f0 = _target_f0(spec.pitch)
+    cmd = [
+        _binary("text2wave", "festival"),
+        "-eval", f"(voice_{spec.variant})",
+        "-eval", f"(Parameter.set 'Duration_Stretch {160 / spec.speed_wpm:.3f})",
+        "-eval", (
+            f"(set! int_lr_params '((target_f0_mean {f0}) (target_f0_std {f0 // 8}) "
+            "(model_f0_mean 170) (model_f0_std 34)))"
+        ),
+    ]  # fmt: skip
+    done = subprocess.run(
+        cmd, input=spec.text.encode(), capture_output=True, timeout=timeout_s, check=False
+    )
+    if done.returncode != 0 or b"SIOD ERROR" in done.stderr:
+        raise RuntimeError(
+            f"festival failed for {spec.utterance_id} (voice {spec.voice}; Debian packages "
+            f"festival and festvox-*): {done.stderr.decode(errors='replace')[:300]}"
+        )
+    return parse_stream_wav(done.stdout)
+
+
 def synthesize(spec: UtteranceSpec, *, timeout_s: float = 60) -> tuple[bytes, int]:
-    """``(pcm16 mono bytes, sample rate)`` of ``spec`` rendered by espeak-ng."""
+    """``(pcm16 mono bytes, sample rate)`` of ``spec`` rendered by its engine."""
+    if spec.engine == FLITE:
+        return _flite(spec, timeout_s)
+    if spec.engine == FESTIVAL:
+        return _festival(spec, timeout_s)
+    if spec.engine != ESPEAK_ENGINE:
+        raise ValueError(f"unknown speech synthesizer {spec.engine!r}")
     cmd = [
         espeak_binary(),
         "-v", spec.voice,

@@ -129,6 +129,150 @@ class Batch:
     target_lengths: torch.Tensor
 
 
+@dataclass(frozen=True, kw_only=True)
+class Augmentation:
+    """On-the-fly augmentation of training utterances, in the log-mel domain the corpus stores
+    (the corpus keeps features, not waveforms): each utterance is, with its own probability,
+    sped up or slowed down, reverberated and mixed with noise, before SpecAugment's masks. Every
+    draw comes from the step's seeded generator (:func:`collate`), so a resumed run sees the
+    same batches; a probability of 0 draws nothing."""
+
+    speed: float = 0.0
+    """Probability of speed perturbation: a factor from ``speed_range`` scales time by
+    ``1 / factor`` and every frequency by ``factor`` (what resampling the waveform does),
+    interpolated over frames and over the mel bins' centre frequencies."""
+    speed_range: tuple[float, float] = (0.9, 1.1)
+    reverb: float = 0.0
+    """Probability of a synthetic room impulse: exponentially decaying late reverberation
+    (reverberation time from ``rt60_range``, longer in low bands than high ones, at a
+    direct-to-reverberant ratio from ``drr_db_range``) convolved with each band's energy over
+    time."""
+    rt60_range: tuple[float, float] = (0.15, 0.8)
+    """Seconds for the reverberation to decay by 60 dB."""
+    drr_db_range: tuple[float, float] = (0.0, 12.0)
+    noise: float = 0.0
+    """Probability of additive noise: coloured (a random spectral tilt), fluctuating per frame
+    and band, at a signal-to-noise ratio from ``snr_db_range`` of the utterance's mean energy."""
+    snr_db_range: tuple[float, float] = (5.0, 30.0)
+
+    def __post_init__(self) -> None:
+        for name in ("speed", "reverb", "noise"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"augmentation {name} is a probability in [0, 1]")
+        ranges = {
+            "speed_range": self.speed_range,
+            "rt60_range": self.rt60_range,
+            "drr_db_range": self.drr_db_range,
+            "snr_db_range": self.snr_db_range,
+        }
+        for name, (low, high) in ranges.items():
+            if not low <= high:
+                raise ValueError(f"augmentation {name} must be (low, high), got {(low, high)}")
+        if not (0.5 <= self.speed_range[0] and self.speed_range[1] <= 2.0):
+            raise ValueError("augmentation speed_range must lie within [0.5, 2]")
+        if self.rt60_range[0] <= 0:
+            raise ValueError("augmentation rt60_range must be > 0 s")
+
+    @property
+    def enabled(self) -> bool:
+        return self.speed > 0 or self.reverb > 0 or self.noise > 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Augmentation:
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+FRAME_S = 0.010
+"""Feature hop (:func:`cascade.audio_features.log_mel`)."""
+
+
+def _mel_centres(n_mels: int, rate: int = 16_000) -> np.ndarray:
+    """Centre frequencies (Hz) of the filterbank's bins (as :func:`~cascade.audio_features.
+    mel_filterbank` spaces them)."""
+    top = 2595.0 * np.log10(1.0 + (rate / 2) / 700.0)
+    bottom = 2595.0 * np.log10(1.0 + 20.0 / 700.0)
+    mels = np.linspace(bottom, top, n_mels + 2)[1:-1]
+    return 700.0 * (10.0 ** (mels / 2595.0) - 1.0)
+
+
+def speed_perturb(features: np.ndarray, factor: float) -> np.ndarray:
+    """``[T, M]`` log-mel features of the waveform played ``factor`` times as fast: about
+    ``T / factor`` frames, each band taking the energy of the band at ``1 / factor`` its
+    frequency."""
+    frames, bins = features.shape
+    out_frames = max(1, int(round(frames / factor)))
+    positions = np.clip(np.arange(out_frames) * factor, 0, frames - 1)
+    lower = np.floor(positions).astype(np.int64)
+    upper = np.minimum(lower + 1, frames - 1)
+    weight = (positions - lower)[:, None]
+    timed = features[lower] * (1 - weight) + features[upper] * weight
+    centres = _mel_centres(bins)
+    source = np.interp(centres / factor, centres, np.arange(bins, dtype=np.float64))
+    low = np.floor(source).astype(np.int64)
+    high = np.minimum(low + 1, bins - 1)
+    w = (source - low)[None, :]
+    return (timed[:, low] * (1 - w) + timed[:, high] * w).astype(np.float32)
+
+
+def _power(features: np.ndarray) -> np.ndarray:
+    return np.clip(np.exp(features.astype(np.float64)) - 1e-6, 0.0, None)
+
+
+def _log(power: np.ndarray) -> np.ndarray:
+    return np.log(power + 1e-6).astype(np.float32)
+
+
+def reverberate(
+    features: np.ndarray, rt60_s: float, drr_db: float, tilt: float = 0.3
+) -> np.ndarray:
+    """Each band's energy plus its exponentially decaying past: the late part of a synthetic
+    room impulse (power decays 60 dB in ``rt60_s``, ``1 + tilt`` times as long in the lowest
+    band as ``rt60_s``, ``1 - tilt`` in the highest), its total energy ``drr_db`` below the
+    direct sound's."""
+    power = _power(features)
+    frames, bins = power.shape
+    rt60 = rt60_s * np.linspace(1 + tilt, 1 - tilt, bins)
+    decay = 10.0 ** (-6.0 * FRAME_S / rt60)
+    # sum_{k>=1} decay^k = decay / (1 - decay): the tail's energy relative to the direct path.
+    gain = 10.0 ** (-drr_db / 10.0) * (1 - decay) / decay
+    late = np.zeros(bins)
+    out = power.copy()
+    for t in range(1, frames):
+        late = decay * (late + power[t - 1])
+        out[t] += gain * late
+    return _log(out)
+
+
+def add_noise(features: np.ndarray, snr_db: float, rng: np.random.Generator) -> np.ndarray:
+    """Coloured noise at ``snr_db`` below the utterance's mean energy: a random spectral tilt
+    (+-10 dB across the bands) and gamma-distributed fluctuation per frame and band."""
+    power = _power(features)
+    frames, bins = power.shape
+    tilt = rng.uniform(-1.0, 1.0)
+    shape = 10.0 ** (tilt * np.linspace(-1.0, 1.0, bins))
+    shape /= shape.mean()
+    level = power.mean() / 10.0 ** (snr_db / 10.0)
+    fluctuation = rng.gamma(4.0, 0.25, size=(frames, bins))
+    return _log(power + level * shape[None, :] * fluctuation)
+
+
+def perturb(
+    features: torch.Tensor, augmentation: Augmentation, rng: np.random.Generator
+) -> torch.Tensor:
+    """Speed, then room, then noise, each with its probability (see :class:`Augmentation`)."""
+    if not augmentation.enabled:
+        return features
+    out = features.numpy()
+    if augmentation.speed > 0 and rng.random() < augmentation.speed:
+        out = speed_perturb(out, float(rng.uniform(*augmentation.speed_range)))
+    if augmentation.reverb > 0 and rng.random() < augmentation.reverb:
+        rt60 = float(rng.uniform(*augmentation.rt60_range))
+        out = reverberate(out, rt60, float(rng.uniform(*augmentation.drr_db_range)))
+    if augmentation.noise > 0 and rng.random() < augmentation.noise:
+        out = add_noise(out, float(rng.uniform(*augmentation.snr_db_range)), rng)
+    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
+
+
 def augment(features: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     """Two frequency masks, two time masks (at most a tenth of the frames each) and a loudness
     shift of up to +-1.5 in the log domain."""
@@ -146,10 +290,20 @@ def augment(features: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
     return out + float(rng.uniform(-1.5, 1.5))
 
 
-def collate(data: Utterances, indices: np.ndarray, rng: np.random.Generator | None = None) -> Batch:
-    """Pad the utterances ``indices`` into one batch; ``rng`` given: augment each."""
+def collate(
+    data: Utterances,
+    indices: np.ndarray,
+    rng: np.random.Generator | None = None,
+    augmentation: Augmentation | None = None,
+    *,
+    spec_augment: bool = True,
+) -> Batch:
+    """Pad the utterances ``indices`` into one batch; ``rng`` given: perturb each with
+    ``augmentation`` (when given), then mask it (when ``spec_augment``)."""
     feats = [data.features[int(i)].float() for i in indices]
-    if rng is not None:
+    if rng is not None and augmentation is not None:
+        feats = [perturb(f, augmentation, rng) for f in feats]
+    if rng is not None and spec_augment:
         feats = [augment(f, rng) for f in feats]
     lengths = torch.tensor([len(f) for f in feats], dtype=torch.long)
     padded = torch.full((len(feats), int(lengths.max()), data.n_mels), SILENCE)

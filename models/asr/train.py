@@ -169,8 +169,15 @@ def run_steps(
             batches_epoch = epoch
         seed = config.seed * 1_000_003 + plan.offset * 100_000_007 + step * world + rank
         torch.manual_seed(seed)
-        rng = np.random.default_rng(seed) if config.spec_augment else None
-        batch = collate(data, batches[within * world + rank], rng)
+        augmenting = config.spec_augment or config.augmentation.enabled
+        rng = np.random.default_rng(seed) if augmenting else None
+        batch = collate(
+            data,
+            batches[within * world + rank],
+            rng,
+            config.augmentation,
+            spec_augment=config.spec_augment,
+        )
         if before_step is not None:
             before_step(step)
         loss, parts = loss_of(batch)

@@ -11,16 +11,20 @@ import pandas as pd
 import pytest
 
 from cascade.audio_features import (
+    LANGUAGE_VOCABULARIES,
     SAMPLE_RATE,
+    VOCABULARY,
     CorpusConfig,
     decode_wav,
     features_of,
+    language_group,
     log_mel,
     mel_filterbank,
     normalize_transcript,
+    out_of_vocabulary,
     resample,
 )
-from jobs.audio_corpus import build_corpus, land_synthetic, split_of
+from jobs.audio_corpus import build_corpus, land_synthetic, process_one, split_of
 from jobs.audio_corpus_gate import CorpusGateFailed, validate_corpus
 from jobs.speech_synth import write_wav
 
@@ -48,6 +52,44 @@ def test_transcripts_are_normalized_and_features_have_the_stated_shape() -> None
         decode_wav(b"definitely not a wav file at all")
     with pytest.raises(ValueError, match="empty"):
         decode_wav(b"")
+
+
+def test_each_language_has_its_letters_and_a_transcript_must_keep_to_its_own(
+    tmp_path: Path,
+) -> None:
+    codes = ("fr", "fr-CA", "ru", "el", "be", "en-gb", "zh", "greek")
+    assert [language_group(c) for c in codes] == [
+        "french", "french", "russian", "greek", "belarusian", "english", "mandarin", "greek"
+    ]  # fmt: skip
+    assert language_group("ml") == "ml"  # a language the model does not know keeps its code
+    assert VOCABULARY == frozenset().union(*LANGUAGE_VOCABULARIES.values())
+    assert {"é", "ș", "ж", "ў", "ω", "ą"} <= VOCABULARY
+    # Typographic apostrophes and Romanian cedillas are spelled one way.
+    assert normalize_transcript("Ţară d’apă ŞI") == "țară d'apă și"
+    assert out_of_vocabulary("école", "fr") == [] and out_of_vocabulary("école", "en") == ["é"]
+    assert out_of_vocabulary("кот cat", "ru") == ["a", "c", "t"]
+    assert out_of_vocabulary("кот cat", None) == []
+    assert out_of_vocabulary("കുട", "ml") == sorted(set("കുട"))  # no language: the whole vocabulary
+    config = CorpusConfig()
+    pcm = _pcm(1.0, 16_000, amplitude=0.1)
+    header = write_wav(tmp_path / "u.wav", pcm, 16_000).read_bytes()
+    row = process_one("u", header, {"text": "Кот и cat", "language": "ru", "voice": "v"}, config)
+    assert row["reason"] == "transcript: characters outside the vocabulary ['a', 'c', 't']"
+    row = process_one(
+        "u", header, {"text": "Le Chat, l’été", "language": "fr", "voice": "v"}, config
+    )
+    assert row["reason"] is None and row["transcript"] == "le chat l'été"
+
+
+def test_people_train_only_when_named_and_everyone_else_is_test_data() -> None:
+    config = CorpusConfig()
+    assert split_of("human-tuxpaint-fr", config) == "train"
+    assert split_of("human-tuxpaint-ru", config) == "train"
+    # The held-out readers, and any person the config does not name, are test data.
+    for voice in ("human-tuxpaint-en", "human-tuxpaint-ca", "human-tuxpaint-be", "human-x"):
+        assert split_of(voice, config) == "test"
+    none_train = CorpusConfig(people_train_voices=())
+    assert split_of("human-tuxpaint-fr", none_train) == "test"
 
 
 def test_landed_batch_becomes_speaker_disjoint_shards_and_every_fault_is_quarantined(

@@ -1,4 +1,4 @@
-"""Human speech from Tux Paint's stamp descriptions: English clips with their captions."""
+"""Human speech from Tux Paint's stamp descriptions: clips of every language with their captions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from cascade.audio_features import CorpusConfig, decode_wav
 from jobs.audio_corpus import split_of
-from jobs.speech_human import english_caption, english_clips, land_human
+from jobs.speech_human import caption, clips, english_caption, english_clips, land_human, voice_of
 
 
 def _stamp(root: Path, folder: str, name: str, caption: str, langs: tuple[str, ...]) -> None:
@@ -46,8 +46,50 @@ def test_english_clips_are_landed_as_wav_with_their_captions(tmp_path: Path) -> 
         english_clips(tmp_path / "nowhere")
 
 
-def test_the_installed_package_has_dozens_of_english_recordings() -> None:
+def test_the_installed_package_has_people_reading_in_many_languages() -> None:
     # infra/install.sh installs tuxpaint-stamps-default; its absence is a set-up failure.
-    clips = english_clips()
-    assert len(clips) >= 50
-    assert all(c.audio.is_file() and c.text for c in clips)
+    every = clips(languages=None)
+    english = [c for c in every if c.language == "en"]
+    assert len(english) >= 50
+    assert all(c.audio.is_file() and c.text for c in english)
+    # People read the descriptions in many languages: ~900 clips each in the big ones.
+    per_language = {lang: sum(c.language == lang for c in every) for lang in {"fr", "ru", "ca"}}
+    assert min(per_language.values()) >= 800, per_language
+    assert len({c.language for c in every}) >= 10
+
+
+def test_every_language_lands_with_its_caption_and_one_reader_per_language(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "stamps"
+    _stamp(
+        root,
+        "animals",
+        "crow",
+        "A crow.\nfr.utf8=Un corbeau.\nru.utf8=Ворона.\n",
+        ("en", "fr", "ru"),
+    )
+    _stamp(root, "food", "pear", "A pear.\nfr.utf8=Une poire.\n", ("fr", "ca"))  # no ca caption
+    found = clips(root, None)
+    assert [(c.utterance_id, c.language, c.voice, c.text) for c in found] == [
+        ("tuxpaint-animals-crow", "en", "human-tuxpaint-en", "A crow."),
+        ("tuxpaint-animals-crow-fr", "fr", "human-tuxpaint-fr", "Un corbeau."),
+        ("tuxpaint-animals-crow-ru", "ru", "human-tuxpaint-ru", "Ворона."),
+        ("tuxpaint-food-pear-fr", "fr", "human-tuxpaint-fr", "Une poire."),
+    ]
+    assert [c.utterance_id for c in clips(root)] == ["tuxpaint-animals-crow"]  # English by default
+    assert caption(root / "food" / "pear.txt", "ca") is None
+
+    landing = tmp_path / "landing"
+    assert land_human(landing, root, ("fr", "ru")) == 3
+    records = [
+        json.loads(line) for line in (landing / "transcripts.jsonl").read_text().splitlines()
+    ]
+    assert {(r["language"], r["voice"]) for r in records} == {
+        ("fr", "human-tuxpaint-fr"),
+        ("ru", "human-tuxpaint-ru"),
+    }
+    # French and Russian readers train by default; English stays test-only.
+    config = CorpusConfig()
+    assert {split_of(r["voice"], config) for r in records} == {"train"}
+    assert split_of(voice_of("en"), config) == "test"

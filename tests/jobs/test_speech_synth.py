@@ -1,4 +1,5 @@
-"""The espeak-ng utterance generator: deterministic specs and audio, clear errors."""
+"""The utterance generator (espeak-ng, flite, festival): deterministic specs and audio, clear
+errors."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 from jobs import speech_synth
 from jobs.speech_synth import (
     ENGLISH,
+    FESTIVAL_VOICES,
+    FLITE_VOICES,
     MANDARIN,
     all_voices,
     parse_stream_wav,
@@ -64,3 +67,31 @@ def test_bad_streams_and_a_missing_espeak_say_what_is_wrong(
     monkeypatch.setattr(speech_synth.shutil, "which", lambda _name: None)
     with pytest.raises(FileNotFoundError, match="infra/install.sh"):
         synthesize(utterance_spec(0))
+
+
+def test_flite_and_festival_voices_join_espeak_ng_for_english() -> None:
+    specs = [utterance_spec(i, seed=3) for i in range(400)]
+    engines = {s.engine: sum(x.engine == s.engine for x in specs) for s in specs}
+    assert set(engines) == {"espeak-ng", "flite", "festival"}
+    assert engines["espeak-ng"] > engines["flite"] > engines["festival"] > 0
+    others = [s for s in specs if s.engine != "espeak-ng"]
+    assert all(s.language == "en-us" and s.voice == f"{s.engine}:{s.variant}" for s in others)
+    assert all(s.engine == "espeak-ng" for s in specs if s.language in MANDARIN)
+    assert {s.variant for s in others if s.engine == "flite"} <= set(FLITE_VOICES)
+    assert {s.variant for s in others if s.engine == "festival"} <= set(FESTIVAL_VOICES)
+    assert {s.voice for s in specs} <= set(all_voices())
+
+    flite = dataclasses.replace(others[0], engine="flite", variant="slt", text="open the door")
+    pcm, rate = synthesize(flite)
+    assert rate == 16000 and len(pcm) > rate and synthesize(flite) == (pcm, rate)
+    slow, _ = synthesize(dataclasses.replace(flite, speed_wpm=120))
+    fast, _ = synthesize(dataclasses.replace(flite, speed_wpm=200))
+    assert len(slow) > 1.3 * len(fast)
+    assert synthesize(dataclasses.replace(flite, variant="awb"))[0] != pcm
+    festival = dataclasses.replace(flite, engine="festival", variant="kal_diphone")
+    spoken, festival_rate = synthesize(festival)
+    assert festival_rate == 16000 and len(spoken) > festival_rate
+    with pytest.raises(RuntimeError, match="festival failed"):
+        synthesize(dataclasses.replace(festival, variant="nobody_diphone"))
+    with pytest.raises(ValueError, match="unknown speech synthesizer"):
+        synthesize(dataclasses.replace(flite, engine="sam"))

@@ -26,11 +26,18 @@ from models.asr.train import RUN_MARKER, train_asr
 
 
 def test_configs_are_complete_typed_and_validated() -> None:
-    assert set(CONFIGS) == {"debug", "synthetic"}
-    debug, real = get_config("debug"), get_config("synthetic")
-    assert debug.model.vocab_size == real.model.vocab_size == len(ALPHABET)
-    assert debug.fp32_steps * debug.batch_size < real.fp32_steps * real.batch_size
-    assert AsrTrainConfig.from_dict(json.loads(json.dumps(real.to_dict()))) == real
+    assert set(CONFIGS) == {"debug", "fast", "synthetic"}
+    debug, fast, real = get_config("debug"), get_config("fast"), get_config("synthetic")
+    assert debug.model.vocab_size == fast.model.vocab_size == real.model.vocab_size == len(ALPHABET)
+    # fast sits between: more than debug's few steps, less compute than synthetic's.
+    work = {
+        c.name: c.fp32_steps * c.batch_size * c.model.hidden * c.model.blocks
+        for c in (debug, fast, real)
+    }
+    assert work["debug"] < work["fast"] < work["synthetic"] / 2
+    for config in (fast, real):
+        assert AsrTrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    assert "augmentation.noise" in real.flat_params()
     assert real.flat_params()["model.blocks"] == "6" and real.levels == 127
     with pytest.raises(dataclasses.FrozenInstanceError):
         real.lr = 1.0  # type: ignore[misc]
