@@ -255,8 +255,11 @@ def estimate_training_s(
     }
 
 
-def corpus_record(corpus: Path, distinct: int | None = None) -> dict[str, Any]:
-    """The training corpus as a result names it: folder, utterance counts, digest."""
+def corpus_record(
+    corpus: Path, distinct: int | None = None, digest: str | None = None
+) -> dict[str, Any]:
+    """The training corpus as a result names it: folder, utterance counts, digest (``digest``
+    when already computed, else :func:`files_digest` of the folder)."""
     from models.asr.corpus import corpus_n_mels
 
     summary = json.loads((corpus / "summary.json").read_text())
@@ -267,7 +270,7 @@ def corpus_record(corpus: Path, distinct: int | None = None) -> dict[str, Any]:
         "splits": summary.get("splits"),
         "quarantined": summary.get("quarantined"),
         "n_mels": corpus_n_mels(corpus),
-        "digest": files_digest([corpus]),
+        "digest": digest or files_digest([corpus]),
     }
 
 
@@ -550,7 +553,8 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     result["train_estimate_s"] = provenance.get("train_estimate_s")
     result["train_config"] = provenance.get("config")
     if provenance["source"] == "trained":
-        result["training_corpus"] = corpus_record(corpus, corpus_runs[0]["distinct_utterances"])
+        distinct = corpus_runs[0]["distinct_utterances"]
+        result["training_corpus"] = corpus_record(corpus, distinct, provenance["corpus_digest"])
     else:
         result["train_s_reason"] = "no training in this run: the model was given (--model)"
         result["training_corpus"] = None

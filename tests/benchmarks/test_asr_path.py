@@ -80,8 +80,12 @@ def test_a_given_model_folder_or_training_output_is_used_as_it_is(
     for kind in ("fp32", "int8"):
         (tmp_path / kind).mkdir()
         (tmp_path / kind / "asr_model.pt").write_bytes(b"")
-    fp32, int8, _ = obtain_model(None, tmp_path, tmp_path)  # type: ignore[arg-type]
+    (tmp_path / "result.json").write_text(json.dumps({"config": "synthetic", "run_id": "r1"}))
+    fp32, int8, provenance = obtain_model(None, tmp_path, tmp_path)  # type: ignore[arg-type]
     assert (fp32, int8) == (tmp_path / "fp32", tmp_path / "int8")
+    # What the training wrote beside the given model travels with it.
+    assert provenance["source"] == "given" and provenance["training"]["config"] == "synthetic"
+    assert provenance["training"]["result"] == str(tmp_path / "result.json")
 
 
 def test_training_config_is_fast_with_quick_synthetic_else_and_unknown_names_fail_clearly(
