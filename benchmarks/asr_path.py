@@ -255,6 +255,15 @@ def estimate_training_s(
     }
 
 
+def spoken_duration(seconds: float) -> str:
+    """``42 s``, ``12.5 min`` or ``1.3 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def corpus_record(
     corpus: Path, distinct: int | None = None, digest: str | None = None
 ) -> dict[str, Any]:
@@ -320,9 +329,9 @@ def obtain_model(
     print(
         f"[bench asr] no --model: training config {config_name!r} on {corpus} "
         f"({estimate['fp32_steps']} fp32 + {estimate['qat_steps']} QAT steps, {processes} "
-        f"process(es)); estimate: about {estimate['estimate_s'] / 60:.1f} min of training "
-        f"({estimate['fp32_step_s']:.3f} s per fp32 step, {estimate['qat_step_s']:.3f} s per "
-        f"QAT step, timed here), plus start-up and evaluation",
+        f"process(es)); estimate: about {spoken_duration(estimate['estimate_s'])} of training "
+        f"steps ({estimate['fp32_step_s']:.3f} s per fp32 step, {estimate['qat_step_s']:.3f} s "
+        "per QAT step, timed here), plus start-up, DeepSpeed's overhead and the evaluation",
         file=sys.stderr,
         flush=True,
     )
@@ -333,8 +342,8 @@ def obtain_model(
         trained = train_asr(private, config_name, corpus, work / "trained")
     train_s = time.perf_counter() - started
     print(
-        f"[bench asr] trained {config_name!r} in {train_s / 60:.1f} min "
-        f"(estimate {estimate['estimate_s'] / 60:.1f} min of steps)",
+        f"[bench asr] trained {config_name!r} in {spoken_duration(train_s)} "
+        f"(estimate: {spoken_duration(estimate['estimate_s'])} of steps)",
         file=sys.stderr,
         flush=True,
     )

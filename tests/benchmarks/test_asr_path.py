@@ -18,6 +18,7 @@ from benchmarks.asr_path import (
     obtain_model,
     real_time_factors,
     replicate_landing,
+    spoken_duration,
     training_config_name,
 )
 from benchmarks.provenance import non_finite
@@ -107,6 +108,7 @@ def test_training_config_is_fast_with_quick_synthetic_else_and_unknown_names_fai
         training_config_name(quick=True)
     monkeypatch.setenv("CASCADE_BENCH_ASR_SKIP", "compile,people")
     assert load_settings().bench.asr_skip == ("compile", "people")
+    assert [spoken_duration(s) for s in (42, 750, 2.7 * 3600)] == ["42 s", "12.5 min", "2.7 h"]
     monkeypatch.setenv("CASCADE_BENCH_ASR_SKIP", "training")
     with pytest.raises(ValueError, match="CASCADE_BENCH_ASR_SKIP"):
         load_settings()
