@@ -80,7 +80,7 @@ def throughput(config_name: str, steps: int, work: Path, repeats: int) -> dict[s
             str(steps),
             "--throughput-repeats",
             str(repeats),
-        ],  # fmt: skip
+        ],
         processes=settings.train_processes,
         settings=settings,
         log_path=out / "throughput.log",
