@@ -24,6 +24,9 @@
    ``CASCADE_BENCH_MULTIMODAL_CORPUS_RESULT``); without the corpus job they are None with the
    reason in ``corpus_note``.
 
+``CASCADE_BENCH_MULTIMODAL_SKIP=corpus`` leaves step 3 out (smoke runs): its figures are None
+and ``skipped`` says why.
+
 MFU needs a GPU: on CUDA, the dense throughput run's FLOPs (6 x active parameters x tokens per
 step x steps/s, per process) over the device's peak for the dtype the training ran in
 (``mfu_dtype``: fp32 unless the DeepSpeed config enables bf16 or fp16; :data:`PEAK_FLOPS_FP32`
@@ -54,6 +57,11 @@ CONFIG_ENV = "CASCADE_BENCH_MULTIMODAL_CONFIG"
 """MoE config of the full run (default ``base``); ``--quick`` always uses ``debug``."""
 CORPUS_ENV = "CASCADE_BENCH_MULTIMODAL_CORPUS"
 """A corpus folder to train on instead of generated pairs (optional)."""
+SKIP_REASONS = {
+    "corpus": "CASCADE_BENCH_MULTIMODAL_SKIP=corpus: the corpus job's benchmark (a Spark "
+    "session) is not run; cascade bench multimodal-corpus measures it on its own",
+}
+"""Why each part of ``CASCADE_BENCH_MULTIMODAL_SKIP`` is missing from a result."""
 CORPUS_RESULT_ENV = "CASCADE_BENCH_MULTIMODAL_CORPUS_RESULT"
 """A ``cascade bench multimodal-corpus`` JSON to take the corpus figures from (else that
 benchmark runs as part of this one)."""
@@ -96,9 +104,11 @@ def corpus_figures(work: Path, quick: bool) -> dict[str, Any]:
     """``pairs_per_s``, ``quarantined`` and ``duplicates_removed`` of the corpus job: read from
     the JSON named by :data:`CORPUS_RESULT_ENV` (a ``cascade bench multimodal-corpus`` result),
     else measured by running that benchmark now; None each, with the reason, when the corpus
-    job is not importable."""
+    job is not importable or ``CASCADE_BENCH_MULTIMODAL_SKIP`` names ``corpus``."""
     keys = ("pairs_per_s", "quarantined", "duplicates_removed")
     given = load_settings().bench.multimodal_corpus_result
+    if "corpus" in load_settings().bench.multimodal_skip:
+        return dict.fromkeys(keys) | {"corpus_note": f"skipped: {SKIP_REASONS['corpus']}"}
     if given:
         figures = json.loads(Path(given).read_text())
         source = f"read from {given}"
@@ -240,10 +250,12 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         )
         corpus_result = corpus_figures(work, quick)
     moe, dense = table["moe"], table["dense"]
+    skipped = {part: SKIP_REASONS[part] for part in load_settings().bench.multimodal_skip}
     seconds = speed.get("seconds", {})
     result: dict[str, Any] = {
         "benchmark": "multimodal",
         "config": config_name,
+        "skipped": skipped,
         "data": corpus or "generator",
         "moe_vs_dense_throughput": speed["moe_vs_dense_throughput"],
         "moe_steps_per_s": speed["moe_steps_per_s"],

@@ -307,6 +307,9 @@ class BenchSettings:
     """A ``bench multimodal-corpus`` result JSON whose figures ``bench multimodal`` reports."""
     multimodal_sizes: Sizes | None = None
     """Pair counts of ``bench multimodal-corpus`` (unset: its quick or full sizes)."""
+    multimodal_skip: Annotated[tuple[Literal["corpus"], ...], BeforeValidator(_comma_list)] = ()
+    """Parts ``bench multimodal`` leaves out (smoke runs): ``corpus`` (the corpus job's
+    benchmark, which ``bench multimodal-corpus`` runs on its own); the JSON names them."""
     serving_model: Literal["fscd", "mlp"] | None = None
     """Model ``bench serving`` serves (unset: ``CASCADE_PRERANKING_MODEL``)."""
     serving_candidates: int = Field(default=1_000, ge=1)

@@ -54,6 +54,9 @@ def test_corpus_figures_are_none_with_a_reason_without_the_corpus_job(
         7,
         3,
     )
+    monkeypatch.setenv("CASCADE_BENCH_MULTIMODAL_SKIP", "corpus")  # a smoke run: none at all
+    figures = corpus_figures(tmp_path, quick=True)
+    assert figures["pairs_per_s"] is None and "MULTIMODAL_SKIP=corpus" in figures["corpus_note"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU path")
@@ -122,7 +125,7 @@ SMOKE_KEYS = (
     "recall_heldout_templates_t2i", "recall_at_1_heldout_templates",
     "dense_recall_at_1_heldout_templates", "expert_load_cv", "tokens_dropped", "mfu", "mfu_dtype",
     "mfu_note", "pairs_per_s", "quarantined", "duplicates_removed", "corpus_note", "side_by_side",
-    "git_commit", "input_digest", "machine", "spread",
+    "skipped", "git_commit", "input_digest", "machine", "spread",
 )  # fmt: skip
 
 
@@ -130,12 +133,13 @@ def test_quick_run_writes_every_key_with_finite_figures(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``cascade bench multimodal --quick`` end to end, shrunk: one training process (no
-    multi-process launch), two timed rounds, a 60-pair corpus benchmark; no stack."""
+    multi-process launch), two timed rounds, no corpus benchmark (its Spark session is
+    ``bench multimodal-corpus``'s to measure; named in ``skipped``); no stack."""
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CASCADE_MLFLOW_URI", "http://127.0.0.1:9")  # nothing listens: unused
     monkeypatch.setenv("CASCADE_TRAIN_PROCESSES", "1")
     monkeypatch.setenv("CASCADE_BENCH_REPEATS", "2")
-    monkeypatch.setenv("CASCADE_BENCH_MULTIMODAL_SIZES", "60")
+    monkeypatch.setenv("CASCADE_BENCH_MULTIMODAL_SKIP", "corpus")
     monkeypatch.delenv(CORPUS_RESULT_ENV, raising=False)
     monkeypatch.delenv("CASCADE_BENCH_MULTIMODAL_CORPUS", raising=False)
     out = tmp_path / "multimodal.json"
@@ -146,7 +150,9 @@ def test_quick_run_writes_every_key_with_finite_figures(
     assert result["config"] == "debug" and result["throughput_order"] == ["moe", "dense"]
     assert len(result["moe_steps_per_s_runs"]) == len(result["dense_steps_per_s_runs"]) == 2
     assert result["spread"]["moe_vs_dense_throughput"]["n"] == 2
-    assert result["moe_vs_dense_throughput"] > 0 and result["pairs_per_s"] > 0
+    assert result["moe_vs_dense_throughput"] > 0
+    assert set(result["skipped"]) == {"corpus"} and result["pairs_per_s"] is None
+    assert result["corpus_note"].startswith("skipped")
     for key in ("recall_at_1_i2t", "recall_heldout_templates_i2t", "dense_recall_at_1"):
         assert 0.0 <= result[key] <= 1.0
     assert result["heldout_templates_pairs"] > 0
