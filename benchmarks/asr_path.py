@@ -543,9 +543,9 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     with active_or_new(spark_session) as spark:
         unique = load_settings().bench.asr_unique
         corpus_runs, corpus, landing = corpus_throughput(spark, work, sizes, unique)
-        if "people" in skipped:
-            people, people_reason = None, f"skipped: {skipped['people']}"
-        else:
+        people: Path | None = None
+        people_reason: str | None = f"skipped: {skipped['people']}" if "people" in skipped else None
+        if "people" not in skipped:
             people, people_reason = people_corpus(spark, work)
     for entry in corpus_runs:
         result["sizes"][str(entry["utterances"])] = entry

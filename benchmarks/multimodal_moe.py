@@ -294,7 +294,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             speed["world_size"],
             torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         ),
-        **heldout_figures(corpus and str(corpus), moe_result, dense_result),
+        **heldout_figures(str(corpus) if corpus else None, moe_result, dense_result),
         **corpus_result,
     }
     return result
