@@ -16,7 +16,13 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
 2. **Model**: ``--model`` (``CASCADE_BENCH_ASR_MODEL``), a folder with ``asr_model.pt`` or a
    training's output folder (``fp32/`` and ``int8/``); without it
    :func:`models.asr.train.train_asr` trains the ``CASCADE_BENCH_ASR_CONFIG`` config (default
-   ``synthetic``, ~45 min on 2 cores) on that corpus.
+   ``fast`` with ``--quick``, minutes; else ``synthetic``, ~45 min on 2 cores) on that corpus,
+   after printing an estimate of its duration (:func:`estimate_training_s`: a few fp32 and QAT
+   steps timed here, times the config's steps; ``train_estimate_s``) on stderr, and reporting
+   its progress as it goes. ``model_digest`` is the digest of the model files (trained or
+   given); ``model_provenance`` names the config, the training corpus's digest, ``train_s`` and
+   the estimate; ``training_corpus`` is that corpus (folder, utterance counts per split,
+   ``files_digest`` of the folder).
 3. **Compile** (:func:`compilers.asr.compile_asr`): fp32 and int8 AOTInductor packages and the
    ONNX file, each run on 21 lengths from ``MIN_SECONDS`` (0.3 s) to 20 s (``shapes_tried``).
    Measured, per variant (``recompiles_by_variant``): a package's ``compiles`` are the packages
@@ -50,6 +56,8 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
    medians over the sum of audio seconds; ``rtf_int8_end_to_end`` adds WAV decoding, resampling
    and log-mel features to the int8 package. Torch and ONNX Runtime use
    ``CASCADE_BENCH_ASR_THREADS`` intra-op threads (default 2: the target machine's cores).
+   Rounds and repeats per round follow ``--repeats`` (default 5, 3 with ``--quick``).
+
 6. **The compile benchmark's keys**, at the 20 s utterance: ``{variant}_ms`` (and ``_ms_runs``,
    one per round) for ``eager``, ``inductor``, ``inductor_tuned``, ``onnxruntime``,
    ``cascade`` (the fp32 package; ``cascade_fp32_ms`` is the same figure under its old name),
@@ -60,16 +68,21 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
    the fp32 peers by the int8 package (compilation and quantization together), as do
    ``speedup_int8_vs_eager`` / ``speedup_int8_vs_onnxruntime`` (real-time factors, every
    length).
+``CASCADE_BENCH_ASR_SKIP`` leaves parts out, for smoke runs: ``compile`` (step 3, the int8
+figures and every variant but eager fp32) and ``people``; ``skipped`` names each part left out
+and why, and the figures it would have made are null.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -80,13 +93,24 @@ import numpy as np
 import pandas as pd
 import torch
 
-from benchmarks.provenance import files_digest, private_tracking, rotated
+from benchmarks.provenance import bench_repeats, files_digest, private_tracking, rotated
 from cascade.config import Settings, load_settings
 from cascade.progress import track
 from compilers.timing import median_seconds
 
 FULL_SIZES = (10_000, 100_000)
 QUICK_SIZES = (200,)
+FULL_CONFIG = "synthetic"
+QUICK_CONFIG = "fast"
+"""Training configs of ``bench asr`` and ``bench asr --quick`` when no model is given."""
+SKIP_REASONS = {
+    "compile": "CASCADE_BENCH_ASR_SKIP=compile: no AOTInductor packages, ONNX Runtime or "
+    "Inductor (their C++ builds take minutes); only the eager fp32 model is measured",
+    "people": "CASCADE_BENCH_ASR_SKIP=people: the Tux Paint people corpus is not built",
+}
+"""Why each part of ``CASCADE_BENCH_ASR_SKIP`` is missing from a result."""
+ESTIMATE_STEPS = 3
+"""Timed steps of each phase behind the training estimate (after one warm-up step)."""
 DURATIONS_S = (1.0, 2.0, 5.0, 10.0, 20.0)
 REPEAT_SUFFIX = r"-repeat\d+$"
 
@@ -153,38 +177,194 @@ def corpus_throughput(
     return results, evaluation, landing
 
 
+def training_config_name(quick: bool) -> str:
+    """The config ``bench asr`` trains: ``CASCADE_BENCH_ASR_CONFIG``, else :data:`QUICK_CONFIG`
+    with ``--quick`` or :data:`FULL_CONFIG`; an unknown name fails here, before any work."""
+    from models.asr.config_registry import CONFIGS
+
+    given = load_settings().bench.asr_config
+    name = given or (QUICK_CONFIG if quick else FULL_CONFIG)
+    if name not in CONFIGS:
+        source = (
+            "CASCADE_BENCH_ASR_CONFIG"
+            if given
+            else f"the default of bench asr{' --quick' if quick else ''}"
+        )
+        raise ValueError(
+            f"unknown ASR training config {name!r} ({source}): models.asr.config_registry has "
+            f"{', '.join(sorted(CONFIGS))}; set CASCADE_BENCH_ASR_CONFIG to one of them, or "
+            "give a trained model with --model"
+        )
+    return name
+
+
+def estimate_training_s(
+    config_name: str, corpus: Path, processes: int, steps: int = ESTIMATE_STEPS
+) -> dict[str, Any]:
+    """How long :func:`models.asr.train.train_asr` will train ``config_name`` on ``corpus``:
+    ``steps`` fp32 steps and ``steps`` QAT steps (teacher forward, fake quantization,
+    distillation) of the config's model and batch size, timed here after a warm-up step with
+    the threads each of ``processes`` workers gets, times the config's step counts. Start-up
+    and the final evaluation are not included."""
+    from compilers.export import torch_threads
+    from models.asr.config_registry import ALPHABET, get_config
+    from models.asr.corpus import collate, epoch_batches, load_split
+    from models.asr.rsq import distillation_loss, prepare_qat
+    from models.asr.train import build_model, ctc
+
+    config = get_config(config_name)
+    pool = config.batch_size * config.bucket_batches
+    data = load_split(
+        corpus, "train", ALPHABET, limit=min(pool, config.max_train_utterances or pool)
+    )
+    if len(data) == 0:
+        raise ValueError(f"{corpus} has no training utterances to time a step on")
+    batches = epoch_batches(
+        data.lengths, batch_size=config.batch_size, pool_batches=config.bucket_batches,
+        seed=config.seed, epoch=0,
+    )  # fmt: skip
+    rng = np.random.default_rng(config.seed)
+    threads = max(1, (os.cpu_count() or 1) // processes)
+
+    def timed(model: torch.nn.Module, teacher: torch.nn.Module | None) -> float:
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+        seconds = []
+        for index in range(steps + 1):
+            batch = collate(data, batches[index % len(batches)], rng)
+            began = time.perf_counter()
+            log_probs = model(batch.features)
+            lengths = model.output_lengths(batch.lengths)  # type: ignore[operator]
+            loss = ctc(log_probs, batch, lengths)
+            if teacher is not None:
+                with torch.no_grad():
+                    target = teacher(batch.features)
+                loss = loss + distillation_loss(
+                    log_probs, target, lengths, config.distill_temperature
+                )
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if index:  # the first step warms up
+                seconds.append(time.perf_counter() - began)
+        return statistics.median(seconds)
+
+    with torch_threads(threads):
+        fp32_model = build_model(config, data.n_mels).train()
+        fp32_step = timed(fp32_model, None)
+        teacher = build_model(config, data.n_mels).eval().requires_grad_(False)
+        student = prepare_qat(
+            build_model(config, data.n_mels).train(),
+            bits=config.bits,
+            momentum=config.range_momentum,
+        )
+        qat_step = timed(student, teacher)
+    total = fp32_step * config.fp32_steps + qat_step * config.qat_steps
+    return {
+        "config": config_name,
+        "estimate_s": total,
+        "fp32_step_s": fp32_step,
+        "qat_step_s": qat_step,
+        "fp32_steps": config.fp32_steps,
+        "qat_steps": config.qat_steps,
+        "processes": processes,
+        "threads_per_process": threads,
+        "timed_steps": steps,
+        "note": "training steps only: start-up and the final evaluation are not included",
+    }
+
+
+def spoken_duration(seconds: float) -> str:
+    """``42 s``, ``12.5 min`` or ``1.3 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def corpus_record(
+    corpus: Path, distinct: int | None = None, digest: str | None = None
+) -> dict[str, Any]:
+    """The training corpus as a result names it: folder, utterance counts, digest (``digest``
+    when already computed, else :func:`files_digest` of the folder)."""
+    from models.asr.corpus import corpus_n_mels
+
+    summary = json.loads((corpus / "summary.json").read_text())
+    return {
+        "path": str(corpus),
+        "utterances": summary.get("utterances"),
+        "distinct_utterances": distinct,
+        "splits": summary.get("splits"),
+        "quarantined": summary.get("quarantined"),
+        "n_mels": corpus_n_mels(corpus),
+        "digest": digest or files_digest([corpus]),
+    }
+
+
 def _model_folder(path: Any) -> Path:
     """The folder of an ``asr_model.pt`` given as the file or its folder."""
     path = Path(path)
     return path.parent if path.suffix == ".pt" else path
 
 
-def obtain_model(settings: Settings, corpus: Path, work: Path) -> tuple[Path, Path, dict[str, Any]]:
+def given_training(folder: Path) -> dict[str, Any] | None:
+    """What a given model's training wrote about it (``result.json`` of a training's output
+    folder, beside or above the model), or None."""
+    for candidate in (folder / "result.json", folder.parent / "result.json"):
+        if candidate.is_file():
+            with contextlib.suppress(ValueError):
+                written = json.loads(candidate.read_text())
+                keys = ("config", "corpus", "run_id", "cer_fp32", "cer_int8")
+                return {k: written.get(k) for k in keys} | {"result": str(candidate)}
+    return None
+
+
+def obtain_model(
+    settings: Settings, corpus: Path, work: Path, *, quick: bool = False
+) -> tuple[Path, Path, dict[str, Any]]:
     """``(fp32 model folder, int8 model folder, provenance)``.
 
     ``--model`` serves as both: its ``quantization`` ranges (or calibration) make the int8
-    package. Without it, :func:`models.asr.train.train_asr` trains now; its result's
-    ``fp32_artifact`` / ``int8_artifact`` (an ``asr_model.pt`` or its folder; ``fp32`` /
-    ``int8`` accepted too) are the float model and the quantization-aware one."""
+    package. Without it, :func:`models.asr.train.train_asr` trains
+    :func:`training_config_name` now, after an estimate of how long that takes on stderr; its
+    result's ``fp32_artifact`` / ``int8_artifact`` (an ``asr_model.pt`` or its folder; ``fp32``
+    / ``int8`` accepted too) are the float model and the quantization-aware one."""
     from models.asr.train import EXPERIMENT as ASR_EXPERIMENT
     from models.asr.train import train_asr
 
     given = str(load_settings().bench.asr_model or "")
     if given:
         trained_dir = Path(given)
+        record = {"source": "given", "path": given, "training": given_training(trained_dir)}
         if (trained_dir / "fp32" / "asr_model.pt").is_file():
             # A training output folder: its fp32 model and its quantization-aware one.
             fp32_dir, int8_dir = trained_dir / "fp32", trained_dir / "int8"
-            return fp32_dir, int8_dir, {"source": "given", "path": given}
-        return trained_dir, trained_dir, {"source": "given", "path": given}
-    config_name = load_settings().bench.asr_config
-    print(f"[bench asr] training config {config_name!r} on {corpus}", flush=True)
+            return fp32_dir, int8_dir, record
+        return trained_dir, trained_dir, record
+    config_name = training_config_name(quick)
+    processes = (settings or load_settings()).train_processes
+    estimate = estimate_training_s(config_name, corpus, processes)
+    print(
+        f"[bench asr] no --model: training config {config_name!r} on {corpus} "
+        f"({estimate['fp32_steps']} fp32 + {estimate['qat_steps']} QAT steps, {processes} "
+        f"process(es)); estimate: about {spoken_duration(estimate['estimate_s'])} of training "
+        f"steps ({estimate['fp32_step_s']:.3f} s per fp32 step, {estimate['qat_step_s']:.3f} s "
+        "per QAT step, timed here), plus start-up, DeepSpeed's overhead and the evaluation",
+        file=sys.stderr,
+        flush=True,
+    )
     # A private MLflow store: the benchmark needs no stack, and logs nothing into one.
     started = time.perf_counter()
     with private_tracking(work / "mlflow", (ASR_EXPERIMENT,)) as uri:
         private = dataclasses.replace(settings, mlflow_tracking_uri=uri)
         trained = train_asr(private, config_name, corpus, work / "trained")
     train_s = time.perf_counter() - started
+    print(
+        f"[bench asr] trained {config_name!r} in {spoken_duration(train_s)} "
+        f"(estimate: {spoken_duration(estimate['estimate_s'])} of steps)",
+        file=sys.stderr,
+        flush=True,
+    )
     fp32 = trained.get("fp32_artifact") or trained.get("fp32")
     int8 = trained.get("int8_artifact") or trained.get("int8") or fp32
     if fp32 is None:
@@ -196,7 +376,14 @@ def obtain_model(settings: Settings, corpus: Path, work: Path) -> tuple[Path, Pa
         "source": "trained",
         "config": config_name,
         "metrics": trained.get("metrics"),
+        "cer_fp32": trained.get("cer_fp32"),
+        "cer_int8": trained.get("cer_int8"),
         "train_s": train_s,
+        "train_estimate_s": estimate["estimate_s"],
+        "train_estimate": estimate,
+        "processes": processes,
+        "corpus": str(corpus),
+        "corpus_digest": files_digest([corpus]),
     }
     return _model_folder(fp32), _model_folder(int8), provenance
 
@@ -446,11 +633,99 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
 
 
 def _run(quick: bool, threads: int) -> dict[str, Any]:
-    from benchmarks.compiled_inference import served_shapes
-    from cascade.audio_features import decode_wav, log_mel, resample
-    from compilers.asr import compile_asr, corpus_features, count_recompiles
     from jobs.audio_corpus import spark_session
+    from jobs.spark_sessions import active_or_new
     from models.asr.artifact import load_artifact
+
+    settings = load_settings()
+    sizes = bench_sizes(quick)
+    skipped = {part: SKIP_REASONS[part] for part in settings.bench.asr_skip}
+    if not settings.bench.asr_model:
+        training_config_name(quick)  # an unknown config fails now, not after the corpus
+    work = Path(tempfile.mkdtemp(prefix="cascade-bench-asr-"))
+    result: dict[str, Any] = {"quick": quick, "threads": threads, "sizes": {}, "skipped": skipped}
+    # A session already running (a caller's, a test's) is used and left running.
+    with active_or_new(spark_session) as spark:
+        unique = load_settings().bench.asr_unique
+        corpus_runs, corpus, landing = corpus_throughput(spark, work, sizes, unique)
+        people: Path | None = None
+        people_reason: str | None = f"skipped: {skipped['people']}" if "people" in skipped else None
+        if "people" not in skipped:
+            people, people_reason = people_corpus(spark, work)
+    for entry in corpus_runs:
+        result["sizes"][str(entry["utterances"])] = entry
+    result["utterances_per_s"] = corpus_runs[-1]["utterances_per_s"]
+    result["utterances_per_s_size"] = corpus_runs[-1]["utterances"]
+
+    fp32_dir, int8_dir, provenance = obtain_model(settings, corpus, work, quick=quick)
+    model_files = sorted({fp32_dir / "asr_model.pt", int8_dir / "asr_model.pt"})
+    result["model_digest"] = files_digest(model_files)
+    provenance["files"] = [str(path) for path in model_files]
+    result["model"] = provenance
+    result["model_provenance"] = provenance
+    result["train_s"] = provenance.get("train_s")
+    result["train_estimate_s"] = provenance.get("train_estimate_s")
+    result["train_config"] = provenance.get("config")
+    if provenance["source"] == "trained":
+        distinct = corpus_runs[0]["distinct_utterances"]
+        result["training_corpus"] = corpus_record(corpus, distinct, provenance["corpus_digest"])
+    else:
+        result["train_s_reason"] = "no training in this run: the model was given (--model)"
+        result["training_corpus"] = None
+        result["training_corpus_reason"] = (
+            "the model was given (--model); model_provenance.training names what its "
+            "training wrote, when its result.json is beside it"
+        )
+    artifact = load_artifact(fp32_dir)
+    quantized = load_artifact(int8_dir)
+    variants: dict[str, Callable[..., Any]] = {"eager": artifact.model}
+    if "compile" in skipped:
+        result.update(
+            compile_s=None,
+            passes=None,
+            fp32_passes=None,
+            recompiles=None,
+            shapes_tried=None,
+            recompiles_torch_compile_dynamic=None,
+            recompiles_by_variant=None,
+        )
+    else:
+        models = (fp32_dir, int8_dir)
+        _compile_variants(
+            result, variants, (artifact, quantized), models, corpus, work, threads, quick
+        )
+
+    def rates_on(source: Path) -> tuple[pd.DataFrame, dict[str, Any], dict[str, Any] | None]:
+        """The test split of ``source`` and the eager fp32 and int8 package rates on it."""
+        frame = held_out_split(source, artifact.n_mels, 60 if quick else None)
+        int8 = variants.get("int8")
+        return (
+            frame,
+            error_rates(artifact.model, artifact.alphabet, frame),
+            None if int8 is None else error_rates(int8, quantized.alphabet, frame),
+        )
+
+    return _measure(
+        result, quick, artifact, quantized, variants, rates_on, corpus, people, people_reason,
+        landing, work,
+    )  # fmt: skip
+
+
+def _compile_variants(
+    result: dict[str, Any],
+    variants: dict[str, Callable[..., Any]],
+    artifacts: tuple[Any, Any],
+    model_dirs: tuple[Path, Path],
+    corpus: Path,
+    work: Path,
+    threads: int,
+    quick: bool,
+) -> None:
+    """Step 3: the fp32 and int8 packages, the ONNX file, Inductor (default and tuned) and the
+    int8 peers, added to ``variants``; their compile times and recompile counts into
+    ``result``."""
+    from benchmarks.compiled_inference import served_shapes
+    from compilers.asr import compile_asr, corpus_features, count_recompiles
     from models.asr.compiled import (
         FP32_FILE,
         INT8_FILE,
@@ -460,37 +735,12 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
         load_compiled,
         onnxruntime_asr,
     )
-    from models.asr.inference import transcribe
 
     settings = load_settings()
-    sizes = bench_sizes(quick)
-    work = Path(tempfile.mkdtemp(prefix="cascade-bench-asr-"))
-    result: dict[str, Any] = {"quick": quick, "threads": threads, "sizes": {}}
-    spark = spark_session()
-    try:
-        unique = load_settings().bench.asr_unique
-        corpus_runs, corpus, landing = corpus_throughput(spark, work, sizes, unique)
-        people, people_reason = people_corpus(spark, work)
-    finally:
-        spark.stop()
-    for entry in corpus_runs:
-        result["sizes"][str(entry["utterances"])] = entry
-    result["utterances_per_s"] = corpus_runs[-1]["utterances_per_s"]
-    result["utterances_per_s_size"] = corpus_runs[-1]["utterances"]
-
-    fp32_dir, int8_dir, provenance = obtain_model(settings, corpus, work)
-    result["model"] = provenance
-    result["model_provenance"] = provenance
-    result["train_s"] = provenance.get("train_s")
-    if result["train_s"] is None:
-        result["train_s_reason"] = "no training in this run: the model was given (--model)"
-    model_files = sorted({fp32_dir / "asr_model.pt", int8_dir / "asr_model.pt"})
-    result["model_digest"] = files_digest(model_files)
-    artifact = load_artifact(fp32_dir)
-    quantized = load_artifact(int8_dir)
+    artifact, quantized = artifacts
     # The float packages come from the float model, the int8 one from the quantized model.
     fp32_compiled, int8_compiled = work / "compiled-fp32", work / "compiled-int8"
-    for source, target in ((fp32_dir, fp32_compiled), (int8_dir, int8_compiled)):
+    for source, target in zip(model_dirs, (fp32_compiled, int8_compiled), strict=True):
         target.mkdir(parents=True, exist_ok=True)
         shutil.copy(source / "asr_model.pt", target / "asr_model.pt")
     calibration = None
@@ -523,12 +773,13 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     int8_package, recompiles["cascade_int8"] = served_shapes(
         lambda: load_compiled(int8_compiled / INT8_FILE, quantized.model.config), shapes
     )
-    variants: dict[str, Callable[..., Any]] = {
-        "eager": artifact.model,
-        "fp32_artifact": fp32_package,
-        "int8": int8_package,
-        "onnxruntime": onnxruntime_asr(fp32_compiled / ONNX_FILE, config, threads=threads),
-    }
+    variants.update(
+        {
+            "fp32_artifact": fp32_package,
+            "int8": int8_package,
+            "onnxruntime": onnxruntime_asr(fp32_compiled / ONNX_FILE, config, threads=threads),
+        }
+    )
     for inputs in shapes:  # one session: a failure is a length it lacks
         variants["onnxruntime"](*inputs)
     result["recompiles"] = max(r["recompiles"] for r in recompiles.values())
@@ -559,22 +810,32 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     result["recompiles_by_variant"] = recompiles
     variants.update(peers)
 
-    def rates_on(source: Path) -> tuple[pd.DataFrame, dict[str, Any], dict[str, Any]]:
-        """The test split of ``source`` and the eager fp32 and int8 package rates on it."""
-        frame = held_out_split(source, artifact.n_mels, 60 if quick else None)
-        return (
-            frame,
-            error_rates(artifact.model, artifact.alphabet, frame),
-            error_rates(variants["int8"], quantized.alphabet, frame),
-        )
+
+def _measure(
+    result: dict[str, Any],
+    quick: bool,
+    artifact: Any,
+    quantized: Any,
+    variants: dict[str, Callable[..., Any]],
+    rates_on: Callable[[Path], tuple[pd.DataFrame, dict[str, Any], dict[str, Any] | None]],
+    corpus: Path,
+    people: Path | None,
+    people_reason: str | None,
+    landing: Path,
+    work: Path,
+) -> dict[str, Any]:
+    """Steps 4 and 5: accuracy and real-time factors of ``variants`` (int8 figures null when
+    there is no int8 package)."""
+    from cascade.audio_features import decode_wav, log_mel, resample
+    from models.asr.inference import transcribe
 
     frame, fp32_rates, int8_rates = rates_on(corpus)
     result.update(
         cer_fp32=fp32_rates["cer"],
         wer_fp32=fp32_rates["wer"],
-        cer_int8=int8_rates["cer"],
-        wer_int8=int8_rates["wer"],
-        cer_delta=(int8_rates["cer"] - fp32_rates["cer"]) * 100,
+        cer_int8=None if int8_rates is None else int8_rates["cer"],
+        wer_int8=None if int8_rates is None else int8_rates["wer"],
+        cer_delta=None if int8_rates is None else (int8_rates["cer"] - fp32_rates["cer"]) * 100,
         test_utterances=fp32_rates["utterances"],
         cer_people_fp32=None,
         cer_people_int8=None,
@@ -585,7 +846,9 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     if people is not None:
         _, fp32_people, int8_people = rates_on(people)
         for kind, rates in (("fp32", fp32_people), ("int8", int8_people)):
-            result[f"cer_people_{kind}"], result[f"wer_people_{kind}"] = rates["cer"], rates["wer"]
+            if rates is not None:
+                result[f"cer_people_{kind}"] = rates["cer"]
+                result[f"wer_people_{kind}"] = rates["wer"]
         result["people_utterances"] = fp32_people["utterances"]
     result["cer_by_language"] = cer_by_language(
         *(r for r in (fp32_rates, fp32_people) if r is not None)
@@ -602,43 +865,61 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     def greedy(forward: Any) -> Callable[[Any], Any]:
         return lambda x: transcribe(forward, artifact.alphabet, x)
 
-    int8_forward: Any = variants["int8"]
+    int8_forward: Any = variants.get("int8")
 
     def end_to_end(wav: bytes) -> Any:
         samples, rate = decode_wav(wav)
         features = log_mel(resample(samples, rate), quantized.n_mels)
         return transcribe(int8_forward, quantized.alphabet, features)
 
+    rounds = bench_repeats(5, quick=quick, quick_default=3)
     with torch.inference_mode():
         timings = real_time_factors(
             {name: greedy(fn) for name, fn in variants.items()},
             features,
-            rounds=3 if quick else 5,
-            repeats=3 if quick else 5,
+            rounds=rounds,
+            repeats=rounds,
         )
-        timings.update(
-            real_time_factors(
-                {"int8_end_to_end": end_to_end}, files, rounds=3, repeats=3 if quick else 5
+        if int8_forward is not None:
+            timings.update(
+                real_time_factors(
+                    {"int8_end_to_end": end_to_end}, files, rounds=rounds, repeats=rounds
+                )
             )
-        )
     result["rtf"] = timings
+    result["rounds"] = rounds
     result.update(
-        rtf_eager=timings["eager"]["rtf"],
-        rtf_fp32_artifact=timings["fp32_artifact"]["rtf"],
-        rtf_int8=timings["int8"]["rtf"],
-        rtf_onnxruntime=timings["onnxruntime"]["rtf"],
-        rtf_inductor=timings["inductor"]["rtf"],
-        rtf_inductor_tuned=timings["inductor_tuned"]["rtf"],
-        rtf_onnxruntime_int8=timings["onnxruntime_int8"]["rtf"],
-        rtf_eager_int8=timings["eager_int8"]["rtf"],
-        rtf_int8_end_to_end=timings["int8_end_to_end"]["rtf"],
+        {
+            f"rtf_{name}": timings[name]["rtf"] if name in timings else None
+            for name in (
+                "eager",
+                "fp32_artifact",
+                "int8",
+                "onnxruntime",
+                "inductor",
+                "inductor_tuned",
+                "onnxruntime_int8",
+                "eager_int8",
+                "int8_end_to_end",
+            )
+        }  # fmt: skip
     )
-    result.update(compile_bench_keys(timings))
+    # The compile benchmark's keys at the longest utterance: fp32 peers over the fp32 package,
+    # int8 peers over the int8 package (compile_bench_keys); null when compile was skipped.
+    compiled = "int8" in timings
+    keys = compile_bench_keys(timings) if compiled else {}
+    for name in ("eager", "inductor", "inductor_tuned", "onnxruntime", "cascade", "cascade_int8"):
+        keys.setdefault(f"{name}_ms", None)
+    for base in ("eager", "inductor", "inductor_tuned", "onnxruntime"):
+        keys.setdefault(f"speedup_vs_{base}", None)
+    result.update(keys)
     for name in timings:  # each figure's rounds, for its spread
         result[f"rtf_{name}_runs"] = timings[name]["rtf_runs"]
-    result["speedup_int8_vs_eager"] = result["rtf_eager"] / result["rtf_int8"]
-    result["speedup_int8_vs_onnxruntime"] = result["rtf_onnxruntime"] / result["rtf_int8"]
-    result["goal_rtf_int8_le_0_05"] = result["rtf_int8"] <= 0.05
+    result["speedup_int8_vs_eager"] = result["rtf_eager"] / result["rtf_int8"] if compiled else None
+    result["speedup_int8_vs_onnxruntime"] = (
+        result["rtf_onnxruntime"] / result["rtf_int8"] if compiled else None
+    )
+    result["goal_rtf_int8_le_0_05"] = result["rtf_int8"] <= 0.05 if compiled else None
     shutil.rmtree(work, ignore_errors=True)
     return result
 

@@ -299,14 +299,18 @@ class BenchSettings:
     asr_model: Path | None = None
     """Trained ASR model folder of ``bench asr`` and ``bench compile --model asr`` (unset: train
     one)."""
-    asr_config: str = "synthetic"
-    """Training config ``bench asr`` trains when no model is given."""
+    asr_config: str | None = None
+    """Training config ``bench asr`` trains when no model is given (unset: ``fast`` with
+    ``--quick``, else ``synthetic``)."""
     asr_sizes: Sizes | None = None
     """Utterance counts of ``bench asr`` (unset: its quick or full sizes)."""
     asr_unique: int = Field(default=2_000, ge=1)
     """Most distinct utterances of a ``bench asr`` landing batch; larger batches repeat them."""
     asr_threads: int = Field(default=2, ge=1)
     """Intra-op threads of ``bench asr``."""
+    asr_skip: Annotated[tuple[Literal["compile", "people"], ...], BeforeValidator(_comma_list)] = ()
+    """Parts ``bench asr`` leaves out (smoke runs): ``compile`` (the AOTInductor packages, ONNX
+    Runtime and Inductor), ``people`` (the Tux Paint corpus); the JSON names them."""
     events: int = Field(default=1_000, ge=1)
     """Events ``bench events`` produces."""
     multimodal_config: str = "base"
@@ -317,6 +321,9 @@ class BenchSettings:
     """A ``bench multimodal-corpus`` result JSON whose figures ``bench multimodal`` reports."""
     multimodal_sizes: Sizes | None = None
     """Pair counts of ``bench multimodal-corpus`` (unset: its quick or full sizes)."""
+    multimodal_skip: Annotated[tuple[Literal["corpus"], ...], BeforeValidator(_comma_list)] = ()
+    """Parts ``bench multimodal`` leaves out (smoke runs): ``corpus`` (the corpus job's
+    benchmark, which ``bench multimodal-corpus`` runs on its own); the JSON names them."""
     serving_model: Literal["fscd", "mlp"] | None = None
     """Model ``bench serving`` serves (unset: ``CASCADE_PRERANKING_MODEL``)."""
     serving_candidates: int = Field(default=1_000, ge=1)

@@ -13,6 +13,13 @@ word vocabulary :data:`WORDS`. Pair ``i`` is a function of ``(seed, i)`` only, a
 function of ``i``, so any count reproduces the same pairs. Identical captions describe images
 that differ only in jitter and noise: retrieval counts a caption-identical item as a match
 (``Pairs.groups``).
+
+Held-out templates: a caption's template is its colour and shape ("red circle",
+:func:`template_of`). The templates of :data:`HELDOUT_TEMPLATES` (one shape per colour, a
+quarter of them) never appear in the ``train``, ``val`` or ``test`` splits (a pair that draws
+one draws again); the ``heldout`` split (:data:`HELDOUT`, generator only) holds as many pairs as
+``test``, each of a held-out template. Recall on it measures captions whose colour and shape
+the model saw, but never together.
 """
 
 from __future__ import annotations
@@ -53,6 +60,13 @@ WORDS: tuple[str, ...] = (
     *SIZES, *COLOURS, *SHAPES, "top", "bottom", "left", "right", "center",
 )  # fmt: skip
 """Generator vocabulary: id = index (0 padding, 1 BOS, 2 EOS, 3 unknown)."""
+HELDOUT = "heldout"
+"""The generator's split of pairs whose templates no other split holds."""
+HELDOUT_TEMPLATES: tuple[tuple[str, str], ...] = tuple(
+    (colour, SHAPES[index % len(SHAPES)]) for index, colour in enumerate(COLOURS)
+)
+"""(colour, shape) templates kept out of training: one shape per colour, every colour and every
+shape still seen in training with other partners."""
 
 
 @dataclass
@@ -84,10 +98,23 @@ def split_of(index: int) -> str:
     return {0: "test", 1: "val"}.get(index % 10, "train")
 
 
-def draw(rng: np.random.Generator) -> tuple[np.ndarray, str]:
-    """One image with one shape, and its caption."""
-    colour = str(rng.choice(list(COLOURS)))
-    shape = str(rng.choice(SHAPES))
+def template_of(caption: str) -> tuple[str, str]:
+    """The (colour, shape) of a generator caption ("a small red circle at the top")."""
+    words = caption.split()
+    if len(words) < 4 or words[2] not in COLOURS or words[3] not in SHAPES:
+        raise ValueError(f"not a generator caption: {caption!r}")
+    return words[2], words[3]
+
+
+def draw(
+    rng: np.random.Generator, template: tuple[str, str] | None = None
+) -> tuple[np.ndarray, str]:
+    """One image with one shape, and its caption; ``template`` fixes colour and shape."""
+    if template is None:
+        colour = str(rng.choice(list(COLOURS)))
+        shape = str(rng.choice(SHAPES))
+    else:
+        colour, shape = template
     position = str(rng.choice(list(POSITIONS)))
     size = str(rng.choice(list(SIZES)))
     n = IMAGE_SIZE
@@ -110,16 +137,33 @@ def draw(rng: np.random.Generator) -> tuple[np.ndarray, str]:
     return image.clip(0, 255).astype(np.uint8), f"a {size} {colour} {shape} at the {position}"
 
 
+def generated_pair(seed: int, index: int, split: str) -> tuple[np.ndarray, str]:
+    """Pair ``index`` of ``split``: of a held-out template in :data:`HELDOUT`, of any other
+    template elsewhere (a draw of a held-out one draws again, from a seed of its own)."""
+    if split == HELDOUT:
+        rng = np.random.default_rng([seed, index, 1])
+        return draw(rng, HELDOUT_TEMPLATES[int(rng.integers(len(HELDOUT_TEMPLATES)))])
+    held_out = set(HELDOUT_TEMPLATES)
+    attempt = 0
+    while True:
+        key = [seed, index] if attempt == 0 else [seed, index, 2, attempt]
+        image, caption = draw(np.random.default_rng(key))
+        if template_of(caption) not in held_out:
+            return image, caption
+        attempt += 1
+
+
 def generate_pairs(count: int, split: str, *, max_tokens: int, seed: int = 0) -> Pairs:
-    """The ``split`` pairs among generator pairs ``0 .. count-1``."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    """The ``split`` pairs among generator pairs ``0 .. count-1`` (:data:`HELDOUT`: one pair of
+    a held-out template for each ``test`` index)."""
+    if split not in (*SPLITS, HELDOUT):
+        raise ValueError(f"split must be one of {(*SPLITS, HELDOUT)}, got {split!r}")
     ids, images, tokens, captions = [], [], [], []
     for i in range(count):
-        if split_of(i) != split:
+        if split_of(i) != ("test" if split == HELDOUT else split):
             continue
-        image, caption = draw(np.random.default_rng([seed, i]))
-        ids.append(f"gen-{seed}-{i}")
+        image, caption = generated_pair(seed, i, split)
+        ids.append(f"gen-{seed}-{i}" if split != HELDOUT else f"gen-{seed}-{i}-{HELDOUT}")
         images.append(image)
         captions.append(caption)
         tokens.append(tokenize(caption, max_tokens))

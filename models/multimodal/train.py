@@ -21,12 +21,15 @@ functions of (seed, step, rank)). Rank 0 logs to the MLflow experiment ``multimo
 loss and its parts, per MoE layer the coefficient of variation of tokens per expert
 (``expert_load_cv.layerN``) and the share of routed tokens dropped for capacity
 (``tokens_dropped.layerN``); at the end image->text and text->image recall@1/5 on the test
-split. ``OUT/result.json`` holds the headline figures; ``OUT/model`` the final DeepSpeed
-checkpoint (experts in their own files), with the model's config, its corpus's caption tokenizer
-and their digests beside the module states (:mod:`models.multimodal.stored`).
+split, and on generated pairs also on the ``heldout`` split of caption templates no training
+pair has (``heldout_templates_*``, :data:`models.multimodal.pairs.HELDOUT_TEMPLATES`).
+``OUT/result.json`` holds the headline figures; ``OUT/model`` the final DeepSpeed checkpoint
+(experts in their own files), with the model's config, its corpus's caption tokenizer and their
+digests beside the module states (:mod:`models.multimodal.stored`).
 
 ``--throughput-steps N`` instead times N training steps of this config and of its dense twin,
-interleaved in the same processes (:func:`measure_throughput`, used by the benchmark).
+interleaved in the same processes, ``--throughput-repeats`` rounds (:func:`measure_throughput`,
+used by the benchmark).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from cascade.training.resumable_run import RUN_MARKER, failed_on_error, open_res
 from models.multimodal.config_registry import CONFIGS, MultimodalTrainConfig, get_config
 from models.multimodal.model import ImageTextTransformer, objective, parameter_counts
 from models.multimodal.pairs import (
+    HELDOUT,
     Pairs,
     corpus_files,
     corpus_vocab_size,
@@ -130,6 +134,8 @@ class Data:
     train: Pairs
     test: Pairs
     source: str
+    heldout: Pairs | None = None
+    """Generated pairs of templates no training pair has (None for a corpus)."""
 
 
 def for_corpus(config: MultimodalTrainConfig, corpus: Path | None) -> MultimodalTrainConfig:
@@ -146,15 +152,17 @@ def load_data(config: MultimodalTrainConfig, corpus: Path | None) -> Data:
         args = {"max_tokens": model.max_tokens, "seed": config.seed}
         train = generate_pairs(config.generated_pairs, "train", **args)
         test = generate_pairs(config.generated_pairs, "test", **args)
+        heldout = _head(generate_pairs(config.generated_pairs, HELDOUT, **args), config.eval_pairs)
         source = f"generator:{config.generated_pairs}"
     else:
         args = {"max_tokens": model.max_tokens, "vocab_size": model.vocab_size}
         train = load_split(corpus, "train", limit=config.max_train_pairs, **args)
         test = load_split(corpus, "test", limit=config.eval_pairs, **args)
+        heldout = None
         source = str(corpus)
     if config.max_train_pairs is not None and corpus is None:
         train = _head(train, config.max_train_pairs)
-    return Data(train, _head(test, config.eval_pairs), source)
+    return Data(train, _head(test, config.eval_pairs), source, heldout)
 
 
 def _head(pairs: Pairs, n: int) -> Pairs:
@@ -373,6 +381,10 @@ def train(
         train_seconds = time.monotonic() - train_started
         # Every rank runs the evaluation: under expert parallelism each holds part of the experts.
         metrics = retrieval_metrics(cast(ImageTextTransformer, engine.module), data.test)
+        if data.heldout is not None and len(data.heldout) >= 2:
+            # Captions of templates (colour + shape) that no training pair has.
+            unseen = retrieval_metrics(cast(ImageTextTransformer, engine.module), data.heldout)
+            metrics |= {f"heldout_templates_{k}": v for k, v in unseen.items()}
         engine.save_checkpoint(str(out / "model"), tag="final", client_state={"step": config.steps})
         dist.barrier()
         result = None
@@ -426,11 +438,13 @@ def train(
     return result
 
 
-def measure_throughput(config: MultimodalTrainConfig, out: Path, steps: int) -> dict[str, Any]:
+def measure_throughput(
+    config: MultimodalTrainConfig, out: Path, steps: int, repeats: int = THROUGHPUT_REPEATS
+) -> dict[str, Any]:
     """Training steps/s of ``config`` (MoE) and its dense twin, same batches, in these
-    processes: one warm-up run each, then :data:`THROUGHPUT_REPEATS` interleaved timed runs of
-    ``steps`` steps (the order rotating each round), so background load hits both alike.
-    Writes ``OUT/throughput.json``."""
+    processes: one warm-up run each, then ``repeats`` interleaved timed runs of ``steps`` steps
+    (the order rotating each round: ``order`` names who ran first), so background load hits
+    both alike. Writes ``OUT/throughput.json``."""
     from models.multimodal.config_registry import dense_twin
 
     rank, world = rank_world()
@@ -451,17 +465,21 @@ def measure_throughput(config: MultimodalTrainConfig, out: Path, steps: int) -> 
     for timed in runs.values():
         timed()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for round_ in range(THROUGHPUT_REPEATS):
+    order: list[str] = []
+    for round_ in range(repeats):
         names = list(runs)
         # The order rotates each round, so neither model always runs first.
-        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+        rotation = names[round_ % len(names) :] + names[: round_ % len(names)]
+        order.append(rotation[0])
+        for name in rotation:
             times[name].append(runs[name]())
     median = {name: float(np.median(t)) for name, t in times.items()}
     result = {
         "config": config.name,
         "world_size": world,
         "steps": steps,
-        "repeats": THROUGHPUT_REPEATS,
+        "repeats": repeats,
+        "order": order,
         "batch_size": config.batch_size,
         "moe_steps_per_s": steps / median["moe"],
         "dense_steps_per_s": steps / median["dense"],
@@ -528,6 +546,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--throughput-steps", type=int, default=None,
         help="time this many steps of the config and its dense twin instead of training",
     )  # fmt: skip
+    parser.add_argument(
+        "--throughput-repeats", type=int, default=THROUGHPUT_REPEATS,
+        help="timed runs of each model with --throughput-steps (median reported)",
+    )  # fmt: skip
     # The deepspeed launcher passes --local_rank; torch.distributed.run sets LOCAL_RANK.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
     return parser.parse_args(argv)
@@ -551,7 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     init_distributed()
     if args.throughput_steps:
-        measure_throughput(get_config(args.config), args.out, args.throughput_steps)
+        measure_throughput(
+            get_config(args.config), args.out, args.throughput_steps, args.throughput_repeats
+        )
     else:
         train(get_config(args.config), corpus=args.corpus, out=args.out)
     dist.barrier()

@@ -1,4 +1,6 @@
-"""The ASR benchmark's parts: sizes, the replicated landing, interleaved RTF, the model source."""
+"""The ASR benchmark's parts: sizes, the replicated landing, interleaved RTF, the model source
+and training config, and a ``--quick`` smoke run (debug config, 40 utterances, one training
+process, no compile)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,11 @@ from benchmarks.asr_path import (
     obtain_model,
     real_time_factors,
     replicate_landing,
+    spoken_duration,
+    training_config_name,
 )
+from benchmarks.provenance import non_finite
+from cascade.config import load_settings
 
 
 def test_sizes_default_to_10k_and_100k_and_follow_the_environment(
@@ -76,8 +82,37 @@ def test_a_given_model_folder_or_training_output_is_used_as_it_is(
     for kind in ("fp32", "int8"):
         (tmp_path / kind).mkdir()
         (tmp_path / kind / "asr_model.pt").write_bytes(b"")
-    fp32, int8, _ = obtain_model(None, tmp_path, tmp_path)  # type: ignore[arg-type]
+    (tmp_path / "result.json").write_text(json.dumps({"config": "synthetic", "run_id": "r1"}))
+    fp32, int8, provenance = obtain_model(None, tmp_path, tmp_path)  # type: ignore[arg-type]
     assert (fp32, int8) == (tmp_path / "fp32", tmp_path / "int8")
+    # What the training wrote beside the given model travels with it.
+    assert provenance["source"] == "given" and provenance["training"]["config"] == "synthetic"
+    assert provenance["training"]["result"] == str(tmp_path / "result.json")
+
+
+def test_training_config_is_fast_with_quick_synthetic_else_and_unknown_names_fail_clearly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from models.asr.config_registry import CONFIGS
+
+    monkeypatch.delenv("CASCADE_BENCH_ASR_CONFIG", raising=False)
+    assert training_config_name(quick=False) == "synthetic"
+    if "fast" in CONFIGS:
+        assert training_config_name(quick=True) == "fast"
+    else:  # until the config exists, --quick says so rather than training something else
+        with pytest.raises(ValueError, match=r"unknown ASR training config 'fast' \(the default"):
+            training_config_name(quick=True)
+    monkeypatch.setenv("CASCADE_BENCH_ASR_CONFIG", "debug")
+    assert training_config_name(quick=True) == training_config_name(quick=False) == "debug"
+    monkeypatch.setenv("CASCADE_BENCH_ASR_CONFIG", "nope")
+    with pytest.raises(ValueError, match="'nope' \\(CASCADE_BENCH_ASR_CONFIG\\).*debug"):
+        training_config_name(quick=True)
+    monkeypatch.setenv("CASCADE_BENCH_ASR_SKIP", "compile,people")
+    assert load_settings().bench.asr_skip == ("compile", "people")
+    assert [spoken_duration(s) for s in (42, 750, 2.7 * 3600)] == ["42 s", "12.5 min", "2.7 h"]
+    monkeypatch.setenv("CASCADE_BENCH_ASR_SKIP", "training")
+    with pytest.raises(ValueError, match="CASCADE_BENCH_ASR_SKIP"):
+        load_settings()
 
 
 def test_error_rates_decode_each_language_and_no_people_is_a_reason(
@@ -174,3 +209,48 @@ def test_asr_int8_peers_serve_every_length_close_to_eager(
                 assert got.shape == reference.shape, name
                 # int8: close to the float model, not equal to it.
                 assert (got - reference).abs().mean() < 0.1 * reference.abs().mean(), name
+
+
+SMOKE_KEYS = (
+    "sizes", "utterances_per_s", "model", "model_digest", "model_provenance", "train_s",
+    "train_estimate_s", "train_config", "training_corpus", "compile_s", "recompiles",
+    "shapes_tried", "cer_fp32", "wer_fp32", "cer_int8", "wer_int8", "cer_delta",
+    "test_utterances", "cer_people_fp32", "people_reason", "cer_by_language", "foreign_tokens",
+    "rtf", "rtf_eager", "rtf_int8", "rtf_onnxruntime", "rtf_inductor", "eager_ms", "cascade_ms",
+    "speedup_vs_eager", "speedup_vs_inductor", "speedup_vs_onnxruntime", "skipped", "git_commit",
+    "input_digest", "machine", "repeats", "spread",
+)  # fmt: skip
+
+
+def test_quick_run_trains_with_provenance_and_writes_finite_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cascade bench asr --quick`` end to end, shrunk: 40 utterances, the debug config in one
+    training process, no AOTInductor/ONNX/Inductor builds or people corpus (named in
+    ``skipped``); no stack (an MLflow address where nothing listens)."""
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CASCADE_MLFLOW_URI", "http://127.0.0.1:9")
+    monkeypatch.setenv("CASCADE_TRAIN_PROCESSES", "1")
+    monkeypatch.setenv("CASCADE_BENCH_ASR_CONFIG", "debug")
+    monkeypatch.setenv("CASCADE_BENCH_ASR_SIZES", "40")
+    monkeypatch.setenv("CASCADE_BENCH_ASR_SKIP", "compile,people")
+    monkeypatch.setenv("CASCADE_BENCH_REPEATS", "1")  # one variant (eager): nothing to rotate
+    monkeypatch.delenv("CASCADE_BENCH_ASR_MODEL", raising=False)
+    out = tmp_path / "asr.json"
+    bench.run_benchmark("asr", out, quick=True)
+    result = json.loads(out.read_text())
+    assert not set(SMOKE_KEYS) - set(result), set(SMOKE_KEYS) - set(result)
+    assert non_finite(result) == []
+    assert set(result["skipped"]) == {"compile", "people"}
+    assert result["cer_int8"] is None and result["speedup_vs_inductor"] is None
+    assert result["people_reason"].startswith("skipped")
+    assert result["utterances_per_s"] > 0 and result["rtf_eager"] > 0
+    assert 0 <= result["cer_fp32"] and result["test_utterances"] > 0
+    provenance = result["model_provenance"]
+    assert provenance["source"] == "trained" and provenance["config"] == "debug"
+    assert provenance["train_s"] > 0 and result["train_estimate_s"] > 0
+    corpus = result["training_corpus"]
+    assert corpus["utterances"] == 40 and sum(corpus["splits"].values()) == 40
+    assert corpus["digest"] == provenance["corpus_digest"] and corpus["digest"].startswith("sha256")
+    assert result["model_digest"].startswith("sha256:")
+    assert result["rounds"] == 1 and result["spread"]["rtf_eager"]["n"] == 1

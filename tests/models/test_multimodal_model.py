@@ -22,7 +22,17 @@ from models.multimodal.model import (
     objective,
     parameter_counts,
 )
-from models.multimodal.pairs import COLOURS, POSITIONS, generate_pairs, load_split, tokenize
+from models.multimodal.pairs import (
+    COLOURS,
+    HELDOUT,
+    HELDOUT_TEMPLATES,
+    POSITIONS,
+    SHAPES,
+    generate_pairs,
+    load_split,
+    template_of,
+    tokenize,
+)
 
 
 def test_prototyped_moe_routes_counts_drops_and_learns_to_balance() -> None:
@@ -120,6 +130,25 @@ def test_generator_is_deterministic_and_draws_what_the_caption_says() -> None:
         pixel, want = image[y, x].astype(float), np.array(COLOURS[colour])
         assert np.all(np.abs(pixel - want) <= 0.16 * want + 1), (caption, pixel)
     assert tokenize("a big red cross", 4)[0] == 1 and len(tokenize("a", 6)) == 6
+
+
+def test_held_out_templates_are_never_trained_on_and_make_their_own_split() -> None:
+    held_out = set(HELDOUT_TEMPLATES)
+    splits = {s: generate_pairs(200, s, max_tokens=12) for s in ("train", "test", HELDOUT)}
+    seen = {template_of(c) for c in splits["train"].captions}
+    # Every colour and every shape is trained on, but never in a held-out pairing.
+    assert not seen & held_out and not {template_of(c) for c in splits["test"].captions} & held_out
+    assert {c for c, _ in seen} == set(COLOURS) and {s for _, s in seen} == set(SHAPES)
+    unseen = splits[HELDOUT]
+    assert len(unseen) == len(splits["test"]) == 20
+    assert {template_of(c) for c in unseen.captions} <= held_out
+    assert not set(unseen.pair_ids) & set(splits["test"].pair_ids)
+    # Counts per split stay a function of the index: a redraw keeps the pair in its split.
+    assert len(splits["train"]) == 160
+    again = generate_pairs(200, HELDOUT, max_tokens=12)
+    assert again.captions == unseen.captions and torch.equal(again.images, unseen.images)
+    with pytest.raises(ValueError, match="not a generator caption"):
+        template_of("a photo")
 
 
 def test_load_split_reads_the_corpus_layout_and_refuses_bad_rows(tmp_path: Path) -> None:
