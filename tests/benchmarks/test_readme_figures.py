@@ -20,6 +20,7 @@ FIGURE = re.compile(
 COMMANDS = (
     "cascade bench ",  # a benchmark: its JSON keys are named beside the figure
     "cascade step NAME --pipeline asr",  # the ASR training run the CER figures come from
+    "python -m models.asr.evaluate ",  # a trained ASR model's CER on a corpus
 )
 NOT_MEASURED = {
     "plain line at each 10%": "progress lines are printed at each tenth of the work",
