@@ -20,14 +20,16 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 def test_runs_and_registry_live_in_postgres(tmp_path: Path) -> None:
     env = {"CASCADE_PROFILE": "cluster", "CASCADE_MLFLOW_URI": ""}
     with stack.private_stack(tmp_path / "home", services=("postgres", "mlflow"), env=env) as s:
-        assert stack.mlflow_store_env(s)["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql+psycopg2://")
+        assert stack.mlflow_store_env(s)["MLFLOW_BACKEND_STORE_URI"].startswith(
+            "postgresql+psycopg2://"
+        )
         # Authentication as in the local profile: nothing without the admin's credentials.
         response = requests.get(
             f"{s.tracking_uri}/api/2.0/mlflow/experiments/search?max_results=5", timeout=60
         )
         assert response.status_code == 401
 
-        client = MlflowClient(s.tracking_uri)
+        client = MlflowClient(tracking_uri=s.tracking_uri, registry_uri=s.tracking_uri)
         experiment = client.create_experiment("cluster-store")
         run = client.create_run(experiment)
         client.log_metric(run.info.run_id, "auc", 0.75)
