@@ -1,11 +1,9 @@
-"""``cascade bench events``: how bursts are summarized, and ``--quick`` end to end (the private
-broker and Airflow the benchmark starts itself)."""
+"""``cascade bench events``: how bursts are summarized and what they ask for. Its ``--quick``
+smoke run (a burst measured, summarized and stamped, every figure finite) runs on the fault
+tests' stack, ``tests/faults/test_event_faults.py::test_events_benchmark_smoke``: a fresh
+Airflow of its own would cost the suite two more minutes."""
 
 from __future__ import annotations
-
-import json
-import math
-from pathlib import Path
 
 import pytest
 
@@ -58,35 +56,3 @@ def test_bursts_give_medians_of_timings_and_sums_of_counts() -> None:
     assert spreads(result)["latency_p50_s"] == {"min": 3.0, "median": 4.0, "max": 9.0, "n": 3}
     with pytest.raises(ValueError, match="no bursts"):
         summarize_bursts([])
-
-
-@pytest.mark.slow
-def test_quick_events_benchmark_reports_every_figure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from benchmarks.docs import FIGURES
-    from benchmarks.provenance import non_finite
-    from benchmarks.registry import run_benchmark
-
-    monkeypatch.delenv("CASCADE_BENCH_REPEATS", raising=False)
-    out = tmp_path / "events.json"
-    result = run_benchmark("events", out, quick=True)
-    assert json.loads(out.read_text())["benchmark"] == "events"
-    for key in (*TIMINGS, *COUNTS, "published", "malformed_published", "dead_letters_by_kind"):
-        assert key in result, key
-    for key in ("git_commit", "input_digest", "model_digest", "repeats", "spread", "machine"):
-        assert key in result, key
-    # Nothing lost or done twice; every malformed message dead-lettered; the one burst of one
-    # (dataset, partition) asks for one run.
-    assert (result["published"], result["repeats"], result["expected_runs"]) == (20, 1, 1)
-    assert result["lost"] == 0 and result["duplicates"] == 0 and result["dead_lettered"] == 3
-    assert result["runs_started"] >= result["expected_runs"]
-    for key in TIMINGS:
-        value = result[key]
-        assert isinstance(value, float | int) and math.isfinite(value), (key, value)
-        assert result["spread"][key]["n"] == 1
-    # A run claims once the burst has been quiet for the window; the work record follows.
-    window = result["coalesce_window_s"]
-    assert window <= result["latency_p50_s"] <= result["latency_p95_s"]
-    assert result["work_latency_p50_s"] >= result["latency_p50_s"] and result["events_per_s"] > 0
-    assert set(FIGURES["events"]) <= set(result) and non_finite(result) == []

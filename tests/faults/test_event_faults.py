@@ -58,10 +58,22 @@ def test_triggerer_restart_with_pending_events_and_broker_restart_before_trigger
 def test_events_benchmark_smoke(event_stack: Settings) -> None:
     """What `cascade bench events --quick` measures, on the already running fault stack (a
     fresh Airflow alone takes longer than a smoke test may)."""
-    from benchmarks.event_delivery import measure_events
+    from benchmarks.event_delivery import COUNTS, TIMINGS, measure_events, summarize_bursts
+    from benchmarks.provenance import provenance
+    from benchmarks.registry import GENERATORS
 
-    # No settle: the fault tests above already watch for late duplicates.
-    result = measure_events(event_stack, events=20, malformed=3, window_s=WINDOW_S, settle_s=0)
+    # No settle: the fault tests above already watch for late duplicates. One burst, summarized
+    # and stamped as `cascade bench events --quick` writes it.
+    burst = measure_events(event_stack, events=20, malformed=3, window_s=WINDOW_S, settle_s=0)
+    result = summarize_bursts([burst])
+    result.update(provenance(result, generators=GENERATORS["events"], parameters={"quick": True}))
+    for key in (*TIMINGS, *COUNTS, "published", "malformed_published", "dead_letters_by_kind"):
+        assert key in result, key
+    for key in ("git_commit", "input_digest", "model_digest", "repeats", "spread", "machine"):
+        assert key in result, key
+    assert (result["published"], result["repeats"], result["expected_runs"]) == (20, 1, 1)
+    assert all(result["spread"][key]["n"] == 1 for key in TIMINGS if result[key] is not None)
+    assert result["runs_started"] >= result["expected_runs"]
     assert result["lost"] == 0 and result["duplicates"] == 0
     assert result["dead_lettered"] == 3 and result["runs_started"] >= 1
     # A run claims only after the burst was quiet for the window; the work record follows.
