@@ -257,6 +257,8 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "config": config_name,
         "skipped": skipped,
         "data": corpus or "generator",
+        # A corpus folder's bytes go into input_digest (benchmarks.provenance.provenance).
+        "input_files_digest": files_digest([Path(corpus)]) if corpus else None,
         "moe_vs_dense_throughput": speed["moe_vs_dense_throughput"],
         "moe_steps_per_s": speed["moe_steps_per_s"],
         "dense_steps_per_s": speed["dense_steps_per_s"],

@@ -8,7 +8,8 @@ benchmark wrote itself:
   changes on top of it;
 * ``input_digest`` and ``inputs``: a SHA-256 of the source of the modules that generate the
   benchmark's inputs and of its parameters (options, ``--quick``); a benchmark that reads
-  files it was given may set ``input_digest`` itself (:func:`files_digest`);
+  files it was given (a corpus folder) puts their :func:`files_digest` under
+  ``input_files_digest``, and ``input_digest`` then covers their bytes too;
 * ``model_digest`` and ``model_provenance``: set by benchmarks that involve a model (the
   digest of its files or weights; the registry name and version, or the training config);
   None where no model is involved;
@@ -270,10 +271,14 @@ def provenance(
     docstring); ``generators`` are the modules whose code makes the inputs."""
     runs = spreads(result)
     repeats = max((int(s["n"]) for s in runs.values()), default=1)
+    input_digest = code_digest(generators, parameters)
+    if result.get("input_files_digest"):
+        # Inputs the benchmark read rather than generated (a corpus folder): their bytes count.
+        input_digest = digest_of([input_digest, str(result["input_files_digest"])])
     return {
         "machine": machine_info(),
         **git_state(),
-        "input_digest": code_digest(generators, parameters),
+        "input_digest": input_digest,
         "inputs": {"generators": list(generators), "parameters": dict(parameters)},
         "model_digest": None,
         "model_provenance": None,

@@ -58,6 +58,25 @@ def test_every_result_carries_provenance_and_keeps_its_own_keys(
     assert again["input_digest"] != result["input_digest"]
 
 
+def corpus_benchmark(out: Path, quick: bool) -> dict[str, Any]:
+    corpus = out.parent / "corpus"
+    return {"input_files_digest": files_digest([corpus]), "figure": 1.0}
+
+
+def test_input_digest_covers_the_bytes_of_files_a_benchmark_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(registry.BENCHMARKS, "multimodal", f"{__name__}:corpus_benchmark")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "pairs.parquet").write_bytes(b"one")
+    out = tmp_path / "multimodal.json"
+    first = registry.run_benchmark("multimodal", out, quick=True)["input_digest"]
+    assert first == registry.run_benchmark("multimodal", out, quick=True)["input_digest"]
+    (corpus / "pairs.parquet").write_bytes(b"two")  # same path and parameters, other bytes
+    assert registry.run_benchmark("multimodal", out, quick=True)["input_digest"] != first
+
+
 def test_code_digest_follows_the_generator_code_and_parameters() -> None:
     one = code_digest(["jobs.impression_log"], {"n": 1})
     assert one == code_digest(["jobs.impression_log"], {"n": 1})
