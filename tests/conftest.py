@@ -41,6 +41,7 @@ SHARED_UNITS: dict[str, str] = {
     "tests/jobs/": "tests/jobs/",  # one local Spark session for the package (its conftest)
     "tests/serving/": "serving+asr",  # the champion server, and the compiled ASR model ...
     "tests/compilers/test_asr.py": "serving+asr",  # ... that these share (tests/conftest.py)
+    "tests/benchmarks/test_asr_path.py": "serving+asr",
 }
 """Node-id prefixes whose tests stay in one work unit: they share a session fixture that is
 expensive to build twice (a worker builds its own copy of each)."""

@@ -70,3 +70,17 @@ def test_the_exclusive_unit_goes_first_and_shared_units_keep_their_fixtures_toge
     assert list(units["serving+asr"]) == [nodeids[1], nodeids[4]]
     assert work_unit_of("tests/test_layers.py::test_x") == "tests/test_layers.py"
     assert "exclusive" not in ordered_units(nodeids[:2])
+
+
+def test_every_module_on_the_compiled_asr_fixture_shares_one_unit() -> None:
+    """``compiled_asr_dir`` is a session fixture: a worker builds its own copy (an AOTInductor
+    C++ build, about a minute), so every module that uses it is in the same unit."""
+    from tests.conftest import work_unit_of
+
+    users = sorted(
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tests").rglob("test_*.py")
+        if path.name != "test_suite_groups.py" and "compiled_asr_dir" in path.read_text()
+    )
+    assert len(users) >= 3, users
+    assert {work_unit_of(f"{module}::test_x") for module in users} == {"serving+asr"}, users
