@@ -66,6 +66,7 @@ _PROFILE_VALUES: dict[str, dict[str, str]] = {
         "CASCADE_MLFLOW_URI": "http://mlflow.cascade.svc:5000",
         "CASCADE_SPARK_MASTER": "k8s://https://kubernetes.default.svc",
         "CASCADE_TRAIN_PROCESSES": "8",
+        "CASCADE_TRAIN_NODES": "2",
         "CASCADE_SERVING_AUTH": "1",
     },
 }
@@ -354,6 +355,9 @@ class HookSettings:
     )
     """Fault injection: a trainer kills rank 0 after ``PHASE:STEP`` (e.g. ``train:25``) once, so
     the retry's resume from the last checkpoint can be tested."""
+    crash_node: int | None = setting(None, hook=True, ge=0)
+    """Fault injection, with ``CASCADE_CRASH_AT``: at that point node rank N dies instead of rank
+    0 alone (its launcher and every worker of it SIGKILLed at once, as a lost host)."""
     test_champion_file: Path | None = setting(None, hook=True)
     """Test hook: the JSON file the fake model server (``tests/serving``) serves as champion."""
 
@@ -407,6 +411,11 @@ class Settings:
     runs (a development or test stack that should start no run of its own)."""
     train_processes: int = setting(2, group="Training runtime", ge=1)
     """Training processes per node (gloo on CPU, NCCL on GPU)."""
+    train_nodes: int = setting(1, group="Training runtime", ge=1)
+    """Training node ranks: one ``torch.distributed.run`` launcher per node rank
+    (``--nnodes N --node_rank R``, one static rendezvous), each starting ``train_processes``
+    workers. All launchers run on this machine over loopback; their command lines, one per
+    host of a real cluster, head the training log. A node that fails ends the others."""
     preranking_model: Literal["fscd", "mlp"] = setting("fscd", group="Training runtime")
     """What the ``ctr_preranking`` train step trains: ``fscd``, the ranking cascade whose
     FSCD-selected ColdPreRanker is deployed (``models.preranking.cascade_train``), or ``mlp``,

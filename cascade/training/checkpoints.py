@@ -50,10 +50,37 @@ def save_latest_checkpoint(engine: Any, ckpt_dir: Path, step: int) -> None:
                 shutil.rmtree(old, ignore_errors=True)
 
 
+def agreed_on_every_rank(answer: bool, question: str) -> bool:
+    """``answer``, checked to be the same on every rank (a collective inside a process group:
+    every rank must call it). Ranks that disagree (a node that does not see the run folder
+    another one wrote) raise a RuntimeError naming ``question`` and the ranks and nodes that
+    answered no, instead of some ranks resuming while others start over and the collectives
+    hang."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return answer
+    node = int(os.environ.get("GROUP_RANK", "0"))
+    answers = [torch.zeros(2, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(answers, torch.tensor([int(answer), node], dtype=torch.int64))
+    found = [(bool(yes), int(node)) for yes, node in (t.tolist() for t in answers)]
+    if len({yes for yes, _ in found}) == 1:
+        return answer
+    no = ", ".join(f"rank {r} (node {n})" for r, (yes, n) in enumerate(found) if not yes)
+    raise RuntimeError(
+        f"ranks disagree on {question}: no for {no}, yes for the others; checkpoints and "
+        "finished phases must be on storage every node reads (a shared run folder)"
+    )
+
+
+def exists_on_every_rank(path: Path) -> bool:
+    """Whether ``path`` exists, the same answer on every rank (:func:`agreed_on_every_rank`)."""
+    return agreed_on_every_rank(path.exists(), f"whether {path} exists")
+
+
 def resume_step(engine: Any, ckpt_dir: Path) -> int:
     """Load the latest checkpoint in ``ckpt_dir`` into ``engine`` and return its step; 0 (and
-    nothing loaded) when there is none."""
-    if not (ckpt_dir / "latest").exists():
+    nothing loaded) when there is none. Every rank must call it; every rank must see the same
+    checkpoints (:func:`exists_on_every_rank`)."""
+    if not exists_on_every_rank(ckpt_dir / "latest"):
         return 0
     _, client_state = engine.load_checkpoint(str(ckpt_dir))
     return int(client_state["step"])

@@ -1,25 +1,41 @@
 """Starting training workers and reading back what they wrote.
 
 A trainer module is both the launcher and the worker: from Python, :func:`launch_for_result`
-runs ``python -m MODULE ARGS`` under ``torch.distributed.run`` on this node (gloo on CPU, NCCL
-on GPU) and returns the complete ``result.json`` rank 0 wrote; in the worker,
-:func:`init_distributed` joins the process group (a single process without a launcher too).
+runs ``python -m MODULE ARGS`` under ``torch.distributed.run`` (gloo on CPU, NCCL on GPU) and
+returns the complete ``result.json`` rank 0 wrote; in the worker, :func:`init_distributed`
+joins the process group (a single process without a launcher too).
+
+``CASCADE_TRAIN_NODES`` (``Settings.train_nodes``; 2 in the ``cluster`` profile) node ranks
+each run ``CASCADE_TRAIN_PROCESSES`` workers: :func:`run_torchrun` starts one launcher per node
+rank on this machine, all with one static rendezvous on loopback, and writes each node's
+command line (:func:`torchrun_commands`) at the top of the log, the line a host of a real
+cluster runs with node 0's address as ``--master_addr``. Ranks are global (``RANK`` /
+``WORLD_SIZE``; ``LOCAL_RANK`` only picks the GPU); rank 0 writes the results, and every rank
+reads the checkpoints of the shared run folder on resume. A node that dies fails the run: the
+other nodes are ended and the log's last line names the dead one.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
+import math
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -130,6 +146,45 @@ def accept_result(
     return result
 
 
+NODE_GRACE_S = 10.0
+"""After one node's launcher failed: how long the other nodes' launchers may take to fail on
+their own (a peer's lost connection ends their collectives) before they are ended."""
+END_GRACE_S = 5.0
+"""How long an ended launcher and its workers get after SIGTERM before SIGKILL."""
+
+
+def torchrun_commands(
+    module: str,
+    args: Sequence[str],
+    *,
+    nodes: int,
+    processes: int,
+    master_addr: str,
+    master_port: int | str,
+    python: str = sys.executable,
+) -> list[list[str]]:
+    """The ``torch.distributed.run`` command line of each node rank, in rank order.
+
+    One node: ``--nnodes 1`` with the rendezvous at ``master_addr:master_port``. Several: each
+    node rank ``R`` runs ``--nnodes N --node_rank R`` with the same static rendezvous, hosted by
+    node rank 0's launcher at ``master_addr:master_port``, so node ``R`` holds the global ranks
+    ``R*P .. R*P+P-1``. On a real cluster each host runs its own line (``master_addr`` being
+    node 0's address); :func:`run_torchrun` runs them all on this machine (loopback) and
+    writes them at the top of the log.
+    """
+    if nodes < 1 or processes < 1:
+        raise ValueError(f"nodes ({nodes}) and processes per node ({processes}) must be >= 1")
+    head = [python, "-m", "torch.distributed.run"]
+    tail = ["--master_addr", master_addr, "--master_port", str(master_port), "-m", module, *args]
+    size = ["--nproc_per_node", str(processes)]
+    if nodes == 1:
+        return [[*head, "--nnodes", "1", *size, *tail]]
+    return [
+        [*head, "--nnodes", str(nodes), "--node_rank", str(rank), *size, *tail]
+        for rank in range(nodes)
+    ]
+
+
 def run_torchrun(
     module: str,
     args: list[str],
@@ -140,12 +195,19 @@ def run_torchrun(
     echo: bool = False,
     append: bool = False,
     extra_env: dict[str, str] | None = None,
+    nodes: int | None = None,
+    grace_s: float = NODE_GRACE_S,
 ) -> tuple[int, str]:
-    """Run ``python -m module args`` under ``torch.distributed.run`` on this node.
+    """Run ``python -m module args`` under ``torch.distributed.run``: ``processes`` per node on
+    ``nodes`` node ranks (default ``settings.train_nodes``), all on this machine.
 
     The output goes to ``log_path`` line by line (and to stdout with ``echo``); returns the
-    exit code and the last 60 lines.
+    exit code and the last 60 lines. With several nodes each line starts with ``[node R]``, the
+    log starts with each node's command line (:func:`torchrun_commands`), and a node whose
+    launcher fails ends the run: the others get ``grace_s`` to fail on their own, then they are
+    ended; the returned code is the failed node's and the last line names it.
     """
+    nodes = settings.train_nodes if nodes is None else nodes
     env = dict(os.environ)
     # The child reads its settings from the environment: hand it these, not the ambient ones.
     env.update(
@@ -160,41 +222,177 @@ def run_torchrun(
     if not torch.cuda.is_available():
         env.setdefault("DS_ACCELERATOR", "cpu")
     extension_build_env(env)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1",
-        "--nproc_per_node", str(processes),
-        "--master_addr", env["MASTER_ADDR"],
-        "--master_port", env["MASTER_PORT"],
-        "-m", module, *args,
-    ]  # fmt: skip
-    if echo:
-        print(f"[launch] {' '.join(cmd)}", flush=True)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (processes * nodes))))
+    commands = torchrun_commands(
+        module,
+        args,
+        nodes=nodes,
+        processes=processes,
+        master_addr=env["MASTER_ADDR"],
+        master_port=env["MASTER_PORT"],
+    )
     log_path.parent.mkdir(parents=True, exist_ok=True)
     tail: collections.deque[str] = collections.deque(maxlen=60)
-    with (
-        open(log_path, "a" if append else "w", buffering=1) as log,  # line by line: watchable
-        subprocess.Popen(
-            cmd,
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-        ) as proc,
-    ):
-        assert proc.stdout is not None
-        for line in proc.stdout:
+    with open(log_path, "a" if append else "w", buffering=1) as log:  # line by line: watchable
+        if nodes > 1:
+            returncode = _run_nodes(commands, env, log, tail, echo=echo, grace_s=grace_s)
+        else:
+            (cmd,) = commands
+            if echo:
+                print(f"[launch] {' '.join(cmd)}", flush=True)
+            with start_launcher(cmd, env) as proc:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    if echo:
+                        sys.stdout.write(line)
+                    log.write(line)
+                    tail.append(line)
+                returncode = proc.wait()
+    if echo:
+        sys.stdout.flush()
+    return returncode, "".join(tail)
+
+
+def start_launcher(
+    cmd: list[str], env: dict[str, str], *, new_session: bool = False
+) -> subprocess.Popen[str]:
+    """Start a launcher in the repository with its output (stderr too) on a line-buffered
+    pipe; ``new_session``: in its own process group (a node of several)."""
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=new_session,
+    )
+
+
+def exit_description(code: int) -> str:
+    """``exited with code 1`` or ``was killed by SIGKILL``."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def node_processes(pid: int) -> list[psutil.Process]:
+    """The launcher ``pid`` and every process under it (its workers); [] once it is gone."""
+    try:
+        launcher = psutil.Process(pid)
+        return [launcher, *launcher.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def end_processes(procs: Sequence[psutil.Process], grace_s: float = END_GRACE_S) -> None:
+    """SIGTERM ``procs`` (a launcher forwards it to its workers), SIGKILL what is left after
+    ``grace_s``."""
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
+def _run_nodes(
+    commands: list[list[str]],
+    env: dict[str, str],
+    log: Any,
+    tail: collections.deque[str],
+    *,
+    echo: bool,
+    grace_s: float,
+) -> int:
+    """Start one launcher per node rank, stream their lines (``[node R]`` first), wait for all;
+    a failed launcher ends the others ``grace_s`` later. Returns 0 or the failed node's code."""
+    lock = threading.Lock()
+
+    def write(line: str) -> None:
+        with lock:
             if echo:
                 sys.stdout.write(line)
             log.write(line)
             tail.append(line)
-        returncode = proc.wait()
-    if echo:
-        sys.stdout.flush()
-    return returncode, "".join(tail)
+
+    def pump(rank: int, stream: Any) -> None:
+        for line in stream:
+            write(f"[node {rank}] {line}")
+
+    for rank, cmd in enumerate(commands):
+        write(f"[launch node {rank}/{len(commands)}] {shlex.join(cmd)}\n")
+    launchers: list[subprocess.Popen[str]] = []
+    # A launcher's workers, seen while it ran: they outlive a launcher killed alone.
+    workers: dict[int, dict[int, psutil.Process]] = {}
+    readers: list[threading.Thread] = []
+    failed: tuple[int, int] | None = None
+    ended: list[int] = []
+    try:
+        for rank, cmd in enumerate(commands):
+            proc = start_launcher(cmd, env, new_session=True)
+            launchers.append(proc)
+            reader = threading.Thread(target=pump, args=(rank, proc.stdout), daemon=True)
+            reader.start()
+            readers.append(reader)
+        deadline = math.inf
+        looked = 0.0
+        while True:
+            codes = [proc.poll() for proc in launchers]
+            if time.monotonic() - looked >= 1.0:
+                looked = time.monotonic()
+                for rank, proc in enumerate(launchers):
+                    if codes[rank] is None:
+                        seen = workers.setdefault(rank, {})
+                        seen.update({p.pid: p for p in node_processes(proc.pid)[1:]})
+            if failed is None:
+                for rank, code in enumerate(codes):
+                    if code not in (None, 0):
+                        assert code is not None
+                        failed = (rank, code)
+                        deadline = time.monotonic() + grace_s
+                        break
+            if all(code is not None for code in codes):
+                break
+            if time.monotonic() >= deadline:
+                ended = [rank for rank, code in enumerate(codes) if code is None]
+                end_processes([p for r in ended for p in node_processes(launchers[r].pid)])
+                deadline = math.inf
+            time.sleep(0.1)
+    finally:
+        # Interrupted, or a launcher that died alone: no worker of this run outlives it.
+        leftovers = [p for seen in workers.values() for p in seen.values() if p.is_running()]
+        for proc in launchers:
+            if proc.poll() is None:
+                leftovers.extend(node_processes(proc.pid))
+        if leftovers:
+            end_processes(leftovers)
+        for proc in launchers:
+            proc.wait()
+        for reader in readers:
+            reader.join(timeout=END_GRACE_S)
+        for proc in launchers:
+            if proc.stdout is not None:
+                proc.stdout.close()
+    if failed is None:
+        return 0
+    rank, code = failed
+    others = (
+        f"ended node(s) {', '.join(map(str, ended))}, still running {grace_s:g} s later"
+        if ended
+        else "the other nodes stopped on their own"
+    )
+    write(
+        f"[launch] node {rank} of {len(commands)} failed: its launcher {exit_description(code)}; "
+        f"{others}\n"
+    )
+    return code
 
 
 def launch_for_result(

@@ -53,6 +53,7 @@ from cascade.results import write_result
 from cascade.training.checkpoints import (
     CHECKPOINTS,
     consolidated_state_dict,
+    exists_on_every_rank,
     fingerprint,
     keep_only_run,
     resume_step,
@@ -230,7 +231,7 @@ def train_phase(
 
     rank, world = rank_world()
     final = phase_file(out, plan.name)
-    if final.exists():
+    if exists_on_every_rank(final):
         return dict(torch.load(final, map_location="cpu", weights_only=True))
 
     model = build_model(config, data.n_mels)

@@ -152,11 +152,13 @@ def launch_cascade(
     out: Path,
     *,
     processes: int = 2,
+    nodes: int | None = None,
     settings: Settings | None = None,
     extra_env: dict[str, str] | None = None,
     extra_args: list[str] | None = None,
 ) -> tuple[int, str]:
-    """Run ``cascade_train`` under torchrun; returns ``(exit code, log tail)``.
+    """Run ``cascade_train`` under torchrun, ``processes`` on each of ``nodes`` node ranks
+    (default: the settings' ``train_nodes``); returns ``(exit code, log tail)``.
 
     The caller reads ``OUT/result.json`` (or ``throughput.json``): a rank that crashes at exit
     after writing it (seen with DeepSpeed on CPU) must not hide a finished run.
@@ -166,6 +168,7 @@ def launch_cascade(
         "models.preranking.cascade_train",
         ["--config", config, "--out", str(out), *(extra_args or [])],
         processes=processes,
+        nodes=nodes,
         settings=settings or load_settings(),
         log_path=out / "train.log",
         append=True,

@@ -18,6 +18,7 @@ from torch import nn
 from cascade.progress import Progress
 from cascade.training.checkpoints import (
     consolidated_state_dict,
+    exists_on_every_rank,
     resume_step,
     save_finished_state,
     save_latest_checkpoint,
@@ -287,7 +288,7 @@ def train_phase(
     final_path = out / "phases" / phase.name / "model.pt"
     torch.manual_seed(config.seed)
     model = build_network(phase.kind, config, cardinalities, fields)
-    if final_path.exists():
+    if exists_on_every_rank(final_path):
         model.load_state_dict(torch.load(final_path, map_location="cpu", weights_only=True))
         return model.eval()
 

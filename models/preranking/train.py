@@ -50,6 +50,7 @@ from cascade.results import write_result
 from cascade.training import launch as launching
 from cascade.training.checkpoints import (
     CHECKPOINTS,
+    agreed_on_every_rank,
     consolidated_state_dict,
     data_fingerprint,
     save_latest_checkpoint,
@@ -283,11 +284,12 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
     fingerprint = run_fingerprint(config, data, ds)
     fingerprint_file = ckpt_dir / "fingerprint.txt"
     found = ckpt_dir.exists()
-    resume = (
+    resume = agreed_on_every_rank(
         found
         and (ckpt_dir / "latest").exists()
         and fingerprint_file.exists()
-        and fingerprint_file.read_text() == fingerprint
+        and fingerprint_file.read_text() == fingerprint,
+        f"whether {ckpt_dir} holds a checkpoint of this run",
     )
     dist.barrier()  # every rank has looked before rank 0 changes anything there
     start_step = 0

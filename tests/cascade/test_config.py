@@ -45,6 +45,8 @@ def test_cluster_profile_points_at_shared_services() -> None:
     assert settings.profile == "cluster"
     assert "127.0.0.1" not in settings.bootstrap_servers
     assert settings.spark_master.startswith("k8s://")
+    # Training spans two node ranks there; one node locally.
+    assert (settings.train_nodes, load_settings({}).train_nodes) == (2, 1)
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,26 @@
-"""Every training launch builds DeepSpeed's CPU extension with the same tools into one cache."""
+"""Every training launch builds DeepSpeed's CPU extension with the same tools into one cache;
+the command line of each node rank; a node that dies ends the others with an error naming it."""
 
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
-from cascade.training.launch import extension_build_env, torch_extensions_dir
+import psutil
+import pytest
+
+from cascade.config import REPO_ROOT, Settings
+from cascade.training.launch import (
+    extension_build_env,
+    run_torchrun,
+    torch_extensions_dir,
+    torchrun_commands,
+)
 
 
 def _fake_ninja(folder: Path) -> Path:
@@ -39,3 +53,103 @@ def test_a_launch_finds_this_interpreters_tools_first(tmp_path: Path) -> None:
     extension_build_env(from_a_task)
     assert from_a_task["TORCH_EXTENSIONS_DIR"] == env["TORCH_EXTENSIONS_DIR"]
     assert from_a_task["PATH"].count(tools) == 1
+
+
+def test_one_node_runs_the_single_node_command_line() -> None:
+    (command,) = torchrun_commands(
+        "m.train", ["--out", "x"], nodes=1, processes=2, master_addr="127.0.0.1", master_port=123
+    )
+    assert command == [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1",
+        "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1",
+        "--master_port", "123",
+        "-m", "m.train", "--out", "x",
+    ]  # fmt: skip
+
+
+def test_each_node_rank_gets_its_command_line_with_one_rendezvous() -> None:
+    commands = torchrun_commands(
+        "m.train", ["--out", "x"], nodes=2, processes=3, master_addr="10.0.0.1", master_port=555
+    )
+    assert len(commands) == 2
+    for rank, command in enumerate(commands):
+        flags = dict(zip(command[3:13:2], command[4:13:2], strict=True))
+        assert flags == {
+            "--nnodes": "2",
+            "--node_rank": str(rank),
+            "--nproc_per_node": "3",
+            "--master_addr": "10.0.0.1",
+            "--master_port": "555",
+        }
+        assert command[13:] == ["-m", "m.train", "--out", "x"]
+    with pytest.raises(ValueError, match="must be >= 1"):
+        torchrun_commands("m", [], nodes=0, processes=1, master_addr="h", master_port=1)
+
+
+NODE_WORKER = """
+import os, sys, time
+from pathlib import Path
+
+node, folder = int(os.environ["GROUP_RANK"]), Path(sys.argv[2])
+print(f"rank={os.environ['RANK']} world={os.environ['WORLD_SIZE']} pid={os.getpid()}", flush=True)
+(folder / f"node{node}").write_text(str(os.getpid()))
+if node == int(sys.argv[1]):
+    from cascade.training.crash_points import kill_node
+
+    while len(list(folder.glob("node*"))) < 2:  # every node has started
+        time.sleep(0.05)
+    kill_node("worker")
+time.sleep(600)  # the survivor: as if waiting forever in a collective with the dead node
+"""
+
+
+def test_a_dead_node_ends_the_other_nodes_with_an_error_naming_it(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Node 0 (the rendezvous host) dies whole; node 1's worker would wait forever: the run
+    ends it after the grace period and fails, naming node 0."""
+    (tmp_path / "node_worker.py").write_text(NODE_WORKER)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    path = os.pathsep.join(filter(None, (str(tmp_path), os.environ.get("PYTHONPATH"))))
+    started = time.monotonic()
+    code, tail = run_torchrun(
+        "node_worker",
+        ["0", str(pids)],
+        processes=1,
+        nodes=2,
+        settings=settings,
+        log_path=tmp_path / "train.log",
+        extra_env={"PYTHONPATH": path},
+        grace_s=0.5,
+    )
+    assert time.monotonic() - started < 60, tail
+    assert code == -signal.SIGKILL, tail
+    log = (tmp_path / "train.log").read_text()
+    # One command line per node, the global rank and world size each worker got.
+    assert "[launch node 0/2] " in log and "--node_rank 1" in log
+    assert re.search(r"^\[node 0\] rank=0 world=2 pid=\d+$", log, re.M), log
+    assert re.search(r"^\[node 1\] rank=1 world=2 pid=\d+$", log, re.M), log
+    assert "[node 0] [worker] CASCADE_CRASH_NODE: killing node 0" in log
+    assert tail.splitlines()[-1] == (
+        "[launch] node 0 of 2 failed: its launcher was killed by SIGKILL; "
+        "ended node(s) 1, still running 0.5 s later"
+    )
+    for node in (0, 1):  # no worker outlives the run
+        assert not psutil.pid_exists(int((pids / f"node{node}").read_text()))
+
+
+def test_killing_a_node_refuses_outside_a_launcher() -> None:
+    """The fault hook kills its parent: run by anything but torchrun, it refuses instead."""
+    code = "from cascade.training.crash_points import kill_node; kill_node('t')"
+    done = subprocess.run(
+        ["sh", "-c", f'"{sys.executable}" -c "{code}"; echo "exit=$?"'],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "needs a worker started by torch.distributed.run" in done.stderr
+    assert done.stdout.strip() == "exit=1"

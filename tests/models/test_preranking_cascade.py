@@ -1,6 +1,6 @@
 """The ranking cascade: field encoding and costs, the three networks, FSCD gates, the
-deterministic loop, evaluation metrics, and (slow) a killed 2-process run that resumes to the
-same metrics as an uninterrupted one."""
+deterministic loop, evaluation metrics, and (slow) a 2-node run, one node of it killed, that
+resumes to the same metrics as an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 
 from cascade.config import Settings
 from cascade.ctr_schema import LABEL, TIMESTAMP
-from cascade.training.crash_points import CRASH_ENV
+from cascade.training.crash_points import CRASH_ENV, CRASH_NODE_ENV
 from models.preranking.cascade_train import launch_cascade
 from models.preranking.config_registry import (
     CASCADE_CONFIGS,
@@ -344,30 +344,44 @@ def test_movielens_counts_only_see_strictly_earlier_impressions() -> None:
 
 
 @pytest.mark.slow
-def test_killed_two_process_run_resumes_to_the_same_metrics(
+def test_killed_two_process_run_on_two_nodes_resumes_to_the_same_metrics(
     settings: Settings, tmp_path: Path
 ) -> None:
+    """One node of a 2-node x 1-process run dies whole mid-phase; the run fails naming it, and
+    the relaunch resumes from the checkpoint to the metrics of an uninterrupted 1-node x
+    2-process run (the same world: the node layout changes nothing)."""
     import mlflow
 
     whole = tmp_path / "whole"
-    code, tail = launch_cascade("debug", whole, processes=2, settings=settings)
+    code, tail = launch_cascade("debug", whole, processes=2, nodes=1, settings=settings)
     assert (whole / "result.json").exists(), tail
     expected = json.loads((whole / "metrics.json").read_text())
 
     killed = tmp_path / "killed"
-    # Step 6 of 7 of the FSCD selection: after its step-5 checkpoint, before it finishes.
+    # Step 6 of 7 of the FSCD selection: after its step-5 checkpoint, before it finishes. Node
+    # 1 (rank 1) dies with its launcher; node 0 (rank 0, the rendezvous host) is ended.
     code, tail = launch_cascade(
-        "debug", killed, processes=2, settings=settings, extra_env={CRASH_ENV: "select_0.05:6"}
+        "debug",
+        killed,
+        processes=1,
+        nodes=2,
+        settings=settings,
+        extra_env={CRASH_ENV: "select_0.05:6", CRASH_NODE_ENV: "1"},
     )
     assert code != 0 and not (killed / "result.json").exists(), tail
+    assert tail.splitlines()[-1].startswith(
+        "[launch] node 1 of 2 failed: its launcher was killed by SIGKILL; "
+    ), tail
     assert (killed / "checkpoints" / "select_0.05" / "step5").is_dir()
     log = (killed / "train.log").read_text()
-    # Rank 0's pid at the start and a line per checkpoint, by phase and step.
-    assert re.search(r"\[cascade\] config=debug .* pid=\d+", log), log[-3000:]
+    # Each node's command line, rank 0's pid at the start and a line per checkpoint.
+    assert "--nnodes 2 --node_rank 1 --nproc_per_node 1" in log, log[:3000]
+    assert re.search(r"\[node 0\] \[cascade\] config=debug world=2 .* pid=\d+", log), log[-3000:]
     assert "[cascade] select_0.05: checkpoint at step 5 in " in log, log[-3000:]
+    assert "[node 1] [cascade] CASCADE_CRASH_AT: node 1 dies after select_0.05 step 6" in log
     assert (killed / "phases" / "two_tower" / "model.pt").exists()
     assert not (killed / "phases" / "select_0.05" / "model.pt").exists()
-    code, tail = launch_cascade("debug", killed, processes=2, settings=settings)
+    code, tail = launch_cascade("debug", killed, processes=1, nodes=2, settings=settings)
     assert "select_0.05: resumed at step 5" in tail and "teacher: done" not in tail
     got = json.loads((killed / "metrics.json").read_text())
     for key in (
