@@ -66,6 +66,7 @@ from models.preranking.config_registry import (
     override_args,
     with_overrides,
 )
+from models.preranking.fields import FIELDS_FILE
 from models.preranking.fscd_run import train_cascade
 from models.preranking.fscd_throughput import measure_throughput
 from models.preranking.train import RESULT_KEYS, partition_training_set
@@ -203,8 +204,13 @@ def checkpoint_every_override(env: dict[str, str] | None = None) -> int | None:
 
 
 def pipeline_fingerprint(config: CascadeTrainConfig, data: Path, ds: str) -> str:
-    """What a run folder's finished phases and checkpoints must match to be reused."""
-    return data_fingerprint(config.to_dict(), data, ds)
+    """What a run folder's finished phases and checkpoints must match to be reused (the
+    field declarations beside the data included, when there are any)."""
+    described = config.to_dict()
+    declared = Path(data).parent / FIELDS_FILE
+    if declared.is_file():
+        described["fields_file"] = declared.read_text()
+    return data_fingerprint(described, data, ds)
 
 
 def launch_pipeline(

@@ -110,7 +110,7 @@ def test_field_sets_are_validated_and_round_trip_through_fields_json(tmp_path: P
 @pytest.fixture(scope="module")
 def custom_run() -> tuple[CascadeTrainConfig, object]:
     config = dataclasses.replace(cascade_debug(), fields=DECLARATIONS)
-    frame = with_cross_columns(synthetic_training_frame(2_000, users=60, items=90, seed=5))
+    frame = with_cross_columns(synthetic_training_frame(1_200, users=50, items=80, seed=5))
     return config, prepare(config, frame)
 
 
@@ -127,7 +127,7 @@ def test_debug_config_trains_saves_and_reloads_with_extra_cross_fields(
     torch.manual_seed(0)
     selector = PlainTorch(build_network("select", config, cards, field_set=prepared.fields), config)
     run_steps(
-        selector, prepared.train_codes, prepared.train_labels, config, gated=True, max_steps=4
+        selector, prepared.train_codes, prepared.train_labels, config, gated=True, max_steps=3
     )
     assert selector.module.gate_fields[-2:] == (CROSS_7D, CROSS_30D)
     # The fine-tuned pre-ranker on a kept subset with both cross statistics.
@@ -136,7 +136,7 @@ def test_debug_config_trains_saves_and_reloads_with_extra_cross_fields(
     tuned = PlainTorch(
         build_network("fscd", config, cards, kept, field_set=prepared.fields), config
     )
-    run_steps(tuned, prepared.train_codes, prepared.train_labels, config, max_steps=8)
+    run_steps(tuned, prepared.train_codes, prepared.train_labels, config, max_steps=4)
     model = tuned.module.eval()
     assert isinstance(model, ColdPreRanker) and model.cross_index.tolist() == [
         len(FIELDS),
