@@ -58,7 +58,7 @@ from compilers.preranking import (
     ColdPreRankingRequest,
     compile_cold_preranking,
 )
-from models.preranking.fields import FIELDS, FieldEncoder
+from models.preranking.fields import FieldEncoder
 from models.preranking.model import ColdPreRanker
 
 FSCD_CONFIG = "pipeline"
@@ -151,13 +151,13 @@ def request_example(
     code within its field's vocabulary."""
     generator = torch.Generator().manual_seed(seed)
     cards = torch.tensor(encoder.cardinalities())
-    codes = (torch.rand(candidates, len(FIELDS), generator=generator) * cards).long()
+    codes = (torch.rand(candidates, len(encoder.fields), generator=generator) * cards).long()
     return codes[:1].clone(), codes
 
 
 def full_rows(model: ColdPreRanker) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``(user_codes, candidate_codes) -> logits`` through ``model.forward`` on full rows."""
-    user_positions = torch.tensor([i for i, f in enumerate(FIELDS) if f.kind == "user"])
+    user_positions = torch.tensor([i for i, f in enumerate(model.field_set) if f.kind == "user"])
 
     def run(user_codes: torch.Tensor, candidate_codes: torch.Tensor) -> torch.Tensor:
         rows = candidate_codes.clone()

@@ -205,12 +205,14 @@ def scoring_cost(
     the scored network's ``weights_digest``."""
     config = get_cascade_config(config_name)
     torch.manual_seed(SCORING_SEED)
-    model = ColdPreRanker(config.net, fields, encoder.cardinalities()).eval()
+    model = ColdPreRanker(
+        config.net, fields, encoder.cardinalities(), field_set=encoder.fields
+    ).eval()
     cards = torch.tensor(encoder.cardinalities())
-    codes = (torch.rand(candidates, len(FIELDS)) * cards).long()
+    codes = (torch.rand(candidates, len(encoder.fields)) * cards).long()
     user = codes[0]
     rows = codes.clone()
-    user_positions = [i for i, f in enumerate(FIELDS) if f.kind == "user"]
+    user_positions = [i for i, f in enumerate(encoder.fields) if f.kind == "user"]
     rows[:, user_positions] = user[user_positions]
     # One request, one core: the serving worker's budget.
     with torch_threads(1), torch.inference_mode():
@@ -230,7 +232,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
     result: dict[str, Any] = {"config": config_name, "quick": quick}
     with tempfile.TemporaryDirectory(prefix="bench-preranking-") as tmp:
         work = Path(tmp)
-        fields: tuple[str, ...] = tuple(f.name for f in FIELDS)
+        fields: tuple[str, ...] = FIELDS.names
         if not quick:
             result.update(train_seeds(config_name, out, bench_seeds()))
             fields = tuple(result["fscd_fields"])

@@ -267,6 +267,11 @@ def compile_cold_gate(
                 f"sample[{index}]: user_codes {tuple(user_codes.shape)} must be [1, F] with the "
                 f"F of candidate_codes {tuple(candidate_codes.shape)}"
             )
+        if candidate_codes.shape[1] != len(model.field_set):
+            raise ValueError(
+                f"sample[{index}]: {candidate_codes.shape[1]} code columns, but the model's field "
+                f"set has {len(model.field_set)} fields; encode with the model's FieldEncoder"
+            )
         if candidate_codes.shape[0] != len(labels):
             raise ValueError(
                 f"sample[{index}]: {candidate_codes.shape[0]} candidates, {len(labels)} labels"

@@ -26,7 +26,6 @@ from torch.export import Dim
 from cascade.ctr_schema import MODEL_FEATURES, USER_FEATURES
 from compilers.export import INT8_INDUCTOR_CONFIG, Artifact, package_artifact
 from compilers.pipeline import DEFAULT_PASSES, PASS_ORDER, PassContext
-from models.preranking.fields import FIELDS
 from models.preranking.model import ColdPreRanker, PreRanker, PreRankerConfig
 
 MAX_CANDIDATES = 1 << 20
@@ -91,13 +90,14 @@ class ColdPreRankingRequest(nn.Module):
 
     def forward(self, user_codes: torch.Tensor, candidate_codes: torch.Tensor) -> torch.Tensor:
         """Logits ``[N]`` from ``user_codes [1, F]`` and ``candidate_codes [N, F]`` (the codes
-        of ``models.preranking.fields.FieldEncoder.encode``; F = every field)."""
+        of ``models.preranking.fields.FieldEncoder.encode``; F = every field of the model's
+        field set, ``model.field_set``)."""
         return self.model.score_request(user_codes[0], candidate_codes)
 
 
-def cold_preranking_example(candidates: int) -> tuple[torch.Tensor, ...]:
-    """Request inputs with every code 0 (unknown): valid for any encoder."""
-    fields = len(FIELDS)
+def cold_preranking_example(candidates: int, fields: int) -> tuple[torch.Tensor, ...]:
+    """Request inputs of ``fields`` columns (the model's field set) with every code 0
+    (unknown): valid for any encoder of that set."""
     return (
         torch.zeros(1, fields, dtype=torch.long),
         torch.zeros(candidates, fields, dtype=torch.long),
@@ -117,7 +117,7 @@ def compile_cold_preranking(
     candidates = Dim("candidates", min=1, max=MAX_CANDIDATES)
     return package_artifact(
         ColdPreRankingRequest(model.eval()).eval(),
-        cold_preranking_example(64),
+        cold_preranking_example(64, len(model.field_set)),
         (None, {0: candidates}),
         out,
         passes=passes,

@@ -3,29 +3,45 @@ as the eager :class:`models.preranking.model.ColdSharedScorer`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from cascade.ctr_schema import ITEM_FEATURES, USER_FEATURES, USER_GENRE_FEATURES
-from models.preranking.fields import FIELDS, FieldEncoder
-from models.preranking.model import ColdPreRanker, ColdSharedScorer
+from models.preranking.fields import FieldEncoder
+from models.preranking.model import ColdPreRanker, ColdSharedScorer, request_fields
 
 _USER_INDEX = {name: j for j, name in enumerate(USER_FEATURES)}
 
 
+def eager_run(model: ColdPreRanker) -> Callable[..., torch.Tensor]:
+    """The network's own request call, in the package's signature: ``(user_codes [1, F],
+    candidate_codes [N, F]) -> logits [N]`` (:meth:`ColdPreRanker.score_request`)."""
+
+    def run(user_codes: torch.Tensor, candidate_codes: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return model.score_request(user_codes[0], candidate_codes)
+
+    return run
+
+
 class CompiledColdScorer:
     """A ColdPreRanker's AOTInductor package (:func:`compilers.preranking.compile_cold_preranking`:
-    one user's codes ``[1, F]`` and N candidates' codes ``[N, F]`` in, logits out) behind the
-    same call as :class:`ColdSharedScorer`.
+    one user's codes ``[1, F]`` and N candidates' codes ``[N, F]`` in, logits out; F: the
+    model's field set) behind the same call as :class:`ColdSharedScorer`.
 
     The item fields of every table item are encoded once per version (a ``[M + 1, F]`` code
     table, the last row for an item not in the table: every item field unknown but its id);
     per request the user fields are encoded once, the cross fields once per genre of the
     request, and the candidates' rows are gathered from the tables. Only the fields the network
     reads are encoded; the package ignores the other columns.
+
+    Fields outside the default contract (:func:`models.preranking.model.request_fields`, e.g.
+    cross statistics of the field set) come with each request in ``extra``: ``{name: values}``,
+    one value for a user field, one per candidate otherwise (NaN: unknown). With
+    :func:`eager_run` as ``run`` this is the eager scorer of such a model.
     """
 
     PARITY_ATOL = 1e-4
@@ -42,16 +58,38 @@ class CompiledColdScorer:
     ) -> None:
         self.run = run
         self.encoder = encoder
-        self._user = [(FIELDS[p].name, p) for p in model.user_index.tolist()]
-        self._cross = [(FIELDS[p].name, p) for p in model.cross_index.tolist()]
+        field_set = model.field_set
+        if tuple(field_set) != tuple(encoder.fields):
+            raise ValueError(
+                f"the model reads fields {list(field_set.names)}, its encoder encodes "
+                f"{list(encoder.fields.names)}"
+            )
+        self.width = len(field_set)
+        self.request_fields = request_fields(model)
+        """``{name: kind}`` of the fields every request must carry in ``extra``."""
+        self._extra = [
+            (name, field_set.position(name), kind) for name, kind in self.request_fields.items()
+        ]
+        self._user = [
+            (field_set[p].name, p)
+            for p in model.user_index.tolist()
+            if field_set[p].name not in self.request_fields
+        ]
+        self._cross = [
+            (field_set[p].name, p)
+            for p in model.cross_index.tolist()
+            if field_set[p].name not in self.request_fields
+        ]
         item_ids = np.asarray(item_ids, dtype=np.int64)
         dense = np.asarray(item_dense, dtype=np.float32).reshape(len(item_ids), -1)
         columns: dict[str, Any] = {"item_id": item_ids, "genre": list(item_genres)}
         columns.update({name: dense[:, j] for j, name in enumerate(ITEM_FEATURES)})
-        self.item_codes = np.zeros((len(item_ids) + 1, len(FIELDS)), dtype=np.int64)
+        self.item_codes = np.zeros((len(item_ids) + 1, self.width), dtype=np.int64)
         self._item_id_position: int | None = None
         for position in model.item_index.tolist():
-            name = FIELDS[position].name
+            name = field_set[position].name
+            if name in self.request_fields:
+                continue
             self.item_codes[:-1, position] = encoder.encode_column(name, columns[name])
             if name == "item_id":
                 self._item_id_position = position
@@ -66,9 +104,15 @@ class CompiledColdScorer:
         rows: np.ndarray,
         codes: np.ndarray,
         item_ids: np.ndarray,
+        extra: Mapping[str, np.ndarray] | None = None,
     ) -> torch.Tensor:
-        """Logits ``[N]``; the arguments as in :meth:`ColdSharedScorer.logits`."""
-        user = np.zeros((1, len(FIELDS)), dtype=np.int64)
+        """Logits ``[N]``; the arguments as in :meth:`ColdSharedScorer.logits`, and ``extra``
+        the values of :attr:`request_fields` (ValueError naming any that is missing)."""
+        extra = extra or {}
+        absent = [name for name, _, _ in self._extra if name not in extra]
+        if absent:
+            raise ValueError(f"the request lacks values of fields {absent} the model reads")
+        user = np.zeros((1, self.width), dtype=np.int64)
         user_values = np.asarray(user_dense, dtype=np.float32).reshape(-1)
         for name, position in self._user:
             value = [int(user_id)] if name == "user_id" else user_values[[_USER_INDEX[name]]]
@@ -89,11 +133,23 @@ class CompiledColdScorer:
             # code -1 (unknown genre) is the last row of genre_dense, as in ColdSharedScorer.
             genre_rows = np.where(codes < 0, len(genre_values) - 1, codes)
             candidates[:, self._cross_positions] = per_genre[genre_rows]
+        for name, position, kind in self._extra:
+            values = np.asarray(extra[name]).reshape(-1)
+            if kind == "user":
+                user[0, position] = self.encoder.encode_column(name, values[:1])[0]
+            else:
+                if len(values) != len(rows):
+                    raise ValueError(
+                        f"field {name!r} has {len(values)} values for {len(rows)} candidates"
+                    )
+                candidates[:, position] = self.encoder.encode_column(name, values)
         with torch.inference_mode():
             out = self.run(torch.from_numpy(user), torch.from_numpy(candidates))
         return torch.as_tensor(out).reshape(-1)
 
-    def check_against(self, eager: ColdSharedScorer, candidates: int = 64) -> None:
+    def check_against(
+        self, eager: ColdSharedScorer | CompiledColdScorer, candidates: int = 64
+    ) -> None:
         """Raise unless the package scores a probe request (the first table items, an item not
         in the table, an unknown user with unknown features) like the eager scorer."""
         count = min(candidates, len(self.item_codes) - 1)
@@ -104,7 +160,15 @@ class CompiledColdScorer:
         user_dense = np.full(len(USER_FEATURES), np.nan, dtype=np.float32)
         args = (-1, user_dense, genre_dense, rows, codes, item_ids)
         with torch.inference_mode():
-            got, want = self.logits(*args), eager.logits(*args)
+            if self._extra:
+                extra = {
+                    name: np.full(1 if kind == "user" else len(rows), np.nan, dtype=np.float32)
+                    for name, _, kind in self._extra
+                }
+                got = self.logits(*args, extra=extra)
+                want = eager.logits(*args, extra=extra)  # type: ignore[call-arg]
+            else:
+                got, want = self.logits(*args), eager.logits(*args)
         gap = float((got - want).abs().max())
         if not gap <= self.PARITY_ATOL:
             raise ValueError(

@@ -8,7 +8,11 @@ Protocol v2 JSON, ``POST /v2/models/preranking/infer``::
                 {"name": "item_ids", "datatype": "INT64", "shape": [3], "data": [7, 9, 11]}]}
 
 Response: output ``scores`` (FP32, shape ``[N]``, sigmoid of the logits) and
-``parameters.model_version``. Requests carry ids, never feature tensors: per request only the
+``parameters.model_version``. A version whose field set (its ``fields.json``) has fields
+beyond the default contract that the network reads (e.g. cross statistics) takes each of them
+as one more input named after the field (FP32/FP64/INT64; shape ``[1]`` for a user field, ``[N]``
+otherwise; JSON null: unknown); a request without one gets a 400 naming it. Otherwise requests
+carry ids, never feature tensors: per request only the
 user's features come from the online store; item features of the catalogue are held in memory,
 loaded together with each model version. The FSCD ColdPreRanker (with its field encoder) is
 scored by its compiled package (``CompiledColdScorer``: the AOTInductor ``.pt2`` the pipeline's
@@ -54,6 +58,7 @@ from cascade.ctr_schema import (
     USER_GENRE_FEATURES,
 )
 from cascade.v2_codec import JsonTensor, decode_v2_tensors, require_v2, v2_response_body
+from serving.cold_scorer import CompiledColdScorer
 from serving.item_table import ItemTable, lake_item_ids
 from serving.metrics import INFERENCE_ERRORS
 from serving.served_version import ServedVersion, freeze_heap
@@ -244,15 +249,66 @@ def parse_inputs(
     tensors: Sequence[InferInput | JsonTensor], *, max_candidates: int
 ) -> tuple[int, np.ndarray]:
     """:func:`parse_request` on the input tensors themselves."""
+    user, items, _ = parse_field_inputs(tensors, max_candidates=max_candidates, fields={})
+    return user, items
+
+
+FIELD_DATATYPES = frozenset({"FP32", "FP64", "INT64", "INT32"})
+"""Datatypes a field input (see :func:`parse_field_inputs`) may carry."""
+
+
+def _field_values(infer_input: InferInput | JsonTensor, expected_len: int) -> np.ndarray:
+    """float64 values of one field input (null: NaN), or InvalidInput naming the problem."""
+    name = infer_input.name
+    if infer_input.datatype not in FIELD_DATATYPES:
+        raise InvalidInput(
+            f"input '{name}' has datatype {infer_input.datatype}; send a field's values as one "
+            f"of {sorted(FIELD_DATATYPES)}"
+        )
+    shape = list(infer_input.shape or [])
+    if shape != [expected_len]:
+        raise InvalidInput(f"input '{name}' has shape {shape}; it must be [{expected_len}]")
+    data = infer_input.data
+    if isinstance(data, list):
+        if not set(map(type, data)) <= {int, float, type(None)}:
+            bad = next(v for v in data if type(v) not in (int, float, type(None)))
+            raise InvalidInput(f"input '{name}' holds {bad!r}; field values must be numbers")
+        values = np.array([math.nan if v is None else v for v in data], dtype=np.float64)
+    else:
+        try:
+            values = np.asarray(infer_input.as_numpy(), dtype=np.float64).reshape(-1)  # type: ignore[union-attr]
+        except (ValueError, TypeError, InvalidInput) as exc:
+            raise InvalidInput(f"input '{name}' could not be decoded as {shape}: {exc}") from exc
+    if values.shape[0] != expected_len:
+        raise InvalidInput(
+            f"input '{name}' declares shape {shape} but carries {values.shape[0]} values"
+        )
+    return values
+
+
+def parse_field_inputs(
+    tensors: Sequence[InferInput | JsonTensor],
+    *,
+    max_candidates: int,
+    fields: Mapping[str, str],
+) -> tuple[int, np.ndarray, dict[str, np.ndarray]]:
+    """``(user_id, item_ids, {field: values})`` of a request to a version that reads the
+    ``fields`` (``{name: kind}``, :attr:`ServedVersion.request_fields`) from its inputs;
+    InvalidInput (HTTP 400) naming a missing, unknown or malformed input."""
     inputs: dict[str, InferInput | JsonTensor] = {}
     for infer_input in tensors:
         if infer_input.name in inputs:
             raise InvalidInput(f"input '{infer_input.name}' is given twice; send it once")
         inputs[infer_input.name] = infer_input
-    unknown = sorted(set(inputs) - {USER_INPUT, ITEMS_INPUT})
+    unknown = sorted(set(inputs) - {USER_INPUT, ITEMS_INPUT, *fields})
     if unknown:
+        takes = ", ".join(f"'{n}'" for n in (USER_INPUT, ITEMS_INPUT, *fields))
+        raise InvalidInput(f"unknown inputs {unknown}; the model takes {takes}")
+    absent = [name for name in fields if name not in inputs]
+    if absent:
         raise InvalidInput(
-            f"unknown inputs {unknown}; the model takes '{USER_INPUT}' and '{ITEMS_INPUT}'"
+            f"missing inputs {absent}: the served model version reads these fields; send each "
+            f"as FP32 [1] for a user field or [N] (one value per item id) otherwise"
         )
     for required in (USER_INPUT, ITEMS_INPUT):
         if required not in inputs:
@@ -271,7 +327,11 @@ def parse_inputs(
             "per request (split the list or raise CASCADE_SERVING_MAX_CANDIDATES)"
         )
     items = _ids_from_input(items_input, expected_len=None)
-    return int(user[0]), items
+    values = {
+        name: _field_values(inputs[name], 1 if kind == "user" else len(items))
+        for name, kind in fields.items()
+    }
+    return int(user[0]), items, values
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,9 +500,15 @@ class PreRankingModel(Model):
     # Inference -------------------------------------------------------------------------------
 
     def get_input_types(self) -> list[dict[str, Any]]:
+        served = self._served
+        fields = served.request_fields if served is not None else {}
         return [
             {"name": USER_INPUT, "datatype": ID_DATATYPE, "shape": [1]},
             {"name": ITEMS_INPUT, "datatype": ID_DATATYPE, "shape": [-1]},
+            *(
+                {"name": name, "datatype": "FP32", "shape": [1] if kind == "user" else [-1]}
+                for name, kind in fields.items()
+            ),
         ]
 
     def get_output_types(self) -> list[dict[str, Any]]:
@@ -454,20 +520,35 @@ class PreRankingModel(Model):
         user_id: int,
         item_ids: np.ndarray,
         user_out: dict[str, float] | None = None,
+        extra: Mapping[str, np.ndarray] | None = None,
     ) -> np.ndarray:
         """Scores in ``(0, 1)`` for one user and N candidates, with ``served``'s network.
 
-        ``user_out``, when given, receives the user's features as looked up."""
-        scored = self.score_request(served, user_id, item_ids)
+        ``user_out``, when given, receives the user's features as looked up; ``extra``: the
+        values of ``served.request_fields``."""
+        scored = self.score_request(served, user_id, item_ids, extra)
         if user_out is not None:
             user_out.update(scored.user)
         return scored.scores
 
-    def score_request(self, served: ServedVersion, user_id: int, item_ids: np.ndarray) -> Scored:
+    def score_request(
+        self,
+        served: ServedVersion,
+        user_id: int,
+        item_ids: np.ndarray,
+        extra: Mapping[str, np.ndarray] | None = None,
+    ) -> Scored:
         """:meth:`score` with the features it used: one online-store lookup (the user's
         features and user x genre features of the candidates' genres), item features from
         memory, the user side of the network once (see :class:`SharedUserScorer` and
-        :class:`ColdSharedScorer`)."""
+        :class:`ColdSharedScorer`); ``extra``: the values of ``served.request_fields``
+        (InvalidInput naming any that is missing)."""
+        if served.request_fields:
+            absent = [n for n in served.request_fields if n not in (extra or {})]
+            if absent:
+                raise InvalidInput(
+                    f"missing inputs {absent}: model version {served.version} reads these fields"
+                )
         items = served.items
         rows = items.rows(item_ids)
         codes = items.codes(rows)
@@ -489,7 +570,12 @@ class PreRankingModel(Model):
             ug_table[present] = _floats(
                 [[(per_genre.get(g) or empty).get(f) for f in USER_GENRE_FEATURES] for g in genres]
             )
-        if served.scorer is not None:
+        if served.request_fields:
+            assert isinstance(served.scorer, CompiledColdScorer)
+            logits = served.scorer.logits(
+                user_id, user_dense, ug_table, rows, codes, item_ids, extra=extra
+            )
+        elif served.scorer is not None:
             logits = served.scorer.logits(user_id, user_dense, ug_table, rows, codes, item_ids)
         else:
             dense = np.empty((len(item_ids), len(MODEL_FEATURES)), dtype=np.float32)
@@ -525,8 +611,10 @@ class PreRankingModel(Model):
         request_id, tensors, _ = decode_v2_tensors(body)
         with self._predict_seconds.time():
             served = self._serving()
-            user_id, item_ids = parse_inputs(tensors, max_candidates=self.config.max_candidates)
-            response_id, scores = self._infer(served, user_id, item_ids, request_id)
+            user_id, item_ids, extra = parse_field_inputs(
+                tensors, max_candidates=self.config.max_candidates, fields=served.request_fields
+            )
+            response_id, scores = self._infer(served, user_id, item_ids, request_id, extra)
         return v2_response_body(
             response_id=response_id,
             model_name=self.name,
@@ -545,8 +633,12 @@ class PreRankingModel(Model):
     ) -> InferResponse:
         payload = require_v2(payload, self.name)
         served = self._serving()
-        user_id, item_ids = parse_request(payload, max_candidates=self.config.max_candidates)
-        response_id, scores = self._infer(served, user_id, item_ids, payload.id)
+        user_id, item_ids, extra = parse_field_inputs(
+            payload.inputs or [],
+            max_candidates=self.config.max_candidates,
+            fields=served.request_fields,
+        )
+        response_id, scores = self._infer(served, user_id, item_ids, payload.id, extra)
         return InferResponse(
             response_id=response_id,
             model_name=self.name,
@@ -564,7 +656,12 @@ class PreRankingModel(Model):
         return served
 
     def _infer(
-        self, served: ServedVersion, user_id: int, item_ids: np.ndarray, request_id: str | None
+        self,
+        served: ServedVersion,
+        user_id: int,
+        item_ids: np.ndarray,
+        request_id: str | None,
+        extra: Mapping[str, np.ndarray] | None = None,
     ) -> tuple[str, np.ndarray]:
         """Score, count and log one request: ``(response id, scores)``.
 
@@ -574,7 +671,7 @@ class PreRankingModel(Model):
         store's SQLite read blocks only while a materialization commits.
         """
         try:
-            scored = self.score_request(served, user_id, item_ids)
+            scored = self.score_request(served, user_id, item_ids, extra)
         except FeatureStoreBusy as exc:
             # Not the model's error: never counted toward the automatic rollback.
             INFERENCE_ERRORS.labels(model_name=self.name, kind="feature_store_timeout").inc()

@@ -13,8 +13,13 @@ import torch
 
 from cascade.compiled_packages import load_package
 from models.preranking.fields import FieldEncoder
-from models.preranking.model import ColdPreRanker, ColdSharedScorer, SharedUserScorer
-from serving.cold_scorer import CompiledColdScorer
+from models.preranking.model import (
+    ColdPreRanker,
+    ColdSharedScorer,
+    SharedUserScorer,
+    request_fields,
+)
+from serving.cold_scorer import CompiledColdScorer, eager_run
 from serving.item_table import ItemTable
 
 log = logging.getLogger(__name__)
@@ -44,23 +49,36 @@ class ServedVersion:
     which is then run in full on every candidate row."""
     backend: str = field(init=False)
     """``compiled``, ``eager-shared`` (a scorer above, eager PyTorch) or ``eager``."""
+    request_fields: dict[str, str] = field(init=False)
+    """``{name: kind}`` of the fields the network reads that the server has no source for
+    (extra fields of its field set, e.g. cross statistics): every request carries them as
+    inputs of that name, one value for a user field, one per candidate otherwise."""
 
     def __post_init__(self) -> None:
         scorer: SharedUserScorer | ColdSharedScorer | CompiledColdScorer | None = None
         backend = "eager"
+        needs: dict[str, str] = {}
         if isinstance(self.network, ColdPreRanker):
             if self.encoder is None:
                 raise ValueError(
                     f"version {self.version} is a ColdPreRanker without its field encoder; "
                     "load it with models.preranking.inference.load_version"
                 )
+            needs = request_fields(self.network)
             genres = np.array([*self.items.genres, None], dtype=object)
             table = (
                 self.items.ids.to_numpy(),
                 self.items.dense,
                 genres[self.items.genre_codes].tolist(),  # code -1: the trailing None
             )
-            scorer = ColdSharedScorer(self.network, self.encoder, *table)
+            if needs:
+                # Fields beyond the default contract: the codes of every field per request,
+                # the network's own request call (its user side once).
+                scorer = CompiledColdScorer(
+                    eager_run(self.network), self.network, self.encoder, *table
+                )
+            else:
+                scorer = ColdSharedScorer(self.network, self.encoder, *table)
             backend = "eager-shared"
             reason = self.compiled_reason or "no compiled package"
             if not self.use_compiled:
@@ -87,6 +105,7 @@ class ServedVersion:
             backend = "eager-shared"
         object.__setattr__(self, "scorer", scorer)
         object.__setattr__(self, "backend", backend)
+        object.__setattr__(self, "request_fields", needs)
 
 
 _heap_frozen = False

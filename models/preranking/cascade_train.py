@@ -24,6 +24,15 @@ with the same ``--out``, a run skips finished phases and resumes the current one
 checkpoint. Data order and gate noise are functions of (seed, epoch, step, rank), so a resumed
 run ends with the same weights and metrics as an uninterrupted one.
 
+Fields: the networks read a :class:`~models.preranking.fields.FieldSet`, by default the 11
+MovieLens-shaped fields. A training set with more columns (e.g. the cross statistics
+``ctr_user_x_item_genre_7d``) declares them in a ``fields.json`` beside its parquet, ``{name:
+{"kind": "cross", "categorical": false, "window_days": 7}}`` (extending the default set), or the
+run names a file (``--fields PATH``, ``CascadeTrainConfig.fields``) or passes the declarations
+inline (``CascadeTrainConfig.fields={...}``). Every field is an FSCD candidate with its cost
+(:func:`~models.preranking.fields.field_cost`); the set is written as ``fields.json`` beside
+every saved model and read back by the compiler and the server.
+
 The data is split in time: the networks train on the oldest rows, the end of the training
 period (``validation_fraction`` of it) is the validation split and the latest ``test_fraction``
 is the test split. Rank 0 evaluates all models on both (AUC, GAUC, recall@k of each model's top-k
@@ -57,6 +66,7 @@ from models.preranking.config_registry import (
     override_args,
     with_overrides,
 )
+from models.preranking.fields import FIELDS_FILE
 from models.preranking.fscd_run import train_cascade
 from models.preranking.fscd_throughput import measure_throughput
 from models.preranking.train import RESULT_KEYS, partition_training_set
@@ -72,6 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--data", default=None, help="training parquet, in place of the config's data source"
     )
     parser.add_argument("--ds", default="", help="partition date of --data (recorded)")
+    parser.add_argument(
+        "--fields",
+        default=None,
+        help="fields JSON file (a field list or declarations extending the default fields); "
+        "default: fields.json beside --data when there is one, else the 11 default fields",
+    )
     parser.add_argument(
         "--throughput-steps",
         type=int,
@@ -134,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
         config = dataclasses.replace(config, zero_stage=args.zero_stage)
     if args.data is not None:
         config = dataclasses.replace(config, data=str(args.data))
+    if args.fields is not None:
+        config = dataclasses.replace(config, fields=str(args.fields))
     if args.checkpoint_every is not None:
         config = dataclasses.replace(config, checkpoint_every=args.checkpoint_every)
     if args.seed is not None:
@@ -189,8 +207,13 @@ def checkpoint_every_override(env: dict[str, str] | None = None) -> int | None:
 
 
 def pipeline_fingerprint(config: CascadeTrainConfig, data: Path, ds: str) -> str:
-    """What a run folder's finished phases and checkpoints must match to be reused."""
-    return data_fingerprint(config.to_dict(), data, ds)
+    """What a run folder's finished phases and checkpoints must match to be reused (the
+    field declarations beside the data included, when there are any)."""
+    described = config.to_dict()
+    declared = Path(data).parent / FIELDS_FILE
+    if declared.is_file():
+        described["fields_file"] = declared.read_text()
+    return data_fingerprint(described, data, ds)
 
 
 def launch_pipeline(

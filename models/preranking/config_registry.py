@@ -211,6 +211,14 @@ class CascadeTrainConfig:
     min_validation_clicks: int = 100
     """Clicks (and non-clicks) the validation split needs before λ is chosen on it: AUC's
     standard error is about sqrt(AUC (1 - AUC) / clicks), ~0.05 at 100 clicks."""
+    fields: str | dict[str, dict[str, Any]] | None = None
+    """The fields the networks read (:class:`models.preranking.fields.FieldSet`). None: a
+    ``fields.json`` beside the training parquet when ``data`` is a path and one is there,
+    else the default 11 fields (``FIELDS``). A string: the path of a fields JSON file (a whole
+    field list as a saved model's ``fields.json`` holds it, or declarations extending the
+    default set). A mapping: inline declarations ``{name: {"kind": "cross", "categorical":
+    false, "window_days": 7}}`` appended to the default set (``--fields`` on the command
+    line takes either)."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -249,9 +257,17 @@ class CascadeTrainConfig:
             raise ValueError(f"gate_lr must be > 0, got {self.gate_lr}")
         if not self.fscd_temperature > 0 or not 0 < self.cost_budget <= 1:
             raise ValueError("fscd_temperature must be > 0 and cost_budget in (0, 1]")
+        if self.fields is not None and not isinstance(self.fields, str | dict):
+            raise ValueError(
+                "fields must be a path to a fields JSON file or a mapping of declarations, got "
+                f"{type(self.fields).__name__}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if data["fields"] is None:
+            del data["fields"]  # the default set: what configs written before it said
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CascadeTrainConfig:

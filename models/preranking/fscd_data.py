@@ -1,5 +1,9 @@
 """The FSCD cascade's data: the labelled impressions, split in time into train / validation /
-test, encoded by a field encoder fitted on the training rows only."""
+test, encoded by a field encoder fitted on the training rows only.
+
+The fields are data (:func:`resolve_fields`): ``CascadeTrainConfig.fields`` (a JSON path or
+inline declarations), else a ``fields.json`` written beside the training parquet by whoever
+built the training set, else the default 11 fields."""
 
 from __future__ import annotations
 
@@ -12,23 +16,44 @@ import torch
 
 from cascade.ctr_schema import LABEL
 from models.preranking.config_registry import CascadeTrainConfig
-from models.preranking.fields import FIELD_NAMES, FIELDS, FieldEncoder
+from models.preranking.fields import FIELDS, FIELDS_FILE, FieldEncoder, FieldSet
 
-ALL_FIELDS = tuple(f.name for f in FIELDS)
+ALL_FIELDS = FIELDS.names
+"""The default field set's names."""
+
+
+def resolve_fields(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> FieldSet:
+    """The field set a run trains on: ``config.fields`` (a JSON file's path, or inline
+    declarations extending the default set), else ``fields.json`` beside ``config.data`` when
+    it is a file path with one, else :data:`FIELDS`. With ``frame``, every field's column must
+    be in it (ValueError naming the missing ones)."""
+    if isinstance(config.fields, dict):
+        fields = FieldSet.from_declarations(config.fields, frame)
+    elif isinstance(config.fields, str):
+        fields = FieldSet.load(Path(config.fields), frame)
+    else:
+        beside = Path(config.data).parent / FIELDS_FILE
+        if config.data not in ("synthetic", "ml100k") and beside.is_file():
+            fields = FieldSet.load(beside, frame)
+        else:
+            fields = FIELDS
+    if frame is not None:
+        fields.require_columns(frame, "the training set")
+    return fields
 
 
 class DegenerateData(ValueError):
     """The training set cannot train or choose a model (see :func:`prepare`)."""
 
 
-def degenerate_fields(train: pd.DataFrame) -> dict[str, list[str]]:
+def degenerate_fields(train: pd.DataFrame, fields: FieldSet = FIELDS) -> dict[str, list[str]]:
     """Fields no model can learn from on these rows: ``all_missing`` (no value at all) and
     ``constant`` (the same value on every row; missing counts as a value, so a field that is
     present on some rows and missing on others is not constant)."""
-    all_missing = [name for name in FIELD_NAMES if train[name].isna().all()]
+    all_missing = [name for name in fields.names if train[name].isna().all()]
     constant = [
         name
-        for name in FIELD_NAMES
+        for name in fields.names
         if name not in all_missing and train[name].nunique(dropna=False) <= 1
     ]
     return {"all_missing": all_missing, "constant": constant}
@@ -78,6 +103,7 @@ class Prepared:
     """
 
     encoder: FieldEncoder
+    """Fitted on the training rows; ``encoder.fields`` is the run's :class:`FieldSet`."""
     train_codes: torch.Tensor
     train_labels: torch.Tensor
     validation: EvalSplit
@@ -87,6 +113,10 @@ class Prepared:
     """A few raw test rows (the field columns): the logged model's input example."""
     degenerate: dict[str, list[str]]
     """Fields of :func:`degenerate_fields` on the training rows: never kept by FSCD."""
+
+    @property
+    def fields(self) -> FieldSet:
+        return self.encoder.fields
 
     @property
     def unusable(self) -> set[str]:
@@ -102,6 +132,7 @@ def prepare(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> Pr
     from models.preranking.train import time_split
 
     frame = load_frame(config) if frame is None else frame
+    fields = resolve_fields(config, frame)
     period, test = time_split(frame, config.test_fraction)
     if len(period) < 2:
         raise ValueError(
@@ -118,20 +149,20 @@ def prepare(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> Pr
             "the AUCs it compares differ by less than their noise, about 0.05 at 100 clicks). "
             "Train on a longer period or more impressions, or raise validation_fraction"
         )
-    degenerate = degenerate_fields(train)
+    degenerate = degenerate_fields(train, fields)
     unusable = {name for names in degenerate.values() for name in names}
-    if unusable >= set(FIELD_NAMES):
+    if unusable >= set(fields.names):
         raise DegenerateData(f"every field is empty or constant on the training rows: {degenerate}")
     if unusable:
         print(f"[cascade] WARNING fields FSCD will not keep: {degenerate}", flush=True)
-    encoder = FieldEncoder(bins=config.bins).fit(train)
+    encoder = FieldEncoder(fields, bins=config.bins).fit(train)
     return Prepared(
         encoder=encoder,
         train_codes=encoder.encode(train),
         train_labels=torch.from_numpy(train[LABEL].to_numpy(np.float32)),
         validation=EvalSplit.of(validation, encoder),
         test=EvalSplit.of(test, encoder),
-        costs=dict(zip(ALL_FIELDS, encoder.costs(config.net.embedding_dim), strict=True)),
-        example=test[list(FIELD_NAMES)].head(5).reset_index(drop=True),
+        costs=dict(zip(fields.names, encoder.costs(config.net.embedding_dim), strict=True)),
+        example=test[list(fields.names)].head(5).reset_index(drop=True),
         degenerate=degenerate,
     )

@@ -27,8 +27,8 @@ from cascade.training.crash_points import crash_if_due, crash_point
 from cascade.training.deepspeed_config import deepspeed_config as build_deepspeed_config
 from cascade.training.launch import rank_world
 from models.preranking.config_registry import CascadeTrainConfig
-from models.preranking.fields import FIELDS
-from models.preranking.fscd_data import ALL_FIELDS, Prepared
+from models.preranking.fields import FIELDS, FieldSet
+from models.preranking.fscd_data import Prepared
 from models.preranking.model import ColdPreRanker, DCNTeacher, TwoTower
 
 
@@ -56,13 +56,17 @@ def build_network(
     kind: str,
     config: CascadeTrainConfig,
     cardinalities: list[int],
-    fields: tuple[str, ...] = ALL_FIELDS,
+    fields: tuple[str, ...] | None = None,
+    *,
+    field_set: FieldSet = FIELDS,
 ) -> nn.Module:
-    """A fresh network of one phase kind over ``fields``."""
+    """A fresh network of one phase kind over ``fields`` (default: every field of
+    ``field_set``, the encoder's set that ``cardinalities`` belong to)."""
+    fields = field_set.names if fields is None else fields
     if kind == "teacher":
-        return DCNTeacher(config.net, fields, cardinalities)
+        return DCNTeacher(config.net, fields, cardinalities, field_set=field_set)
     if kind == "two_tower":
-        return TwoTower(config.net, fields, cardinalities)
+        return TwoTower(config.net, fields, cardinalities, field_set=field_set)
     if kind in ("select", "fscd"):
         return ColdPreRanker(
             config.net,
@@ -71,6 +75,7 @@ def build_network(
             gated=kind == "select",
             temperature=config.fscd_temperature,
             gate_init=config.gate_init,
+            field_set=field_set,
         )
     raise ValueError(f"unknown phase kind {kind!r}")
 
@@ -241,9 +246,9 @@ def run_steps(
         idx = shard[within * config.batch_size : (within + 1) * config.batch_size]
         batch = codes[idx].to(device)
         if gated:
-            noise = gate_noise((len(idx), len(FIELDS)), seed=config.seed, step=step, rank=rank).to(
-                device
-            )
+            noise = gate_noise(
+                (len(idx), codes.shape[1]), seed=config.seed, step=step, rank=rank
+            ).to(device)
             logits = engine(batch, noise)
         else:
             logits = engine(batch)
@@ -279,16 +284,24 @@ def train_phase(
     data: Prepared,
     out: Path,
     *,
-    fields: tuple[str, ...] = ALL_FIELDS,
+    fields: tuple[str, ...] | None = None,
     log: Callable[[str, int, float], None] | None = None,
 ) -> nn.Module:
-    """Train one phase with DeepSpeed (or load it when already finished); fp32 eval model."""
+    """Train one phase with DeepSpeed (or load it when already finished); fp32 eval model.
+    ``fields``: the fields it reads (default: all of ``data.fields``). A finished phase
+    leaves ``fields.json`` (the run's field set) beside its ``model.pt``."""
     rank, _ = rank_world()
     cardinalities = data.encoder.cardinalities()
     final_path = out / "phases" / phase.name / "model.pt"
     torch.manual_seed(config.seed)
-    model = build_network(phase.kind, config, cardinalities, fields)
+    model = build_network(phase.kind, config, cardinalities, fields, field_set=data.fields)
     if exists_on_every_rank(final_path):
+        saved = FieldSet.beside(final_path.parent)
+        if saved != data.fields:
+            raise ValueError(
+                f"{final_path} was trained on fields {list(saved.names)}, this run's data has "
+                f"{list(data.fields.names)}; start in a fresh --out"
+            )
         model.load_state_dict(torch.load(final_path, map_location="cpu", weights_only=True))
         return model.eval()
 
@@ -325,9 +338,11 @@ def train_phase(
     state = consolidated_state_dict(engine, config.zero_stage)
     if rank == 0:
         assert state is not None
+        final_path.parent.mkdir(parents=True, exist_ok=True)
+        data.fields.save(final_path.parent)  # before the weights: model.pt marks the phase done
         save_finished_state(final_path, _float_state(state))
         print(f"[cascade] {phase.name}: done after {steps} steps", flush=True)
     dist.barrier()
-    fp32 = build_network(phase.kind, config, cardinalities, fields)
+    fp32 = build_network(phase.kind, config, cardinalities, fields, field_set=data.fields)
     fp32.load_state_dict(torch.load(final_path, map_location="cpu", weights_only=True))
     return fp32.eval()

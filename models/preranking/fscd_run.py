@@ -68,6 +68,7 @@ def train_cascade(config: CascadeTrainConfig, out: Path, ds: str = "") -> dict[s
     if rank == 0:
         run_id = _mlflow_run(settings, out, config)
         write_result(out / "encoder.json", data.encoder.state())
+        data.fields.save(out)
         print(
             f"[cascade] config={config.name} world={world} train={len(data.train_labels)} "
             f"validation={len(data.validation.labels)} test={len(data.test.labels)} run={run_id} "
@@ -206,6 +207,7 @@ def finish(
     )
     mlflow.log_artifact(str(out / "tradeoff.png"))
     mlflow.log_artifact(str(out / "encoder.json"))
+    mlflow.log_artifact(str(out / "fields.json"))
     fscd_model = models[chosen["model"]]
     assert isinstance(fscd_model, ColdPreRanker)
     model_dir = save_cold_model(out / COLD_DIR_ARTIFACT, fscd_model, config, data.encoder)

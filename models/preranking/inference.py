@@ -12,10 +12,10 @@ standard way (``mlflow.pyfunc.load_model("models:/preranking/N")``, with
 ``models.preranking`` importable) and nothing is unpickled there either. The pyfunc
 (:class:`PreRankingPyfunc`) reads the same files: for the FSCD pre-ranker of the cascade the
 folder :func:`save_cold_model` writes (fp32 state dict, run config with the kept fields, field
-encoder; a frame of the field columns in), for the dense-feature network the fp32
-``state_dict`` and the run's :class:`TrainConfig` as JSON (ids + MODEL_FEATURES in); click
-probabilities out. Serving uses :func:`load_registered` to get the plain ``nn.Module`` (and
-encoder) behind an alias::
+encoder, the field set as ``fields.json``; a frame of the field columns in), for the
+dense-feature network the fp32 ``state_dict`` and the run's :class:`TrainConfig` as JSON (ids +
+MODEL_FEATURES in); click probabilities out. Serving uses :func:`load_registered` to get the
+plain ``nn.Module`` (and encoder) behind an alias::
 
     python -c "from models.preranking.inference import load_registered; print(load_registered())"
 """
@@ -52,7 +52,7 @@ from cascade.config import Settings, load_settings
 from cascade.ctr_schema import MODEL_FEATURES
 from cascade.registry import REGISTRY_META, version_by_alias
 from models.preranking.config_registry import CascadeTrainConfig, TrainConfig
-from models.preranking.fields import FIELD_NAMES, FieldEncoder
+from models.preranking.fields import FIELDS_FILE, FieldEncoder, FieldSet
 from models.preranking.model import ColdPreRanker, PreRanker
 
 TEST_AUC_TAG = "test_auc"
@@ -108,7 +108,13 @@ def save_cold_model(
     encoder: FieldEncoder,
 ) -> Path:
     """Write what serving needs to rebuild an FSCD pre-ranker: the fp32 state dict, the run
-    config with the model's fields (the kept ones), and the field encoder."""
+    config with the model's fields (the kept ones), the field encoder and the field set it
+    encodes (``fields.json``: names, kinds, windows; the column order of the codes)."""
+    if tuple(model.field_set) != tuple(encoder.fields):
+        raise ValueError(
+            f"the model was built on fields {list(model.field_set.names)} but the encoder "
+            f"encodes {list(encoder.fields.names)}"
+        )
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {
@@ -120,11 +126,13 @@ def save_cold_model(
         json.dumps({"config": config.to_dict(), "fields": list(model.fields)}, indent=2)
     )
     (folder / ENCODER_FILE).write_text(json.dumps(encoder.state()))
+    encoder.fields.save(folder)
     return folder
 
 
 def load_cold_dir(folder: Path) -> tuple[ColdPreRanker, FieldEncoder, CascadeTrainConfig]:
-    """Inverse of :func:`save_cold_model`: the model in eval mode, its encoder and config."""
+    """Inverse of :func:`save_cold_model`: the model in eval mode, its encoder and config. A
+    folder saved before field sets were recorded (no ``fields.json``) reads the default set."""
     folder = Path(folder)
     if not (folder / COLD_CONFIG_FILE).exists():
         raise FileNotFoundError(
@@ -133,8 +141,11 @@ def load_cold_dir(folder: Path) -> tuple[ColdPreRanker, FieldEncoder, CascadeTra
         )
     saved = json.loads((folder / COLD_CONFIG_FILE).read_text())
     config = CascadeTrainConfig.from_dict(saved["config"])
-    encoder = FieldEncoder.from_state(json.loads((folder / ENCODER_FILE).read_text()))
-    model = ColdPreRanker(config.net, tuple(saved["fields"]), encoder.cardinalities())
+    fields = FieldSet.beside(folder)
+    encoder = FieldEncoder.from_state(json.loads((folder / ENCODER_FILE).read_text()), fields)
+    model = ColdPreRanker(
+        config.net, tuple(saved["fields"]), encoder.cardinalities(), field_set=fields
+    )
     model.load_state_dict(
         torch.load(folder / COLD_STATE_FILE, map_location="cpu", weights_only=True)
     )
@@ -222,7 +233,8 @@ def log_pyfunc(
 
 class PreRankingPyfunc(PythonModel):
     """MLflow pyfunc of either pre-ranker, rebuilt from its state dict and JSON files: a frame
-    of the field columns (``models.preranking.fields.FIELD_NAMES``, FSCD pre-ranker) or of ids +
+    of the field columns (its ``fields.json``, by default ``models.preranking.fields.FIELD_NAMES``;
+    FSCD pre-ranker) or of ids +
     MODEL_FEATURES (PreRanker) in, click probabilities out."""
 
     model: nn.Module | None = None
@@ -251,7 +263,7 @@ class PreRankingPyfunc(PythonModel):
         if self.model is None:
             raise RuntimeError("PreRankingPyfunc.predict before load_context; load it via mlflow")
         if self.encoder is not None:
-            missing = [c for c in FIELD_NAMES if c not in model_input.columns]
+            missing = [c for c in self.encoder.fields.names if c not in model_input.columns]
             if missing:
                 raise ValueError(f"pre-ranking input lacks field columns {missing}")
         return score_frame(self.model, model_input, self.encoder)
@@ -455,9 +467,10 @@ def _load_checked(
         )
         (local / REGISTRY_META).unlink(missing_ok=True)
         if (local / cold / COLD_CONFIG_FILE).is_file():
-            needed = [
-                f"{cold}/{name}" for name in (COLD_STATE_FILE, COLD_CONFIG_FILE, ENCODER_FILE)
-            ]
+            names = [COLD_STATE_FILE, COLD_CONFIG_FILE, ENCODER_FILE]
+            if (local / cold / FIELDS_FILE).is_file():
+                names.append(FIELDS_FILE)  # absent only in versions registered before it
+            needed = [f"{cold}/{name}" for name in names]
             verify(local, model_files, uri, needed=needed)
             model, encoder, _ = load_cold_dir(local / cold)
             return model, encoder

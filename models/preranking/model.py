@@ -22,7 +22,7 @@ from cascade.ctr_schema import (
     USER_FEATURES,
     USER_GENRE_FEATURES,
 )
-from models.preranking.fields import FIELDS, FieldEncoder
+from models.preranking.fields import FIELDS, FieldEncoder, FieldSet
 
 
 @dataclass(kw_only=True)
@@ -243,8 +243,9 @@ class SharedUserScorer:
 
 # --- The ranking cascade over encoded fields (models.preranking.fields) --------------------
 #
-# These networks read ``codes: LongTensor [B, len(FIELDS)]`` from ``FieldEncoder.encode`` and
-# use the subset of fields they were built with, so one encoded batch feeds all of them.
+# These networks read ``codes: LongTensor [B, len(field_set)]`` from ``FieldEncoder.encode``
+# (``field_set``: the encoder's FieldSet, default FIELDS) and use the subset of fields they were
+# built with, so one encoded batch feeds all of them.
 
 
 @dataclass(kw_only=True)
@@ -300,12 +301,25 @@ class FieldEmbedding(nn.Module):
         return self.table(codes + self.offsets)
 
 
-def _field_positions(field_names: tuple[str, ...], kind: str | None = None) -> list[int]:
-    by_name = {f.name: (i, f) for i, f in enumerate(FIELDS)}
+def _field_positions(
+    field_names: tuple[str, ...], kind: str | None = None, field_set: FieldSet = FIELDS
+) -> list[int]:
+    by_name = {f.name: (i, f) for i, f in enumerate(field_set)}
     unknown = [n for n in field_names if n not in by_name]
     if unknown:
-        raise ValueError(f"unknown fields {unknown}; see models.preranking.fields.FIELDS")
+        raise ValueError(
+            f"unknown fields {unknown}; the field set has {list(field_set.names)} "
+            "(models.preranking.fields.FieldSet)"
+        )
     return [by_name[n][0] for n in field_names if kind is None or by_name[n][1].kind == kind]
+
+
+def _check_cardinalities(field_set: FieldSet, cardinalities: list[int]) -> None:
+    if len(cardinalities) != len(field_set):
+        raise ValueError(
+            f"{len(cardinalities)} cardinalities for a field set of {len(field_set)} fields; "
+            "pass the encoder's cardinalities() and its fields"
+        )
 
 
 class DCNTeacher(nn.Module):
@@ -314,11 +328,18 @@ class DCNTeacher(nn.Module):
     field_index: torch.Tensor
 
     def __init__(
-        self, config: CascadeNetConfig, fields: tuple[str, ...], cardinalities: list[int]
+        self,
+        config: CascadeNetConfig,
+        fields: tuple[str, ...],
+        cardinalities: list[int],
+        *,
+        field_set: FieldSet = FIELDS,
     ) -> None:
         super().__init__()
+        _check_cardinalities(field_set, cardinalities)
         self.fields = fields
-        positions = _field_positions(fields)
+        self.field_set = field_set
+        positions = _field_positions(fields, field_set=field_set)
         self.register_buffer("field_index", torch.tensor(positions, dtype=torch.long))
         self.embedding = FieldEmbedding([cardinalities[p] for p in positions], config.embedding_dim)
         width = len(fields) * config.embedding_dim
@@ -341,13 +362,19 @@ class TwoTower(nn.Module):
     item_index: torch.Tensor
 
     def __init__(
-        self, config: CascadeNetConfig, fields: tuple[str, ...], cardinalities: list[int]
+        self,
+        config: CascadeNetConfig,
+        fields: tuple[str, ...],
+        cardinalities: list[int],
+        *,
+        field_set: FieldSet = FIELDS,
     ) -> None:
         super().__init__()
-        self.fields = tuple(
-            n for n in fields if _field_positions((n,), "user") or _field_positions((n,), "item")
-        )
-        user, item = _field_positions(fields, "user"), _field_positions(fields, "item")
+        _check_cardinalities(field_set, cardinalities)
+        self.field_set = field_set
+        user = _field_positions(fields, "user", field_set)
+        item = _field_positions(fields, "item", field_set)
+        self.fields = tuple(n for n in fields if field_set.spec(n).kind in ("user", "item"))
         if not user or not item:
             raise ValueError("a two-tower model needs at least one user and one item field")
         self.register_buffer("user_index", torch.tensor(user, dtype=torch.long))
@@ -396,17 +423,20 @@ class ColdPreRanker(nn.Module):
         gated: bool = False,
         temperature: float = 0.5,
         gate_init: float = 3.0,
+        field_set: FieldSet = FIELDS,
     ) -> None:
         super().__init__()
         if not fields:
             raise ValueError("a pre-ranker needs at least one field")
+        _check_cardinalities(field_set, cardinalities)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         d = config.embedding_dim
-        user = _field_positions(fields, "user")
-        item = _field_positions(fields, "item")
-        cross = _field_positions(fields, "cross")
+        user = _field_positions(fields, "user", field_set)
+        item = _field_positions(fields, "item", field_set)
+        cross = _field_positions(fields, "cross", field_set)
         self.fields = fields
+        self.field_set = field_set
         self.gated = gated
         self.temperature = temperature
         h0 = config.hidden[0]
@@ -424,7 +454,7 @@ class ColdPreRanker(nn.Module):
         self.interaction_linear = nn.Linear(max(1, len(user) * len(item)), h0, bias=False)
         self.mlp = _mlp(h0, config.hidden[1:], 1)
         # Gate order = user fields, item fields, cross fields (the order of the parts below).
-        self.gate_fields = tuple(FIELDS[p].name for p in user + item + cross)
+        self.gate_fields = tuple(field_set[p].name for p in user + item + cross)
         # A buffer when not gated: optimizers (and ZeRO's flattening) never see a frozen param.
         gate_logits = torch.full((len(fields),), gate_init)
         if gated:
@@ -500,8 +530,8 @@ class ColdPreRanker(nn.Module):
     def score_request(
         self, user_codes: torch.Tensor, candidate_codes: torch.Tensor
     ) -> torch.Tensor:
-        """Logits ``[N]`` for one user (``user_codes [len(FIELDS)]``, only its user fields are
-        read) and N candidates (``[N, len(FIELDS)]``; item and cross fields are read).
+        """Logits ``[N]`` for one user (``user_codes [len(field_set)]``, only its user fields
+        are read) and N candidates (``[N, len(field_set)]``; item and cross fields are read).
 
         The user side runs once, not N times; eval mode only (hard gates).
         """
@@ -515,6 +545,23 @@ class ColdPreRanker(nn.Module):
         i = self._side("item", candidate_codes, gi)
         c = self._side("cross", candidate_codes, gc)
         return self._candidate_logits(self._user_part(u), u, i, c)
+
+
+STORE_FIELDS: dict[str, str] = {f.name: f.kind for f in FIELDS}
+"""Fields the server takes from its own sources, by kind: ids from the request, the user's and
+user x genre features from the online store, item features from the in-memory item table."""
+
+
+def request_fields(model: nn.Module) -> dict[str, str]:
+    """``{name: kind}`` of the fields a ColdPreRanker reads that are not :data:`STORE_FIELDS`
+    (extra fields of its field set, e.g. cross statistics): a request must carry their values."""
+    field_set: FieldSet = getattr(model, "field_set", FIELDS)
+    out: dict[str, str] = {}
+    for name in getattr(model, "fields", ()):
+        kind = field_set.spec(name).kind
+        if STORE_FIELDS.get(name) != kind:
+            out[name] = kind
+    return out
 
 
 class ColdSharedScorer:
@@ -542,11 +589,14 @@ class ColdSharedScorer:
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
-        """True for an fp32 ColdPreRanker in eval mode (hard gates, if gated)."""
+        """True for an fp32 ColdPreRanker in eval mode (hard gates, if gated) that reads only
+        fields of the default contract (:data:`models.preranking.fields.FIELDS`), whose values
+        this scorer takes from the item table, the user's and the user x genre features."""
         return (
             type(model) is ColdPreRanker
             and not model.training
             and all(p.dtype == torch.float32 for p in model.parameters())
+            and not request_fields(model)
         )
 
     @torch.no_grad()
@@ -561,12 +611,16 @@ class ColdSharedScorer:
         """``item_ids [M]``, their raw ``ITEM_FEATURES`` ``item_dense [M, 4]`` (NaN: unknown)
         and primary genres ``item_genres [M]`` (None: unknown): the in-memory item table."""
         if not self.supports(model):
-            raise TypeError(f"{type(model).__name__} cannot be split by side (or in train)")
+            raise TypeError(
+                f"{type(model).__name__} cannot be split by side (in train, not fp32, or it "
+                f"reads fields outside the default contract: {list(request_fields(model))})"
+            )
         self.model = model
         self.encoder = encoder
-        self._user_fields = [FIELDS[int(p)].name for p in model.user_index.tolist()]
-        self._item_fields = [FIELDS[int(p)].name for p in model.item_index.tolist()]
-        self._cross_fields = [FIELDS[int(p)].name for p in model.cross_index.tolist()]
+        field_set = model.field_set
+        self._user_fields = [field_set[int(p)].name for p in model.user_index.tolist()]
+        self._item_fields = [field_set[int(p)].name for p in model.item_index.tolist()]
+        self._cross_fields = [field_set[int(p)].name for p in model.cross_index.tolist()]
         gu, gi, gc = model._split_gates(model._gates(1, None))
         self._gates = (gu, gi, gc)
         item_ids = np.asarray(item_ids, dtype=np.int64)

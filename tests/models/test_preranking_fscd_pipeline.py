@@ -79,7 +79,11 @@ def test_fingerprint_changes_with_the_data_and_the_partition(tmp_path: Path) -> 
     assert first == pipeline_fingerprint(cascade_debug(), data, DS)
     assert first != pipeline_fingerprint(cascade_debug(), data, "2026-02-01")
     synthetic_training_frame(300, seed=0).to_parquet(data)
-    assert first != pipeline_fingerprint(cascade_debug(), data, DS)
+    second = pipeline_fingerprint(cascade_debug(), data, DS)
+    assert first != second
+    # Field declarations written beside the data are part of what a resumed run must match.
+    (tmp_path / "fields.json").write_text('{"ug_ctr_7d": {"kind": "cross", "window_days": 7}}')
+    assert second != pipeline_fingerprint(cascade_debug(), data, DS)
 
 
 @pytest.mark.slow
@@ -139,6 +143,13 @@ def test_train_step_trains_registers_and_serves_the_fscd_preranker(
     assert loaded is not None and isinstance(loaded.model, ColdPreRanker)
     assert loaded.encoder is not None and loaded.test_auc == pytest.approx(result["test_auc"])
     torch.testing.assert_close(loaded.model.state_dict(), trained.model.state_dict())
+    # The version's recorded files include the field set, so a changed one is refused.
+    from cascade.artifacts import recorded_digests
+
+    version = client.get_model_version(settings.registered_model, "1")
+    digests = recorded_digests(version.tags, "version 1")
+    assert f"artifacts/{COLD_DIR_ARTIFACT}/fields.json" in digests
+    assert loaded.encoder.fields == trained.encoder.fields
 
     # A second partition with a worse model: the registry compares both ColdPreRankers on
     # the new partition's held-out rows and keeps the champion.

@@ -18,7 +18,7 @@ import torch
 
 from cascade.config import Settings
 from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE, USER_FEATURES, USER_GENRE_FEATURES
-from models.preranking.fields import FIELD_NAMES, FieldEncoder
+from models.preranking.fields import FIELD_NAMES, FIELDS, FieldEncoder, FieldSet
 from models.preranking.model import CascadeNetConfig, ColdPreRanker, PreRanker, PreRankerConfig
 from serving.preranking import Backends
 
@@ -40,8 +40,17 @@ class FakeLoaded:
     compiled_reason: str = ""
 
 
-def feature_rows() -> pd.DataFrame:
-    """Users 1..11 x the catalogue with the fake store's features, as training-set fields."""
+CROSS_FIELD = "ctr_user_x_item_genre_7d"
+"""An extra cross field of the ``fscd_cross`` champion: no store serves it, requests carry it."""
+
+
+def cross_value(user_id: int, item_id: int) -> float:
+    return ((user_id * 7 + item_id * 3) % 11) / 10.0
+
+
+def feature_rows(cross: bool = False) -> pd.DataFrame:
+    """Users 1..11 x the catalogue with the fake store's features, as training-set fields
+    (``cross``: with :data:`CROSS_FIELD` too)."""
     items = item_features(FakeStore(), CATALOG)
     rows = []
     for user_id in range(1, 12):
@@ -57,17 +66,32 @@ def feature_rows() -> pd.DataFrame:
                     **per_genre[item[ITEM_GENRE]],
                 }
             )
-    return pd.DataFrame(rows, columns=list(FIELD_NAMES))
+    frame = pd.DataFrame(rows, columns=list(FIELD_NAMES))
+    if cross:
+        frame[CROSS_FIELD] = [
+            cross_value(u, i) for u, i in zip(frame["user_id"], frame["item_id"], strict=True)
+        ]
+    return frame
 
 
-def cold_network(seed: int) -> tuple[ColdPreRanker, FieldEncoder]:
+def cold_network(seed: int, cross: bool = False) -> tuple[ColdPreRanker, FieldEncoder]:
     """An FSCD pre-ranker over a subset of the fields (as FSCD keeps), with its encoder fitted
-    on the fake store's features; random weights of a scale that spreads the scores."""
-    encoder = FieldEncoder(bins=6).fit(feature_rows())
+    on the fake store's features; random weights of a scale that spreads the scores. ``cross``:
+    its field set has :data:`CROSS_FIELD` too, and it keeps it."""
+    field_set = (
+        FieldSet.from_declarations({CROSS_FIELD: {"kind": "cross", "window_days": 7}})
+        if cross
+        else FIELDS
+    )
+    encoder = FieldEncoder(field_set, bins=6).fit(feature_rows(cross))
     fields = ("user_id", "user_ctr", "item_id", "genre", "item_ctr", "ug_ctr", "ug_clicks")
+    fields += (CROSS_FIELD,) if cross else ()
     torch.manual_seed(seed)
     net = ColdPreRanker(
-        CascadeNetConfig(embedding_dim=4, hidden=(16, 8)), fields, encoder.cardinalities()
+        CascadeNetConfig(embedding_dim=4, hidden=(16, 8)),
+        fields,
+        encoder.cardinalities(),
+        field_set=field_set,
     )
     with torch.no_grad():
         for name, parameter in net.named_parameters():
@@ -158,7 +182,7 @@ def write_champion(
     path: Path, version: str | None, seed: int = 0, kind: str = "mlp", compiled: Path | None = None
 ) -> None:
     """Promote ``version`` (None removes the alias); written atomically for the poller.
-    ``kind``: ``mlp`` (a PreRanker) or ``fscd`` (a ColdPreRanker with its encoder, and the
+    ``kind``: ``mlp`` (a PreRanker), ``fscd`` (a ColdPreRanker with its encoder, and the
     ``compiled`` package of its run when given)."""
     tmp = path.with_suffix(".tmp")
     package = None if compiled is None else str(compiled)
@@ -189,8 +213,8 @@ def backends(champion_file: Path, store: FakeStore | None = None) -> Backends:
         if champ is None:
             return None
         version, run_id = str(champ["version"]), f"run-{champ['version']}"
-        if champ.get("kind") == "fscd":
-            cold, encoder = cold_network(int(champ["seed"]))
+        if champ.get("kind") in ("fscd", "fscd_cross"):
+            cold, encoder = cold_network(int(champ["seed"]), cross=champ["kind"] == "fscd_cross")
             compiled = champ.get("compiled")
             return FakeLoaded(
                 model=cold,

@@ -248,6 +248,54 @@ def test_fscd_version_scores_like_the_full_network_with_the_user_side_once(
     assert np.ptp(got) > 1e-3  # the scores depend on the candidate
 
 
+def test_a_version_with_an_extra_field_needs_it_in_every_request(
+    model: PreRankingModel, champion_file: Path
+) -> None:
+    """A field of the model's field set that no store serves (a cross statistic) comes with the
+    request: without it the answer is a 400 naming it; with it the scores are the network's."""
+    serving_fakes.write_champion(champion_file, "6", seed=6, kind="fscd_cross")
+    model.load()
+    served = model._served
+    cross = serving_fakes.CROSS_FIELD
+    assert served is not None and served.request_fields == {cross: "cross"}
+    assert {"name": cross, "datatype": "FP32", "shape": [-1]} in model.get_input_types()
+    candidates = [3, 4, 150, 999_999]
+    with pytest.raises(InvalidInput, match=rf"missing inputs \['{cross}'\]"):
+        infer(model, 5, candidates)
+    with pytest.raises(InvalidInput, match=rf"missing inputs \['{cross}'\]"):
+        asyncio.run(model.infer_json(
+            b'{"inputs": [{"name": "user_id", "datatype": "INT64", "shape": [1], "data": [5]},'
+            b'{"name": "item_ids", "datatype": "INT64", "shape": [1], "data": [3]}]}'
+        ))  # fmt: skip
+    values = [serving_fakes.cross_value(5, i) for i in candidates[:-1]] + [None]
+    column = InferInput(name=cross, shape=[3], datatype="FP32", data=values[:3])
+    with pytest.raises(InvalidInput, match=rf"'{cross}' has shape \[3\]; it must be \[4\]"):
+        asyncio.run(model.predict(request(user(5), items(candidates), column)))
+    column = InferInput(name=cross, shape=[4], datatype="FP32", data=values)
+    got = asyncio.run(model.predict(request(user(5), items(candidates), column)))
+    got = got.outputs[0].data
+    # The reference: every candidate's fields in a frame, encoded, through the whole network.
+    user_feats, per_genre = serving_fakes.user_features(
+        serving_fakes.FakeStore(), 5, serving_fakes.GENRES
+    )
+    frame = serving_fakes.item_features(serving_fakes.FakeStore(), candidates)
+    rows = []
+    for (item_id, item), value in zip(frame.iterrows(), values, strict=True):
+        genre = item[ITEM_GENRE]
+        ug = per_genre.get(genre, dict.fromkeys(USER_GENRE_FEATURES, math.nan))
+        rows.append(
+            {"user_id": 5, "item_id": item_id, "genre": genre, **user_feats, **item, **ug}
+            | {cross: math.nan if value is None else value}
+        )
+    fields = pd.DataFrame(rows, columns=[*FIELD_NAMES, cross])
+    with torch.no_grad():
+        want = torch.sigmoid(served.network(served.encoder.encode(fields))).numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    unknown = InferInput(name=cross, shape=[4], datatype="FP32", data=[None] * 4)
+    blind = asyncio.run(model.predict(request(user(5), items(candidates), unknown)))
+    assert not np.allclose(blind.outputs[0].data[:3], got[:3])  # the values are read
+
+
 @pytest.fixture(scope="module")
 def cold_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The AOTInductor package of ``cold_network(5)`` (the compile step's artifact)."""
