@@ -1,7 +1,8 @@
 """Where the cluster profile's data services are and how to sign in to them.
 
 The cluster stack (``CASCADE_PROFILE=cluster``, ``infra.stack``) runs its own PostgreSQL (the
-event ledger, Feast's registry), Redis (Feast's online store) and Spark standalone master and
+event ledger, Feast's registry, MLflow's and Airflow's metadata), Redis (Feast's online store,
+Airflow's Celery queues) and Spark standalone master and
 workers on loopback, each with a data folder under the state folder and a password (Spark: a
 shared authentication secret) generated at the first start into a secret file (0600, like the
 Airflow and MLflow passwords). Clients build their connection from the same
@@ -26,7 +27,8 @@ POSTGRES_USER = "cascade"
 LEDGER_DATABASE = "cascade"
 FEAST_DATABASE = "feast"
 MLFLOW_DATABASE = "mlflow"
-DATABASES = (LEDGER_DATABASE, FEAST_DATABASE, MLFLOW_DATABASE)
+AIRFLOW_DATABASE = "airflow"
+DATABASES = (LEDGER_DATABASE, FEAST_DATABASE, MLFLOW_DATABASE, AIRFLOW_DATABASE)
 """Databases the stack's PostgreSQL creates at its first start."""
 
 

@@ -26,6 +26,12 @@ def _print_status(settings: Any) -> None:
         mark = "up" if s.healthy else ("starting/unhealthy" if s.up else "down")
         pid = f"pid {s.pid}" if s.pid else "-"
         print(f"  {s.name:<8} {mark:<18} {s.url:<32} {pid:<12} log {s.log}")
+    workers = _airflow_workers(settings)
+    if workers is not None:
+        from infra.airflow_cluster import WORKERS
+
+        shown = ", ".join(workers) if workers else "none"
+        print(f"  Airflow Celery workers answering: {len(workers)} of {WORKERS} ({shown})")
     if airflow_password(settings):
         # The file's path, not the password: terminal output ends up in logs and CI output.
         print(
@@ -37,6 +43,16 @@ def _print_status(settings: Any) -> None:
             f"MLflow UI  {settings.tracking_uri}  user admin  password in "
             f"{credentials_file(settings)}"
         )
+
+
+def _airflow_workers(settings: Any) -> list[str] | None:
+    """The cluster profile's Celery workers that answer a ping (None in the local profile, whose
+    Airflow runs its tasks itself)."""
+    if settings.profile != "cluster":
+        return None
+    from infra.airflow_cluster import answering_workers
+
+    return answering_workers(settings)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -83,6 +99,7 @@ def status_json(settings: Any) -> dict[str, Any]:
             }
             for s in status(settings)
         ],
+        "airflow_workers": _airflow_workers(settings),
         "password_files": {
             "airflow": str(airflow_password_file(settings)) if airflow_password(settings) else None,
             "mlflow": str(credentials_file(settings)) if tracking_credentials(settings) else None,

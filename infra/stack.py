@@ -11,7 +11,10 @@ that ``start`` recorded, so nothing else on the machine is touched.
 
 PostgreSQL and Redis run only with ``CASCADE_PROFILE=cluster`` (:func:`stack_services`), on
 loopback like the rest, with their data folders and generated passwords under the state
-folder (:mod:`cascade.data_services`); ``initdb`` runs at the first start.
+folder (:mod:`cascade.data_services`); ``initdb`` runs at the first start. In that profile
+Airflow keeps its metadata in that PostgreSQL and runs its tasks on two Celery workers fed
+through that Redis (:mod:`infra.airflow_cluster`); ``cascade status`` lists the workers that
+answer.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from cascade.tracking_auth import (
     tracking_credentials_env,
     tracking_server_env,
 )
-from infra import spark_standalone
+from infra import airflow_cluster, spark_standalone
 
 SERVICES = ("postgres", "redis", "spark", "broker", "mlflow", "airflow", "serving", "asr_serving")
 CLUSTER_SERVICES = ("postgres", "redis", "spark")
@@ -202,7 +205,18 @@ def airflow_env(settings: Settings) -> dict[str, str]:
             f"AIRFLOW_CONN_{KAFKA_CONN_ID.upper()}": json.dumps(kafka_conn),
         }
     )
+    if settings.profile == "cluster":
+        # Metadata in PostgreSQL, tasks on the Celery workers (infra.airflow_cluster).
+        env.update(airflow_cluster.cluster_env(settings))
     return env
+
+
+def airflow_cluster_healthy(settings: Settings) -> bool:
+    """The cluster profile's Airflow: its components healthy and every Celery worker answering
+    a ping through the broker."""
+    return airflow_healthy(settings) and (
+        len(airflow_cluster.answering_workers(settings)) == airflow_cluster.WORKERS
+    )
 
 
 def stack_services(settings: Settings) -> tuple[str, ...]:
@@ -383,8 +397,9 @@ def ensure_databases(settings: Settings) -> list[str]:
         conn = psycopg2.connect(stack_postgres_url(settings, "postgres"), connect_timeout=5)
     except (psycopg2.Error, FileNotFoundError) as exc:
         raise StackError(
-            "postgres is not running: the cluster profile keeps MLflow's runs and registry in "
-            f"it; start it first (`cascade up` starts it before mlflow) ({exc})"
+            "postgres is not running: the cluster profile keeps MLflow's runs and registry and "
+            "Airflow's metadata in it; start it first (`cascade up` starts it before mlflow and "
+            f"airflow) ({exc})"
         ) from exc
     conn.autocommit = True  # CREATE DATABASE cannot run inside a transaction
     created = []
@@ -427,10 +442,24 @@ def prepare_mlflow(settings: Settings) -> None:
         ensure_databases(settings)
 
 
+def prepare_airflow(settings: Settings) -> None:
+    """The cluster profile's Airflow needs the stack's PostgreSQL (its metadata database) and
+    Redis (the Celery broker) running first."""
+    if settings.profile != "cluster":
+        return
+    ensure_databases(settings)
+    if not redis_healthy(settings):
+        raise StackError(
+            "redis is not running: the cluster profile's Airflow queues its tasks in it; start "
+            "it first (`cascade up` starts it before airflow)"
+        )
+
+
 PREPARE: dict[str, Callable[[Settings], None]] = {
     "postgres": prepare_postgres,
     "redis": prepare_redis,
     "mlflow": prepare_mlflow,
+    "airflow": prepare_airflow,
 }
 """What must exist before a service starts (beyond the state folder)."""
 
@@ -537,11 +566,20 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
         "airflow": ServiceSpec(
             name="airflow",
             port=ports.airflow,
-            command=[py, "-m", "infra.airflow_local"],
+            command=[
+                py,
+                "-m",
+                "infra.airflow_cluster" if settings.profile == "cluster" else "infra.airflow_local",
+            ],
             env=airflow_env(settings),
             url=settings.airflow_url,
-            healthy=lambda: airflow_healthy(settings),
-            start_timeout_s=240,
+            healthy=(
+                (lambda: airflow_cluster_healthy(settings))
+                if settings.profile == "cluster"
+                else (lambda: airflow_healthy(settings))
+            ),
+            # The cluster profile starts six Airflow processes (two of them Celery workers).
+            start_timeout_s=420 if settings.profile == "cluster" else 240,
         ),
         "serving": ServiceSpec(
             name="serving",

@@ -4,6 +4,7 @@ they are started (loopback, no socket file, never as root), and where clients fi
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -73,3 +74,50 @@ def test_clients_find_the_stack_services_or_the_configured_ones(tmp_path: Path) 
     )
     assert data_services.postgres_url(elsewhere) == "postgresql://ledger@db.example/cascade"
     assert repo_config(elsewhere).online_store.connection_string == "redis.example:6379"
+
+
+def test_the_cluster_airflow_keeps_its_metadata_in_postgres_and_its_tasks_on_celery_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from infra import airflow_cluster
+
+    local = Settings(home=tmp_path / "local")
+    env = stack.airflow_env(local)
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("sqlite:///")
+    assert not any(key.startswith("AIRFLOW__CELERY") for key in env)
+    assert stack.service_specs(local)["airflow"].command[-1] == "infra.airflow_local"
+
+    cluster = Settings(
+        home=tmp_path / "cluster", profile="cluster", ports=Ports(postgres=25999, redis=26999)
+    )
+    assert airflow_cluster.cluster_env(cluster) == {}  # no passwords yet: nothing to point at
+    password = data_services.ensure_postgres_password(cluster)
+    redis_password = data_services.ensure_redis_password(cluster)
+    env = stack.airflow_env(cluster)
+    metadata = f"postgresql+psycopg2://cascade:{password}@127.0.0.1:25999/airflow"
+    assert "airflow" in data_services.DATABASES
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == metadata
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert env["AIRFLOW__CELERY__BROKER_URL"] == f"redis://:{redis_password}@127.0.0.1:26999/1"
+    assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == f"db+{metadata}"
+    # Two workers with one slot each make the default parallelism of 2.
+    assert env["AIRFLOW__CELERY__WORKER_CONCURRENCY"] == "1"
+    spec = stack.service_specs(cluster)["airflow"]
+    assert spec.command[-1] == "infra.airflow_cluster"
+    workers = airflow_cluster.worker_commands(cluster)
+    assert list(workers) == ["cascade-worker-1", "cascade-worker-2"]
+    for index, command in enumerate(workers.values(), start=1):
+        assert command[command.index("--celery-hostname") + 1] == (
+            f"cascade-worker-{index}@127.0.0.1"
+        )
+        assert command[command.index("--pid") + 1].endswith(f"cascade-worker-{index}.pid")
+        assert "--skip-serve-logs" in command
+    # Passwords reach the processes through their environment only.
+    for command in [spec.command, *workers.values()]:
+        assert not any(password in part or redis_password in part for part in command)
+    # The tasks of a worker record its name as their host.
+    monkeypatch.setenv(airflow_cluster.NODE_ENV, "cascade-worker-2")
+    assert airflow_cluster.node_name() == "cascade-worker-2"
+    monkeypatch.delenv(airflow_cluster.NODE_ENV)
+    assert airflow_cluster.node_name() == socket.getfqdn()
