@@ -96,11 +96,6 @@ def cluster_env(settings: Settings) -> dict[str, str]:
         "AIRFLOW__CELERY__BROKER_URL": broker_url(settings),
         "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{metadata}",
         "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(worker_concurrency(settings)),
-        # The API server answers its first task-execution request only after a one-time set-up
-        # that takes 25-40 s on a busy 2-core machine (seen with either executor), during which
-        # it answers nothing else; Airflow's 5 s would fail the first tasks' start (a wasted try)
-        # before it is done.
-        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "90",
         # A task's message goes back to the queue if no worker acknowledged it in this time (a
         # worker lost mid-task); by then the try has been failed and retried, and Airflow
         # refuses to start a task instance that is no longer queued.

@@ -187,6 +187,11 @@ def airflow_env(settings: Settings) -> dict[str, str]:
             "AIRFLOW__CORE__PARALLELISM": str(settings.airflow_parallelism),
             "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(settings.airflow_parallelism),
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            # The API server answers its first task-execution request only after a one-time
+            # set-up that takes 25-40 s on a busy 2-core machine (either executor), answering
+            # nothing else meanwhile; Airflow's 5 s would fail the first tasks' start (a wasted
+            # try, or a failed run once the retries are spent) before it is done.
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "90",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{settings.host}:{port}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
             # Written 0600 by ensure_airflow_password before Airflow starts, so Airflow never
