@@ -78,12 +78,17 @@ def row_rules_sql(key_columns: tuple[str, ...], cutoff_us: int) -> list[tuple[st
 
 
 def parquet_files(log: Path) -> list[str]:
-    """The data files of a parquet log folder (Spark's ``_SUCCESS`` and hidden files skipped)."""
+    """The data files of a parquet log folder: files and folders named ``_*`` or ``.*`` are
+    skipped, as Spark skips them (``_SUCCESS``, the generator's ``_TRUTH``)."""
     if not log.is_dir():
         raise FileNotFoundError(
             f"log {log} does not exist; write one with `python -m jobs.impression_log --out {log}`"
         )
-    files = sorted(str(p) for p in log.rglob("*.parquet") if not p.name.startswith(("_", ".")))
+    files = sorted(
+        str(p)
+        for p in log.rglob("*.parquet")
+        if not any(part.startswith(("_", ".")) for part in p.relative_to(log).parts)
+    )
     if not files:
         raise FileNotFoundError(f"log {log} holds no .parquet file")
     return files

@@ -13,6 +13,17 @@ the pairs, scored on the other 20%::
 
 Reports Spearman and RMSE of the held-out prediction against the explicit smoothed CTR, the
 same for the additive baseline (no interaction term), and the storage of both forms.
+
+What the learned features are for is the rare pair: :func:`rare_pair_scores` fits both models
+on every pair of one partition (window ``fit_window``), takes the pairs seen at most
+``rare_max`` times in it, and ranks them against their *later* explicit value, the smoothed
+CTR of the same pair in the following, disjoint window (a partition ``later_window`` or more
+days on, pairs with an impression there). Give ``--later`` to run it::
+
+    .venv/bin/python -m jobs.ctr_learned_cross \\
+        --features .cascade/lake/features/ctr_cross/generated/user_cat/dt=2026-11-15 \\
+        --later .cascade/lake/features/ctr_cross/generated/user_cat/dt=2026-11-22 \\
+        --pair user_cat --keys user_id item_category --window 30 --later-window 7
 """
 
 from __future__ import annotations
@@ -38,8 +49,14 @@ class LearnedCrossConfig:
     """Full-batch Adam steps."""
     learning_rate: float = 0.05
     """Adam learning rate."""
-    weight_decay: float = 1e-4
-    """L2 on the embeddings: rare nodes stay near zero instead of fitting noise."""
+    prior_impressions: float = 1.0
+    """Gaussian prior on every node's terms, in impressions: the fit minimizes
+    ``sum(imp * log-loss) + prior_impressions * sum(param ** 2)``, so a node seen a few times
+    stays near zero while one seen thousands of times is free to move (shrinkage that scales
+    with the data, unlike a fixed weight decay on a mean loss, which flattens all but the
+    heaviest nodes of a Zipf-shaped log)."""
+    init_scale: float = 0.1
+    """Standard deviation of the initial embeddings (too small and <e_a, e_b> barely moves)."""
     holdout_fraction: float = 0.2
     """Share of pairs held out for scoring."""
     seed: int = 0
@@ -48,6 +65,8 @@ class LearnedCrossConfig:
     def __post_init__(self) -> None:
         if self.dim < 1 or self.steps < 1 or self.learning_rate <= 0:
             raise ValueError("dim and steps must be >= 1 and learning_rate > 0")
+        if self.prior_impressions < 0 or self.init_scale <= 0:
+            raise ValueError("prior_impressions must be >= 0 and init_scale > 0")
         if not 0 < self.holdout_fraction < 1:
             raise ValueError(f"holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
 
@@ -62,24 +81,36 @@ def _fit(
     interaction: bool,
 ) -> Any:
     generator = torch.Generator().manual_seed(config.seed)
-    emb_a = (torch.randn(sizes[0], config.dim, generator=generator) * 0.01).requires_grad_()
-    emb_b = (torch.randn(sizes[1], config.dim, generator=generator) * 0.01).requires_grad_()
+    scale = config.init_scale
+    emb_a = (torch.randn(sizes[0], config.dim, generator=generator) * scale).requires_grad_()
+    emb_b = (torch.randn(sizes[1], config.dim, generator=generator) * scale).requires_grad_()
     w_a = torch.zeros(sizes[0], requires_grad=True)
     w_b = torch.zeros(sizes[1], requires_grad=True)
-    bias = torch.logit(target.mean()).detach().clone().requires_grad_()
+    mean = (weight * target).sum() / weight.sum()
+    bias = torch.logit(mean.clamp(1e-4, 1 - 1e-4)).detach().clone().requires_grad_()
     params = [w_a, w_b, bias] + ([emb_a, emb_b] if interaction else [])
     optimizer = torch.optim.Adam(params, lr=config.learning_rate)
 
-    def predict(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logit = bias + w_a[x] + w_b[y]
+    def logit(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = bias + w_a[x] + w_b[y]
         if interaction:
-            logit = logit + (emb_a[x] * emb_b[y]).sum(-1)
-        return torch.sigmoid(logit)
+            out = out + (emb_a[x] * emb_b[y]).sum(-1)
+        return out
 
+    def predict(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(logit(x, y))
+
+    # Binomial log-likelihood of clk = imp * target out of imp trials, plus the Gaussian prior;
+    # divided by the impressions so the learning rate does not depend on the log's size.
+    total = weight.sum()
+    nodes = [w_a, w_b] + ([emb_a, emb_b] if interaction else [])
     for _ in range(config.steps):
         optimizer.zero_grad()
-        loss = (weight * (predict(a, b) - target) ** 2).sum() / weight.sum()
-        loss = loss + config.weight_decay * sum((p**2).sum() for p in params)
+        nll = torch.nn.functional.binary_cross_entropy_with_logits(
+            logit(a, b), target, weight=weight, reduction="sum"
+        )
+        prior = config.prior_impressions * sum((p**2).sum() for p in nodes)
+        loss = (nll + prior) / total
         loss.backward()
         optimizer.step()
     return predict
@@ -140,6 +171,91 @@ def evaluate(
     }
 
 
+def _spearman(got: np.ndarray, want: np.ndarray) -> float:
+    return float(pd.Series(got).corr(pd.Series(want), method="spearman"))
+
+
+def rare_pair_scores(
+    before: pd.DataFrame,
+    after: pd.DataFrame,
+    *,
+    pair: str,
+    keys: tuple[str, str],
+    fit_window: int = 30,
+    later_window: int = 7,
+    rare_max: int = 2,
+    config: LearnedCrossConfig | None = None,
+) -> dict[str, Any]:
+    """Learned cross features vs the additive baseline on rare pairs, judged by the future.
+
+    ``before`` and ``after`` are two partitions of pair ``pair`` (the engine's columns). Both
+    models are fitted on every pair of ``before`` with an impression in its ``fit_window``
+    window (target the smoothed CTR, weight the impressions). A pair is *rare* when it has
+    1..``rare_max`` impressions there; its later value is its smoothed CTR over
+    ``after``'s ``later_window`` window, for the rare pairs with an impression in it. That
+    window must not overlap ``before``'s (``after`` at least ``later_window`` days later).
+
+    Returns ``learned_cross_rare_pair_spearman`` and ``additive_rare_pair_spearman`` (rank
+    correlation of each model's prediction with the later value), ``explicit_rare_pair_spearman``
+    (the same for the rare pair's own smoothed CTR in ``before``), the counts and the windows.
+    """
+    config = config or LearnedCrossConfig()
+    if rare_max < 1:
+        raise ValueError(f"rare_max must be >= 1, got {rare_max}")
+    imp, ctr = f"{pair}_imp_{fit_window}d", f"{pair}_ctr_{fit_window}d"
+    later_imp, later_ctr = f"{pair}_imp_{later_window}d", f"{pair}_ctr_{later_window}d"
+    for name, frame, columns in (
+        ("before", before, [imp, ctr]),
+        ("after", after, [later_imp, later_ctr]),
+    ):
+        lacking = [c for c in [*keys, *columns] if c not in frame.columns]
+        if lacking:
+            raise ValueError(f"{name} partition lacks columns {lacking}")
+    if "event_timestamp" in before and "event_timestamp" in after and len(before) and len(after):
+        gap = (
+            pd.to_datetime(after["event_timestamp"]).min()
+            - pd.to_datetime(before["event_timestamp"]).max()
+        )
+        if gap < pd.Timedelta(days=later_window):
+            raise ValueError(
+                f"the later partition is {gap} after the fitted one: its {later_window}-day "
+                "window overlaps the fitted window (the later value would not be later)"
+            )
+    fitted = before[before[imp] > 0].reset_index(drop=True)
+    codes_a, nodes_a = pd.factorize(fitted[keys[0]])
+    codes_b, nodes_b = pd.factorize(fitted[keys[1]])
+    a = torch.as_tensor(codes_a, dtype=torch.long)
+    b = torch.as_tensor(codes_b, dtype=torch.long)
+    target = torch.as_tensor(fitted[ctr].to_numpy(), dtype=torch.float32)
+    weight = torch.as_tensor(fitted[imp].to_numpy(), dtype=torch.float32)
+    sizes = (len(nodes_a), len(nodes_b))
+    later = after.loc[after[later_imp] > 0, [*keys, later_ctr]].rename(
+        columns={later_ctr: "_later"}
+    )
+    rare = fitted.assign(_row=np.arange(len(fitted)))
+    rare = rare[rare[imp] <= rare_max].merge(later, on=list(keys), how="inner")
+    rows = torch.as_tensor(rare["_row"].to_numpy(), dtype=torch.long)
+    want = rare["_later"].to_numpy(np.float64)
+    scores: dict[str, Any] = {}
+    for name, interaction in (("learned_cross", True), ("additive", False)):
+        predict = _fit(a, b, target, weight, sizes, config, interaction)
+        with torch.no_grad():
+            got = predict(a[rows], b[rows]).numpy()
+        scores[f"{name}_rare_pair_spearman"] = _spearman(got, want) if len(rare) > 1 else None
+    scores["explicit_rare_pair_spearman"] = (
+        _spearman(rare[ctr].to_numpy(np.float64), want) if len(rare) > 1 else None
+    )
+    return {
+        **scores,
+        "rare_pairs": len(rare),
+        "rare_max_impressions": rare_max,
+        "fitted_pairs": len(fitted),
+        "nodes": list(sizes),
+        "fit_window_days": fit_window,
+        "later_window_days": later_window,
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """CLI: see the module docstring."""
     parser = argparse.ArgumentParser(prog="python -m jobs.ctr_learned_cross")
@@ -147,8 +263,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--pair", required=True, help="the pair's name (column prefix)")
     parser.add_argument("--keys", nargs=2, required=True, help="its two key columns")
     parser.add_argument("--window", type=int, default=30, help="window in days (default 30)")
+    parser.add_argument(
+        "--later",
+        type=Path,
+        help="a later dt= folder of the same pair: score rare pairs against it instead",
+    )
+    parser.add_argument("--later-window", type=int, default=7, help="its window (default 7)")
+    parser.add_argument("--rare-max", type=int, default=2, help="rare: <= this many impressions")
     args = parser.parse_args(argv)
     frame = pd.read_parquet(args.features)
+    if args.later is not None:
+        result = rare_pair_scores(
+            frame,
+            pd.read_parquet(args.later),
+            pair=args.pair,
+            keys=(args.keys[0], args.keys[1]),
+            fit_window=args.window,
+            later_window=args.later_window,
+            rare_max=args.rare_max,
+        )
+        print(json.dumps(result, indent=2))
+        return result
     result = evaluate(
         frame,
         keys=(args.keys[0], args.keys[1]),

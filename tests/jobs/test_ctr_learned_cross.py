@@ -1,4 +1,4 @@
-"""Learned cross features on a synthetic low-rank CTR table (no Spark)."""
+"""Learned cross features on synthetic low-rank CTR tables (no Spark)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from compilers.export import torch_threads
 from jobs import ctr_learned_cross as learned
 
-pytestmark = pytest.mark.slow  # ~35 s of full-batch Adam on a loaded 2-core machine
 
-
+@pytest.mark.slow  # ~35 s of full-batch Adam on a loaded 2-core machine
 def test_interaction_term_predicts_held_out_pairs_better_than_additive() -> None:
     rng = np.random.default_rng(3)
     users, categories = rng.normal(size=(300, 2)), rng.normal(size=(12, 2))
@@ -38,3 +38,51 @@ def test_interaction_term_predicts_held_out_pairs_better_than_additive() -> None
     assert got["learned"]["spearman"] > got["additive"]["spearman"] + 0.2
     assert got["learned"]["rmse"] < got["additive"]["rmse"]
     assert got["storage_saving"] == pytest.approx(1 - 312 * (8 + 4 * 5) / (3600 * 20))
+
+
+def partition(day: int, frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.assign(event_timestamp=pd.Timestamp(f"2026-11-{day:02d}", tz="UTC"))
+
+
+def test_rare_pairs_are_judged_against_their_later_value() -> None:
+    rng = np.random.default_rng(5)
+    users, categories = rng.normal(size=(60, 2)), rng.normal(size=(6, 2))
+    user, category = (g.ravel() for g in np.meshgrid(np.arange(60), np.arange(6), indexing="ij"))
+    rate = 1 / (1 + np.exp(1.0 - 2.0 * (users[user] * categories[category]).sum(-1)))
+    rare = rng.random(user.size) < 0.3
+    # Rare pairs: one impression, so their own smoothed CTR is a coin flip around the truth.
+    clicks = (rng.random(user.size) < rate).astype(float)
+    keys = {"user_id": user, "item_category": [f"c{c}" for c in category]}
+    before = pd.DataFrame(
+        {
+            **keys,
+            "x_imp_30d": np.where(rare, 1, 40),
+            "x_ctr_30d": np.where(rare, (clicks + 0.2) / 2.0, rate),
+            "x_imp_7d": 1,  # the same names as the later window's: not read from here
+            "x_ctr_7d": 0.5,
+        }
+    )
+    after = pd.DataFrame({**keys, "x_imp_7d": 5, "x_ctr_7d": rate})
+    config = learned.LearnedCrossConfig(dim=2, steps=150)
+
+    with torch_threads(1):  # tiny tensors: more threads only contend for the 2 cores
+        got = learned.rare_pair_scores(
+            partition(15, before),
+            partition(22, after),
+            pair="x",
+            keys=("user_id", "item_category"),
+            config=config,
+        )
+
+    assert got["rare_pairs"] == rare.sum() and got["fitted_pairs"] == user.size
+    assert got["learned_cross_rare_pair_spearman"] > 0.7
+    assert got["learned_cross_rare_pair_spearman"] > got["additive_rare_pair_spearman"] + 0.2
+    assert got["learned_cross_rare_pair_spearman"] > got["explicit_rare_pair_spearman"]
+    with pytest.raises(ValueError, match="overlaps the fitted window"):
+        learned.rare_pair_scores(
+            partition(15, before),
+            partition(18, after),
+            pair="x",
+            keys=("user_id", "item_category"),
+            config=config,
+        )

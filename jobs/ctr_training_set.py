@@ -1,0 +1,258 @@
+"""Training sets from the cross-statistics engine: every impression with its pairs' statistics
+as of its own day, and a declaration of every feature column for the pre-ranker.
+
+The engine (:mod:`jobs.ctr_cross_stats`) publishes one partition per pair and ``ds``; partition
+``ds`` holds windows that end at ``ds`` 00:00 UTC and exclude that day (its rows carry
+``event_timestamp = ds`` midnight). An impression at time ``t`` on day ``D`` therefore reads
+partition ``dt=D``: statistics of the days before ``D``, never of ``D`` itself or later
+(partition ``D + 1`` is the first to count day ``D``'s clicks). Partitions are snapshots: a
+key absent from the partition of ``D`` had no impression in the longest window before ``D``,
+and its statistics are missing (NaN; the pre-ranker's encoder maps missing to code 0), not an
+older partition's values carried forward. A day whose partition is not published may read
+the newest one up to ``max_lag_days`` older (0 by default: the day's own or nothing).
+
+Build one from the lake (``<lake>/features/ctr_cross/<source>/<pair>/dt=<ds>/``)::
+
+    from jobs.ctr_training_set import training_set_from_lake
+    frame, declarations = training_set_from_lake(impressions, lake_root, source="generated")
+
+or from frames in hand with :func:`training_set` (``{pair name: {ds: frame}}``).
+
+The frame holds the id fields as the pre-ranker names them (``user_id``, ``item_id``,
+``genre`` = the log's ``item_category``), the other key columns the pairs use
+(``user_segment``, ``context``, ``position``), ``event_timestamp``, ``click`` and one float
+column per (pair, statistic, window), named as the engine names them
+(:func:`jobs.ctr_cross_stats.feature_columns`, e.g. ``user_cat_ctr_7d``). The declarations
+give for each of those columns ``kind`` (``user`` / ``item`` when all the pair's keys are on
+that side, else ``cross``), ``categorical`` (False: every statistic is a number),
+``window_days`` (None for recency and the decayed CTR, which span the longest window) and
+``key_columns`` (the pair's keys as frame columns).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from cascade.lake import Lake, check_ds
+from jobs import ctr_cross_stats as engine
+
+USER_SIDE = frozenset({"user_id", "user_segment"})
+"""Log columns known per request (a pair keyed only by them is a user-side field)."""
+ITEM_SIDE = frozenset({"item_id", "item_category"})
+"""Log columns known per candidate item (a pair keyed only by them is item-side)."""
+FRAME_NAMES = {"item_category": "genre"}
+"""Log columns renamed to the pre-ranker's field names in the frame."""
+ID_COLUMNS = ("user_id", "item_id", "genre")
+"""The pre-ranker's id fields (:data:`models.preranking.fields.ID_FIELDS`), first in the frame."""
+LABEL = "click"
+_WINDOWED = re.compile(r"_(imp|clk|ctr|dctr)_(\d+)d$")
+
+
+def frame_column(log_column: str) -> str:
+    """The name a log column has in the training frame."""
+    return FRAME_NAMES.get(log_column, log_column)
+
+
+def pair_kind(pair: engine.CrossPair) -> str:
+    """``user`` or ``item`` when every key of the pair is on that side, else ``cross``."""
+    keys = set(pair.keys)
+    if keys <= USER_SIDE:
+        return "user"
+    if keys <= ITEM_SIDE:
+        return "item"
+    return "cross"
+
+
+def declarations(
+    pairs: Sequence[engine.CrossPair], windows: Sequence[int]
+) -> dict[str, dict[str, Any]]:
+    """``{column: {kind, categorical, window_days, key_columns}}`` of every statistic column."""
+    out: dict[str, dict[str, Any]] = {}
+    for pair in pairs:
+        for column in engine.feature_columns(pair, sorted(set(windows))):
+            windowed = _WINDOWED.search(column)
+            out[column] = {
+                "kind": pair_kind(pair),
+                "categorical": False,
+                "window_days": int(windowed.group(2)) if windowed else None,
+                "key_columns": [frame_column(k) for k in pair.keys],
+            }
+    return out
+
+
+def impression_days(timestamps: pd.Series) -> pd.Series:
+    """The UTC day (``YYYY-MM-DD``) of each timestamp: the partition that impression reads."""
+    stamps = pd.to_datetime(timestamps, utc=True)
+    return stamps.dt.strftime("%Y-%m-%d")
+
+
+def _as_of(days: pd.Series, published: Sequence[str], max_lag_days: int) -> pd.Series:
+    """Per row, the newest published ``ds <= day`` at most ``max_lag_days`` older (else None)."""
+    if not published:
+        return pd.Series(None, index=days.index, dtype=object)
+    ordered = np.array(sorted(published), dtype=object)
+    day_values = days.to_numpy(dtype=object)
+    at = np.searchsorted(ordered, day_values, side="right") - 1
+    chosen = np.where(at >= 0, ordered[np.clip(at, 0, None)], None)
+    day_dates = pd.to_datetime(pd.Series(day_values))
+    chosen_dates = pd.to_datetime(pd.Series(chosen))
+    too_old = ((day_dates - chosen_dates).dt.days > max_lag_days).to_numpy()
+    chosen = np.where(too_old | (at < 0), None, chosen)
+    return pd.Series(chosen, index=days.index, dtype=object)
+
+
+def training_set(
+    impressions: pd.DataFrame,
+    partitions: Mapping[str, Mapping[str, pd.DataFrame]],
+    *,
+    pairs: Sequence[engine.CrossPair] | None = None,
+    windows: Sequence[int] = (1, 7, 30),
+    max_position: int = 10,
+    max_lag_days: int = 0,
+) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]:
+    """Join every impression with its pairs' statistics as of its day (see the module docstring).
+
+    ``impressions``: the log's columns (``user_id``, ``item_id``, ``item_category``,
+    ``event_timestamp``, ``click`` and the other keys the pairs use). ``partitions``: per pair
+    name, ``{ds: that pair's published frame}`` (the engine's columns). ``pairs``: the pairs
+    to join, by default those named in ``partitions`` (:data:`jobs.ctr_cross_stats.PAIRS_BY_NAME`).
+    Returns ``(frame, declarations)``; the frame keeps the impressions' order and index, and
+    ``frame.attrs["rows_without_partition"]`` counts per pair the rows whose day had no
+    partition within ``max_lag_days`` (all their statistics of that pair are NaN).
+    """
+    if max_lag_days < 0:
+        raise ValueError(f"max_lag_days must be >= 0, got {max_lag_days}")
+    chosen = tuple(pairs) if pairs is not None else _pairs_named(partitions)
+    needed = {"user_id", "item_id", "item_category", engine.TIMESTAMP, LABEL}
+    needed |= {k for pair in chosen for k in pair.keys}
+    missing = sorted(needed - set(impressions.columns))
+    if missing:
+        raise ValueError(
+            f"impressions lack columns {missing}; the log schema is "
+            f"{list(engine.sources.LOG_COLUMNS)}"
+        )
+    unknown = [p.name for p in chosen if p.name not in partitions]
+    if unknown:
+        raise ValueError(f"no partitions given for pairs {unknown}; got {sorted(partitions)}")
+    key_columns = [c for c in engine.sources.LOG_COLUMNS if c in needed - {LABEL}]
+    base = impressions[key_columns + [LABEL]].copy()
+    if "position" in base:
+        # The engine folds positions above max_position into one key (clip_position).
+        base["position"] = base["position"].clip(upper=max_position)
+    base[engine.TIMESTAMP] = pd.to_datetime(base[engine.TIMESTAMP], utc=True)
+    days = impression_days(base[engine.TIMESTAMP])
+    declared = declarations(chosen, windows)
+    blocks: list[pd.DataFrame] = []
+    without: dict[str, int] = {}
+    for pair in chosen:
+        columns = engine.feature_columns(pair, sorted(set(windows)))
+        as_of = _as_of(days, [check_ds(ds) for ds in partitions[pair.name]], max_lag_days)
+        without[pair.name] = int(as_of.isna().sum())
+        stacked = _stack(pair, partitions[pair.name], columns)
+        left = base[list(pair.keys)].assign(_ds=as_of.to_numpy(), _row=np.arange(len(base)))
+        joined = left.merge(stacked, on=[*pair.keys, "_ds"], how="left", validate="many_to_one")
+        joined = joined.sort_values("_row")
+        blocks.append(
+            pd.DataFrame(
+                {c: joined[c].to_numpy(np.float64) for c in columns}, index=impressions.index
+            )
+        )
+    frame = base.rename(columns=FRAME_NAMES)
+    leading = [*ID_COLUMNS, *[c for c in frame.columns if c not in ID_COLUMNS]]
+    frame = pd.concat([frame[leading], *blocks], axis=1)
+    frame.attrs["rows_without_partition"] = without
+    return frame, declared
+
+
+def _pairs_named(partitions: Mapping[str, Any]) -> tuple[engine.CrossPair, ...]:
+    unknown = [name for name in partitions if name not in engine.PAIRS_BY_NAME]
+    if unknown:
+        raise ValueError(
+            f"partitions of unknown pairs {unknown}; pass pairs= "
+            f"(known: {sorted(engine.PAIRS_BY_NAME)})"
+        )
+    return tuple(engine.PAIRS_BY_NAME[name] for name in partitions)
+
+
+def _stack(
+    pair: engine.CrossPair, by_ds: Mapping[str, pd.DataFrame], columns: list[str]
+) -> pd.DataFrame:
+    """One frame of the pair's partitions: keys, ``_ds`` and the statistic columns."""
+    parts: list[pd.DataFrame] = []
+    for ds, part in by_ds.items():
+        lacking = [c for c in [*pair.keys, *columns] if c not in part.columns]
+        if lacking:
+            raise ValueError(f"partition {pair.name} dt={ds} lacks columns {lacking}")
+        stamps = (
+            pd.to_datetime(part[engine.TIMESTAMP], utc=True) if engine.TIMESTAMP in part else None
+        )
+        midnight = pd.Timestamp(engine.ds_midnight(ds))
+        if stamps is not None and len(part) and not (stamps == midnight).all():
+            raise ValueError(
+                f"partition {pair.name} dt={ds} holds rows with event_timestamp other than "
+                f"{midnight} (not a partition of the engine for that ds)"
+            )
+        parts.append(part[[*pair.keys, *columns]].assign(_ds=check_ds(ds)))
+    if not parts:
+        return pd.DataFrame(columns=[*pair.keys, *columns, "_ds"])
+    return pd.concat(parts, ignore_index=True)
+
+
+def published_partitions(
+    lake_root: Path,
+    *,
+    source: str,
+    pairs: Sequence[engine.CrossPair],
+    days: Sequence[str],
+    require_gate: bool = False,
+) -> dict[str, dict[str, pd.DataFrame]]:
+    """``{pair: {ds: frame}}`` of the partitions the engine wrote for ``days`` (absent ones
+    skipped). With ``require_gate`` a partition counts only when the gate's report on its ``ds``
+    says ``success`` (what the pipeline publishes)."""
+    where = engine.CrossLake(Lake(Path(lake_root)), source)
+    out: dict[str, dict[str, pd.DataFrame]] = {pair.name: {} for pair in pairs}
+    for ds in sorted(set(days)):
+        if require_gate and not _gate_passed(where.gate_report(ds)):
+            continue
+        for pair in pairs:
+            folder = where.pair(pair, ds)
+            if folder.is_dir() and any(folder.glob("*.parquet")):
+                out[pair.name][ds] = pd.read_parquet(folder)
+    return out
+
+
+def _gate_passed(report: Path) -> bool:
+    return report.is_file() and bool(json.loads(report.read_text()).get("success"))
+
+
+def training_set_from_lake(
+    impressions: pd.DataFrame,
+    lake_root: Path,
+    *,
+    source: str = "generated",
+    pairs: Sequence[engine.CrossPair] = engine.GENERATED_PAIRS,
+    windows: Sequence[int] = (1, 7, 30),
+    max_lag_days: int = 0,
+    require_gate: bool = False,
+) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]:
+    """:func:`training_set` with the partitions read from the lake for the impressions' days."""
+    days = sorted(set(impression_days(impressions[engine.TIMESTAMP])))
+    wanted = {
+        (dt.date.fromisoformat(d) - dt.timedelta(days=lag)).isoformat()
+        for d in days
+        for lag in range(max_lag_days + 1)
+    }
+    partitions = published_partitions(
+        lake_root, source=source, pairs=pairs, days=sorted(wanted), require_gate=require_gate
+    )
+    return training_set(
+        impressions, partitions, pairs=pairs, windows=windows, max_lag_days=max_lag_days
+    )
