@@ -6,7 +6,7 @@ own, and the scraper sums them.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 INFERENCE_ERRORS = Counter(
     "cascade_inference_errors",
@@ -32,4 +32,11 @@ TORCH_THREADS = Gauge(
     "cascade_serving_torch_threads",
     "Intra-op threads torch uses in this server process (torch.get_num_threads())",
     ["pid"],
+)
+ONLINE_READ_SECONDS = Histogram(
+    "cascade_online_feature_read_seconds",
+    "Seconds of one batched online-store read of a served version's fields, per feature view "
+    "(one read per view per request)",
+    ["model_name", "view"],
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )

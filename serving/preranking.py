@@ -9,9 +9,14 @@ Protocol v2 JSON, ``POST /v2/models/preranking/infer``::
 
 Response: output ``scores`` (FP32, shape ``[N]``, sigmoid of the logits) and
 ``parameters.model_version``. A version whose field set (its ``fields.json``) has fields
-beyond the default contract that the network reads (e.g. cross statistics) takes each of them
-as one more input named after the field (FP32/FP64/INT64; shape ``[1]`` for a user field, ``[N]``
-otherwise; JSON null: unknown); a request without one gets a 400 naming it. Otherwise requests
+beyond the default contract that the network reads (e.g. cross statistics) reads those the
+online store serves (the cross-statistics engine's columns, ``user_cat_ctr_7d``: the view
+``cross_user_cat`` keyed by the user and each candidate's genre) from it per request, one
+batched read per view with the candidates' keys deduplicated (:mod:`serving.online_fields`,
+timed in ``cascade_online_feature_read_seconds``); every other such field comes as one more input
+named after the field (FP32/FP64/INT64; shape ``[1]`` for a user field, ``[N]`` otherwise; JSON
+null: unknown), and a request without one gets a 400 naming it. A request may send a served
+field too: its values win. Otherwise requests
 carry ids, never feature tensors: per request only the
 user's features come from the online store; item features of the catalogue are held in memory,
 loaded together with each model version. The FSCD ColdPreRanker (with its field encoder) is
@@ -37,7 +42,7 @@ import math
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -58,9 +63,11 @@ from cascade.ctr_schema import (
     USER_GENRE_FEATURES,
 )
 from cascade.v2_codec import JsonTensor, decode_v2_tensors, require_v2, v2_response_body
+from models.preranking.model import ColdPreRanker, request_fields
 from serving.cold_scorer import CompiledColdScorer
 from serving.item_table import ItemTable, lake_item_ids
-from serving.metrics import INFERENCE_ERRORS
+from serving.metrics import INFERENCE_ERRORS, ONLINE_READ_SECONDS
+from serving.online_fields import CrossReader, OnlineFieldPlan
 from serving.served_version import ServedVersion, freeze_heap
 
 log = logging.getLogger(__name__)
@@ -184,11 +191,16 @@ class Backends:
     """``(store, item_ids) -> frame`` indexed by item_id with ITEM_FEATURES + item_genre."""
     catalog_item_ids: Callable[[Settings], Sequence[int]]
     """``settings -> item ids`` whose features are held in memory."""
+    open_cross_reader: Callable[[Settings], CrossReader | None] = lambda settings: None
+    """``settings -> reader`` of the online store's cross views (a version's extra fields it
+    serves are read per request, :mod:`serving.online_fields`); None: every extra field comes
+    with the request."""
 
 
 def default_backends() -> Backends:
     """MLflow registry + Feast online store; imported lazily so tests never need them."""
     from cascade.feature_store import OnlineUserReader, feature_store, online_item_features
+    from cascade.online_cross import OnlineCrossReader
     from models.preranking.inference import alias_version, load_registered
 
     return Backends(
@@ -200,6 +212,7 @@ def default_backends() -> Backends:
         user_features=lambda reader, user_id, genres: reader.user_features(user_id, genres),
         item_features=lambda reader, item_ids: online_item_features(reader.store, item_ids),
         catalog_item_ids=lake_item_ids,
+        open_cross_reader=lambda settings: OnlineCrossReader(feature_store(settings)),
     )
 
 
@@ -291,10 +304,12 @@ def parse_field_inputs(
     *,
     max_candidates: int,
     fields: Mapping[str, str],
+    optional: Collection[str] = (),
 ) -> tuple[int, np.ndarray, dict[str, np.ndarray]]:
     """``(user_id, item_ids, {field: values})`` of a request to a version that reads the
     ``fields`` (``{name: kind}``, :attr:`ServedVersion.request_fields`) from its inputs;
-    InvalidInput (HTTP 400) naming a missing, unknown or malformed input."""
+    InvalidInput (HTTP 400) naming a missing, unknown or malformed input. The ``optional``
+    fields (those the server reads from the online store) may be left out; given, they win."""
     inputs: dict[str, InferInput | JsonTensor] = {}
     for infer_input in tensors:
         if infer_input.name in inputs:
@@ -304,7 +319,7 @@ def parse_field_inputs(
     if unknown:
         takes = ", ".join(f"'{n}'" for n in (USER_INPUT, ITEMS_INPUT, *fields))
         raise InvalidInput(f"unknown inputs {unknown}; the model takes {takes}")
-    absent = [name for name in fields if name not in inputs]
+    absent = [name for name in fields if name not in inputs and name not in optional]
     if absent:
         raise InvalidInput(
             f"missing inputs {absent}: the served model version reads these fields; send each "
@@ -330,6 +345,7 @@ def parse_field_inputs(
     values = {
         name: _field_values(inputs[name], 1 if kind == "user" else len(items))
         for name, kind in fields.items()
+        if name in inputs
     }
     return int(user[0]), items, values
 
@@ -377,6 +393,10 @@ class PreRankingModel(Model):
         self.config = config or ServingConfig.from_env()
         self.backends = backends or default_backends()
         self._store: Any = None
+        self._cross_reader: CrossReader | None = None
+        self._cross_reader_opened = False
+        self._read_seconds: dict[str, Any] = {}
+        """Per view: the labelled child of ONLINE_READ_SECONDS (a label lookup per read costs)."""
         self._served: ServedVersion | None = None
         self._refresh_lock = threading.Lock()
         self._predict_seconds = PREDICT_HIST_TIME.labels(**get_labels(name))
@@ -468,9 +488,40 @@ class PreRankingModel(Model):
             self._store = self.backends.open_feature_store(self.settings)
         return self._store
 
+    def _cross(self) -> CrossReader | None:
+        if not self._cross_reader_opened:
+            self._cross_reader = self.backends.open_cross_reader(self.settings)
+            self._cross_reader_opened = True
+        return self._cross_reader
+
+    def _online_plan(self, network: torch.nn.Module, version: str) -> OnlineFieldPlan:
+        """The fields beyond the default contract that the online store serves: read per
+        request; the others the requests carry."""
+        needs = request_fields(network) if isinstance(network, ColdPreRanker) else {}
+        if not needs:
+            return OnlineFieldPlan(())
+        reader = self._cross()
+        sources = reader.sources(list(needs)) if reader is not None else {}
+        plan = OnlineFieldPlan.build(needs, sources)
+        if plan.reads:
+            log.info(
+                "version %s: fields read from the online store per request: %s",
+                version,
+                "; ".join(f"{r.view} ({', '.join(r.fields)})" for r in plan.reads),
+            )
+        rest = [name for name in needs if name not in plan.fields]
+        if rest:
+            log.warning(
+                "version %s: no online view serves fields %s; every request must carry them",
+                version,
+                rest,
+            )
+        return plan
+
     def _prepare(self, loaded: ChampionModel) -> ServedVersion:
         network = loaded.model
         network.eval()
+        online = self._online_plan(network, str(loaded.version))
         item_ids = [int(i) for i in self.backends.catalog_item_ids(self.settings)]
         store = self._feature_store()
         frames = [
@@ -495,6 +546,7 @@ class PreRankingModel(Model):
             compiled=getattr(loaded, "compiled", None),
             compiled_reason=getattr(loaded, "compiled_reason", ""),
             use_compiled=self.config.use_compiled,
+            online=online,
         )
 
     # Inference -------------------------------------------------------------------------------
@@ -525,7 +577,7 @@ class PreRankingModel(Model):
         """Scores in ``(0, 1)`` for one user and N candidates, with ``served``'s network.
 
         ``user_out``, when given, receives the user's features as looked up; ``extra``: the
-        values of ``served.request_fields``."""
+        values of ``served.request_fields`` the request carries."""
         scored = self.score_request(served, user_id, item_ids, extra)
         if user_out is not None:
             user_out.update(scored.user)
@@ -541,10 +593,12 @@ class PreRankingModel(Model):
         """:meth:`score` with the features it used: one online-store lookup (the user's
         features and user x genre features of the candidates' genres), item features from
         memory, the user side of the network once (see :class:`SharedUserScorer` and
-        :class:`ColdSharedScorer`); ``extra``: the values of ``served.request_fields``
-        (InvalidInput naming any that is missing)."""
+        :class:`ColdSharedScorer`); ``extra``: the request's values of
+        ``served.request_fields`` (InvalidInput naming a missing one that the online store
+        does not serve). The fields of ``served.online`` the request does not carry are read
+        from the online store, one batched read per view (:mod:`serving.online_fields`)."""
         if served.request_fields:
-            absent = [n for n in served.request_fields if n not in (extra or {})]
+            absent = [n for n in served.required_fields if n not in (extra or {})]
             if absent:
                 raise InvalidInput(
                     f"missing inputs {absent}: model version {served.version} reads these fields"
@@ -570,6 +624,11 @@ class PreRankingModel(Model):
             ug_table[present] = _floats(
                 [[(per_genre.get(g) or empty).get(f) for f in USER_GENRE_FEATURES] for g in genres]
             )
+        if served.online.reads:
+            extra = {
+                **self._online_values(served, user_id, item_ids, codes, extra),
+                **(extra or {}),
+            }
         if served.request_fields:
             assert isinstance(served.scorer, CompiledColdScorer)
             logits = served.scorer.logits(
@@ -596,6 +655,42 @@ class PreRankingModel(Model):
             )
         return Scored(scores=scores.astype(np.float32, copy=False), user=user, rows=rows)
 
+    def _online_values(
+        self,
+        served: ServedVersion,
+        user_id: int,
+        item_ids: np.ndarray,
+        codes: np.ndarray,
+        given: Mapping[str, np.ndarray] | None,
+    ) -> dict[str, np.ndarray]:
+        """The values of ``served.online``'s fields for this request from the online store
+        (fields ``given`` in the request are not read); each view's read is timed."""
+        reader = self._cross()
+        if reader is None:  # a plan is only built with a reader
+            raise RuntimeError("the online cross reader is gone")
+        try:
+            return served.online.values(
+                reader,
+                user_id=user_id,
+                item_ids=item_ids,
+                genre_codes=codes,
+                genres=served.items.genres,
+                given=given,
+                timed=self._observe_read,
+            )
+        except Exception as exc:
+            if is_lock_timeout(exc):
+                raise FeatureStoreBusy(self.name) from exc
+            raise
+
+    def _observe_read(self, view: str, seconds: float) -> None:
+        child = self._read_seconds.get(view)
+        if child is None:
+            child = self._read_seconds[view] = ONLINE_READ_SECONDS.labels(
+                model_name=self.name, view=view
+            )
+        child.observe(seconds)
+
     async def infer_json(self, body: bytes) -> bytes:
         """A v2 JSON request body in, the v2 JSON response body out.
 
@@ -612,7 +707,10 @@ class PreRankingModel(Model):
         with self._predict_seconds.time():
             served = self._serving()
             user_id, item_ids, extra = parse_field_inputs(
-                tensors, max_candidates=self.config.max_candidates, fields=served.request_fields
+                tensors,
+                max_candidates=self.config.max_candidates,
+                fields=served.request_fields,
+                optional=served.online.fields,
             )
             response_id, scores = self._infer(served, user_id, item_ids, request_id, extra)
         return v2_response_body(
@@ -637,6 +735,7 @@ class PreRankingModel(Model):
             payload.inputs or [],
             max_candidates=self.config.max_candidates,
             fields=served.request_fields,
+            optional=served.online.fields,
         )
         response_id, scores = self._infer(served, user_id, item_ids, payload.id, extra)
         return InferResponse(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import logging
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from models.preranking.model import (
 )
 from serving.cold_scorer import CompiledColdScorer, eager_run
 from serving.item_table import ItemTable
+from serving.online_fields import OnlineFieldPlan
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,9 @@ class ServedVersion:
     """Why there is no ``compiled`` package (logged when the version is served eagerly)."""
     use_compiled: bool = True
     """Score with ``compiled`` when there is one (``CASCADE_SERVING_COMPILED=0``: never)."""
+    online: OnlineFieldPlan = field(default_factory=lambda: OnlineFieldPlan(()))
+    """The fields of :attr:`request_fields` the server reads from the online store per request
+    (one batched read per view); a request may still carry them (its values win)."""
     scorer: SharedUserScorer | ColdSharedScorer | CompiledColdScorer | None = field(init=False)
     """The network split by input side with the item side precomputed for ``items`` (built
     here, so a version and its precomputed item outputs are swapped in together): a
@@ -52,7 +57,8 @@ class ServedVersion:
     request_fields: dict[str, str] = field(init=False)
     """``{name: kind}`` of the fields the network reads that the server has no source for
     (extra fields of its field set, e.g. cross statistics): every request carries them as
-    inputs of that name, one value for a user field, one per candidate otherwise."""
+    inputs of that name, one value for a user field, one per candidate otherwise; those in
+    :attr:`online` may be left out (the server reads them)."""
 
     def __post_init__(self) -> None:
         scorer: SharedUserScorer | ColdSharedScorer | CompiledColdScorer | None = None
@@ -105,7 +111,20 @@ class ServedVersion:
             backend = "eager-shared"
         object.__setattr__(self, "scorer", scorer)
         object.__setattr__(self, "backend", backend)
+        stray = sorted(self.online.fields - set(needs))
+        if stray:
+            raise ValueError(
+                f"version {self.version}: fields {stray} are planned as online reads but the "
+                f"network does not read them (it reads {sorted(needs)} beyond the contract)"
+            )
         object.__setattr__(self, "request_fields", needs)
+
+    @cached_property
+    def required_fields(self) -> dict[str, str]:
+        """``{name: kind}`` of :attr:`request_fields` every request must carry: those the
+        online store does not serve."""
+        online = self.online.fields
+        return {n: k for n, k in self.request_fields.items() if n not in online}
 
 
 _heap_frozen = False

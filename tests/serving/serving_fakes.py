@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,18 +74,27 @@ def feature_rows(cross: bool = False) -> pd.DataFrame:
     return frame
 
 
-def cold_network(seed: int, cross: bool = False) -> tuple[ColdPreRanker, FieldEncoder]:
+def cold_network(
+    seed: int,
+    cross: bool = False,
+    extra: pd.DataFrame | None = None,
+    declarations: Mapping[str, Mapping[str, Any]] | None = None,
+) -> tuple[ColdPreRanker, FieldEncoder]:
     """An FSCD pre-ranker over a subset of the fields (as FSCD keeps), with its encoder fitted
     on the fake store's features; random weights of a scale that spreads the scores. ``cross``:
-    its field set has :data:`CROSS_FIELD` too, and it keeps it."""
-    field_set = (
-        FieldSet.from_declarations({CROSS_FIELD: {"kind": "cross", "window_days": 7}})
-        if cross
-        else FIELDS
-    )
-    encoder = FieldEncoder(field_set, bins=6).fit(feature_rows(cross))
+    its field set has :data:`CROSS_FIELD` too, and it keeps it. ``extra``: more field columns
+    over the rows of :func:`feature_rows` (same order), declared by ``declarations`` (as
+    ``FieldSet.from_declarations`` takes them); the network keeps them too."""
+    declared = dict(declarations or {})
+    if cross:
+        declared = {CROSS_FIELD: {"kind": "cross", "window_days": 7}, **declared}
+    rows = feature_rows(cross)
+    if extra is not None:
+        rows = pd.concat([rows, extra.reset_index(drop=True)], axis=1)
+    field_set = FieldSet.from_declarations(declared, rows) if declared else FIELDS
+    encoder = FieldEncoder(field_set, bins=6).fit(rows)
     fields = ("user_id", "user_ctr", "item_id", "genre", "item_ctr", "ug_ctr", "ug_clicks")
-    fields += (CROSS_FIELD,) if cross else ()
+    fields += tuple(declared)
     torch.manual_seed(seed)
     net = ColdPreRanker(
         CascadeNetConfig(embedding_dim=4, hidden=(16, 8)),

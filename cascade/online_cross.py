@@ -1,0 +1,172 @@
+"""Which online feature serves a model's field, and batched reads of those features.
+
+The cross-statistics engine (``jobs.ctr_cross_stats``) names its columns ``<pair>_<statistic>``
+(:func:`jobs.ctr_cross_stats.feature_columns`: ``user_cat_ctr_7d``, ``seg_item_decay_ctr``,
+...); its partitions are served by the Feast view ``cross_<pair>`` (``features/ctr/cross_views.py``)
+whose features carry the same names and whose join keys are the pair's key columns
+(``user_id`` x ``item_category``, ...); training sets name their fields after those columns
+(``jobs.ctr_training_set``). So a model field ``f`` is served online by the ``cross_*`` view
+that has a feature named ``f``, keyed by that view's join keys:
+:func:`cross_feature_sources` reads that mapping off the store's registry (the views the store
+was applied with, so only what :func:`cascade.feature_store.materialize_cross` can load).
+
+:class:`OnlineCrossReader` reads some features of one view for a batch of keys in ONE call of
+the online store (SQLite locally, Redis in the cluster profile) and applies the view's ttl
+against its clock, as the offline point-in-time join
+(:func:`cascade.feature_store.cross_features_at`) does: a row older than the ttl is missing
+(NaN), so a request at time ``t`` sees the values a training row at ``t`` saw. (Feast's
+``get_online_features`` does not apply the ttl.)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+CROSS_VIEW_PREFIX = "cross_"
+"""The engine's pair views are named ``cross_<pair>``."""
+
+_KEY_VALUE_FIELDS = {"INT64": "int64_val", "INT32": "int32_val", "STRING": "string_val"}
+"""Join key types the reader builds entity keys of (ValueType name -> ValueProto field)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrossFeatureSource:
+    """Where the online store keeps one model field."""
+
+    field: str
+    """The model's field name."""
+    view: str
+    """The Feast feature view, ``cross_<pair>``."""
+    feature: str
+    """The view's feature (the engine's column; equal to ``field``)."""
+    join_keys: tuple[str, ...]
+    """The view's key columns, in the view's order (``("user_id", "item_category")``)."""
+
+    @property
+    def pair(self) -> str:
+        return self.view.removeprefix(CROSS_VIEW_PREFIX)
+
+
+def cross_feature_sources(store: Any, fields: Iterable[str]) -> dict[str, CrossFeatureSource]:
+    """``{field: source}`` for every field in ``fields`` that a ``cross_*`` view of ``store``
+    (a ``feast.FeatureStore``) holds as a feature of the same name; other fields are left out
+    (no view serves them)."""
+    by_feature: dict[str, CrossFeatureSource] = {}
+    for view in store.list_feature_views():
+        if not view.name.startswith(CROSS_VIEW_PREFIX):
+            continue
+        keys = tuple(column.name for column in view.entity_columns) or tuple(view.join_keys)
+        for feature in view.features:
+            by_feature[feature.name] = CrossFeatureSource(
+                field=feature.name, view=view.name, feature=feature.name, join_keys=keys
+            )
+    return {name: by_feature[name] for name in fields if name in by_feature}
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _number(proto: Any) -> float:
+    kind = proto.WhichOneof("val")
+    return math.nan if kind is None else float(getattr(proto, kind))
+
+
+class OnlineCrossReader:
+    """Batched reads of cross features from a Feast online store, the views' ttl applied.
+
+    ``store``: a ``feast.FeatureStore`` (its views must be applied); ``clock``: the time a row's
+    age is measured at (UTC now by default; a test pins it). ``online_store``: the store's
+    online store object when the caller already has one.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        clock: Callable[[], dt.datetime] = _utc_now,
+        online_store: Any = None,
+    ) -> None:
+        from feast.infra.online_stores.helpers import get_online_store_from_config
+
+        self.store = store
+        self.config = store.config
+        self.online_store = online_store or get_online_store_from_config(store.config.online_store)
+        self.clock = clock
+        self._views: dict[str, tuple[Any, dict[str, str]]] = {}
+
+    def sources(self, fields: Iterable[str]) -> dict[str, CrossFeatureSource]:
+        """:func:`cross_feature_sources` on this reader's store."""
+        return cross_feature_sources(self.store, fields)
+
+    def _view(self, name: str) -> tuple[Any, dict[str, str]]:
+        cached = self._views.get(name)
+        if cached is None:
+            view = self.store.get_feature_view(name)
+            types: dict[str, str] = {}
+            for column in view.entity_columns:
+                value_type = column.dtype.to_value_type().name
+                if value_type not in _KEY_VALUE_FIELDS:
+                    raise ValueError(
+                        f"view {name}: join key {column.name!r} has type {value_type}; the "
+                        f"reader builds keys of {sorted(_KEY_VALUE_FIELDS)}"
+                    )
+                types[column.name] = _KEY_VALUE_FIELDS[value_type]
+            cached = self._views[name] = (view, types)
+        return cached
+
+    def read(
+        self,
+        view: str,
+        join_keys: Sequence[str],
+        keys: Sequence[Sequence[Any]],
+        features: Sequence[str],
+    ) -> np.ndarray:
+        """float64 ``[len(keys), len(features)]``: the features of ``view`` for each key (a
+        tuple of values in ``join_keys`` order), one online-store call for all of them. NaN
+        for a key the store does not hold, a row older than the view's ttl, or a null value."""
+        from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+        from feast.protos.feast.types.Value_pb2 import Value
+
+        table, types = self._view(view)
+        unknown = [k for k in join_keys if k not in types]
+        if unknown:
+            raise ValueError(f"view {view} has no join keys {unknown}; it has {list(types)}")
+        out = np.full((len(keys), len(features)), np.nan, dtype=np.float64)
+        if not keys:
+            return out
+        kinds = [types[k] for k in join_keys]
+        names = list(join_keys)
+        entity_keys = [
+            EntityKey(
+                join_keys=names,
+                entity_values=[
+                    Value(**{kind: value}) for kind, value in zip(kinds, key, strict=True)
+                ],
+            )
+            for key in keys
+        ]
+        rows = self.online_store.online_read(
+            config=self.config,
+            table=table,
+            entity_keys=entity_keys,
+            requested_features=list(features),
+        )
+        ttl = table.ttl.total_seconds() if table.ttl else 0.0
+        oldest = self.clock() - dt.timedelta(seconds=ttl) if ttl > 0 else None
+        for i, (timestamp, values) in enumerate(rows):
+            if values is None or (
+                oldest is not None and timestamp is not None and timestamp < oldest
+            ):
+                continue
+            for j, feature in enumerate(features):
+                proto = values.get(feature)
+                if proto is not None:
+                    out[i, j] = _number(proto)
+        return out

@@ -1,0 +1,200 @@
+"""A served version's fields read from the online store per request: one batched read per view.
+
+A model version reads fields beyond the default contract (:attr:`ServedVersion.request_fields`,
+e.g. the cross statistics ``user_cat_ctr_7d``). Those a ``cross_<pair>`` view of the online store
+holds (:func:`cascade.online_cross.cross_feature_sources`) and whose keys the server knows for
+every candidate are read per request by :class:`OnlineFieldPlan`; the others still come with
+the request. The keys the server knows (:data:`SERVED_KEYS`): the request's ``user_id``, each
+candidate's ``item_id``, and its ``item_category``: the genre of the in-memory item table (the
+engine's ``item_category`` is the pre-ranker's ``genre``). A pair keyed by a column no request
+carries (``user_segment``, ``context``, ``position``) is not read here.
+
+Per request and view the candidates' keys are deduplicated before the read: user x
+item_category over 1,000 candidates is one key per distinct genre of the request. A candidate
+without a key (an item not in the table has no genre) or a key the store does not hold gets
+NaN (the encoder's code 0, unknown), never an error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Protocol
+
+import numpy as np
+
+from cascade.online_cross import CrossFeatureSource
+
+USER_KEY = "user_id"
+ITEM_KEY = "item_id"
+GENRE_KEY = "item_category"
+SERVED_KEYS = frozenset({USER_KEY, ITEM_KEY, GENRE_KEY})
+"""Join keys the server fills: the request's user, each candidate's id and genre."""
+
+
+class CrossReader(Protocol):
+    """What the plan needs of :class:`cascade.online_cross.OnlineCrossReader`."""
+
+    def sources(self, fields: Sequence[str]) -> Mapping[str, CrossFeatureSource]: ...
+
+    def read(
+        self,
+        view: str,
+        join_keys: Sequence[str],
+        keys: Sequence[Sequence[Any]],
+        features: Sequence[str],
+    ) -> np.ndarray: ...
+
+
+def servable(source: CrossFeatureSource, kind: str) -> bool:
+    """Whether the server can key ``source`` for a field of ``kind``: every join key is one it
+    fills, and a user field (one value per request) is keyed by the user alone."""
+    keys = set(source.join_keys)
+    if not keys or not keys <= SERVED_KEYS:
+        return False
+    return kind != "user" or keys == {USER_KEY}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViewRead:
+    """The fields of one served version held by one view: one online read per request."""
+
+    view: str
+    join_keys: tuple[str, ...]
+    fields: tuple[str, ...]
+    """Field names, equal to the view's feature names."""
+    kinds: tuple[str, ...]
+    """Each field's kind (``user``: one value per request, else one per candidate)."""
+
+
+@dataclass(frozen=True)
+class OnlineFieldPlan:
+    """The views a served version reads per request, each with its fields."""
+
+    reads: tuple[ViewRead, ...]
+
+    @classmethod
+    def build(
+        cls, fields: Mapping[str, str], sources: Mapping[str, CrossFeatureSource]
+    ) -> OnlineFieldPlan:
+        """The plan of ``fields`` (``{name: kind}``) that ``sources`` serve and the server can
+        key (:func:`servable`), grouped by view in field order."""
+        grouped: dict[str, list[tuple[str, str, CrossFeatureSource]]] = {}
+        for name, kind in fields.items():
+            source = sources.get(name)
+            if source is not None and servable(source, kind):
+                grouped.setdefault(source.view, []).append((name, kind, source))
+        reads = []
+        for view, members in grouped.items():
+            join_keys = members[0][2].join_keys
+            reads.append(
+                ViewRead(
+                    view=view,
+                    join_keys=join_keys,
+                    fields=tuple(m[2].feature for m in members),
+                    kinds=tuple(m[1] for m in members),
+                )
+            )
+        return cls(tuple(reads))
+
+    @cached_property
+    def fields(self) -> frozenset[str]:
+        return frozenset(f for read in self.reads for f in read.fields)
+
+    def values(
+        self,
+        reader: CrossReader,
+        *,
+        user_id: int,
+        item_ids: np.ndarray,
+        genre_codes: np.ndarray,
+        genres: Sequence[str],
+        given: Mapping[str, np.ndarray] | None = None,
+        timed: Callable[[str, float], None] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """``{field: values}`` read from the online store for one user and N candidates: float64
+        ``[1]`` for a user field, ``[N]`` otherwise, NaN where unknown. Fields in ``given``
+        (the request's own values) are not read; a view all of whose fields are given is not
+        read at all. ``genre_codes``: each candidate's index into ``genres`` (-1: none).
+        ``timed(view, seconds)`` is told each read's duration."""
+        given = given or {}
+        n = len(item_ids)
+        out: dict[str, np.ndarray] = {}
+        for read in self.reads:
+            wanted = [(j, f) for j, f in enumerate(read.fields) if f not in given]
+            if not wanted:
+                continue
+            keys, inverse, valid = _distinct_keys(
+                read.join_keys, user_id, item_ids, genre_codes, genres
+            )
+            features = [f for _, f in wanted]
+            started = time.perf_counter()
+            found = reader.read(read.view, read.join_keys, keys, features)
+            if timed is not None:
+                timed(read.view, time.perf_counter() - started)
+            per_candidate = np.full((n, len(features)), np.nan, dtype=np.float64)
+            per_candidate[valid] = found[inverse]
+            for k, (j, name) in enumerate(wanted):
+                if read.kinds[j] == "user":
+                    out[name] = found[:1, k] if len(found) else np.full(1, np.nan)
+                else:
+                    out[name] = per_candidate[:, k]
+        return out
+
+
+def _distinct_keys(
+    join_keys: Sequence[str],
+    user_id: int,
+    item_ids: np.ndarray,
+    genre_codes: np.ndarray,
+    genres: Sequence[str],
+) -> tuple[list[tuple[Any, ...]], np.ndarray, np.ndarray]:
+    """``(keys, inverse, valid)``: the distinct keys of the candidates (tuples in
+    ``join_keys`` order), each valid candidate's index into them, and which candidates have a
+    key at all (an item without a genre has no ``item_category``). The user is the same for
+    every candidate, so only the candidates' columns are deduplicated: a genre through a count
+    over the genre codes, an item id by sorting; several such columns by their combined code."""
+    n = len(item_ids)
+    valid = np.ones(n, dtype=bool)
+    if GENRE_KEY in join_keys:
+        codes = np.asarray(genre_codes, dtype=np.int64)
+        valid = codes >= 0
+    varying: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # key -> (distinct values, inverse)
+    for key in join_keys:
+        if key == ITEM_KEY:
+            varying[key] = np.unique(
+                np.asarray(item_ids, dtype=np.int64)[valid], return_inverse=True
+            )
+        elif key == GENRE_KEY:
+            seen = np.bincount(codes[valid], minlength=len(genres)) > 0
+            distinct = np.flatnonzero(seen)
+            position = np.cumsum(seen) - 1
+            varying[key] = (distinct, position[codes[valid]])
+    count = int(valid.sum())
+    if not varying:  # keyed by the user alone: one key for every candidate
+        return [(int(user_id),)], np.zeros(count, dtype=np.int64), valid
+    if len(varying) == 1:
+        ((column, (distinct, inverse)),) = varying.items()
+        rows = [{column: v} for v in distinct.tolist()]
+    else:
+        combined = np.zeros(count, dtype=np.int64)
+        for distinct, inverse in varying.values():
+            combined = combined * len(distinct) + inverse
+        codes_seen, inverse = np.unique(combined, return_inverse=True)
+        rows = []
+        for code in codes_seen.tolist():
+            row: dict[str, int] = {}
+            for column, (distinct, _) in reversed(varying.items()):
+                code, index = divmod(code, len(distinct))
+                row[column] = int(distinct[index])
+            rows.append(row)
+    keys = [
+        tuple(
+            int(user_id) if key == USER_KEY else genres[row[key]] if key == GENRE_KEY else row[key]
+            for key in join_keys
+        )
+        for row in rows
+    ]
+    return keys, inverse.reshape(-1), valid
