@@ -38,13 +38,18 @@ multi-process DeepSpeed runs (a rank that waits for a descheduled peer stalls th
 
 
 SHARED_UNITS: dict[str, str] = {
-    "tests/jobs/": "tests/jobs/",  # one local Spark session for the package (its conftest)
+    "tests/jobs/": "tests/jobs/",  # one local Spark session for the package (its conftest) ...
+    # ... which these borrow when they run after it (jobs.spark_sessions.active_or_new): a
+    # Spark session of their own costs each about a minute of JVM start and warm-up.
+    "tests/benchmarks/test_ctr_cross_duckdb.py": "tests/jobs/",
+    "tests/benchmarks/test_ctr_cross_stats.py": "tests/jobs/",
     "tests/serving/": "serving+asr",  # the champion server, and the compiled ASR model ...
     "tests/compilers/test_asr.py": "serving+asr",  # ... that these share (tests/conftest.py)
     "tests/benchmarks/test_asr_path.py": "serving+asr",
 }
 """Node-id prefixes whose tests stay in one work unit: they share a session fixture that is
-expensive to build twice (a worker builds its own copy of each)."""
+expensive to build twice (a worker builds its own copy of each). Within a unit, tests run in
+the order of their prefixes here, then in collection order: the Spark session's owners first."""
 
 
 def xdist_group_of(nodeid: str) -> str:
@@ -65,13 +70,20 @@ def work_unit_of(nodeid: str) -> str:
 
 def ordered_units(nodeids: list[str]) -> dict[str, dict[str, bool]]:
     """Work units in the order they are handed out: the exclusive unit first (it is the
-    longest), then the others in collection order; each unit's tests in collection order."""
-    units: dict[str, dict[str, bool]] = {"exclusive": {}}
+    longest), then the others in collection order; each unit's tests in the order of their
+    :data:`SHARED_UNITS` prefix, then in collection order."""
+    prefixes = list(SHARED_UNITS)
+
+    def rank(nodeid: str) -> int:
+        return next((i for i, p in enumerate(prefixes) if nodeid.startswith(p)), len(prefixes))
+
+    members: dict[str, list[str]] = {"exclusive": []}
     for nodeid in nodeids:
-        units.setdefault(work_unit_of(nodeid), {})[nodeid] = False
-    if not units["exclusive"]:
-        del units["exclusive"]
-    return units
+        members.setdefault(work_unit_of(nodeid), []).append(nodeid)
+    if not members["exclusive"]:
+        del members["exclusive"]
+    # Within a unit: by SHARED_UNITS prefix (sorted is stable: collection order within one).
+    return {unit: dict.fromkeys(sorted(ids, key=rank), False) for unit, ids in members.items()}
 
 
 @pytest.hookimpl(optionalhook=True)

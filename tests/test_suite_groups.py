@@ -67,8 +67,18 @@ def test_the_exclusive_unit_goes_first_and_shared_units_keep_their_fixtures_toge
         "tests/jobs/",
     ]
     assert list(units["exclusive"]) == [nodeids[2], nodeids[5]]
-    assert list(units["serving+asr"]) == [nodeids[1], nodeids[4]]
+    assert list(units["serving+asr"]) == [nodeids[4], nodeids[1]]  # by SHARED_UNITS prefix
     assert work_unit_of("tests/test_layers.py::test_x") == "tests/test_layers.py"
+    # The Spark session's owners (tests/jobs/) run before the modules that borrow it.
+    borrowing = [
+        "tests/benchmarks/test_ctr_cross_stats.py::test_i",
+        "tests/jobs/test_ctr_cross_stats.py::test_j",
+        "tests/benchmarks/test_ctr_cross_duckdb.py::test_k",
+        "tests/jobs/test_audio_corpus.py::test_l",
+    ]
+    spark = ordered_units(borrowing)
+    assert list(spark) == ["tests/jobs/"]
+    assert list(spark["tests/jobs/"]) == [borrowing[i] for i in (1, 3, 2, 0)]
     assert "exclusive" not in ordered_units(nodeids[:2])
 
 
