@@ -48,8 +48,9 @@ WORKERS = 2
 """Celery workers the cluster stack starts."""
 BROKER_DB = 1
 """The Redis database of Celery's queues (Feast's online store uses database 0)."""
-NODE_ENV = "CASCADE_AIRFLOW_NODE"
-"""Set in each worker's environment (and so in its tasks'): the name the tasks record."""
+NODE_ENV = "AIRFLOW_CASCADE_WORKER_NODE"
+"""Set by the supervisor in each worker's environment (and so in its tasks'): the name the
+tasks record. Not a setting: only the supervisor writes it, for its own workers."""
 
 
 def node_name() -> str:

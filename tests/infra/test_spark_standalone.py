@@ -60,7 +60,15 @@ def test_jobs_use_both_workers_and_survive_a_lost_worker(tmp_path: Path) -> None
         for index in (1, 2):
             assert secret not in " ".join(worker_process(home, index).cmdline())
 
+        # A local session left active in this process by earlier tests (the Spark jobs' unit)
+        # would be returned by the builder instead of one on the standalone master.
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            active.stop()
         spark = build_session(settings, app="cascade.test.standalone")
+        assert spark.sparkContext.master == settings.spark_master
         try:
             app_id = spark.sparkContext.applicationId
             # Every task runs long enough for the kill below to land while tasks are running.

@@ -126,7 +126,10 @@ def test_train_step_trains_registers_and_serves_the_fscd_preranker(
     np.testing.assert_allclose(
         pyfunc.predict(sample), score_frame(trained.model, sample, trained.encoder), rtol=1e-6
     )
-    client = mlflow.tracking.MlflowClient(tracking_uri=settings.tracking_uri)
+    # Both URIs named: another test in this process may have set MLflow's default registry.
+    client = mlflow.tracking.MlflowClient(
+        tracking_uri=settings.tracking_uri, registry_uri=settings.tracking_uri
+    )
     run = client.get_run(result["run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.metrics["test_auc"] == pytest.approx(result["test_auc"])
