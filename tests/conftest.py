@@ -1,12 +1,13 @@
 """Suite-wide settings: every test gets its own state folder unless it asks for the stack's.
 
 `make test` runs the suite in two pytest-xdist workers (``-n 2 --dist loadgroup``). The tests
-on private stacks (``STACKS``: ``tests/e2e``, ``tests/faults``) are one work unit, handed out
-first, to one worker, and run in collection order; the multi-process DeepSpeed runs
-(``MULTIPROCESS``) are a second unit, handed to the other worker at the start. Every other test
-then runs a unit at a time (a module, or the modules that share an expensive session fixture,
-:data:`SHARED_UNITS`); whichever worker is free takes the next unit, so the worker done first
-helps with what is left. Without xdist the suite runs in one process, as before.
+that need the machine's cores to themselves (``EXCLUSIVE``: the private stacks of ``tests/e2e``
+and ``tests/faults``, the multi-process DeepSpeed runs) are one work unit, handed out first and
+run one after another in one worker, in collection order. Every other test runs beside them in
+the other worker, a unit at a time (a module, or the modules that share an expensive session
+fixture, :data:`SHARED_UNITS`); whichever worker is free takes the next unit, so the worker that
+finishes the exclusive unit helps with what is left. Without xdist the suite runs in one
+process, as before.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
-STACKS = ("tests/e2e/", "tests/faults/")
-"""Node-id prefixes of the tests on private stacks: one unit, handed out first, to one worker."""
-MULTIPROCESS = (
+EXCLUSIVE = (
+    "tests/e2e/",
+    "tests/faults/",
     "tests/models/test_asr_train.py::test_two_process_",
     "tests/models/test_multimodal_pipeline.py::",
     "tests/models/test_multimodal_train.py::test_two_process_",
@@ -32,11 +33,8 @@ MULTIPROCESS = (
     "tests/models/test_preranking_fscd_pipeline.py::test_train_step_",
     "tests/models/test_preranking_train.py::test_two_process_",
 )
-"""Node-id prefixes of the multi-process DeepSpeed runs: one unit, handed out second, to the
-other worker, so they run early and in one worker (two of them at once would each wait on the
-other's descheduled ranks) rather than alone at the end after the stacks."""
-EXCLUSIVE = STACKS + MULTIPROCESS
-"""Every test kept out of the modules' units (:func:`xdist_group_of` calls them exclusive)."""
+"""Node-id prefixes of the tests that need both cores to themselves: the private stacks and the
+multi-process DeepSpeed runs (a rank that waits for a descheduled peer stalls the collective)."""
 
 
 SHARED_UNITS: dict[str, str] = {
@@ -60,12 +58,10 @@ def xdist_group_of(nodeid: str) -> str:
 
 
 def work_unit_of(nodeid: str) -> str:
-    """The unit a worker takes at once: ``stacks``, ``multiprocess``, a :data:`SHARED_UNITS`
-    name, else the test's module."""
-    if nodeid.startswith(STACKS):
-        return "stacks"
-    if nodeid.startswith(MULTIPROCESS):
-        return "multiprocess"
+    """The unit a worker takes at once: ``exclusive``, a :data:`SHARED_UNITS` name, else the
+    test's module."""
+    if xdist_group_of(nodeid) == "exclusive":
+        return "exclusive"
     for prefix, unit in SHARED_UNITS.items():
         if nodeid.startswith(prefix):
             return unit
@@ -73,29 +69,28 @@ def work_unit_of(nodeid: str) -> str:
 
 
 def ordered_units(nodeids: list[str]) -> dict[str, dict[str, bool]]:
-    """Work units in the order they are handed out: the stacks first (the longest unit), the
-    multi-process runs second, then the others in collection order; each unit's tests in the
-    order of their :data:`SHARED_UNITS` prefix, then in collection order."""
+    """Work units in the order they are handed out: the exclusive unit first (it is the
+    longest), then the others in collection order; each unit's tests in the order of their
+    :data:`SHARED_UNITS` prefix, then in collection order."""
     prefixes = list(SHARED_UNITS)
 
     def rank(nodeid: str) -> int:
         return next((i for i, p in enumerate(prefixes) if nodeid.startswith(p)), len(prefixes))
 
-    members: dict[str, list[str]] = {"stacks": [], "multiprocess": []}
+    members: dict[str, list[str]] = {"exclusive": []}
     for nodeid in nodeids:
         members.setdefault(work_unit_of(nodeid), []).append(nodeid)
-    for first in ("stacks", "multiprocess"):
-        if not members[first]:
-            del members[first]
+    if not members["exclusive"]:
+        del members["exclusive"]
     # Within a unit: by SHARED_UNITS prefix (sorted is stable: collection order within one).
     return {unit: dict.fromkeys(sorted(ids, key=rank), False) for unit, ids in members.items()}
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """Under ``--dist loadgroup``: the stacks to one worker and the multi-process runs to the
-    other first, then modules (and :data:`SHARED_UNITS`) to whichever worker is free. xdist's
-    own ``xdist_group`` mark is not used: its node-id suffix is lost on pytest 9."""
+    """Under ``--dist loadgroup``: the exclusive unit to one worker first, then modules (and
+    :data:`SHARED_UNITS`) to whichever worker is free. xdist's own ``xdist_group`` mark is not
+    used: its node-id suffix is lost on pytest 9."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling

@@ -46,7 +46,7 @@ def test_every_listed_prefix_names_a_test_and_quick_model_tests_stay_shared() ->
     assert xdist_group_of(quick) == "shared"
 
 
-def test_the_stacks_and_multiprocess_units_go_first_and_shared_units_keep_fixtures() -> None:
+def test_the_exclusive_unit_goes_first_and_shared_units_keep_their_fixtures_together() -> None:
     from tests.conftest import ordered_units, work_unit_of
 
     nodeids = [
@@ -61,14 +61,12 @@ def test_the_stacks_and_multiprocess_units_go_first_and_shared_units_keep_fixtur
     ]
     units = ordered_units(nodeids)
     assert list(units) == [
-        "stacks",
-        "multiprocess",
+        "exclusive",
         "tests/cascade/test_config.py",
         "serving+asr",
         "tests/jobs/",
     ]
-    assert list(units["stacks"]) == [nodeids[2]]
-    assert list(units["multiprocess"]) == [nodeids[5]]
+    assert list(units["exclusive"]) == [nodeids[2], nodeids[5]]
     assert list(units["serving+asr"]) == [nodeids[4], nodeids[1]]  # by SHARED_UNITS prefix
     assert work_unit_of("tests/test_layers.py::test_x") == "tests/test_layers.py"
     # The Spark session's owners (tests/jobs/) run before the modules that borrow it.
@@ -81,7 +79,7 @@ def test_the_stacks_and_multiprocess_units_go_first_and_shared_units_keep_fixtur
     spark = ordered_units(borrowing)
     assert list(spark) == ["tests/jobs/"]
     assert list(spark["tests/jobs/"]) == [borrowing[i] for i in (1, 3, 2, 0)]
-    assert not {"stacks", "multiprocess"} & set(ordered_units(nodeids[:2]))
+    assert "exclusive" not in ordered_units(nodeids[:2])
 
 
 def test_every_module_on_the_compiled_asr_fixture_shares_one_unit() -> None:
