@@ -127,7 +127,7 @@ def worker_commands(settings: Settings) -> dict[str, list[str]]:
     }
 
 
-def answering_workers(settings: Settings, timeout_s: float = 1.0) -> list[str]:
+def answering_workers(settings: Settings, timeout_s: float = 2.0) -> list[str]:
     """Node names of the stack's Celery workers that answer a ping through the broker, sorted;
     empty when the broker cannot be reached."""
     from celery import Celery

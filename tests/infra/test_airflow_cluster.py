@@ -137,7 +137,11 @@ def test_tasks_spread_over_two_workers_and_survive_a_lost_worker(tmp_path: Path)
         assert airflow_home(settings) == airflow_home_of(home)
         # Both workers answer through the broker, and the status says so.
         expected = [airflow_cluster.celery_hostname(settings, i) for i in (1, 2)]
-        assert airflow_cluster.answering_workers(settings) == expected
+        wait_for(
+            "both workers to answer",
+            lambda: airflow_cluster.answering_workers(settings, timeout_s=3.0) == expected,
+            timeout_s=60,
+        )
         shown = status_json(settings)
         assert shown["airflow_workers"] == expected
         assert {s["name"]: s["healthy"] for s in shown["services"]}["airflow"]
@@ -157,10 +161,15 @@ def test_tasks_spread_over_two_workers_and_survive_a_lost_worker(tmp_path: Path)
         assert lost in WORKERS
         kill_node(worker_process(home, lost))
         (survivor,) = WORKERS - {lost}
+        # Pings get a few seconds each: on a loaded machine the survivor may take more than the
+        # status line's one second to answer.
         wait_for(
-            "the killed worker to stop answering",
-            lambda: airflow_cluster.answering_workers(settings) == [f"{survivor}@{settings.host}"],
-            timeout_s=30,
+            "the killed worker to stop answering and the survivor to answer",
+            lambda: (
+                airflow_cluster.answering_workers(settings, timeout_s=3.0)
+                == [f"{survivor}@{settings.host}"]
+            ),
+            timeout_s=90,
         )
         assert not stack.state(settings, "airflow").healthy  # one worker short
 
