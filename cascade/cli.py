@@ -374,9 +374,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[type[BaseException], 
 
 def _use_stack_credentials() -> None:
     """Give this process the local stack's MLflow credentials (when the settings point at its
-    tracking server), so every command's MLflow client authenticates. A bad setting is left to
+    tracking server) and its model servers' token (when it stands in), so every command's
+    clients authenticate. A bad setting is left to
     the command, which reports it (``cascade config`` lists them all)."""
     from cascade.config import SettingsError, load_settings
+    from cascade.serving_token import use_serving_token
     from cascade.tracking_auth import use_tracking_credentials
 
     try:
@@ -384,6 +386,7 @@ def _use_stack_credentials() -> None:
     except SettingsError:
         return
     use_tracking_credentials(settings)
+    use_serving_token(settings)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,11 +61,12 @@ SOURCES = ("default", "profile", "file", "environment")
 
 _PROFILE_VALUES: dict[str, dict[str, str]] = {
     "local": {},
+    # The cluster stack on this machine: its own Spark standalone master, PostgreSQL, Redis and
+    # Celery workers, training on two node ranks of one process each, servers behind a token.
+    # A real cluster names its hosts in the same variables (infra/k8s/namespace.yaml does).
     "cluster": {
-        "CASCADE_KAFKA_BOOTSTRAP": "kafka.cascade.svc:9092",
-        "CASCADE_MLFLOW_URI": "http://mlflow.cascade.svc:5000",
-        "CASCADE_SPARK_MASTER": "k8s://https://kubernetes.default.svc",
-        "CASCADE_TRAIN_PROCESSES": "8",
+        "CASCADE_SPARK_MASTER": "stack",
+        "CASCADE_TRAIN_PROCESSES": "1",
         "CASCADE_TRAIN_NODES": "2",
         "CASCADE_SERVING_AUTH": "1",
     },

@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 from typing import Any
 
-from cascade.config import load_settings
+from cascade.config import PROFILES, load_settings
 
 
 def _print_status(settings: Any) -> None:
@@ -59,6 +60,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     from infra import cluster
     from infra.stack import up
 
+    if args.profile:
+        # For this command and everything it starts (the services inherit the environment).
+        os.environ["CASCADE_PROFILE"] = args.profile
     settings = load_settings()
     if cluster.remote(settings):
         # Someone else's services: start no local copy beside them, check each one answers
@@ -67,7 +71,18 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 0
     up(settings)
     _print_status(settings)
+    if args.profile and args.profile != _saved_profile():
+        print(
+            f"the stack runs the {args.profile} profile: export CASCADE_PROFILE={args.profile} "
+            "(or put it in the settings file) for the commands that use it"
+        )
     return 0
+
+
+def _saved_profile() -> str:
+    """The profile later commands load when they are given none."""
+    saved = {k: v for k, v in os.environ.items() if k != "CASCADE_PROFILE"}
+    return load_settings(saved).profile
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -138,11 +153,18 @@ def register(sub: Any) -> tuple[type[BaseException], ...]:
     """Add the stack's subcommands; returns the errors the CLI reports as one line."""
     from infra.stack import StackError
 
-    sub.add_parser(
+    start = sub.add_parser(
         "up",
         help="start the local stack and wait until healthy (cluster profile with remote hosts: "
         "check that each configured service answers, start nothing)",
-    ).set_defaults(func=cmd_up)
+    )
+    start.add_argument(
+        "--profile",
+        choices=PROFILES,
+        help="the stack profile (default: CASCADE_PROFILE); cluster on this machine: PostgreSQL, "
+        "Redis, Spark standalone and Celery workers beside the local services",
+    )
+    start.set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop what `cascade up` started").set_defaults(func=cmd_down)
     shown = sub.add_parser("status", help="each service: up/down, URL, pid")
     shown.add_argument("--json", action="store_true", help="print JSON")

@@ -54,6 +54,7 @@ from cascade.data_services import (
     stack_postgres_url,
 )
 from cascade.ports import free_ports
+from cascade.serving_token import ensure_serving_token, serving_token_env, token_file
 from cascade.state import SERVICE_UMASK, exposed_secrets, secure_state_folder, write_secret
 from cascade.tracking_auth import (
     credentials_file,
@@ -159,6 +160,7 @@ def service_env(settings: Settings) -> dict[str, str]:
             "DS_ACCELERATOR": env.get("DS_ACCELERATOR", "cpu"),
             "PYTHONUNBUFFERED": "1",
             **tracking_credentials_env(settings),
+            **serving_token_env(settings),
         }
     )
     return env
@@ -687,6 +689,7 @@ def start_service(
         if is_stack_tracking(settings):
             # Before any service starts: each one's environment carries the credentials.
             ensure_tracking_credentials(settings)
+        ensure_serving_token(settings)
         spec = service_specs(settings)[name]
         log_path = _log_file(settings, name)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -891,9 +894,11 @@ def down(
 def secret_files(settings: Settings) -> list[Path]:
     """The files of the local stack that hold secrets: the Airflow admin password,
     ``airflow.cfg`` (Airflow writes its JWT and API signing keys there), MLflow's
-    credentials, and the PostgreSQL and Redis passwords (``redis.conf`` holds Redis's)."""
+    credentials, the PostgreSQL and Redis passwords (``redis.conf`` holds Redis's) and the model
+    servers' token."""
     home = airflow_home(settings)
     return [
+        token_file(settings),
         airflow_password_file(settings),
         home / "airflow.cfg",
         credentials_file(settings),
@@ -926,7 +931,8 @@ def private_stack(
 
     For tests and benchmarks that must not touch a developer's running stack. ``env`` is set
     for the duration (the services and their tasks inherit it), and so are the stack's MLflow
-    credentials: the caller's own MLflow clients authenticate like the services'.
+    credentials and model servers' token: the caller's own clients authenticate like the
+    services'.
     """
     overrides = {"CASCADE_HOME": str(home), **(env or {})}
     for name, port in zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True):
@@ -935,8 +941,10 @@ def private_stack(
         settings = load_settings()
         if is_stack_tracking(settings):
             ensure_tracking_credentials(settings)
+        ensure_serving_token(settings)
         chosen = stack_services(settings) if services is None else tuple(services)
-        with scoped_environ(tracking_credentials_env(settings)):
+        with scoped_environ({**tracking_credentials_env(settings), **serving_token_env(settings)}):
+            settings = load_settings()  # with the servers' token, when the stack's stands in
             try:
                 up(settings, chosen)
                 yield settings

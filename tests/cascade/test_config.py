@@ -40,13 +40,21 @@ def test_environment_overrides_ports_and_services() -> None:
     assert settings.promotion_tolerance == 0.01
 
 
-def test_cluster_profile_points_at_shared_services() -> None:
+def test_cluster_profile_runs_its_own_stack_unless_hosts_are_named() -> None:
     settings = load_settings({"CASCADE_PROFILE": "cluster"})
     assert settings.profile == "cluster"
-    assert "127.0.0.1" not in settings.bootstrap_servers
-    assert settings.spark_master.startswith("k8s://")
-    # Training spans two node ranks there; one node locally.
-    assert (settings.train_nodes, load_settings({}).train_nodes) == (2, 1)
+    # The stack on this machine: its own standalone master, broker and tracking server.
+    assert settings.spark_master.startswith("spark://127.0.0.1:")
+    assert settings.bootstrap_servers == f"127.0.0.1:{settings.ports.broker}"
+    assert settings.serving.auth
+    # Training spans two node ranks there of one process each; one node of two locally.
+    assert (settings.train_nodes, settings.train_processes) == (2, 1)
+    assert (load_settings({}).train_nodes, load_settings({}).train_processes) == (1, 2)
+    # A real cluster names its hosts in the same variables.
+    remote = load_settings(
+        {"CASCADE_PROFILE": "cluster", "CASCADE_KAFKA_BOOTSTRAP": "kafka.cascade.svc:9092"}
+    )
+    assert remote.bootstrap_servers == "kafka.cascade.svc:9092"
 
 
 @pytest.mark.parametrize(
@@ -110,11 +118,11 @@ def test_values_come_from_environment_then_file_then_profile_then_default(
     settings = load_settings(env)
     assert settings.serving.poll_s == 7.5
     assert settings.spark_master == "local[1]"
-    assert settings.kafka_bootstrap == "kafka.cascade.svc:9092"
+    assert settings.train_nodes == 2
     sources = {row["name"]: row["source"] for row in settings_report(env)}
     assert sources["CASCADE_SPARK_MASTER"] == "environment"
     assert sources["CASCADE_SERVING_POLL_S"] == "file"
-    assert sources["CASCADE_KAFKA_BOOTSTRAP"] == "profile"
+    assert sources["CASCADE_TRAIN_NODES"] == "profile"
     assert sources["CASCADE_SERVING_WORKERS"] == "default"
     assert sources["CASCADE_ASR_CONFIG"] == "default"
 

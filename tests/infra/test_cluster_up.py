@@ -87,3 +87,13 @@ def test_endpoints_parse_every_configured_form() -> None:
     assert cluster._host_port("k", "kafka.example", 9092).port == 9092
     with pytest.raises(ValueError, match="HOST:PORT"):
         cluster._host_port("k", "kafka.example:port", 9092)
+
+
+def test_profile_option_picks_the_cluster_profile(
+    cluster_env: dict[str, int], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("CASCADE_PROFILE")
+    assert not cluster.remote(load_settings())  # the local profile would start the stack
+    assert main(["up", "--profile", "cluster"]) == 3  # the cluster profile checks the hosts
+    assert "cluster services unreachable" in capsys.readouterr().err
+    assert not any(s.up for s in stack.status(load_settings()))
