@@ -105,7 +105,20 @@ def repo_config(settings: Settings) -> RepoConfig:
             f"{path} needs environment variables {missing}; export them before using the "
             f"{settings.profile!r} profile"
         )
-    config = RepoConfig(**yaml.safe_load(text))
+    loaded = yaml.safe_load(text)
+    offline = loaded.get("offline_store") or {}
+    if offline.get("type") == "spark":
+        # The stack's standalone master wants its authentication secret (and keeps an event
+        # log): held in this config in memory only, never written into a file. Before the
+        # stack's first start there is none; online reads need no Spark.
+        from cascade.data_services import spark_client_conf
+
+        with contextlib.suppress(FileNotFoundError):
+            offline["spark_conf"] = {
+                **(offline.get("spark_conf") or {}),
+                **spark_client_conf(settings),
+            }
+    config = RepoConfig(**loaded)
     config.repo_path = FEATURE_REPO
     return config
 

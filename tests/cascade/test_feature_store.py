@@ -296,3 +296,23 @@ def test_cluster_profile_names_unset_variables(monkeypatch: pytest.MonkeyPatch) 
     config = fs.repo_config(load_settings())
     assert config.offline_store.type == "spark"
     assert config.online_store.connection_string == "redis.cascade.svc:6379"
+
+
+def test_cluster_offline_store_authenticates_to_the_stack_master(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cascade.data_services import spark_secret_file
+    from cascade.state import write_secret
+
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    monkeypatch.setenv("CASCADE_PROFILE", "cluster")
+    monkeypatch.setenv("CASCADE_REDIS", "127.0.0.1:6379")
+    monkeypatch.setenv("CASCADE_FEAST_REGISTRY_URL", "postgresql://feast@127.0.0.1/feast")
+    settings = load_settings()
+    assert settings.spark_master == settings.stack_spark_master
+    write_secret(spark_secret_file(settings), "sesame")
+    conf = fs.repo_config(settings).offline_store.spark_conf
+    assert conf["spark.master"] == settings.stack_spark_master
+    assert conf["spark.authenticate"] == "true" and conf["spark.authenticate.secret"] == "sesame"
+    assert conf["spark.eventLog.enabled"] == "true"
+    assert "sesame" not in fs.feature_store_yaml("cluster").read_text()
