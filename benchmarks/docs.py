@@ -134,6 +134,18 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "tampered_artifacts_loaded",
         "world_readable_secrets",
     ),
+    "cluster": (
+        "run_s",
+        "local_run_s",
+        "cluster_vs_local",
+        "spark_workers_used",
+        "airflow_workers_used",
+        "online_store",
+        "ledger",
+        "faults_survived",
+        "lost",
+        "duplicates",
+    ),
 }
 """Per benchmark: the figures its table shows (dotted paths; ``*`` is every item of a list)."""
 

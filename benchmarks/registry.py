@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, str] = {
     "multimodal": "benchmarks.multimodal_moe:run",
     "multimodal-corpus": "benchmarks.multimodal_corpus:bench_multimodal_corpus",
     "security": "benchmarks.security:run",
+    "cluster": "benchmarks.cluster:run",
 }
 """Benchmark name -> ``module:function``; imported only when run."""
 
@@ -104,6 +105,7 @@ GENERATORS: dict[str, tuple[str, ...]] = {
     ),
     "multimodal-corpus": ("benchmarks.multimodal_corpus", "jobs.multimodal_sources"),
     "security": ("benchmarks.security",),
+    "cluster": ("benchmarks.cluster", "jobs.movielens"),
 }
 """Per benchmark: the modules whose code makes its inputs; their sources and the run's
 parameters make its ``input_digest``."""

@@ -1,0 +1,351 @@
+"""Benchmark ``cluster``: one ``ctr_preranking`` partition on the cluster stack, then faults.
+
+    cascade bench cluster --out bench-results/cluster.json
+    cascade bench cluster --out /tmp/cluster.json --quick     # the run only: no faults, no peer
+
+It starts the cluster profile's stack in a temporary state folder on free loopback ports
+(PostgreSQL, Redis, a Spark standalone master with two workers, the broker, MLflow on
+PostgreSQL, Airflow on PostgreSQL with two Celery workers, both model servers) and stops it by
+pid at the end, so a running stack is never touched. Then:
+
+1. **The run.** A ``cascade.data.landed`` event on Kafka starts ``ctr_preranking`` for one
+   partition (MovieLens-100k); ``run_s`` is the event-to-finish wall time. What the run used is
+   read from the engines' own records: ``spark_workers_used`` (standalone workers that hosted
+   an executor of the run's Spark applications: each keeps a folder per application it ran),
+   ``airflow_workers_used`` (the Celery workers Airflow's task records name),
+   ``online_store`` (the Feast online store's type, with the number of keys the run wrote to
+   Redis), ``ledger`` (the backend whose table holds the event's claim) and ``served`` (a
+   request to the deployed server, with the bearer token, answered with scores).
+2. **Faults** (not with ``--quick``): a second event starts a run of the next partition
+   (``CASCADE_PRERANKING_CHECKPOINT_EVERY`` steps between checkpoints). While its Spark
+   features job runs, one standalone worker is killed with its executors; once its training
+   has written a checkpoint, the Celery worker running ``train`` is killed with its task
+   processes: both training node ranks' launchers and workers die with it (a lost host).
+   Airflow fails the lost try once its heartbeat is 20 s old and retries it on the surviving
+   worker, which resumes from the checkpoint. ``faults`` records each fault (injected, and
+   whether the run still succeeded); ``faults_survived`` counts the injected ones it survived;
+   ``lost`` counts the run's tasks that did not end in success, ``duplicates`` the registry
+   versions beyond one per run.
+3. **The peer** (not with ``--quick``): the same partition on the local profile's stack
+   (``local_run_s``, ``cluster_vs_local`` = ``run_s`` / ``local_run_s``), started after the
+   cluster stack has stopped, so the two never share the cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from cascade.config import Settings
+
+DAG_ID = "ctr_preranking"
+DS = "2026-11-22"
+FAULTS_DS = "2026-11-23"
+"""The faults run's partition: new data, so its training starts afresh (a finished partition's
+phases would be reused and no training would be under way to kill)."""
+CHECKPOINT_EVERY = "50"
+HEARTBEAT_TIMEOUT_S = "20"
+
+BASE_ENV = {
+    # Runs start from the benchmark's events only; retries seconds after a failure.
+    "CASCADE_AIRFLOW_SCHEDULES": "0",
+    "CASCADE_RETRY_DELAY_S": "2",
+    "CASCADE_COALESCE_WINDOW_S": "5",
+    "CASCADE_PRERANKING_CHECKPOINT_EVERY": CHECKPOINT_EVERY,
+}
+CLUSTER_ENV = {
+    **BASE_ENV,
+    "CASCADE_PROFILE": "cluster",
+    "CASCADE_SPARK_WORKER_MEMORY": "1g",
+    # A lost worker's task is failed (and retried) once its heartbeat is this old.
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": HEARTBEAT_TIMEOUT_S,
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+}
+LOCAL_ENV = {**BASE_ENV, "CASCADE_PROFILE": "local"}
+RUN_TIMEOUT_S = 2400.0
+
+
+def spark_apps(settings: Settings) -> set[str]:
+    """Application ids of the stack's standalone master that wrote an event log."""
+    from cascade.data_services import spark_event_dir
+
+    folder = spark_event_dir(settings)
+    if not folder.is_dir():
+        return set()
+    return {path.name.split("app-", 1)[1] for path in folder.iterdir() if "app-" in path.name}
+
+
+def workers_of_apps(settings: Settings, apps: set[str]) -> list[int]:
+    """Standalone workers (1-based) that hosted an executor of any of ``apps``: a worker keeps
+    a folder per application whose executor it launched."""
+    from infra.spark_standalone import worker_dir
+
+    used = []
+    for index in range(1, settings.spark_workers + 1):
+        if any((worker_dir(settings, index) / f"app-{app}").is_dir() for app in apps):
+            used.append(index)
+    return used
+
+
+def run_tasks(settings: Settings, run_id: str) -> list[dict[str, Any]]:
+    from cascade.airflow_client import AirflowClient
+
+    return AirflowClient(settings).task_instances(DAG_ID, run_id)
+
+
+def ledger_backend(settings: Settings, event_id: str) -> str | None:
+    """``postgresql`` or ``sqlite``: the ledger whose table holds the event's claim; None when
+    no ledger holds it."""
+    from cascade.event_ledger import ClaimLedger, PostgresEventLedger
+
+    ledger = ClaimLedger.for_settings(settings)
+    if event_id not in ledger.claimed_at(DAG_ID):
+        return None
+    return "postgresql" if isinstance(ledger, PostgresEventLedger) else "sqlite"
+
+
+def online_store_keys(settings: Settings) -> tuple[str, int | None]:
+    """The Feast online store's type and, for Redis, the keys its database holds."""
+    from cascade.feature_store import repo_config
+
+    config = repo_config(settings).online_store
+    if config.type != "redis":
+        return config.type, None
+    import redis
+
+    host_port, *options = config.connection_string.split(",")
+    host, port = host_port.rsplit(":", 1)
+    fields = dict(option.split("=", 1) for option in options if "=" in option)
+    client = redis.Redis(host=host, port=int(port), password=fields.get("password"))
+    try:
+        return "redis", int(client.dbsize())
+    finally:
+        client.close()
+
+
+def served(settings: Settings) -> dict[str, Any]:
+    """One request to the deployed pre-ranker, as a client with the stack's token sends it."""
+    from serving.deploy import score
+
+    answer = score(1, [10, 20, 30], settings=settings)
+    return {"model_version": answer.get("model_version"), "scores": len(answer["scores"])}
+
+
+def registry_versions(settings: Settings) -> int:
+    import mlflow
+
+    client = mlflow.MlflowClient(
+        tracking_uri=settings.tracking_uri, registry_uri=settings.tracking_uri
+    )
+    return len(client.search_model_versions(f"name = '{settings.registered_model}'"))
+
+
+def _trigger_and_wait(
+    settings: Settings, echo: Callable[[str], None], ds: str = DS
+) -> dict[str, Any]:
+    from infra.demo import trigger, wait_for_triggered
+
+    started = time.monotonic()
+    triggered = trigger(ds, settings=settings, echo=echo)
+    result = wait_for_triggered(
+        triggered, settings=settings, timeout_s=RUN_TIMEOUT_S, echo=echo, result_tasks=("train",)
+    )
+    result["run_s"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def _running_task(settings: Settings, run_id_holder: dict[str, str], task_id: str) -> dict | None:
+    run_id = run_id_holder.get("run_id")
+    if not run_id:
+        return None
+    with contextlib.suppress(Exception):
+        for ti in run_tasks(settings, run_id):
+            if ti["task_id"] == task_id and ti["state"] == "running" and ti["hostname"]:
+                return ti
+    return None
+
+
+def _kill_tree(proc: psutil.Process) -> None:
+    family = [*proc.children(recursive=True), proc]
+    for member in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+    psutil.wait_procs(family, timeout=20)
+
+
+def _spark_worker(settings: Settings, index: int) -> psutil.Process | None:
+    from infra.spark_standalone import WORKER_CLASS, worker_dir
+
+    folder = str(worker_dir(settings, index))
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if WORKER_CLASS in cmdline and folder in cmdline:
+            return proc
+    return None
+
+
+def _celery_worker(settings: Settings, name: str) -> psutil.Process | None:
+    from cascade.airflow_client import airflow_home
+
+    pid_file = str(airflow_home(settings) / f"{name}.pid")
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "worker" in cmdline and pid_file in cmdline:
+            return proc
+    return None
+
+
+def _checkpointed(settings: Settings, ds: str) -> bool:
+    """The partition's training has written a checkpoint (its training log says so)."""
+    from cascade.lake import Lake
+
+    log = Lake(settings.lake_root).reports("train", ds) / "train.log"
+    return (
+        log.is_file()
+        and re.search(r"\[cascade\] \S+: checkpoint at step", log.read_text(errors="replace"))
+        is not None
+    )
+
+
+def inject_faults(
+    settings: Settings, holder: dict[str, str], faults: list[dict[str, Any]], stop: threading.Event
+) -> None:
+    """Kill a Spark worker during ``features`` and the Celery worker running ``train`` once it
+    checkpointed; each fault is recorded in ``faults`` as it is injected."""
+    spark = {"fault": "spark_worker_killed_during_features", "injected": False}
+    airflow = {"fault": "airflow_worker_and_training_nodes_killed", "injected": False}
+    faults.extend([spark, airflow])
+    before = set(holder.get("apps_before", "").split(",")) - {""}
+    while not stop.is_set() and not spark["injected"]:
+        if _running_task(settings, holder, "features"):
+            new = spark_apps(settings) - before
+            if new and len(workers_of_apps(settings, new)) == settings.spark_workers:
+                proc = _spark_worker(settings, 2)
+                if proc is not None:
+                    _kill_tree(proc)
+                    spark.update(injected=True, worker=2, app=sorted(new))
+        elif holder.get("features_done"):
+            break
+        time.sleep(0.2)
+    while not stop.is_set() and not airflow["injected"]:
+        ti = _running_task(settings, holder, "train")
+        if ti and _checkpointed(settings, FAULTS_DS):
+            proc = _celery_worker(settings, ti["hostname"])
+            if proc is not None:
+                _kill_tree(proc)
+                airflow.update(injected=True, worker=ti["hostname"], try_number=ti["try_number"])
+        time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def _stack(home: Path, env: dict[str, str]) -> Iterator[Settings]:
+    from infra.stack import private_stack
+
+    with private_stack(home, env=env) as settings:
+        yield settings
+
+
+def _watch_run_id(settings: Settings, holder: dict[str, str], before: set[str], stop) -> None:
+    from cascade.airflow_client import AirflowClient
+
+    client = AirflowClient(settings)
+    while not stop.is_set() and "run_id" not in holder:
+        with contextlib.suppress(Exception):
+            for run in client.dag_runs(DAG_ID, limit=20):
+                if run["dag_run_id"] not in before and run["run_type"] == "asset_triggered":
+                    holder["run_id"] = run["dag_run_id"]
+        time.sleep(0.5)
+    while not stop.is_set():
+        with contextlib.suppress(Exception):
+            states = {ti["task_id"]: ti["state"] for ti in run_tasks(settings, holder["run_id"])}
+            if states.get("features") == "success":
+                holder["features_done"] = "1"
+        time.sleep(1.0)
+
+
+def cluster_phase(home: Path, quick: bool, echo: Callable[[str], None]) -> dict[str, Any]:
+    from cascade.airflow_client import AirflowClient
+
+    out: dict[str, Any] = {}
+    started = time.monotonic()
+    with _stack(home, CLUSTER_ENV) as settings:
+        out["stack_start_s"] = round(time.monotonic() - started, 1)
+        first = _trigger_and_wait(settings, echo)
+        out["run_s"] = first["run_s"]
+        out["run_state"] = first["dag_run_state"]
+        tasks = run_tasks(settings, first["dag_run_id"])
+        out["airflow_workers_used"] = len({ti["hostname"] for ti in tasks if ti["hostname"]})
+        out["airflow_workers"] = sorted({ti["hostname"] for ti in tasks if ti["hostname"]})
+        apps = spark_apps(settings)
+        out["spark_workers_used"] = len(workers_of_apps(settings, apps))
+        out["spark_applications"] = len(apps)
+        out["online_store"], out["online_store_keys"] = online_store_keys(settings)
+        out["ledger"] = ledger_backend(settings, first["event_id"])
+        out["served"] = served(settings)
+        out["auc"] = (first.get("train") or {}).get("test_auc")
+        if quick:
+            return out
+
+        # Faults, on a second run of the same partition.
+        client = AirflowClient(settings)
+        holder: dict[str, str] = {"apps_before": ",".join(spark_apps(settings))}
+        before = {r["dag_run_id"] for r in client.dag_runs(DAG_ID, limit=100)}
+        versions_before = registry_versions(settings)
+        faults: list[dict[str, Any]] = []
+        stop = threading.Event()
+        watchers = [
+            threading.Thread(target=_watch_run_id, args=(settings, holder, before, stop)),
+            threading.Thread(target=inject_faults, args=(settings, holder, faults, stop)),
+        ]
+        for thread in watchers:
+            thread.daemon = True
+            thread.start()
+        try:
+            second = _trigger_and_wait(settings, echo, FAULTS_DS)
+        finally:
+            stop.set()
+            for thread in watchers:
+                thread.join(timeout=10)
+        succeeded = second["dag_run_state"] == "success"
+        for fault in faults:
+            fault["survived"] = bool(fault["injected"] and succeeded)
+        tasks = run_tasks(settings, second["dag_run_id"])
+        out["faults"] = faults
+        out["faults_survived"] = sum(1 for f in faults if f["survived"])
+        out["faults_run_s"] = second["run_s"]
+        out["lost"] = sum(1 for ti in tasks if ti["state"] != "success")
+        out["duplicates"] = max(0, registry_versions(settings) - versions_before - 1)
+        out["train_tries"] = next(ti["try_number"] for ti in tasks if ti["task_id"] == "train")
+    return out
+
+
+def local_phase(home: Path, echo: Callable[[str], None]) -> dict[str, Any]:
+    with _stack(home, LOCAL_ENV) as settings:
+        run = _trigger_and_wait(settings, echo)
+        return {"local_run_s": run["run_s"], "local_run_state": run["dag_run_state"]}
+
+
+def run(out: Path, quick: bool) -> dict[str, Any]:
+    def echo(line: str) -> None:
+        print(f"[bench cluster] {line}", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="cascade-bench-cluster-") as tmp:
+        result: dict[str, Any] = {"ds": DS, "dag_id": DAG_ID, "quick": quick}
+        result |= cluster_phase(Path(tmp) / "cluster", quick, echo)
+        if not quick:
+            result |= local_phase(Path(tmp) / "local", echo)
+            result["cluster_vs_local"] = round(result["run_s"] / result["local_run_s"], 2)
+    result["cores"] = os.cpu_count()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str))
+    return result

@@ -1,0 +1,29 @@
+"""The cluster benchmark's readings of the engines' own records (the full run is
+``cascade bench cluster``: it starts the whole cluster stack twice and takes most of an hour)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks import cluster
+from cascade.config import load_settings
+from cascade.data_services import spark_event_dir
+from infra.spark_standalone import worker_dir
+
+
+def test_spark_workers_are_read_from_the_application_folders(tmp_path: Path) -> None:
+    settings = load_settings({"CASCADE_HOME": str(tmp_path), "CASCADE_PROFILE": "cluster"})
+    events = spark_event_dir(settings)
+    events.mkdir(parents=True)
+    for app in ("20261126165547-0000", "20261126170038-0001"):
+        (events / f"eventlog_v2_app-{app}").mkdir()
+    (events / "not-an-app").mkdir()
+    apps = cluster.spark_apps(settings)
+    assert apps == {"20261126165547-0000", "20261126170038-0001"}
+    assert cluster.workers_of_apps(settings, apps) == []
+    (worker_dir(settings, 2) / "app-20261126170038-0001").mkdir(parents=True)
+    assert cluster.workers_of_apps(settings, apps) == [2]
+    (worker_dir(settings, 1) / "app-20261126165547-0000").mkdir(parents=True)
+    assert cluster.workers_of_apps(settings, apps) == [1, 2]
+    # An application of another run does not count.
+    assert cluster.workers_of_apps(settings, {"20261126170158-0002"}) == []
