@@ -676,6 +676,17 @@ def served_model(settings: Settings, promoted: dict[str, Any]) -> dict[str, Any]
     }
 
 
+def absent_cross_reason(wanted: bool, model: str, kept: tuple[str, ...]) -> str:
+    """Why a run served no cross features."""
+    if not wanted:
+        return "--no-cross-features"
+    if model == "mlp":
+        return "the mlp network (a PreRanker) reads no fields beyond the default set"
+    if not kept:
+        return "the trained network kept none of the declared cross fields (FSCD's selection)"
+    return "the server counted no online reads of them (see online_reads and its log)"
+
+
 def private_stack_env(home: Path, port: int) -> dict[str, str]:
     """The settings of a private stack in ``home``: local profile, a SQLite MLflow, the model
     server on ``port``."""
@@ -769,12 +780,16 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
     threads = set(main["torch_threads_by_worker"].values())
     reads = main["online_reads"]
     read_online = main["cross_fields_read_online"]
+    # The served version read cross features from the online store per request, and the
+    # server's histogram counted those reads.
+    served_cross = bool(read_online) and bool(reads and reads["reads"] > 0)
     result = {
         **main,
-        # The served version read cross features from the online store per request, and the
-        # server's histogram counted those reads.
-        "cross_features": bool(read_online) and bool(reads and reads["reads"] > 0),
+        "cross_features": served_cross,
         "cross_features_requested": cross_wanted,
+        "cross_features_absent_because": None
+        if served_cross
+        else absent_cross_reason(cross_wanted, network["model"], cross_fields),
         "cross_fields_declared": list(declarations or ()),
         "cross_fields_kept": list(cross_fields),
         "cross_fields_served": read_online,

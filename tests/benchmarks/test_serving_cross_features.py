@@ -99,3 +99,12 @@ def test_no_cross_features_is_a_flag_and_a_setting(monkeypatch: pytest.MonkeyPat
     assert load_settings().bench.serving_cross_features is True
     monkeypatch.setenv("CASCADE_BENCH_SERVING_CROSS_FEATURES", "0")
     assert load_settings().bench.serving_cross_features is False
+
+
+def test_a_run_without_cross_features_says_why() -> None:
+    from benchmarks.serving_load import absent_cross_reason
+
+    assert absent_cross_reason(False, "fscd", ()) == "--no-cross-features"
+    assert "PreRanker" in absent_cross_reason(True, "mlp", ())
+    assert "FSCD" in absent_cross_reason(True, "fscd", ())
+    assert "no online reads" in absent_cross_reason(True, "cold", ("user_cat_ctr_7d",))
