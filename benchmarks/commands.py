@@ -28,6 +28,8 @@ BENCH_OPTIONS = {
     "clients": "concurrent clients (serving)",
     "seconds": "measured seconds of load, after the warm-up (serving)",
     "workers": "server processes (serving)",
+    "cross-features": "1 (default) or 0: the served model reads cross statistics from the "
+    "online store per request (serving; --no-cross-features is 0)",
     "rate": "open-loop arrival rate, requests/s (serving; default 70% of the closed loop's)",
     "pairs": "generated image-text pairs, comma-separated sizes (multimodal-corpus)",
 }
@@ -59,5 +61,12 @@ def register(sub: Any) -> tuple[type[BaseException], ...]:
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     for option, text in BENCH_OPTIONS.items():
         bench.add_argument(f"--{option}", dest=option, help=text)
+    bench.add_argument(
+        "--no-cross-features",
+        dest="cross-features",
+        action="store_const",
+        const="0",
+        help="serve the model without cross features (serving; same as --cross-features 0)",
+    )
     bench.set_defaults(func=cmd_bench)
     return (StackError,)

@@ -63,6 +63,7 @@ OPTIONS: dict[str, dict[str, str]] = {
         "workers": "CASCADE_BENCH_SERVING_WORKERS",
         "config": "CASCADE_BENCH_SERVING_CONFIG",
         "rate": "CASCADE_BENCH_SERVING_RATE",
+        "cross-features": "CASCADE_BENCH_SERVING_CROSS_FEATURES",
     },
 }
 """Per benchmark: command-line option -> the environment variable its function reads."""
@@ -93,6 +94,8 @@ GENERATORS: dict[str, tuple[str, ...]] = {
     "ctr": ("benchmarks.ctr_cross_stats", "jobs.impression_log"),
     "serving": (
         "benchmarks.serving_load",
+        "benchmarks.serving_cross_features",
+        "benchmarks.ctr_cross_duckdb",
         "benchmarks.load_generator",
         "models.preranking.synthetic_data",
     ),

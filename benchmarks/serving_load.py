@@ -1,14 +1,27 @@
-"""Benchmark ``serving``: the real pre-ranking server under load, user features included.
+"""Benchmark ``serving``: the real pre-ranking server under load, user and cross features
+read from the online store per request.
 
     cascade bench serving --candidates 1000 --clients 8 --out bench-results/serving.json
     cascade bench serving --out /tmp/serving.json --quick         # smoke, ~1 min
+    cascade bench serving --no-cross-features --out /tmp/serving-plain.json
 
 It builds a private stack in a temporary folder, started and stopped by the benchmark, so a
-running local stack is never touched:
+running local stack is never touched; its partition is today's (UTC), the log ends yesterday:
 
 * feature snapshots of a synthetic log (943 users, 1,682 items: MovieLens-100k's sizes) written
   to the lake as the CTR job writes them, then ``feast apply`` + materialize into the SQLite
   online store (:func:`cascade.feature_store.apply_and_materialize`);
+* cross features (default; ``--no-cross-features`` leaves them out): the log's user x item
+  category statistics (pair ``user_cat``, the one a request can key) written to the lake in the
+  cross-statistics engine's layout and bulk-loaded into the online store; the served model
+  reads :data:`benchmarks.serving_cross_features.CROSS_FIELDS` as cross fields, and the server
+  reads them per request, one batched read with the candidates' genres deduplicated (see
+  :mod:`benchmarks.serving_cross_features`). ``cross_features`` is true when the server said it
+  reads them online and its ``cascade_online_feature_read_seconds`` histogram counted reads;
+  ``cross_fields_served`` names them (FSCD may drop a declared one: ``cross_fields_declared``
+  / ``cross_fields_kept``), ``online_reads`` holds the histogram summed over the workers and
+  ``online_read_ms_per_request`` its mean per request (the run's whole life, warm-ups
+  included);
 * the network the pipeline's train step trains, trained on that log, logged to a SQLite MLflow
   and promoted to ``champion`` by :func:`cascade.registry.register_and_promote`. The kind is
   ``CASCADE_PRERANKING_MODEL`` (or ``CASCADE_BENCH_SERVING_MODEL``), the config is named by
@@ -17,7 +30,10 @@ running local stack is never touched:
   (``training_config``, ``is_pipeline_network``). ``fscd``: the FSCD cascade, trained as the
   train step trains it (DeepSpeed), then compiled and gated by the compile step, so the server
   scores with its AOTInductor package. ``mlp``: the config's PreRanker, trained in process
-  (plain Adam, seconds). ``model_digest`` and ``model_provenance`` name what was served;
+  (plain Adam, seconds; it reads no cross fields). ``cold``: the FSCD pre-ranker's network
+  over every field, trained in process (plain Adam, seconds; no selection, no compile step:
+  scored eagerly), what the ``--quick`` test serves. ``model_digest`` and
+  ``model_provenance`` name what was served;
 * ``python -m serving.server`` with ``--workers`` processes (default 2, one per core here),
   which loads the champion from the registry, holds the item features in memory and reads each
   request's user features from the online store. ``setup.torch_threads_per_worker`` is what
@@ -49,12 +65,14 @@ eager server CPU per request / compiled) and with the other process count (``wit
 Options (environment variable): ``--candidates`` (CASCADE_BENCH_SERVING_CANDIDATES), ``--clients``
 (CASCADE_BENCH_SERVING_CLIENTS), ``--seconds`` (CASCADE_BENCH_SERVING_SECONDS, each measured
 window), ``--workers`` (CASCADE_BENCH_SERVING_WORKERS), ``--config``
-(CASCADE_BENCH_SERVING_CONFIG), ``--rate`` (CASCADE_BENCH_SERVING_RATE), ``--repeats``
+(CASCADE_BENCH_SERVING_CONFIG), ``--rate`` (CASCADE_BENCH_SERVING_RATE), ``--cross-features``
+(CASCADE_BENCH_SERVING_CROSS_FEATURES, ``1``; ``--no-cross-features``: ``0``), ``--repeats``
 (CASCADE_BENCH_REPEATS).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import hashlib
 import json
@@ -88,7 +106,8 @@ from cascade.lake import Lake
 from cascade.ports import free_port
 
 DS = "2026-02-01"
-"""Partition of the private lake; the synthetic log ends the day before."""
+"""A fixed partition for benchmarks that serve no cross features (``bench security``); the
+serving benchmark uses today's (the cross views' ttl is two days)."""
 USERS, ITEMS = 943, 1_682
 LOG_ROWS = 40_000
 GOAL_P99_MS = 15.0
@@ -155,40 +174,46 @@ def serving_network(settings: Settings, *, quick: bool) -> dict[str, Any]:
     options = settings.bench
     kind = options.serving_model or settings.preranking_model
     knobs = load_group(PrerankingSettings)
-    pipeline_config = knobs.config or DEFAULT_CONFIGS[kind]
+    # ``cold``: the FSCD pre-ranker's network, so the pipeline's FSCD config is its reference.
+    pipeline_config = knobs.config or DEFAULT_CONFIGS["fscd" if kind == "cold" else kind]
     if options.serving_config:
         name, source = options.serving_config, "--config"
     elif quick:
         name, source = QUICK_CONFIG, "--quick (not the pipeline's config)"
     else:
         name, source = pipeline_config, "the pipeline's train step"
-    (get_cascade_config if kind == "fscd" else get_config)(name)  # a bad name fails here
+    # A bad name fails here.
+    (get_cascade_config if kind in ("fscd", "cold") else get_config)(name)
     return {
         "model": kind,
         "training_config": name,
         "config_source": source,
         "pipeline_config": pipeline_config,
-        "is_pipeline_network": name == pipeline_config,
+        "is_pipeline_network": kind != "cold" and name == pipeline_config,
         "epochs": knobs.epochs,
         "lr": knobs.lr,
     }
 
 
 def train_fscd_and_promote(
-    frame: pd.DataFrame, settings: Settings, ds: str, network: dict[str, Any] | None = None
+    frame: pd.DataFrame,
+    settings: Settings,
+    ds: str,
+    network: dict[str, Any] | None = None,
+    declarations: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Train the FSCD cascade of config ``network["training_config"]`` (default ``debug``) on
     ``frame`` as the pipeline's train step does (DeepSpeed, ``settings.train_processes``
-    processes), compile and gate it as its compile step does, register the pre-ranker and make
-    it champion."""
+    processes; ``declarations``: the frame's fields beyond the default set, written as the
+    ``fields.json`` beside the training set), compile and gate it as its compile step does,
+    register the pre-ranker and make it champion."""
+    from benchmarks.serving_cross_features import write_training_set
     from compilers.deploy_gate import compile_and_gate
     from models.preranking.cascade_train import launch_pipeline
     from models.preranking.registration import register_and_promote
 
     network = network or DEBUG_NETWORK
-    data = Lake(settings.lake_root).training_set("preranking", ds) / "data.parquet"
-    data.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_parquet(data, index=False)
+    write_training_set(frame, declarations, Lake(settings.lake_root), ds)
     trained = launch_pipeline(
         ds,
         config=network["training_config"],
@@ -552,9 +577,14 @@ def measure(
     warmup: float,
     repeats: int,
     rate: float | None,
+    cross_fields: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Start the server with ``workers`` processes, probe bad requests, read its torch
-    threads, then run ``repeats`` closed- and open-loop windows, alternating."""
+    threads, then run ``repeats`` closed- and open-loop windows, alternating; with
+    ``cross_fields`` (those the served model reads), read each worker's online-read histogram
+    (:mod:`benchmarks.serving_cross_features`) before stopping it."""
+    from benchmarks.serving_cross_features import cross_fields_read, scrape_online_reads
+
     tag = f"{workers}-{int(load_settings(env).serving.compiled)}"
     server = Server(
         {**env, "CASCADE_SERVING_WORKERS": str(workers)}, workdir / f"server-{tag}.log", port
@@ -591,7 +621,12 @@ def measure(
                         name=f"load-{tag}-{mode}-{round_}",
                     )
                 )
-        backend = served_backend(server.log_path.read_text(errors="replace"))
+        online_reads = None
+        if cross_fields:
+            headers = load_settings(env).serving.auth_headers()
+            online_reads = scrape_online_reads(server.url, headers, workers)
+        server_log = server.log_path.read_text(errors="replace")
+        backend = served_backend(server_log)
     finally:
         server.stop()
     closed = closed_loop_summary(windows["closed"])
@@ -612,6 +647,8 @@ def measure(
         "server_cpu_window_only": True,
         "torch_threads_by_worker": threads,
         "bad_request_status": bad,
+        "online_reads": online_reads,
+        "cross_fields_read_online": cross_fields_read(server_log, cross_fields),
     }
 
 
@@ -639,6 +676,17 @@ def served_model(settings: Settings, promoted: dict[str, Any]) -> dict[str, Any]
     }
 
 
+def absent_cross_reason(wanted: bool, model: str, kept: tuple[str, ...]) -> str:
+    """Why a run served no cross features."""
+    if not wanted:
+        return "--no-cross-features"
+    if model == "mlp":
+        return "the mlp network (a PreRanker) reads no fields beyond the default set"
+    if not kept:
+        return "the trained network kept none of the declared cross fields (FSCD's selection)"
+    return "the server counted no online reads of them (see online_reads and its log)"
+
+
 def private_stack_env(home: Path, port: int) -> dict[str, str]:
     """The settings of a private stack in ``home``: local profile, a SQLite MLflow, the model
     server on ``port``."""
@@ -651,6 +699,7 @@ def private_stack_env(home: Path, port: int) -> dict[str, str]:
 
 
 def run(out: Path, quick: bool) -> dict[str, Any]:
+    from benchmarks import serving_cross_features as cross
     from cascade.feature_store import apply_and_materialize
     from models.preranking.synthetic_data import synthetic_training_frame
 
@@ -661,6 +710,10 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
     workers = options.serving_workers
     warmup = 1.0 if quick else 5.0
     repeats = bench_repeats(3, quick=quick, quick_default=1)
+    cross_wanted = options.serving_cross_features
+    # Today's partition: the cross views' ttl (two days) would serve an older one as missing.
+    ds = cross.today_ds()
+    log_end = (dt.date.fromisoformat(ds) - dt.timedelta(days=1)).isoformat()
     if candidates > ITEMS:
         raise ValueError(f"--candidates {candidates}: the benchmark catalogue has {ITEMS} items")
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
@@ -676,14 +729,24 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         network = serving_network(settings, quick=quick)
         home.mkdir(parents=True)
         started = time.monotonic()
-        frame = synthetic_training_frame(
-            LOG_ROWS, users=USERS, items=ITEMS, seed=7, end="2026-01-31"
-        )
-        write_feature_lake(frame, Lake(settings.lake_root), DS)
-        apply_and_materialize(DS, settings=settings)
-        trainer = train_fscd_and_promote if network["model"] == "fscd" else train_and_promote
-        promoted = {**trainer(frame, settings, DS, network), **network}
+        frame = synthetic_training_frame(LOG_ROWS, users=USERS, items=ITEMS, seed=7, end=log_end)
+        write_feature_lake(frame, Lake(settings.lake_root), ds)
+        apply_and_materialize(ds, settings=settings)
+        statistics = None
+        declarations = None
+        if cross_wanted and network["model"] != "mlp":  # a PreRanker reads no extra fields
+            statistics = cross.publish_cross_statistics(frame, settings, ds, workdir)
+            frame, declarations = cross.with_cross_fields(frame, settings, ds)
+        if network["model"] == "fscd":
+            trained = train_fscd_and_promote(frame, settings, ds, network, declarations)
+        elif network["model"] == "cold":
+            trained = cross.train_cold_and_promote(frame, settings, ds, network, declarations)
+        else:
+            trained = train_and_promote(frame, settings, ds, network)
+        promoted = {**trained, **network}
         model_provenance = served_model(settings, promoted)
+        kept = cross.served_fields(settings, ds)
+        cross_fields = tuple(name for name in cross.CROSS_FIELDS if name in kept)
         ids = workdir / "ids.json"
         ids.write_text(
             json.dumps(
@@ -705,6 +768,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             warmup=warmup,
             repeats=repeats,
             rate=options.serving_rate,
+            cross_fields=cross_fields,
         )
         main = load(workers=workers, env=env)
         # Side by side, for the record: the same load scored by eager PyTorch (when the main
@@ -714,8 +778,23 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             eager = load(workers=workers, env={**env, "CASCADE_SERVING_COMPILED": "0"})
         other = None if quick else load(workers=1 if workers > 1 else 2, env=env)
     threads = set(main["torch_threads_by_worker"].values())
+    reads = main["online_reads"]
+    read_online = main["cross_fields_read_online"]
+    # The served version read cross features from the online store per request, and the
+    # server's histogram counted those reads.
+    served_cross = bool(read_online) and bool(reads and reads["reads"] > 0)
     result = {
         **main,
+        "cross_features": served_cross,
+        "cross_features_requested": cross_wanted,
+        "cross_features_absent_because": None
+        if served_cross
+        else absent_cross_reason(cross_wanted, network["model"], cross_fields),
+        "cross_fields_declared": list(declarations or ()),
+        "cross_fields_kept": list(cross_fields),
+        "cross_fields_served": read_online,
+        "online_read_ms_per_request": reads["per_request_mean_ms"] if reads else None,
+        "cross_statistics": statistics,
         "repeats": repeats,
         "training_config": network["training_config"],
         "is_pipeline_network": network["is_pipeline_network"],
@@ -730,6 +809,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             "items": ITEMS,
             "log_rows": LOG_ROWS,
             "online_store": "feast sqlite (local profile)",
+            "ds": ds,
             "registry": "mlflow sqlite",
             "model": promoted["model"],
             "model_version": promoted["version"],
@@ -757,6 +837,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "rps_runs",
         "server_cpu_ms_per_request_runs",
         "open_loop",
+        "online_reads",
     )
     if eager is not None:
         result["eager_scorer"] = {k: eager[k] for k in summary}

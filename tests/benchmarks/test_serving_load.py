@@ -116,8 +116,10 @@ def test_torch_threads_are_read_per_worker_from_the_metrics() -> None:
 def test_quick_serving_benchmark_reports_latency_without_errors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The seconds-long first network: the FSCD champion is served in the e2e pipeline run.
-    monkeypatch.setenv("CASCADE_BENCH_SERVING_MODEL", "mlp")
+    # The FSCD pre-ranker's network trained in process (seconds): the pipeline's FSCD champion
+    # is served in the e2e pipeline run.
+    monkeypatch.setenv("CASCADE_BENCH_SERVING_MODEL", "cold")
+    monkeypatch.delenv("CASCADE_BENCH_SERVING_CROSS_FEATURES", raising=False)
     assert BENCHMARKS["serving"] == "benchmarks.serving_load:run"
     assert set(OPTIONS["serving"]) == {
         "candidates",
@@ -126,6 +128,7 @@ def test_quick_serving_benchmark_reports_latency_without_errors(
         "workers",
         "config",
         "rate",
+        "cross-features",
     }
     out = tmp_path / "serving.json"
     result = run_benchmark(
@@ -142,8 +145,22 @@ def test_quick_serving_benchmark_reports_latency_without_errors(
     assert 0 < result["p50_ms"] <= result["p99_ms"] and result["rps"] > 0
     assert result["machine"]["cpus"] >= 1 and result["warmup_s"] > 0
     assert result["bad_requests_all_4xx"], result["bad_request_status"]
-    assert result["setup"]["model_version"] == "1" and result["setup"]["model"] == "mlp"
-    assert result["backend"] == "eager-shared"  # a PreRanker: no compiled package to load
+    assert result["setup"]["model_version"] == "1" and result["setup"]["model"] == "cold"
+    assert result["backend"] == "eager"  # trained in process: no compiled package
+    # Cross features: the user x category statistics computed into the lake, bulk-loaded into
+    # the online store and read by the server per request (its histogram counted the reads).
+    from benchmarks.serving_cross_features import CROSS_FIELDS
+
+    assert result["cross_features"] is True and result["cross_features_absent_because"] is None
+    assert result["cross_fields_served"] == list(CROSS_FIELDS)
+    assert result["cross_statistics"]["materialize_engine"] == "bulk"
+    assert result["cross_statistics"]["materialized_rows"] > 1_000
+    reads = result["online_reads"]
+    assert list(reads["by_view"]) == ["cross_user_cat"]
+    # One read per answered request (warm-ups included), the probes' 4xx answers read nothing.
+    answered = result["answered_total"] + result["open_loop"]["answered_total"]
+    assert reads["reads"] == answered > 0
+    assert 0 < result["online_read_ms_per_request"] < result["p99_ms"]
     # Every candidate of every good answer (warm-up included) was logged, none lost at stop.
     assert result["setup"]["feedback_logging"]
     assert result["feedback_complete"], (result["feedback_rows_logged"], result["answered_total"])
@@ -155,7 +172,7 @@ def test_quick_serving_benchmark_reports_latency_without_errors(
     )
     # --quick serves the debug config, and says it is not the pipeline's network.
     assert result["training_config"] == "debug" and not result["is_pipeline_network"]
-    assert result["model_provenance"]["pipeline_config"] == "ml100k"
+    assert result["model_provenance"]["pipeline_config"] == "pipeline"
     assert result["model_digest"].startswith("sha256:")
     # One window per load mode; the open loop at 70% of the closed loop's throughput, latency
     # from the scheduled send time.
