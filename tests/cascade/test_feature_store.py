@@ -296,3 +296,14 @@ def test_cluster_profile_names_unset_variables(monkeypatch: pytest.MonkeyPatch) 
     config = fs.repo_config(load_settings())
     assert config.offline_store.type == "spark"
     assert config.online_store.connection_string == "redis.cascade.svc:6379"
+
+
+def test_the_cluster_profile_materializes_from_spark_executors(tmp_path: Path) -> None:
+    assert fs.default_materialize_engine(Settings(home=tmp_path)) == "bulk"
+    cluster = Settings(home=tmp_path, profile="cluster")
+    assert fs.default_materialize_engine(cluster) == "spark"
+    # The kernel starts no Spark: without the executors' loader the call says what to pass.
+    with pytest.raises(ValueError, match="loader=jobs.online_materialize.SparkViewLoader"):
+        fs.materialize_cross(DS, settings=cluster)
+    with pytest.raises(ValueError, match="engine must be one of"):
+        fs.materialize_cross(DS, settings=cluster, engine="dask")
