@@ -30,6 +30,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -50,13 +51,14 @@ ARROW_BATCH_ROWS = 20_000
 
 STATS_SCHEMA = (
     "partition int, rows long, skipped long, kept_newer long, batches long, "
-    "seconds double, host string, workdir string"
+    "seconds double, cpu_s double, host string, workdir string"
 )
 _STATS_ARROW = pa.schema(
     [
         ("partition", pa.int32()),
         *((name, pa.int64()) for name in ("rows", "skipped", "kept_newer", "batches")),
         ("seconds", pa.float64()),
+        ("cpu_s", pa.float64()),
         ("host", pa.string()),
         ("workdir", pa.string()),
     ]
@@ -221,6 +223,7 @@ def write_batches(plan: ViewPlan, batches: Iterator[pa.RecordBatch]) -> Iterator
 
     context = TaskContext.get()
     partition = context.partitionId() if context is not None else -1
+    cpu = time.process_time()
     writer = _executor_writer(plan)
     try:
         result = writer.write(batches, check=plan.check, progress=False)
@@ -239,6 +242,7 @@ def write_batches(plan: ViewPlan, batches: Iterator[pa.RecordBatch]) -> Iterator
                 "kept_newer": result.kept_newer,
                 "batches": result.batches,
                 "seconds": result.seconds,
+                "cpu_s": time.process_time() - cpu,
                 "host": socket.gethostname(),
                 # A standalone executor runs in <worker dir>/<app>/<executor>: which worker.
                 "workdir": os.getcwd(),
@@ -253,6 +257,8 @@ class SparkLoadResult(online_bulk.BulkResult):
     """A view's load by the executors: the bulk engine's counts, summed over the tasks."""
 
     partitions: int = 0
+    cpu_s: float = 0.0
+    """CPU seconds of the tasks' Python workers (encoding, checks, Redis client)."""
     tasks: list[dict[str, Any]] = field(default_factory=list)
     """One entry per Spark partition: its counts, host and executor working folder."""
 
@@ -318,8 +324,10 @@ def write_view(
         rows = frame.mapInArrow(lambda batches: write_batches(plan, batches), STATS_SCHEMA)
         tasks = [row.asDict() for row in rows.collect()]
     except Exception as exc:
-        if RedisPasswordRejected.__name__ in str(exc):
-            raise _rejected(target) from None
+        # A task's own message (a refused password, an unreadable file), not Spark's trace.
+        told = re.search(rf"{RedisPasswordRejected.__name__}: (.+)", str(exc))
+        if told:
+            raise RedisPasswordRejected(told.group(1).strip()) from None
         raise
     finally:
         if previous is None:
@@ -333,6 +341,7 @@ def write_view(
         result.skipped_missing_key += task["skipped"]
         result.kept_newer += task["kept_newer"]
         result.batches += task["batches"]
+        result.cpu_s += task["cpu_s"]
     return result
 
 

@@ -6,7 +6,6 @@ stops the load with a message that names the file, not the password."""
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
+from benchmarks.online_materialize import settings_over_stack
 from cascade import feature_store as fs
 from cascade.config import FeatureStoreSettings, Settings
 from cascade.data_services import redis_connection, redis_password_file
 from cascade.lake import Lake
-from cascade.state import write_secret
 from jobs import ctr_cross_stats as job
 from jobs import online_materialize as om
 from tests.cascade import test_online_bulk_redis
@@ -36,21 +35,7 @@ CHOSEN = ("item_pos", "seg_cat")
 def cluster_home(stack: Settings, home: Path, password: str | None = None) -> Settings:
     """The cluster profile in ``home`` over the stack's Redis: its password file copied there
     (or ``password`` written instead), a file registry, one pair partition per chosen pair."""
-    (home / "feast").mkdir(parents=True, exist_ok=True)
-    settings = Settings(
-        home=home,
-        profile="cluster",
-        ports=stack.ports,
-        feature_store=FeatureStoreSettings(
-            feast_registry_url=f"sqlite:///{home / 'feast' / 'registry.db'}"
-        ),
-    )
-    target = redis_password_file(settings)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if password is None:
-        shutil.copy(redis_password_file(stack), target)
-    else:
-        write_secret(target, password + "\n")
+    settings = settings_over_stack(stack, home, password)
     lake = Lake(settings.lake_root)
     for i, name in enumerate(CHOSEN):
         write_partition(lake, PAIRS[name], DS1, np.arange(0, 60), seed=i)
@@ -113,7 +98,7 @@ def test_executors_write_what_feast_reads_back_and_what_the_bulk_engine_writes(
 
 
 def test_a_wrong_password_stops_the_load_naming_the_file(
-    spark, stack_redis: Settings, tmp_path: Path
+    spark, stack_redis: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     good = cluster_home(stack_redis, tmp_path / "good")
     store = fs.feature_store(good)
@@ -129,13 +114,9 @@ def test_a_wrong_password_stops_the_load_naming_the_file(
     assert str(redis_password_file(bad)) in message and "refused the password" in message
     assert "not-the-password" not in message
     # On the executors too (the driver's own check skipped): the same message, not a trace.
-    real = om.check_password
-    try:
-        om.check_password = lambda target: None
-        with pytest.raises(om.RedisPasswordRejected, match="refused the password"):
-            loader(store, view, folder, moment, moment)
-    finally:
-        om.check_password = real
+    monkeypatch.setattr(om, "check_password", lambda target: None)
+    with pytest.raises(om.RedisPasswordRejected, match="refused the password"):
+        loader(store, view, folder, moment, moment)
     client = stack_client(stack_redis)
     try:
         assert hashes(client) == {}
