@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import feast
 import pandas as pd
@@ -331,10 +331,33 @@ def cross_features_at(
     return found
 
 
-MATERIALIZE_ENGINES = ("bulk", "feast")
+MATERIALIZE_ENGINES = ("bulk", "feast", "spark")
 """How :func:`materialize_cross` loads the online store: ``bulk`` (Arrow batches straight into
-SQLite or Redis, :mod:`cascade.online_bulk`) or ``feast`` (``FeatureStore.materialize``, row by
-row)."""
+SQLite or Redis from this process, :mod:`cascade.online_bulk`), ``feast``
+(``FeatureStore.materialize``, row by row) or ``spark`` (Redis only: the bulk engine's encoding
+and writes run on Spark executors, one task per Spark partition; the caller hands in the
+``loader``, e.g. ``jobs.online_materialize.SparkViewLoader``, since the kernel starts no
+Spark)."""
+
+
+class ViewLoader(Protocol):
+    """Loads the rows of a parquet partition with ``start <= event time <= end`` into one
+    view's online store, leaving the registry alone (the ``spark`` engine)."""
+
+    def __call__(
+        self,
+        store: feast.FeatureStore,
+        view: feast.FeatureView,
+        path: Path,
+        start: dt.datetime,
+        end: dt.datetime,
+    ) -> Any: ...
+
+
+def default_materialize_engine(settings: Settings) -> str:
+    """The profile's engine: ``spark`` in the ``cluster`` profile (its online store is Redis,
+    which executors write in parallel), ``bulk`` otherwise (one SQLite file takes one writer)."""
+    return "spark" if settings.profile == "cluster" else "bulk"
 
 
 def materialize_cross(
@@ -342,8 +365,9 @@ def materialize_cross(
     *,
     settings: Settings | None = None,
     source: str = "generated",
-    engine: str = "bulk",
+    engine: str | None = None,
     pairs: Sequence[str] | None = None,
+    loader: ViewLoader | None = None,
 ) -> dict[str, Any]:
     """Apply the cross views of ``source`` and load partition ``ds`` of every pair (or of
     ``pairs``: the ones the source's log could key) into the online store (rows with
@@ -352,15 +376,23 @@ def materialize_cross(
     overwrites an earlier one key by key, keys absent from it keep their older row until the
     views' ttl makes them stale.
 
-    ``engine="bulk"`` (default) writes the SQLite (local) or Redis (cluster) online store from
-    Arrow batches and records the interval in the registry as Feast does; stores it does not
-    write go through Feast. ``engine="feast"`` always uses ``FeatureStore.materialize`` (for
-    comparison)."""
+    ``engine`` (default: :func:`default_materialize_engine`): ``"bulk"`` writes the SQLite
+    (local) or Redis (cluster) online store from Arrow batches and records the interval in the
+    registry as Feast does; stores it does not write go through Feast. ``"spark"`` writes Redis
+    from Spark executors through ``loader`` (required; a store that is not Redis falls back to
+    ``bulk``). ``"feast"`` always uses ``FeatureStore.materialize`` (for comparison)."""
     from cascade import online_bulk
 
+    settings = settings or load_settings()
+    engine = engine or default_materialize_engine(settings)
     if engine not in MATERIALIZE_ENGINES:
         raise ValueError(f"engine must be one of {MATERIALIZE_ENGINES}, not {engine!r}")
-    settings = settings or load_settings()
+    if engine == "spark" and loader is None:
+        raise ValueError(
+            "engine 'spark' writes from Spark executors and needs their loader: pass "
+            "loader=jobs.online_materialize.SparkViewLoader(spark, settings) (the ctr_cross "
+            "pipeline's feast step does), or engine='bulk' to write from this process"
+        )
     check_ds(ds)
     started = time.perf_counter()
     lake = Lake(settings.lake_root)
@@ -381,7 +413,14 @@ def materialize_cross(
     store.apply(objects)
     views = [f"cross_{pair}" for pair in chosen]
     moment = dt.datetime.combine(dt.date.fromisoformat(ds), dt.time(), tzinfo=dt.UTC)
-    if engine == "bulk":
+    if engine == "spark" and not _is_redis(store):
+        print(
+            f"[feature_store] the spark engine writes Redis, not {store.config.online_store.type}:"
+            " materializing in bulk from this process",
+            flush=True,
+        )
+        engine = "bulk"
+    if engine in ("bulk", "spark"):
         try:
             online_bulk.check_supported(store)
         except online_bulk.BulkUnsupported as why:
@@ -389,6 +428,8 @@ def materialize_cross(
             engine = "feast"
     rows: int | None = None
     write_s: float | None = None
+    writers: set[str] = set()
+    """The spark engine's tasks that wrote rows: their executors' working folders."""
     if engine == "feast":
         # Both bounds are inclusive: exactly the ds partition (every row carries ds midnight).
         store.materialize(start_date=moment, end_date=moment, feature_views=views)
@@ -396,7 +437,12 @@ def materialize_cross(
         rows, write_s = 0, 0.0
         for pair, folder in folders.items():
             view = store.get_feature_view(f"cross_{pair}")
-            result = online_bulk.write_path(store, view, folder, moment, moment)
+            if engine == "spark":
+                assert loader is not None
+                result = loader(store, view, folder, moment, moment)
+                writers.update(t["workdir"] for t in getattr(result, "tasks", []) if t["rows"])
+            else:
+                result = online_bulk.write_path(store, view, folder, moment, moment)
             online_bulk.record_materialization(store, view, moment, moment)
             if result.skipped_missing_key:
                 print(
@@ -422,7 +468,14 @@ def materialize_cross(
         "rows": rows,
         "write_s": write_s,
         "rows_per_s": rows / write_s if rows and write_s else None,
+        **({"writer_dirs": sorted(writers)} if engine == "spark" else {}),
     }
+
+
+def _is_redis(store: feast.FeatureStore) -> bool:
+    from feast.infra.online_stores.redis import RedisOnlineStoreConfig
+
+    return isinstance(store.config.online_store, RedisOnlineStoreConfig)
 
 
 def online_cross_features(

@@ -198,7 +198,8 @@ class GateNotPassed(NotReady):
 
 
 def feast(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
-    """Apply the cross views and load partition ``ds`` of every pair into the online store."""
+    """Apply the cross views and load partition ``ds`` of every pair into the online store
+    (the profile's engine: from Spark executors in the ``cluster`` profile)."""
     from jobs.ctr_cross_stats import CrossLake
 
     settings = settings or load_settings()
@@ -214,11 +215,27 @@ def feast(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
             f"the gate failed for ds={ds} ({', '.join(verdict.get('failed', []))}); "
             f"see {report}. Feast keeps the previous partition."
         )
-    from cascade.feature_store import materialize_cross
+    from cascade.feature_store import default_materialize_engine, materialize_cross
 
     summary = CrossLake(Lake(settings.lake_root), source).summary(check_ds(ds))
     pairs = json.loads(summary.read_text()).get("pairs") if summary.is_file() else None
-    return materialize_cross(ds, settings=settings, source=source, pairs=pairs)
+    engine = default_materialize_engine(settings)
+    if engine != "spark":
+        return materialize_cross(ds, settings=settings, source=source, pairs=pairs, engine=engine)
+    # The cluster profile: the executors of the job's own Spark master write Redis.
+    from jobs import ctr_cross_stats as job
+    from jobs.online_materialize import SparkViewLoader
+    from jobs.spark_sessions import active_or_new
+
+    with active_or_new(lambda: job.build_session(settings, app="cascade.ctr_cross.feast")) as spark:
+        return materialize_cross(
+            ds,
+            settings=settings,
+            source=source,
+            pairs=pairs,
+            engine=engine,
+            loader=SparkViewLoader(spark, settings),
+        )
 
 
 PIPELINE = Pipeline(

@@ -316,3 +316,14 @@ def test_cluster_offline_store_authenticates_to_the_stack_master(
     assert conf["spark.authenticate"] == "true" and conf["spark.authenticate.secret"] == "sesame"
     assert conf["spark.eventLog.enabled"] == "true"
     assert "sesame" not in fs.feature_store_yaml("cluster").read_text()
+
+
+def test_the_cluster_profile_materializes_from_spark_executors(tmp_path: Path) -> None:
+    assert fs.default_materialize_engine(Settings(home=tmp_path)) == "bulk"
+    cluster = Settings(home=tmp_path, profile="cluster")
+    assert fs.default_materialize_engine(cluster) == "spark"
+    # The kernel starts no Spark: without the executors' loader the call says what to pass.
+    with pytest.raises(ValueError, match="loader=jobs.online_materialize.SparkViewLoader"):
+        fs.materialize_cross(DS, settings=cluster)
+    with pytest.raises(ValueError, match="engine must be one of"):
+        fs.materialize_cross(DS, settings=cluster, engine="dask")

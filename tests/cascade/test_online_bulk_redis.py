@@ -104,7 +104,7 @@ def test_cluster_materialize_writes_redis_in_bulk_exactly_as_feast_does(
         feast_store.materialize(start_date=moment(ds), end_date=moment(ds), feature_views=views)
     # Day 1, day 2, then day 1 again: the older partition must not overwrite a newer key.
     for ds, rows in ((DS1, 45), (DS2, 30), (DS1, 45)):
-        run = fs.materialize_cross(ds, settings=cluster, pairs=list(CHOSEN))
+        run = fs.materialize_cross(ds, settings=cluster, pairs=list(CHOSEN), engine="bulk")
         assert run["engine"] == "bulk" and run["rows"] == 2 * rows
 
     # Same keys, same fields, same bytes (values, missing values, timestamps).
