@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,23 @@ def test_quick_preranking_benchmark_writes_its_figures(
     assert provenance["source"].startswith("initialized")
     assert provenance["config_values"]["name"] == "debug" and provenance["rows"] > 0
     assert provenance["rows_digest"].startswith("sha256:")
+    # The cross path on a tiny engine-built log: one seed, with and without the cross fields.
+    for key in ("auc_with_cross", "auc_without_cross", "cross_lift"):
+        assert math.isfinite(result[key]) and -1 < result[key] <= 1, key
+    assert 0.5 < result["auc_with_cross"] and 0.5 < result["auc_without_cross"]
+    assert result["cross_lift"] == pytest.approx(
+        result["auc_with_cross"] - result["auc_without_cross"]
+    )
+    setup = result["cross_setup"]
+    assert setup["seeds"] == [0] and setup["config"] == "debug_cross"
+    assert setup["fields"] > setup["fields_without_cross"] >= 3
+    assert setup["fields_by_kind"]["cross"] == setup["fields"] - setup["fields_without_cross"]
+    assert set(result["cross_fields_kept"]) <= set(result["cross_per_seed"][0]["cross_fields_kept"])
+    for key in ("learned_cross_rare_pair_spearman", "additive_rare_pair_spearman"):
+        assert key in result and (result[key] is None or -1 <= result[key] <= 1)
+    assert result["cross_rare_pairs"]["rare_pairs"] >= 0
+    for key in ("input_digest", "rows_digest", "fields_digest", "model_digest"):
+        assert result["cross_provenance"][key].startswith("sha256:"), key
 
 
 def test_seeds_are_summarized_by_median_with_spread_and_goal_counts(
