@@ -19,6 +19,11 @@ processes, and for the record the same ratio under ZeRO-1 (``ds_vs_torch_through
 and the eager scoring cost of 1 user x 1,000 / 10,000 candidates with the user part shared
 (``score_request``) against scoring every candidate row in full.
 
+With ``--config generated`` (with ``--quick``: on a tiny log, one seed) it also reports what
+the cross features add: ``auc_with_cross``, ``auc_without_cross``, ``cross_lift``,
+``cross_fields_kept``, ``learned_cross_rare_pair_spearman``, ``additive_rare_pair_spearman``,
+``cross_setup`` and ``cross_provenance`` (see :mod:`benchmarks.preranking_cross`).
+
 ``model_digest`` is what the quality figures came from: one digest over every seed's trained
 networks (each run folder's ``phases/*/model.pt`` and the deployed ``fscd_model/``; per seed
 in ``model_provenance.per_seed``). ``model_provenance`` holds the config (its name and every
@@ -58,6 +63,10 @@ SCORING_SEED = 0
 TRAINED_MODEL_FILES = ("phases", "fscd_model")
 """What a cascade run folder holds of its trained networks: every phase's ``model.pt`` and the
 deployed FSCD model."""
+CROSS_CONFIG = "generated"
+"""With this config the run also trains FSCD with and without the cross-statistics engine's
+fields on one generated log (:mod:`benchmarks.preranking_cross`); with ``--quick`` on a tiny
+log, one seed (the rest of a quick run still uses ``debug``)."""
 SEEDS_ENV = "CASCADE_BENCH_PRERANKING_SEEDS"
 """Comma-separated training seeds of the full run (default ``0``); one cascade per seed."""
 HEADLINE = (
@@ -236,6 +245,11 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         if not quick:
             result.update(train_seeds(config_name, out, bench_seeds()))
             fields = tuple(result["fscd_fields"])
+        if load_settings().bench.preranking_config == CROSS_CONFIG:
+            from benchmarks.preranking_cross import FULL, QUICK, cross_comparison
+
+            seeds = [SCORING_SEED] if quick else bench_seeds()
+            result.update(cross_comparison(work / "cross", seeds, QUICK if quick else FULL))
         steps = 10 if quick else 200
         one = throughput(config_name, 1, steps, work)
         result["torch_samples_per_s"] = one["torch_samples_per_s"]

@@ -256,6 +256,66 @@ def rare_pair_scores(
     }
 
 
+def learned_pair_ctr(
+    partition: pd.DataFrame,
+    *,
+    pair: str,
+    keys: tuple[str, str],
+    window: int = 30,
+    config: LearnedCrossConfig | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """Fit the learned cross model on every pair of one partition (window ``window``) and
+    return ``(predict, facts)``: ``predict(frame)`` gives the learned CTR of each row of a
+    frame holding the two key columns (NaN where a key is no node of the fit: nothing was
+    learned about it), and ``facts`` the nodes and pairs fitted. A pair never seen together
+    still gets a value when both keys were seen with others: what the learned form is for.
+
+    Point in time: the partition's statistics end at its ``ds``, so rows of day ``ds`` scored
+    with it see nothing of their own day."""
+    config = config or LearnedCrossConfig()
+    imp, ctr = f"{pair}_imp_{window}d", f"{pair}_ctr_{window}d"
+    lacking = [c for c in [*keys, imp, ctr] if c not in partition.columns]
+    if lacking:
+        raise ValueError(f"partition of pair {pair!r} lacks columns {lacking}")
+    fitted = partition[partition[imp] > 0].reset_index(drop=True)
+    if fitted.empty:
+        raise ValueError(f"partition of pair {pair!r} has no pair seen in its {window}-day window")
+    codes_a, nodes_a = pd.factorize(fitted[keys[0]])
+    codes_b, nodes_b = pd.factorize(fitted[keys[1]])
+    threads = torch.get_num_threads()
+    # Small full-batch steps: one thread is faster than many contending on a busy machine
+    # (seen 10 ms per step instead of ~1 ms under load).
+    torch.set_num_threads(1)
+    try:
+        model = _fit(
+            torch.as_tensor(codes_a, dtype=torch.long),
+            torch.as_tensor(codes_b, dtype=torch.long),
+            torch.as_tensor(fitted[ctr].to_numpy(), dtype=torch.float32),
+            torch.as_tensor(fitted[imp].to_numpy(), dtype=torch.float32),
+            (len(nodes_a), len(nodes_b)),
+            config,
+            True,
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+    def predict(frame: pd.DataFrame) -> np.ndarray:
+        a = nodes_a.get_indexer(pd.Index(frame[keys[0]]))
+        b = nodes_b.get_indexer(pd.Index(frame[keys[1]]))
+        known = (a >= 0) & (b >= 0)
+        out = np.full(len(frame), np.nan)
+        if known.any():
+            with torch.no_grad():
+                got = model(
+                    torch.as_tensor(a[known], dtype=torch.long),
+                    torch.as_tensor(b[known], dtype=torch.long),
+                )
+            out[known] = got.numpy().astype(np.float64)
+        return out
+
+    return predict, {"pairs": len(fitted), "nodes": [len(nodes_a), len(nodes_b)]}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """CLI: see the module docstring."""
     parser = argparse.ArgumentParser(prog="python -m jobs.ctr_learned_cross")

@@ -16,7 +16,15 @@ Build one from the lake (``<lake>/features/ctr_cross/<source>/<pair>/dt=<ds>/``)
     from jobs.ctr_training_set import training_set_from_lake
     frame, declarations = training_set_from_lake(impressions, lake_root, source="generated")
 
-or from frames in hand with :func:`training_set` (``{pair name: {ds: frame}}``).
+or from frames in hand with :func:`training_set` (``{pair name: {ds: frame}}``), or end to
+end from an impression log (generated when none is given) with the engine run for each
+training day on a running Spark session, written as ``data.parquet`` + ``fields.json`` (the
+pre-ranker's field set: ids, every statistic and the learned cross fields with what their
+cost depends on)::
+
+    from jobs.ctr_training_set import build_engine_training_set
+    summary = build_engine_training_set(out, spark=spark, log=log_folder, train_days=14)
+    # cascade_train --config generated_cross --data OUT/data.parquet  (fields.json beside it)
 
 The frame holds the id fields as the pre-ranker names them (``user_id``, ``item_id``,
 ``genre`` = the log's ``item_category``), the other key columns the pairs use
@@ -256,3 +264,196 @@ def training_set_from_lake(
     return training_set(
         impressions, partitions, pairs=pairs, windows=windows, max_lag_days=max_lag_days
     )
+
+
+# --- a training set built end to end by the engine ----------------------------------------------
+
+USER_TOTALS = engine.CrossPair(name="user", keys=("user_id",))
+"""The user's own statistics: the engine's one-key pair on ``user_id`` (a user-side field)."""
+ITEM_TOTALS = engine.CrossPair(name="item", keys=("item_id",))
+"""The item's own statistics: the one-key pair on ``item_id`` (an item-side field)."""
+TRAINING_PAIRS = (USER_TOTALS, ITEM_TOTALS, *engine.GENERATED_PAIRS)
+"""What :func:`build_engine_training_set` runs the engine with: the user's and the item's
+statistics beside the five crosses, so a model without the crosses still has counts and CTRs."""
+LEARNED_PAIRS: dict[str, tuple[str, str]] = {
+    "user_cat": ("user_id", "item_category"),
+    "seg_item": ("user_segment", "item_id"),
+    "ctx_item": ("context", "item_id"),
+}
+"""Pairs that get a learned cross field (:func:`jobs.ctr_learned_cross.learned_pair_ctr`):
+the sparse ones, whose rare and unseen pairs the node embeddings can still score."""
+ID_FIELD_KINDS = {"user_id": "user", "item_id": "item", "genre": "item"}
+FIELDS_FORMAT = 1
+"""Version of the ``fields.json`` written here (:class:`models.preranking.fields.FieldSet`)."""
+DATA_FILE = "data.parquet"
+FIELDS_FILE = "fields.json"
+
+
+def learned_column(pair: str, window: int) -> str:
+    """The learned cross field of ``pair`` fitted on its ``window``-day statistic."""
+    return f"{pair}_learned_ctr_{window}d"
+
+
+def field_entries(
+    frame: pd.DataFrame, declared: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """``fields.json`` entries: the id fields, then every declared column with what its cost
+    depends on (kind, window, and ``key_cardinality``: the distinct lookup keys behind the
+    rows that have a value, counted here on the frame)."""
+    entries: list[dict[str, Any]] = [
+        {"name": name, "kind": kind, "categorical": True} for name, kind in ID_FIELD_KINDS.items()
+    ]
+    counted: dict[tuple[tuple[str, ...], bool], int] = {}
+    for name, spec in declared.items():
+        keys = tuple(spec["key_columns"])
+        present = frame[name].notna()
+        if spec.get("key_cardinality") is not None:
+            cardinality = int(spec["key_cardinality"])
+        else:
+            # Columns of one pair have values on the same rows: count each key set once.
+            cache = (keys, bool(present.all()))
+            if cache not in counted:
+                counted[cache] = max(1, len(frame.loc[present, list(keys)].drop_duplicates()))
+            cardinality = counted[cache]
+        entry: dict[str, Any] = {"name": name, "kind": spec["kind"], "categorical": False}
+        if spec.get("window_days") is not None:
+            entry["window_days"] = int(spec["window_days"])
+        entry["key_cardinality"] = cardinality
+        entries.append(entry)
+    return entries
+
+
+def add_learned_fields(
+    frame: pd.DataFrame,
+    partitions: Mapping[str, Mapping[str, pd.DataFrame]],
+    *,
+    pairs: Mapping[str, tuple[str, str]] = LEARNED_PAIRS,
+    window: int = 30,
+    config: Any = None,
+) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]:
+    """The frame with one learned cross column per pair of ``pairs``: for the rows of day
+    ``D``, the model fitted on partition ``D`` (days before ``D`` only); returns the frame and
+    the new columns' declarations (``key_cardinality``: the fitted nodes, what it stores)."""
+    from jobs.ctr_learned_cross import learned_pair_ctr
+
+    days = impression_days(frame[engine.TIMESTAMP])
+    declared: dict[str, dict[str, Any]] = {}
+    frame = frame.copy()
+    for pair, keys in pairs.items():
+        column = learned_column(pair, window)
+        values = np.full(len(frame), np.nan)
+        nodes = 1
+        for ds, partition in sorted(partitions[pair].items()):
+            rows = (days == ds).to_numpy()
+            if not rows.any() or partition.empty:
+                continue
+            predict, facts = learned_pair_ctr(
+                partition, pair=pair, keys=keys, window=window, config=config
+            )
+            on_day = frame.loc[rows, [frame_column(k) for k in keys]]
+            on_day.columns = list(keys)
+            values[rows] = predict(on_day)
+            nodes = max(nodes, sum(facts["nodes"]))
+        frame[column] = values
+        declared[column] = {
+            "kind": "cross",
+            "categorical": False,
+            "window_days": window,
+            "key_columns": [frame_column(k) for k in keys],
+            "key_cardinality": nodes,
+        }
+    return frame, declared
+
+
+def build_engine_training_set(
+    out: Path,
+    *,
+    spark: Any,
+    log: Path | None = None,
+    generator: Any = None,
+    train_days: int = 14,
+    settings: Any = None,
+    pairs: Sequence[engine.CrossPair] = TRAINING_PAIRS,
+    windows: Sequence[int] = (1, 7, 30),
+    learned: bool = True,
+    learned_config: Any = None,
+) -> dict[str, Any]:
+    """Impression log -> the engine on each training day -> ``out/data.parquet`` + ``fields.json``.
+
+    ``log``: a generated log folder (:mod:`jobs.impression_log`); without one, ``generator``
+    (a :class:`jobs.impression_log.GeneratorConfig`) is written to ``out/log``. The engine
+    (:func:`jobs.ctr_cross_stats.run`, the ``ctr_cross`` DAG's job, on the session ``spark``)
+    builds partition ``D`` for each of the last ``train_days`` days ``D`` of the log into
+    ``out/home/lake`` (or ``settings``' lake); each impression of day ``D`` is joined with
+    partition ``D`` (:func:`training_set`: statistics of the days before ``D`` only), and with
+    ``learned`` one learned cross column per :data:`LEARNED_PAIRS` pair fitted on that same
+    partition. ``fields.json`` lists the id fields (``user_id``, ``item_id``, ``genre``) and
+    every statistic as a candidate field with what its cost depends on (kind, window, key
+    cardinality), in the :class:`models.preranking.fields.FieldSet` format.
+
+    Returns the paths, the sizes (impressions, days, rows, fields) and each field's kind.
+    """
+    from jobs import impression_log
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if log is None:
+        if generator is None:
+            raise ValueError("give a log folder or a GeneratorConfig to write one")
+        log = out / "log"
+        impression_log.write(spark, generator, log)
+    log = Path(log)
+    if train_days < 1:
+        raise ValueError(f"train_days must be >= 1, got {train_days}")
+    if settings is None:
+        from cascade.config import Settings
+
+        settings = Settings(home=out / "home")
+    impressions = pd.read_parquet(log)
+    if impressions.empty:
+        raise ValueError(f"the impression log {log} is empty")
+    all_days = sorted(set(impression_days(impressions[engine.TIMESTAMP])))
+    end = dt.date.fromisoformat(all_days[-1]) + dt.timedelta(days=1)
+    days = [(end - dt.timedelta(days=n)).isoformat() for n in range(train_days, 0, -1)]
+    config = engine.CrossStatsConfig(pairs=tuple(pairs), windows_days=tuple(windows))
+    for ds in days:
+        engine.run(
+            ds, source="generated", log_path=log, settings=settings, spark=spark, config=config
+        )
+    partitions = published_partitions(
+        settings.lake_root, source="generated", pairs=config.pairs, days=days
+    )
+    chosen = impressions[impression_days(impressions[engine.TIMESTAMP]).isin(days)]
+    chosen = chosen.sort_values(engine.TIMESTAMP, kind="stable").reset_index(drop=True)
+    frame, declared = training_set(chosen, partitions, pairs=config.pairs, windows=windows)
+    learned_facts: dict[str, Any] = {}
+    if learned:
+        usable = {p: k for p, k in LEARNED_PAIRS.items() if p in partitions}
+        frame, learned_declared = add_learned_fields(
+            frame, partitions, pairs=usable, window=max(windows), config=learned_config
+        )
+        declared = {**declared, **learned_declared}
+        learned_facts = {"columns": sorted(learned_declared), "window_days": max(windows)}
+    entries = field_entries(frame, declared)
+    frame.to_parquet(out / DATA_FILE, index=False)
+    (out / FIELDS_FILE).write_text(
+        json.dumps({"version": FIELDS_FORMAT, "fields": entries}, indent=2) + "\n"
+    )
+    kinds: dict[str, int] = {}
+    for entry in entries:
+        kinds[entry["kind"]] = kinds.get(entry["kind"], 0) + 1
+    return {
+        "data": str(out / DATA_FILE),
+        "fields_file": str(out / FIELDS_FILE),
+        "log": str(log),
+        "lake": str(settings.lake_root),
+        "log_impressions": len(impressions),
+        "log_days": len(all_days),
+        "engine_days": days,
+        "rows": len(frame),
+        "fields": len(entries),
+        "fields_by_kind": dict(sorted(kinds.items())),
+        "pairs": [p.name for p in config.pairs],
+        "windows_days": list(config.windows),
+        "learned": learned_facts,
+    }

@@ -71,9 +71,10 @@ def load_frame(config: CascadeTrainConfig) -> pd.DataFrame:
         from models.preranking.movielens_frame import movielens_training_frame
 
         return movielens_training_frame()
-    from models.preranking.train import load_training_frame
+    from models.preranking.train import ROW_COLUMNS, load_training_frame
 
-    return load_training_frame(Path(config.data))
+    # Only the row columns here: the fields (resolve_fields) name and check the others.
+    return load_training_frame(Path(config.data), required=ROW_COLUMNS)
 
 
 @dataclass(frozen=True, kw_only=True)

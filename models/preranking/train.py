@@ -80,6 +80,10 @@ from models.preranking.model import PreRanker
 
 EXPERIMENT = "preranking"
 REQUIRED_COLUMNS = ("user_id", "item_id", TIMESTAMP, LABEL, *MODEL_FEATURES)
+"""Columns of the MovieLens-shaped training-set contract (the plain pre-ranker's inputs)."""
+ROW_COLUMNS = ("user_id", "item_id", TIMESTAMP, LABEL)
+"""What every training set needs whatever its fields: the FSCD cascade takes its other columns
+from the field set (``fields.json`` beside the parquet), which checks them itself."""
 RESULT_KEYS = ("run_id", "test_auc", "model_uri", "config", "ds")
 """Keys every complete ``result.json`` carries."""
 
@@ -87,8 +91,8 @@ RESULT_KEYS = ("run_id", "test_auc", "model_uri", "config", "ds")
 # --- data -------------------------------------------------------------------------------
 
 
-def load_training_frame(path: Path) -> pd.DataFrame:
-    """Read and check the training parquet (columns, labels, size)."""
+def load_training_frame(path: Path, required: tuple[str, ...] = REQUIRED_COLUMNS) -> pd.DataFrame:
+    """Read and check the training parquet (the ``required`` columns, labels, timestamps)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(
@@ -96,11 +100,9 @@ def load_training_frame(path: Path) -> pd.DataFrame:
             "of the ctr_preranking DAG writes Lake.training_set('preranking', ds)/data.parquet)"
         )
     frame = pd.read_parquet(path)
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    missing = [c for c in required if c not in frame.columns]
     if missing:
-        raise ValueError(
-            f"training set {path} lacks columns {missing}; expected {REQUIRED_COLUMNS}"
-        )
+        raise ValueError(f"training set {path} lacks columns {missing}; expected {required}")
     labels = set(pd.unique(frame[LABEL]))
     if not labels <= {0, 1}:
         raise ValueError(f"training set {path}: column {LABEL!r} must be 0/1, found {labels}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ def test_quick_preranking_benchmark_writes_its_figures(
     assert provenance["source"].startswith("initialized")
     assert provenance["config_values"]["name"] == "debug" and provenance["rows"] > 0
     assert provenance["rows_digest"].startswith("sha256:")
+    assert "cross_lift" not in result  # only with --config generated
 
 
 def test_seeds_are_summarized_by_median_with_spread_and_goal_counts(
@@ -123,3 +125,36 @@ def test_trained_models_give_the_digest_and_each_seed_its_own(tmp_path: Path) ->
         )[0]
         != digest
     )
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_quick_cross_comparison_trains_with_and_without_the_engines_cross_fields(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.preranking_cross import QUICK, cross_comparison
+
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CASCADE_MLFLOW_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    result = cross_comparison(tmp_path / "cross", [0], QUICK)
+
+    for key in ("auc_with_cross", "auc_without_cross", "cross_lift"):
+        assert math.isfinite(result[key]) and -1 < result[key] <= 1, key
+    assert 0.5 < result["auc_with_cross"] and 0.5 < result["auc_without_cross"]
+    assert result["cross_lift"] == pytest.approx(
+        result["auc_with_cross"] - result["auc_without_cross"]
+    )
+    setup = result["cross_setup"]
+    assert setup["seeds"] == [0] and setup["config"] == "debug_cross"
+    assert setup["fields"] > setup["fields_without_cross"] >= 3
+    assert setup["fields_by_kind"]["cross"] == setup["fields"] - setup["fields_without_cross"]
+    fields = json.loads((tmp_path / "cross" / "training_set" / "fields.json").read_text())
+    cross = {f["name"]: f for f in fields["fields"] if f["kind"] == "cross"}
+    assert len(cross) == setup["fields_by_kind"]["cross"]
+    assert all(f["key_cardinality"] >= 1 for f in cross.values())
+    assert set(result["cross_fields_kept"]) <= set(cross)
+    for key in ("learned_cross_rare_pair_spearman", "additive_rare_pair_spearman"):
+        assert key in result and (result[key] is None or -1 <= result[key] <= 1)
+    assert result["cross_rare_pairs"]["rare_pairs"] >= 0
+    for key in ("input_digest", "rows_digest", "fields_digest", "model_digest"):
+        assert result["cross_provenance"][key].startswith("sha256:"), key

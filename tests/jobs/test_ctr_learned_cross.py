@@ -86,3 +86,29 @@ def test_rare_pairs_are_judged_against_their_later_value() -> None:
             keys=("user_id", "item_category"),
             config=config,
         )
+
+
+def test_learned_pair_ctr_scores_unseen_pairs_of_known_nodes_and_not_unknown_nodes() -> None:
+    from jobs.ctr_learned_cross import LearnedCrossConfig, learned_pair_ctr
+
+    rng = np.random.default_rng(0)
+    users, cats = np.arange(40), np.array(["a", "b", "c"])
+    rows = [(u, c) for u in users for j, c in enumerate(cats) if (u + j) % 5]  # some never seen
+    part = pd.DataFrame(rows, columns=["user_id", "item_category"])
+    part["user_cat_imp_30d"] = rng.integers(1, 20, len(part)).astype(float)
+    part["user_cat_ctr_30d"] = np.where(part.item_category == "a", 0.3, 0.05)
+
+    predict, facts = learned_pair_ctr(
+        part,
+        pair="user_cat",
+        keys=("user_id", "item_category"),
+        config=LearnedCrossConfig(steps=60),
+    )
+
+    unseen = pd.DataFrame({"user_id": [5, 4, 999], "item_category": ["a", "b", "a"]})
+    assert not set(map(tuple, unseen.to_numpy()[:2])) & set(rows)
+    got = predict(unseen)
+    assert facts["nodes"] == [40, 3] and np.isfinite(got[:2]).all() and np.isnan(got[2])
+    assert got[0] > got[1]  # genre a clicks more for everyone
+    with pytest.raises(ValueError, match="lacks columns"):
+        learned_pair_ctr(part, pair="user_cat", keys=("user_id", "item_category"), window=7)

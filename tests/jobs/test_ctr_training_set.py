@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -183,3 +185,58 @@ def test_training_set_from_a_generated_log_and_the_engine(engine_lake: dict) -> 
     assert (got[~seen & ~np.isnan(got)] == 0).all()
     later = frame.event_timestamp.dt.strftime("%Y-%m-%d") > DS
     assert frame.loc[later, statistics].isna().all().all()
+
+
+@pytest.mark.spark
+def test_engine_training_set_is_point_in_time_and_declares_every_field_with_its_cost(
+    spark: SparkSession, engine_lake: dict, tmp_path: Path
+) -> None:
+    from models.preranking.fields import BASE_EMBEDDING_DIM, FieldEncoder, FieldSet
+
+    last = "2026-11-22"
+    built = ts.build_engine_training_set(
+        tmp_path / "set", spark=spark, log=engine_lake["log_path"], train_days=1, windows=(1, 7)
+    )
+
+    log = engine_lake["log"]
+    days = log.event_timestamp.dt.strftime("%Y-%m-%d")
+    frame = pd.read_parquet(built["data"])
+    assert built["engine_days"] == [last] and built["rows"] == len(frame) == (days == last).sum()
+    # Day D's rows read partition D: the user's 1-day counts are those of D - 1, not D's own.
+    before = log[days == "2026-11-21"].groupby("user_id").click.agg(["size", "sum"])
+    own = log[days == last].groupby("user_id").click.agg(["size", "sum"])
+    seen = frame.user_id.isin(before.index).to_numpy()
+    assert seen.sum() > 10
+    np.testing.assert_array_equal(
+        frame.user_imp_1d[seen], frame.user_id[seen].map(before["size"]).to_numpy(float)
+    )
+    np.testing.assert_array_equal(
+        frame.user_clk_1d[seen], frame.user_id[seen].map(before["sum"]).to_numpy(float)
+    )
+    assert (frame.user_clk_1d[seen] != frame.user_id[seen].map(own["sum"])).any()
+
+    entries = json.loads(Path(built["fields_file"]).read_text())["fields"]
+    names = [e["name"] for e in entries]
+    assert names[:3] == ["user_id", "item_id", "genre"] and len(names) == built["fields"]
+    assert set(names) <= set(frame.columns)
+    kinds = {e["name"]: e["kind"] for e in entries}
+    assert kinds["user_ctr_7d"] == "user" and kinds["item_dctr_1d"] == "item"
+    cross = [e for e in entries if e["kind"] == "cross"]
+    assert {"user_cat_ctr_7d", "ctx_item_imp_1d", "user_cat_learned_ctr_7d"} <= {
+        e["name"] for e in cross
+    }
+    assert all(e["key_cardinality"] >= 1 for e in cross)
+    assert {e["window_days"] for e in cross if "window_days" in e} == {1, 7}
+    learned = frame["user_cat_learned_ctr_7d"].dropna()
+    assert len(learned) > 10 and learned.between(0, 1).all()
+    # The pre-ranker reads it as its field set; a cross statistic costs more than the user's.
+    fields = FieldSet.load(Path(built["fields_file"]), frame)
+    costs = dict(
+        zip(
+            fields.names,
+            FieldEncoder(fields).fit(frame).costs(BASE_EMBEDDING_DIM),
+            strict=True,
+        )
+    )
+    assert costs["user_cat_ctr_7d"] > costs["user_ctr_7d"] > 0
+    assert costs["user_cat_ctr_7d"] > costs["user_cat_ctr_1d"]

@@ -322,7 +322,14 @@ def test_choose_fscd_prefers_best_auc_within_budget() -> None:
 
 
 def test_cascade_configs_validate_and_round_trip() -> None:
-    assert set(CASCADE_CONFIGS) == {"debug", "ml100k", "generated", "pipeline"}
+    assert set(CASCADE_CONFIGS) == {
+        "debug",
+        "debug_cross",
+        "ml100k",
+        "generated",
+        "generated_cross",
+        "pipeline",
+    }
     for name in CASCADE_CONFIGS:
         config = get_cascade_config(name)
         assert CascadeTrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config

@@ -199,3 +199,36 @@ def test_command_line_accepts_the_deepspeed_launchers_local_rank() -> None:
     assert parse_args(["--config", "debug", "--data", "x.parquet", "--out", "o"]).ds == ""
     with pytest.raises(SystemExit):
         parse_args(["--config", "huge", "--data", "x.parquet", "--out", "o"])
+
+
+def test_fscd_reads_only_the_row_columns_and_takes_the_rest_from_fields_json(
+    tmp_path: Path,
+) -> None:
+    import dataclasses
+
+    from models.preranking.config_registry import get_cascade_config
+    from models.preranking.fscd_data import load_frame, prepare
+
+    rows = synthetic_training_frame(600)
+    engine_built = rows[["user_id", "item_id", "genre", "event_timestamp", LABEL]].assign(
+        user_cat_ctr_7d=rows["user_ctr"] * 0.5
+    )
+    engine_built.to_parquet(tmp_path / "data.parquet")
+    fields = [
+        {"name": "user_id", "kind": "user", "categorical": True},
+        {"name": "item_id", "kind": "item", "categorical": True},
+        {"name": "genre", "kind": "item", "categorical": True},
+        {"name": "user_cat_ctr_7d", "kind": "cross", "categorical": False, "window_days": 7},
+    ]
+    (tmp_path / "fields.json").write_text(json.dumps({"version": 1, "fields": fields}))
+    config = dataclasses.replace(
+        get_cascade_config("debug"), data=str(tmp_path / "data.parquet"), min_validation_clicks=1
+    )
+
+    assert "item_ctr" not in load_frame(config).columns  # no MovieLens-shaped column required
+    prepared = prepare(config)
+    assert prepared.fields.names == ("user_id", "item_id", "genre", "user_cat_ctr_7d")
+    assert prepared.train_codes.shape[1] == 4
+    with pytest.raises(ValueError, match=r"lacks columns \['click'\]"):
+        engine_built.drop(columns=LABEL).to_parquet(tmp_path / "data.parquet")
+        load_frame(config)

@@ -1,0 +1,266 @@
+"""What the cross features add to the pre-ranker: FSCD with and without them, same log, per seed.
+
+Part of ``cascade bench preranking`` (:mod:`benchmarks.preranking_models`) with ``--config
+generated`` (:data:`FULL`) and under ``--quick`` (:data:`QUICK`, a tiny log and one short
+phase, a smoke test of the path, not a figure)::
+
+    cascade bench preranking --config generated --seeds 0,1,2 --out FILE
+
+A generated impression log (:mod:`jobs.impression_log`, Zipf users and items, known crosses)
+goes through the cross-statistics engine for each training day
+(:func:`jobs.ctr_training_set.build_engine_training_set`: partition ``D`` for the impressions
+of day ``D``, the ``ctr_cross`` DAG's job), which writes ``data.parquet`` and ``fields.json``:
+the id fields, the user's and the item's own statistics, every cross statistic and the learned
+cross fields, each an FSCD candidate with its cost. Per seed the cascade trains twice on the
+same rows: with every field, and without the ``cross`` ones. Keys:
+
+- ``auc_with_cross``, ``auc_without_cross``: median over the seeds of the chosen FSCD model's
+  test AUC; ``cross_lift``: median over the seeds of (with - without).
+- ``cross_fields_kept``: the cross fields the chosen FSCD model kept (the seed with the median
+  lift; every seed's in ``cross_per_seed``).
+- ``learned_cross_rare_pair_spearman``, ``additive_rare_pair_spearman``: the learned cross
+  features against the additive baseline on user x genre pairs seen at most ``rare_max`` times
+  in the first engine partition, ranked against the same pairs' explicit CTR in a later,
+  disjoint window (:func:`jobs.ctr_learned_cross.rare_pair_scores`).
+- ``cross_setup``: sizes (impressions, days, rows, fields by kind), the cascade config and its
+  λ sweep (shorter than the ``generated`` config's: two trainings per seed), the seeds.
+- ``cross_provenance``: digests of the generator and engine code with the setup
+  (``input_digest``), the training rows (``rows_digest``), ``fields.json`` and every run's
+  trained networks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from benchmarks.provenance import code_digest, digest_of, files_digest, frame_digest
+from cascade.config import load_settings
+from compilers.export import torch_threads
+from jobs import ctr_cross_stats as engine
+from jobs.ctr_learned_cross import rare_pair_scores
+from jobs.ctr_training_set import build_engine_training_set, published_partitions
+from jobs.impression_log import GeneratorConfig
+from jobs.spark_sessions import active_or_new
+from models.preranking.cascade_train import launch_cascade
+from models.preranking.config_registry import get_cascade_config
+from models.preranking.fields import FieldSet
+
+INPUT_CODE = (
+    "jobs.impression_log",
+    "jobs.ctr_cross_stats",
+    "jobs.ctr_training_set",
+    "jobs.ctr_learned_cross",
+)
+"""The modules that make the training set (their sources enter ``input_digest``)."""
+RARE_PAIR = ("user_cat", ("user_id", "item_category"))
+"""The pair the learned cross features are judged on: user x genre, the sparsest low-rank one."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrossSetup:
+    """Sizes of the with/without-cross comparison."""
+
+    impressions: int
+    """Rows of the generated log."""
+    log_days: int
+    """Days the log spans."""
+    engine_days: int
+    """The last days of the log the engine builds a partition for: the training rows."""
+    users: int
+    """Distinct user ids the generator draws from."""
+    items: int
+    """Distinct item ids the generator draws from."""
+    config: str
+    """Cascade config of both trainings (``--data`` and ``--fields`` given to it)."""
+    processes: int
+    """Training processes."""
+    later_window: int
+    """Window (days) of the later explicit value the rare pairs are judged against."""
+    rare_max: int = 2
+    """A pair is rare with at most this many impressions in the fitted window."""
+    seed: int = 7
+    """Generator seed (the log is the same for every training seed)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.engine_days < self.log_days:
+            raise ValueError("engine_days must be >= 1 and leave earlier days of the log")
+        if self.later_window >= self.engine_days:
+            raise ValueError("later_window must be shorter than engine_days (a later partition)")
+
+
+FULL = CrossSetup(
+    impressions=400_000,
+    log_days=21,
+    engine_days=14,
+    users=20_000,
+    items=5_000,
+    config="generated_cross",
+    processes=2,
+    later_window=7,
+)
+QUICK = CrossSetup(
+    impressions=8_000,
+    log_days=4,
+    engine_days=2,
+    users=300,
+    items=100,
+    config="debug_cross",
+    processes=1,
+    later_window=1,
+)
+
+
+def without_cross(fields: FieldSet) -> FieldSet:
+    """The same fields less the ``cross`` ones (ids and the user's and item's own statistics)."""
+    return FieldSet(spec for spec in fields if spec.kind != "cross")
+
+
+def build_training_set(work: Path, setup: CrossSetup) -> dict[str, Any]:
+    """Generate the log and run the engine over its last days (a running Spark session is
+    borrowed, else one is started and stopped)."""
+    settings = load_settings()
+    generator = GeneratorConfig(
+        impressions=setup.impressions,
+        days=setup.log_days,
+        users=setup.users,
+        items=setup.items,
+        seed=setup.seed,
+        partitions=2,
+    )
+    with active_or_new(lambda: engine.build_session(settings)) as spark:
+        return build_engine_training_set(
+            work / "training_set",
+            spark=spark,
+            generator=generator,
+            train_days=setup.engine_days,
+            settings=dataclasses.replace(settings, home=work / "home"),
+        )
+
+
+def train(
+    setup: CrossSetup, data: Path, fields_file: Path, run_dir: Path, seed: int
+) -> dict[str, Any]:
+    """One cascade on the training set with the given fields; its ``result.json``."""
+    from benchmarks.preranking_models import _read, tracking_settings, trained_models_digest
+
+    settings = tracking_settings(run_dir)
+    if settings.tracking_uri.startswith("sqlite:"):
+        # Runs side by side creating one SQLite store's tables collide: one store per run.
+        private = f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+        settings = dataclasses.replace(settings, mlflow_tracking_uri=private)
+    code, tail = launch_cascade(
+        setup.config,
+        run_dir,
+        processes=setup.processes,
+        settings=settings,
+        extra_args=["--data", str(data), "--fields", str(fields_file), "--seed", str(seed)],
+    )
+    result = _read(run_dir / "result.json", f"cascade training (exit {code})", tail)
+    result["model_digest"] = trained_models_digest(run_dir)
+    return result
+
+
+def rare_pairs(lake: Path, days: list[str], setup: CrossSetup) -> dict[str, Any]:
+    """Learned vs additive on the rare user x genre pairs of the first engine partition,
+    against their explicit CTR in the partition ``later_window`` days on."""
+    pair, keys = RARE_PAIR
+    before, after = days[0], days[setup.later_window]
+    parts = published_partitions(
+        lake, source="generated", pairs=[engine.PAIRS_BY_NAME[pair]], days=[before, after]
+    )[pair]
+    return rare_pair_scores(
+        parts[before],
+        parts[after],
+        pair=pair,
+        keys=keys,
+        fit_window=30,
+        later_window=setup.later_window,
+        rare_max=setup.rare_max,
+    ) | {"fitted_partition": before, "later_partition": after}
+
+
+def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[str, Any]:
+    """The keys of the module docstring."""
+    built = build_training_set(work, setup)
+    data, fields_file = Path(built["data"]), Path(built["fields_file"])
+    every = FieldSet.load(fields_file)
+    reduced_dir = work / "without_cross"
+    reduced_dir.mkdir(parents=True, exist_ok=True)
+    reduced_file = without_cross(every).save(reduced_dir)
+    cross_names = {spec.name for spec in every if spec.kind == "cross"}
+    runs: list[dict[str, Any]] = []
+    for seed in seeds:
+        jobs = [
+            (setup, data, fields_file, work / f"with-cross-seed{seed}", seed),
+            (setup, data, reduced_file, work / f"without-cross-seed{seed}", seed),
+        ]
+        # One-process runs (the smoke path) go side by side: each leaves a core idle otherwise.
+        with ThreadPoolExecutor(max_workers=2 if setup.processes == 1 else 1) as pool:
+            with_run, without_run = pool.map(lambda job: train(*job), jobs)
+        runs.append(
+            {
+                "seed": seed,
+                "auc_with_cross": float(with_run["fscd_auc"]),
+                "auc_without_cross": float(without_run["fscd_auc"]),
+                "cross_lift": float(with_run["fscd_auc"]) - float(without_run["fscd_auc"]),
+                "teacher_auc_with_cross": float(with_run["teacher_auc"]),
+                "teacher_auc_without_cross": float(without_run["teacher_auc"]),
+                "cost_ratio_with_cross": float(with_run["cost_ratio"]),
+                "cross_fields_kept": [f for f in with_run["fscd_fields"] if f in cross_names],
+                "fscd_strength_with_cross": with_run.get("fscd_strength"),
+                "model_digest_with_cross": with_run["model_digest"],
+                "model_digest_without_cross": without_run["model_digest"],
+            }
+        )
+    by_lift = sorted(runs, key=lambda run: run["cross_lift"])
+    middle = by_lift[(len(by_lift) - 1) // 2]
+    with torch_threads(1):  # small full-batch fits: one thread beats many on a busy machine
+        rare = rare_pairs(Path(built["lake"]), list(built["engine_days"]), setup)
+    frame = pd.read_parquet(data)
+    config = get_cascade_config(setup.config)
+    return {
+        "auc_with_cross": float(statistics.median(r["auc_with_cross"] for r in runs)),
+        "auc_without_cross": float(statistics.median(r["auc_without_cross"] for r in runs)),
+        "cross_lift": float(statistics.median(r["cross_lift"] for r in runs)),
+        "cross_fields_kept": middle["cross_fields_kept"],
+        "learned_cross_rare_pair_spearman": rare["learned_cross_rare_pair_spearman"],
+        "additive_rare_pair_spearman": rare["additive_rare_pair_spearman"],
+        "cross_rare_pairs": rare,
+        "cross_per_seed": runs,
+        "cross_setup": {
+            **dataclasses.asdict(setup),
+            "log_impressions": built["log_impressions"],
+            "training_rows": built["rows"],
+            "fields": built["fields"],
+            "fields_without_cross": len(every) - len(cross_names),
+            "fields_by_kind": built["fields_by_kind"],
+            "pairs": built["pairs"],
+            "learned_fields": built["learned"].get("columns", []),
+            "engine_days": built["engine_days"],
+            "seeds": seeds,
+            "fscd_strengths": list(config.fscd_strengths),
+            "lambda_sweep": (
+                f"{len(config.fscd_strengths)} strengths ({setup.config} config), shorter than "
+                "the generated config's 8: every seed trains the cascade twice"
+            ),
+            "auc": "test AUC of the FSCD model chosen on validation (cost budget "
+            f"{config.cost_budget}), median over the seeds",
+        },
+        "cross_provenance": {
+            "input_digest": code_digest(INPUT_CODE, dataclasses.asdict(setup)),
+            "rows_digest": frame_digest(frame),
+            "fields_digest": files_digest([fields_file]),
+            "model_digest": digest_of(
+                d
+                for r in runs
+                for d in (r["model_digest_with_cross"], r["model_digest_without_cross"])
+            ),
+        },
+    }
