@@ -43,6 +43,7 @@ SHARED_UNITS: dict[str, str] = {
     # Spark session of their own costs each about a minute of JVM start and warm-up.
     "tests/benchmarks/test_ctr_cross_duckdb.py": "tests/jobs/",
     "tests/benchmarks/test_ctr_cross_stats.py": "tests/jobs/",
+    "tests/benchmarks/test_preranking_models.py": "tests/jobs/",  # the engine-built set
     "tests/serving/": "serving+asr",  # the champion server, and the compiled ASR model ...
     "tests/compilers/test_asr.py": "serving+asr",  # ... that these share (tests/conftest.py)
     "tests/benchmarks/test_asr_path.py": "serving+asr",
