@@ -21,6 +21,7 @@ COMMANDS = (
     "cascade bench ",  # a benchmark: its JSON keys are named beside the figure
     "cascade step NAME --pipeline asr",  # the ASR training run the CER figures come from
     "python -m models.asr.evaluate ",  # a trained ASR model's CER on a corpus
+    "python -m benchmarks.online_materialize ",  # online-store engines side by side
 )
 NOT_MEASURED = {
     "plain line at each 10%": "progress lines are printed at each tenth of the work",
