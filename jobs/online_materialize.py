@@ -136,7 +136,9 @@ def redis_target(settings: Settings) -> RedisTarget:
         return RedisTarget(connection, password_file=str(redis_password_file(settings)))
     if not has_password:
         return RedisTarget(connection)
-    if os.environ.get(REDIS_ENV) != configured:
+    from cascade.config import load_settings
+
+    if load_settings().feature_store.redis != configured:  # what the environment says
         raise RedisPasswordRejected(
             f"the Redis connection of these settings carries a password that is not in "
             f"${REDIS_ENV}: executors read it from their environment, never from the tasks; "

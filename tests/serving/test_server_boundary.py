@@ -143,6 +143,7 @@ def test_oversized_chunked_and_wrong_type_bodies_leave_memory_flat(
             sock.sendall(b"7" * MB)
         answers.append(read_answer(sock))
         peak = max(peak, rss_mb(server))
+        refused = rss_mb(server)  # before the good request's own (scoring) allocations
         # The connection still serves a good request afterwards.
         good = json.dumps(infer_body()).encode()
         sock.sendall(
@@ -154,9 +155,11 @@ def test_oversized_chunked_and_wrong_type_bodies_leave_memory_flat(
     after = rss_mb(server)
     assert [status for status, _ in answers] == [413, 415, 415, 413]
     assert b"1048576 bytes" in answers[0][1] and b"application/json" in answers[1][1]
-    growth = max(peak, after) - before
-    print(f"server RSS {before:.1f} MB -> peak {peak:.1f} MB, after {after:.1f} MB")
-    assert growth < 5, f"RSS grew {growth:.1f} MB for 200 MB of refused bodies"
+    growth = max(peak, refused) - before
+    print(f"server RSS {before:.1f} MB -> peak {peak:.1f} MB, {refused:.1f} MB after the refused")
+    print(f"bodies, {after:.1f} MB after a good request")
+    # One buffered body would be 50 MB; allocator noise on a loaded machine is a few MB.
+    assert growth < 10, f"RSS grew {growth:.1f} MB for 200 MB of refused bodies"
 
 
 @pytest.mark.slow
