@@ -25,6 +25,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 EXCLUSIVE = (
     "tests/e2e/",
+    "tests/cluster/",
     "tests/faults/",
     "tests/models/test_asr_train.py::test_two_process_",
     "tests/models/test_multimodal_pipeline.py::",
