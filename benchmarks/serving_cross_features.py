@@ -163,7 +163,6 @@ def train_cold_and_promote(
     logged as the cascade run logs its chosen model, registered and made champion."""
     import mlflow
     import torch
-    from mlflow.models import infer_signature
 
     from cascade.results import write_result
     from cascade.training.resumable_run import use_experiment
@@ -173,9 +172,7 @@ def train_cold_and_promote(
     from models.preranking.fscd_run import EXPERIMENT
     from models.preranking.inference import (
         COLD_DIR_ARTIFACT,
-        log_pyfunc,
-        save_cold_model,
-        score_frame,
+        log_cold_model,
     )
     from models.preranking.registration import register_and_promote
     from models.preranking.train import evaluate, time_split
@@ -210,15 +207,8 @@ def train_cold_and_promote(
     experiment_id = use_experiment(settings, EXPERIMENT)
     with mlflow.start_run(experiment_id=experiment_id, run_name=f"{config.name}-cold-{ds}") as run:
         mlflow.log_metric("test_auc", test_auc)
-        model_dir = save_cold_model(out / COLD_DIR_ARTIFACT, model, config, encoder)
         example = test[list(fields.names)].head(5).reset_index(drop=True)
-        signature = infer_signature(example, score_frame(model, example, encoder))
-        info = log_pyfunc(
-            "fscd_preranker",
-            {COLD_DIR_ARTIFACT: str(model_dir)},
-            input_example=example,
-            signature=signature,
-        )
+        info = log_cold_model(out / COLD_DIR_ARTIFACT, model, config, encoder, example)
         result = {
             "run_id": run.info.run_id,
             "test_auc": test_auc,

@@ -137,13 +137,10 @@ def finish(
     registry registers); ``result["test_auc"]`` is its test AUC, the figure the registry
     compares champions by."""
     import mlflow
-    from mlflow.models import infer_signature
 
     from models.preranking.inference import (
         COLD_DIR_ARTIFACT,
-        log_pyfunc,
-        save_cold_model,
-        score_frame,
+        log_cold_model,
     )
 
     validation_rows = evaluate_models(models, data.validation, data.costs, config)
@@ -210,15 +207,7 @@ def finish(
     mlflow.log_artifact(str(out / "fields.json"))
     fscd_model = models[chosen["model"]]
     assert isinstance(fscd_model, ColdPreRanker)
-    model_dir = save_cold_model(out / COLD_DIR_ARTIFACT, fscd_model, config, data.encoder)
-    # The signature: the raw field columns in, one click probability per row out.
-    signature = infer_signature(data.example, score_frame(fscd_model, data.example, data.encoder))
-    info = log_pyfunc(
-        "fscd_preranker",
-        {COLD_DIR_ARTIFACT: str(model_dir)},
-        input_example=data.example,
-        signature=signature,
-    )
+    info = log_cold_model(out / COLD_DIR_ARTIFACT, fscd_model, config, data.encoder, data.example)
     result = {
         **metrics,
         "goals": goals,

@@ -231,6 +231,29 @@ def log_pyfunc(
     )
 
 
+def log_cold_model(
+    folder: Path,
+    model: ColdPreRanker,
+    config: CascadeTrainConfig,
+    encoder: FieldEncoder,
+    example: pd.DataFrame,
+) -> Any:
+    """Save an FSCD pre-ranker's files into ``folder`` (:func:`save_cold_model`) and log them as
+    the ``fscd_preranker`` pyfunc of the active run, with ``example`` (raw field columns) as its
+    input example and a signature inferred from the model's own scores on it (field columns in,
+    one click probability per row out); returns MLflow's ``ModelInfo``."""
+    from mlflow.models import infer_signature
+
+    model_dir = save_cold_model(folder, model, config, encoder)
+    signature = infer_signature(example, score_frame(model, example, encoder))
+    return log_pyfunc(
+        "fscd_preranker",
+        {COLD_DIR_ARTIFACT: str(model_dir)},
+        input_example=example,
+        signature=signature,
+    )
+
+
 class PreRankingPyfunc(PythonModel):
     """MLflow pyfunc of either pre-ranker, rebuilt from its state dict and JSON files: a frame
     of the field columns (its ``fields.json``, by default ``models.preranking.fields.FIELD_NAMES``;

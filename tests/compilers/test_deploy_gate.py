@@ -8,7 +8,6 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
-from mlflow.models import infer_signature
 
 from cascade.artifacts import DIGESTS_TAG, digests_tag
 from cascade.compiled_packages import load_package
@@ -21,10 +20,8 @@ from models.preranking.inference import (
     COLD_DIR_ARTIFACT,
     load_trained,
     load_version,
-    log_pyfunc,
+    log_cold_model,
     registration_digests,
-    save_cold_model,
-    score_frame,
 )
 from models.preranking.model import ColdPreRanker
 from models.preranking.registration import register_and_promote
@@ -78,17 +75,10 @@ def fscd_trained(settings: Settings, ds: str) -> ColdPreRanker:
             if "embedding" in name:
                 parameter.normal_(0, 0.5)
     out = lake.reports("train", ds)
-    folder = save_cold_model(out / COLD_DIR_ARTIFACT, model.eval(), config, encoder)
     mlflow.set_tracking_uri(settings.tracking_uri)
     example = frame[list(FIELD_NAMES)].head(5).reset_index(drop=True)
-    signature = infer_signature(example, score_frame(model, example, encoder))
     with mlflow.start_run() as run:
-        info = log_pyfunc(
-            "fscd_preranker",
-            {COLD_DIR_ARTIFACT: str(folder)},
-            input_example=example,
-            signature=signature,
-        )
+        info = log_cold_model(out / COLD_DIR_ARTIFACT, model.eval(), config, encoder, example)
     result = {
         "run_id": run.info.run_id,
         "test_auc": 0.5,
