@@ -40,13 +40,14 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from cascade.config import Settings
+from infra import airflow_cluster, spark_standalone
+from infra.stack import private_stack
+from infra.supervise import lose_node
 
 DAG_ID = "ctr_preranking"
 DS = "2026-11-22"
@@ -175,36 +176,6 @@ def _running_task(settings: Settings, run_id_holder: dict[str, str], task_id: st
     return None
 
 
-def _kill_tree(proc: psutil.Process) -> None:
-    family = [*proc.children(recursive=True), proc]
-    for member in family:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            member.kill()
-    psutil.wait_procs(family, timeout=20)
-
-
-def _spark_worker(settings: Settings, index: int) -> psutil.Process | None:
-    from infra.spark_standalone import WORKER_CLASS, worker_dir
-
-    folder = str(worker_dir(settings, index))
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if WORKER_CLASS in cmdline and folder in cmdline:
-            return proc
-    return None
-
-
-def _celery_worker(settings: Settings, name: str) -> psutil.Process | None:
-    from cascade.airflow_client import airflow_home
-
-    pid_file = str(airflow_home(settings) / f"{name}.pid")
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if "worker" in cmdline and pid_file in cmdline:
-            return proc
-    return None
-
-
 def _checkpointed(settings: Settings, ds: str) -> bool:
     """The partition's training has written a checkpoint (its training log says so)."""
     from cascade.lake import Lake
@@ -230,9 +201,9 @@ def inject_faults(
         if _running_task(settings, holder, "features"):
             new = spark_apps(settings) - before
             if new and len(workers_of_apps(settings, new)) == settings.spark_workers:
-                proc = _spark_worker(settings, 2)
+                proc = spark_standalone.worker_process(settings, 2)
                 if proc is not None:
-                    _kill_tree(proc)
+                    lose_node(proc)
                     spark.update(injected=True, worker=2, app=sorted(new))
         elif holder.get("features_done"):
             break
@@ -240,19 +211,11 @@ def inject_faults(
     while not stop.is_set() and not airflow["injected"]:
         ti = _running_task(settings, holder, "train")
         if ti and _checkpointed(settings, FAULTS_DS):
-            proc = _celery_worker(settings, ti["hostname"])
+            proc = airflow_cluster.worker_process(settings, ti["hostname"])
             if proc is not None:
-                _kill_tree(proc)
+                lose_node(proc)
                 airflow.update(injected=True, worker=ti["hostname"], try_number=ti["try_number"])
         time.sleep(0.5)
-
-
-@contextlib.contextmanager
-def _stack(home: Path, env: dict[str, str]) -> Iterator[Settings]:
-    from infra.stack import private_stack
-
-    with private_stack(home, env=env) as settings:
-        yield settings
 
 
 def _watch_run_id(settings: Settings, holder: dict[str, str], before: set[str], stop) -> None:
@@ -278,7 +241,7 @@ def cluster_phase(home: Path, quick: bool, echo: Callable[[str], None]) -> dict[
 
     out: dict[str, Any] = {}
     started = time.monotonic()
-    with _stack(home, CLUSTER_ENV) as settings:
+    with private_stack(home, env=CLUSTER_ENV) as settings:
         out["stack_start_s"] = round(time.monotonic() - started, 1)
         first = _trigger_and_wait(settings, echo)
         out["run_s"] = first["run_s"]
@@ -330,7 +293,7 @@ def cluster_phase(home: Path, quick: bool, echo: Callable[[str], None]) -> dict[
 
 
 def local_phase(home: Path, echo: Callable[[str], None]) -> dict[str, Any]:
-    with _stack(home, LOCAL_ENV) as settings:
+    with private_stack(home, env=LOCAL_ENV) as settings:
         run = _trigger_and_wait(settings, echo)
         return {"local_run_s": run["run_s"], "local_run_state": run["dag_run_state"]}
 

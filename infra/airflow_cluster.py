@@ -33,6 +33,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from cascade.airflow_client import airflow_home
 from cascade.config import Settings, load_settings
 from cascade.data_services import (
@@ -125,6 +127,17 @@ def worker_commands(settings: Settings) -> dict[str, list[str]]:
         ]
         for index in range(1, WORKERS + 1)
     }
+
+
+def worker_process(settings: Settings, name: str) -> psutil.Process | None:
+    """The running Celery worker ``name`` (``cascade-worker-N``, found by its pid file); None if
+    none."""
+    pid_file = str(airflow_home(settings) / f"{name}.pid")
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "worker" in cmdline and pid_file in cmdline:
+            return proc
+    return None
 
 
 def answering_workers(settings: Settings, timeout_s: float = 2.0) -> list[str]:

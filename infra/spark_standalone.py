@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import requests
 
 from cascade.config import Settings, load_settings
@@ -117,6 +118,16 @@ def commands(settings: Settings) -> dict[str, list[str]]:
             settings.stack_spark_master,
         ]
     return found
+
+
+def worker_process(settings: Settings, index: int) -> psutil.Process | None:
+    """The running JVM of standalone worker ``index`` (found by its work folder); None if none."""
+    folder = str(worker_dir(settings, index))
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if WORKER_CLASS in cmdline and folder in cmdline:
+            return proc
+    return None
 
 
 def master_status(settings: Settings, timeout_s: float = 2.0) -> dict | None:

@@ -9,6 +9,8 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable
 
+import psutil
+
 
 def stop_requested() -> Callable[[], bool]:
     """Install SIGTERM and SIGINT handlers; the returned function says whether one arrived."""
@@ -36,3 +38,15 @@ def stop_children(children: Iterable[subprocess.Popen[bytes]], grace_s: float = 
             child.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             child.kill()
+
+
+def lose_node(proc: psutil.Process, wait_s: float = 20.0) -> None:
+    """Kill ``proc`` and every process under it at once (SIGKILL), as a host that is lost, and
+    wait up to ``wait_s`` for them to be gone. Used by the fault tests and benchmarks."""
+    family = [*proc.children(recursive=True), proc]
+    for member in family:
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=wait_s)

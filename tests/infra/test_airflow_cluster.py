@@ -11,7 +11,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import psutil
 import psycopg2
 import pytest
 
@@ -19,6 +18,7 @@ from cascade.airflow_client import AirflowClient, airflow_home
 from cascade.data_services import AIRFLOW_DATABASE, stack_postgres_url
 from infra import airflow_cluster, stack
 from infra.commands import status_json
+from infra.supervise import lose_node
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -77,26 +77,8 @@ cluster_probe()
 '''
 
 
-def worker_process(home: Path, name: str) -> psutil.Process:
-    """The Celery worker of this state folder named ``name`` (its pid file is under ``home``)."""
-    pid_file = str(airflow_home_of(home) / f"{name}.pid")
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if "worker" in cmdline and pid_file in cmdline:
-            return proc
-    raise AssertionError(f"no Celery worker with pid file {pid_file}")
-
-
 def airflow_home_of(home: Path) -> Path:
     return home / "airflow"
-
-
-def kill_node(proc: psutil.Process) -> None:
-    """A lost node: the worker, its pool and the task processes it runs, at once."""
-    family = [*proc.children(recursive=True), proc]
-    for member in family:
-        member.kill()
-    psutil.wait_procs(family, timeout=20)
 
 
 def wait_for(what: str, check, timeout_s: float = 90.0, every_s: float = 0.5):
@@ -159,7 +141,9 @@ def test_tasks_spread_over_two_workers_and_survive_a_lost_worker(tmp_path: Path)
 
         lost = wait_for("the failover task to run", failover_running, timeout_s=150)
         assert lost in WORKERS
-        kill_node(worker_process(home, lost))
+        lost_worker = airflow_cluster.worker_process(settings, lost)
+        assert lost_worker is not None, f"no Celery worker {lost}"
+        lose_node(lost_worker)
         (survivor,) = WORKERS - {lost}
         # Pings get a few seconds each: on a loaded machine the survivor may take more than the
         # status line's one second to answer.

@@ -18,6 +18,7 @@ from cascade.config import Settings
 from cascade.data_services import spark_event_dir
 from infra import spark_standalone
 from infra.stack import private_stack
+from infra.supervise import lose_node
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow]
 
@@ -28,20 +29,10 @@ CLUSTER_ENV = {
 }
 
 
-def worker_process(home: Path, index: int) -> psutil.Process:
-    work_dir = str(home / "spark" / f"worker-{index}")
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if spark_standalone.WORKER_CLASS in cmdline and work_dir in cmdline:
-            return proc
-    raise AssertionError(f"no worker process with work dir {work_dir}")
-
-
-def kill_tree(proc: psutil.Process) -> None:
-    """A lost node: the worker and the executors it launched, at once."""
-    for child in proc.children(recursive=True):
-        child.kill()
-    proc.kill()
+def worker_process(settings: Settings, index: int) -> psutil.Process:
+    proc = spark_standalone.worker_process(settings, index)
+    assert proc is not None, f"no worker process {index}"
+    return proc
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +102,7 @@ def test_jobs_use_both_workers_and_survive_a_lost_worker(stack: Settings) -> Non
     secret = (home / "spark" / "secret").read_text().strip()
     assert secret and secret in defaults.read_text()
     for index in (1, 2):
-        assert secret not in " ".join(worker_process(home, index).cmdline())
+        assert secret not in " ".join(worker_process(settings, index).cmdline())
 
     stop_active_session()
     spark = build_session(settings, app="cascade.test.standalone")
@@ -143,7 +134,7 @@ def test_jobs_use_both_workers_and_survive_a_lost_worker(stack: Settings) -> Non
         assert running_tasks() >= 2, "a task under way on each worker"
         app_dirs = [home / "spark" / f"worker-{i}" / app_id for i in (1, 2)]
         assert all(d.is_dir() for d in app_dirs), "an executor on each worker"
-        kill_tree(worker_process(home, 1))
+        lose_node(worker_process(settings, 1))
         job.join(timeout=300)
         assert not job.is_alive(), "the job finished after losing a worker"
         assert "error" not in outcome, outcome.get("error")
