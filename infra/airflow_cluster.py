@@ -44,7 +44,7 @@ from cascade.data_services import (
     stack_postgres_url,
 )
 from infra.airflow_local import COMPONENTS, airflow_cli
-from infra.supervise import stop_children, stop_requested
+from infra.supervise import stop_children, stop_requested, topmost_process
 
 WORKERS = 2
 """Celery workers the cluster stack starts."""
@@ -133,11 +133,8 @@ def worker_process(settings: Settings, name: str) -> psutil.Process | None:
     """The running Celery worker ``name`` (``cascade-worker-N``, found by its pid file); None if
     none."""
     pid_file = str(airflow_home(settings) / f"{name}.pid")
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if "worker" in cmdline and pid_file in cmdline:
-            return proc
-    return None
+    # Its pool processes carry the same command line: the worker is the topmost of them.
+    return topmost_process(lambda cmdline: "worker" in cmdline and pid_file in cmdline)
 
 
 def answering_workers(settings: Settings, timeout_s: float = 2.0) -> list[str]:

@@ -32,7 +32,7 @@ import requests
 from cascade.config import Settings, load_settings
 from cascade.data_services import ensure_spark_secret, spark_dir, spark_event_dir
 from cascade.state import secure_state_folder, write_secret
-from infra.supervise import stop_children, stop_requested
+from infra.supervise import stop_children, stop_requested, topmost_process
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -123,11 +123,7 @@ def commands(settings: Settings) -> dict[str, list[str]]:
 def worker_process(settings: Settings, index: int) -> psutil.Process | None:
     """The running JVM of standalone worker ``index`` (found by its work folder); None if none."""
     folder = str(worker_dir(settings, index))
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if WORKER_CLASS in cmdline and folder in cmdline:
-            return proc
-    return None
+    return topmost_process(lambda cmdline: WORKER_CLASS in cmdline and folder in cmdline)
 
 
 def master_status(settings: Settings, timeout_s: float = 2.0) -> dict | None:

@@ -40,6 +40,22 @@ def stop_children(children: Iterable[subprocess.Popen[bytes]], grace_s: float = 
             child.kill()
 
 
+def topmost_process(match: Callable[[list[str]], bool]) -> psutil.Process | None:
+    """The process whose command line ``match`` accepts and whose parent's does not; None if
+    none. A forking daemon's children (a Celery worker's pool) carry its command line, and once
+    process ids wrap around a child may come before its parent in the process table: the parent
+    is told apart by its ancestry, not by a lower id."""
+    found = {}
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
+        try:
+            if match(proc.info["cmdline"] or []):
+                found[proc.pid] = proc
+        except psutil.Error:
+            continue
+    roots = [proc for pid, proc in found.items() if proc.info["ppid"] not in found]
+    return min(roots, key=lambda proc: proc.pid) if roots else None
+
+
 def lose_node(proc: psutil.Process, wait_s: float = 20.0) -> None:
     """Kill ``proc`` and every process under it at once (SIGKILL), as a host that is lost, and
     wait up to ``wait_s`` for them to be gone. Used by the fault tests and benchmarks."""

@@ -147,14 +147,24 @@ def test_tasks_spread_over_two_workers_and_survive_a_lost_worker(tmp_path: Path)
         (survivor,) = WORKERS - {lost}
         # Pings get a few seconds each: on a loaded machine the survivor may take more than the
         # status line's one second to answer.
-        wait_for(
-            "the killed worker to stop answering and the survivor to answer",
-            lambda: (
-                airflow_cluster.answering_workers(settings, timeout_s=3.0)
-                == [f"{survivor}@{settings.host}"]
-            ),
-            timeout_s=90,
-        )
+        answers: list[list[str]] = []
+
+        def only_the_survivor_answers() -> bool:
+            answers.append(airflow_cluster.answering_workers(settings, timeout_s=3.0))
+            return answers[-1] == [f"{survivor}@{settings.host}"]
+
+        try:
+            wait_for(
+                "the killed worker to stop answering and the survivor to answer",
+                only_the_survivor_answers,
+                timeout_s=90,
+            )
+        except AssertionError as error:
+            log = (home / "logs" / "airflow.log").read_text(errors="replace")[-3000:]
+            raise AssertionError(
+                f"{error}; killed {lost} (pid {lost_worker.pid}), last answers {answers[-3:]}; "
+                f"airflow.log ends:\n{log}"
+            ) from None
         assert not stack.state(settings, "airflow").healthy  # one worker short
 
         run = client.wait_for_run(DAG_ID, match=lambda r: r["dag_run_id"] == run_id, timeout_s=150)
