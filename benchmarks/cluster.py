@@ -22,7 +22,10 @@ pid at the end, so a running stack is never touched. Then:
    has written a checkpoint, the Celery worker running ``train`` is killed with its task
    processes: both training node ranks' launchers and workers die with it (a lost host).
    Airflow fails the lost try once its heartbeat is 20 s old and retries it on the surviving
-   worker, which resumes from the checkpoint. ``faults`` records each fault (injected, and
+   worker, which resumes from the checkpoint. Once the retry has written a checkpoint of its
+   own, training node rank 1's launcher is killed with its workers (a lost training node): node
+   0 is ended with it, the try fails, and the third try resumes from the newer checkpoint
+   (``train_resumed_at_steps``). ``faults`` records each fault (injected, and
    whether the run still succeeded); ``faults_survived`` counts the injected ones it survived;
    ``lost`` counts the run's tasks that did not end in success, ``duplicates`` the registry
    versions beyond one per run.
@@ -43,6 +46,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from cascade.config import Settings
 from infra import airflow_cluster, spark_standalone
@@ -188,14 +193,48 @@ def _checkpointed(settings: Settings, ds: str) -> bool:
     )
 
 
+def _checkpointed_since_resume(settings: Settings, ds: str) -> bool:
+    """The partition's training, resumed, has written a checkpoint since its last resume."""
+    from cascade.lake import Lake
+
+    log = Lake(settings.lake_root).reports("train", ds) / "train.log"
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    resumed = list(re.finditer(r"\[cascade\] \S+: resumed at step", text))
+    return bool(resumed) and "checkpoint at step" in text[resumed[-1].end() :]
+
+
+def resumed_steps(settings: Settings, ds: str) -> list[int]:
+    """The steps the partition's training resumed at, in order (its training log's lines)."""
+    from cascade.lake import Lake
+
+    log = Lake(settings.lake_root).reports("train", ds) / "train.log"
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return [int(m) for m in re.findall(r"\[cascade\] \S+: resumed at step (\d+)", text)]
+
+
+def node_launcher(worker: psutil.Process, rank: int) -> psutil.Process | None:
+    """The ``torch.distributed.run`` launcher of node rank ``rank`` among ``worker``'s
+    descendants (the train task's processes); None if none."""
+    with contextlib.suppress(psutil.Error):
+        for proc in worker.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                cmdline = proc.cmdline()
+                if "torch.distributed.run" in cmdline and "--node_rank" in cmdline:
+                    if cmdline[cmdline.index("--node_rank") + 1] == str(rank):
+                        return proc
+    return None
+
+
 def inject_faults(
     settings: Settings, holder: dict[str, str], faults: list[dict[str, Any]], stop: threading.Event
 ) -> None:
-    """Kill a Spark worker during ``features`` and the Celery worker running ``train`` once it
-    checkpointed; each fault is recorded in ``faults`` as it is injected."""
+    """Kill a Spark worker during ``features``, the Celery worker running ``train`` once it
+    checkpointed, then, in the retry, training node rank 1 once it checkpointed again; each
+    fault is recorded in ``faults`` as it is injected."""
     spark = {"fault": "spark_worker_killed_during_features", "injected": False}
     airflow = {"fault": "airflow_worker_and_training_nodes_killed", "injected": False}
-    faults.extend([spark, airflow])
+    node = {"fault": "training_node_killed", "injected": False}
+    faults.extend([spark, airflow, node])
     before = set(holder.get("apps_before", "").split(",")) - {""}
     while not stop.is_set() and not spark["injected"]:
         if _running_task(settings, holder, "features"):
@@ -215,6 +254,21 @@ def inject_faults(
             if proc is not None:
                 lose_node(proc)
                 airflow.update(injected=True, worker=ti["hostname"], try_number=ti["try_number"])
+        time.sleep(0.5)
+    while not stop.is_set() and not node["injected"]:
+        ti = _running_task(settings, holder, "train")
+        if ti and ti["try_number"] > airflow["try_number"]:
+            if _checkpointed_since_resume(settings, FAULTS_DS):
+                worker = airflow_cluster.worker_process(settings, ti["hostname"])
+                launcher = node_launcher(worker, 1) if worker is not None else None
+                if launcher is not None:
+                    lose_node(launcher)
+                    node.update(
+                        injected=True,
+                        node_rank=1,
+                        worker=ti["hostname"],
+                        try_number=ti["try_number"],
+                    )
         time.sleep(0.5)
 
 
@@ -289,6 +343,7 @@ def cluster_phase(home: Path, quick: bool, echo: Callable[[str], None]) -> dict[
         out["lost"] = sum(1 for ti in tasks if ti["state"] != "success")
         out["duplicates"] = max(0, registry_versions(settings) - versions_before - 1)
         out["train_tries"] = next(ti["try_number"] for ti in tasks if ti["task_id"] == "train")
+        out["train_resumed_at_steps"] = resumed_steps(settings, FAULTS_DS)
     return out
 
 

@@ -27,3 +27,30 @@ def test_spark_workers_are_read_from_the_application_folders(tmp_path: Path) -> 
     assert cluster.workers_of_apps(settings, apps) == [1, 2]
     # An application of another run does not count.
     assert cluster.workers_of_apps(settings, {"20261126170158-0002"}) == []
+
+
+def test_a_training_node_is_killed_only_after_the_retry_checkpointed(tmp_path: Path) -> None:
+    from cascade.lake import Lake
+
+    settings = load_settings({"CASCADE_HOME": str(tmp_path), "CASCADE_PROFILE": "cluster"})
+    log = Lake(settings.lake_root).reports("train", cluster.FAULTS_DS) / "train.log"
+    assert not cluster._checkpointed_since_resume(settings, cluster.FAULTS_DS)
+    log.parent.mkdir(parents=True)
+    lines = [
+        "[node 0] [cascade] select: checkpoint at step 50 in /x",
+        "[node 0] [cascade] select: checkpoint at step 100 in /x",
+    ]
+    log.write_text("\n".join(lines) + "\n")
+    # The first try checkpointed, and nothing resumed yet.
+    assert not cluster._checkpointed_since_resume(settings, cluster.FAULTS_DS)
+    assert cluster.resumed_steps(settings, cluster.FAULTS_DS) == []
+    lines.append("[node 0] [cascade] select: resumed at step 100 from /x")
+    log.write_text("\n".join(lines) + "\n")
+    assert not cluster._checkpointed_since_resume(settings, cluster.FAULTS_DS)
+    lines.append("[node 0] [cascade] select: checkpoint at step 150 in /x")
+    log.write_text("\n".join(lines) + "\n")
+    assert cluster._checkpointed_since_resume(settings, cluster.FAULTS_DS)
+    lines.append("[node 0] [cascade] select: resumed at step 150 from /x")
+    log.write_text("\n".join(lines) + "\n")
+    assert not cluster._checkpointed_since_resume(settings, cluster.FAULTS_DS)
+    assert cluster.resumed_steps(settings, cluster.FAULTS_DS) == [100, 150]
