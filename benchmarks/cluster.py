@@ -24,11 +24,12 @@ pid at the end, so a running stack is never touched. Then:
    Airflow fails the lost try once its heartbeat is 20 s old and retries it on the surviving
    worker, which resumes from the checkpoint. Once the retry has written a checkpoint of its
    own, training node rank 1's launcher is killed with its workers (a lost training node): node
-   0 is ended with it, the try fails, and the third try resumes from the newer checkpoint
-   (``train_resumed_at_steps``). ``faults`` records each fault (injected, and
-   whether the run still succeeded); ``faults_survived`` counts the injected ones it survived;
-   ``lost`` counts the run's tasks that did not end in success, ``duplicates`` the registry
-   versions beyond one per run.
+   0 is ended with it, the try fails, and the third try resumes from what the second left
+   (finished phases, the newer checkpoint). ``train_resumes`` lists each resume as
+   ``phase@step``, each fault its ``after_checkpoint``. ``faults`` records each fault
+   (injected, and whether the run still succeeded); ``faults_survived`` counts the injected
+   ones it survived; ``lost`` counts the run's tasks that did not end in success,
+   ``duplicates`` the registry versions beyond one per run.
 3. **The peer** (not with ``--quick``): the same partition on the local profile's stack
    (``local_run_s``, ``cluster_vs_local`` = ``run_s`` / ``local_run_s``), started after the
    cluster stack has stopped, so the two never share the cores.
@@ -193,23 +194,36 @@ def _checkpointed(settings: Settings, ds: str) -> bool:
     )
 
 
-def _checkpointed_since_resume(settings: Settings, ds: str) -> bool:
-    """The partition's training, resumed, has written a checkpoint since its last resume."""
+def _train_log(settings: Settings, ds: str) -> str:
     from cascade.lake import Lake
 
     log = Lake(settings.lake_root).reports("train", ds) / "train.log"
-    text = log.read_text(errors="replace") if log.is_file() else ""
+    return log.read_text(errors="replace") if log.is_file() else ""
+
+
+def _checkpointed_since_resume(settings: Settings, ds: str) -> bool:
+    """The partition's training, resumed, has written a checkpoint since its last resume."""
+    text = _train_log(settings, ds)
     resumed = list(re.finditer(r"\[cascade\] \S+: resumed at step", text))
     return bool(resumed) and "checkpoint at step" in text[resumed[-1].end() :]
 
 
-def resumed_steps(settings: Settings, ds: str) -> list[int]:
-    """The steps the partition's training resumed at, in order (its training log's lines)."""
-    from cascade.lake import Lake
+def _phase_steps(settings: Settings, ds: str, event: str) -> list[str]:
+    """``phase@step`` of each ``[cascade] PHASE: EVENT at step N`` line of the partition's
+    training log, in order."""
+    pattern = rf"\[cascade\] (\S+): {event} at step (\d+)"
+    return [f"{phase}@{step}" for phase, step in re.findall(pattern, _train_log(settings, ds))]
 
-    log = Lake(settings.lake_root).reports("train", ds) / "train.log"
-    text = log.read_text(errors="replace") if log.is_file() else ""
-    return [int(m) for m in re.findall(r"\[cascade\] \S+: resumed at step (\d+)", text)]
+
+def resumes(settings: Settings, ds: str) -> list[str]:
+    """Where the partition's training resumed, in order: ``phase@step``."""
+    return _phase_steps(settings, ds, "resumed")
+
+
+def last_checkpoint(settings: Settings, ds: str) -> str | None:
+    """The partition's training's last checkpoint so far: ``phase@step``, or None."""
+    written = _phase_steps(settings, ds, "checkpoint")
+    return written[-1] if written else None
 
 
 def node_launcher(worker: psutil.Process, rank: int) -> psutil.Process | None:
@@ -252,8 +266,14 @@ def inject_faults(
         if ti and _checkpointed(settings, FAULTS_DS):
             proc = airflow_cluster.worker_process(settings, ti["hostname"])
             if proc is not None:
+                checkpoint = last_checkpoint(settings, FAULTS_DS)
                 lose_node(proc)
-                airflow.update(injected=True, worker=ti["hostname"], try_number=ti["try_number"])
+                airflow.update(
+                    injected=True,
+                    worker=ti["hostname"],
+                    try_number=ti["try_number"],
+                    after_checkpoint=checkpoint,
+                )
         time.sleep(0.5)
     while not stop.is_set() and not node["injected"]:
         ti = _running_task(settings, holder, "train")
@@ -262,10 +282,12 @@ def inject_faults(
                 worker = airflow_cluster.worker_process(settings, ti["hostname"])
                 launcher = node_launcher(worker, 1) if worker is not None else None
                 if launcher is not None:
+                    checkpoint = last_checkpoint(settings, FAULTS_DS)
                     lose_node(launcher)
                     node.update(
                         injected=True,
                         node_rank=1,
+                        after_checkpoint=checkpoint,
                         worker=ti["hostname"],
                         try_number=ti["try_number"],
                     )
@@ -343,7 +365,7 @@ def cluster_phase(home: Path, quick: bool, echo: Callable[[str], None]) -> dict[
         out["lost"] = sum(1 for ti in tasks if ti["state"] != "success")
         out["duplicates"] = max(0, registry_versions(settings) - versions_before - 1)
         out["train_tries"] = next(ti["try_number"] for ti in tasks if ti["task_id"] == "train")
-        out["train_resumed_at_steps"] = resumed_steps(settings, FAULTS_DS)
+        out["train_resumes"] = resumes(settings, FAULTS_DS)
     return out
 
 

@@ -36,10 +36,13 @@ on the job's ``user_cat`` output (30-day smoothed CTR) and scored on held-out pa
 ``learned_cross`` holds their storage saving against the explicit table and their error
 (RMSE, Spearman) predicting the held-out explicit statistic, beside the additive baseline.
 
-``materialize_rows_per_s``: the job's partition (every pair) loaded into a fresh local
-online store by :func:`cascade.feature_store.materialize_cross` (bulk path,
-:mod:`cascade.online_bulk`): feature rows written per second of writing (Feast's apply
-excluded), once per size up to ``MATERIALIZE_MAX_IMPRESSIONS`` (null above).
+``pipeline_s``: the ``ctr_cross`` pipeline from the landed log to the online store, once per
+size (:func:`pipeline_run`): its ``stats``, ``validate`` (the GX gate) and ``feast`` steps as
+the DAG runs them, in a fresh home whose lake holds the log as a landed partition;
+``pipeline_steps_s`` splits it. ``materialize_rows_per_s``: that ``feast`` step's load of every
+pair into the profile's online store (the local profile: the bulk writer,
+:mod:`cascade.online_bulk`, into SQLite): feature rows written per second of writing (Feast's
+apply excluded).
 
 ``ratio = job_s / scan_s``; ``ns_per_row`` per size and its growth from the smallest to the
 largest size; ``peak_rss_mb`` is the peak resident memory of this process plus the Spark JVM
@@ -69,7 +72,6 @@ import psutil
 
 from benchmarks.provenance import bench_repeats, digest_of, input_folder
 from cascade.config import Settings, load_settings
-from cascade.feature_store import materialize_cross
 from cascade.progress import track
 from compilers.timing import median_seconds
 from jobs import ctr_cross_stats as job
@@ -81,8 +83,6 @@ FULL_SIZES = (1_000_000, 10_000_000, 30_000_000)
 QUICK_SIZES = (100_000,)
 LEARNED_PAIR = ("user_cat", ("user_id", "item_category"))
 """The pair whose explicit statistic the learned cross features try to predict."""
-MATERIALIZE_MAX_IMPRESSIONS = 1_000_000
-"""Above this the online-store load (minutes at SQLite's pace) is skipped and reported null."""
 REFERENCE_MAX_ROWS = 10_000_000
 """pandas holds the whole log in memory; above this it is skipped (and reported as null)."""
 DUCKDB_MEMORY_LIMIT = "4GB"
@@ -258,6 +258,42 @@ def learned_cross_scores(features: Path) -> dict[str, Any]:
     )
 
 
+def pipeline_run(log: Path, home: Path) -> dict[str, Any]:
+    """The ``ctr_cross`` pipeline from a landed log to the online store, once: the log is
+    landed (linked) in a fresh home's lake, then its steps ``stats``, ``validate`` (the GX
+    gate) and ``feast`` (the pair views applied, the partition loaded online by the profile's
+    engine) run as the DAG runs them. ``pipeline_s`` is their sum; ``pipeline_steps_s`` each;
+    the ``feast`` step's load gives ``materialize_*``."""
+    from cascade.lake import Lake
+    from pipelines import ctr_cross
+
+    settings = Settings(home=home)
+    landing = ctr_cross.landing_dir(Lake(settings.lake_root), DS)
+    landing.parent.mkdir(parents=True, exist_ok=True)
+    landing.symlink_to(log, target_is_directory=True)
+    steps: dict[str, float] = {}
+    summaries: dict[str, dict[str, Any]] = {}
+    for name, step in (
+        ("stats", ctr_cross.stats),
+        ("validate", ctr_cross.validate),
+        ("feast", ctr_cross.feast),
+    ):
+        started = time.perf_counter()
+        summaries[name] = step(DS, settings=settings)
+        steps[name] = round(time.perf_counter() - started, 2)
+        print(f"[bench ctr] pipeline step {name}: {steps[name]} s", flush=True)
+    loaded = summaries["feast"]
+    return {
+        "pipeline_s": round(sum(steps.values()), 2),
+        "pipeline_steps_s": steps,
+        "pipeline_gate_passed": bool(summaries["validate"].get("success", True)),
+        "materialize_rows": loaded.get("rows"),
+        "materialize_s": loaded.get("write_s"),
+        "materialize_rows_per_s": loaded.get("rows_per_s"),
+        "materialize_engine": loaded.get("engine"),
+    }
+
+
 def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
     """``cascade bench ctr``: see the module docstring."""
     from pyspark.sql import functions as F
@@ -324,9 +360,7 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
                 job_runs, duckdb_runs = interleaved(
                     run_job, run_duckdb, repeats=repeats, warmup=bool(warmup)
                 )
-                materialized: dict[str, Any] = {}
-                if n <= MATERIALIZE_MAX_IMPRESSIONS:
-                    materialized = materialize_cross(DS, settings=Settings(home=Path(home)))
+                pipeline = pipeline_run(log, Path(home) / "pipeline")
                 learned_cross = None
                 if n == min(sizes) and LEARNED_PAIR[0] in summary.get("paths", {}):
                     learned_cross = learned_cross_scores(Path(summary["paths"][LEARNED_PAIR[0]]))
@@ -391,9 +425,7 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
                 "pandas_work": PANDAS_WORK if pandas_runs else None,
                 "quarantined_rows": summary.get("quarantined_rows"),
                 "feature_rows": summary.get("rows"),
-                "materialize_rows": materialized.get("rows"),
-                "materialize_s": materialized.get("write_s"),
-                "materialize_rows_per_s": materialized.get("rows_per_s"),
+                **pipeline,
                 "learned_cross": learned_cross,
             }
             print(f"[bench ctr] {result}", flush=True)

@@ -43,7 +43,8 @@ def test_a_training_node_is_killed_only_after_the_retry_checkpointed(tmp_path: P
     log.write_text("\n".join(lines) + "\n")
     # The first try checkpointed, and nothing resumed yet.
     assert not cluster._checkpointed_since_resume(settings, cluster.FAULTS_DS)
-    assert cluster.resumed_steps(settings, cluster.FAULTS_DS) == []
+    assert cluster.resumes(settings, cluster.FAULTS_DS) == []
+    assert cluster.last_checkpoint(settings, cluster.FAULTS_DS) == "select@100"
     lines.append("[node 0] [cascade] select: resumed at step 100 from /x")
     log.write_text("\n".join(lines) + "\n")
     assert not cluster._checkpointed_since_resume(settings, cluster.FAULTS_DS)
@@ -53,4 +54,5 @@ def test_a_training_node_is_killed_only_after_the_retry_checkpointed(tmp_path: P
     lines.append("[node 0] [cascade] select: resumed at step 150 from /x")
     log.write_text("\n".join(lines) + "\n")
     assert not cluster._checkpointed_since_resume(settings, cluster.FAULTS_DS)
-    assert cluster.resumed_steps(settings, cluster.FAULTS_DS) == [100, 150]
+    assert cluster.resumes(settings, cluster.FAULTS_DS) == ["select@100", "select@150"]
+    assert cluster.last_checkpoint(settings, cluster.FAULTS_DS) == "select@150"

@@ -85,7 +85,11 @@ def test_quick_bench_writes_the_promised_fields(
     assert 0 < size["one_pair_count_s"] < size["job_s"]
     assert size["one_pair_count_ratio"] == pytest.approx(size["one_pair_count_s"] / size["scan_s"])
     assert size["quarantined_rows"] == 0
-    # The job's partition went into the online store by the bulk path.
+    # The pipeline ran from the landed log through the gate into the online store (bulk).
+    steps = size["pipeline_steps_s"]
+    assert list(steps) == ["stats", "validate", "feast"] and min(steps.values()) > 0
+    assert size["pipeline_s"] == pytest.approx(sum(steps.values()), abs=0.05)
+    assert size["pipeline_gate_passed"] is True and size["materialize_engine"] == "bulk"
     assert size["materialize_rows"] == sum(rows.values())
     assert size["materialize_rows_per_s"] == pytest.approx(
         size["materialize_rows"] / size["materialize_s"]
