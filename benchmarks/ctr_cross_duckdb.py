@@ -254,6 +254,11 @@ def smoothed(clicks: str, trials: str, prior: tuple[float, float]) -> str:
     return f"({clicks} + {double(a)}) / ({trials} + {double(a + b)})"
 
 
+def debiased(clicks: str, examinations: str, prior: tuple[float, float]) -> str:
+    """:func:`jobs.ctr_cross_stats.debiased`: smoothed, capped at 1."""
+    return f"least({smoothed(clicks, examinations, prior)}, {double(1.0)})"
+
+
 def write_pair(
     con: duckdb.DuckDBPyConnection,
     pair: job.CrossPair,
@@ -274,7 +279,7 @@ def write_pair(
             f"imp_{w} AS {name}_imp_{w}d",
             f"clk_{w} AS {name}_clk_{w}d",
             f"{smoothed(f'clk_{w}', f'imp_{w}', priors[f'ctr_{w}'])} AS {name}_ctr_{w}d",
-            f"{smoothed(f'clk_{w}', f'exam_{w}', priors[f'dctr_{w}'])} AS {name}_dctr_{w}d",
+            f"{debiased(f'clk_{w}', f'exam_{w}', priors[f'dctr_{w}'])} AS {name}_dctr_{w}d",
         ]
     # The job's cutoff - (cutoff - min(age)) in exact integers: min(age).
     columns += [

@@ -265,6 +265,7 @@ def pipeline_run(log: Path, home: Path) -> dict[str, Any]:
     engine) run as the DAG runs them. ``pipeline_s`` is their sum; ``pipeline_steps_s`` each;
     the ``feast`` step's load gives ``materialize_*``."""
     from cascade.lake import Lake
+    from jobs.ctr_cross_stats_gate import GateFailed
     from pipelines import ctr_cross
 
     settings = Settings(home=home)
@@ -279,14 +280,25 @@ def pipeline_run(log: Path, home: Path) -> dict[str, Any]:
         ("feast", ctr_cross.feast),
     ):
         started = time.perf_counter()
-        summaries[name] = step(DS, settings=settings)
+        try:
+            summaries[name] = step(DS, settings=settings)
+        except GateFailed as failed:
+            # A result too: the run stops at the gate as the DAG would, and says why.
+            print(f"[bench ctr] the pipeline stopped at the gate: {failed}", flush=True)
+            return {
+                "pipeline_s": None,
+                "pipeline_steps_s": steps,
+                "pipeline_gate_passed": False,
+                "pipeline_gate_failed": failed.failed,
+                "materialize_rows_per_s": None,
+            }
         steps[name] = round(time.perf_counter() - started, 2)
         print(f"[bench ctr] pipeline step {name}: {steps[name]} s", flush=True)
     loaded = summaries["feast"]
     return {
         "pipeline_s": round(sum(steps.values()), 2),
         "pipeline_steps_s": steps,
-        "pipeline_gate_passed": bool(summaries["validate"].get("success", True)),
+        "pipeline_gate_passed": True,
         "materialize_rows": loaded.get("rows"),
         "materialize_s": loaded.get("write_s"),
         "materialize_rows_per_s": loaded.get("rows_per_s"),

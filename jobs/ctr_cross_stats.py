@@ -12,8 +12,10 @@ and every window of ``w`` days ending at ``ds`` (events with ``ds - w days <= t 
 UTC; nothing at or after ``ds`` is read, so a training row at ``t >= ds`` never sees its own
 future), one feature row per key seen in the longest window holds, per window: ``imp``, ``clk``,
 the smoothed CTR ``ctr = (clk + a) / (imp + a + b)`` and the position-debiased CTR
-``dctr = (clk + a') / (exam + a' + b')`` with ``exam`` the expected examinations of the
-impressions (sum of the position's examination probability); plus recency (days since the key's
+``dctr = min(1, (clk + a') / (exam + a' + b'))`` with ``exam`` the expected examinations of
+the impressions (sum of the position's examination probability; a key clicked more often than
+its impressions were expected to be examined, as happens with few impressions at poorly
+examined positions, would estimate a click probability above 1); plus recency (days since the key's
 last impression and last click) and a time-decayed smoothed CTR (half-life weights). Rows carry
 ``event_timestamp = ds`` midnight: valid from then on for point-in-time joins.
 
@@ -418,6 +420,11 @@ def smoothed(clicks: Column, trials: Column, prior: tuple[float, float]) -> Colu
     return ((clicks + F.lit(a)) / (trials + F.lit(a + b))).cast("double")
 
 
+def debiased(clicks: Column, examinations: Column, prior: tuple[float, float]) -> Column:
+    """The smoothed click probability given examination, capped at 1: a double in (0, 1]."""
+    return F.least(smoothed(clicks, examinations, prior), F.lit(1.0))
+
+
 def pair_features(
     aggregate: DataFrame,
     pair: CrossPair,
@@ -444,7 +451,7 @@ def pair_features(
             smoothed(F.col(f"clk_{w}"), F.col(f"imp_{w}"), priors[f"ctr_{w}"]).alias(
                 f"{pair.name}_ctr_{w}d"
             ),
-            smoothed(F.col(f"clk_{w}"), F.col(f"exam_{w}"), priors[f"dctr_{w}"]).alias(
+            debiased(F.col(f"clk_{w}"), F.col(f"exam_{w}"), priors[f"dctr_{w}"]).alias(
                 f"{pair.name}_dctr_{w}d"
             ),
         ]

@@ -149,3 +149,15 @@ def test_peer_names_a_missing_log_and_missing_columns(tmp_path: Path) -> None:
     pd.DataFrame({"user_id": [1], "click": [1]}).to_parquet(log / "part-0.parquet")
     with pytest.raises(ValueError, match="no column for"):
         peer.run(log, tmp_path / "out", ds=DS)
+
+
+def test_the_peer_caps_the_debiased_ctr_like_the_job() -> None:
+    import duckdb
+
+    from benchmarks.ctr_cross_duckdb import debiased
+
+    ((capped, plain),) = duckdb.sql(
+        f"SELECT {debiased('3', '0.5', (0.1, 0.1))}, {debiased('1', '4.0', (1.0, 1.0))}"
+    ).fetchall()
+    assert capped == 1.0
+    assert plain == pytest.approx(2 / 6)

@@ -176,6 +176,24 @@ def test_debiased_ctr_divides_by_expected_examinations(spark: SparkSession) -> N
     assert got.loc[1, "item_pos_dctr_1d"] == pytest.approx((4 + 1) / (6 + 2))
 
 
+def test_debiased_ctr_is_a_probability_when_clicks_exceed_expected_examinations(
+    spark: SparkSession,
+) -> None:
+    from pyspark.sql import functions as F
+
+    # 3 clicks where 0.5 examinations were expected: (3 + 0.1) / (0.5 + 0.2) would be 4.4.
+    capped, plain = (
+        spark.range(1)
+        .select(
+            job.debiased(F.lit(3), F.lit(0.5), (0.1, 0.1)),
+            job.debiased(F.lit(1), F.lit(4.0), (1.0, 1.0)),
+        )
+        .first()
+    )
+    assert capped == 1.0
+    assert plain == pytest.approx(2 / 6)
+
+
 def test_map_log_renames_casts_and_names_missing_columns(spark: SparkSession) -> None:
     raw = spark.createDataFrame(
         [("7", 3, "2026-11-21 10:00:00", 4.5), ("x", 3, "2026-11-21 11:00:00", 2.0)],
