@@ -15,7 +15,10 @@ pid at the end, so a running stack is never touched. Then:
    ``airflow_workers_used`` (the Celery workers Airflow's task records name),
    ``online_store`` (the Feast online store's type, with the number of keys the run wrote to
    Redis), ``ledger`` (the backend whose table holds the event's claim) and ``served`` (a
-   request to the deployed server, with the bearer token, answered with scores).
+   request to the deployed server, with the bearer token, answered with scores). Then (not
+   with ``--quick``) a 200,000-key cross partition is loaded into the stack's Redis by the
+   Spark executors, as the ``ctr_cross`` pipeline's ``feast`` step loads it in this profile:
+   ``materialize_rows_per_s``, ``materialize_workers`` (:func:`materialize_on_cluster`).
 2. **Faults** (not with ``--quick``): a second event starts a run of the next partition
    (``CASCADE_PRERANKING_CHECKPOINT_EVERY`` steps between checkpoints). While its Spark
    features job runs, one standalone worker is killed with its executors; once its training
@@ -138,6 +141,54 @@ def online_store_keys(settings: Settings) -> tuple[str, int | None]:
         return "redis", int(client.dbsize())
     finally:
         client.close()
+
+
+MATERIALIZE_ROWS = 200_000
+MATERIALIZE_FILES = 4
+
+
+def materialize_on_cluster(
+    settings: Settings, rows: int = MATERIALIZE_ROWS, files: int = MATERIALIZE_FILES
+) -> dict[str, Any]:
+    """A ``user_cat`` cross partition of ``rows`` keys (``files`` parquet files) loaded into the
+    stack's Redis as the ``ctr_cross`` pipeline's ``feast`` step loads it in the cluster profile:
+    by the ``spark`` engine on the standalone master's executors. ``materialize_rows_per_s`` is
+    feature rows per second of the Spark job (scan included, Feast's apply excluded);
+    ``materialize_workers`` the standalone workers whose executors wrote rows."""
+    from benchmarks.online_materialize import DS as PAIR_DS
+    from benchmarks.online_materialize import PAIR, write_pair_partition
+    from cascade.feature_store import materialize_cross
+    from cascade.lake import Lake
+    from infra.spark_standalone import worker_dir
+    from jobs import ctr_cross_stats as job
+    from jobs.online_materialize import SparkViewLoader
+
+    write_pair_partition(Lake(settings.lake_root), rows, files)
+    spark = job.build_session(settings, app="cascade.bench.cluster.materialize")
+    try:
+        loaded = materialize_cross(
+            PAIR_DS,
+            settings=settings,
+            source="generated",
+            pairs=[PAIR],
+            engine="spark",
+            loader=SparkViewLoader(spark, settings),
+        )
+    finally:
+        spark.stop()
+    writers = loaded.get("writer_dirs", [])
+    workers = [
+        index
+        for index in range(1, settings.spark_workers + 1)
+        if any(str(w).startswith(str(worker_dir(settings, index))) for w in writers)
+    ]
+    return {
+        "materialize_rows": loaded["rows"],
+        "materialize_s": loaded["write_s"],
+        "materialize_rows_per_s": loaded["rows_per_s"],
+        "materialize_engine": loaded["engine"],
+        "materialize_workers": len(workers),
+    }
 
 
 def served(settings: Settings) -> dict[str, Any]:
@@ -334,6 +385,7 @@ def cluster_phase(home: Path, quick: bool, echo: Callable[[str], None]) -> dict[
         out["auc"] = (first.get("train") or {}).get("test_auc")
         if quick:
             return out
+        out |= materialize_on_cluster(settings)
 
         # Faults, on a second run of the same partition.
         client = AirflowClient(settings)

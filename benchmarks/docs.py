@@ -50,6 +50,8 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "sizes.*.ratio",
         "sizes.*.ns_per_row",
         "sizes.*.peak_rss_mb",
+        "sizes.*.pipeline_s",
+        "sizes.*.materialize_rows_per_s",
     ),
     "compilers": (
         "eager_ms",
@@ -142,6 +144,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "airflow_workers_used",
         "online_store",
         "ledger",
+        "materialize_rows_per_s",
         "faults_survived",
         "lost",
         "duplicates",
