@@ -271,6 +271,13 @@ def resumes(settings: Settings, ds: str) -> list[str]:
     return _phase_steps(settings, ds, "resumed")
 
 
+def phase_finished(settings: Settings, ds: str, phase: str) -> bool:
+    """The partition's training phase ``phase`` has saved its final weights."""
+    from cascade.lake import Lake
+
+    return (Lake(settings.lake_root).reports("train", ds) / "phases" / phase / "model.pt").exists()
+
+
 def last_checkpoint(settings: Settings, ds: str) -> str | None:
     """The partition's training's last checkpoint so far: ``phase@step``, or None."""
     written = _phase_steps(settings, ds, "checkpoint")
@@ -328,20 +335,30 @@ def inject_faults(
         time.sleep(0.5)
     while not stop.is_set() and not node["injected"]:
         ti = _running_task(settings, holder, "train")
-        if ti and ti["try_number"] > airflow["try_number"]:
-            if _checkpointed_since_resume(settings, FAULTS_DS):
-                worker = airflow_cluster.worker_process(settings, ti["hostname"])
-                launcher = node_launcher(worker, 1) if worker is not None else None
-                if launcher is not None:
-                    checkpoint = last_checkpoint(settings, FAULTS_DS)
-                    lose_node(launcher)
-                    node.update(
-                        injected=True,
-                        node_rank=1,
-                        after_checkpoint=checkpoint,
-                        worker=ti["hostname"],
-                        try_number=ti["try_number"],
-                    )
+        checkpoint = last_checkpoint(settings, FAULTS_DS)
+        # Mid-phase: a checkpoint of a phase that has not finished (one that ends right after
+        # its last checkpoint would be reused whole, and nothing would resume from a step).
+        if (
+            ti
+            and ti["try_number"] > airflow["try_number"]
+            and checkpoint is not None
+            and _checkpointed_since_resume(settings, FAULTS_DS)
+            and not phase_finished(settings, FAULTS_DS, checkpoint.split("@")[0])
+        ):
+            worker = airflow_cluster.worker_process(settings, ti["hostname"])
+            launcher = node_launcher(worker, 1) if worker is not None else None
+            if launcher is not None:
+                lose_node(launcher)
+                node.update(
+                    injected=True,
+                    node_rank=1,
+                    after_checkpoint=checkpoint,
+                    phase_finished_at_kill=phase_finished(
+                        settings, FAULTS_DS, checkpoint.split("@")[0]
+                    ),
+                    worker=ti["hostname"],
+                    try_number=ti["try_number"],
+                )
         time.sleep(0.5)
 
 
