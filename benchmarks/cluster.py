@@ -233,22 +233,15 @@ def _running_task(settings: Settings, run_id_holder: dict[str, str], task_id: st
     return None
 
 
-def _checkpointed(settings: Settings, ds: str) -> bool:
-    """The partition's training has written a checkpoint (its training log says so)."""
+def _train_dir(settings: Settings, ds: str) -> Path:
+    """The partition's training run folder (its log, finished phases and checkpoints)."""
     from cascade.lake import Lake
 
-    log = Lake(settings.lake_root).reports("train", ds) / "train.log"
-    return (
-        log.is_file()
-        and re.search(r"\[cascade\] \S+: checkpoint at step", log.read_text(errors="replace"))
-        is not None
-    )
+    return Lake(settings.lake_root).reports("train", ds)
 
 
 def _train_log(settings: Settings, ds: str) -> str:
-    from cascade.lake import Lake
-
-    log = Lake(settings.lake_root).reports("train", ds) / "train.log"
+    log = _train_dir(settings, ds) / "train.log"
     return log.read_text(errors="replace") if log.is_file() else ""
 
 
@@ -273,9 +266,7 @@ def resumes(settings: Settings, ds: str) -> list[str]:
 
 def phase_finished(settings: Settings, ds: str, phase: str) -> bool:
     """The partition's training phase ``phase`` has saved its final weights."""
-    from cascade.lake import Lake
-
-    return (Lake(settings.lake_root).reports("train", ds) / "phases" / phase / "model.pt").exists()
+    return (_train_dir(settings, ds) / "phases" / phase / "model.pt").exists()
 
 
 def last_checkpoint(settings: Settings, ds: str) -> str | None:
@@ -321,7 +312,7 @@ def inject_faults(
         time.sleep(0.2)
     while not stop.is_set() and not airflow["injected"]:
         ti = _running_task(settings, holder, "train")
-        if ti and _checkpointed(settings, FAULTS_DS):
+        if ti and last_checkpoint(settings, FAULTS_DS) is not None:
             proc = airflow_cluster.worker_process(settings, ti["hostname"])
             if proc is not None:
                 checkpoint = last_checkpoint(settings, FAULTS_DS)
@@ -336,6 +327,7 @@ def inject_faults(
     while not stop.is_set() and not node["injected"]:
         ti = _running_task(settings, holder, "train")
         checkpoint = last_checkpoint(settings, FAULTS_DS)
+        phase = checkpoint.split("@")[0] if checkpoint else ""
         # Mid-phase: a checkpoint of a phase that has not finished (one that ends right after
         # its last checkpoint would be reused whole, and nothing would resume from a step).
         if (
@@ -343,7 +335,7 @@ def inject_faults(
             and ti["try_number"] > airflow["try_number"]
             and checkpoint is not None
             and _checkpointed_since_resume(settings, FAULTS_DS)
-            and not phase_finished(settings, FAULTS_DS, checkpoint.split("@")[0])
+            and not phase_finished(settings, FAULTS_DS, phase)
         ):
             worker = airflow_cluster.worker_process(settings, ti["hostname"])
             launcher = node_launcher(worker, 1) if worker is not None else None
@@ -353,9 +345,7 @@ def inject_faults(
                     injected=True,
                     node_rank=1,
                     after_checkpoint=checkpoint,
-                    phase_finished_at_kill=phase_finished(
-                        settings, FAULTS_DS, checkpoint.split("@")[0]
-                    ),
+                    phase_finished_at_kill=phase_finished(settings, FAULTS_DS, phase),
                     worker=ti["hostname"],
                     try_number=ti["try_number"],
                 )
