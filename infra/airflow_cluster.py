@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -44,7 +45,12 @@ from cascade.data_services import (
     stack_postgres_url,
 )
 from infra.airflow_local import COMPONENTS, airflow_cli
-from infra.supervise import stop_children, stop_requested, topmost_process
+from infra.supervise import (
+    process_from_pid_file,
+    stop_children,
+    stop_requested,
+    write_pid_file,
+)
 
 WORKERS = 2
 """Celery workers the cluster stack starts."""
@@ -109,7 +115,6 @@ def cluster_env(settings: Settings) -> dict[str, str]:
 def worker_commands(settings: Settings) -> dict[str, list[str]]:
     """Worker name -> ``airflow celery worker`` command: own node name and pid file, no log
     server (task logs are files under the Airflow home, which the API server reads)."""
-    home = airflow_home(settings)
     return {
         worker_name(index): [
             airflow_cli(),
@@ -120,7 +125,7 @@ def worker_commands(settings: Settings) -> dict[str, list[str]]:
             "--concurrency",
             str(worker_concurrency(settings)),
             "--pid",
-            str(home / f"{worker_name(index)}.pid"),
+            str(worker_pid_file(settings, worker_name(index))),
             "--skip-serve-logs",
             "--without-mingle",
             "--without-gossip",
@@ -129,12 +134,17 @@ def worker_commands(settings: Settings) -> dict[str, list[str]]:
     }
 
 
+def worker_pid_file(settings: Settings, name: str) -> Path:
+    """Where the supervisor records the pid of worker ``name`` (the ``--pid`` it passes, so
+    ``airflow celery stop --pid`` finds the worker too)."""
+    return airflow_home(settings) / f"{name}.pid"
+
+
 def worker_process(settings: Settings, name: str) -> psutil.Process | None:
-    """The running Celery worker ``name`` (``cascade-worker-N``, found by its pid file); None if
-    none."""
-    pid_file = str(airflow_home(settings) / f"{name}.pid")
-    # Its pool processes carry the same command line: the worker is the topmost of them.
-    return topmost_process(lambda cmdline: "worker" in cmdline and pid_file in cmdline)
+    """The running Celery worker ``name`` (``cascade-worker-N``), by the pid its supervisor
+    recorded; None if none. Its command line is no guide: Celery retitles the worker and its pool
+    processes, and helpers forked before that keep the original command line."""
+    return process_from_pid_file(worker_pid_file(settings, name))
 
 
 def answering_workers(settings: Settings, timeout_s: float = 2.0) -> list[str]:
@@ -177,6 +187,8 @@ def main() -> int:
     for name, command in {**commands, **workers}.items():
         child_env = {**env, NODE_ENV: name} if name in workers else env
         children[name] = subprocess.Popen(command, env=child_env)
+        if name in workers:
+            write_pid_file(worker_pid_file(settings, name), children[name].pid)
         print(f"airflow-cluster: started {name} (pid {children[name].pid})", flush=True)
     exit_code = 0
     stopping = False

@@ -4,10 +4,12 @@ period."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import psutil
 
@@ -38,6 +40,29 @@ def stop_children(children: Iterable[subprocess.Popen[bytes]], grace_s: float = 
             child.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             child.kill()
+
+
+def write_pid_file(path: Path, pid: int) -> None:
+    """Record the pid of a child just started (atomically: a reader sees no half-written
+    file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    part.write_text(f"{pid}\n")
+    os.replace(part, path)
+
+
+def process_from_pid_file(path: Path) -> psutil.Process | None:
+    """The running process ``path`` names (:func:`write_pid_file`); None when the file is
+    missing or unreadable, or the process has exited. Process ids wrap around on a busy machine:
+    a process started after the file was written only reuses the id, and is not the one named."""
+    try:
+        written = path.stat().st_mtime
+        proc = psutil.Process(int(path.read_text().strip()))
+        if proc.create_time() > written + 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc
+    except (OSError, ValueError, psutil.Error):
+        return None
 
 
 def topmost_process(match: Callable[[list[str]], bool]) -> psutil.Process | None:

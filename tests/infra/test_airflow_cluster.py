@@ -144,6 +144,7 @@ def test_tasks_spread_over_two_workers_and_survive_a_lost_worker(tmp_path: Path)
         lost_worker = airflow_cluster.worker_process(settings, lost)
         assert lost_worker is not None, f"no Celery worker {lost}"
         lose_node(lost_worker)
+        assert airflow_cluster.worker_process(settings, lost) is None
         (survivor,) = WORKERS - {lost}
         # Pings get a few seconds each: on a loaded machine the survivor may take more than the
         # status line's one second to answer.
@@ -160,10 +161,12 @@ def test_tasks_spread_over_two_workers_and_survive_a_lost_worker(tmp_path: Path)
                 timeout_s=90,
             )
         except AssertionError as error:
-            log = (home / "logs" / "airflow.log").read_text(errors="replace")[-3000:]
+            log = (home / "logs" / "airflow.log").read_text(errors="replace").splitlines()
+            # The supervisor's own lines (workers started and lost) and the log's last lines.
+            shown_lines = [line for line in log if line.startswith("airflow-cluster:")]
             raise AssertionError(
                 f"{error}; killed {lost} (pid {lost_worker.pid}), last answers {answers[-3:]}; "
-                f"airflow.log ends:\n{log}"
+                "airflow.log:\n" + "\n".join([*shown_lines, "...", *log[-15:]])
             ) from None
         assert not stack.state(settings, "airflow").healthy  # one worker short
 

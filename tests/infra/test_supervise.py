@@ -1,7 +1,9 @@
-"""Finding a daemon among the processes that carry its command line."""
+"""Finding a daemon: by the pid its supervisor recorded, or among the processes that carry its
+command line."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -10,7 +12,7 @@ import uuid
 import psutil
 import pytest
 
-from infra.supervise import lose_node, topmost_process
+from infra.supervise import lose_node, process_from_pid_file, topmost_process, write_pid_file
 
 # A parent that forks two children: all three carry the same command line, as a Celery worker
 # and its pool processes do.
@@ -66,3 +68,33 @@ def alive(proc: psutil.Process) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_a_pid_file_names_its_process_until_it_exits(forking_daemon, tmp_path) -> None:
+    proc, _ = forking_daemon
+    pid_file = tmp_path / "daemon.pid"
+    assert process_from_pid_file(pid_file) is None  # not written yet
+    write_pid_file(pid_file, proc.pid)
+    found = process_from_pid_file(pid_file)
+    assert found is not None and found.pid == proc.pid
+    lose_node(found)
+    proc.wait(timeout=20)
+    assert process_from_pid_file(pid_file) is None
+
+
+def test_a_pid_reused_after_the_file_was_written_is_not_the_process_named(tmp_path) -> None:
+    pid_file = tmp_path / "old.pid"
+    write_pid_file(pid_file, 1)  # init: started long before the file, so it is named
+    assert process_from_pid_file(pid_file).pid == 1
+    # A process started after the file was written only reuses the id.
+    later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        write_pid_file(pid_file, later.pid)
+        old = pid_file.stat().st_mtime - 60
+        os.utime(pid_file, (old, old))
+        assert process_from_pid_file(pid_file) is None
+    finally:
+        later.kill()
+        later.wait()
+    pid_file.write_text("not a pid\n")
+    assert process_from_pid_file(pid_file) is None
