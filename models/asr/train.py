@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
+from cascade.audio_features import HUMAN_VOICE_PREFIX
 from cascade.config import Settings, load_settings
 from cascade.progress import Progress
 from cascade.results import write_result
@@ -65,7 +66,13 @@ from cascade.training.curves import CURVES_DIR, CurveLog
 from cascade.training.deepspeed_config import deepspeed_config as build_deepspeed_config
 from cascade.training.deepspeed_config import warmup_decay_scheduler
 from cascade.training.launch import init_distributed, launch_for_result, rank_world
-from cascade.training.resumable_run import RUN_MARKER, failed_on_error, open_resumable_run
+from cascade.training.resumable_run import (
+    RUN_MARKER,
+    TrackingUnavailable,
+    failed_on_error,
+    open_resumable_run,
+    reachable_tracking,
+)
 from models.asr.artifact import AsrArtifact, save_artifact
 from models.asr.config_registry import ALPHABET, CONFIGS, AsrTrainConfig, get_config
 from models.asr.corpus import Batch, Utterances, collate, corpus_n_mels, epoch_batches, load_split
@@ -319,6 +326,18 @@ def _mlflow_run(settings: Settings, out: Path, config: AsrTrainConfig, corpus: P
     )
 
 
+def training_utterances(config: AsrTrainConfig, corpus: Path) -> Utterances:
+    """The corpus's training split as ``config`` trains on it: its first
+    ``max_train_utterances`` by id, without the recordings of people unless
+    ``config.train_people``."""
+    data = load_split(corpus, "train", ALPHABET, limit=config.max_train_utterances)
+    if not config.train_people:
+        data = data.subset([not voice.startswith(HUMAN_VOICE_PREFIX) for voice in data.voices])
+    if len(data) == 0:
+        raise ValueError(f"{corpus} has no training utterances for config {config.name!r}")
+    return data
+
+
 def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] | None:
     """The whole run inside an initialized process group; the result on rank 0."""
     import mlflow
@@ -327,9 +346,7 @@ def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] 
     rank, world = rank_world()
     corpus, out = Path(corpus), Path(out)
     n_mels = corpus_n_mels(corpus)
-    data = load_split(corpus, "train", ALPHABET, limit=config.max_train_utterances)
-    if len(data) == 0:
-        raise ValueError(f"{corpus} has no training utterances")
+    data = training_utterances(config, corpus)
     if rank == 0 and keep_only_run(
         out, run_fingerprint(config, corpus), (CHECKPOINTS, "phases", RUN_MARKER, CURVES_DIR)
     ):
@@ -537,13 +554,16 @@ def train_asr(
     *,
     processes: int | None = None,
     echo: bool = True,
+    local_tracking: bool = False,
 ) -> dict[str, Any]:
     """Train ``config_name`` on ``corpus_dir`` with ``processes`` (default
     ``settings.train_processes``) DeepSpeed processes; returns ``OUT/result.json``: CER/WER of
     the fp32 and int8 models on the test split, the MLflow run id and both artifact paths.
 
     A run killed half-way resumes from its checkpoints when called again with the same
-    ``out_dir``.
+    ``out_dir``. When the tracking server does not answer, this fails in one line before any
+    process starts, or with ``local_tracking`` (the command line) logs to a SQLite store in
+    ``out_dir`` and says so.
     """
     config = get_config(config_name)  # fail fast on a bad name, before starting processes
     settings = settings or load_settings()
@@ -552,6 +572,7 @@ def train_asr(
     if not _has_split(corpus_dir, "train"):
         raise FileNotFoundError(f"{corpus_dir} has no training shards (shards/split=train)")
     out_dir.mkdir(parents=True, exist_ok=True)
+    settings = reachable_tracking(settings, out_dir, fallback=local_tracking, who="asr")
     return launch_for_result(
         "models.asr.train",
         ["--config", config.name, "--corpus", str(corpus_dir), "--out", str(out_dir)],
@@ -582,7 +603,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     if "RANK" not in os.environ:
-        result = train_asr(None, args.config, args.corpus, args.out, processes=args.processes)
+        try:
+            result = train_asr(
+                None,
+                args.config,
+                args.corpus,
+                args.out,
+                processes=args.processes,
+                local_tracking=True,
+            )
+        except TrackingUnavailable as exc:
+            raise SystemExit(str(exc)) from None
         print(json.dumps({k: result[k] for k in (*RESULT_KEYS, "wer_fp32", "wer_int8")}, indent=2))
         return 0
     init_distributed()

@@ -22,7 +22,7 @@ from models.asr.artifact import load_artifact
 from models.asr.config_registry import ALPHABET, CONFIGS, AsrTrainConfig, get_config
 from models.asr.corpus import SILENCE, collate, epoch_batches, load_split
 from models.asr.evaluate import error_report, int8_model
-from models.asr.train import RUN_MARKER, train_asr
+from models.asr.train import RUN_MARKER, train_asr, training_utterances
 
 
 def test_configs_are_complete_typed_and_validated() -> None:
@@ -286,3 +286,34 @@ def test_evaluation_reports_per_source_and_language_and_takes_a_people_only_spli
     assert unrestricted["foreign_tokens_fp32"] > 0
     with pytest.raises(ValueError, match="split 'train' of .* has no utterances"):
         evaluate_artifacts(model, None, corpus, split="train")
+
+
+def test_launch_without_a_tracking_server_fails_in_one_line_before_any_process(
+    settings: Settings, tmp_path: Path
+) -> None:
+    from cascade.ports import free_port
+    from cascade.training.resumable_run import TrackingUnavailable
+
+    corpus = labelled_corpus(tmp_path / "corpus", {"train": [("hello", "en", "en-1")]})
+    dead = dataclasses.replace(settings, mlflow_tracking_uri=f"http://127.0.0.1:{free_port()}")
+    out = tmp_path / "out"
+    with pytest.raises(TrackingUnavailable, match="does not answer; start the local stack"):
+        train_asr(dead, "debug", corpus, out)
+    assert not (out / "train.log").exists()  # nothing was launched
+
+
+def test_a_config_without_people_trains_on_synthetic_voices_only(tmp_path: Path) -> None:
+    rows = [
+        ("hello", "en", "espeak-ng:en-1"),
+        ("bonjour", "fr", "human-tuxpaint-fr"),
+        ("world", "en", "flite:slt"),
+    ]
+    corpus = labelled_corpus(tmp_path / "corpus", {"train": rows})
+    both = training_utterances(get_config("synthetic"), corpus)
+    assert both.voices == ["espeak-ng:en-1", "human-tuxpaint-fr", "flite:slt"]
+    fast = get_config("fast")
+    assert not fast.train_people
+    assert training_utterances(fast, corpus).voices == ["espeak-ng:en-1", "flite:slt"]
+    people_only = labelled_corpus(tmp_path / "people", {"train": [rows[1]]})
+    with pytest.raises(ValueError, match="no training utterances for config 'fast'"):
+        training_utterances(fast, people_only)
