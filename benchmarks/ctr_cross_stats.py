@@ -42,7 +42,10 @@ the DAG runs them, in a fresh home whose lake holds the log as a landed partitio
 ``pipeline_steps_s`` splits it. ``materialize_rows_per_s``: that ``feast`` step's load of every
 pair into the profile's online store (the local profile: the bulk writer,
 :mod:`cascade.online_bulk`, into SQLite): feature rows written per second of writing (Feast's
-apply excluded). Both only up to ``PIPELINE_MAX_IMPRESSIONS`` (null above).
+apply excluded). Both only up to ``PIPELINE_MAX_IMPRESSIONS`` (null above, and
+``pipeline_skipped_because`` says so); a run stopped at the gate has ``pipeline_gate_passed``
+false and the failed expectations in ``pipeline_gate_failed``. Every outcome reports the same
+keys (:data:`PIPELINE_KEYS`).
 
 ``ratio = job_s / scan_s``; ``ns_per_row`` per size and its growth from the smallest to the
 largest size; ``peak_rss_mb`` is the peak resident memory of this process plus the Spark JVM
@@ -262,6 +265,29 @@ def learned_cross_scores(features: Path) -> dict[str, Any]:
     )
 
 
+PIPELINE_KEYS = (
+    "pipeline_s",
+    "pipeline_steps_s",
+    "pipeline_gate_passed",
+    "pipeline_gate_failed",
+    "pipeline_skipped_because",
+    "materialize_rows",
+    "materialize_s",
+    "materialize_rows_per_s",
+    "materialize_engine",
+)
+"""The keys a size's pipeline run reports, whether it ran, stopped at the gate or was skipped
+(null where the outcome has no value)."""
+
+
+def pipeline_result(**values: Any) -> dict[str, Any]:
+    """Every key of :data:`PIPELINE_KEYS`, ``values`` given, the others null."""
+    unknown = sorted(set(values) - set(PIPELINE_KEYS))
+    if unknown:
+        raise KeyError(f"not pipeline keys: {unknown}")
+    return {key: values.get(key) for key in PIPELINE_KEYS}
+
+
 def pipeline_run(log: Path, home: Path) -> dict[str, Any]:
     """The ``ctr_cross`` pipeline from a landed log to the online store, once: the log is
     landed (linked) in a fresh home's lake, then its steps ``stats``, ``validate`` (the GX
@@ -289,25 +315,24 @@ def pipeline_run(log: Path, home: Path) -> dict[str, Any]:
         except GateFailed as failed:
             # A result too: the run stops at the gate as the DAG would, and says why.
             print(f"[bench ctr] the pipeline stopped at the gate: {failed}", flush=True)
-            return {
-                "pipeline_s": None,
-                "pipeline_steps_s": steps,
-                "pipeline_gate_passed": False,
-                "pipeline_gate_failed": failed.failed,
-                "materialize_rows_per_s": None,
-            }
+            return pipeline_result(
+                pipeline_steps_s=steps,
+                pipeline_gate_passed=False,
+                pipeline_gate_failed=failed.failed,
+            )
         steps[name] = round(time.perf_counter() - started, 2)
         print(f"[bench ctr] pipeline step {name}: {steps[name]} s", flush=True)
     loaded = summaries["feast"]
-    return {
-        "pipeline_s": round(sum(steps.values()), 2),
-        "pipeline_steps_s": steps,
-        "pipeline_gate_passed": True,
-        "materialize_rows": loaded.get("rows"),
-        "materialize_s": loaded.get("write_s"),
-        "materialize_rows_per_s": loaded.get("rows_per_s"),
-        "materialize_engine": loaded.get("engine"),
-    }
+    return pipeline_result(
+        pipeline_s=round(sum(steps.values()), 2),
+        pipeline_steps_s=steps,
+        pipeline_gate_passed=True,
+        pipeline_gate_failed=[],
+        materialize_rows=loaded.get("rows"),
+        materialize_s=loaded.get("write_s"),
+        materialize_rows_per_s=loaded.get("rows_per_s"),
+        materialize_engine=loaded.get("engine"),
+    )
 
 
 def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
@@ -376,9 +401,13 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
                 job_runs, duckdb_runs = interleaved(
                     run_job, run_duckdb, repeats=repeats, warmup=bool(warmup)
                 )
-                pipeline: dict[str, Any] = {"pipeline_s": None, "materialize_rows_per_s": None}
                 if n <= PIPELINE_MAX_IMPRESSIONS:
                     pipeline = pipeline_run(log, Path(home) / "pipeline")
+                else:
+                    pipeline = pipeline_result(
+                        pipeline_skipped_because=f"above PIPELINE_MAX_IMPRESSIONS "
+                        f"({PIPELINE_MAX_IMPRESSIONS:,} impressions)"
+                    )
                 learned_cross = None
                 if n == min(sizes) and LEARNED_PAIR[0] in summary.get("paths", {}):
                     learned_cross = learned_cross_scores(Path(summary["paths"][LEARNED_PAIR[0]]))

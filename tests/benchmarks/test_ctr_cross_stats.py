@@ -90,6 +90,7 @@ def test_quick_bench_writes_the_promised_fields(
     assert list(steps) == ["stats", "validate", "feast"] and min(steps.values()) > 0
     assert size["pipeline_s"] == pytest.approx(sum(steps.values()), abs=0.05)
     assert size["pipeline_gate_passed"] is True and size["materialize_engine"] == "bulk"
+    assert size["pipeline_gate_failed"] == [] and size["pipeline_skipped_because"] is None
     assert size["materialize_rows"] == sum(rows.values())
     assert size["materialize_rows_per_s"] == pytest.approx(
         size["materialize_rows"] / size["materialize_s"]
@@ -103,3 +104,16 @@ def test_quick_bench_writes_the_promised_fields(
     assert (log / "_SUCCESS").is_file() and size["log"] == str(log)
     assert size["input_digest"] == digest and written["input_digest"] != digest
     assert written["repeats"] == 1 and written["spread"]["sizes.0.job_s"]["n"] == 1
+
+
+def test_every_pipeline_outcome_reports_the_same_keys() -> None:
+    from benchmarks.ctr_cross_stats import PIPELINE_KEYS, pipeline_result
+
+    skipped = pipeline_result(pipeline_skipped_because="above the maximum")
+    failed = pipeline_result(pipeline_gate_passed=False, pipeline_gate_failed=["dctr_7d"])
+    for outcome in (skipped, failed):
+        assert tuple(outcome) == PIPELINE_KEYS
+        assert outcome["pipeline_s"] is None and outcome["materialize_rows_per_s"] is None
+    assert failed["pipeline_gate_failed"] == ["dctr_7d"]
+    with pytest.raises(KeyError, match="not pipeline keys"):
+        pipeline_result(pipeline_seconds=1.0)
