@@ -227,6 +227,12 @@ def evaluate_artifacts(
             result[f"wer_human_{kind}"] = result[f"wer_people_{kind}"]
         result[f"cer_by_language_{kind}"] = {g: v["cer"] for g, v in greedy["per_language"].items()}
         result[f"foreign_tokens_{kind}"] = report["foreign_tokens"]
+        if beam > 0:
+            # The beam's headline is over the same utterances as the greedy one.
+            beamed = report[f"beam{beam}"]
+            top_beam = beamed["per_source"].get(headline, beamed)
+            result[f"cer_{kind}_beam"] = top_beam["cer"]
+            result[f"wer_{kind}_beam"] = top_beam["wer"]
     if int8 is not None:
         result["int8_cer_delta"] = 100.0 * (result["cer_int8"] - result["cer_fp32"])
     if "people" in sources:

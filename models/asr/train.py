@@ -476,9 +476,8 @@ def finish(
         "train_seconds": time.monotonic() - started,
     }
     if config.eval_beam:
-        beam_key = f"beam{config.eval_beam}"
-        metrics["cer_fp32_beam"] = evaluation["fp32"][beam_key]["cer"]
-        metrics["cer_int8_beam"] = evaluation["int8"][beam_key]["cer"]
+        metrics["cer_fp32_beam"] = evaluation["cer_fp32_beam"]
+        metrics["cer_int8_beam"] = evaluation["cer_int8_beam"]
     if dev is not None:
         metrics["dev_cer_fp32"], metrics["dev_cer_int8"] = dev["cer_fp32"], dev["cer_int8"]
     # The files carry their own figures (the serving and compile steps read them from there).

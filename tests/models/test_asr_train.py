@@ -264,6 +264,9 @@ def test_evaluation_reports_per_source_and_language_and_takes_a_people_only_spli
             assert greedy["per_source"][source]["cer"] == pytest.approx(expected)
             assert mixed[f"cer_{source}_{kind}"] == pytest.approx(expected)
         assert mixed[f"cer_{kind}"] == mixed[f"cer_synthetic_{kind}"]
+        # The beam's headline covers the same utterances as the greedy one: synthetic only.
+        beamed = report["beam2"]["per_source"]["synthetic"]
+        assert mixed[f"cer_{kind}_beam"] == beamed["cer"] != report["beam2"]["cer"]
         assert mixed[f"cer_human_{kind}"] == mixed[f"cer_people_{kind}"]
         assert set(mixed[f"cer_by_language_{kind}"]) == {"english", "mandarin"}
         # Decoded for each utterance's language: nothing foreign, though the output layer
