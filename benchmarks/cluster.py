@@ -312,10 +312,10 @@ def inject_faults(
         time.sleep(0.2)
     while not stop.is_set() and not airflow["injected"]:
         ti = _running_task(settings, holder, "train")
-        if ti and last_checkpoint(settings, FAULTS_DS) is not None:
+        checkpoint = last_checkpoint(settings, FAULTS_DS) if ti else None
+        if checkpoint is not None:
             proc = airflow_cluster.worker_process(settings, ti["hostname"])
             if proc is not None:
-                checkpoint = last_checkpoint(settings, FAULTS_DS)
                 lose_node(proc)
                 airflow.update(
                     injected=True,

@@ -47,7 +47,6 @@ import torch
 import torch.distributed as dist
 from torch.nn import functional as F
 
-from cascade.audio_features import HUMAN_VOICE_PREFIX
 from cascade.config import Settings, load_settings
 from cascade.progress import Progress
 from cascade.results import write_result
@@ -76,6 +75,7 @@ from cascade.training.resumable_run import (
 from models.asr.artifact import AsrArtifact, save_artifact
 from models.asr.config_registry import ALPHABET, CONFIGS, AsrTrainConfig, get_config
 from models.asr.corpus import Batch, Utterances, collate, corpus_n_mels, epoch_batches, load_split
+from models.asr.evaluate import source_of
 from models.asr.model import BLANK, ConvDFSMN
 from models.asr.rsq import (
     distillation_loss,
@@ -332,7 +332,7 @@ def training_utterances(config: AsrTrainConfig, corpus: Path) -> Utterances:
     ``config.train_people``."""
     data = load_split(corpus, "train", ALPHABET, limit=config.max_train_utterances)
     if not config.train_people:
-        data = data.subset([not voice.startswith(HUMAN_VOICE_PREFIX) for voice in data.voices])
+        data = data.subset([source_of(voice) == "synthetic" for voice in data.voices])
     if len(data) == 0:
         raise ValueError(f"{corpus} has no training utterances for config {config.name!r}")
     return data
