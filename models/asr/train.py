@@ -26,7 +26,9 @@ Rank 0 then writes ``OUT/fp32/asr_model.pt`` and ``OUT/int8/asr_model.pt``
 activation ranges), evaluates both on the test split's unseen voices
 (:mod:`models.asr.evaluate`), and logs params, per-step losses, CER/WER, the evaluation with its
 confusion summary and both files to the MLflow experiment ``asr``; ``OUT/result.json`` holds the
-headline figures and paths.
+headline figures and paths. When the tracking server does not answer, the command line logs to
+a SQLite store in ``OUT`` and says so in one line; the pipeline's train step
+(:func:`train_asr` without ``local_tracking``) fails in one line before starting processes.
 """
 
 from __future__ import annotations
