@@ -364,6 +364,13 @@ class BulkResult:
     def rows_per_s(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
+    def batch_written(self, staged: _Staged, tracker: _Progress) -> None:
+        """Count a committed batch and show the progress."""
+        self.rows += staged.loaded
+        self.skipped_missing_key += staged.skipped
+        self.batches += 1
+        tracker.batch_done(self.rows)
+
 
 def check_supported(store: Any) -> None:
     """Raise :class:`BulkUnsupported` unless ``store``'s online store is one this writes: a
@@ -471,6 +478,25 @@ class _ViewWriter:
         raise NotImplementedError
 
 
+def _open_for_loading(db_path: str, table: str) -> sqlite3.Connection:
+    """A loading connection to the store at ``db_path`` (which must hold ``table``: the repo
+    is applied): no fsync and a large page cache, for this connection only."""
+    if not Path(db_path).is_file():
+        raise FileNotFoundError(
+            f"online store {db_path} does not exist; apply the feature repo first"
+        )
+    conn = sqlite3.connect(db_path, timeout=60, isolation_level=None)
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+    ).fetchone()
+    if not exists:
+        conn.close()
+        raise FileNotFoundError(f"table {table} is not in {db_path}; apply the feature repo first")
+    conn.execute("PRAGMA synchronous = OFF")  # per connection: only this load skips fsync
+    conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+    return conn
+
+
 class SqliteBulkWriter(_ViewWriter):
     """Loads Arrow batches of one feature view into Feast's SQLite online store."""
 
@@ -514,21 +540,7 @@ class SqliteBulkWriter(_ViewWriter):
         ]
 
     def _connect(self) -> sqlite3.Connection:
-        if not Path(self.db_path).is_file():
-            raise FileNotFoundError(
-                f"online store {self.db_path} does not exist; apply the feature repo first"
-            )
-        conn = sqlite3.connect(self.db_path, timeout=60, isolation_level=None)
-        exists = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (self.table,)
-        ).fetchone()
-        if not exists:
-            conn.close()
-            raise FileNotFoundError(
-                f"table {self.table} is not in {self.db_path}; apply the feature repo first"
-            )
-        conn.execute("PRAGMA synchronous = OFF")  # per connection: only this load skips fsync
-        conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        conn = _open_for_loading(self.db_path, self.table)
         conn.execute("PRAGMA temp_store = MEMORY")
         conn.execute("DROP TABLE IF EXISTS temp.bulk_stage")
         f = range(len(self.features))
@@ -584,15 +596,187 @@ class SqliteBulkWriter(_ViewWriter):
                     except BaseException:
                         conn.execute("ROLLBACK")
                         raise
-                    result.rows += staged.loaded
-                    result.skipped_missing_key += staged.skipped
-                    result.batches += 1
-                    tracker.batch_done(result.rows)
+                    result.batch_written(staged, tracker)
                     mark = time.perf_counter()
                     staged = pending.result()
                     result.encode_wait_s += time.perf_counter() - mark
         finally:
             conn.execute("DROP TABLE IF EXISTS temp.bulk_stage")
+            conn.close()
+
+
+def packed_columns(
+    batch: pa.RecordBatch, types: list[tuple[str, str]]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each feature of ``batch`` as the packed layout stores it (:mod:`cascade.online_packed`):
+    values (float64 or int64) and presence, with NaN absent as Feast writes it."""
+    values: list[np.ndarray] = []
+    present: list[np.ndarray] = []
+    for name, kind in types:
+        column = batch.column(name)
+        if kind in ("DOUBLE", "FLOAT"):
+            floats = column.cast(pa.float64()).to_numpy(zero_copy_only=False)
+            if kind == "FLOAT":  # Feast keeps a Float32 feature's float32 value
+                floats = floats.astype("<f4").astype("<f8")
+            has = ~np.isnan(floats)
+            values.append(floats)
+        else:
+            has = column.is_valid().to_numpy(zero_copy_only=False)
+            ints = column.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+            values.append(ints.astype(bool).astype(np.int64) if kind == "BOOL" else ints)
+        present.append(has)
+    return values, present
+
+
+def _micros(column: pa.Array) -> np.ndarray:
+    """int64 microseconds since the epoch (UTC) of a timestamp column (null: an error)."""
+    if not pa.types.is_timestamp(column.type):
+        column = column.cast(pa.timestamp("us", tz="UTC"))
+    if column.null_count:
+        raise ValueError("event timestamps must not be null")
+    return (
+        column.cast(pa.timestamp("us", tz=column.type.tz))
+        .cast(pa.int64())
+        .to_numpy(zero_copy_only=False)
+    )
+
+
+PACKED_RUN_ROWS = 250_000
+"""Rows the packed writer sorts by key and writes in one transaction: keys arrive in random
+order across a partition's batches, and a longer sorted run visits each B-tree page fewer
+times (one 1M-row pair: ~174,000 rows/s, against ~95,000 with the 50,000-row batches; 500,000
+gave no more at 3M rows); ~100 MB of Python objects per run."""
+
+
+class PackedBulkWriter(_ViewWriter):
+    """Loads Arrow batches of one view tagged packed into :mod:`cascade.online_packed`'s table:
+    one SQL row per entity. Batches are encoded column by column (keys, one payload record per
+    row) into runs of :data:`PACKED_RUN_ROWS`, each sorted by key in Arrow and written by one
+    ``executemany`` in one transaction while the next run is encoded on a second thread."""
+
+    def __init__(self, store: Any, view: Any) -> None:
+        from feast.infra.online_stores.sqlite import SqliteOnlineStore
+
+        from cascade import online_packed
+
+        super().__init__(store, view)
+        config = store.config
+        self.types = online_packed.check_packable(view)
+        self.db_path = SqliteOnlineStore._get_db_path(config)
+        versioning = bool(getattr(config.registry, "enable_online_feature_view_versioning", False))
+        self.table = online_packed.packed_table(config.project, view, versioning)
+        self._sql = online_packed.upsert_sql(self.table)
+        self.run_rows = PACKED_RUN_ROWS
+
+    def encode(self, batch: pa.RecordBatch, *, check: bool = True) -> tuple[pa.Table, int]:
+        """``(rows, skipped)``: the batch's table rows as Arrow columns ``k`` (entity key),
+        ``e`` / ``c`` (event and created time, µs), ``p`` (payload), in the batch's order,
+        and the count of rows dropped for a missing key."""
+        from cascade import online_packed
+
+        keys, valid = encode_keys(batch, self.join_keys)
+        skipped = int((~valid).sum())
+        if skipped:
+            mask = pa.array(valid)
+            batch, keys = batch.filter(mask), keys.filter(mask)
+        n = batch.num_rows
+        values, present = packed_columns(batch, self.types)
+        record = online_packed.pack_record(self.types, values, present)
+        payload = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(record.dtype.itemsize), n, [None, pa.py_buffer(record.tobytes())]
+        )
+        event = pa.array(_micros(batch.column(self.timestamp_field)), pa.int64())
+        created = (
+            pa.array(_micros(batch.column(self.created_field)), pa.int64())
+            if self.created_field
+            else pa.nulls(n, pa.int64())
+        )
+        rows = pa.table({"k": keys, "e": event, "c": created, "p": payload})
+        if check:
+            self._check_against_feast(batch, rows)
+        return rows, skipped
+
+    def _check_against_feast(self, batch: pa.RecordBatch, rows: pa.Table) -> None:
+        """A sample of the batch through Feast's converter and the store's own packing
+        (:func:`cascade.online_packed.pack_protos`, what ``materialize`` writes) must give the
+        same rows byte for byte (else the load stops)."""
+        from feast.utils import _convert_arrow_to_proto
+
+        from cascade import online_packed
+
+        if batch.num_rows == 0:
+            return
+        picks = _sample_rows(batch, [(name, None) for name, _ in self.types])
+        protos = _convert_arrow_to_proto(batch.take(pa.array(picks)), self.view, self.join_keys)
+        expected = online_packed.pack_protos(self.types, protos, 3)
+        mine = rows.take(pa.array(picks)).to_pylist()
+        for row, have, want in zip(picks, mine, expected, strict=True):
+            if (have["k"], have["e"], have["c"], have["p"]) != tuple(want):
+                raise BulkEncodingMismatch(
+                    f"{self.view.name}: row {row} packs to {tuple(have.values())!r}, "
+                    f"Feast's values to {want!r}"
+                )
+
+    @staticmethod
+    def sorted_rows(tables: list[pa.Table]) -> list[tuple]:
+        """The rows of ``tables`` as SQL parameters, in key order."""
+        table = pa.concat_tables(tables)
+        table = table.take(pc.sort_indices(table, [("k", "ascending")]))
+        return list(
+            zip(
+                table.column("k").to_pylist(),
+                table.column("e").to_pylist(),
+                table.column("c").to_pylist(),
+                table.column("p").to_pylist(),
+                strict=True,
+            )
+        )
+
+    def _connect(self) -> sqlite3.Connection:
+        return _open_for_loading(self.db_path, self.table)
+
+    def _write(
+        self, batches: Iterator, result: BulkResult, tracker: _Progress, check: bool
+    ) -> None:
+        conn = self._connect()
+        result.journal_mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        source = iter(batches)
+
+        def produce() -> _Staged | None:
+            tables: list[pa.Table] = []
+            rows = skipped = 0
+            for batch in source:
+                if batch.num_rows:
+                    encoded, dropped = self.encode(batch, check=check)
+                    tables.append(encoded)
+                    rows += encoded.num_rows
+                    skipped += dropped
+                if rows >= self.run_rows:
+                    break
+            if not tables:
+                return None
+            return _Staged(self.sorted_rows(tables), rows, skipped)
+
+        try:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bulk-encode") as pool:
+                staged = pool.submit(produce).result()
+                result.encode_wait_s = time.perf_counter() - tracker.started
+                while staged is not None:
+                    pending = pool.submit(produce)
+                    mark = time.perf_counter()
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        conn.executemany(self._sql, staged.rows)
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        conn.execute("ROLLBACK")
+                        raise
+                    result.fanout_s += time.perf_counter() - mark
+                    result.batch_written(staged, tracker)
+                    mark = time.perf_counter()
+                    staged = pending.result()
+                    result.encode_wait_s += time.perf_counter() - mark
+        finally:
             conn.close()
 
 
@@ -750,19 +934,21 @@ class RedisBulkWriter(_ViewWriter):
             result.kept_newer += self._write_rows(staged.rows)
             result.stage_s += written_at - mark
             result.fanout_s += time.perf_counter() - written_at
-            result.rows += staged.loaded
-            result.skipped_missing_key += staged.skipped
-            result.batches += 1
-            tracker.batch_done(result.rows)
+            result.batch_written(staged, tracker)
 
 
-def writer_for(store: Any, view: Any) -> SqliteBulkWriter | RedisBulkWriter:
-    """The bulk writer of ``store``'s online store (:class:`BulkUnsupported` for others)."""
+def writer_for(store: Any, view: Any) -> SqliteBulkWriter | PackedBulkWriter | RedisBulkWriter:
+    """The bulk writer of ``store``'s online store and ``view``'s layout
+    (:class:`BulkUnsupported` for stores it does not write)."""
     from feast.infra.online_stores.redis import RedisOnlineStoreConfig
+
+    from cascade.online_packed import PackedSqliteOnlineStoreConfig, wants_packed
 
     check_supported(store)
     if isinstance(store.config.online_store, RedisOnlineStoreConfig):
         return RedisBulkWriter(store, view)
+    if isinstance(store.config.online_store, PackedSqliteOnlineStoreConfig) and wants_packed(view):
+        return PackedBulkWriter(store, view)
     return SqliteBulkWriter(store, view)
 
 

@@ -11,7 +11,8 @@ that has a feature named ``f``, keyed by that view's join keys:
 was applied with, so only what :func:`cascade.feature_store.materialize_cross` can load).
 
 :class:`OnlineCrossReader` reads some features of one view for a batch of keys in ONE call of
-the online store (SQLite locally, Redis in the cluster profile) and applies the view's ttl
+the online store (SQLite locally: a packed view, :mod:`cascade.online_packed`, is read as one
+float matrix without per-value objects; Redis in the cluster profile) and applies the view's ttl
 against its clock, as the offline point-in-time join
 (:func:`cascade.feature_store.cross_features_at`) does: a row older than the ttl is missing
 (NaN), so a request at time ``t`` sees the values a training row at ``t`` saw. (Feast's
@@ -27,12 +28,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 CROSS_VIEW_PREFIX = "cross_"
 """The engine's pair views are named ``cross_<pair>``."""
 
 _KEY_VALUE_FIELDS = {"INT64": "int64_val", "INT32": "int32_val", "STRING": "string_val"}
 """Join key types the reader builds entity keys of (ValueType name -> ValueProto field)."""
+_ARROW_KEY_TYPES = {"INT64": pa.int64(), "INT32": pa.int32(), "STRING": pa.string()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +144,9 @@ class OnlineCrossReader:
         out = np.full((len(keys), len(features)), np.nan, dtype=np.float64)
         if not keys:
             return out
+        packed = self._packed_read(table, join_keys, keys, features)
+        if packed is not None:
+            return packed
         kinds = [types[k] for k in join_keys]
         names = list(join_keys)
         entity_keys = [
@@ -169,4 +175,33 @@ class OnlineCrossReader:
                 proto = values.get(feature)
                 if proto is not None:
                     out[i, j] = _number(proto)
+        return out
+
+    def _packed_read(
+        self,
+        table: Any,
+        join_keys: Sequence[str],
+        keys: Sequence[Sequence[Any]],
+        features: Sequence[str],
+    ) -> np.ndarray | None:
+        """The same answer straight from a packed view (:mod:`cascade.online_packed`): keys
+        encoded column by column, one query, payloads decoded as one array; None when the view
+        is not stored packed."""
+        from cascade.online_bulk import encode_keys
+        from cascade.online_packed import PackedSqliteOnlineStore, wants_packed
+
+        if not (isinstance(self.online_store, PackedSqliteOnlineStore) and wants_packed(table)):
+            return None
+        value_types = {c.name: c.dtype.to_value_type() for c in table.entity_columns}
+        columns = {
+            name: pa.array([key[i] for key in keys], _ARROW_KEY_TYPES[value_types[name].name])
+            for i, name in enumerate(join_keys)
+        }
+        encoded, valid = encode_keys(pa.record_batch(columns), {n: value_types[n] for n in columns})
+        ttl = table.ttl.total_seconds() if table.ttl else 0.0
+        oldest = self.clock() - dt.timedelta(seconds=ttl) if ttl > 0 else None
+        out = self.online_store.read_matrix(
+            self.config, table, encoded.to_pylist(), features, oldest=oldest
+        )
+        out[~valid] = np.nan
         return out

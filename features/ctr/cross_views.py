@@ -27,12 +27,17 @@ from feast.types import Float64, Int64
 from cascade.config import Settings, load_settings
 from cascade.ctr_schema import TIMESTAMP
 from cascade.lake import Lake
+from cascade.online_packed import LAYOUT_TAG, PACKED
 
 CROSS_SERVICE_VERSION = 1
 CROSS_SOURCE = "generated"
 """The log source whose cross statistics the module-level views (``feast apply``) read."""
 WINDOWS_DAYS = (1, 7, 30)
 """The job's default windows; a view's schema lists these columns."""
+ONLINE_LAYOUT = PACKED
+"""How the online store keeps the pair views: ``packed`` (one row per key, see
+:mod:`cascade.online_packed`; a store that is not packed ignores the tag) or ``feast``
+(Feast's row per key and feature)."""
 STALE_AFTER = timedelta(days=2)
 """A cross row describes the windows ending at its ds: after two days without a newer
 partition it is stale, and serving no value is better than a week-old 1-day CTR."""
@@ -114,6 +119,7 @@ def cross_feature_views(sources: Mapping[str, DataSource]) -> list[FeatureView]:
             schema=cross_fields(pair),
             source=source,
             online=True,
+            tags={LAYOUT_TAG: ONLINE_LAYOUT},
             description=f"Cross statistics of {' x '.join(e.name for e in PAIRS[pair])} over "
             f"{', '.join(f'{w}d' for w in WINDOWS_DAYS)} windows ending at the partition date.",
         )

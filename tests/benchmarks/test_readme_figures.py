@@ -22,6 +22,7 @@ COMMANDS = (
     "cascade step NAME --pipeline asr",  # the ASR training run the CER figures come from
     "python -m models.asr.evaluate ",  # a trained ASR model's CER on a corpus
     "python -m benchmarks.online_materialize ",  # online-store engines side by side
+    "python -m benchmarks.online_sqlite ",  # the SQLite layouts side by side
 )
 NOT_MEASURED = {
     "plain line at each 10%": "progress lines are printed at each tenth of the work",

@@ -1,6 +1,9 @@
 """Bulk materialization into Feast's SQLite online store (``cascade.online_bulk``): the bytes
 equal Feast's own encoders, and a store loaded in bulk answers exactly as one loaded by
-``FeatureStore.materialize`` (same SQL rows, same online answers, same registry intervals)."""
+``FeatureStore.materialize`` (same SQL rows, same online answers, same registry intervals).
+
+Here the cross views keep Feast's layout (a row per key and feature); the packed layout the
+local profile gives them is tested in ``test_online_packed.py``."""
 
 from __future__ import annotations
 
@@ -29,6 +32,12 @@ PAIRS = {p.name: p for p in job.CrossStatsConfig().pairs}
 def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
     monkeypatch.delenv("CASCADE_PROFILE", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def feast_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cross views untagged: Feast's own SQLite layout."""
+    monkeypatch.setattr(fs.repo_module("ctr.cross_views"), "ONLINE_LAYOUT", "feast")
 
 
 # ------------------------------------------------------------------ encoders vs Feast's

@@ -1,0 +1,258 @@
+"""The packed SQLite online store (``cascade.online_packed``): one row per entity for the cross
+views, answering exactly as Feast's own layout, whichever path wrote it (Feast's
+``materialize`` or the bulk writer), and read by the model server's reader without per-value
+objects."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from cascade import feature_store as fs
+from cascade import online_bulk, online_packed
+from cascade.config import Settings
+from cascade.online_cross import OnlineCrossReader
+from tests.cascade.test_online_bulk import (
+    DS1,
+    DS2,
+    PAIRS,
+    intervals,
+    key_rows,
+    online_answers,
+    partitions,
+    same,
+)
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    monkeypatch.delenv("CASCADE_PROFILE", raising=False)
+
+
+def packed_tables(home: Path) -> dict[str, set[tuple]]:
+    """``{view: {(key, event µs, created µs, payload)}}`` of every packed table."""
+    conn = sqlite3.connect(home / "feast" / "online_store.db")
+    try:
+        names = [
+            name
+            for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            if "__packed_" in name
+        ]
+        return {
+            name.split("__packed_")[0].removeprefix("cascade_"): set(
+                conn.execute(f'SELECT entity_key, event_ts, created_ts, payload FROM "{name}"')
+            )
+            for name in names
+        }
+    finally:
+        conn.close()
+
+
+def all_tables(home: Path) -> list[str]:
+    conn = sqlite3.connect(home / "feast" / "online_store.db")
+    try:
+        return sorted(
+            n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        )
+    finally:
+        conn.close()
+
+
+TYPES = [("d", "DOUBLE"), ("f", "FLOAT"), ("i", "INT64"), ("j", "INT32"), ("b", "BOOL")]
+
+
+def test_payloads_round_trip_every_type_and_refuse_another_width() -> None:
+    rng = np.random.default_rng(0)
+    n = 500
+    values = [
+        rng.standard_normal(n) * 1e12,
+        rng.random(n).astype(np.float32).astype(np.float64),
+        rng.integers(-(2**62), 2**62, n),
+        rng.integers(-(2**31), 2**31, n),
+        (rng.random(n) < 0.5).astype(np.int64),
+    ]
+    present = [rng.random(n) > 0.2 for _ in TYPES]
+    payloads = online_packed.pack_rows(TYPES, values, present)
+    width = online_packed.payload_dtype(TYPES).itemsize
+    assert {len(p) for p in payloads} == {width} and width == len(TYPES) * 9
+    records = online_packed.unpack_rows(TYPES, payloads)
+    for i, (column, has) in enumerate(zip(values, present, strict=True)):
+        assert (records["present"][:, i] == has).all()
+        np.testing.assert_array_equal(records[f"v{i}"][has], column[has])
+        assert (records[f"v{i}"][~has] == 0).all()
+    with pytest.raises(ValueError, match=f"expected {width}"):
+        online_packed.unpack_rows(TYPES, [payloads[0] + b"\0"])
+
+
+def test_a_view_tagged_packed_with_text_features_is_refused() -> None:
+    from feast import FeatureView, Field
+    from feast.types import Float64, String
+
+    view = FeatureView(
+        name="v",
+        entities=[],
+        schema=[Field(name="x", dtype=Float64), Field(name="label", dtype=String)],
+        tags={online_packed.LAYOUT_TAG: online_packed.PACKED},
+    )
+    assert online_packed.wants_packed(view)
+    with pytest.raises(online_packed.PackedLayoutError, match=r"label \(STRING\)"):
+        online_packed.check_packable(view)
+
+
+@pytest.mark.slow
+def test_a_packed_store_answers_as_feasts_layout_whichever_path_wrote_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cross = fs.repo_module("ctr.cross_views")
+    plain, bulk, through_feast = tmp_path / "plain", tmp_path / "bulk", tmp_path / "feast"
+    ids = partitions(plain)
+    partitions(bulk)
+    partitions(through_feast)
+    for ds in (DS1, DS2):
+        with monkeypatch.context() as feast_layout:
+            feast_layout.setattr(cross, "ONLINE_LAYOUT", "feast")
+            fs.materialize_cross(ds, settings=Settings(home=plain), engine="feast")
+        run = fs.materialize_cross(ds, settings=Settings(home=bulk))
+        assert run["engine"] == "bulk" and run["rows"] == sum(len(i[ds]) for i in ids.values())
+        fs.materialize_cross(ds, settings=Settings(home=through_feast), engine="feast")
+
+    # One row per key in the packed stores, none in Feast's per-feature tables; the bulk
+    # writer's rows are byte for byte what Feast's materialize wrote through the store.
+    bulk_rows = packed_tables(bulk)
+    assert set(bulk_rows) == {f"cross_{p}" for p in PAIRS}
+    assert not [t for t in all_tables(bulk) if t.startswith("cascade_cross_") and "__" not in t]
+    for pair, by_day in ids.items():
+        assert len(bulk_rows[f"cross_{pair}"]) == len(set(by_day[DS1]) | set(by_day[DS2]))
+    assert bulk_rows == packed_tables(through_feast)
+    assert packed_tables(plain) == {}
+    # Every key (day 1 only, day 2, never written) reads the same through Feast's API,
+    # event timestamps included, and the registry holds the same intervals.
+    for pair in PAIRS:
+        rows = key_rows(plain, pair)
+        assert same(online_answers(bulk, pair, rows), online_answers(plain, pair, rows))
+    assert intervals(bulk) == intervals(plain)
+
+    # The server's reader: the packed fast path equals Feast's path on the plain store, the
+    # views' ttl (2 days) applied against the reader's clock.
+    for now in (dt.datetime(2026, 11, 21, 12, tzinfo=dt.UTC), dt.datetime(2026, 11, 22, 6)):
+        now = now.replace(tzinfo=dt.UTC)
+        fast = OnlineCrossReader(fs.feature_store(Settings(home=bulk)), clock=lambda now=now: now)
+        with monkeypatch.context() as feast_layout:
+            feast_layout.setattr(cross, "ONLINE_LAYOUT", "feast")
+            generic = OnlineCrossReader(
+                fs.feature_store(Settings(home=plain)), clock=lambda now=now: now
+            )
+        assert isinstance(fast.online_store, online_packed.PackedSqliteOnlineStore)
+        for pair in PAIRS:
+            rows = key_rows(plain, pair)
+            join_keys = list(PAIRS[pair].keys)
+            keys = [tuple(r[k] for k in join_keys) for r in rows]
+            features = [f"{pair}_ctr_7d", f"{pair}_imp_30d", f"{pair}_decay_ctr"]
+            got = fast.read(f"cross_{pair}", join_keys, keys, features)
+            want = generic.read(f"cross_{pair}", join_keys, keys, features)
+            np.testing.assert_array_equal(got, want)
+            assert np.isfinite(got).any() and np.isnan(got[-1]).all()  # the unknown key
+        if now.day == 22:  # day 1's rows are older than the ttl: only day 2's keys answer
+            only_day1 = sorted(set(ids["user_cat"][DS1]) - set(ids["user_cat"][DS2]))
+            assert only_day1
+            read = fast.read(
+                "cross_user_cat",
+                ["user_id", "item_category"],
+                [(int(i), f"ite-{i % 997}") for i in only_day1],
+                ["user_cat_imp_1d"],
+            )
+            assert np.isnan(read).all()
+
+
+@pytest.mark.slow
+def test_a_rerun_replaces_and_an_older_partition_never_overwrites_a_newer_one(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    ids = partitions(home)
+    settings = Settings(home=home)
+    fs.materialize_cross(DS2, settings=settings)
+    after_day2 = packed_tables(home)
+    fs.materialize_cross(DS2, settings=settings)
+    assert packed_tables(home) == after_day2
+    fs.materialize_cross(DS1, settings=settings)
+    after_day1 = packed_tables(home)
+    for view, rows in after_day2.items():
+        assert rows <= after_day1[view]
+        added = after_day1[view] - rows
+        pair = view.removeprefix("cross_")
+        assert len(added) == len(set(ids[pair][DS1]) - set(ids[pair][DS2]))
+        assert not {r[0] for r in added} & {r[0] for r in rows}
+
+
+@pytest.mark.slow
+def test_a_batch_that_packs_differently_from_feast_is_refused_and_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    settings = Settings(home=home)
+    partitions(home)
+    fs.materialize_cross(DS1, settings=settings)
+    before = packed_tables(home)
+    real = online_bulk.packed_columns
+
+    def off_by_one(batch: pa.RecordBatch, types: list) -> tuple:
+        values, present = real(batch, types)
+        values[0] = values[0] + 1
+        return values, present
+
+    monkeypatch.setattr(online_bulk, "packed_columns", off_by_one)
+    with pytest.raises(online_bulk.BulkEncodingMismatch, match="Feast's values"):
+        fs.materialize_cross(DS2, settings=settings)
+    assert packed_tables(home) == before
+
+
+@pytest.mark.slow
+def test_a_view_whose_features_change_gets_a_new_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    settings = Settings(home=home)
+    partitions(home)
+    fs.materialize_cross(DS1, settings=settings, pairs=["seg_cat"])
+    old = [t for t in all_tables(home) if t.startswith("cascade_cross_seg_cat__packed_")]
+    assert len(old) == 1
+    cross = fs.repo_module("ctr.cross_views")
+    fewer = cross.cross_fields
+
+    def without_decay(pair: str) -> list:
+        return [f for f in fewer(pair) if not f.name.endswith("_decay_ctr")]
+
+    monkeypatch.setattr(cross, "cross_fields", without_decay)
+    store = fs.feature_store(settings)
+    store.apply(fs.cross_repo_objects(settings=settings))
+    new = [t for t in all_tables(home) if t.startswith("cascade_cross_seg_cat__packed_")]
+    assert len(new) == 1 and new != old  # the old layout's rows are gone with its table
+    answers = online_answers(home, "seg_cat", key_rows(home, "seg_cat"))
+    assert all(
+        v is None or (isinstance(v, float) and math.isnan(v)) for v in answers["seg_cat_ctr_7d"]
+    )
+
+
+def test_the_layout_benchmark_loads_both_layouts_and_reports_the_ratio(tmp_path: Path) -> None:
+    from benchmarks import online_sqlite
+
+    out = tmp_path / "online_sqlite.json"
+    result = online_sqlite.main(
+        ["--rows", "3000", "--repeats", "2", "--files", "2", "--out", str(out)]
+    )
+    assert out.is_file()
+    assert set(result["rows_per_s"]) == {"packed", "feast"}
+    assert result["spread"]["packed_rows_per_s"]["n"] == 2
+    assert result["packed_over_feast"] == pytest.approx(
+        result["rows_per_s"]["packed"] / result["rows_per_s"]["feast"]
+    )
+    # Fifteen features: the packed store holds the same rows in a fraction of the file.
+    assert result["store_mb"]["packed"] < result["store_mb"]["feast"] / 3
