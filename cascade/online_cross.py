@@ -28,14 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 CROSS_VIEW_PREFIX = "cross_"
 """The engine's pair views are named ``cross_<pair>``."""
 
 _KEY_VALUE_FIELDS = {"INT64": "int64_val", "INT32": "int32_val", "STRING": "string_val"}
 """Join key types the reader builds entity keys of (ValueType name -> ValueProto field)."""
-_ARROW_KEY_TYPES = {"INT64": pa.int64(), "INT32": pa.int32(), "STRING": pa.string()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,23 +183,14 @@ class OnlineCrossReader:
         features: Sequence[str],
     ) -> np.ndarray | None:
         """The same answer straight from a packed view (:mod:`cascade.online_packed`): keys
-        encoded column by column, one query, payloads decoded as one array; None when the view
-        is not stored packed."""
-        from cascade.online_bulk import encode_keys
+        serialized from fixed parts, one query, payloads decoded as one array; None when the
+        view is not stored packed."""
         from cascade.online_packed import PackedSqliteOnlineStore, wants_packed
 
         if not (isinstance(self.online_store, PackedSqliteOnlineStore) and wants_packed(table)):
             return None
-        value_types = {c.name: c.dtype.to_value_type() for c in table.entity_columns}
-        columns = {
-            name: pa.array([key[i] for key in keys], _ARROW_KEY_TYPES[value_types[name].name])
-            for i, name in enumerate(join_keys)
-        }
-        encoded, valid = encode_keys(pa.record_batch(columns), {n: value_types[n] for n in columns})
         ttl = table.ttl.total_seconds() if table.ttl else 0.0
         oldest = self.clock() - dt.timedelta(seconds=ttl) if ttl > 0 else None
-        out = self.online_store.read_matrix(
-            self.config, table, encoded.to_pylist(), features, oldest=oldest
+        return self.online_store.read_keys(
+            self.config, table, join_keys, keys, features, oldest=oldest
         )
-        out[~valid] = np.nan
-        return out

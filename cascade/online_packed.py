@@ -40,13 +40,15 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Sequence
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from feast import Entity, FeatureView
-from feast.infra.key_encoding_utils import serialize_entity_key
+from feast.infra.key_encoding_utils import serialize_entity_key, serialize_entity_key_prefix
 from feast.infra.online_stores.sqlite import (
     SqliteOnlineStore,
     SqliteOnlineStoreConfig,
@@ -228,6 +230,51 @@ def pack_protos(
     ]
 
 
+_KEY_HEADERS = {
+    "INT64": (struct.pack("<II", 4, 8), "<q"),
+    "INT32": (struct.pack("<II", 3, 4), "<i"),
+}
+_STRING_CODE = struct.pack("<I", 2)
+
+
+def serialize_keys(
+    key_types: Mapping[str, str], names: Sequence[str], rows: Sequence[Sequence[Any]]
+) -> list[bytes | None]:
+    """Feast's ``serialize_entity_key`` (version 3) of each row of values in ``names`` order
+    (``key_types``: Feast value type name per join key, INT64 / INT32 / STRING), built from
+    fixed parts for a handful of keys per request; None for a row with a missing value."""
+    order = sorted(range(len(names)), key=lambda i: names[i])
+    prefix = serialize_entity_key_prefix([names[i] for i in order], 3)
+    kinds = [key_types[names[i]] for i in order]
+    out: list[bytes | None] = []
+    for row in rows:
+        parts = [prefix]
+        for i, kind in zip(order, kinds, strict=True):
+            value = row[i]
+            if value is None:
+                parts = []
+                break
+            if kind == "STRING":
+                encoded = str(value).encode("utf8")
+                parts += [_STRING_CODE, struct.pack("<I", len(encoded)), encoded]
+            else:
+                header, code = _KEY_HEADERS[kind]
+                parts += [header, struct.pack(code, int(value))]
+        out.append(b"".join(parts) if parts else None)
+    return out
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What reading one packed view needs, computed once per view object."""
+
+    types: list[tuple[str, str]]
+    dtype: np.dtype
+    position: dict[str, int]
+    table: str
+    key_types: dict[str, str]
+
+
 class PackedSqliteOnlineStoreConfig(SqliteOnlineStoreConfig):
     """Feast's SQLite settings (``path``); views tagged packed use one row per entity."""
 
@@ -236,6 +283,10 @@ class PackedSqliteOnlineStoreConfig(SqliteOnlineStoreConfig):
 
 class PackedSqliteOnlineStore(SqliteOnlineStore):
     """Feast's SQLite store, with one row per entity for views tagged packed (module docstring)."""
+
+    _layouts: dict[int, tuple[FeatureView, _Layout]] | None = None
+    _tables: set[str] | None = None
+    """Packed tables seen to exist (reads of a table never written skip the query)."""
 
     # --- tables -------------------------------------------------------------------------------
 
@@ -258,6 +309,27 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
     def table_of(self, config: RepoConfig, view: FeatureView) -> str:
         return packed_table(config.project, view, self._versioning(config))
 
+    def _layout(self, config: RepoConfig, view: FeatureView) -> _Layout:
+        """The view's packed layout, cached per view object (a server reads the same few
+        views on every request; a changed view is a new object)."""
+        if self._layouts is None:
+            self._layouts = {}
+        hit = self._layouts.get(id(view))
+        if hit is not None and hit[0] is view:
+            return hit[1]
+        types = check_packable(view)
+        layout = _Layout(
+            types=types,
+            dtype=payload_dtype(types),
+            position={name: i for i, (name, _) in enumerate(types)},
+            table=self.table_of(config, view),
+            key_types={c.name: c.dtype.to_value_type().name for c in view.entity_columns},
+        )
+        if len(self._layouts) >= 256:
+            self._layouts.clear()
+        self._layouts[id(view)] = (view, layout)
+        return layout
+
     def update(
         self,
         config: RepoConfig,
@@ -267,6 +339,7 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
         entities_to_keep: Sequence[Entity],
         partial: bool,
     ) -> None:
+        self._tables = None  # tables are created and dropped below
         packed = [t for t in tables_to_keep if wants_packed(t)]
         plain = [t for t in tables_to_keep if not wants_packed(t)]
         for view in packed:
@@ -280,8 +353,11 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
             for view in packed:
                 table = self.table_of(config, view)
                 conn.execute(create_sql(table))
-                self._drop_packed(conn, _table_id(config.project, view, versioning), keep=table)
-            for view in tables_to_delete:
+                base = _table_id(config.project, view, versioning)
+                self._drop_packed(conn, base, keep=table)
+                # A view that moved to the packed layout: its per-feature rows are stale.
+                conn.execute(f"DROP TABLE IF EXISTS {_quote_id(base)}")
+            for view in [*plain, *tables_to_delete]:
                 self._drop_packed(conn, _table_id(config.project, view, versioning), keep=None)
 
     @staticmethod
@@ -311,8 +387,12 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
         types = check_packable(table)
         rows = pack_protos(types, data, config.entity_key_serialization_version)
         conn = self._get_conn(config)
+        name = self.table_of(config, table)
         with conn:
-            conn.executemany(upsert_sql(self.table_of(config, table)), rows)
+            # `feast apply` from the command line builds Feast's tables only (its infra plan),
+            # not this store's: the first write creates the packed table.
+            conn.execute(create_sql(name))
+            conn.executemany(upsert_sql(name), rows)
         if progress:
             progress(len(data))
 
@@ -354,13 +434,23 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
         return out
 
     def _fetch(
-        self, config: RepoConfig, table: FeatureView, keys: Sequence[bytes]
+        self, config: RepoConfig, table: FeatureView, keys: Sequence[bytes | None]
     ) -> dict[bytes, tuple[int, bytes]]:
         """``{key: (event µs, payload)}`` of the stored keys among ``keys`` (chunks of 500)."""
         conn = self._get_conn(config)
-        name = _quote_id(self.table_of(config, table))
-        unique = list(dict.fromkeys(keys))
+        table_name = self._layout(config, table).table
         found: dict[bytes, tuple[int, bytes]] = {}
+        if self._tables is None:
+            self._tables = set()
+        if table_name not in self._tables:
+            exists = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table_name,)
+            ).fetchone()
+            if not exists:  # nothing written yet (or applied without this store's update)
+                return found
+            self._tables.add(table_name)
+        name = _quote_id(table_name)
+        unique = list(dict.fromkeys(k for k in keys if k is not None))
         for start in range(0, len(unique), 500):
             chunk = unique[start : start + 500]
             rows = conn.execute(
@@ -378,17 +468,16 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
         self,
         config: RepoConfig,
         table: FeatureView,
-        keys: Sequence[bytes],
+        keys: Sequence[bytes | None],
         features: Sequence[str],
         *,
         oldest: dt.datetime | None = None,
     ) -> np.ndarray:
         """float64 ``[len(keys), len(features)]`` of a packed view for serialized entity keys
-        (:func:`cascade.online_bulk.encode_keys`'s bytes): NaN where the key is not stored, its
-        row is older than ``oldest``, or the value is null."""
-        types = check_packable(table)
-        position = {name: i for i, (name, _) in enumerate(types)}
-        unknown = [f for f in features if f not in position]
+        (:func:`serialize_keys` or :func:`cascade.online_bulk.encode_keys`; None: no key): NaN
+        where the key is not stored, its row is older than ``oldest``, or the value is null."""
+        layout = self._layout(config, table)
+        unknown = [f for f in features if f not in layout.position]
         if unknown:
             raise ValueError(f"view {table.name} has no features {unknown}")
         out = np.full((len(keys), len(features)), np.nan, dtype=np.float64)
@@ -397,17 +486,40 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
         rows: list[int] = []
         payloads: list[bytes] = []
         for row, key in enumerate(keys):
-            hit = found.get(key)
+            hit = found.get(key) if key is not None else None
             if hit is not None and (limit is None or hit[0] >= limit):
                 rows.append(row)
                 payloads.append(hit[1])
         if not rows:
             return out
-        records = unpack_rows(types, payloads)
+        width = layout.dtype.itemsize
+        if any(len(p) != width for p in payloads):
+            raise ValueError(f"{layout.table} holds a row that is not {width} bytes wide")
+        records = np.frombuffer(b"".join(payloads), dtype=layout.dtype)
         index = np.asarray(rows)
         for j, name in enumerate(features):
-            i = position[name]
+            i = layout.position[name]
             values = records[f"v{i}"].astype(np.float64)
             values[records["present"][:, i] == 0] = np.nan
             out[index, j] = values
         return out
+
+    def read_keys(
+        self,
+        config: RepoConfig,
+        table: FeatureView,
+        join_keys: Sequence[str],
+        keys: Sequence[Sequence[Any]],
+        features: Sequence[str],
+        *,
+        oldest: dt.datetime | None = None,
+    ) -> np.ndarray:
+        """:meth:`read_matrix` for keys given as values (tuples in ``join_keys`` order)."""
+        layout = self._layout(config, table)
+        unknown = [k for k in join_keys if k not in layout.key_types]
+        if unknown or len(join_keys) != len(layout.key_types):
+            raise ValueError(
+                f"view {table.name} is keyed by {sorted(layout.key_types)}, not {list(join_keys)}"
+            )
+        encoded = serialize_keys(layout.key_types, join_keys, keys)
+        return self.read_matrix(config, table, encoded, features, oldest=oldest)

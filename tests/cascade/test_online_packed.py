@@ -12,11 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from cascade import feature_store as fs
 from cascade import online_bulk, online_packed
 from cascade.config import Settings
+from cascade.lake import Lake
 from cascade.online_cross import OnlineCrossReader
 from tests.cascade.test_online_bulk import (
     DS1,
@@ -89,6 +91,34 @@ def test_payloads_round_trip_every_type_and_refuse_another_width() -> None:
         assert (records[f"v{i}"][~has] == 0).all()
     with pytest.raises(ValueError, match=f"expected {width}"):
         online_packed.unpack_rows(TYPES, [payloads[0] + b"\0"])
+
+
+def test_keys_built_from_values_equal_feasts_serialize_entity_key() -> None:
+    from feast.infra.key_encoding_utils import serialize_entity_key
+    from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+    from feast.protos.feast.types.Value_pb2 import Value
+
+    names = ["user_id", "position", "item_category"]
+    types = {"user_id": "INT64", "position": "INT32", "item_category": "STRING"}
+    rows = [(7, 1, "Sci-Fi é"), (-(2**40), -5, ""), (0, 2**31 - 1, "x" * 300), (3, None, "a")]
+    got = online_packed.serialize_keys(types, names, rows)
+    assert got[-1] is None  # a missing value: no key
+    for row, key in zip(rows[:3], got[:3], strict=True):
+        proto = EntityKey(
+            join_keys=names,
+            entity_values=[
+                Value(int64_val=row[0]),
+                Value(int32_val=row[1]),
+                Value(string_val=row[2]),
+            ],
+        )
+        assert key == serialize_entity_key(proto, 3)
+    one = online_packed.serialize_keys({"item_id": "INT64"}, ["item_id"], [(12,)])
+    assert one == [
+        serialize_entity_key(
+            EntityKey(join_keys=["item_id"], entity_values=[Value(int64_val=12)]), 3
+        )
+    ]
 
 
 def test_a_view_tagged_packed_with_text_features_is_refused() -> None:
@@ -239,6 +269,45 @@ def test_a_view_whose_features_change_gets_a_new_table(
     assert all(
         v is None or (isinstance(v, float) and math.isnan(v)) for v in answers["seg_cat_ctr_7d"]
     )
+
+    # Written through Feast's own path (`feast apply` from the command line creates only
+    # Feast's tables): the first write creates the packed table.
+    conn = sqlite3.connect(home / "feast" / "online_store.db")
+    conn.execute(f'DROP TABLE "{new[0]}"')
+    conn.commit()
+    conn.close()
+    assert np.isnan(read_seg_cat(store, home)).all()  # no table: nothing stored, no error
+    day1 = pq.read_table(
+        Lake(settings.lake_root).root / "features/ctr_cross/generated/seg_cat" / f"dt={DS1}"
+    ).to_pandas()
+    store.write_to_online_store("cross_seg_cat", day1.drop(columns=["seg_cat_decay_ctr"]))
+    assert [t for t in all_tables(home) if "seg_cat__packed_" in t] == new
+    np.testing.assert_array_equal(
+        read_seg_cat(store, home), day1[["seg_cat_ctr_7d"]].to_numpy(dtype=float)
+    )
+
+    # Back to Feast's layout: the packed table goes, Feast's table is there.
+    monkeypatch.setattr(cross, "ONLINE_LAYOUT", "feast")
+    store.apply(fs.cross_repo_objects(settings=settings))
+    tables = all_tables(home)
+    assert "cascade_cross_seg_cat" in tables
+    assert not [t for t in tables if "__packed_" in t]
+    # ... and packed again: Feast's stale per-feature table goes.
+    monkeypatch.setattr(cross, "ONLINE_LAYOUT", "packed")
+    store.apply(fs.cross_repo_objects(settings=settings))
+    assert "cascade_cross_seg_cat" not in all_tables(home)
+
+
+def read_seg_cat(store: object, home: Path) -> np.ndarray:
+    """``seg_cat_ctr_7d`` of day 1's keys through the server's reader (its clock on day 1)."""
+    day1 = pq.read_table(
+        Lake(Settings(home=home).lake_root).root
+        / "features/ctr_cross/generated/seg_cat"
+        / f"dt={DS1}"
+    )
+    keys = list(zip(*(day1.column(k).to_pylist() for k in PAIRS["seg_cat"].keys), strict=True))
+    reader = OnlineCrossReader(store, clock=lambda: dt.datetime(2026, 11, 20, 12, tzinfo=dt.UTC))
+    return reader.read("cross_seg_cat", list(PAIRS["seg_cat"].keys), keys, ["seg_cat_ctr_7d"])
 
 
 def test_the_layout_benchmark_loads_both_layouts_and_reports_the_ratio(tmp_path: Path) -> None:
