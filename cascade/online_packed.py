@@ -15,16 +15,17 @@ value, 0 = null), then each feature's value as 8 little-endian bytes (``float64`
 ``Float32``/``Float64``, ``int64`` for ``Int32``/``Int64``/``Bool``), in the view's feature
 order (:func:`payload_dtype`). The table's name carries a digest of that order and those types
 (:func:`packed_table`), so a view whose features change gets a new, empty table (the old one is
-dropped by ``apply``) and no row is ever decoded with another layout. Views that are not tagged,
-and views with features of other types, keep Feast's layout in the same file, written and read
-by Feast's own code.
+dropped by ``apply``) and no row is ever decoded with another layout. Views that are not tagged
+keep Feast's layout in the same file, written and read by Feast's own code; a tagged view with
+features of other types (text, lists) is refused (:class:`PackedLayoutError`).
 
 Everything Feast does with a store works on packed views (``materialize``,
 ``write_to_online_store``, ``get_online_features``:
 :meth:`PackedSqliteOnlineStore.online_read` returns the ``ValueProto`` values Feast's store
 would), and two paths skip the per-value objects:
-:class:`cascade.online_bulk.PackedBulkWriter` (Arrow batches in, one ``executemany`` of packed
-rows per batch out) and :meth:`PackedSqliteOnlineStore.read_matrix` (entity keys in, a float64
+:class:`cascade.online_bulk.PackedBulkWriter` (Arrow batches in, runs sorted by key, one
+``executemany`` of packed rows per run) and :meth:`PackedSqliteOnlineStore.read_keys` /
+:meth:`~PackedSqliteOnlineStore.read_matrix` (key values or serialized keys in, a float64
 matrix out: what the model server's cross reader uses). A row replaces a stored one only when its
 event time is not older (an older partition loaded after a newer one leaves the newer values).
 
