@@ -142,7 +142,9 @@ class OnlineCrossReader:
         out = np.full((len(keys), len(features)), np.nan, dtype=np.float64)
         if not keys:
             return out
-        packed = self._packed_read(table, join_keys, keys, features)
+        ttl = table.ttl.total_seconds() if table.ttl else 0.0
+        oldest = self.clock() - dt.timedelta(seconds=ttl) if ttl > 0 else None
+        packed = self._packed_read(table, join_keys, keys, features, oldest)
         if packed is not None:
             return packed
         kinds = [types[k] for k in join_keys]
@@ -162,8 +164,6 @@ class OnlineCrossReader:
             entity_keys=entity_keys,
             requested_features=list(features),
         )
-        ttl = table.ttl.total_seconds() if table.ttl else 0.0
-        oldest = self.clock() - dt.timedelta(seconds=ttl) if ttl > 0 else None
         for i, (timestamp, values) in enumerate(rows):
             if values is None or (
                 oldest is not None and timestamp is not None and timestamp < oldest
@@ -181,6 +181,7 @@ class OnlineCrossReader:
         join_keys: Sequence[str],
         keys: Sequence[Sequence[Any]],
         features: Sequence[str],
+        oldest: dt.datetime | None,
     ) -> np.ndarray | None:
         """The same answer straight from a packed view (:mod:`cascade.online_packed`): keys
         serialized from fixed parts, one query, payloads decoded as one array; None when the
@@ -189,8 +190,6 @@ class OnlineCrossReader:
 
         if not (isinstance(self.online_store, PackedSqliteOnlineStore) and wants_packed(table)):
             return None
-        ttl = table.ttl.total_seconds() if table.ttl else 0.0
-        oldest = self.clock() - dt.timedelta(seconds=ttl) if ttl > 0 else None
         return self.online_store.read_keys(
             self.config, table, join_keys, keys, features, oldest=oldest
         )

@@ -185,12 +185,15 @@ def pack_rows(
 def unpack_rows(types: Sequence[tuple[str, str]], payloads: Sequence[bytes]) -> np.ndarray:
     """The records of ``payloads`` (:func:`payload_dtype`); a payload of another width is an
     error."""
-    dtype = payload_dtype(types)
+    return decode_payloads(payload_dtype(types), payloads, f"{len(types)} features")
+
+
+def decode_payloads(dtype: np.dtype, payloads: Sequence[bytes], where: str) -> np.ndarray:
+    """One record array of ``payloads``; ValueError naming ``where`` when one is not
+    ``dtype``'s width (never decoded shifted)."""
     bad = next((len(p) for p in payloads if len(p) != dtype.itemsize), None)
     if bad is not None:
-        raise ValueError(
-            f"packed row of {bad} bytes, expected {dtype.itemsize} for {len(types)} features"
-        )
+        raise ValueError(f"{where}: packed row of {bad} bytes, expected {dtype.itemsize}")
     return np.frombuffer(b"".join(payloads), dtype=dtype)
 
 
@@ -385,10 +388,10 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
         if not wants_packed(table):
             super().online_write_batch(config, table, data, progress)
             return
-        types = check_packable(table)
-        rows = pack_protos(types, data, config.entity_key_serialization_version)
+        layout = self._layout(config, table)
+        rows = pack_protos(layout.types, data, config.entity_key_serialization_version)
         conn = self._get_conn(config)
-        name = self.table_of(config, table)
+        name = layout.table
         with conn:
             # `feast apply` from the command line builds Feast's tables only (its infra plan),
             # not this store's: the first write creates the packed table.
@@ -406,23 +409,25 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
     ) -> list[tuple[dt.datetime | None, dict[str, ValueProto] | None]]:
         if not wants_packed(table):
             return super().online_read(config, table, entity_keys, requested_features)
-        types = check_packable(table)
+        layout = self._layout(config, table)
         version = config.entity_key_serialization_version
         keys = [
             serialize_entity_key(k, entity_key_serialization_version=version) for k in entity_keys
         ]
         found = self._fetch(config, table, keys)
+        hits = [found.get(key) for key in keys]
+        records = iter(
+            decode_payloads(layout.dtype, [h[1] for h in hits if h is not None], layout.table)
+        )
         wanted = set(requested_features) if requested_features else None
         out: list[tuple[dt.datetime | None, dict[str, ValueProto] | None]] = []
-        for key in keys:
-            hit = found.get(key)
+        for hit in hits:
             if hit is None:
                 out.append((None, None))
                 continue
-            event, payload = hit
-            record = unpack_rows(types, [payload])[0]
+            record = next(records)
             values: dict[str, ValueProto] = {}
-            for i, (name, kind) in enumerate(types):
+            for i, (name, kind) in enumerate(layout.types):
                 if wanted is not None and name not in wanted:
                     continue
                 proto = ValueProto()
@@ -431,7 +436,7 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
                     value = bool(raw) if kind == "BOOL" else raw.item()
                     setattr(proto, _PROTO_FIELD[kind], value)
                 values[name] = proto
-            out.append((from_micros(event), values))
+            out.append((from_micros(hit[0]), values))
         return out
 
     def _fetch(
@@ -493,10 +498,7 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
                 payloads.append(hit[1])
         if not rows:
             return out
-        width = layout.dtype.itemsize
-        if any(len(p) != width for p in payloads):
-            raise ValueError(f"{layout.table} holds a row that is not {width} bytes wide")
-        records = np.frombuffer(b"".join(payloads), dtype=layout.dtype)
+        records = decode_payloads(layout.dtype, payloads, layout.table)
         index = np.asarray(rows)
         for j, name in enumerate(features):
             i = layout.position[name]
