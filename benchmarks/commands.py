@@ -30,7 +30,7 @@ BENCH_OPTIONS = {
     "workers": "server processes (serving)",
     "cross-features": "1 (default) or 0: the served model reads cross statistics from the "
     "online store per request (serving; --no-cross-features is 0)",
-    "rate": "open-loop arrival rate, requests/s (serving; default 70% of the closed loop's)",
+    "rate": "open-loop arrival rate, requests/s (serving; default 70%% of the closed loop's)",
     "pairs": "generated image-text pairs, comma-separated sizes (multimodal-corpus)",
 }
 
