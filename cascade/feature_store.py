@@ -286,11 +286,11 @@ def build_training_set(ds: str, *, settings: Settings | None = None) -> Path:
     return path
 
 
-CROSS_FEATURE_SERVICE = "ctr_cross_v1"
+CROSS_FEATURE_SERVICE = "ctr_cross_v2"
 
 
 def cross_repo_objects(*, settings: Settings, source: str = "generated") -> list[Any]:
-    """The cross-statistics entities, one view per pair and ``ctr_cross_v1``, with sources
+    """The cross-statistics entities, one view per pair and ``ctr_cross_v2``, with sources
     over the pair folders of the given log ``source`` (see ``features/ctr/cross_views.py``)."""
     entities = repo_module("common.entities")
     cross = repo_module("ctr.cross_views")

@@ -104,13 +104,21 @@ class CrossPair:
             )
 
 
+USER = CrossPair(name="user", keys=("user_id",))
+"""The user's own statistics: the one-key pair on ``user_id`` (a user-side field)."""
+ITEM = CrossPair(name="item", keys=("item_id",))
+"""The item's own statistics: the one-key pair on ``item_id`` (an item-side field)."""
 SEG_CAT = CrossPair(name="seg_cat", keys=("user_segment", "item_category"))
 USER_CAT = CrossPair(name="user_cat", keys=("user_id", "item_category"))
 SEG_ITEM = CrossPair(name="seg_item", keys=("user_segment", "item_id"))
 CTX_ITEM = CrossPair(name="ctx_item", keys=("context", "item_id"))
 ITEM_POS = CrossPair(name="item_pos", keys=("item_id", "position"))
-GENERATED_PAIRS = (SEG_CAT, USER_CAT, SEG_ITEM, CTX_ITEM, ITEM_POS)
-ML100K_PAIRS = (SEG_CAT, USER_CAT, SEG_ITEM)
+CROSSES = (SEG_CAT, USER_CAT, SEG_ITEM, CTX_ITEM, ITEM_POS)
+"""The two-key pairs."""
+GENERATED_PAIRS = (USER, ITEM, *CROSSES)
+"""Every built-in pair: the user's and the item's own statistics, then the crosses (what a
+generated log, which fills every column, gets)."""
+ML100K_PAIRS = (USER, ITEM, SEG_CAT, USER_CAT, SEG_ITEM)
 """ML-100k has no positions and no contexts, so only user/item attribute crosses."""
 PAIRS_BY_NAME = {pair.name: pair for pair in GENERATED_PAIRS}
 
@@ -224,6 +232,13 @@ def with_reason(
     ``cutoff`` a row at or after it breaks a rule (see :func:`jobs.ctr_log_sources.row_rules`)."""
     rules = sources.row_rules(key_columns, cutoff=cutoff)
     return log.withColumn("reason", sources.first_failed(rules))
+
+
+def before_cutoff(log: DataFrame, cutoff: dt.datetime) -> DataFrame:
+    """What an earlier partition takes from a later partition's log (a history run): the rows
+    before its cut-off, and those without a timestamp (the rules quarantine them). Rows at or
+    after the cut-off belong to later partitions: left out, not quarantined as misfiled."""
+    return log.filter(F.col(TIMESTAMP).isNull() | (F.col(TIMESTAMP) < F.lit(cutoff)))
 
 
 def in_lookback(log: DataFrame, *, cutoff: dt.datetime, days: int) -> DataFrame:
@@ -711,9 +726,14 @@ def run(
     spark: SparkSession | None = None,
     config: CrossStatsConfig | None = None,
     sources_file: Path | None = None,
+    history: bool = False,
 ) -> dict[str, Any]:
     """Build partition ``ds`` of every configured pair for one registered source; returns the
     summary. ``config`` defaults to the pairs the source can key (:func:`default_config`).
+
+    ``history``: the log is a later partition's (a missing earlier partition rebuilt from it):
+    its rows at or after ``ds`` are left out (:func:`before_cutoff`) instead of quarantined, and
+    the summary says so (``history``, so the gate reads the log the same way).
 
     Raises :class:`EmptyBatch` when no clean row falls in the longest window (bad rows are
     quarantined first; no feature partition, summary or gate verdict is written).
@@ -737,6 +757,7 @@ def run(
             spark=session,
             config=config,
             sources_file=sources_file,
+            history=history,
         )
     finally:
         if own:
@@ -779,6 +800,7 @@ def _run(
     spark: SparkSession,
     config: CrossStatsConfig,
     sources_file: Path | None,
+    history: bool = False,
 ) -> dict[str, Any]:
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
@@ -788,7 +810,13 @@ def _run(
     # The partition is being rebuilt: an earlier gate verdict no longer vouches for it.
     where.gate_report(ds).unlink(missing_ok=True)
     log, adapter_quarantine = read_log(spark, source, log_path, sources_file=sources_file)
-    print(f"[cross] {source} ds={ds}: {window_text(ds, config.windows)}", flush=True)
+    if history:
+        log = before_cutoff(log, cutoff)
+    print(
+        f"[cross] {source} ds={ds}{' (history, from a later log)' if history else ''}: "
+        f"{window_text(ds, config.windows)}",
+        flush=True,
+    )
 
     write_quarantine = functools.partial(
         _write_quarantine,
@@ -847,6 +875,8 @@ def _run(
         "ds": ds,
         "source": source,
         "pairs": [pair.name for pair in config.pairs],
+        "history": history,
+        "log_path": None if log_path is None else str(log_path),
         "input_rows": int(batch["input_rows"]) + adapter_bad,
         "quarantined_rows": quarantined + adapter_bad,
         "adapter_quarantined_rows": adapter_bad,

@@ -275,6 +275,8 @@ def _validate(
 
     lookback = max(config.windows)
     log, _ = job.read_log(spark, source, log_path, sources_file=sources_file)
+    if summary.get("history"):  # built from a later partition's log: read as the job read it
+        log = job.before_cutoff(log, cutoff)
     # One pass over the input: all rows are counted before the clean-row filter, the input
     # rules after it, and the sample is drawn from the clean rows in the lookback.
     everything = Observation(f"gate {source} input rows")

@@ -276,7 +276,7 @@ GENERATED = LogSource(
 ML100K = LogSource(
     name="ml100k",
     reader=lambda spark, path: from_ml100k(spark, path),
-    pairs=("seg_cat", "user_cat", "seg_item"),
+    pairs=("user", "item", "seg_cat", "user_cat", "seg_item"),
     description="MovieLens-100k from its installed package (rating >= 4 = click)",
 )
 BUILT_IN = (GENERATED, ML100K)

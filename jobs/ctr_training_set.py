@@ -268,13 +268,6 @@ def training_set_from_lake(
 
 # --- a training set built end to end by the engine ----------------------------------------------
 
-USER_TOTALS = engine.CrossPair(name="user", keys=("user_id",))
-"""The user's own statistics: the engine's one-key pair on ``user_id`` (a user-side field)."""
-ITEM_TOTALS = engine.CrossPair(name="item", keys=("item_id",))
-"""The item's own statistics: the one-key pair on ``item_id`` (an item-side field)."""
-TRAINING_PAIRS = (USER_TOTALS, ITEM_TOTALS, *engine.GENERATED_PAIRS)
-"""What :func:`build_engine_training_set` runs the engine with: the user's and the item's
-statistics beside the five crosses, so a model without the crosses still has counts and CTRs."""
 LEARNED_PAIRS: dict[str, tuple[str, str]] = {
     "user_cat": ("user_id", "item_category"),
     "seg_item": ("user_segment", "item_id"),
@@ -373,7 +366,7 @@ def build_engine_training_set(
     generator: Any = None,
     train_days: int = 14,
     settings: Any = None,
-    pairs: Sequence[engine.CrossPair] = TRAINING_PAIRS,
+    pairs: Sequence[engine.CrossPair] = engine.GENERATED_PAIRS,
     windows: Sequence[int] = (1, 7, 30),
     learned: bool = True,
     learned_config: Any = None,

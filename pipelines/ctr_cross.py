@@ -12,11 +12,15 @@ all run these functions):
   there (:mod:`jobs.impression_log`, ``CASCADE_CROSS_IMPRESSIONS`` rows ending at ``ds``). The
   ``ml100k`` source (``CASCADE_CROSS_SOURCE=ml100k``) reads the installed MovieLens package.
   Every output, quarantine and report path carries the source's name.
-* ``stats``: :func:`jobs.ctr_cross_stats.run` (pairs x 1/7/30-day windows, fitted priors,
-  quarantine partition with reasons).
+* ``stats``: :func:`jobs.ctr_cross_stats.run` (the user's and the item's own statistics and
+  the crosses x 1/7/30-day windows, fitted priors, quarantine partition with reasons). With
+  ``CASCADE_CROSS_HISTORY_DAYS=N`` it first builds each partition of the N days before ``ds``
+  that was never built (from that day's landed log, else from ``ds``'s rows before that day),
+  so a fresh lake gets the daily partitions a point-in-time training set joins.
 * ``validate``: :func:`jobs.ctr_cross_stats_gate.validate`; a failed batch raises, so the run
-  stops before Feast.
-* ``feast``: applies the pair views and ``ctr_cross_v1`` and materializes the ``ds`` partition of
+  stops before Feast. History partitions are judged first, each on its own (a failed one stays
+  unpublished).
+* ``feast``: applies the pair views and ``ctr_cross_v2`` and materializes the ``ds`` partition of
   every pair into the online store. It refuses to run unless the gate's report for ``ds`` says
   the batch passed. The job deletes that report when it rebuilds the partition, so a
   ``cascade step`` or ``dvc repro`` that skips the gate, or reruns the job after it, cannot
@@ -25,6 +29,8 @@ all run these functions):
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import json
 import time
 from collections.abc import Callable
@@ -47,6 +53,9 @@ from cascade.pipeline_spec import Pipeline, Step, Trigger
 SOURCE_ENV = "CASCADE_CROSS_SOURCE"
 IMPRESSIONS_ENV = "CASCADE_CROSS_IMPRESSIONS"
 DEFAULT_SOURCE = "generated"
+BUILT_IN_PAIRS = ("user", "item", "seg_cat", "user_cat", "seg_item", "ctx_item", "item_pos")
+"""Names of the engine's built-in pairs (``jobs.ctr_cross_stats.GENERATED_PAIRS``, kept equal
+by a test; named here so that parsing the DAG never imports Spark)."""
 DEFAULT_IMPRESSIONS = 200_000
 """Generated rows per partition when nothing landed; raise it for a load test."""
 
@@ -67,6 +76,12 @@ class CrossSettings:
     :mod:`jobs.ctr_log_sources`); default ``$CASCADE_HOME/log_sources.toml`` when it exists."""
     impressions: int = Field(default=DEFAULT_IMPRESSIONS, ge=1)
     """Generated rows per partition when nothing landed; raise it for a load test."""
+    history_days: int = Field(default=0, ge=0, le=90)
+    """Before partition ``ds``, also build each of the partitions of the N days before it that
+    was never built: from that day's own landed log, else from ``ds``'s log (its rows before
+    that day; :func:`jobs.ctr_cross_stats.before_cutoff`). A first run on a fresh lake so gets
+    the daily partitions a point-in-time training set joins (an impression of day D reads
+    partition D); the gate checks each, and only ``ds`` goes to the online store."""
 
 
 def sources_file(settings: Settings | None = None) -> Path:
@@ -143,11 +158,33 @@ def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     return {"ds": ds, "source": source, "path": str(landing), "generated": True, "rows": rows}
 
 
+@dataclasses.dataclass(frozen=True)
+class SourceRun:
+    """What a Spark step of partition ``ds`` works with: its source, its log and a session."""
+
+    ds: str
+    source: str
+    log_path: Path | None
+    """The partition's landed log (None: the source finds its data itself)."""
+    settings: Settings
+    spark: Any
+    sources_file: Path
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the engine's and the gate's entry points."""
+        return {
+            "source": self.source,
+            "log_path": self.log_path,
+            "settings": self.settings,
+            "spark": self.spark,
+            "sources_file": self.sources_file,
+        }
+
+
 def _on_spark(
-    step: Callable[..., dict[str, Any]], ds: str, settings: Settings | None, app: str
+    step: Callable[[SourceRun], dict[str, Any]], ds: str, settings: Settings | None, app: str
 ) -> dict[str, Any]:
-    """``step(ds, source=..., log_path=..., settings=..., spark=..., sources_file=...)`` on the
-    partition's source (:func:`partition_source`)."""
+    """``step(SourceRun)`` on the partition's source (:func:`partition_source`)."""
     from jobs import ctr_cross_stats as job
     from jobs import ctr_log_sources
     from jobs.spark_sessions import active_or_new
@@ -164,33 +201,92 @@ def _on_spark(
             f"(`cascade step log --pipeline ctr_cross --ds {ds}`) or land one there"
         )
     with active_or_new(lambda: job.build_session(settings, app=app)) as spark:
-        return step(
-            ds,
-            source=source,
-            log_path=log_path,
-            settings=settings,
-            spark=spark,
-            sources_file=registry_file,
-        )
+        return step(SourceRun(ds, source, log_path, settings, spark, registry_file))
+
+
+def history_window(ds: str) -> list[str]:
+    """The ``history_days`` days before ``ds``, oldest first."""
+    end = dt.date.fromisoformat(check_ds(ds))
+    days = load_group(CrossSettings).history_days
+    return [(end - dt.timedelta(days=n)).isoformat() for n in range(days, 0, -1)]
+
+
+def _stats(run: SourceRun) -> dict[str, Any]:
+    from jobs import ctr_cross_stats as job
+
+    lake = Lake(run.settings.lake_root)
+    where = job.CrossLake(lake, run.source)
+    built: dict[str, dict[str, Any]] = {}
+    for day in history_window(run.ds):
+        if where.summary(day).is_file():
+            continue
+        own = landing_dir(lake, day)
+        from_own = run.log_path is not None and (own / "_SUCCESS").is_file()
+        try:
+            summary = job.run(
+                day,
+                **{**run.kwargs(), "log_path": own if from_own else run.log_path},
+                history=not from_own,
+            )
+        except job.EmptyBatch as empty:
+            print(f"[cross] history ds={day}: nothing to build ({empty})", flush=True)
+            built[day] = {"built": False, "reason": str(empty)}
+            continue
+        built[day] = {
+            "built": True,
+            "log": "its own" if from_own else f"ds={run.ds}'s",
+            "rows": summary["rows"],
+            "seconds": summary["seconds"],
+        }
+    summary = job.run(run.ds, **run.kwargs())
+    if built:
+        summary["history_partitions"] = built
+    return summary
 
 
 def stats(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
-    """The cross statistics of the partition (see :func:`jobs.ctr_cross_stats.run`)."""
-    from jobs import ctr_cross_stats as job
+    """The cross statistics of the partition (see :func:`jobs.ctr_cross_stats.run`), after
+    the missing partitions of the ``history_days`` before it (``history_partitions``)."""
+    return _on_spark(_stats, ds, settings, "cascade.ctr_cross.stats")
 
-    return _on_spark(job.run, ds, settings, "cascade.ctr_cross.stats")
+
+def _validate(run: SourceRun) -> dict[str, Any]:
+    from jobs import ctr_cross_stats as job
+    from jobs import ctr_cross_stats_gate as gate
+
+    lake = Lake(run.settings.lake_root)
+    where = job.CrossLake(lake, run.source)
+    checked: dict[str, dict[str, Any]] = {}
+    for day in history_window(run.ds):
+        summary_path = where.summary(day)
+        if not summary_path.is_file() or where.gate_report(day).is_file():
+            continue  # never built, or already judged
+        built_from = json.loads(summary_path.read_text()).get("log_path")
+        try:
+            gate.validate(
+                day,
+                **{**run.kwargs(), "log_path": None if built_from is None else Path(built_from)},
+                docs=lake.data_docs("ctr_cross", "validate", day),
+            )
+            checked[day] = {"success": True}
+        except gate.GateFailed as failed:
+            # The day is not published (training sets read gate-passed partitions only);
+            # partition ds is judged on its own.
+            print(f"[cross] history ds={day}: {failed}", flush=True)
+            checked[day] = {"success": False, "failed": failed.failed}
+    verdict = gate.validate(
+        run.ds, **run.kwargs(), docs=lake.data_docs("ctr_cross", "validate", run.ds)
+    )
+    if checked:
+        verdict["history_partitions"] = checked
+    return verdict
 
 
 def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
-    """The batch gate; raises :class:`jobs.ctr_cross_stats_gate.GateFailed` when it fails."""
-    import functools
-
-    from jobs import ctr_cross_stats_gate as gate
-
-    settings = settings or load_settings()
-    docs = Lake(settings.lake_root).data_docs("ctr_cross", "validate", ds)
-    run = functools.partial(gate.validate, docs=docs)
-    return _on_spark(run, ds, settings, "cascade.ctr_cross.validate")
+    """The batch gate; raises :class:`jobs.ctr_cross_stats_gate.GateFailed` when partition
+    ``ds`` fails. History partitions the job built are judged first, each on its own
+    (``history_partitions``: a failed one is left unpublished, not fatal)."""
+    return _on_spark(_validate, ds, settings, "cascade.ctr_cross.validate")
 
 
 class GateNotPassed(NotReady):
@@ -285,7 +381,7 @@ with their reason; a failed gate stops the run before Feast.
             dvc_outs=(
                 *(
                     f".cascade/lake/features/ctr_cross/generated/{pair}/dt=${{ds}}"
-                    for pair in ("seg_cat", "user_cat", "seg_item", "ctx_item", "item_pos")
+                    for pair in BUILT_IN_PAIRS
                 ),
                 ".cascade/lake/quarantine/generated_log/dt=${ds}",
             ),
@@ -302,7 +398,7 @@ with their reason; a failed gate stops the run before Feast.
         Step(
             name="feast",
             run=feast,
-            doc="apply the pair views and ctr_cross_v1, materialize the partition online",
+            doc="apply the pair views and ctr_cross_v2, materialize the partition online",
             timeout_minutes=60,
             outlets=(ASSET_CTR_CROSS_FEATURES,),
             dvc_deps=("features/ctr/cross_views.py", "cascade/feature_store.py"),

@@ -1,7 +1,8 @@
 """Feast views of the explicit cross statistics (``jobs.ctr_cross_stats``), keyed by pairs.
 
-Each configured pair of the job becomes one feature view whose entities are the pair's two key
-columns (a composite key: user x item_category, item x position, ...). A view's source is the
+Each configured pair of the job becomes one feature view whose entities are the pair's key
+columns: one for the user's and the item's own statistics (``cross_user``, ``cross_item``), two
+for a cross (a composite key: user x item_category, item x position, ...). A view's source is the
 pair's whole folder ``<lake>/features/ctr_cross/<source>/<pair>/``: unlike the cumulative
 snapshots of ``common.sources``, every ``dt=<ds>`` partition holds statistics of windows that
 END at ``ds`` and carries ``event_timestamp = ds`` midnight, so partitions never share a
@@ -29,7 +30,7 @@ from cascade.ctr_schema import TIMESTAMP
 from cascade.lake import Lake
 from cascade.online_packed import LAYOUT_TAG, PACKED
 
-CROSS_SERVICE_VERSION = 1
+CROSS_SERVICE_VERSION = 2
 CROSS_SOURCE = "generated"
 """The log source whose cross statistics the module-level views (``feast apply``) read."""
 WINDOWS_DAYS = (1, 7, 30)
@@ -67,14 +68,17 @@ position = Entity(
     description="The slot an item was shown in (1 = top).",
 )
 
-PAIRS: dict[str, tuple[Entity, Entity]] = {
+PAIRS: dict[str, tuple[Entity, ...]] = {
+    "user": (user,),
+    "item": (item,),
     "seg_cat": (user_segment, item_category),
     "user_cat": (user, item_category),
     "seg_item": (user_segment, item),
     "ctx_item": (context, item),
     "item_pos": (item, position),
 }
-"""Pair name of ``jobs.ctr_cross_stats`` -> its two entities (join keys = the pair's keys)."""
+"""Pair name of ``jobs.ctr_cross_stats`` -> its entities (join keys = the pair's keys): the
+user's and the item's own statistics, then the two-key crosses."""
 
 
 def cross_root(lake: Lake, source: str, pair: str) -> str:
@@ -120,7 +124,8 @@ def cross_feature_views(sources: Mapping[str, DataSource]) -> list[FeatureView]:
             source=source,
             online=True,
             tags={LAYOUT_TAG: ONLINE_LAYOUT},
-            description=f"Cross statistics of {' x '.join(e.name for e in PAIRS[pair])} over "
+            description=f"{'Cross statistics' if len(PAIRS[pair]) > 1 else 'Statistics'} of "
+            f"{' x '.join(e.name for e in PAIRS[pair])} over "
             f"{', '.join(f'{w}d' for w in WINDOWS_DAYS)} windows ending at the partition date.",
         )
         for pair, source in sources.items()
@@ -138,13 +143,14 @@ def cross_service(views: list[FeatureView]) -> FeatureService:
 
 
 _settings = load_settings()
+_views = cross_feature_views({pair: cross_source(pair, settings=_settings) for pair in PAIRS})
 (
+    cross_user,
+    cross_item,
     cross_seg_cat,
     cross_user_cat,
     cross_seg_item,
     cross_ctx_item,
     cross_item_pos,
-) = cross_feature_views({pair: cross_source(pair, settings=_settings) for pair in PAIRS})
-ctr_cross_v1 = cross_service(
-    [cross_seg_cat, cross_user_cat, cross_seg_item, cross_ctx_item, cross_item_pos]
-)
+) = _views
+ctr_cross_v2 = cross_service(_views)

@@ -10,7 +10,7 @@ from cascade.config import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-PAIRS = ("seg_cat", "user_cat", "seg_item", "ctx_item", "item_pos")
+PAIRS = ("user", "item", "seg_cat", "user_cat", "seg_item", "ctx_item", "item_pos")
 
 
 def test_impressions_event_runs_the_whole_cross_dag(cross_run: dict) -> None:

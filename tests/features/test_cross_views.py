@@ -53,7 +53,7 @@ def test_cross_views_have_composite_keys_and_a_versioned_service(tmp_path: Path)
         job.feature_columns(job.USER_CAT, (1, 7, 30))
     )
     (service,) = [o for o in objects if isinstance(o, FeatureService)]
-    assert service.name == fs.CROSS_FEATURE_SERVICE == "ctr_cross_v1"
+    assert service.name == fs.CROSS_FEATURE_SERVICE == "ctr_cross_v2"
     assert {p.name for p in service.feature_view_projections} == set(views)
 
 

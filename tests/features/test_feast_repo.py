@@ -108,10 +108,10 @@ def test_feast_cli_applies_the_repo_under_cascade_home(tmp_path: Path) -> None:
         "user_stats": str(lake.ctr_features("user", "2026-01-15")),
         "item_stats": str(lake.ctr_features("item", "2026-01-15")),
         "user_genre_stats": str(lake.ctr_features("user_genre", "2026-01-15")),
-        **{f"cross_{p}": str(cross / p) for p in ("seg_cat", "user_cat", "seg_item")},
-        **{f"cross_{p}": str(cross / p) for p in ("ctx_item", "item_pos")},
+        **{f"cross_{p}": str(cross / p) for p in ("user", "item", "seg_cat", "user_cat")},
+        **{f"cross_{p}": str(cross / p) for p in ("seg_item", "ctx_item", "item_pos")},
     }
     assert sorted(s.name for s in store.list_feature_services()) == [
-        "ctr_cross_v1",
+        "ctr_cross_v2",
         "preranking_v1",
     ]

@@ -50,16 +50,15 @@ def test_a_passed_partition_reaches_the_online_store_and_a_failed_gate_publishes
     assert results["log"]["generated"] and results["log"]["rows"] == 20_000
     assert results["stats"]["input_rows"] == 20_000 and results["stats"]["quarantined_rows"] == 0
     assert results["validate"]["success"]
-    assert set(results["feast"]["feature_views"]) == {
-        f"cross_{p}" for p in ("seg_cat", "user_cat", "seg_item", "ctx_item", "item_pos")
-    }
+    assert pipeline.BUILT_IN_PAIRS == tuple(p.name for p in job.GENERATED_PAIRS)
+    assert results["feast"]["feature_views"] == [f"cross_{p}" for p in pipeline.BUILT_IN_PAIRS]
     for name in get_pipeline("ctr_cross").step_names:
         assert step_runner.summary_path(name, DS, "ctr_cross").is_file()
 
     # The online store answers with the partition's values, key by key.
-    expected = {pair: partition(pair, DS).head(5) for pair in ("user_cat", "item_pos")}
+    expected = {pair: partition(pair, DS).head(5) for pair in ("user", "user_cat", "item_pos")}
     for pair, rows in expected.items():
-        keys = rows[[c for c in rows.columns if not c.startswith(pair) and c != "event_timestamp"]]
+        keys = rows[list(job.PAIRS_BY_NAME[pair].keys)]
         got = online(pair, keys.to_dict("records"))
         for column in (f"{pair}_imp_30d", f"{pair}_ctr_7d", f"{pair}_decay_ctr"):
             assert got[column].tolist() == pytest.approx(rows[column].astype(float).tolist())
@@ -120,3 +119,55 @@ def test_source_and_size_come_from_the_environment(
     monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "0")
     with pytest.raises(ValueError, match=">= 1"):
         pipeline.impressions()
+
+
+def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first run with ``history_days`` builds the days before ``ds`` from ``ds``'s log (its
+    later rows left out, not quarantined) or from a day's own landed log, gates each, and a
+    point-in-time training set over those days reads each impression's own day."""
+    import datetime as dt
+
+    from jobs import impression_log
+    from jobs.ctr_training_set import impression_days, training_set_from_lake
+
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "6000")
+    monkeypatch.setenv("CASCADE_CROSS_HISTORY_DAYS", "3")
+    monkeypatch.delenv(pipeline.SOURCE_ENV, raising=False)
+    day = [(dt.date.fromisoformat(DS) - dt.timedelta(days=n)).isoformat() for n in (3, 2, 1)]
+    lake = Lake(tmp_path / "lake")
+    own = pipeline.landing_dir(lake, day[1])
+    impression_log.write(
+        spark, impression_log.GeneratorConfig(impressions=6000, end_ds=day[1], seed=5), own
+    )
+    assert pipeline.history_window(DS) == day
+
+    assert pipeline.log(DS)["generated"]
+    stats = pipeline.stats(DS)
+    built = stats["history_partitions"]
+    assert list(built) == day and all(b["built"] for b in built.values())
+    assert [built[d]["log"] for d in day] == [f"ds={DS}'s", "its own", f"ds={DS}'s"]
+    where = job.CrossLake(lake, "generated")
+    log = pd.read_parquet(pipeline.landing_dir(lake, DS))
+    latest = json.loads(where.summary(day[2]).read_text())
+    assert latest["history"] is True and latest["quarantined_rows"] == 0
+    cut = pd.Timestamp(day[2], tz="UTC")
+    assert latest["input_rows"] == int((log.event_timestamp < cut).sum()) < len(log)
+    assert json.loads(where.summary(day[1]).read_text())["input_rows"] == 6000
+
+    verdict = pipeline.validate(DS)
+    assert verdict["success"]
+    assert verdict["history_partitions"] == {d: {"success": True} for d in day}
+    assert "history_partitions" not in pipeline.stats(DS)  # nothing missing any more
+    assert "history_partitions" not in pipeline.validate(DS)
+
+    # The last day's impressions, each with the statistics of the days before it.
+    chosen = log[impression_days(log.event_timestamp) == day[2]]
+    frame, _ = training_set_from_lake(chosen, lake.root, require_gate=True)
+    assert len(frame) == len(chosen) and frame["user_ctr_30d"].notna().mean() > 0.5
+    previous = log[impression_days(log.event_timestamp) == day[1]].groupby("user_id").size()
+    on_last = frame[impression_days(frame.event_timestamp) == day[2]]
+    want = on_last.user_id.map(previous).fillna(0)
+    assert (on_last.user_imp_1d.fillna(0).to_numpy() == want.to_numpy()).all()

@@ -127,8 +127,8 @@ def test_a_landed_log_declares_its_source_and_keeps_its_name_everywhere(
 
     assert (logged["source"], logged["generated"]) == ("shop_clicks", False)
     assert summary["source"] == "shop_clicks"
-    # No position and no context in the export: only the crosses it can key.
-    assert summary["pairs"] == ["seg_cat", "user_cat", "seg_item"]
+    # No position and no context in the export: its users, its items and the crosses it can key.
+    assert summary["pairs"] == ["user", "item", "seg_cat", "user_cat", "seg_item"]
     root = settings.lake_root / "features" / "ctr_cross" / "shop_clicks"
     assert all(Path(path).is_relative_to(root) for path in summary["paths"].values())
     assert summary["quarantined_by_reason"] == {"user_id is null or not an integer": 1}
@@ -141,7 +141,9 @@ def test_a_landed_log_declares_its_source_and_keeps_its_name_everywhere(
 
     # Published with only the pairs it has: the online store answers them.
     published = pipeline.feast(DS, settings=settings)
-    assert published["feature_views"] == ["cross_seg_cat", "cross_user_cat", "cross_seg_item"]
+    assert published["feature_views"] == [
+        f"cross_{p}" for p in ("user", "item", "seg_cat", "user_cat", "seg_item")
+    ]
     from cascade.feature_store import cross_features_at, feature_store, online_cross_features
 
     key = written.iloc[0]
