@@ -249,6 +249,22 @@ def in_lookback(log: DataFrame, *, cutoff: dt.datetime, days: int) -> DataFrame:
     )
 
 
+def clean_in_window(checked: DataFrame, *, cutoff: dt.datetime, days: int) -> DataFrame:
+    """The clean rows (``reason`` null, :func:`with_reason`) of the ``days`` before ``cutoff``."""
+    return in_lookback(checked, cutoff=cutoff, days=days).filter(F.col("reason").isNull())
+
+
+def item_catalogue(clean: DataFrame) -> DataFrame:
+    """One row per item of the clean rows: ``item_id``, ``item_category`` (at the item's newest
+    impression; null when the log has none), ``impressions`` and ``last_seen``. The items a
+    server can list as candidates of the partition, with the category its requests key by."""
+    return clean.groupBy("item_id").agg(
+        F.max_by("item_category", TIMESTAMP).alias("item_category"),
+        F.count(F.lit(1)).alias("impressions"),
+        F.max(TIMESTAMP).alias("last_seen"),
+    )
+
+
 def clip_position(log: DataFrame, max_position: int) -> DataFrame:
     """Positions above ``max_position`` become ``max_position`` (null stays null)."""
     return log.withColumn("position", F.least(F.col("position"), F.lit(max_position)))
@@ -504,6 +520,11 @@ class CrossLake:
     def pair_root(self, pair: CrossPair) -> Path:
         return self.lake.root / "features" / "ctr_cross" / self.source / pair.name
 
+    def catalogue(self, ds: str) -> Path:
+        """:func:`item_catalogue` of partition ``ds`` (outside the pair folders, which the
+        feature views read whole)."""
+        return self.lake.root / "features" / "ctr_catalogue" / self.source / f"dt={ds}"
+
     def quarantine(self, ds: str) -> Path:
         return self.lake.quarantine(f"{self.source}_log", ds)
 
@@ -657,7 +678,7 @@ def compute(
     examination = examination_by_position(batch["position_counts"])
 
     # Pass 2: every pair and window (see cross_aggregate for the single shuffle).
-    clean = in_lookback(checked, cutoff=cutoff, days=lookback).filter(F.col("reason").isNull())
+    clean = clean_in_window(checked, cutoff=cutoff, days=lookback)
     aggregate = cross_aggregate(with_examination(clean, examination), config, cutoff=cutoff)
     with sql_conf(log.sparkSession, aggregate_conf(config)):
         # Planned (at persist) and built (by the first action) under pass 2's options only:
@@ -863,6 +884,15 @@ def _run(
             print(f"[cross]   {pair.name}: {rows[pair.name]:,} rows -> {path}")
     finally:
         aggregate.unpersist()
+    items = Observation("catalogue items")
+    clean = clean_in_window(
+        with_reason(log, config.key_columns, cutoff=cutoff), cutoff=cutoff, days=max(config.windows)
+    )
+    item_catalogue(clean).observe(items, F.count(F.lit(1)).alias("rows")).coalesce(1).write.mode(
+        "overwrite"
+    ).parquet(str(where.catalogue(ds)))
+    catalogue = {"items": int(items.get["rows"]), "path": str(where.catalogue(ds))}
+    print(f"[cross]   catalogue: {catalogue['items']:,} items -> {catalogue['path']}")
 
     quarantined = int(batch["quarantined_rows"])
     adapter_bad = write_quarantine(any_bad=quarantined > 0)
@@ -886,6 +916,7 @@ def _run(
         "clean_rows_before_window": int(batch["clean_rows_before_window"]),
         "rows": rows,
         "paths": paths,
+        "catalogue": catalogue,
         "quarantine_path": str(where.quarantine(ds)),
         "windows_days": list(config.windows),
         "windows": window_text(ds, config.windows),

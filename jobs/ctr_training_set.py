@@ -410,15 +410,54 @@ def build_engine_training_set(
     days = [(end - dt.timedelta(days=n)).isoformat() for n in range(train_days, 0, -1)]
     config = engine.CrossStatsConfig(pairs=tuple(pairs), windows_days=tuple(windows))
     for ds in days:
+        # The log runs past each training day: its later rows are the later days' (history).
         engine.run(
-            ds, source="generated", log_path=log, settings=settings, spark=spark, config=config
+            ds,
+            source="generated",
+            log_path=log,
+            settings=settings,
+            spark=spark,
+            config=config,
+            history=True,
         )
     partitions = published_partitions(
         settings.lake_root, source="generated", pairs=config.pairs, days=days
     )
     chosen = impressions[impression_days(impressions[engine.TIMESTAMP]).isin(days)]
     chosen = chosen.sort_values(engine.TIMESTAMP, kind="stable").reset_index(drop=True)
-    frame, declared = training_set(chosen, partitions, pairs=config.pairs, windows=windows)
+    written = write_training_set(
+        out,
+        chosen,
+        partitions,
+        pairs=config.pairs,
+        windows=windows,
+        learned=learned,
+        learned_config=learned_config,
+    )
+    return {
+        **written,
+        "log": str(log),
+        "lake": str(settings.lake_root),
+        "log_impressions": len(impressions),
+        "log_days": len(all_days),
+        "engine_days": days,
+        "windows_days": list(config.windows),
+    }
+
+
+def write_training_set(
+    out: Path,
+    impressions: pd.DataFrame,
+    partitions: Mapping[str, Mapping[str, pd.DataFrame]],
+    *,
+    pairs: Sequence[engine.CrossPair],
+    windows: Sequence[int],
+    learned: bool,
+    learned_config: Any = None,
+) -> dict[str, Any]:
+    """:func:`training_set` (plus the learned cross fields with ``learned``) written as
+    ``out/data.parquet`` and ``out/fields.json``; returns the paths, rows and fields."""
+    frame, declared = training_set(impressions, partitions, pairs=pairs, windows=windows)
     learned_facts: dict[str, Any] = {}
     if learned:
         usable = {p: k for p, k in LEARNED_PAIRS.items() if p in partitions}
@@ -428,6 +467,7 @@ def build_engine_training_set(
         declared = {**declared, **learned_declared}
         learned_facts = {"columns": sorted(learned_declared), "window_days": max(windows)}
     entries = field_entries(frame, declared)
+    out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / DATA_FILE, index=False)
     (out / FIELDS_FILE).write_text(
         json.dumps({"version": FIELDS_FORMAT, "fields": entries}, indent=2) + "\n"
@@ -438,15 +478,74 @@ def build_engine_training_set(
     return {
         "data": str(out / DATA_FILE),
         "fields_file": str(out / FIELDS_FILE),
-        "log": str(log),
-        "lake": str(settings.lake_root),
-        "log_impressions": len(impressions),
-        "log_days": len(all_days),
-        "engine_days": days,
         "rows": len(frame),
+        "clicks": int(frame[LABEL].sum()),
+        "rows_without_partition": frame.attrs.get("rows_without_partition", {}),
         "fields": len(entries),
         "fields_by_kind": dict(sorted(kinds.items())),
-        "pairs": [p.name for p in config.pairs],
-        "windows_days": list(config.windows),
+        "pairs": [p.name for p in pairs],
         "learned": learned_facts,
     }
+
+
+# --- the pre-ranking pipeline's training set of one partition ------------------------------------
+
+SERVED_PAIRS = (engine.USER, engine.ITEM, engine.USER_CAT)
+"""The pairs a pre-ranking server keys from a request alone (the user, each candidate, and
+the candidate's category from the item catalogue; :mod:`serving.online_fields`): what a model
+it serves may read from the online store."""
+
+
+class MissingPartitions(RuntimeError):
+    """A training day has no gate-passed partition: the set would join nothing for it."""
+
+
+def partition_training_set(
+    ds: str,
+    out: Path,
+    *,
+    spark: Any,
+    lake_root: Path,
+    source: str,
+    log_path: Path | None,
+    train_days: int = 7,
+    pairs: Sequence[engine.CrossPair] = SERVED_PAIRS,
+    windows: Sequence[int] = (1, 7, 30),
+    learned: bool = False,
+    sources_file: Path | None = None,
+) -> dict[str, Any]:
+    """The training set of partition ``ds``: the clean impressions of the ``train_days`` days
+    before ``ds`` in the partition's log (read through its source's mapping, the row rules
+    applied), each joined with the gate-passed partition of its own day, written to ``out``
+    (:func:`write_training_set`). Raises :class:`MissingPartitions` naming the days without
+    one (the ``ctr_cross`` run of ``ds`` builds them with ``CASCADE_CROSS_HISTORY_DAYS``)."""
+    if train_days < 1:
+        raise ValueError(f"train_days must be >= 1, got {train_days}")
+    end = dt.date.fromisoformat(check_ds(ds))
+    days = [(end - dt.timedelta(days=n)).isoformat() for n in range(train_days, 0, -1)]
+    where = engine.CrossLake(Lake(Path(lake_root)), source)
+    missing = [day for day in days if not _gate_passed(where.gate_report(day))]
+    if missing:
+        raise MissingPartitions(
+            f"no gate-passed cross statistics ({source}) for training days {missing}: run "
+            f"ctr_cross for ds={ds} with CASCADE_CROSS_HISTORY_DAYS={train_days} (it builds "
+            "the missing days before ds), or ctr_cross for each of those days"
+        )
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    log, _ = engine.read_log(spark, source, log_path, sources_file=sources_file)
+    cutoff = engine.ds_midnight(ds)
+    config = engine.CrossStatsConfig(pairs=tuple(pairs), windows_days=tuple(windows))
+    clean = engine.clean_in_window(
+        engine.with_reason(log, config.key_columns, cutoff=cutoff), cutoff=cutoff, days=train_days
+    )
+    impressions = clean.select(*engine.sources.LOG_COLUMNS).toPandas()
+    if impressions.empty:
+        raise MissingPartitions(f"the log of ds={ds} has no clean impression on {days}")
+    impressions = impressions.sort_values(engine.TIMESTAMP, kind="stable").reset_index(drop=True)
+    partitions = published_partitions(
+        lake_root, source=source, pairs=config.pairs, days=days, require_gate=True
+    )
+    written = write_training_set(
+        Path(out), impressions, partitions, pairs=config.pairs, windows=windows, learned=learned
+    )
+    return {**written, "ds": ds, "source": source, "days": days}

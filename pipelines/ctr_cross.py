@@ -13,7 +13,8 @@ all run these functions):
   ``ml100k`` source (``CASCADE_CROSS_SOURCE=ml100k``) reads the installed MovieLens package.
   Every output, quarantine and report path carries the source's name.
 * ``stats``: :func:`jobs.ctr_cross_stats.run` (the user's and the item's own statistics and
-  the crosses x 1/7/30-day windows, fitted priors, quarantine partition with reasons). With
+  the crosses x 1/7/30-day windows, fitted priors, quarantine partition with reasons; the
+  item catalogue of the window: each item's category at its newest impression). With
   ``CASCADE_CROSS_HISTORY_DAYS=N`` it first builds each partition of the N days before ``ds``
   that was never built (from that day's landed log, else from ``ds``'s rows before that day),
   so a fresh lake gets the daily partitions a point-in-time training set joins.
@@ -383,6 +384,7 @@ with their reason; a failed gate stops the run before Feast.
                     f".cascade/lake/features/ctr_cross/generated/{pair}/dt=${{ds}}"
                     for pair in BUILT_IN_PAIRS
                 ),
+                ".cascade/lake/features/ctr_catalogue/generated/dt=${ds}",
                 ".cascade/lake/quarantine/generated_log/dt=${ds}",
             ),
         ),

@@ -128,9 +128,17 @@ def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
     later rows left out, not quarantined) or from a day's own landed log, gates each, and a
     point-in-time training set over those days reads each impression's own day."""
     import datetime as dt
+    import functools
 
     from jobs import impression_log
-    from jobs.ctr_training_set import impression_days, training_set_from_lake
+    from jobs.ctr_training_set import (
+        SERVED_PAIRS,
+        MissingPartitions,
+        impression_days,
+        partition_training_set,
+        training_set_from_lake,
+    )
+    from serving.online_fields import SERVED_KEYS
 
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
     monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "6000")
@@ -171,3 +179,29 @@ def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
     on_last = frame[impression_days(frame.event_timestamp) == day[2]]
     want = on_last.user_id.map(previous).fillna(0)
     assert (on_last.user_imp_1d.fillna(0).to_numpy() == want.to_numpy()).all()
+
+    # The pre-ranking training set of partition DS: the clean impressions of the 3 days
+    # before it, with the statistics a server can key (user, item, user x category).
+    build = functools.partial(
+        partition_training_set,
+        DS,
+        spark=spark,
+        lake_root=lake.root,
+        source="generated",
+        log_path=pipeline.landing_dir(lake, DS),
+    )
+    written = build(tmp_path / "training", train_days=3)
+    in_days = impression_days(log.event_timestamp).isin(day)
+    assert (written["rows"], written["clicks"]) == (in_days.sum(), log.click[in_days].sum())
+    assert written["pairs"] == ["user", "item", "user_cat"] and written["days"] == day
+    assert all(set(pair.keys) <= SERVED_KEYS for pair in SERVED_PAIRS)
+    trained = pd.read_parquet(written["data"])
+    assert trained.event_timestamp.is_monotonic_increasing
+    last = trained[impression_days(trained.event_timestamp) == day[2]]
+    assert last.user_imp_1d.fillna(0).tolist() == last.user_id.map(previous).fillna(0).tolist()
+    declared = json.loads(Path(written["fields_file"]).read_text())["fields"]
+    kinds = {f["name"]: f["kind"] for f in declared}
+    assert kinds["user_ctr_7d"] == "user" and kinds["item_ctr_30d"] == "item"
+    assert kinds["user_cat_ctr_1d"] == "cross" and not any(n.startswith("seg_") for n in kinds)
+    with pytest.raises(MissingPartitions, match=r"\['2026-11-18'\].*HISTORY_DAYS=4"):
+        build(tmp_path / "refused", train_days=4)

@@ -260,6 +260,18 @@ def test_run_quarantines_bad_rows_and_overwrites(spark: SparkSession, tmp_path: 
     assert json.loads(bad.line.iloc[0])["click"] == 3
     written = pd.read_parquet(summary["paths"]["user_cat"])
     assert str(written.event_timestamp.dtype) == "datetime64[us, UTC]"
+    # The catalogue: item 1 (its two clean rows; category at its newest impression), not item
+    # 2 (every row of it quarantined).
+    catalogue = pd.read_parquet(summary["catalogue"]["path"])
+    assert summary["catalogue"]["items"] == 1
+    assert catalogue[["item_id", "item_category", "impressions"]].values.tolist() == [[1, "c1", 2]]
+    # Built as history from a later log, the row at/after ds belongs to a later partition:
+    # left out, not quarantined as misfiled.
+    earlier = job.run(
+        DS, log_path=folder, settings=settings, spark=spark, config=config, history=True
+    )
+    assert (earlier["input_rows"], earlier["quarantined_rows"]) == (6, 4)
+    assert earlier["history"] and earlier["future_rows_quarantined"] == 0
     assert json.loads(Path(summary["summary_path"]).read_text())["rows"] == summary["rows"]
 
 
