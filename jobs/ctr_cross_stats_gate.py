@@ -16,6 +16,8 @@ Row-level rules are applied by the job itself (bad rows go to the quarantine par
   clicks <= impressions per window, impressions nested across windows (1d <= 7d <= 30d),
   recency within the lookback, and the row count within ``row_count_tolerance`` of the
   previous partition's (from its summary);
+* the item catalogue: one row per item id (its row count equals the job's), ids not null,
+  ``impressions >= 1``, ``last_seen`` inside the lookback;
 * the share of quarantined input rows is at most ``max_quarantine_fraction``.
 
 Two layers, because Great Expectations on a Spark frame runs one Spark job per metric (tens
@@ -132,6 +134,33 @@ def input_rules(cutoff: dt.datetime, lookback_days: int) -> list[tuple[str, Colu
             ts.isNull() | (ts < F.lit(start)) | (ts >= F.lit(cutoff)),
         ),
         ("input.position_at_least_1", F.col("position") < 1),
+    ]
+
+
+def catalogue_rules(cutoff: dt.datetime, lookback_days: int) -> list[tuple[str, Column]]:
+    """(label, broken) of the item catalogue (:func:`jobs.ctr_cross_stats.item_catalogue`)."""
+    seen = F.col("last_seen")
+    start = cutoff - dt.timedelta(days=lookback_days)
+    return [
+        ("catalogue.item_id_not_null", F.col("item_id").isNull()),
+        (
+            "catalogue.impressions_at_least_1",
+            F.col("impressions").isNull() | (F.col("impressions") < 1),
+        ),
+        (
+            "catalogue.last_seen_in_lookback",
+            seen.isNull() | (seen < F.lit(start)) | (seen >= F.lit(cutoff)),
+        ),
+    ]
+
+
+def catalogue_suite() -> list[Any]:
+    """GX expectations of the item catalogue's sample."""
+    import great_expectations.expectations as gxe
+
+    return [
+        gxe.ExpectColumnValuesToNotBeNull(column="item_id"),
+        gxe.ExpectColumnValuesToBeUnique(column="item_id"),
     ]
 
 
@@ -309,11 +338,26 @@ def _validate(
             output_suite(pair, config, cutoff=cutoff),
             int(summary["rows"].get(pair.name, 0)),
         )
+    early: list[str] = []
+    catalogue = summary.get("catalogue")
+    if catalogue is not None:  # partitions written before the catalogue have none
+        items = spark.read.parquet(catalogue["path"])
+        expected = int(catalogue["items"])
+        datasets["catalogue"] = (
+            items,
+            catalogue_rules(cutoff, lookback),
+            catalogue_suite(),
+            expected,
+        )
+        bounds["catalogue"] = (expected, expected)
+        counted = items.agg(F.count(F.lit(1)), F.count_distinct("item_id")).first()
+        if counted[0] != counted[1]:
+            early.append(f"catalogue.item_id_unique({counted[0]} rows, {counted[1]} ids)")
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
     data_source = context.data_sources.add_pandas(name="lake_sample")
-    failed: list[str] = []
+    failed: list[str] = list(early)
     report_sets: list[dict[str, Any]] = []
     for name, (frame, rules, expectations, expected_rows) in datasets.items():
         counts, sample = count_and_sample(frame, rules, expected_rows=expected_rows, label=name)

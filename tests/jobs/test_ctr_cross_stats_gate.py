@@ -45,6 +45,42 @@ def test_gate_checks_suites_and_fails_on_quarantine_share(
     report = json.loads(failure.value.report.read_text())
     assert report["failed"] == failure.value.failed and len(report["failed"]) == 1
     # Every GX expectation ran and passed on the good rows and the features.
-    assert [d["dataset"] for d in report["datasets"]] == ["input", "seg_cat"]
+    assert [d["dataset"] for d in report["datasets"]] == ["input", "seg_cat", "catalogue"]
     assert all(d["success"] for d in report["datasets"])
     assert sum(len(d["checks"]) for d in report["datasets"]) >= 15
+
+
+def test_gate_fails_a_catalogue_with_a_duplicated_or_stale_item(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    import pandas as pd
+
+    hour = dt.timedelta(hours=1)
+    rows = [
+        (u, u % 5, f"s{u % 2}", f"c{u % 3}", None, 1, T0 - u * hour, u % 2) for u in range(1, 40)
+    ]
+    folder = tmp_path / "log"
+    spark.createDataFrame(rows, SCHEMA).write.parquet(str(folder))
+    settings = Settings(home=tmp_path / "home")
+    config = job.CrossStatsConfig(pairs=(job.ITEM,), windows_days=(1, 7))
+    summary = job.run(DS, log_path=folder, settings=settings, spark=spark, config=config)
+    assert summary["catalogue"]["items"] == 5
+    assert gate.validate(DS, log_path=folder, settings=settings, spark=spark, config=config)[
+        "success"
+    ]
+
+    path = Path(summary["catalogue"]["path"])
+    items = pd.read_parquet(path)
+    bad = pd.concat([items, items.head(1)]).assign(last_seen=items.last_seen.iloc[0])
+    bad.loc[bad.index[-1], "last_seen"] = pd.Timestamp("2026-12-01", tz="UTC")
+    for old in path.glob("*.parquet"):
+        old.unlink()
+    bad.to_parquet(path / "part-0.parquet", index=False)
+    with pytest.raises(gate.GateFailed) as failure:
+        gate.validate(DS, log_path=folder, settings=settings, spark=spark, config=config)
+    failed = failure.value.failed
+    assert {
+        "catalogue.item_id_unique(6 rows, 5 ids)",
+        "catalogue.row_count",
+        "catalogue.last_seen_in_lookback",
+    } <= set(failed)
