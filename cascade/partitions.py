@@ -15,6 +15,12 @@ def partition_seed(ds: str) -> int:
     return int.from_bytes(hashlib.sha256(check_ds(ds).encode()).digest()[:4], "little")
 
 
+def days_before(ds: str, days: int) -> list[str]:
+    """The ``days`` partitions before ``ds`` (``ds`` itself excluded), oldest first."""
+    end = dt.date.fromisoformat(check_ds(ds))
+    return [(end - dt.timedelta(days=n)).isoformat() for n in range(days, 0, -1)]
+
+
 def resolve_partition(
     event_extras: Iterable[Mapping[str, Any]],
     logical_date: dt.datetime | None,

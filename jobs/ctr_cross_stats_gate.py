@@ -338,7 +338,7 @@ def _validate(
             output_suite(pair, config, cutoff=cutoff),
             int(summary["rows"].get(pair.name, 0)),
         )
-    early: list[str] = []
+    failed: list[str] = []
     catalogue = summary.get("catalogue")
     if catalogue is not None:  # partitions written before the catalogue have none
         items = spark.read.parquet(catalogue["path"])
@@ -352,12 +352,11 @@ def _validate(
         bounds["catalogue"] = (expected, expected)
         counted = items.agg(F.count(F.lit(1)), F.count_distinct("item_id")).first()
         if counted[0] != counted[1]:
-            early.append(f"catalogue.item_id_unique({counted[0]} rows, {counted[1]} ids)")
+            failed.append(f"catalogue.item_id_unique({counted[0]} rows, {counted[1]} ids)")
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
     data_source = context.data_sources.add_pandas(name="lake_sample")
-    failed: list[str] = list(early)
     report_sets: list[dict[str, Any]] = []
     for name, (frame, rules, expectations, expected_rows) in datasets.items():
         counts, sample = count_and_sample(frame, rules, expected_rows=expected_rows, label=name)

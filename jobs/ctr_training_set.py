@@ -50,6 +50,7 @@ import numpy as np
 import pandas as pd
 
 from cascade.lake import Lake, check_ds
+from cascade.partitions import days_before
 from jobs import ctr_cross_stats as engine
 
 USER_SIDE = frozenset({"user_id", "user_segment"})
@@ -407,7 +408,7 @@ def build_engine_training_set(
         raise ValueError(f"the impression log {log} is empty")
     all_days = sorted(set(impression_days(impressions[engine.TIMESTAMP])))
     end = dt.date.fromisoformat(all_days[-1]) + dt.timedelta(days=1)
-    days = [(end - dt.timedelta(days=n)).isoformat() for n in range(train_days, 0, -1)]
+    days = days_before(end.isoformat(), train_days)
     config = engine.CrossStatsConfig(pairs=tuple(pairs), windows_days=tuple(windows))
     for ds in days:
         # The log runs past each training day: its later rows are the later days' (history).
@@ -521,8 +522,7 @@ def partition_training_set(
     one (the ``ctr_cross`` run of ``ds`` builds them with ``CASCADE_CROSS_HISTORY_DAYS``)."""
     if train_days < 1:
         raise ValueError(f"train_days must be >= 1, got {train_days}")
-    end = dt.date.fromisoformat(check_ds(ds))
-    days = [(end - dt.timedelta(days=n)).isoformat() for n in range(train_days, 0, -1)]
+    days = days_before(ds, train_days)
     where = engine.CrossLake(Lake(Path(lake_root)), source)
     missing = [day for day in days if not _gate_passed(where.gate_report(day))]
     if missing:

@@ -31,7 +31,6 @@ all run these functions):
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import time
 from collections.abc import Callable
@@ -49,6 +48,7 @@ from cascade.assets import (
 from cascade.config import SETTINGS_CONFIG, Settings, load_group, load_settings
 from cascade.errors import NotReady
 from cascade.lake import Lake, check_ds
+from cascade.partitions import days_before
 from cascade.pipeline_spec import Pipeline, Step, Trigger
 
 SOURCE_ENV = "CASCADE_CROSS_SOURCE"
@@ -207,9 +207,7 @@ def _on_spark(
 
 def history_window(ds: str) -> list[str]:
     """The ``history_days`` days before ``ds``, oldest first."""
-    end = dt.date.fromisoformat(check_ds(ds))
-    days = load_group(CrossSettings).history_days
-    return [(end - dt.timedelta(days=n)).isoformat() for n in range(days, 0, -1)]
+    return days_before(ds, load_group(CrossSettings).history_days)
 
 
 def _stats(run: SourceRun) -> dict[str, Any]:
