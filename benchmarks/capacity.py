@@ -50,7 +50,8 @@ class Day:
     window_days: int = 30
     """The longest window of the cross statistics: the job rescans this many days of log."""
     job_window_s: float = 3_600.0
-    """Wall time the daily Spark job may take (ctr_cross runs at 02:00, ctr_preranking at 03:00)."""
+    """Wall time the daily Spark job may take: one hour from ``ctr_cross``'s 02:00 start, so the
+    pre-ranker its published partition starts is trained and deployed in the morning."""
     materialize_window_s: float = 3_600.0
     """Wall time the online store's load may take."""
 

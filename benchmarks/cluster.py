@@ -8,8 +8,10 @@ It starts the cluster profile's stack in a temporary state folder on free loopba
 PostgreSQL, Airflow on PostgreSQL with two Celery workers, both model servers) and stops it by
 pid at the end, so a running stack is never touched. Then:
 
-1. **The run.** A ``cascade.data.landed`` event on Kafka starts ``ctr_preranking`` for one
-   partition (MovieLens-100k); ``run_s`` is the event-to-finish wall time. What the run used is
+1. **The run.** A ``cascade.data.landed`` event on Kafka (dataset ``impressions``) starts
+   ``ctr_cross`` for one partition (a generated log: its cross statistics and those of the
+   three days before it), whose published partition starts ``ctr_preranking``; ``run_s`` is
+   the event-to-finish wall time of both. What the run used is
    read from the engines' own records: ``spark_workers_used`` (standalone workers that hosted
    an executor of the run's Spark applications: each keeps a folder per application it ran),
    ``airflow_workers_used`` (the Celery workers Airflow's task records name),
@@ -21,7 +23,7 @@ pid at the end, so a running stack is never touched. Then:
    ``materialize_rows_per_s``, ``materialize_workers`` (:func:`materialize_on_cluster`).
 2. **Faults** (not with ``--quick``): a second event starts a run of the next partition
    (``CASCADE_PRERANKING_CHECKPOINT_EVERY`` steps between checkpoints). While its Spark
-   features job runs, one standalone worker is killed with its executors; once its training
+   training-set job runs, one standalone worker is killed with its executors; once its training
    has written a checkpoint, the Celery worker running ``train`` is killed with its task
    processes: both training node ranks' launchers and workers die with it (a lost host).
    Airflow fails the lost try once its heartbeat is 20 s old and retries it on the surviving
@@ -63,12 +65,18 @@ DS = "2026-11-22"
 FAULTS_DS = "2026-11-23"
 """The faults run's partition: new data, so its training starts afresh (a finished partition's
 phases would be reused and no training would be under way to kill)."""
-CHECKPOINT_EVERY = "50"
+CHECKPOINT_EVERY = "20"
 HEARTBEAT_TIMEOUT_S = "20"
 
 BASE_ENV = {
     # Runs start from the benchmark's events only; retries seconds after a failure.
     "CASCADE_AIRFLOW_SCHEDULES": "0",
+    # The partition's impressions and the three days before it that the pre-ranker trains on.
+    "CASCADE_CROSS_IMPRESSIONS": "100000",
+    "CASCADE_CROSS_HISTORY_DAYS": "3",
+    "CASCADE_PRERANKING_TRAIN_DAYS": "3",
+    # ~66 steps per training phase (10 epochs of ~8,500 rows): checkpoints inside each.
+    "CASCADE_PRERANKING_EPOCHS": "10",
     "CASCADE_RETRY_DELAY_S": "2",
     "CASCADE_COALESCE_WINDOW_S": "5",
     "CASCADE_PRERANKING_CHECKPOINT_EVERY": CHECKPOINT_EVERY,
@@ -291,23 +299,23 @@ def node_launcher(worker: psutil.Process, rank: int) -> psutil.Process | None:
 def inject_faults(
     settings: Settings, holder: dict[str, str], faults: list[dict[str, Any]], stop: threading.Event
 ) -> None:
-    """Kill a Spark worker during ``features``, the Celery worker running ``train`` once it
+    """Kill a Spark worker during ``training_set``, the Celery worker running ``train`` once it
     checkpointed, then, in the retry, training node rank 1 once it checkpointed again; each
     fault is recorded in ``faults`` as it is injected."""
-    spark = {"fault": "spark_worker_killed_during_features", "injected": False}
+    spark = {"fault": "spark_worker_killed_during_training_set", "injected": False}
     airflow = {"fault": "airflow_worker_and_training_nodes_killed", "injected": False}
     node = {"fault": "training_node_killed", "injected": False}
     faults.extend([spark, airflow, node])
     before = set(holder.get("apps_before", "").split(",")) - {""}
     while not stop.is_set() and not spark["injected"]:
-        if _running_task(settings, holder, "features"):
+        if _running_task(settings, holder, "training_set"):
             new = spark_apps(settings) - before
             if new and len(workers_of_apps(settings, new)) == settings.spark_workers:
                 proc = spark_standalone.worker_process(settings, 2)
                 if proc is not None:
                     lose_node(proc)
                     spark.update(injected=True, worker=2, app=sorted(new))
-        elif holder.get("features_done"):
+        elif holder.get("training_set_done"):
             break
         time.sleep(0.2)
     while not stop.is_set() and not airflow["injected"]:
@@ -365,8 +373,8 @@ def _watch_run_id(settings: Settings, holder: dict[str, str], before: set[str], 
     while not stop.is_set():
         with contextlib.suppress(Exception):
             states = {ti["task_id"]: ti["state"] for ti in run_tasks(settings, holder["run_id"])}
-            if states.get("features") == "success":
-                holder["features_done"] = "1"
+            if states.get("training_set") == "success":
+                holder["training_set_done"] = "1"
         time.sleep(1.0)
 
 

@@ -54,11 +54,9 @@ EVENT_TRIGGER = "cascade.event_trigger.CascadeEventTrigger"
 EVENT_APPLY_FUNCTION = "cascade.event_trigger.to_asset_event"
 """Dotted path for Airflow's plain ``MessageQueueTrigger`` (kept for callers of the old path)."""
 
-CTR_EVENT_SELECTORS = (
-    "cascade.data.landed:dataset=ml100k",
-    "cascade.retrain.requested:model=preranking",
-)
-"""Events that start ``ctr_preranking`` (``TYPE`` or ``TYPE:payload_field=value``)."""
+CTR_EVENT_SELECTORS = ("cascade.retrain.requested:model=preranking",)
+"""Events that start ``ctr_preranking`` (``TYPE`` or ``TYPE:payload_field=value``); new data
+starts it through ``ctr_cross``, which publishes the partition it trains on."""
 ASR_EVENT_SELECTORS = (
     "cascade.data.landed:dataset=speech",
     "cascade.retrain.requested:model=asr",

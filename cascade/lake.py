@@ -9,6 +9,10 @@ from pathlib import Path
 
 CTR_VIEWS = ("user", "item", "user_genre")
 
+TRAINING_PROVENANCE = "training.json"
+"""Written beside an engine-built training set's ``data.parquet``: the feature source it was
+built from, its days and row counts (the trainer records the source with its run)."""
+
 
 DS_PATTERN = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 """The one spelling of a partition date: ``YYYY-MM-DD`` (matched whole, ASCII digits only)."""

@@ -1,7 +1,7 @@
 """Runs one step of a registered pipeline: what the Airflow task, the DVC stage and
 ``cascade step NAME --pipeline P --ds DS`` all call.
 
-    cascade step features --pipeline ctr_preranking --ds 2026-11-22
+    cascade step training_set --pipeline ctr_preranking --ds 2026-11-22
 
 Each step takes the partition date and returns a JSON-able summary, recorded under the lake
 (``reports/step_<dvc stage>/dt=DS/summary.json``) where the next DVC stage depends on it.

@@ -3,7 +3,9 @@
     cascade demo            # or: make demo
 
 Starts the stack, publishes ``cascade.data.landed`` to Kafka, waits for the asset-triggered
-``ctr_preranking`` run (Spark -> GX -> Feast -> DeepSpeed -> MLflow registry -> serving),
+``ctr_preranking`` run its cross statistics start (impressions event -> ``ctr_cross``: Spark ->
+GX -> Feast; the published partition -> ``ctr_preranking``: training set -> DeepSpeed ->
+compile -> MLflow registry -> serving),
 scores a request against the served champion, and prints where to look.
 """
 
@@ -12,12 +14,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cascade.config import Settings, load_settings
 
 DAG_ID = "ctr_preranking"
+
+STARTED_BY = {DAG_ID: ("ctr_cross", "impressions")}
+"""A DAG chained by data, the upstream DAG that new data starts and the dataset of its event:
+``ctr_preranking`` runs when ``ctr_cross`` publishes the partition's cross statistics."""
 
 
 @dataclass
@@ -28,6 +34,15 @@ class Triggered:
     event_id: str
     runs_before: set[str]
     published_at: float
+    upstream: dict[str, set[str]] = field(default_factory=dict)
+    """Runs that existed before the event of each DAG the event starts on the way (its
+    upstream DAGs, :data:`STARTED_BY`)."""
+
+    def of(self, dag_id: str) -> Triggered:
+        """The same event, followed to the run it starts of ``dag_id`` (an upstream DAG)."""
+        if dag_id == self.dag_id:
+            return self
+        return Triggered(dag_id, self.event_id, self.upstream[dag_id], self.published_at)
 
 
 def trigger(
@@ -36,23 +51,35 @@ def trigger(
     settings: Settings,
     echo: Callable[[str], None] = print,
     dag_id: str = DAG_ID,
-    dataset: str = "ml100k",
+    dataset: str | None = None,
 ) -> Triggered:
-    """Unpause ``dag_id`` and publish a data-landed event for ``dataset`` and partition ``ds``."""
+    """Unpause ``dag_id`` and publish a data-landed event for ``dataset`` and partition ``ds``.
+
+    A DAG chained by data (:data:`STARTED_BY`) is started through its upstream DAG: that one is
+    unpaused too and the event is its dataset's (``dataset`` defaults to it)."""
     from cascade.airflow_client import AirflowClient
     from cascade.broker import publish
     from cascade.events import make_event
 
     client = AirflowClient(settings)
-    client.wait_for_dag(dag_id)
-    client.patch(f"/dags/{dag_id}", {"is_paused": False})
-    before = {r["dag_run_id"] for r in client.dag_runs(dag_id, limit=100)}
+    chain = [dag_id]
+    while chain[-1] in STARTED_BY:
+        chain.append(STARTED_BY[chain[-1]][0])
+    if dataset is None:
+        dataset = STARTED_BY[chain[-2]][1] if len(chain) > 1 else "impressions"
+    before: dict[str, set[str]] = {}
+    for name in chain:
+        client.wait_for_dag(name)
+        client.patch(f"/dags/{name}", {"is_paused": False})
+        before[name] = {r["dag_run_id"] for r in client.dag_runs(name, limit=100)}
     event = make_event(
         "cascade.data.landed", {"dataset": dataset, "partition": ds}, source="cascade-demo"
     )
     where = publish(event, settings=settings)
-    echo(f"published cascade.data.landed {event.id} ({dataset}, partition {ds}) -> {where}")
-    return Triggered(dag_id, event.id, before, time.monotonic())
+    via = f" (via {' -> '.join(reversed(chain))})" if len(chain) > 1 else ""
+    echo(f"published cascade.data.landed {event.id} ({dataset}, partition {ds}) -> {where}{via}")
+    upstream = {name: runs for name, runs in before.items() if name != dag_id}
+    return Triggered(dag_id, event.id, before[dag_id], time.monotonic(), upstream)
 
 
 def wait_for_triggered(
@@ -100,8 +127,16 @@ def trigger_and_wait(
     timeout_s: float,
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Publish a data-landed event and wait for the ``ctr_preranking`` run it starts."""
+    """Publish a data-landed event and wait for the ``ctr_preranking`` run it starts: first
+    for each upstream run on the way (a failed one is the outcome, with its DAG named)."""
     triggered = trigger(ds, settings=settings, echo=echo)
+    for name in reversed(list(triggered.upstream)):
+        upstream = wait_for_triggered(
+            triggered.of(name), settings=settings, timeout_s=timeout_s, echo=echo, result_tasks=()
+        )
+        echo(f"== {name} run {upstream['dag_run_id']}: {upstream['dag_run_state']}")
+        if upstream["dag_run_state"] != "success":
+            return {**upstream, "failed_dag": name}
     return wait_for_triggered(triggered, settings=settings, timeout_s=timeout_s, echo=echo)
 
 

@@ -907,6 +907,7 @@ def _run(
         "pairs": [pair.name for pair in config.pairs],
         "history": history,
         "log_path": None if log_path is None else str(log_path),
+        "sources_file": None if sources_file is None else str(sources_file),
         "input_rows": int(batch["input_rows"]) + adapter_bad,
         "quarantined_rows": quarantined + adapter_bad,
         "adapter_quarantined_rows": adapter_bad,

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cascade.lake import Lake, check_ds
+from cascade.lake import TRAINING_PROVENANCE, Lake, check_ds
 from cascade.partitions import days_before
 from jobs import ctr_cross_stats as engine
 
@@ -549,3 +549,74 @@ def partition_training_set(
         Path(out), impressions, partitions, pairs=config.pairs, windows=windows, learned=learned
     )
     return {**written, "ds": ds, "source": source, "days": days}
+
+
+STATS_REPORT_PREFIX = "ctr_cross_stats_"
+"""``Lake.reports`` kind of the engine's summaries is this prefix + the source's name."""
+
+
+def published_summary(lake_root: Path, ds: str, source: str | None = None) -> dict[str, Any]:
+    """The engine's summary of partition ``ds`` whose gate passed: ``source``'s, or, with none
+    named, that of the one source that published ``ds``. Raises :class:`MissingPartitions`
+    when no source (or not ``source``) published ``ds``, and ValueError when several did and
+    none is named."""
+    lake = Lake(Path(lake_root))
+    if source is not None:
+        names = [source]
+    else:
+        root = lake.reports(STATS_REPORT_PREFIX, ds).parent.parent
+        names = sorted(
+            p.name.removeprefix(STATS_REPORT_PREFIX)
+            for p in root.glob(f"{STATS_REPORT_PREFIX}*")
+            if (p / f"dt={ds}").is_dir()
+        )
+    published = [
+        name
+        for name in names
+        if engine.CrossLake(lake, name).summary(ds).is_file()
+        and _gate_passed(engine.CrossLake(lake, name).gate_report(ds))
+    ]
+    if not published:
+        named = f"source {source!r}" if source is not None else "any source"
+        raise MissingPartitions(
+            f"no gate-passed cross statistics of {named} for ds={ds}: the ctr_cross run of "
+            f"ds={ds} publishes them (`cascade step stats --pipeline ctr_cross --ds {ds}`, then "
+            "`validate`)"
+        )
+    if len(published) > 1:
+        raise ValueError(
+            f"partition ds={ds} is published by sources {published}; name one "
+            "(CASCADE_PRERANKING_SOURCE)"
+        )
+    summary = json.loads(engine.CrossLake(lake, published[0]).summary(ds).read_text())
+    return {**summary, "source": published[0]}
+
+
+def pipeline_training_set(
+    ds: str,
+    out: Path,
+    *,
+    spark: Any,
+    lake_root: Path,
+    source: str | None = None,
+    train_days: int = 7,
+) -> dict[str, Any]:
+    """The ``ctr_preranking`` training set of partition ``ds``: :func:`partition_training_set`
+    on the published partition's source and log, as its summary records them
+    (:func:`published_summary`): the pre-ranker trains on what ``ctr_cross`` published. The
+    result is also written beside the set (:data:`cascade.lake.TRAINING_PROVENANCE`)."""
+    summary = published_summary(lake_root, ds, source)
+    log_path = summary.get("log_path")
+    registry = summary.get("sources_file")
+    written = partition_training_set(
+        ds,
+        out,
+        spark=spark,
+        lake_root=lake_root,
+        source=summary["source"],
+        log_path=None if log_path is None else Path(log_path),
+        train_days=train_days,
+        sources_file=None if registry is None else Path(registry),
+    )
+    (Path(out) / TRAINING_PROVENANCE).write_text(json.dumps(written, indent=2) + "\n")
+    return written

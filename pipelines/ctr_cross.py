@@ -31,6 +31,7 @@ all run these functions):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -77,12 +78,14 @@ class CrossSettings:
     :mod:`jobs.ctr_log_sources`); default ``$CASCADE_HOME/log_sources.toml`` when it exists."""
     impressions: int = Field(default=DEFAULT_IMPRESSIONS, ge=1)
     """Generated rows per partition when nothing landed; raise it for a load test."""
-    history_days: int = Field(default=0, ge=0, le=90)
+    history_days: int = Field(default=7, ge=0, le=90)
     """Before partition ``ds``, also build each of the partitions of the N days before it that
     was never built: from that day's own landed log, else from ``ds``'s log (its rows before
     that day; :func:`jobs.ctr_cross_stats.before_cutoff`). A first run on a fresh lake so gets
     the daily partitions a point-in-time training set joins (an impression of day D reads
-    partition D); the gate checks each, and only ``ds`` goes to the online store."""
+    partition D; ``ctr_preranking`` trains on ``CASCADE_PRERANKING_TRAIN_DAYS``, default 7);
+    the gate checks each, and only ``ds`` goes to the online store. Later runs find them
+    built and build only what is missing."""
 
 
 def sources_file(settings: Settings | None = None) -> Path:
@@ -205,18 +208,18 @@ def _on_spark(
         return step(SourceRun(ds, source, log_path, settings, spark, registry_file))
 
 
-def history_window(ds: str) -> list[str]:
-    """The ``history_days`` days before ``ds``, oldest first."""
-    return days_before(ds, load_group(CrossSettings).history_days)
+def history_window(ds: str, days: int | None = None) -> list[str]:
+    """The ``days`` (default: ``history_days``) days before ``ds``, oldest first."""
+    return days_before(ds, load_group(CrossSettings).history_days if days is None else days)
 
 
-def _stats(run: SourceRun) -> dict[str, Any]:
+def _stats(run: SourceRun, history_days: int | None = None) -> dict[str, Any]:
     from jobs import ctr_cross_stats as job
 
     lake = Lake(run.settings.lake_root)
     where = job.CrossLake(lake, run.source)
     built: dict[str, dict[str, Any]] = {}
-    for day in history_window(run.ds):
+    for day in history_window(run.ds, history_days):
         if where.summary(day).is_file():
             continue
         own = landing_dir(lake, day)
@@ -243,10 +246,14 @@ def _stats(run: SourceRun) -> dict[str, Any]:
     return summary
 
 
-def stats(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def stats(
+    ds: str, *, settings: Settings | None = None, history_days: int | None = None
+) -> dict[str, Any]:
     """The cross statistics of the partition (see :func:`jobs.ctr_cross_stats.run`), after
-    the missing partitions of the ``history_days`` before it (``history_partitions``)."""
-    return _on_spark(_stats, ds, settings, "cascade.ctr_cross.stats")
+    the missing partitions of the ``history_days`` before it (``history_partitions``;
+    ``history_days`` given here replaces the setting)."""
+    step = functools.partial(_stats, history_days=history_days)
+    return _on_spark(step, ds, settings, "cascade.ctr_cross.stats")
 
 
 def _validate(run: SourceRun) -> dict[str, Any]:

@@ -1,8 +1,11 @@
-"""CTR pre-ranking: Spark features -> GX -> Feast -> DeepSpeed -> compile -> registry -> serving.
+"""CTR pre-ranking: engine training set -> DeepSpeed -> compile -> registry -> serving.
 
-Runs daily at 03:00 UTC and whenever a ``cascade.data.landed`` (dataset ml100k) or
-``cascade.retrain.requested`` (model preranking) event arrives on Kafka (Airflow's AssetWatcher
-with the shared-stream trigger: offsets committed after the asset event is stored). The first
+Chained by data: runs when ``ctr_cross`` publishes a partition of cross statistics (the asset
+its ``feast`` step updates), on that partition, and whenever a ``cascade.retrain.requested``
+(model preranking) event arrives on Kafka (Airflow's AssetWatcher with the shared-stream
+trigger: offsets committed after the asset event is stored). The training set is the clean
+impressions of the days before the partition, each joined point in time with the gate-passed
+statistics of its own day (:func:`jobs.ctr_training_set.pipeline_training_set`). The first
 task claims the run's event ids, so a redelivered event never does the work twice, and a burst
 coalesces into one run (see :mod:`cascade.event_ledger`). Each step is also
 ``cascade step NAME --pipeline ctr_preranking --ds DS`` and a DVC stage.
@@ -17,8 +20,8 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from cascade.assets import (
+    ASSET_CTR_CROSS_FEATURES,
     ASSET_CTR_DATA_LANDED,
-    ASSET_CTR_FEATURES,
     ASSET_PRERANKING_CHAMPION,
     CTR_EVENT_SELECTORS,
 )
@@ -46,31 +49,34 @@ class PrerankingSettings:
     """Epochs of each training phase, instead of the config's."""
     lr: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Learning rate, instead of the config's."""
-
-
-def features(ds: str) -> dict[str, Any]:
-    from jobs.ctr_cross_features import run
-
-    return run(ds)
-
-
-def validate(ds: str) -> dict[str, Any]:
-    from cascade.lake import lake_from_settings
-    from jobs.ctr_cross_features_gate import validate as run_gate
-
-    return run_gate(ds, docs=lake_from_settings().data_docs("ctr_preranking", "validate", ds))
-
-
-def feast_materialize(ds: str) -> dict[str, Any]:
-    from cascade.feature_store import apply_and_materialize
-
-    return apply_and_materialize(ds)
+    source: str = Field(default="", pattern=r"^([a-z][a-z0-9_]{0,47})?$")
+    """The cross-statistics source the training set reads (unset: the one whose ``ctr_cross``
+    run published the partition)."""
+    train_days: int = Field(default=7, ge=1, le=90)
+    """Days of impressions before ``ds`` the training set holds; each reads its own day's
+    published partition (``ctr_cross`` builds them: ``CASCADE_CROSS_HISTORY_DAYS``)."""
 
 
 def training_set(ds: str) -> dict[str, Any]:
-    from cascade.feature_store import build_training_set
+    from cascade.config import load_group, load_settings
+    from cascade.lake import Lake
+    from jobs import ctr_cross_stats as engine
+    from jobs.ctr_training_set import pipeline_training_set
+    from jobs.spark_sessions import active_or_new
 
-    return {"ds": ds, "path": str(build_training_set(ds))}
+    settings = load_settings()
+    knobs = load_group(PrerankingSettings)
+    out = Lake(settings.lake_root).training_set("preranking", ds)
+    app = "cascade.ctr_preranking.training_set"
+    with active_or_new(lambda: engine.build_session(settings, app=app)) as spark:
+        return pipeline_training_set(
+            ds,
+            out,
+            spark=spark,
+            lake_root=settings.lake_root,
+            source=knobs.source or None,
+            train_days=knobs.train_days,
+        )
 
 
 def train(ds: str) -> dict[str, Any]:
@@ -123,7 +129,8 @@ def score(request: Mapping[str, Any]) -> dict[str, Any]:
 PIPELINE = Pipeline(
     name="ctr_preranking",
     description=__doc__ or "",
-    cron="0 3 * * *",
+    # Chained by data: a run starts when ctr_cross publishes a partition (on that partition).
+    after=(ASSET_CTR_CROSS_FEATURES,),
     trigger=Trigger(
         asset=ASSET_CTR_DATA_LANDED,
         watcher="ctr_data_landed_watcher",
@@ -141,39 +148,22 @@ PIPELINE = Pipeline(
     dvc_prefix="",
     steps=(
         Step(
-            name="features",
-            run=features,
-            spark=True,
-            doc="MovieLens-100k -> weekly user, item and user x genre CTR features (Spark); "
-            "bad rows quarantined",
-            outlets=(ASSET_CTR_FEATURES,),
-            dvc_deps=("jobs/ctr_cross_features.py", "jobs/movielens.py", "cascade/ctr_schema.py"),
-            dvc_outs=(
-                ".cascade/lake/features/ctr/user/dt=${ds}",
-                ".cascade/lake/features/ctr/item/dt=${ds}",
-                ".cascade/lake/features/ctr/user_genre/dt=${ds}",
-                ".cascade/lake/impressions/ml100k/dt=${ds}",
-            ),
-        ),
-        Step(
-            name="validate",
-            run=validate,
-            data_docs=True,
-            doc="Great Expectations suites on the features; a failure stops the run",
-            dvc_deps=("jobs/ctr_cross_features_gate.py",),
-        ),
-        Step(
-            name="feast_materialize",
-            run=feast_materialize,
-            doc="apply the feature repo (preranking_v1) and materialize the online store",
-            dvc_deps=("features", "cascade/feature_store.py"),
-        ),
-        Step(
             name="training_set",
             run=training_set,
-            doc="Feast point-in-time join of the impressions with the feature views",
-            dvc_deps=("cascade/feature_store.py",),
-            dvc_outs=(".cascade/lake/training/preranking/dt=${ds}/data.parquet",),
+            spark=True,
+            doc="the clean impressions of the train_days before ds, each point-in-time joined "
+            "with the gate-passed cross statistics of its own day (user, item, user x "
+            "category), from the partition's published source",
+            dvc_deps=(
+                "jobs/ctr_training_set.py",
+                # What ctr_cross published for the partition: dvc repro chains the two.
+                f"{REPORTS}/step_cross_feast/dt=${{ds}}/summary.json",
+            ),
+            dvc_outs=(".cascade/lake/training/preranking/dt=${ds}",),
+            params={
+                "source": "CASCADE_PRERANKING_SOURCE",
+                "train_days": "CASCADE_PRERANKING_TRAIN_DAYS",
+            },
         ),
         Step(
             name="train",
@@ -183,7 +173,7 @@ PIPELINE = Pipeline(
             timeout_minutes=30,
             dvc_deps=(
                 "models/preranking",
-                ".cascade/lake/training/preranking/dt=${ds}/data.parquet",
+                ".cascade/lake/training/preranking/dt=${ds}",
             ),
             params={
                 "model": "CASCADE_PRERANKING_MODEL",

@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from cascade.config import Settings, load_settings
+from cascade.lake import TRAINING_PROVENANCE
 from cascade.results import write_result
 from cascade.training.curves import CurveLog
 from cascade.training.launch import rank_world
@@ -35,6 +36,9 @@ def _mlflow_run(settings: Settings, out: Path, config: CascadeTrainConfig) -> st
     """Start (or, on resume, reopen) the run recorded in ``OUT/mlflow_run.json``."""
     params = {k: str(v) for k, v in _flat(config.to_dict()).items()}
     data = Path(config.data)
+    source = training_source(data)
+    if source is not None:
+        params[SOURCE_PARAM] = source
     return open_resumable_run(
         settings,
         EXPERIMENT,
@@ -43,6 +47,21 @@ def _mlflow_run(settings: Settings, out: Path, config: CascadeTrainConfig) -> st
         params,
         inputs={f"{data.parent.name}/{data.name}": data},
     )
+
+
+SOURCE_PARAM = "cross_source"
+"""Run parameter naming the feature engine's source a training set was built from (the
+server reads that source's item catalogue)."""
+
+
+def training_source(data: Path) -> str | None:
+    """The source the :data:`~cascade.lake.TRAINING_PROVENANCE` file beside ``data`` names,
+    None without one."""
+    path = Path(data).parent / TRAINING_PROVENANCE
+    if not path.is_file():
+        return None
+    source = json.loads(path.read_text()).get("source")
+    return str(source) if source else None
 
 
 def _flat(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:

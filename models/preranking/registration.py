@@ -49,7 +49,7 @@ def _read_train_result(lake: Lake, ds: str) -> dict[str, Any]:
 def held_out_rows(lake: Lake, ds: str, test_fraction: float) -> Any:
     """The rows both models are compared on: the latest ``test_fraction`` of ``ds``'s training
     set by event time (the challenger's own hold-out)."""
-    from models.preranking.train import load_training_frame, time_split
+    from models.preranking.train import ROW_COLUMNS, load_training_frame, time_split
 
     path = lake.training_set("preranking", ds) / "data.parquet"
     if not path.exists():
@@ -57,7 +57,17 @@ def held_out_rows(lake: Lake, ds: str, test_fraction: float) -> Any:
             f"no training set {path} to compare champion and challenger on; run the "
             f"training-set step for ds={ds}"
         )
-    return time_split(load_training_frame(path), test_fraction)[1]
+    return time_split(load_training_frame(path, required=ROW_COLUMNS), test_fraction)[1]
+
+
+def unread_columns(loaded: Any, rows: Any) -> list[str]:
+    """The columns a loaded model reads that ``rows`` lack: its field set's (the FSCD
+    pre-ranker) or the dense contract's (the plain one)."""
+    from cascade.ctr_schema import MODEL_FEATURES
+
+    encoder = getattr(loaded, "encoder", None)
+    names = encoder.fields.names if encoder is not None else MODEL_FEATURES
+    return [name for name in names if name not in rows.columns]
 
 
 def compile_gate_report(lake: Lake, ds: str) -> dict[str, Any] | None:
@@ -125,6 +135,19 @@ def register_and_promote(
         challenger = load_trained(lake.reports("train", ds))
         champion_model = load_version(settings, str(champion.version))
         rows = held_out_rows(lake, ds, challenger.test_fraction)
+        absent = unread_columns(champion_model, rows)
+        if absent:
+            # A champion trained on other features (another source, the feature set before
+            # it) cannot score these rows: the comparison falls back to its recorded hold-out.
+            return Scores(
+                challenger=new_auc,
+                champion=champion_auc[str(champion.version)],
+                rows=(
+                    f"their own held-out rows (champion v{champion.version} reads fields this "
+                    f"training set lacks: {absent[:5]})"
+                ),
+                details={"rows": len(rows), "champion_fields_absent": absent},
+            )
         return Scores(
             challenger=evaluate(challenger.model, rows, challenger.encoder)[promotion.metric],
             champion=evaluate(champion_model.model, rows, champion_model.encoder)[promotion.metric],

@@ -497,6 +497,22 @@ def partition_training_set(lake: Lake, ds: str) -> Path:
     return data
 
 
+def require_dense_contract(data: Path) -> None:
+    """Refuse, before any process starts, a training set without the dense network's columns
+    (:data:`REQUIRED_COLUMNS`), such as the pipeline's engine-built one."""
+    import pyarrow.parquet as pq
+
+    missing = [c for c in REQUIRED_COLUMNS if c not in pq.read_schema(data).names]
+    if missing:
+        raise ValueError(
+            f"the dense PreRanker (CASCADE_PRERANKING_MODEL=mlp) reads the MovieLens-shaped "
+            f"columns, and training set {data} lacks {missing[:4]}"
+            f"{' and more' if len(missing) > 4 else ''}; the pipeline's training set is the "
+            "cross-statistics engine's fields: train the FSCD pre-ranker "
+            "(CASCADE_PRERANKING_MODEL=fscd, the default), which reads any declared field set"
+        )
+
+
 def launch(
     ds: str,
     *,
@@ -514,6 +530,7 @@ def launch(
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     data = partition_training_set(lake, ds)
+    require_dense_contract(data)
     out = lake.reports("train", ds)
     out.mkdir(parents=True, exist_ok=True)
     return launch_for_result(

@@ -44,25 +44,25 @@ def test_the_report_shows_each_steps_status_time_gate_curves_and_figures(
     client.log_metric(run_id, "test_auc", 0.7)  # one point: no curve
 
     # Real step-runner records: a step that ran, a gate that said no, a step that raised.
-    with_step(monkeypatch, "ctr_preranking", "features", lambda ds: {"rows": 3})
+    with_step(monkeypatch, "asr", "corpus", lambda ds: {"rows": 3})
     gate = {"success": False, "failed": ["user.expect_column_values_to_not_be_null(user_id)"]}
-    with_step(monkeypatch, "ctr_preranking", "validate", lambda ds: {**gate, "warnings": ["w"]})
-    with_step(monkeypatch, "ctr_preranking", "train", lambda ds: {"run_id": run_id, "auc": 0.7})
-    with_step(monkeypatch, "ctr_preranking", "compile", _fail)
-    for name in ("features", "validate", "train"):
-        step_runner.run_step(name, DS, "ctr_preranking")
+    with_step(monkeypatch, "asr", "validate", lambda ds: {**gate, "warnings": ["w"]})
+    with_step(monkeypatch, "asr", "train", lambda ds: {"run_id": run_id, "auc": 0.7})
+    with_step(monkeypatch, "asr", "compile", _fail)
+    for name in ("corpus", "validate", "train"):
+        step_runner.run_step(name, DS, "asr")
     with pytest.raises(RuntimeError):
-        step_runner.run_step("compile", DS, "ctr_preranking")
+        step_runner.run_step("compile", DS, "asr")
     figure = home / "lake" / "reports" / "train" / f"dt={DS}" / "tradeoff.png"
     figure.parent.mkdir(parents=True, exist_ok=True)
     figure.write_bytes(PNG_MAGIC + b"figure")
 
     out = tmp_path / "report"
-    assert main(["report", "--ds", DS, "--out", str(out), "--pipeline", "ctr_preranking"]) == 0
+    assert main(["report", "--ds", DS, "--out", str(out), "--pipeline", "asr"]) == 0
     assert "3 steps ok, 1 failed" in capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     steps = {s["step"]: s for s in report["steps"]}
-    assert steps["features"]["status"] == "ok" and steps["features"]["seconds"] >= 0
+    assert steps["corpus"]["status"] == "ok" and steps["corpus"]["seconds"] >= 0
     assert steps["validate"]["gate"] == {"success": False, "failed": gate["failed"], "warnings": 1}
     assert steps["compile"]["status"] == "failed"
     assert steps["compile"]["error"] == "RuntimeError: the log for 2026-11-22 is empty"
@@ -85,8 +85,8 @@ def test_values_from_the_lake_are_escaped_and_a_dead_tracking_server_is_a_note(
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CASCADE_MLFLOW_URI", f"http://127.0.0.1:{free_port()}")
     hostile = {"run_id": "abc123", "note": "<script>alert(1)</script>"}
-    with_step(monkeypatch, "ctr_preranking", "features", lambda ds: hostile)
-    step_runner.run_step("features", DS, "ctr_preranking")
+    with_step(monkeypatch, "ctr_preranking", "training_set", lambda ds: hostile)
+    step_runner.run_step("training_set", DS, "ctr_preranking")
     out = tmp_path / "report"
     assert main(["report", "--ds", DS, "--out", str(out)]) == 0
     page = (out / "index.html").read_text()

@@ -46,18 +46,18 @@ def test_bad_event_partition_is_refused() -> None:
 
 def test_run_step_records_a_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
-    with_step(monkeypatch, "ctr_preranking", "features", lambda ds: {"ds": ds, "rows": 3})
-    assert step_runner.run_step("features", "2026-11-22", "ctr_preranking") == {
+    with_step(monkeypatch, "ctr_preranking", "training_set", lambda ds: {"ds": ds, "rows": 3})
+    assert step_runner.run_step("training_set", "2026-11-22", "ctr_preranking") == {
         "ds": "2026-11-22",
         "rows": 3,
     }
-    summary = step_runner.summary_path("features", "2026-11-22", "ctr_preranking")
+    summary = step_runner.summary_path("training_set", "2026-11-22", "ctr_preranking")
     assert summary.is_relative_to(tmp_path)
     assert json.loads(summary.read_text())["rows"] == 3
     with pytest.raises(KeyError, match="unknown ctr_preranking step"):
         step_runner.run_step("nope", "2026-11-22", "ctr_preranking")
     with pytest.raises(KeyError, match="unknown pipeline"):
-        step_runner.run_step("features", "2026-11-22", "nope")
+        step_runner.run_step("training_set", "2026-11-22", "nope")
     # The asr pipeline's summaries are kept apart from ctr_preranking's steps of the same name.
     with_step(monkeypatch, "asr", "train", lambda ds: {"ds": ds, "asr": True})
     step_runner.run_step("train", "2026-11-22", "asr")
@@ -65,7 +65,7 @@ def test_run_step_records_a_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert asr_summary != step_runner.summary_path("train", "2026-11-22", "ctr_preranking")
     assert json.loads(asr_summary.read_text())["asr"] is True
     with pytest.raises(ValueError, match="YYYY-MM-DD"):
-        step_runner.run_step("features", "2026-13-40", "ctr_preranking")
+        step_runner.run_step("training_set", "2026-13-40", "ctr_preranking")
 
 
 def test_cascade_step_runs_a_multimodal_step(

@@ -74,14 +74,32 @@ def watcher_of(dag: Any, cron: str, selectors: tuple[str, ...]) -> tuple[Any, di
     return watcher, kwargs
 
 
-def test_ctr_preranking_is_scheduled_daily_and_on_the_kafka_asset(dagbag) -> None:  # type: ignore[no-untyped-def]
-    from cascade.assets import CTR_EVENT_SELECTORS
+def test_ctr_preranking_runs_on_published_cross_statistics_and_retrain_requests(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """No clock: the asset ctr_cross's feast step updates, or a retrain request on Kafka."""
+    from airflow.sdk.definitions.timetables.assets import AssetTriggeredTimetable
+
+    from cascade.assets import (
+        ASSET_CTR_CROSS_FEATURES,
+        ASSET_CTR_DATA_LANDED,
+        CTR_EVENT_SELECTORS,
+        EVENT_TRIGGER,
+        WATCHED_TOPICS,
+    )
 
     dag = dagbag.dags["ctr_preranking"]
-    watcher, kwargs = watcher_of(dag, "0 3 * * *", CTR_EVENT_SELECTORS)
-    assert watcher.name == "ctr_data_landed_watcher"
+    assert isinstance(dag.timetable, AssetTriggeredTimetable)
+    assets = {a.uri: a for a in dag.timetable.asset_condition.objects}
+    assert set(assets) == {ASSET_CTR_DATA_LANDED, ASSET_CTR_CROSS_FEATURES}
+    assert assets[ASSET_CTR_CROSS_FEATURES].watchers == []
+    (watcher,) = assets[ASSET_CTR_DATA_LANDED].watchers
+    classpath, kwargs = watcher.trigger.serialize()
+    assert (classpath, watcher.name) == (EVENT_TRIGGER, "ctr_data_landed_watcher")
+    assert kwargs["topics"] == sorted(WATCHED_TOPICS)
+    assert kwargs["selectors"] == list(CTR_EVENT_SELECTORS)
     # This watcher dead-letters bad messages.
     assert kwargs["dead_letter"] is True
+    published = dagbag.dags["ctr_cross"].get_task("feast").outlets
+    assert [a.uri for a in published] == [ASSET_CTR_CROSS_FEATURES]
 
 
 def _parse_probe(dag_file: Path) -> dict[str, object]:
@@ -216,7 +234,8 @@ def test_with_schedules_off_only_events_and_people_start_runs(
     monkeypatch.setenv("CASCADE_AIRFLOW_SCHEDULES", "0")
     off = {name: build_dag(pipelines[name]) for name in ("ctr_preranking", "ctr_monitor")}
     # On: the event (or upstream data) or the cron; off: the event or the data alone.
-    assert type(on["ctr_preranking"].timetable).__name__ == "AssetOrTimeSchedule"
+    # ctr_preranking has no cron (published statistics start it), so it is the same either way.
+    assert type(on["ctr_preranking"].timetable).__name__ == "AssetTriggeredTimetable"
     assert type(off["ctr_preranking"].timetable).__name__ == "AssetTriggeredTimetable"
     assert type(on["ctr_monitor"].timetable).__name__ == "AssetOrTimeSchedule"
     assert type(off["ctr_monitor"].timetable).__name__ == "AssetTriggeredTimetable"
@@ -271,7 +290,7 @@ def test_exactly_the_heavy_steps_run_in_the_heavy_pool(dagbag) -> None:  # type:
     # stay out, so they run beside a heavy task.
     assert {
         ("ctr_cross", "stats"),
-        ("ctr_preranking", "features"),
+        ("ctr_preranking", "training_set"),
         ("ctr_preranking", "train"),
         ("ctr_preranking", "compile"),
         ("asr", "corpus"),
@@ -360,7 +379,7 @@ def test_the_monitor_starts_on_a_new_champion_for_the_partition_it_was_deployed_
     import datetime as dt
     from types import SimpleNamespace
 
-    from cascade.assets import ASSET_CTR_FEATURES, ASSET_PRERANKING_CHAMPION
+    from cascade.assets import ASSET_CTR_CROSS_FEATURES, ASSET_PRERANKING_CHAMPION
     from cascade.pipeline_spec import Pipeline, Step
 
     monitor = dagbag.dags["ctr_monitor"]
@@ -396,7 +415,7 @@ def test_the_monitor_starts_on_a_new_champion_for_the_partition_it_was_deployed_
     outlets = Outlets()
     monkeypatch.setattr(cascade.step_runner, "run_step", lambda name, ds, pipeline: {"ok": 1})
     monkeypatch.setattr(cascade.dag_factory, "outlet_events", lambda: outlets)
-    features = dagbag.dags["ctr_preranking"].get_task("features").python_callable
+    feast = dagbag.dags["ctr_cross"].get_task("feast").python_callable
     # Called the way Airflow calls it: the partition as its one argument (a `**context` in its
     # signature would clash with Airflow's own "ds" and fail every step task).
     # Airflow's own check of a task's arguments against a run's context: a run with a logical
@@ -409,9 +428,9 @@ def test_the_monitor_starts_on_a_new_champion_for_the_partition_it_was_deployed_
         for task in dag.tasks:
             if task.task_id != "resolve_partition":
                 KeywordParameters.determine(task.python_callable, ["2026-11-22"], context)
-    features("2026-11-22")
+    feast("2026-11-22")
     (published,) = outlets.items()
-    assert published[0].uri == ASSET_CTR_FEATURES
+    assert published[0].uri == ASSET_CTR_CROSS_FEATURES
     assert published[1].extra["ds"] == "2026-11-22"
 
     def step() -> Step:

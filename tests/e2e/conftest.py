@@ -29,13 +29,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         "CASCADE_MULTIMODAL_GENERATED": "200",
         "CASCADE_MULTIMODAL_SOURCE_LIMIT": "15",
         "CASCADE_MULTIMODAL_DENSE_TWIN": "0",
-        "CASCADE_CROSS_IMPRESSIONS": "20000",
+        # The pre-ranker trains on the 3 days before the partition (~8,500 impressions of the
+        # generated log's 35 days, ~150 clicks in its validation split): ctr_cross builds
+        # those days' statistics first.
+        "CASCADE_CROSS_IMPRESSIONS": "100000",
+        "CASCADE_CROSS_HISTORY_DAYS": "3",
+        "CASCADE_PRERANKING_TRAIN_DAYS": "3",
+        "CASCADE_PRERANKING_EPOCHS": "10",
         # One event per DAG here: a 5 s quiet window instead of 15 s lets each run's
         # resolve_partition free its Airflow slot sooner (two slots serve the four DAGs).
         "CASCADE_COALESCE_WINDOW_S": "5",
-        # Pre-ranker phases checkpoint at steps 50 and 100 of the ~126 the partition gives
-        # each, so the fault test's kill lands well inside the phase it checkpointed.
-        CHECKPOINT_EVERY_ENV: "50",
+        # Pre-ranker phases checkpoint at steps 20, 40 and 60 of the ~66 the partition gives
+        # each (10 epochs), so the fault test's kill lands inside the phase it checkpointed.
+        CHECKPOINT_EVERY_ENV: "20",
         # Runs start from the tests' events only: no cron tick (ctr_monitor's latest one is run
         # when the DAG appears) takes an Airflow slot or a partition mid-test.
         "CASCADE_AIRFLOW_SCHEDULES": "0",
@@ -53,11 +59,13 @@ def triggered(stack: Settings) -> dict[str, Any]:
     production, and the session waits for the slowest one rather than for each in turn."""
     from infra.demo import trigger
 
+    # One impressions event: ctr_cross publishes the partition, and that starts ctr_preranking.
+    preranking = trigger(DS, settings=stack)
     return {
-        "ctr_preranking": trigger(DS, settings=stack),
+        "ctr_preranking": preranking,
         "asr": trigger(DS, settings=stack, dag_id="asr", dataset="speech"),
         "multimodal": trigger(DS, settings=stack, dag_id="multimodal", dataset="images"),
-        "ctr_cross": trigger(DS, settings=stack, dag_id="ctr_cross", dataset="impressions"),
+        "ctr_cross": preranking.of("ctr_cross"),
     }
 
 
@@ -73,7 +81,8 @@ def finished_run(
 
 @pytest.fixture(scope="package")
 def pipeline_run(stack: Settings, triggered: dict[str, Any]) -> dict:
-    """One asset-triggered ``ctr_preranking`` run started by a Kafka event."""
+    """One asset-triggered ``ctr_preranking`` run: a Kafka ``impressions`` event started
+    ``ctr_cross``, whose published partition started it."""
     return finished_run(
         stack, triggered, "ctr_preranking", ("train", "compile", "register", "deploy")
     )

@@ -16,9 +16,14 @@ PAIRS = ("user", "item", "seg_cat", "user_cat", "seg_item", "ctx_item", "item_po
 def test_impressions_event_runs_the_whole_cross_dag(cross_run: dict) -> None:
     assert cross_run["run_type"] == "asset_triggered"
     assert cross_run["dag_run_state"] == "success", cross_run
-    assert cross_run["log"]["generated"] and cross_run["log"]["rows"] == 20_000
+    assert cross_run["log"]["generated"] and cross_run["log"]["rows"] == 100_000
     stats = cross_run["stats"]
-    assert stats["input_rows"] == 20_000 and stats["quarantined_rows"] == 0
+    assert stats["input_rows"] == 100_000 and stats["quarantined_rows"] == 0
+    # The three days before the partition, built from its log for the pre-ranker's training.
+    assert list(stats["history_partitions"]) == ["2026-11-19", "2026-11-20", "2026-11-21"]
+    assert cross_run["validate"]["history_partitions"] == {
+        day: {"success": True} for day in stats["history_partitions"]
+    }
     assert set(stats["rows"]) == set(PAIRS) and min(stats["rows"].values()) > 0
     assert cross_run["validate"]["success"]
     assert set(cross_run["feast"]["feature_views"]) == {f"cross_{p}" for p in PAIRS}

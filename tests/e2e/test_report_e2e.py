@@ -31,7 +31,7 @@ def test_the_partitions_report_shows_every_run_step_timed_gated_and_its_curves(
     assert {s["status"] for s in steps} == {"ok"}, [s for s in steps if s["status"] != "ok"]
     assert all(s["seconds"] and s["seconds"] > 0 for s in steps)
     gates = {f"{s['pipeline']}.{s['step']}": s["gate"] for s in steps if s["gate"]}
-    assert {"ctr_preranking.validate", "ctr_cross.validate", "multimodal.validate"} <= set(gates)
+    assert {"ctr_cross.validate", "asr.validate", "multimodal.validate"} <= set(gates)
     assert all(gate["success"] for gate in gates.values()), gates
     # Training curves of the runs the train steps named (the DeepSpeed loss histories).
     # (The fault test may have retrained the pre-ranker: the train step names its latest run.)

@@ -54,7 +54,7 @@ def test_a_rejected_message_lands_on_the_dead_letter_topic_with_its_reason(
     _connect(monkeypatch, broker.bootstrap_servers)
     producer = IdlePausingProducer(topics=[TOPIC_DATA_LANDED], kafka_config_id=CONN_ID)
     bad = json.dumps(
-        {"type": TOPIC_DATA_LANDED, "payload": {"dataset": "ml100k", "partition": 2999980800}}
+        {"type": TOPIC_DATA_LANDED, "payload": {"dataset": "impressions", "partition": 2999980800}}
     ).encode()
     producer._send_to_dlq(TOPIC_DEAD_LETTER, [_rejected(bad, 0)])
     records = [json.loads(v) for _o, _k, v in read_topic(TOPIC_DEAD_LETTER, settings=broker)]

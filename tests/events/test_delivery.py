@@ -13,6 +13,7 @@ import pytest
 
 from cascade import event_trigger
 from cascade.assets import (
+    CROSS_EVENT_SELECTORS,
     CTR_EVENT_SELECTORS,
     PROBE_EVENT_SELECTORS,
     TOPIC_DATA_LANDED,
@@ -41,7 +42,7 @@ from cascade.events import (
 from tests.events.memory_stream import MemoryDeadLetters, run_stream
 
 
-def landed(dataset: str = "ml100k", partition: str = "2026-11-22") -> dict[str, Any]:
+def landed(dataset: str = "impressions", partition: str = "2026-11-22") -> dict[str, Any]:
     event = make_event(TOPIC_DATA_LANDED, {"dataset": dataset, "partition": partition})
     return json.loads(event.model_dump_json())
 
@@ -89,15 +90,18 @@ def test_drift_payload_is_validated() -> None:
 
 
 def test_selectors_route_events_to_the_right_watcher() -> None:
-    ml = json.dumps(landed("ml100k"))
+    log = json.dumps(landed("impressions"))
     probe = json.dumps(landed("probe"))
     retrain = make_event(TOPIC_RETRAIN_REQUESTED, {"model": "preranking", "reason": "x"})
-    assert route_message(ml, CTR_EVENT_SELECTORS).action == "fire"
-    assert route_message(probe, CTR_EVENT_SELECTORS).action == "skip"
+    assert route_message(log, CROSS_EVENT_SELECTORS).action == "fire"
+    # New data reaches the pre-ranker through ctr_cross; a retrain request directly.
+    assert route_message(log, CTR_EVENT_SELECTORS).action == "skip"
+    assert route_message(probe, CROSS_EVENT_SELECTORS).action == "skip"
     assert route_message(probe, PROBE_EVENT_SELECTORS).action == "fire"
     assert route_message(retrain.model_dump_json(), CTR_EVENT_SELECTORS).action == "fire"
+    assert route_message(retrain.model_dump_json(), CROSS_EVENT_SELECTORS).action == "skip"
     assert route_message(retrain.model_dump_json(), PROBE_EVENT_SELECTORS).action == "skip"
-    bad = route_message(b"\xff garbage", CTR_EVENT_SELECTORS)
+    bad = route_message(b"\xff garbage", CROSS_EVENT_SELECTORS)
     assert bad.action == "dead-letter" and bad.error is not None and bad.error.kind == "not-json"
     with pytest.raises(ValueError, match="unknown event type"):
         parse_selector("cascade.nope:dataset=x")
@@ -107,7 +111,7 @@ def test_selectors_route_events_to_the_right_watcher() -> None:
 
 def test_dead_letter_keeps_reason_kind_and_a_stable_id() -> None:
     raw = b'{"type": "cascade.nope"}'
-    error = route_message(raw, CTR_EVENT_SELECTORS).error
+    error = route_message(raw, CROSS_EVENT_SELECTORS).error
     assert error is not None
     first = dead_letter_event(raw, error, consumer="w")
     again = dead_letter_event(raw, error, consumer="w")
@@ -131,7 +135,7 @@ def test_watcher_fires_selected_events_and_dead_letters_the_rest_without_raising
         b'{"type": "cascade.nope"}',
         json.dumps({**landed(), "payload": {"dataset": "x"}}).encode(),
     ]
-    run = run_stream(values, selectors=CTR_EVENT_SELECTORS)
+    run = run_stream(values, selectors=CROSS_EVENT_SELECTORS)
     assert run.error is None
     assert [e["id"] for e in run.fired] == [good["id"]]
     kinds = ["not-json", "unknown-type", "bad-payload"]
@@ -141,7 +145,7 @@ def test_watcher_fires_selected_events_and_dead_letters_the_rest_without_raising
     # Every message, the dead-lettered ones included, is committed past.
     assert run.commits[-1] >= len(values) and run.seeks == []
     trigger = CascadeEventTrigger(
-        topics=[TOPIC_DATA_LANDED], selectors=CTR_EVENT_SELECTORS, dead_letter=True, name="ctr"
+        topics=[TOPIC_DATA_LANDED], selectors=CROSS_EVENT_SELECTORS, dead_letter=True, name="ctr"
     )
     classpath, kwargs = trigger.serialize()
     assert (

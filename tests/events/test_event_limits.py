@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cascade.assets import CTR_EVENT_SELECTORS, TOPIC_DATA_LANDED, TOPICS
+from cascade.assets import CROSS_EVENT_SELECTORS, TOPIC_DATA_LANDED, TOPICS
 from cascade.event_ledger import CoalesceConfig, EventLedger, checked_events, claim_run_events
 from cascade.event_trigger import route_message
 from cascade.events import (
@@ -47,7 +47,9 @@ def envelope(payload: dict[str, Any], **fields: Any) -> dict[str, Any]:
 
 
 def landed_raw(partition: Any, **payload: Any) -> bytes:
-    return json.dumps(envelope({"dataset": "ml100k", "partition": partition, **payload})).encode()
+    return json.dumps(
+        envelope({"dataset": "impressions", "partition": partition, **payload})
+    ).encode()
 
 
 # --- Property: no input makes parsing raise anything but InvalidEvent --------------------------
@@ -78,7 +80,7 @@ partitions = st.one_of(
     st.none(),
 )
 names = st.one_of(
-    st.sampled_from(["ml100k", "preranking", "champion", "3"]),
+    st.sampled_from(["impressions", "preranking", "champion", "3"]),
     st.text(max_size=150),
     any_text,
 )
@@ -168,10 +170,10 @@ def test_parsing_accepts_only_valid_events_and_raises_only_invalid_event(raw: An
         record = dead_letter_event(raw, exc, consumer="fuzz")
         again = parse_event(record.model_dump_json())
         assert again.payload["kind"] == exc.kind and again.payload["reason"]
-        assert route_message(raw, CTR_EVENT_SELECTORS).action == "dead-letter"
+        assert route_message(raw, CROSS_EVENT_SELECTORS).action == "dead-letter"
         return
     _check_accepted(event)
-    assert route_message(raw, CTR_EVENT_SELECTORS).action in ("fire", "skip")
+    assert route_message(raw, CROSS_EVENT_SELECTORS).action in ("fire", "skip")
 
 
 @FUZZ
@@ -270,7 +272,7 @@ def test_each_bad_class_is_rejected_with_its_reason(name: str) -> None:
 
 def test_every_bad_class_is_dead_lettered_with_its_reason_and_committed() -> None:
     values = [raw.encode() if isinstance(raw, str) else raw for raw, _kind, _words in BAD.values()]
-    run = run_stream(values, selectors=CTR_EVENT_SELECTORS)
+    run = run_stream(values, selectors=CROSS_EVENT_SELECTORS)
     assert run.error is None and run.fired == []
     kinds = [r["payload"]["kind"] for r in run.dead_letters]
     assert kinds == [kind for _raw, kind, _words in BAD.values()]
@@ -284,15 +286,19 @@ def test_every_bad_class_is_dead_lettered_with_its_reason_and_committed() -> Non
 
 
 def test_the_integer_partition_event_is_dead_lettered_not_fired() -> None:
-    good = make_event(TOPIC_DATA_LANDED, {"dataset": "ml100k", "partition": "2026-11-22"})
+    good = make_event(TOPIC_DATA_LANDED, {"dataset": "impressions", "partition": "2026-11-22"})
     run = run_stream(
-        [landed_raw(2999980800), good.model_dump_json().encode()], selectors=CTR_EVENT_SELECTORS
+        [landed_raw(2999980800), good.model_dump_json().encode()], selectors=CROSS_EVENT_SELECTORS
     )
     assert [e["id"] for e in run.fired] == [good.id]
     assert [r["payload"]["kind"] for r in run.dead_letters] == ["bad-payload"]
     assert "partition" in run.dead_letters[0]["payload"]["reason"]
     # What fired is the normalised event: the partition a run reads is a canonical date.
-    assert run.fired[0]["payload"] == {"dataset": "ml100k", "partition": "2026-11-22", "path": None}
+    assert run.fired[0]["payload"] == {
+        "dataset": "impressions",
+        "partition": "2026-11-22",
+        "path": None,
+    }
 
 
 def test_stored_bad_events_are_never_claimed_so_no_run_fails_on_them(tmp_path: Path) -> None:
@@ -300,11 +306,11 @@ def test_stored_bad_events_are_never_claimed_so_no_run_fails_on_them(tmp_path: P
     partition, a far-future date) are refused at claim time: the burst's run works on the valid
     event's partition, and the next (cron) run finds nothing to fail on."""
     ledger = EventLedger(tmp_path / "ledger.sqlite")
-    integer = envelope({"dataset": "ml100k", "partition": 2999980800}, id="int-partition")
-    future = envelope({"dataset": "ml100k", "partition": "9999-12-31"}, id="far-future")
+    integer = envelope({"dataset": "impressions", "partition": 2999980800}, id="int-partition")
+    future = envelope({"dataset": "impressions", "partition": "9999-12-31"}, id="far-future")
     valid = json.loads(
         make_event(
-            TOPIC_DATA_LANDED, {"dataset": "ml100k", "partition": "2026-11-21"}
+            TOPIC_DATA_LANDED, {"dataset": "impressions", "partition": "2026-11-21"}
         ).model_dump_json()
     )
     now = dt.datetime.now(dt.UTC)

@@ -41,7 +41,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
 
 
 def landed() -> dict[str, Any]:
-    event = make_event(TOPIC_DATA_LANDED, {"dataset": "ml100k", "partition": "2026-11-22"})
+    event = make_event(TOPIC_DATA_LANDED, {"dataset": "impressions", "partition": "2026-11-22"})
     return json.loads(event.model_dump_json())
 
 

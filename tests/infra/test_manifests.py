@@ -31,7 +31,10 @@ def test_committed_manifests_validate_and_follow_the_specs() -> None:
     assert {
         (a["metadata"]["labels"]["cascade/pipeline"], a["spec"]["arguments"][0]) for a in apps
     } == spark_steps
-    assert ("ctr_preranking", "features") in spark_steps and ("ctr_cross", "stats") in spark_steps
+    assert ("ctr_preranking", "training_set") in spark_steps and (
+        "ctr_cross",
+        "stats",
+    ) in spark_steps
     assert {t["spec"]["topicName"] for t in documents(manifests.KAFKA_TOPICS)} == set(TOPICS)
     kinds = {
         d["kind"]

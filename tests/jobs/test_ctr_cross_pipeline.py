@@ -205,3 +205,17 @@ def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
     assert kinds["user_cat_ctr_1d"] == "cross" and not any(n.startswith("seg_") for n in kinds)
     with pytest.raises(MissingPartitions, match=r"\['2026-11-18'\].*HISTORY_DAYS=4"):
         build(tmp_path / "refused", train_days=4)
+
+    # The pipeline's step finds the published partition's source and log by itself.
+    from pipelines import ctr_preranking
+
+    monkeypatch.setenv("CASCADE_PRERANKING_TRAIN_DAYS", "3")
+    monkeypatch.delenv("CASCADE_PRERANKING_SOURCE", raising=False)
+    step = ctr_preranking.training_set(DS)
+    assert (step["source"], step["rows"], step["days"]) == ("generated", written["rows"], day)
+    folder = lake.training_set("preranking", DS)
+    provenance = json.loads((folder / "training.json").read_text())
+    assert provenance["source"] == "generated" and provenance["fields"] == written["fields"]
+    monkeypatch.setenv("CASCADE_PRERANKING_SOURCE", "ml100k")
+    with pytest.raises(MissingPartitions, match="source 'ml100k' for ds=2026-11-22"):
+        ctr_preranking.training_set(DS)

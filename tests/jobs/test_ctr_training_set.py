@@ -240,3 +240,32 @@ def test_engine_training_set_is_point_in_time_and_declares_every_field_with_its_
     )
     assert costs["user_cat_ctr_7d"] > costs["user_ctr_7d"] > 0
     assert costs["user_cat_ctr_7d"] > costs["user_cat_ctr_1d"]
+
+
+def test_the_published_partition_names_its_source(tmp_path: Path) -> None:
+    """The pre-ranker's training set reads the source whose partition passed its gate; a
+    partition published by two sources needs one named, and an unpublished one is refused."""
+    from cascade.lake import Lake
+
+    lake = Lake(tmp_path)
+    ds = "2026-11-22"
+
+    def publish(source: str, *, passed: bool) -> None:
+        where = job.CrossLake(lake, source)
+        where.summary(ds).parent.mkdir(parents=True)
+        where.summary(ds).write_text(json.dumps({"ds": ds, "log_path": f"/logs/{source}"}))
+        where.gate_report(ds).parent.mkdir(parents=True)
+        where.gate_report(ds).write_text(json.dumps({"success": passed}))
+
+    with pytest.raises(ts.MissingPartitions, match="any source for ds=2026-11-22"):
+        ts.published_summary(lake.root, ds)
+    publish("generated", passed=True)
+    publish("clicks", passed=False)  # built, but its gate failed: not published
+    summary = ts.published_summary(lake.root, ds)
+    assert (summary["source"], summary["log_path"]) == ("generated", "/logs/generated")
+    with pytest.raises(ts.MissingPartitions, match="source 'clicks'"):
+        ts.published_summary(lake.root, ds, "clicks")
+    publish("ml100k", passed=True)
+    with pytest.raises(ValueError, match=r"\['generated', 'ml100k'\]; name one"):
+        ts.published_summary(lake.root, ds)
+    assert ts.published_summary(lake.root, ds, "ml100k")["source"] == "ml100k"

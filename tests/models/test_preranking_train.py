@@ -232,3 +232,14 @@ def test_fscd_reads_only_the_row_columns_and_takes_the_rest_from_fields_json(
     with pytest.raises(ValueError, match=r"lacks columns \['click'\]"):
         engine_built.drop(columns=LABEL).to_parquet(tmp_path / "data.parquet")
         load_frame(config)
+
+
+def test_the_dense_network_refuses_a_set_without_its_columns(tmp_path: Path) -> None:
+    from models.preranking.train import require_dense_contract
+
+    path = tmp_path / "data.parquet"
+    pd.DataFrame({"user_id": [1], "item_id": [2], "click": [0], "user_ctr_7d": [0.1]}).to_parquet(
+        path
+    )
+    with pytest.raises(ValueError, match="CASCADE_PRERANKING_MODEL=fscd"):
+        require_dense_contract(path)

@@ -62,3 +62,30 @@ def test_epochs_and_learning_rate_override_the_config() -> None:
 def test_scoring_needs_a_user_and_items() -> None:
     with pytest.raises(ValueError, match="--user ID and --items"):
         ctr_preranking.score({"user": 1, "items": None})
+
+
+def test_the_pipeline_runs_when_ctr_cross_publishes_a_partition() -> None:
+    """Chained by data: ctr_cross's published statistics start it (no clock), a retrain
+    request too; its first step reads what ctr_cross published."""
+    from cascade.assets import ASSET_CTR_CROSS_FEATURES, CTR_EVENT_SELECTORS
+    from pipelines import ctr_cross
+
+    spec = ctr_preranking.PIPELINE
+    assert spec.after == (ASSET_CTR_CROSS_FEATURES,) and spec.cron is None
+    published = [s.name for s in ctr_cross.PIPELINE.steps if ASSET_CTR_CROSS_FEATURES in s.outlets]
+    assert published == ["feast"]
+    assert CTR_EVENT_SELECTORS == ("cascade.retrain.requested:model=preranking",)
+    assert spec.step_names == ("training_set", "train", "compile", "register", "deploy")
+    assert spec.step("training_set").spark
+
+
+def test_the_training_days_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cascade.config import load_group
+
+    monkeypatch.setenv("CASCADE_PRERANKING_TRAIN_DAYS", "0")
+    with pytest.raises(ValueError, match="TRAIN_DAYS must be >= 1, got 0"):
+        load_group(ctr_preranking.PrerankingSettings)
+    monkeypatch.setenv("CASCADE_PRERANKING_TRAIN_DAYS", "3")
+    monkeypatch.setenv("CASCADE_PRERANKING_SOURCE", "Bad-Name")
+    with pytest.raises(ValueError, match="CASCADE_PRERANKING_SOURCE"):
+        load_group(ctr_preranking.PrerankingSettings)
