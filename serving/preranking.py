@@ -29,6 +29,14 @@ put through the network's item side when a version loads, user fields once per r
 ``SharedUserScorer``. A background thread polls the
 registry's champion alias and swaps a new version in without a restart.
 
+A version trained on the cross-statistics engine's training set (a ColdPreRanker that reads
+none of :data:`LEGACY_FIELDS`, whose run names its source in the param ``cross_source``) is
+served without the legacy store: its item table is the source's newest published item
+catalogue (ids, and ``item_category`` as the genre), and a request reads only the user's and
+the user x category views. For any version, the fields of views keyed by the item alone
+(``cross_item``) are read once when the version loads, for every item of its table, and held
+with it: they are the store's values at that load until the next version loads.
+
 Here: the KServe model, its settings and request parsing. The v2 codec is
 :mod:`cascade.v2_codec`; the in-memory item table :mod:`serving.item_table`; the compiled
 scorer :mod:`serving.cold_scorer`; one served version, swapped in as a whole,

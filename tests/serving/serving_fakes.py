@@ -94,19 +94,24 @@ def cold_network(
     field_set = FieldSet.from_declarations(declared, rows) if declared else FIELDS
     encoder = FieldEncoder(field_set, bins=6).fit(rows)
     fields = ("user_id", "user_ctr", "item_id", "genre", "item_ctr", "ug_ctr", "ug_clicks")
-    fields += tuple(declared)
+    return spread_preranker(seed, fields + tuple(declared), encoder), encoder
+
+
+def spread_preranker(seed: int, fields: tuple[str, ...], encoder: FieldEncoder) -> ColdPreRanker:
+    """A small ColdPreRanker reading ``fields`` of the encoder's field set, with random
+    embeddings of a scale that spreads the scores."""
     torch.manual_seed(seed)
     net = ColdPreRanker(
         CascadeNetConfig(embedding_dim=4, hidden=(16, 8)),
         fields,
         encoder.cardinalities(),
-        field_set=field_set,
+        field_set=encoder.fields,
     )
     with torch.no_grad():
         for name, parameter in net.named_parameters():
             if "embedding" in name:
                 parameter.normal_(0, 0.5)
-    return net, encoder
+    return net
 
 
 def network(seed: int) -> PreRanker:
