@@ -38,7 +38,7 @@ from models.preranking.model import ColdPreRanker
 from serving.feedback import FeedbackLog
 from serving.item_table import lake_item_catalogue
 from serving.monitor import MonitorConfig, evaluate_day
-from serving.preranking import PreRankingModel, ServingConfig
+from serving.preranking import PreRankingModel, ServingConfig, default_backends
 from serving.shadow import ObserverConfig, ServingObserver
 
 SOURCE = "generated"
@@ -399,3 +399,44 @@ def test_the_catalogue_is_the_newest_partition_whose_gate_passed(tmp_path: Path)
     where = engine.CrossLake(lake, SOURCE)
     assert where.catalogue("2026-03-09") == lake.ctr_catalogue(SOURCE, "2026-03-09")
     assert where.gate_report("2026-03-09") == lake.ctr_cross_gate_report(SOURCE, "2026-03-09")
+
+
+def test_the_default_backend_reads_a_version_source_from_its_run_param(tmp_path: Path) -> None:
+    """The train step logs ``cross_source``; a run without it is a legacy version."""
+    import mlflow
+
+    from models.preranking.inference import CROSS_SOURCE_PARAM, run_cross_source
+
+    settings = Settings(home=tmp_path, mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
+    experiment = client.create_experiment("preranking")
+    engine_run = client.create_run(experiment).info.run_id
+    client.log_param(engine_run, CROSS_SOURCE_PARAM, SOURCE)
+    legacy_run = client.create_run(experiment).info.run_id
+    client.log_param(legacy_run, "epochs", "2")
+    assert CROSS_SOURCE_PARAM == "cross_source"
+    assert run_cross_source(settings, engine_run) == SOURCE
+    assert run_cross_source(settings, legacy_run) is None
+    backends = default_backends()
+    assert backends.version_source is run_cross_source
+    assert backends.item_catalogue is lake_item_catalogue
+
+
+@pytest.mark.slow
+def test_an_engine_version_is_scored_by_its_compiled_package(tmp_path: Path) -> None:
+    """The package gets the item fields' codes from the table, as the eager network would."""
+    from compilers.preranking import compile_cold_preranking
+
+    loaded = engine_loaded()
+    package = compile_cold_preranking(loaded.model, tmp_path / "preranking.pt2", fast_build=True)
+    loaded = dataclasses.replace(loaded, compiled=package.path)
+    model, _ = serve(tmp_path, loaded, sources={RUN: SOURCE})
+    assert model.load()
+    assert model._served is not None and model._served.backend == "compiled"
+    for user_id in (5, ABSENT_USER):
+        np.testing.assert_allclose(
+            predict(model, user_id, CANDIDATES),
+            offline_scores(loaded, user_id, CANDIDATES),
+            rtol=0,
+            atol=1e-5,
+        )
