@@ -47,6 +47,20 @@ class Lake:
     def ctr_features(self, view: str, ds: str) -> Path:
         return self.ctr_view_root(view) / f"dt={check_ds(ds)}"
 
+    def ctr_catalogue_root(self, source: str) -> Path:
+        """Every partition of the cross-statistics engine's item catalogue of ``source``."""
+        return self.root / "features" / "ctr_catalogue" / source
+
+    def ctr_catalogue(self, source: str, ds: str) -> Path:
+        """The item catalogue of the engine's partition ``ds`` of ``source`` (outside the pair
+        folders, which the feature views read whole)."""
+        return self.ctr_catalogue_root(source) / f"dt={check_ds(ds)}"
+
+    def ctr_cross_gate_report(self, source: str, ds: str) -> Path:
+        """The verdict of the engine's gate (``jobs.ctr_cross_stats_gate``) on partition ``ds``
+        of ``source``: ``{"success": bool, ...}``."""
+        return self.reports(f"gx_ctr_cross_{source}", ds) / "report.json"
+
     def impressions(self, ds: str) -> Path:
         """Labelled impressions (user_id, item_id, genre, event_timestamp, click) for training."""
         return self.root / "impressions" / "ml100k" / f"dt={check_ds(ds)}"

@@ -521,9 +521,9 @@ class CrossLake:
         return self.lake.root / "features" / "ctr_cross" / self.source / pair.name
 
     def catalogue(self, ds: str) -> Path:
-        """:func:`item_catalogue` of partition ``ds`` (outside the pair folders, which the
-        feature views read whole)."""
-        return self.lake.root / "features" / "ctr_catalogue" / self.source / f"dt={ds}"
+        """:func:`item_catalogue` of partition ``ds`` (:meth:`cascade.lake.Lake.ctr_catalogue`,
+        where a server reads it too)."""
+        return self.lake.ctr_catalogue(self.source, ds)
 
     def quarantine(self, ds: str) -> Path:
         return self.lake.quarantine(f"{self.source}_log", ds)
@@ -532,8 +532,9 @@ class CrossLake:
         return self.lake.reports(f"ctr_cross_stats_{self.source}", ds) / "summary.json"
 
     def gate_report(self, ds: str) -> Path:
-        """The verdict of :mod:`jobs.ctr_cross_stats_gate` on partition ``ds``."""
-        return self.lake.reports(f"gx_ctr_cross_{self.source}", ds) / "report.json"
+        """The verdict of :mod:`jobs.ctr_cross_stats_gate` on partition ``ds``
+        (:meth:`cascade.lake.Lake.ctr_cross_gate_report`)."""
+        return self.lake.ctr_cross_gate_report(self.source, ds)
 
 
 def build_session(settings: Settings, *, app: str = "cascade.ctr_cross_stats") -> SparkSession:

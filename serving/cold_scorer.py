@@ -40,8 +40,10 @@ class CompiledColdScorer:
 
     Fields outside the default contract (:func:`models.preranking.model.request_fields`, e.g.
     cross statistics of the field set) come with each request in ``extra``: ``{name: values}``,
-    one value for a user field, one per candidate otherwise (NaN: unknown). With
-    :func:`eager_run` as ``run`` this is the eager scorer of such a model.
+    one value for a user field, one per candidate otherwise (NaN: unknown); an item field the
+    item table holds (``item_columns``: read once per version) is encoded with the table's
+    items instead, and ``extra`` may still override it. With :func:`eager_run` as ``run`` this
+    is the eager scorer of such a model.
     """
 
     PARITY_ATOL = 1e-4
@@ -55,7 +57,9 @@ class CompiledColdScorer:
         item_ids: np.ndarray,
         item_dense: np.ndarray,
         item_genres: Sequence[str | None],
+        item_columns: Sequence[str] = ITEM_FEATURES,
     ) -> None:
+        """``item_dense [M, len(item_columns)]``: the table's values of ``item_columns``."""
         self.run = run
         self.encoder = encoder
         field_set = model.field_set
@@ -65,11 +69,14 @@ class CompiledColdScorer:
                 f"{list(encoder.fields.names)}"
             )
         self.width = len(field_set)
-        self.request_fields = request_fields(model)
+        outside = request_fields(model)
+        self.table_fields = frozenset(
+            name for name, kind in outside.items() if kind == "item" and name in item_columns
+        )
+        """Fields outside the default contract whose codes come from the item table."""
+        self.request_fields = {n: k for n, k in outside.items() if n not in self.table_fields}
         """``{name: kind}`` of the fields every request must carry in ``extra``."""
-        self._extra = [
-            (name, field_set.position(name), kind) for name, kind in self.request_fields.items()
-        ]
+        self._extra = [(name, field_set.position(name), kind) for name, kind in outside.items()]
         self._user = [
             (field_set[p].name, p)
             for p in model.user_index.tolist()
@@ -81,14 +88,17 @@ class CompiledColdScorer:
             if field_set[p].name not in self.request_fields
         ]
         item_ids = np.asarray(item_ids, dtype=np.int64)
-        dense = np.asarray(item_dense, dtype=np.float32).reshape(len(item_ids), -1)
+        dense = np.asarray(item_dense)
+        if dense.dtype.kind != "f":
+            dense = dense.astype(np.float64)
+        dense = dense.reshape(len(item_ids), len(item_columns))
         columns: dict[str, Any] = {"item_id": item_ids, "genre": list(item_genres)}
-        columns.update({name: dense[:, j] for j, name in enumerate(ITEM_FEATURES)})
+        columns.update({name: dense[:, j] for j, name in enumerate(item_columns)})
         self.item_codes = np.zeros((len(item_ids) + 1, self.width), dtype=np.int64)
         self._item_id_position: int | None = None
         for position in model.item_index.tolist():
             name = field_set[position].name
-            if name in self.request_fields:
+            if name in self.request_fields or name not in columns:
                 continue
             self.item_codes[:-1, position] = encoder.encode_column(name, columns[name])
             if name == "item_id":
@@ -109,7 +119,7 @@ class CompiledColdScorer:
         """Logits ``[N]``; the arguments as in :meth:`ColdSharedScorer.logits`, and ``extra``
         the values of :attr:`request_fields` (ValueError naming any that is missing)."""
         extra = extra or {}
-        absent = [name for name, _, _ in self._extra if name not in extra]
+        absent = [name for name in self.request_fields if name not in extra]
         if absent:
             raise ValueError(f"the request lacks values of fields {absent} the model reads")
         user = np.zeros((1, self.width), dtype=np.int64)
@@ -134,6 +144,8 @@ class CompiledColdScorer:
             genre_rows = np.where(codes < 0, len(genre_values) - 1, codes)
             candidates[:, self._cross_positions] = per_genre[genre_rows]
         for name, position, kind in self._extra:
+            if name not in extra:  # a table field: its codes are in the candidates' rows
+                continue
             values = np.asarray(extra[name]).reshape(-1)
             if kind == "user":
                 user[0, position] = self.encoder.encode_column(name, values[:1])[0]
@@ -160,10 +172,10 @@ class CompiledColdScorer:
         user_dense = np.full(len(USER_FEATURES), np.nan, dtype=np.float32)
         args = (-1, user_dense, genre_dense, rows, codes, item_ids)
         with torch.inference_mode():
-            if self._extra:
+            if self.request_fields:
                 extra = {
                     name: np.full(1 if kind == "user" else len(rows), np.nan, dtype=np.float32)
-                    for name, _, kind in self._extra
+                    for name, kind in self.request_fields.items()
                 }
                 got = self.logits(*args, extra=extra)
                 want = eager.logits(*args, extra=extra)  # type: ignore[call-arg]

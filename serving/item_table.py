@@ -1,9 +1,12 @@
-"""The catalogue's item features held in memory by the pre-ranking server, one table per
-served model version, and the catalogue itself: every item id of the lake's CTR item view."""
+"""The catalogue's item fields held in memory by the pre-ranking server, one table per served
+model version, and the catalogues themselves: every item id of the lake's legacy CTR item view
+(:func:`lake_item_ids`), or the cross-statistics engine's newest published item catalogue of a
+source (:func:`lake_item_catalogue`)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -11,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from cascade.config import Settings
+from cascade.ctr_catalogue import read_newest_catalogue
 from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE
 from cascade.lake import Lake
 
@@ -33,31 +37,62 @@ def lake_item_ids(settings: Settings) -> list[int]:
     return sorted({int(v) for v in table.column("item_id").to_pylist() if v is not None})
 
 
+def lake_item_catalogue(settings: Settings, source: str) -> pd.DataFrame | None:
+    """The engine's item catalogue of ``source``: ``item_id``, ``item_category`` of its newest
+    partition whose gate passed (:func:`cascade.ctr_catalogue.read_newest_catalogue`); None when
+    the lake has none."""
+    lake = Lake(settings.lake_root)
+    found = read_newest_catalogue(lake, source)
+    if found is None:
+        return None
+    ds, frame = found
+    log.info(
+        "item catalogue of %s: partition %s, %d items (%s)",
+        source,
+        ds,
+        len(frame),
+        lake.ctr_catalogue(source, ds),
+    )
+    return frame
+
+
 @dataclass(frozen=True, kw_only=True)
 class ItemTable:
-    """In-memory item features: row ``i`` belongs to ``ids[i]``."""
+    """In-memory item fields: row ``i`` belongs to ``ids[i]``."""
 
     ids: pd.Index
     """Item ids, unique."""
     dense: np.ndarray
-    """float32 ``[M, len(ITEM_FEATURES)]``, NaN where unknown."""
+    """``[M, len(columns)]`` numbers (float32 for the legacy ITEM_FEATURES, float64 for values
+    read from the online store, as the scorer encodes them), NaN where unknown."""
     genre_codes: np.ndarray
     """int64 ``[M]``: index into ``genres``, -1 where the genre is unknown."""
     genres: tuple[str, ...]
     """Distinct genres."""
+    columns: tuple[str, ...] = ITEM_FEATURES
+    """The field name of each column of ``dense``."""
+
+    def __post_init__(self) -> None:
+        if self.dense.shape != (len(self.ids), len(self.columns)):
+            raise ValueError(
+                f"item table of {len(self.ids)} ids and columns {list(self.columns)} holds "
+                f"values of shape {self.dense.shape}"
+            )
 
     @classmethod
-    def from_frame(cls, frame: pd.DataFrame) -> ItemTable:
-        """Build from ``online_item_features`` output (indexed by item_id)."""
-        missing = [c for c in (*ITEM_FEATURES, ITEM_GENRE) if c not in frame.columns]
+    def from_frame(cls, frame: pd.DataFrame, columns: Sequence[str] = ITEM_FEATURES) -> ItemTable:
+        """Build from a frame indexed by item_id with ``columns`` and ITEM_GENRE
+        (``online_item_features`` output for the legacy ITEM_FEATURES, stored as float32)."""
+        columns = tuple(columns)
+        missing = [c for c in (*columns, ITEM_GENRE) if c not in frame.columns]
         if missing:
             raise ValueError(
                 f"item features lack columns {missing}; online_item_features must return "
-                f"{list(ITEM_FEATURES) + [ITEM_GENRE]}"
+                f"{list(columns) + [ITEM_GENRE]}"
             )
         frame = frame[~frame.index.duplicated(keep="last")]
         dense = (
-            frame[list(ITEM_FEATURES)]
+            frame[list(columns)]
             .apply(pd.to_numeric, errors="coerce")
             .to_numpy(dtype=np.float32, na_value=np.nan)
         )
@@ -65,10 +100,38 @@ class ItemTable:
         codes, uniques = pd.factorize(genre, use_na_sentinel=True)
         return cls(
             ids=pd.Index(frame.index.astype(np.int64)),
-            dense=dense.reshape(len(frame), len(ITEM_FEATURES)),
+            dense=dense.reshape(len(frame), len(columns)),
             genre_codes=codes.astype(np.int64),
             genres=tuple(str(g) for g in uniques),
+            columns=columns,
         )
+
+    def with_columns(self, values: Mapping[str, np.ndarray]) -> ItemTable:
+        """This table with more columns: ``{name: float64 [M]}`` in row order (NaN: unknown);
+        the table's values become float64 (a float32 value converts exactly)."""
+        clash = sorted(set(values) & set(self.columns))
+        if clash:
+            raise ValueError(f"the item table already holds columns {clash}")
+        added = [np.asarray(v, dtype=np.float64).reshape(len(self.ids)) for v in values.values()]
+        dense = np.column_stack([self.dense.astype(np.float64), *added]) if added else self.dense
+        return ItemTable(
+            ids=self.ids,
+            dense=dense.reshape(len(self.ids), len(self.columns) + len(added)),
+            genre_codes=self.genre_codes,
+            genres=self.genres,
+            columns=(*self.columns, *values),
+        )
+
+    def matrix(self, names: Sequence[str]) -> np.ndarray:
+        """``[M, len(names)]`` of the named columns in the table's dtype; NaN for a name the
+        table does not hold (what the legacy scorers take as ITEM_FEATURES)."""
+        if tuple(names) == self.columns:
+            return self.dense
+        out = np.full((len(self.ids), len(names)), np.nan, dtype=self.dense.dtype)
+        for j, name in enumerate(names):
+            if name in self.columns:
+                out[:, j] = self.dense[:, self.columns.index(name)]
+        return out
 
     @cached_property
     def _row_of_id(self) -> np.ndarray | None:
@@ -94,25 +157,25 @@ class ItemTable:
     def lookup(
         self, item_ids: np.ndarray, rows: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``(dense [N, 4], genre_codes [N])`` for the candidates; unknown ids get NaN / -1.
-        ``rows``: their :meth:`rows`, when already known."""
+        """``(dense [N, len(columns)], genre_codes [N])`` for the candidates; unknown ids get
+        NaN / -1. ``rows``: their :meth:`rows`, when already known."""
         rows = self.rows(item_ids) if rows is None else rows
         known = rows >= 0
-        dense = np.full((len(item_ids), len(ITEM_FEATURES)), np.nan, dtype=np.float32)
+        dense = np.full((len(item_ids), len(self.columns)), np.nan, dtype=self.dense.dtype)
         codes = np.full(len(item_ids), -1, dtype=np.int64)
         dense[known] = self.dense[rows[known]]
         codes[known] = self.genre_codes[rows[known]]
         return dense, codes
 
     def feature_column(self, name: str) -> np.ndarray:
-        """ITEM_FEATURES ``name`` of every row, float64 (NaN where unknown)."""
+        """Column ``name`` of every row, float64 (NaN where unknown)."""
         return self._feature_columns[name]
 
     @cached_property
     def _feature_columns(self) -> dict[str, np.ndarray]:
         return {
             name: np.ascontiguousarray(self.dense[:, j], dtype=np.float64)
-            for j, name in enumerate(ITEM_FEATURES)
+            for j, name in enumerate(self.columns)
         }
 
     def codes(self, rows: np.ndarray) -> np.ndarray:

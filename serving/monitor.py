@@ -93,6 +93,12 @@ def _psi(expected: np.ndarray, actual: np.ndarray) -> float:
     return float(np.sum((actual - expected) * np.log(actual / expected)))
 
 
+def _has_number(column: pd.Series) -> bool:
+    """Whether ``column`` holds a finite number."""
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    return bool(np.isfinite(values).any())
+
+
 def online_auc(scores: np.ndarray, clicks: np.ndarray) -> float | None:
     """ROC AUC by the rank-sum formula (ties share ranks); None if a day has one class only."""
     scores = np.asarray(scores, dtype=float)
@@ -128,6 +134,11 @@ def evaluate_day(
         verdict.reasons.append(f"only {len(serving)} rows (< min_rows={config.min_rows})")
         return verdict
     present = set(reference.columns) & set(serving.columns)
+    for name in config.numeric_features:
+        # A column without a number on one side (e.g. a legacy feature that a version of the
+        # cross-statistics engine logs as NaN, or does not log) has nothing to compare.
+        if name in present and not (_has_number(reference[name]) and _has_number(serving[name])):
+            present.discard(name)
     for name in config.numeric_features:
         if name in present:
             verdict.psi[name] = psi_numeric(

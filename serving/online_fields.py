@@ -13,6 +13,11 @@ Per request and view the candidates' keys are deduplicated before the read: user
 item_category over 1,000 candidates is one key per distinct genre of the request. A candidate
 without a key (an item not in the table has no genre) or a key the store does not hold gets
 NaN (the encoder's code 0, unknown), never an error.
+
+A view keyed by the item alone (:data:`ITEM_KEYS`: ``cross_item`` by ``item_id``) has the same
+values for an item in every request: the server reads it once per version for the whole item
+table (:meth:`OnlineFieldPlan.split_item_reads`, :meth:`OnlineFieldPlan.item_values`) and
+not per request.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ ITEM_KEY = "item_id"
 GENRE_KEY = "item_category"
 SERVED_KEYS = frozenset({USER_KEY, ITEM_KEY, GENRE_KEY})
 """Join keys the server fills: the request's user, each candidate's id and genre."""
+ITEM_KEYS = frozenset({ITEM_KEY, GENRE_KEY})
+"""Join keys known per item of the table, the same in every request."""
 
 
 class CrossReader(Protocol):
@@ -102,6 +109,48 @@ class OnlineFieldPlan:
     @cached_property
     def fields(self) -> frozenset[str]:
         return frozenset(f for read in self.reads for f in read.fields)
+
+    def split_item_reads(self) -> tuple[OnlineFieldPlan, OnlineFieldPlan]:
+        """``(per request, per item)``: the reads with a user key, and those keyed by
+        :data:`ITEM_KEYS` alone (their values depend on the item only, see
+        :meth:`item_values`)."""
+        per_item = tuple(r for r in self.reads if set(r.join_keys) <= ITEM_KEYS)
+        rest = tuple(r for r in self.reads if r not in per_item)
+        return OnlineFieldPlan(rest), OnlineFieldPlan(per_item)
+
+    def item_values(
+        self,
+        reader: CrossReader,
+        *,
+        item_ids: np.ndarray,
+        genre_codes: np.ndarray,
+        genres: Sequence[str],
+        batch: int,
+    ) -> dict[str, np.ndarray]:
+        """``{field: float64 [M]}`` (in plan order) of a plan of per-item reads
+        (:meth:`split_item_reads`) for every item of a table (``genre_codes``: each item's
+        index into ``genres``, -1: none): one read per view and batch of ``batch`` items. NaN
+        where the store holds no value."""
+        if any(not set(r.join_keys) <= ITEM_KEYS for r in self.reads):
+            raise ValueError("item_values reads views keyed by the item alone; split the plan")
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        item_ids = np.asarray(item_ids, dtype=np.int64)
+        genre_codes = np.asarray(genre_codes, dtype=np.int64)
+        names = [f for read in self.reads for f in read.fields]
+        out = {name: np.full(len(item_ids), np.nan, dtype=np.float64) for name in names}
+        for start in range(0, len(item_ids), batch):
+            part = slice(start, start + batch)
+            values = self.values(
+                reader,
+                user_id=0,  # no view here is keyed by the user
+                item_ids=item_ids[part],
+                genre_codes=genre_codes[part],
+                genres=genres,
+            )
+            for name, column in values.items():
+                out[name][part] = column
+        return out
 
     def values(
         self,

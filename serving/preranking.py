@@ -29,6 +29,14 @@ put through the network's item side when a version loads, user fields once per r
 ``SharedUserScorer``. A background thread polls the
 registry's champion alias and swaps a new version in without a restart.
 
+A version trained on the cross-statistics engine's training set (a ColdPreRanker that reads
+none of :data:`LEGACY_FIELDS`, whose run names its source in the param ``cross_source``) is
+served without the legacy store: its item table is the source's newest published item
+catalogue (ids, and ``item_category`` as the genre), and a request reads only the user's and
+the user x category views. For any version, the fields of views keyed by the item alone
+(``cross_item``) are read once when the version loads, for every item of its table, and held
+with it: they are the store's values at that load until the next version loads.
+
 Here: the KServe model, its settings and request parsing. The v2 codec is
 :mod:`cascade.v2_codec`; the in-memory item table :mod:`serving.item_table`; the compiled
 scorer :mod:`serving.cold_scorer`; one served version, swapped in as a whole,
@@ -65,7 +73,7 @@ from cascade.ctr_schema import (
 from cascade.v2_codec import JsonTensor, decode_v2_tensors, require_v2, v2_response_body
 from models.preranking.model import ColdPreRanker, request_fields
 from serving.cold_scorer import CompiledColdScorer
-from serving.item_table import ItemTable, lake_item_ids
+from serving.item_table import ItemTable, lake_item_catalogue, lake_item_ids
 from serving.metrics import INFERENCE_ERRORS, ONLINE_READ_SECONDS
 from serving.online_fields import CrossReader, OnlineFieldPlan
 from serving.served_version import ServedVersion, freeze_heap
@@ -77,6 +85,10 @@ USER_INPUT = "user_id"
 ITEMS_INPUT = "item_ids"
 SCORES_OUTPUT = "scores"
 ID_DATATYPE = "INT64"
+
+LEGACY_FIELDS = frozenset((*USER_FEATURES, *ITEM_FEATURES, *USER_GENRE_FEATURES))
+"""The fields of the legacy online store and item view; a version that reads none of them and
+names its cross-statistics source is served without that store."""
 
 # Column positions in the dense model input, so assembly never depends on tuple slicing.
 _USER_COLS = [MODEL_FEATURES.index(name) for name in USER_FEATURES]
@@ -195,13 +207,20 @@ class Backends:
     """``settings -> reader`` of the online store's cross views (a version's extra fields it
     serves are read per request, :mod:`serving.online_fields`); None: every extra field comes
     with the request."""
+    version_source: Callable[[Settings, str], str | None] = lambda settings, run_id: None
+    """``(settings, run_id) -> source`` of the cross-statistics engine whose training set the
+    version's run trained on (its run param ``cross_source``); None: a legacy version."""
+    item_catalogue: Callable[[Settings, str], pd.DataFrame | None] = lake_item_catalogue
+    """``(settings, source) -> frame`` of ``item_id``, ``item_category``: the engine's newest
+    published item catalogue of the source, None when there is none; the item table of an
+    engine version."""
 
 
 def default_backends() -> Backends:
     """MLflow registry + Feast online store; imported lazily so tests never need them."""
     from cascade.feature_store import OnlineUserReader, feature_store, online_item_features
     from cascade.online_cross import OnlineCrossReader
-    from models.preranking.inference import alias_version, load_registered
+    from models.preranking.inference import alias_version, load_registered, run_cross_source
 
     return Backends(
         champion_version=lambda settings, alias: alias_version(settings, alias=alias),
@@ -213,6 +232,8 @@ def default_backends() -> Backends:
         item_features=lambda reader, item_ids: online_item_features(reader.store, item_ids),
         catalog_item_ids=lake_item_ids,
         open_cross_reader=lambda settings: OnlineCrossReader(feature_store(settings)),
+        version_source=run_cross_source,
+        item_catalogue=lake_item_catalogue,
     )
 
 
@@ -357,7 +378,8 @@ class Scored:
     scores: np.ndarray
     """float32 ``[N]`` in (0, 1)."""
     user: Mapping[str, float]
-    """The user's USER_FEATURES as looked up."""
+    """The user's USER_FEATURES as looked up in the legacy store; for a version that reads
+    none (``ServedVersion.legacy_store`` False), the values of its user fields it scored with."""
     rows: np.ndarray
     """Each candidate's row in the served item table (-1: unknown item)."""
 
@@ -494,20 +516,24 @@ class PreRankingModel(Model):
             self._cross_reader_opened = True
         return self._cross_reader
 
-    def _online_plan(self, network: torch.nn.Module, version: str) -> OnlineFieldPlan:
-        """The fields beyond the default contract that the online store serves: read per
-        request; the others the requests carry."""
+    def _online_plan(
+        self, network: torch.nn.Module, version: str
+    ) -> tuple[OnlineFieldPlan, OnlineFieldPlan]:
+        """``(per request, per item)``: the fields beyond the default contract that the online
+        store serves, those of views keyed by the item alone read once for the item table
+        (:meth:`_with_item_fields`), the others per request; the requests carry the rest."""
         needs = request_fields(network) if isinstance(network, ColdPreRanker) else {}
         if not needs:
-            return OnlineFieldPlan(())
+            return OnlineFieldPlan(()), OnlineFieldPlan(())
         reader = self._cross()
         sources = reader.sources(list(needs)) if reader is not None else {}
         plan = OnlineFieldPlan.build(needs, sources)
-        if plan.reads:
+        per_request, per_item = plan.split_item_reads()
+        if per_request.reads:
             log.info(
                 "version %s: fields read from the online store per request: %s",
                 version,
-                "; ".join(f"{r.view} ({', '.join(r.fields)})" for r in plan.reads),
+                "; ".join(f"{r.view} ({', '.join(r.fields)})" for r in per_request.reads),
             )
         rest = [name for name in needs if name not in plan.fields]
         if rest:
@@ -516,12 +542,28 @@ class PreRankingModel(Model):
                 version,
                 rest,
             )
-        return plan
+        return per_request, per_item
 
-    def _prepare(self, loaded: ChampionModel) -> ServedVersion:
+    def _engine_source(self, loaded: ChampionModel) -> str | None:
+        """The cross-statistics source of a version that reads none of the legacy store's
+        fields (:data:`LEGACY_FIELDS`); None for any other version (served as before)."""
         network = loaded.model
-        network.eval()
-        online = self._online_plan(network, str(loaded.version))
+        if not isinstance(network, ColdPreRanker) or set(network.fields) & LEGACY_FIELDS:
+            return None
+        source = self.backends.version_source(self.settings, str(loaded.run_id))
+        if source is None:
+            log.warning(
+                "version %s reads none of the legacy features, but its run %s names no cross "
+                "source (run param cross_source): its items come from the legacy item view "
+                "and each request reads the legacy store",
+                loaded.version,
+                loaded.run_id,
+            )
+        return source
+
+    def _legacy_items(self) -> ItemTable:
+        """The legacy item table: the lake's item view ids, their ITEM_FEATURES and genres
+        read from the online store in batches."""
         item_ids = [int(i) for i in self.backends.catalog_item_ids(self.settings)]
         store = self._feature_store()
         frames = [
@@ -535,11 +577,71 @@ class PreRankingModel(Model):
                 columns=[*ITEM_FEATURES, ITEM_GENRE], index=pd.Index([], name="item_id")
             )
         )
-        items = ItemTable.from_frame(frame)
-        log.info("version %s: %d items held in memory", loaded.version, len(items.ids))
+        return ItemTable.from_frame(frame)
+
+    def _catalogue_items(self, source: str, version: str) -> ItemTable:
+        """The item table of an engine version: the ids of ``source``'s newest published item
+        catalogue, each with its ``item_category`` as its genre; no item field yet."""
+        frame = self.backends.item_catalogue(self.settings, source)
+        if frame is None:
+            raise FileNotFoundError(
+                f"version {version} was trained on the cross statistics of {source!r}, but the "
+                f"lake has no published item catalogue of {source!r} (features/ctr_catalogue/"
+                f"{source} with a passed gate); run the ctr_cross pipeline for {source!r}"
+            )
+        table = frame.set_index("item_id")[["item_category"]].rename(
+            columns={"item_category": ITEM_GENRE}
+        )
+        return ItemTable.from_frame(table, columns=())
+
+    def _with_item_fields(self, items: ItemTable, plan: OnlineFieldPlan, version: str) -> ItemTable:
+        """``items`` with the fields of ``plan`` (views keyed by the item alone) read from the
+        online store for every item, ``ServingConfig.item_batch`` items per read.
+
+        The values are those the store held when the version loaded (the view's ttl applied
+        then); they are not read again until another version loads, so a materialization in
+        between reaches the requests with the next version only. An item outside the table
+        gets NaN (unknown) for these fields."""
+        reader = self._cross()
+        if reader is None:  # a plan is only built with a reader
+            raise RuntimeError("the online cross reader is gone")
+        values = plan.item_values(
+            reader,
+            item_ids=items.ids.to_numpy(),
+            genre_codes=items.genre_codes,
+            genres=items.genres,
+            batch=self.config.item_batch,
+        )
+        known = np.zeros(len(items.ids), dtype=bool)
+        for column in values.values():
+            known |= np.isfinite(column)
+        log.info(
+            "version %s: item fields read once, at load, for %d items (%d with a value): %s",
+            version,
+            len(items.ids),
+            int(known.sum()),
+            "; ".join(f"{r.view} ({', '.join(r.fields)})" for r in plan.reads),
+        )
+        return items.with_columns(values)
+
+    def _prepare(self, loaded: ChampionModel) -> ServedVersion:
+        network = loaded.model
+        network.eval()
+        version = str(loaded.version)
+        online, per_item = self._online_plan(network, version)
+        source = self._engine_source(loaded)
+        items = self._legacy_items() if source is None else self._catalogue_items(source, version)
+        if per_item.reads:
+            items = self._with_item_fields(items, per_item, version)
+        log.info(
+            "version %s: %d items held in memory (%s)",
+            version,
+            len(items.ids),
+            "legacy item view" if source is None else f"item catalogue of {source}",
+        )
         return ServedVersion(
             network=network,
-            version=str(loaded.version),
+            version=version,
             run_id=str(loaded.run_id),
             items=items,
             encoder=getattr(loaded, "encoder", None),
@@ -547,6 +649,7 @@ class PreRankingModel(Model):
             compiled_reason=getattr(loaded, "compiled_reason", ""),
             use_compiled=self.config.use_compiled,
             online=online,
+            legacy_store=source is None,
         )
 
     # Inference -------------------------------------------------------------------------------
@@ -594,9 +697,11 @@ class PreRankingModel(Model):
         features and user x genre features of the candidates' genres), item features from
         memory, the user side of the network once (see :class:`SharedUserScorer` and
         :class:`ColdSharedScorer`); ``extra``: the request's values of
-        ``served.request_fields`` (InvalidInput naming a missing one that the online store
-        does not serve). The fields of ``served.online`` the request does not carry are read
-        from the online store, one batched read per view (:mod:`serving.online_fields`)."""
+        ``served.request_fields`` (InvalidInput naming a missing one that the server does not
+        supply). The fields of ``served.online`` the request does not carry are read from the
+        online store, one batched read per view (:mod:`serving.online_fields`). A version of
+        the cross-statistics engine (``served.legacy_store`` False) makes no legacy lookup:
+        its user and cross fields come from those reads, its item fields from the table."""
         if served.request_fields:
             absent = [n for n in served.required_fields if n not in (extra or {})]
             if absent:
@@ -606,28 +711,25 @@ class PreRankingModel(Model):
         items = served.items
         rows = items.rows(item_ids)
         codes = items.codes(rows)
-        # Sorted by name: the store sees the same genre list for the same candidate set.
-        seen = np.bincount(codes + 1, minlength=len(items.genres) + 1)[1:] > 0
-        present = items.genres_by_name[seen[items.genres_by_name]].tolist()
-        genres = [items.genres[c] for c in present]
-        try:
-            user, per_genre = self.backends.user_features(self._feature_store(), user_id, genres)
-        except Exception as exc:
-            if is_lock_timeout(exc):
-                raise FeatureStoreBusy(self.name) from exc
-            raise
-        user_dense = _floats([[user.get(f) for f in USER_FEATURES]])[0]
-        # Row g of ug_table holds genre g's user x genre features; the last row (code -1) is NaN.
-        ug_table = np.full((len(items.genres) + 1, len(USER_GENRE_FEATURES)), np.nan, np.float32)
-        if present:
-            empty: Mapping[str, Any] = {}
-            ug_table[present] = _floats(
-                [[(per_genre.get(g) or empty).get(f) for f in USER_GENRE_FEATURES] for g in genres]
+        user: Mapping[str, Any] = {}
+        if served.legacy_store:
+            user, user_dense, ug_table = self._legacy_user(items, user_id, codes)
+        else:
+            user_dense = np.full(len(USER_FEATURES), np.nan, dtype=np.float32)
+            ug_table = np.full(
+                (len(items.genres) + 1, len(USER_GENRE_FEATURES)), np.nan, np.float32
             )
         if served.online.reads:
             extra = {
                 **self._online_values(served, user_id, item_ids, codes, extra),
                 **(extra or {}),
+            }
+        if not served.legacy_store:
+            given = extra or {}
+            user = {
+                name: float(np.asarray(given[name], dtype=np.float64).reshape(-1)[0])
+                for name, kind in served.request_fields.items()
+                if kind == "user" and name in given
             }
         if served.request_fields:
             assert isinstance(served.scorer, CompiledColdScorer)
@@ -654,6 +756,31 @@ class PreRankingModel(Model):
                 f"non-finite values for {len(item_ids)} candidates; roll back the champion alias"
             )
         return Scored(scores=scores.astype(np.float32, copy=False), user=user, rows=rows)
+
+    def _legacy_user(
+        self, items: ItemTable, user_id: int, codes: np.ndarray
+    ) -> tuple[Mapping[str, Any], np.ndarray, np.ndarray]:
+        """``(user features, USER_FEATURES [F], user x genre table [G + 1, F'])`` from the
+        legacy store, one lookup for the user and the candidates' genres (``codes``); row g of
+        the table holds genre g's user x genre features, the last row (code -1) NaN."""
+        # Sorted by name: the store sees the same genre list for the same candidate set.
+        seen = np.bincount(codes + 1, minlength=len(items.genres) + 1)[1:] > 0
+        present = items.genres_by_name[seen[items.genres_by_name]].tolist()
+        genres = [items.genres[c] for c in present]
+        try:
+            user, per_genre = self.backends.user_features(self._feature_store(), user_id, genres)
+        except Exception as exc:
+            if is_lock_timeout(exc):
+                raise FeatureStoreBusy(self.name) from exc
+            raise
+        user_dense = _floats([[user.get(f) for f in USER_FEATURES]])[0]
+        ug_table = np.full((len(items.genres) + 1, len(USER_GENRE_FEATURES)), np.nan, np.float32)
+        if present:
+            empty: Mapping[str, Any] = {}
+            ug_table[present] = _floats(
+                [[(per_genre.get(g) or empty).get(f) for f in USER_GENRE_FEATURES] for g in genres]
+            )
+        return user, user_dense, ug_table
 
     def _online_values(
         self,
@@ -710,7 +837,7 @@ class PreRankingModel(Model):
                 tensors,
                 max_candidates=self.config.max_candidates,
                 fields=served.request_fields,
-                optional=served.online.fields,
+                optional=served.served_fields,
             )
             response_id, scores = self._infer(served, user_id, item_ids, request_id, extra)
         return v2_response_body(
@@ -735,7 +862,7 @@ class PreRankingModel(Model):
             payload.inputs or [],
             max_candidates=self.config.max_candidates,
             fields=served.request_fields,
-            optional=served.online.fields,
+            optional=served.served_fields,
         )
         response_id, scores = self._infer(served, user_id, item_ids, payload.id, extra)
         return InferResponse(

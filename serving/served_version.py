@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from cascade.compiled_packages import load_package
+from cascade.ctr_schema import ITEM_FEATURES
 from models.preranking.fields import FieldEncoder
 from models.preranking.model import (
     ColdPreRanker,
@@ -46,6 +47,10 @@ class ServedVersion:
     online: OnlineFieldPlan = field(default_factory=lambda: OnlineFieldPlan(()))
     """The fields of :attr:`request_fields` the server reads from the online store per request
     (one batched read per view); a request may still carry them (its values win)."""
+    legacy_store: bool = True
+    """Whether a request reads the legacy online store (the user's and user x genre features,
+    ``Backends.user_features``); False for a version of the cross-statistics engine, which
+    reads none of them."""
     scorer: SharedUserScorer | ColdSharedScorer | CompiledColdScorer | None = field(init=False)
     """The network split by input side with the item side precomputed for ``items`` (built
     here, so a version and its precomputed item outputs are swapped in together): a
@@ -58,7 +63,11 @@ class ServedVersion:
     """``{name: kind}`` of the fields the network reads that the server has no source for
     (extra fields of its field set, e.g. cross statistics): every request carries them as
     inputs of that name, one value for a user field, one per candidate otherwise; those in
-    :attr:`online` may be left out (the server reads them)."""
+    :attr:`online` may be left out (the server reads them), and so may the item fields the
+    item table holds (:attr:`table_fields`)."""
+    table_fields: frozenset[str] = field(init=False)
+    """The fields of :attr:`request_fields` whose values the item table holds (read from the
+    online store once, when the version loaded); a request may still carry them."""
 
     def __post_init__(self) -> None:
         scorer: SharedUserScorer | ColdSharedScorer | CompiledColdScorer | None = None
@@ -72,19 +81,19 @@ class ServedVersion:
                 )
             needs = request_fields(self.network)
             genres = np.array([*self.items.genres, None], dtype=object)
-            table = (
-                self.items.ids.to_numpy(),
-                self.items.dense,
-                genres[self.items.genre_codes].tolist(),  # code -1: the trailing None
-            )
+            ids = self.items.ids.to_numpy()
+            genre_names = genres[self.items.genre_codes].tolist()  # code -1: the trailing None
+            table = (ids, self.items.dense, genre_names)
+            columns = self.items.columns
             if needs:
                 # Fields beyond the default contract: the codes of every field per request,
                 # the network's own request call (its user side once).
                 scorer = CompiledColdScorer(
-                    eager_run(self.network), self.network, self.encoder, *table
+                    eager_run(self.network), self.network, self.encoder, *table, columns
                 )
             else:
-                scorer = ColdSharedScorer(self.network, self.encoder, *table)
+                legacy = (ids, self.items.matrix(ITEM_FEATURES), genre_names)
+                scorer = ColdSharedScorer(self.network, self.encoder, *legacy)
             backend = "eager-shared"
             reason = self.compiled_reason or "no compiled package"
             if not self.use_compiled:
@@ -92,7 +101,7 @@ class ServedVersion:
             elif self.compiled is not None:
                 try:
                     compiled = CompiledColdScorer(
-                        load_package(self.compiled), self.network, self.encoder, *table
+                        load_package(self.compiled), self.network, self.encoder, *table, columns
                     )
                     compiled.check_against(scorer)
                     scorer, backend, reason = compiled, "compiled", ""
@@ -106,7 +115,7 @@ class ServedVersion:
             scorer = SharedUserScorer(
                 self.network,  # type: ignore[arg-type]
                 self.items.ids.to_numpy(),
-                self.items.dense,
+                self.items.matrix(ITEM_FEATURES),
             )
             backend = "eager-shared"
         object.__setattr__(self, "scorer", scorer)
@@ -118,13 +127,21 @@ class ServedVersion:
                 f"network does not read them (it reads {sorted(needs)} beyond the contract)"
             )
         object.__setattr__(self, "request_fields", needs)
+        held = frozenset(n for n, k in needs.items() if k == "item" and n in self.items.columns)
+        object.__setattr__(self, "table_fields", held)
+
+    @cached_property
+    def served_fields(self) -> frozenset[str]:
+        """The fields of :attr:`request_fields` the server supplies: read from the online
+        store per request, or held by the item table."""
+        return self.online.fields | self.table_fields
 
     @cached_property
     def required_fields(self) -> dict[str, str]:
         """``{name: kind}`` of :attr:`request_fields` every request must carry: those the
-        online store does not serve."""
-        online = self.online.fields
-        return {n: k for n, k in self.request_fields.items() if n not in online}
+        server does not supply (:attr:`served_fields`)."""
+        served = self.served_fields
+        return {n: k for n, k in self.request_fields.items() if n not in served}
 
 
 _heap_frozen = False

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from cascade.ctr_schema import ITEM_FEATURES, USER_FEATURES
+from cascade.ctr_schema import USER_FEATURES
 from serving.feedback import FeedbackLog, Gathered
 
 log = logging.getLogger(__name__)
@@ -201,13 +201,16 @@ class ServingObserver:
         rows: np.ndarray | None = None,
     ) -> dict[str, Any]:
         """The served features of each candidate, for the monitor's drift check against the
-        training set: the user's USER_FEATURES as scored (one value for all candidates), the
-        item's ITEM_FEATURES and ``genre`` from the in-memory item table (NaN / None where
-        unknown), as rows of that table: the values are gathered when the log is written."""
+        training set: the user's features as scored (one value for all candidates: the legacy
+        USER_FEATURES, or a version without the legacy store's the user fields it read), the
+        item table's columns (the legacy ITEM_FEATURES, the item fields read at load) and
+        ``genre`` (NaN / None where unknown), as rows of that table: the values are gathered
+        when the log is written."""
         items = served.items
         rows = items.rows(item_ids) if rows is None else rows
-        features: dict[str, Any] = {f: float(user.get(f, np.nan)) for f in USER_FEATURES}
-        for name in ITEM_FEATURES:
+        names = USER_FEATURES if getattr(served, "legacy_store", True) else tuple(user)
+        features: dict[str, Any] = {f: float(user.get(f, np.nan)) for f in names}
+        for name in items.columns:
             features[name] = Gathered(rows, items.feature_column(name))
         features["genre"] = Gathered(rows, items.genre_codes, items.genres)
         return features

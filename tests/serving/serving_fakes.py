@@ -94,19 +94,24 @@ def cold_network(
     field_set = FieldSet.from_declarations(declared, rows) if declared else FIELDS
     encoder = FieldEncoder(field_set, bins=6).fit(rows)
     fields = ("user_id", "user_ctr", "item_id", "genre", "item_ctr", "ug_ctr", "ug_clicks")
-    fields += tuple(declared)
+    return spread_preranker(seed, fields + tuple(declared), encoder), encoder
+
+
+def spread_preranker(seed: int, fields: tuple[str, ...], encoder: FieldEncoder) -> ColdPreRanker:
+    """A small ColdPreRanker reading ``fields`` of the encoder's field set, with random
+    embeddings of a scale that spreads the scores."""
     torch.manual_seed(seed)
     net = ColdPreRanker(
         CascadeNetConfig(embedding_dim=4, hidden=(16, 8)),
         fields,
         encoder.cardinalities(),
-        field_set=field_set,
+        field_set=encoder.fields,
     )
     with torch.no_grad():
         for name, parameter in net.named_parameters():
             if "embedding" in name:
                 parameter.normal_(0, 0.5)
-    return net, encoder
+    return net
 
 
 def network(seed: int) -> PreRanker:
@@ -187,6 +192,13 @@ def item_features(store: FakeStore, item_ids: Sequence[int]) -> pd.DataFrame:
     return frame.set_index("item_id")
 
 
+def catalogue_frame(item_ids: Sequence[int] = CATALOG) -> pd.DataFrame:
+    """The fake catalogue as the engine writes it (``item_id``, ``item_category``)."""
+    return pd.DataFrame(
+        {"item_id": list(item_ids), "item_category": [genre_of(i) for i in item_ids]}
+    )
+
+
 def write_champion(
     path: Path, version: str | None, seed: int = 0, kind: str = "mlp", compiled: Path | None = None
 ) -> None:
@@ -210,8 +222,19 @@ def _champion(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text())
 
 
-def backends(champion_file: Path, store: FakeStore | None = None) -> Backends:
+def backends(
+    champion_file: Path,
+    store: FakeStore | None = None,
+    *,
+    sources: Mapping[str, str] | None = None,
+    catalogue: pd.DataFrame | None = None,
+) -> Backends:
+    """The fake registry and store; ``sources``: ``{run_id: cross source}`` of the versions
+    trained on the cross-statistics engine (every other run is legacy); ``catalogue``: the
+    engine's item catalogue of every source (default :func:`catalogue_frame`)."""
     store = store or FakeStore()
+    runs = dict(sources or {})
+    items = catalogue_frame() if catalogue is None else catalogue
 
     def champion_version(settings: Settings, alias: str) -> str | None:
         champ = _champion(champion_file)
@@ -241,4 +264,6 @@ def backends(champion_file: Path, store: FakeStore | None = None) -> Backends:
         user_features=user_features,
         item_features=item_features,
         catalog_item_ids=lambda settings: CATALOG,
+        version_source=lambda settings, run_id: runs.get(run_id),
+        item_catalogue=lambda settings, source: items.copy(),
     )
