@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cascade.ctr_catalogue import gate_passed
 from cascade.lake import TRAINING_PROVENANCE, Lake, check_ds
 from cascade.partitions import days_before
 from jobs import ctr_cross_stats as engine
@@ -229,17 +230,13 @@ def published_partitions(
     where = engine.CrossLake(Lake(Path(lake_root)), source)
     out: dict[str, dict[str, pd.DataFrame]] = {pair.name: {} for pair in pairs}
     for ds in sorted(set(days)):
-        if require_gate and not _gate_passed(where.gate_report(ds)):
+        if require_gate and not gate_passed(where.gate_report(ds)):
             continue
         for pair in pairs:
             folder = where.pair(pair, ds)
             if folder.is_dir() and any(folder.glob("*.parquet")):
                 out[pair.name][ds] = pd.read_parquet(folder)
     return out
-
-
-def _gate_passed(report: Path) -> bool:
-    return report.is_file() and bool(json.loads(report.read_text()).get("success"))
 
 
 def training_set_from_lake(
@@ -524,7 +521,7 @@ def partition_training_set(
         raise ValueError(f"train_days must be >= 1, got {train_days}")
     days = days_before(ds, train_days)
     where = engine.CrossLake(Lake(Path(lake_root)), source)
-    missing = [day for day in days if not _gate_passed(where.gate_report(day))]
+    missing = [day for day in days if not gate_passed(where.gate_report(day))]
     if missing:
         raise MissingPartitions(
             f"no gate-passed cross statistics ({source}) for training days {missing}: run "
@@ -574,7 +571,7 @@ def published_summary(lake_root: Path, ds: str, source: str | None = None) -> di
         name
         for name in names
         if engine.CrossLake(lake, name).summary(ds).is_file()
-        and _gate_passed(engine.CrossLake(lake, name).gate_report(ds))
+        and gate_passed(engine.CrossLake(lake, name).gate_report(ds))
     ]
     if not published:
         named = f"source {source!r}" if source is not None else "any source"

@@ -27,6 +27,7 @@ from models.preranking.fscd_metrics import (
     plot_tradeoff,
 )
 from models.preranking.fscd_phases import phases, train_phase
+from models.preranking.inference import CROSS_SOURCE_PARAM
 from models.preranking.model import ColdPreRanker
 
 EXPERIMENT = "preranking-cascade"
@@ -38,7 +39,7 @@ def _mlflow_run(settings: Settings, out: Path, config: CascadeTrainConfig) -> st
     data = Path(config.data)
     source = training_source(data)
     if source is not None:
-        params[SOURCE_PARAM] = source
+        params[CROSS_SOURCE_PARAM] = source
     return open_resumable_run(
         settings,
         EXPERIMENT,
@@ -47,11 +48,6 @@ def _mlflow_run(settings: Settings, out: Path, config: CascadeTrainConfig) -> st
         params,
         inputs={f"{data.parent.name}/{data.name}": data},
     )
-
-
-SOURCE_PARAM = "cross_source"
-"""Run parameter naming the feature engine's source a training set was built from (the
-server reads that source's item catalogue)."""
 
 
 def training_source(data: Path) -> str | None:
