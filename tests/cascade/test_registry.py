@@ -202,3 +202,32 @@ def test_a_pipeline_that_compiles_registers_nothing_without_its_compile_report(
     refused = register_and_promote("2026-01-01", settings=settings, requires_compile_gate=True)
     assert not refused["promoted"] and alias_version(settings) is None
     assert refused["reasons"] == ["compile gate: failed"]
+
+
+def test_a_champion_that_reads_fields_the_rows_lack_is_compared_by_its_recorded_auc(
+    settings: Settings,
+) -> None:
+    """A champion trained on other features (the set before a feature change) cannot score the
+    challenger's held-out rows: the comparison uses both recorded hold-out AUCs, says so, and
+    still refuses a worse challenger."""
+    import pandas as pd
+
+    trained(settings, "2026-02-01", fitted(30), test_auc=0.70)
+    assert register_and_promote("2026-02-01", settings=settings)["promoted"]
+
+    def without_user_ctr(ds: str, test_auc: float) -> None:
+        trained(settings, ds, fitted(30), test_auc=test_auc)
+        data = Lake(settings.lake_root).training_set("preranking", ds) / "data.parquet"
+        pd.read_parquet(data).drop(columns=["user_ctr"]).to_parquet(data)
+
+    without_user_ctr("2026-02-02", 0.60)
+    worse = register_and_promote("2026-02-02", settings=settings)
+    comparison = worse["comparison"]
+    assert not worse["promoted"] and worse["champion_version"] == "1"
+    assert (comparison["challenger"], comparison["champion"]) == (0.60, 0.70)
+    assert comparison["champion_fields_absent"] == ["user_ctr"]
+    assert "their own held-out rows (champion v1 reads fields" in worse["reasons"][0]
+
+    without_user_ctr("2026-02-03", 0.71)
+    better = register_and_promote("2026-02-03", settings=settings)
+    assert better["promoted"] and better["previous_champion"] == "1"
