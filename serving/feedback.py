@@ -736,4 +736,6 @@ def load_reference(*, settings: Settings | None = None) -> pd.DataFrame:
         raise FileNotFoundError(
             f"no training set under {root}; run `cascade step training_set --ds DS` first"
         )
-    return pd.read_parquet(partitions[-1])
+    # The set's parquet file; its folder also holds the field declarations and provenance.
+    data = partitions[-1] / "data.parquet"
+    return pd.read_parquet(data if data.is_file() else partitions[-1])

@@ -133,3 +133,24 @@ def test_monitor_day_reads_feedback_and_clicks_from_the_lake(tmp_path: Path) -> 
     again = monitor_day("2026-11-22", settings=settings, publish=False, request_retrain=False)
     assert again["mlflow_run_id"] == report["mlflow_run_id"]
     assert again["retrain"] and not again["retrain_requested"] and len(again["events"]) == 1
+
+
+def test_the_reference_is_the_newest_training_sets_parquet_beside_its_declarations(
+    tmp_path: Path,
+) -> None:
+    """The pipeline's training-set folder holds ``fields.json`` and ``training.json`` beside
+    the parquet file; the monitor's reference is the rows alone."""
+    from serving.feedback import load_reference
+
+    settings = Settings(home=tmp_path)
+    root = settings.lake_root / "training" / "preranking"
+    for ds, ctr in (("2026-11-21", 0.1), ("2026-11-22", 0.2)):
+        folder = root / f"dt={ds}"
+        folder.mkdir(parents=True)
+        pd.DataFrame({"user_id": [1, 2], "user_ctr_7d": [ctr, ctr]}).to_parquet(
+            folder / "data.parquet"
+        )
+        (folder / "fields.json").write_text('{"version": 1, "fields": []}')
+        (folder / "training.json").write_text('{"source": "generated"}')
+    reference = load_reference(settings=settings)
+    assert reference["user_ctr_7d"].tolist() == [0.2, 0.2]
