@@ -122,12 +122,15 @@ def run_tasks(settings: Settings, run_id: str) -> list[dict[str, Any]]:
 
 
 def ledger_backend(settings: Settings, event_id: str) -> str | None:
-    """``postgresql`` or ``sqlite``: the ledger whose table holds the event's claim; None when
-    no ledger holds it."""
+    """``postgresql`` or ``sqlite``: the ledger whose table holds the event's claim (by the DAG
+    the event starts: ``ctr_cross``, whose published partition starts ``ctr_preranking``); None
+    when no ledger holds it."""
     from cascade.event_ledger import ClaimLedger, PostgresEventLedger
+    from infra.demo import STARTED_BY
 
     ledger = ClaimLedger.for_settings(settings)
-    if event_id not in ledger.claimed_at(DAG_ID):
+    claimed_by = STARTED_BY[DAG_ID][0] if DAG_ID in STARTED_BY else DAG_ID
+    if event_id not in ledger.claimed_at(claimed_by):
         return None
     return "postgresql" if isinstance(ledger, PostgresEventLedger) else "sqlite"
 

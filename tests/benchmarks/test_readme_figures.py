@@ -21,6 +21,7 @@ COMMANDS = (
     "cascade bench ",  # a benchmark: its JSON keys are named beside the figure
     "cascade step NAME --pipeline asr",  # the ASR training run the CER figures come from
     "python -m models.asr.evaluate ",  # a trained ASR model's CER on a corpus
+    "cascade step training_set --pipeline ctr_preranking",  # one partition, step by step
     "python -m benchmarks.online_materialize ",  # online-store engines side by side
     "python -m benchmarks.online_sqlite ",  # the SQLite layouts side by side
 )

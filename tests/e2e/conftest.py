@@ -39,9 +39,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         # One event per DAG here: a 5 s quiet window instead of 15 s lets each run's
         # resolve_partition free its Airflow slot sooner (two slots serve the four DAGs).
         "CASCADE_COALESCE_WINDOW_S": "5",
-        # Pre-ranker phases checkpoint at steps 20, 40 and 60 of the ~66 the partition gives
-        # each (10 epochs), so the fault test's kill lands inside the phase it checkpointed.
-        CHECKPOINT_EVERY_ENV: "20",
+        # Pre-ranker phases checkpoint at steps 25 and 50 of the ~66 the partition gives each
+        # (10 epochs), so the fault test's kill lands inside the phase it checkpointed, between
+        # two of its loss points (every 20 steps).
+        CHECKPOINT_EVERY_ENV: "25",
         # Runs start from the tests' events only: no cron tick (ctr_monitor's latest one is run
         # when the DAG appears) takes an Airflow slot or a partition mid-test.
         "CASCADE_AIRFLOW_SCHEDULES": "0",
