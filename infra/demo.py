@@ -174,7 +174,8 @@ def run_demo(
     train, register = outcome.get("train") or {}, outcome.get("register") or {}
     echo("")
     echo(
-        f"== {DAG_ID} run {outcome['dag_run_id']} ({outcome['run_type']}): "
+        f"== {outcome.get('failed_dag', DAG_ID)} run {outcome['dag_run_id']} "
+        f"({outcome.get('run_type')}): "
         f"{outcome['dag_run_state']}"
     )
     echo(
