@@ -8,15 +8,16 @@ under the most permissive umask a user could have, so only the stack's own modes
 
 * **the model server** (``python -m serving.server``, started as the stack starts its
   ``serving`` service, :func:`infra.stack.start_service`) with the cluster profile's bearer token
-  and a 1 MiB body limit, serving a pre-ranker trained on a synthetic log, registered in a
-  SQLite MLflow and read through Feast's SQLite online store (the setup of
-  :mod:`benchmarks.serving_load`). ``fuzz_requests``: requests schemathesis generated from the
-  server's own OpenAPI document, schema-valid and schema-violating, for every operation in it
-  (``fuzz_per_operation`` examples per operation and mode, within ``fuzz_budget_s``);
-  ``fuzz_5xx``: how many were answered 5xx (0). ``oversize_rss_growth_mb``: the growth of the
-  server's resident memory (its processes together) over chunked and Content-Length bodies far
-  past the limit and chunked bodies of the wrong type, all on one keep-alive connection
-  (``oversize_statuses``: 413 and 415), measured after one warm-up body of each kind;
+  and a 1 MiB body limit, serving a pre-ranker (the FSCD network, ``debug`` config) trained
+  on the cross-statistics engine's partitions of a synthetic log, registered in a SQLite MLflow
+  and reading its fields from the SQLite online store (the setup of
+  :mod:`benchmarks.serving_cross_features`). ``fuzz_requests``: requests schemathesis generated from
+  the server's own OpenAPI document, schema-valid and schema-violating, for every operation in it
+  (``fuzz_per_operation`` examples per operation and mode, within ``fuzz_budget_s``); ``fuzz_5xx``:
+  how many were answered 5xx (0). ``oversize_rss_growth_mb``: the growth of the server's resident
+  memory (its processes together) over chunked and Content-Length bodies far past the limit and
+  chunked bodies of the wrong type, all on one keep-alive connection (``oversize_statuses``: 413 and
+  415), measured after one warm-up body of each kind;
 * **events**: ``events_fuzzed`` messages hypothesis generated (bytes, text, any JSON, envelopes of
   every event type with hostile fields) routed as a watcher routes them; each one that fires is
   claimed by a run (:func:`cascade.event_ledger.claim_run_events`, which checks it again) and the
@@ -64,7 +65,6 @@ from pathlib import Path
 from typing import Any
 
 from cascade.config import REPO_ROOT, Settings, load_settings, scoped_environ
-from cascade.lake import Lake
 from cascade.ports import free_port
 
 MB = 1 << 20
@@ -849,17 +849,10 @@ def source_commit() -> dict[str, Any]:
 
 
 def run(out: Path, quick: bool) -> dict[str, Any]:
-    from benchmarks.serving_load import (
-        DS,
-        ITEMS,
-        USERS,
-        private_stack_env,
-        train_and_promote,
-        write_feature_lake,
-    )
+    from benchmarks import serving_cross_features as engine
+    from benchmarks.serving_load import DEBUG_NETWORK, ITEMS, USERS, private_stack_env
     from cascade.airflow_client import airflow_password, ensure_airflow_password
     from cascade.artifacts import DIGESTS_TAG
-    from cascade.feature_store import apply_and_materialize
     from infra.stack import start_service, state, stop_service
     from models.preranking.synthetic_data import synthetic_training_frame
 
@@ -884,12 +877,12 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             password = airflow_password(settings) or ""
             airflow_rc = start_airflow_auth(settings)
             rows = QUICK_LOG_ROWS if quick else FULL_LOG_ROWS
-            frame = synthetic_training_frame(
-                rows, users=USERS, items=ITEMS, seed=7, end="2026-01-31"
-            )
-            write_feature_lake(frame, Lake(settings.lake_root), DS)
-            apply_and_materialize(DS, settings=settings)
-            promoted = train_and_promote(frame, settings, DS)
+            # Today's partition: the cross views' ttl would serve an older one as missing.
+            ds = engine.today_ds()
+            frame = synthetic_training_frame(rows, users=USERS, items=ITEMS, seed=7, end=ds)
+            engine.publish_engine_partitions(frame, settings, ds, workdir)
+            engine.write_engine_training_set(frame, settings, ds)
+            promoted = engine.train_cold_and_promote(settings, ds, DEBUG_NETWORK)
             promoted_digests = hashlib.sha256(
                 _client(settings)
                 .get_model_version(settings.registered_model, promoted["version"])
@@ -966,7 +959,8 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             "model_version": promoted["version"],
             "model_test_auc": promoted["test_auc"],
             "registry": "mlflow sqlite",
-            "online_store": "feast sqlite (local profile)",
+            "online_store": "sqlite (local profile), bulk-loaded engine partitions",
+            "model": "cold (the FSCD pre-ranker's network, debug config, trained in process)",
             "body_limit_bytes": BODY_LIMIT,
             "setup_s": round(setup_s, 1),
         },

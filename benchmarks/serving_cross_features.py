@@ -1,23 +1,25 @@
-"""Cross features for ``cascade bench serving``: statistics in the lake, the online store, the
-served model's fields, and what the server says it read.
+"""Engine features for the serving benchmarks: the cross-statistics engine's partitions of a
+synthetic log in the lake, the online store, a training set joined from them, the served model,
+and what the server says it read.
 
 The benchmark's synthetic log (:func:`models.preranking.synthetic_data.synthetic_training_frame`)
 is put in the engine's log schema (:data:`jobs.ctr_log_sources.LOG_SCHEMA`: the item's genre is
-its ``item_category``; a position drawn per impression; no segment, no context) and the
-``user_cat`` pair (user x item category, the pair a request can key: the server knows the user
-and each candidate's genre) is computed for partition ``ds`` by the engine's DuckDB peer
-(:mod:`benchmarks.ctr_cross_duckdb`: the same columns, priors and rules as
-:mod:`jobs.ctr_cross_stats`, seconds instead of a Spark session), written where the engine
-writes it (``features/ctr_cross/generated/user_cat/dt=<ds>/``) and loaded into the online store
-by the bulk materializer (:func:`cascade.feature_store.materialize_cross`).
+its ``item_category``; a position drawn per impression; no segment, no context). The pairs a
+pre-ranking server keys from a request alone (:data:`jobs.ctr_training_set.SERVED_PAIRS`:
+``user``, ``item``, ``user_cat``) are computed for partition ``ds`` and for each of the
+:data:`TRAIN_DAYS` days before it by the engine's DuckDB peer (:mod:`benchmarks.ctr_cross_duckdb`:
+the same columns, priors and rules as :mod:`jobs.ctr_cross_stats`, seconds instead of a Spark
+session), written where the engine writes them (``features/ctr_cross/generated/<pair>/dt=<day>/``)
+with each day's item catalogue (:mod:`cascade.ctr_catalogue`) and a gate verdict that says it
+was written by this setup (the Spark gate is not run), and partition ``ds`` is loaded into the
+online store by the bulk materializer (:func:`cascade.feature_store.materialize_cross`).
 
-The training frame gets the partition's values of :data:`CROSS_FIELDS` joined on
-(user, genre), declared as ``cross`` fields (``fields.json`` beside the training parquet, read
-by the pipeline's train step; :func:`train_cold_and_promote` for the in-process network), so
-the served version reads them and the server fetches them from the online store per request
-(:mod:`serving.online_fields`). Like the benchmark's other feature snapshots, the values are
-the partition's for every training row (the model is served for its latency, not judged on
-them).
+The training set is the pipeline's (:func:`jobs.ctr_training_set.write_training_set`): each
+impression of the training days joined with its own day's partition, ``fields.json`` (the id
+fields and every statistic as a candidate field) and ``training.json`` naming the source beside
+it, so the trained version is served from the engine (:mod:`serving.preranking`: the catalogue's
+items, item-keyed fields read once per version load, user-keyed ones per request). Without
+cross features only the id fields are declared.
 
 What the server read is taken from its ``/metrics``: ``cascade_online_feature_read_seconds``
 per view and per worker process (:func:`online_reads_from_metrics`).
@@ -41,24 +43,23 @@ import pyarrow.parquet as pq
 
 from cascade.config import Settings
 from cascade.ctr_schema import LABEL, TIMESTAMP
-from cascade.lake import Lake
+from cascade.lake import TRAINING_PROVENANCE, Lake
 
 SOURCE = "generated"
-"""The log source whose cross views the online store serves."""
-PAIR = "user_cat"
-"""The pair the benchmark serves: keyed by the request's user and each candidate's genre."""
-CROSS_FIELDS: dict[str, dict[str, Any]] = {
-    "user_cat_ctr_7d": {"kind": "cross", "window_days": 7},
-    "user_cat_ctr_30d": {"kind": "cross", "window_days": 30},
-    "user_cat_decay_ctr": {"kind": "cross"},
-}
-"""The engine's ``user_cat`` columns the served model reads, as field declarations
-(:meth:`models.preranking.fields.FieldSet.from_declarations`)."""
-KEYS = ["user_id", "genre"]
-"""The training frame's columns behind a ``user_cat`` key (``genre`` is ``item_category``)."""
+"""The log source whose engine partitions the benchmarks write and serve."""
+TRAIN_DAYS = 3
+"""Days before ``ds`` whose impressions the served model trains on (each with its partition)."""
+WINDOWS = (1, 7, 30)
+"""The statistics' windows (the pipeline's)."""
+ID_FIELDS = ("user_id", "item_id", "genre")
+"""The categorical fields every training set declares (what ``--no-cross-features`` keeps)."""
 READ_METRIC = "cascade_online_feature_read_seconds"
 PID_METRIC = "cascade_serving_torch_threads"
 """A gauge every worker reports with its ``pid`` label: which process answered ``/metrics``."""
+SETUP_VERDICT = (
+    "benchmark setup (benchmarks.serving_cross_features): statistics from the engine's DuckDB "
+    "peer, the Spark gate not run"
+)
 
 
 def engine_log(frame: pd.DataFrame, *, seed: int = 7) -> pa.Table:
@@ -80,87 +81,143 @@ def engine_log(frame: pd.DataFrame, *, seed: int = 7) -> pa.Table:
     )
 
 
-def publish_cross_statistics(
-    frame: pd.DataFrame, settings: Settings, ds: str, workdir: Path
+def item_catalogue(log: pd.DataFrame, ds: str, lookback_days: int) -> pd.DataFrame:
+    """The engine's catalogue of partition ``ds`` (:func:`jobs.ctr_cross_stats.item_catalogue`)
+    of a clean log: one row per item impressed in the ``lookback_days`` before ``ds``, its
+    category at its newest impression, its impressions and when it was last seen."""
+    from jobs import ctr_cross_stats as job
+
+    cutoff = pd.Timestamp(job.ds_midnight(ds))
+    stamps = pd.to_datetime(log[TIMESTAMP], utc=True)
+    window = log[(stamps < cutoff) & (stamps >= cutoff - pd.Timedelta(days=lookback_days))]
+    window = window.sort_values(TIMESTAMP, kind="stable")
+    grouped = window.groupby("item_id", sort=True)
+    return pd.DataFrame(
+        {
+            "item_id": grouped["item_category"].last().index.astype("int64"),
+            "item_category": grouped["item_category"].last().to_numpy(),
+            "impressions": grouped.size().to_numpy(np.int64),
+            "last_seen": grouped[TIMESTAMP].max().to_numpy(),
+        }
+    )
+
+
+def publish_engine_partitions(
+    frame: pd.DataFrame,
+    settings: Settings,
+    ds: str,
+    workdir: Path,
+    *,
+    train_days: int = TRAIN_DAYS,
 ) -> dict[str, Any]:
-    """Compute the ``user_cat`` partition ``ds`` of ``frame``'s log, write it where the engine
-    writes it and bulk-load it into the online store; returns what was done and how long it
-    took."""
+    """Compute the served pairs' partitions of ``ds`` and of the ``train_days`` days before it
+    from ``frame``'s log, write them, each day's catalogue and verdict where the engine does,
+    and bulk-load partition ``ds`` into the online store; returns what was done and how long
+    it took."""
     from benchmarks import ctr_cross_duckdb
     from cascade.feature_store import materialize_cross
+    from cascade.partitions import days_before
     from jobs import ctr_cross_stats as job
+    from jobs.ctr_training_set import SERVED_PAIRS
 
     started = time.monotonic()
     log_dir = workdir / "engine-log"
     log_dir.mkdir(parents=True, exist_ok=True)
-    pq.write_table(engine_log(frame), log_dir / "part-00000.parquet")
-    pair = job.PAIRS_BY_NAME[PAIR]
-    scratch = workdir / "cross-stats"
-    summary = ctr_cross_duckdb.run(
-        log_dir, scratch, ds=ds, config=job.CrossStatsConfig(pairs=(pair,)), threads=1
-    )
-    target = job.CrossLake(Lake(settings.lake_root), SOURCE).pair(pair, ds)
-    target.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(ctr_cross_duckdb.pair_path(scratch, pair, ds), target / "part-00000.parquet")
+    table = engine_log(frame)
+    pq.write_table(table, log_dir / "part-00000.parquet")
+    log = table.to_pandas()
+    lake = Lake(settings.lake_root)
+    where = job.CrossLake(lake, SOURCE)
+    config = job.CrossStatsConfig(pairs=SERVED_PAIRS, windows_days=WINDOWS)
+    days = [*days_before(ds, train_days), ds]
+    rows: dict[str, int] = {}
+    engine_name = ""
+    for day in days:
+        scratch = workdir / "cross-stats" / day
+        summary = ctr_cross_duckdb.run(log_dir, scratch, ds=day, config=config, threads=1)
+        engine_name = summary["engine"]
+        for pair in SERVED_PAIRS:
+            target = where.pair(pair, day)
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(
+                ctr_cross_duckdb.pair_path(scratch, pair, day), target / "part-00000.parquet"
+            )
+            if day == ds:
+                rows[pair.name] = int(summary["rows"][pair.name])
+        catalogue = lake.ctr_catalogue(SOURCE, day)
+        catalogue.mkdir(parents=True, exist_ok=True)
+        item_catalogue(log, day, max(WINDOWS)).to_parquet(
+            catalogue / "part-00000.parquet", index=False
+        )
+        verdict = lake.ctr_cross_gate_report(SOURCE, day)
+        verdict.parent.mkdir(parents=True, exist_ok=True)
+        verdict.write_text(json.dumps({"success": True, "by": SETUP_VERDICT}) + "\n")
     stats_s = time.monotonic() - started
-    loaded = materialize_cross(ds, settings=settings, source=SOURCE, pairs=[PAIR])
+    pairs = [pair.name for pair in SERVED_PAIRS]
+    loaded = materialize_cross(ds, settings=settings, source=SOURCE, pairs=pairs)
     return {
-        "pair": PAIR,
-        "engine": f"{summary['engine']} (the engine's peer, benchmarks.ctr_cross_duckdb)",
-        "rows": summary["rows"][PAIR],
+        "pairs": pairs,
+        "days": days,
+        "engine": f"{engine_name} (the engine's peer, benchmarks.ctr_cross_duckdb)",
+        "rows": rows,
         "statistics_s": stats_s,
+        "gate": SETUP_VERDICT,
         "materialize_engine": loaded["engine"],
         "materialized_rows": loaded["rows"],
         "materialize_s": loaded["seconds"],
-        "partition": str(target),
     }
 
 
-def with_cross_fields(
-    frame: pd.DataFrame, settings: Settings, ds: str
-) -> tuple[pd.DataFrame, dict[str, dict[str, Any]]]:
-    """``frame`` with the partition's :data:`CROSS_FIELDS` joined on (user, genre) (NaN for a
-    key the partition lacks), and their declarations (with the key columns, so the field's key
-    cardinality is counted)."""
-    from jobs import ctr_cross_stats as job
-
-    folder = job.CrossLake(Lake(settings.lake_root), SOURCE).pair(job.PAIRS_BY_NAME[PAIR], ds)
-    stats = pq.read_table(folder, columns=["user_id", "item_category", *CROSS_FIELDS]).to_pandas()
-    stats = stats.rename(columns={"item_category": "genre"})
-    joined = frame.merge(stats, on=KEYS, how="left", validate="many_to_one")
-    declarations = {name: {**spec, "keys": KEYS} for name, spec in CROSS_FIELDS.items()}
-    return joined, declarations
-
-
-def write_training_set(
-    frame: pd.DataFrame, declarations: dict[str, dict[str, Any]] | None, lake: Lake, ds: str
-) -> Path:
-    """The training parquet of partition ``ds`` and, with ``declarations``, the ``fields.json``
-    beside it that the train step reads (none: the default fields)."""
-    from models.preranking.fields import FIELDS_FILE
-
-    data = lake.training_set("preranking", ds) / "data.parquet"
-    data.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_parquet(data, index=False)
-    beside = data.parent / FIELDS_FILE
-    if declarations:
-        beside.write_text(json.dumps(declarations, indent=2) + "\n")
-    else:
-        beside.unlink(missing_ok=True)
-    return data
-
-
-def train_cold_and_promote(
+def write_engine_training_set(
     frame: pd.DataFrame,
     settings: Settings,
     ds: str,
-    network: dict[str, Any],
-    declarations: dict[str, dict[str, Any]] | None,
-) -> dict[str, Any]:
+    *,
+    cross_features: bool = True,
+    train_days: int = TRAIN_DAYS,
+) -> tuple[pd.DataFrame, Path]:
+    """The training set of partition ``ds`` as the pipeline's ``training_set`` step writes it
+    (``data.parquet``, ``fields.json``, ``training.json`` naming the source) from ``frame``'s
+    log and the partitions :func:`publish_engine_partitions` wrote; without ``cross_features``
+    ``fields.json`` declares the id fields only. Returns the frame and its folder."""
+    from cascade.partitions import days_before
+    from jobs.ctr_training_set import (
+        FIELDS_FILE,
+        SERVED_PAIRS,
+        impression_days,
+        published_partitions,
+        write_training_set,
+    )
+
+    days = days_before(ds, train_days)
+    log = engine_log(frame).to_pandas()
+    chosen = log[impression_days(log[TIMESTAMP]).isin(days)]
+    chosen = chosen.sort_values(TIMESTAMP, kind="stable").reset_index(drop=True)
+    if chosen.empty:
+        raise ValueError(f"the benchmark log has no impression on the training days {days}")
+    partitions = published_partitions(
+        settings.lake_root, source=SOURCE, pairs=SERVED_PAIRS, days=days, require_gate=True
+    )
+    out = Lake(settings.lake_root).training_set("preranking", ds)
+    written = write_training_set(
+        out, chosen, partitions, pairs=SERVED_PAIRS, windows=WINDOWS, learned=False
+    )
+    if not cross_features:
+        fields_file = out / FIELDS_FILE
+        declared = json.loads(fields_file.read_text())
+        declared["fields"] = [f for f in declared["fields"] if f["name"] in ID_FIELDS]
+        fields_file.write_text(json.dumps(declared, indent=2) + "\n")
+    provenance = {**written, "ds": ds, "source": SOURCE, "days": days}
+    (out / TRAINING_PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+    return pd.read_parquet(out / "data.parquet"), out
+
+
+def train_cold_and_promote(settings: Settings, ds: str, network: dict[str, Any]) -> dict[str, Any]:
     """The FSCD pre-ranker's network (ColdPreRanker, the cascade config's shape) over every field
-    of the default set plus ``declarations``, trained in this process (plain Adam, the config's
-    batch size, learning rate and epochs; no teacher, no FSCD selection, no compile step),
-    logged as the cascade run logs its chosen model, registered and made champion."""
+    of the training set :func:`write_engine_training_set` wrote, trained in this process (plain
+    Adam, the config's batch size, learning rate and epochs; no teacher, no FSCD selection, no
+    compile step), logged as the cascade run logs its chosen model (with the set's source, so
+    the server reads its fields from the engine), registered and made champion."""
     import mlflow
     import torch
 
@@ -170,10 +227,7 @@ def train_cold_and_promote(
     from models.preranking.fields import FieldEncoder, FieldSet
     from models.preranking.fscd_phases import build_network
     from models.preranking.fscd_run import EXPERIMENT
-    from models.preranking.inference import (
-        COLD_DIR_ARTIFACT,
-        log_cold_model,
-    )
+    from models.preranking.inference import COLD_DIR_ARTIFACT, CROSS_SOURCE_PARAM, log_cold_model
     from models.preranking.registration import register_and_promote
     from models.preranking.train import evaluate, time_split
 
@@ -181,8 +235,10 @@ def train_cold_and_promote(
         get_cascade_config(network["training_config"]), epochs=network["epochs"], lr=network["lr"]
     )
     lake = Lake(settings.lake_root)
-    write_training_set(frame, declarations, lake, ds)
-    fields = FieldSet.from_declarations(declarations or {}, frame)
+    folder = lake.training_set("preranking", ds)
+    frame = pd.read_parquet(folder / "data.parquet")
+    fields = FieldSet.beside(folder)
+    fields.require_columns(frame, "the training set")
     train, test = time_split(frame, config.test_fraction)
     encoder = FieldEncoder(fields, bins=config.bins).fit(train)
     codes = encoder.encode(train)
@@ -207,6 +263,7 @@ def train_cold_and_promote(
     experiment_id = use_experiment(settings, EXPERIMENT)
     with mlflow.start_run(experiment_id=experiment_id, run_name=f"{config.name}-cold-{ds}") as run:
         mlflow.log_metric("test_auc", test_auc)
+        mlflow.log_param(CROSS_SOURCE_PARAM, SOURCE)
         example = test[list(fields.names)].head(5).reset_index(drop=True)
         info = log_cold_model(out / COLD_DIR_ARTIFACT, model, config, encoder, example)
         result = {
@@ -229,7 +286,7 @@ def train_cold_and_promote(
 
 def served_fields(settings: Settings, ds: str) -> list[str]:
     """The fields the trained network reads (FSCD's kept ones), as its run's ``result.json``
-    names them; empty for a network without a field set (a PreRanker)."""
+    names them."""
     path = Lake(settings.lake_root).reports("train", ds) / "result.json"
     result = json.loads(path.read_text()) if path.is_file() else {}
     return [str(name) for name in result.get("fscd_fields") or ()]

@@ -6,38 +6,40 @@ read from the online store per request.
     cascade bench serving --no-cross-features --out /tmp/serving-plain.json
 
 It builds a private stack in a temporary folder, started and stopped by the benchmark, so a
-running local stack is never touched; its partition is today's (UTC), the log ends yesterday:
+running local stack is never touched; its partition is today's (UTC), where its log ends:
 
-* feature snapshots of a synthetic log (943 users, 1,682 items: MovieLens-100k's sizes) written
-  to the lake as the CTR job writes them, then ``feast apply`` + materialize into the SQLite
-  online store (:func:`cascade.feature_store.apply_and_materialize`);
-* cross features (default; ``--no-cross-features`` leaves them out): the log's user x item
-  category statistics (pair ``user_cat``, the one a request can key) written to the lake in the
-  cross-statistics engine's layout and bulk-loaded into the online store; the served model
-  reads :data:`benchmarks.serving_cross_features.CROSS_FIELDS` as cross fields, and the server
-  reads them per request, one batched read with the candidates' genres deduplicated (see
-  :mod:`benchmarks.serving_cross_features`). ``cross_features`` is true when the server said it
-  reads them online and its ``cascade_online_feature_read_seconds`` histogram counted reads;
-  ``cross_fields_served`` names them (FSCD may drop a declared one: ``cross_fields_declared``
-  / ``cross_fields_kept``), ``online_reads`` holds the histogram summed over the workers and
-  ``online_read_ms_per_request`` its mean per request (the run's whole life, warm-ups
-  included);
-* the network the pipeline's train step trains, trained on that log, logged to a SQLite MLflow
+* the cross-statistics engine's partitions of a synthetic log (943 users, 1,682 items:
+  MovieLens-100k's sizes): the pairs a request keys (``user``, ``item``, ``user_cat``) for
+  partition ``ds`` and the training days before it, with each day's item catalogue, written
+  where the engine writes them and partition ``ds`` bulk-loaded into the SQLite online store
+  (:func:`benchmarks.serving_cross_features.publish_engine_partitions`; ``cross_statistics``
+  says how, and that the Spark gate was not run);
+* the pipeline's training set of ``ds`` joined from them (every statistic a candidate field;
+  ``--no-cross-features``: the id fields only). The server reads the statistics the served
+  model keeps from the online store: item-keyed ones once per version load for every catalogue
+  item, user-keyed ones per request (one batched read per view, the candidates' categories
+  deduplicated). ``cross_features`` is true when the server said it reads fields online and
+  its ``cascade_online_feature_read_seconds`` histogram counted reads; ``cross_fields_served``
+  names those it said it reads per request (FSCD may drop declared ones:
+  ``cross_fields_declared`` / ``cross_fields_kept``), ``online_reads`` holds the histogram
+  summed over the workers and ``online_read_ms_per_request`` its views' means added (the run's
+  whole life, warm-ups and version loads included);
+* the network the pipeline's train step trains, trained on that set, logged to a SQLite MLflow
   and promoted to ``champion`` by :func:`cascade.registry.register_and_promote`. The kind is
   ``CASCADE_PRERANKING_MODEL`` (or ``CASCADE_BENCH_SERVING_MODEL``), the config is named by
-  ``--config``, else the pipeline's (``CASCADE_PRERANKING_CONFIG``, else ``pipeline`` for
-  ``fscd``, ``ml100k`` for ``mlp``); ``--quick`` trains ``debug`` instead and says so
-  (``training_config``, ``is_pipeline_network``). ``fscd``: the FSCD cascade, trained as the
-  train step trains it (DeepSpeed), then compiled and gated by the compile step, so the server
-  scores with its AOTInductor package. ``mlp``: the config's PreRanker, trained in process
-  (plain Adam, seconds; it reads no cross fields). ``cold``: the FSCD pre-ranker's network
-  over every field, trained in process (plain Adam, seconds; no selection, no compile step:
-  scored eagerly), what the ``--quick`` test serves. ``model_digest`` and
-  ``model_provenance`` name what was served;
+  ``--config``, else the pipeline's (``CASCADE_PRERANKING_CONFIG``, else ``pipeline``);
+  ``--quick`` trains ``debug`` instead and says so (``training_config``,
+  ``is_pipeline_network``). ``fscd``: the FSCD cascade, trained as the train step trains it
+  (DeepSpeed), then compiled and gated by the compile step, so the server scores with its
+  AOTInductor package. ``cold``: the FSCD pre-ranker's network over every field, trained in
+  process (plain Adam, seconds; no selection, no compile step: scored eagerly), what the
+  ``--quick`` test serves. The dense ``mlp`` is refused: it reads a MovieLens-shaped contract
+  the engine does not build. ``model_digest`` and ``model_provenance`` name what was served;
 * ``python -m serving.server`` with ``--workers`` processes (default 2, one per core here),
-  which loads the champion from the registry, holds the item features in memory and reads each
-  request's user features from the online store. ``setup.torch_threads_per_worker`` is what
-  each worker reports on ``/metrics`` (``cascade_serving_torch_threads``).
+  which loads the champion from the registry and the catalogue's items with their item-keyed
+  fields, and reads each request's user-keyed fields from the online store.
+  ``setup.torch_threads_per_worker`` is what each worker reports on ``/metrics``
+  (``cascade_serving_torch_threads``).
 
 A load generator in a separate process (:mod:`benchmarks.load_generator`) then loads it in
 measured windows of two kinds, alternating (the order rotating each round), ``--repeats``
@@ -72,7 +74,6 @@ window), ``--workers`` (CASCADE_BENCH_SERVING_WORKERS), ``--config``
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import hashlib
 import json
@@ -87,74 +88,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks.provenance import bench_repeats, rotated
 from cascade.config import REPO_ROOT, Settings, load_settings
-from cascade.ctr_schema import (
-    ITEM_FEATURES,
-    ITEM_GENRE,
-    LABEL,
-    TIMESTAMP,
-    USER_FEATURES,
-    USER_GENRE_FEATURES,
-)
 from cascade.lake import Lake
 from cascade.ports import free_port
 
-DS = "2026-02-01"
-"""A fixed partition for benchmarks that serve no cross features (``bench security``); the
-serving benchmark uses today's (the cross views' ttl is two days)."""
 USERS, ITEMS = 943, 1_682
 LOG_ROWS = 40_000
 GOAL_P99_MS = 15.0
 
-_INT_FEATURES = {"user_impressions", "user_clicks", "user_age", "item_impressions"}
-_INT_FEATURES |= {"item_clicks", "item_release_year", "ug_impressions", "ug_clicks"}
-
-
-def _snapshot(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pa.Table:
-    """The latest row per key, as the CTR job writes a view (int64 counts, us UTC times)."""
-    latest = frame.sort_values(TIMESTAMP, kind="stable").groupby(keys, as_index=False).last()
-    fields = []
-    data: dict[str, Any] = {}
-    for name in [*keys, TIMESTAMP, *columns]:
-        values = latest[name]
-        if name == TIMESTAMP:
-            fields.append(pa.field(name, pa.timestamp("us", tz="UTC")))
-            data[name] = pa.array(values.dt.as_unit("us"), type=pa.timestamp("us", tz="UTC"))
-        elif name in ("genre", ITEM_GENRE):
-            fields.append(pa.field(name, pa.string()))
-            data[name] = pa.array(values.astype(object), type=pa.string())
-        elif name in _INT_FEATURES or name in ("user_id", "item_id"):
-            fields.append(pa.field(name, pa.int64()))
-            data[name] = pa.array(values.astype("Int64"), type=pa.int64())
-        else:
-            fields.append(pa.field(name, pa.float64()))
-            data[name] = pa.array(values.astype(np.float64), type=pa.float64())
-    return pa.table(data, schema=pa.schema(fields))
-
-
-def write_feature_lake(frame: pd.DataFrame, lake: Lake, ds: str) -> None:
-    """The three CTR views of ``frame`` (latest snapshot per key) as partition ``ds``."""
-    items = frame.rename(columns={"genre": ITEM_GENRE})
-    views = {
-        "user": _snapshot(frame, ["user_id"], list(USER_FEATURES)),
-        "item": _snapshot(items, ["item_id"], [*ITEM_FEATURES, ITEM_GENRE]),
-        "user_genre": _snapshot(frame, ["user_id", "genre"], list(USER_GENRE_FEATURES)),
-    }
-    for view, table in views.items():
-        folder = lake.ctr_features(view, ds)
-        folder.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, folder / "part-00000.parquet")
-
-
 MODEL_ENV = "CASCADE_BENCH_SERVING_MODEL"
-"""``fscd`` or ``mlp``: the network the benchmark serves (default: the pipeline's
+"""``fscd`` or ``cold``: the network the benchmark serves (default: the pipeline's
 ``CASCADE_PRERANKING_MODEL``, i.e. the FSCD pre-ranker)."""
+SERVED_KINDS = ("fscd", "cold")
+"""The networks that read the engine's fields (the dense ``mlp`` reads the MovieLens-shaped
+contract the pipeline no longer builds)."""
 QUICK_CONFIG = "debug"
 """The training config ``--quick`` serves when no ``--config`` is given (seconds to train)."""
 
@@ -168,14 +118,20 @@ def serving_network(settings: Settings, *, quick: bool) -> dict[str, Any]:
     name (and where the name came from), the pipeline's own config for that kind, and the
     pipeline's epoch and learning-rate knobs, which its train step applies too."""
     from cascade.config import load_group
-    from models.preranking.config_registry import get_cascade_config, get_config
+    from models.preranking.config_registry import get_cascade_config
     from pipelines.ctr_preranking import DEFAULT_CONFIGS, PrerankingSettings
 
     options = settings.bench
     kind = options.serving_model or settings.preranking_model
+    if kind not in SERVED_KINDS:
+        raise ValueError(
+            f"the serving benchmark serves {' or '.join(SERVED_KINDS)}, not {kind!r}: the "
+            "dense mlp pre-ranker reads a fixed MovieLens-shaped feature contract that the "
+            "cross-statistics engine does not build (set CASCADE_BENCH_SERVING_MODEL)"
+        )
     knobs = load_group(PrerankingSettings)
     # ``cold``: the FSCD pre-ranker's network, so the pipeline's FSCD config is its reference.
-    pipeline_config = knobs.config or DEFAULT_CONFIGS["fscd" if kind == "cold" else kind]
+    pipeline_config = knobs.config or DEFAULT_CONFIGS["fscd"]
     if options.serving_config:
         name, source = options.serving_config, "--config"
     elif quick:
@@ -183,7 +139,7 @@ def serving_network(settings: Settings, *, quick: bool) -> dict[str, Any]:
     else:
         name, source = pipeline_config, "the pipeline's train step"
     # A bad name fails here.
-    (get_cascade_config if kind in ("fscd", "cold") else get_config)(name)
+    get_cascade_config(name)
     return {
         "model": kind,
         "training_config": name,
@@ -196,24 +152,17 @@ def serving_network(settings: Settings, *, quick: bool) -> dict[str, Any]:
 
 
 def train_fscd_and_promote(
-    frame: pd.DataFrame,
-    settings: Settings,
-    ds: str,
-    network: dict[str, Any] | None = None,
-    declarations: dict[str, dict[str, Any]] | None = None,
+    settings: Settings, ds: str, network: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Train the FSCD cascade of config ``network["training_config"]`` (default ``debug``) on
-    ``frame`` as the pipeline's train step does (DeepSpeed, ``settings.train_processes``
-    processes; ``declarations``: the frame's fields beyond the default set, written as the
-    ``fields.json`` beside the training set), compile and gate it as its compile step does,
+    the training set of partition ``ds`` as the pipeline's train step does (DeepSpeed,
+    ``settings.train_processes`` processes), compile and gate it as its compile step does,
     register the pre-ranker and make it champion."""
-    from benchmarks.serving_cross_features import write_training_set
     from compilers.deploy_gate import compile_and_gate
     from models.preranking.cascade_train import launch_pipeline
     from models.preranking.registration import register_and_promote
 
     network = network or DEBUG_NETWORK
-    write_training_set(frame, declarations, Lake(settings.lake_root), ds)
     trained = launch_pipeline(
         ds,
         config=network["training_config"],
@@ -230,59 +179,6 @@ def train_fscd_and_promote(
         "compile_gate": {
             k: gate.get(k) for k in ("passed", "reasons", "speedup_vs_eager", "max_abs_diff")
         },
-    }
-
-
-def train_and_promote(
-    frame: pd.DataFrame, settings: Settings, ds: str, network: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Train the PreRanker of config ``network["training_config"]`` (default ``debug``) on
-    ``frame`` in this process (plain Adam with the config's batch size, learning rate and
-    weight decay; seconds), log it, make it champion."""
-    import torch
-
-    from models.preranking.config_registry import get_config, with_overrides
-    from models.preranking.inference import frame_inputs
-    from models.preranking.model import PreRanker
-    from models.preranking.registration import register_and_promote
-    from models.preranking.train import evaluate, log_run, time_split
-
-    network = network or DEBUG_NETWORK
-    config = with_overrides(
-        get_config(network["training_config"]), epochs=network["epochs"], lr=network["lr"]
-    )
-    train, test = time_split(frame, config.test_fraction)
-    dense, user, item = frame_inputs(train)
-    label = torch.from_numpy(train[LABEL].to_numpy(np.float32))
-    torch.manual_seed(config.seed)
-    model = PreRanker(config.model)
-    model.fit_normalizer(dense)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    for epoch in range(config.epochs):
-        order = torch.randperm(len(label), generator=torch.Generator().manual_seed(epoch))
-        for start in range(0, len(order), config.batch_size):
-            idx = order[start : start + config.batch_size]
-            loss = loss_fn(model(dense[idx], user[idx], item[idx]), label[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-    model.eval()
-    metrics = {"test_auc": evaluate(model, test)["auc"]}
-    log_run(
-        model,
-        config,
-        out=Lake(settings.lake_root).reports("train", ds),
-        ds=ds,
-        metrics=metrics,
-        params={"data": "synthetic serving-benchmark log", "train_rows": len(train)},
-        input_example=test,
-        settings=settings,
-    )
-    return {
-        **register_and_promote(ds, settings=settings),
-        **metrics,
-        "trainer": "in process, plain Adam, fp32 (the train step's network and config)",
     }
 
 
@@ -669,7 +565,8 @@ def served_model(settings: Settings, promoted: dict[str, Any]) -> dict[str, Any]
         "is_pipeline_network": promoted["is_pipeline_network"],
         "pipeline_config": promoted["pipeline_config"],
         "trainer": promoted["trainer"],
-        "training_data": f"synthetic log, {LOG_ROWS} rows (models.preranking.synthetic_data)",
+        "training_data": f"synthetic log, {LOG_ROWS} rows (models.preranking.synthetic_data), "
+        "joined with the cross-statistics engine's partitions of its training days",
         "run_id": promoted.get("run_id"),
         "digest": "sha256:"
         + hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest(),
@@ -680,8 +577,6 @@ def absent_cross_reason(wanted: bool, model: str, kept: tuple[str, ...]) -> str:
     """Why a run served no cross features."""
     if not wanted:
         return "--no-cross-features"
-    if model == "mlp":
-        return "the mlp network (a PreRanker) reads no fields beyond the default set"
     if not kept:
         return "the trained network kept none of the declared cross fields (FSCD's selection)"
     return "the server counted no online reads of them (see online_reads and its log)"
@@ -700,7 +595,8 @@ def private_stack_env(home: Path, port: int) -> dict[str, str]:
 
 def run(out: Path, quick: bool) -> dict[str, Any]:
     from benchmarks import serving_cross_features as cross
-    from cascade.feature_store import apply_and_materialize
+    from cascade.ctr_catalogue import read_newest_catalogue
+    from models.preranking.fields import FieldSet
     from models.preranking.synthetic_data import synthetic_training_frame
 
     options = load_settings().bench
@@ -713,9 +609,6 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
     cross_wanted = options.serving_cross_features
     # Today's partition: the cross views' ttl (two days) would serve an older one as missing.
     ds = cross.today_ds()
-    log_end = (dt.date.fromisoformat(ds) - dt.timedelta(days=1)).isoformat()
-    if candidates > ITEMS:
-        raise ValueError(f"--candidates {candidates}: the benchmark catalogue has {ITEMS} items")
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         workdir = Path(tmp)
         home = workdir / "home"
@@ -729,30 +622,33 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         network = serving_network(settings, quick=quick)
         home.mkdir(parents=True)
         started = time.monotonic()
-        frame = synthetic_training_frame(LOG_ROWS, users=USERS, items=ITEMS, seed=7, end=log_end)
-        write_feature_lake(frame, Lake(settings.lake_root), ds)
-        apply_and_materialize(ds, settings=settings)
-        statistics = None
-        declarations = None
-        if cross_wanted and network["model"] != "mlp":  # a PreRanker reads no extra fields
-            statistics = cross.publish_cross_statistics(frame, settings, ds, workdir)
-            frame, declarations = cross.with_cross_fields(frame, settings, ds)
+        frame = synthetic_training_frame(LOG_ROWS, users=USERS, items=ITEMS, seed=7, end=ds)
+        statistics = cross.publish_engine_partitions(frame, settings, ds, workdir)
+        training, folder = cross.write_engine_training_set(
+            frame, settings, ds, cross_features=cross_wanted
+        )
         if network["model"] == "fscd":
-            trained = train_fscd_and_promote(frame, settings, ds, network, declarations)
-        elif network["model"] == "cold":
-            trained = cross.train_cold_and_promote(frame, settings, ds, network, declarations)
+            trained = train_fscd_and_promote(settings, ds, network)
         else:
-            trained = train_and_promote(frame, settings, ds, network)
+            trained = cross.train_cold_and_promote(settings, ds, network)
         promoted = {**trained, **network}
         model_provenance = served_model(settings, promoted)
         kept = cross.served_fields(settings, ds)
-        cross_fields = tuple(name for name in cross.CROSS_FIELDS if name in kept)
+        declared = [n for n in FieldSet.beside(folder).names if n not in cross.ID_FIELDS]
+        cross_fields = tuple(name for name in kept if name not in cross.ID_FIELDS)
+        catalogue = read_newest_catalogue(Lake(settings.lake_root), cross.SOURCE)
+        assert catalogue is not None  # publish_engine_partitions wrote partition ds
+        items = sorted(int(i) for i in catalogue[1]["item_id"])
+        if candidates > len(items):
+            raise ValueError(
+                f"--candidates {candidates}: the benchmark catalogue has {len(items)} items"
+            )
         ids = workdir / "ids.json"
         ids.write_text(
             json.dumps(
                 {
-                    "users": sorted(int(u) for u in frame["user_id"].unique()),
-                    "items": list(range(1, ITEMS + 1)),
+                    "users": sorted(int(u) for u in training["user_id"].unique()),
+                    "items": items,
                 }
             )
         )
@@ -790,7 +686,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "cross_features_absent_because": None
         if served_cross
         else absent_cross_reason(cross_wanted, network["model"], cross_fields),
-        "cross_fields_declared": list(declarations or ()),
+        "cross_fields_declared": declared,
         "cross_fields_kept": list(cross_fields),
         "cross_fields_served": read_online,
         "online_read_ms_per_request": reads["per_request_mean_ms"] if reads else None,
@@ -807,8 +703,10 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "setup": {
             "users": USERS,
             "items": ITEMS,
+            "catalogue_items": len(items),
+            "training_rows": len(training),
             "log_rows": LOG_ROWS,
-            "online_store": "feast sqlite (local profile)",
+            "online_store": "sqlite (local profile), bulk-loaded",
             "ds": ds,
             "registry": "mlflow sqlite",
             "model": promoted["model"],

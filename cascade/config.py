@@ -326,13 +326,13 @@ class BenchSettings:
     multimodal_skip: Annotated[tuple[Literal["corpus"], ...], BeforeValidator(_comma_list)] = ()
     """Parts ``bench multimodal`` leaves out (smoke runs): ``corpus`` (the corpus job's
     benchmark, which ``bench multimodal-corpus`` runs on its own); the JSON names them."""
-    serving_model: Literal["fscd", "mlp", "cold"] | None = None
+    serving_model: Literal["fscd", "cold"] | None = None
     """Model ``bench serving`` serves (unset: ``CASCADE_PRERANKING_MODEL``); ``cold``: the FSCD
     pre-ranker's network over every field, trained in process in seconds (no selection, no
     compile step)."""
     serving_cross_features: bool = True
-    """Whether the model ``bench serving`` serves reads cross statistics from the online store
-    per request (``--no-cross-features``: only the default fields)."""
+    """Whether the model ``bench serving`` serves reads the engine's statistics from the online
+    store (``--no-cross-features``: the id fields only)."""
     serving_candidates: int = Field(default=1_000, ge=1)
     """Candidates per ``bench serving`` request."""
     serving_clients: int = Field(default=8, ge=1)

@@ -1,9 +1,15 @@
-"""The Feast feature store of the CTR features: apply + materialize, training sets, lookups.
+"""The Feast feature store of the CTR features: the cross-statistics engine's views (applied,
+materialized in bulk, read point in time and online) and the MovieLens-shaped views of
+pre-ranker versions registered before the engine fed the pipeline.
 
-Run (after ``jobs.ctr_cross_features`` wrote the ``ds`` partitions of the lake):
+The engine's views (``cross_<pair>``, service ``ctr_cross_v2``) are what the ``ctr_cross``
+pipeline materializes (:func:`materialize_cross`) and what versions trained by
+``ctr_preranking`` read. The MovieLens-shaped views (``user_stats``, ``item_stats``,
+``user_genre_stats``, service ``preranking_v1``) are no longer written by any job: a server
+still serving such a version reads the rows materialized before; a lake that still holds their
+partitions can be loaded again with
 
     python -m cascade.feature_store materialize --ds 2026-01-15
-    python -m cascade.feature_store training-set --ds 2026-01-15
 
 The feature repo is ``features/`` (definitions only, so ``feast apply`` works on it too); its
 ``feature_store.yaml`` for the active profile is ``features/profiles/<profile>/``. Every
@@ -33,8 +39,6 @@ from typing import Any, Protocol
 
 import feast
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import yaml
 from feast.repo_config import RepoConfig
 
@@ -42,8 +46,6 @@ from cascade.config import REPO_ROOT, Settings, load_settings
 from cascade.ctr_schema import (
     ITEM_FEATURES,
     ITEM_GENRE,
-    LABEL,
-    MODEL_FEATURES,
     TIMESTAMP,
     USER_FEATURES,
     USER_GENRE_FEATURES,
@@ -55,8 +57,6 @@ FEATURE_SERVICE = "preranking_v1"
 USER_VIEW = "user_stats"
 ITEM_VIEW = "item_stats"
 USER_GENRE_VIEW = "user_genre_stats"
-IMPRESSION_COLUMNS = ("user_id", "item_id", "genre", TIMESTAMP, LABEL)
-TRAINING_SET_FILE = "data.parquet"
 # Materialization starts here: re-reading everything each run keeps a run idempotent (the
 # online row is the latest snapshot up to ds whatever ran before), and ML-100k is small.
 MATERIALIZE_FROM = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -171,8 +171,9 @@ def _require_partitions(ds: str, settings: Settings) -> None:
     ]
     if absent:
         raise FileNotFoundError(
-            f"CTR feature partitions for ds={ds} are missing: {absent}; run "
-            f"jobs.ctr_cross_features for {ds} first"
+            f"MovieLens-shaped feature partitions for ds={ds} are missing: {absent}; no job "
+            "writes them any more (the pre-ranking pipeline reads the cross-statistics engine's "
+            "views: run ctr_cross, then materialize_cross)"
         )
 
 
@@ -209,81 +210,6 @@ def apply_and_materialize(ds: str, *, settings: Settings | None = None) -> dict:
         "feature_service": FEATURE_SERVICE,
         "materialized_until": until.isoformat(),
     }
-
-
-def _read_impressions(ds: str, settings: Settings) -> pd.DataFrame:
-    path = Lake(settings.lake_root).impressions(ds)
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"impressions partition {path} is missing; run jobs.ctr_cross_features for {ds} first"
-        )
-    frame = pq.read_table(path).to_pandas()
-    absent = [c for c in IMPRESSION_COLUMNS if c not in frame.columns]
-    if absent:
-        raise ValueError(
-            f"impressions at {path} lack columns {absent}; the job must write {IMPRESSION_COLUMNS}"
-        )
-    frame = frame[list(IMPRESSION_COLUMNS)].copy()
-    frame[TIMESTAMP] = pd.to_datetime(frame[TIMESTAMP], utc=True).astype("datetime64[ns, UTC]")
-    return frame
-
-
-def build_training_set(ds: str, *, settings: Settings | None = None) -> Path:
-    """Point-in-time join of the ``ds`` impressions with ``preranking_v1``; returns the file.
-
-    Each impression gets, per view, the snapshot row with the largest ``event_timestamp`` not
-    after the impression (NaN when there is none). Feast is asked one view at a time with that
-    view's distinct (keys, timestamp) rows because its file (dask) store deduplicates the
-    entity rows on the join keys seen so far plus the timestamp, which would merge two
-    impressions of one user at the same second, and drops entity rows whose only matches
-    are in the future; the per-view answers are then left-joined back onto every impression.
-    """
-    settings = settings or load_settings()
-    check_ds(ds)
-    started = time.perf_counter()
-    impressions = _read_impressions(ds, settings)
-    print(f"[feature_store] {len(impressions):,} impressions for ds={ds}", flush=True)
-    store, _ = _apply(ds, settings)
-    service = store.get_feature_service(FEATURE_SERVICE)
-    joined = impressions
-    for projection in service.feature_view_projections:
-        view = store.get_feature_view(projection.name)
-        keys = [projection.join_key_map.get(c.name, c.name) for c in view.entity_columns]
-        refs = [f"{projection.name_to_use()}:{f.name}" for f in projection.features]
-        entity_rows = impressions[[*keys, TIMESTAMP]].drop_duplicates().dropna(subset=keys)
-        found = store.get_historical_features(entity_df=entity_rows, features=refs).to_df()
-        found[TIMESTAMP] = pd.to_datetime(found[TIMESTAMP], utc=True).astype("datetime64[ns, UTC]")
-        names = [f.name for f in projection.features]
-        joined = joined.merge(found[[*keys, TIMESTAMP, *names]], on=[*keys, TIMESTAMP], how="left")
-        print(
-            f"[feature_store] joined {projection.name}: {len(entity_rows):,} entity rows, "
-            f"{found[names[0]].notna().sum():,} with a snapshot",
-            flush=True,
-        )
-    if len(joined) != len(impressions):
-        raise RuntimeError(
-            f"point-in-time join returned {len(joined)} rows for {len(impressions)} impressions; "
-            "a feature source has duplicate (keys, event_timestamp) rows"
-        )
-    out = joined[list(IMPRESSION_COLUMNS)].copy()
-    for name in MODEL_FEATURES:
-        out[name] = pd.to_numeric(joined[name], errors="coerce") if name in joined else math.nan
-        out[name] = out[name].astype("float64")
-    out = out.sort_values(TIMESTAMP, kind="stable").reset_index(drop=True)
-    # Microseconds: Spark cannot read nanosecond parquet timestamps.
-    out[TIMESTAMP] = out[TIMESTAMP].astype("datetime64[us, UTC]")
-    folder = Lake(settings.lake_root).training_set("preranking", ds)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / TRAINING_SET_FILE
-    tmp = path.with_suffix(".parquet.tmp")
-    pq.write_table(pa.Table.from_pandas(out, preserve_index=False), tmp)
-    tmp.replace(path)  # a rerun never leaves a half-written file behind
-    print(
-        f"[feature_store] wrote {len(out):,} rows to {path} "
-        f"in {time.perf_counter() - started:.1f} s",
-        flush=True,
-    )
-    return path
 
 
 CROSS_FEATURE_SERVICE = "ctr_cross_v2"
@@ -751,13 +677,10 @@ def online_item_features(store: feast.FeatureStore, item_ids: Sequence[int]) -> 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m cascade.feature_store", description=__doc__)
-    parser.add_argument("command", choices=("materialize", "training-set"))
+    parser.add_argument("command", choices=("materialize",))
     parser.add_argument("--ds", required=True, help="partition date YYYY-MM-DD")
     args = parser.parse_args(argv)
-    if args.command == "materialize":
-        print(json.dumps(apply_and_materialize(args.ds)))
-    else:
-        print(build_training_set(args.ds))
+    print(json.dumps(apply_and_materialize(args.ds)))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The catalogue's item fields held in memory by the pre-ranking server, one table per served
-model version, and the catalogues themselves: every item id of the lake's legacy CTR item view
-(:func:`lake_item_ids`), or the cross-statistics engine's newest published item catalogue of a
-source (:func:`lake_item_catalogue`)."""
+model version, and the catalogues themselves: the cross-statistics engine's newest published
+item catalogue of a source (:func:`lake_item_catalogue`), or, for a version registered before
+the engine fed the pipeline, every item id of the lake's MovieLens-shaped item view
+(:func:`lake_item_ids`)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def lake_item_ids(settings: Settings) -> list[int]:
     if not root.exists():
         log.warning(
             "no item view at %s: every candidate will be scored with unknown (NaN) item "
-            "features; run the ctr_cross_features job to fill it",
+            "features (no job writes that view any more: a version trained by the pipeline "
+            "reads the cross-statistics engine's catalogue)",
             root,
         )
         return []

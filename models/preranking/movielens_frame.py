@@ -1,11 +1,12 @@
 """MovieLens-100k as a pre-ranking training frame, built in pandas with point-in-time features.
 
-The Spark job (``jobs/ctr_cross_features.py``) plus Feast builds the production training set;
-this builds the same columns directly from the RecBole files, for experiments and benchmarks
-that must not need Spark or a materialized store. Every count is taken strictly before the
-impression's timestamp (ratings in the same second are not visible to each other), so no row
-sees its own label. Clicks are ratings >= 4; CTRs are Bayesian-smoothed toward the click rate
-of the earliest half of the log (never the test period)::
+The pre-ranking pipeline trains on the cross-statistics engine's training set
+(:mod:`jobs.ctr_training_set`); this builds the MovieLens-shaped columns of the dense ``mlp``
+pre-ranker and the default field set directly from the RecBole files, for experiments and
+benchmarks that must not need Spark or a materialized store. Every count is taken strictly
+before the impression's timestamp (ratings in the same second are not visible to each other), so
+no row sees its own label. Clicks are ratings >= 4; CTRs are Bayesian-smoothed toward the click
+rate of the earliest half of the log (never the test period)::
 
     python -c "from models.preranking.movielens_frame import movielens_training_frame as f; \
 print(f().describe().T)"

@@ -1,16 +1,18 @@
-"""``cascade bench serving``'s cross features: the online-read histogram as each worker reports
-it, the fields the server says it reads, and the switch that leaves them out. (End to end, with
-the statistics in the lake and the online store: the ``--quick`` test of test_serving_load.)"""
+"""``cascade bench serving``'s engine features: the partitions, catalogue and training set its
+setup writes, the online-read histogram as each worker reports it, the fields the server says
+it reads, and the switch that leaves them out. (End to end, with the server reading the online
+store: the ``--quick`` test of test_serving_load.)"""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from benchmarks.serving_cross_features import (
-    CROSS_FIELDS,
     cross_fields_read,
     engine_log,
     parse_online_reads,
@@ -62,8 +64,9 @@ def test_the_fields_read_online_come_from_the_servers_log() -> None:
         "INFO version 1: fields read from the online store per request: cross_user_cat "
         "(user_cat_ctr_7d, user_cat_decay_ctr)\n"
     )
-    assert cross_fields_read(log, CROSS_FIELDS) == ["user_cat_ctr_7d", "user_cat_decay_ctr"]
-    assert cross_fields_read("INFO serving preranking version 1\n", CROSS_FIELDS) == []
+    fields = ("user_cat_ctr_7d", "user_cat_ctr_30d", "user_cat_decay_ctr")
+    assert cross_fields_read(log, fields) == ["user_cat_ctr_7d", "user_cat_decay_ctr"]
+    assert cross_fields_read("INFO serving preranking version 1\n", fields) == []
 
 
 def test_the_log_goes_to_the_engine_in_its_schema() -> None:
@@ -105,6 +108,68 @@ def test_a_run_without_cross_features_says_why() -> None:
     from benchmarks.serving_load import absent_cross_reason
 
     assert absent_cross_reason(False, "fscd", ()) == "--no-cross-features"
-    assert "PreRanker" in absent_cross_reason(True, "mlp", ())
     assert "FSCD" in absent_cross_reason(True, "fscd", ())
     assert "no online reads" in absent_cross_reason(True, "cold", ("user_cat_ctr_7d",))
+
+
+def test_the_dense_mlp_is_refused_it_reads_no_engine_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from benchmarks.serving_load import serving_network
+    from cascade.config import load_settings
+
+    monkeypatch.delenv("CASCADE_BENCH_SERVING_MODEL", raising=False)
+    monkeypatch.setenv("CASCADE_PRERANKING_MODEL", "mlp")
+    with pytest.raises(ValueError, match="serves fscd or cold, not 'mlp'"):
+        serving_network(load_settings(), quick=True)
+    monkeypatch.setenv("CASCADE_BENCH_SERVING_MODEL", "mlp")  # not a value the setting takes
+    with pytest.raises(ValueError, match="CASCADE_BENCH_SERVING_MODEL"):
+        load_settings()
+
+
+def test_the_setup_writes_engine_partitions_a_catalogue_and_the_pipelines_training_set(
+    tmp_path: Path,
+) -> None:
+    from benchmarks.serving_cross_features import (
+        ID_FIELDS,
+        SOURCE,
+        publish_engine_partitions,
+        write_engine_training_set,
+    )
+    from cascade.config import Settings
+    from cascade.ctr_catalogue import read_newest_catalogue
+    from cascade.lake import TRAINING_PROVENANCE, Lake
+    from models.preranking.fields import FieldSet
+    from models.preranking.synthetic_data import synthetic_training_frame
+
+    settings = Settings(home=tmp_path / "home")
+    ds = "2026-02-01"
+    frame = synthetic_training_frame(3_000, users=50, items=80, seed=3, end=ds)
+    done = publish_engine_partitions(frame, settings, ds, tmp_path / "work", train_days=2)
+    assert done["days"] == ["2026-01-30", "2026-01-31", ds]
+    assert set(done["rows"]) == {"user", "item", "user_cat"} and done["rows"]["user"] > 0
+    assert done["materialized_rows"] > 0 and "gate not run" in done["gate"]
+    lake = Lake(settings.lake_root)
+    verdict = json.loads(lake.ctr_cross_gate_report(SOURCE, ds).read_text())
+    assert verdict["success"] is True and "benchmark setup" in verdict["by"]
+    # The catalogue of ds: every item impressed in the 30 days before it, its newest category.
+    published, catalogue = read_newest_catalogue(lake, SOURCE)
+    assert published == ds
+    window = frame[frame["event_timestamp"] < pd.Timestamp(ds, tz="UTC")]
+    assert sorted(catalogue["item_id"]) == sorted(window["item_id"].unique())
+    newest = window.sort_values("event_timestamp").groupby("item_id")["genre"].last()
+    assert dict(zip(catalogue["item_id"], catalogue["item_category"], strict=True)) == dict(newest)
+    # The training set: the two days before ds, each row joined with its own day's partition.
+    training, folder = write_engine_training_set(frame, settings, ds, train_days=2)
+    days = training["event_timestamp"].dt.strftime("%Y-%m-%d")
+    assert set(days) == {"2026-01-30", "2026-01-31"} and len(training) > 100
+    names = FieldSet.beside(folder).names
+    assert names[:3] == ID_FIELDS and "user_cat_ctr_7d" in names and "item_ctr_30d" in names
+    assert json.loads((folder / TRAINING_PROVENANCE).read_text())["source"] == SOURCE
+    first = training[days == "2026-01-31"].iloc[0]
+    user_day = pd.read_parquet(lake.root / "features/ctr_cross/generated/user/dt=2026-01-31")
+    expected = user_day.loc[user_day["user_id"] == first["user_id"], "user_ctr_7d"]
+    assert list(expected) == [pytest.approx(first["user_ctr_7d"])]
+    # Without cross features only the id fields are declared.
+    _, folder = write_engine_training_set(frame, settings, ds, train_days=2, cross_features=False)
+    assert FieldSet.beside(folder).names == ID_FIELDS

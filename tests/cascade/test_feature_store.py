@@ -1,8 +1,7 @@
-"""cascade.feature_store on a hand-built lake: point-in-time joins, materialization, lookups.
-
-The fixtures follow the input contract of jobs.ctr_cross_features (microsecond UTC timestamps,
-one ``dt=`` partition per view). Importing feast alone takes ~15 s here, so one applied store
-is shared by the module.
+"""cascade.feature_store's MovieLens-shaped views on a hand-built lake: materialization and the
+online lookups a server of a version registered before the engine makes (microsecond UTC
+timestamps, one ``dt=`` partition per view). Importing feast alone takes ~15 s here, so one
+applied store is shared by the module.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import pytest
 
 from cascade import feature_store as fs
 from cascade.config import Settings, load_settings
-from cascade.ctr_schema import MODEL_FEATURES
 from cascade.lake import Lake
 
 DS = "2026-01-15"
@@ -86,25 +84,6 @@ def write_ctr_lake(lake: Lake, ds: str) -> None:
              ("ug_impressions", pa.int64()), ("ug_clicks", pa.int64()), ("ug_ctr", pa.float64())]
         ),
     )  # fmt: skip
-    # Rows are deliberately out of time order; the first one is before any snapshot, the
-    # second and third share user and second, the fourth sits exactly on a snapshot time.
-    _write(
-        lake.impressions(ds),
-        {
-            "user_id": [1, 1, 1, 1, 2],
-            "item_id": [10, 10, 11, 10, 10],
-            "genre": ["Drama", "Drama", "Comedy", "Drama", "Drama"],
-            "event_timestamp": [
-                _t("1997-09-20"), _t("1997-09-25 12:00"), _t("1997-09-25 12:00"),
-                _t("1997-09-29"), _t("1997-09-30"),
-            ],
-            "click": [0, 1, 0, 1, 1],
-        },
-        pa.schema(
-            [("user_id", pa.int64()), ("item_id", pa.int64()), ("genre", pa.string()),
-             ("event_timestamp", TS), ("click", pa.int64())]
-        ),
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -122,60 +101,6 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
 @pytest.fixture(scope="module")
 def applied(settings: Settings) -> dict:
     return fs.apply_and_materialize(DS, settings=settings)
-
-
-@pytest.fixture(scope="module")
-def training_set(settings: Settings, applied: dict) -> pd.DataFrame:
-    path = fs.build_training_set(DS, settings=settings)
-    assert path == Lake(settings.lake_root).training_set("preranking", DS) / "data.parquet"
-    return pq.read_table(path).to_pandas()
-
-
-def _row(frame: pd.DataFrame, user_id: int, item_id: int, ts: str) -> pd.Series:
-    match = frame[
-        (frame.user_id == user_id) & (frame.item_id == item_id) & (frame.event_timestamp == _t(ts))
-    ]
-    assert len(match) == 1, match
-    return match.iloc[0]
-
-
-def test_training_set_columns_order_and_rows(training_set: pd.DataFrame) -> None:
-    expected = ["user_id", "item_id", "genre", "event_timestamp", "click", *MODEL_FEATURES]
-    assert list(training_set.columns) == expected
-    # Two impressions of user 1 in the same second survive (Feast's file store alone merges them).
-    assert len(training_set) == 5
-    assert training_set.event_timestamp.is_monotonic_increasing
-    assert str(training_set.event_timestamp.dtype) == "datetime64[us, UTC]"
-    assert training_set.click.tolist() == [0, 1, 0, 1, 1]
-
-
-def test_point_in_time_takes_latest_snapshot_not_after_impression(
-    training_set: pd.DataFrame,
-) -> None:
-    between = _row(training_set, 1, 10, "1997-09-25 12:00")
-    assert between.user_impressions == 5  # the 09-22 snapshot, not the later 09-29 one
-    assert between.item_ctr == pytest.approx(0.4)
-    assert between.ug_impressions == 2
-    assert between.item_release_year == 1995
-    same_second = _row(training_set, 1, 11, "1997-09-25 12:00")
-    assert same_second.user_impressions == 5
-    assert same_second.item_impressions == 2
-    assert math.isnan(same_second.item_release_year)  # null in the source stays NaN
-    assert math.isnan(same_second.ug_impressions)  # no user x Comedy snapshot at all
-    on_snapshot = _row(training_set, 1, 10, "1997-09-29")
-    assert on_snapshot.user_impressions == 9  # event_timestamp <= t is inclusive
-    assert on_snapshot.item_impressions == 8
-    assert on_snapshot.ug_ctr == pytest.approx(0.4)
-    assert _row(training_set, 2, 10, "1997-09-30").user_ctr == pytest.approx(0.66)
-
-
-def test_impression_before_first_snapshot_gets_nan(training_set: pd.DataFrame) -> None:
-    early = _row(training_set, 1, 10, "1997-09-20")
-    assert all(math.isnan(early[name]) for name in MODEL_FEATURES)
-
-
-def test_future_snapshot_never_leaks_into_training(training_set: pd.DataFrame) -> None:
-    assert training_set.user_impressions.max() == 9
 
 
 def test_online_lookups_return_latest_values_until_ds(settings: Settings, applied: dict) -> None:
@@ -278,7 +203,7 @@ def test_cli_materialize_prints_the_result(
 
 def test_missing_partition_names_the_path_and_the_fix(tmp_path: Path) -> None:
     empty = Settings(home=tmp_path)
-    with pytest.raises(FileNotFoundError, match="jobs.ctr_cross_features") as err:
+    with pytest.raises(FileNotFoundError, match="no job writes them any more") as err:
         fs.apply_and_materialize("2026-01-16", settings=empty)
     assert str(tmp_path) in str(err.value)
     with pytest.raises(ValueError, match="YYYY-MM-DD"):

@@ -431,6 +431,16 @@ def test_shared_bilinear_collapses_and_field_lookups_fold_into_the_first_layer()
         [fields * side.table.weight.shape[0], 16] for side, fields in sides
     ]
     assert count(gm, aten.linear.default) == 2
+    # Each side's folded rows are fetched field by field and added pointwise (one fused
+    # kernel, rows contiguous), not gathered to [N, F, h] and reduced over F.
+    assert count(gm, aten.sum.dim_IntList) == 0
+    folded_lookups = [
+        node
+        for node in gm.graph.nodes
+        if node.target == aten.embedding.default and "folded_fields" in str(node.args[0])
+    ]
+    assert len(folded_lookups) == sum(fields for _, fields in sides)
+    assert all(len(node.meta["val"].shape) == 2 for node in folded_lookups)
     gm.graph.lint()
     gm.recompile()
     for n in (1, 5, 300):
