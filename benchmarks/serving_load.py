@@ -396,6 +396,14 @@ def run_load(
     }
 
 
+def _progress(line: str) -> None:
+    print(f"[bench serving] {line}", flush=True)
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f} ms"
+
+
 def _median(windows: list[dict[str, Any]], key: str) -> float | None:
     values = [w[key] for w in windows if w.get(key) is not None]
     return statistics.median(values) if values else None
@@ -489,8 +497,10 @@ def measure(
     shutil.rmtree(feedback, ignore_errors=True)  # this run's rows only
     windows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in LOAD_MODES}
     open_rate, rate_source = rate, "--rate"
+    scorer = "compiled package when gated" if load_settings(env).serving.compiled else "eager"
     try:
         ready_s = server.wait_ready(240)
+        _progress(f"server up in {ready_s:.1f} s: {workers} worker(s), {scorer}")
         bad = probe_bad_requests(server.url)
         threads = server.torch_threads(workers)
         for round_ in range(repeats):
@@ -516,6 +526,12 @@ def measure(
                         rate=open_rate if mode == "open" else None,
                         name=f"load-{tag}-{mode}-{round_}",
                     )
+                )
+                window = windows[mode][-1]
+                _progress(
+                    f"{mode} window {round_ + 1}/{repeats} ({workers} worker(s), {scorer}): "
+                    f"p50 {_ms(window.get('p50_ms'))}, p99 {_ms(window.get('p99_ms'))}, "
+                    f"{window.get('rps') or 0:.0f} requests/s, {window.get('errors', 0)} errors"
                 )
         online_reads = None
         if cross_fields:
@@ -624,8 +640,17 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         started = time.monotonic()
         frame = synthetic_training_frame(LOG_ROWS, users=USERS, items=ITEMS, seed=7, end=ds)
         statistics = cross.publish_engine_partitions(frame, settings, ds, workdir)
+        _progress(
+            f"engine partitions {statistics['days'][0]}..{ds} ({', '.join(statistics['pairs'])}) "
+            f"in {statistics['statistics_s']:.1f} s, {statistics['materialized_rows']:,} rows "
+            "in the online store"
+        )
         training, folder = cross.write_engine_training_set(
             frame, settings, ds, cross_features=cross_wanted
+        )
+        _progress(
+            f"training {network['model']} ({network['training_config']}) on {len(training):,} "
+            f"rows, {len(FieldSet.beside(folder))} fields"
         )
         if network["model"] == "fscd":
             trained = train_fscd_and_promote(settings, ds, network)

@@ -385,6 +385,7 @@ class FieldEncoder:
         self.bins = bins
         self.vocab: dict[str, pd.Index] = {}
         self.edges: dict[str, np.ndarray] = {}
+        self._buckets: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def fit(self, frame: pd.DataFrame) -> FieldEncoder:
         self.fields.require_columns(frame, "the training frame")
@@ -433,8 +434,23 @@ class FieldEncoder:
             numbers = values.astype(np.float64, copy=False)  # no pandas round trip per request
         else:
             numbers = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(np.float64)
-        bucket = np.searchsorted(self.edges[name], numbers, side="right") + 1
-        return np.where(np.isnan(numbers), 0, bucket).astype(np.int64)
+        bounds, codes = self._bucket_table(name)
+        return codes[np.searchsorted(bounds, numbers, side="right")]
+
+    def _bucket_table(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(bounds, codes)`` of a numeric field: its edges with NaN appended, and the code of
+        each position ``searchsorted(bounds, x, side="right")`` can return. NumPy orders NaN
+        after every number, so a number lands at ``i <= len(edges)`` (code ``i + 1``) and a
+        NaN at ``len(edges) + 1`` (code 0, unknown): one search and one take per column,
+        the codes ``searchsorted(edges) + 1`` with NaN as 0 would give. Rebuilt when the
+        field's edges are replaced."""
+        edges = self.edges[name]
+        cached = self._buckets.get(name)
+        if cached is None or cached[0] is not edges:
+            bounds = np.append(np.asarray(edges, dtype=np.float64), np.nan)
+            codes = np.append(np.arange(1, len(edges) + 2, dtype=np.int64), 0)
+            cached = self._buckets[name] = (edges, bounds, codes)
+        return cached[1], cached[2]
 
     def costs(self, embedding_dim: int) -> list[float]:
         """Per-field cost, in the order of :attr:`fields`."""

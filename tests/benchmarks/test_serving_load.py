@@ -114,7 +114,7 @@ def test_torch_threads_are_read_per_worker_from_the_metrics() -> None:
 
 @pytest.mark.slow
 def test_quick_serving_benchmark_reports_latency_without_errors(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The FSCD pre-ranker's network trained in process (seconds): the pipeline's FSCD champion
     # is served in the e2e pipeline run.
@@ -138,6 +138,11 @@ def test_quick_serving_benchmark_reports_latency_without_errors(
         options={"candidates": "200", "clients": "2", "seconds": "1", "workers": "1"},
     )
     assert json.loads(out.read_text())["benchmark"] == "serving"
+    # Progress while it runs: the setup, then each measured window with its figures.
+    said = capsys.readouterr().out
+    assert "[bench serving] engine partitions" in said and "[bench serving] training cold" in said
+    for mode in ("closed", "open"):
+        assert f"[bench serving] {mode} window 1/1 (1 worker(s), " in said, said[-2000:]
     for key in ("p50_ms", "p99_ms", "rps", "errors", "candidates", "clients", "duration_s"):
         assert key in result, key
     assert result["errors"] == 0 and result["requests"] > 10

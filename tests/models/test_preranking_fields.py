@@ -195,3 +195,30 @@ def test_a_model_saved_without_fields_json_loads_with_the_default_fields(
     np.testing.assert_array_equal(
         score_frame(again, frame, loaded_encoder), score_frame(model, frame, encoder)
     )
+
+
+def test_numeric_codes_are_the_bucket_after_each_edge_and_zero_for_missing() -> None:
+    from models.preranking.fields import FieldEncoder, FieldSpec
+
+    rng = np.random.default_rng(5)
+    train = pd.DataFrame({"x": rng.normal(size=500), "flat": np.full(500, np.nan)})
+    specs = [FieldSpec(name="x", kind="user", categorical=False)]
+    specs.append(FieldSpec(name="flat", kind="user", categorical=False))
+    encoder = FieldEncoder(specs, bins=8).fit(train)
+    edges = encoder.edges["x"]
+    assert len(edges) == 7 and len(encoder.edges["flat"]) == 0
+    values = np.concatenate(
+        [rng.normal(size=200) * 3, edges, [np.nan, np.inf, -np.inf, edges[0] - 1e-9]]
+    )
+    expected = np.searchsorted(edges, values, side="right") + 1
+    expected[np.isnan(values)] = 0
+    got = encoder.encode_column("x", values)
+    assert got.dtype == np.int64 and (got == expected).all()
+    assert got[-4:].tolist() == [0, 8, 1, 1]  # NaN unknown; +inf past the last edge
+    # A value on an edge goes to the bucket after it; a list of objects goes through pandas.
+    assert encoder.encode_column("x", [edges[2], None, "nope"]).tolist() == [4, 0, 0]
+    # No edges (a field with no numbers in training): every number is bucket 1, NaN 0.
+    assert encoder.encode_column("flat", np.array([1.0, np.nan])).tolist() == [1, 0]
+    # Replaced edges (a reloaded state) are used, not the cached ones.
+    encoder.edges["x"] = np.array([0.0])
+    assert encoder.encode_column("x", np.array([-1.0, 0.0, 2.0, np.nan])).tolist() == [1, 2, 2, 0]
