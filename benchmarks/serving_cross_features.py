@@ -22,7 +22,7 @@ items, item-keyed fields read once per version load, user-keyed ones per request
 cross features only the id fields are declared.
 
 What the server read is taken from its ``/metrics``: ``cascade_online_feature_read_seconds``
-per view and per worker process (:func:`online_reads_from_metrics`).
+per view and per worker process (:func:`scrape_online_reads`).
 """
 
 from __future__ import annotations
