@@ -12,6 +12,7 @@ import torch
 from cascade.ctr_schema import ITEM_FEATURES, USER_FEATURES, USER_GENRE_FEATURES
 from models.preranking.fields import FieldEncoder
 from models.preranking.model import ColdPreRanker, ColdSharedScorer, request_fields
+from serving.online_fields import KeyedColumn
 
 _USER_INDEX = {name: j for j, name in enumerate(USER_FEATURES)}
 
@@ -115,9 +116,13 @@ class CompiledColdScorer:
         codes: np.ndarray,
         item_ids: np.ndarray,
         extra: Mapping[str, np.ndarray] | None = None,
+        keyed: Mapping[str, KeyedColumn] | None = None,
     ) -> torch.Tensor:
         """Logits ``[N]``; the arguments as in :meth:`ColdSharedScorer.logits`, and ``extra``
-        the values of :attr:`request_fields` (ValueError naming any that is missing)."""
+        the values of :attr:`request_fields` (ValueError naming any that is missing).
+        ``keyed``: those of ``extra``'s per-candidate fields that were read per distinct key
+        (:class:`serving.online_fields.KeyedColumn`, the same values): encoded once per key
+        and gathered, the codes encoding ``extra``'s values would give."""
         extra = extra or {}
         absent = [name for name in self.request_fields if name not in extra]
         if absent:
@@ -154,7 +159,14 @@ class CompiledColdScorer:
                     raise ValueError(
                         f"field {name!r} has {len(values)} values for {len(rows)} candidates"
                     )
-                candidates[:, position] = self.encoder.encode_column(name, values)
+                column = keyed.get(name) if keyed else None
+                if column is not None and len(column.valid) == len(rows):
+                    codes_by_key = self.encoder.encode_column(name, column.values)
+                    encoded = np.zeros(len(rows), dtype=np.int64)  # no key: missing, code 0
+                    encoded[column.valid] = codes_by_key[column.inverse]
+                    candidates[:, position] = encoded
+                else:
+                    candidates[:, position] = self.encoder.encode_column(name, values)
         with torch.inference_mode():
             out = self.run(torch.from_numpy(user), torch.from_numpy(candidates))
         return torch.as_tensor(out).reshape(-1)

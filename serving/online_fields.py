@@ -64,6 +64,19 @@ def servable(source: CrossFeatureSource, kind: str) -> bool:
     return kind != "user" or keys == {USER_KEY}
 
 
+@dataclass(frozen=True, slots=True)
+class KeyedColumn:
+    """A per-candidate field as read: one value per distinct key of the view and, for each
+    candidate with a key (``valid``, ``[N]``), the index of its key (``inverse``); a candidate
+    without a key is missing. Candidate ``i`` (the ``j``-th valid one) has
+    ``values[inverse[j]]``: what :meth:`OnlineFieldPlan.values` expands it to, and what a
+    scorer can encode once per key instead of once per candidate."""
+
+    values: np.ndarray
+    inverse: np.ndarray
+    valid: np.ndarray
+
+
 @dataclass(frozen=True, kw_only=True)
 class ViewRead:
     """The fields of one served version held by one view: one online read per request."""
@@ -162,12 +175,15 @@ class OnlineFieldPlan:
         genres: Sequence[str],
         given: Mapping[str, np.ndarray] | None = None,
         timed: Callable[[str, float], None] | None = None,
+        keyed: dict[str, KeyedColumn] | None = None,
     ) -> dict[str, np.ndarray]:
         """``{field: values}`` read from the online store for one user and N candidates: float64
         ``[1]`` for a user field, ``[N]`` otherwise, NaN where unknown. Fields in ``given``
         (the request's own values) are not read; a view all of whose fields are given is not
         read at all. ``genre_codes``: each candidate's index into ``genres`` (-1: none).
-        ``timed(view, seconds)`` is told each read's duration."""
+        ``timed(view, seconds)`` is told each read's duration. ``keyed``, when given, also
+        receives each per-candidate field read as a :class:`KeyedColumn` (its values per
+        distinct key)."""
         given = given or {}
         n = len(item_ids)
         out: dict[str, np.ndarray] = {}
@@ -190,6 +206,8 @@ class OnlineFieldPlan:
                     out[name] = found[:1, k] if len(found) else np.full(1, np.nan)
                 else:
                     out[name] = per_candidate[:, k]
+                    if keyed is not None:
+                        keyed[name] = KeyedColumn(found[:, k], inverse, valid)
         return out
 
 

@@ -75,7 +75,7 @@ from models.preranking.model import ColdPreRanker, request_fields
 from serving.cold_scorer import CompiledColdScorer
 from serving.item_table import ItemTable, lake_item_catalogue, lake_item_ids
 from serving.metrics import INFERENCE_ERRORS, ONLINE_READ_SECONDS
-from serving.online_fields import CrossReader, OnlineFieldPlan
+from serving.online_fields import CrossReader, KeyedColumn, OnlineFieldPlan
 from serving.served_version import ServedVersion, freeze_heap
 
 log = logging.getLogger(__name__)
@@ -719,9 +719,10 @@ class PreRankingModel(Model):
             ug_table = np.full(
                 (len(items.genres) + 1, len(USER_GENRE_FEATURES)), np.nan, np.float32
             )
+        keyed: dict[str, KeyedColumn] = {}
         if served.online.reads:
             extra = {
-                **self._online_values(served, user_id, item_ids, codes, extra),
+                **self._online_values(served, user_id, item_ids, codes, extra, keyed),
                 **(extra or {}),
             }
         if not served.legacy_store:
@@ -734,7 +735,7 @@ class PreRankingModel(Model):
         if served.request_fields:
             assert isinstance(served.scorer, CompiledColdScorer)
             logits = served.scorer.logits(
-                user_id, user_dense, ug_table, rows, codes, item_ids, extra=extra
+                user_id, user_dense, ug_table, rows, codes, item_ids, extra=extra, keyed=keyed
             )
         elif served.scorer is not None:
             logits = served.scorer.logits(user_id, user_dense, ug_table, rows, codes, item_ids)
@@ -789,9 +790,11 @@ class PreRankingModel(Model):
         item_ids: np.ndarray,
         codes: np.ndarray,
         given: Mapping[str, np.ndarray] | None,
+        keyed: dict[str, KeyedColumn] | None = None,
     ) -> dict[str, np.ndarray]:
         """The values of ``served.online``'s fields for this request from the online store
-        (fields ``given`` in the request are not read); each view's read is timed."""
+        (fields ``given`` in the request are not read); each view's read is timed. ``keyed``
+        receives the per-candidate ones per distinct key (for the scorer's encoding)."""
         reader = self._cross()
         if reader is None:  # a plan is only built with a reader
             raise RuntimeError("the online cross reader is gone")
@@ -804,6 +807,7 @@ class PreRankingModel(Model):
                 genres=served.items.genres,
                 given=given,
                 timed=self._observe_read,
+                keyed=keyed,
             )
         except Exception as exc:
             if is_lock_timeout(exc):

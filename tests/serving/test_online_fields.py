@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import serving_fakes
+import torch
 from kserve import InferRequest
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferInput
@@ -256,9 +257,19 @@ def test_the_served_values_equal_the_offline_point_in_time_values(
     received: list[dict[str, np.ndarray]] = []
     logits = version.scorer.logits
 
-    def recording(*args: Any, extra: Any = None) -> Any:
+    def recording(*args: Any, extra: Any = None, keyed: Any = None) -> Any:
         received.append({name: np.asarray(extra[name]) for name in (CTR, DCTR)})
-        return logits(*args, extra=extra)
+        # The fields read online come per distinct key too; encoded per key and gathered,
+        # they give the logits encoding every candidate's value gives.
+        assert set(keyed) == {CTR, DCTR}
+        for name in (CTR, DCTR):
+            column = keyed[name]
+            expanded = np.full(len(column.valid), np.nan)
+            expanded[column.valid] = column.values[column.inverse]
+            np.testing.assert_array_equal(expanded, extra[name])
+        got = logits(*args, extra=extra, keyed=keyed)
+        torch.testing.assert_close(got, logits(*args, extra=extra), rtol=0, atol=0)
+        return got
 
     version.scorer.logits = recording
     items = list(range(1, 16))
@@ -354,7 +365,17 @@ def test_the_plan_reads_each_view_once_with_distinct_keys() -> None:
     )
     item_ids = np.array([10, 11, 12, 10, 13, 14] * 100, dtype=np.int64)
     codes = np.array([0, 2, 0, 1, -1, 0] * 100, dtype=np.int64)
-    values = plan.values(reader, user_id=4, item_ids=item_ids, genre_codes=codes, genres=genres)
+    keyed: dict[str, Any] = {}
+    values = plan.values(
+        reader, user_id=4, item_ids=item_ids, genre_codes=codes, genres=genres, keyed=keyed
+    )
+    # Each per-candidate field also per distinct key (the user field is one value already).
+    assert set(keyed) == {"ug_a", "ug_b", "it_a", "ic_a"}
+    for name, column in keyed.items():
+        assert len(column.values) == len(set(column.inverse.tolist())) <= 5
+        expanded = np.full(len(item_ids), math.nan)
+        expanded[column.valid] = column.values[column.inverse]
+        np.testing.assert_array_equal(expanded, values[name])
     assert sorted(view for view, _ in reader.reads) == [
         "cross_item",
         "cross_item_cat",
