@@ -880,8 +880,9 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             # Today's partition: the cross views' ttl would serve an older one as missing.
             ds = engine.today_ds()
             frame = synthetic_training_frame(rows, users=USERS, items=ITEMS, seed=7, end=ds)
-            engine.publish_engine_partitions(frame, settings, ds, workdir)
-            engine.write_engine_training_set(frame, settings, ds)
+            log = engine.engine_log(frame)
+            engine.publish_engine_partitions(log, settings, ds, workdir)
+            engine.write_engine_training_set(log, settings, ds)
             promoted = engine.train_cold_and_promote(settings, ds, DEBUG_NETWORK)
             promoted_digests = hashlib.sha256(
                 _client(settings)

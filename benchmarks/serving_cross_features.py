@@ -103,7 +103,7 @@ def item_catalogue(log: pd.DataFrame, ds: str, lookback_days: int) -> pd.DataFra
 
 
 def publish_engine_partitions(
-    frame: pd.DataFrame,
+    log: pa.Table,
     settings: Settings,
     ds: str,
     workdir: Path,
@@ -111,7 +111,8 @@ def publish_engine_partitions(
     train_days: int = TRAIN_DAYS,
 ) -> dict[str, Any]:
     """Compute the served pairs' partitions of ``ds`` and of the ``train_days`` days before it
-    from ``frame``'s log, write them, each day's catalogue and verdict where the engine does,
+    from the engine-schema ``log`` (:func:`engine_log`), write them, each day's catalogue and
+    verdict where the engine does,
     and bulk-load partition ``ds`` into the online store; returns what was done and how long
     it took."""
     from benchmarks import ctr_cross_duckdb
@@ -123,9 +124,8 @@ def publish_engine_partitions(
     started = time.monotonic()
     log_dir = workdir / "engine-log"
     log_dir.mkdir(parents=True, exist_ok=True)
-    table = engine_log(frame)
-    pq.write_table(table, log_dir / "part-00000.parquet")
-    log = table.to_pandas()
+    pq.write_table(log, log_dir / "part-00000.parquet")
+    rows_of_log = log.to_pandas()
     lake = Lake(settings.lake_root)
     where = job.CrossLake(lake, SOURCE)
     config = job.CrossStatsConfig(pairs=SERVED_PAIRS, windows_days=WINDOWS)
@@ -146,7 +146,7 @@ def publish_engine_partitions(
                 rows[pair.name] = int(summary["rows"][pair.name])
         catalogue = lake.ctr_catalogue(SOURCE, day)
         catalogue.mkdir(parents=True, exist_ok=True)
-        item_catalogue(log, day, max(WINDOWS)).to_parquet(
+        item_catalogue(rows_of_log, day, max(WINDOWS)).to_parquet(
             catalogue / "part-00000.parquet", index=False
         )
         verdict = lake.ctr_cross_gate_report(SOURCE, day)
@@ -169,7 +169,7 @@ def publish_engine_partitions(
 
 
 def write_engine_training_set(
-    frame: pd.DataFrame,
+    log: pa.Table,
     settings: Settings,
     ds: str,
     *,
@@ -177,9 +177,10 @@ def write_engine_training_set(
     train_days: int = TRAIN_DAYS,
 ) -> tuple[pd.DataFrame, Path]:
     """The training set of partition ``ds`` as the pipeline's ``training_set`` step writes it
-    (``data.parquet``, ``fields.json``, ``training.json`` naming the source) from ``frame``'s
-    log and the partitions :func:`publish_engine_partitions` wrote; without ``cross_features``
-    ``fields.json`` declares the id fields only. Returns the frame and its folder."""
+    (``data.parquet``, ``fields.json``, ``training.json`` naming the source) from the
+    engine-schema ``log`` and the partitions :func:`publish_engine_partitions` wrote from it;
+    without ``cross_features`` ``fields.json`` declares the id fields only. Returns the frame
+    and its folder."""
     from cascade.partitions import days_before
     from jobs.ctr_training_set import (
         FIELDS_FILE,
@@ -190,8 +191,8 @@ def write_engine_training_set(
     )
 
     days = days_before(ds, train_days)
-    log = engine_log(frame).to_pandas()
-    chosen = log[impression_days(log[TIMESTAMP]).isin(days)]
+    impressions = log.to_pandas()
+    chosen = impressions[impression_days(impressions[TIMESTAMP]).isin(days)]
     chosen = chosen.sort_values(TIMESTAMP, kind="stable").reset_index(drop=True)
     if chosen.empty:
         raise ValueError(f"the benchmark log has no impression on the training days {days}")

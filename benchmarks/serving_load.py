@@ -589,7 +589,7 @@ def served_model(settings: Settings, promoted: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def absent_cross_reason(wanted: bool, model: str, kept: tuple[str, ...]) -> str:
+def absent_cross_reason(wanted: bool, kept: tuple[str, ...]) -> str:
     """Why a run served no cross features."""
     if not wanted:
         return "--no-cross-features"
@@ -639,18 +639,27 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         home.mkdir(parents=True)
         started = time.monotonic()
         frame = synthetic_training_frame(LOG_ROWS, users=USERS, items=ITEMS, seed=7, end=ds)
-        statistics = cross.publish_engine_partitions(frame, settings, ds, workdir)
+        log = cross.engine_log(frame)
+        statistics = cross.publish_engine_partitions(log, settings, ds, workdir)
+        catalogue = read_newest_catalogue(Lake(settings.lake_root), cross.SOURCE)
+        assert catalogue is not None  # publish_engine_partitions wrote partition ds
+        items = sorted(int(i) for i in catalogue[1]["item_id"])
+        if candidates > len(items):
+            raise ValueError(
+                f"--candidates {candidates}: the benchmark catalogue has {len(items)} items"
+            )
         _progress(
             f"engine partitions {statistics['days'][0]}..{ds} ({', '.join(statistics['pairs'])}) "
             f"in {statistics['statistics_s']:.1f} s, {statistics['materialized_rows']:,} rows "
             "in the online store"
         )
         training, folder = cross.write_engine_training_set(
-            frame, settings, ds, cross_features=cross_wanted
+            log, settings, ds, cross_features=cross_wanted
         )
+        fields = FieldSet.beside(folder)
         _progress(
             f"training {network['model']} ({network['training_config']}) on {len(training):,} "
-            f"rows, {len(FieldSet.beside(folder))} fields"
+            f"rows, {len(fields)} fields"
         )
         if network["model"] == "fscd":
             trained = train_fscd_and_promote(settings, ds, network)
@@ -659,15 +668,8 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         promoted = {**trained, **network}
         model_provenance = served_model(settings, promoted)
         kept = cross.served_fields(settings, ds)
-        declared = [n for n in FieldSet.beside(folder).names if n not in cross.ID_FIELDS]
+        declared = [n for n in fields.names if n not in cross.ID_FIELDS]
         cross_fields = tuple(name for name in kept if name not in cross.ID_FIELDS)
-        catalogue = read_newest_catalogue(Lake(settings.lake_root), cross.SOURCE)
-        assert catalogue is not None  # publish_engine_partitions wrote partition ds
-        items = sorted(int(i) for i in catalogue[1]["item_id"])
-        if candidates > len(items):
-            raise ValueError(
-                f"--candidates {candidates}: the benchmark catalogue has {len(items)} items"
-            )
         ids = workdir / "ids.json"
         ids.write_text(
             json.dumps(
@@ -710,7 +712,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "cross_features_requested": cross_wanted,
         "cross_features_absent_because": None
         if served_cross
-        else absent_cross_reason(cross_wanted, network["model"], cross_fields),
+        else absent_cross_reason(cross_wanted, cross_fields),
         "cross_fields_declared": declared,
         "cross_fields_kept": list(cross_fields),
         "cross_fields_served": read_online,

@@ -107,9 +107,9 @@ def test_no_cross_features_is_a_flag_and_a_setting(monkeypatch: pytest.MonkeyPat
 def test_a_run_without_cross_features_says_why() -> None:
     from benchmarks.serving_load import absent_cross_reason
 
-    assert absent_cross_reason(False, "fscd", ()) == "--no-cross-features"
-    assert "FSCD" in absent_cross_reason(True, "fscd", ())
-    assert "no online reads" in absent_cross_reason(True, "cold", ("user_cat_ctr_7d",))
+    assert absent_cross_reason(False, ()) == "--no-cross-features"
+    assert "FSCD" in absent_cross_reason(True, ())
+    assert "no online reads" in absent_cross_reason(True, ("user_cat_ctr_7d",))
 
 
 def test_the_dense_mlp_is_refused_it_reads_no_engine_field(
@@ -145,7 +145,8 @@ def test_the_setup_writes_engine_partitions_a_catalogue_and_the_pipelines_traini
     settings = Settings(home=tmp_path / "home")
     ds = "2026-02-01"
     frame = synthetic_training_frame(3_000, users=50, items=80, seed=3, end=ds)
-    done = publish_engine_partitions(frame, settings, ds, tmp_path / "work", train_days=2)
+    log = engine_log(frame)
+    done = publish_engine_partitions(log, settings, ds, tmp_path / "work", train_days=2)
     assert done["days"] == ["2026-01-30", "2026-01-31", ds]
     assert set(done["rows"]) == {"user", "item", "user_cat"} and done["rows"]["user"] > 0
     assert done["materialized_rows"] > 0 and "gate not run" in done["gate"]
@@ -160,7 +161,7 @@ def test_the_setup_writes_engine_partitions_a_catalogue_and_the_pipelines_traini
     newest = window.sort_values("event_timestamp").groupby("item_id")["genre"].last()
     assert dict(zip(catalogue["item_id"], catalogue["item_category"], strict=True)) == dict(newest)
     # The training set: the two days before ds, each row joined with its own day's partition.
-    training, folder = write_engine_training_set(frame, settings, ds, train_days=2)
+    training, folder = write_engine_training_set(log, settings, ds, train_days=2)
     days = training["event_timestamp"].dt.strftime("%Y-%m-%d")
     assert set(days) == {"2026-01-30", "2026-01-31"} and len(training) > 100
     names = FieldSet.beside(folder).names
@@ -171,5 +172,5 @@ def test_the_setup_writes_engine_partitions_a_catalogue_and_the_pipelines_traini
     expected = user_day.loc[user_day["user_id"] == first["user_id"], "user_ctr_7d"]
     assert list(expected) == [pytest.approx(first["user_ctr_7d"])]
     # Without cross features only the id fields are declared.
-    _, folder = write_engine_training_set(frame, settings, ds, train_days=2, cross_features=False)
+    _, folder = write_engine_training_set(log, settings, ds, train_days=2, cross_features=False)
     assert FieldSet.beside(folder).names == ID_FIELDS
