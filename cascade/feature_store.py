@@ -241,10 +241,17 @@ def cross_features_at(
     source: str = "generated",
 ) -> pd.DataFrame:
     """Point-in-time cross features of one pair for ``entity_rows`` (the pair's key columns and
-    ``event_timestamp``): each row gets the newest partition with ``event_timestamp <=`` its
-    own, i.e. statistics of windows that ended before it (NaN when none or stale).
+    ``event_timestamp``), as the training set and the online reader answer: each row reads the
+    newest partition with ``event_timestamp <=`` its own (statistics of windows that ended
+    before it), NaN when there is none within the view's ttl or when the key is not in that
+    partition.
 
-    Applies the cross views first (idempotent), so a training-set builder can call it alone.
+    The join is Feast's (``get_historical_features`` over the pair's view); Feast carries a
+    key's row from an older partition forward within the ttl, which the engine's partitions
+    forbid (they are snapshots: a key absent from one had no impression in its longest window),
+    so such values are masked here with the keys of the partition each row reads. The result
+    keeps Feast's row order. Applies the cross views first (idempotent), so a training-set
+    builder can call it alone.
     """
     settings = settings or load_settings()
     store = feature_store(settings)
@@ -254,6 +261,31 @@ def cross_features_at(
     rows = entity_rows.copy()
     rows[TIMESTAMP] = pd.to_datetime(rows[TIMESTAMP], utc=True)
     found = store.get_historical_features(entity_df=rows, features=refs).to_df()
+    found = found.reset_index(drop=True)
+    keys = list(view.join_keys)
+    root = Path(repo_module("ctr.cross_views").cross_root(Lake(settings.lake_root), source, pair))
+    published = sorted(
+        p.name.removeprefix("dt=")
+        for p in (root.iterdir() if root.is_dir() else ())
+        if p.name.startswith("dt=") and any(p.glob("*.parquet"))
+    )
+    if not published or found.empty:
+        return found
+    midnights = pd.to_datetime(pd.Series(published), utc=True)
+    stamps = pd.to_datetime(found[TIMESTAMP], utc=True)
+    at = midnights.searchsorted(stamps, side="right") - 1
+    reads = pd.Series([published[i] if i >= 0 else None for i in at], index=found.index)
+    present = pd.Series(False, index=found.index)
+    for ds in reads.dropna().unique():
+        held = pd.read_parquet(root / f"dt={ds}", columns=keys).drop_duplicates()
+        mine = found.loc[reads == ds, keys]
+        marked = mine.reset_index().merge(held.assign(_held=True), on=keys, how="left")
+        present.loc[marked["index"].to_numpy()] = marked["_held"].notna().to_numpy()
+    retired = ~present.to_numpy()
+    if retired.any():
+        for feature in (f.name for f in view.features):
+            found[feature] = found[feature].astype("float64")
+            found.loc[retired, feature] = float("nan")
     return found
 
 
@@ -299,8 +331,10 @@ def materialize_cross(
     ``pairs``: the ones the source's log could key) into the online store (rows with
     ``event_timestamp == ds`` midnight: the statistics of windows ending at ``ds``, the newest
     a request on that day may see). Idempotent; a later partition
-    overwrites an earlier one key by key, keys absent from it keep their older row until the
-    views' ttl makes them stale.
+    overwrites an earlier one key by key, an older one loaded later changes nothing. Keys
+    absent from the newest partition keep their older row in the store, and readers
+    (:class:`cascade.online_cross.OnlineCrossReader`) answer them as missing: the newest
+    partition is the largest end of the view's materialization intervals recorded here.
 
     ``engine`` (default: :func:`default_materialize_engine`): ``"bulk"`` writes the SQLite
     (local) or Redis (cluster) online store from Arrow batches and records the interval in the

@@ -12,17 +12,26 @@ was applied with, so only what :func:`cascade.feature_store.materialize_cross` c
 
 :class:`OnlineCrossReader` reads some features of one view for a batch of keys in ONE call of
 the online store (SQLite locally: a packed view, :mod:`cascade.online_packed`, is read as one
-float matrix without per-value objects; Redis in the cluster profile) and applies the view's ttl
-against its clock, as the offline point-in-time join
-(:func:`cascade.feature_store.cross_features_at`) does: a row older than the ttl is missing
-(NaN), so a request at time ``t`` sees the values a training row at ``t`` saw. (Feast's
-``get_online_features`` does not apply the ttl.)
+float matrix without per-value objects; Redis in the cluster profile) and answers as the
+training set and the offline point-in-time join (:func:`cascade.feature_store.cross_features_at`)
+do, so a request at time ``t`` sees the values a training row at ``t`` saw:
+
+* the engine's partitions are snapshots: a key absent from the newest partition loaded into the
+  online store had no impression in its longest window and is missing (NaN), although the store
+  still holds the row an older partition wrote for it (loading writes keys, it never deletes
+  them). The newest partition is the largest end of the view's materialization intervals in
+  the registry, re-read at most every ``refresh_s`` seconds (so for that long after a load a
+  retired key may still answer with its older row);
+* a row older than the view's ttl is missing (no partition loaded for that long).
+
+(Feast's ``get_online_features`` applies neither.)
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +40,9 @@ import numpy as np
 
 CROSS_VIEW_PREFIX = "cross_"
 """The engine's pair views are named ``cross_<pair>``."""
+
+REFRESH_S = 10.0
+"""How long a reader trusts the newest partition it read from the registry for a view."""
 
 _KEY_VALUE_FIELDS = {"INT64": "int64_val", "INT32": "int32_val", "STRING": "string_val"}
 """Join key types the reader builds entity keys of (ValueType name -> ValueProto field)."""
@@ -79,12 +91,25 @@ def _number(proto: Any) -> float:
     return math.nan if kind is None else float(getattr(proto, kind))
 
 
+def newest_partition(view: Any) -> dt.datetime | None:
+    """The newest partition loaded into the online store for ``view`` (a ``FeatureView`` read
+    from the registry): the largest end of its materialization intervals (a partition is
+    recorded as ``(ds midnight, ds midnight)``), None when nothing was loaded."""
+    ends = [end for _, end in getattr(view, "materialization_intervals", None) or ()]
+    if not ends:
+        return None
+    newest = max(ends)
+    return newest if newest.tzinfo else newest.replace(tzinfo=dt.UTC)
+
+
 class OnlineCrossReader:
-    """Batched reads of cross features from a Feast online store, the views' ttl applied.
+    """Batched reads of cross features from a Feast online store: rows older than the view's
+    newest loaded partition or than its ttl are missing.
 
     ``store``: a ``feast.FeatureStore`` (its views must be applied); ``clock``: the time a row's
     age is measured at (UTC now by default; a test pins it). ``online_store``: the store's
-    online store object when the caller already has one.
+    online store object when the caller already has one. ``refresh_s``: how long the newest
+    partition read from the registry is trusted (0: re-read on every read).
     """
 
     def __init__(
@@ -93,6 +118,7 @@ class OnlineCrossReader:
         *,
         clock: Callable[[], dt.datetime] = _utc_now,
         online_store: Any = None,
+        refresh_s: float = REFRESH_S,
     ) -> None:
         from feast.infra.online_stores.helpers import get_online_store_from_config
 
@@ -100,7 +126,9 @@ class OnlineCrossReader:
         self.config = store.config
         self.online_store = online_store or get_online_store_from_config(store.config.online_store)
         self.clock = clock
+        self.refresh_s = refresh_s
         self._views: dict[str, tuple[Any, dict[str, str]]] = {}
+        self._newest: dict[str, tuple[float, dt.datetime | None]] = {}
 
     def sources(self, fields: Iterable[str]) -> dict[str, CrossFeatureSource]:
         """:func:`cross_feature_sources` on this reader's store."""
@@ -120,7 +148,18 @@ class OnlineCrossReader:
                     )
                 types[column.name] = _KEY_VALUE_FIELDS[value_type]
             cached = self._views[name] = (view, types)
+            self._newest[name] = (time.monotonic(), newest_partition(view))
         return cached
+
+    def newest_partition(self, name: str) -> dt.datetime | None:
+        """:func:`newest_partition` of view ``name``, re-read from the registry when the one
+        held is older than ``refresh_s``."""
+        self._view(name)
+        read_at, newest = self._newest[name]
+        if time.monotonic() - read_at >= self.refresh_s:
+            newest = newest_partition(self.store.get_feature_view(name))
+            self._newest[name] = (time.monotonic(), newest)
+        return newest
 
     def read(
         self,
@@ -131,7 +170,8 @@ class OnlineCrossReader:
     ) -> np.ndarray:
         """float64 ``[len(keys), len(features)]``: the features of ``view`` for each key (a
         tuple of values in ``join_keys`` order), one online-store call for all of them. NaN
-        for a key the store does not hold, a row older than the view's ttl, or a null value."""
+        for a key the store does not hold, a row older than the view's newest loaded partition
+        (the key is not in it) or than its ttl, or a null value."""
         from feast.protos.feast.types.EntityKey_pb2 import EntityKey
         from feast.protos.feast.types.Value_pb2 import Value
 
@@ -143,7 +183,10 @@ class OnlineCrossReader:
         if not keys:
             return out
         ttl = table.ttl.total_seconds() if table.ttl else 0.0
-        oldest = self.clock() - dt.timedelta(seconds=ttl) if ttl > 0 else None
+        bounds = [self.newest_partition(view)]
+        if ttl > 0:
+            bounds.append(self.clock() - dt.timedelta(seconds=ttl))
+        oldest = max((b for b in bounds if b is not None), default=None)
         packed = self._packed_read(table, join_keys, keys, features, oldest)
         if packed is not None:
             return packed
