@@ -2,7 +2,15 @@
 later; the monitor reads both.
 
     lake/feedback/preranking/dt=YYYY-MM-DD/part-*.parquet   one row per scored candidate
+    lake/feedback_items/preranking/<sha256>.parquet         an item table scored with
     lake/clicks/preranking/dt=YYYY-MM-DD/part-*.parquet     (request_id, item_id, click)
+
+The item side of a candidate's features is logged by reference: the server's item table is
+the same for every request until it is refreshed, so it is written once as an
+:class:`ItemSnapshot` (``item_id`` and each column, named by the SHA-256 of its content) and
+each row carries that name in ``item_snapshot``; :func:`load_joined_feedback` joins the two
+back into one row per candidate with its item features. Copying ~15 item columns into every
+row of every request was half of the writer's CPU (and most of the bytes written).
 
 The server calls :meth:`FeedbackLog.log` per request. A request is buffered as it came, one
 chunk of column arrays (its 1,000 candidates are not turned into 1,000 row objects; the item
@@ -24,7 +32,9 @@ buffer for the next write. Rows that cannot be kept (the retry buffer is full, a
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
+import re
 import threading
 import time
 import uuid
@@ -82,6 +92,18 @@ def feedback_dir(root: Path, kind: str, ds: str) -> Path:
     if kind not in ("feedback", "clicks"):
         raise ValueError(f"unknown feedback kind {kind!r}")
     return root / kind / MODEL / f"dt={check_ds(ds)}"
+
+
+ITEM_SNAPSHOT = "item_snapshot"
+"""The feedback column naming the :class:`ItemSnapshot` a row's item features are in."""
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def item_snapshot_path(root: Path, digest: str) -> Path:
+    """Where the item snapshot named ``digest`` (64 hex digits) is kept."""
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise ValueError(f"an item snapshot is named by a SHA-256 hex digest, not {digest!r}")
+    return root / "feedback_items" / MODEL / f"{digest}.parquet"
 
 
 def _write_part(folder: Path, frame: pd.DataFrame) -> Path:
@@ -143,6 +165,66 @@ class Gathered:
         return values
 
 
+@dataclass(frozen=True, eq=False)
+class ItemSnapshot:
+    """An item table as the server scored with it: ``ids`` (int64 ``[M]``, unique) and per
+    column ``[M]`` numbers (NaN: unknown) or :class:`Coded` strings. Logged once, referenced
+    by ``digest`` from every row scored with it (see the module docstring). Neither ``ids``
+    nor a column may change after it is built (a refresh builds a new table)."""
+
+    ids: np.ndarray
+    columns: Mapping[str, np.ndarray | Coded]
+
+    def __post_init__(self) -> None:
+        ids = np.asarray(self.ids)
+        if ids.ndim != 1 or len(np.unique(ids)) != len(ids):
+            raise ValueError("an item snapshot's ids must be one-dimensional and unique")
+        for name, column in self.columns.items():
+            if name in ("item_id", ITEM_SNAPSHOT) or name in _RESERVED:
+                raise ValueError(f"item snapshot column {name!r} clashes with a feedback column")
+            values = column.codes if isinstance(column, Coded) else np.asarray(column)
+            if values.shape != ids.shape:
+                raise ValueError(
+                    f"item snapshot column {name!r} has shape {values.shape}; ids {ids.shape}"
+                )
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 (hex) of the ids, the column names, values and vocabularies."""
+        cached = self.__dict__.get("_digest")
+        if cached is None:
+            h = hashlib.sha256(np.ascontiguousarray(self.ids, dtype=np.int64).tobytes())
+            for name, column in self.columns.items():
+                h.update(b"\0" + name.encode())
+                if isinstance(column, Coded):
+                    h.update(np.ascontiguousarray(column.codes, dtype=np.int32).tobytes())
+                    h.update("\0".join(column.vocabulary).encode())
+                else:
+                    h.update(np.ascontiguousarray(column, dtype=np.float64).tobytes())
+            cached = self.__dict__["_digest"] = h.hexdigest()
+        return cached
+
+    def table(self) -> pa.Table:
+        arrays: dict[str, pa.Array] = {"item_id": pa.array(np.asarray(self.ids, np.int64))}
+        for name, column in self.columns.items():
+            if isinstance(column, Coded):
+                arrays[name] = _strings(column.codes, column.vocabulary)
+            else:
+                arrays[name] = _numeric(np.asarray(column, dtype=np.float64))
+        return pa.table(arrays)
+
+    def write(self, root: Path) -> Path:
+        """Write the snapshot under ``root`` unless it is there (written under a temporary name
+        and renamed, so a reader never sees half a file); returns its path."""
+        path = item_snapshot_path(root, self.digest)
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+            pq.write_table(self.table(), tmp, store_schema=False)
+            tmp.replace(path)
+        return path
+
+
 @dataclass(frozen=True, slots=True)
 class _Repeat:
     """One value for every candidate of a request (the user's features)."""
@@ -165,10 +247,14 @@ class _Chunk:
     rows: int
     columns: dict[str, Column]
     """``item_id``, ``score``, ``shadow_score`` (when shadowed) and the features."""
+    items: ItemSnapshot | None = None
+    """The item snapshot ``columns[ITEM_SNAPSHOT]`` names, written before the rows."""
 
 
 _FIXED = ("item_id", "score", "shadow_score")
-_RESERVED = ("ts", "request_id", "user_id", "model_version", "shadow_version", *_FIXED)
+_RESERVED = (
+    "ts", "request_id", "user_id", "model_version", "shadow_version", ITEM_SNAPSHOT, *_FIXED
+)  # fmt: skip
 
 
 def _strings(codes: np.ndarray, vocabulary: Sequence[str]) -> pa.Array:
@@ -419,6 +505,7 @@ class FeedbackLog:
         self._write_lock = threading.Lock()
         """Serializes writing (the writer thread, flush, close) and guards the open parts."""
         self._parts: dict[str, _OpenPart] = {}
+        self._snapshots_written: set[str] = set()
         self.dropped_rows = 0
         """Rows that will never be written: the buffer was full (``max_buffered_rows``), the
         retry buffer was full (``max_retry_rows``), a row failed ``max_write_attempts``
@@ -452,16 +539,19 @@ class FeedbackLog:
         features: Mapping[str, Sequence[Any] | np.ndarray] | None = None,
         shadow_version: str | None = None,
         shadow_scores: Sequence[float] | np.ndarray | None = None,
+        items: ItemSnapshot | None = None,
     ) -> None:
         """Buffer one request: ``item_ids``, ``scores`` and the shadow scores hold one value
         per candidate; so does each feature, or it is one scalar for all candidates (the
         user's features), :class:`Coded` strings or :class:`Gathered` rows of a table.
+        ``items``: the item table the candidates were scored with, logged by reference
+        (column ``item_snapshot``; written once, before the first row naming it).
         Arrays are copied (not a Gathered's), the caller may reuse them."""
         now = self._clock()
-        items = np.array(item_ids, dtype=np.int64)
-        n = len(items)
+        ids = np.array(item_ids, dtype=np.int64)
+        n = len(ids)
         columns: dict[str, Column] = {
-            "item_id": items,
+            "item_id": ids,
             "score": np.array(scores, dtype=np.float64),
         }
         if shadow_scores is not None:
@@ -477,6 +567,11 @@ class FeedbackLog:
                 columns[name] = _Repeat(None if values is None else values)
             else:
                 columns[name] = _array(values)
+        if items is not None:
+            clash = sorted(set(items.columns) & set(columns))
+            if clash:
+                raise ValueError(f"features {clash} are also columns of the item snapshot")
+            columns[ITEM_SNAPSHOT] = _Repeat(items.digest)
         for name, column in columns.items():
             if isinstance(column, _Repeat):
                 continue
@@ -499,6 +594,7 @@ class FeedbackLog:
             shadow_version=None if shadow_version is None else str(shadow_version),
             rows=n,
             columns=columns,
+            items=items,
         )
         with self._lock:
             if self._rows + n > self.config.max_buffered_rows:
@@ -566,6 +662,7 @@ class FeedbackLog:
                     self._keep_for_retry(group, failed=False)
                     continue
                 try:
+                    self._write_snapshots(c.items for c, _ in group)
                     self._write_row_group(ds, feedback_table([c for c, _ in group]))
                 except Exception as exc:
                     io_failed = isinstance(exc, OSError)
@@ -602,6 +699,13 @@ class FeedbackLog:
         FEEDBACK_DROPPED_ROWS.labels(reason=reason).inc(rows)
         log.warning("dropped %d feedback rows (%s); %d dropped so far", rows, reason,
                     self.dropped_rows)  # fmt: skip
+
+    def _write_snapshots(self, snapshots: Any) -> None:
+        """Write each item snapshot not written yet (before the rows that name it)."""
+        for snapshot in snapshots:
+            if snapshot is not None and snapshot.digest not in self._snapshots_written:
+                snapshot.write(self.lake_root)
+                self._snapshots_written.add(snapshot.digest)
 
     def _write_row_group(self, ds: str, table: pa.Table) -> None:
         """Append ``table`` to day ``ds``'s open part (opened here if needed); publish the
@@ -711,12 +815,40 @@ def _read_folder(folder: Path) -> pd.DataFrame:
     return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
 
 
+def with_item_features(scored: pd.DataFrame, root: Path) -> pd.DataFrame:
+    """``scored`` (feedback rows) with the item features of the snapshot each row names
+    (``item_snapshot``) joined on ``item_id``, in row order; rows of a snapshot that is not
+    in the lake keep NaN features (logged). Rows without the column are returned as they are."""
+    if ITEM_SNAPSHOT not in scored.columns or scored.empty:
+        return scored
+    tables = []
+    for digest in scored[ITEM_SNAPSHOT].dropna().unique():
+        path = item_snapshot_path(root, str(digest))
+        if not path.is_file():
+            log.warning("item snapshot %s is missing: its rows have no item features", path)
+            continue
+        tables.append(pd.read_parquet(path).assign(**{ITEM_SNAPSHOT: str(digest)}))
+    if not tables:
+        return scored
+    items = pd.concat(tables, ignore_index=True)
+    clash = sorted(set(items.columns) & set(scored.columns) - {ITEM_SNAPSHOT, "item_id"})
+    if clash:
+        raise ValueError(f"item snapshot columns {clash} are also feedback columns")
+    joined = scored.merge(items, on=[ITEM_SNAPSHOT, "item_id"], how="left", validate="many_to_one")
+    for name in items.columns:
+        if joined[name].dtype == object:  # strings: None where unknown, as a logged column reads
+            joined[name] = joined[name].astype(object).where(joined[name].notna(), None)
+    return joined
+
+
 def load_joined_feedback(ds: str, *, settings: Settings | None = None) -> pd.DataFrame:
-    """Scored candidates of day ``ds`` with their click (0 when none was reported)."""
+    """Scored candidates of day ``ds`` with their item features (:func:`with_item_features`)
+    and their click (0 when none was reported)."""
     settings = settings or load_settings()
     scored = _read_folder(feedback_dir(settings.lake_root, "feedback", ds))
     if scored.empty:
         return scored
+    scored = with_item_features(scored, settings.lake_root)
     clicks = _read_folder(feedback_dir(settings.lake_root, "clicks", ds))
     if clicks.empty:
         scored["click"] = 0

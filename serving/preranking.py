@@ -920,6 +920,6 @@ class PreRankingModel(Model):
         response_id = request_id or uuid.uuid4().hex
         if self.observer is not None:  # counted and buffered now; written off the response path
             self.observer.observed(
-                served, response_id, user_id, item_ids, scored.scores, scored.user, scored.rows
+                served, response_id, user_id, item_ids, scored.scores, scored.user
             )
         return response_id, scored.scores

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from cascade.ctr_schema import USER_FEATURES
-from serving.feedback import FeedbackLog, Gathered
+from serving.feedback import Coded, FeedbackLog, ItemSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,9 @@ class ServingObserver:
         if config.feedback and feedback is None:
             self.feedback = FeedbackLog(model.settings.lake_root, background=True)
         self._rollback = rollback
+        self._snapshot: tuple[Any, ItemSnapshot] | None = None
+        """The item table last logged and its snapshot (a table is never changed: a refresh
+        builds a new one, so the same object means the same snapshot)."""
         self._shadow: Any = None
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(config.queue_size)
         self.dropped = 0
@@ -123,16 +126,16 @@ class ServingObserver:
         item_ids: np.ndarray,
         scores: np.ndarray,
         user_features: Mapping[str, float] | None = None,
-        rows: np.ndarray | None = None,
     ) -> None:
         """Called after a successful response was built: count it, log it, shadow it later.
 
-        ``user_features`` are the user's features the scores were computed with, ``rows`` the
-        candidates' rows in ``served.items`` (looked up again when not given)."""
+        ``user_features`` are the user's features the scores were computed with; the item
+        features are those of ``served.items``, logged by reference."""
         self._count(served.version, ok=True)
         if self.feedback is None and self.config.shadow_alias is None:
             return
-        features = self._features(served, item_ids, user_features or {}, rows)
+        features = self._features(served, user_features or {})
+        snapshot = self._item_snapshot(served.items)
         feedback = self.feedback
 
         def write(shadow: tuple[str, np.ndarray] | None = None) -> None:
@@ -146,6 +149,7 @@ class ServingObserver:
                     features=features,
                     shadow_version=shadow[0] if shadow else None,
                     shadow_scores=shadow[1] if shadow else None,
+                    items=snapshot,
                 )
 
         if self.config.shadow_alias is None:
@@ -194,26 +198,30 @@ class ServingObserver:
                 self.errors.pop(version, None)
 
     @staticmethod
-    def _features(
-        served: Any,
-        item_ids: np.ndarray,
-        user: Mapping[str, float],
-        rows: np.ndarray | None = None,
-    ) -> dict[str, Any]:
-        """The served features of each candidate, for the monitor's drift check against the
-        training set: the user's features as scored (one value for all candidates: the legacy
-        USER_FEATURES, or a version without the legacy store's the user fields it read), the
-        item table's columns (the legacy ITEM_FEATURES, the item fields read at load) and
-        ``genre`` (NaN / None where unknown), as rows of that table: the values are gathered
-        when the log is written."""
-        items = served.items
-        rows = items.rows(item_ids) if rows is None else rows
+    def _features(served: Any, user: Mapping[str, float]) -> dict[str, Any]:
+        """The user's features as scored, one value for all candidates (the legacy
+        USER_FEATURES, or a version without the legacy store's the user fields it read). The
+        item side (the item table's columns and ``genre``) is logged by reference, see
+        :meth:`_item_snapshot`."""
         names = USER_FEATURES if getattr(served, "legacy_store", True) else tuple(user)
-        features: dict[str, Any] = {f: float(user.get(f, np.nan)) for f in names}
-        for name in items.columns:
-            features[name] = Gathered(rows, items.feature_column(name))
-        features["genre"] = Gathered(rows, items.genre_codes, items.genres)
-        return features
+        return {f: float(user.get(f, np.nan)) for f in names}
+
+    def _item_snapshot(self, items: Any) -> ItemSnapshot:
+        """The served item table as an :class:`~serving.feedback.ItemSnapshot`: its columns
+        (the legacy ITEM_FEATURES, the item fields read at load) and ``genre`` (NaN / None
+        where unknown), for the monitor's drift check against the training set. Built once
+        per table."""
+        held = self._snapshot
+        if held is not None and held[0] is items:
+            return held[1]
+        columns: dict[str, Any] = {
+            name: items.feature_column(name).astype(np.float64) for name in items.columns
+        }
+        columns["genre"] = Coded(items.genre_codes, items.genres)
+        snapshot = ItemSnapshot(np.asarray(items.ids, dtype=np.int64), columns)
+        snapshot.digest  # noqa: B018 - hashed here, not on the writer thread's first write
+        self._snapshot = (items, snapshot)
+        return snapshot
 
     def _shadow_scores(self, user_id: int, item_ids: np.ndarray) -> tuple[str, np.ndarray] | None:
         alias = self.config.shadow_alias

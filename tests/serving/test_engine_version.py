@@ -35,7 +35,7 @@ from jobs import ctr_cross_stats as engine
 from jobs.ctr_training_set import SERVED_PAIRS, declarations
 from models.preranking.fields import ID_FIELDS, FieldEncoder, FieldSet
 from models.preranking.model import ColdPreRanker
-from serving.feedback import FeedbackLog
+from serving.feedback import FeedbackLog, load_joined_feedback
 from serving.item_table import lake_item_catalogue
 from serving.monitor import MonitorConfig, evaluate_day
 from serving.preranking import PreRankingModel, ServingConfig, default_backends
@@ -331,7 +331,14 @@ def test_feedback_of_an_engine_version_records_the_fields_it_read(tmp_path: Path
         model.observer.drain()
     finally:
         model.observer.close()
-    frame = pd.concat(pd.read_parquet(p) for p in (tmp_path / "lake").rglob("part-*.parquet"))
+    raw = pd.concat(pd.read_parquet(p) for p in (tmp_path / "lake").rglob("part-*.parquet"))
+    # The rows name the item table's snapshot instead of copying its columns ...
+    assert not {*ITEM_FIELDS, "genre"} & set(raw.columns)
+    assert raw["item_snapshot"].nunique() == 1
+    # ... and the monitor's reader joins them back, one row per candidate.
+    frame = load_joined_feedback("2026-11-22", settings=Settings(home=tmp_path))
+    assert len(frame) == len(raw) == 3
+    assert frame["item_id"].tolist() == items
     assert set(frame.columns) >= {*USER_FIELDS, *ITEM_FIELDS, "genre"}
     assert not {"user_ctr", "item_ctr", "user_impressions"} & set(frame.columns)
     for name in USER_FIELDS:

@@ -15,7 +15,16 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from serving.feedback import Coded, FeedbackConfig, FeedbackLog, Gathered, feedback_dir
+from serving.feedback import (
+    Coded,
+    FeedbackConfig,
+    FeedbackLog,
+    Gathered,
+    ItemSnapshot,
+    feedback_dir,
+    item_snapshot_path,
+    with_item_features,
+)
 
 DAY = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC).timestamp()
 ITEM_CTR = np.array([0.1, 0.2, np.nan, 0.4])  # the item table's column; row 2 unknown
@@ -117,6 +126,93 @@ def test_requests_scored_before_and_after_an_item_table_refresh_share_a_row_grou
     np.testing.assert_array_equal(frame.item_ctr, [np.nan, 0.1, 0.2, 0.7, np.nan, 0.9, np.nan])
     assert pq.read_table(part).column("item_ctr").null_count == 3  # NaN stored as null
     assert frame.genre.tolist() == [None, "Action", "Comedy", "Comedy", None, "Action", None]
+
+
+TABLE_IDS = np.array([100, 101, 102, 103])
+"""Item ids of the rows of ITEM_CTR / ITEM_GENRE."""
+
+
+def snapshot(ctr: np.ndarray = ITEM_CTR, genre: np.ndarray = ITEM_GENRE) -> ItemSnapshot:
+    return ItemSnapshot(TABLE_IDS, {"item_ctr": ctr, "genre": Coded(genre, GENRES)})
+
+
+def test_item_features_logged_by_reference_join_back_to_the_copied_values(
+    tmp_path: Path,
+) -> None:
+    """The item table written once and named by every row reads back (joined) as the same
+    rows as copying its columns into each row; a refreshed table is a second snapshot."""
+    rng = np.random.default_rng(3)
+    by_copy = FeedbackLog(tmp_path / "copy", clock=lambda: DAY)
+    by_reference = FeedbackLog(tmp_path / "ref", clock=lambda: DAY)
+    tables = [snapshot(), snapshot(np.array([0.5, np.nan, 0.6, 0.7]), np.array([1, 1, 0, -1]))]
+    for n in range(40):
+        table = tables[n // 30]  # the table is refreshed after 30 requests
+        items = rng.choice([*TABLE_IDS, 999], size=6)  # 999: not in the table
+        rows = np.array([list(TABLE_IDS).index(i) if i in TABLE_IDS else -1 for i in items])
+        common = dict(request_id=f"r{n}", user_id=n, item_ids=items, scores=rng.random(6),
+                      model_version="3")  # fmt: skip
+        genre = table.columns["genre"]
+        by_copy.log(
+            **common,
+            features={
+                "user_ctr": 0.25,
+                "item_ctr": Gathered(rows, table.columns["item_ctr"]),
+                "genre": Gathered(rows, genre.codes, genre.vocabulary),
+            },
+        )
+        by_reference.log(**common, features={"user_ctr": 0.25}, items=table)
+    by_copy.flush()
+    by_reference.flush()
+    raw = read(tmp_path / "ref")
+    assert "item_ctr" not in raw and "genre" not in raw
+    assert raw.item_snapshot.tolist() == [tables[0].digest] * 180 + [tables[1].digest] * 60
+    written = sorted((tmp_path / "ref" / "feedback_items").rglob("*.parquet"))
+    assert written == sorted(item_snapshot_path(tmp_path / "ref", t.digest) for t in tables)
+    joined = with_item_features(raw, tmp_path / "ref").drop(columns="item_snapshot")
+    pd.testing.assert_frame_equal(joined[read(tmp_path / "copy").columns], read(tmp_path / "copy"))
+
+
+def test_item_snapshots_are_checked_when_read(tmp_path: Path, caplog: Any) -> None:
+    feedback = FeedbackLog(tmp_path, clock=lambda: DAY)
+    table = snapshot()
+    feedback.log(request_id="r", user_id=1, item_ids=[100, 103], scores=[0.1, 0.2],
+                 model_version="3", items=table)  # fmt: skip
+    feedback.flush()
+    raw = read(tmp_path)
+    # A snapshot gone from the lake: the rows stay, without item features, and it is said.
+    item_snapshot_path(tmp_path, table.digest).unlink()
+    gone = with_item_features(raw, tmp_path)
+    assert len(gone) == 2 and "item_ctr" not in gone
+    assert "is missing" in caplog.text
+    # A name that is not a digest is never turned into a path.
+    tampered = raw.assign(item_snapshot="../../etc/passwd")
+    with pytest.raises(ValueError, match="SHA-256 hex digest"):
+        with_item_features(tampered, tmp_path)
+    # A snapshot column may not shadow a feature or a feedback column.
+    with pytest.raises(ValueError, match="also columns of the item snapshot"):
+        feedback.log(request_id="r", user_id=1, item_ids=[100], scores=[0.1],
+                     model_version="3", features={"item_ctr": 0.5}, items=table)  # fmt: skip
+    with pytest.raises(ValueError, match="clashes"):
+        ItemSnapshot(TABLE_IDS, {"score": ITEM_CTR})
+    with pytest.raises(ValueError, match="unique"):
+        ItemSnapshot(np.array([1, 1]), {"item_ctr": np.array([0.1, 0.2])})
+
+
+def test_rows_are_not_written_before_their_snapshot(tmp_path: Path) -> None:
+    """When the snapshot cannot be written the rows naming it wait for a retry; once it can,
+    both are written."""
+    feedback = FeedbackLog(tmp_path, clock=lambda: DAY)
+    table = snapshot()
+    blocker = tmp_path / "feedback_items"
+    blocker.write_text("not a folder")  # the snapshot's folder cannot be made
+    feedback.log(request_id="r", user_id=1, item_ids=[100, 101], scores=[0.1, 0.2],
+                 model_version="3", items=table)  # fmt: skip
+    assert feedback.flush() == []
+    assert feedback.retry_rows == 2 and parts(tmp_path) == [] and feedback.write_errors == 1
+    blocker.unlink()
+    (part,) = feedback.flush()
+    joined = with_item_features(pd.read_parquet(part), tmp_path)
+    np.testing.assert_array_equal(joined.item_ctr, [0.1, 0.2])
 
 
 def test_writer_thread_loses_nothing_when_closed(tmp_path: Path) -> None:

@@ -252,6 +252,8 @@ def test_every_scored_candidate_is_in_the_lake_after_sigterm(tmp_path: Path) -> 
     published when the server stops, by every worker."""
     import pandas as pd
 
+    from serving.feedback import with_item_features
+
     serving_fakes.write_champion(tmp_path / "champion.json", "1", seed=1)
     server = start_server(tmp_path, workers=2)
     try:
@@ -273,4 +275,9 @@ def test_every_scored_candidate_is_in_the_lake_after_sigterm(tmp_path: Path) -> 
     assert len(frame) == 60 * 50
     assert frame.groupby("request_id").size().to_dict() == {f"fb-{n}": 50 for n in range(60)}
     assert not list(lake.rglob("*.tmp"))
+    # Both workers logged the same item table: one snapshot, joined back on every row.
+    (snapshot,) = (tmp_path / "home" / "lake" / "feedback_items").rglob("*.parquet")
+    assert frame.item_snapshot.unique().tolist() == [snapshot.stem]
+    frame = with_item_features(frame, tmp_path / "home" / "lake")
+    assert len(frame) == 60 * 50
     assert frame.user_impressions.notna().all() and frame.genre.notna().all()
