@@ -78,6 +78,8 @@ class CompiledColdScorer:
         self.request_fields = {n: k for n, k in outside.items() if n not in self.table_fields}
         """``{name: kind}`` of the fields every request must carry in ``extra``."""
         self._extra = [(name, field_set.position(name), kind) for name, kind in outside.items()]
+        self._numeric = frozenset(n for n in outside if n in encoder.edges)
+        """Extra fields encoded by edges (numbers), several at once per request."""
         self._user = [
             (field_set[p].name, p)
             for p in model.user_index.tolist()
@@ -148,12 +150,17 @@ class CompiledColdScorer:
             # code -1 (unknown genre) is the last row of genre_dense, as in ColdSharedScorer.
             genre_rows = np.where(codes < 0, len(genre_values) - 1, codes)
             candidates[:, self._cross_positions] = per_genre[genre_rows]
+        numeric_user: list[tuple[str, int, float]] = []
+        by_keys: dict[tuple[int, int], list[tuple[str, int, Any]]] = {}
         for name, position, kind in self._extra:
             if name not in extra:  # a table field: its codes are in the candidates' rows
                 continue
             values = np.asarray(extra[name]).reshape(-1)
             if kind == "user":
-                user[0, position] = self.encoder.encode_column(name, values[:1])[0]
+                if name in self._numeric and values.dtype.kind == "f":
+                    numeric_user.append((name, position, values[0]))
+                else:
+                    user[0, position] = self.encoder.encode_column(name, values[:1])[0]
             else:
                 if len(values) != len(rows):
                     raise ValueError(
@@ -161,12 +168,27 @@ class CompiledColdScorer:
                     )
                 column = keyed.get(name) if keyed else None
                 if column is not None and len(column.valid) == len(rows):
+                    if name in self._numeric:  # encoded with the fields sharing its keys
+                        shared = (id(column.inverse), id(column.valid))
+                        by_keys.setdefault(shared, []).append((name, position, column))
+                        continue
                     codes_by_key = self.encoder.encode_column(name, column.values)
                     encoded = np.zeros(len(rows), dtype=np.int64)  # no key: missing, code 0
                     encoded[column.valid] = codes_by_key[column.inverse]
                     candidates[:, position] = encoded
                 else:
                     candidates[:, position] = self.encoder.encode_column(name, values)
+        if numeric_user:
+            names, positions, scalars = zip(*numeric_user, strict=True)
+            user[0, list(positions)] = self.encoder.encode_numbers(names, np.array([scalars]))[0]
+        for group in by_keys.values():  # one view's fields: the same keys, one encoding
+            names, positions, columns = zip(*group, strict=True)
+            first = columns[0]
+            per_key = np.column_stack([c.values for c in columns])
+            codes_by_key = self.encoder.encode_numbers(names, per_key)
+            block = np.zeros((len(rows), len(names)), dtype=np.int64)  # no key: code 0
+            block[first.valid] = codes_by_key[first.inverse]
+            candidates[:, list(positions)] = block
         with torch.inference_mode():
             out = self.run(torch.from_numpy(user), torch.from_numpy(candidates))
         return torch.as_tensor(out).reshape(-1)

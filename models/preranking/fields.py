@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -386,6 +386,7 @@ class FieldEncoder:
         self.vocab: dict[str, pd.Index] = {}
         self.edges: dict[str, np.ndarray] = {}
         self._buckets: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._edge_matrices: dict[tuple[str, ...], tuple[list[Any], np.ndarray]] = {}
 
     def fit(self, frame: pd.DataFrame) -> FieldEncoder:
         self.fields.require_columns(frame, "the training frame")
@@ -436,6 +437,36 @@ class FieldEncoder:
             numbers = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(np.float64)
         bounds, codes = self._bucket_table(name)
         return codes[np.searchsorted(bounds, numbers, side="right")]
+
+    def encode_numbers(self, names: Sequence[str], values: np.ndarray) -> np.ndarray:
+        """int64 ``[R, K]`` codes of ``values`` (float ``[R, K]``: column ``k`` holds numbers
+        of the numeric field ``names[k]``): :meth:`encode_column` on every column in one step,
+        for the few rows of a request (a user's values, the values per distinct key). A number
+        gets one plus the count of its field's edges at or below it, NaN gets 0."""
+        values = np.asarray(values, dtype=np.float64)
+        if values.ndim != 2 or values.shape[1] != len(names):
+            raise ValueError(f"values of shape {values.shape} for {len(names)} fields")
+        padded = self._edge_matrix(tuple(names))
+        below = (padded[None, :, :] <= values[:, :, None]).sum(axis=2)  # NaN edges count 0
+        return np.where(np.isnan(values), 0, below + 1).astype(np.int64)
+
+    def _edge_matrix(self, names: tuple[str, ...]) -> np.ndarray:
+        """``[K, max edges]``: each field's edges padded with NaN (never ``<=`` a number);
+        rebuilt when a field's edges are replaced."""
+        for name in names:
+            if name in self.vocab:
+                raise ValueError(f"field {name!r} is categorical: encode it with encode_column")
+            if name not in self.edges:
+                raise KeyError(f"field {name!r} is not fitted; call fit() first")
+        edges = [self.edges[n] for n in names]
+        cached = self._edge_matrices.get(names)
+        if cached is None or any(a is not b for a, b in zip(cached[0], edges, strict=True)):
+            width = max((len(e) for e in edges), default=0)
+            matrix = np.full((len(names), max(width, 1)), np.nan)
+            for k, e in enumerate(edges):
+                matrix[k, : len(e)] = np.asarray(e, dtype=np.float64)
+            cached = self._edge_matrices[names] = (edges, matrix)
+        return cached[1]
 
     def _bucket_table(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """``(bounds, codes)`` of a numeric field: its edges with NaN appended, and the code of

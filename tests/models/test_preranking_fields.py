@@ -222,3 +222,43 @@ def test_numeric_codes_are_the_bucket_after_each_edge_and_zero_for_missing() -> 
     # Replaced edges (a reloaded state) are used, not the cached ones.
     encoder.edges["x"] = np.array([0.0])
     assert encoder.encode_column("x", np.array([-1.0, 0.0, 2.0, np.nan])).tolist() == [1, 2, 2, 0]
+
+
+def test_numbers_of_several_fields_encode_at_once_as_one_by_one() -> None:
+    """encode_numbers (a request's few values of many fields) gives the codes encode_column
+    gives each field: NaN, +-inf, values on the edges, a field without edges, replaced edges."""
+    from models.preranking.fields import FieldEncoder, FieldSpec
+
+    rng = np.random.default_rng(11)
+    train = pd.DataFrame(
+        {
+            "a": rng.normal(size=400),
+            "b": rng.exponential(size=400),
+            "flat": np.full(400, np.nan),
+            "c": rng.integers(0, 3, 400).astype(float),  # few distinct values: few edges
+        }
+    )
+    names = list(train.columns)
+    specs = [FieldSpec(name=n, kind="cross", categorical=False) for n in names]
+    specs.append(FieldSpec(name="cat", kind="item", categorical=True))
+    encoder = FieldEncoder(specs, bins=8).fit(train.assign(cat=["x", "y"] * 200))
+    assert len({len(encoder.edges[n]) for n in names}) > 2  # ragged edge lists
+    edge_values = np.concatenate([np.asarray(encoder.edges[n]) for n in names])
+    pool = np.concatenate([edge_values, [np.nan, np.inf, -np.inf, 0.0], rng.normal(size=50) * 2])
+
+    def check() -> None:
+        values = rng.choice(pool, size=(30, len(names)))
+        got = encoder.encode_numbers(names, values)
+        want = np.column_stack(
+            [encoder.encode_column(n, values[:, k]) for k, n in enumerate(names)]
+        )
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, want)
+
+    check()
+    encoder.edges["a"] = np.array([0.0, 1.0])  # a reloaded state: the new edges are used
+    check()
+    with pytest.raises(ValueError, match="categorical"):
+        encoder.encode_numbers(["cat"], np.zeros((1, 1)))
+    with pytest.raises(ValueError, match="shape"):
+        encoder.encode_numbers(names, np.zeros((2, 1)))
