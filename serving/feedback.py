@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import logging
 import re
 import threading
@@ -860,7 +861,8 @@ def load_joined_feedback(ds: str, *, settings: Settings | None = None) -> pd.Dat
 
 
 def load_reference(*, settings: Settings | None = None) -> pd.DataFrame:
-    """The newest training set of the model: the distribution the champion learned from."""
+    """The newest training set of the model: the distribution the champion learned from, with
+    its field declarations (``fields.json`` beside it) in ``attrs["fields"]``."""
     settings = settings or load_settings()
     root = settings.lake_root / "training" / MODEL
     partitions = sorted(root.glob("dt=*"))
@@ -870,4 +872,11 @@ def load_reference(*, settings: Settings | None = None) -> pd.DataFrame:
         )
     # The set's parquet file; its folder also holds the field declarations and provenance.
     data = partitions[-1] / "data.parquet"
-    return pd.read_parquet(data if data.is_file() else partitions[-1])
+    frame = pd.read_parquet(data if data.is_file() else partitions[-1])
+    declared = partitions[-1] / "fields.json"
+    if declared.is_file():  # which fields are numbers: what the monitor compares by PSI
+        fields = json.loads(declared.read_text()).get("fields")
+        if not isinstance(fields, list):
+            raise ValueError(f"{declared}: 'fields' must be a list of field declarations")
+        frame.attrs["fields"] = fields
+    return frame

@@ -38,8 +38,10 @@ class MonitorConfig:
 
     model: str = "preranking"
     """Registered model the monitor watches (named in the events it publishes)."""
-    numeric_features: tuple[str, ...] = ("user_ctr", "item_ctr", "item_impressions")
-    """Numeric features compared by PSI over quantile bins of the reference."""
+    numeric_features: tuple[str, ...] | None = None
+    """Numeric features compared by PSI over quantile bins of the reference. None: the
+    reference's declared numeric fields (:func:`declared_numeric`: the statistics a version
+    of the cross-statistics engine trained on), else :data:`LEGACY_NUMERIC`."""
     categorical_features: tuple[str, ...] = ("genre",)
     """Categorical features compared by PSI over categories (the candidate item's genre)."""
     psi_threshold: float = 0.2
@@ -93,6 +95,30 @@ def _psi(expected: np.ndarray, actual: np.ndarray) -> float:
     return float(np.sum((actual - expected) * np.log(actual / expected)))
 
 
+LEGACY_NUMERIC = ("user_ctr", "item_ctr", "item_impressions")
+"""The numeric features of a reference without field declarations (the MovieLens-shaped
+contract, and the demo's generated logs)."""
+FIELDS_ATTR = "fields"
+"""``reference.attrs`` key of the training set's field declarations (``fields.json``)."""
+
+
+def declared_numeric(reference: pd.DataFrame) -> tuple[str, ...]:
+    """The numeric fields the reference's declarations name (``categorical`` false), in their
+    order; empty when it has none."""
+    fields = reference.attrs.get(FIELDS_ATTR) or ()
+    return tuple(
+        str(f["name"]) for f in fields if isinstance(f, dict) and f.get("categorical") is False
+    )
+
+
+def numeric_features(reference: pd.DataFrame, config: MonitorConfig) -> tuple[str, ...]:
+    """The features :func:`evaluate_day` compares by numeric PSI (see
+    ``MonitorConfig.numeric_features``)."""
+    if config.numeric_features is not None:
+        return config.numeric_features
+    return declared_numeric(reference) or LEGACY_NUMERIC
+
+
 def _has_number(column: pd.Series) -> bool:
     """Whether ``column`` holds a finite number."""
     values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
@@ -120,6 +146,8 @@ class DayVerdict:
     online_auc: float | None = None
     drifted: dict[str, float] = field(default_factory=dict)
     """Features whose PSI is above the threshold."""
+    unchecked: list[str] = field(default_factory=list)
+    """Features to compare that the logs or the reference lack (no PSI)."""
     retrain: bool = False
     reasons: list[str] = field(default_factory=list)
 
@@ -134,12 +162,13 @@ def evaluate_day(
         verdict.reasons.append(f"only {len(serving)} rows (< min_rows={config.min_rows})")
         return verdict
     present = set(reference.columns) & set(serving.columns)
-    for name in config.numeric_features:
+    numeric = numeric_features(reference, config)
+    for name in numeric:
         # A column without a number on one side (e.g. a legacy feature that a version of the
         # cross-statistics engine logs as NaN, or does not log) has nothing to compare.
         if name in present and not (_has_number(reference[name]) and _has_number(serving[name])):
             present.discard(name)
-    for name in config.numeric_features:
+    for name in numeric:
         if name in present:
             verdict.psi[name] = psi_numeric(
                 reference[name].to_numpy(), serving[name].to_numpy(), bins=config.bins
@@ -147,10 +176,17 @@ def evaluate_day(
     for name in config.categorical_features:
         if name in present:
             verdict.psi[name] = psi_categorical(reference[name].tolist(), serving[name].tolist())
-    absent = [n for n in config.numeric_features + config.categorical_features if n not in present]
-    if absent:
-        # Not an error: serving may log ids only; the verdict says which features went unchecked.
-        verdict.reasons.append(f"no PSI for {absent}: missing from the logs or the reference")
+    verdict.unchecked = [n for n in numeric + config.categorical_features if n not in present]
+    if verdict.unchecked:
+        # Not an error: serving may log ids only, and the per-candidate cross fields (user x
+        # category, ...) are read per request but not logged; the verdict names them.
+        shown = verdict.unchecked[:8]
+        more = (
+            f" and {len(verdict.unchecked) - len(shown)} more"
+            if len(shown) < len(verdict.unchecked)
+            else ""
+        )
+        verdict.reasons.append(f"no PSI for {shown}{more}: missing from the logs or the reference")
     verdict.online_auc = online_auc(serving["score"].to_numpy(), serving["click"].to_numpy())
     verdict.drifted = {k: v for k, v in verdict.psi.items() if v > config.psi_threshold}
     if verdict.drifted:
@@ -168,8 +204,11 @@ def evaluate_day(
 
 def verdict_events(verdict: DayVerdict, config: MonitorConfig) -> list[Any]:
     """The events a verdict calls for: drift (if any), then a retrain request naming it."""
-    from cascade.events import make_event
+    from cascade.events import MAX_TEXT_CHARS, make_event
 
+    reason = "; ".join(verdict.reasons)
+    if len(reason) > MAX_TEXT_CHARS:  # many drifted fields: the event carries them all anyway
+        reason = reason[: MAX_TEXT_CHARS - 3] + "..."
     events = []
     if verdict.drifted or verdict.retrain:
         drift = make_event(
@@ -192,7 +231,7 @@ def verdict_events(verdict: DayVerdict, config: MonitorConfig) -> list[Any]:
                 TOPIC_RETRAIN_REQUESTED,
                 {
                     "model": config.model,
-                    "reason": "; ".join(verdict.reasons),
+                    "reason": reason,
                     "partition": verdict.ds,
                     "caused_by": [e.id for e in events],
                 },
@@ -209,11 +248,13 @@ def plot_day(verdict: DayVerdict, config: MonitorConfig, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3))
     names = list(verdict.psi)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.25 * len(names) + 2), 3.5))
     values = [verdict.psi[n] for n in names]
     ax.bar(names, values, color=["tab:red" if n in verdict.drifted else "tab:blue" for n in names])
     ax.axhline(config.psi_threshold, color="black", linestyle="--", label="PSI threshold")
+    if len(names) > 6:
+        ax.tick_params(axis="x", rotation=90, labelsize=6)
     auc = "n/a" if verdict.online_auc is None else f"{verdict.online_auc:.3f}"
     ax.set_title(f"{verdict.ds}: PSI per feature, online AUC {auc}")
     ax.legend()
@@ -232,7 +273,8 @@ def plot_series(verdicts: Sequence[DayVerdict], config: MonitorConfig, path: Pat
 
     days = [v.ds for v in verdicts]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
-    for name in config.numeric_features + config.categorical_features:
+    names = list(dict.fromkeys(n for v in verdicts for n in v.psi))
+    for name in names:
         top.plot(days, [v.psi.get(name, np.nan) for v in verdicts], marker="o", label=name)
     top.axhline(config.psi_threshold, color="black", linestyle="--")
     top.set_ylabel("PSI")

@@ -154,3 +154,86 @@ def test_the_reference_is_the_newest_training_sets_parquet_beside_its_declaratio
         (folder / "training.json").write_text('{"source": "generated"}')
     reference = load_reference(settings=settings)
     assert reference["user_ctr_7d"].tolist() == [0.2, 0.2]
+
+
+def test_a_version_of_the_engine_is_checked_on_the_statistics_it_declares(tmp_path: Path) -> None:
+    """A reference with field declarations (the pipeline's ``fields.json``): every declared
+    number the logs carry gets a PSI (the user and item statistics), the declared ones the
+    logs lack (per-candidate cross fields) are named, ids are not compared as numbers; a
+    shifted item statistic is drift. Without declarations the legacy names are compared."""
+    from serving.feedback import load_reference
+
+    rng = np.random.default_rng(4)
+    n = 4000
+    declarations = [
+        {"name": "user_id", "kind": "user", "categorical": True},
+        {"name": "item_id", "kind": "item", "categorical": True},
+        {"name": "genre", "kind": "item", "categorical": True},
+        {"name": "user_ctr_7d", "kind": "user", "categorical": False},
+        {"name": "item_ctr_7d", "kind": "item", "categorical": False},
+        {"name": "user_cat_ctr_7d", "kind": "cross", "categorical": False},
+    ]
+    settings = Settings(home=tmp_path)
+    folder = settings.lake_root / "training" / "preranking" / "dt=2026-11-22"
+    folder.mkdir(parents=True)
+    pd.DataFrame(
+        {
+            "user_id": rng.integers(0, 900, n),
+            "item_id": rng.integers(0, 1600, n),
+            "genre": rng.choice(["Action", "Drama"], n),
+            "user_ctr_7d": rng.beta(2, 20, n),
+            "item_ctr_7d": rng.beta(2, 20, n),
+            "user_cat_ctr_7d": rng.beta(2, 20, n),
+            "click": rng.integers(0, 2, n),
+        }
+    ).to_parquet(folder / "data.parquet")
+    (folder / "fields.json").write_text(json.dumps({"version": 1, "fields": declarations}))
+    reference = load_reference(settings=settings)
+    assert [f["name"] for f in reference.attrs["fields"]] == [d["name"] for d in declarations]
+
+    def day(item_shift: float) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "user_id": rng.integers(0, 900, n),
+                "item_id": rng.integers(0, 1600, n),
+                "genre": rng.choice(["Action", "Drama"], n),
+                "user_ctr_7d": rng.beta(2, 20, n),
+                "item_ctr_7d": rng.beta(2, 20, n) + item_shift,
+                "score": rng.random(n),
+                "click": rng.integers(0, 2, n),
+            }
+        )
+
+    config = MonitorConfig()
+    calm = evaluate_day("2026-11-23", reference, day(0.0), config)
+    assert set(calm.psi) == {"user_ctr_7d", "item_ctr_7d", "genre"}
+    assert calm.unchecked == ["user_cat_ctr_7d"] and not calm.drifted
+    shifted = evaluate_day("2026-11-24", reference, day(0.2), config)
+    assert set(shifted.drifted) == {"item_ctr_7d"} and shifted.retrain
+    # No declarations: the MovieLens-shaped names, none of which this reference has.
+    plain_reference = pd.DataFrame(reference)
+    plain_reference.attrs = {}
+    plain = evaluate_day("2026-11-23", plain_reference, day(0.0), config)
+    assert set(plain.psi) == {"genre"}
+    assert plain.unchecked == ["user_ctr", "item_ctr", "item_impressions"]
+    # Declarations that are not a list are refused, not ignored.
+    (folder / "fields.json").write_text('{"fields": {"user_ctr_7d": "number"}}')
+    with pytest.raises(ValueError, match="must be a list"):
+        load_reference(settings=settings)
+
+
+def test_a_day_where_every_declared_field_drifts_still_makes_valid_events() -> None:
+    """Dozens of drifted statistics: the retrain request's reason is cut to the events' text
+    limit, the drift event names every one."""
+    rng = np.random.default_rng(8)
+    names = [f"user_stat_{i:02d}_with_a_long_name" for i in range(60)]
+    reference = pd.DataFrame({n: rng.random(1000) for n in names})
+    reference.attrs["fields"] = [{"name": n, "categorical": False} for n in names]
+    serving = pd.DataFrame({n: rng.random(1000) + 2 for n in names})
+    serving["score"], serving["click"] = rng.random(1000), rng.integers(0, 2, 1000)
+    config = MonitorConfig()
+    verdict = evaluate_day("2026-11-23", reference, serving, config)
+    assert len(verdict.drifted) == 60
+    drift, retrain = verdict_events(verdict, config)
+    assert len(drift.payload["drifted_features"]) == 60
+    assert len(retrain.payload["reason"]) <= 2000 and retrain.payload["reason"].endswith("...")
