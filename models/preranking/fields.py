@@ -362,6 +362,11 @@ def field_cost(
     )
 
 
+SMALL_LOOKUP = 64
+"""Categorical values encoded through a dict rather than a pandas Index up to this many (a
+request's user id, its unknown item ids): building the Index cost more than the lookup."""
+
+
 class FieldEncoder:
     """Fitted on the training split; turns a frame into ``LongTensor [N, len(fields)]``.
 
@@ -387,6 +392,7 @@ class FieldEncoder:
         self.edges: dict[str, np.ndarray] = {}
         self._buckets: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._edge_matrices: dict[tuple[str, ...], tuple[list[Any], np.ndarray]] = {}
+        self._lookups: dict[str, tuple[pd.Index, dict[Any, int] | None]] = {}
 
     def fit(self, frame: pd.DataFrame) -> FieldEncoder:
         self.fields.require_columns(frame, "the training frame")
@@ -427,6 +433,15 @@ class FieldEncoder:
         What :meth:`encode` does per column; serving calls it on the few values of a request
         without building a frame."""
         if name in self.vocab:
+            lookup = self._vocab_lookup(name)
+            if lookup is not None and not isinstance(values, pd.Series | pd.Index):
+                try:  # a request's few ids: a dict, not an Index built per call
+                    if len(values) <= SMALL_LOOKUP:
+                        return np.fromiter(
+                            (lookup.get(v, 0) for v in values), dtype=np.int64, count=len(values)
+                        )
+                except TypeError:  # an unhashable value: as the Index answers it
+                    pass
             index = self.vocab[name].get_indexer(pd.Index(values))
             return (index + 1).astype(np.int64)  # -1 (unseen) becomes 0
         if name not in self.edges:
@@ -437,6 +452,18 @@ class FieldEncoder:
             numbers = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(np.float64)
         bounds, codes = self._bucket_table(name)
         return codes[np.searchsorted(bounds, numbers, side="right")]
+
+    def _vocab_lookup(self, name: str) -> dict[Any, int] | None:
+        """``{value: code}`` of a categorical field (what ``get_indexer`` + 1 gives for a
+        value of the vocabulary; Python's equality, like the Index's, matches 5, 5.0 and
+        ``np.int64(5)``); None when the vocabulary holds a NaN (never equal to itself, so a
+        dict would miss it). Rebuilt when the field's vocabulary is replaced."""
+        vocab = self.vocab[name]
+        cached = self._lookups.get(name)
+        if cached is None or cached[0] is not vocab:
+            table = None if vocab.hasnans else {v: i + 1 for i, v in enumerate(vocab.tolist())}
+            cached = self._lookups[name] = (vocab, table)
+        return cached[1]
 
     def encode_numbers(self, names: Sequence[str], values: np.ndarray) -> np.ndarray:
         """int64 ``[R, K]`` codes of ``values`` (float ``[R, K]``: column ``k`` holds numbers

@@ -262,3 +262,34 @@ def test_numbers_of_several_fields_encode_at_once_as_one_by_one() -> None:
         encoder.encode_numbers(["cat"], np.zeros((1, 1)))
     with pytest.raises(ValueError, match="shape"):
         encoder.encode_numbers(names, np.zeros((2, 1)))
+
+
+def test_a_few_categorical_values_encode_as_the_index_does() -> None:
+    """The dict used for a request's few ids gives get_indexer's codes: ints, numpy ints, an
+    integral float, strings, None, NaN, unseen values; a replaced
+    vocabulary is used; a vocabulary holding NaN goes through the Index."""
+    from models.preranking.fields import SMALL_LOOKUP, FieldEncoder, FieldSpec
+
+    specs = [
+        FieldSpec(name="user_id", kind="user", categorical=True),
+        FieldSpec(name="genre", kind="item", categorical=True),
+    ]
+    train = pd.DataFrame({"user_id": [5, 9, 12, 5], "genre": ["Drama", "Action", None, "Drama"]})
+    encoder = FieldEncoder(specs).fit(train)
+
+    def by_index(name: str, values: list) -> list[int]:
+        return (encoder.vocab[name].get_indexer(pd.Index(values, dtype=object)) + 1).tolist()
+
+    ids = [5, np.int64(9), 12.0, 7, None, float("nan"), "5"]
+    assert encoder.encode_column("user_id", ids).tolist() == by_index("user_id", ids) == [
+        1, 2, 3, 0, 0, 0, 0,
+    ]  # fmt: skip
+    assert encoder.encode_column("user_id", np.array([12, 5, 1])).tolist() == [3, 1, 0]
+    genres = ["Action", "Drama", "Comedy", None]
+    assert encoder.encode_column("genre", genres).tolist() == by_index("genre", genres)
+    many = list(range(SMALL_LOOKUP + 5))  # past the dict's size: the Index, same codes
+    assert encoder.encode_column("user_id", many).tolist() == by_index("user_id", many)
+    encoder.vocab["user_id"] = pd.Index([7, 5])
+    assert encoder.encode_column("user_id", [5, 7, 9]).tolist() == [2, 1, 0]
+    encoder.vocab["genre"] = pd.Index(["Action", np.nan], dtype=object)
+    assert encoder.encode_column("genre", [np.nan, "Action"]).tolist() == [2, 1]
