@@ -3,6 +3,7 @@ later; the monitor reads both.
 
     lake/feedback/preranking/dt=YYYY-MM-DD/part-*.parquet   one row per scored candidate
     lake/feedback_items/preranking/<sha256>.parquet         an item table scored with
+    lake/feedback_requests/preranking/dt=YYYY-MM-DD/part-*.parquet   one row per request
     lake/clicks/preranking/dt=YYYY-MM-DD/part-*.parquet     (request_id, item_id, click)
 
 The item side of a candidate's features is logged by reference: the server's item table is
@@ -10,7 +11,11 @@ the same for every request until it is refreshed, so it is written once as an
 :class:`ItemSnapshot` (``item_id`` and each column, named by the SHA-256 of its content) and
 each row carries that name in ``item_snapshot``; :func:`load_joined_feedback` joins the two
 back into one row per candidate with its item features. Copying ~15 item columns into every
-row of every request was half of the writer's CPU (and most of the bytes written).
+row of every request was half of the writer's CPU (and most of the bytes written). The same
+holds for the user's features, one value per request: given as ``request_features`` they are
+written once per request (``feedback_requests``: ts, request_id, user_id, model_version,
+``candidates`` and the features) and joined back by ``request_id``; a request's row is written
+before its candidates' rows and published before them.
 
 The server calls :meth:`FeedbackLog.log` per request. A request is buffered as it came, one
 chunk of column arrays (its 1,000 candidates are not turned into 1,000 row objects; the item
@@ -90,7 +95,7 @@ class FeedbackConfig:
 
 
 def feedback_dir(root: Path, kind: str, ds: str) -> Path:
-    if kind not in ("feedback", "clicks"):
+    if kind not in ("feedback", "clicks", "feedback_requests"):
         raise ValueError(f"unknown feedback kind {kind!r}")
     return root / kind / MODEL / f"dt={check_ds(ds)}"
 
@@ -250,6 +255,8 @@ class _Chunk:
     """``item_id``, ``score``, ``shadow_score`` (when shadowed) and the features."""
     items: ItemSnapshot | None = None
     """The item snapshot ``columns[ITEM_SNAPSHOT]`` names, written before the rows."""
+    request: dict[str, Any] | None = None
+    """Features with one value for the request (the user's), written as its request row."""
 
 
 _FIXED = ("item_id", "score", "shadow_score")
@@ -385,6 +392,37 @@ def feedback_table(chunks: list[_Chunk]) -> pa.Table:
     return pa.table(arrays)
 
 
+REQUEST_COLUMNS = ("ts", "request_id", "user_id", "model_version", "candidates")
+"""The leading columns of a request row; its features follow."""
+
+
+def requests_table(chunks: list[_Chunk]) -> pa.Table:
+    """One row per chunk with request features: :data:`REQUEST_COLUMNS`, then the features in
+    first-seen order (null where a request lacks one)."""
+    chunks = [c for c in chunks if c.request]
+    names: dict[str, None] = {}
+    for chunk in chunks:
+        names.update(dict.fromkeys(chunk.request or {}))
+    arrays: dict[str, pa.Array] = {
+        "ts": pa.array(
+            np.array([round(c.ts * 1e6) * 1000 for c in chunks], dtype=np.int64),
+            type=pa.timestamp("ns", tz="UTC"),
+        ),
+        "request_id": pa.array([c.request_id for c in chunks], type=pa.string()),
+        "user_id": pa.array([c.user_id for c in chunks], type=pa.int64()),
+        "model_version": pa.array([c.model_version for c in chunks], type=pa.string()),
+        "candidates": pa.array([c.rows for c in chunks], type=pa.int64()),
+    }
+    for name in names:
+        values = [(c.request or {}).get(name) for c in chunks]
+        if any(_is_text(v) for v in values):
+            arrays[name] = pa.array([None if v is None else str(v) for v in values], pa.string())
+        else:
+            numbers = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+            arrays[name] = _numeric(numbers)
+    return pa.table(arrays)
+
+
 def _parquet_options(table: pa.Table) -> dict[str, Any]:
     """How feedback parts are written, each choice the cheaper of those measured on 250,000
     rows: dictionary (run-length) encoding for the columns whose values repeat (a request's
@@ -506,6 +544,7 @@ class FeedbackLog:
         self._write_lock = threading.Lock()
         """Serializes writing (the writer thread, flush, close) and guards the open parts."""
         self._parts: dict[str, _OpenPart] = {}
+        self._request_parts: dict[str, _OpenPart] = {}
         self._snapshots_written: set[str] = set()
         self.dropped_rows = 0
         """Rows that will never be written: the buffer was full (``max_buffered_rows``), the
@@ -541,12 +580,15 @@ class FeedbackLog:
         shadow_version: str | None = None,
         shadow_scores: Sequence[float] | np.ndarray | None = None,
         items: ItemSnapshot | None = None,
+        request_features: Mapping[str, Any] | None = None,
     ) -> None:
         """Buffer one request: ``item_ids``, ``scores`` and the shadow scores hold one value
         per candidate; so does each feature, or it is one scalar for all candidates (the
         user's features), :class:`Coded` strings or :class:`Gathered` rows of a table.
         ``items``: the item table the candidates were scored with, logged by reference
         (column ``item_snapshot``; written once, before the first row naming it).
+        ``request_features``: scalars of the whole request (the user's features), written
+        once as its request row instead of on each candidate's.
         Arrays are copied (not a Gathered's), the caller may reuse them."""
         now = self._clock()
         ids = np.array(item_ids, dtype=np.int64)
@@ -568,8 +610,24 @@ class FeedbackLog:
                 columns[name] = _Repeat(None if values is None else values)
             else:
                 columns[name] = _array(values)
+        request: dict[str, Any] | None = None
+        if request_features:
+            request = {}
+            for name, value in request_features.items():
+                if name in _RESERVED or name in REQUEST_COLUMNS or name in columns:
+                    raise ValueError(f"request feature {name!r} clashes with a feedback column")
+                if isinstance(value, np.generic):
+                    value = value.item()
+                if not (value is None or isinstance(value, str | int | float)) or isinstance(
+                    value, bool
+                ):
+                    raise ValueError(
+                        f"request feature {name!r} must be one number or string, not "
+                        f"{type(value).__name__}"
+                    )
+                request[name] = value
         if items is not None:
-            clash = sorted(set(items.columns) & set(columns))
+            clash = sorted(set(items.columns) & (set(columns) | set(request or {})))
             if clash:
                 raise ValueError(f"features {clash} are also columns of the item snapshot")
             columns[ITEM_SNAPSHOT] = _Repeat(items.digest)
@@ -596,6 +654,7 @@ class FeedbackLog:
             rows=n,
             columns=columns,
             items=items,
+            request=request,
         )
         with self._lock:
             if self._rows + n > self.config.max_buffered_rows:
@@ -664,6 +723,8 @@ class FeedbackLog:
                     continue
                 try:
                     self._write_snapshots(c.items for c, _ in group)
+                    if any(c.request for c, _ in group):  # the requests before their rows
+                        self._write_requests(ds, requests_table([c for c, _ in group]))
                     self._write_row_group(ds, feedback_table([c for c, _ in group]))
                 except Exception as exc:
                     io_failed = isinstance(exc, OSError)
@@ -731,10 +792,45 @@ class FeedbackLog:
         if part.rows >= self.config.part_rows:
             self._publish(ds)
 
+    def _write_requests(self, ds: str, table: pa.Table) -> None:
+        """Append request rows to day ``ds``'s open requests part, as :meth:`_write_row_group`
+        does for candidates. A group whose candidates then fail is retried whole, so a
+        request may be written twice (readers keep one, see :func:`with_request_features`)."""
+        part = self._request_parts.get(ds)
+        if part is not None and part.schema != table.schema:
+            self._publish_requests(ds)
+            part = None
+        if part is None:
+            folder = feedback_dir(self.lake_root, "feedback_requests", ds)
+            part = self._request_parts[ds] = _OpenPart(folder, table, self._clock())
+        try:
+            part.write(table)
+        except Exception:
+            self._request_parts.pop(ds, None)
+            part.close_after_failure()
+            raise
+
+    def _publish_requests(self, ds: str) -> None:
+        """Close day ``ds``'s open requests part (if any) and rename it into view."""
+        part = self._request_parts.pop(ds, None)
+        if part is None:
+            return
+        try:
+            part.close()
+        except Exception as exc:
+            self.write_errors += 1
+            FEEDBACK_WRITE_ERRORS.inc()
+            log.error("closing feedback requests part %s failed: %s", part.final.name, exc)
+            part.close_after_failure()
+
     def _publish(self, ds: str) -> Path | None:
-        """Close day ``ds``'s open part and rename it into view; None when closing failed
-        (the file is kept aside, see :meth:`_OpenPart.close_after_failure`)."""
-        part = self._parts.pop(ds)
+        """Close day ``ds``'s open parts and rename them into view, its requests first; the
+        candidates' part, or None when it was not open or closing it failed (the file is kept
+        aside, see :meth:`_OpenPart.close_after_failure`)."""
+        self._publish_requests(ds)
+        part = self._parts.pop(ds, None)
+        if part is None:
+            return None
         try:
             path = part.close()
         except Exception as exc:
@@ -760,7 +856,8 @@ class FeedbackLog:
         the retry buffer (:attr:`retry_rows`)."""
         with self._write_lock:
             self._write_buffer()
-            published = [self._publish(ds) for ds in list(self._parts)]
+            days = sorted(set(self._parts) | set(self._request_parts))
+            published = [self._publish(ds) for ds in days]
             return [path for path in published if path is not None]
 
     def _write_forever(self) -> None:
@@ -776,9 +873,11 @@ class FeedbackLog:
                         due = self._due(now)
                     if due:
                         self._write_buffer()
-                    for ds, part in list(self._parts.items()):
-                        if now - part.opened >= self.config.flush_s:
-                            self._publish(ds)
+                    open_parts = [*self._parts.items(), *self._request_parts.items()]
+                    for ds in {
+                        ds for ds, part in open_parts if now - part.opened >= self.config.flush_s
+                    }:
+                        self._publish(ds)
             except Exception:  # the server keeps serving; failed rows wait for a retry
                 log.exception("writing serving feedback failed")
 
@@ -842,13 +941,39 @@ def with_item_features(scored: pd.DataFrame, root: Path) -> pd.DataFrame:
     return joined
 
 
+def with_request_features(scored: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
+    """``scored`` (feedback rows) with the features of their request row (``requests``: the
+    day's ``feedback_requests`` rows) joined on ``request_id``, in row order. A request
+    written twice (a retried write) counts once; where a row already has the column (an older
+    part logged it per candidate) its own value wins."""
+    if requests.empty or scored.empty:
+        return scored
+    features = [c for c in requests.columns if c not in REQUEST_COLUMNS]
+    if not features:
+        return scored
+    one = requests.drop_duplicates("request_id", keep="last")[["request_id", *features]]
+    joined = scored.merge(
+        one.rename(columns={f: f"__request_{f}" for f in features}),
+        on="request_id",
+        how="left",
+        validate="many_to_one",
+    )
+    for name in features:
+        value = joined.pop(f"__request_{name}")
+        joined[name] = joined[name].where(joined[name].notna(), value) if name in joined else value
+    return joined
+
+
 def load_joined_feedback(ds: str, *, settings: Settings | None = None) -> pd.DataFrame:
-    """Scored candidates of day ``ds`` with their item features (:func:`with_item_features`)
-    and their click (0 when none was reported)."""
+    """Scored candidates of day ``ds`` with their request's features
+    (:func:`with_request_features`), their item features (:func:`with_item_features`) and
+    their click (0 when none was reported)."""
     settings = settings or load_settings()
     scored = _read_folder(feedback_dir(settings.lake_root, "feedback", ds))
     if scored.empty:
         return scored
+    requests = _read_folder(feedback_dir(settings.lake_root, "feedback_requests", ds))
+    scored = with_request_features(scored, requests)
     scored = with_item_features(scored, settings.lake_root)
     clicks = _read_folder(feedback_dir(settings.lake_root, "clicks", ds))
     if clicks.empty:

@@ -134,7 +134,7 @@ class ServingObserver:
         self._count(served.version, ok=True)
         if self.feedback is None and self.config.shadow_alias is None:
             return
-        features = self._features(served, user_features or {})
+        user = self._features(served, user_features or {})
         snapshot = self._item_snapshot(served.items)
         feedback = self.feedback
 
@@ -146,7 +146,7 @@ class ServingObserver:
                     item_ids=item_ids,
                     scores=scores,
                     model_version=served.version,
-                    features=features,
+                    request_features=user,
                     shadow_version=shadow[0] if shadow else None,
                     shadow_scores=shadow[1] if shadow else None,
                     items=snapshot,
@@ -199,10 +199,10 @@ class ServingObserver:
 
     @staticmethod
     def _features(served: Any, user: Mapping[str, float]) -> dict[str, Any]:
-        """The user's features as scored, one value for all candidates (the legacy
-        USER_FEATURES, or a version without the legacy store's the user fields it read). The
-        item side (the item table's columns and ``genre``) is logged by reference, see
-        :meth:`_item_snapshot`."""
+        """The user's features as scored (the legacy USER_FEATURES, or a version without the
+        legacy store's the user fields it read): one value per request, logged once as its
+        request row. The item side (the item table's columns and ``genre``) is logged by
+        reference, see :meth:`_item_snapshot`."""
         names = USER_FEATURES if getattr(served, "legacy_store", True) else tuple(user)
         return {f: float(user.get(f, np.nan)) for f in names}
 

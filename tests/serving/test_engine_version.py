@@ -331,10 +331,15 @@ def test_feedback_of_an_engine_version_records_the_fields_it_read(tmp_path: Path
         model.observer.drain()
     finally:
         model.observer.close()
-    raw = pd.concat(pd.read_parquet(p) for p in (tmp_path / "lake").rglob("part-*.parquet"))
-    # The rows name the item table's snapshot instead of copying its columns ...
-    assert not {*ITEM_FIELDS, "genre"} & set(raw.columns)
+    lake = tmp_path / "lake"
+    raw = pd.concat(pd.read_parquet(p) for p in (lake / "feedback").rglob("part-*.parquet"))
+    # The rows name the item table's snapshot instead of copying its columns, and the user's
+    # fields are the request's row ...
+    assert not {*ITEM_FIELDS, *USER_FIELDS, "genre"} & set(raw.columns)
     assert raw["item_snapshot"].nunique() == 1
+    (request,) = pd.read_parquet(lake / "feedback_requests").to_dict("records")
+    assert request["candidates"] == 3 and request["user_id"] == 5
+    assert {n: request[n] for n in USER_FIELDS} == {n: user_value(n, 5) for n in USER_FIELDS}
     # ... and the monitor's reader joins them back, one row per candidate.
     frame = load_joined_feedback("2026-11-22", settings=Settings(home=tmp_path))
     assert len(frame) == len(raw) == 3

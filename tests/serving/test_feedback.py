@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from cascade.config import Settings
 from serving.feedback import (
     Coded,
     FeedbackConfig,
@@ -23,7 +24,9 @@ from serving.feedback import (
     ItemSnapshot,
     feedback_dir,
     item_snapshot_path,
+    load_joined_feedback,
     with_item_features,
+    with_request_features,
 )
 
 DAY = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC).timestamp()
@@ -139,8 +142,9 @@ def snapshot(ctr: np.ndarray = ITEM_CTR, genre: np.ndarray = ITEM_GENRE) -> Item
 def test_item_features_logged_by_reference_join_back_to_the_copied_values(
     tmp_path: Path,
 ) -> None:
-    """The item table written once and named by every row reads back (joined) as the same
-    rows as copying its columns into each row; a refreshed table is a second snapshot."""
+    """The item table written once and named by every row, and the user's features written
+    once per request, read back (joined) as the same rows as copying them into each row; a
+    refreshed table is a second snapshot."""
     rng = np.random.default_rng(3)
     by_copy = FeedbackLog(tmp_path / "copy", clock=lambda: DAY)
     by_reference = FeedbackLog(tmp_path / "ref", clock=lambda: DAY)
@@ -152,24 +156,25 @@ def test_item_features_logged_by_reference_join_back_to_the_copied_values(
         common = dict(request_id=f"r{n}", user_id=n, item_ids=items, scores=rng.random(6),
                       model_version="3")  # fmt: skip
         genre = table.columns["genre"]
-        by_copy.log(
-            **common,
-            features={
-                "user_ctr": 0.25,
-                "item_ctr": Gathered(rows, table.columns["item_ctr"]),
-                "genre": Gathered(rows, genre.codes, genre.vocabulary),
-            },
-        )
-        by_reference.log(**common, features={"user_ctr": 0.25}, items=table)
+        user = {"user_ctr": None if n == 3 else n / 40, "segment": f"s{n % 3}"}
+        gathered = {
+            "item_ctr": Gathered(rows, table.columns["item_ctr"]),
+            "genre": Gathered(rows, genre.codes, genre.vocabulary),
+        }
+        by_copy.log(**common, features={**user, **gathered})
+        by_reference.log(**common, request_features=user, items=table)
     by_copy.flush()
     by_reference.flush()
     raw = read(tmp_path / "ref")
-    assert "item_ctr" not in raw and "genre" not in raw
+    assert not {"item_ctr", "genre", "user_ctr", "segment"} & set(raw.columns)
     assert raw.item_snapshot.tolist() == [tables[0].digest] * 180 + [tables[1].digest] * 60
     written = sorted((tmp_path / "ref" / "feedback_items").rglob("*.parquet"))
     assert written == sorted(item_snapshot_path(tmp_path / "ref", t.digest) for t in tables)
-    joined = with_item_features(raw, tmp_path / "ref").drop(columns="item_snapshot")
-    pd.testing.assert_frame_equal(joined[read(tmp_path / "copy").columns], read(tmp_path / "copy"))
+    asked = pd.read_parquet(tmp_path / "ref" / "feedback_requests")
+    assert len(asked) == 40 and asked.candidates.tolist() == [6] * 40
+    joined = with_item_features(with_request_features(raw, asked), tmp_path / "ref")
+    want = read(tmp_path / "copy")
+    pd.testing.assert_frame_equal(joined[want.columns], want)
 
 
 def test_item_snapshots_are_checked_when_read(tmp_path: Path, caplog: Any) -> None:
@@ -213,6 +218,47 @@ def test_rows_are_not_written_before_their_snapshot(tmp_path: Path) -> None:
     (part,) = feedback.flush()
     joined = with_item_features(pd.read_parquet(part), tmp_path)
     np.testing.assert_array_equal(joined.item_ctr, [0.1, 0.2])
+
+
+def test_a_request_row_is_written_before_its_candidates_and_counted_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the candidates' write fails after the request rows were written, the retry writes
+    the request rows again: the join keeps one per request. Request features are scalars whose
+    names clash with nothing."""
+    settings = Settings(home=tmp_path)
+    feedback = FeedbackLog(settings.lake_root, clock=lambda: DAY)
+    for n in range(3):
+        feedback.log(request_id=f"r{n}", user_id=n, item_ids=[100, 101], scores=[0.1, 0.2],
+                     model_version="3", request_features={"user_ctr": n / 10})  # fmt: skip
+    write_row_group = feedback._write_row_group
+    calls = []
+
+    def failing_once(ds: str, table: Any) -> None:
+        calls.append(ds)
+        if len(calls) == 1:
+            raise OSError("disk full")
+        write_row_group(ds, table)
+
+    monkeypatch.setattr(feedback, "_write_row_group", failing_once)
+    assert feedback.flush() == [] and feedback.retry_rows == 6
+    (part,) = feedback.flush()
+    asked = pd.read_parquet(settings.lake_root / "feedback_requests")
+    assert sorted(asked.request_id) == ["r0", "r0", "r1", "r1", "r2", "r2"]  # written twice
+    joined = load_joined_feedback("2026-11-22", settings=settings)
+    assert len(joined) == 6 and joined.user_ctr.tolist() == [0.0, 0.0, 0.1, 0.1, 0.2, 0.2]
+    assert pq.ParquetFile(part).metadata.num_rows == 6
+    for bad, match in (
+        ({"score": 1.0}, "clashes"),
+        ({"user_ctr": [0.1, 0.2]}, "one number or string"),
+        ({"user_ctr": True}, "one number or string"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            feedback.log(request_id="x", user_id=1, item_ids=[1], scores=[0.1],
+                         model_version="3", request_features=bad)  # fmt: skip
+    with pytest.raises(ValueError, match="clashes"):
+        feedback.log(request_id="x", user_id=1, item_ids=[1], scores=[0.1], model_version="3",
+                     features={"user_ctr": 0.1}, request_features={"user_ctr": 0.2})  # fmt: skip
 
 
 def test_writer_thread_loses_nothing_when_closed(tmp_path: Path) -> None:

@@ -252,7 +252,7 @@ def test_every_scored_candidate_is_in_the_lake_after_sigterm(tmp_path: Path) -> 
     published when the server stops, by every worker."""
     import pandas as pd
 
-    from serving.feedback import with_item_features
+    from serving.feedback import with_item_features, with_request_features
 
     serving_fakes.write_champion(tmp_path / "champion.json", "1", seed=1)
     server = start_server(tmp_path, workers=2)
@@ -279,5 +279,12 @@ def test_every_scored_candidate_is_in_the_lake_after_sigterm(tmp_path: Path) -> 
     (snapshot,) = (tmp_path / "home" / "lake" / "feedback_items").rglob("*.parquet")
     assert frame.item_snapshot.unique().tolist() == [snapshot.stem]
     frame = with_item_features(frame, tmp_path / "home" / "lake")
+    # The user's features: one request row per request, published with the candidates.
+    asked = pd.concat(
+        pd.read_parquet(p) for p in (lake.parent / "feedback_requests").rglob("part-*.parquet")
+    )
+    assert sorted(asked.request_id) == sorted(f"fb-{n}" for n in range(60))
+    assert (asked.candidates == 50).all()
+    frame = with_request_features(frame, asked)
     assert len(frame) == 60 * 50
     assert frame.user_impressions.notna().all() and frame.genre.notna().all()
