@@ -769,17 +769,29 @@ class FeedbackLog:
                 snapshot.write(self.lake_root)
                 self._snapshots_written.add(snapshot.digest)
 
+    def _part_for(
+        self, parts: dict[str, _OpenPart], kind: str, ds: str, table: pa.Table
+    ) -> _OpenPart:
+        """Day ``ds``'s open part of ``parts`` for rows of ``table``'s schema: a part of
+        another schema (e.g. shadow scoring switched on) is published first and a new one
+        opened under ``kind``'s folder."""
+        part = parts.get(ds)
+        if part is not None and part.schema != table.schema:
+            if parts is self._parts:
+                self._publish(ds)
+            else:
+                self._publish_requests(ds)
+            part = None
+        if part is None:
+            folder = feedback_dir(self.lake_root, kind, ds)
+            part = parts[ds] = _OpenPart(folder, table, self._clock())
+        return part
+
     def _write_row_group(self, ds: str, table: pa.Table) -> None:
         """Append ``table`` to day ``ds``'s open part (opened here if needed); publish the
         part once it holds ``part_rows``. When the write fails, the part is closed with the
         row groups it holds (:meth:`_OpenPart.close_after_failure`) and the error raised."""
-        part = self._parts.get(ds)
-        if part is not None and part.schema != table.schema:
-            self._publish(ds)  # e.g. shadow scoring switched on: a new file, a new schema
-            part = None
-        if part is None:
-            folder = feedback_dir(self.lake_root, "feedback", ds)
-            part = self._parts[ds] = _OpenPart(folder, table, self._clock())
+        part = self._part_for(self._parts, "feedback", ds, table)
         try:
             part.write(table)
         except Exception:
@@ -796,13 +808,7 @@ class FeedbackLog:
         """Append request rows to day ``ds``'s open requests part, as :meth:`_write_row_group`
         does for candidates. A group whose candidates then fail is retried whole, so a
         request may be written twice (readers keep one, see :func:`with_request_features`)."""
-        part = self._request_parts.get(ds)
-        if part is not None and part.schema != table.schema:
-            self._publish_requests(ds)
-            part = None
-        if part is None:
-            folder = feedback_dir(self.lake_root, "feedback_requests", ds)
-            part = self._request_parts[ds] = _OpenPart(folder, table, self._clock())
+        part = self._part_for(self._request_parts, "feedback_requests", ds, table)
         try:
             part.write(table)
         except Exception:
