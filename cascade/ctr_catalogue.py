@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cascade.lake import DS_PATTERN, Lake
+from cascade.lake import Lake, dated_partitions
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +31,7 @@ def gate_passed(report: Path) -> bool:
 
 def catalogue_partitions(lake: Lake, source: str) -> list[str]:
     """The partition dates of ``source``'s catalogue that hold parquet files, oldest first."""
-    root = lake.ctr_catalogue_root(source)
-    if not root.is_dir():
-        return []
-    days = []
-    for folder in root.glob("dt=*"):
-        ds = folder.name.removeprefix("dt=")
-        if DS_PATTERN.fullmatch(ds) and folder.is_dir() and any(folder.glob("*.parquet")):
-            days.append(ds)
-    return sorted(days)
+    return dated_partitions(lake.ctr_catalogue_root(source))
 
 
 def newest_published(lake: Lake, source: str) -> str | None:

@@ -50,7 +50,7 @@ from cascade.ctr_schema import (
     USER_FEATURES,
     USER_GENRE_FEATURES,
 )
-from cascade.lake import CTR_VIEWS, Lake, check_ds
+from cascade.lake import CTR_VIEWS, Lake, check_ds, dated_partitions
 
 FEATURE_REPO = REPO_ROOT / "features"
 FEATURE_SERVICE = "preranking_v1"
@@ -264,11 +264,7 @@ def cross_features_at(
     found = found.reset_index(drop=True)
     keys = list(view.join_keys)
     root = Path(repo_module("ctr.cross_views").cross_root(Lake(settings.lake_root), source, pair))
-    published = sorted(
-        p.name.removeprefix("dt=")
-        for p in (root.iterdir() if root.is_dir() else ())
-        if p.name.startswith("dt=") and any(p.glob("*.parquet"))
-    )
+    published = dated_partitions(root)
     if not published or found.empty:
         return found
     midnights = pd.to_datetime(pd.Series(published), utc=True)

@@ -80,6 +80,19 @@ class Lake:
         return self.reports("data_docs", ds) / pipeline / step
 
 
+def dated_partitions(root: Path) -> list[str]:
+    """The ``ds`` of every ``dt=YYYY-MM-DD`` folder under ``root`` that holds parquet files,
+    oldest first (none when ``root`` does not exist)."""
+    if not root.is_dir():
+        return []
+    days = []
+    for folder in root.glob("dt=*"):
+        ds = folder.name.removeprefix("dt=")
+        if DS_PATTERN.fullmatch(ds) and folder.is_dir() and any(folder.glob("*.parquet")):
+            days.append(ds)
+    return sorted(days)
+
+
 def lake_from_settings() -> Lake:
     from cascade.config import load_settings
 

@@ -18,8 +18,9 @@ written once per request (``feedback_requests``: ts, request_id, user_id, model_
 before its candidates' rows and published before them.
 
 The server calls :meth:`FeedbackLog.log` per request. A request is buffered as it came, one
-chunk of column arrays (its 1,000 candidates are not turned into 1,000 row objects; the item
-features are row numbers into the server's item table), and each write turns the buffered
+chunk of column arrays (its 1,000 candidates are not turned into 1,000 row objects; a caller
+may give per-candidate features as row numbers into a table it holds, :class:`Gathered`), and
+each write turns the buffered
 chunks into one Arrow table with a few vectorized concatenations and gathers, written as a
 row group of the day's open part file. Part files are never rewritten, and readers never see
 half a file (written under a temporary name, renamed when closed). With ``background`` the
@@ -44,7 +45,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,7 @@ class ItemSnapshot:
         if ids.ndim != 1 or len(np.unique(ids)) != len(ids):
             raise ValueError("an item snapshot's ids must be one-dimensional and unique")
         for name, column in self.columns.items():
-            if name in ("item_id", ITEM_SNAPSHOT) or name in _RESERVED:
+            if name in _RESERVED:
                 raise ValueError(f"item snapshot column {name!r} clashes with a feedback column")
             values = column.codes if isinstance(column, Coded) else np.asarray(column)
             if values.shape != ids.shape:
@@ -361,12 +362,17 @@ def _numeric(values: np.ndarray) -> pa.Array:
     return pa.array(values)
 
 
+def _ts_ns(chunks: list[_Chunk]) -> np.ndarray:
+    """Each chunk's time in ns, to the microsecond (as datetime.fromtimestamp keeps it; stored
+    as ns like pandas did)."""
+    return np.array([round(c.ts * 1e6) * 1000 for c in chunks], dtype=np.int64)
+
+
 def feedback_table(chunks: list[_Chunk]) -> pa.Table:
     """The rows of ``chunks`` in the feedback schema: ts, request_id, user_id, item_id, score,
     model_version, shadow_version, shadow_score, then the features in first-seen order."""
     counts = np.array([c.rows for c in chunks], dtype=np.int64)
-    # Microseconds, as datetime.fromtimestamp keeps them; stored as ns like pandas did.
-    ts_ns = np.repeat(np.array([round(c.ts * 1e6) * 1000 for c in chunks], dtype=np.int64), counts)
+    ts_ns = np.repeat(_ts_ns(chunks), counts)
     features: dict[str, None] = {}
     for chunk in chunks:
         features.update(dict.fromkeys(k for k in chunk.columns if k not in _FIXED))
@@ -404,10 +410,7 @@ def requests_table(chunks: list[_Chunk]) -> pa.Table:
     for chunk in chunks:
         names.update(dict.fromkeys(chunk.request or {}))
     arrays: dict[str, pa.Array] = {
-        "ts": pa.array(
-            np.array([round(c.ts * 1e6) * 1000 for c in chunks], dtype=np.int64),
-            type=pa.timestamp("ns", tz="UTC"),
-        ),
+        "ts": pa.array(_ts_ns(chunks), type=pa.timestamp("ns", tz="UTC")),
         "request_id": pa.array([c.request_id for c in chunks], type=pa.string()),
         "user_id": pa.array([c.user_id for c in chunks], type=pa.int64()),
         "model_version": pa.array([c.model_version for c in chunks], type=pa.string()),
@@ -770,17 +773,19 @@ class FeedbackLog:
                 self._snapshots_written.add(snapshot.digest)
 
     def _part_for(
-        self, parts: dict[str, _OpenPart], kind: str, ds: str, table: pa.Table
+        self,
+        parts: dict[str, _OpenPart],
+        kind: str,
+        ds: str,
+        table: pa.Table,
+        publish: Callable[[str], object],
     ) -> _OpenPart:
         """Day ``ds``'s open part of ``parts`` for rows of ``table``'s schema: a part of
-        another schema (e.g. shadow scoring switched on) is published first and a new one
-        opened under ``kind``'s folder."""
+        another schema (e.g. shadow scoring switched on) is published first (``publish``)
+        and a new one opened under ``kind``'s folder."""
         part = parts.get(ds)
         if part is not None and part.schema != table.schema:
-            if parts is self._parts:
-                self._publish(ds)
-            else:
-                self._publish_requests(ds)
+            publish(ds)
             part = None
         if part is None:
             folder = feedback_dir(self.lake_root, kind, ds)
@@ -791,7 +796,7 @@ class FeedbackLog:
         """Append ``table`` to day ``ds``'s open part (opened here if needed); publish the
         part once it holds ``part_rows``. When the write fails, the part is closed with the
         row groups it holds (:meth:`_OpenPart.close_after_failure`) and the error raised."""
-        part = self._part_for(self._parts, "feedback", ds, table)
+        part = self._part_for(self._parts, "feedback", ds, table, self._publish)
         try:
             part.write(table)
         except Exception:
@@ -808,7 +813,9 @@ class FeedbackLog:
         """Append request rows to day ``ds``'s open requests part, as :meth:`_write_row_group`
         does for candidates. A group whose candidates then fail is retried whole, so a
         request may be written twice (readers keep one, see :func:`with_request_features`)."""
-        part = self._part_for(self._request_parts, "feedback_requests", ds, table)
+        part = self._part_for(
+            self._request_parts, "feedback_requests", ds, table, self._publish_requests
+        )
         try:
             part.write(table)
         except Exception:

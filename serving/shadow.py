@@ -214,9 +214,7 @@ class ServingObserver:
         held = self._snapshot
         if held is not None and held[0] is items:
             return held[1]
-        columns: dict[str, Any] = {
-            name: items.feature_column(name).astype(np.float64) for name in items.columns
-        }
+        columns: dict[str, Any] = {name: items.feature_column(name) for name in items.columns}
         columns["genre"] = Coded(items.genre_codes, items.genres)
         snapshot = ItemSnapshot(np.asarray(items.ids, dtype=np.int64), columns)
         snapshot.digest  # noqa: B018 - hashed here, not on the writer thread's first write
