@@ -41,6 +41,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -172,6 +173,26 @@ class Gathered:
         return values
 
 
+def snapshot_digest(ids: Any, columns: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of an item table: the ids (int64), then per column its name and values,
+    numbers as float64 (every NaN the same bits) and strings as UTF-8 each marked present or
+    missing. The same from the in-memory columns and from the Parquet file they were written
+    to (read back as float64 with NaN, and strings with None)."""
+    h = hashlib.sha256(np.ascontiguousarray(np.asarray(ids), dtype=np.int64).tobytes())
+    for name, values in columns.items():
+        h.update(b"\0" + str(name).encode())
+        array = np.asarray(values)
+        if array.dtype.kind in "fiub":
+            numbers = array.astype(np.float64)
+            h.update(b"n" + np.where(np.isnan(numbers), np.nan, numbers).tobytes())
+        else:
+            h.update(b"s")
+            for value in array.tolist():
+                missing = value is None or (isinstance(value, float) and math.isnan(value))
+                h.update(b"\0" if missing else b"\1" + str(value).encode() + b"\0")
+    return h.hexdigest()
+
+
 @dataclass(frozen=True, eq=False)
 class ItemSnapshot:
     """An item table as the server scored with it: ``ids`` (int64 ``[M]``, unique) and per
@@ -197,18 +218,15 @@ class ItemSnapshot:
 
     @property
     def digest(self) -> str:
-        """SHA-256 (hex) of the ids, the column names, values and vocabularies."""
+        """:func:`snapshot_digest` of the ids and columns: what a reader recomputes from the
+        written file before it trusts it."""
         cached = self.__dict__.get("_digest")
         if cached is None:
-            h = hashlib.sha256(np.ascontiguousarray(self.ids, dtype=np.int64).tobytes())
-            for name, column in self.columns.items():
-                h.update(b"\0" + name.encode())
-                if isinstance(column, Coded):
-                    h.update(np.ascontiguousarray(column.codes, dtype=np.int32).tobytes())
-                    h.update("\0".join(column.vocabulary).encode())
-                else:
-                    h.update(np.ascontiguousarray(column, dtype=np.float64).tobytes())
-            cached = self.__dict__["_digest"] = h.hexdigest()
+            columns = {
+                name: column.strings() if isinstance(column, Coded) else column
+                for name, column in self.columns.items()
+            }
+            cached = self.__dict__["_digest"] = snapshot_digest(self.ids, columns)
         return cached
 
     def table(self) -> pa.Table:
@@ -931,7 +949,8 @@ def _read_folder(folder: Path) -> pd.DataFrame:
 def with_item_features(scored: pd.DataFrame, root: Path) -> pd.DataFrame:
     """``scored`` (feedback rows) with the item features of the snapshot each row names
     (``item_snapshot``) joined on ``item_id``, in row order; rows of a snapshot that is not
-    in the lake keep NaN features (logged). Rows without the column are returned as they are."""
+    in the lake keep NaN features (logged); a snapshot whose content does not hash to its name
+    is refused (ValueError). Rows without the column are returned as they are."""
     if ITEM_SNAPSHOT not in scored.columns or scored.empty:
         return scored
     tables = []
@@ -940,7 +959,12 @@ def with_item_features(scored: pd.DataFrame, root: Path) -> pd.DataFrame:
         if not path.is_file():
             log.warning("item snapshot %s is missing: its rows have no item features", path)
             continue
-        tables.append(pd.read_parquet(path).assign(**{ITEM_SNAPSHOT: str(digest)}))
+        table = pd.read_parquet(path)
+        if "item_id" not in table or snapshot_digest(
+            table["item_id"].to_numpy(), {c: table[c].to_numpy() for c in table if c != "item_id"}
+        ) != str(digest):
+            raise ValueError(f"item snapshot {path} does not hash to its name: not loaded")
+        tables.append(table.assign(**{ITEM_SNAPSHOT: str(digest)}))
     if not tables:
         return scored
     items = pd.concat(tables, ignore_index=True)

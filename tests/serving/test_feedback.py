@@ -184,6 +184,16 @@ def test_item_snapshots_are_checked_when_read(tmp_path: Path, caplog: Any) -> No
                  model_version="3", items=table)  # fmt: skip
     feedback.flush()
     raw = read(tmp_path)
+    # A snapshot changed in the lake no longer hashes to its name: refused, not joined.
+    path = item_snapshot_path(tmp_path, table.digest)
+    kept = path.read_bytes()
+    changed = pd.read_parquet(path)
+    changed.loc[0, "item_ctr"] = 0.9
+    changed.to_parquet(path, index=False)
+    with pytest.raises(ValueError, match="does not hash to its name"):
+        with_item_features(raw, tmp_path)
+    path.write_bytes(kept)
+    assert with_item_features(raw, tmp_path).item_ctr.tolist() == [0.1, 0.4]
     # A snapshot gone from the lake: the rows stay, without item features, and it is said.
     item_snapshot_path(tmp_path, table.digest).unlink()
     gone = with_item_features(raw, tmp_path)
