@@ -122,11 +122,13 @@ class CompiledColdScorer:
     ) -> torch.Tensor:
         """Logits ``[N]``; the arguments as in :meth:`ColdSharedScorer.logits`, and ``extra``
         the values of :attr:`request_fields` (ValueError naming any that is missing).
-        ``keyed``: those of ``extra``'s per-candidate fields that were read per distinct key
-        (:class:`serving.online_fields.KeyedColumn`, the same values): encoded once per key
-        and gathered, the codes encoding ``extra``'s values would give."""
+        ``keyed``: per-candidate fields read per distinct key
+        (:class:`serving.online_fields.KeyedColumn`), in place of their ``[N]`` values in
+        ``extra``: encoded once per key and gathered, the codes encoding each candidate's value
+        would give."""
         extra = extra or {}
-        absent = [name for name in self.request_fields if name not in extra]
+        keyed = keyed or {}
+        absent = [n for n in self.request_fields if n not in extra and n not in keyed]
         if absent:
             raise ValueError(f"the request lacks values of fields {absent} the model reads")
         user = np.zeros((1, self.width), dtype=np.int64)
@@ -135,7 +137,8 @@ class CompiledColdScorer:
             value = [int(user_id)] if name == "user_id" else user_values[[_USER_INDEX[name]]]
             user[0, position] = self.encoder.encode_column(name, value)[0]
         rows = np.asarray(rows, dtype=np.int64)
-        candidates = self.item_codes[rows]  # row -1 picks the last row: an unknown item
+        # Row -1 picks the last row: an unknown item (take: half the time of a[rows] here).
+        candidates = np.take(self.item_codes, rows, axis=0)
         missing = rows < 0
         if self._item_id_position is not None and missing.any():
             candidates[missing, self._item_id_position] = self.encoder.encode_column(
@@ -153,6 +156,22 @@ class CompiledColdScorer:
         numeric_user: list[tuple[str, int, float]] = []
         by_keys: dict[tuple[int, int], list[tuple[str, int, Any]]] = {}
         for name, position, kind in self._extra:
+            column = keyed.get(name) if kind != "user" else None
+            if column is not None:
+                if len(column.valid) != len(rows):
+                    raise ValueError(
+                        f"field {name!r} has keys for {len(column.valid)} candidates, the "
+                        f"request {len(rows)}"
+                    )
+                if name in self._numeric:  # encoded with the fields sharing its keys
+                    shared = (id(column.inverse), id(column.valid))
+                    by_keys.setdefault(shared, []).append((name, position, column))
+                    continue
+                codes_by_key = self.encoder.encode_column(name, column.values)
+                encoded = np.zeros(len(rows), dtype=np.int64)  # no key: missing, code 0
+                encoded[column.valid] = codes_by_key[column.inverse]
+                candidates[:, position] = encoded
+                continue
             if name not in extra:  # a table field: its codes are in the candidates' rows
                 continue
             values = np.asarray(extra[name]).reshape(-1)
@@ -166,18 +185,7 @@ class CompiledColdScorer:
                     raise ValueError(
                         f"field {name!r} has {len(values)} values for {len(rows)} candidates"
                     )
-                column = keyed.get(name) if keyed else None
-                if column is not None and len(column.valid) == len(rows):
-                    if name in self._numeric:  # encoded with the fields sharing its keys
-                        shared = (id(column.inverse), id(column.valid))
-                        by_keys.setdefault(shared, []).append((name, position, column))
-                        continue
-                    codes_by_key = self.encoder.encode_column(name, column.values)
-                    encoded = np.zeros(len(rows), dtype=np.int64)  # no key: missing, code 0
-                    encoded[column.valid] = codes_by_key[column.inverse]
-                    candidates[:, position] = encoded
-                else:
-                    candidates[:, position] = self.encoder.encode_column(name, values)
+                candidates[:, position] = self.encoder.encode_column(name, values)
         if numeric_user:
             names, positions, scalars = zip(*numeric_user, strict=True)
             user[0, list(positions)] = self.encoder.encode_numbers(names, np.array([scalars]))[0]

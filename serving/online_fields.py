@@ -76,6 +76,12 @@ class KeyedColumn:
     inverse: np.ndarray
     valid: np.ndarray
 
+    def expanded(self) -> np.ndarray:
+        """The field's value for every candidate, float64 ``[N]`` (NaN: no key)."""
+        out = np.full(len(self.valid), np.nan, dtype=np.float64)
+        out[self.valid] = self.values[self.inverse]
+        return out
+
 
 @dataclass(frozen=True, kw_only=True)
 class ViewRead:
@@ -181,9 +187,10 @@ class OnlineFieldPlan:
         ``[1]`` for a user field, ``[N]`` otherwise, NaN where unknown. Fields in ``given``
         (the request's own values) are not read; a view all of whose fields are given is not
         read at all. ``genre_codes``: each candidate's index into ``genres`` (-1: none).
-        ``timed(view, seconds)`` is told each read's duration. ``keyed``, when given, also
+        ``timed(view, seconds)`` is told each read's duration. ``keyed``, when given,
         receives each per-candidate field read as a :class:`KeyedColumn` (its values per
-        distinct key)."""
+        distinct key) in place of its ``[N]`` values, which are then not built (a scorer encodes
+        per key and gathers; :meth:`KeyedColumn.expanded` gives the ``[N]`` values)."""
         given = given or {}
         n = len(item_ids)
         out: dict[str, np.ndarray] = {}
@@ -199,15 +206,17 @@ class OnlineFieldPlan:
             found = reader.read(read.view, read.join_keys, keys, features)
             if timed is not None:
                 timed(read.view, time.perf_counter() - started)
-            per_candidate = np.full((n, len(features)), np.nan, dtype=np.float64)
-            per_candidate[valid] = found[inverse]
+            per_candidate: np.ndarray | None = None
             for k, (j, name) in enumerate(wanted):
                 if read.kinds[j] == "user":
                     out[name] = found[:1, k] if len(found) else np.full(1, np.nan)
+                elif keyed is not None:
+                    keyed[name] = KeyedColumn(found[:, k], inverse, valid)
                 else:
+                    if per_candidate is None:
+                        per_candidate = np.full((n, len(features)), np.nan, dtype=np.float64)
+                        per_candidate[valid] = found[inverse]
                     out[name] = per_candidate[:, k]
-                    if keyed is not None:
-                        keyed[name] = KeyedColumn(found[:, k], inverse, valid)
         return out
 
 

@@ -258,17 +258,15 @@ def test_the_served_values_equal_the_offline_point_in_time_values(
     logits = version.scorer.logits
 
     def recording(*args: Any, extra: Any = None, keyed: Any = None) -> Any:
-        received.append({name: np.asarray(extra[name]) for name in (CTR, DCTR)})
-        # The fields read online come per distinct key too; encoded per key and gathered,
-        # they give the logits encoding every candidate's value gives.
-        assert set(keyed) == {CTR, DCTR}
-        for name in (CTR, DCTR):
-            column = keyed[name]
-            expanded = np.full(len(column.valid), np.nan)
-            expanded[column.valid] = column.values[column.inverse]
-            np.testing.assert_array_equal(expanded, extra[name])
+        # The per-candidate fields read online come per distinct key, never expanded to one
+        # value per candidate on the way.
+        assert set(keyed) == {CTR, DCTR} and not {CTR, DCTR} & set(extra)
+        values = {name: keyed[name].expanded() for name in (CTR, DCTR)}
+        received.append(values)
         got = logits(*args, extra=extra, keyed=keyed)
-        torch.testing.assert_close(got, logits(*args, extra=extra), rtol=0, atol=0)
+        # Encoded per key and gathered, they give the logits encoding each candidate's value.
+        every = {**extra, **values}
+        torch.testing.assert_close(got, logits(*args, extra=every), rtol=0, atol=0)
         return got
 
     version.scorer.logits = recording
@@ -366,16 +364,21 @@ def test_the_plan_reads_each_view_once_with_distinct_keys() -> None:
     item_ids = np.array([10, 11, 12, 10, 13, 14] * 100, dtype=np.int64)
     codes = np.array([0, 2, 0, 1, -1, 0] * 100, dtype=np.int64)
     keyed: dict[str, Any] = {}
-    values = plan.values(
+    by_key = plan.values(
         reader, user_id=4, item_ids=item_ids, genre_codes=codes, genres=genres, keyed=keyed
     )
-    # Each per-candidate field also per distinct key (the user field is one value already).
-    assert set(keyed) == {"ug_a", "ug_b", "it_a", "ic_a"}
+    # Asked for them per distinct key, the per-candidate fields come only that way (the user
+    # field is one value already), with the values of one per candidate.
+    assert set(keyed) == {"ug_a", "ug_b", "it_a", "ic_a"} and set(by_key) == {"us_a"}
+    reader.reads.clear()
+    values = plan.values(reader, user_id=4, item_ids=item_ids, genre_codes=codes, genres=genres)
+    np.testing.assert_array_equal(by_key["us_a"], values["us_a"])
     for name, column in keyed.items():
         assert len(column.values) == len(set(column.inverse.tolist())) <= 5
         expanded = np.full(len(item_ids), math.nan)
         expanded[column.valid] = column.values[column.inverse]
         np.testing.assert_array_equal(expanded, values[name])
+        np.testing.assert_array_equal(column.expanded(), values[name])
     assert sorted(view for view, _ in reader.reads) == [
         "cross_item",
         "cross_item_cat",
