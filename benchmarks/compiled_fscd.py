@@ -20,6 +20,10 @@ field codes in). Variants, all on one thread and interleaved round by round (ord
 * ``onnxruntime``: its ONNX export (dynamic candidate dim) on ONNX Runtime's CPU provider;
 * ``cascade``: the AOTInductor package the compile step builds and the server loads
   (:func:`compilers.preranking.compile_cold_preranking`);
+* ``cascade_rowwise``: the package of the request written as the training forward computes a
+  row (:class:`RowwiseColdRequest`: the user x item dot products per candidate and a Linear over
+  them, which ``share_broadcast_computation`` collapses), against the request path's own
+  collapse with the item Linear merged in (``speedup_vs_cascade_rowwise``);
 * ``cascade_bf16``: the same package with ``bf16_gemm`` (bf16 GEMMs, fp32 accumulation), reported
   beside it (``bf16_speedup_vs_*``, ``auc_delta.cascade_bf16``) because it is not exact.
 
@@ -52,10 +56,11 @@ from benchmarks.compiled_inference import (
 )
 from benchmarks.provenance import files_digest, private_tracking, weights_digest
 from cascade.compiled_packages import load_package
-from compilers.export import BF16_PASSES
+from compilers.export import BF16_PASSES, package_artifact
 from compilers.preranking import (
     MAX_CANDIDATES,
     ColdPreRankingRequest,
+    cold_preranking_example,
     compile_cold_preranking,
 )
 from models.preranking.fields import FieldEncoder
@@ -167,6 +172,26 @@ def full_rows(model: ColdPreRanker) -> Callable[[torch.Tensor, torch.Tensor], to
     return run
 
 
+class RowwiseColdRequest(torch.nn.Module):
+    """A request to the FSCD pre-ranker written as its training forward computes a row: the
+    user side once, then per candidate the user x item dot products and a Linear over them
+    (:meth:`ColdPreRanker._candidate_logits`); :meth:`ColdPreRanker.score_request` collapses
+    those into one matrix per request instead. Same inputs and logits (up to rounding)."""
+
+    def __init__(self, model: ColdPreRanker) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, user_codes: torch.Tensor, candidate_codes: torch.Tensor) -> torch.Tensor:
+        m = self.model
+        gu, gi, gc = m._split_gates(m._gates(1, None))
+        n = candidate_codes.shape[0]
+        u = m._side("user", user_codes.reshape(1, -1), gu)
+        i = m._side("item", candidate_codes, None if gi is None else gi.expand(n, -1))
+        c = m._side("cross", candidate_codes, None if gc is None else gc.expand(n, -1))
+        return m._candidate_logits(m._user_part(u), u, i, c)
+
+
 COLD_DYNAMIC_SHAPES = (None, {0: Dim("candidates", min=1, max=MAX_CANDIDATES)})
 """The request's dynamic candidate count, as the package exports it."""
 COLD_INPUT_NAMES = ("user_codes", "candidate_codes")
@@ -178,6 +203,7 @@ FSCD_VARIANTS = (
     "inductor_tuned",
     "onnxruntime",
     "cascade",
+    "cascade_rowwise",
     "cascade_bf16",
 )
 """The table's variants (module docstring)."""
@@ -238,6 +264,20 @@ def fscd_compile_table(
         passes = artifact.report.get("passes", {})
         fns["cascade"], recompiles["cascade"] = served_shapes(
             lambda: load_package(artifact.path), shape_inputs
+        )
+    if "cascade_rowwise" in variants:
+        start = time.perf_counter()
+        rowwise = package_artifact(
+            RowwiseColdRequest(model).eval(),
+            cold_preranking_example(64, len(model.field_set)),
+            COLD_DYNAMIC_SHAPES,
+            work / "fscd-rowwise.pt2",
+            cache_dir=cache_dir,
+            fast_build=fast_build,
+        )
+        compile_s["cascade_rowwise"] = time.perf_counter() - start
+        fns["cascade_rowwise"], recompiles["cascade_rowwise"] = served_shapes(
+            lambda: load_package(rowwise.path), shape_inputs
         )
     if "cascade_bf16" in variants:
         start = time.perf_counter()

@@ -146,7 +146,14 @@ MAX_AUTOTUNE_OPTIONS: dict[str, Any] = {"max_autotune": True}
 ``torch.compile`` takes a mode or options, not both). :func:`inductor_tuned_peer` tries it on top
 of :data:`INDUCTOR_TUNED_OPTIONS` and keeps it only where it is faster."""
 
-FP32_PEERS = ("eager_rows", "eager", "inductor", "inductor_tuned", "onnxruntime")
+FP32_PEERS = (
+    "eager_rows",
+    "eager",
+    "inductor",
+    "inductor_tuned",
+    "onnxruntime",
+    "cascade_rowwise",
+)
 """The fp32 baselines the fp32 package (``cascade``) is divided into: ``speedup_vs_{peer}``."""
 
 INT8_PEERS = ("onnxruntime_int8", "eager_int8")

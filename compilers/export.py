@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import inspect
 import io
 import json
 import time
@@ -136,6 +137,23 @@ def compiler_source_digest() -> str:
     return digest.hexdigest()[:16]
 
 
+def module_source_digest(module: nn.Module) -> str:
+    """Digest of the source files defining ``module``'s classes and its submodules' (their
+    forward code, e.g. a model's request path, shapes the exported graph as much as its
+    weights do): a cached package of an older request path is stale."""
+    digest = hashlib.sha256()
+    files = set()
+    for sub in module.modules():
+        try:
+            files.add(inspect.getsourcefile(type(sub)))
+        except TypeError:  # a builtin class: no source file
+            continue
+    for name in sorted(f for f in files if f):
+        digest.update(name.encode())
+        digest.update(Path(name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 @contextlib.contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
     """PyTorch's intra-op thread count set to ``threads`` inside the block, restored after.
@@ -165,7 +183,8 @@ def package_artifact(
     """Compile ``module`` into an AOTInductor package at ``out`` (reused from ``cache_dir``).
 
     A cached package is keyed by :func:`artifact_digest` over everything that shapes the
-    generated code: weights, passes and their source (:func:`compiler_source_digest`), example
+    generated code: weights, passes and their source (:func:`compiler_source_digest`), the
+    module's own source (:func:`module_source_digest`), example
     shapes, ``inductor_config``, the calibration settings and the thread count. The thread count
     matters because Inductor bakes it into the C++ kernels: compiled under one thread they have
     no parallel loops at all, compiled under a count other than the machine's cores they pin
@@ -179,6 +198,7 @@ def package_artifact(
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = {
         "compilers": compiler_source_digest(),
+        "module_source": module_source_digest(module),
         "shapes": [tuple(x.shape) for x in example_inputs],
         "inductor": sorted((inductor_config or {}).items()),
         "threads": torch.get_num_threads(),

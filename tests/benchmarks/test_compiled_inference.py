@@ -59,7 +59,7 @@ def test_fscd_table_compares_the_deployed_network_and_its_package(
         config="pipeline",  # the deployed network's width: wide enough for bf16 GEMMs
         rows=4_000,
         trained=trained,
-        variants=("eager_rows", "eager", "cascade", "cascade_bf16"),
+        variants=("eager_rows", "eager", "cascade", "cascade_rowwise", "cascade_bf16"),
         rounds=1,
         repeats=2,
         fast_build=True,
@@ -70,6 +70,12 @@ def test_fscd_table_compares_the_deployed_network_and_its_package(
     # Exact compilation: the ranking does not move; one package serves every candidate count.
     assert (
         abs(table["auc_delta"]["cascade"]) < 1e-6 and abs(table["auc_delta"]["eager_rows"]) < 1e-6
+    )
+    # The row-wise request's package scores alike (the request path collapses what it
+    # computes per candidate) and is timed beside it.
+    assert abs(table["auc_delta"]["cascade_rowwise"]) < 1e-6
+    assert entry["speedup_vs_cascade_rowwise"] == pytest.approx(
+        entry["cascade_rowwise_ms"] / entry["cascade_ms"]
     )
     assert table["recompiles"]["cascade"]["shapes_served"] == 4
     assert table["recompiles"]["cascade"]["recompiles"] == 0

@@ -100,6 +100,13 @@ def test_artifact_runs_without_model_code_for_any_candidate_count(
         pytest.raises(RuntimeError, match="rebuilt"),
     ):
         compile_preranking(model, tmp_path / "c.pt2", cache_dir=cache, fast_build=True)
+    # Other model code (its request path changed, the weights did not): not reused either.
+    with (
+        mock.patch("compilers.export.module_source_digest", return_value="other model code"),
+        mock.patch("compilers.export.compile_graph", rebuilt),
+        pytest.raises(RuntimeError, match="rebuilt"),
+    ):
+        compile_preranking(model, tmp_path / "d.pt2", cache_dir=cache, fast_build=True)
 
 
 @pytest.mark.slow
@@ -137,3 +144,25 @@ def test_compiler_source_digest_covers_the_pass_modules(
     before = digest()
     (tmp_path / "passes" / "noop_removal.py").write_text("# the pass, edited\n")
     assert digest() != before
+
+
+def test_module_source_digest_covers_the_classes_of_the_module_and_its_submodules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from compilers.export import module_source_digest
+
+    source = tmp_path / "a_request_path.py"
+    source.write_text(
+        "import torch\n"
+        "class Inner(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x + 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import a_request_path
+
+    outer = torch.nn.Sequential(a_request_path.Inner())
+    before = module_source_digest(outer)
+    assert before == module_source_digest(torch.nn.Sequential(a_request_path.Inner()))
+    source.write_text(source.read_text().replace("x + 1", "x * 2"))
+    assert module_source_digest(outer) != before

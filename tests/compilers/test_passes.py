@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
+from benchmarks.compiled_fscd import RowwiseColdRequest
 from compilers.export import export_program
 from compilers.passes import (
     PassContext,
@@ -392,15 +393,20 @@ def test_fold_embedding_linear_premultiplies_both_tables() -> None:
         torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
 
 
-def cold_request_graph() -> tuple[ColdPreRankingRequest, torch.fx.GraphModule, PassContext]:
-    """The FSCD pre-ranker's request graph (user, item and cross fields), noops removed."""
+def cold_request_graph(
+    rowwise: bool = True,
+) -> tuple[torch.nn.Module, torch.fx.GraphModule, PassContext]:
+    """The FSCD pre-ranker's request graph (user, item and cross fields), noops removed: in the
+    row-wise form (:class:`RowwiseColdRequest`), else the served request path's."""
     from models.preranking.config_registry import CascadeNetConfig
 
     torch.manual_seed(0)
     fields = ("user_id", "user_ctr", "item_id", "item_ctr", "genre", "ug_ctr")
     cards = [30 + 7 * j for j in range(len(FIELDS))]
     model = ColdPreRanker(CascadeNetConfig(embedding_dim=4, hidden=(16, 8)), fields, cards)
-    request = ColdPreRankingRequest(model.eval()).eval()
+    request: torch.nn.Module = (RowwiseColdRequest if rowwise else ColdPreRankingRequest)(
+        model.eval()
+    ).eval()
     candidates = Dim("candidates", min=1, max=MAX_CANDIDATES)
     gm = export_program(request, cold_codes(cards, 32), (None, {0: candidates})).module()
     context = prepared(gm)
@@ -446,6 +452,30 @@ def test_shared_bilinear_collapses_and_field_lookups_fold_into_the_first_layer()
     for n in (1, 5, 300):
         inputs = cold_codes(cards, n, seed=n)
         torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_the_served_request_collapses_in_the_model_and_folds_user_and_cross_lookups() -> None:
+    """:meth:`ColdPreRanker.score_request` collapses the interactions itself (one product of
+    the item embeddings with the request's matrix, item Linear included): the pass finds no
+    bilinear left; the user and cross sides' lookups fold, the item side's stay (they feed the
+    per-request product), and the graph computes the request's logits."""
+    request, gm, context = cold_request_graph(rowwise=False)
+    model = request.model
+    cards = [30 + 7 * j for j in range(len(FIELDS))]
+    assert share_broadcast_computation(gm, context).details["collapse_bilinear"] == 0
+    folded = fold_embedding_linear(gm, context)
+    sides = [(model.user_embedding, 2), (model.cross_embedding, 1)]
+    assert folded.details["folded_tables"] == [
+        [fields * side.table.weight.shape[0], 16] for side, fields in sides
+    ]
+    assert count(gm, aten.linear.default) == 2  # the MLP's
+    gm.graph.lint()
+    gm.recompile()
+    for n in (1, 5, 300):
+        inputs = cold_codes(cards, n, seed=n)
+        torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
+        rowwise = RowwiseColdRequest(model)(*inputs)
+        torch.testing.assert_close(gm(*inputs), rowwise, rtol=1e-5, atol=1e-5)
 
 
 def test_field_lookups_stay_when_the_folded_table_would_be_too_large(

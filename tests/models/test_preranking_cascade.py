@@ -98,9 +98,13 @@ def test_score_request_shares_the_user_part_and_matches_row_scoring(prepared, ga
     rows[:, user_cols] = user[user_cols]
     calls = []
     model.user_linear.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    pairwise = []
+    model.interaction_linear.register_forward_hook(lambda m, i, o: pairwise.append(i[0].shape))
     with torch.no_grad():
         shared = model.score_request(user, candidates)
     assert calls == [1]  # the user side ran once, for one row, not once per candidate
+    # The interactions are folded into one matrix per request: no Fu x Fi products per row.
+    assert pairwise == []
     with torch.no_grad():
         torch.testing.assert_close(shared, model(rows))
     # The scores really depend on the candidates (not a constant).
