@@ -184,11 +184,7 @@ class RowwiseColdRequest(torch.nn.Module):
 
     def forward(self, user_codes: torch.Tensor, candidate_codes: torch.Tensor) -> torch.Tensor:
         m = self.model
-        gu, gi, gc = m._split_gates(m._gates(1, None))
-        n = candidate_codes.shape[0]
-        u = m._side("user", user_codes.reshape(1, -1), gu)
-        i = m._side("item", candidate_codes, None if gi is None else gi.expand(n, -1))
-        c = m._side("cross", candidate_codes, None if gc is None else gc.expand(n, -1))
+        u, i, c = m.request_sides(user_codes, candidate_codes)
         return m._candidate_logits(m._user_part(u), u, i, c)
 
 

@@ -527,6 +527,18 @@ class ColdPreRanker(nn.Module):
         c = self._side("cross", codes, gc)
         return self._candidate_logits(self._user_part(u), u, i, c)
 
+    def request_sides(
+        self, user_codes: torch.Tensor, candidate_codes: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(u [1, Fu, d], i [N, Fi, d], c [N, Fc, d])``: one request's embeddings by side,
+        scaled by the hard gates (eval mode), the user's once."""
+        gu, gi, gc = self._split_gates(self._gates(1, None))
+        u = self._side("user", user_codes.reshape(1, -1), gu)
+        n = candidate_codes.shape[0]
+        gi = None if gi is None else gi.expand(n, -1)
+        gc = None if gc is None else gc.expand(n, -1)
+        return u, self._side("item", candidate_codes, gi), self._side("cross", candidate_codes, gc)
+
     def score_request(
         self, user_codes: torch.Tensor, candidate_codes: torch.Tensor
     ) -> torch.Tensor:
@@ -543,13 +555,7 @@ class ColdPreRanker(nn.Module):
         """
         if self.training:
             raise RuntimeError("score_request is for serving; call model.eval() first")
-        gu, gi, gc = self._split_gates(self._gates(1, None))
-        u = self._side("user", user_codes.reshape(1, -1), gu)
-        n = candidate_codes.shape[0]
-        gi = None if gi is None else gi.expand(n, -1)
-        gc = None if gc is None else gc.expand(n, -1)
-        i = self._side("item", candidate_codes, gi)
-        c = self._side("cross", candidate_codes, gc)
+        u, i, c = self.request_sides(user_codes, candidate_codes)
         hu = self._user_part(u)
         fu, fi = u.shape[1], i.shape[1]
         if not (fu and fi):
