@@ -7,7 +7,8 @@ selection sweep and the chosen ColdPreRanker) with the named config :data:`FSCD_
 synthetic impressions, against a private state folder and MLflow store; ``model_digest`` is its
 weights' digest and ``model_provenance`` names the config and the training rows' digest. It is
 scored as one request of 1 user x N candidates (:class:`compilers.preranking.ColdPreRankingRequest`,
-field codes in). Variants, all on one thread and interleaved round by round (order rotating):
+field codes in, the cross fields once per distinct cross key). Variants, all on one thread and
+interleaved round by round (order rotating):
 
 * ``eager_rows``: the network's ``forward`` on N full rows (the user's fields repeated per
   candidate), what scoring a frame of impressions runs;
@@ -17,7 +18,8 @@ field codes in). Variants, all on one thread and interleaved round by round (ord
 * ``inductor_tuned``: the same with freezing and the C++ wrapper, plus max-autotune where it
   measured faster (``inductor_tuned_options``:
   :func:`benchmarks.compiled_inference.inductor_tuned_peer`);
-* ``onnxruntime``: its ONNX export (dynamic candidate dim) on ONNX Runtime's CPU provider;
+* ``onnxruntime``: its ONNX export (dynamic candidate and cross-key dims) on ONNX Runtime's CPU
+  provider;
 * ``cascade``: the AOTInductor package the compile step builds and the server loads
   (:func:`compilers.preranking.compile_cold_preranking`);
 * ``cascade_rowwise``: the package of the request written as the training forward computes a
@@ -44,7 +46,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.export import Dim
 
 from benchmarks.compiled_inference import (
     agree_with_eager,
@@ -58,9 +59,11 @@ from benchmarks.provenance import files_digest, private_tracking, weights_digest
 from cascade.compiled_packages import load_package
 from compilers.export import BF16_PASSES, package_artifact
 from compilers.preranking import (
-    MAX_CANDIDATES,
+    COLD_INPUT_NAMES,
     ColdPreRankingRequest,
+    cold_dynamic_shapes,
     cold_preranking_example,
+    cold_request_inputs,
     compile_cold_preranking,
 )
 from models.preranking.fields import FieldEncoder
@@ -149,22 +152,32 @@ def train_pipeline_fscd(
     return TrainedFscd(model.eval(), loaded.encoder, requests, provenance)
 
 
+REQUEST_CROSS_KEYS = 19
+"""Distinct cross keys of a random request: a user's candidates share the user x category
+pairs of their categories (the benchmark's log has 19 genres)."""
+
+
 def request_example(
-    encoder: FieldEncoder, candidates: int, *, seed: int
+    model: ColdPreRanker, encoder: FieldEncoder, candidates: int, *, seed: int
 ) -> tuple[torch.Tensor, ...]:
-    """One user's codes ``[1, F]`` and ``candidates`` random candidates' codes ``[N, F]``, every
-    code within its field's vocabulary."""
+    """One request's inputs (:func:`compilers.preranking.cold_request_inputs`): a user's codes
+    ``[1, F]`` and ``candidates`` random candidates' codes ``[N, F]``, every code within its
+    field's vocabulary, the cross fields drawn from :data:`REQUEST_CROSS_KEYS` random keys."""
     generator = torch.Generator().manual_seed(seed)
     cards = torch.tensor(encoder.cardinalities())
     codes = (torch.rand(candidates, len(encoder.fields), generator=generator) * cards).long()
-    return codes[:1].clone(), codes
+    index = model.cross_index
+    keys = (torch.rand(REQUEST_CROSS_KEYS, len(index), generator=generator) * cards[index]).long()
+    codes[:, index] = keys[torch.randint(0, len(keys), (candidates,), generator=generator)]
+    return cold_request_inputs(model, codes[:1].clone(), codes)
 
 
-def full_rows(model: ColdPreRanker) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """``(user_codes, candidate_codes) -> logits`` through ``model.forward`` on full rows."""
+def full_rows(model: ColdPreRanker) -> Callable[..., torch.Tensor]:
+    """``(user_codes, candidate_codes, *cross keys) -> logits`` through ``model.forward`` on
+    full rows (the candidates' own cross columns; the keys are not read)."""
     user_positions = torch.tensor([i for i, f in enumerate(model.field_set) if f.kind == "user"])
 
-    def run(user_codes: torch.Tensor, candidate_codes: torch.Tensor) -> torch.Tensor:
+    def run(user_codes: torch.Tensor, candidate_codes: torch.Tensor, *_: Any) -> torch.Tensor:
         rows = candidate_codes.clone()
         rows[:, user_positions] = user_codes[0, user_positions]
         return model(rows)
@@ -174,23 +187,30 @@ def full_rows(model: ColdPreRanker) -> Callable[[torch.Tensor, torch.Tensor], to
 
 class RowwiseColdRequest(torch.nn.Module):
     """A request to the FSCD pre-ranker written as its training forward computes a row: the
-    user side once, then per candidate the user x item dot products and a Linear over them
-    (:meth:`ColdPreRanker._candidate_logits`); :meth:`ColdPreRanker.score_request` collapses
-    those into one matrix per request instead. Same inputs and logits (up to rounding)."""
+    user side once, then per candidate the cross side, the user x item dot products and a
+    Linear over them (:meth:`ColdPreRanker._candidate_logits`); :meth:`ColdPreRanker.score_request`
+    collapses those into one matrix per request and takes the cross side once per cross key
+    instead. Same inputs (the keys are not read: the candidates' own cross columns are) and
+    logits (up to rounding)."""
 
     def __init__(self, model: ColdPreRanker) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, user_codes: torch.Tensor, candidate_codes: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        user_codes: torch.Tensor,
+        candidate_codes: torch.Tensor,
+        cross_codes: torch.Tensor,
+        cross_rows: torch.Tensor,
+    ) -> torch.Tensor:
         m = self.model
         u, i, c = m.request_sides(user_codes, candidate_codes)
         return m._candidate_logits(m._user_part(u), u, i, c)
 
 
-COLD_DYNAMIC_SHAPES = (None, {0: Dim("candidates", min=1, max=MAX_CANDIDATES)})
-"""The request's dynamic candidate count, as the package exports it."""
-COLD_INPUT_NAMES = ("user_codes", "candidate_codes")
+COLD_DYNAMIC_SHAPES = cold_dynamic_shapes()
+"""The request's dynamic candidate and cross-key counts, as the package exports them."""
 
 FSCD_VARIANTS = (
     "eager_rows",
@@ -226,9 +246,10 @@ def fscd_compile_table(
         raise ValueError(f"variants {list(variants)} must include eager, the baseline")
     if trained is None:
         trained = train_pipeline_fscd(work, config=config, rows=rows)
-    model, encoder, requests = trained.model, trained.encoder, trained.requests
+    model, encoder = trained.model, trained.encoder
+    requests = [(cold_request_inputs(model, *inputs), y) for inputs, y in trained.requests]
     request = ColdPreRankingRequest(model).eval()
-    shape_inputs = [request_example(encoder, n, seed=n) for n in shapes]
+    shape_inputs = [request_example(model, encoder, n, seed=n) for n in shapes]
     fns: dict[str, Callable[..., Any]] = {"eager": request}
     if "eager_rows" in variants:
         fns["eager_rows"] = full_rows(model)
@@ -236,13 +257,13 @@ def fscd_compile_table(
     recompiles: dict[str, dict[str, int]] = {}
     peers = build_peers(
         request,
-        request_example(encoder, 64, seed=64),
+        request_example(model, encoder, 64, seed=64),
         work,
         names=[v for v in variants if v in ("inductor", "inductor_tuned", "onnxruntime")],
         shapes=shape_inputs,
         dynamic_shapes=COLD_DYNAMIC_SHAPES,
         input_names=COLD_INPUT_NAMES,
-        trial_inputs=request_example(encoder, max(sizes), seed=max(sizes)),
+        trial_inputs=request_example(model, encoder, max(sizes), seed=max(sizes)),
     )
     for name, peer in peers.items():
         compile_s[name] = peer.compile_s
@@ -313,7 +334,7 @@ def fscd_compile_table(
         result["bf16_gemm"] = bf16_report
     headline = "cascade" if "cascade" in fns else "eager"
     for size in sizes:
-        inputs = request_example(encoder, size, seed=size)
+        inputs = request_example(model, encoder, size, seed=size)
         with torch.no_grad():
             # bf16 GEMMs round to 8 significant bits: judged by the AUC change instead.
             agree_with_eager(fns, request(*inputs), inputs, what=f"fscd 1x{size}")

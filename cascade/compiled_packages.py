@@ -42,7 +42,8 @@ def _scratch_tmpdir() -> Iterator[Path]:
 
 
 def load_package(path: Path) -> Callable[..., Any]:
-    """Load a ``.pt2`` package; the callable takes the exported inputs positionally.
+    """Load a ``.pt2`` package; the callable takes the exported inputs positionally (its
+    ``inputs`` attribute: how many).
 
     The compiled kernels assume the contiguous strides they were exported with and do not check
     them: a column slice of a pandas frame (Fortran order) silently gave wrong scores. So every
@@ -67,4 +68,5 @@ def load_package(path: Path) -> Callable[..., Any]:
             raise TypeError(f"{path.name} takes {expected} tensors, got {len(inputs)}")
         return pytree.tree_unflatten(loader.boxed_run([x.contiguous() for x in inputs]), out_spec)
 
+    run.inputs = expected  # type: ignore[attr-defined]
     return run

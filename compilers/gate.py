@@ -32,6 +32,7 @@ from compilers.export import torch_threads
 from compilers.preranking import (
     ColdPreRankingRequest,
     PreRankingRequest,
+    cold_request_inputs,
     compile_cold_preranking,
     compile_preranking,
 )
@@ -252,8 +253,9 @@ def compile_cold_gate(
 ) -> dict[str, Any]:
     """:func:`compile_gate` for the FSCD pre-ranker: the same checks and report, on requests
     ``((user_codes [1, F], candidate_codes [N, F]), labels [N])`` of encoded fields (as
-    :func:`compilers.deploy_gate.cold_gate_sample` builds them), the artifact built by
-    :func:`compilers.preranking.compile_cold_preranking`."""
+    :func:`compilers.deploy_gate.cold_gate_sample` builds them), each scored as served: its
+    cross keys deduplicated (:func:`compilers.preranking.cold_request_inputs`); the artifact
+    built by :func:`compilers.preranking.compile_cold_preranking`."""
     if max_abs_diff <= 0 or auc_budget < 0 or min_speedup <= 0:
         raise ValueError(
             f"gate limits must be positive (max_abs_diff={max_abs_diff}, "
@@ -282,11 +284,12 @@ def compile_cold_gate(
         model, out_dir / "preranking.pt2", cache_dir=cache_dir, fast_build=fast_build
     )
     user_codes = max(sample, key=lambda entry: entry[0][1].shape[0])[0][0]
-    largest = (user_codes, torch.cat([inputs[1] for inputs, _ in sample]))
+    largest = cold_request_inputs(model, user_codes, torch.cat([inputs[1] for inputs, _ in sample]))
+    keyed = [(cold_request_inputs(model, *inputs), labels) for inputs, labels in sample]
     verdict = judge_artifact(
         ColdPreRankingRequest(model).eval(),
         load_package(artifact.path),
-        sample,
+        keyed,
         largest,
         max_abs_diff=max_abs_diff,
         auc_budget=auc_budget,

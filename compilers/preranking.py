@@ -5,8 +5,9 @@ Compile a trained pre-ranking model (the two files a training run writes) into a
     python -m compilers.preranking --state-dict model.pt --config train_config.json --out model.pt2
 
 :class:`PreRankingRequest` (the dense ``PreRanker``) and :class:`ColdPreRankingRequest` (the FSCD
-``ColdPreRanker``: encoded fields in, the user side computed once) go through
-:func:`compilers.export.package_artifact` with the candidate count as their one dynamic dim.
+``ColdPreRanker``: encoded fields in, the user side computed once, the cross side once per
+distinct cross key) go through :func:`compilers.export.package_artifact` with the candidate
+count (and the FSCD request's cross-key count) as dynamic dims.
 ``compile_preranking(..., int8_calibration=...)`` builds the RSQ int8 variant (int8 GEMMs for
 the wide layers, via freezing).
 """
@@ -26,7 +27,7 @@ from torch.export import Dim
 from cascade.ctr_schema import MODEL_FEATURES, USER_FEATURES
 from compilers.export import INT8_INDUCTOR_CONFIG, Artifact, package_artifact
 from compilers.pipeline import DEFAULT_PASSES, PASS_ORDER, PassContext
-from models.preranking.model import ColdPreRanker, PreRanker, PreRankerConfig
+from models.preranking.model import ColdPreRanker, PreRanker, PreRankerConfig, cross_keys
 
 MAX_CANDIDATES = 1 << 20
 """Upper bound of the candidate dim; export needs a finite range to reason about sizes."""
@@ -82,26 +83,60 @@ def preranking_dynamic_shapes() -> tuple[dict[int, Any] | None, ...]:
 
 class ColdPreRankingRequest(nn.Module):
     """One ranking request to the FSCD pre-ranker: the user's encoded fields once, ``N``
-    candidates' encoded fields (:meth:`ColdPreRanker.score_request`: the user side runs once)."""
+    candidates' encoded fields, and the cross fields once per distinct cross key
+    (:meth:`ColdPreRanker.score_request`: the user side runs once, the cross side once per
+    key)."""
 
     def __init__(self, model: ColdPreRanker) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, user_codes: torch.Tensor, candidate_codes: torch.Tensor) -> torch.Tensor:
-        """Logits ``[N]`` from ``user_codes [1, F]`` and ``candidate_codes [N, F]`` (the codes
+    def forward(
+        self,
+        user_codes: torch.Tensor,
+        candidate_codes: torch.Tensor,
+        cross_codes: torch.Tensor,
+        cross_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits ``[N]`` from ``user_codes [1, F]``, ``candidate_codes [N, F]`` (the codes
         of ``models.preranking.fields.FieldEncoder.encode``; F = every field of the model's
-        field set, ``model.field_set``)."""
-        return self.model.score_request(user_codes[0], candidate_codes)
+        field set, ``model.field_set``; their cross columns are not read), ``cross_codes
+        [K, F]`` (the distinct cross keys' codes) and ``cross_rows [N]`` (each candidate's
+        key): :func:`cold_request_inputs` builds the last two from full candidate rows."""
+        return self.model.score_request(user_codes[0], candidate_codes, cross_codes, cross_rows)
 
 
-def cold_preranking_example(candidates: int, fields: int) -> tuple[torch.Tensor, ...]:
+def cold_request_inputs(
+    model: ColdPreRanker, user_codes: torch.Tensor, candidate_codes: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The four inputs of :class:`ColdPreRankingRequest` from a user's codes ``[1, F]`` and
+    full candidate rows ``[N, F]`` (:func:`models.preranking.model.cross_keys`)."""
+    cross, rows = cross_keys(model, candidate_codes)
+    return user_codes, candidate_codes, cross, rows
+
+
+def cold_preranking_example(
+    candidates: int, fields: int, keys: int = 8
+) -> tuple[torch.Tensor, ...]:
     """Request inputs of ``fields`` columns (the model's field set) with every code 0
-    (unknown): valid for any encoder of that set."""
+    (unknown), ``keys`` cross keys: valid for any encoder of that set."""
     return (
         torch.zeros(1, fields, dtype=torch.long),
         torch.zeros(candidates, fields, dtype=torch.long),
+        torch.zeros(keys, fields, dtype=torch.long),
+        torch.arange(candidates, dtype=torch.long) % keys,
     )
+
+
+def cold_dynamic_shapes() -> tuple[dict[int, Any] | None, ...]:
+    """The candidate count and the cross-key count are the dynamic dims."""
+    candidates = Dim("candidates", min=1, max=MAX_CANDIDATES)
+    keys = Dim("cross_keys", min=1, max=MAX_CANDIDATES)
+    return None, {0: candidates}, {0: keys}, {0: candidates}
+
+
+COLD_INPUT_NAMES = ("user_codes", "candidate_codes", "cross_codes", "cross_rows")
+"""The inputs of :class:`ColdPreRankingRequest`, in order."""
 
 
 def compile_cold_preranking(
@@ -113,12 +148,12 @@ def compile_cold_preranking(
     fast_build: bool = False,
 ) -> Artifact:
     """The request-shaped FSCD pre-ranker artifact (:class:`ColdPreRankingRequest`, dynamic
-    candidate count), through the same export, pass pipeline and AOTInductor packaging."""
-    candidates = Dim("candidates", min=1, max=MAX_CANDIDATES)
+    candidate and cross-key counts), through the same export, pass pipeline and AOTInductor
+    packaging."""
     return package_artifact(
         ColdPreRankingRequest(model.eval()).eval(),
         cold_preranking_example(64, len(model.field_set)),
-        (None, {0: candidates}),
+        cold_dynamic_shapes(),
         out,
         passes=passes,
         cache_dir=cache_dir,

@@ -19,25 +19,37 @@ _USER_INDEX = {name: j for j, name in enumerate(USER_FEATURES)}
 
 def eager_run(model: ColdPreRanker) -> Callable[..., torch.Tensor]:
     """The network's own request call, in the package's signature: ``(user_codes [1, F],
-    candidate_codes [N, F]) -> logits [N]`` (:meth:`ColdPreRanker.score_request`)."""
+    candidate_codes [N, F], cross_codes [K, F], cross_rows [N]) -> logits [N]``
+    (:meth:`ColdPreRanker.score_request`)."""
 
-    def run(user_codes: torch.Tensor, candidate_codes: torch.Tensor) -> torch.Tensor:
+    def run(
+        user_codes: torch.Tensor,
+        candidate_codes: torch.Tensor,
+        cross_codes: torch.Tensor,
+        cross_rows: torch.Tensor,
+    ) -> torch.Tensor:
         with torch.no_grad():
-            return model.score_request(user_codes[0], candidate_codes)
+            return model.score_request(user_codes[0], candidate_codes, cross_codes, cross_rows)
 
     return run
 
 
 class CompiledColdScorer:
     """A ColdPreRanker's AOTInductor package (:func:`compilers.preranking.compile_cold_preranking`:
-    one user's codes ``[1, F]`` and N candidates' codes ``[N, F]`` in, logits out; F: the
+    one user's codes ``[1, F]``, N candidates' codes ``[N, F]``, the codes of the request's K
+    distinct cross keys ``[K, F]`` and each candidate's key ``[N]`` in, logits out; F: the
     model's field set) behind the same call as :class:`ColdSharedScorer`.
 
     The item fields of every table item are encoded once per version (a ``[M + 1, F]`` code
     table, the last row for an item not in the table: every item field unknown but its id);
-    per request the user fields are encoded once, the cross fields once per genre of the
-    request, and the candidates' rows are gathered from the tables. Only the fields the network
-    reads are encoded; the package ignores the other columns.
+    per request the user fields are encoded once and the candidates' rows gathered from the
+    table. The cross fields are encoded once per key of their source (a genre of the request,
+    a key of the view read online; one per candidate only for values the request carries),
+    the candidates' combinations of those keys deduplicated, and the network computes its
+    cross side once per combination (1,000 candidates of one user: a few dozen). Only the
+    fields the network reads are encoded; the package ignores the other columns. A package
+    built with the earlier two-input signature still loads: its candidates' rows then carry
+    their cross codes.
 
     Fields outside the default contract (:func:`models.preranking.model.request_fields`, e.g.
     cross statistics of the field set) come with each request in ``extra``: ``{name: values}``,
@@ -106,7 +118,9 @@ class CompiledColdScorer:
             self.item_codes[:-1, position] = encoder.encode_column(name, columns[name])
             if name == "item_id":
                 self._item_id_position = position
-        self._cross_positions = [p for _, p in self._cross]
+        self._keyed_cross = getattr(run, "inputs", 4) == 4
+        """The package takes the cross side per key (``cross_codes``, ``cross_rows``); a
+        package built before that takes each candidate's cross codes in its row."""
         self._cross_columns = [USER_GENRE_FEATURES.index(name) for name, _ in self._cross]
 
     def logits(
@@ -137,6 +151,7 @@ class CompiledColdScorer:
             value = [int(user_id)] if name == "user_id" else user_values[[_USER_INDEX[name]]]
             user[0, position] = self.encoder.encode_column(name, value)[0]
         rows = np.asarray(rows, dtype=np.int64)
+        n = len(rows)
         # Row -1 picks the last row: an unknown item (take: half the time of a[rows] here).
         candidates = np.take(self.item_codes, rows, axis=0)
         missing = rows < 0
@@ -144,33 +159,30 @@ class CompiledColdScorer:
             candidates[missing, self._item_id_position] = self.encoder.encode_column(
                 "item_id", np.asarray(item_ids, dtype=np.int64)[missing]
             )
+        # The cross fields are encoded per key, not per candidate: each source of them is a
+        # factor (a code table [n, F] and each candidate's row in it), combined below.
+        factors: list[tuple[np.ndarray, np.ndarray]] = []
         if self._cross:
             genre_values = np.asarray(genre_dense, dtype=np.float32)
-            per_genre = np.empty((len(genre_values), len(self._cross)), dtype=np.int64)
-            for k, (name, _) in enumerate(self._cross):
+            per_genre = np.zeros((len(genre_values), self.width), dtype=np.int64)
+            for k, (name, position) in enumerate(self._cross):
                 column = genre_values[:, self._cross_columns[k]]
-                per_genre[:, k] = self.encoder.encode_column(name, column)
+                per_genre[:, position] = self.encoder.encode_column(name, column)
             # code -1 (unknown genre) is the last row of genre_dense, as in ColdSharedScorer.
-            genre_rows = np.where(codes < 0, len(genre_values) - 1, codes)
-            candidates[:, self._cross_positions] = per_genre[genre_rows]
+            factors.append((per_genre, np.where(codes < 0, len(genre_values) - 1, codes)))
         numeric_user: list[tuple[str, int, float]] = []
-        by_keys: dict[tuple[int, int], list[tuple[str, int, Any]]] = {}
+        by_keys: dict[tuple[int, int], list[tuple[str, int, str, KeyedColumn]]] = {}
+        per_candidate: np.ndarray | None = None  # cross fields given one value per candidate
         for name, position, kind in self._extra:
             column = keyed.get(name) if kind != "user" else None
             if column is not None:
-                if len(column.valid) != len(rows):
+                if len(column.valid) != n:
                     raise ValueError(
                         f"field {name!r} has keys for {len(column.valid)} candidates, the "
-                        f"request {len(rows)}"
+                        f"request {n}"
                     )
-                if name in self._numeric:  # encoded with the fields sharing its keys
-                    shared = (id(column.inverse), id(column.valid))
-                    by_keys.setdefault(shared, []).append((name, position, column))
-                    continue
-                codes_by_key = self.encoder.encode_column(name, column.values)
-                encoded = np.zeros(len(rows), dtype=np.int64)  # no key: missing, code 0
-                encoded[column.valid] = codes_by_key[column.inverse]
-                candidates[:, position] = encoded
+                shared = (id(column.inverse), id(column.valid))
+                by_keys.setdefault(shared, []).append((name, position, kind, column))
                 continue
             if name not in extra:  # a table field: its codes are in the candidates' rows
                 continue
@@ -180,26 +192,60 @@ class CompiledColdScorer:
                     numeric_user.append((name, position, values[0]))
                 else:
                     user[0, position] = self.encoder.encode_column(name, values[:1])[0]
+                continue
+            if len(values) != n:
+                raise ValueError(f"field {name!r} has {len(values)} values for {n} candidates")
+            if kind == "cross":
+                if per_candidate is None:
+                    per_candidate = np.zeros((n, self.width), dtype=np.int64)
+                per_candidate[:, position] = self.encoder.encode_column(name, values)
             else:
-                if len(values) != len(rows):
-                    raise ValueError(
-                        f"field {name!r} has {len(values)} values for {len(rows)} candidates"
-                    )
                 candidates[:, position] = self.encoder.encode_column(name, values)
+        if per_candidate is not None:
+            factors.append((per_candidate, np.arange(n, dtype=np.int64)))
         if numeric_user:
             names, positions, scalars = zip(*numeric_user, strict=True)
             user[0, list(positions)] = self.encoder.encode_numbers(names, np.array([scalars]))[0]
         for group in by_keys.values():  # one view's fields: the same keys, one encoding
-            names, positions, columns = zip(*group, strict=True)
-            first = columns[0]
-            per_key = np.column_stack([c.values for c in columns])
-            codes_by_key = self.encoder.encode_numbers(names, per_key)
-            block = np.zeros((len(rows), len(names)), dtype=np.int64)  # no key: code 0
-            block[first.valid] = codes_by_key[first.inverse]
-            candidates[:, list(positions)] = block
+            table = self._encode_keyed(group)
+            first = group[0][3]
+            key_rows = np.full(n, len(table) - 1, dtype=np.int64)  # no key: the zero row
+            key_rows[first.valid] = first.inverse
+            per_key = [(p, k) for _, p, k, _ in group]
+            item_side = [p for p, k in per_key if k != "cross"]
+            if item_side:  # other per-candidate fields read by key: expanded on the rows
+                candidates[:, item_side] = table[key_rows][:, item_side]
+            if any(k == "cross" for _, k in per_key):
+                table[:, item_side] = 0
+                factors.append((table, key_rows))
+        cross, cross_rows = _combine(factors, n, self.width)
         with torch.inference_mode():
-            out = self.run(torch.from_numpy(user), torch.from_numpy(candidates))
+            if self._keyed_cross:
+                out = self.run(
+                    torch.from_numpy(user),
+                    torch.from_numpy(candidates),
+                    torch.from_numpy(cross),
+                    torch.from_numpy(cross_rows),
+                )
+            else:  # a package of the per-candidate signature: the cross codes on each row
+                candidates += cross[cross_rows]
+                out = self.run(torch.from_numpy(user), torch.from_numpy(candidates))
         return torch.as_tensor(out).reshape(-1)
+
+    def _encode_keyed(self, group: list[tuple[str, int, str, KeyedColumn]]) -> np.ndarray:
+        """Codes ``[K + 1, F]`` of a group of fields read with the same keys: row ``k`` the
+        fields' codes for key ``k``, the last row zeros (no key: every field missing)."""
+        first = group[0][3]
+        table = np.zeros((len(first.values) + 1, self.width), dtype=np.int64)
+        numeric = [(name, p, c) for name, p, _, c in group if name in self._numeric]
+        if numeric:  # encoded together
+            names, positions, columns = zip(*numeric, strict=True)
+            per_key = np.column_stack([c.values for c in columns])
+            table[:-1, list(positions)] = self.encoder.encode_numbers(names, per_key)
+        for name, position, _, column in group:
+            if name not in self._numeric:
+                table[:-1, position] = self.encoder.encode_column(name, column.values)
+        return table
 
     def check_against(
         self, eager: ColdSharedScorer | CompiledColdScorer, candidates: int = 64
@@ -229,3 +275,18 @@ class CompiledColdScorer:
                 f"the package's logits differ from the network's by {gap:.3g} on a probe request "
                 f"(allowed {self.PARITY_ATOL:g}); recompile it for this model"
             )
+
+
+def _combine(
+    factors: list[tuple[np.ndarray, np.ndarray]], n: int, width: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One code table ``[K, F]`` and each of ``n`` candidates' row in it from factors
+    ``(table [m, F], rows [n])`` holding disjoint columns: the distinct combinations of their
+    rows that candidates have (K = 1, all zeros, without a factor)."""
+    if not factors:
+        return np.zeros((1, width), dtype=np.int64), np.zeros(n, dtype=np.int64)
+    table, rows = factors[0]
+    for other, other_rows in factors[1:]:
+        pairs, rows = np.unique(rows * len(other) + other_rows, return_inverse=True)
+        table = table[pairs // len(other)] + other[pairs % len(other)]
+    return table, rows.reshape(-1)

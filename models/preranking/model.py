@@ -528,19 +528,29 @@ class ColdPreRanker(nn.Module):
         return self._candidate_logits(self._user_part(u), u, i, c)
 
     def request_sides(
-        self, user_codes: torch.Tensor, candidate_codes: torch.Tensor
+        self,
+        user_codes: torch.Tensor,
+        candidate_codes: torch.Tensor,
+        cross_codes: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(u [1, Fu, d], i [N, Fi, d], c [N, Fc, d])``: one request's embeddings by side,
-        scaled by the hard gates (eval mode), the user's once."""
+        """``(u [1, Fu, d], i [N, Fi, d], c [N|K, Fc, d])``: one request's embeddings by side,
+        scaled by the hard gates (eval mode), the user's once; the cross side's of
+        ``cross_codes [K, F]`` when given (one row per distinct cross key), else of the
+        candidates'."""
         gu, gi, gc = self._split_gates(self._gates(1, None))
         u = self._side("user", user_codes.reshape(1, -1), gu)
         n = candidate_codes.shape[0]
         gi = None if gi is None else gi.expand(n, -1)
-        gc = None if gc is None else gc.expand(n, -1)
-        return u, self._side("item", candidate_codes, gi), self._side("cross", candidate_codes, gc)
+        cross = candidate_codes if cross_codes is None else cross_codes
+        gc = None if gc is None else gc.expand(cross.shape[0], -1)
+        return u, self._side("item", candidate_codes, gi), self._side("cross", cross, gc)
 
     def score_request(
-        self, user_codes: torch.Tensor, candidate_codes: torch.Tensor
+        self,
+        user_codes: torch.Tensor,
+        candidate_codes: torch.Tensor,
+        cross_codes: torch.Tensor | None = None,
+        cross_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[N]`` for one user (``user_codes [len(field_set)]``, only its user fields
         are read) and N candidates (``[N, len(field_set)]``; item and cross fields are read).
@@ -552,22 +562,49 @@ class ColdPreRanker(nn.Module):
         :meth:`forward` takes that, an ``Fu x Fi`` batch of dot products and an
         ``Fu * Fi -> h0`` product (equal up to float rounding; the two packages side by side:
         ``speedup_vs_cascade_rowwise`` of ``cascade bench compile --model preranking``).
+
+        ``cross_codes [K, len(field_set)]`` and ``cross_rows [N]`` (both or neither): the cross
+        fields once per distinct cross key (e.g. the request's user x category pairs: a few
+        dozen rows for 1,000 candidates) and each candidate's row among them; the cross side's
+        share of the first layer is then computed per key and gathered, and the candidates'
+        own cross columns are not read (:func:`cross_keys` builds both from candidate rows).
         """
         if self.training:
             raise RuntimeError("score_request is for serving; call model.eval() first")
-        u, i, c = self.request_sides(user_codes, candidate_codes)
+        if (cross_codes is None) != (cross_rows is None):
+            raise ValueError("score_request takes cross_codes and cross_rows together")
+        u, i, c = self.request_sides(user_codes, candidate_codes, cross_codes)
         hu = self._user_part(u)
         fu, fi = u.shape[1], i.shape[1]
-        if not (fu and fi):
-            return self._candidate_logits(hu, u, i, c)
-        # interaction_linear(u_a . i_b over (a, b)) = i.flatten(1) @ q, q[b * d + k, h] =
-        # sum_a W[h, a * Fi + b] * u[a, k].
-        w = self.interaction_linear.weight.reshape(-1, fu, fi)
-        q = torch.einsum("hab,ak->bkh", w, u[0]).reshape(fi * i.shape[2], -1)
-        h = hu + i.flatten(1) @ (self.item_linear.weight.t() + q)
+        h = hu
+        if fi:
+            weight = self.item_linear.weight.t()
+            if fu:
+                # interaction_linear(u_a . i_b over (a, b)) = i.flatten(1) @ q, q[b * d + k, h]
+                # = sum_a W[h, a * Fi + b] * u[a, k].
+                w = self.interaction_linear.weight.reshape(-1, fu, fi)
+                weight = weight + torch.einsum("hab,ak->bkh", w, u[0]).reshape(fi * i.shape[2], -1)
+            h = h + i.flatten(1) @ weight
         if c.shape[1]:
-            h = h + self.cross_linear(c.flatten(1))
+            hc = self.cross_linear(c.flatten(1))
+            h = h + (hc if cross_rows is None else hc[cross_rows])
         return self.mlp(torch.relu(h)).squeeze(-1)
+
+
+def cross_keys(
+    model: ColdPreRanker, candidate_codes: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cross_codes [K, F], cross_rows [N])`` of :meth:`ColdPreRanker.score_request` from
+    candidate rows: their distinct cross-field codes (zeros in the other columns) and each
+    candidate's row among them (K = 1 when the model has no cross field)."""
+    index = model.cross_index
+    n, width = candidate_codes.shape
+    if not len(index):
+        return torch.zeros(1, width, dtype=candidate_codes.dtype), torch.zeros(n, dtype=torch.long)
+    keys, rows = torch.unique(candidate_codes[:, index], dim=0, return_inverse=True)
+    cross = torch.zeros(keys.shape[0], width, dtype=candidate_codes.dtype)
+    cross[:, index] = keys
+    return cross, rows.reshape(-1)
 
 
 STORE_FIELDS: dict[str, str] = {f.name: f.kind for f in FIELDS}

@@ -14,6 +14,7 @@ from cascade.compiled_packages import load_package
 from cascade.config import Settings
 from cascade.lake import Lake
 from compilers.deploy_gate import cold_gate_sample, compile_and_gate
+from compilers.preranking import cold_request_inputs
 from models.preranking.config_registry import cascade_debug
 from models.preranking.fields import FIELD_NAMES, FieldEncoder
 from models.preranking.inference import (
@@ -100,16 +101,17 @@ def test_compile_step_compiles_and_gates_the_fscd_preranker(settings: Settings) 
     assert not [r for r in report["reasons"] if not r.startswith("latency")], report["reasons"]
     assert report["requests"] > 10 and report["candidates_timed"] > 100
     artifact = Path(report["artifact"])
-    # The artifact scores one user x N candidates like the network, also for N = 1.
+    # The artifact scores one user x N candidates like the network, also for N = 1, the
+    # cross side once per key.
     encoder = load_trained(Lake(settings.lake_root).reports("train", DS)).encoder
     assert encoder is not None
     codes = encoder.encode(synthetic_training_frame(40, seed=3))
     compiled = load_package(artifact)
     for n in (1, 40):
         with torch.no_grad():
-            torch.testing.assert_close(
-                compiled(codes[:1], codes[:n]), model.score_request(codes[0], codes[:n])
-            )
+            inputs = cold_request_inputs(model, codes[:1], codes[:n])
+            assert inputs[2].shape[0] <= n
+            torch.testing.assert_close(compiled(*inputs), model.score_request(codes[0], codes[:n]))
     client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)
     logged = {a.path for a in client.list_artifacts(report["run_id"], "compiled")}
     assert {"compiled/preranking.pt2", "compiled/gate.json"} <= logged

@@ -35,9 +35,10 @@ from compilers.passes import (
 )
 from compilers.pipeline import DEFAULT_PASSES, PASS_ORDER, run_pipeline
 from compilers.preranking import (
-    MAX_CANDIDATES,
     ColdPreRankingRequest,
     PreRankingRequest,
+    cold_dynamic_shapes,
+    cold_request_inputs,
     preranking_dynamic_shapes,
     preranking_example,
 )
@@ -407,17 +408,21 @@ def cold_request_graph(
     request: torch.nn.Module = (RowwiseColdRequest if rowwise else ColdPreRankingRequest)(
         model.eval()
     ).eval()
-    candidates = Dim("candidates", min=1, max=MAX_CANDIDATES)
-    gm = export_program(request, cold_codes(cards, 32), (None, {0: candidates})).module()
+    gm = export_program(request, cold_codes(model, cards, 32), cold_dynamic_shapes()).module()
     context = prepared(gm)
     remove_noops(gm, context)
     return request, gm, context
 
 
-def cold_codes(cards: list[int], n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def cold_codes(
+    model: ColdPreRanker, cards: list[int], n: int, seed: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """A request's four inputs (:func:`cold_request_inputs`), the cross fields drawn from 5
+    keys, so candidates share them."""
     generator = torch.Generator().manual_seed(seed)
     codes = (torch.rand(n, len(cards), generator=generator) * torch.tensor(cards)).long()
-    return codes[:1].clone(), codes
+    codes[:, model.cross_index] = codes[torch.arange(n) % 5][:, model.cross_index]
+    return cold_request_inputs(model, codes[:1].clone(), codes)
 
 
 def test_shared_bilinear_collapses_and_field_lookups_fold_into_the_first_layer() -> None:
@@ -450,7 +455,7 @@ def test_shared_bilinear_collapses_and_field_lookups_fold_into_the_first_layer()
     gm.graph.lint()
     gm.recompile()
     for n in (1, 5, 300):
-        inputs = cold_codes(cards, n, seed=n)
+        inputs = cold_codes(request.model, cards, n, seed=n)
         torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
 
 
@@ -472,7 +477,7 @@ def test_the_served_request_collapses_in_the_model_and_folds_user_and_cross_look
     gm.graph.lint()
     gm.recompile()
     for n in (1, 5, 300):
-        inputs = cold_codes(cards, n, seed=n)
+        inputs = cold_codes(model, cards, n, seed=n)
         torch.testing.assert_close(gm(*inputs), request(*inputs), rtol=1e-5, atol=1e-5)
         rowwise = RowwiseColdRequest(model)(*inputs)
         torch.testing.assert_close(gm(*inputs), rowwise, rtol=1e-5, atol=1e-5)

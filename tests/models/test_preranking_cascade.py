@@ -42,7 +42,7 @@ from models.preranking.fscd_phases import (
     gate_noise,
     run_steps,
 )
-from models.preranking.model import ColdPreRanker, DCNTeacher, TwoTower
+from models.preranking.model import ColdPreRanker, DCNTeacher, TwoTower, cross_keys
 from models.preranking.movielens_frame import prior_counts
 from models.preranking.synthetic_data import synthetic_training_frame
 
@@ -109,6 +109,37 @@ def test_score_request_shares_the_user_part_and_matches_row_scoring(prepared, ga
         torch.testing.assert_close(shared, model(rows))
     # The scores really depend on the candidates (not a constant).
     assert shared.std() > 1e-4
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_score_request_per_cross_key_matches_per_candidate(prepared, gated) -> None:
+    """The cross side computed once per distinct cross key and gathered (``cross_codes``,
+    ``cross_rows``) scores as the per-candidate form; the candidates' own cross columns are
+    then not read, and the cross Linear runs on K rows, not N."""
+    config = cascade_debug()
+    torch.manual_seed(1)
+    model = ColdPreRanker(config.net, ALL_FIELDS, prepared.encoder.cardinalities(), gated=gated)
+    if gated:
+        with torch.no_grad():
+            model.gate_logits[[2, len(ALL_FIELDS) - 1]] = -3.0
+    model.eval()
+    candidates = prepared.test.codes[:200]
+    user = candidates[0]
+    cross, rows = cross_keys(model, candidates)
+    index = model.cross_index
+    assert 1 < cross.shape[0] < len(candidates)  # repeated keys: fewer rows than candidates
+    torch.testing.assert_close(cross[rows][:, index], candidates[:, index])
+    widths = []
+    model.cross_linear.register_forward_hook(lambda m, i, o: widths.append(i[0].shape[0]))
+    blanked = candidates.clone()
+    blanked[:, index] = 0  # not read when the keys are given
+    with torch.no_grad():
+        keyed = model.score_request(user, blanked, cross, rows)
+        whole = model.score_request(user, candidates)
+    assert widths == [cross.shape[0], len(candidates)]
+    torch.testing.assert_close(keyed, whole)
+    with pytest.raises(ValueError, match="together"):
+        model.score_request(user, candidates, cross, None)
 
 
 def test_hard_gates_make_dropped_fields_irrelevant(prepared) -> None:

@@ -158,9 +158,9 @@ def test_debug_config_trains_saves_and_reloads_with_extra_cross_fields(
     # The cross statistics matter to the scores (the values are not ignored).
     assert not np.array_equal(score_frame(again, rows.assign(**{CROSS_30D: np.nan}), encoder), got)
     # The request module the compiler exports takes the field set's width.
-    user_codes, candidate_codes = cold_preranking_example(4, len(encoder.fields))
-    assert candidate_codes.shape == (4, len(FIELDS) + 2)
-    assert ColdPreRankingRequest(again)(user_codes, candidate_codes).shape == (4,)
+    example = cold_preranking_example(4, len(encoder.fields))
+    assert example[1].shape == (4, len(FIELDS) + 2)
+    assert ColdPreRankingRequest(again)(*example).shape == (4,)
 
 
 def test_a_finished_phase_reloads_only_with_its_own_fields(custom_run, tmp_path: Path) -> None:
