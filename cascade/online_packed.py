@@ -197,6 +197,22 @@ def decode_payloads(dtype: np.dtype, payloads: Sequence[bytes], where: str) -> n
     return np.frombuffer(b"".join(payloads), dtype=dtype)
 
 
+def records_matrix(records: np.ndarray, integer: np.ndarray, columns: np.ndarray) -> np.ndarray:
+    """float64 ``[K, len(columns)]``: features ``columns`` of K records (:func:`payload_dtype`;
+    ``integer[i]``: feature i is stored as an integer), NaN where not present. All features
+    at once from the records' bytes (``present``: the first bytes, then 8 per value), not
+    field by field (30 fields: ~8 array operations instead of ~90)."""
+    count = len(integer)
+    raw = records.view(np.uint8).reshape(len(records), records.dtype.itemsize)
+    body = np.ascontiguousarray(raw[:, count:])  # the values, 8-byte aligned
+    values = body.view("<f8")[:, columns]
+    integers = integer[columns]
+    if integers.any():
+        values[:, integers] = body.view("<i8")[:, columns[integers]].astype(np.float64)
+    values[raw[:, columns] == 0] = np.nan
+    return values
+
+
 def _python_value(proto: ValueProto) -> tuple[bool, float | int]:
     which = proto.WhichOneof("val")
     if which is None or which == "null_val":
@@ -277,6 +293,8 @@ class _Layout:
     position: dict[str, int]
     table: str
     key_types: dict[str, str]
+    integer: np.ndarray
+    """bool ``[len(types)]``: the feature is stored as an 8-byte integer (else a double)."""
 
 
 class PackedSqliteOnlineStoreConfig(SqliteOnlineStoreConfig):
@@ -328,6 +346,7 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
             position={name: i for i, (name, _) in enumerate(types)},
             table=self.table_of(config, view),
             key_types={c.name: c.dtype.to_value_type().name for c in view.entity_columns},
+            integer=np.array([PACKED_VALUE_TYPES[kind] == "<i8" for _, kind in types], dtype=bool),
         )
         if len(self._layouts) >= 256:
             self._layouts.clear()
@@ -499,12 +518,8 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
         if not rows:
             return out
         records = decode_payloads(layout.dtype, payloads, layout.table)
-        index = np.asarray(rows)
-        for j, name in enumerate(features):
-            i = layout.position[name]
-            values = records[f"v{i}"].astype(np.float64)
-            values[records["present"][:, i] == 0] = np.nan
-            out[index, j] = values
+        columns = np.array([layout.position[name] for name in features], dtype=np.intp)
+        out[np.asarray(rows)] = records_matrix(records, layout.integer, columns)
         return out
 
     def read_keys(

@@ -284,14 +284,17 @@ _RESERVED = (
 )  # fmt: skip
 
 
-def _strings(codes: np.ndarray, vocabulary: Sequence[str]) -> pa.Array:
+def _strings(codes: np.ndarray, vocabulary: Sequence[str], *, in_range: bool = False) -> pa.Array:
     """Strings as a dictionary array (code -1: null). Parquet stores those as it stores plain
     strings, minus the hashing, and the part files are written without the Arrow schema, so
-    readers get plain strings back (not categoricals)."""
+    readers get plain strings back (not categoricals). ``in_range``: the codes were built
+    against ``vocabulary`` here, so Arrow's pass checking each against it is skipped."""
     codes = codes.astype(np.int32, copy=False)
     missing = codes < 0
     indices = pa.array(codes, mask=missing) if missing.any() else pa.array(codes)
-    return pa.DictionaryArray.from_arrays(indices, pa.array(list(vocabulary), type=pa.string()))
+    return pa.DictionaryArray.from_arrays(
+        indices, pa.array(list(vocabulary), type=pa.string()), safe=not in_range
+    )
 
 
 def _array(values: Any) -> np.ndarray:
@@ -310,7 +313,7 @@ def _repeat_strings(values: list[str | None], counts: np.ndarray) -> pa.Array:
     distinct = list(dict.fromkeys(v for v in values if v is not None))
     position = {v: i for i, v in enumerate(distinct)}
     codes = np.array([position.get(v, -1) for v in values], dtype=np.int32)  # type: ignore[arg-type]
-    return _strings(np.repeat(codes, counts), distinct)
+    return _strings(np.repeat(codes, counts), distinct, in_range=True)
 
 
 def _is_text(value: Any) -> bool:

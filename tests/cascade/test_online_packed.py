@@ -89,6 +89,15 @@ def test_payloads_round_trip_every_type_and_refuse_another_width() -> None:
         assert (records["present"][:, i] == has).all()
         np.testing.assert_array_equal(records[f"v{i}"][has], column[has])
         assert (records[f"v{i}"][~has] == 0).all()
+    # The server's read decodes them all at once, as float64 with NaN where not present, in
+    # any column order.
+    integer = np.array([kind not in ("DOUBLE", "FLOAT") for _, kind in TYPES])
+    columns = np.array([4, 0, 2, 2, 3])
+    matrix = online_packed.records_matrix(records, integer, columns)
+    assert matrix.dtype == np.float64 and matrix.shape == (n, len(columns))
+    for j, i in enumerate(columns):
+        want = np.where(present[i], values[i].astype(np.float64), np.nan)
+        np.testing.assert_array_equal(matrix[:, j], want)
     with pytest.raises(ValueError, match=f"expected {width}"):
         online_packed.unpack_rows(TYPES, [payloads[0] + b"\0"])
 
