@@ -36,7 +36,9 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import resource
+import statistics
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -336,6 +338,25 @@ async def open_loop(
     }
 
 
+def usable_cpus() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def latency_growth(latencies: Sequence[float]) -> float | None:
+    """Median latency of the last fifth of the answers over that of the first fifth (in the
+    order they came back): ~1 when the server keeps up with an open loop's rate, growing with
+    the window when the rate is more than it can answer and the queue builds (overload)."""
+    fifth = len(latencies) // 5
+    if fifth < 1:
+        return None
+    first = statistics.median(latencies[:fifth])
+    return statistics.median(latencies[-fifth:]) / first if first > 0 else None
+
+
 class ServerCpu:
     """CPU seconds (user + system) of a server process and its children, per process."""
 
@@ -456,6 +477,11 @@ async def generate(
     if server_pid is not None:
         result["server_cpu_s"] = server_cpu_s
         result["server_cpu_ms_per_request"] = server_cpu_s / max(1, requests) * 1e3
+        # The server's and this process's CPU against what the machine's cores offered in the
+        # window: near 1, a queue grows whatever the server's code does.
+        result["cpu_busy_fraction"] = (server_cpu_s + result["load_generator_cpu_s"]) / (
+            window * usable_cpus()
+        )
     if rate is not None:
         result.update(
             {
@@ -464,6 +490,7 @@ async def generate(
                 "late_sends": tally.late_sends,
                 "late_send_threshold_ms": LATE_SEND_MS,
                 "max_connections": max_connections,
+                "latency_growth": latency_growth(tally.latencies),
                 **open_stats,
             }
         )

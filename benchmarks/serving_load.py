@@ -434,11 +434,24 @@ def closed_loop_summary(windows: list[dict[str, Any]]) -> dict[str, Any]:
         "load_average_before": first["load_average_before"],
         "load_average_after": windows[-1]["load_average_after"],
     }
-    for key in ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "rps", "server_cpu_ms_per_request"):
+    for key in (
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "mean_ms",
+        "rps",
+        "server_cpu_ms_per_request",
+        "cpu_busy_fraction",
+    ):
         summary[key] = _median(windows, key)
     for key in ("p50_ms", "p99_ms", "rps", "server_cpu_ms_per_request"):
         summary[f"{key}_runs"] = [w[key] for w in windows if w.get(key) is not None]
     return summary
+
+
+OVERLOAD_GROWTH = 5.0
+"""An open-loop window whose last fifth of answers took this many times the first fifth's
+median latency was fed faster than it was answered (``overloaded`` in the summary)."""
 
 
 def open_loop_summary(windows: list[dict[str, Any]], rate_source: str) -> dict[str, Any]:
@@ -461,9 +474,20 @@ def open_loop_summary(windows: list[dict[str, Any]], rate_source: str) -> dict[s
         "max_in_flight": max(w["max_in_flight"] for w in windows),
         "connections_opened": max(w["connections_opened"] for w in windows),
         "server_cpu_ms_per_request": _median(windows, "server_cpu_ms_per_request"),
+        "cpu_busy_fraction": _median(windows, "cpu_busy_fraction"),
+        "latency_growth": _median(windows, "latency_growth"),
         "latency_from": "scheduled send time",
     }
-    for key in ("p50_ms", "p99_ms", "achieved_rps", "late_sends"):
+    worst = max(windows, key=lambda w: w.get("latency_growth") or 0)
+    if (worst.get("latency_growth") or 0) > OVERLOAD_GROWTH:
+        busy = worst.get("cpu_busy_fraction")
+        summary["overloaded"] = (
+            f"latency grew {worst['latency_growth']:.0f}x from the first fifth of a window to "
+            "the last: the rate is more than the machine answers (that window's "
+            f"cpu_busy_fraction {'n/a' if busy is None else f'{busy:.2f}'}); --rate sets a "
+            "lower one"
+        )
+    for key in ("p50_ms", "p99_ms", "achieved_rps", "late_sends", "latency_growth"):
         summary[f"{key}_runs"] = [w[key] for w in windows if w.get(key) is not None]
     return summary
 
@@ -543,6 +567,8 @@ def measure(
         server.stop()
     closed = closed_loop_summary(windows["closed"])
     open_ = open_loop_summary(windows["open"], rate_source)
+    if "overloaded" in open_:
+        _progress(f"open loop at {open_['rate_rps']:.0f} requests/s: {open_['overloaded']}")
     # Every good answer (warm-ups included) logged all its candidates, written by shutdown.
     logged = sum(pq.ParquetFile(p).metadata.num_rows for p in feedback.rglob("part-*.parquet"))
     expected = (closed["answered_total"] + open_["answered_total"]) * candidates

@@ -101,6 +101,9 @@ def test_open_loop_sends_on_schedule_while_answers_are_slow() -> None:
     # The warm-up's sends were answered too (feedback), but are not in the figures.
     assert result["answered_total"] > result["requests"]
     assert result["server_cpu_s"] >= 0 and "server_cpu_ms_per_request" in result
+    assert 0 <= result["cpu_busy_fraction"] < 4
+    # Enough connections: the server keeps up, the latency does not grow over the window.
+    assert result["latency_growth"] < 1.5
 
 
 def test_open_loop_latency_runs_from_the_scheduled_time() -> None:
@@ -110,6 +113,8 @@ def test_open_loop_latency_runs_from_the_scheduled_time() -> None:
     assert result["errors"] == 0 and result["max_in_flight"] == 1
     assert result["late_sends"] > result["requests"] / 2
     assert result["p99_ms"] > 300 and result["max_ms"] >= result["p99_ms"]
+    # The queue builds over the window: the last answers waited far longer than the first.
+    assert result["latency_growth"] > 3
 
 
 def test_closed_loop_clients_wait_for_their_answers() -> None:

@@ -94,6 +94,14 @@ def test_load_windows_give_medians_with_each_window_in_runs() -> None:
     open_ = open_loop_summary([_window("open", 5.0, 6.0, 2.0)], "--rate")
     assert (open_["rate_rps"], open_["achieved_rps"], open_["late_sends"]) == (7.0, 6.0, 1)
     assert open_["p99_ms"] == 15.0 and open_["rate_source"] == "--rate"
+    assert "overloaded" not in open_ and open_["latency_growth"] is None
+    # A window whose answers slowed down as it went was fed more than the server answers.
+    steady = _window("open", 5.0, 6.0, 2.0) | {"latency_growth": 1.1, "cpu_busy_fraction": 0.7}
+    piling = _window("open", 90.0, 5.0, 2.0) | {"latency_growth": 40.0, "cpu_busy_fraction": 0.99}
+    assert "overloaded" not in open_loop_summary([steady], "--rate")
+    overloaded = open_loop_summary([steady, piling], "--rate")
+    assert overloaded["latency_growth_runs"] == [1.1, 40.0]
+    assert "grew 40x" in overloaded["overloaded"] and "0.99" in overloaded["overloaded"]
     figures = spreads({**closed, "open_loop": open_})
     assert figures["p99_ms"] == {"min": 6.0, "median": 9.0, "max": 12.0, "n": 3}
     assert figures["open_loop.achieved_rps"]["n"] == 1
