@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import resource
 import statistics
 import time
@@ -48,6 +47,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import orjson
+
+from benchmarks.provenance import usable_cpus
 
 MODEL_PATH = "/v2/models/preranking/infer"
 LATE_SEND_MS = 5.0
@@ -336,14 +337,6 @@ async def open_loop(
         "connections_opened": pool.opened,
         "max_in_flight": pool.max_in_flight,
     }
-
-
-def usable_cpus() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def latency_growth(latencies: Sequence[float]) -> float | None:

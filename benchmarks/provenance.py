@@ -66,18 +66,24 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
+def usable_cpus() -> int:
+    """Cores this process may run on (its affinity where the OS has one, else every core)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def machine_info() -> dict[str, Any]:
     """What the numbers were measured on."""
     import torch
 
     cuda = torch.cuda.is_available()
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_model": cpu_model(),
         "cpus": os.cpu_count(),
-        "usable_cpus": usable,
+        "usable_cpus": usable_cpus(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda_device": torch.cuda.get_device_name(0) if cuda else None,
