@@ -21,13 +21,17 @@ its time is counted in ``late_sends``.
 
 Requests scheduled (or started) during the warm-up are not counted. With ``--server-pid``, the
 CPU time of that process and its children is sampled at the start and the end of the measured
-window, so ``server_cpu_ms_per_request`` covers the window only.
+window, so ``server_cpu_ms_per_request`` covers the window only, and ``cpu_busy_fraction`` is
+the server's and this process's CPU over the cores' time in the window (near 1: the machine
+is saturated, whatever the server's code does).
 
 It runs in its own process, apart from the server, so the client's CPU time is not the
 server's; a raw asyncio HTTP/1.1 client keeps that CPU time small on a 2-core machine, where
 every cycle the client spends is one the server cannot. The result (JSON) holds ``p50_ms``,
 ``p90_ms``, ``p99_ms``, ``rps``, ``errors`` and the setup (and, open loop, ``rate_rps``,
-``achieved_rps``, ``late_sends``).
+``achieved_rps``, ``late_sends``, ``latency_growth``: the median latency of the window's last
+fifth of answers over its first fifth's, ~1 when the server keeps up, growing when the rate
+is more than it answers).
 """
 
 from __future__ import annotations
