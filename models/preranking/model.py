@@ -392,6 +392,15 @@ class TwoTower(nn.Module):
         return (u * i).sum(-1) + self.bias
 
 
+ITEM_FOLD_MAX_ROWS = 64
+"""Item fields with at most this many codes are folded into the first layer per request by
+:meth:`ColdPreRanker.score_request`: folding a field costs its rows x ``d`` x ``h0`` multiplies
+once per request where its share of the per-candidate product costs candidates x ``d`` x
+``h0``, so below a request's candidate count it is cheaper, and each candidate then fetches one
+row instead. Binned statistics have ~17 codes; an id field with hundreds or more stays in the
+product."""
+
+
 class ColdPreRanker(nn.Module):
     """The pre-ranker in the spirit of COLD, optionally with FSCD's learnable field gates.
 
@@ -453,6 +462,7 @@ class ColdPreRanker(nn.Module):
             )
         self.interaction_linear = nn.Linear(max(1, len(user) * len(item)), h0, bias=False)
         self.mlp = _mlp(h0, config.hidden[1:], 1)
+        self._fold_item_fields(item, [cardinalities[p] for p in item])
         # Gate order = user fields, item fields, cross fields (the order of the parts below).
         self.gate_fields = tuple(field_set[p].name for p in user + item + cross)
         # A buffer when not gated: optimizers (and ZeRO's flattening) never see a frozen param.
@@ -461,6 +471,32 @@ class ColdPreRanker(nn.Module):
             self.gate_logits = nn.Parameter(gate_logits)
         else:
             self.register_buffer("gate_logits", gate_logits)
+
+    def _fold_item_fields(self, positions: list[int], cardinalities: list[int]) -> None:
+        """Which item fields :meth:`score_request` folds per request (their cardinality at most
+        :data:`ITEM_FOLD_MAX_ROWS`) and the item table's rows of each, padded to the largest:
+        ``item_fold_rows [J, C]`` (not saved: rebuilt from the cardinalities)."""
+        folded = [j for j, c in enumerate(cardinalities) if c <= ITEM_FOLD_MAX_ROWS]
+        self.item_folded = tuple(folded)
+        self.item_fold_columns = tuple(positions[j] for j in folded)
+        self.item_unfolded = tuple(j for j in range(len(cardinalities)) if j not in folded)
+        width = max((cardinalities[j] for j in folded), default=1)
+        starts = self.item_embedding.offsets.tolist()
+        rows = [[starts[j] + min(r, cardinalities[j] - 1) for r in range(width)] for j in folded]
+        self.item_fold_width = width
+        self.register_buffer(
+            "item_fold_rows",
+            torch.tensor(rows, dtype=torch.long).reshape(-1, width),
+            persistent=False,
+        )
+        self.register_buffer(
+            "item_fold_index", torch.tensor(folded, dtype=torch.long), persistent=False
+        )
+        self.register_buffer(
+            "item_gemm_index",
+            torch.tensor(self.item_unfolded, dtype=torch.long),
+            persistent=False,
+        )
 
     def keep_probability(self) -> torch.Tensor:
         """``sigmoid(gate_logits)`` in :attr:`gate_fields` order."""
@@ -545,6 +581,40 @@ class ColdPreRanker(nn.Module):
         gc = None if gc is None else gc.expand(cross.shape[0], -1)
         return u, self._side("item", candidate_codes, gi), self._side("cross", cross, gc)
 
+    def _item_part(
+        self, candidate_codes: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor
+    ) -> torch.Tensor:
+        """``[N, h0]``: the item embeddings of ``candidate_codes`` times ``weight [Fi * d, h0]``
+        (the item Linear's with the user's interaction terms added), the hard gates ``gate
+        [1, Fi]`` applied. A field of at most :data:`ITEM_FOLD_MAX_ROWS` codes is folded per
+        request: its table rows times its block of ``weight`` (one batched product of
+        ``[J, C, d] x [J, d, h0]`` for the folded fields), so a candidate fetches its row of
+        ``h0`` finished values; the other fields' embeddings take the ``[N, Fb * d] x [Fb * d,
+        h0]`` product as before."""
+        table = self.item_embedding.table.weight
+        d, h0 = table.shape[1], weight.shape[1]
+        blocks = weight.reshape(len(self.item_index), d, h0)
+        out: torch.Tensor | None = None
+        if self.item_folded:
+            rows = table[self.item_fold_rows]  # [J, C, d]
+            if gate is not None:
+                rows = rows * gate[0, self.item_fold_index].reshape(-1, 1, 1).to(rows.dtype)
+            folded = torch.bmm(rows, blocks[self.item_fold_index]).reshape(-1, h0)  # [J * C, h0]
+            for k, column in enumerate(self.item_fold_columns):
+                code = candidate_codes[:, column] + k * self.item_fold_width
+                part = nn.functional.embedding(code, folded)
+                out = part if out is None else out + part
+        if self.item_unfolded:
+            index = self.item_gemm_index
+            codes = candidate_codes[:, self.item_index[index]] + self.item_embedding.offsets[index]
+            emb = table[codes]  # [N, Fb, d]
+            if gate is not None:
+                emb = emb * gate[:, index].unsqueeze(-1).to(emb.dtype)
+            part = emb.flatten(1) @ blocks[index].reshape(-1, h0)
+            out = part if out is None else out + part
+        assert out is not None
+        return out
+
     def score_request(
         self,
         user_codes: torch.Tensor,
@@ -568,14 +638,21 @@ class ColdPreRanker(nn.Module):
         dozen rows for 1,000 candidates) and each candidate's row among them; the cross side's
         share of the first layer is then computed per key and gathered, and the candidates'
         own cross columns are not read (:func:`cross_keys` builds both from candidate rows).
+
+        Item fields of at most :data:`ITEM_FOLD_MAX_ROWS` codes are folded per request
+        (:meth:`_item_part`): a candidate fetches their rows of the request's first layer
+        instead of multiplying their embeddings.
         """
         if self.training:
             raise RuntimeError("score_request is for serving; call model.eval() first")
         if (cross_codes is None) != (cross_rows is None):
             raise ValueError("score_request takes cross_codes and cross_rows together")
-        u, i, c = self.request_sides(user_codes, candidate_codes, cross_codes)
+        gu, gi, gc = self._split_gates(self._gates(1, None))
+        u = self._side("user", user_codes.reshape(1, -1), gu)
+        cross = candidate_codes if cross_codes is None else cross_codes
+        c = self._side("cross", cross, None if gc is None else gc.expand(cross.shape[0], -1))
         hu = self._user_part(u)
-        fu, fi = u.shape[1], i.shape[1]
+        fu, fi = u.shape[1], len(self.item_index)
         h = hu
         if fi:
             weight = self.item_linear.weight.t()
@@ -583,8 +660,8 @@ class ColdPreRanker(nn.Module):
                 # interaction_linear(u_a . i_b over (a, b)) = i.flatten(1) @ q, q[b * d + k, h]
                 # = sum_a W[h, a * Fi + b] * u[a, k].
                 w = self.interaction_linear.weight.reshape(-1, fu, fi)
-                weight = weight + torch.einsum("hab,ak->bkh", w, u[0]).reshape(fi * i.shape[2], -1)
-            h = h + i.flatten(1) @ weight
+                weight = weight + torch.einsum("hab,ak->bkh", w, u[0]).reshape(fi * u.shape[2], -1)
+            h = h + self._item_part(candidate_codes, gi, weight)
         if c.shape[1]:
             hc = self.cross_linear(c.flatten(1))
             h = h + (hc if cross_rows is None else hc[cross_rows])

@@ -42,7 +42,13 @@ from models.preranking.fscd_phases import (
     gate_noise,
     run_steps,
 )
-from models.preranking.model import ColdPreRanker, DCNTeacher, TwoTower, cross_keys
+from models.preranking.model import (
+    ITEM_FOLD_MAX_ROWS,
+    ColdPreRanker,
+    DCNTeacher,
+    TwoTower,
+    cross_keys,
+)
 from models.preranking.movielens_frame import prior_counts
 from models.preranking.synthetic_data import synthetic_training_frame
 
@@ -140,6 +146,47 @@ def test_score_request_per_cross_key_matches_per_candidate(prepared, gated) -> N
     torch.testing.assert_close(keyed, whole)
     with pytest.raises(ValueError, match="together"):
         model.score_request(user, candidates, cross, None)
+
+
+@pytest.mark.parametrize("drop", [(), ("item_id",), ("item_ctr", "genre")])
+def test_score_request_folds_small_item_fields_per_request(prepared, drop) -> None:
+    """Item fields of at most ITEM_FOLD_MAX_ROWS codes are folded into the first layer per
+    request (one fetched row per candidate), wider ones stay in the product; with any of them
+    gated off the scores still equal the row forward's, and the fold's tables are rebuilt from
+    the cardinalities, not saved."""
+    config = cascade_debug()
+    cards = prepared.encoder.cardinalities()
+    torch.manual_seed(2)
+    model = ColdPreRanker(config.net, ALL_FIELDS, cards, gated=True)
+    item_names = [FIELDS[int(p)].name for p in model.item_index]
+    folded = {item_names[j] for j in model.item_folded}
+    unfolded = {item_names[j] for j in model.item_unfolded}
+    by_name = dict(zip(FIELD_NAMES, cards, strict=True))
+    assert folded == {n for n in item_names if by_name[n] <= ITEM_FOLD_MAX_ROWS}
+    assert "item_id" in unfolded and by_name["item_id"] > ITEM_FOLD_MAX_ROWS
+    assert len(folded) >= 2
+    with torch.no_grad():
+        for name in drop:
+            model.gate_logits[model.gate_fields.index(name)] = -3.0
+    model.eval()
+    assert not any(k.startswith("item_fold") or k == "item_gemm_index" for k in model.state_dict())
+    again = ColdPreRanker(config.net, ALL_FIELDS, cards, gated=True)
+    again.load_state_dict(model.state_dict())
+    again.eval()
+    candidates = prepared.test.codes[:300]
+    rows = candidates.clone()
+    user_cols = [i for i, f in enumerate(FIELDS) if f.kind == "user"]
+    rows[:, user_cols] = candidates[0, user_cols]
+    with torch.no_grad():
+        scored = model.score_request(candidates[0], candidates)
+        torch.testing.assert_close(scored, model(rows))
+        torch.testing.assert_close(again.score_request(candidates[0], candidates), scored)
+        if drop:  # a dropped field's codes change nothing
+            other = candidates.clone()
+            for name in drop:
+                other[:, FIELD_NAMES.index(name)] = 0
+            torch.testing.assert_close(model.score_request(candidates[0], other), scored)
+    assert scored.std() > 1e-4
 
 
 def test_hard_gates_make_dropped_fields_irrelevant(prepared) -> None:
