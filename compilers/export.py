@@ -223,13 +223,6 @@ def package_artifact(
         # Inductor's own FX graph cache would skip the post-grad passes (and their count);
         # this function's package cache already keys on everything that shapes the code.
         "fx_graph_cache": False,
-        # Inductor inlines 1-D constants of up to 8 elements into the generated C++ as chains
-        # of selects on the loop index; a gather through them (a side's field columns and
-        # their table offsets) then copies its rows one scalar at a time. Kept as buffers,
-        # the indices are loads and the rows vector loads: the compile benchmark's FSCD
-        # request scored 10,000 candidates in 1.64 ms against 1.92 ms (1,000: 0.165 against
-        # 0.195; one thread, 2-core AMD EPYC).
-        "always_keep_tensor_constants": True,
         **(inductor_config or {}),
         "aot_inductor.compile_wrapper_opt_level": level,
     }
