@@ -148,12 +148,22 @@ def test_score_request_per_cross_key_matches_per_candidate(prepared, gated) -> N
         model.score_request(user, candidates, cross, None)
 
 
+class _Request(torch.nn.Module):
+    def __init__(self, model: ColdPreRanker) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, user: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        return self.model.score_request(user, candidates)
+
+
 @pytest.mark.parametrize("drop", [(), ("item_id",), ("item_ctr", "genre")])
-def test_score_request_folds_small_item_fields_per_request(prepared, drop) -> None:
-    """Item fields of at most ITEM_FOLD_MAX_ROWS codes are folded into the first layer per
-    request (one fetched row per candidate), wider ones stay in the product; with any of them
-    gated off the scores still equal the row forward's, and the fold's tables are rebuilt from
-    the cardinalities, not saved."""
+def test_traced_score_request_folds_small_item_fields(prepared, drop) -> None:
+    """Traced, item fields of at most ITEM_FOLD_MAX_ROWS codes are folded into the first layer
+    per request (a batched product of their table rows, then one fetched row per candidate),
+    wider ones stay in the product; with any of them gated off the traced request still scores
+    as the row forward and the eager request. The fold's tables are rebuilt from the
+    cardinalities, not saved."""
     config = cascade_debug()
     cards = prepared.encoder.cardinalities()
     torch.manual_seed(2)
@@ -172,20 +182,21 @@ def test_score_request_folds_small_item_fields_per_request(prepared, drop) -> No
     assert not any(k.startswith("item_fold") or k == "item_gemm_index" for k in model.state_dict())
     again = ColdPreRanker(config.net, ALL_FIELDS, cards, gated=True)
     again.load_state_dict(model.state_dict())
-    again.eval()
     candidates = prepared.test.codes[:300]
     rows = candidates.clone()
     user_cols = [i for i, f in enumerate(FIELDS) if f.kind == "user"]
     rows[:, user_cols] = candidates[0, user_cols]
     with torch.no_grad():
-        scored = model.score_request(candidates[0], candidates)
+        traced = torch.export.export(_Request(again.eval()), (candidates[0], candidates))
+        assert any(n.target == torch.ops.aten.bmm.default for n in traced.graph.nodes)
+        scored = traced.module()(candidates[0], candidates)
         torch.testing.assert_close(scored, model(rows))
-        torch.testing.assert_close(again.score_request(candidates[0], candidates), scored)
+        torch.testing.assert_close(scored, model.score_request(candidates[0], candidates))
         if drop:  # a dropped field's codes change nothing
             other = candidates.clone()
             for name in drop:
                 other[:, FIELD_NAMES.index(name)] = 0
-            torch.testing.assert_close(model.score_request(candidates[0], other), scored)
+            torch.testing.assert_close(traced.module()(candidates[0], other), scored)
     assert scored.std() > 1e-4
 
 
