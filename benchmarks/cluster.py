@@ -161,6 +161,9 @@ def online_store_keys(settings: Settings) -> tuple[str, int | None]:
         client.close()
 
 
+MATERIALIZE_DS = "2026-10-01"
+"""The partition the materialization figure loads: not one the pipeline runs build (:data:`DS`,
+:data:`FAULTS_DS` and their history), whose ``user_cat`` partitions the first run has written."""
 MATERIALIZE_ROWS = 200_000
 MATERIALIZE_FILES = 4
 
@@ -173,7 +176,6 @@ def materialize_on_cluster(
     by the ``spark`` engine on the standalone master's executors. ``materialize_rows_per_s`` is
     feature rows per second of the Spark job (scan included, Feast's apply excluded);
     ``materialize_workers`` the standalone workers whose executors wrote rows."""
-    from benchmarks.online_materialize import DS as PAIR_DS
     from benchmarks.online_materialize import PAIR, write_pair_partition
     from cascade.feature_store import materialize_cross
     from cascade.lake import Lake
@@ -181,11 +183,11 @@ def materialize_on_cluster(
     from jobs import ctr_cross_stats as job
     from jobs.online_materialize import SparkViewLoader
 
-    write_pair_partition(Lake(settings.lake_root), rows, files)
+    write_pair_partition(Lake(settings.lake_root), rows, files, ds=MATERIALIZE_DS)
     spark = job.build_session(settings, app="cascade.bench.cluster.materialize")
     try:
         loaded = materialize_cross(
-            PAIR_DS,
+            MATERIALIZE_DS,
             settings=settings,
             source="generated",
             pairs=[PAIR],

@@ -48,10 +48,11 @@ DS = "2026-11-22"
 PAIR = "user_cat"
 
 
-def write_pair_partition(lake: Lake, rows: int, files: int, seed: int = 7) -> Path:
-    """``rows`` distinct ``user_cat`` keys with the job's feature columns, in ``files`` files."""
+def write_pair_partition(lake: Lake, rows: int, files: int, seed: int = 7, ds: str = DS) -> Path:
+    """``rows`` distinct ``user_cat`` keys with the job's feature columns, in ``files`` files,
+    as partition ``ds`` (refused when that partition exists)."""
     pair = next(p for p in job.CrossStatsConfig().pairs if p.name == PAIR)
-    where = job.CrossLake(lake, "generated").pair(pair, DS)
+    where = job.CrossLake(lake, "generated").pair(pair, ds)
     where.mkdir(parents=True)
     rng = np.random.default_rng(seed)
     for part, ids in enumerate(np.array_split(np.arange(rows), files)):
@@ -59,7 +60,7 @@ def write_pair_partition(lake: Lake, rows: int, files: int, seed: int = 7) -> Pa
         columns: dict[str, pa.Array] = {
             "user_id": pa.array(ids // 20, pa.int64()),
             "item_category": pa.array([f"cat-{i % 20}" for i in ids]),
-            job.TIMESTAMP: pa.array([job.ds_midnight(DS)] * n, pa.timestamp("us", tz="UTC")),
+            job.TIMESTAMP: pa.array([job.ds_midnight(ds)] * n, pa.timestamp("us", tz="UTC")),
         }
         for column in job.feature_columns(pair, (1, 7, 30)):
             gone = rng.random(n) < 0.15

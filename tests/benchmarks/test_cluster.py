@@ -56,3 +56,21 @@ def test_a_training_node_is_killed_only_after_the_retry_checkpointed(tmp_path: P
     assert not cluster._checkpointed_since_resume(settings, cluster.FAULTS_DS)
     assert cluster.resumes(settings, cluster.FAULTS_DS) == ["select@100", "select@150"]
     assert cluster.last_checkpoint(settings, cluster.FAULTS_DS) == "select@150"
+
+
+def test_the_materialization_partition_is_not_one_the_pipeline_runs_build(tmp_path: Path) -> None:
+    """The cluster benchmark loads its synthetic ``user_cat`` partition after a pipeline run
+    that wrote the real one of ``DS``: the two must not share a path (it failed with "File
+    exists" when they did), and an existing partition is never overwritten."""
+    import pytest
+
+    from benchmarks.online_materialize import write_pair_partition
+    from cascade.lake import Lake
+
+    assert cluster.MATERIALIZE_DS not in (cluster.DS, cluster.FAULTS_DS)
+    lake = Lake(tmp_path)
+    written = write_pair_partition(lake, 40, 2, ds=cluster.MATERIALIZE_DS)
+    assert f"dt={cluster.MATERIALIZE_DS}" in str(written) and len(list(written.iterdir())) == 2
+    write_pair_partition(lake, 40, 2, ds=cluster.DS)  # the pipeline's day: another path
+    with pytest.raises(FileExistsError):
+        write_pair_partition(lake, 40, 2, ds=cluster.DS)
