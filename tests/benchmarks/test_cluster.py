@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks import cluster
+from benchmarks.online_materialize import write_pair_partition
 from cascade.config import load_settings
 from cascade.data_services import spark_event_dir
+from cascade.lake import Lake
 from infra.spark_standalone import worker_dir
 
 
@@ -62,11 +66,6 @@ def test_the_materialization_partition_is_not_one_the_pipeline_runs_build(tmp_pa
     """The cluster benchmark loads its synthetic ``user_cat`` partition after a pipeline run
     that wrote the real one of ``DS``: the two must not share a path (it failed with "File
     exists" when they did), and an existing partition is never overwritten."""
-    import pytest
-
-    from benchmarks.online_materialize import write_pair_partition
-    from cascade.lake import Lake
-
     assert cluster.MATERIALIZE_DS not in (cluster.DS, cluster.FAULTS_DS)
     lake = Lake(tmp_path)
     written = write_pair_partition(lake, 40, 2, ds=cluster.MATERIALIZE_DS)
