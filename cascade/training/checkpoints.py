@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from cascade.training.launch import collective_device
+
 CHECKPOINTS = "checkpoints"
 """Folder under a run folder with the DeepSpeed checkpoints of an unfinished run."""
 
@@ -59,8 +61,11 @@ def agreed_on_every_rank(answer: bool, question: str) -> bool:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return answer
     node = int(os.environ.get("GROUP_RANK", "0"))
-    answers = [torch.zeros(2, dtype=torch.int64) for _ in range(dist.get_world_size())]
-    dist.all_gather(answers, torch.tensor([int(answer), node], dtype=torch.int64))
+    device = collective_device()  # NCCL gathers GPU tensors only
+    answers = [
+        torch.zeros(2, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())
+    ]
+    dist.all_gather(answers, torch.tensor([int(answer), node], dtype=torch.int64, device=device))
     found = [(bool(yes), int(node)) for yes, node in (t.tolist() for t in answers)]
     if len({yes for yes, _ in found}) == 1:
         return answer

@@ -78,6 +78,26 @@ def rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+def collective_device() -> torch.device:
+    """Where a collective's tensors must live: this process's GPU when the process group runs
+    NCCL (which has no CPU transport: a CPU tensor there raises), else the CPU (gloo)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduced(values: torch.Tensor) -> torch.Tensor:
+    """``values`` summed over every rank, on the CPU (``values`` itself outside a process group
+    of several). The reduction runs on :func:`collective_device`, so CPU-side figures (losses,
+    counts) reduce under NCCL too."""
+    _, world = rank_world()
+    if world == 1:
+        return values
+    reduced = values.to(collective_device())
+    dist.all_reduce(reduced)
+    return reduced.cpu()
+
+
 def torch_extensions_dir(env: dict[str, str]) -> str:
     """A stable cache outside CASCADE_HOME, one per virtual environment and ninja.
 

@@ -128,6 +128,15 @@ class Batch:
     """Concatenated target ids (CTC's 1-d form)."""
     target_lengths: torch.Tensor
 
+    def to(self, device: torch.device | str) -> Batch:
+        """The batch on ``device`` (the training engine's)."""
+        return Batch(
+            features=self.features.to(device),
+            lengths=self.lengths.to(device),
+            targets=self.targets.to(device),
+            target_lengths=self.target_lengths.to(device),
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class Augmentation:

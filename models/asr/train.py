@@ -66,7 +66,12 @@ from cascade.training.crash_points import crash_if_due, crash_point
 from cascade.training.curves import CURVES_DIR, CurveLog
 from cascade.training.deepspeed_config import deepspeed_config as build_deepspeed_config
 from cascade.training.deepspeed_config import warmup_decay_scheduler
-from cascade.training.launch import init_distributed, launch_for_result, rank_world
+from cascade.training.launch import (
+    all_reduced,
+    init_distributed,
+    launch_for_result,
+    rank_world,
+)
 from cascade.training.resumable_run import (
     RUN_MARKER,
     TrackingUnavailable,
@@ -187,7 +192,7 @@ def run_steps(
             rng,
             config.augmentation,
             spec_augment=config.spec_augment,
-        )
+        ).to(engine.device)
         if before_step is not None:
             before_step(step)
         loss, parts = loss_of(batch)
@@ -198,9 +203,7 @@ def run_steps(
         window.append(float(loss.detach()))
         if step % config.log_every == 0 or step == plan.steps:
             values = torch.tensor([float(np.mean(window)), *parts.values()], dtype=torch.float64)
-            if world > 1:
-                dist.all_reduce(values)
-            values /= world
+            values = all_reduced(values) / world
             log(
                 step,
                 {"loss": values[0].item()} | dict(zip(parts, values[1:].tolist(), strict=True)),
@@ -256,6 +259,8 @@ def train_phase(
         model_parameters=[p for p in model.parameters() if p.requires_grad],
         config=deepspeed_config(config, lr=plan.lr, steps=plan.steps),
     )
+    if teacher is not None:
+        teacher.to(engine.device)  # the engine moved the student there
     ckpt_dir = out / CHECKPOINTS / plan.name
     start = resume_step(engine, ckpt_dir)
     if start and rank == 0:

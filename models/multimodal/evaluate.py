@@ -54,11 +54,15 @@ def embed(
     """Image and text embeddings of every pair (eval mode)."""
     was_training = model.training
     model.eval()
+    device = model.logit_scale.device
     images, texts = [], []
     for start in range(0, len(pairs), batch):
-        out = model(pairs.images[start : start + batch], pairs.tokens[start : start + batch])
-        images.append(out.image_embedding)
-        texts.append(out.text_embedding)
+        out = model(
+            pairs.images[start : start + batch].to(device),
+            pairs.tokens[start : start + batch].to(device),
+        )
+        images.append(out.image_embedding.float().cpu())
+        texts.append(out.text_embedding.float().cpu())
     model.train(was_training)
     return torch.cat(images), torch.cat(texts)
 

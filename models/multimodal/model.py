@@ -335,7 +335,8 @@ class ImageTextTransformer(nn.Module):
                 f"images must be (B, {self.config.image_size}, {self.config.image_size}, 3), "
                 f"got {tuple(images.shape)}"
             )
-        x = images.float().div(127.5).sub(1.0)
+        # In the parameters' dtype: under bf16 training the engine casts them, not the input.
+        x = images.float().div(127.5).sub(1.0).to(self.patch_embed.weight.dtype)
         x = x.view(b, h // p, p, w // p, p, c).permute(0, 1, 3, 2, 4, 5)
         return x.reshape(b, (h // p) * (w // p), p * p * c)
 
@@ -355,7 +356,7 @@ class ImageTextTransformer(nn.Module):
         image_vec = x[:, :n_patch].mean(dim=1)
         # The text embedding is the last real token (EOS) of the text-only copy.
         last = (tokens != PAD).sum(dim=1).clamp(min=1) - 1
-        text_vec = x[torch.arange(x.shape[0]), n_patch + last]
+        text_vec = x[torch.arange(x.shape[0], device=x.device), n_patch + last]
         logits = x[:, n_patch + n_tok :] @ self.token_embed.weight.T
         return Outputs(
             image_embedding=F.normalize(self.image_proj(image_vec), dim=-1),

@@ -63,7 +63,12 @@ from cascade.training.crash_points import crash_if_due, crash_point
 from cascade.training.curves import CURVES_DIR, CurveLog
 from cascade.training.deepspeed_config import deepspeed_config as build_deepspeed_config
 from cascade.training.deepspeed_config import warmup_decay_scheduler
-from cascade.training.launch import init_distributed, launch_for_result, rank_world
+from cascade.training.launch import (
+    all_reduced,
+    init_distributed,
+    launch_for_result,
+    rank_world,
+)
 from cascade.training.resumable_run import RUN_MARKER, failed_on_error, open_resumable_run
 from models.multimodal.config_registry import CONFIGS, MultimodalTrainConfig, get_config
 from models.multimodal.model import ImageTextTransformer, objective, parameter_counts
@@ -210,9 +215,9 @@ class RoutingWindow:
         """Per layer, over all ranks: load CV (mean over prototype groups) and dropped share."""
         if not self.layers:
             return {}
-        flat = torch.cat([c.flatten() for c in self.counts] + [self.dropped, self.routed])
-        if world > 1:
-            dist.all_reduce(flat)
+        flat = all_reduced(
+            torch.cat([c.flatten() for c in self.counts] + [self.dropped, self.routed])
+        )
         values: dict[str, float] = {}
         offset = 0
         for i, counts in enumerate(self.counts):
@@ -255,8 +260,8 @@ def run_steps(
     while step < stop_step:
         index = torch.from_numpy(step_batch(len(data), config, step, rank, world))
         torch.manual_seed(config.seed * 1_000_003 + step * world + rank)  # gate noise, dropout
-        tokens = data.tokens[index]
-        out = engine(data.images[index], tokens)
+        tokens = data.tokens[index].to(engine.device)
+        out = engine(data.images[index].to(engine.device), tokens)
         loss, parts = objective(module, out, tokens)
         engine.backward(loss)
         engine.step()
@@ -265,10 +270,7 @@ def run_steps(
         progress.update()
         window.append([float(loss.detach()), *parts.values()])
         if log is not None and (step % config.log_every == 0 or step == stop_step):
-            values = torch.tensor(np.mean(window, axis=0), dtype=torch.float64)
-            if world > 1:
-                dist.all_reduce(values)
-            values /= world
+            values = all_reduced(torch.tensor(np.mean(window, axis=0), dtype=torch.float64)) / world
             log(
                 step,
                 dict(zip(("loss", *parts), values.tolist(), strict=True)) | routing.summary(world),

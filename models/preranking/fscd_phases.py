@@ -25,7 +25,7 @@ from cascade.training.checkpoints import (
 )
 from cascade.training.crash_points import crash_if_due, crash_point
 from cascade.training.deepspeed_config import deepspeed_config as build_deepspeed_config
-from cascade.training.launch import rank_world
+from cascade.training.launch import all_reduced, rank_world
 from models.preranking.config_registry import CascadeTrainConfig
 from models.preranking.fields import FIELDS, FieldSet
 from models.preranking.fscd_data import Prepared
@@ -260,9 +260,7 @@ def run_steps(
         step += 1
         progress.update()
         if log is not None and step % config.log_every == 0:
-            value = torch.tensor([loss.item()], dtype=torch.float64)
-            if world > 1:
-                dist.all_reduce(value)
+            value = all_reduced(torch.tensor([loss.item()], dtype=torch.float64))
             log(step, value.item() / world)
         if checkpoint is not None and step % config.checkpoint_every == 0 and step < total:
             checkpoint(step)

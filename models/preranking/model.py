@@ -683,10 +683,14 @@ def cross_keys(
     candidate's row among them (K = 1 when the model has no cross field)."""
     index = model.cross_index
     n, width = candidate_codes.shape
+    device = candidate_codes.device  # the request's: the model's on a GPU
     if not len(index):
-        return torch.zeros(1, width, dtype=candidate_codes.dtype), torch.zeros(n, dtype=torch.long)
+        return (
+            torch.zeros(1, width, dtype=candidate_codes.dtype, device=device),
+            torch.zeros(n, dtype=torch.long, device=device),
+        )
     keys, rows = torch.unique(candidate_codes[:, index], dim=0, return_inverse=True)
-    cross = torch.zeros(keys.shape[0], width, dtype=candidate_codes.dtype)
+    cross = torch.zeros(keys.shape[0], width, dtype=candidate_codes.dtype, device=device)
     cross[:, index] = keys
     return cross, rows.reshape(-1)
 

@@ -360,8 +360,7 @@ def train(config: TrainConfig, *, data: Path, out: Path, ds: str) -> dict[str, A
             step += 1
             progress.update()
             if step % config.log_every == 0:
-                mean = torch.tensor([loss.item()], dtype=torch.float64)
-                dist.all_reduce(mean)
+                mean = launching.all_reduced(torch.tensor([loss.item()], dtype=torch.float64))
                 value = mean.item() / world
                 if rank == 0:
                     print(f"[train] epoch={epoch} step={step} loss={value:.4f}", flush=True)

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from cascade.config import REPO_ROOT, Settings
 from cascade.training.launch import (
+    all_reduced,
+    collective_device,
     extension_build_env,
     run_torchrun,
     torch_extensions_dir,
@@ -165,3 +168,9 @@ def test_killing_a_node_refuses_outside_a_launcher() -> None:
     )
     assert "needs a worker started by torch.distributed.run" in done.stderr
     assert done.stdout.strip() == "exit=1"
+
+
+def test_collectives_outside_a_process_group_stay_on_the_cpu_untouched() -> None:
+    values = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    assert collective_device() == torch.device("cpu")
+    assert all_reduced(values) is values
