@@ -24,6 +24,7 @@ COMMANDS = (
     "cascade step training_set --pipeline ctr_preranking",  # one partition, step by step
     "python -m benchmarks.online_materialize ",  # online-store engines side by side
     "python -m benchmarks.online_sqlite ",  # the SQLite layouts side by side
+    "python -m benchmarks.gpu_check ",  # DeepSpeed over NCCL and Inductor on a CUDA machine
 )
 NOT_MEASURED = {
     "plain line at each 10%": "progress lines are printed at each tenth of the work",
