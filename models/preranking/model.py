@@ -573,13 +573,21 @@ class ColdPreRanker(nn.Module):
         scaled by the hard gates (eval mode), the user's once; the cross side's of
         ``cross_codes [K, F]`` when given (one row per distinct cross key), else of the
         candidates'."""
+        cross = candidate_codes if cross_codes is None else cross_codes
+        u, c, gi = self._user_and_cross(user_codes, cross)
+        gi = None if gi is None else gi.expand(candidate_codes.shape[0], -1)
+        return u, self._side("item", candidate_codes, gi), c
+
+    def _user_and_cross(
+        self, user_codes: torch.Tensor, cross: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(u [1, Fu, d], c [K, Fc, d], gi [1, Fi] | None)``: a request's user side and the
+        cross side of ``cross [K, F]``, scaled by the hard gates, and the item side's gates,
+        left to the caller (:meth:`score_request` takes the item embeddings its own way)."""
         gu, gi, gc = self._split_gates(self._gates(1, None))
         u = self._side("user", user_codes.reshape(1, -1), gu)
-        n = candidate_codes.shape[0]
-        gi = None if gi is None else gi.expand(n, -1)
-        cross = candidate_codes if cross_codes is None else cross_codes
-        gc = None if gc is None else gc.expand(cross.shape[0], -1)
-        return u, self._side("item", candidate_codes, gi), self._side("cross", cross, gc)
+        c = self._side("cross", cross, None if gc is None else gc.expand(cross.shape[0], -1))
+        return u, c, gi
 
     def _item_part(
         self, candidate_codes: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor
@@ -650,10 +658,8 @@ class ColdPreRanker(nn.Module):
             raise RuntimeError("score_request is for serving; call model.eval() first")
         if (cross_codes is None) != (cross_rows is None):
             raise ValueError("score_request takes cross_codes and cross_rows together")
-        gu, gi, gc = self._split_gates(self._gates(1, None))
-        u = self._side("user", user_codes.reshape(1, -1), gu)
         cross = candidate_codes if cross_codes is None else cross_codes
-        c = self._side("cross", cross, None if gc is None else gc.expand(cross.shape[0], -1))
+        u, c, gi = self._user_and_cross(user_codes, cross)
         hu = self._user_part(u)
         fu, fi = u.shape[1], len(self.item_index)
         h = hu
