@@ -57,6 +57,7 @@ from kserve.errors import (
 from kserve.logging import KSERVE_LOG_CONFIG, configure_logging
 from kserve.model import BaseKServeModel
 from kserve.protocol.rest.server import RESTServer
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from cascade.allocator import keep_freed_memory
 from cascade.config import Settings, load_settings
@@ -270,6 +271,7 @@ class LocalModelServer(ModelServer):
             request_log=self.request_log,
         )
         self._rest_server.config.host = self.host
+        self._rest_server.config.http = CoalescingHttpToolsProtocol
         if routes and not self.request_log:
             # With request logging on, the infer route stays inside the app, where KServe's
             # timing middleware and the access log see it.
@@ -431,6 +433,79 @@ class SharedListener:
     @property
     def port(self) -> int:
         return int(self.sock.getsockname()[1])
+
+
+class CoalescingTransport:
+    """A connection's transport whose write is held until the next write or the end of the
+    event loop's turn, whichever comes first, so that two writes in a row leave in one send.
+
+    uvicorn writes a response's status line and headers, then its body, in two sends; over
+    loopback each send runs the peer's TCP receive and wakes it, so a 1,000-score answer
+    cost two wake-ups of the client and two system calls where one does. Everything but
+    ``write`` (and closing, which sends what is held first) goes to the real transport.
+    """
+
+    __slots__ = ("_transport", "_loop", "_held", "_flush_handle")
+
+    def __init__(self, transport: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self._flush_handle: asyncio.Handle | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        held = self._held
+        if held is None:
+            self._held = bytes(data)
+            self._flush_handle = self._loop.call_soon(self.flush)
+            return
+        self._held = None
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self._transport.write(held + bytes(data))
+
+    def writelines(self, chunks: Any) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
+    def flush(self) -> None:
+        """Send what is held now."""
+        held, self._held = self._held, None
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + len(self._held or b"")
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held = None
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class CoalescingHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol writing through a :class:`CoalescingTransport`: a response's
+    headers and its whole body leave in one send."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
 
 
 class BalancedServer(uvicorn.Server):
