@@ -39,10 +39,11 @@ The local profile names it in ``features/profiles/local/feature_store.yaml``::
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -250,6 +251,15 @@ def pack_protos(
     ]
 
 
+@functools.lru_cache(maxsize=512)
+def _select_keys(table: str, count: int) -> str:
+    """The query of ``count`` keys' rows of packed table ``table``."""
+    return (
+        f"SELECT entity_key, event_ts, payload FROM {_quote_id(table)} "
+        f"WHERE entity_key IN ({','.join('?' * count)})"
+    )
+
+
 _KEY_HEADERS = {
     "INT64": (struct.pack("<II", 4, 8), "<q"),
     "INT32": (struct.pack("<II", 3, 4), "<i"),
@@ -263,25 +273,47 @@ def serialize_keys(
     """Feast's ``serialize_entity_key`` (version 3) of each row of values in ``names`` order
     (``key_types``: Feast value type name per join key, INT64 / INT32 / STRING), built from
     fixed parts for a handful of keys per request; None for a row with a missing value."""
-    order = sorted(range(len(names)), key=lambda i: names[i])
-    prefix = serialize_entity_key_prefix([names[i] for i in order], 3)
-    kinds = [key_types[names[i]] for i in order]
+    prefix, order = _key_layout(tuple(names), tuple(key_types[name] for name in names))
     out: list[bytes | None] = []
     for row in rows:
         parts = [prefix]
-        for i, kind in zip(order, kinds, strict=True):
+        for i, encode in order:
             value = row[i]
             if value is None:
                 parts = []
                 break
-            if kind == "STRING":
-                encoded = str(value).encode("utf8")
-                parts += [_STRING_CODE, struct.pack("<I", len(encoded)), encoded]
-            else:
-                header, code = _KEY_HEADERS[kind]
-                parts += [header, struct.pack(code, int(value))]
+            parts.append(encode(value))
         out.append(b"".join(parts) if parts else None)
     return out
+
+
+def _encode_string(value: Any) -> bytes:
+    encoded = str(value).encode("utf8")
+    return _STRING_CODE + struct.pack("<I", len(encoded)) + encoded
+
+
+def _integer_encoder(kind: str) -> Callable[[Any], bytes]:
+    header, code = _KEY_HEADERS[kind]
+    pack = struct.Struct(code).pack
+
+    def encode(value: Any) -> bytes:
+        return header + pack(int(value))
+
+    return encode
+
+
+@functools.lru_cache(maxsize=256)
+def _key_layout(
+    names: tuple[str, ...], kinds: tuple[str, ...]
+) -> tuple[bytes, tuple[tuple[int, Callable[[Any], bytes]], ...]]:
+    """``(prefix, ((position in a row, encoder), ...))`` of keys of ``names`` (their Feast value
+    types ``kinds``): Feast's version 3 orders the key's columns by name, after a prefix naming
+    them. Built once per key layout (a server reads the same few views on every request)."""
+    order = sorted(range(len(names)), key=lambda i: names[i])
+    prefix = serialize_entity_key_prefix([names[i] for i in order], 3)
+    return prefix, tuple(
+        (i, _encode_string if kinds[i] == "STRING" else _integer_encoder(kinds[i])) for i in order
+    )
 
 
 @dataclass(frozen=True)
@@ -474,17 +506,12 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
             if not exists:  # nothing written yet (or applied without this store's update)
                 return found
             self._tables.add(table_name)
-        name = _quote_id(table_name)
         unique = list(dict.fromkeys(k for k in keys if k is not None))
         for start in range(0, len(unique), 500):
             chunk = unique[start : start + 500]
-            rows = conn.execute(
-                f"SELECT entity_key, event_ts, payload FROM {name} "
-                f"WHERE entity_key IN ({','.join('?' * len(chunk))})",
-                chunk,
-            )
-            for key, event, payload in rows:
-                found[bytes(key)] = (int(event), bytes(payload))
+            rows = conn.execute(_select_keys(table_name, len(chunk)), chunk)
+            # BLOB and INTEGER columns come back as bytes and int.
+            found.update({key: (event, payload) for key, event, payload in rows})
         return found
 
     # --- the fast read ------------------------------------------------------------------------
