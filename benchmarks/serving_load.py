@@ -326,12 +326,12 @@ def torch_threads_from_metrics(text: str) -> dict[str, int]:
 
 def served_backend(log: str) -> str:
     """How the server's log says it scores: ``compiled`` (the version's AOTInductor package),
-    ``eager`` (an FSCD pre-ranker without a usable package) or ``eager-shared`` (a PreRanker)."""
+    ``eager`` (without a usable package), ``unknown`` when the log says neither."""
     if "scoring with its compiled package" in log:
         return "compiled"
     if "scoring with eager PyTorch" in log:
         return "eager"
-    return "eager-shared"
+    return "unknown"
 
 
 OPEN_LOOP_FRACTION = 0.7

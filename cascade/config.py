@@ -425,8 +425,8 @@ class Settings:
     preranking_model: Literal["fscd", "mlp"] = setting("fscd", group="Training runtime")
     """What the ``ctr_preranking`` train step trains: ``fscd``, the ranking cascade whose
     FSCD-selected ColdPreRanker is deployed (``models.preranking.cascade_train``), or ``mlp``,
-    the dense-feature PreRanker (``models.preranking.train``), which the compile step can
-    package with AOTInductor."""
+    the dense-feature PreRanker (``models.preranking.train``) on a MovieLens-shaped training
+    set, which the compile step can package with AOTInductor and the server refuses to serve."""
     registered_model: str = setting("preranking", group="Promotion")
     """Name of the pre-ranking model in the MLflow registry."""
     promotion_tolerance: float = setting(0.005, group="Promotion", ge=0, lt=1)

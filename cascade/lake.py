@@ -7,8 +7,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-CTR_VIEWS = ("user", "item", "user_genre")
-
 TRAINING_PROVENANCE = "training.json"
 """Written beside an engine-built training set's ``data.parquet``: the feature source it was
 built from, its days and row counts (the trainer records the source with its run)."""
@@ -37,15 +35,6 @@ class Lake:
     """Paths under the lake root; nothing here touches the disk."""
 
     root: Path
-
-    def ctr_view_root(self, view: str) -> Path:
-        """All partitions of one CTR feature view (the Feast source reads this folder)."""
-        if view not in CTR_VIEWS:
-            raise ValueError(f"unknown CTR view {view!r}; one of {CTR_VIEWS}")
-        return self.root / "features" / "ctr" / view
-
-    def ctr_features(self, view: str, ds: str) -> Path:
-        return self.ctr_view_root(view) / f"dt={check_ds(ds)}"
 
     def ctr_catalogue_root(self, source: str) -> Path:
         """Every partition of the cross-statistics engine's item catalogue of ``source``."""

@@ -1,5 +1,5 @@
-"""The FSCD ColdPreRanker scored by its compiled AOTInductor package, behind the same call
-as the eager :class:`models.preranking.model.ColdSharedScorer`."""
+"""The FSCD ColdPreRanker scored one user x N candidates per request: by its compiled
+AOTInductor package, or eagerly by the network's own request call behind the same scorer."""
 
 from __future__ import annotations
 
@@ -9,12 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from cascade.ctr_schema import ITEM_FEATURES, USER_FEATURES, USER_GENRE_FEATURES
 from models.preranking.fields import FieldEncoder
-from models.preranking.model import ColdPreRanker, ColdSharedScorer, request_fields
+from models.preranking.model import ColdPreRanker, request_fields
 from serving.online_fields import KeyedColumn
-
-_USER_INDEX = {name: j for j, name in enumerate(USER_FEATURES)}
 
 
 def eager_run(model: ColdPreRanker) -> Callable[..., torch.Tensor]:
@@ -38,25 +35,24 @@ class CompiledColdScorer:
     """A ColdPreRanker's AOTInductor package (:func:`compilers.preranking.compile_cold_preranking`:
     one user's codes ``[1, F]``, N candidates' codes ``[N, F]``, the codes of the request's K
     distinct cross keys ``[K, F]`` and each candidate's key ``[N]`` in, logits out; F: the
-    model's field set) behind the same call as :class:`ColdSharedScorer`.
+    model's field set). With :func:`eager_run` as ``run`` it is the eager scorer of the model.
 
-    The item fields of every table item are encoded once per version (a ``[M + 1, F]`` code
-    table, the last row for an item not in the table: every item field unknown but its id);
-    per request the user fields are encoded once and the candidates' rows gathered from the
-    table. The cross fields are encoded once per key of their source (a genre of the request,
-    a key of the view read online; one per candidate only for values the request carries),
-    the candidates' combinations of those keys deduplicated, and the network computes its
-    cross side once per combination (1,000 candidates of one user: a few dozen). Only the
-    fields the network reads are encoded; the package ignores the other columns. A package
-    built with the earlier two-input signature still loads: its candidates' rows then carry
-    their cross codes.
+    The item fields of every table item (its id, its genre, the columns of the item table) are
+    encoded once per version (a ``[M + 1, F]`` code table, the last row for an item not in the
+    table: every item field unknown but its id); per request the user fields are encoded once
+    and the candidates' rows gathered from the table. The cross fields are encoded once per key
+    of their source (a key of the view read online; one per candidate only for values the
+    request carries), the candidates' combinations of those keys deduplicated, and the network
+    computes its cross side once per combination (1,000 candidates of one user: a few dozen).
+    Only the fields the network reads are encoded; the package ignores the other columns. A
+    package built with the earlier two-input signature still loads: its candidates' rows then
+    carry their cross codes.
 
-    Fields outside the default contract (:func:`models.preranking.model.request_fields`, e.g.
-    cross statistics of the field set) come with each request in ``extra``: ``{name: values}``,
-    one value for a user field, one per candidate otherwise (NaN: unknown); an item field the
-    item table holds (``item_columns``: read once per version) is encoded with the table's
-    items instead, and ``extra`` may still override it. With :func:`eager_run` as ``run`` this
-    is the eager scorer of such a model.
+    Fields beyond the ids (:func:`models.preranking.model.request_fields`: the statistics of
+    the field set) come with each request in ``extra``: ``{name: values}``, one value for a
+    user field, one per candidate otherwise (NaN: unknown), or per distinct key in ``keyed``;
+    an item field the item table holds (``item_columns``: read once per version) is encoded
+    with the table's items instead, and ``extra`` may still override it.
     """
 
     PARITY_ATOL = 1e-4
@@ -70,7 +66,7 @@ class CompiledColdScorer:
         item_ids: np.ndarray,
         item_dense: np.ndarray,
         item_genres: Sequence[str | None],
-        item_columns: Sequence[str] = ITEM_FEATURES,
+        item_columns: Sequence[str] = (),
     ) -> None:
         """``item_dense [M, len(item_columns)]``: the table's values of ``item_columns``."""
         self.run = run
@@ -86,22 +82,17 @@ class CompiledColdScorer:
         self.table_fields = frozenset(
             name for name, kind in outside.items() if kind == "item" and name in item_columns
         )
-        """Fields outside the default contract whose codes come from the item table."""
+        """Fields beyond the ids whose codes come from the item table."""
         self.request_fields = {n: k for n, k in outside.items() if n not in self.table_fields}
         """``{name: kind}`` of the fields every request must carry in ``extra``."""
         self._extra = [(name, field_set.position(name), kind) for name, kind in outside.items()]
         self._numeric = frozenset(n for n in outside if n in encoder.edges)
         """Extra fields encoded by edges (numbers), several at once per request."""
-        self._user = [
-            (field_set[p].name, p)
-            for p in model.user_index.tolist()
-            if field_set[p].name not in self.request_fields
-        ]
-        self._cross = [
-            (field_set[p].name, p)
-            for p in model.cross_index.tolist()
-            if field_set[p].name not in self.request_fields
-        ]
+        self._user_id_position = next(
+            (p for p in model.user_index.tolist() if field_set[p].name == "user_id"), None
+        )
+        """The column of the request's user id, when the network reads it (its only user field
+        that is not a request field)."""
         item_ids = np.asarray(item_ids, dtype=np.int64)
         dense = np.asarray(item_dense)
         if dense.dtype.kind != "f":
@@ -121,35 +112,30 @@ class CompiledColdScorer:
         self._keyed_cross = getattr(run, "inputs", 4) == 4
         """The package takes the cross side per key (``cross_codes``, ``cross_rows``); a
         package built before that takes each candidate's cross codes in its row."""
-        self._cross_columns = [USER_GENRE_FEATURES.index(name) for name, _ in self._cross]
 
     def logits(
         self,
         user_id: int,
-        user_dense: np.ndarray,
-        genre_dense: np.ndarray,
         rows: np.ndarray,
-        codes: np.ndarray,
         item_ids: np.ndarray,
         extra: Mapping[str, np.ndarray] | None = None,
         keyed: Mapping[str, KeyedColumn] | None = None,
     ) -> torch.Tensor:
-        """Logits ``[N]``; the arguments as in :meth:`ColdSharedScorer.logits`, and ``extra``
-        the values of :attr:`request_fields` (ValueError naming any that is missing).
-        ``keyed``: per-candidate fields read per distinct key
-        (:class:`serving.online_fields.KeyedColumn`), in place of their ``[N]`` values in
-        ``extra``: encoded once per key and gathered, the codes encoding each candidate's value
-        would give."""
+        """Logits ``[N]`` for ``user_id`` and the candidates ``item_ids [N]``; ``rows [N]``:
+        each candidate's row in the item table (-1: not in it). ``extra``: the values of
+        :attr:`request_fields` (ValueError naming any that is missing); ``keyed``:
+        per-candidate fields read per distinct key (:class:`serving.online_fields.KeyedColumn`),
+        in place of their ``[N]`` values in ``extra``: encoded once per key and gathered, the
+        codes encoding each candidate's value would give."""
         extra = extra or {}
         keyed = keyed or {}
         absent = [n for n in self.request_fields if n not in extra and n not in keyed]
         if absent:
             raise ValueError(f"the request lacks values of fields {absent} the model reads")
         user = np.zeros((1, self.width), dtype=np.int64)
-        user_values = np.asarray(user_dense, dtype=np.float32).reshape(-1)
-        for name, position in self._user:
-            value = [int(user_id)] if name == "user_id" else user_values[[_USER_INDEX[name]]]
-            user[0, position] = self.encoder.encode_column(name, value)[0]
+        if self._user_id_position is not None:
+            code = self.encoder.encode_column("user_id", [int(user_id)])[0]
+            user[0, self._user_id_position] = code
         rows = np.asarray(rows, dtype=np.int64)
         n = len(rows)
         # Row -1 picks the last row: an unknown item (take: half the time of a[rows] here).
@@ -162,14 +148,6 @@ class CompiledColdScorer:
         # The cross fields are encoded per key, not per candidate: each source of them is a
         # factor (a code table [n, F] and each candidate's row in it), combined below.
         factors: list[tuple[np.ndarray, np.ndarray]] = []
-        if self._cross:
-            genre_values = np.asarray(genre_dense, dtype=np.float32)
-            per_genre = np.zeros((len(genre_values), self.width), dtype=np.int64)
-            for k, (name, position) in enumerate(self._cross):
-                column = genre_values[:, self._cross_columns[k]]
-                per_genre[:, position] = self.encoder.encode_column(name, column)
-            # code -1 (unknown genre) is the last row of genre_dense, as in ColdSharedScorer.
-            factors.append((per_genre, np.where(codes < 0, len(genre_values) - 1, codes)))
         numeric_user: list[tuple[str, int, float]] = []
         by_keys: dict[tuple[int, int], list[tuple[str, int, str, KeyedColumn]]] = {}
         per_candidate: np.ndarray | None = None  # cross fields given one value per candidate
@@ -247,28 +225,19 @@ class CompiledColdScorer:
                 table[:-1, position] = self.encoder.encode_column(name, column.values)
         return table
 
-    def check_against(
-        self, eager: ColdSharedScorer | CompiledColdScorer, candidates: int = 64
-    ) -> None:
+    def check_against(self, eager: CompiledColdScorer, candidates: int = 64) -> None:
         """Raise unless the package scores a probe request (the first table items, an item not
-        in the table, an unknown user with unknown features) like the eager scorer."""
+        in the table, an unknown user with unknown fields) like the eager scorer."""
         count = min(candidates, len(self.item_codes) - 1)
         rows = np.append(np.arange(count, dtype=np.int64), -1)
         item_ids = np.append(np.arange(1, count + 1, dtype=np.int64), -7)
-        genre_dense = np.full((2, len(USER_GENRE_FEATURES)), np.nan, dtype=np.float32)
-        codes = np.full(len(rows), -1, dtype=np.int64)
-        user_dense = np.full(len(USER_FEATURES), np.nan, dtype=np.float32)
-        args = (-1, user_dense, genre_dense, rows, codes, item_ids)
+        extra = {
+            name: np.full(1 if kind == "user" else len(rows), np.nan, dtype=np.float32)
+            for name, kind in self.request_fields.items()
+        }
         with torch.inference_mode():
-            if self.request_fields:
-                extra = {
-                    name: np.full(1 if kind == "user" else len(rows), np.nan, dtype=np.float32)
-                    for name, kind in self.request_fields.items()
-                }
-                got = self.logits(*args, extra=extra)
-                want = eager.logits(*args, extra=extra)  # type: ignore[call-arg]
-            else:
-                got, want = self.logits(*args), eager.logits(*args)
+            got = self.logits(-1, rows, item_ids, extra=extra)
+            want = eager.logits(-1, rows, item_ids, extra=extra)
         gap = float((got - want).abs().max())
         if not gap <= self.PARITY_ATOL:
             raise ValueError(

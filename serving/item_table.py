@@ -1,8 +1,7 @@
-"""The catalogue's item fields held in memory by the pre-ranking server, one table per served
-model version, and the catalogues themselves: the cross-statistics engine's newest published
-item catalogue of a source (:func:`lake_item_catalogue`), or, for a version registered before
-the engine fed the pipeline, every item id of the lake's MovieLens-shaped item view
-(:func:`lake_item_ids`)."""
+"""The catalogue's items held in memory by the pre-ranking server, one table per served model
+version (their genres, and the item fields read once when the version loads), and the catalogue
+itself: the cross-statistics engine's newest published item catalogue of a source
+(:func:`lake_item_catalogue`)."""
 
 from __future__ import annotations
 
@@ -16,27 +15,10 @@ import pandas as pd
 
 from cascade.config import Settings
 from cascade.ctr_catalogue import read_newest_catalogue
-from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE
+from cascade.ctr_schema import ITEM_GENRE
 from cascade.lake import Lake
 
 log = logging.getLogger(__name__)
-
-
-def lake_item_ids(settings: Settings) -> list[int]:
-    """Every item id in the lake's CTR item view (all partitions): the servable catalogue."""
-    import pyarrow.dataset as ds
-
-    root = Lake(settings.lake_root).ctr_view_root("item")
-    if not root.exists():
-        log.warning(
-            "no item view at %s: every candidate will be scored with unknown (NaN) item "
-            "features (no job writes that view any more: a version trained by the pipeline "
-            "reads the cross-statistics engine's catalogue)",
-            root,
-        )
-        return []
-    table = ds.dataset(root, format="parquet", partitioning="hive").to_table(columns=["item_id"])
-    return sorted({int(v) for v in table.column("item_id").to_pylist() if v is not None})
 
 
 def lake_item_catalogue(settings: Settings, source: str) -> pd.DataFrame | None:
@@ -65,13 +47,13 @@ class ItemTable:
     ids: pd.Index
     """Item ids, unique."""
     dense: np.ndarray
-    """``[M, len(columns)]`` numbers (float32 for the legacy ITEM_FEATURES, float64 for values
-    read from the online store, as the scorer encodes them), NaN where unknown."""
+    """``[M, len(columns)]`` numbers (float64 for values read from the online store, as the
+    scorer encodes them), NaN where unknown."""
     genre_codes: np.ndarray
     """int64 ``[M]``: index into ``genres``, -1 where the genre is unknown."""
     genres: tuple[str, ...]
     """Distinct genres."""
-    columns: tuple[str, ...] = ITEM_FEATURES
+    columns: tuple[str, ...] = ()
     """The field name of each column of ``dense``."""
 
     def __post_init__(self) -> None:
@@ -82,15 +64,14 @@ class ItemTable:
             )
 
     @classmethod
-    def from_frame(cls, frame: pd.DataFrame, columns: Sequence[str] = ITEM_FEATURES) -> ItemTable:
-        """Build from a frame indexed by item_id with ``columns`` and ITEM_GENRE
-        (``online_item_features`` output for the legacy ITEM_FEATURES, stored as float32)."""
+    def from_frame(cls, frame: pd.DataFrame, columns: Sequence[str] = ()) -> ItemTable:
+        """Build from a frame indexed by item_id with ITEM_GENRE and the numeric ``columns``
+        (stored as float32; NaN where not a number)."""
         columns = tuple(columns)
         missing = [c for c in (*columns, ITEM_GENRE) if c not in frame.columns]
         if missing:
             raise ValueError(
-                f"item features lack columns {missing}; online_item_features must return "
-                f"{list(columns) + [ITEM_GENRE]}"
+                f"the item frame lacks columns {missing}; it needs {[*columns, ITEM_GENRE]}"
             )
         frame = frame[~frame.index.duplicated(keep="last")]
         dense = (
@@ -124,17 +105,6 @@ class ItemTable:
             columns=(*self.columns, *values),
         )
 
-    def matrix(self, names: Sequence[str]) -> np.ndarray:
-        """``[M, len(names)]`` of the named columns in the table's dtype; NaN for a name the
-        table does not hold (what the legacy scorers take as ITEM_FEATURES)."""
-        if tuple(names) == self.columns:
-            return self.dense
-        out = np.full((len(self.ids), len(names)), np.nan, dtype=self.dense.dtype)
-        for j, name in enumerate(names):
-            if name in self.columns:
-                out[:, j] = self.dense[:, self.columns.index(name)]
-        return out
-
     @cached_property
     def _row_of_id(self) -> np.ndarray | None:
         """Row per id as a flat array (-1 = unknown) when ids are non-negative and dense
@@ -156,19 +126,6 @@ class ItemTable:
         inside = (item_ids >= 0) & (item_ids < len(row_of))
         return np.where(inside, row_of[np.where(inside, item_ids, 0)], -1)
 
-    def lookup(
-        self, item_ids: np.ndarray, rows: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``(dense [N, len(columns)], genre_codes [N])`` for the candidates; unknown ids get
-        NaN / -1. ``rows``: their :meth:`rows`, when already known."""
-        rows = self.rows(item_ids) if rows is None else rows
-        known = rows >= 0
-        dense = np.full((len(item_ids), len(self.columns)), np.nan, dtype=self.dense.dtype)
-        codes = np.full(len(item_ids), -1, dtype=np.int64)
-        dense[known] = self.dense[rows[known]]
-        codes[known] = self.genre_codes[rows[known]]
-        return dense, codes
-
     def feature_column(self, name: str) -> np.ndarray:
         """Column ``name`` of every row, float64 (NaN where unknown)."""
         return self._feature_columns[name]
@@ -188,10 +145,3 @@ class ItemTable:
     def _codes_by_row(self) -> np.ndarray:
         # One extra trailing entry, -1, so row -1 (not in the table) maps to code -1.
         return np.append(self.genre_codes, -1).astype(np.int64)
-
-    @cached_property
-    def genres_by_name(self) -> np.ndarray:
-        """Genre codes in the order of their names."""
-        return np.array(
-            sorted(range(len(self.genres)), key=self.genres.__getitem__), dtype=np.int64
-        )

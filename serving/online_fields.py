@@ -1,7 +1,7 @@
 """A served version's fields read from the online store per request: one batched read per view.
 
-A model version reads fields beyond the default contract (:attr:`ServedVersion.request_fields`,
-e.g. the cross statistics ``user_cat_ctr_7d``). Those a ``cross_<pair>`` view of the online store
+A model version reads fields beyond the ids (:attr:`ServedVersion.request_fields`, e.g. the
+cross statistics ``user_cat_ctr_7d``). Those a ``cross_<pair>`` view of the online store
 holds (:func:`cascade.online_cross.cross_feature_sources`) and whose keys the server knows for
 every candidate are read per request by :class:`OnlineFieldPlan`; the others still come with
 the request. The keys the server knows (:data:`SERVED_KEYS`): the request's ``user_id``, each

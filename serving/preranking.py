@@ -8,38 +8,37 @@ Protocol v2 JSON, ``POST /v2/models/preranking/infer``::
                 {"name": "item_ids", "datatype": "INT64", "shape": [3], "data": [7, 9, 11]}]}
 
 Response: output ``scores`` (FP32, shape ``[N]``, sigmoid of the logits) and
-``parameters.model_version``. A version whose field set (its ``fields.json``) has fields
-beyond the default contract that the network reads (e.g. cross statistics) reads those the
-online store serves (the cross-statistics engine's columns, ``user_cat_ctr_7d``: the view
-``cross_user_cat`` keyed by the user and each candidate's genre) from it per request, one
-batched read per view with the candidates' keys deduplicated (:mod:`serving.online_fields`,
-timed in ``cascade_online_feature_read_seconds``); every other such field comes as one more input
-named after the field (FP32/FP64/INT64; shape ``[1]`` for a user field, ``[N]`` otherwise; JSON
-null: unknown), and a request without one gets a 400 naming it. A request may send a served
-field too: its values win. Otherwise requests
-carry ids, never feature tensors: per request only the
-user's features come from the online store; item features of the catalogue are held in memory,
-loaded together with each model version. The FSCD ColdPreRanker (with its field encoder) is
-scored by its compiled package (``CompiledColdScorer``: the AOTInductor ``.pt2`` the pipeline's
-compile gate built and passed for the version's run, downloaded with the version; item field codes
-per version, user fields once per request, cross fields once per genre), or, without a package
-(or with ``CASCADE_SERVING_COMPILED=0``), eagerly by ``ColdSharedScorer``: item fields encoded and
-put through the network's item side when a version loads, user fields once per request, cross
-(user x genre) fields once per genre of the request; a dense-feature PreRanker by
-``SharedUserScorer``. A background thread polls the
-registry's champion alias and swaps a new version in without a restart.
+``parameters.model_version``. Requests carry ids, never feature tensors.
 
-A version trained on the cross-statistics engine's training set (a ColdPreRanker that reads
-none of :data:`LEGACY_FIELDS`, whose run names its source in the param ``cross_source``) is
-served without the legacy store: its item table is the source's newest published item
-catalogue (ids, and ``item_category`` as the genre), and a request reads only the user's and
-the user x category views. For any version, the fields of views keyed by the item alone
-(``cross_item``) are read once when the version loads, for every item of its table, and held
-with it: they are the store's values at that load until the next version loads.
+The server serves versions trained on the cross-statistics engine's training set: an FSCD
+ColdPreRanker (with its field encoder) over the ids and engine statistics, whose run names its
+source in the param ``cross_source``. Its item table is the source's newest published item
+catalogue (ids, and ``item_category`` as the genre). The fields of views keyed by the item alone
+(``cross_item``) are read once when the version loads, for every item of the table, and held
+with it: they are the store's values at that load until the next version loads. The user and
+cross fields (``user_cat_ctr_7d``: the view ``cross_user_cat`` keyed by the user and each
+candidate's genre) are read from the online store per request, one batched read per view with
+the candidates' keys deduplicated (:mod:`serving.online_fields`, timed in
+``cascade_online_feature_read_seconds``). A field no view serves comes as one more input named
+after the field (FP32/FP64/INT64; shape ``[1]`` for a user field, ``[N]`` otherwise; JSON null:
+unknown), and a request without one gets a 400 naming it. A request may send a served field
+too: its values win.
+
+Any other version (a dense PreRanker, a ColdPreRanker that reads the MovieLens-shaped fields of
+:data:`cascade.ctr_schema.MODEL_FEATURES`, one whose run names no source) is refused when it
+loads (:class:`VersionNotServable`): the refusal is logged once, the served version stays, and
+the refused one is not loaded again until the alias moves to another version.
+
+A version is scored by its compiled package (``CompiledColdScorer``: the AOTInductor ``.pt2``
+the pipeline's compile gate built and passed for the version's run, downloaded with the version;
+item field codes per version, user fields once per request, cross fields once per key), or,
+without a package (or with ``CASCADE_SERVING_COMPILED=0``), by the same scorer around the
+network's own request call (eager PyTorch). A background thread polls the registry's champion
+alias and swaps a new version in without a restart.
 
 Here: the KServe model, its settings and request parsing. The v2 codec is
 :mod:`cascade.v2_codec`; the in-memory item table :mod:`serving.item_table`; the compiled
-scorer :mod:`serving.cold_scorer`; one served version, swapped in as a whole,
+scorer :mod:`serving.cold_scorer`; one served version, swapped in as one reference,
 :mod:`serving.served_version`.
 """
 
@@ -63,17 +62,10 @@ from kserve.metrics import PREDICT_HIST_TIME, get_labels
 from kserve.protocol.infer_type import InferInput, InferOutput
 
 from cascade.config import Settings, load_settings
-from cascade.ctr_schema import (
-    ITEM_FEATURES,
-    ITEM_GENRE,
-    MODEL_FEATURES,
-    USER_FEATURES,
-    USER_GENRE_FEATURES,
-)
+from cascade.ctr_schema import ITEM_GENRE, MODEL_FEATURES
 from cascade.v2_codec import JsonTensor, decode_v2_tensors, require_v2, v2_response_body
 from models.preranking.model import ColdPreRanker, request_fields
-from serving.cold_scorer import CompiledColdScorer
-from serving.item_table import ItemTable, lake_item_catalogue, lake_item_ids
+from serving.item_table import ItemTable, lake_item_catalogue
 from serving.metrics import INFERENCE_ERRORS, ONLINE_READ_SECONDS
 from serving.online_fields import CrossReader, KeyedColumn, OnlineFieldPlan
 from serving.served_version import ServedVersion, freeze_heap
@@ -86,14 +78,9 @@ ITEMS_INPUT = "item_ids"
 SCORES_OUTPUT = "scores"
 ID_DATATYPE = "INT64"
 
-LEGACY_FIELDS = frozenset((*USER_FEATURES, *ITEM_FEATURES, *USER_GENRE_FEATURES))
-"""The fields of the legacy online store and item view; a version that reads none of them and
-names its cross-statistics source is served without that store."""
-
-# Column positions in the dense model input, so assembly never depends on tuple slicing.
-_USER_COLS = [MODEL_FEATURES.index(name) for name in USER_FEATURES]
-_ITEM_COLS = [MODEL_FEATURES.index(name) for name in ITEM_FEATURES]
-_UG_COLS = [MODEL_FEATURES.index(name) for name in USER_GENRE_FEATURES]
+UNSERVED_FIELDS = frozenset(MODEL_FEATURES)
+"""The MovieLens-shaped fields of the dense contract: no job writes them and no online store
+serves them, so a version that reads any of them is refused."""
 
 
 @dataclass(kw_only=True)
@@ -107,7 +94,7 @@ class ServingConfig:
     alias: str = "champion"
     """Registry alias whose version is served."""
     item_batch: int = 5_000
-    """Item ids per online-store call while loading the in-memory item table."""
+    """Item ids per online-store call while reading the item table's fields at load."""
     use_compiled: bool = True
     """Score an FSCD pre-ranker with its gate-passed compiled package when its run has one
     (``CASCADE_SERVING_COMPILED``: ``1``, ``0`` for eager PyTorch)."""
@@ -149,9 +136,6 @@ class ChampionModel(Protocol):
     def run_id(self) -> str: ...
 
 
-UserFeatures = tuple[Mapping[str, Any], Mapping[str, Mapping[str, Any]]]
-
-
 LOCK_MESSAGES = ("database is locked", "database table is locked", "database is busy")
 """SQLite's answers to a read that waited out its busy timeout behind a writer."""
 
@@ -187,6 +171,11 @@ def is_lock_timeout(exc: BaseException) -> bool:
     return False
 
 
+class VersionNotServable(ValueError):
+    """A registered version the server cannot serve: not one trained on the cross-statistics
+    engine's training set. The message names the version and what to do."""
+
+
 @dataclass(kw_only=True)
 class Backends:
     """Where models and features come from: MLflow and Feast by default, fakes in tests."""
@@ -195,30 +184,23 @@ class Backends:
     """``(settings, alias) -> version`` of the alias in the registry, None if unset."""
     load_champion: Callable[[Settings, str], ChampionModel | None]
     """``(settings, alias) -> LoadedModel`` of the alias, None if unset."""
-    open_feature_store: Callable[[Settings], Any]
-    """``settings -> store`` handle passed to the two lookups below."""
-    user_features: Callable[[Any, int, Sequence[str]], UserFeatures]
-    """``(store, user_id, genres) -> (user features, {genre: user x genre features})``."""
-    item_features: Callable[[Any, Sequence[int]], pd.DataFrame]
-    """``(store, item_ids) -> frame`` indexed by item_id with ITEM_FEATURES + item_genre."""
-    catalog_item_ids: Callable[[Settings], Sequence[int]]
-    """``settings -> item ids`` whose features are held in memory."""
-    open_cross_reader: Callable[[Settings], CrossReader | None] = lambda settings: None
-    """``settings -> reader`` of the online store's cross views (a version's extra fields it
-    serves are read per request, :mod:`serving.online_fields`); None: every extra field comes
-    with the request."""
-    version_source: Callable[[Settings, str], str | None] = lambda settings, run_id: None
+    version_source: Callable[[Settings, str], str | None]
     """``(settings, run_id) -> source`` of the cross-statistics engine whose training set the
-    version's run trained on (its run param ``cross_source``); None: a legacy version."""
+    version's run trained on (its run param ``cross_source``); None: the run names none, and
+    the version is not served."""
+    open_cross_reader: Callable[[Settings], CrossReader | None] = lambda settings: None
+    """``settings -> reader`` of the online store's cross views (a version's fields it serves
+    are read per request, :mod:`serving.online_fields`); None: every field beyond the ids
+    comes with the request."""
     item_catalogue: Callable[[Settings, str], pd.DataFrame | None] = lake_item_catalogue
     """``(settings, source) -> frame`` of ``item_id``, ``item_category``: the engine's newest
-    published item catalogue of the source, None when there is none; the item table of an
-    engine version."""
+    published item catalogue of the source, None when there is none; a version's item
+    table."""
 
 
 def default_backends() -> Backends:
     """MLflow registry + Feast online store; imported lazily so tests never need them."""
-    from cascade.feature_store import OnlineUserReader, feature_store, online_item_features
+    from cascade.feature_store import feature_store
     from cascade.online_cross import OnlineCrossReader
     from models.preranking.inference import alias_version, load_registered, run_cross_source
 
@@ -227,12 +209,8 @@ def default_backends() -> Backends:
         load_champion=lambda settings, alias: load_registered(
             settings, alias=alias, with_package=True
         ),
-        open_feature_store=lambda settings: OnlineUserReader(feature_store(settings)),
-        user_features=lambda reader, user_id, genres: reader.user_features(user_id, genres),
-        item_features=lambda reader, item_ids: online_item_features(reader.store, item_ids),
-        catalog_item_ids=lake_item_ids,
-        open_cross_reader=lambda settings: OnlineCrossReader(feature_store(settings)),
         version_source=run_cross_source,
+        open_cross_reader=lambda settings: OnlineCrossReader(feature_store(settings)),
         item_catalogue=lake_item_catalogue,
     )
 
@@ -378,25 +356,9 @@ class Scored:
     scores: np.ndarray
     """float32 ``[N]`` in (0, 1)."""
     user: Mapping[str, float]
-    """The user's USER_FEATURES as looked up in the legacy store; for a version that reads
-    none (``ServedVersion.legacy_store`` False), the values of its user fields it scored with."""
+    """The values of the version's user fields it scored with (read online or sent)."""
     rows: np.ndarray
     """Each candidate's row in the served item table (-1: unknown item)."""
-
-
-def _floats(rows: list[list[Any]]) -> np.ndarray:
-    """float32 array of feature values; None and anything not a number become NaN."""
-    try:
-        return np.array(rows, dtype=np.float32)  # None -> NaN
-    except (TypeError, ValueError):
-        return np.array([[_as_float(v) for v in row] for row in rows], dtype=np.float32)
-
-
-def _as_float(value: Any) -> float:
-    try:
-        return float("nan") if value is None else float(value)
-    except (TypeError, ValueError):
-        return float("nan")
 
 
 class PreRankingModel(Model):
@@ -414,7 +376,6 @@ class PreRankingModel(Model):
         self.settings = settings or load_settings()
         self.config = config or ServingConfig.from_env()
         self.backends = backends or default_backends()
-        self._store: Any = None
         self._cross_reader: CrossReader | None = None
         self._cross_reader_opened = False
         self._read_seconds: dict[str, Any] = {}
@@ -424,6 +385,9 @@ class PreRankingModel(Model):
         self._predict_seconds = PREDICT_HIST_TIME.labels(**get_labels(name))
         self.feature_store_timeouts = 0
         """Requests answered 503 because the online store was locked or timed out."""
+        self.refused_versions: dict[str, str] = {}
+        """``{version: why}`` of the versions refused at load (:class:`VersionNotServable`):
+        not loaded again while the alias stays on them."""
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         # Feedback log, shadow scoring, automatic rollback: off unless enabled by environment.
@@ -481,7 +445,12 @@ class PreRankingModel(Model):
             self._stop.wait(self.config.poll_s)
 
     def refresh(self) -> bool:
-        """Swap in the champion if its version differs from the served one; True if swapped."""
+        """Swap in the champion if its version differs from the served one; True if swapped.
+
+        A version that cannot be served (:class:`VersionNotServable`) is refused: logged
+        once, remembered in :attr:`refused_versions` and not loaded again while the alias
+        stays on it; the served version stays. Any other failure (registry, catalogue, online
+        store) raises, and the poller tries again on its next tick."""
         with self._refresh_lock:
             wanted = self.backends.champion_version(self.settings, self.config.alias)
             if wanted is None:
@@ -490,11 +459,24 @@ class PreRankingModel(Model):
                 return False
             if self._served is not None and str(wanted) == self._served.version:
                 return False
+            if str(wanted) in self.refused_versions:
+                return False
             log.info("loading %s version %s (serving %s)", self.name, wanted, self.served_version)
             loaded = self.backends.load_champion(self.settings, self.config.alias)
             if loaded is None:
                 return False
-            served = self._prepare(loaded)
+            try:
+                served = self._prepare(loaded)
+            except VersionNotServable as refused:
+                self.refused_versions[str(loaded.version)] = str(refused)
+                log.error(
+                    "refusing %s version %s: %s; still serving %s",
+                    self.name,
+                    loaded.version,
+                    refused,
+                    self.served_version,
+                )
+                return False
             previous = self.served_version
             # One reference assignment: a request that already read the old ServedVersion
             # finishes on it, every later request sees the new one.
@@ -505,11 +487,6 @@ class PreRankingModel(Model):
             log.info("serving %s version %s (was %s)", self.name, served.version, previous)
             return True
 
-    def _feature_store(self) -> Any:
-        if self._store is None:
-            self._store = self.backends.open_feature_store(self.settings)
-        return self._store
-
     def _cross(self) -> CrossReader | None:
         if not self._cross_reader_opened:
             self._cross_reader = self.backends.open_cross_reader(self.settings)
@@ -517,12 +494,12 @@ class PreRankingModel(Model):
         return self._cross_reader
 
     def _online_plan(
-        self, network: torch.nn.Module, version: str
+        self, network: ColdPreRanker, version: str
     ) -> tuple[OnlineFieldPlan, OnlineFieldPlan]:
-        """``(per request, per item)``: the fields beyond the default contract that the online
-        store serves, those of views keyed by the item alone read once for the item table
+        """``(per request, per item)``: the fields beyond the ids that the online store
+        serves, those of views keyed by the item alone read once for the item table
         (:meth:`_with_item_fields`), the others per request; the requests carry the rest."""
-        needs = request_fields(network) if isinstance(network, ColdPreRanker) else {}
+        needs = request_fields(network)
         if not needs:
             return OnlineFieldPlan(()), OnlineFieldPlan(())
         reader = self._cross()
@@ -544,44 +521,41 @@ class PreRankingModel(Model):
             )
         return per_request, per_item
 
-    def _engine_source(self, loaded: ChampionModel) -> str | None:
-        """The cross-statistics source of a version that reads none of the legacy store's
-        fields (:data:`LEGACY_FIELDS`); None for any other version (served as before)."""
+    def _cross_source(self, loaded: ChampionModel) -> str:
+        """The cross-statistics source whose training set ``loaded`` was trained on; raises
+        :class:`VersionNotServable` naming the version and what to do for any version that is
+        not one of the engine's (a dense PreRanker, a ColdPreRanker reading the MovieLens-shaped
+        fields, a run that names no source)."""
         network = loaded.model
-        if not isinstance(network, ColdPreRanker) or set(network.fields) & LEGACY_FIELDS:
-            return None
-        source = self.backends.version_source(self.settings, str(loaded.run_id))
+        version, run = loaded.version, loaded.run_id
+        todo = (
+            "train one with the ctr_preranking pipeline (CASCADE_PRERANKING_MODEL=fscd) and "
+            "promote it, or point the champion alias back at a version it trained "
+            "(cascade rollback --model preranking)"
+        )
+        if not isinstance(network, ColdPreRanker):
+            raise VersionNotServable(
+                f"model version {version} (run {run}) is a {type(network).__name__}; the server "
+                "serves only ColdPreRankers trained on the cross-statistics engine's training "
+                f"set: {todo}"
+            )
+        unserved = [name for name in network.fields if name in UNSERVED_FIELDS]
+        if unserved:
+            raise VersionNotServable(
+                f"model version {version} (run {run}) reads the MovieLens-shaped fields "
+                f"{unserved}, which no job writes and no online store serves any more: {todo}"
+            )
+        source = self.backends.version_source(self.settings, str(run))
         if source is None:
-            log.warning(
-                "version %s reads none of the legacy features, but its run %s names no cross "
-                "source (run param cross_source): its items come from the legacy item view "
-                "and each request reads the legacy store",
-                loaded.version,
-                loaded.run_id,
+            raise VersionNotServable(
+                f"model version {version}: its run {run} names no cross-statistics source (run "
+                "param cross_source), so there is no item catalogue to serve it from: " + todo
             )
         return source
 
-    def _legacy_items(self) -> ItemTable:
-        """The legacy item table: the lake's item view ids, their ITEM_FEATURES and genres
-        read from the online store in batches."""
-        item_ids = [int(i) for i in self.backends.catalog_item_ids(self.settings)]
-        store = self._feature_store()
-        frames = [
-            self.backends.item_features(store, item_ids[start : start + self.config.item_batch])
-            for start in range(0, len(item_ids), self.config.item_batch)
-        ]
-        frame = (
-            pd.concat(frames)
-            if frames
-            else pd.DataFrame(
-                columns=[*ITEM_FEATURES, ITEM_GENRE], index=pd.Index([], name="item_id")
-            )
-        )
-        return ItemTable.from_frame(frame)
-
     def _catalogue_items(self, source: str, version: str) -> ItemTable:
-        """The item table of an engine version: the ids of ``source``'s newest published item
-        catalogue, each with its ``item_category`` as its genre; no item field yet."""
+        """A version's item table: the ids of ``source``'s newest published item catalogue,
+        each with its ``item_category`` as its genre; no item field yet."""
         frame = self.backends.item_catalogue(self.settings, source)
         if frame is None:
             raise FileNotFoundError(
@@ -625,19 +599,23 @@ class PreRankingModel(Model):
         return items.with_columns(values)
 
     def _prepare(self, loaded: ChampionModel) -> ServedVersion:
-        network = loaded.model
-        network.eval()
+        """The :class:`ServedVersion` of ``loaded``: refused (:class:`VersionNotServable`)
+        unless it is a version of the cross-statistics engine; its item table is its source's
+        item catalogue with the item fields read once."""
         version = str(loaded.version)
+        source = self._cross_source(loaded)
+        network = loaded.model
+        assert isinstance(network, ColdPreRanker)  # checked by _cross_source
+        network.eval()
         online, per_item = self._online_plan(network, version)
-        source = self._engine_source(loaded)
-        items = self._legacy_items() if source is None else self._catalogue_items(source, version)
+        items = self._catalogue_items(source, version)
         if per_item.reads:
             items = self._with_item_fields(items, per_item, version)
         log.info(
-            "version %s: %d items held in memory (%s)",
+            "version %s: %d items held in memory (item catalogue of %s)",
             version,
             len(items.ids),
-            "legacy item view" if source is None else f"item catalogue of {source}",
+            source,
         )
         return ServedVersion(
             network=network,
@@ -649,7 +627,6 @@ class PreRankingModel(Model):
             compiled_reason=getattr(loaded, "compiled_reason", ""),
             use_compiled=self.config.use_compiled,
             online=online,
-            legacy_store=source is None,
         )
 
     # Inference -------------------------------------------------------------------------------
@@ -679,7 +656,7 @@ class PreRankingModel(Model):
     ) -> np.ndarray:
         """Scores in ``(0, 1)`` for one user and N candidates, with ``served``'s network.
 
-        ``user_out``, when given, receives the user's features as looked up; ``extra``: the
+        ``user_out``, when given, receives the user fields as scored; ``extra``: the
         values of ``served.request_fields`` the request carries."""
         scored = self.score_request(served, user_id, item_ids, extra)
         if user_out is not None:
@@ -693,15 +670,11 @@ class PreRankingModel(Model):
         item_ids: np.ndarray,
         extra: Mapping[str, np.ndarray] | None = None,
     ) -> Scored:
-        """:meth:`score` with the features it used: one online-store lookup (the user's
-        features and user x genre features of the candidates' genres), item features from
-        memory, the user side of the network once (see :class:`SharedUserScorer` and
-        :class:`ColdSharedScorer`); ``extra``: the request's values of
-        ``served.request_fields`` (InvalidInput naming a missing one that the server does not
-        supply). The fields of ``served.online`` the request does not carry are read from the
-        online store, one batched read per view (:mod:`serving.online_fields`). A version of
-        the cross-statistics engine (``served.legacy_store`` False) makes no legacy lookup:
-        its user and cross fields come from those reads, its item fields from the table."""
+        """:meth:`score` with the features it used: the fields of ``served.online`` the request
+        does not carry read from the online store, one batched read per view
+        (:mod:`serving.online_fields`); the item fields from the item table; the user side of
+        the network once. ``extra``: the request's values of ``served.request_fields``
+        (InvalidInput naming a missing one that the server does not supply)."""
         if served.request_fields:
             absent = [n for n in served.required_fields if n not in (extra or {})]
             if absent:
@@ -710,46 +683,20 @@ class PreRankingModel(Model):
                 )
         items = served.items
         rows = items.rows(item_ids)
-        codes = items.codes(rows)
-        user: Mapping[str, Any] = {}
-        if served.legacy_store:
-            user, user_dense, ug_table = self._legacy_user(items, user_id, codes)
-        else:
-            user_dense = np.full(len(USER_FEATURES), np.nan, dtype=np.float32)
-            ug_table = np.full(
-                (len(items.genres) + 1, len(USER_GENRE_FEATURES)), np.nan, np.float32
-            )
         keyed: dict[str, KeyedColumn] = {}
         if served.online.reads:
+            codes = items.codes(rows)
             extra = {
                 **self._online_values(served, user_id, item_ids, codes, extra, keyed),
                 **(extra or {}),
             }
-        if not served.legacy_store:
-            given = extra or {}
-            user = {
-                name: float(np.asarray(given[name], dtype=np.float64).reshape(-1)[0])
-                for name, kind in served.request_fields.items()
-                if kind == "user" and name in given
-            }
-        if served.request_fields:
-            assert isinstance(served.scorer, CompiledColdScorer)
-            logits = served.scorer.logits(
-                user_id, user_dense, ug_table, rows, codes, item_ids, extra=extra, keyed=keyed
-            )
-        elif served.scorer is not None:
-            logits = served.scorer.logits(user_id, user_dense, ug_table, rows, codes, item_ids)
-        else:
-            dense = np.empty((len(item_ids), len(MODEL_FEATURES)), dtype=np.float32)
-            dense[:, _USER_COLS] = user_dense
-            dense[:, _ITEM_COLS] = items.lookup(item_ids, rows)[0]
-            dense[:, _UG_COLS] = ug_table[codes]
-            with torch.inference_mode():
-                logits = served.network(
-                    torch.from_numpy(dense),
-                    torch.full((len(item_ids),), user_id, dtype=torch.int64),
-                    torch.from_numpy(item_ids),
-                )
+        given = extra or {}
+        user = {
+            name: float(np.asarray(given[name], dtype=np.float64).reshape(-1)[0])
+            for name, kind in served.request_fields.items()
+            if kind == "user" and name in given
+        }
+        logits = served.scorer.logits(user_id, rows, item_ids, extra=extra, keyed=keyed)
         scores = torch.sigmoid(logits.detach().float()).reshape(-1).numpy()
         if scores.shape[0] != len(item_ids) or not np.isfinite(scores).all():
             raise InferenceError(
@@ -757,31 +704,6 @@ class PreRankingModel(Model):
                 f"non-finite values for {len(item_ids)} candidates; roll back the champion alias"
             )
         return Scored(scores=scores.astype(np.float32, copy=False), user=user, rows=rows)
-
-    def _legacy_user(
-        self, items: ItemTable, user_id: int, codes: np.ndarray
-    ) -> tuple[Mapping[str, Any], np.ndarray, np.ndarray]:
-        """``(user features, USER_FEATURES [F], user x genre table [G + 1, F'])`` from the
-        legacy store, one lookup for the user and the candidates' genres (``codes``); row g of
-        the table holds genre g's user x genre features, the last row (code -1) NaN."""
-        # Sorted by name: the store sees the same genre list for the same candidate set.
-        seen = np.bincount(codes + 1, minlength=len(items.genres) + 1)[1:] > 0
-        present = items.genres_by_name[seen[items.genres_by_name]].tolist()
-        genres = [items.genres[c] for c in present]
-        try:
-            user, per_genre = self.backends.user_features(self._feature_store(), user_id, genres)
-        except Exception as exc:
-            if is_lock_timeout(exc):
-                raise FeatureStoreBusy(self.name) from exc
-            raise
-        user_dense = _floats([[user.get(f) for f in USER_FEATURES]])[0]
-        ug_table = np.full((len(items.genres) + 1, len(USER_GENRE_FEATURES)), np.nan, np.float32)
-        if present:
-            empty: Mapping[str, Any] = {}
-            ug_table[present] = _floats(
-                [[(per_genre.get(g) or empty).get(f) for f in USER_GENRE_FEATURES] for g in genres]
-            )
-        return user, user_dense, ug_table
 
     def _online_values(
         self,

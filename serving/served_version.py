@@ -10,17 +10,10 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from cascade.compiled_packages import load_package
-from cascade.ctr_schema import ITEM_FEATURES
 from models.preranking.fields import FieldEncoder
-from models.preranking.model import (
-    ColdPreRanker,
-    ColdSharedScorer,
-    SharedUserScorer,
-    request_fields,
-)
+from models.preranking.model import ColdPreRanker, request_fields
 from serving.cold_scorer import CompiledColdScorer, eager_run
 from serving.item_table import ItemTable
 from serving.online_fields import OnlineFieldPlan
@@ -32,14 +25,14 @@ log = logging.getLogger(__name__)
 class ServedVersion:
     """Everything one model version needs; swapped in as one reference."""
 
-    network: torch.nn.Module
+    network: ColdPreRanker
     version: str
     run_id: str
     items: ItemTable
     encoder: FieldEncoder | None = None
-    """The field encoder of a ColdPreRanker (None for a PreRanker)."""
+    """The network's field encoder (required: a version without one is refused)."""
     compiled: Path | None = None
-    """The version's AOTInductor package (a ColdPreRanker's, gate-passed), None if none."""
+    """The version's AOTInductor package (gate-passed), None if none."""
     compiled_reason: str = ""
     """Why there is no ``compiled`` package (logged when the version is served eagerly)."""
     use_compiled: bool = True
@@ -47,84 +40,60 @@ class ServedVersion:
     online: OnlineFieldPlan = field(default_factory=lambda: OnlineFieldPlan(()))
     """The fields of :attr:`request_fields` the server reads from the online store per request
     (one batched read per view); a request may still carry them (its values win)."""
-    legacy_store: bool = True
-    """Whether a request reads the legacy online store (the user's and user x genre features,
-    ``Backends.user_features``); False for a version of the cross-statistics engine, which
-    reads none of them."""
-    scorer: SharedUserScorer | ColdSharedScorer | CompiledColdScorer | None = field(init=False)
-    """The network split by input side with the item side precomputed for ``items`` (built
-    here, so a version and its precomputed item outputs are swapped in together): a
-    CompiledColdScorer (the compiled package) or ColdSharedScorer (eager) for the FSCD
-    ColdPreRanker, a SharedUserScorer for a plain PreRanker; None for any other PreRanker,
-    which is then run in full on every candidate row."""
+    scorer: CompiledColdScorer = field(init=False)
+    """The network with the item side encoded for ``items`` (built here, so a version and its
+    item codes are swapped in together): its compiled package, or its own request call."""
     backend: str = field(init=False)
-    """``compiled``, ``eager-shared`` (a scorer above, eager PyTorch) or ``eager``."""
+    """``compiled`` (the package) or ``eager`` (the network's request call, eager PyTorch)."""
     request_fields: dict[str, str] = field(init=False)
-    """``{name: kind}`` of the fields the network reads that the server has no source for
-    (extra fields of its field set, e.g. cross statistics): every request carries them as
-    inputs of that name, one value for a user field, one per candidate otherwise; those in
-    :attr:`online` may be left out (the server reads them), and so may the item fields the
-    item table holds (:attr:`table_fields`)."""
+    """``{name: kind}`` of the fields the network reads beyond the ids (the statistics of its
+    field set): every request carries them as inputs of that name, one value for a user field,
+    one per candidate otherwise; those in :attr:`online` may be left out (the server reads
+    them), and so may the item fields the item table holds (:attr:`table_fields`)."""
     table_fields: frozenset[str] = field(init=False)
     """The fields of :attr:`request_fields` whose values the item table holds (read from the
     online store once, when the version loaded); a request may still carry them."""
 
     def __post_init__(self) -> None:
-        scorer: SharedUserScorer | ColdSharedScorer | CompiledColdScorer | None = None
-        backend = "eager"
-        needs: dict[str, str] = {}
-        if isinstance(self.network, ColdPreRanker):
-            if self.encoder is None:
-                raise ValueError(
-                    f"version {self.version} is a ColdPreRanker without its field encoder; "
-                    "load it with models.preranking.inference.load_version"
-                )
-            needs = request_fields(self.network)
-            genres = np.array([*self.items.genres, None], dtype=object)
-            ids = self.items.ids.to_numpy()
-            genre_names = genres[self.items.genre_codes].tolist()  # code -1: the trailing None
-            table = (ids, self.items.dense, genre_names)
-            columns = self.items.columns
-            if needs:
-                # Fields beyond the default contract: the codes of every field per request,
-                # the network's own request call (its user side once).
-                scorer = CompiledColdScorer(
-                    eager_run(self.network), self.network, self.encoder, *table, columns
-                )
-            else:
-                legacy = (ids, self.items.matrix(ITEM_FEATURES), genre_names)
-                scorer = ColdSharedScorer(self.network, self.encoder, *legacy)
-            backend = "eager-shared"
-            reason = self.compiled_reason or "no compiled package"
-            if not self.use_compiled:
-                reason = "CASCADE_SERVING_COMPILED=0"
-            elif self.compiled is not None:
-                try:
-                    compiled = CompiledColdScorer(
-                        load_package(self.compiled), self.network, self.encoder, *table, columns
-                    )
-                    compiled.check_against(scorer)
-                    scorer, backend, reason = compiled, "compiled", ""
-                except Exception as exc:  # a package of another torch build, a broken file
-                    reason = f"{self.compiled.name} not used: {type(exc).__name__}: {exc}"
-            if reason:
-                log.warning("version %s: scoring with eager PyTorch: %s", self.version, reason)
-            else:
-                log.info("version %s: scoring with its compiled package", self.version)
-        elif SharedUserScorer.supports(self.network):
-            scorer = SharedUserScorer(
-                self.network,  # type: ignore[arg-type]
-                self.items.ids.to_numpy(),
-                self.items.matrix(ITEM_FEATURES),
+        if not isinstance(self.network, ColdPreRanker):
+            raise ValueError(
+                f"version {self.version} is a {type(self.network).__name__}; only a "
+                "ColdPreRanker is served"
             )
-            backend = "eager-shared"
+        if self.encoder is None:
+            raise ValueError(
+                f"version {self.version} is a ColdPreRanker without its field encoder; "
+                "load it with models.preranking.inference.load_version"
+            )
+        needs = request_fields(self.network)
+        genres = np.array([*self.items.genres, None], dtype=object)
+        genre_names = genres[self.items.genre_codes].tolist()  # code -1: the trailing None
+        table = (self.items.ids.to_numpy(), self.items.dense, genre_names, self.items.columns)
+        scorer = CompiledColdScorer(eager_run(self.network), self.network, self.encoder, *table)
+        backend = "eager"
+        reason = self.compiled_reason or "no compiled package"
+        if not self.use_compiled:
+            reason = "CASCADE_SERVING_COMPILED=0"
+        elif self.compiled is not None:
+            try:
+                compiled = CompiledColdScorer(
+                    load_package(self.compiled), self.network, self.encoder, *table
+                )
+                compiled.check_against(scorer)
+                scorer, backend, reason = compiled, "compiled", ""
+            except Exception as exc:  # a package of another torch build, a broken file
+                reason = f"{self.compiled.name} not used: {type(exc).__name__}: {exc}"
+        if reason:
+            log.warning("version %s: scoring with eager PyTorch: %s", self.version, reason)
+        else:
+            log.info("version %s: scoring with its compiled package", self.version)
         object.__setattr__(self, "scorer", scorer)
         object.__setattr__(self, "backend", backend)
         stray = sorted(self.online.fields - set(needs))
         if stray:
             raise ValueError(
                 f"version {self.version}: fields {stray} are planned as online reads but the "
-                f"network does not read them (it reads {sorted(needs)} beyond the contract)"
+                f"network does not read them (it reads {sorted(needs)} beyond the ids)"
             )
         object.__setattr__(self, "request_fields", needs)
         held = frozenset(n for n, k in needs.items() if k == "item" and n in self.items.columns)

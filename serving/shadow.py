@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from cascade.ctr_schema import USER_FEATURES
 from serving.feedback import Coded, FeedbackLog, ItemSnapshot
 
 log = logging.getLogger(__name__)
@@ -88,6 +87,9 @@ class ServingObserver:
         """The item table last logged and its snapshot (a table is never changed: a refresh
         builds a new one, so the same object means the same snapshot)."""
         self._shadow: Any = None
+        self._shadow_refused: str | None = None
+        """The shadow alias's version the server refused to serve (VersionNotServable): not
+        loaded again while the alias stays on it."""
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(config.queue_size)
         self.dropped = 0
         self.requests: dict[str, int] = {}
@@ -129,7 +131,7 @@ class ServingObserver:
     ) -> None:
         """Called after a successful response was built: count it, log it, shadow it later.
 
-        ``user_features`` are the user's features the scores were computed with; the item
+        ``user_features`` are the user fields the scores were computed with; the item
         features are those of ``served.items``, logged by reference."""
         self._count(served.version, ok=True)
         if self.feedback is None and self.config.shadow_alias is None:
@@ -199,18 +201,15 @@ class ServingObserver:
 
     @staticmethod
     def _features(served: Any, user: Mapping[str, float]) -> dict[str, Any]:
-        """The user's features as scored (the legacy USER_FEATURES, or a version without the
-        legacy store's the user fields it read): one value per request, logged once as its
+        """The user fields the version scored with: one value per request, logged once as its
         request row. The item side (the item table's columns and ``genre``) is logged by
         reference, see :meth:`_item_snapshot`."""
-        names = USER_FEATURES if getattr(served, "legacy_store", True) else tuple(user)
-        return {f: float(user.get(f, np.nan)) for f in names}
+        return {name: float(value) for name, value in user.items()}
 
     def _item_snapshot(self, items: Any) -> ItemSnapshot:
         """The served item table as an :class:`~serving.feedback.ItemSnapshot`: its columns
-        (the legacy ITEM_FEATURES, the item fields read at load) and ``genre`` (NaN / None
-        where unknown), for the monitor's drift check against the training set. Built once
-        per table."""
+        (the item fields read at load) and ``genre`` (NaN / None where unknown), for the
+        monitor's drift check against the training set. Built once per table."""
         held = self._snapshot
         if held is not None and held[0] is items:
             return held[1]
@@ -225,16 +224,23 @@ class ServingObserver:
         alias = self.config.shadow_alias
         if alias is None:
             return None
+        from serving.preranking import VersionNotServable
+
         try:
             backends, settings = self.model.backends, self.model.settings
             wanted = backends.champion_version(settings, alias)
-            if wanted is None:
+            if wanted is None or str(wanted) == self._shadow_refused:
                 return None
             if self._shadow is None or self._shadow.version != str(wanted):
                 loaded = backends.load_champion(settings, alias)
                 if loaded is None:
                     return None
-                self._shadow = self.model._prepare(loaded)
+                try:
+                    self._shadow = self.model._prepare(loaded)
+                except VersionNotServable as refused:
+                    self._shadow_refused = str(loaded.version)
+                    log.error("not scoring in shadow with alias %s: %s", alias, refused)
+                    return None
             return self._shadow.version, self.model.score(self._shadow, user_id, item_ids)
         except Exception:
             log.exception("shadow scoring with alias %s failed", alias)

@@ -1,7 +1,9 @@
-"""Feast entities of the CTR domain: the user, the item, and the item's primary genre.
+"""Feast entities of the CTR domain shared by the cross-statistics views: the user and the
+item.
 
-Their join keys are the key columns of ``cascade.ctr_schema``; the user x genre view joins on
-two of them (``user_id`` and ``genre``).
+Their join keys are the id columns of the impression log (``user_id``, ``item_id``); the other
+keys of the pair views (item category, user segment, context, position) are defined beside those
+views in ``ctr/cross_views.py``.
 """
 
 from feast import Entity, ValueType
@@ -10,19 +12,12 @@ user = Entity(
     name="user",
     join_keys=["user_id"],
     value_type=ValueType.INT64,
-    description="A MovieLens user (int64 user_id).",
+    description="A user (int64 user_id).",
 )
 
 item = Entity(
     name="item",
     join_keys=["item_id"],
     value_type=ValueType.INT64,
-    description="A MovieLens item (int64 item_id).",
-)
-
-genre = Entity(
-    name="genre",
-    join_keys=["genre"],
-    value_type=ValueType.STRING,
-    description="An item's primary genre; with user it keys the user x genre view.",
+    description="An item (int64 item_id).",
 )

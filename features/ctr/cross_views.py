@@ -3,11 +3,11 @@
 Each configured pair of the job becomes one feature view whose entities are the pair's key
 columns: one for the user's and the item's own statistics (``cross_user``, ``cross_item``), two
 for a cross (a composite key: user x item_category, item x position, ...). A view's source is the
-pair's whole folder ``<lake>/features/ctr_cross/<source>/<pair>/``: unlike the cumulative
-snapshots of ``common.sources``, every ``dt=<ds>`` partition holds statistics of windows that
-END at ``ds`` and carries ``event_timestamp = ds`` midnight, so partitions never share a
-timestamp, and Feast's point-in-time join (newest row with ``event_timestamp <= t``) picks
-for an impression at ``t`` the partition computed from data strictly before ``t``'s day start.
+pair's whole folder ``<lake>/features/ctr_cross/<source>/<pair>/``: every ``dt=<ds>``
+partition holds statistics of windows that END at ``ds`` (not cumulative snapshots) and
+carries ``event_timestamp = ds`` midnight, so partitions never share a timestamp, and Feast's
+point-in-time join (newest row with ``event_timestamp <= t``) picks for an impression at ``t``
+the partition computed from data strictly before ``t``'s day start.
 
 The versioned service ``ctr_cross_v<N>`` bundles every pair view; bump
 :data:`CROSS_SERVICE_VERSION` with a new service when the feature list changes.

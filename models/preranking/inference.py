@@ -333,11 +333,12 @@ def alias_version(settings: Settings | None = None, alias: str = "champion") -> 
 
 CROSS_SOURCE_PARAM = "cross_source"
 """Run param of a pre-ranker trained on the cross-statistics engine's training set: the log
-source (``jobs.ctr_cross_stats``) the set came from. A run without it is a legacy version."""
+source (``jobs.ctr_cross_stats``) the set came from. The server serves no version whose run
+lacks it."""
 
 
 def run_cross_source(settings: Settings | None, run_id: str) -> str | None:
-    """The run's :data:`CROSS_SOURCE_PARAM`, None when it has none (a legacy version)."""
+    """The run's :data:`CROSS_SOURCE_PARAM`, None when it has none."""
     client, _ = _client(settings)
     source = client.get_run(run_id).data.params.get(CROSS_SOURCE_PARAM)
     return str(source) if source else None

@@ -7,22 +7,13 @@ set (held as buffers, so they travel with the state dict).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from cascade.ctr_schema import (
-    COUNT_FEATURES,
-    ITEM_FEATURES,
-    MODEL_FEATURES,
-    USER_FEATURES,
-    USER_GENRE_FEATURES,
-)
-from models.preranking.fields import FIELDS, FieldEncoder, FieldSet
+from cascade.ctr_schema import COUNT_FEATURES, MODEL_FEATURES
+from models.preranking.fields import FIELDS, ID_FIELDS, FieldSet
 
 
 @dataclass(kw_only=True)
@@ -100,145 +91,6 @@ class PreRanker(nn.Module):
         # Under bf16 training the engine casts parameters but the dense input stays fp32.
         x = x.to(u.dtype)
         return self.mlp(torch.cat([x, u, i], dim=-1)).squeeze(-1)
-
-
-_F32_MAX = np.float32(np.finfo(np.float32).max)
-
-
-class _Side:
-    """PreRanker's input transform and first-layer weights for some of its dense columns."""
-
-    def __init__(self, model: PreRanker, columns: list[int]) -> None:
-        self.count = model.count_mask[columns].numpy().copy()
-        self.mean = model.mean[columns].float().numpy().copy()
-        self.std = model.std[columns].float().numpy().copy()
-        weight = model.mlp[0].weight  # type: ignore[index]
-        self.weight = weight[:, columns].detach().float().T.numpy().copy()  # [k, h0]
-
-    def part(self, values: np.ndarray) -> np.ndarray:
-        """``values [B, k]`` raw (NaN: unknown) -> their share of the first layer ``[B, h0]``:
-        the same steps as :meth:`PreRanker.transform` and the standardization."""
-        x = np.asarray(values, dtype=np.float32)
-        # nan_to_num(nan=0.0) as torch does it (infinities to the largest finite float), in
-        # three ufuncs: numpy's own nan_to_num costs ~10x that on arrays this small.
-        x = np.clip(np.where(np.isnan(x), np.float32(0.0), x), -_F32_MAX, _F32_MAX)
-        x = np.where(self.count, np.log1p(np.maximum(x, np.float32(0.0))), x)
-        return ((x - self.mean) / self.std) @ self.weight
-
-
-class SharedUserScorer:
-    """A :class:`PreRanker` split by input side, for one user x N candidates per request.
-
-    The network's first layer is linear in its input (the user's, the item's and the user x
-    genre features, then the user and item embeddings) and every input transform (log1p of
-    counts, standardization) works per column, so the layer's pre-activation is a sum of
-    per-side parts:
-
-    * item side (item features, item embedding): computed for every item of the table when
-      it is loaded, ``[M, h0]``, and gathered per candidate;
-    * user side (user features, user embedding, the bias): once per request, ``[h0]``;
-    * user x genre side: once per genre of the request, ``[G + 1, h0]`` (the last row: unknown
-      genre), gathered per candidate by genre code.
-
-    The rest of the MLP then runs on the ``[N, h0]`` sum as in the full forward. Scores equal
-    the full forward's up to float rounding (the first layer's sum is taken in another
-    order); a candidate missing from the table gets its item part computed on the spot, with
-    unknown (NaN) features, as the full forward would. Per request this is two gathers, one
-    add and the MLP after the first layer, in plain tensors (no autograd bookkeeping).
-    """
-
-    _USER = [MODEL_FEATURES.index(f) for f in USER_FEATURES]
-    _ITEM = [MODEL_FEATURES.index(f) for f in ITEM_FEATURES]
-    _GENRE = [MODEL_FEATURES.index(f) for f in USER_GENRE_FEATURES]
-
-    @classmethod
-    def supports(cls, model: nn.Module) -> bool:
-        """True for a plain fp32 PreRanker over MODEL_FEATURES in eval mode whose MLP is
-        Linear layers, ReLUs and (inactive) dropouts, starting with a Linear."""
-        return (
-            type(model) is PreRanker
-            and not model.training
-            and model.config.num_dense == len(MODEL_FEATURES)
-            and isinstance(model.mlp[0], nn.Linear)
-            and all(isinstance(m, nn.Linear | nn.ReLU | nn.Dropout) for m in model.mlp)
-            and all(p.dtype == torch.float32 for p in model.parameters())
-        )
-
-    @torch.no_grad()
-    def __init__(self, model: PreRanker, item_ids: np.ndarray, item_dense: np.ndarray) -> None:
-        """``item_ids [M]`` and their raw ``ITEM_FEATURES`` ``item_dense [M, 4]`` (NaN where
-        unknown): the in-memory item table the server scores against."""
-        if not self.supports(model):
-            raise TypeError(f"{type(model).__name__} cannot be split by input side (or in train)")
-        first: nn.Linear = model.mlp[0]  # type: ignore[assignment]
-        d, n = model.config.embedding_dim, len(MODEL_FEATURES)
-        weight = first.weight.detach().float()
-        self._buckets = model.config.id_buckets
-        self._user = _Side(model, self._USER)
-        self._item = _Side(model, self._ITEM)
-        self._genre = _Side(model, self._GENRE)
-        self._user_embedding = model.user_embedding.weight.detach().numpy().copy()
-        self._item_embedding = model.item_embedding.weight.detach().numpy().copy()
-        self._w_user_emb = weight[:, n : n + d].T.numpy().copy()  # [d, h0]
-        self._w_item_emb = weight[:, n + d : n + 2 * d].T.numpy().copy()
-        bias = first.bias.detach() if first.bias is not None else torch.zeros(weight.shape[0])
-        self._bias = bias.float().numpy().copy()
-        # The layers after the first as (weight^T, bias) for Linear, None for ReLU; dropout is
-        # the identity in eval mode.
-        self._layers: list[tuple[torch.Tensor, torch.Tensor] | None] = []
-        for module in list(model.mlp)[1:]:
-            if isinstance(module, nn.Linear):
-                b = module.bias if module.bias is not None else torch.zeros(module.out_features)
-                self._layers.append((module.weight.detach().T.clone(), b.detach().clone()))
-            elif isinstance(module, nn.ReLU):
-                self._layers.append(None)
-        self.item_part = self._item_part(
-            np.asarray(item_dense, dtype=np.float32).reshape(-1, len(self._ITEM)),
-            np.asarray(item_ids, dtype=np.int64),
-        )
-        """``[M, h0]`` float32: the item side of the first layer, per row of the item table."""
-
-    def _item_part(self, dense: np.ndarray, item_ids: np.ndarray) -> np.ndarray:
-        embedding = self._item_embedding[np.remainder(item_ids, self._buckets)]
-        part = self._item.part(dense) + embedding @ self._w_item_emb
-        return np.ascontiguousarray(part, dtype=np.float32)
-
-    def logits(
-        self,
-        user_id: int,
-        user_dense: np.ndarray,
-        genre_dense: np.ndarray,
-        rows: np.ndarray,
-        codes: np.ndarray,
-        item_ids: np.ndarray,
-    ) -> torch.Tensor:
-        """Logits ``[N]``.
-
-        ``user_dense [4]``: the user's USER_FEATURES; ``genre_dense [G + 1, 3]``: the user's
-        USER_GENRE_FEATURES per genre code, the last row for code -1; ``rows [N]``: each
-        candidate's row in the item table (-1: not in it); ``codes [N]``: its genre code
-        (-1: unknown); ``item_ids [N]``: the candidates. NaN marks an unknown feature.
-        """
-        embedding = self._user_embedding[user_id % self._buckets]
-        shared = self._bias + embedding @ self._w_user_emb
-        shared = shared + self._user.part(np.reshape(user_dense, (1, -1)))[0]  # [h0]
-        per_genre = self._genre.part(genre_dense) + shared  # [G + 1, h0]
-        known = rows >= 0
-        if known.all():
-            h = self.item_part.take(rows, axis=0)
-        else:
-            h = np.empty((len(rows), self.item_part.shape[1]), dtype=np.float32)
-            h[known] = self.item_part[rows[known]]
-            unknown = ~known
-            h[unknown] = self._item_part(
-                np.full((int(unknown.sum()), len(self._ITEM)), np.nan, dtype=np.float32),
-                np.asarray(item_ids, dtype=np.int64)[unknown],
-            )
-        h += per_genre.take(codes, axis=0, mode="wrap")  # code -1: the last row
-        x = torch.from_numpy(h)
-        for layer in self._layers:
-            x = torch.relu_(x) if layer is None else torch.addmm(layer[1], x, layer[0])
-        return x.squeeze(-1)
 
 
 # --- The ranking cascade over encoded fields (models.preranking.fields) --------------------
@@ -701,14 +553,15 @@ def cross_keys(
     return cross, rows.reshape(-1)
 
 
-STORE_FIELDS: dict[str, str] = {f.name: f.kind for f in FIELDS}
-"""Fields the server takes from its own sources, by kind: ids from the request, the user's and
-user x genre features from the online store, item features from the in-memory item table."""
+STORE_FIELDS: dict[str, str] = {f.name: f.kind for f in ID_FIELDS}
+"""Fields the server takes from its own sources, by kind: the user and item ids from the
+request, the item's genre (its catalogue category) from the in-memory item table."""
 
 
 def request_fields(model: nn.Module) -> dict[str, str]:
     """``{name: kind}`` of the fields a ColdPreRanker reads that are not :data:`STORE_FIELDS`
-    (extra fields of its field set, e.g. cross statistics): a request must carry their values."""
+    (the statistics of its field set): the server reads them from the online store, or a
+    request carries their values."""
     field_set: FieldSet = getattr(model, "field_set", FIELDS)
     out: dict[str, str] = {}
     for name in getattr(model, "fields", ()):
@@ -716,157 +569,3 @@ def request_fields(model: nn.Module) -> dict[str, str]:
         if STORE_FIELDS.get(name) != kind:
             out[name] = kind
     return out
-
-
-class ColdSharedScorer:
-    """A :class:`ColdPreRanker` with its encoder, split by side for one user x N candidates.
-
-    The pre-ranker's first layer is a sum of per-side parts (see :class:`ColdPreRanker`), and
-    the user x item interaction part is linear in the item embeddings once the user is fixed,
-    so per served version and per request the work splits as:
-
-    * item side (``item_id``, ``genre``, ITEM_FEATURES): encoded and embedded for every item of
-      the table when a version loads; its share of the first layer, ``[M, h0]``, and its
-      flattened embeddings, ``[M, Fi * d]``, are kept;
-    * user side (``user_id``, USER_FEATURES): encoded, embedded and put through the user
-      linear map once per request; with it the interaction weights collapse to one
-      ``[Fi * d, h0]`` matrix for the request, so the interactions of all candidates are one
-      matmul of their gathered item embeddings;
-    * cross side (USER_GENRE_FEATURES): encoded and put through the cross linear map once per
-      genre of the request, ``[G + 1, h0]`` (the last row: unknown genre), gathered per
-      candidate by genre code.
-
-    Scores equal :meth:`ColdPreRanker.forward` on the encoded rows up to float rounding; a
-    candidate missing from the table gets its item side computed on the spot (its id encoded,
-    every item feature unknown), as the full forward would score it.
-    """
-
-    @classmethod
-    def supports(cls, model: nn.Module) -> bool:
-        """True for an fp32 ColdPreRanker in eval mode (hard gates, if gated) that reads only
-        fields of the default contract (:data:`models.preranking.fields.FIELDS`), whose values
-        this scorer takes from the item table, the user's and the user x genre features."""
-        return (
-            type(model) is ColdPreRanker
-            and not model.training
-            and all(p.dtype == torch.float32 for p in model.parameters())
-            and not request_fields(model)
-        )
-
-    @torch.no_grad()
-    def __init__(
-        self,
-        model: ColdPreRanker,
-        encoder: FieldEncoder,
-        item_ids: np.ndarray,
-        item_dense: np.ndarray,
-        item_genres: Sequence[str | None],
-    ) -> None:
-        """``item_ids [M]``, their raw ``ITEM_FEATURES`` ``item_dense [M, 4]`` (NaN: unknown)
-        and primary genres ``item_genres [M]`` (None: unknown): the in-memory item table."""
-        if not self.supports(model):
-            raise TypeError(
-                f"{type(model).__name__} cannot be split by side (in train, not fp32, or it "
-                f"reads fields outside the default contract: {list(request_fields(model))})"
-            )
-        self.model = model
-        self.encoder = encoder
-        field_set = model.field_set
-        self._user_fields = [field_set[int(p)].name for p in model.user_index.tolist()]
-        self._item_fields = [field_set[int(p)].name for p in model.item_index.tolist()]
-        self._cross_fields = [field_set[int(p)].name for p in model.cross_index.tolist()]
-        gu, gi, gc = model._split_gates(model._gates(1, None))
-        self._gates = (gu, gi, gc)
-        item_ids = np.asarray(item_ids, dtype=np.int64)
-        dense = np.asarray(item_dense, dtype=np.float32).reshape(len(item_ids), -1)
-        self.item_flat, self.item_part = self._item_side(item_ids, dense, list(item_genres))
-        self._interaction: torch.Tensor | None = None
-        if len(self._user_fields) and len(self._item_fields):
-            weight = model.interaction_linear.weight  # [h0, Fu * Fi], Fu-major
-            self._interaction = weight.reshape(
-                weight.shape[0], len(self._user_fields), len(self._item_fields)
-            )
-
-    def _codes(self, names: list[str], columns: dict[str, Any], rows: int) -> torch.Tensor:
-        """``[rows, len(names)]`` codes of the named fields from raw values."""
-        codes = np.zeros((rows, len(names)), dtype=np.int64)
-        for j, name in enumerate(names):
-            codes[:, j] = self.encoder.encode_column(name, columns[name])
-        return torch.from_numpy(codes)
-
-    def _embed(self, side: str, codes: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-        emb = getattr(self.model, f"{side}_embedding")(codes)
-        if gate is not None:
-            emb = emb * gate[:1].unsqueeze(-1).to(emb.dtype)
-        return emb
-
-    def _item_side(
-        self, item_ids: np.ndarray, dense: np.ndarray, genres: list[str | None]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(flattened item embeddings [M, Fi * d], item share of the first layer [M, h0])``."""
-        columns: dict[str, Any] = {"item_id": item_ids, "genre": genres}
-        columns.update({name: dense[:, j] for j, name in enumerate(ITEM_FEATURES)})
-        codes = self._codes(self._item_fields, columns, len(item_ids))
-        emb = self._embed("item", codes, self._gates[1])
-        flat = emb.flatten(1)
-        h0 = self.model.user_linear.out_features
-        if not self._item_fields:
-            return flat, torch.zeros(len(item_ids), h0)
-        return flat, self.model.item_linear(flat)
-
-    @torch.no_grad()
-    def logits(
-        self,
-        user_id: int,
-        user_dense: np.ndarray,
-        genre_dense: np.ndarray,
-        rows: np.ndarray,
-        codes: np.ndarray,
-        item_ids: np.ndarray,
-    ) -> torch.Tensor:
-        """Logits ``[N]``; the arguments as in :meth:`SharedUserScorer.logits`."""
-        model = self.model
-        user_columns: dict[str, Any] = {"user_id": [int(user_id)]}
-        user_values = np.asarray(user_dense, dtype=np.float32).reshape(1, -1)
-        user_columns.update({name: user_values[:, j] for j, name in enumerate(USER_FEATURES)})
-        u = self._embed("user", self._codes(self._user_fields, user_columns, 1), self._gates[0])
-        shared = model._user_part(u)  # [1, h0], the bias included
-        # Cross side, once per genre of the request (the last row: unknown genre).
-        if self._cross_fields:
-            genre_values = np.asarray(genre_dense, dtype=np.float32)
-            cross_columns = {name: genre_values[:, j] for j, name in enumerate(USER_GENRE_FEATURES)}
-            c = self._embed(
-                "cross",
-                self._codes(self._cross_fields, cross_columns, len(genre_values)),
-                self._gates[2],
-            )
-            per_genre = model.cross_linear(c.flatten(1)) + shared  # [G + 1, h0]
-        else:
-            per_genre = shared.expand(len(genre_dense), -1)
-        rows = np.asarray(rows, dtype=np.int64)
-        known = rows >= 0
-        if known.all():
-            index = torch.from_numpy(rows)
-            item_flat, h = self.item_flat[index], self.item_part[index]
-        else:
-            item_flat = torch.empty(len(rows), self.item_flat.shape[1])
-            h = torch.empty(len(rows), self.item_part.shape[1])
-            inside = torch.from_numpy(known)
-            item_flat[inside] = self.item_flat[torch.from_numpy(rows[known])]
-            h[inside] = self.item_part[torch.from_numpy(rows[known])]
-            missing = ~known
-            count = int(missing.sum())
-            unknown_flat, unknown_part = self._item_side(
-                np.asarray(item_ids, dtype=np.int64)[missing],
-                np.full((count, len(ITEM_FEATURES)), np.nan, dtype=np.float32),
-                [None] * count,
-            )
-            item_flat[~inside], h[~inside] = unknown_flat, unknown_part
-        # code -1 (unknown genre) wraps to the last row, as numpy's take(mode="wrap") does.
-        genre_rows = torch.from_numpy(np.where(codes < 0, len(genre_dense) - 1, codes))
-        h = h + per_genre[genre_rows]
-        if self._interaction is not None:
-            # sum_{f,g} W[:, f, g] <u_f, i_g> = i_flat @ A with A[g*d + k] = sum_f W[:, f, g] u_f[k]
-            collapsed = torch.einsum("hfg,fk->gkh", self._interaction, u[0]).reshape(-1, h.shape[1])
-            h = h + item_flat @ collapsed
-        return model.mlp(torch.relu(h)).squeeze(-1)

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from cascade.config import Settings
-from cascade.ctr_schema import ITEM_FEATURES, USER_FEATURES
 from cascade.deployments import (
     ROLLED_BACK_TAG,
     ErrorRatePolicy,
@@ -110,7 +109,7 @@ def test_shadow_scores_are_logged_beside_the_champion_without_changing_responses
 
     def load(settings: Settings, alias: str) -> Any:
         if alias == "challenger":
-            return fakes.FakeLoaded(model=fakes.network(9), version="9", run_id="run-9")
+            return fakes.engine_loaded("9", seed=9)
         return base.load_champion(settings, alias)
 
     backends = dataclasses.replace(base, champion_version=version, load_champion=load)
@@ -148,9 +147,10 @@ def test_shadow_scores_are_logged_beside_the_champion_without_changing_responses
     assert shadowed.observer.requests == {"3": 6} and shadowed.observer.dropped == 0
     # The served features are logged per candidate, as the monitor's drift check needs them.
     row = frame[(frame.user_id == 2) & (frame.item_id == 5)].iloc[0]
-    assert row.user_impressions == 20.0 and row.item_impressions == 105.0
+    assert row.user_imp_7d == fakes.user_value("user_imp_7d", 2) == 20.0
+    assert row.item_imp_7d == fakes.item_value("item_imp_7d", 5) == 26.0
     assert row.genre == fakes.genre_of(5)
-    assert set(frame.columns) >= {*USER_FEATURES, *ITEM_FEATURES, "genre"}
+    assert set(frame.columns) >= {*fakes.USER_FIELDS, *fakes.ITEM_FIELDS, "genre"}
     log_clicks(
         ds, frame[["request_id", "item_id"]].assign(click=frame.item_id % 2), settings=settings
     )

@@ -1,37 +1,63 @@
 """Fakes of the registry and the online store for the serving tests (no MLflow, no Feast).
 
-The champion lives in a JSON file ``{"version": "3", "seed": 3}`` that a test rewrites to
-promote another version; the network of a version is a PreRanker initialised from its seed.
+The champion lives in a JSON file ``{"version": "3", "seed": 3, "kind": "engine"}`` that a test
+rewrites to promote another version. A version of kind ``engine`` (the default) is what the
+pipeline trains: a ColdPreRanker over the ids and engine statistics of the three served pairs
+(``jobs.ctr_training_set.SERVED_PAIRS``), named and kinded as the training-set builder declares
+them, initialised from its seed, whose run names the cross source :data:`SOURCE`. The online
+store is :class:`EngineStore`, a recording fake over fixed tables keyed as the engine's
+``cross_<pair>`` views are; the item catalogue is :data:`CATALOG`. The other kinds are versions
+the server refuses (see :func:`write_champion`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
 from cascade.config import Settings
-from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE, USER_FEATURES, USER_GENRE_FEATURES
-from models.preranking.fields import FIELD_NAMES, FIELDS, FieldEncoder, FieldSet
+from cascade.online_cross import CrossFeatureSource
+from jobs import ctr_cross_stats as engine
+from jobs.ctr_training_set import SERVED_PAIRS, declarations
+from models.preranking.fields import FIELDS, ID_FIELDS, FieldEncoder, FieldSet
 from models.preranking.model import CascadeNetConfig, ColdPreRanker, PreRanker, PreRankerConfig
+from models.preranking.synthetic_data import synthetic_training_frame
 from serving.preranking import Backends
 
 GENRES = ("Action", "Comedy", "Drama")
 CATALOG = tuple(range(1, 201))
-"""Items with known features; every other id is unknown to the store."""
+"""The items of the source's catalogue; every other id is unknown to the server."""
+SOURCE = "generated"
+"""The cross source every engine version's run names."""
+USER_FIELDS = ("user_ctr_7d", "user_imp_7d")
+ITEM_FIELDS = ("item_dctr_7d", "item_imp_7d")
+CROSS_FIELDS = ("user_cat_ctr_7d",)
+ENGINE_FIELDS = (*USER_FIELDS, *ITEM_FIELDS, *CROSS_FIELDS)
+USERS = range(1, 12)
+ABSENT_USER = 3
+"""A user the store holds no statistics of."""
+ABSENT_USER_CAT = (4, "Drama")
+OUTSIDE = 250
+"""An item the store holds statistics of, but the catalogue does not list."""
+UNKNOWN = 999_999
+"""An item nobody knows."""
+CROSS_FIELD = "ctr_user_x_item_genre_7d"
+"""An extra cross field of an ``engine_cross`` version: no view serves it, requests carry it."""
 
 
 @dataclass
 class FakeLoaded:
     """Stands in for models.preranking.inference.LoadedModel."""
 
-    model: PreRanker | ColdPreRanker
+    model: torch.nn.Module
     version: str
     run_id: str
     test_auc: float = 0.7
@@ -40,61 +66,87 @@ class FakeLoaded:
     compiled_reason: str = ""
 
 
-CROSS_FIELD = "ctr_user_x_item_genre_7d"
-"""An extra cross field of the ``fscd_cross`` champion: no store serves it, requests carry it."""
+def genre_of(item_id: int) -> str:
+    return GENRES[item_id % len(GENRES)]
+
+
+def user_value(name: str, user_id: int) -> float:
+    if user_id == ABSENT_USER or user_id not in USERS:
+        return math.nan
+    return ((user_id * 7) % 11 + 1) / 20 if name == "user_ctr_7d" else 10.0 * user_id
+
+
+def item_value(name: str, item_id: int) -> float:
+    """The store's value (NaN for every seventh item: no statistics)."""
+    if item_id % 7 == 0 or not (item_id in CATALOG or item_id == OUTSIDE):
+        return math.nan
+    return ((item_id * 3) % 13 + 1) / 30 if name == "item_dctr_7d" else 5.0 * item_id + 1
+
+
+def user_cat_value(user_id: int, genre: str | None) -> float:
+    if genre is None or user_id not in USERS or (user_id, genre) == ABSENT_USER_CAT:
+        return math.nan
+    return ((user_id * 5 + GENRES.index(genre) * 3) % 9 + 1) / 15
 
 
 def cross_value(user_id: int, item_id: int) -> float:
     return ((user_id * 7 + item_id * 3) % 11) / 10.0
 
 
-def feature_rows(cross: bool = False) -> pd.DataFrame:
-    """Users 1..11 x the catalogue with the fake store's features, as training-set fields
-    (``cross``: with :data:`CROSS_FIELD` too)."""
-    items = item_features(FakeStore(), CATALOG)
+def engine_rows(
+    user_ids: Sequence[int], item_ids: Sequence[int], catalogue: Sequence[int] = CATALOG
+) -> pd.DataFrame:
+    """Training-set rows as the offline join assembles them: each candidate's category from
+    the catalogue (None outside it), its item statistics only when the catalogue lists it."""
     rows = []
-    for user_id in range(1, 12):
-        user, per_genre = user_features(FakeStore(), user_id, GENRES)
-        for item_id, item in items.iterrows():
-            rows.append(
-                {
-                    "user_id": user_id,
-                    "item_id": item_id,
-                    "genre": item[ITEM_GENRE],
-                    **user,
-                    **{f: item[f] for f in ITEM_FEATURES},
-                    **per_genre[item[ITEM_GENRE]],
-                }
-            )
-    frame = pd.DataFrame(rows, columns=list(FIELD_NAMES))
-    if cross:
-        frame[CROSS_FIELD] = [
-            cross_value(u, i) for u, i in zip(frame["user_id"], frame["item_id"], strict=True)
-        ]
-    return frame
+    for user_id in user_ids:
+        for item_id in item_ids:
+            listed = item_id in catalogue
+            genre = genre_of(item_id) if listed else None
+            row: dict[str, Any] = {"user_id": user_id, "item_id": item_id, "genre": genre}
+            row.update({f: user_value(f, user_id) for f in USER_FIELDS})
+            row.update({f: item_value(f, item_id) if listed else math.nan for f in ITEM_FIELDS})
+            row["user_cat_ctr_7d"] = user_cat_value(user_id, genre)
+            rows.append(row)
+    return pd.DataFrame(rows)
 
 
-def cold_network(
-    seed: int,
+def engine_network(
+    seed: int = 5,
+    *,
     cross: bool = False,
     extra: pd.DataFrame | None = None,
-    declarations: Mapping[str, Mapping[str, Any]] | None = None,
+    declared: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[ColdPreRanker, FieldEncoder]:
-    """An FSCD pre-ranker over a subset of the fields (as FSCD keeps), with its encoder fitted
-    on the fake store's features; random weights of a scale that spreads the scores. ``cross``:
-    its field set has :data:`CROSS_FIELD` too, and it keeps it. ``extra``: more field columns
-    over the rows of :func:`feature_rows` (same order), declared by ``declarations`` (as
-    ``FieldSet.from_declarations`` takes them); the network keeps them too."""
-    declared = dict(declarations or {})
+    """A ColdPreRanker over the ids and :data:`ENGINE_FIELDS` (no MovieLens-shaped field),
+    kinded by the training-set builder's declarations, its encoder fitted on
+    :func:`engine_rows` of :data:`USERS` x :data:`CATALOG`; random weights of a scale that
+    spreads the scores. ``cross``: :data:`CROSS_FIELD` too. ``declared``: the ids and these
+    fields instead (as ``FieldSet.from_declarations`` takes them), their values ``extra``'s
+    columns over the same rows, in order."""
+    rows = engine_rows(list(USERS), CATALOG)
+    if declared is None:
+        built = declarations(SERVED_PAIRS, (7,))
+        chosen = {
+            name: {"kind": built[name]["kind"], "window_days": built[name]["window_days"]}
+            for name in ENGINE_FIELDS
+        }
+        assert [chosen[n]["kind"] for n in ENGINE_FIELDS] == ["user"] * 2 + ["item"] * 2 + ["cross"]
+    else:
+        chosen = {name: dict(spec) for name, spec in declared.items()}
+        rows = rows[[spec.name for spec in ID_FIELDS]]
     if cross:
-        declared = {CROSS_FIELD: {"kind": "cross", "window_days": 7}, **declared}
-    rows = feature_rows(cross)
+        chosen[CROSS_FIELD] = {"kind": "cross", "window_days": 7}
+        rows[CROSS_FIELD] = [
+            cross_value(u, i) for u, i in zip(rows["user_id"], rows["item_id"], strict=True)
+        ]
     if extra is not None:
         rows = pd.concat([rows, extra.reset_index(drop=True)], axis=1)
-    field_set = FieldSet.from_declarations(declared, rows) if declared else FIELDS
+    field_set = FieldSet.from_declarations(chosen, rows, base=ID_FIELDS)
     encoder = FieldEncoder(field_set, bins=6).fit(rows)
-    fields = ("user_id", "user_ctr", "item_id", "genre", "item_ctr", "ug_ctr", "ug_clicks")
-    return spread_preranker(seed, fields + tuple(declared), encoder), encoder
+    net = spread_preranker(seed, tuple(field_set.names), encoder)
+    net.eval()
+    return net, encoder
 
 
 def spread_preranker(seed: int, fields: tuple[str, ...], encoder: FieldEncoder) -> ColdPreRanker:
@@ -114,97 +166,79 @@ def spread_preranker(seed: int, fields: tuple[str, ...], encoder: FieldEncoder) 
     return net
 
 
-def network(seed: int) -> PreRanker:
+def movielens_network(seed: int) -> tuple[ColdPreRanker, FieldEncoder]:
+    """A ColdPreRanker over the default MovieLens-shaped field set (a version the server
+    refuses: no store serves those fields)."""
+    frame = synthetic_training_frame(2_000, users=40, items=60, seed=seed)
+    encoder = FieldEncoder(FIELDS, bins=6).fit(frame)
+    fields = ("user_id", "user_ctr", "item_id", "genre", "item_ctr", "ug_ctr")
+    net = spread_preranker(seed, fields, encoder)
+    net.eval()
+    return net, encoder
+
+
+def dense_network(seed: int) -> PreRanker:
+    """A dense-feature PreRanker (a version the server refuses)."""
     torch.manual_seed(seed)
-    net = PreRanker(PreRankerConfig(id_buckets=512, embedding_dim=8, hidden=(16,)))
-    # Standardize like training would, so the scores are spread and not saturated at 1.0.
-    rows = []
-    for user_id in range(1, 12):
-        user, per_genre = user_features(FakeStore(), user_id, GENRES)
-        items = item_features(FakeStore(), CATALOG)
-        for _, item in items.iterrows():
-            ug = per_genre[item[ITEM_GENRE]]
-            rows.append(
-                [user[f] for f in USER_FEATURES]
-                + [item[f] for f in ITEM_FEATURES]
-                + [ug[f] for f in USER_GENRE_FEATURES]
-            )
-    net.fit_normalizer(torch.tensor(rows, dtype=torch.float32))
-    return net
+    return PreRanker(PreRankerConfig(id_buckets=512, embedding_dim=8, hidden=(16,))).eval()
 
 
-def genre_of(item_id: int) -> str:
-    return GENRES[item_id % len(GENRES)]
+def engine_loaded(version: str = "7", seed: int = 5, **network: Any) -> FakeLoaded:
+    """An engine version of run ``run-<version>``; ``network``: :func:`engine_network`'s."""
+    net, encoder = engine_network(seed, **network)
+    return FakeLoaded(model=net, version=version, run_id=f"run-{version}", encoder=encoder)
 
 
-@dataclass
-class FakeStore:
-    """Records the lookups so tests can check what the server asked for."""
+class EngineStore:
+    """The online store's ``cross_user``, ``cross_item`` and ``cross_user_cat`` views:
+    records each read's view and keys."""
 
-    user_calls: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
-    item_calls: list[tuple[int, ...]] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.reads: list[tuple[str, list[tuple[Any, ...]]]] = []
 
+    def sources(self, fields: Sequence[str]) -> dict[str, CrossFeatureSource]:
+        out = {}
+        for pair in (engine.USER, engine.ITEM, engine.USER_CAT):
+            for column in engine.feature_columns(pair, (7,)):
+                out[column] = CrossFeatureSource(
+                    field=column, view=f"cross_{pair.name}", feature=column, join_keys=pair.keys
+                )
+        return {name: out[name] for name in fields if name in out}
 
-def user_features(
-    store: FakeStore, user_id: int, genres: Sequence[str]
-) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    store.user_calls.append((user_id, tuple(genres)))
-    if user_id <= 0:
-        nan = math.nan
-        return (
-            {"user_impressions": nan, "user_clicks": nan, "user_ctr": nan, "user_age": nan},
-            {g: dict.fromkeys(USER_GENRE_FEATURES, nan) for g in genres},
-        )
-    user = {
-        "user_impressions": 10.0 * user_id,
-        "user_clicks": float(user_id % 9 + 1),
-        "user_ctr": (user_id % 9 + 1) / (10.0 * user_id),
-        "user_age": 20.0 + user_id % 40,
-    }
-    per_genre = {
-        g: {
-            "ug_impressions": 5.0 + i + user_id % 5,
-            "ug_clicks": 1.0 + i,
-            "ug_ctr": (1.0 + i) / (5.0 + i + user_id % 5),
+    def read(
+        self, view: str, join_keys: Sequence[str], keys: Sequence[Sequence[Any]], features: Any
+    ) -> np.ndarray:
+        self.reads.append((view, [tuple(k) for k in keys]))
+        value: dict[str, Callable[[tuple[Any, ...], str], float]] = {
+            "cross_user": lambda key, f: user_value(f, key[0]),
+            "cross_item": lambda key, f: item_value(f, key[0]),
+            "cross_user_cat": lambda key, f: user_cat_value(key[0], key[1]),
         }
-        for g in genres
-        for i in [GENRES.index(g) if g in GENRES else 0]
-    }
-    return user, per_genre
+        return np.array(
+            [[value[view](tuple(k), f) for f in features] for k in keys], dtype=np.float64
+        ).reshape(len(keys), len(features))
+
+    def views(self) -> list[str]:
+        return [view for view, _ in self.reads]
 
 
-def item_features(store: FakeStore, item_ids: Sequence[int]) -> pd.DataFrame:
-    store.item_calls.append(tuple(item_ids))
-    rows = []
-    for item_id in item_ids:
-        known = item_id in CATALOG
-        rows.append(
-            {
-                "item_id": item_id,
-                "item_impressions": 100.0 + item_id if known else math.nan,
-                "item_clicks": 10.0 + item_id % 7 if known else math.nan,
-                "item_ctr": (10.0 + item_id % 7) / (100.0 + item_id) if known else math.nan,
-                "item_release_year": 1990.0 + item_id % 10 if known else math.nan,
-                ITEM_GENRE: genre_of(item_id) if known else None,
-            }
-        )
-    frame = pd.DataFrame(rows, columns=["item_id", *ITEM_FEATURES, ITEM_GENRE])
-    return frame.set_index("item_id")
-
-
-def catalogue_frame(item_ids: Sequence[int] = CATALOG) -> pd.DataFrame:
-    """The fake catalogue as the engine writes it (``item_id``, ``item_category``)."""
-    return pd.DataFrame(
-        {"item_id": list(item_ids), "item_category": [genre_of(i) for i in item_ids]}
-    )
+KINDS = ("engine", "engine_cross", "unsourced", "movielens", "mlp")
+"""Versions :func:`write_champion` promotes: ``engine``, ``engine_cross`` (with
+:data:`CROSS_FIELD`) are served; ``unsourced`` (an engine network whose run names no source),
+``movielens`` (a ColdPreRanker over the MovieLens-shaped fields) and ``mlp`` (a dense
+PreRanker) are refused."""
 
 
 def write_champion(
-    path: Path, version: str | None, seed: int = 0, kind: str = "mlp", compiled: Path | None = None
+    path: Path,
+    version: str | None,
+    seed: int = 0,
+    kind: str = "engine",
+    compiled: Path | None = None,
 ) -> None:
     """Promote ``version`` (None removes the alias); written atomically for the poller.
-    ``kind``: ``mlp`` (a PreRanker), ``fscd`` (a ColdPreRanker with its encoder, and the
-    ``compiled`` package of its run when given)."""
+    ``kind``: one of :data:`KINDS`; ``compiled``: the package of its run."""
+    assert kind in KINDS, kind
     tmp = path.with_suffix(".tmp")
     package = None if compiled is None else str(compiled)
     champion = (
@@ -222,19 +256,27 @@ def _champion(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text())
 
 
+def catalogue_frame(item_ids: Sequence[int] = CATALOG) -> pd.DataFrame:
+    """The fake catalogue as the engine writes it (``item_id``, ``item_category``)."""
+    return pd.DataFrame(
+        {"item_id": list(item_ids), "item_category": [genre_of(i) for i in item_ids]}
+    )
+
+
 def backends(
     champion_file: Path,
-    store: FakeStore | None = None,
+    store: EngineStore | None = None,
     *,
     sources: Mapping[str, str] | None = None,
     catalogue: pd.DataFrame | None = None,
 ) -> Backends:
-    """The fake registry and store; ``sources``: ``{run_id: cross source}`` of the versions
-    trained on the cross-statistics engine (every other run is legacy); ``catalogue``: the
-    engine's item catalogue of every source (default :func:`catalogue_frame`)."""
-    store = store or FakeStore()
-    runs = dict(sources or {})
+    """The fake registry, online store (``store``, default a new :class:`EngineStore`) and
+    catalogue; ``sources``: ``{run_id: cross source}`` of every run (default: each run names
+    :data:`SOURCE` but those of ``unsourced`` champions); ``catalogue``: the engine's item
+    catalogue of every source (default :func:`catalogue_frame`)."""
+    reader = store or EngineStore()
     items = catalogue_frame() if catalogue is None else catalogue
+    unsourced: set[str] = set()
 
     def champion_version(settings: Settings, alias: str) -> str | None:
         champ = _champion(champion_file)
@@ -244,26 +286,30 @@ def backends(
         champ = _champion(champion_file)
         if champ is None:
             return None
-        version, run_id = str(champ["version"]), f"run-{champ['version']}"
-        if champ.get("kind") in ("fscd", "fscd_cross"):
-            cold, encoder = cold_network(int(champ["seed"]), cross=champ["kind"] == "fscd_cross")
-            compiled = champ.get("compiled")
-            return FakeLoaded(
-                model=cold,
-                version=version,
-                run_id=run_id,
-                encoder=encoder,
-                compiled=None if compiled is None else Path(compiled),
-            )
-        return FakeLoaded(model=network(int(champ["seed"])), version=version, run_id=run_id)
+        version, seed, kind = str(champ["version"]), int(champ["seed"]), champ.get("kind")
+        run_id = f"run-{version}"
+        compiled = None if champ.get("compiled") is None else Path(champ["compiled"])
+        if kind == "mlp":
+            return FakeLoaded(model=dense_network(seed), version=version, run_id=run_id)
+        if kind == "movielens":
+            net, encoder = movielens_network(seed)
+        else:
+            net, encoder = engine_network(seed, cross=kind == "engine_cross")
+        if kind == "unsourced":
+            unsourced.add(run_id)
+        return FakeLoaded(
+            model=net, version=version, run_id=run_id, encoder=encoder, compiled=compiled
+        )
+
+    def version_source(settings: Settings, run_id: str) -> str | None:
+        if sources is not None:
+            return sources.get(run_id)
+        return None if run_id in unsourced else SOURCE
 
     return Backends(
         champion_version=champion_version,
         load_champion=load_champion,
-        open_feature_store=lambda settings: store,
-        user_features=user_features,
-        item_features=item_features,
-        catalog_item_ids=lambda settings: CATALOG,
-        version_source=lambda settings, run_id: runs.get(run_id),
+        version_source=version_source,
+        open_cross_reader=lambda settings: reader,
         item_catalogue=lambda settings, source: items.copy(),
     )

@@ -7,47 +7,36 @@ from typing import Any
 import numpy as np
 import serving_fakes
 import torch
-from serving_fakes import CATALOG, CROSS_FIELD, GENRES, FakeStore
+from serving_fakes import CATALOG, CROSS_FIELD, GENRES, ITEM_FIELDS, USER_FIELDS
 
-from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE, USER_FEATURES, USER_GENRE_FEATURES
 from serving.cold_scorer import CompiledColdScorer, _combine, eager_run
 from serving.online_fields import KeyedColumn
 
 
 def scorer_of(run: Any, model: Any, encoder: Any) -> CompiledColdScorer:
-    items = serving_fakes.item_features(FakeStore(), CATALOG)
+    """The scorer over the catalogue, with the store's item fields in its table."""
+    item_dense = np.array([[serving_fakes.item_value(f, i) for f in ITEM_FIELDS] for i in CATALOG])
+    genres = [serving_fakes.genre_of(i) for i in CATALOG]
     return CompiledColdScorer(
-        run,
-        model.eval(),
-        encoder,
-        np.asarray(CATALOG),
-        items[list(ITEM_FEATURES)].to_numpy(),
-        items[ITEM_GENRE].tolist(),
+        run, model.eval(), encoder, np.asarray(CATALOG), item_dense, genres, ITEM_FIELDS
     )
 
 
-def request(n: int, seed: int = 0) -> tuple[Any, ...]:
-    """``(user_id, user_dense, genre_dense, rows, codes, item_ids)`` of one request: n
-    candidates from the table (one unknown item, no genre)."""
+def request(n: int, seed: int = 0) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """``(user_id, rows, item_ids, genre codes)`` of one request: n candidates from the
+    table and, last, one unknown item (no genre: code -1)."""
     rng = np.random.default_rng(seed)
-    user, per_genre = serving_fakes.user_features(FakeStore(), 5, GENRES)
-    user_dense = np.array([user[f] for f in USER_FEATURES], dtype=np.float32)
-    genre_dense = np.array(
-        [[per_genre[g][f] for f in USER_GENRE_FEATURES] for g in GENRES]
-        + [[np.nan] * len(USER_GENRE_FEATURES)],
-        dtype=np.float32,
-    )
     rows = rng.integers(0, len(CATALOG), n)
     rows[-1] = -1
     item_ids = np.asarray(CATALOG)[rows]
     item_ids[-1] = 999_999
     codes = np.array([GENRES.index(serving_fakes.genre_of(int(i))) for i in item_ids])
     codes[-1] = -1
-    return 5, user_dense, genre_dense, rows, codes, item_ids
+    return 5, rows, item_ids, codes
 
 
 def test_the_cross_side_runs_once_per_key_and_scores_as_per_candidate() -> None:
-    model, encoder = serving_fakes.cold_network(3, cross=True)
+    model, encoder = serving_fakes.engine_network(3, cross=True)
     keys_seen: list[int] = []
     eager = eager_run(model)
 
@@ -62,25 +51,36 @@ def test_the_cross_side_runs_once_per_key_and_scores_as_per_candidate() -> None:
     per_candidate.inputs = 2  # type: ignore[attr-defined]
     keyed = scorer_of(keyed_run, model, encoder)
     older = scorer_of(per_candidate, model, encoder)
-    args = request(300)
-    n = len(args[3])
-    # The extra cross field read online: one value per (user, genre) key, 3 keys; the
-    # unknown item has no key.
-    per_key = np.array([0.1, 0.7, 0.4])
-    valid = args[4] >= 0
-    column = KeyedColumn(values=per_key, inverse=args[4][valid], valid=valid)
-    got = keyed.logits(*args, keyed={CROSS_FIELD: column})
-    # Genres (3 + unknown) x keys (3 + none) pair up per candidate: 4 distinct keys, not 300.
-    assert keys_seen == [4]
-    want = older.logits(*args, keyed={CROSS_FIELD: column})
+    assert keyed.table_fields == set(ITEM_FIELDS)
+    assert keyed.request_fields == dict.fromkeys(USER_FIELDS, "user") | {
+        "user_cat_ctr_7d": "cross",
+        CROSS_FIELD: "cross",
+    }
+    user_id, rows, item_ids, codes = request(300)
+    n = len(rows)
+    user = {f: np.array([serving_fakes.user_value(f, user_id)]) for f in USER_FIELDS}
+    # Two cross fields read online from two views: one per (user, genre) key, 3 keys, one
+    # per item parity, 2 keys; the unknown item has neither key.
+    valid = codes >= 0
+    by_genre = KeyedColumn(values=np.array([0.1, 0.7, 0.4]), inverse=codes[valid], valid=valid)
+    parity = KeyedColumn(values=np.array([0.2, 0.9]), inverse=item_ids[valid] % 2, valid=valid)
+    columns = {"user_cat_ctr_7d": by_genre, CROSS_FIELD: parity}
+    got = keyed.logits(user_id, rows, item_ids, extra=user, keyed=columns)
+    # Genres (3) x parities (2) pair up per candidate, and the unknown item: 7 keys, not 300.
+    assert keys_seen == [7]
+    want = older.logits(user_id, rows, item_ids, extra=user, keyed=columns)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     # The same values given per candidate (a request's own values): the same scores.
-    expanded = keyed.logits(*args, extra={CROSS_FIELD: column.expanded()})
+    every = {**user, **{name: column.expanded() for name, column in columns.items()}}
+    expanded = keyed.logits(user_id, rows, item_ids, extra=every)
     assert keys_seen[-1] == n  # one row per candidate: their values are not keyed
     torch.testing.assert_close(expanded, got, rtol=0, atol=1e-6)
     # The cross values matter.
-    other = KeyedColumn(values=per_key[::-1].copy(), inverse=column.inverse, valid=valid)
-    assert not torch.allclose(keyed.logits(*args, keyed={CROSS_FIELD: other}), got, atol=1e-4)
+    other = KeyedColumn(values=by_genre.values[::-1].copy(), inverse=by_genre.inverse, valid=valid)
+    changed = keyed.logits(
+        user_id, rows, item_ids, extra=user, keyed={**columns, "user_cat_ctr_7d": other}
+    )
+    assert not torch.allclose(changed, got, atol=1e-4)
 
 
 def test_factors_combine_into_the_distinct_pairs_candidates_have() -> None:

@@ -1,11 +1,12 @@
-"""A version trained on the cross-statistics engine's training set, served without the legacy
-store: its item table is the source's newest published item catalogue, its item fields are read
-from the online store once per version, its user and user x category fields per request.
+"""A version trained on the cross-statistics engine's training set, as the server serves it:
+its item table is the source's newest published item catalogue, its item fields are read from
+the online store once per version, its user and user x category fields per request; any other
+version is refused when it loads.
 
 The network is a ColdPreRanker over the id fields and engine statistics of the three served
 pairs (``jobs.ctr_training_set.SERVED_PAIRS``), named and kinded as the training-set builder
-declares them; the online store is a recording fake over fixed tables keyed as the engine's
-``cross_<pair>`` views are.
+declares them (``serving_fakes.engine_network``); the online store is a recording fake over
+fixed tables keyed as the engine's ``cross_<pair>`` views are (``serving_fakes.EngineStore``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import datetime as dt
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,129 +27,30 @@ import pytest
 import serving_fakes
 import torch
 from kserve import InferRequest
+from kserve.errors import ModelNotReady
 from kserve.protocol.infer_type import InferInput
 
 from cascade.config import Settings
 from cascade.lake import Lake
-from cascade.online_cross import CrossFeatureSource
 from jobs import ctr_cross_stats as engine
-from jobs.ctr_training_set import SERVED_PAIRS, declarations
-from models.preranking.fields import ID_FIELDS, FieldEncoder, FieldSet
-from models.preranking.model import ColdPreRanker
 from serving.feedback import FeedbackLog, load_joined_feedback
 from serving.item_table import lake_item_catalogue
 from serving.monitor import MonitorConfig, evaluate_day
 from serving.preranking import PreRankingModel, ServingConfig, default_backends
 from serving.shadow import ObserverConfig, ServingObserver
 
-SOURCE = "generated"
-RUN = "run-engine"
-USER_FIELDS = ("user_ctr_7d", "user_imp_7d")
-ITEM_FIELDS = ("item_dctr_7d", "item_imp_7d")
-CROSS_FIELDS = ("user_cat_ctr_7d",)
-ENGINE_FIELDS = (*USER_FIELDS, *ITEM_FIELDS, *CROSS_FIELDS)
-USERS = range(1, 12)
-ABSENT_USER = 3
-"""A user the store holds no statistics of."""
-ABSENT_USER_CAT = (4, "Drama")
-OUTSIDE = 250
-"""An item the store holds statistics of, but the catalogue does not list."""
-UNKNOWN = 999_999
+SOURCE = serving_fakes.SOURCE
+RUN = "run-7"
+USER_FIELDS = serving_fakes.USER_FIELDS
+ITEM_FIELDS = serving_fakes.ITEM_FIELDS
+ABSENT_USER = serving_fakes.ABSENT_USER
+OUTSIDE = serving_fakes.OUTSIDE
+UNKNOWN = serving_fakes.UNKNOWN
 ITEM_BATCH = 64
-
-
-def user_value(name: str, user_id: int) -> float:
-    if user_id == ABSENT_USER or user_id not in USERS:
-        return math.nan
-    return ((user_id * 7) % 11 + 1) / 20 if name == "user_ctr_7d" else 10.0 * user_id
-
-
-def item_value(name: str, item_id: int) -> float:
-    """The store's value (NaN for every seventh item: no statistics)."""
-    if item_id % 7 == 0 or not (item_id in serving_fakes.CATALOG or item_id == OUTSIDE):
-        return math.nan
-    return ((item_id * 3) % 13 + 1) / 30 if name == "item_dctr_7d" else 5.0 * item_id + 1
-
-
-def user_cat_value(user_id: int, genre: str | None) -> float:
-    if genre is None or user_id not in USERS or (user_id, genre) == ABSENT_USER_CAT:
-        return math.nan
-    return ((user_id * 5 + serving_fakes.GENRES.index(genre) * 3) % 9 + 1) / 15
-
-
-def engine_rows(
-    user_ids: Sequence[int], item_ids: Sequence[int], catalogue: Sequence[int]
-) -> pd.DataFrame:
-    """Training-set rows as the offline join assembles them: each candidate's category from
-    the catalogue (None outside it), its item statistics only when the catalogue lists it."""
-    rows = []
-    for user_id in user_ids:
-        for item_id in item_ids:
-            listed = item_id in catalogue
-            genre = serving_fakes.genre_of(item_id) if listed else None
-            row: dict[str, Any] = {"user_id": user_id, "item_id": item_id, "genre": genre}
-            row.update({f: user_value(f, user_id) for f in USER_FIELDS})
-            row.update({f: item_value(f, item_id) if listed else math.nan for f in ITEM_FIELDS})
-            row["user_cat_ctr_7d"] = user_cat_value(user_id, genre)
-            rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def engine_network(seed: int = 5) -> tuple[ColdPreRanker, FieldEncoder]:
-    """A ColdPreRanker over the ids and the engine statistics only (no legacy field), kinded
-    by the training-set builder's declarations."""
-    declared = declarations(SERVED_PAIRS, (7,))
-    chosen = {
-        name: {"kind": declared[name]["kind"], "window_days": declared[name]["window_days"]}
-        for name in ENGINE_FIELDS
-    }
-    assert [chosen[n]["kind"] for n in ENGINE_FIELDS] == ["user"] * 2 + ["item"] * 2 + ["cross"]
-    rows = engine_rows(list(USERS), serving_fakes.CATALOG, serving_fakes.CATALOG)
-    field_set = FieldSet.from_declarations(chosen, rows, base=ID_FIELDS)
-    encoder = FieldEncoder(field_set, bins=6).fit(rows)
-    net = serving_fakes.spread_preranker(seed, tuple(field_set.names), encoder)
-    net.eval()
-    return net, encoder
-
-
-class EngineStore:
-    """The online store's ``cross_user``, ``cross_item`` and ``cross_user_cat`` views: records
-    each read's view and keys."""
-
-    def __init__(self) -> None:
-        self.reads: list[tuple[str, list[tuple[Any, ...]]]] = []
-
-    def sources(self, fields: Sequence[str]) -> dict[str, CrossFeatureSource]:
-        out = {}
-        for pair in (engine.USER, engine.ITEM, engine.USER_CAT):
-            for column in engine.feature_columns(pair, (7,)):
-                out[column] = CrossFeatureSource(
-                    field=column, view=f"cross_{pair.name}", feature=column, join_keys=pair.keys
-                )
-        return {name: out[name] for name in fields if name in out}
-
-    def read(
-        self, view: str, join_keys: Sequence[str], keys: Sequence[Sequence[Any]], features: Any
-    ) -> np.ndarray:
-        self.reads.append((view, [tuple(k) for k in keys]))
-        value: dict[str, Callable[[tuple[Any, ...], str], float]] = {
-            "cross_user": lambda key, f: user_value(f, key[0]),
-            "cross_item": lambda key, f: item_value(f, key[0]),
-            "cross_user_cat": lambda key, f: user_cat_value(key[0], key[1]),
-        }
-        return np.array(
-            [[value[view](tuple(k), f) for f in features] for k in keys], dtype=np.float64
-        ).reshape(len(keys), len(features))
-
-    def views(self) -> list[str]:
-        return [view for view, _ in self.reads]
-
-
-def refuse(what: str) -> Callable[..., Any]:
-    def called(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError(f"an engine version must not call {what}")
-
-    return called
+user_value = serving_fakes.user_value
+item_value = serving_fakes.item_value
+engine_rows = serving_fakes.engine_rows
+engine_loaded = serving_fakes.engine_loaded
 
 
 def serve(
@@ -156,28 +58,17 @@ def serve(
     loaded: serving_fakes.FakeLoaded,
     *,
     sources: dict[str, str],
-    legacy_allowed: bool = False,
-    fake_store: serving_fakes.FakeStore | None = None,
     catalogue: pd.DataFrame | None = None,
-) -> tuple[PreRankingModel, EngineStore]:
-    store = EngineStore()
+) -> tuple[PreRankingModel, serving_fakes.EngineStore]:
+    store = serving_fakes.EngineStore()
     backends = serving_fakes.backends(
-        tmp_path / "champion.json", fake_store, sources=sources, catalogue=catalogue
+        tmp_path / "champion.json", store, sources=sources, catalogue=catalogue
     )
     backends = dataclasses.replace(
         backends,
         champion_version=lambda settings, alias: loaded.version,
         load_champion=lambda settings, alias: loaded,
-        open_cross_reader=lambda settings: store,
     )
-    if not legacy_allowed:
-        backends = dataclasses.replace(
-            backends,
-            open_feature_store=refuse("open_feature_store"),
-            user_features=refuse("user_features"),
-            item_features=refuse("item_features"),
-            catalog_item_ids=refuse("catalog_item_ids"),
-        )
     model = PreRankingModel(
         settings=Settings(home=tmp_path / "home"),
         config=ServingConfig(poll_s=60, max_candidates=1_000, item_batch=ITEM_BATCH),
@@ -185,11 +76,6 @@ def serve(
     )
     model.observer = None
     return model, store
-
-
-def engine_loaded(version: str = "7") -> serving_fakes.FakeLoaded:
-    net, encoder = engine_network()
-    return serving_fakes.FakeLoaded(model=net, version=version, run_id=RUN, encoder=encoder)
 
 
 def predict(model: PreRankingModel, user_id: int, item_ids: Sequence[int]) -> np.ndarray:
@@ -215,7 +101,7 @@ def offline_scores(
 CANDIDATES = [*range(1, 41), OUTSIDE, UNKNOWN]
 
 
-def test_an_engine_version_reads_its_item_fields_once_and_no_legacy_store(
+def test_an_engine_version_reads_its_item_fields_once_and_the_others_per_request(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     loaded = engine_loaded()
@@ -223,7 +109,7 @@ def test_an_engine_version_reads_its_item_fields_once_and_no_legacy_store(
     with caplog.at_level(logging.INFO, logger="serving.preranking"):
         assert model.load()
     served = model._served
-    assert served is not None and not served.legacy_store
+    assert served is not None
     # At load: cross_item only, in batches of item_batch, every catalogue item once.
     batches = math.ceil(len(serving_fakes.CATALOG) / ITEM_BATCH)
     assert store.views() == ["cross_item"] * batches
@@ -285,26 +171,51 @@ def test_a_candidate_outside_the_catalogue_scores_with_unknown_item_fields(
     assert abs(float(informed[0]) - float(got[0])) > 1e-4
 
 
-def test_a_legacy_version_still_reads_the_legacy_store(tmp_path: Path) -> None:
-    """The default field set reads the legacy store even when its run names a source; an
-    engine-shaped version whose run names none is served from the legacy store too."""
-    fake = serving_fakes.FakeStore()
-    net, encoder = serving_fakes.cold_network(3)
-    legacy = serving_fakes.FakeLoaded(model=net, version="1", run_id=RUN, encoder=encoder)
-    model, _ = serve(tmp_path, legacy, sources={RUN: SOURCE}, legacy_allowed=True, fake_store=fake)
-    assert model.load() and model._served is not None and model._served.legacy_store
-    assert sum(len(ids) for ids in fake.item_calls) == len(serving_fakes.CATALOG)
-    predict(model, 5, CANDIDATES)
-    assert len(fake.user_calls) == 1 and fake.user_calls[0][0] == 5
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("mlp", r"model version 4 \(run run-4\) is a PreRanker; the server serves only"),
+        (
+            "movielens",
+            r"model version 4 \(run run-4\) reads the MovieLens-shaped fields \['user_ctr', "
+            r"'item_ctr', 'ug_ctr'\]",
+        ),
+        ("unsourced", r"model version 4: its run run-4 names no cross-statistics source"),
+    ],
+)
+def test_a_version_that_is_not_the_engines_is_refused_at_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str, message: str
+) -> None:
+    """A dense PreRanker, a ColdPreRanker reading the MovieLens-shaped fields, a version whose
+    run names no cross source: refused, with the version and what to do in the log, not
+    served, and nothing of it read from the online store or the catalogue."""
+    store = serving_fakes.EngineStore()
+    catalogue_reads: list[str] = []
 
-    fake = serving_fakes.FakeStore()
-    model, store = serve(
-        tmp_path, engine_loaded(), sources={}, legacy_allowed=True, fake_store=fake
+    def catalogue(settings: Settings, source: str) -> pd.DataFrame:
+        catalogue_reads.append(source)
+        return serving_fakes.catalogue_frame()
+
+    backends = serving_fakes.backends(tmp_path / "champion.json", store)
+    backends = dataclasses.replace(backends, item_catalogue=catalogue)
+    model = PreRankingModel(
+        settings=Settings(home=tmp_path / "home"), config=ServingConfig(), backends=backends
     )
-    assert model.load() and model._served is not None and model._served.legacy_store
-    assert fake.item_calls and store.views().count("cross_item") >= 1
-    predict(model, 5, CANDIDATES)
-    assert len(fake.user_calls) == 1
+    model.observer = None
+    serving_fakes.write_champion(tmp_path / "champion.json", "4", seed=4, kind=kind)
+    with caplog.at_level(logging.ERROR, logger="serving.preranking"):
+        assert model.load() is False
+    assert model._served is None and not model.ready
+    assert list(model.refused_versions) == ["4"]
+    refusal = model.refused_versions["4"]
+    assert re.search(message, refusal)
+    assert "cascade rollback --model preranking" in refusal and "ctr_preranking" in refusal
+    (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "refusing preranking version 4" in record.getMessage()
+    assert "still serving None" in record.getMessage()
+    assert store.reads == [] and catalogue_reads == []
+    with pytest.raises(ModelNotReady):
+        predict(model, 5, [1, 2])
 
 
 def test_an_engine_version_without_a_published_catalogue_is_not_served(tmp_path: Path) -> None:
@@ -318,8 +229,9 @@ def test_an_engine_version_without_a_published_catalogue_is_not_served(tmp_path:
 
 
 def test_feedback_of_an_engine_version_records_the_fields_it_read(tmp_path: Path) -> None:
-    """The feedback rows hold the version's user fields and item columns as scored (no legacy
-    column), and the monitor takes a day without the legacy features without failing."""
+    """The feedback rows hold the version's user fields and item columns as scored (no
+    MovieLens-shaped column), and the monitor takes a day without those features without
+    failing."""
     model, _ = serve(tmp_path, engine_loaded(), sources={RUN: SOURCE})
     assert model.load()
     day = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC).timestamp()
@@ -352,7 +264,8 @@ def test_feedback_of_an_engine_version_records_the_fields_it_read(tmp_path: Path
         frame["item_dctr_7d"], [item_value("item_dctr_7d", 1), math.nan, math.nan]
     )  # item 7: no statistics in the store; OUTSIDE: not in the catalogue
     assert frame["genre"].tolist() == [serving_fakes.genre_of(1), serving_fakes.genre_of(7), None]
-    # A day whose logs carry a legacy column without numbers: no PSI for it, no failure.
+    # A day whose logs carry a MovieLens-shaped column without numbers: no PSI for it, no
+    # failure.
     rng = np.random.default_rng(0)
     reference = pd.DataFrame({"user_ctr": rng.random(500), "genre": ["Action"] * 500})
     serving = pd.DataFrame(
@@ -414,7 +327,7 @@ def test_the_catalogue_is_the_newest_partition_whose_gate_passed(tmp_path: Path)
 
 
 def test_the_default_backend_reads_a_version_source_from_its_run_param(tmp_path: Path) -> None:
-    """The train step logs ``cross_source``; a run without it is a legacy version."""
+    """The train step logs ``cross_source``; a run without it names no source."""
     import mlflow
 
     from models.preranking.inference import CROSS_SOURCE_PARAM, run_cross_source
@@ -424,11 +337,11 @@ def test_the_default_backend_reads_a_version_source_from_its_run_param(tmp_path:
     experiment = client.create_experiment("preranking")
     engine_run = client.create_run(experiment).info.run_id
     client.log_param(engine_run, CROSS_SOURCE_PARAM, SOURCE)
-    legacy_run = client.create_run(experiment).info.run_id
-    client.log_param(legacy_run, "epochs", "2")
+    other_run = client.create_run(experiment).info.run_id
+    client.log_param(other_run, "epochs", "2")
     assert CROSS_SOURCE_PARAM == "cross_source"
     assert run_cross_source(settings, engine_run) == SOURCE
-    assert run_cross_source(settings, legacy_run) is None
+    assert run_cross_source(settings, other_run) is None
     backends = default_backends()
     assert backends.version_source is run_cross_source
     assert backends.item_catalogue is lake_item_catalogue

@@ -1,9 +1,9 @@
 """A served version's cross-statistic fields read from the online store per request, no skew.
 
 A tiny ``user_cat`` partition in the engine's layout is materialized into a private SQLite
-online store (``materialize_cross``); a ColdPreRanker that reads two of its statistics (and one
-of ``seg_item``, keyed by a segment no request carries) is served with the fake registry and
-user/item store of ``serving_fakes`` and the real Feast cross reader.
+online store (``materialize_cross``); a ColdPreRanker that reads the ids, two of its statistics
+and one of ``seg_item`` (keyed by a segment no request carries) is served with the fake registry
+and catalogue of ``serving_fakes`` and the real Feast cross reader.
 """
 
 from __future__ import annotations
@@ -100,8 +100,9 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
 
 
 def network_rows() -> pd.DataFrame:
-    """The extra fields' values over ``serving_fakes.feature_rows()`` (the encoder's fit)."""
-    rows = serving_fakes.feature_rows()
+    """The fields' values over the rows the encoder of ``serving_fakes.engine_network`` is
+    fitted on (every user x the catalogue)."""
+    rows = serving_fakes.engine_rows(list(USERS), serving_fakes.CATALOG)
     out = {}
     for name in (CTR, DCTR):
         out[name] = [
@@ -126,7 +127,7 @@ class Clock:
 def served(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """``(model, reader, reads, clock)``: the server with the version loaded; ``reads`` lists
     the keys of every online-store call of the reader."""
-    net, encoder = serving_fakes.cold_network(7, extra=network_rows(), declarations=DECLARATIONS)
+    net, encoder = serving_fakes.engine_network(7, extra=network_rows(), declared=DECLARATIONS)
     loaded = serving_fakes.FakeLoaded(model=net, version="1", run_id="run-1", encoder=encoder)
     clock = Clock()
     reader = OnlineCrossReader(fs.feature_store(settings), clock=clock)
@@ -440,12 +441,13 @@ def test_every_engine_column_maps_to_its_pair_view_and_keys(settings: Settings) 
 
 def test_a_store_without_cross_views_leaves_the_fields_to_the_request(tmp_path: Path) -> None:
     """No reader (or no view holding a field): the field comes with the request, 400 without."""
-    net, encoder = serving_fakes.cold_network(7, extra=network_rows(), declarations=DECLARATIONS)
+    net, encoder = serving_fakes.engine_network(7, extra=network_rows(), declared=DECLARATIONS)
     loaded = serving_fakes.FakeLoaded(model=net, version="2", run_id="run-2", encoder=encoder)
     backends = dataclasses.replace(
         serving_fakes.backends(tmp_path / "champion.json"),
         champion_version=lambda settings, alias: "2",
         load_champion=lambda settings, alias: loaded,
+        open_cross_reader=lambda settings: None,
     )
     model = PreRankingModel(
         settings=Settings(home=tmp_path / "home"),

@@ -1,14 +1,15 @@
-"""Unit tests of the pre-ranking KServe model, in process, with fake registry and store."""
+"""Unit tests of the pre-ranking KServe model, in process, with fake registry and store: the
+versions served are the cross-statistics engine's (``serving_fakes``)."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import math
+import logging
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,15 +19,13 @@ import torch
 from kserve import InferRequest
 from kserve.errors import InvalidInput, ModelNotReady
 from kserve.protocol.infer_type import InferInput
+from serving_fakes import CATALOG, CROSS_FIELD, ENGINE_FIELDS, EngineStore
 
 from cascade.config import Settings
-from cascade.ctr_schema import ITEM_FEATURES, ITEM_GENRE, MODEL_FEATURES, USER_GENRE_FEATURES
-from cascade.lake import Lake
+from cascade.ctr_schema import ITEM_GENRE
 from cascade.v2_codec import MalformedRequest, decode_v2_json
-from models.preranking.fields import FIELD_NAMES
-from models.preranking.model import ColdSharedScorer
 from serving.cold_scorer import CompiledColdScorer
-from serving.item_table import ItemTable, lake_item_ids
+from serving.item_table import ItemTable
 from serving.preranking import PreRankingModel, ServingConfig, parse_request
 from serving.served_version import ServedVersion
 
@@ -104,35 +103,47 @@ def test_serving_config_reads_and_validates_environment() -> None:
 # Item table -------------------------------------------------------------------------------------
 
 
-def test_item_table_gives_nan_features_to_unknown_items() -> None:
-    frame = serving_fakes.item_features(serving_fakes.FakeStore(), [1, 2, 500])
-    table = ItemTable.from_frame(frame)
-    dense, codes = table.lookup(np.array([2, 123456, 1, 500]))
-    assert dense.shape == (4, len(ITEM_FEATURES))
-    assert np.isfinite(dense[[0, 2]]).all()
-    assert np.isnan(dense[[1, 3]]).all()  # 123456: not in the table; 500: store knows nothing
+def catalogue_table(item_ids: Sequence[int], unknown_genre: Sequence[int] = ()) -> ItemTable:
+    """The item table of a catalogue of ``item_ids`` (the genre of ``unknown_genre`` unset)."""
+    frame = serving_fakes.catalogue_frame(item_ids).set_index("item_id")
+    frame = frame.rename(columns={"item_category": ITEM_GENRE})
+    frame.loc[list(unknown_genre), ITEM_GENRE] = None
+    return ItemTable.from_frame(frame)
+
+
+def test_item_table_gives_unknown_items_no_row_no_genre_and_unknown_fields() -> None:
+    table = catalogue_table([1, 2, 500], unknown_genre=[500])
+    table = table.with_columns({"item_dctr_7d": np.array([0.25, np.nan, 0.5])})
+    rows = table.rows(np.array([2, 123456, 1, 500]))
+    assert rows.tolist()[1] == -1  # 123456: not in the table
+    codes = table.codes(rows)
     assert table.genres[codes[0]] == serving_fakes.genre_of(2)
     assert table.genres[codes[2]] == serving_fakes.genre_of(1)
-    assert codes[1] == -1 and codes[3] == -1
+    assert codes[1] == -1 and codes[3] == -1  # 500: in the catalogue without a category
+    column = table.feature_column("item_dctr_7d")
+    np.testing.assert_array_equal(column[rows[[0, 2, 3]]], [np.nan, 0.25, 0.5])
+    with pytest.raises(ValueError, match="already holds columns"):
+        table.with_columns({"item_dctr_7d": np.zeros(3)})
 
 
-def test_item_table_lookup_is_the_same_for_dense_and_sparse_ids() -> None:
+def test_item_table_rows_are_the_same_for_dense_and_sparse_ids() -> None:
     """Dense ids take the flat-array path, huge ids the hash-index path: same answers."""
-    frame = serving_fakes.item_features(serving_fakes.FakeStore(), [1, 2, 3, 50])
+    frame = serving_fakes.catalogue_frame([1, 2, 3, 50]).set_index("item_id")
+    frame = frame.rename(columns={"item_category": ITEM_GENRE})
     sparse = frame.set_axis(frame.index * 10**12, axis=0)
     queries = np.array([3, -1, 2, 10**7, 50, 1, 4])
     dense_table, sparse_table = ItemTable.from_frame(frame), ItemTable.from_frame(sparse)
     assert dense_table._row_of_id is not None and sparse_table._row_of_id is None
-    got_dense, got_codes = dense_table.lookup(queries)
-    want_dense, want_codes = sparse_table.lookup(np.where(queries > 0, queries * 10**12, queries))
-    np.testing.assert_array_equal(got_dense, want_dense)
-    np.testing.assert_array_equal(got_codes, want_codes)
-    assert (got_codes[[1, 3, 6]] == -1).all() and (got_codes[[0, 2, 4, 5]] >= 0).all()
-    assert ItemTable.from_frame(frame.iloc[:0]).lookup(np.array([1]))[1].tolist() == [-1]
+    got = dense_table.rows(queries)
+    want = sparse_table.rows(np.where(queries > 0, queries * 10**12, queries))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(dense_table.codes(got), sparse_table.codes(want))
+    assert (got[[1, 3, 6]] == -1).all() and (got[[0, 2, 4, 5]] >= 0).all()
+    assert ItemTable.from_frame(frame.iloc[:0]).rows(np.array([1])).tolist() == [-1]
 
 
 def test_item_table_names_missing_columns() -> None:
-    frame = pd.DataFrame({"item_ctr": [0.1]}, index=pd.Index([1], name="item_id"))
+    frame = pd.DataFrame({"item_category": ["Drama"]}, index=pd.Index([1], name="item_id"))
     with pytest.raises(ValueError, match=ITEM_GENRE):
         ItemTable.from_frame(frame)
 
@@ -146,12 +157,12 @@ def champion_file(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store() -> serving_fakes.FakeStore:
-    return serving_fakes.FakeStore()
+def store() -> EngineStore:
+    return EngineStore()
 
 
 @pytest.fixture
-def model(tmp_path: Path, champion_file: Path, store: serving_fakes.FakeStore) -> PreRankingModel:
+def model(tmp_path: Path, champion_file: Path, store: EngineStore) -> PreRankingModel:
     return PreRankingModel(
         settings=Settings(home=tmp_path / "home"),
         config=ServingConfig(poll_s=0.05, max_candidates=100),
@@ -165,6 +176,19 @@ def infer(model: PreRankingModel, user_id: int, item_ids: list[int], request_id:
     )
 
 
+def full_network(
+    served: ServedVersion, user_id: int, candidates: Sequence[int], **columns: Any
+) -> np.ndarray:
+    """The reference: every candidate's fields as the offline join assembles them (and
+    ``columns``' values), encoded, through the whole network."""
+    frame = serving_fakes.engine_rows([user_id], candidates)
+    for name, values in columns.items():
+        frame[name] = values
+    assert served.encoder is not None
+    with torch.no_grad():
+        return torch.sigmoid(served.network(served.encoder.encode(frame))).numpy()
+
+
 def test_not_ready_until_a_champion_exists(model: PreRankingModel, champion_file: Path) -> None:
     assert model.load() is False
     assert model.ready is False
@@ -175,13 +199,15 @@ def test_not_ready_until_a_champion_exists(model: PreRankingModel, champion_file
     assert model.served_version == "4"
 
 
-def test_predict_scores_each_candidate_with_only_the_needed_features(
-    model: PreRankingModel, champion_file: Path, store: serving_fakes.FakeStore
+def test_predict_scores_each_candidate_with_only_the_needed_reads(
+    model: PreRankingModel, champion_file: Path, store: EngineStore
 ) -> None:
     serving_fakes.write_champion(champion_file, "1", seed=1)
     model.load()
-    # Items were read once, at load time, in one batch.
-    assert store.item_calls == [serving_fakes.CATALOG]
+    # The item fields were read once, at load, for the catalogue, in one batch.
+    assert store.views() == ["cross_item"]
+    assert sorted(key for _, keys in store.reads for (key,) in keys) == list(CATALOG)
+    store.reads.clear()
     candidates = [3, 4, 6, 999_999]  # 3, 6: Action; 4: Comedy; 999999: unknown
     response = infer(model, 5, candidates, request_id="req-1")
     scores = response.outputs[0].data
@@ -190,62 +216,36 @@ def test_predict_scores_each_candidate_with_only_the_needed_features(
     assert response.outputs[0].name == "scores" and response.outputs[0].datatype == "FP32"
     assert scores.shape == (4,) and scores.dtype == np.float32
     assert np.isfinite(scores).all() and ((scores >= 0) & (scores <= 1)).all()
-    # Only the user's features are fetched per request, for the candidates' genres only.
-    assert store.user_calls == [(5, ("Action", "Comedy"))]
-    assert len(store.item_calls) == 1
+    # Per request only the user's fields and the user x genre fields of the candidates'
+    # genres are read, one read each; no item field.
+    assert sorted(store.views()) == ["cross_user", "cross_user_cat"]
+    assert {view: sorted(keys) for view, keys in store.reads} == {
+        "cross_user": [(5,)],
+        "cross_user_cat": [(5, "Action"), (5, "Comedy")],
+    }
     # A generated id when the request has none.
     assert infer(model, 5, candidates).id
 
 
-def test_predict_matches_the_network_on_assembled_features(
+def test_a_version_scores_like_the_full_network_with_the_user_side_once(
     model: PreRankingModel, champion_file: Path
 ) -> None:
-    serving_fakes.write_champion(champion_file, "1", seed=1)
-    model.load()
-    store = serving_fakes.FakeStore()
-    user_feats, per_genre = serving_fakes.user_features(store, 5, serving_fakes.GENRES)
-    item_frame = serving_fakes.item_features(store, [7])
-    row = {**user_feats, **item_frame.loc[7].to_dict(), **per_genre[serving_fakes.genre_of(7)]}
-    dense = torch.tensor([[row[f] for f in MODEL_FEATURES]], dtype=torch.float32)
-    expected = torch.sigmoid(
-        serving_fakes.network(1)(dense, torch.tensor([5]), torch.tensor([7]))
-    ).item()
-    got = infer(model, 5, [7]).outputs[0].data[0]
-    assert math.isclose(float(got), expected, rel_tol=1e-5)
-
-
-def test_fscd_version_scores_like_the_full_network_with_the_user_side_once(
-    model: PreRankingModel, champion_file: Path, store: serving_fakes.FakeStore
-) -> None:
-    serving_fakes.write_champion(champion_file, "5", seed=5, kind="fscd")
+    serving_fakes.write_champion(champion_file, "5", seed=5)
     model.load()
     served = model._served
-    assert served is not None and isinstance(served.scorer, ColdSharedScorer)
-    assert store.item_calls == [serving_fakes.CATALOG]  # item side: once, at load
-    assert served.scorer.item_part.shape[0] == len(serving_fakes.CATALOG)
+    assert served is not None and isinstance(served.scorer, CompiledColdScorer)
+    assert served.backend == "eager"  # no compiled package: the network's request call
+    # The item side: encoded once, at load, for every catalogue item (and a row for none).
+    assert served.scorer.item_codes.shape == (len(CATALOG) + 1, len(served.encoder.fields))
     calls: list[int] = []
     served.network.user_linear.register_forward_hook(lambda m, i, o: calls.append(len(i[0])))
-    candidates = [3, 4, 6, 150, 999_999]  # 999999: unknown to the store
-    got = infer(model, 5, candidates).outputs[0].data
-    assert calls == [1]  # the user side ran once for the five candidates
-    assert store.user_calls == [(5, ("Action", "Comedy"))]
-    # The reference: every candidate's fields in a frame, encoded, through the whole network.
-    user_feats, per_genre = serving_fakes.user_features(
-        serving_fakes.FakeStore(), 5, serving_fakes.GENRES
-    )
-    frame = serving_fakes.item_features(serving_fakes.FakeStore(), candidates)
-    rows = []
-    for item_id, item in frame.iterrows():
-        genre = item[ITEM_GENRE]
-        cross = per_genre.get(genre, dict.fromkeys(USER_GENRE_FEATURES, math.nan))
-        rows.append(
-            {"user_id": 5, "item_id": item_id, "genre": genre, **user_feats, **item, **cross}
-        )
-    fields = pd.DataFrame(rows, columns=list(FIELD_NAMES))
-    with torch.no_grad():
-        want = torch.sigmoid(served.network(served.encoder.encode(fields))).numpy()
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
-    assert np.ptp(got) > 1e-3  # the scores depend on the candidate
+    candidates = [3, 4, 6, 150, 999_999]  # 999999: not in the catalogue
+    for user_id in (5, serving_fakes.ABSENT_USER, 10**6):  # the last two: no statistics
+        calls.clear()
+        got = infer(model, user_id, candidates).outputs[0].data
+        assert calls == [1]  # the user side ran once for the five candidates
+        np.testing.assert_allclose(got, full_network(served, user_id, candidates), atol=1e-5)
+        assert np.ptp(got) > 1e-3  # the scores depend on the candidate
 
 
 def test_a_version_with_an_extra_field_needs_it_in_every_request(
@@ -253,11 +253,12 @@ def test_a_version_with_an_extra_field_needs_it_in_every_request(
 ) -> None:
     """A field of the model's field set that no store serves (a cross statistic) comes with the
     request: without it the answer is a 400 naming it; with it the scores are the network's."""
-    serving_fakes.write_champion(champion_file, "6", seed=6, kind="fscd_cross")
+    serving_fakes.write_champion(champion_file, "6", seed=6, kind="engine_cross")
     model.load()
     served = model._served
-    cross = serving_fakes.CROSS_FIELD
-    assert served is not None and served.request_fields == {cross: "cross"}
+    cross = CROSS_FIELD
+    assert served is not None and set(served.request_fields) == {*ENGINE_FIELDS, cross}
+    assert served.required_fields == {cross: "cross"}
     assert {"name": cross, "datatype": "FP32", "shape": [-1]} in model.get_input_types()
     candidates = [3, 4, 150, 999_999]
     with pytest.raises(InvalidInput, match=rf"missing inputs \['{cross}'\]"):
@@ -274,22 +275,8 @@ def test_a_version_with_an_extra_field_needs_it_in_every_request(
     column = InferInput(name=cross, shape=[4], datatype="FP32", data=values)
     got = asyncio.run(model.predict(request(user(5), items(candidates), column)))
     got = got.outputs[0].data
-    # The reference: every candidate's fields in a frame, encoded, through the whole network.
-    user_feats, per_genre = serving_fakes.user_features(
-        serving_fakes.FakeStore(), 5, serving_fakes.GENRES
-    )
-    frame = serving_fakes.item_features(serving_fakes.FakeStore(), candidates)
-    rows = []
-    for (item_id, item), value in zip(frame.iterrows(), values, strict=True):
-        genre = item[ITEM_GENRE]
-        ug = per_genre.get(genre, dict.fromkeys(USER_GENRE_FEATURES, math.nan))
-        rows.append(
-            {"user_id": 5, "item_id": item_id, "genre": genre, **user_feats, **item, **ug}
-            | {cross: math.nan if value is None else value}
-        )
-    fields = pd.DataFrame(rows, columns=[*FIELD_NAMES, cross])
-    with torch.no_grad():
-        want = torch.sigmoid(served.network(served.encoder.encode(fields))).numpy()
+    sent = [np.nan if v is None else v for v in values]
+    want = full_network(served, 5, candidates, **{cross: sent})
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     unknown = InferInput(name=cross, shape=[4], datatype="FP32", data=[None] * 4)
     blind = asyncio.run(model.predict(request(user(5), items(candidates), unknown)))
@@ -298,16 +285,16 @@ def test_a_version_with_an_extra_field_needs_it_in_every_request(
 
 @pytest.fixture(scope="module")
 def cold_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The AOTInductor package of ``cold_network(5)`` (the compile step's artifact)."""
+    """The AOTInductor package of ``engine_network(5)`` (the compile step's artifact)."""
     from compilers.preranking import compile_cold_preranking
 
-    cold, _ = serving_fakes.cold_network(5)
+    cold, _ = serving_fakes.engine_network(5)
     out = tmp_path_factory.mktemp("compiled") / "preranking.pt2"
     return compile_cold_preranking(cold.eval(), out, fast_build=True).path
 
 
 @pytest.mark.slow
-def test_fscd_version_is_scored_by_its_compiled_package(
+def test_a_version_is_scored_by_its_compiled_package(
     model: PreRankingModel,
     champion_file: Path,
     cold_package: Path,
@@ -315,13 +302,13 @@ def test_fscd_version_is_scored_by_its_compiled_package(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     candidates = [3, 4, 6, 150, 999_999, 7, 7]  # 999999: unknown; 7 twice
-    serving_fakes.write_champion(champion_file, "5", seed=5, kind="fscd")
+    serving_fakes.write_champion(champion_file, "5", seed=5)
     model.load()
-    assert model._served is not None and model._served.backend == "eager-shared"
+    assert model._served is not None and model._served.backend == "eager"
     eager = infer(model, 5, candidates).outputs[0].data
     unknown_user = infer(model, 424242, candidates).outputs[0].data
 
-    serving_fakes.write_champion(champion_file, "6", seed=5, kind="fscd", compiled=cold_package)
+    serving_fakes.write_champion(champion_file, "6", seed=5, compiled=cold_package)
     assert model.refresh() is True
     served = model._served
     assert served is not None and served.backend == "compiled"
@@ -338,10 +325,10 @@ def test_fscd_version_is_scored_by_its_compiled_package(
     # eagerly and the log says why.
     broken = tmp_path / "broken.pt2"
     broken.write_bytes(b"not a package")
-    serving_fakes.write_champion(champion_file, "7", seed=5, kind="fscd", compiled=broken)
+    serving_fakes.write_champion(champion_file, "7", seed=5, compiled=broken)
     with caplog.at_level("WARNING", logger="serving.served_version"):
         assert model.refresh() is True
-    assert model._served is not None and model._served.backend == "eager-shared"
+    assert model._served is not None and model._served.backend == "eager"
     assert "broken.pt2 not used" in caplog.text
     np.testing.assert_allclose(infer(model, 5, candidates).outputs[0].data, eager, atol=1e-6)
 
@@ -356,41 +343,51 @@ def test_a_package_of_another_model_or_switched_off_is_not_used(
             config=config,
             backends=serving_fakes.backends(champion_file),
         )
-        serving_fakes.write_champion(
-            champion_file, "1", seed=seed, kind="fscd", compiled=cold_package
-        )
+        serving_fakes.write_champion(champion_file, "1", seed=seed, compiled=cold_package)
         model.load()
         assert model._served is not None
         return model._served.backend
 
     # The package was built from seed 5's weights: seed 6's network differs, parity fails.
     with caplog.at_level("WARNING", logger="serving.served_version"):
-        assert served_backend(ServingConfig(), seed=6) == "eager-shared"
+        assert served_backend(ServingConfig(), seed=6) == "eager"
     assert "differ from the network's" in caplog.text
     off = ServingConfig.from_env({"CASCADE_SERVING_COMPILED": "0"})
-    assert served_backend(off, seed=5) == "eager-shared"
+    assert served_backend(off, seed=5) == "eager"
     assert served_backend(ServingConfig(), seed=5) == "compiled"
     with pytest.raises(ValueError, match="CASCADE_SERVING_COMPILED"):
         ServingConfig.from_env({"CASCADE_SERVING_COMPILED": "yes"})
 
 
-def test_hot_swap_between_network_kinds(model: PreRankingModel, champion_file: Path) -> None:
+def test_hot_swap_between_field_sets(model: PreRankingModel, champion_file: Path) -> None:
+    """A version with a field no store serves replaces one without: its inputs change with it,
+    and swapping back needs none again."""
     serving_fakes.write_champion(champion_file, "1", seed=1)
     model.load()
-    mlp = infer(model, 9, [1, 2, 3])
-    serving_fakes.write_champion(champion_file, "2", seed=2, kind="fscd")
+    plain = infer(model, 9, [1, 2, 3])
+    assert CROSS_FIELD not in {t["name"] for t in model.get_input_types()}
+    serving_fakes.write_champion(champion_file, "2", seed=2, kind="engine_cross")
     assert model.refresh() is True
-    fscd = infer(model, 9, [1, 2, 3])
-    assert (mlp.model_version, fscd.model_version) == ("1", "2")
-    assert model._served is not None and isinstance(model._served.scorer, ColdSharedScorer)
-    assert not np.allclose(mlp.outputs[0].data, fscd.outputs[0].data)
+    assert CROSS_FIELD in {t["name"] for t in model.get_input_types()}
+    with pytest.raises(InvalidInput, match=CROSS_FIELD):
+        infer(model, 9, [1, 2, 3])
+    column = InferInput(name=CROSS_FIELD, shape=[3], datatype="FP32", data=[0.1, 0.2, 0.3])
+    crossed = asyncio.run(model.predict(request(user(9), items([1, 2, 3]), column)))
+    assert (plain.model_version, crossed.model_version) == ("1", "2")
+    assert not np.allclose(plain.outputs[0].data, crossed.outputs[0].data)
+    serving_fakes.write_champion(champion_file, "3", seed=1)
+    assert model.refresh() is True
+    np.testing.assert_allclose(infer(model, 9, [1, 2, 3]).outputs[0].data, plain.outputs[0].data)
 
 
-def test_a_cold_preranker_without_its_encoder_is_refused(tmp_path: Path) -> None:
-    cold, _ = serving_fakes.cold_network(1)
-    table = ItemTable.from_frame(serving_fakes.item_features(serving_fakes.FakeStore(), [1, 2]))
+def test_a_version_without_its_encoder_or_not_a_cold_preranker_is_refused() -> None:
+    table = catalogue_table([1, 2])
+    cold, _ = serving_fakes.engine_network(1)
     with pytest.raises(ValueError, match="without its field encoder"):
-        ServedVersion(network=cold.eval(), version="3", run_id="r", items=table)
+        ServedVersion(network=cold, version="3", run_id="r", items=table)
+    dense = serving_fakes.dense_network(1)
+    with pytest.raises(ValueError, match="version 4 is a PreRanker; only a ColdPreRanker"):
+        ServedVersion(network=dense, version="4", run_id="r", items=table)  # type: ignore[arg-type]
 
 
 def test_swap_changes_version_and_scores(model: PreRankingModel, champion_file: Path) -> None:
@@ -411,23 +408,22 @@ def test_request_in_flight_finishes_on_the_old_version(
     serving_fakes.write_champion(champion_file, "1", seed=1)
     model.load()
     assert model._served is not None
-    old_net = model._served.network
+    old_scorer = model._served.scorer
+    old_logits = old_scorer.logits
     entered, release = threading.Event(), threading.Event()
 
-    class BlockingNet(torch.nn.Module):
-        def forward(self, *args: torch.Tensor) -> torch.Tensor:
-            entered.set()
-            assert release.wait(5)
-            return old_net(*args)
+    def blocking(*args: Any, **kwargs: Any) -> torch.Tensor:
+        entered.set()
+        assert release.wait(5)
+        return old_logits(*args, **kwargs)
 
-    assert model._served is not None
-    model._served = dataclasses.replace(model._served, network=BlockingNet())
+    old_scorer.logits = blocking  # type: ignore[method-assign]
     result: dict[str, object] = {}
     worker = threading.Thread(target=lambda: result.update(r=infer(model, 2, [1, 2])))
     worker.start()
     assert entered.wait(5)
     serving_fakes.write_champion(champion_file, "2", seed=2)
-    assert model.refresh() is True  # swapped while the request is inside the old network
+    assert model.refresh() is True  # swapped while the request is inside the old version
     release.set()
     worker.join(5)
     assert result["r"].model_version == "1"  # type: ignore[attr-defined]
@@ -449,6 +445,52 @@ def test_failed_load_keeps_serving_the_old_version(
         model.refresh()
     assert model.served_version == "1"
     assert infer(model, 1, [1]).model_version == "1"
+
+
+@pytest.mark.parametrize("kind", ["mlp", "movielens", "unsourced"])
+def test_a_refused_version_keeps_the_old_one_served_and_is_not_loaded_again(
+    model: PreRankingModel, champion_file: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    """The poller meets a version the server cannot serve: it logs the refusal once, keeps
+    serving the version it had, does not load the refused one again on later ticks, and
+    serves the next version the alias moves to."""
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+    served = infer(model, 5, [1, 2, 3]).outputs[0].data
+    loads: list[str] = []
+    load = model.backends.load_champion
+
+    def counted(settings: Settings, alias: str) -> Any:
+        loaded = load(settings, alias)
+        loads.append(loaded.version)
+        return loaded
+
+    model.backends.load_champion = counted  # type: ignore[assignment]
+    serving_fakes.write_champion(champion_file, "2", seed=2, kind=kind)
+    with caplog.at_level(logging.INFO, logger="serving.preranking"):
+        model.start()
+        try:
+            deadline = time.monotonic() + 5
+            while "2" not in model.refused_versions and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(10 * model.config.poll_s)  # ten more ticks on the refused version
+            assert model.served_version == "1" and model.ready
+            again = infer(model, 5, [1, 2, 3])
+            assert again.model_version == "1"
+            np.testing.assert_array_equal(again.outputs[0].data, served)
+            serving_fakes.write_champion(champion_file, "3", seed=3)
+            deadline = time.monotonic() + 5
+            while model.served_version != "3" and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            model.stop()
+    assert loads == ["2", "3"]  # the refused version was loaded once
+    assert model.served_version == "3"
+    refusals = [r for r in caplog.records if r.getMessage().startswith("refusing preranking")]
+    assert len(refusals) == 1 and refusals[0].levelno == logging.ERROR
+    assert "version 2" in refusals[0].getMessage()
+    assert "still serving 1" in refusals[0].getMessage()
+    assert "champion refresh failed" not in caplog.text
 
 
 def test_poller_makes_the_model_ready_when_a_champion_appears(
@@ -489,20 +531,6 @@ def test_poller_survives_registry_errors(model: PreRankingModel, champion_file: 
         model.stop()
     assert failures["left"] == 0
     assert model.served_version == "5"
-
-
-def test_lake_item_ids_reads_every_partition_of_the_item_view(tmp_path: Path) -> None:
-    settings = Settings(home=tmp_path)
-    assert lake_item_ids(settings) == []  # no item view yet: empty catalogue, not an error
-    root = Lake(settings.lake_root).ctr_view_root("item")
-    for ds, ids in (("2026-11-21", [3, 1]), ("2026-11-22", [1, 2])):
-        part = root / f"dt={ds}"
-        part.mkdir(parents=True)
-        pd.DataFrame({"item_id": ids, "item_ctr": [0.1] * len(ids)}).to_parquet(
-            part / "part-0.parquet"
-        )
-    (root / "_SUCCESS").write_text("")
-    assert lake_item_ids(settings) == [1, 2, 3]
 
 
 # The JSON route's codec ------------------------------------------------------------------------
@@ -569,22 +597,26 @@ def test_encode_v2_json_matches_kserve_to_rest(model: PreRankingModel, champion_
         asyncio.run(model.infer_json(body.replace(b"[3,4,999]", b"[3,4,true]")))
 
 
-def test_served_version_precomputes_the_item_side_and_scores_as_the_full_network(
+def test_served_version_encodes_the_item_side_once_and_scores_as_the_full_network(
     model: PreRankingModel, champion_file: Path
 ) -> None:
+    """Every catalogue item's codes are built when the version loads; a request gathers them:
+    the whole catalogue and unknown items score as the network on the assembled rows, for
+    users with and without statistics."""
     serving_fakes.write_champion(champion_file, "1", seed=1)
     model.load()
     served = model._served
-    assert served is not None and served.scorer is not None
-    assert served.scorer.item_part.shape[0] == len(serving_fakes.CATALOG)
-    full = dataclasses.replace(served)  # the same version, scored row by row in full
-    object.__setattr__(full, "scorer", None)
-    candidates = np.array([*serving_fakes.CATALOG, 424_242, 999_999, 0])  # last 3 unknown
-    for user_id in (1, 5, 11, -3):  # -3: unknown to the store, NaN features
+    assert served is not None
+    candidates = np.array([*CATALOG, 424_242, 999_999, 0])  # last 3 unknown
+    for user_id in (1, 5, 11, serving_fakes.ABSENT_USER, -3):  # the last two: NaN fields
         split = model.score_request(served, user_id, candidates)
-        whole = model.score_request(full, user_id, candidates)
-        np.testing.assert_allclose(split.scores, whole.scores, rtol=1e-5, atol=1e-6)
+        whole = full_network(served, user_id, candidates.tolist())
+        np.testing.assert_allclose(split.scores, whole, rtol=1e-5, atol=1e-6)
         assert split.rows.tolist()[-3:] == [-1, -1, -1]
+        expected_user = {
+            name: serving_fakes.user_value(name, user_id) for name in serving_fakes.USER_FIELDS
+        }
+        np.testing.assert_equal(dict(split.user), expected_user)  # as read, NaN when unknown
 
 
 @pytest.mark.parametrize(
@@ -649,11 +681,11 @@ def test_not_ready_is_answered_before_the_ids_are_checked(model: PreRankingModel
 
 
 def test_feature_store_lock_timeouts_are_not_model_errors_and_never_roll_back(
-    tmp_path: Path, champion_file: Path, store: serving_fakes.FakeStore
+    tmp_path: Path, champion_file: Path, store: EngineStore
 ) -> None:
-    """A materialization holding SQLite's write lock makes user lookups fail with "database
-    is locked": 503s counted on their own, never toward the automatic rollback; the model's
-    own errors still are."""
+    """A materialization holding SQLite's write lock makes the online reads fail with
+    "database is locked": 503s counted on their own, never toward the automatic rollback; the
+    model's own errors still are."""
     import sqlite3
 
     from prometheus_client import REGISTRY
@@ -663,22 +695,23 @@ def test_feature_store_lock_timeouts_are_not_model_errors_and_never_roll_back(
 
     online = tmp_path / "online.db"
     with sqlite3.connect(online) as setup:
-        setup.execute("CREATE TABLE user_features (user_id INTEGER, value REAL)")
+        setup.execute("CREATE TABLE cross_user (user_id INTEGER, value REAL)")
     broken: list[Exception] = []
+    read = store.read
 
-    def locked_store_reads(store: object, user_id: int, genres: Sequence[str]) -> object:
+    def locked_store_reads(view: str, join_keys: Any, keys: Any, features: Any) -> np.ndarray:
         # A real read of a real SQLite file (short busy timeout) before the fake's answer.
         with sqlite3.connect(online, timeout=0.05) as reader:
-            reader.execute("SELECT value FROM user_features WHERE user_id = ?", (user_id,))
+            reader.execute("SELECT value FROM cross_user WHERE user_id = ?", (1,))
         if broken:
             raise broken[0]
-        return serving_fakes.user_features(store, user_id, genres)  # type: ignore[arg-type]
+        return read(view, join_keys, keys, features)
 
-    backends = dataclasses.replace(
-        serving_fakes.backends(champion_file, store), user_features=locked_store_reads
-    )
+    store.read = locked_store_reads  # type: ignore[method-assign]
     model = PreRankingModel(
-        settings=Settings(home=tmp_path / "home"), config=ServingConfig(), backends=backends
+        settings=Settings(home=tmp_path / "home"),
+        config=ServingConfig(),
+        backends=serving_fakes.backends(champion_file, store),
     )
     rollbacks: list[dict[str, object]] = []
     model.observer = ServingObserver(
@@ -719,6 +752,32 @@ def test_feature_store_lock_timeouts_are_not_model_errors_and_never_roll_back(
     model.observer.drain()
     assert model.observer.errors == {"1": 1} and count("model") == model_errors_before + 1
     assert [(call["served_version"], call["errors"]) for call in rollbacks] == [("1", 1)]
+
+
+def test_non_finite_scores_are_a_model_error_naming_the_rollback(
+    model: PreRankingModel, champion_file: Path
+) -> None:
+    """A version whose network answers NaN for some candidate gets a 500 naming the version and
+    the rollback, never a NaN score."""
+    from kserve.errors import InferenceError
+
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+    served = model._served
+    assert served is not None
+    logits = served.scorer.logits
+
+    def with_nan(*args: Any, **kwargs: Any) -> torch.Tensor:
+        out = logits(*args, **kwargs).clone()
+        out[1] = float("nan")
+        return out
+
+    served.scorer.logits = with_nan  # type: ignore[method-assign]
+    with pytest.raises(InferenceError, match="model version 1 returned 3 scores") as failed:
+        infer(model, 5, [1, 2, 3])
+    assert "non-finite values for 3 candidates; roll back the champion alias" in str(failed.value)
+    served.scorer.logits = logits  # type: ignore[method-assign]
+    assert np.isfinite(infer(model, 5, [1, 2, 3]).outputs[0].data).all()
 
 
 def test_lock_timeouts_are_told_apart_from_other_failures() -> None:

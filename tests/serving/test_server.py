@@ -287,4 +287,9 @@ def test_every_scored_candidate_is_in_the_lake_after_sigterm(tmp_path: Path) -> 
     assert (asked.candidates == 50).all()
     frame = with_request_features(frame, asked)
     assert len(frame) == 60 * 50
-    assert frame.user_impressions.notna().all() and frame.genre.notna().all()
+    for name in serving_fakes.USER_FIELDS:  # as read from the store: NaN for ABSENT_USER
+        want = [serving_fakes.user_value(name, u) for u in frame.user_id]
+        pd.testing.assert_series_equal(
+            frame[name].reset_index(drop=True), pd.Series(want, name=name), check_dtype=False
+        )
+    assert frame.genre.notna().all()
