@@ -168,12 +168,36 @@ def train_fixed_batch(step: Callable[[], torch.Tensor], plan: Plan, batch: int) 
     }
 
 
-def counted_flops(step: Callable[[], Any]) -> int:
-    """FLOPs of one call of ``step`` (forward + backward) as executed, by FlopCounterMode."""
+def engine_steps(
+    engine: Any, loss_of: Callable[[], torch.Tensor], after_step: Callable[[], None] | None = None
+) -> tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]:
+    """``(forward_backward, step)`` of ``engine`` on the loss ``loss_of()`` computes: the
+    forward and backward pass (returns the loss), and one optimizer step after it (returns the
+    detached loss; ``after_step`` runs after each)."""
+
+    def forward_backward() -> torch.Tensor:
+        loss = loss_of()
+        engine.backward(loss)
+        return loss
+
+    def step() -> torch.Tensor:
+        loss = forward_backward()
+        engine.step()
+        if after_step is not None:
+            after_step()
+        return loss.detach()
+
+    return forward_backward, step
+
+
+def counted_flops(engine: Any, forward_backward: Callable[[], Any]) -> int:
+    """FLOPs of one call of ``forward_backward`` as executed, by FlopCounterMode; the engine
+    then steps on the gradients that call left."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
-        step()
+        forward_backward()
+    engine.step()
     return int(counter.get_total_flops())
 
 
@@ -284,24 +308,19 @@ def check_preranking(plan: Plan, results: dict[str, Any]) -> None:
         loss_fn = nn.BCEWithLogitsLoss()
         counter = {"step": 0}
 
-        def forward_backward() -> torch.Tensor:
+        def loss_of() -> torch.Tensor:
             noise = phases.gate_noise(
                 tuple(codes.shape), seed=config.seed, step=counter["step"], rank=0
             ).to(engine.device)
-            loss = loss_fn(engine(on_device[0], noise).float(), on_device[1])
-            engine.backward(loss)
-            return loss
+            return loss_fn(engine(on_device[0], noise).float(), on_device[1])
 
-        def step() -> torch.Tensor:
-            loss = forward_backward()
-            engine.step()
+        def next_noise() -> None:
             counter["step"] += 1
-            return loss.detach()
 
+        forward_backward, step = engine_steps(engine, loss_of, next_noise)
         result |= train_fixed_batch(step, plan, config.batch_size)
     result |= memory
-    add_utilization(result, counted_flops(forward_backward))
-    engine.step()
+    add_utilization(result, counted_flops(engine, forward_backward))
     result["trainer_loop"] = trainer_loop(
         lambda: phases.run_steps(engine, *loop_rows, config, gated=True, max_steps=plan.loop_steps)
     )
@@ -449,21 +468,14 @@ def check_asr(plan: Plan, results: dict[str, Any]) -> None:
         on_device = batch.to(engine.device)
         module = engine.module
 
-        def forward_backward() -> torch.Tensor:
+        def loss_of() -> torch.Tensor:
             log_probs = engine(on_device.features)
-            loss = asr_train.ctc(log_probs, on_device, module.output_lengths(on_device.lengths))
-            engine.backward(loss)
-            return loss
+            return asr_train.ctc(log_probs, on_device, module.output_lengths(on_device.lengths))
 
-        def step() -> torch.Tensor:
-            loss = forward_backward()
-            engine.step()
-            return loss.detach()
-
+        forward_backward, step = engine_steps(engine, loss_of)
         result |= train_fixed_batch(step, plan, config.batch_size)
     result |= memory
-    add_utilization(result, counted_flops(forward_backward))
-    engine.step()
+    add_utilization(result, counted_flops(engine, forward_backward))
 
     def both_phases() -> dict[str, int]:
         short = dataclasses.replace(config, fp32_steps=plan.loop_steps, qat_steps=plan.loop_steps)
@@ -567,21 +579,14 @@ def check_multimodal_variant(
         tokens = pairs.tokens[: config.batch_size].to(engine.device)
         module = engine.module
 
-        def forward_backward() -> torch.Tensor:
-            loss, _ = objective(module, engine(images, tokens), tokens)
-            engine.backward(loss)
-            return loss
+        def loss_of() -> torch.Tensor:
+            return objective(module, engine(images, tokens), tokens)[0]
 
-        def step() -> torch.Tensor:
-            loss = forward_backward()
-            engine.step()
-            return loss.detach()
-
+        forward_backward, step = engine_steps(engine, loss_of)
         result |= train_fixed_batch(step, plan, config.batch_size)
     result |= memory
     six_nd = 6.0 * counts["active"] * sequence * config.batch_size
-    add_utilization(result, counted_flops(forward_backward), six_nd)
-    engine.step()
+    add_utilization(result, counted_flops(engine, forward_backward), six_nd)
     return engine
 
 
