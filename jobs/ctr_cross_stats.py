@@ -33,19 +33,24 @@ and windows (:func:`cross_aggregate`), cached because it is small next to the in
 priors and per-pair writes then read the cache. Rows breaking a row rule are written to the
 quarantine partition with a ``reason`` and the raw row as it came (``line``).
 
-Why pass 2 runs the way it does (measured on ``local[2]``, see :mod:`benchmarks.ctr_cross_stats`):
-most pairs are sparse (user x category, context x item: a few impressions per key), so a
-map-side partial aggregation hardly reduces the rows but builds a hash map as large as its
-input split, which spills and falls back to sorting (with grouping sets, at 10M impressions
-the map stage ran ~160 s with 2.8 GB spilled). Pass 2 therefore skips the partial aggregation
-(``spark.sql.execution.bypassPartialAggregation``), shuffles one narrow row per input row and
-pair (``gid``, the pair's keys in a few typed slots, the row values: no grouping-set expansion
-carrying every key column) and lets AQE coalesce the reduce partitions to
-``aggregate_partition_bytes``, so each final hash map stays small. One explode instead of one
-aggregation per pair reads and filters the input once and runs one exchange instead of one per
-pair (at 1M: ~30% less CPU, half the wall time of the aggregation). The cached aggregate is
-sorted by ``gid`` within partitions and not compressed: each pair's write then reads only its
-own batches, and nothing pays for encoding a cache that is read a handful of times.
+Why pass 2 runs the way it does (measured on ``local[2]``, 10M generated impressions, see
+:mod:`benchmarks.ctr_cross_stats`): one explode instead of one aggregation per pair reads and
+filters the input once and runs one exchange instead of one per pair (at 1M: ~30% less CPU, half
+the wall time of the aggregation); the exploded rows are narrow (``gid``, the pair's keys in a
+few typed slots, the row values: no grouping-set expansion carrying every key column). A pair
+whose keys are a subset of another pair's (``user`` of ``user_cat``, ``item`` of ``seg_item``)
+is not exploded at all: :func:`rolled_up` sums it from its parent's aggregated rows, exactly
+(5 exploded rows per impression instead of 7). Each map task aggregates its rows before the
+shuffle (``partial_aggregation``): the coarse pairs collapse to a few thousand rows and the
+shuffle carried 5.0M rows (245 MB) instead of 60M (1.8 GB) when every exploded row was
+shuffled; pass 2 took ~20 s instead of ~32 s and the whole job ~40 s instead of ~57 s (same
+run, interleaved). What remains is the map side's hash aggregation of the sparse pairs
+(``user_cat``, ``ctx_item``: ~1-2M keys, a hash map far larger than the CPU caches; alone,
+``user_cat`` costs ~0.8 us of CPU per impression). AQE coalesces the reduce partitions to
+``aggregate_partition_bytes``. The cached aggregate is sorted by ``gid`` within partitions and
+not compressed: each pair's write then reads only its own batches, and nothing pays for
+encoding a cache read a handful of times. The pair outputs and the item catalogue are written
+as concurrent Spark jobs (``write_threads``), largest first.
 
 Outputs under the lake: ``features/ctr_cross/<source>/<pair>/dt=<ds>/`` per pair,
 ``quarantine/<source>_log/dt=<ds>/`` and ``reports/ctr_cross_stats_<source>/dt=<ds>/summary.json``
@@ -62,6 +67,7 @@ import json
 import math
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,6 +184,13 @@ class CrossStatsConfig:
     so large inputs get many small final hash maps (no spill)."""
     aggregate_partition_bytes: int = 16 << 20
     """AQE target of one coalesced reduce partition of the cross aggregation (shuffle bytes)."""
+    partial_aggregation: bool = True
+    """Aggregate each map task's rows before the shuffle (Spark's partial aggregation). Pays
+    when keys repeat within a task, as the one-key and coarse pairs' do; off, every exploded
+    row is shuffled (see the module docstring for the measurements)."""
+    write_threads: int = 4
+    """Pair outputs and the item catalogue written at once (concurrent Spark jobs), so a small
+    pair's two-task write does not leave a core idle; 1 writes them one after another."""
     windows: tuple[int, ...] = field(init=False)
     """``windows_days`` sorted and deduplicated (derived; not an argument)."""
 
@@ -198,6 +211,8 @@ class CrossStatsConfig:
             raise ValueError("output_files must be >= 1, max_quarantine_fraction in [0, 1]")
         if self.row_count_tolerance < 0:
             raise ValueError("row_count_tolerance must be >= 0")
+        if self.write_threads < 1:
+            raise ValueError("write_threads must be >= 1")
         if self.aggregate_partitions < 1 or self.aggregate_partition_bytes < 1 << 20:
             raise ValueError(
                 "aggregate_partitions must be >= 1 and aggregate_partition_bytes >= 1 MiB"
@@ -332,13 +347,45 @@ def key_slots(
     return slots, assigned
 
 
+def rollup_parents(pairs: Sequence[CrossPair]) -> dict[str, CrossPair]:
+    """Pair name -> the pair its statistics are summed from, for every pair whose keys are a
+    proper subset of another configured pair's (``user`` from ``user_cat``, ``item`` from
+    ``seg_item``). Parents are pairs no other pair's keys contain (so a roll-up never reads
+    another roll-up): of those, the one with fewest keys, then the first configured.
+
+    Every statistic of the aggregate is a sum, a count or a latest time, so summing the
+    parent's rows over the keys the child lacks gives the child's rows exactly (up to the
+    order of floating-point additions): the child's exploded rows never enter the shuffle.
+    """
+    keys = {pair.name: frozenset(pair.keys) for pair in pairs}
+    roots = [p for p in pairs if not any(keys[p.name] < keys[q.name] for q in pairs)]
+    parents: dict[str, CrossPair] = {}
+    for pair in pairs:
+        above = [q for q in roots if keys[pair.name] < keys[q.name]]
+        if above:
+            parents[pair.name] = min(above, key=lambda q: len(q.keys))
+    return parents
+
+
+AGGREGATE_MERGE = {"imp": F.sum, "clk": F.sum, "exam": F.sum, "dec": F.sum, "last": F.max}
+"""How the rows of one statistic of :func:`cross_aggregate` combine, by column prefix."""
+
+
+def aggregate_columns(config: CrossStatsConfig) -> list[str]:
+    """The statistic columns of :func:`cross_aggregate` after ``gid`` and the key slots."""
+    columns = [f"{stat}_{w}" for w in config.windows for stat in ("imp", "clk", "exam")]
+    return [*columns, "last_imp_us", "last_click_us", "dec_imp", "dec_clk"]
+
+
 def cross_aggregate(log: DataFrame, config: CrossStatsConfig, *, cutoff: dt.datetime) -> DataFrame:
     """All pairs and windows in one aggregation: ``gid`` (:func:`grouping_id`), the key slots
     of :func:`key_slots` (null where a pair does not use them), per window ``imp_<w>``,
     ``clk_<w>``, ``exam_<w>``; ``last_imp_us``, ``last_click_us``, ``dec_imp``, ``dec_clk``
-    over the longest window.
+    over the longest window (:func:`aggregate_columns`).
 
-    Input: clean rows of :func:`in_lookback` (``age_us``) with ``exam``.
+    Input: clean rows of :func:`in_lookback` (``age_us``) with ``exam``. Pairs with a
+    roll-up parent (:func:`rollup_parents`) are left out here: :func:`rolled_up` sums them
+    from this aggregate.
 
     One scan, one shuffle: every input row becomes one row per pair (an ``explode`` of the
     pairs' key slots) carrying only ``gid``, the slots and the row values, and one hash
@@ -350,8 +397,11 @@ def cross_aggregate(log: DataFrame, config: CrossStatsConfig, *, cutoff: dt.date
     decay_per_us = math.log(2.0) / (config.half_life_days * MICROS_PER_DAY)
     keys = list(config.key_columns)
     slots, assigned = key_slots(config.pairs)
+    rolled = rollup_parents(config.pairs)
     per_pair: list[Column] = []
     for pair in config.pairs:
+        if pair.name in rolled:
+            continue
         by_slot = {slot: key for key, slot in assigned[pair.name].items()}
         per_pair.append(
             F.struct(
@@ -364,12 +414,13 @@ def cross_aggregate(log: DataFrame, config: CrossStatsConfig, *, cutoff: dt.date
                 ],
             )
         )
-    values = ["age_us", "click", "exam"]
-    rows = log.select(F.explode(F.array(*per_pair)).alias("pair_key"), *values).select(
-        "pair_key.*",
-        *values,
-        F.exp(F.col("age_us") * -decay_per_us).alias("decay"),
+    # The decay weight is a function of the input row: computed once per impression, before
+    # the explode repeats the row once per pair.
+    values = ["age_us", "click", "exam", "decay"]
+    rows = log.withColumn("decay", F.exp(F.col("age_us") * -decay_per_us)).select(
+        F.explode(F.array(*per_pair)).alias("pair_key"), *values
     )
+    rows = rows.select("pair_key.*", *values)
     aggregates: list[Column] = []
     for w in config.windows:
         inside = F.col("age_us") <= w * MICROS_PER_DAY
@@ -387,6 +438,41 @@ def cross_aggregate(log: DataFrame, config: CrossStatsConfig, *, cutoff: dt.date
         F.sum(F.col("decay") * F.col("click")).alias("dec_clk"),
     ]
     return rows.groupBy("gid", *[name for name, _ in slots]).agg(*aggregates)
+
+
+def rolled_up(aggregate: DataFrame, config: CrossStatsConfig) -> DataFrame | None:
+    """The rows of every pair with a roll-up parent (:func:`rollup_parents`), summed from the
+    parent's rows of :func:`cross_aggregate`, in the same columns; None when no pair has one."""
+    keys = list(config.key_columns)
+    slots, assigned = key_slots(config.pairs)
+    by_name = {pair.name: pair for pair in config.pairs}
+    frames: list[DataFrame] = []
+    for name, parent in rollup_parents(config.pairs).items():
+        child = by_name[name]
+        mine = assigned[name]
+        theirs = assigned[parent.name]
+        grouped = [F.col(theirs[k]).alias(mine[k]) for k in child.keys]
+        merged = [
+            AGGREGATE_MERGE[column.split("_", 1)[0]](column).alias(column)
+            for column in aggregate_columns(config)
+        ]
+        frame = (
+            aggregate.filter(F.col("gid") == grouping_id(parent, keys))
+            .groupBy(*grouped)
+            .agg(*merged)
+            .select(
+                F.lit(grouping_id(child, keys)).cast("long").alias("gid"),
+                *[
+                    F.col(slot) if slot in mine.values() else F.lit(None).cast(t).alias(slot)
+                    for slot, t in slots
+                ],
+                *aggregate_columns(config),
+            )
+        )
+        frames.append(frame)
+    if not frames:
+        return None
+    return functools.reduce(DataFrame.unionByName, frames)
 
 
 STATISTICS = ("ctr", "dctr")
@@ -591,7 +677,7 @@ def sql_conf(spark: SparkSession, values: dict[str, str]) -> Iterator[None]:
 def aggregate_conf(config: CrossStatsConfig) -> dict[str, str]:
     """Session options of pass 2 (see the module docstring for why)."""
     return {
-        "spark.sql.execution.bypassPartialAggregation": "true",
+        "spark.sql.execution.bypassPartialAggregation": str(not config.partial_aggregation).lower(),
         "spark.sql.shuffle.partitions": str(config.aggregate_partitions),
         "spark.sql.adaptive.enabled": "true",
         # Without this a cached plan keeps all aggregate_partitions (AQE is off inside caches).
@@ -601,6 +687,19 @@ def aggregate_conf(config: CrossStatsConfig) -> dict[str, str]:
         # The cache is read once per pair right after: encoding it costs more than it saves.
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
     }
+
+
+@dataclass(frozen=True)
+class CrossAggregate:
+    """Pass 2's cached result: :func:`cross_aggregate` and the :func:`rolled_up` pairs."""
+
+    frame: DataFrame
+    """Every pair's rows (``gid``, key slots, :func:`aggregate_columns`): a view over the caches."""
+    cached: tuple[DataFrame, ...]
+
+    def unpersist(self) -> None:
+        for frame in self.cached:
+            frame.unpersist()
 
 
 def batch_counts(checked: DataFrame, *, cutoff: dt.datetime, lookback_days: int) -> DataFrame:
@@ -654,7 +753,7 @@ def compute(
     config: CrossStatsConfig,
     *,
     cutoff: dt.datetime,
-) -> tuple[DataFrame, dict[str, Any]]:
+) -> tuple[CrossAggregate, dict[str, Any]]:
     """Run passes 1 and 2; return (cached aggregate, facts: examination, priors, row counts,
     the batch counts of :func:`summarize_counts` under ``"batch"``).
 
@@ -680,15 +779,24 @@ def compute(
 
     # Pass 2: every pair and window (see cross_aggregate for the single shuffle).
     clean = clean_in_window(checked, cutoff=cutoff, days=lookback)
-    aggregate = cross_aggregate(with_examination(clean, examination), config, cutoff=cutoff)
+    base = cross_aggregate(with_examination(clean, examination), config, cutoff=cutoff)
     with sql_conf(log.sparkSession, aggregate_conf(config)):
         # Planned (at persist) and built (by the first action) under pass 2's options only:
         # the small aggregations after it keep their partial aggregation. Sorted by gid
         # within each partition, nearly every cached batch holds one pair, so a pair's
         # write skips the others' batches by their gid min/max.
-        aggregate = aggregate.sortWithinPartitions("gid").persist(StorageLevel.MEMORY_AND_DISK)
-        aggregate.select("gid").write.format("noop").mode("overwrite").save()
-    moment_rows = prior_moments(aggregate, config).collect()
+        base = base.sortWithinPartitions("gid").persist(StorageLevel.MEMORY_AND_DISK)
+        base.select("gid").write.format("noop").mode("overwrite").save()
+    cached = [base]
+    rolled = rolled_up(base, config)
+    if rolled is not None:
+        rolled = rolled.persist(StorageLevel.MEMORY_AND_DISK)
+        rolled.select("gid").write.format("noop").mode("overwrite").save()
+        cached.append(rolled)
+    aggregate = CrossAggregate(
+        frame=base if rolled is None else base.unionByName(rolled), cached=tuple(cached)
+    )
+    moment_rows = prior_moments(aggregate.frame, config).collect()
     key_rows = sum(int(r["rows"]) for r in moment_rows)
 
     priors: dict[str, dict[str, tuple[float, float]]] = {}
@@ -709,6 +817,10 @@ def compute(
         "examination": examination,
         "priors": priors,
         "aggregate_rows": key_rows,
+        "pair_rows": {
+            pair.name: int(moments.get(grouping_id(pair, config.key_columns), {}).get("rows", 0))
+            for pair in config.pairs
+        },
         "batch": batch,
         "constant_features": constant_features(priors, config),
     }
@@ -870,30 +982,48 @@ def _run(
 
     rows: dict[str, int] = {}
     paths: dict[str, str] = {}
+
+    def write_pair(pair: CrossPair) -> None:
+        frame = pair_features(
+            aggregate.frame, pair, config, priors=facts["priors"][pair.name], cutoff=cutoff
+        )
+        path = where.pair(pair, ds)
+        counted = Observation(f"rows {pair.name}")
+        frame.observe(counted, F.count(F.lit(1)).alias("rows")).coalesce(
+            config.output_files
+        ).write.mode("overwrite").parquet(str(path))
+        rows[pair.name] = int(counted.get["rows"])
+        paths[pair.name] = str(path)
+        print(f"[cross]   {pair.name}: {rows[pair.name]:,} rows -> {path}", flush=True)
+
+    catalogue: dict[str, Any] = {}
+
+    def write_catalogue() -> None:
+        items = Observation("catalogue items")
+        clean = clean_in_window(
+            with_reason(log, config.key_columns, cutoff=cutoff),
+            cutoff=cutoff,
+            days=max(config.windows),
+        )
+        item_catalogue(clean).observe(items, F.count(F.lit(1)).alias("rows")).coalesce(
+            1
+        ).write.mode("overwrite").parquet(str(where.catalogue(ds)))
+        catalogue.update(items=int(items.get["rows"]), path=str(where.catalogue(ds)))
+        print(f"[cross]   catalogue: {catalogue['items']:,} items -> {catalogue['path']}")
+
+    # Concurrent Spark jobs, longest first (the catalogue's scan of the log, then the pairs by
+    # their rows) so no core waits on a lone straggler; a failed write raises here after the
+    # others have finished.
+    largest_first = sorted(config.pairs, key=lambda pair: -facts["pair_rows"][pair.name])
+    writes = [write_catalogue, *[functools.partial(write_pair, pair) for pair in largest_first]]
     try:
-        for pair in config.pairs:
-            frame = pair_features(
-                aggregate, pair, config, priors=facts["priors"][pair.name], cutoff=cutoff
-            )
-            path = where.pair(pair, ds)
-            counted = Observation(f"rows {pair.name}")
-            frame.observe(counted, F.count(F.lit(1)).alias("rows")).coalesce(
-                config.output_files
-            ).write.mode("overwrite").parquet(str(path))
-            rows[pair.name] = int(counted.get["rows"])
-            paths[pair.name] = str(path)
-            print(f"[cross]   {pair.name}: {rows[pair.name]:,} rows -> {path}")
+        with ThreadPoolExecutor(max_workers=config.write_threads) as pool:
+            for done in [pool.submit(write) for write in writes]:
+                done.result()
     finally:
         aggregate.unpersist()
-    items = Observation("catalogue items")
-    clean = clean_in_window(
-        with_reason(log, config.key_columns, cutoff=cutoff), cutoff=cutoff, days=max(config.windows)
-    )
-    item_catalogue(clean).observe(items, F.count(F.lit(1)).alias("rows")).coalesce(1).write.mode(
-        "overwrite"
-    ).parquet(str(where.catalogue(ds)))
-    catalogue = {"items": int(items.get["rows"]), "path": str(where.catalogue(ds))}
-    print(f"[cross]   catalogue: {catalogue['items']:,} items -> {catalogue['path']}")
+    rows = {pair.name: rows[pair.name] for pair in config.pairs}
+    paths = {pair.name: paths[pair.name] for pair in config.pairs}
 
     quarantined = int(batch["quarantined_rows"])
     adapter_bad = write_quarantine(any_bad=quarantined > 0)

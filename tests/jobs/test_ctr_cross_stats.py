@@ -42,7 +42,7 @@ def features(
     try:
         out = {
             pair.name: job.pair_features(
-                aggregate, pair, config, priors=facts["priors"][pair.name], cutoff=CUTOFF
+                aggregate.frame, pair, config, priors=facts["priors"][pair.name], cutoff=CUTOFF
             ).toPandas()
             for pair in config.pairs
         }
@@ -122,6 +122,42 @@ def test_smoothing_matches_the_closed_form(spark: SparkSession) -> None:
         assert (merged[f"seg_cat_imp_{w}d"] >= merged[f"seg_cat_clk_{w}d"]).all()
 
 
+def test_rollup_parents_are_the_smallest_containing_root_pairs() -> None:
+    parents = job.rollup_parents(job.GENERATED_PAIRS)
+    assert {name: parent.name for name, parent in parents.items()} == {
+        "user": "user_cat",
+        "item": "seg_item",
+    }
+    assert job.rollup_parents((job.USER, job.SEG_CAT)) == {}
+    assert job.rollup_parents((job.ITEM, job.ITEM_POS))["item"] is job.ITEM_POS
+
+
+def test_rolled_up_pairs_equal_their_own_aggregation(spark: SparkSession) -> None:
+    """``user`` and ``item`` summed from ``user_cat`` and ``seg_item`` give the rows they get
+    when aggregated on their own (every window, recency, decay, priors)."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for _ in range(3_000):
+        age = dt.timedelta(hours=float(rng.uniform(0.01, 24 * 30 - 0.01)))
+        user, item = int(rng.integers(0, 40)), int(rng.integers(0, 25))
+        click = int(rng.random() < 0.05 + user / 200)
+        rows.append(
+            (user, item, f"s{user % 3}", f"c{item % 4}", int(rng.integers(1, 6)), T0 - age, click)
+        )
+    pairs = (job.USER, job.ITEM, job.SEG_CAT, job.USER_CAT, job.SEG_ITEM, job.ITEM_POS)
+    rolled, rolled_facts = features(spark, rows, job.CrossStatsConfig(pairs=pairs))
+    assert set(job.rollup_parents(pairs)) == {"user", "item"}
+    for pair in (job.USER, job.ITEM):
+        alone, alone_facts = features(spark, rows, job.CrossStatsConfig(pairs=(pair,)))
+        want = alone[pair.name].sort_values(list(pair.keys)).reset_index(drop=True)
+        got = rolled[pair.name].sort_values(list(pair.keys)).reset_index(drop=True)
+        assert len(got) == len(want) > 10
+        pd.testing.assert_frame_equal(got[want.columns], want, check_exact=False, rtol=1e-9)
+        for tag, prior in alone_facts["priors"][pair.name].items():
+            assert rolled_facts["priors"][pair.name][tag] == pytest.approx(prior, rel=1e-9)
+        assert rolled_facts["pair_rows"][pair.name] == len(want)
+
+
 def test_windows_end_at_ds_and_never_see_the_future(spark: SparkSession) -> None:
     config = job.CrossStatsConfig(pairs=(job.USER_CAT,), windows_days=(1, 7))
     past = [
@@ -162,7 +198,7 @@ def test_debiased_ctr_divides_by_expected_examinations(spark: SparkSession) -> N
     assert facts["examination"] == pytest.approx({1: 1.0, 2: 0.5})
     got = (
         job.pair_features(
-            aggregate,
+            aggregate.frame,
             job.ITEM_POS,
             config,
             priors={"ctr_1": (1, 1), "dctr_1": (1, 1), "decay_None": (1, 1)},
@@ -282,7 +318,7 @@ def test_recovered_cross_ctrs_correlate_with_the_ground_truth(spark: SparkSessio
     config = job.CrossStatsConfig(pairs=(job.SEG_CAT,), windows_days=(30,))
     aggregate, facts = job.compute(generated, config, cutoff=truth_config.end)
     got = job.pair_features(
-        aggregate, job.SEG_CAT, config, priors=facts["priors"]["seg_cat"], cutoff=CUTOFF
+        aggregate.frame, job.SEG_CAT, config, priors=facts["priors"]["seg_cat"], cutoff=CUTOFF
     ).toPandas()
     aggregate.unpersist()
     # Truth per pair: the mean top-slot click probability of its impressions in the window.
