@@ -11,15 +11,17 @@ included), the examination per position from clean rows in the longest window
 the smoothed ``ctr`` and the debiased ``dctr`` with Beta priors fitted per pair, window and
 statistic by :func:`jobs.ctr_cross_stats.beta_from_moments`, recency and the half-life
 decayed CTR. Outputs under ``OUT_DIR``: one parquet file per pair
-(``<pair>/dt=<ds>/<pair>.parquet``, the job's columns in its order), the quarantine
+(``<pair>/dt=<ds>/<pair>.parquet``, the job's columns in its order), the item catalogue the
+job writes beside them (``catalogue/dt=<ds>/catalogue.parquet``), the quarantine
 (``quarantine/dt=<ds>/quarantine.parquet``: ``source``, ``line``, ``reason``) and
 ``summary.json`` (counts per reason, rows per pair, priors, examination, ``seconds``).
 
 Passes, each streamed from the parquet files: (1) one aggregation for the batch counts and the
 examination; (2) per pair one hash aggregation of the clean rows of the longest window into a
-temporary table, read twice (the prior moments, then the feature rows written to parquet);
-(3) the quarantine, only when pass 1 counted bad rows. ``memory_limit`` bounds DuckDB's
-buffers; beyond it the aggregation spills to ``temp_directory`` under ``OUT_DIR``.
+temporary table, read twice (the prior moments, then the feature rows written to parquet),
+and one aggregation per item for the catalogue; (3) the quarantine, only when pass 1 counted
+bad rows. ``memory_limit`` bounds DuckDB's buffers; beyond it the aggregation spills to
+``temp_directory`` under ``OUT_DIR``.
 
 A benchmark, never production: nothing outside ``benchmarks/`` imports DuckDB.
 """
@@ -181,7 +183,12 @@ def create_clean(
         f"WHEN position = {p} THEN {double(v)}" for p, v in sorted(examination.items())
     )
     exam = f"{exam} ELSE {double(1.0)} END" if examination else double(1.0)
-    keys = ", ".join(quote(k) for k in config.key_columns)
+    # item_category rides along for the catalogue even where no pair keys by it.
+    columns = [
+        *config.key_columns,
+        *(["item_category"] * ("item_category" not in config.key_columns)),
+    ]
+    keys = ", ".join(quote(k) for k in columns)
     con.execute(
         f"CREATE OR REPLACE TEMP VIEW clean AS SELECT {keys}, age_us, click, {exam} AS exam, "
         f"exp(age_us * {double(-decay_per_us)}) AS decay FROM checked "
@@ -306,6 +313,24 @@ def write_quarantine(con: duckdb.DuckDBPyConnection, path: Path, *, any_bad: boo
     )
 
 
+def write_catalogue(con: duckdb.DuckDBPyConnection, path: Path, *, cutoff_us: int) -> int:
+    """The item catalogue of :func:`jobs.ctr_cross_stats.item_catalogue` from ``clean``: per
+    item its category at the newest impression, ``impressions`` and ``last_seen``; returns
+    the items written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    con.execute(
+        "COPY (SELECT item_id, arg_min(item_category, age_us) AS item_category, "
+        "count(*) AS impressions, "
+        f"make_timestamp({cutoff_us} - min(age_us)) AS last_seen FROM clean GROUP BY item_id) "
+        f"TO {text(str(path))} (FORMAT parquet, COMPRESSION snappy)"
+    )
+    return int(con.execute(f"SELECT count(*) FROM read_parquet({text(str(path))})").fetchone()[0])
+
+
+def catalogue_path(out: Path, ds: str) -> Path:
+    return out / "catalogue" / f"dt={ds}" / "catalogue.parquet"
+
+
 def pair_path(out: Path, pair: job.CrossPair, ds: str) -> Path:
     return out / pair.name / f"dt={ds}" / f"{pair.name}.parquet"
 
@@ -360,6 +385,10 @@ def run(
             )
             paths[pair.name] = str(path)
         con.execute("DROP TABLE IF EXISTS agg")
+        catalogue = {
+            "items": write_catalogue(con, catalogue_path(out, ds), cutoff_us=cutoff_us),
+            "path": str(catalogue_path(out, ds)),
+        }
         write_quarantine(con, quarantine_path(out, ds), any_bad=batch["quarantined_rows"] > 0)
     finally:
         con.close()
@@ -381,6 +410,7 @@ def run(
         "aggregate_rows": aggregate_rows,
         "rows": rows,
         "paths": paths,
+        "catalogue": catalogue,
         "quarantine_path": str(quarantine_path(out, ds)),
         "windows_days": list(config.windows),
         "examination": {str(k): v for k, v in sorted(examination.items())},

@@ -16,7 +16,9 @@ generate a new log, never reuse one that other code made. That digest is the siz
   cost of a full scan), and ``count_s``: read + count (Spark answers from parquet metadata);
 * ``job_s``: :func:`jobs.ctr_cross_stats.run` (all default pairs x 1/7/30 d, priors, writes);
 * ``duckdb_s``: the same statistics in DuckDB (:mod:`benchmarks.ctr_cross_duckdb`: the same
-  rules and quarantine, fitted priors, debiasing, recency, decay, one parquet file per pair) on
+  rules and quarantine, fitted priors, debiasing, recency, decay, one parquet file per pair, the
+  item catalogue; ``duckdb_same_rows``: both wrote as many rows per pair, quarantined rows and
+  catalogue items) on
   as many threads as Spark's master has cores, in a child process of its own (timed inside it,
   so neither interpreter start nor imports count; its peak RSS is ``duckdb_peak_rss_mb``).
   ``spark_vs_duckdb = job_s / duckdb_s``. The two alternate (Spark, DuckDB, DuckDB, Spark,
@@ -431,10 +433,11 @@ def bench_ctr(out: Path, quick: bool) -> dict[str, Any]:
                     pandas_runs.append(time.perf_counter() - started)
             job_s = statistics.median(job_runs)
             duckdb_s = statistics.median(duckdb_runs)
-            same_work = (duck["rows"], duck["quarantined_rows"]) == (
-                summary["rows"],
-                summary["quarantined_rows"],
-            )
+            same_work = (
+                duck["rows"],
+                duck["quarantined_rows"],
+                duck["catalogue"]["items"],
+            ) == (summary["rows"], summary["quarantined_rows"], summary["catalogue"]["items"])
             if not same_work:
                 print(
                     f"[bench ctr] WARNING the DuckDB peer wrote {duck['rows']} rows, quarantined "

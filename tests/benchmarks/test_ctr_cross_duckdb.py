@@ -113,6 +113,22 @@ def test_spark_job_and_duckdb_peer_write_the_same_statistics(
                 assert mine.equals(spark_values), column
         assert theirs[f"{pair.name}_days_since_click"].isna().any()  # keys without a click
 
+    # The same item catalogue: category at the newest impression, impressions, last seen.
+    ours = read(duck["catalogue"]["path"], ("item_id",))
+    theirs = read(spark_summary["catalogue"]["path"], ("item_id",))
+    assert duck["catalogue"]["items"] == spark_summary["catalogue"]["items"] == len(theirs) > 0
+    assert list(ours.columns) == list(theirs.columns)
+    for column in ("item_id", "item_category", "impressions"):
+        assert (
+            ours[column]
+            .astype("int64" if column != "item_category" else object)
+            .equals(theirs[column].astype("int64" if column != "item_category" else object))
+        ), column
+    assert (
+        pd.to_datetime(ours.last_seen, utc=True).astype("int64").to_numpy()
+        == pd.to_datetime(theirs.last_seen, utc=True).astype("int64").to_numpy()
+    ).all()
+
     # The same bad rows, for the same reasons (the future rows with the job's reason).
     quarantine = pd.read_parquet(duck["quarantine_path"])
     spark_quarantine = pd.read_parquet(spark_summary["quarantine_path"])
