@@ -386,8 +386,8 @@ class PreRankingModel(Model):
         self.feature_store_timeouts = 0
         """Requests answered 503 because the online store was locked or timed out."""
         self.refused_versions: dict[str, str] = {}
-        """``{version: why}`` of the versions refused at load (:class:`VersionNotServable`):
-        not loaded again while the alias stays on them."""
+        """``{version: why}`` of the versions refused at load (:class:`VersionNotServable`,
+        :meth:`prepare_servable`): not loaded again while an alias stays on them."""
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         # Feedback log, shadow scoring, automatic rollback: off unless enabled by environment.
@@ -465,15 +465,13 @@ class PreRankingModel(Model):
             loaded = self.backends.load_champion(self.settings, self.config.alias)
             if loaded is None:
                 return False
-            try:
-                served = self._prepare(loaded)
-            except VersionNotServable as refused:
-                self.refused_versions[str(loaded.version)] = str(refused)
+            served = self.prepare_servable(loaded)
+            if served is None:
                 log.error(
                     "refusing %s version %s: %s; still serving %s",
                     self.name,
                     loaded.version,
-                    refused,
+                    self.refused_versions[str(loaded.version)],
                     self.served_version,
                 )
                 return False
@@ -597,6 +595,17 @@ class PreRankingModel(Model):
             "; ".join(f"{r.view} ({', '.join(r.fields)})" for r in plan.reads),
         )
         return items.with_columns(values)
+
+    def prepare_servable(self, loaded: ChampionModel) -> ServedVersion | None:
+        """:meth:`_prepare`, or None for a version that cannot be served
+        (:class:`VersionNotServable`): the refusal is remembered in :attr:`refused_versions`,
+        which every alias this model loads (the served one, the shadow's) checks before
+        loading a version again; the caller logs it. Other failures raise."""
+        try:
+            return self._prepare(loaded)
+        except VersionNotServable as refused:
+            self.refused_versions[str(loaded.version)] = str(refused)
+            return None
 
     def _prepare(self, loaded: ChampionModel) -> ServedVersion:
         """The :class:`ServedVersion` of ``loaded``: refused (:class:`VersionNotServable`)

@@ -87,9 +87,6 @@ class ServingObserver:
         """The item table last logged and its snapshot (a table is never changed: a refresh
         builds a new one, so the same object means the same snapshot)."""
         self._shadow: Any = None
-        self._shadow_refused: str | None = None
-        """The shadow alias's version the server refused to serve (VersionNotServable): not
-        loaded again while the alias stays on it."""
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(config.queue_size)
         self.dropped = 0
         self.requests: dict[str, int] = {}
@@ -224,23 +221,22 @@ class ServingObserver:
         alias = self.config.shadow_alias
         if alias is None:
             return None
-        from serving.preranking import VersionNotServable
-
         try:
             backends, settings = self.model.backends, self.model.settings
             wanted = backends.champion_version(settings, alias)
-            if wanted is None or str(wanted) == self._shadow_refused:
+            # A version the model refused (VersionNotServable) is not loaded again.
+            if wanted is None or str(wanted) in self.model.refused_versions:
                 return None
             if self._shadow is None or self._shadow.version != str(wanted):
                 loaded = backends.load_champion(settings, alias)
                 if loaded is None:
                     return None
-                try:
-                    self._shadow = self.model._prepare(loaded)
-                except VersionNotServable as refused:
-                    self._shadow_refused = str(loaded.version)
-                    log.error("not scoring in shadow with alias %s: %s", alias, refused)
+                prepared = self.model.prepare_servable(loaded)
+                if prepared is None:
+                    why = self.model.refused_versions[str(loaded.version)]
+                    log.error("not scoring in shadow with alias %s: %s", alias, why)
                     return None
+                self._shadow = prepared
             return self._shadow.version, self.model.score(self._shadow, user_id, item_ids)
         except Exception:
             log.exception("shadow scoring with alias %s failed", alias)

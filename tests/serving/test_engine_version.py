@@ -20,6 +20,7 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -216,6 +217,46 @@ def test_a_version_that_is_not_the_engines_is_refused_at_load(
     assert store.reads == [] and catalogue_reads == []
     with pytest.raises(ModelNotReady):
         predict(model, 5, [1, 2])
+
+
+def test_a_refused_shadow_version_is_loaded_once_and_never_scored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The shadow alias on a version the server cannot serve (a dense PreRanker): no shadow
+    score, one load and one logged refusal however many requests follow, the refusal kept
+    with the model's others, and the champion's responses unchanged."""
+    champion, challenger = tmp_path / "champion.json", tmp_path / "challenger.json"
+    serving_fakes.write_champion(champion, "1", seed=1)
+    serving_fakes.write_champion(challenger, "8", seed=8, kind="mlp")
+    base = serving_fakes.backends(champion)
+    other = serving_fakes.backends(challenger)
+    loads: list[str] = []
+
+    def version(settings: Settings, alias: str) -> str | None:
+        return (other if alias == "challenger" else base).champion_version(settings, alias)
+
+    def load(settings: Settings, alias: str) -> Any:
+        loaded = (other if alias == "challenger" else base).load_champion(settings, alias)
+        loads.append(f"{alias}:{loaded.version}")
+        return loaded
+
+    backends = dataclasses.replace(base, champion_version=version, load_champion=load)
+    model = PreRankingModel(
+        settings=Settings(home=tmp_path / "home"), config=ServingConfig(), backends=backends
+    )
+    model.observer = None
+    model.load()
+    observer = ServingObserver(model, ObserverConfig(shadow_alias="challenger"))
+    items = np.array([1, 5, 9], dtype=np.int64)
+    with caplog.at_level(logging.ERROR, logger="serving.shadow"):
+        assert observer._shadow_scores(5, items) is None
+        assert observer._shadow_scores(6, items) is None
+    assert loads == ["champion:1", "challenger:8"]
+    assert list(model.refused_versions) == ["8"]
+    assert "is a PreRanker" in model.refused_versions["8"]
+    (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "not scoring in shadow with alias challenger" in record.getMessage()
+    assert model.served_version == "1"
 
 
 def test_an_engine_version_without_a_published_catalogue_is_not_served(tmp_path: Path) -> None:
