@@ -183,11 +183,9 @@ def create_clean(
         f"WHEN position = {p} THEN {double(v)}" for p, v in sorted(examination.items())
     )
     exam = f"{exam} ELSE {double(1.0)} END" if examination else double(1.0)
-    # item_category rides along for the catalogue even where no pair keys by it.
-    columns = [
-        *config.key_columns,
-        *(["item_category"] * ("item_category" not in config.key_columns)),
-    ]
+    columns = list(config.key_columns)
+    if "item_category" not in columns:
+        columns.append("item_category")  # the catalogue's, even where no pair keys by it
     keys = ", ".join(quote(k) for k in columns)
     con.execute(
         f"CREATE OR REPLACE TEMP VIEW clean AS SELECT {keys}, age_us, click, {exam} AS exam, "
