@@ -316,13 +316,13 @@ def write_catalogue(con: duckdb.DuckDBPyConnection, path: Path, *, cutoff_us: in
     item its category at the newest impression, ``impressions`` and ``last_seen``; returns
     the items written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    con.execute(
+    written = con.execute(
         "COPY (SELECT item_id, arg_min(item_category, age_us) AS item_category, "
         "count(*) AS impressions, "
         f"make_timestamp({cutoff_us} - min(age_us)) AS last_seen FROM clean GROUP BY item_id) "
         f"TO {text(str(path))} (FORMAT parquet, COMPRESSION snappy)"
-    )
-    return int(con.execute(f"SELECT count(*) FROM read_parquet({text(str(path))})").fetchone()[0])
+    ).fetchone()
+    return int(written[0]) if written else 0
 
 
 def catalogue_path(out: Path, ds: str) -> Path:
