@@ -9,7 +9,7 @@ export DS_ACCELERATOR ?= cpu
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml infra/install.sh infra/requirements.lock
+$(STAMP): pyproject.toml infra/install.sh infra/requirements.lock infra/kafka/pom.xml infra/kafka/jars.sha256
 	bash infra/install.sh $(VENV)
 	touch $(STAMP)
 

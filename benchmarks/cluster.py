@@ -1,11 +1,11 @@
 """Benchmark ``cluster``: one ``ctr_preranking`` partition on the cluster stack, then faults.
 
     cascade bench cluster --out bench-results/cluster.json
-    cascade bench cluster --out /tmp/cluster.json --quick     # the run only: no faults, no peer
+    cascade bench cluster --out /tmp/cluster.json --quick     # the run and the broker fault only
 
 It starts the cluster profile's stack in a temporary state folder on free loopback ports
-(PostgreSQL, Redis, a Spark standalone master with two workers, the broker, MLflow on
-PostgreSQL, Airflow on PostgreSQL with two Celery workers, both model servers) and stops it by
+(PostgreSQL, Redis, a Spark standalone master with two workers, three Apache Kafka nodes, MLflow
+on PostgreSQL, Airflow on PostgreSQL with two Celery workers, both model servers) and stops it by
 pid at the end, so a running stack is never touched. Then:
 
 1. **The run.** A ``cascade.data.landed`` event on Kafka (dataset ``impressions``) starts
@@ -32,10 +32,13 @@ pid at the end, so a running stack is never touched. Then:
    own, training node rank 1's launcher is killed with its workers (a lost training node): node
    0 is ended with it, the try fails, and the third try resumes from what the second left
    (finished phases, the newer checkpoint). ``train_resumes`` lists each resume as
-   ``phase@step``, each fault its ``after_checkpoint``. ``faults`` records each fault
-   (injected, and whether the run still succeeded); ``faults_survived`` counts the injected
-   ones it survived; ``lost`` counts the run's tasks that did not end in success,
-   ``duplicates`` the registry versions beyond one per run.
+   ``phase@step``, each fault its ``after_checkpoint``. Last, ``broker_killed``: one of the
+   three Kafka nodes (``kafka_brokers``; topics with replication 3, ``min.insync.replicas``
+   2) is SIGKILLed in the middle of a burst of probe events that the Celery-run watchers
+   consume, and restarted; it survived when every event was worked exactly once. ``faults``
+   records each fault (injected, and whether the run still succeeded); ``faults_survived``
+   counts the injected ones it survived; ``lost`` counts the run's tasks that did not end in
+   success, ``duplicates`` the registry versions beyond one per run.
 3. **The peer** (not with ``--quick``): the same partition on the local profile's stack
    (``local_run_s``, ``cluster_vs_local`` = ``run_s`` / ``local_run_s``), started after the
    cluster stack has stopped, so the two never share the cores.
@@ -56,8 +59,10 @@ from typing import Any
 
 import psutil
 
+from cascade.broker import describe
 from cascade.config import Settings
 from infra import airflow_cluster, spark_standalone
+from infra.kafka_broker import broker_info
 from infra.stack import private_stack
 from infra.supervise import lose_node
 
@@ -98,6 +103,9 @@ QUICK_ENV = {
     "CASCADE_PRERANKING_EPOCHS": "5",
 }
 RUN_TIMEOUT_S = 2400.0
+BROKER_KILLED = "broker_2"
+"""The Kafka node the broker fault kills (one of three; replication 3, min.insync.replicas 2)."""
+BROKER_BURST = 200
 
 
 def spark_apps(settings: Settings) -> set[str]:
@@ -398,6 +406,9 @@ def cluster_phase(home: Path, quick: bool, echo: Callable[[str], None]) -> dict[
     env = {**CLUSTER_ENV, **QUICK_ENV} if quick else CLUSTER_ENV
     with private_stack(home, env=env) as settings:
         out["stack_start_s"] = round(time.monotonic() - started, 1)
+        kafka = describe(settings)
+        out["kafka_brokers"] = len(kafka["brokers"])
+        out["kafka"] = {**broker_info(), "brokers": kafka["brokers"]}
         first = _trigger_and_wait(settings, echo)
         out["run_s"] = first["run_s"]
         out["run_state"] = first["dag_run_state"]
@@ -412,6 +423,10 @@ def cluster_phase(home: Path, quick: bool, echo: Callable[[str], None]) -> dict[
         out["served"] = served(settings)
         out["auc"] = (first.get("train") or {}).get("test_auc")
         if quick:
+            # The broker fault alone (a minute): the training faults need the full run.
+            broker = broker_fault(settings, echo)
+            out["faults"] = [broker]
+            out["faults_survived"] = int(broker["survived"])
             return out
         out |= materialize_on_cluster(settings)
 
@@ -446,7 +461,30 @@ def cluster_phase(home: Path, quick: bool, echo: Callable[[str], None]) -> dict[
         out["duplicates"] = max(0, registry_versions(settings) - versions_before - 1)
         out["train_tries"] = next(ti["try_number"] for ti in tasks if ti["task_id"] == "train")
         out["train_resumes"] = resumes(settings, FAULTS_DS)
+        broker = broker_fault(settings, echo)
+        faults.append(broker)
+        out["faults_survived"] += int(broker["survived"])
     return out
+
+
+def broker_fault(settings: Settings, echo: Callable[[str], None]) -> dict[str, Any]:
+    """A Kafka node SIGKILLed in the middle of a burst of probe events that the Celery-run
+    watchers consume (``event_probe``): survived when every event was worked exactly once."""
+    from benchmarks.event_delivery import broker_kill_burst, wait_for_probe_dag
+
+    wait_for_probe_dag(settings)
+    echo(f"fault: SIGKILL Kafka node {BROKER_KILLED} mid-burst ({BROKER_BURST} events)")
+    burst = broker_kill_burst(
+        settings, events=BROKER_BURST, window_s=5.0, node=BROKER_KILLED, settle_s=10.0
+    )
+    return {
+        "fault": "broker_killed",
+        "node": BROKER_KILLED,
+        "injected": True,
+        "survived": burst["lost"] == 0 and burst["duplicates"] == 0,
+        **{k: burst[k] for k in ("published", "lost", "duplicates", "restarted_after_s")},
+        "seconds_until_all_accounted": burst["seconds_until_all_accounted"],
+    }
 
 
 def local_phase(home: Path, echo: Callable[[str], None]) -> dict[str, Any]:

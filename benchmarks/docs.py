@@ -117,6 +117,9 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "lost",
         "duplicates",
         "dead_lettered",
+        "broker_kills",
+        "lost_across_kills",
+        "duplicates_across_kills",
     ),
     "preranking": (
         "torch_samples_per_s",
@@ -142,6 +145,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "cluster_vs_local",
         "spark_workers_used",
         "airflow_workers_used",
+        "kafka_brokers",
         "online_store",
         "ledger",
         "materialize_rows_per_s",

@@ -13,7 +13,11 @@ go through the one stack, each after the previous one was accounted for and had 
 timing is the median over the bursts (each burst's in ``*_runs``, every burst's own figures in
 ``bursts``); the counts are summed over them. ``expected_runs`` is what the bursts ask for:
 one run per distinct run key, the (dataset, partition) its events name, each event id counted
-once. The fault tests (``pytest -m faults``) use the same helpers.
+once. Then one more burst with the Kafka broker SIGKILLed in its middle and restarted
+(:func:`broker_kill_burst`): ``broker`` names the broker and its version, ``broker_kills``
+counts the kills, ``kill_bursts`` holds each such burst's figures, and ``lost`` /
+``duplicates`` (and the run counts) are summed over the kill bursts too. The fault tests
+(``pytest -m faults``) use the same helpers.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade.assets import TOPIC_DATA_LANDED
-from cascade.broker import publish_many
+from cascade.broker import publish_many, publish_raw
 from cascade.config import Settings, load_settings
 from cascade.event_ledger import ClaimLedger, work_recorded_at, work_records
 from cascade.events import Event, make_event
@@ -90,7 +94,6 @@ def expected_run_count(events: Sequence[Event]) -> int:
 
 def publish_malformed(settings: Settings, count: int) -> None:
     """Messages the watcher must dead-letter: not JSON, unknown type, bad payload."""
-    from kafka import KafkaProducer
 
     def body(i: int) -> bytes:
         # A unique id in each, so every one is a distinct dead letter (fingerprint).
@@ -102,13 +105,7 @@ def publish_malformed(settings: Settings, count: int) -> None:
         ]
         return kinds[i % len(kinds)].encode()
 
-    producer = KafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", retries=5)
-    try:
-        for i in range(count):
-            producer.send(TOPIC_DATA_LANDED, value=body(i))
-        producer.flush(timeout=30)
-    finally:
-        producer.close(timeout=10)
+    publish_raw([(TOPIC_DATA_LANDED, None, body(i)) for i in range(count)], settings=settings)
 
 
 def account(
@@ -240,6 +237,63 @@ def measure_events(
     }
 
 
+def broker_kill_burst(
+    settings: Settings,
+    *,
+    events: int,
+    window_s: float,
+    node: str = "broker",
+    down_s: float = 3.0,
+    settle_s: float | None = None,
+) -> dict[str, Any]:
+    """A burst with a Kafka node SIGKILLed in its middle: the first half is published and
+    acknowledged (acks=all), the node is killed, the second half is published while it is down
+    (the producer holds and retries it; in a three-node cluster the others take it), the node
+    is restarted ``down_s`` later, and every event is accounted for: each id exactly once in
+    the work records (the claim ledger absorbs what the consumer reads again after the crash)."""
+    import threading
+
+    from infra.stack import kill_service, start_service
+
+    batch = probe_events(events, tag=f"kill-{time.time_ns()}")
+    half = len(batch) // 2
+    started = time.monotonic()
+    publish_many(batch[:half], settings=settings, timeout_s=60)
+    killed_pid = kill_service(settings, node)
+    killed_at = time.monotonic()
+    errors: list[BaseException] = []
+
+    def publish_rest() -> None:
+        try:
+            publish_many(batch[half:], settings=settings, timeout_s=180)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    publisher = threading.Thread(target=publish_rest, daemon=True)
+    publisher.start()
+    time.sleep(down_s)
+    start_service(settings, node, echo=lambda _line: None)
+    restarted_s = time.monotonic() - killed_at
+    publisher.join(timeout=240)
+    if errors or publisher.is_alive():
+        raise RuntimeError(f"publishing across the {node} kill failed: {errors or 'timed out'}")
+    settle_s = window_s * 2 if settle_s is None else settle_s
+    result = account([e.id for e in batch], settings, timeout_s=900, settle_s=settle_s)
+    return {
+        "published": events,
+        "killed": node,
+        "killed_pid": killed_pid,
+        "restarted_after_s": round(restarted_s, 1),
+        "lost": len(result["lost"]),
+        "duplicates": len(result["duplicates"]),
+        "runs_started": result["runs_started"],
+        "expected_runs": expected_run_count(batch),
+        "seconds_until_all_accounted": round(
+            (result["accounted_at"] or time.monotonic()) - started, 1
+        ),
+    }
+
+
 TIMINGS = (
     "latency_p50_s",
     "latency_p95_s",
@@ -305,4 +359,29 @@ def bench_events(out: Path, quick: bool) -> dict[str, Any]:
                 measure_events(settings, events=n, malformed=3 if quick else 10, window_s=window_s)
                 for _ in range(repeats)
             ]
-    return {**summarize_bursts(bursts), "warm_up_s": round(warm_up_s, 1)}
+            kills = [broker_kill_burst(settings, events=n, window_s=window_s)]
+    return {
+        **with_broker_kills(summarize_bursts(bursts), kills),
+        "warm_up_s": round(warm_up_s, 1),
+    }
+
+
+def with_broker_kills(result: dict[str, Any], kills: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The summary with the broker-kill bursts added: ``broker`` (name and version),
+    ``broker_kills``, each kill burst in ``kill_bursts``, and ``lost`` / ``duplicates`` /
+    ``runs_started`` / ``expected_runs`` counted over the kill bursts too."""
+    from infra.kafka_broker import broker_info
+
+    out = dict(result)
+    out["broker"] = broker_info()
+    out["broker_kills"] = len(kills)
+    out["kill_bursts"] = list(kills)
+    for key in ("lost", "duplicates", "runs_started", "expected_runs"):
+        out[key] = result[key] + sum(k[key] for k in kills)
+    out["lost_across_kills"] = sum(k["lost"] for k in kills)
+    out["duplicates_across_kills"] = sum(k["duplicates"] for k in kills)
+    out["note"] = result["note"] + (
+        "; broker_kills: bursts during which the Kafka node was SIGKILLed and restarted"
+        " (kill_bursts); lost, duplicates, runs_started and expected_runs include them"
+    )
+    return out

@@ -120,7 +120,7 @@ def cmd_version(args: argparse.Namespace) -> int:
     versions = {"cascade": _version("cascade")}
     for package in (
         "apache-airflow", "pyspark", "torch", "deepspeed", "feast", "great-expectations",
-        "mlflow", "kserve", "dvc", "confluent-kafka", "noida-db",
+        "mlflow", "kserve", "dvc", "confluent-kafka",
     ):  # fmt: skip
         versions[package] = _version(package)
     if args.json:

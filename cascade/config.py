@@ -41,6 +41,11 @@ PRERANKING_MODELS = ("fscd", "mlp")
 """What the ``ctr_preranking`` train step trains (``Settings.preranking_model``)."""
 PORT_NAMES = (
     "broker",
+    "broker_controller",
+    "broker_2",
+    "broker_2_controller",
+    "broker_3",
+    "broker_3_controller",
     "airflow",
     "mlflow",
     "serving",
@@ -136,7 +141,17 @@ class Ports:
     title: ClassVar[str] = "Ports"
 
     broker: int = Field(default=19092, ge=1024, le=65535)
-    """Kafka-protocol broker."""
+    """Apache Kafka: the (first) node's client listener."""
+    broker_controller: int = Field(default=19093, ge=1024, le=65535)
+    """Apache Kafka: the (first) node's KRaft controller listener."""
+    broker_2: int = Field(default=19094, ge=1024, le=65535)
+    """Apache Kafka, ``cluster`` profile: the second node's client listener."""
+    broker_2_controller: int = Field(default=19095, ge=1024, le=65535)
+    """Apache Kafka, ``cluster`` profile: the second node's controller listener."""
+    broker_3: int = Field(default=19096, ge=1024, le=65535)
+    """Apache Kafka, ``cluster`` profile: the third node's client listener."""
+    broker_3_controller: int = Field(default=19097, ge=1024, le=65535)
+    """Apache Kafka, ``cluster`` profile: the third node's controller listener."""
     airflow: int = Field(default=28080, ge=1024, le=65535)
     """Airflow API server and UI."""
     mlflow: int = Field(default=25000, ge=1024, le=65535)
@@ -388,7 +403,22 @@ class Settings:
     ports: Ports = Field(default_factory=lambda: Ports())
     """Ports of the local stack."""
     kafka_bootstrap: str = ""
-    """Kafka bootstrap servers; empty means the local broker."""
+    """Kafka bootstrap servers (``host:port,...``) of an external cluster; empty: the stack's
+    own Apache Kafka (one node, or three in the ``cluster`` profile), which `cascade up` then
+    starts. When set, `cascade up` starts no broker."""
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """How clients talk to an external Kafka (librdkafka's ``security.protocol``)."""
+    kafka_sasl_mechanism: Literal["", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = ""
+    """SASL mechanism for an external Kafka (with a ``SASL_*`` protocol)."""
+    kafka_sasl_username: str = ""
+    """SASL user name for an external Kafka."""
+    kafka_sasl_password: str = setting("", secret=True)
+    """SASL password for an external Kafka."""
+    broker_heap_mb: int = Field(default=384, ge=128, le=65536)
+    """JVM heap (MB) of each of the stack's own Apache Kafka nodes."""
+    kafka_ssl_ca: str = ""
+    """CA certificate file (PEM) that an external Kafka's TLS certificate must chain to; empty:
+    the system's trust store."""
     mlflow_tracking_uri: str = setting("", env="CASCADE_MLFLOW_URI")
     """MLflow tracking URI; empty means the local tracking server."""
     postgres_url: str = setting("", secret=True)
@@ -460,7 +490,38 @@ class Settings:
 
     @property
     def bootstrap_servers(self) -> str:
-        return self.kafka_bootstrap or f"{self.host}:{self.ports.broker}"
+        if self.kafka_bootstrap:
+            return self.kafka_bootstrap
+        ports = [self.ports.broker]
+        if self.profile == "cluster":
+            ports += [self.ports.broker_2, self.ports.broker_3]
+        return ",".join(f"{self.host}:{port}" for port in ports)
+
+    @property
+    def local_broker(self) -> bool:
+        """Whether the stack runs its own Kafka (no external bootstrap servers set)."""
+        return not self.kafka_bootstrap
+
+    @property
+    def kafka_client_config(self) -> dict[str, str]:
+        """librdkafka settings every Kafka client of the platform starts from: the bootstrap
+        servers and, for an external cluster, its security settings."""
+        config = {"bootstrap.servers": self.bootstrap_servers}
+        if self.kafka_security_protocol != "PLAINTEXT":
+            config["security.protocol"] = self.kafka_security_protocol
+        if self.kafka_security_protocol.startswith("SASL"):
+            if not (self.kafka_sasl_mechanism and self.kafka_sasl_username):
+                raise ValueError(
+                    f"CASCADE_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} needs "
+                    "CASCADE_KAFKA_SASL_MECHANISM and CASCADE_KAFKA_SASL_USERNAME (and "
+                    "CASCADE_KAFKA_SASL_PASSWORD)"
+                )
+            config["sasl.mechanism"] = self.kafka_sasl_mechanism
+            config["sasl.username"] = self.kafka_sasl_username
+            config["sasl.password"] = self.kafka_sasl_password
+        if self.kafka_ssl_ca and self.kafka_security_protocol in ("SSL", "SASL_SSL"):
+            config["ssl.ca.location"] = self.kafka_ssl_ca
+        return config
 
     @property
     def tracking_uri(self) -> str:

@@ -18,7 +18,6 @@ counts once.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -187,18 +186,6 @@ def publish_dead_letters(
 
 _trigger_class: type | None = None
 
-# An idle consumer's fetch loop: poll for the trigger's poll_timeout (1 s in the DAGs), and
-# when nothing came, pause the assigned partitions for IDLE_PAUSE_S. The bundled broker
-# answers an empty Fetch at once instead of holding it for fetch.wait.max.ms, so an unpaused
-# idle consumer re-fetches without pause. librdkafka looks at a resumed partition only when
-# its broker thread wakes (about once a second), so the poll lasts a full second: shorter ones
-# can miss the wake-up and leave an event unread for several cycles (0.1 s polls: up to 10 s).
-# An event waits at most about poll_timeout + IDLE_PAUSE_S; a burst is read without pauses,
-# since the loop pauses only after an empty poll. Measured with a bare consumer on this 2-core
-# machine: 64% of a core for the consumer and 45% for the broker unpaused; with a 2 s pause,
-# 22% and 17%, and the whole idle stack's triggerer and broker 11% and 8% instead of 59% and 44%.
-IDLE_PAUSE_S = 3.0
-
 
 def _build_trigger_class() -> type:
     """Define the trigger on first use: it subclasses an Airflow provider class, and importing
@@ -214,12 +201,15 @@ def _build_trigger_class() -> type:
     from airflow.triggers.shared_stream import reject_shared_stream_event
     from asgiref.sync import sync_to_async
 
-    class IdlePausingProducer(KafkaSharedStreamProducer):
-        """The provider's shared consumer, whose poll loop pauses its partitions for
-        :data:`IDLE_PAUSE_S` after an empty poll (the comment above it says why), and whose
-        dead letters are :class:`~cascade.events.DeadLetter` records with their reason,
-        published with retries before the offset is committed (the module docstring says how).
-        Commits and seeks are the provider's."""
+    class DeadLetteringProducer(KafkaSharedStreamProducer):
+        """The provider's shared consumer, whose dead letters are
+        :class:`~cascade.events.DeadLetter` records with their reason, published with retries
+        before the offset is committed (the module docstring says how). Its poll loop, commits
+        and seeks are the provider's: an idle consumer waits in the broker's Fetch for
+        ``fetch.wait.max.ms``, so it needs no pausing of its own. Its poll loop differs in one
+        thing: a broker that went away (``_TRANSPORT``, ``_ALL_BROKERS_DOWN``) is logged and
+        waited out, since librdkafka reconnects by itself and resumes from the last committed
+        offset; only a fatal error ends the stream."""
 
         def __init__(
             self,
@@ -239,6 +229,34 @@ def _build_trigger_class() -> type:
             self.consumer_name = consumer_name
             self.dead_letters: dict[str, int] = {}
             """Dead letters the broker acknowledged, by kind."""
+
+        async def open_stream(self) -> Any:
+            hook = KafkaConsumerHook(topics=self.topics, kafka_config_id=self.kafka_config_id)
+            await self._ensure_manual_commit(hook)
+            consumer = await sync_to_async(hook.get_consumer)()
+            self._consumer = consumer
+            poll = sync_to_async(consumer.poll)
+            keep = self.dlq_topic is not None
+            while True:
+                message = await poll(self.poll_timeout)
+                if message is None:
+                    continue
+                error = message.error()
+                if error is not None:
+                    if error.fatal():
+                        raise RuntimeError(f"Kafka consumer error: {error}")
+                    log.warning("Kafka consumer: %s; librdkafka reconnects by itself", error)
+                    continue
+                yield (
+                    message.value(),
+                    KafkaBrokerPayload(
+                        topic=message.topic(),
+                        partition=message.partition(),
+                        offset=message.offset(),
+                        value=message.value() if keep else None,
+                        key=message.key() if keep else None,
+                    ),
+                )
 
         def _get_dlq_producer(self) -> Any:
             if self._dlq_producer is None:
@@ -270,40 +288,6 @@ def _build_trigger_class() -> type:
                     self.dead_letters,
                 )
 
-        async def open_stream(self) -> Any:
-            hook = KafkaConsumerHook(topics=self.topics, kafka_config_id=self.kafka_config_id)
-            await self._ensure_manual_commit(hook)
-            consumer = await sync_to_async(hook.get_consumer)()
-            self._consumer = consumer
-            poll = sync_to_async(consumer.poll)
-            while True:
-                message = await poll(self.poll_timeout)
-                if message is None:
-                    # Paused partitions are not fetched; the event loop (and the commits
-                    # and seeks of advance()) go on meanwhile. Nothing assigned yet: poll
-                    # again at once, since the group's assignment arrives through poll.
-                    paused = await sync_to_async(_pause_assigned)(consumer)
-                    if not paused:
-                        continue
-                    try:
-                        await asyncio.sleep(IDLE_PAUSE_S)
-                    finally:
-                        await sync_to_async(consumer.resume)(paused)
-                    continue
-                if message.error():
-                    raise RuntimeError(f"Kafka consumer error: {message.error()}")
-                keep = self.dlq_topic is not None
-                yield (
-                    message.value(),
-                    KafkaBrokerPayload(
-                        topic=message.topic(),
-                        partition=message.partition(),
-                        offset=message.offset(),
-                        value=message.value() if keep else None,
-                        key=message.key() if keep else None,
-                    ),
-                )
-
     class CascadeEventTrigger(KafkaSharedStreamTrigger):
         """``KafkaSharedStreamTrigger`` that validates Cascade events, fires for the selected
         ones and rejects invalid ones, which the shared consumer dead-letters with their reason.
@@ -313,7 +297,7 @@ def _build_trigger_class() -> type:
         per bad message); the others skip them.
         """
 
-        producer_class = IdlePausingProducer
+        producer_class = DeadLetteringProducer
 
         def __init__(
             self,
@@ -381,25 +365,15 @@ def _build_trigger_class() -> type:
                 )
                 reject_shared_stream_event()
 
-    CascadeEventTrigger.__module__ = IdlePausingProducer.__module__ = __name__
+    CascadeEventTrigger.__module__ = DeadLetteringProducer.__module__ = __name__
     return CascadeEventTrigger
-
-
-def _pause_assigned(consumer: Any) -> list[Any]:
-    """Pause ``consumer``'s assigned partitions (no fetches until resumed) and return them.
-    Offsets, commits and group membership are untouched; a seek made while paused takes
-    effect on resume."""
-    assigned = consumer.assignment()
-    if assigned:
-        consumer.pause(assigned)
-    return assigned
 
 
 def __getattr__(name: str) -> Any:
     # Module-level __getattr__ (PEP 562) so ``cascade.event_trigger.CascadeEventTrigger``
     # resolves for the triggerer's import_string while users of this module never import Airflow.
     global _trigger_class
-    if name in ("CascadeEventTrigger", "IdlePausingProducer"):
+    if name in ("CascadeEventTrigger", "DeadLetteringProducer"):
         if _trigger_class is None:
             _trigger_class = _build_trigger_class()
         return _trigger_class if name == "CascadeEventTrigger" else _trigger_class.producer_class

@@ -23,6 +23,11 @@ def _print_status(settings: Any) -> None:
     from infra.stack import status
 
     print(f"profile {settings.profile}, state folder {settings.home}")
+    broker = broker_status(settings)
+    print(
+        f"  Kafka: {broker['name']} {broker['version'] or ''} at {broker['bootstrap']}"
+        + (f" ({broker['nodes']} nodes)" if broker["nodes"] > 1 else "")
+    )
     for s in status(settings):
         mark = "up" if s.healthy else ("starting/unhealthy" if s.up else "down")
         pid = f"pid {s.pid}" if s.pid else "-"
@@ -93,6 +98,26 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def broker_status(settings: Any) -> dict[str, Any]:
+    """The event bus: the stack's own Apache Kafka (name and pinned version) or the external
+    cluster the settings name."""
+    from infra import kafka_broker
+
+    if not settings.local_broker:
+        return {
+            "name": "external Kafka",
+            "version": None,
+            "bootstrap": settings.bootstrap_servers,
+            "nodes": len(settings.bootstrap_servers.split(",")),
+        }
+    info = kafka_broker.broker_info()
+    return {
+        **info,
+        "bootstrap": settings.bootstrap_servers,
+        "nodes": len(kafka_broker.nodes(settings)),
+    }
+
+
 def status_json(settings: Any) -> dict[str, Any]:
     """What ``cascade status --json`` prints: each service's state, and where the admin
     passwords are (their files, never the passwords)."""
@@ -103,6 +128,7 @@ def status_json(settings: Any) -> dict[str, Any]:
     return {
         "profile": settings.profile,
         "home": str(settings.home),
+        "broker": broker_status(settings),
         "services": [
             {
                 "name": s.name,

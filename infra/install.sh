@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything Cascade needs on a fresh machine of this kind: Debian packages (Java for
-# Spark, Chromium for the UI test, PostgreSQL and Redis for the cluster profile), the Python
-# virtual environment with the whole stack, the Kafka-protocol broker (a PyPI wheel), the
-# MovieLens-100k data package and emoji images (npm).
+# Spark and Kafka, Maven, Chromium for the UI test, PostgreSQL and Redis for the cluster
+# profile), the Python virtual environment with the whole stack, the Apache Kafka broker's jars
+# (Maven Central, each checked against infra/kafka/jars.sha256), the MovieLens-100k data package
+# and emoji images (npm).
 # Usage: bash infra/install.sh [VENV_DIR]   (called by `make venv`)
 set -euo pipefail
 VENV=${1:-.venv}
@@ -14,6 +15,8 @@ as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 apt_install() {
   local missing=()
   command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+  # Maven fetches the Kafka broker's pinned jars (infra/kafka/pom.xml).
+  command -v mvn >/dev/null || missing+=(maven)
   [ -x /usr/bin/chromium ] || missing+=(chromium)
   [ -x /usr/bin/espeak-ng ] || missing+=(espeak-ng)
   # More synthetic voices for the speech corpus (jobs/speech_synth.py): flite, festival and
@@ -60,8 +63,8 @@ PIP="$VENV/bin/pip"
 # Every Python package comes from the lock (`make lock`, infra/lock.py): pinned, and pip refuses a
 # file whose sha256 it does not list. --no-deps: the lock is the whole environment, and kserve 0.21
 # (its psutil<6 pin clashes with Airflow's task SDK) and recbole (only its MovieLens data is read)
-# are in it without their declared dependencies. torch is pinned to the local CPU wheel's hash, so
-# no CUDA build can come instead.
+# are in it without their declared dependencies. torch is PyPI's build for linux x86_64 (CUDA-enabled,
+# with its nvidia-* and triton packages, all pinned and hashed in the lock; it runs on the CPU).
 LOCK=infra/requirements.lock
 # The lock's entries (pinned line and its --hash lines) for the distributions named.
 lock_entries() { awk -v names=" $* " '/^[^ #]/ { split($1, a, "=="); keep = index(names, " " a[1] " ") > 0 } keep' "$LOCK"; }
@@ -71,12 +74,12 @@ lock_entries pip setuptools >"$BOOT"
 # pip and setuptools first: the venv's bundled pip runs only this step, and the locked setuptools
 # builds the lock's few sdists in the venv (--no-build-isolation), so no unhashed build tool is fetched.
 "$VENV/bin/python" -m pip install -q --require-hashes --no-deps -r "$BOOT"
-# The broker's native binary only from the wheel with the pinned sha256.
-"$PIP" install -q --no-deps --require-hashes -r infra/broker-requirements.txt
-echo "install: $(grep -c '^[^ #]' "$LOCK") locked packages from $LOCK"
+echo "install: $(grep -c '^[^ #]' "$LOCK") locked packages from $LOCK (torch with its CUDA libraries: ~3 GB to download once)"
 "$PIP" install -q --require-hashes --no-deps --no-build-isolation -r "$LOCK"
 # The project itself, editable; its dependencies are all in the lock.
 "$PIP" install -q --no-deps --no-build-isolation -e .
+# Apache Kafka from Maven Central at the pinned versions; every jar checked against its digest.
+"$VENV/bin/python" -m infra.kafka_broker install "$VENV"
 # MovieLens-100k ships inside recbole (in the lock); only its data is used.
 "$VENV/bin/python" -c "import importlib.util as u; from pathlib import Path; p=Path(u.find_spec('recbole').submodule_search_locations[0])/'dataset_example/ml-100k/ml-100k.inter'; assert p.exists(), p"
 # Emoji images with their names (npm, PNG + emoji.json): image-text pairs for the multimodal corpus.

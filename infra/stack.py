@@ -63,12 +63,21 @@ from cascade.tracking_auth import (
     tracking_credentials_env,
     tracking_server_env,
 )
-from infra import airflow_cluster, spark_standalone
+from infra import airflow_cluster, kafka_broker, spark_standalone
 
-SERVICES = ("postgres", "redis", "spark", "broker", "mlflow", "airflow", "serving", "asr_serving")
-CLUSTER_SERVICES = ("postgres", "redis", "spark")
-"""Started only in the ``cluster`` profile: the data services and the Spark standalone master
-and workers of the distributed engines."""
+SERVICES = (
+    "postgres",
+    "redis",
+    "spark",
+    *kafka_broker.NODES,
+    "mlflow",
+    "airflow",
+    "serving",
+    "asr_serving",
+)
+CLUSTER_SERVICES = ("postgres", "redis", "spark", *kafka_broker.NODES[1:])
+"""Started only in the ``cluster`` profile: the data services, the Spark standalone master
+and workers of the distributed engines, and Kafka's second and third nodes."""
 STOP_SIGNALS = {"postgres": signal.SIGINT}
 """The first signal of a service whose SIGTERM would not stop it promptly: PostgreSQL's
 SIGTERM waits for every client to disconnect, SIGINT is its fast shutdown."""
@@ -103,19 +112,16 @@ def venv_bin() -> Path:
     return Path(sys.executable).parent
 
 
-def broker_binary() -> Path:
-    """The broker binary inside the ``noida-db`` wheel.
+def broker_healthy(settings: Settings, node: kafka_broker.Node) -> bool:
+    """A Kafka node is healthy when its admin API answers and lists the node itself (in the
+    ``cluster`` profile: once the quorum has a leader and the node is registered)."""
+    from cascade.broker import BrokerError, describe
 
-    Its console script is a wrapper that would not pass signals on."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("noida_db")
-    if spec is None or not spec.submodule_search_locations:
-        raise StackError("the broker package noida-db is not installed; run `make venv`")
-    binary = Path(spec.submodule_search_locations[0]) / "noida-db"
-    if not binary.exists():
-        raise StackError(f"broker binary missing at {binary}; reinstall noida-db")
-    return binary
+    try:
+        found = describe(settings, bootstrap=f"{settings.host}:{node.port}", timeout_s=2.0)
+    except BrokerError:
+        return False
+    return node.node_id in found["brokers"] and found["controller_id"] not in (None, -1)
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -172,7 +178,7 @@ def airflow_env(settings: Settings) -> dict[str, str]:
     kafka_conn = {
         "conn_type": "kafka",
         "extra": {
-            "bootstrap.servers": settings.bootstrap_servers,
+            **settings.kafka_client_config,
             "group.id": "cascade-airflow",
             "auto.offset.reset": "earliest",
             # The shared-stream watcher commits only after asset events are stored; it refuses
@@ -228,9 +234,13 @@ def airflow_cluster_healthy(settings: Settings) -> bool:
 
 def stack_services(settings: Settings) -> tuple[str, ...]:
     """The services ``cascade up`` starts in the settings' profile."""
-    if settings.profile == "cluster":
-        return SERVICES
-    return tuple(name for name in SERVICES if name not in CLUSTER_SERVICES)
+    names = SERVICES
+    if settings.profile != "cluster":
+        names = tuple(name for name in names if name not in CLUSTER_SERVICES)
+    if not settings.local_broker:
+        # An external Kafka (CASCADE_KAFKA_BOOTSTRAP): no local node beside it.
+        names = tuple(name for name in names if name not in kafka_broker.NODES)
+    return names
 
 
 def postgres_bin_dir() -> Path | None:
@@ -519,26 +529,19 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
             healthy=lambda: spark_standalone.healthy(settings),
             start_timeout_s=120,
         ),
-        "broker": ServiceSpec(
-            name="broker",
-            port=ports.broker,
-            command=[
-                str(broker_binary()),
-                "start",
-                "--only",
-                "kafka",
-                "--kafka-port",
-                str(ports.broker),
-                "--host",
-                host,
-                "--data-dir",
-                str(home / "broker"),
-            ],
-            env=service_env(settings),
-            url=f"kafka://{host}:{ports.broker}",
-            healthy=lambda: port_open(host, ports.broker),
-            start_timeout_s=30,
-        ),
+        **{
+            node.name: ServiceSpec(
+                name=node.name,
+                port=node.port,
+                command=[py, "-m", "infra.kafka_broker", "run", node.name],
+                env=service_env(settings),
+                url=f"kafka://{host}:{node.port}",
+                healthy=lambda node=node: broker_healthy(settings, node),  # type: ignore[misc]
+                # Formatting the storage (first start) and the JVM's start: ~10 s here.
+                start_timeout_s=120,
+            )
+            for node in kafka_broker.nodes(settings, every=True)
+        },
         "mlflow": ServiceSpec(
             name="mlflow",
             port=ports.mlflow,
@@ -668,8 +671,10 @@ def state(settings: Settings, name: str) -> ServiceState:
 
 
 def start_service(
-    settings: Settings, name: str, *, echo: Callable[[str], None] = print
+    settings: Settings, name: str, *, echo: Callable[[str], None] = print, wait: bool = True
 ) -> ServiceState:
+    """Start ``name`` unless it runs; with ``wait``, until it is healthy (StackError if it exits
+    or is not healthy in its time)."""
     spec = service_specs(settings)[name]
     if _running_pgid(settings, name) is not None:
         echo(f"{name}: already running (pid {_running_pgid(settings, name)})")
@@ -718,6 +723,17 @@ def start_service(
             )
         )
         echo(f"{name}: started (pid {proc.pid}), log {log_path}")
+    if not wait:
+        return state(settings, name)
+    return wait_healthy(settings, name, echo=echo)
+
+
+def wait_healthy(
+    settings: Settings, name: str, *, echo: Callable[[str], None] = print
+) -> ServiceState:
+    """Wait until the started service ``name`` is healthy; StackError if it exits first or is
+    not healthy within its start time."""
+    spec = service_specs(settings)[name]
     deadline = time.monotonic() + spec.start_timeout_s
     while time.monotonic() < deadline:
         if spec.healthy():
@@ -802,6 +818,23 @@ def stop_service(
     return True
 
 
+def kill_service(settings: Settings, name: str, *, timeout_s: float = 20) -> int:
+    """SIGKILL the process group of a running service, as a crash would end it (no clean
+    shutdown), and wait until it is gone; returns the killed group's id. For fault tests."""
+    pgid = _running_pgid(settings, name)
+    if pgid is None:
+        raise StackError(f"{name}: not running, nothing to kill")
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _group_alive(pgid):
+        raise StackError(f"{name}: group {pgid} survived SIGKILL")
+    _pid_file(settings, name).unlink(missing_ok=True)
+    return pgid
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -825,17 +858,34 @@ def up(
     settings = settings or load_settings()
     services = stack_services(settings) if services is None else services
     states = []
+    kafka = [name for name in services if name in kafka_broker.NODES]
     for name in services:
+        if name in kafka:
+            # A quorum of several nodes elects its leader only once a majority runs: all of
+            # them start before any is waited for.
+            if name != kafka[0]:
+                continue
+            for node in kafka:
+                start_service(settings, node, echo=echo, wait=False)
+            states.extend(wait_healthy(settings, node, echo=echo) for node in kafka)
+            if settings.local_broker:
+                echo(ensure_stack_topics(settings))
+            continue
         states.append(start_service(settings, name, echo=echo))
-        if name == "broker":
-            from cascade.broker import ensure_topics
-
-            created = ensure_topics(settings)
-            if created:
-                echo(f"broker: created topics {', '.join(created)}")
-        elif name == "airflow":
+        if name == "airflow":
             echo(ensure_heavy_pool(settings))
     return states
+
+
+def ensure_stack_topics(settings: Settings) -> str:
+    """Create the platform's topics on the stack's Kafka, replicated as the profile says."""
+    from cascade.broker import ensure_topics
+
+    replication, config = kafka_broker.topic_config(settings)
+    created = ensure_topics(settings, replication=replication, config=config)
+    if created:
+        return f"broker: created topics {', '.join(created)} (replication {replication})"
+    return "broker: topics present"
 
 
 def heavy_slots(settings: Settings) -> int:

@@ -107,6 +107,9 @@ def test_rollback_and_score_know_every_registered_model_and_data_commands_print_
     assert {s["name"] for s in shown["services"]} >= {"broker", "airflow", "mlflow"}
     assert all(s["state"] == "down" and s["pid"] is None for s in shown["services"])
     assert shown["password_files"] == {"airflow": None, "mlflow": None}
+    # The event bus by name and version: the stack's own Apache Kafka.
+    assert shown["broker"]["name"] == "Apache Kafka" and shown["broker"]["version"] == "4.4.0"
+    assert shown["broker"]["nodes"] == 1
 
 
 def test_every_command_prints_its_help(capsys: pytest.CaptureFixture[str]) -> None:

@@ -43,9 +43,13 @@ def test_environment_overrides_ports_and_services() -> None:
 def test_cluster_profile_runs_its_own_stack_unless_hosts_are_named() -> None:
     settings = load_settings({"CASCADE_PROFILE": "cluster"})
     assert settings.profile == "cluster"
-    # The stack on this machine: its own standalone master, broker and tracking server.
+    # The stack on this machine: its own standalone master, three Kafka nodes and tracking server.
     assert settings.spark_master.startswith("spark://127.0.0.1:")
-    assert settings.bootstrap_servers == f"127.0.0.1:{settings.ports.broker}"
+    ports = settings.ports
+    assert settings.bootstrap_servers == (
+        f"127.0.0.1:{ports.broker},127.0.0.1:{ports.broker_2},127.0.0.1:{ports.broker_3}"
+    )
+    assert settings.local_broker
     assert settings.serving.auth
     # Training spans two node ranks there of one process each; one node of two locally.
     assert (settings.train_nodes, settings.train_processes) == (2, 1)
@@ -55,6 +59,14 @@ def test_cluster_profile_runs_its_own_stack_unless_hosts_are_named() -> None:
         {"CASCADE_PROFILE": "cluster", "CASCADE_KAFKA_BOOTSTRAP": "kafka.cascade.svc:9092"}
     )
     assert remote.bootstrap_servers == "kafka.cascade.svc:9092"
+    assert not remote.local_broker
+    assert remote.kafka_client_config == {"bootstrap.servers": "kafka.cascade.svc:9092"}
+    # SASL without its mechanism and user is a clear error, not a client that fails later.
+    half = load_settings(
+        {"CASCADE_KAFKA_BOOTSTRAP": "k:9093", "CASCADE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"}
+    )
+    with pytest.raises(ValueError, match="CASCADE_KAFKA_SASL_MECHANISM"):
+        _ = half.kafka_client_config
 
 
 @pytest.mark.parametrize(

@@ -99,14 +99,14 @@ def run_stream(
     from airflow.providers.apache.kafka.triggers.shared_stream import KafkaBrokerPayload
     from airflow.triggers.shared_stream import SharedStreamManager
 
-    from cascade.event_trigger import CascadeEventTrigger, IdlePausingProducer
+    from cascade.event_trigger import CascadeEventTrigger, DeadLetteringProducer
 
     messages = [*values, sentinel()]
     consumer = MemoryConsumer()
     dlq = dead_letters or MemoryDeadLetters()
     producers: list[Any] = []
 
-    class MemoryProducer(IdlePausingProducer):  # type: ignore[misc, valid-type]
+    class MemoryProducer(DeadLetteringProducer):  # type: ignore[misc, valid-type]
         async def open_stream(self) -> Any:
             producers.append(self)
             self._consumer = consumer

@@ -49,10 +49,10 @@ def test_a_rejected_message_lands_on_the_dead_letter_topic_with_its_reason(
     broker: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from cascade.broker import read_topic
-    from cascade.event_trigger import IdlePausingProducer
+    from cascade.event_trigger import DeadLetteringProducer
 
     _connect(monkeypatch, broker.bootstrap_servers)
-    producer = IdlePausingProducer(topics=[TOPIC_DATA_LANDED], kafka_config_id=CONN_ID)
+    producer = DeadLetteringProducer(topics=[TOPIC_DATA_LANDED], kafka_config_id=CONN_ID)
     bad = json.dumps(
         {"type": TOPIC_DATA_LANDED, "payload": {"dataset": "impressions", "partition": 2999980800}}
     ).encode()
@@ -66,14 +66,14 @@ def test_a_rejected_message_lands_on_the_dead_letter_topic_with_its_reason(
 def test_with_no_broker_the_publish_is_retried_then_raises_and_counts_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from cascade.event_trigger import IdlePausingProducer
+    from cascade.event_trigger import DeadLetteringProducer
 
     (closed_port,) = free_ports(1)
     _connect(monkeypatch, f"127.0.0.1:{closed_port}")
     monkeypatch.setattr(event_trigger, "DEAD_LETTER_ATTEMPTS", 2)
     monkeypatch.setattr(event_trigger, "DEAD_LETTER_BACKOFF_S", 0.01)
     monkeypatch.setattr(event_trigger, "DEAD_LETTER_FLUSH_S", 3.0)
-    producer = IdlePausingProducer(topics=[TOPIC_DATA_LANDED], kafka_config_id=CONN_ID)
+    producer = DeadLetteringProducer(topics=[TOPIC_DATA_LANDED], kafka_config_id=CONN_ID)
     with pytest.raises(event_trigger.DeadLetterPublishError, match="after 2 tries"):
         producer._send_to_dlq(TOPIC_DEAD_LETTER, [_rejected(b"{not json", 0)])
     assert producer.dead_letters == {}

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cascade.assets import TOPICS
+from cascade.broker import describe
 from cascade.config import PORT_NAMES, load_settings
 from infra import stack
 
@@ -41,12 +43,27 @@ def test_broker_starts_once_reports_status_and_stops_without_leftovers(settings)
         states = {s.name: s for s in stack.status(settings)}
         assert states["broker"].healthy and not states["mlflow"].up
         assert states["broker"].log.exists()
+        # Apache Kafka itself, one KRaft node that is its own controller.
+        found = describe(settings)
+        assert found["brokers"] == [1] and found["controller_id"] == 1
+        assert set(TOPICS) <= set(found["topics"])
+        cluster_id = found["cluster_id"]
+        server_log = settings.logs_dir / "broker.server.log"
+        assert "Kafka Server started" in server_log.read_text()
+        # A restart reuses the formatted storage: the same cluster, the topics kept.
+        stack.down(settings, ("broker",), echo=lines.append)
+        (third,) = stack.up(settings, ("broker",), echo=lines.append)
+        again = describe(settings)
+        assert again["cluster_id"] == cluster_id and set(TOPICS) <= set(again["topics"])
+        assert any(line == "broker: topics present" for line in lines)
     finally:
         stopped = stack.down(settings, ("broker",), echo=lines.append)
     assert stopped == ["broker"]
-    assert not group_alive(first.pid)
+    assert not group_alive(first.pid) and not group_alive(third.pid)
     assert not stack.state(settings, "broker").up
     assert stack.down(settings, ("broker",)) == []
+    # SIGTERM is Kafka's controlled shutdown.
+    assert "shut down completed" in server_log.read_text()
 
 
 def test_port_taken_by_someone_else_gives_a_clear_error(settings) -> None:  # type: ignore[no-untyped-def]
@@ -61,7 +78,18 @@ def test_port_taken_by_someone_else_gives_a_clear_error(settings) -> None:  # ty
 def test_services_bind_loopback_and_airflow_gets_the_kafka_connection(settings) -> None:  # type: ignore[no-untyped-def]
     specs = stack.service_specs(settings)
     assert set(specs) == set(stack.SERVICES)
-    assert "127.0.0.1" in specs["broker"].command
+    assert specs["broker"].command[-2:] == ["run", "broker"]
+    from infra import kafka_broker
+
+    (node,) = kafka_broker.nodes(settings)
+    props = dict(
+        line.split("=", 1) for line in kafka_broker.server_properties(settings, node).splitlines()
+    )
+    assert props["listeners"] == (
+        f"PLAINTEXT://127.0.0.1:{settings.ports.broker},"
+        f"CONTROLLER://127.0.0.1:{settings.ports.broker_controller}"
+    )
+    assert props["controller.quorum.voters"] == f"1@127.0.0.1:{settings.ports.broker_controller}"
     env = stack.airflow_env(settings)
     assert env["AIRFLOW__API__HOST"] == "127.0.0.1"
     assert str(settings.bootstrap_servers) in env["AIRFLOW_CONN_CASCADE_KAFKA"]

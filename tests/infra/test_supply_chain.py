@@ -1,38 +1,51 @@
-"""The broker's native binary comes only from the wheel with the pinned sha256, is the file that
-wheel installed, and npm runs no package's install scripts."""
+"""The Kafka broker's jars come only at pinned versions and recorded digests, and npm runs no
+package's install scripts."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import importlib.metadata
 import re
+from pathlib import Path
+
+import pytest
 
 from cascade.config import REPO_ROOT
 
 INSTALL = (REPO_ROOT / "infra" / "install.sh").read_text()
 
 
-def test_the_broker_wheel_is_installed_by_hash() -> None:
-    pinned = (REPO_ROOT / "infra" / "broker-requirements.txt").read_text()
-    assert re.search(r"^noida-db==[\d.]+ \\\n\s+--hash=sha256:[0-9a-f]{64}$", pinned, re.M)
-    assert "--require-hashes -r infra/broker-requirements.txt" in INSTALL
-    # Installed before the lock and the project, which hold the same pin.
-    assert INSTALL.index("broker-requirements.txt") < INSTALL.index('-r "$LOCK"')
-    version = re.search(r"noida-db==([\d.]+)", pinned)
-    assert version is not None
-    assert importlib.metadata.version("noida-db") == version.group(1)
+def test_the_broker_jars_are_installed_pinned_and_checked() -> None:
+    from infra import kafka_broker
+
+    pom = (REPO_ROOT / "infra" / "kafka" / "pom.xml").read_text()
+    # Every version in the POM is exact (no ranges, no LATEST), the plugin's too.
+    versions = re.findall(r"<version>([^<]+)</version>", pom)
+    assert versions and all(re.fullmatch(r"[\w.\-]+", v) for v in versions), versions
+    assert "<artifactId>kafka_2.13</artifactId>" in pom
+    assert '-m infra.kafka_broker install "$VENV"' in INSTALL
+    digests = kafka_broker.recorded_digests()
+    assert len(digests) > 20 and all(re.fullmatch(r"[0-9a-f]{64}", d) for d in digests.values())
+    assert kafka_broker.version() == "4.4.0"
+    # What `make venv` installed is exactly the recorded set.
+    jars = kafka_broker.verify(kafka_broker.libs_dir())
+    assert {p.name for p in jars} == set(digests)
 
 
-def test_the_installed_broker_files_are_the_wheels() -> None:
-    dist = importlib.metadata.distribution("noida-db")
-    # The package's own files (the binary among them); pip rewrites some of its metadata.
-    files = [f for f in dist.files or [] if f.hash and ".dist-info/" not in f.as_posix()]
-    assert any(f.locate().stat().st_size > 1 << 20 for f in files), "no broker binary recorded"
-    for record in files:
-        assert record.hash is not None and record.hash.mode == "sha256"
-        digest = hashlib.sha256(record.locate().read_bytes()).digest()
-        assert base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == record.hash.value, record
+def test_a_changed_missing_or_extra_jar_stops_the_broker(tmp_path: Path) -> None:
+    from infra import kafka_broker
+
+    digests = {"a.jar": hashlib.sha256(b"a").hexdigest(), "b.jar": hashlib.sha256(b"b").hexdigest()}
+    (tmp_path / "a.jar").write_bytes(b"a")
+    (tmp_path / "b.jar").write_bytes(b"b")
+    assert [p.name for p in kafka_broker.verify(tmp_path, digests)] == ["a.jar", "b.jar"]
+    (tmp_path / "b.jar").write_bytes(b"B")
+    (tmp_path / "evil.jar").write_bytes(b"x")
+    (tmp_path / "a.jar").unlink()
+    with pytest.raises(kafka_broker.KafkaInstallError) as err:
+        kafka_broker.verify(tmp_path, digests)
+    message = str(err.value)
+    assert "missing a.jar" in message and "unlisted evil.jar" in message
+    assert "changed b.jar" in message and "make venv" in message
 
 
 def test_npm_runs_no_install_scripts() -> None:
