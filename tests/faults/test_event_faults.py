@@ -55,35 +55,39 @@ def test_triggerer_restart_with_pending_events_and_broker_restart_before_trigger
     assert 1 <= result["runs_started"] <= 3, result["runs"]
 
 
-def test_broker_sigkill_mid_burst_loses_nothing_and_runs_nothing_twice(
-    event_stack: Settings,
-) -> None:
-    """Apache Kafka SIGKILLed while Airflow's watcher consumes a burst: half the events were
-    acknowledged before, half are published while it is down. After the restart the watcher
-    reconnects by itself, every event is worked exactly once (acks=all, commit after store,
-    the claim ledger absorbing what is read again)."""
-    result = broker_kill_burst(event_stack, events=200, window_s=WINDOW_S)
-    assert result["lost"] == 0 and result["duplicates"] == 0, result
-    assert result["runs_started"] >= result["expected_runs"] == 1
-
-
-def test_events_benchmark_smoke(event_stack: Settings) -> None:
+def test_events_benchmark_smoke_with_a_broker_sigkill_mid_burst(event_stack: Settings) -> None:
     """What `cascade bench events --quick` measures, on the already running fault stack (a
-    fresh Airflow alone takes longer than a smoke test may)."""
-    from benchmarks.event_delivery import COUNTS, TIMINGS, measure_events, summarize_bursts
+    fresh Airflow alone takes longer than a smoke test may), its broker-kill burst included:
+    Apache Kafka SIGKILLed while Airflow's watcher consumes a burst, half the events
+    acknowledged before, half published while it is down. After the restart the watcher
+    reconnects by itself and every event is worked exactly once (acks=all, commit after store,
+    the claim ledger absorbing what is read again)."""
+    from benchmarks.event_delivery import (
+        COUNTS,
+        TIMINGS,
+        measure_events,
+        summarize_bursts,
+        with_broker_kills,
+    )
     from benchmarks.provenance import provenance
     from benchmarks.registry import GENERATORS
 
     # No settle: the fault tests above already watch for late duplicates. One burst, summarized
     # and stamped as `cascade bench events --quick` writes it.
     burst = measure_events(event_stack, events=20, malformed=3, window_s=WINDOW_S, settle_s=0)
-    result = summarize_bursts([burst])
+    kill = broker_kill_burst(event_stack, events=200, window_s=WINDOW_S)
+    assert kill["lost"] == 0 and kill["duplicates"] == 0, kill
+    assert kill["runs_started"] >= kill["expected_runs"] == 1
+    result = with_broker_kills(summarize_bursts([burst]), [kill])
+    assert result["broker"] == {"name": "Apache Kafka", "version": "4.4.0"}
+    assert result["broker_kills"] == 1
+    assert result["lost_across_kills"] == 0 and result["duplicates_across_kills"] == 0
     result.update(provenance(result, generators=GENERATORS["events"], parameters={"quick": True}))
     for key in (*TIMINGS, *COUNTS, "published", "malformed_published", "dead_letters_by_kind"):
         assert key in result, key
     for key in ("git_commit", "input_digest", "model_digest", "repeats", "spread", "machine"):
         assert key in result, key
-    assert (result["published"], result["repeats"], result["expected_runs"]) == (20, 1, 1)
+    assert (result["published"], result["repeats"], result["expected_runs"]) == (20, 1, 2)
     assert all(result["spread"][key]["n"] == 1 for key in TIMINGS if result[key] is not None)
     assert result["runs_started"] >= result["expected_runs"]
     assert result["lost"] == 0 and result["duplicates"] == 0
