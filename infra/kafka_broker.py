@@ -4,7 +4,7 @@ Install (``make venv`` runs ``python -m infra.kafka_broker install VENV``): Mave
 plugin copies the artifacts that ``infra/kafka/pom.xml`` pins (``kafka_2.13`` and its runtime
 dependencies) into ``VENV/kafka/libs``; each jar is then checked against
 ``infra/kafka/jars.sha256``. A jar that is missing, unlisted or not the recorded bytes stops the
-install and is never put on a class path (:func:`verified_libs` checks again at every start).
+install and is never put on a class path (:func:`prepare` checks again at every start).
 
 Run: the ``local`` profile runs one node, broker and KRaft controller in one JVM, listening on
 ``CASCADE_BROKER_PORT`` (clients) and ``CASCADE_BROKER_CONTROLLER_PORT`` (the quorum), on the
@@ -103,13 +103,12 @@ def verify(libs: Path, digests: dict[str, str] | None = None) -> list[Path]:
     return [present[name] for name in sorted(digests)]
 
 
-def install(venv: Path, *, mvn: str = "mvn") -> Path:
+def install(venv: Path, *, mvn: str = "mvn") -> list[Path]:
     """Copy the pinned jars into ``venv``'s ``kafka/libs`` with Maven and verify them; the
-    folder is replaced only once the new copy passed. Returns the folder."""
+    folder is replaced only once the new copy passed. Returns the verified jars."""
     libs = libs_dir(venv.resolve())
     try:
-        verify(libs)
-        return libs
+        return verify(libs)
     except KafkaInstallError:
         pass
     if shutil.which(mvn) is None:
@@ -132,14 +131,14 @@ def install(venv: Path, *, mvn: str = "mvn") -> Path:
             ],
             check=True,
         )
-        verify(staging / "libs")
+        names = [jar.name for jar in verify(staging / "libs")]
         if libs.exists():
             shutil.rmtree(libs)
         libs.parent.mkdir(parents=True, exist_ok=True)
         (staging / "libs").rename(libs)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return libs
+    return [libs / name for name in names]
 
 
 def version(digests: dict[str, str] | None = None) -> str:
@@ -179,15 +178,15 @@ def nodes(settings: Settings, *, every: bool = False) -> list[Node]:
     ]
 
 
-def local_bootstrap(settings: Settings) -> str:
-    """Bootstrap servers of the stack's own nodes."""
-    return ",".join(f"{settings.host}:{n.port}" for n in nodes(settings))
+def replication(settings: Settings) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) of the stack's Kafka in the settings' profile."""
+    return REPLICATION["cluster" if settings.profile == "cluster" else "local"]
 
 
 def topic_config(settings: Settings) -> tuple[int, dict[str, str]]:
     """(replication factor, topic configs) of the stack's topics in the settings' profile."""
-    replication, min_isr = REPLICATION["cluster" if settings.profile == "cluster" else "local"]
-    return replication, {"min.insync.replicas": str(min_isr)}
+    factor, min_isr = replication(settings)
+    return factor, {"min.insync.replicas": str(min_isr)}
 
 
 def state_dir(settings: Settings) -> Path:
@@ -197,7 +196,7 @@ def state_dir(settings: Settings) -> Path:
 def server_properties(settings: Settings, node: Node) -> str:
     """The node's ``server.properties``: broker and controller in one process, loopback only."""
     all_nodes = nodes(settings)
-    replication, min_isr = REPLICATION["cluster" if len(all_nodes) == 3 else "local"]
+    factor, min_isr = replication(settings)
     host = settings.host
     voters = ",".join(f"{n.node_id}@{host}:{n.controller_port}" for n in all_nodes)
     props = {
@@ -211,14 +210,14 @@ def server_properties(settings: Settings, node: Node) -> str:
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
         "log.dirs": str(state_dir(settings) / node.name),
         "num.partitions": "1",
-        "default.replication.factor": str(replication),
+        "default.replication.factor": str(factor),
         "min.insync.replicas": str(min_isr),
-        "offsets.topic.replication.factor": str(replication),
-        "offsets.topic.num.partitions": "1" if replication == 1 else "3",
-        "transaction.state.log.replication.factor": str(replication),
+        "offsets.topic.replication.factor": str(factor),
+        "offsets.topic.num.partitions": "1" if factor == 1 else "3",
+        "transaction.state.log.replication.factor": str(factor),
         "transaction.state.log.min.isr": str(min_isr),
-        "transaction.state.log.num.partitions": "1" if replication == 1 else "3",
-        "share.coordinator.state.topic.replication.factor": str(replication),
+        "transaction.state.log.num.partitions": "1" if factor == 1 else "3",
+        "share.coordinator.state.topic.replication.factor": str(factor),
         "share.coordinator.state.topic.min.isr": str(min_isr),
         "auto.create.topics.enable": "false",
         "group.initial.rebalance.delay.ms": "0",
@@ -271,12 +270,8 @@ def java() -> str:
     return found
 
 
-def jvm_command(settings: Settings, node: Node, main: str, *args: str) -> list[str]:
-    libs = verified_libs()
-    config_dir = state_dir(settings) / "config"
-    log_file = settings.logs_dir / f"{node.name}.server.log"
-    log4j = config_dir / f"{node.name}.log4j2.properties"
-    log4j.write_text(log4j_properties(log_file))
+def jvm_command(settings: Settings, libs: list[Path], log4j: Path) -> list[str]:
+    """``java`` with the node's flags and class path, up to the main class."""
     heap = settings.broker_heap_mb
     return [
         java(),
@@ -289,46 +284,28 @@ def jvm_command(settings: Settings, node: Node, main: str, *args: str) -> list[s
         f"-Dlog4j2.configurationFile={log4j}",
         "-cp",
         os.pathsep.join(str(p) for p in libs),
-        main,
-        *args,
     ]
 
 
-_VERIFIED: list[Path] | None = None
-
-
-def verified_libs() -> list[Path]:
-    global _VERIFIED
-    if _VERIFIED is None:
-        _VERIFIED = verify(libs_dir())
-    return _VERIFIED
-
-
-def prepare(settings: Settings, node: Node) -> Path:
-    """Write the node's configuration and format its storage once; returns the config file."""
+def prepare(settings: Settings, node: Node) -> list[str]:
+    """Verify the jars, write the node's configuration and log settings, and format its storage
+    once; returns the command that runs the node."""
     config_dir = state_dir(settings) / "config"
     config_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     settings.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     config = config_dir / f"{node.name}.properties"
     config.write_text(server_properties(settings, node))
-    data = state_dir(settings) / node.name
-    if not (data / "meta.properties").exists():
+    log4j = config_dir / f"{node.name}.log4j2.properties"
+    log4j.write_text(log4j_properties(settings.logs_dir / f"{node.name}.server.log"))
+    jvm = jvm_command(settings, verify(libs_dir()), log4j)
+    if not (state_dir(settings) / node.name / "meta.properties").exists():
         subprocess.run(
-            jvm_command(
-                settings,
-                node,
-                STORAGE_TOOL,
-                "format",
-                "--ignore-formatted",
-                "-t",
-                cluster_id(settings),
-                "-c",
-                str(config),
-            ),
+            [*jvm, STORAGE_TOOL, "format", "--ignore-formatted", "-t", cluster_id(settings)]
+            + ["-c", str(config)],
             check=True,
             stdout=subprocess.DEVNULL,
         )
-    return config
+    return [*jvm, MAIN_CLASS, str(config)]
 
 
 def node_named(settings: Settings, name: str) -> Node:
@@ -342,9 +319,7 @@ def run(name: str) -> None:
     """Format once, then replace this process with the node's JVM (same pid: the stack stops
     it with SIGTERM, Kafka's controlled shutdown)."""
     settings = load_settings()
-    node = node_named(settings, name)
-    config = prepare(settings, node)
-    command = jvm_command(settings, node, MAIN_CLASS, str(config))
+    command = prepare(settings, node_named(settings, name))
     sys.stdout.flush()
     os.execv(command[0], command)
 
@@ -360,9 +335,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         if args.command == "install":
-            libs = install(args.venv)
+            jars = install(args.venv)
             print(
-                f"install: {BROKER_NAME} {version()} ({len(verify(libs))} verified jars in {libs})"
+                f"install: {BROKER_NAME} {version()} "
+                f"({len(jars)} verified jars in {libs_dir(args.venv.resolve())})"
             )
         elif args.command == "run":
             run(args.node)

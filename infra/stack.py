@@ -64,6 +64,7 @@ from cascade.tracking_auth import (
     tracking_server_env,
 )
 from infra import airflow_cluster, kafka_broker, spark_standalone
+from infra.supervise import lose_node
 
 SERVICES = (
     "postgres",
@@ -819,16 +820,14 @@ def stop_service(
 
 
 def kill_service(settings: Settings, name: str, *, timeout_s: float = 20) -> int:
-    """SIGKILL the process group of a running service, as a crash would end it (no clean
-    shutdown), and wait until it is gone; returns the killed group's id. For fault tests."""
+    """SIGKILL a running service's process and everything under it (as a lost host,
+    :func:`infra.supervise.lose_node`), with no clean shutdown, and wait until its group is gone;
+    returns the killed group's id. For fault tests."""
     pgid = _running_pgid(settings, name)
     if pgid is None:
         raise StackError(f"{name}: not running, nothing to kill")
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout_s
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        lose_node(psutil.Process(pgid), wait_s=timeout_s)
     if _group_alive(pgid):
         raise StackError(f"{name}: group {pgid} survived SIGKILL")
     _pid_file(settings, name).unlink(missing_ok=True)
