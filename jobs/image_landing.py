@@ -27,9 +27,10 @@ Formats (:data:`IMAGE_FORMATS`):
   ``images/`` beside the JSON, the split's folder beside its parent (``captions_val2017.json``
   -> ``../val2017/``, the COCO download's layout) and the JSON's own folder.
 - ``webdataset`` (:func:`land_webdataset`): WebDataset tar shards (``source`` is one ``.tar`` or a
-  folder of them), each sample ``KEY.jpg|jpeg|png|webp|...`` with ``KEY.txt`` (the caption) and/or
-  ``KEY.json`` (``caption`` or ``text``, optional ``language``/``lang``); the key is the member's
-  path up to the first dot of its file name, as WebDataset groups them. The shards are read with
+  folder of them; ``.tar.gz`` and ``.tgz`` too), each sample ``KEY.jpg|jpeg|png|webp|...`` with
+  ``KEY.txt`` (the caption) and/or ``KEY.json`` (``caption`` or ``text``, optional
+  ``language``/``lang``); the key is the member's path up to the first dot of its file name, as
+  WebDataset groups them. The shards are read with
   the standard ``tarfile`` module rather than PyPI ``webdataset`` (which installs cleanly): its
   readers raise or skip through one exception handler for a whole stream, where this importer
   needs each sample's reason, and it would add two dependencies for a dozen lines of grouping.
@@ -70,6 +71,8 @@ memory per image (about 130 MB as RGBA), where Pillow's own limit warns at 89 mi
 refuses only twice that."""
 MAX_IMAGE_BYTES = 1 << 26
 """Larger image files (64 MiB) are quarantined unread."""
+SHARD_PATTERNS = ("*.tar", "*.tar.gz", "*.tgz")
+"""Shards in a folder (compressed ones are read as tarfile opens them)."""
 WEBDATASET_IMAGE_EXTENSIONS = frozenset("jpg jpeg png webp gif bmp tif tiff svg".split())
 
 
@@ -304,7 +307,7 @@ def land_coco(
     check_landing(dest, ds)
     captions = coco_file(source)
     try:
-        data = json.loads(captions.read_text(encoding="utf-8"))
+        data = json.loads(captions.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{captions}: not JSON ({exc}): pass a COCO captions file") from None
     if not isinstance(data, dict) or not all(
@@ -431,7 +434,11 @@ def land_webdataset(
 ) -> Mapping[str, int]:
     """Land WebDataset tar shards (one ``.tar`` file, or every ``*.tar`` in a folder)."""
     check_landing(dest, ds)
-    shards = [source] if source.is_file() else sorted(source.glob("*.tar"))
+    shards = (
+        [source]
+        if source.is_file()
+        else sorted(p for pattern in SHARD_PATTERNS for p in source.glob(pattern))
+    )
     if not shards:
         raise ValueError(
             f"{source}: no *.tar shards: point at a WebDataset shard or a folder of them"

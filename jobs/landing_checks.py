@@ -33,12 +33,22 @@ def file_name_problem(name: str) -> str | None:
     return None
 
 
+def text_lines(path: Path) -> list[str]:
+    """The lines of the UTF-8 text file ``path``; a one-line ValueError naming it otherwise."""
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}): save it as UTF-8"
+        ) from None
+
+
 def json_records(
     path: Path, quarantine: LandingQuarantine, area: str
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(where, object)`` for each JSON object line of ``path`` (``where`` is ``NAME line N``);
     any other non-blank line is quarantined as ``AREA: bad line (...)``."""
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text_lines(path), 1):
         if not line.strip():
             continue
         where = f"{path.name} line {number}"

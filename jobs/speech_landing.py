@@ -69,7 +69,7 @@ from pathlib import Path
 import numpy as np
 
 from cascade.audio_features import SAMPLE_RATE, WavError, read_wav_header, resample
-from jobs.landing_checks import check_landing, file_name_problem, json_records
+from jobs.landing_checks import check_landing, file_name_problem, json_records, text_lines
 from jobs.quarantine import LandingQuarantine
 from jobs.speech_synth import write_wav
 
@@ -242,7 +242,7 @@ def read_kaldi_table(
     """``KEY VALUE...`` lines as ``{key: value}``; a repeated key or (when ``value_required``) a
     line with no value is quarantined, the first occurrence kept."""
     table: dict[str, str] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text_lines(path), 1):
         if not line.strip():
             continue
         key, _, value = line.strip().partition(" ")
@@ -368,7 +368,7 @@ def land_librispeech(
     for transcript_file in transcript_files:
         chapter = transcript_file.parent
         described: set[str] = set()
-        for number, line in enumerate(transcript_file.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in enumerate(text_lines(transcript_file), 1):
             if not line.strip():
                 continue
             uid, _, text = line.strip().partition(" ")
@@ -427,29 +427,32 @@ def land_common_voice(
     clips = tsv.parent / "clips"
     quarantine = LandingQuarantine()
     utterances: list[Utterance] = []
-    with tsv.open(encoding="utf-8", newline="") as handle:
-        # No quoting: Common Voice sentences hold unbalanced quotes, and its TSVs quote nothing.
-        rows = csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
-        missing = [c for c in COMMON_VOICE_COLUMNS if c not in (rows.fieldnames or [])]
-        if missing:
-            raise ValueError(
-                f"{tsv}: columns {missing} missing (header: {rows.fieldnames}): land a Common "
-                f"Voice TSV with {list(COMMON_VOICE_COLUMNS)}"
+    # No quoting: Common Voice sentences hold unbalanced quotes, and its TSVs quote nothing.
+    rows = csv.DictReader(text_lines(tsv), delimiter="\t", quoting=csv.QUOTE_NONE)
+    missing = [c for c in COMMON_VOICE_COLUMNS if c not in (rows.fieldnames or [])]
+    if missing:
+        raise ValueError(
+            f"{tsv}: columns {missing} missing (header: {rows.fieldnames}): land a Common "
+            f"Voice TSV with {list(COMMON_VOICE_COLUMNS)}"
+        )
+    for row in rows:
+        clip = (row.get("path") or "").strip()
+        where = f"{tsv.name} line {rows.line_num}"
+        if None in row or None in row.values():
+            quarantine.add(where, "common voice: bad line (not as many fields as the header)")
+            continue
+        if not clip:
+            quarantine.add(where, "common voice: bad line (no path)")
+            continue
+        utterances.append(
+            Utterance(
+                Path(clip).stem,
+                clips / clip,
+                row["sentence"],
+                row["client_id"],
+                (row.get("locale") or "").strip() or language,
             )
-        for number, row in enumerate(rows, 2):
-            clip = (row.get("path") or "").strip()
-            if not clip or None in row:
-                quarantine.add(f"{tsv.name} line {number}", "common voice: bad line (fields)")
-                continue
-            utterances.append(
-                Utterance(
-                    Path(clip).stem,
-                    clips / clip,
-                    row.get("sentence"),
-                    row.get("client_id"),
-                    (row.get("locale") or "").strip() or language,
-                )
-            )
+        )
     return land_utterances(
         utterances,
         quarantine,
@@ -492,13 +495,14 @@ def land_speech_jsonl(
         named = record.get("audio")
         audio = folder / named if isinstance(named, str) else folder / WAV_FOLDER / f"{uid}.wav"
         text, speaker = record.get("text"), record.get("voice") or record.get("speaker")
+        tag = record.get("language")
         utterances.append(
             Utterance(
                 uid,
                 audio,
                 text if isinstance(text, str) else None,
                 speaker if isinstance(speaker, str) else None,
-                record.get("language") or language,
+                tag if isinstance(tag, str) and tag else language,
             )
         )
     named_files = {u.audio.resolve() for u in utterances}

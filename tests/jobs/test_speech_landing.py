@@ -173,7 +173,11 @@ def test_kaldi_refuses_piped_commands_and_missing_tables(tmp_path: Path) -> None
     (data / "utt2spk").write_text("r1 s\n")
     with pytest.raises(ValueError, match=r"r1 is a piped command .*runs no commands") as piped:
         land_kaldi(data, dest, ds=DS)
-    for error in (missing, piped):
+    (data / "wav.scp").write_text("r1 in.wav\n")
+    (data / "text").write_bytes("r1 caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"text: not UTF-8 text .*: save it as UTF-8") as latin:
+        land_kaldi(data, dest, ds=DS)
+    for error in (missing, piped, latin):
         assert "\n" not in str(error.value) and str(data) in str(error.value)
     assert not any(dest.iterdir())
 
@@ -225,6 +229,8 @@ def test_common_voice_tsv_lands_mp3_and_ogg_clips_with_locale(tmp_path: Path) ->
         "beef\tcommon_voice_cs_3.mp3\t\t1\tcs",
         "c0ffee\tcommon_voice_cs_4.mp3\tUříznuto.\t1\tcs",
         "c0ffee\tcommon_voice_cs_5.mp3\tNení tu.\t1\tcs",
+        "",
+        "c0ffee\tcommon_voice_cs_6.mp3\tMálo polí.",
     ]
     (corpus / "validated.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
 
@@ -240,7 +246,10 @@ def test_common_voice_tsv_lands_mp3_and_ogg_clips_with_locale(tmp_path: Path) ->
     assert reasons["common_voice_cs_3"] == "transcript missing"
     assert reasons["common_voice_cs_4"].startswith("audio: truncated: decoded")
     assert reasons["common_voice_cs_5"].startswith("audio missing")
-    assert counts["utterances"] == 2 and counts["speakers"] == 2 and counts["quarantined"] == 3
+    assert reasons["validated.tsv line 8"] == (
+        "common voice: bad line (not as many fields as the header)"
+    )
+    assert counts["utterances"] == 2 and counts["speakers"] == 2 and counts["quarantined"] == 4
     (tmp_path / "bad.tsv").write_text("client_id\tpath\nx\ty.mp3\n")
     (tmp_path / "out2").mkdir()
     with pytest.raises(ValueError, match=r"columns \['sentence'\] missing"):
