@@ -168,10 +168,11 @@ def land_utterances(
             quarantine.add(uid, "utterance id: duplicate (an earlier utterance has it)")
             continue
         seen.add(uid)
-        if not (utterance.text or "").strip():
+        text, speaker = (utterance.text or "").strip(), (utterance.speaker or "").strip()
+        if not text:
             quarantine.add(uid, "transcript missing")
             continue
-        if not (utterance.speaker or "").strip():
+        if not speaker:
             quarantine.add(uid, "speaker missing (needed for speaker-disjoint splits)")
             continue
         if not utterance.audio.is_file():
@@ -192,7 +193,8 @@ def land_utterances(
         if not 0 <= first < last <= len(samples):
             quarantine.add(
                 uid,
-                f"segment: out of range ({utterance.start:g}-{utterance.end} s of a "
+                f"segment: out of range ({utterance.start:g}-"
+                f"{'end' if utterance.end is None else f'{utterance.end:g}'} s of a "
                 f"{len(samples) / source_rate:.3f} s recording)",
             )
             continue
@@ -201,12 +203,11 @@ def land_utterances(
         pcm = np.clip(np.round(audio * 32767.0), -32768, 32767).astype("<i2")
         write_wav(dest / WAV_FOLDER / f"{uid}.wav", pcm.tobytes(), rate)
         frames_written += len(pcm)
-        speaker = utterance.speaker.strip()  # type: ignore[union-attr]
         speakers.add(speaker)
         records.append(
             {
                 "utterance_id": uid,
-                "text": utterance.text.strip(),  # type: ignore[union-attr]
+                "text": text,
                 "language": utterance.language or None,
                 "voice": speaker,
                 "source": format_name,

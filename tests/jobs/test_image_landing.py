@@ -9,6 +9,7 @@ import io
 import json
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image, ImageDraw
@@ -39,7 +40,7 @@ def bomb() -> bytes:
     return out.getvalue()
 
 
-def landed(dest: Path) -> dict[str, dict[str, str | None]]:
+def landed(dest: Path) -> dict[str, dict[str, Any]]:
     """``{pair_id: record}`` after checking that each record's image is in ``images/``."""
     records = {}
     for line in (dest / "captions.jsonl").read_text(encoding="utf-8").splitlines():
@@ -287,12 +288,12 @@ def test_landed_pairs_pass_the_corpus_jobs_checks(tmp_path: Path) -> None:
         for record in landed(dest).values():
             content = (dest / "images" / record["image"]).read_bytes()
             image_reason, pixels = decode_file(content, record["image"], config, rasterizer)
-            reason, caption, tag = check_pair(
+            reason, normalized, tag = check_pair(
                 True, image_reason, record["caption"], record["language"]
             )
             assert reason is None, (record, reason)
             assert pixels is not None and len(pixels) == config.side * config.side * 3
-            assert tag == (record["language"] or "en") and caption == record["caption"]
+            assert tag == (record["language"] or "en") and normalized == record["caption"]
 
 
 def test_every_format_has_an_importer() -> None:

@@ -193,10 +193,10 @@ def test_librispeech_layout_lands_flac_with_speakers(tmp_path: Path) -> None:
             write_audio(folder / f"{uid}.flac", 1.0 + n / 2, rate, channels=1 + n)
             lines.append(f"{uid} GO DO YOU HEAR")
         (folder / f"{speaker}-{chapter}.trans.txt").write_text("\n".join(lines) + "\n")
-    chapter = root / "84" / "121123"
-    write_audio(chapter / "84-121123-0009.flac", 1.0, 16_000)  # no transcript line
-    cut(chapter / "84-121123-0001.flac")
-    with (chapter / "84-121123.trans.txt").open("a") as handle:
+    first = root / "84" / "121123"
+    write_audio(first / "84-121123-0009.flac", 1.0, 16_000)  # no transcript line
+    cut(first / "84-121123-0001.flac")
+    with (first / "84-121123.trans.txt").open("a") as handle:
         handle.write("84-121123-0005 A LINE WITHOUT AUDIO\n")
 
     counts = land_librispeech(tmp_path / "LibriSpeech", dest, ds=DS)
