@@ -52,6 +52,7 @@ import io
 import json
 import re
 import tarfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -374,7 +375,7 @@ def shard_members(
                 if member.size <= MAX_IMAGE_BYTES and handle is not None:
                     content = handle.read()
                 yield match["key"], match["ext"].lower(), content
-    except (tarfile.TarError, OSError, EOFError) as exc:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         quarantine.add(shard.name, f"shard: truncated or corrupt ({exc or type(exc).__name__})")
 
 
@@ -406,7 +407,10 @@ def webdataset_samples(
                 caption = meta.get("caption") or meta.get("text")
                 tag = meta.get("language") or meta.get("lang") or language
         if caption is None and "txt" in members:
-            caption = (members["txt"] or b"").decode("utf-8", errors="replace")
+            try:
+                caption = (members["txt"] or b"").decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return Sample(name, None, problem=f"captions: bad txt member (not UTF-8: {exc})")
         if caption is not None:
             sample.pairs.append(Pair(pair_id, caption, tag))
         return sample

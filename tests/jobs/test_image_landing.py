@@ -216,6 +216,8 @@ def test_webdataset_shards_land_samples_and_quarantine_bad_members(tmp_path: Pat
         add_member(shard, "000005.jpg", picture(5, "JPEG"))
         add_member(shard, "000006.png", b"")
         add_member(shard, "000006.txt", b"empty picture")
+        add_member(shard, "000007.png", picture(8))
+        add_member(shard, "000007.txt", "caf\xe9".encode("latin-1"))
     with tarfile.open(tmp_path / "whole.tar", "w") as shard:
         add_member(shard, "100000.png", picture(6))
         add_member(shard, "100000.txt", b"kept before the cut")
@@ -241,11 +243,12 @@ def test_webdataset_shards_land_samples_and_quarantine_bad_members(tmp_path: Pat
     assert reasons["000004"].startswith("image missing (no KEY.")
     assert reasons["000005.jpg"] == "caption missing"
     assert reasons["000006.png"] == "image: empty file"
+    assert reasons["000007.png"].startswith("captions: bad txt member (not UTF-8")
     assert reasons["train-000001.tar"].startswith("shard: truncated or corrupt")
     assert set(reasons) == {
-        "000003.png", "000004", "000005.jpg", "000006.png", "train-000001.tar",
+        "000003.png", "000004", "000005.jpg", "000006.png", "000007.png", "train-000001.tar",
     }  # fmt: skip
-    assert counts == {"pairs": 4, "images": 4, "quarantined": 5}
+    assert counts == {"pairs": 4, "images": 4, "quarantined": 6}
 
 
 def test_an_all_bad_batch_raises_one_line_and_writes_nothing(tmp_path: Path) -> None:
