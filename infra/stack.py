@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -936,8 +937,21 @@ def down(
 ) -> list[str]:
     """Stop what runs of ``services`` (default: all, whichever profile started them)."""
     settings = settings or load_settings()
-    # Reverse order: consumers of the broker and registry go first.
-    return [name for name in reversed(services) if stop_service(settings, name, echo=echo)]
+    stopped: list[str] = []
+    # Reverse order: consumers of the broker and registry go first. The Kafka nodes stop
+    # together: a node's controlled shutdown asks the controller quorum, which the nodes
+    # stopped before it have already left (the last one would wait out its timeout alone).
+    kafka = [name for name in reversed(services) if name in kafka_broker.NODES]
+    for name in reversed(services):
+        if name in kafka_broker.NODES:
+            if name == kafka[0]:
+                with ThreadPoolExecutor(max_workers=len(kafka)) as pool:
+                    done = pool.map(lambda node: stop_service(settings, node, echo=echo), kafka)
+                    stopped += [node for node, ok in zip(kafka, done, strict=True) if ok]
+            continue
+        if stop_service(settings, name, echo=echo):
+            stopped.append(name)
+    return stopped
 
 
 def secret_files(settings: Settings) -> list[Path]:
