@@ -723,8 +723,8 @@ def claim_run_events(
     retries = ledger.released(dag_id)
     events.extend(released.event for released in retries.values())
     valid, refused = checked_events(events)
-    for event_id, reason in refused.items():
-        log.warning("not claiming event %s: %s", event_id, reason)
+    for event_id, why in refused.items():
+        log.warning("not claiming event %s: %s", event_id, why)
     unique = _unique_events(valid)
     owners = ledger.owners(dag_id)
     own = ledger.run_events(dag_id, run_id)
@@ -741,7 +741,7 @@ def claim_run_events(
     today = today or dt.datetime.now(dt.UTC).date()
     doomed: list[tuple[dict[str, Any], str, str]] = []
     for ds in list(groups):
-        reason = None if ds is None else future_partition(ds, today)
+        reason: str | None = None if ds is None else future_partition(ds, today)
         if ds is not None and reason is None and unbuildable is not None:
             try:
                 reason = unbuildable(ds)
