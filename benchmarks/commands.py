@@ -24,6 +24,7 @@ BENCH_OPTIONS = {
     "model-dir": "trained ASR model folder that --model asr compiles (compile)",
     "sizes": "corpus sizes in utterances, comma-separated (asr)",
     "events": "events to publish (events)",
+    "partitions": "partitions a burst's events name, one run each (events)",
     "candidates": "item ids per request (serving)",
     "clients": "concurrent clients (serving)",
     "seconds": "measured seconds of load, after the warm-up (serving)",

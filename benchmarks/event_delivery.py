@@ -1,12 +1,17 @@
 """Event delivery, measured against a real private stack (broker + Airflow) on free ports.
 
     cascade bench events --events 1000 --out bench-results/events.json [--repeats 3]
+    cascade bench events --partitions 3 --out bench-results/events.json
     cascade bench events --quick --out /tmp/events.json      # 20 events, one burst
 
-Publishes ``--events`` probe events (``cascade.data.landed``, dataset ``probe``) in one burst plus
-a few malformed messages, waits until DAG ``event_probe`` has recorded work for every id, and
-writes: published, runs_started, expected_runs, lost, duplicates, dead_lettered,
-latency_p50_s / latency_p95_s (publish -> a run claimed the event) and events_per_s.
+Publishes ``--events`` probe events (``cascade.data.landed``, dataset ``probe``) in one burst,
+dealt over ``--partitions`` days (default 1), plus a few malformed messages and one event naming
+a partition two days ahead, which cannot be built; waits until DAG ``event_probe`` has recorded
+work for every id, and writes: published, partitions_published, runs_started (one run per
+partition: equal to partitions_published), expected_runs, runs_failed and stalled_runs (both 0
+when every run ended well), lost, duplicates, dead_lettered, unbuildable_events_dead_lettered
+(the claim step's dead letter for the event ahead), latency_p50_s / latency_p95_s (publish -> a
+run claimed the event) and events_per_s.
 One probe event goes through first, untimed (``warm_up_s``): on a fresh stack the first event
 also waits for the watcher to start. Then ``--repeats`` bursts (default 3, 1 with ``--quick``)
 go through the one stack, each after the previous one was accounted for and had settled. Each
@@ -35,8 +40,13 @@ from typing import Any
 from cascade.assets import TOPIC_DATA_LANDED
 from cascade.broker import publish_many, publish_raw
 from cascade.config import Settings, load_settings
-from cascade.event_ledger import ClaimLedger, work_recorded_at, work_records
-from cascade.events import Event, make_event
+from cascade.event_ledger import (
+    DEAD_LETTER_UNBUILDABLE,
+    ClaimLedger,
+    work_recorded_at,
+    work_records,
+)
+from cascade.events import PARTITION_FUTURE_DAYS, Event, make_event
 from infra.stack import private_stack
 
 PROBE_DAG = "event_probe"
@@ -74,15 +84,62 @@ def warm_up(settings: Settings, *, timeout_s: float = 600) -> float:
     return time.monotonic() - started
 
 
-def probe_events(n: int, *, tag: str) -> list[Event]:
+PROBE_LAST_PARTITION = dt.date(2026, 11, 22)
+"""The newest partition the probe bursts name; more partitions go back a day each."""
+
+
+def probe_partitions(partitions: int) -> list[str]:
+    """The ``partitions`` days a burst's events name, newest first."""
+    if partitions < 1:
+        raise ValueError(f"a burst names at least one partition, not {partitions}")
+    return [(PROBE_LAST_PARTITION - dt.timedelta(days=i)).isoformat() for i in range(partitions)]
+
+
+def probe_events(n: int, *, tag: str, partitions: int = 1) -> list[Event]:
+    """``n`` probe events, dealt over ``partitions`` days in turn (every run builds one)."""
+    days = probe_partitions(partitions)
     return [
         make_event(
             TOPIC_DATA_LANDED,
-            {"dataset": "probe", "partition": "2026-11-22", "path": f"{tag}/{i}"},
+            {"dataset": "probe", "partition": days[i % len(days)], "path": f"{tag}/{i}"},
             source="cascade-bench",
         )
         for i in range(n)
     ]
+
+
+def unbuildable_probe_event(*, tag: str) -> Event:
+    """A valid probe event whose partition cannot be built: two days ahead (UTC), still inside
+    what the watcher accepts, so the claim step (not the watcher) must dead-letter it."""
+    ahead = dt.datetime.now(dt.UTC).date() + dt.timedelta(days=PARTITION_FUTURE_DAYS)
+    return make_event(
+        TOPIC_DATA_LANDED,
+        {"dataset": "probe", "partition": ahead.isoformat(), "path": f"{tag}/unbuildable"},
+        source="cascade-bench",
+    )
+
+
+def settle_runs(
+    settings: Settings, since: dt.datetime, *, timeout_s: float = 300
+) -> dict[str, int]:
+    """Wait until every probe run queued since ``since`` has ended (or ``timeout_s``), then
+    count them: ``runs_failed`` (failed runs) and ``stalled_runs`` (still queued or running)."""
+    from cascade.airflow_client import AirflowClient
+
+    client = AirflowClient(settings)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = client.get(
+            f"/dags/{PROBE_DAG}/dagRuns", run_after_gte=since.isoformat(), limit=1000
+        )["dag_runs"]
+        open_runs = [run for run in runs if run["state"] in ("queued", "running")]
+        if not open_runs or time.monotonic() >= deadline:
+            break
+        time.sleep(2)
+    return {
+        "runs_failed": sum(run["state"] == "failed" for run in runs),
+        "stalled_runs": len(open_runs),
+    }
 
 
 def expected_run_count(events: Sequence[Event]) -> int:
@@ -170,17 +227,22 @@ def measure_events(
     malformed: int,
     window_s: float,
     settle_s: float | None = None,
+    partitions: int = 1,
 ) -> dict[str, Any]:
     """Publish a burst into a running stack (DAG ``event_probe`` unpaused) and account for it.
     ``window_s`` is the stack's CASCADE_COALESCE_WINDOW_S; after every id is accounted for,
-    the count is repeated ``settle_s`` later (default two windows) to catch late duplicates."""
+    the count is repeated ``settle_s`` later (default two windows) to catch late duplicates.
+    The burst's events name ``partitions`` days (each built by its own run), and one more
+    event names a partition that cannot be built (the claim step dead-letters it)."""
     from cascade.broker import dead_letter_summary
 
     dead_before = dead_letter_summary(settings)
-    batch = probe_events(events, tag=f"bench-{time.time_ns()}")
+    tag = f"bench-{time.time_ns()}"
+    batch = probe_events(events, tag=tag, partitions=partitions)
+    queued_since = dt.datetime.now(dt.UTC)
     started = time.monotonic()
     publish_malformed(settings, malformed)
-    publish_many(batch, settings=settings, timeout_s=60)
+    publish_many([*batch, unbuildable_probe_event(tag=tag)], settings=settings, timeout_s=60)
     published_at = {e.id: e.time for e in batch}
     published_s = time.monotonic() - started
     settle_s = window_s * 2 if settle_s is None else settle_s
@@ -203,12 +265,19 @@ def measure_events(
         if event_id in claimed
     )
     to_start, to_work = latencies(starts), latencies(result["recorded_at"])
+    runs = settle_runs(settings, queued_since)
     dead = dead_letter_summary(settings)
+    unbuildable = dead["by_kind"].get(DEAD_LETTER_UNBUILDABLE, 0)
     return {
         "published": events,
         "malformed_published": malformed,
+        "partitions_published": expected_run_count(batch),
         "runs_started": result["runs_started"],
         "expected_runs": expected_run_count(batch),
+        **runs,
+        "unbuildable_published": 1,
+        "unbuildable_events_dead_lettered": unbuildable
+        - dead_before["by_kind"].get(DEAD_LETTER_UNBUILDABLE, 0),
         "lost": len(result["lost"]),
         "duplicates": len(result["duplicates"]),
         "dead_lettered": dead["distinct"] - dead_before["distinct"],
@@ -228,7 +297,13 @@ def measure_events(
         "publish_events_per_s": round(events / published_s, 1),
         "coalesce_window_s": window_s,
         "seconds_until_all_accounted": round(elapsed, 1),
-        "note": "latency_*: publish -> a run claimed the event (event-to-run; includes the"
+        "note": "partitions_published: distinct partitions the burst's events name, each to"
+        " be built by its own run (runs_started counts the runs that did work for the burst);"
+        " runs_failed / stalled_runs: the burst's probe runs that failed / had not ended"
+        " minutes after the last event was accounted for; unbuildable_events_dead_lettered:"
+        " dead letters the claim step wrote for the burst's event naming a partition two days"
+        " ahead (it publishes one: unbuildable_published);"
+        " latency_*: publish -> a run claimed the event (event-to-run; includes the"
         " coalescing wait: a run claims once the burst has been quiet for coalesce_window_s);"
         " run_start_latency_*: publish -> start of the DAG run that did the work (negative"
         " when the event joined a run that had started earlier and was still gathering);"
@@ -245,6 +320,7 @@ def broker_kill_burst(
     node: str = "broker",
     down_s: float = 3.0,
     settle_s: float | None = None,
+    partitions: int = 1,
 ) -> dict[str, Any]:
     """A burst with a Kafka node SIGKILLed in its middle: the first half is published and
     acknowledged (acks=all), the node is killed, the second half is published while it is down
@@ -255,8 +331,9 @@ def broker_kill_burst(
 
     from infra.stack import kill_service, start_service
 
-    batch = probe_events(events, tag=f"kill-{time.time_ns()}")
+    batch = probe_events(events, tag=f"kill-{time.time_ns()}", partitions=partitions)
     half = len(batch) // 2
+    queued_since = dt.datetime.now(dt.UTC)
     started = time.monotonic()
     publish_many(batch[:half], settings=settings, timeout_s=60)
     killed_pid = kill_service(settings, node)
@@ -281,6 +358,8 @@ def broker_kill_burst(
     result = account([e.id for e in batch], settings, timeout_s=900, settle_s=settle_s)
     return {
         "published": events,
+        "partitions_published": expected_run_count(batch),
+        **settle_runs(settings, queued_since),
         "killed": node,
         "killed_pid": killed_pid,
         "restarted_after_s": round(restarted_s, 1),
@@ -306,7 +385,17 @@ TIMINGS = (
     "seconds_until_all_accounted",
 )
 """Figures of a burst that are timings: the median over the bursts, with their spread."""
-COUNTS = ("runs_started", "expected_runs", "lost", "duplicates", "dead_lettered")
+COUNTS = (
+    "runs_started",
+    "expected_runs",
+    "lost",
+    "duplicates",
+    "dead_lettered",
+    "partitions_published",
+    "runs_failed",
+    "stalled_runs",
+    "unbuildable_events_dead_lettered",
+)
 """Figures of a burst that are counts: summed over the bursts."""
 
 
@@ -342,7 +431,9 @@ def bench_events(out: Path, quick: bool) -> dict[str, Any]:
     """See the module docstring. ``--quick``: one burst of 20 events, a 3 s window."""
     from benchmarks.provenance import bench_repeats
 
-    n = 20 if quick else load_settings().bench.events
+    bench = load_settings().bench
+    n = 20 if quick else bench.events
+    partitions = bench.event_partitions
     repeats = bench_repeats(3, quick=quick, quick_default=1)
     window_s = 3.0 if quick else 10.0
     env = {
@@ -356,32 +447,52 @@ def bench_events(out: Path, quick: bool) -> dict[str, Any]:
             wait_for_probe_dag(settings)
             warm_up_s = warm_up(settings)
             bursts = [
-                measure_events(settings, events=n, malformed=3 if quick else 10, window_s=window_s)
+                measure_events(
+                    settings,
+                    events=n,
+                    malformed=3 if quick else 10,
+                    window_s=window_s,
+                    partitions=partitions,
+                )
                 for _ in range(repeats)
             ]
-            kills = [broker_kill_burst(settings, events=n, window_s=window_s)]
+            kills = [
+                broker_kill_burst(settings, events=n, window_s=window_s, partitions=partitions)
+            ]
     return {
         **with_broker_kills(summarize_bursts(bursts), kills),
         "warm_up_s": round(warm_up_s, 1),
     }
 
 
+KILL_COUNTS = (
+    "lost",
+    "duplicates",
+    "runs_started",
+    "expected_runs",
+    "partitions_published",
+    "runs_failed",
+    "stalled_runs",
+)
+"""Counts a broker-kill burst adds to the summary."""
+
+
 def with_broker_kills(result: dict[str, Any], kills: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The summary with the broker-kill bursts added: ``broker`` (name and version),
-    ``broker_kills``, each kill burst in ``kill_bursts``, and ``lost`` / ``duplicates`` /
-    ``runs_started`` / ``expected_runs`` counted over the kill bursts too."""
+    ``broker_kills``, each kill burst in ``kill_bursts``, and the :data:`KILL_COUNTS` counted
+    over the kill bursts too."""
     from infra.kafka_broker import broker_info
 
     out = dict(result)
     out["broker"] = broker_info()
     out["broker_kills"] = len(kills)
     out["kill_bursts"] = list(kills)
-    for key in ("lost", "duplicates", "runs_started", "expected_runs"):
+    for key in KILL_COUNTS:
         out[key] = result[key] + sum(k[key] for k in kills)
     out["lost_across_kills"] = sum(k["lost"] for k in kills)
     out["duplicates_across_kills"] = sum(k["duplicates"] for k in kills)
     out["note"] = result["note"] + (
         "; broker_kills: bursts during which the Kafka node was SIGKILLed and restarted"
-        " (kill_bursts); lost, duplicates, runs_started and expected_runs include them"
+        f" (kill_bursts); {', '.join(KILL_COUNTS)} include them"
     )
     return out

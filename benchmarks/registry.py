@@ -50,7 +50,7 @@ OPTIONS: dict[str, dict[str, str]] = {
         "model-dir": "CASCADE_BENCH_ASR_MODEL",
     },
     "asr": {"model": "CASCADE_BENCH_ASR_MODEL", "sizes": "CASCADE_BENCH_ASR_SIZES"},
-    "events": {"events": "CASCADE_BENCH_EVENTS"},
+    "events": {"events": "CASCADE_BENCH_EVENTS", "partitions": "CASCADE_BENCH_EVENT_PARTITIONS"},
     "multimodal": {
         "config": "CASCADE_BENCH_MULTIMODAL_CONFIG",
         "corpus": "CASCADE_BENCH_MULTIMODAL_CORPUS",

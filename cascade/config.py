@@ -204,6 +204,9 @@ class EventSettings:
     """A run starts work once the asset has had no new event for this many seconds."""
     max_wait_s: float = Field(default=300.0, ge=0)
     """Upper bound on that wait in seconds, so an endless trickle still gets processed."""
+    max_releases: int = Field(default=3, ge=1)
+    """How many failed runs may give an event back for a later run to retry; the next claim
+    dead-letters it with the last run's id instead."""
 
 
 @dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
@@ -330,6 +333,9 @@ class BenchSettings:
     Runtime and Inductor), ``people`` (the Tux Paint corpus); the JSON names them."""
     events: int = Field(default=1_000, ge=1)
     """Events ``bench events`` produces."""
+    event_partitions: int = Field(default=1, ge=1)
+    """Partitions the events of a ``bench events`` burst name (``--partitions``): each is built by
+    its own run."""
     multimodal_config: str = "base"
     """Training config of ``bench multimodal``."""
     multimodal_corpus: Path | None = None

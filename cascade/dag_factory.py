@@ -1,10 +1,11 @@
 """Airflow DAGs made from pipeline specs: one DAG per registered pipeline, no DAG file per pipeline.
 
 ``dags/pipeline_dags.py`` calls :func:`build_dags`. Each DAG is ``resolve_partition`` (claims the
-run's events, so a redelivered or coalesced event never does the work twice, and returns the
-partition) followed by one task per step, chained in order, each calling
+events of the run's one partition, so a redelivered or coalesced event never does the work twice,
+and returns the partition) followed by one task per step, chained in order, each calling
 :func:`cascade.step_runner.run_step` (what the DVC stage and ``cascade step`` call too). A
-pipeline with a trigger runs on its cron or its Kafka-watched asset, whichever comes first.
+pipeline with a trigger runs on its cron or its Kafka-watched asset, whichever comes first, and
+has ``next_partitions`` beside the steps: each partition its events name gets its own run.
 
 Imported by the DAG processor at parse time, so nothing heavy here.
 """
@@ -81,44 +82,88 @@ def upstream_partition(context: Mapping[str, Any], after: Sequence[str]) -> str 
     return max(found)[1] if found else None
 
 
+SCHEDULED_RUN_TYPES = ("scheduled", "DagRunType.SCHEDULED")
+"""``DagRun.run_type`` of a cron run (as text): it works on its own date, never an event's."""
+
+
 def _resolve_task(spec: Pipeline, asset: Any | None) -> Any:
     """The ``resolve_partition`` task: with a watched asset it claims the run's events first."""
     from airflow.sdk import task
 
     lag = spec.partition_lag_days
     after = tuple(spec.after)
+    unbuildable = spec.trigger.unbuildable if spec.trigger is not None else None
 
     @task(
         task_id="resolve_partition",
         inlets=[asset] if asset is not None else [],
-        doc_md="Claims the run's Kafka events (a redelivered or coalesced event skips the run) "
-        "and returns the partition date the steps work on.",
+        doc_md="Claims the Kafka events of one partition (a redelivered or coalesced event "
+        "skips the run; an event whose partition cannot be built is dead-lettered) and returns "
+        "the partition date the steps work on: the form's `ds`, the upstream data's, a "
+        "scheduled run's own date, or else the oldest partition the events name.",
     )
     def resolve_partition(**context: Any) -> str:
-        from cascade.event_ledger import claim_and_resolve
+        from cascade.event_ledger import claim_for_run, run_partition
         from cascade.lake import check_ds
-        from cascade.partitions import resolve_partition as partition_of
 
+        dag_run = context["dag_run"]
         requested = (context.get("params") or {}).get(PARTITION_PARAM)
         upstream = upstream_partition(context, after)
-        if upstream is not None and not requested:
-            # Started by another pipeline's data: its partition. Kafka events, if any, stay
-            # unclaimed for the next event-started run (its lookback drains them).
-            return check_ds(upstream)
+        # A run triggered from the form (or `airflow dags trigger -c '{"ds": ...}'`) is a
+        # backfill of that partition; one started by another pipeline's data works on its
+        # partition; a cron run on its own date. Each claims only that partition's events.
+        fixed = check_ds(str(requested)) if requested else upstream and check_ds(upstream)
+        if fixed is None and str(getattr(dag_run, "run_type", "")) in SCHEDULED_RUN_TYPES:
+            fixed = run_partition(dag_run, lag_days=lag)
         if asset is not None:
-            partition = claim_and_resolve(context, asset, lag_days=lag)
-        else:
-            dag_run = context["dag_run"]
-            partition = partition_of(
-                [], dag_run.logical_date, getattr(dag_run, "run_after", None), lag_days=lag
+            claim = claim_for_run(
+                context, asset, partition=fixed, lag_days=lag, unbuildable=unbuildable
             )
-        if requested:
-            # A run triggered from the form (or `airflow dags trigger -c '{"ds": ...}'`):
-            # a backfill of that partition, whatever the run's date.
-            return check_ds(str(requested))
-        return partition
+            # The claimed events' one partition (the run's own date when they name none).
+            fixed = fixed or claim.partition
+        return check_ds(fixed) if fixed else run_partition(dag_run, lag_days=lag)
 
     return resolve_partition()
+
+
+NEXT_PARTITIONS_TASK = "next_partitions"
+"""The task that queues the run of the next partition waiting (:func:`next_partitions_task`)."""
+
+
+def next_partitions_task(asset: Any, *, claim_task: str = "resolve_partition") -> Any:
+    """The task that starts the next partition's run: each partition is built by its own run.
+
+    Why a run per partition, queued from here: the Kafka watcher makes one asset event per
+    message and Airflow folds every event queued while a run is active into the next run, so
+    neither the watcher nor the scheduler can split a burst by partition (Airflow's partitioned
+    assets need a partition key on the asset event, which a watcher's events never carry). The
+    claim step therefore claims one partition's events, and when others are still waiting this
+    task updates the DAG's own watched asset: Airflow queues one more asset-triggered run,
+    which starts after this one (``max_active_runs=1``) and claims the next partition. A
+    partition's run keeps every downstream key as it was (one ``ds`` per run: links, reports,
+    the run-failed event, the data assets it publishes), which mapping the steps over the
+    partitions in one run would not; and a failure fails only its own partition's run.
+    Skipped when nothing else is waiting, so the asset is updated only then."""
+    from airflow.sdk import task
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    @task(
+        task_id=NEXT_PARTITIONS_TASK,
+        outlets=[asset],
+        doc_md="Queues the next run when the events name more partitions than this run's one "
+        "(skipped otherwise): every partition is built by its own run.",
+    )
+    def next_partitions(**context: Any) -> list[str]:
+        from cascade.event_ledger import PENDING_XCOM_KEY
+
+        pending = context["ti"].xcom_pull(task_ids=claim_task, key=PENDING_XCOM_KEY) or []
+        if not pending:
+            raise AirflowSkipException("no other partition is waiting for a run")
+        context["outlet_events"][asset].extra = {"pending_partitions": list(pending)}
+        print(f"[events] partitions waiting for their own runs: {pending}", flush=True)
+        return list(pending)
+
+    return next_partitions()
 
 
 def notify_failure(context: Mapping[str, Any]) -> None:
@@ -305,7 +350,11 @@ def build_dag(spec: Pipeline) -> Any:
             "retry_delay": dt.timedelta(seconds=spec.retry_delay_s),
             "retry_exponential_backoff": 2.0,
             "max_retry_delay": dt.timedelta(seconds=MAX_RETRY_DELAY_S),
-            "on_failure_callback": notify_failure,
+            # A task failed for good: its run's events go back before the run queued after
+            # it claims (the DAG's own callback comes later, and covers a timed-out run).
+            "on_failure_callback": [notify_failure, release_failed_run]
+            if asset is not None
+            else notify_failure,
         },
         dagrun_timeout=dt.timedelta(minutes=spec.run_timeout_minutes),
         params={PARTITION_PARAM: partition_param()},
@@ -313,6 +362,8 @@ def build_dag(spec: Pipeline) -> Any:
     )
     def pipeline_dag() -> None:
         ds = _resolve_task(spec, asset)
+        if asset is not None:
+            ds >> next_partitions_task(asset)
         upstream = ds
         for step in spec.steps:
             output = _step_task(spec, step)(ds)

@@ -8,19 +8,20 @@ make a second claim of an event impossible with the table's primary key (DAG, ev
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
 import sqlite3
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cascade.config import Settings, load_settings
-from cascade.events import MAX_NAME_CHARS, InvalidEvent, parse_event
+from cascade.events import MAX_NAME_CHARS, Event, InvalidEvent, dead_letter_event, parse_event
 
 log = logging.getLogger(__name__)
 
@@ -34,21 +35,29 @@ class CoalesceConfig:
     max_wait_s: float = 300.0
     """Upper bound on that wait, so an endless trickle still gets processed."""
     lookback_s: float = 24 * 3600.0
-    """How far back a run looks for unclaimed events (drains events no run took yet)."""
+    """How far back a run re-reads the asset for unclaimed events (drains events no run took
+    yet); events a failed run gave back come from the ledger, whatever their age."""
     poll_s: float = 2.0
     """How often the asset's events are re-read while waiting."""
+    max_releases: int = 3
+    """How many failed runs may give an event back; the next claim dead-letters it instead
+    (``CASCADE_COALESCE_MAX_RELEASES``)."""
 
     def __post_init__(self) -> None:
         if self.window_s < 0 or self.max_wait_s < 0:
             raise ValueError("window_s and max_wait_s must be >= 0 (CASCADE_COALESCE_WINDOW_S)")
         if self.lookback_s <= 0 or self.poll_s <= 0:
             raise ValueError("lookback_s and poll_s must be > 0")
+        if self.max_releases < 1:
+            raise ValueError("max_releases must be >= 1 (CASCADE_COALESCE_MAX_RELEASES)")
 
 
 def coalesce_config_from_env(env: Mapping[str, str] | None = None) -> CoalesceConfig:
     """The defaults, with the window and the wait of the settings (``CASCADE_COALESCE_*``)."""
     events = load_settings(env).events
-    return CoalesceConfig(window_s=events.window_s, max_wait_s=events.max_wait_s)
+    return CoalesceConfig(
+        window_s=events.window_s, max_wait_s=events.max_wait_s, max_releases=events.max_releases
+    )
 
 
 def checked_events(
@@ -99,6 +108,15 @@ class Claim:
     """Event id -> why it is not a valid event today: stored asset events are checked again
     (one stored before the watcher checked as strictly, say) and never claimed, so a bad one
     cannot fail run after run."""
+    partition: str | None = None
+    """The one partition the run works on: that of every event it claimed (None: its events
+    name none, or it claimed nothing)."""
+    pending: list[str] = field(default_factory=list)
+    """Other buildable partitions whose events are still unclaimed, oldest first: each is
+    another run's work (the DAG's ``next_partitions`` task queues a run for them)."""
+    dead_lettered: dict[str, str] = field(default_factory=dict)
+    """Event id -> why it was dead-lettered at this claim (its partition cannot be built, or
+    runs failed on it too often); none of them is ever claimed."""
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -109,8 +127,22 @@ class Claim:
         return bool(self.new or self.reclaimed)
 
 
+DEAD_LETTERED = "cascade:dead-lettered"
+"""The owner of an event that was dead-lettered at claim time: no run ever claims it."""
+
+
+class Released(NamedTuple):
+    """An event a failed run gave back, waiting for a later run (:meth:`ClaimLedger.released`)."""
+
+    event: dict[str, Any]
+    releases: int
+    """How many failed runs have given it back."""
+    last_run_id: str
+
+
 class ClaimLedger(ABC):
-    """Which run owns which event, per DAG."""
+    """Which run owns which event, per DAG; the events failed runs gave back (kept with their
+    bodies and counts, so a later run retries them however old they are)."""
 
     @classmethod
     def for_settings(cls, settings: Settings | None = None) -> ClaimLedger:
@@ -129,7 +161,22 @@ class ClaimLedger(ABC):
 
     @abstractmethod
     def release(self, *, dag_id: str, run_id: str) -> int:
-        """Forget a run's claims (it failed); returns how many events were released."""
+        """Give a failed run's claims back: each event is kept (with how many runs gave it
+        back) for :meth:`released`; returns how many events were released."""
+
+    @abstractmethod
+    def released(self, dag_id: str) -> dict[str, Released]:
+        """Event id -> the event failed runs gave back and no run has claimed since."""
+
+    @abstractmethod
+    def run_events(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        """The events a run has claimed (a retried task finds its run's partition here)."""
+
+    def dead_letter(self, dag_id: str, events: Iterable[Mapping[str, Any]]) -> list[str]:
+        """Mark events as dead-lettered (owned by :data:`DEAD_LETTERED`): no run claims them
+        again. Returns the ids marked now (not those another run owned first)."""
+        claim = self.claim(dag_id=dag_id, run_id=DEAD_LETTERED, events=events)
+        return [str(event["id"]) for event in claim.new]
 
     @abstractmethod
     def claimed_at(self, dag_id: str) -> dict[str, dt.datetime]:
@@ -161,6 +208,10 @@ def _unique_events(events: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, A
     return unique
 
 
+def _body(event: Mapping[str, Any]) -> str:
+    return json.dumps(event, default=str, sort_keys=True)
+
+
 class EventLedger(ClaimLedger):
     """The ledger in a SQLite file (the ``local`` profile's, in the state folder)."""
 
@@ -171,24 +222,52 @@ class EventLedger(ClaimLedger):
             db.execute(
                 "CREATE TABLE IF NOT EXISTS claims (dag_id TEXT NOT NULL, event_id TEXT NOT NULL,"
                 " run_id TEXT NOT NULL, event_type TEXT, event_time TEXT, claimed_at TEXT,"
+                " event_json TEXT, PRIMARY KEY (dag_id, event_id))"
+            )
+            columns = {row[1] for row in db.execute("PRAGMA table_info(claims)")}
+            if "event_json" not in columns:  # a ledger written before bodies were kept
+                db.execute("ALTER TABLE claims ADD COLUMN event_json TEXT")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS released (dag_id TEXT NOT NULL,"
+                " event_id TEXT NOT NULL, event_json TEXT NOT NULL, releases INTEGER NOT NULL,"
+                " last_run_id TEXT NOT NULL, released_at TEXT NOT NULL,"
                 " PRIMARY KEY (dag_id, event_id))"
             )
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=60, isolation_level=None)
 
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: two processes writing at once serialize here."""
+        db = self._connect()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        finally:
+            db.close()
+
     def claim(self, *, dag_id: str, run_id: str, events: Iterable[Mapping[str, Any]]) -> Claim:
         unique = _unique_events(events)
         result = Claim(run_id=run_id)
         now = dt.datetime.now(dt.UTC).isoformat()
-        db = self._connect()
-        try:
-            # One write transaction: two runs claiming at once serialize here.
-            db.execute("BEGIN IMMEDIATE")
+        with self._write() as db:
             for event_id, event in unique.items():
                 inserted = db.execute(
-                    "INSERT OR IGNORE INTO claims VALUES (?, ?, ?, ?, ?, ?)",
-                    (dag_id, event_id, run_id, event.get("type"), str(event.get("time")), now),
+                    "INSERT OR IGNORE INTO claims VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        dag_id,
+                        event_id,
+                        run_id,
+                        event.get("type"),
+                        str(event.get("time")),
+                        now,
+                        _body(event),
+                    ),
                 ).rowcount
                 if inserted:
                     result.new.append(event)
@@ -201,19 +280,46 @@ class EventLedger(ClaimLedger):
                     result.reclaimed.append(event)
                 else:
                     result.taken[event_id] = owner
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        finally:
-            db.close()
         return result
 
     def release(self, *, dag_id: str, run_id: str) -> int:
-        with self._connect() as db:
-            return db.execute(
+        now = dt.datetime.now(dt.UTC).isoformat()
+        with self._write() as db:
+            # Claims written before bodies were kept are only forgotten: the lookback re-reads
+            # them, as it did then.
+            db.execute(
+                "INSERT INTO released SELECT dag_id, event_id, event_json, 1, run_id, ?"
+                " FROM claims WHERE dag_id = ? AND run_id = ? AND event_json IS NOT NULL"
+                " ON CONFLICT (dag_id, event_id) DO UPDATE SET releases = releases + 1,"
+                " last_run_id = excluded.last_run_id, released_at = excluded.released_at",
+                (now, dag_id, run_id),
+            )
+            count = db.execute(
                 "DELETE FROM claims WHERE dag_id = ? AND run_id = ?", (dag_id, run_id)
             ).rowcount
+        return int(count)
+
+    def released(self, dag_id: str) -> dict[str, Released]:
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT r.event_id, r.event_json, r.releases, r.last_run_id FROM released r"
+                " LEFT JOIN claims c ON c.dag_id = r.dag_id AND c.event_id = r.event_id"
+                " WHERE r.dag_id = ? AND c.event_id IS NULL",
+                (dag_id,),
+            ).fetchall()
+        return {
+            event_id: Released(json.loads(body), int(releases), last)
+            for event_id, body, releases, last in rows
+        }
+
+    def run_events(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        with self._connect() as db:
+            rows = db.execute(
+                "SELECT event_json FROM claims WHERE dag_id = ? AND run_id = ?"
+                " AND event_json IS NOT NULL ORDER BY event_id",
+                (dag_id, run_id),
+            ).fetchall()
+        return [json.loads(body) for (body,) in rows]
 
     def claimed_at(self, dag_id: str) -> dict[str, dt.datetime]:
         with self._connect() as db:
@@ -275,6 +381,7 @@ class PostgresEventLedger(ClaimLedger):
 
     TABLE = "event_claims"
     WORK_TABLE = "event_work"
+    RELEASED_TABLE = "event_released"
     _SCHEMA_LOCK = 0x6361736361646531
     """Advisory lock key serializing the ``CREATE TABLE`` of processes starting at once."""
     _RETRIES = 3
@@ -287,6 +394,13 @@ class PostgresEventLedger(ClaimLedger):
                 f"CREATE TABLE IF NOT EXISTS {self.TABLE} (dag_id TEXT NOT NULL,"
                 " event_id TEXT NOT NULL, run_id TEXT NOT NULL, event_type TEXT,"
                 " event_time TEXT, claimed_at TIMESTAMPTZ NOT NULL DEFAULT now(),"
+                " event_json TEXT, PRIMARY KEY (dag_id, event_id))"
+            )
+            cur.execute(f"ALTER TABLE {self.TABLE} ADD COLUMN IF NOT EXISTS event_json TEXT")
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {self.RELEASED_TABLE} (dag_id TEXT NOT NULL,"
+                " event_id TEXT NOT NULL, event_json TEXT NOT NULL, releases INTEGER NOT NULL,"
+                " last_run_id TEXT NOT NULL, released_at TIMESTAMPTZ NOT NULL DEFAULT now(),"
                 " PRIMARY KEY (dag_id, event_id))"
             )
             cur.execute(
@@ -336,7 +450,7 @@ class PostgresEventLedger(ClaimLedger):
         if not unique:
             return result
         rows = [
-            (dag_id, event_id, run_id, event.get("type"), str(event.get("time")))
+            (dag_id, event_id, run_id, event.get("type"), str(event.get("time")), _body(event))
             for event_id, event in sorted(unique.items())
         ]
 
@@ -350,7 +464,7 @@ class PostgresEventLedger(ClaimLedger):
                 inserted = execute_values(
                     cur,
                     f"INSERT INTO {self.TABLE} (dag_id, event_id, run_id, event_type, "
-                    "event_time) VALUES %s ON CONFLICT (dag_id, event_id) DO NOTHING "
+                    "event_time, event_json) VALUES %s ON CONFLICT (dag_id, event_id) DO NOTHING "
                     "RETURNING event_id",
                     pending,
                     page_size=1000,
@@ -383,11 +497,47 @@ class PostgresEventLedger(ClaimLedger):
     def release(self, *, dag_id: str, run_id: str) -> int:
         def work(cur: Any) -> int:
             cur.execute(
+                f"INSERT INTO {self.RELEASED_TABLE} (dag_id, event_id, event_json, releases,"
+                f" last_run_id) SELECT dag_id, event_id, event_json, 1, run_id FROM {self.TABLE}"
+                " WHERE dag_id = %s AND run_id = %s AND event_json IS NOT NULL"
+                " ON CONFLICT (dag_id, event_id) DO UPDATE SET"
+                f" releases = {self.RELEASED_TABLE}.releases + 1,"
+                " last_run_id = excluded.last_run_id, released_at = now()",
+                (dag_id, run_id),
+            )
+            cur.execute(
                 f"DELETE FROM {self.TABLE} WHERE dag_id = %s AND run_id = %s", (dag_id, run_id)
             )
             return int(cur.rowcount)
 
         return int(self._transaction(work))
+
+    def released(self, dag_id: str) -> dict[str, Released]:
+        def work(cur: Any) -> list[tuple[Any, ...]]:
+            cur.execute(
+                f"SELECT r.event_id, r.event_json, r.releases, r.last_run_id"
+                f" FROM {self.RELEASED_TABLE} r LEFT JOIN {self.TABLE} c"
+                " ON c.dag_id = r.dag_id AND c.event_id = r.event_id"
+                " WHERE r.dag_id = %s AND c.event_id IS NULL",
+                (dag_id,),
+            )
+            return list(cur.fetchall())
+
+        return {
+            event_id: Released(json.loads(body), int(releases), last)
+            for event_id, body, releases, last in self._transaction(work)
+        }
+
+    def run_events(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        def work(cur: Any) -> list[tuple[Any, ...]]:
+            cur.execute(
+                f"SELECT event_json FROM {self.TABLE} WHERE dag_id = %s AND run_id = %s"
+                " AND event_json IS NOT NULL ORDER BY event_id",
+                (dag_id, run_id),
+            )
+            return list(cur.fetchall())
+
+        return [json.loads(body) for (body,) in self._transaction(work)]
 
     def claimed_at(self, dag_id: str) -> dict[str, dt.datetime]:
         sql = f"SELECT event_id, claimed_at FROM {self.TABLE} WHERE dag_id = %s"
@@ -468,6 +618,72 @@ def wait_until_quiet(
         sleep(min(config.poll_s, config.window_s - quiet_for, config.max_wait_s - waited))
 
 
+Unbuildable = Callable[[str], str | None]
+"""``ds -> reason``: why partition ``ds`` cannot be built now (nothing landed for it), or None
+when it can; a pipeline's :attr:`~cascade.pipeline_spec.Trigger.unbuildable`."""
+DeadLetterSink = Callable[[Sequence[Event]], None]
+"""Sends dead-letter records where the watchers send theirs; raises when they were not
+acknowledged (the events then stay unclaimed, and a later claim tries again)."""
+DEAD_LETTER_UNBUILDABLE = "unbuildable"
+"""Dead-letter kind of an event whose partition cannot be built (in the future, nothing
+landed)."""
+DEAD_LETTER_RETRIES = "retries-exhausted"
+"""Dead-letter kind of an event that :attr:`CoalesceConfig.max_releases` failed runs gave back."""
+PENDING_XCOM_KEY = "pending_partitions"
+"""XCom key under which the claiming task leaves the partitions still waiting for a run."""
+
+
+def event_partition(event: Mapping[str, Any]) -> str | None:
+    """The partition an event names (None: it names none, e.g. a retrain request)."""
+    payload = event.get("payload")
+    partition = payload.get("partition") if isinstance(payload, Mapping) else None
+    return str(partition) if partition else None
+
+
+def future_partition(ds: str, today: dt.date) -> str | None:
+    """Why ``ds`` cannot be built yet because its day lies ahead (None when it does not)."""
+    if dt.date.fromisoformat(ds) <= today:
+        return None
+    return (
+        f"partition {ds} is in the future (today is {today} UTC): nothing can have landed for "
+        "it yet; publish the event once its data has landed"
+    )
+
+
+def _dead_letter(
+    ledger: ClaimLedger,
+    dag_id: str,
+    doomed: Sequence[tuple[dict[str, Any], str, str]],
+    sink: DeadLetterSink | None,
+) -> dict[str, str]:
+    """Dead-letter ``(event, kind, reason)``: the records go to ``sink`` first, then the ledger
+    marks the events so no run claims them; returns event id -> reason of those marked. A sink
+    that fails leaves the events unclaimed (logged), never the run failed."""
+    if not doomed:
+        return {}
+    consumer = f"claim:{dag_id}"[:MAX_NAME_CHARS]
+    records = [
+        dead_letter_event(_body(event), InvalidEvent(reason, kind=kind), consumer=consumer)
+        for event, kind, reason in doomed
+    ]
+    try:
+        if sink is not None:
+            sink(records)
+    except Exception as exc:  # the broker client raises its own errors
+        log.warning(
+            "could not dead-letter %d event(s) (%s); they stay unclaimed and the next claim "
+            "tries again",
+            len(records),
+            exc,
+        )
+        return {}
+    marked = set(ledger.dead_letter(dag_id, [event for event, _, _ in doomed]))
+    reasons = {str(event["id"]): reason for event, _, reason in doomed if event["id"] in marked}
+    for event_id, reason in reasons.items():
+        log.warning("dead-lettered event %s: %s", event_id, reason)
+    return reasons
+
+
 def claim_run_events(
     *,
     dag_id: str,
@@ -476,33 +692,142 @@ def claim_run_events(
     recent: RecentEvents | None,
     ledger: ClaimLedger,
     config: CoalesceConfig,
+    partition: str | None = None,
+    default_partition: str | None = None,
+    unbuildable: Unbuildable | None = None,
+    dead_letter: DeadLetterSink | None = None,
+    today: dt.date | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Claim:
-    """Claim the run's triggering events plus every unclaimed event the asset received (after
-    the burst went quiet). ``recent=None`` skips the coalescing wait (e.g. no inlet asset).
-    Events that are not valid today are not claimed (:attr:`Claim.refused` says why)."""
+    """Claim the events of one partition for the run, out of its triggering events, every
+    unclaimed event the asset received (after the burst went quiet) and every event a failed
+    run gave back (kept by the ledger, however old). ``recent=None`` skips the coalescing wait.
+
+    - Events that are not valid today are not claimed (:attr:`Claim.refused` says why).
+    - An event without a partition counts as ``default_partition`` (the run's own date).
+    - An event whose partition cannot be built (after ``today``, or ``unbuildable`` gives a
+      reason), and one that :attr:`CoalesceConfig.max_releases` failed runs gave back, is
+      dead-lettered through ``dead_letter`` with its reason and never claimed.
+    - A run with a fixed ``partition`` (a scheduled run's date, a backfill's ``ds``, an
+      upstream pipeline's partition) claims only that partition's events. Any other run keeps
+      the partition it claimed on an earlier try, or takes the oldest partition waiting (those
+      no failed run gave back first, so retries never hold up new data).
+    - :attr:`Claim.pending` lists the other partitions still waiting, each another run's work.
+    """
     events = [e for e in map(event_from_extra, triggering_extras) if e is not None]
     if recent is not None:
         for _ts, extra in wait_until_quiet(recent, config, sleep=sleep):
             event = event_from_extra(extra)
             if event is not None:
                 events.append(event)
+    retries = ledger.released(dag_id)
+    events.extend(released.event for released in retries.values())
     valid, refused = checked_events(events)
-    for event_id, reason in refused.items():
-        log.warning("not claiming event %s: %s", event_id, reason)
-    claim = ledger.claim(dag_id=dag_id, run_id=run_id, events=valid)
-    claim.refused = refused
-    return claim
+    for event_id, why in refused.items():
+        log.warning("not claiming event %s: %s", event_id, why)
+    unique = _unique_events(valid)
+    owners = ledger.owners(dag_id)
+    own = ledger.run_events(dag_id, run_id)
+    result = Claim(run_id=run_id, refused=refused)
+    result.taken = {i: owners[i] for i in unique if owners.get(i, run_id) != run_id}
+
+    def partition_of(event: Mapping[str, Any]) -> str | None:
+        return event_partition(event) or default_partition
+
+    groups: dict[str | None, list[dict[str, Any]]] = {}
+    for event_id, event in unique.items():
+        if event_id not in owners:
+            groups.setdefault(partition_of(event), []).append(event)
+    today = today or dt.datetime.now(dt.UTC).date()
+    doomed: list[tuple[dict[str, Any], str, str]] = []
+    for ds in list(groups):
+        reason: str | None = None if ds is None else future_partition(ds, today)
+        if ds is not None and reason is None and unbuildable is not None:
+            try:
+                reason = unbuildable(ds)
+            except Exception as exc:  # a check that cannot look decides nothing
+                log.warning("cannot check partition %s (%s); its events wait", ds, exc)
+                del groups[ds]
+                continue
+        if reason is not None:
+            doomed += [(event, DEAD_LETTER_UNBUILDABLE, reason) for event in groups.pop(ds)]
+            continue
+        for event in list(groups[ds]):
+            released = retries.get(str(event["id"]))
+            if released is not None and released.releases >= config.max_releases:
+                groups[ds].remove(event)
+                doomed.append(
+                    (
+                        event,
+                        DEAD_LETTER_RETRIES,
+                        f"{released.releases} runs failed on partition {ds} (the last "
+                        f"{released.last_run_id}); see that run's logs, fix the cause and "
+                        "publish the event again",
+                    )
+                )
+        if not groups[ds]:
+            del groups[ds]
+    result.dead_lettered = _dead_letter(ledger, dag_id, doomed, dead_letter)
+
+    def retried(ds: str | None) -> int:
+        return max(
+            (retries[str(e["id"])].releases for e in groups[ds] if str(e["id"]) in retries),
+            default=0,
+        )
+
+    if own:
+        candidates: list[str | None] = [partition_of(own[0])]
+        result.reclaimed = own
+    elif partition is not None:
+        candidates = [partition]
+    else:
+        candidates = sorted(groups, key=lambda ds: (retried(ds), ds or ""))
+    for ds in candidates:
+        claimed = ledger.claim(dag_id=dag_id, run_id=run_id, events=groups.get(ds, []))
+        result.taken.update(claimed.taken)
+        result.new = claimed.new
+        if claimed.new or own or partition is not None:
+            result.partition = ds
+            break
+    result.pending = sorted(ds for ds in groups if ds is not None and ds != result.partition)
+    return result
+
+
+def _publish_dead_letters(settings: Settings) -> DeadLetterSink:
+    def sink(records: Sequence[Event]) -> None:
+        from cascade.broker import publish_many
+
+        publish_many(list(records), settings=settings, timeout_s=10.0)
+
+    return sink
+
+
+def run_partition(dag_run: Any, *, lag_days: int = 0) -> str:
+    """A DAG run's own partition (:func:`cascade.partitions.own_partition`)."""
+    from cascade.partitions import own_partition
+
+    return own_partition(
+        getattr(dag_run, "logical_date", None),
+        getattr(dag_run, "run_after", None),
+        lag_days=lag_days,
+    )
 
 
 def claim_for_run(
     context: Mapping[str, Any],
     asset: Any,
     *,
+    partition: str | None = None,
+    lag_days: int = 0,
+    unbuildable: Unbuildable | None = None,
     settings: Settings | None = None,
     config: CoalesceConfig | None = None,
 ) -> Claim:
-    """Claim the events of the running Airflow task's DAG run (``asset`` must be an inlet).
+    """Claim the events of one partition for the running Airflow task's DAG run (``asset``
+    must be an inlet): ``partition`` when the run has one of its own, else the oldest waiting
+    (:func:`claim_run_events`). Events whose partition cannot be built are dead-lettered on the
+    broker's dead-letter topic, as the watchers' are. The partitions still waiting are left in
+    the task's XCom :data:`PENDING_XCOM_KEY` for the task that queues the next run.
 
     Raises Airflow's skip exception when an asset-triggered run has nothing left to claim: its
     events were redelivered copies or were coalesced into another run, so its work is done."""
@@ -540,16 +865,26 @@ def claim_for_run(
         recent=recent,
         ledger=ClaimLedger.for_settings(settings),
         config=config,
+        partition=partition,
+        default_partition=run_partition(dag_run, lag_days=lag_days),
+        unbuildable=unbuildable,
+        dead_letter=_publish_dead_letters(settings),
     )
     log.info(
-        "run %s claimed %d new event(s), %d from an earlier try; %d owned by other runs; "
-        "%d invalid, not claimed",
+        "run %s claimed %d new event(s), %d from an earlier try, of partition %s; %d owned by "
+        "other runs; %d invalid, not claimed; %d dead-lettered; partitions waiting: %s",
         dag_run.run_id,
         len(claim.new),
         len(claim.reclaimed),
+        claim.partition,
         len(claim.taken),
         len(claim.refused),
+        len(claim.dead_lettered),
+        claim.pending,
     )
+    ti = context.get("ti")
+    if ti is not None:
+        ti.xcom_push(key=PENDING_XCOM_KEY, value=claim.pending)
     if not claim.has_work and str(dag_run.run_type) in (
         "asset_triggered",
         "DagRunType.ASSET_TRIGGERED",
@@ -557,30 +892,23 @@ def claim_for_run(
         owners = sorted(set(claim.taken.values()))
         raise AirflowSkipException(
             f"nothing to do: {len(claim.taken)} triggering event(s) already claimed by "
-            f"{owners[:5]} (redelivered or coalesced), {len(claim.refused)} invalid"
+            f"{owners[:5]} (redelivered or coalesced), {len(claim.refused)} invalid, "
+            f"{len(claim.dead_lettered)} dead-lettered (their partition cannot be built)"
         )
     return claim
 
 
 def release_failed_run(context: Mapping[str, Any]) -> None:
-    """DAG ``on_failure_callback``: a failed run gives its events back, so the next run (its
-    lookback reads unclaimed events) does their work instead of them being owned by a run
-    that never finished. A run that failed after partly working redoes that work, which the
-    idempotent tasks allow."""
+    """DAG and task ``on_failure_callback``: a failed run gives its events back. The ledger
+    keeps them (with their bodies and how many runs gave them back), so a later run of the DAG
+    retries them however old they are; :attr:`CoalesceConfig.max_releases` releases and the
+    next claim dead-letters them instead. A run that failed after partly working redoes that
+    work, which the idempotent tasks allow. Releasing when a task fails for good (not only when
+    the run is marked failed) lets the run already queued after this one see them."""
     dag_run = context["dag_run"]
     released = ClaimLedger.for_settings().release(dag_id=dag_run.dag_id, run_id=dag_run.run_id)
-    log.warning("run %s failed: released %d event(s) for the next run", dag_run.run_id, released)
-
-
-def claim_and_resolve(context: Mapping[str, Any], asset: Any, *, lag_days: int = 0) -> str:
-    """A pipeline DAG's first task: claim the run's events, return the partition."""
-    from cascade.partitions import resolve_partition
-
-    claim = claim_for_run(context, asset)
-    dag_run = context["dag_run"]
-    return resolve_partition(
-        claim.events, dag_run.logical_date, getattr(dag_run, "run_after", None), lag_days=lag_days
-    )
+    if released:
+        log.warning("run %s failed: released %d event(s) for a later run", dag_run.run_id, released)
 
 
 def record_work(

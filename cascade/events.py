@@ -22,10 +22,15 @@ Delivery, end to end:
    :class:`~cascade.event_ledger.EventLedger` (primary key: DAG + event id). A redelivered
    event, or one already taken by a coalescing run, is not claimed again; a run that claims
    nothing does no work (its tasks are skipped).
-5. Bursts coalesce: the claiming task waits until the asset has been quiet for
-   ``CoalesceConfig.window_s`` (at most ``max_wait_s``) and then claims every unclaimed event of
-   the asset, including those that Airflow queued for later runs. Those later runs find their
-   events claimed and skip, so a burst with no gap longer than the window is one run of work.
+5. Bursts coalesce, one run per partition: the claiming task waits until the asset has been
+   quiet for ``CoalesceConfig.window_s`` (at most ``max_wait_s``) and then claims the unclaimed
+   events of one partition, including those that Airflow queued for later runs; when other
+   partitions wait, the DAG's ``next_partitions`` task queues one more run for them. Runs
+   queued for the rest of the burst find their events claimed and skip, so a burst with no gap
+   longer than the window is one run of work per partition it names. An event whose partition
+   cannot be built (in the future, nothing landed) is dead-lettered at claim time with its
+   reason; a failed run's events are kept and retried by a later run, up to
+   ``CoalesceConfig.max_releases`` times.
 
 What travels is the validated, normalised event (:func:`parse_event` returns the payload as its
 schema dumps it, never the raw dict), within these bounds:

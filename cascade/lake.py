@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,10 @@ class Lake:
         of ``source``: ``{"success": bool, ...}``."""
         return self.reports(f"gx_ctr_cross_{source}", ds) / "report.json"
 
+    def landing(self, dataset: str, ds: str) -> Path:
+        """Where a producer lands partition ``ds`` of ``dataset`` for the pipelines to read."""
+        return self.root / "landing" / dataset / f"dt={check_ds(ds)}"
+
     def impressions(self, ds: str) -> Path:
         """Labelled impressions (user_id, item_id, genre, event_timestamp, click) for training."""
         return self.root / "impressions" / "ml100k" / f"dt={check_ds(ds)}"
@@ -80,6 +85,25 @@ def dated_partitions(root: Path) -> list[str]:
         if DS_PATTERN.fullmatch(ds) and folder.is_dir() and any(folder.glob("*.parquet")):
             days.append(ds)
     return sorted(days)
+
+
+def nothing_landed(dataset: str, *markers: str) -> Callable[[str], str | None]:
+    """A trigger's check (:attr:`cascade.pipeline_spec.Trigger.unbuildable`): partition ``ds``
+    of ``dataset`` cannot be built while its landing folder holds none of ``markers`` (files or
+    folders, as the pipeline's first step looks for them)."""
+    if not markers:
+        raise ValueError(f"nothing_landed({dataset!r}) needs the files a landed batch has")
+
+    def check(ds: str) -> str | None:
+        landing = lake_from_settings().landing(dataset, ds)
+        if any((landing / marker).exists() for marker in markers):
+            return None
+        return (
+            f"nothing landed for {dataset} ds={ds}: {landing} has no {' or '.join(markers)}; "
+            "land the batch there, then publish the event"
+        )
+
+    return check
 
 
 def lake_from_settings() -> Lake:

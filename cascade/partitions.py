@@ -30,20 +30,35 @@ def resolve_partition(
 ) -> str:
     """The partition a run works on.
 
-    An asset-triggered run takes the newest partition named by its events; a scheduled run
+    A run's claimed events name one partition (the claim step never gives a run the events of
+    two: :func:`cascade.event_ledger.claim_run_events`), and the run works on it; events naming
+    several are refused, never settled by taking one of them. A run without event partitions
     takes its logical date (minus ``lag_days``: a monitor works on the day that just ended); a
     manual run without either takes the day it ran after (minus ``lag_days``).
     """
     partitions = sorted(
-        str(extra["payload"]["partition"])
-        for extra in event_extras
-        if isinstance(extra, Mapping)
-        and isinstance(extra.get("payload"), Mapping)
-        and extra["payload"].get("partition")
+        {
+            str(extra["payload"]["partition"])
+            for extra in event_extras
+            if isinstance(extra, Mapping)
+            and isinstance(extra.get("payload"), Mapping)
+            and extra["payload"].get("partition")
+        }
     )
+    if len(partitions) > 1:
+        raise ValueError(
+            f"events of {len(partitions)} partitions {partitions[:5]} in one run: each "
+            "partition is built by its own run (claim them with claim_run_events)"
+        )
     if partitions:
-        # Claimed events are validated (canonical dates in range), so the newest sorts last.
-        return check_ds(partitions[-1])
+        return check_ds(partitions[0])
+    return own_partition(logical_date, run_after, lag_days=lag_days)
+
+
+def own_partition(
+    logical_date: dt.datetime | None, run_after: dt.datetime | None, *, lag_days: int = 0
+) -> str:
+    """A run's own partition: its logical date, else the day it ran after, minus ``lag_days``."""
     for moment in (logical_date, run_after):
         if moment is not None:
             return (moment.date() - dt.timedelta(days=lag_days)).isoformat()

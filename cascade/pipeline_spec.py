@@ -122,10 +122,17 @@ class Trigger:
     selectors: tuple[str, ...]
     dead_letter: bool = False
     """Exactly one watcher dead-letters bad messages, so each is recorded once."""
+    unbuildable: Callable[[str], str | None] | None = None
+    """``ds -> reason``: why partition ``ds`` cannot be built (nothing landed for it, checked
+    the way the first step checks), or None when it can. The claim step dead-letters an event
+    naming such a partition with that reason instead of starting a run that would fail on it;
+    a partition in the future is refused without asking. None: every partition can be built."""
 
     def __post_init__(self) -> None:
         if not self.selectors:
             raise ValueError(f"trigger {self.watcher!r} needs at least one event selector")
+        if self.unbuildable is not None and not callable(self.unbuildable):
+            raise TypeError(f"trigger {self.watcher!r}: unbuildable must be a function of ds")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,8 +210,9 @@ class Pipeline:
         duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated:
             raise ValueError(f"pipeline {self.name!r} repeats steps {duplicated}")
-        if "resolve_partition" in names:
-            raise ValueError("'resolve_partition' is the task every DAG starts with; rename it")
+        for reserved in ("resolve_partition", "next_partitions"):
+            if reserved in names:
+                raise ValueError(f"{reserved!r} is a task of every triggered DAG; rename the step")
         if self.cron is None and self.trigger is None and not self.after:
             raise ValueError(f"pipeline {self.name!r} needs a cron, a trigger or an upstream asset")
         own = {uri for step in self.steps for uri in step.outlets}

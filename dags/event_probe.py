@@ -2,8 +2,9 @@
 
 Fault tests and ``cascade bench events --events 1000 --out FILE`` publish probe events and check
 that every event id ends up in exactly one run's work record. It goes through the same watcher
-(shared consumer, dead-lettering, claim ledger, coalescing) as ``ctr_preranking`` but does no
-pipeline work, so a thousand events take seconds, not hours.
+(shared consumer, dead-lettering, claim ledger, coalescing, one run per partition, dead letters
+for a partition in the future) as the pipelines but does no pipeline work, so a thousand events
+take seconds, not hours.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from airflow.sdk import dag, task
 
 from cascade.assets import ASSET_EVENT_PROBE, PROBE_EVENT_SELECTORS
-from cascade.dag_factory import watched_asset
+from cascade.dag_factory import next_partitions_task, watched_asset
 from cascade.event_ledger import release_failed_run
 
 probe_events = watched_asset(
@@ -29,7 +30,11 @@ probe_events = watched_asset(
     max_active_runs=1,
     on_failure_callback=release_failed_run,
     tags=["cascade", "events", "test"],
-    default_args={"retries": 2, "retry_delay": dt.timedelta(seconds=5)},
+    default_args={
+        "retries": 2,
+        "retry_delay": dt.timedelta(seconds=5),
+        "on_failure_callback": release_failed_run,
+    },
     doc_md=__doc__,
 )
 def event_probe() -> None:
@@ -46,7 +51,9 @@ def event_probe() -> None:
         dag_run = context["dag_run"]
         return str(record_work(dag_run.dag_id, dag_run.run_id, event_ids))
 
-    record(claim())
+    claimed = claim()
+    record(claimed)
+    claimed >> next_partitions_task(probe_events, claim_task="claim")
 
 
 event_probe()

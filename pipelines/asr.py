@@ -35,7 +35,7 @@ from cascade.assets import (
     ASSET_SPEECH_DATA_LANDED,
 )
 from cascade.config import SETTINGS_CONFIG, Settings, load_group, load_settings
-from cascade.lake import Lake, check_ds
+from cascade.lake import Lake, check_ds, nothing_landed
 from cascade.partitions import partition_seed
 from cascade.pipeline_spec import Pipeline, Plot, Promotion, RegisteredModel, Step, Trigger
 from cascade.step_runner import read_step_result, write_step_result
@@ -454,6 +454,7 @@ PIPELINE = Pipeline(
         asset=ASSET_SPEECH_DATA_LANDED,
         watcher="speech_data_landed_watcher",
         selectors=ASR_EVENT_SELECTORS,
+        unbuildable=nothing_landed("speech", "transcripts.jsonl", "wav"),
     ),
     tags=("asr", "speech"),
     settings=AsrSettings,

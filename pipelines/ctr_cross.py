@@ -128,11 +128,32 @@ def landing_dir(lake: Lake, ds: str) -> Path:
     return lake.root / "landing" / "impressions" / f"dt={check_ds(ds)}"
 
 
+def missing_log(ds: str, settings: Settings | None = None) -> str | None:
+    """Why ``log`` cannot give partition ``ds`` a log (its source reads a landed log and none
+    landed), or None when it can: the trigger's check, so an event naming such a partition is
+    dead-lettered instead of failing a run."""
+    from jobs import ctr_log_sources
+
+    settings = settings or load_settings()
+    source = partition_source(ds, settings)
+    registered = ctr_log_sources.resolve(source, sources_file(settings))
+    landing = landing_dir(Lake(settings.lake_root), ds)
+    if not registered.reads_landing or (landing / "_SUCCESS").is_file() or source == "generated":
+        return None
+    return (
+        f"source {source!r} reads a landed log, and none landed at {landing} (a folder "
+        f"with the log's files and a _SUCCESS marker); land it there or set {SOURCE_ENV}=generated"
+    )
+
+
 def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     """Make sure the partition's log is there; generate it when nothing landed."""
     settings = settings or load_settings()
     from jobs import ctr_log_sources
 
+    missing = missing_log(ds, settings)
+    if missing is not None:
+        raise FileNotFoundError(missing)
     source = partition_source(ds, settings)
     registered = ctr_log_sources.resolve(source, sources_file(settings))
     if not registered.reads_landing:
@@ -141,12 +162,6 @@ def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     if (landing / "_SUCCESS").is_file():
         print(f"[cross] log for ds={ds} ({source}) already landed at {landing}; kept", flush=True)
         return {"ds": ds, "source": source, "path": str(landing), "generated": False}
-    if source != "generated":
-        raise FileNotFoundError(
-            f"source {source!r} reads a landed log, and none landed at {landing} (a folder "
-            "with the log's files and a _SUCCESS marker); land it there or set "
-            f"{SOURCE_ENV}=generated"
-        )
     from jobs import ctr_cross_stats as job
     from jobs import impression_log
     from jobs.spark_sessions import active_or_new
@@ -355,6 +370,7 @@ with their reason; a failed gate stops the run before Feast.
         asset=ASSET_IMPRESSIONS_DATA_LANDED,
         watcher="impressions_data_landed_watcher",
         selectors=CROSS_EVENT_SELECTORS,
+        unbuildable=missing_log,
     ),
     tags=("ctr", "features"),
     settings=CrossSettings,

@@ -40,7 +40,7 @@ from cascade.assets import (
     MULTIMODAL_EVENT_SELECTORS,
 )
 from cascade.config import SETTINGS_CONFIG, Flag, Settings, load_group, load_settings
-from cascade.lake import Lake, check_ds
+from cascade.lake import Lake, check_ds, nothing_landed
 from cascade.partitions import partition_seed
 from cascade.pipeline_spec import Pipeline, Plot, Promotion, RegisteredModel, Step, Trigger
 from cascade.step_runner import read_step_result, write_step_result
@@ -430,6 +430,7 @@ PIPELINE = Pipeline(
         asset=ASSET_IMAGES_DATA_LANDED,
         watcher="images_data_landed_watcher",
         selectors=MULTIMODAL_EVENT_SELECTORS,
+        unbuildable=nothing_landed("images", "captions.jsonl"),
     ),
     tags=("multimodal", "images"),
     settings=MultimodalSettings,

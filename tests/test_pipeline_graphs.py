@@ -71,7 +71,13 @@ def test_dag_tasks_are_the_steps_in_the_same_order(dagbag, pipeline: str) -> Non
     dag = dagbag.dags[pipeline]
     spec = PIPELINES[pipeline]
     steps = list(spec.step_names)
-    assert [t.task_id for t in dag.topological_sort()] == ["resolve_partition", *steps]
+    tasks = [t.task_id for t in dag.topological_sort()]
+    # A triggered pipeline queues the next partition's run beside its steps.
+    queued = ["next_partitions"] if spec.trigger is not None else []
+    assert sorted(tasks) == sorted(["resolve_partition", *queued, *steps])
+    assert [t for t in tasks if t != "next_partitions"] == ["resolve_partition", *steps]
+    if queued:
+        assert dag.get_task("next_partitions").upstream_task_ids == {"resolve_partition"}
     for upstream, downstream in zip(steps, steps[1:], strict=False):
         assert dag.get_task(upstream).downstream_task_ids == {downstream}
     for step in spec.steps:
@@ -165,7 +171,7 @@ def test_a_toy_pipeline_in_its_own_package_becomes_a_dag_dvc_stages_and_cli_step
     assert seen["errors"] == {}
     # The toy is one more DAG beside the project's own.
     assert {"toy_counter", "ctr_preranking", "asr"} <= set(seen["dags"])
-    assert seen["tasks"] == ["resolve_partition", "count", "report"]
+    assert sorted(seen["tasks"]) == ["count", "next_partitions", "report", "resolve_partition"]
     assert seen["selectors"] == ["cascade.data.landed:dataset=toy"]
     assert seen["cron"] == "0 6 * * *"
     assert seen["stages"] == {

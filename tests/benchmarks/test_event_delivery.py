@@ -30,6 +30,24 @@ def test_expected_runs_are_the_distinct_run_keys_of_the_published_events() -> No
     assert expected_run_count([]) == 0
 
 
+def test_a_burst_deals_its_events_over_its_partitions_and_one_event_cannot_be_built() -> None:
+    import datetime as dt
+
+    from benchmarks.event_delivery import unbuildable_probe_event
+    from cascade.events import parse_event
+
+    burst = probe_events(7, tag="t", partitions=3)
+    days = [e.payload["partition"] for e in burst]
+    assert sorted(set(days)) == ["2026-11-20", "2026-11-21", "2026-11-22"]
+    assert expected_run_count(burst) == 3
+    ahead = unbuildable_probe_event(tag="t")
+    # Valid for the watcher (it reaches a run's claim step), yet after today: not buildable.
+    assert parse_event(ahead.model_dump_json()).id == ahead.id
+    assert dt.date.fromisoformat(ahead.payload["partition"]) > dt.datetime.now(dt.UTC).date()
+    with pytest.raises(ValueError, match="at least one partition"):
+        probe_events(1, tag="t", partitions=0)
+
+
 def _burst(**figures: float | None) -> dict[str, object]:
     burst: dict[str, object] = {key: 1.0 for key in TIMINGS}
     burst |= {key: 0 for key in COUNTS} | {"runs_started": 1, "expected_runs": 1}

@@ -19,15 +19,19 @@ def with_step(monkeypatch: pytest.MonkeyPatch, pipeline: str, name: str, run) ->
     monkeypatch.setattr(pipeline_registry, "_cache", pipelines)
 
 
-def test_asset_triggered_run_takes_newest_event_partition() -> None:
+def test_asset_triggered_run_takes_its_events_one_partition() -> None:
     extras = [
-        {"payload": {"partition": "2026-11-20"}},
+        {"payload": {"partition": "2026-11-21"}},
         {"payload": {"partition": "2026-11-21"}},
         {"payload": {}},
         "not a mapping",
     ]
     logical = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     assert resolve_partition(extras, logical, None) == "2026-11-21"  # type: ignore[arg-type]
+    # Two partitions are two runs' work: never settled by building the newest alone.
+    two = [*extras, {"payload": {"partition": "2026-11-20"}}]
+    with pytest.raises(ValueError, match="2 partitions"):
+        resolve_partition(two, logical, None)  # type: ignore[arg-type]
 
 
 def test_scheduled_run_takes_logical_date_then_run_after_minus_the_lag() -> None:

@@ -156,3 +156,30 @@ def test_work_records_of_the_cluster_profile_are_rows_every_worker_reads(
     assert record_work("acct", "r", ["x"], settings=local).endswith(".json")
     assert work_records("acct", settings=local) == {"r": ["x"]}
     assert set(work_recorded_at("acct", settings=local)) == {"r"}
+
+
+def test_the_cluster_ledger_keeps_released_events_for_retries_and_dead_letters(
+    cluster: Settings,
+) -> None:
+    """Released events keep their bodies and a count in PostgreSQL, as in the SQLite ledger,
+    so a later run retries them whatever their age; dead-lettered ones are never claimed."""
+    from cascade.event_ledger import DEAD_LETTERED
+
+    ledger = ClaimLedger.for_settings(cluster)
+    dag = "retries"
+    a, b, c = landed(), landed(), landed()
+    ledger.claim(dag_id=dag, run_id="r1", events=[a, b])
+    assert [e["id"] for e in ledger.run_events(dag, "r1")] == sorted([a["id"], b["id"]])
+    assert ledger.release(dag_id=dag, run_id="r1") == 2
+    waiting = ledger.released(dag)
+    assert set(waiting) == {a["id"], b["id"]} and waiting[a["id"]].event == a
+    assert waiting[a["id"]].releases == 1 and waiting[a["id"]].last_run_id == "r1"
+    ledger.claim(dag_id=dag, run_id="r2", events=[a])
+    assert set(ledger.released(dag)) == {b["id"]}  # a is claimed again: not waiting
+    ledger.release(dag_id=dag, run_id="r2")
+    assert ledger.released(dag)[a["id"]].releases == 2
+    assert ledger.dead_letter(dag, [c, a]) == [c["id"], a["id"]]
+    assert ledger.dead_letter(dag, [c]) == []  # marked once
+    assert set(ledger.released(dag)) == {b["id"]}  # a dead-lettered one waits no more
+    assert ledger.owners(dag)[c["id"]] == DEAD_LETTERED
+    assert not ledger.claim(dag_id=dag, run_id="r3", events=[c]).has_work

@@ -32,6 +32,18 @@ def test_burst_of_1000_events_is_one_run_and_every_id_accounted(event_stack: Set
     assert dead["by_kind"] == {"not-json": 2, "unknown-type": 2, "bad-payload": 2}
 
 
+def test_three_partitions_in_one_burst_are_three_runs_each_on_its_own_events(
+    event_stack: Settings,
+) -> None:
+    from benchmarks.event_delivery import measure_events
+
+    burst = measure_events(event_stack, events=30, malformed=0, window_s=WINDOW_S, partitions=3)
+    assert burst["lost"] == 0 and burst["duplicates"] == 0
+    assert burst["partitions_published"] == burst["runs_started"] == 3, burst
+    assert burst["runs_failed"] == 0 and burst["stalled_runs"] == 0
+    assert burst["unbuildable_events_dead_lettered"] == 1
+
+
 def test_triggerer_restart_with_pending_events_and_broker_restart_before_trigger(
     event_stack: Settings,
 ) -> None:
@@ -91,7 +103,13 @@ def test_events_benchmark_smoke_with_a_broker_sigkill_mid_burst(event_stack: Set
     assert all(result["spread"][key]["n"] == 1 for key in TIMINGS if result[key] is not None)
     assert result["runs_started"] >= result["expected_runs"]
     assert result["lost"] == 0 and result["duplicates"] == 0
-    assert result["dead_lettered"] == 3 and result["runs_started"] >= 1
+    # The three malformed messages (the watcher's) and the event naming a partition two days
+    # ahead (the claim step's): it fails no run and none stalls.
+    assert result["dead_lettered"] == 4 and result["runs_started"] >= 1
+    assert result["unbuildable_events_dead_lettered"] == 1
+    assert result["dead_letters_by_kind"]["unbuildable"] == 1
+    assert result["partitions_published"] == result["expected_runs"] == 2
+    assert result["runs_failed"] == 0 and result["stalled_runs"] == 0
     # A run claims only after the burst was quiet for the window; the work record follows.
     assert WINDOW_S <= result["latency_p50_s"] <= result["latency_p95_s"]
     assert result["work_latency_p50_s"] >= result["latency_p50_s"]
