@@ -27,6 +27,7 @@ import argparse
 import importlib.metadata
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -339,11 +340,14 @@ def _add_core_commands(sub: Any) -> None:
     landing = sub.add_parser(
         "land",
         help="land a partition of a dataset from where its data is (or from a named source)",
-        description="Read the data at PATH, check its format, write the partition's landing "
-        "folder atomically with its markers and counts, and publish cascade.data.landed. "
-        "Exit 2 for a bad option, an unknown format or a partition that already landed "
-        "(without --replace); 1 when the importer refuses the data; 3 when PATH is missing or "
-        "the broker is down (the batch has landed then: publish the event again).",
+        description=textwrap.fill(
+            "Read the data at PATH, check its format, write the partition's landing folder "
+            "atomically with its markers and counts, and publish cascade.data.landed. Exit 2 for "
+            "a bad option, an unknown format or a partition that already landed (without "
+            "--replace); 1 when the importer refuses the data; 3 when PATH is missing or the "
+            "broker is down (the batch has landed then: publish the event again).",
+            92,
+        ),
         epilog=f"datasets and their formats:\n{describe_datasets()}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
+import textwrap
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -340,7 +341,11 @@ def describe_datasets() -> str:
         if named:
             lines.append(f"      sources: {', '.join(named)}")
         if dataset.description:
-            lines.append(f"      {dataset.description}")
+            lines.append(
+                textwrap.fill(
+                    dataset.description, 92, initial_indent=" " * 6, subsequent_indent=" " * 6
+                )
+            )
     return "\n".join(lines)
 
 

@@ -72,7 +72,8 @@ class AsrSettings:
     config: str = DEFAULT_CONFIG
     """Training config (``models.asr.config_registry``; the CI run uses ``debug``)."""
     utterances: int | None = Field(default=None, ge=1)
-    """Size of a synthesized batch (unset: the config's ``corpus_utterances``)."""
+    """Size of a batch of the ``synthetic`` source (``cascade land speech --source synthetic``;
+    unset: the config's ``corpus_utterances``)."""
     cer_tolerance: float = Field(default=0.005, ge=0, lt=1)
     """A challenger may be this much worse (absolute CER) than the champion and still be
     promoted: two evaluations of one model on the same rows agree exactly, so this only absorbs
@@ -130,7 +131,7 @@ def land_jsonl(source: Path, dest: Path, *, ds: str) -> dict[str, int]:
 SPEECH = Dataset(
     name="speech",
     description="recorded utterances and their transcripts; jsonl: wav/ + transcripts.jsonl "
-    '(one {"id", "text", "lang", "voice"} object per line)',
+    '(one {"utterance_id", "text", "language", "voice"} object per line)',
     # The standard corpus layouts plug in from jobs.speech_landing once it is installed (its
     # land_speech_jsonl then reads "jsonl").
     formats={"jsonl": land_jsonl}

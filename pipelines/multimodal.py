@@ -61,8 +61,7 @@ from cascade.step_runner import read_step_result, write_step_result
 CONFIG_ENV = "CASCADE_MULTIMODAL_CONFIG"
 DEFAULT_CONFIG = "small"
 GENERATED_ENV = "CASCADE_MULTIMODAL_GENERATED"
-"""Generated pairs landed when nothing landed for the partition (default
-:data:`DEFAULT_GENERATED`)."""
+"""Generated pairs of a ``generated`` batch (default :data:`DEFAULT_GENERATED`)."""
 DEFAULT_GENERATED = 2_000
 SOURCE_LIMIT_ENV = "CASCADE_MULTIMODAL_SOURCE_LIMIT"
 """Caps the stamps and the emoji landed from each offline source (default: all of them)."""
@@ -92,9 +91,11 @@ class MultimodalSettings:
     config: str = DEFAULT_CONFIG
     """Training config (``models.multimodal.config_registry``; the e2e stack uses ``debug``)."""
     generated: int = Field(default=DEFAULT_GENERATED, ge=0)
-    """Generated pairs the corpus step lands when nothing landed for the partition."""
+    """Generated pairs of a batch of the ``generated`` source (``cascade land images --source
+    generated``)."""
     source_limit: int | None = Field(default=None, ge=0)
-    """Caps the stamps and the emoji landed from each offline source (unset: all of them)."""
+    """Caps the stamps and the emoji a ``generated`` batch takes from each offline source (unset:
+    all of them)."""
     dense_twin: Flag = True
     """``1``: the evaluate step also trains the config's dense twin on the same shards and
     records its recall beside the MoE's; ``0``: the MoE's figures only (the report says so)."""
@@ -156,7 +157,7 @@ def land_jsonl(source: Path, dest: Path, *, ds: str) -> dict[str, int]:
 IMAGES = Dataset(
     name="images",
     description="image-text pairs; jsonl: images/ + captions.jsonl (one "
-    '{"image", "caption", "lang"} object per line)',
+    '{"pair_id", "image", "caption", "language", "source"} object per line)',
     # COCO captions and WebDataset shards plug in from jobs.image_landing once it is installed
     # (its land_image_folder then reads "jsonl").
     formats={"jsonl": land_jsonl}
