@@ -47,8 +47,17 @@ LANDED_FILE = "_LANDED.json"
 STAGING_PREFIX = "."
 """Staging and replaced folders start with a dot: ``dt=*`` globs never see them."""
 
-FORMAT_SUFFIXES = {"jsonl": ("jsonl", "json", "ndjson"), "parquet": ("parquet",), "csv": ("csv",)}
-"""File suffixes that name a format when ``--format`` is not given."""
+FORMAT_SUFFIXES = {
+    "jsonl": ("jsonl", "json", "ndjson"),
+    "parquet": ("parquet",),
+    "csv": ("csv",),
+    "common_voice": ("tsv",),
+    "image_folder": ("jsonl",),
+    "coco": ("json",),
+    "webdataset": ("tar",),
+}
+"""File suffixes that name a format when ``--format`` is not given (the files directly in the
+folder, or the file itself)."""
 
 
 class LandingError(RuntimeError):
@@ -347,33 +356,3 @@ def describe_datasets() -> str:
                 )
             )
     return "\n".join(lines)
-
-
-def land_folder_layout(
-    source: Path, dest: Path, *, media: str, manifest: str, unit: str
-) -> dict[str, int]:
-    """Copy a batch in a pipeline's folder layout (``media/`` beside a JSON-lines ``manifest``)
-    into ``dest``; returns ``{unit: records, "files": media files, "bad_lines": lines that are
-    not JSON objects}``. The pipeline's first step checks each record and file (and quarantines
-    what it refuses); this checks the layout."""
-    if not source.is_dir() or not (source / manifest).is_file() or not (source / media).is_dir():
-        raise ValueError(
-            f"{source} is not a batch in the jsonl layout: give the folder holding {media}/ and "
-            f"{manifest} (one JSON object per line)"
-        )
-    records = bad = 0
-    with (source / manifest).open(encoding="utf-8", errors="replace") as lines:
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                ok = isinstance(json.loads(line), dict)
-            except ValueError:
-                ok = False
-            records, bad = records + ok, bad + (not ok)
-    if not records:
-        raise ValueError(f"{source / manifest} holds no JSON object; nothing to land")
-    shutil.copytree(source / media, dest / media)
-    shutil.copy2(source / manifest, dest / manifest)
-    files = sum(1 for p in (dest / media).rglob("*") if p.is_file())
-    return {unit: records, "files": files, "bad_lines": bad}

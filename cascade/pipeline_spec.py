@@ -14,7 +14,6 @@ Feast, MLflow) inside its step functions.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -133,17 +132,6 @@ def deferred(target: str) -> Callable[..., Any]:
 
     call.__name__, call.__qualname__ = name, f"deferred({target})"
     return call
-
-
-def formats_from(module: str, functions: Mapping[str, str]) -> dict[str, Callable[..., Any]]:
-    """Format name -> the :func:`deferred` importer ``module:function`` of each of
-    ``functions``, when ``module`` is installed (found without importing it); else nothing. A
-    dataset's formats so take the importers of a module that may come later."""
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        found = False
-    return {fmt: deferred(f"{module}:{name}") for fmt, name in functions.items()} if found else {}
 
 
 @dataclass(frozen=True, kw_only=True)

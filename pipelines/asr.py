@@ -48,7 +48,7 @@ from cascade.pipeline_spec import (
     RegisteredModel,
     Step,
     Trigger,
-    formats_from,
+    deferred,
 )
 from cascade.step_runner import read_step_result, write_step_result
 
@@ -119,31 +119,20 @@ def land_synthetic_batch(dest: Path, *, ds: str) -> dict[str, int]:
     return {"utterances": synthesized + human, "synthesized": synthesized, "human": human}
 
 
-def land_jsonl(source: Path, dest: Path, *, ds: str) -> dict[str, int]:
-    """Format ``jsonl``: ``wav/*.wav`` beside ``transcripts.jsonl`` (the corpus job's layout)."""
-    from cascade.landing import land_folder_layout
-
-    return land_folder_layout(
-        source, dest, media="wav", manifest="transcripts.jsonl", unit="utterances"
-    )
-
-
 SPEECH = Dataset(
     name="speech",
-    description="recorded utterances and their transcripts; jsonl: wav/ + transcripts.jsonl "
-    '(one {"utterance_id", "text", "language", "voice"} object per line)',
-    # The standard corpus layouts plug in from jobs.speech_landing once it is installed (its
-    # land_speech_jsonl then reads "jsonl").
-    formats={"jsonl": land_jsonl}
-    | formats_from(
-        "jobs.speech_landing",
-        {
-            "kaldi": "land_kaldi",
-            "librispeech": "land_librispeech",
-            "common_voice": "land_common_voice",
-            "jsonl": "land_speech_jsonl",
-        },
-    ),
+    description="recorded utterances and their transcripts (jobs.speech_landing): a Kaldi data "
+    "directory, a LibriSpeech folder, a Common Voice TSV, or wav/ + transcripts.jsonl; WAV, FLAC, "
+    "Ogg or MP3 at any rate, resampled; bad items quarantined with their reason",
+    formats={
+        fmt: deferred(f"jobs.speech_landing:{function}")
+        for fmt, function in (
+            ("kaldi", "land_kaldi"),
+            ("librispeech", "land_librispeech"),
+            ("common_voice", "land_common_voice"),
+            ("jsonl", "land_speech_jsonl"),
+        )
+    },
     sources={"synthetic": land_synthetic_batch},
 )
 """What ``corpus`` reads from ``landing/speech/dt=DS`` (``cascade land speech``)."""

@@ -54,7 +54,7 @@ from cascade.pipeline_spec import (
     RegisteredModel,
     Step,
     Trigger,
-    formats_from,
+    deferred,
 )
 from cascade.step_runner import read_step_result, write_step_result
 
@@ -147,24 +147,15 @@ def land_generated_batch(dest: Path, *, ds: str) -> dict[str, int]:
     return landed
 
 
-def land_jsonl(source: Path, dest: Path, *, ds: str) -> dict[str, int]:
-    """Format ``jsonl``: ``images/`` beside ``captions.jsonl`` (the corpus job's layout)."""
-    from cascade.landing import land_folder_layout
-
-    return land_folder_layout(source, dest, media="images", manifest="captions.jsonl", unit="pairs")
-
-
 IMAGES = Dataset(
     name="images",
-    description="image-text pairs; jsonl: images/ + captions.jsonl (one "
-    '{"pair_id", "image", "caption", "language", "source"} object per line)',
-    # COCO captions and WebDataset shards plug in from jobs.image_landing once it is installed
-    # (its land_image_folder then reads "jsonl").
-    formats={"jsonl": land_jsonl}
-    | formats_from(
-        "jobs.image_landing",
-        {"jsonl": "land_image_folder", "coco": "land_coco", "webdataset": "land_webdataset"},
-    ),
+    description="image-text pairs (jobs.image_landing): images/ + captions.jsonl (image_folder), "
+    "a COCO captions file, or WebDataset tar shards; captions in any language; bad items "
+    "quarantined with their reason",
+    formats={
+        fmt: deferred(f"jobs.image_landing:land_{fmt}")
+        for fmt in ("image_folder", "coco", "webdataset")
+    },
     sources={"generated": land_generated_batch},
 )
 """What ``corpus`` reads from ``landing/images/dt=DS`` (``cascade land images``)."""

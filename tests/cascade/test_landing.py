@@ -5,8 +5,10 @@ filter), a data-landed event's ``path`` landed through the same importer, and th
 from __future__ import annotations
 
 import json
+import wave
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cascade import cli
@@ -90,10 +92,16 @@ def test_relanding_needs_replace_and_keeps_the_old_batch_until_the_new_is_comple
 
 
 def _speech_batch(root: Path) -> Path:
+    """One real utterance (a second of 16 kHz tone) and a manifest line that is not JSON."""
     (root / "wav").mkdir(parents=True)
-    (root / "wav" / "u1.wav").write_bytes(b"RIFF")
+    tone = (0.1 * np.sin(np.arange(16000) * 2 * np.pi * 440 / 16000) * 32767).astype("<i2")
+    with wave.open(str(root / "wav" / "u1.wav"), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes(tone.tobytes())
     lines = [
-        json.dumps({"id": "u1", "text": "hello", "lang": "en", "voice": "v1"}),
+        json.dumps({"utterance_id": "u1", "text": "hello", "language": "en", "voice": "v1"}),
         "not json",
     ]
     (root / "transcripts.jsonl").write_text("\n".join(lines) + "\n")
@@ -115,7 +123,8 @@ def test_the_published_event_carries_path_format_and_counts_through_the_watcher(
         fmt="jsonl",
         publish=published.append,
     )
-    assert record["counts"] == {"utterances": 1, "files": 1, "bad_lines": 1}
+    counts = record["counts"]
+    assert (counts["utterances"], counts["speakers"], counts["quarantined"]) == (1, 1, 1)
     (event,) = published
     wire = event.model_dump_json().encode()
     assert parse_event(wire).payload == {
@@ -124,7 +133,7 @@ def test_the_published_event_carries_path_format_and_counts_through_the_watcher(
         "path": str(landing_dir(lake, "speech", DS)),
         "format": "jsonl",
         "source": None,
-        "counts": {"utterances": 1, "files": 1, "bad_lines": 1},
+        "counts": counts,
     }
     stream = run_stream([wire], selectors=("cascade.data.landed:dataset=speech",))
     assert stream.error is None and not stream.dead_letters
@@ -164,8 +173,8 @@ def test_the_command_lists_datasets_and_refuses_a_second_landing(
     listing = capsys.readouterr().out
     for dataset, formats in (
         ("impressions", "csv, jsonl, parquet"),
-        ("speech", "jsonl"),
-        ("images", "jsonl"),
+        ("speech", "common_voice, jsonl, kaldi, librispeech"),
+        ("images", "coco, image_folder, webdataset"),
     ):
         assert f"  {dataset} (read by " in listing
         assert formats in listing.split(f"  {dataset} (read by ")[1].split("\n")[1]
