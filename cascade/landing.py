@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
+import sys
 import textwrap
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -243,7 +244,7 @@ def land(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     record["landed"] = str(final)
-    print(f"[land] {what}: {_describe(record)} -> {final}", flush=True)
+    print(f"[land] {what}: {_describe(record)} -> {final}", file=sys.stderr, flush=True)
     if publish is not None:
         event = landed_event(record, final)
         try:
