@@ -2,6 +2,7 @@
 
 cascade pipelines [--json | --markdown | --write | --check]
 cascade step NAME --pipeline PIPELINE --ds YYYY-MM-DD
+cascade land DATASET [PATH] --ds YYYY-MM-DD [--format FORMAT | --source NAME] [--replace]
 cascade score --model preranking --user 1 --items 10 20 30
 cascade score --model asr --audio clip.wav
 cascade rollback --model MODEL [--reason TEXT] [--expect-version V]
@@ -26,6 +27,7 @@ import argparse
 import importlib.metadata
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,38 @@ def cmd_step(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(run_step(args.name, args.ds, args.pipeline, params), indent=2, default=str))
+    return 0
+
+
+def cmd_land(args: argparse.Namespace) -> int:
+    from cascade.lake import check_ds, lake_from_settings
+    from cascade.landing import get_dataset, land
+
+    try:
+        check_ds(args.ds)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    dataset = get_dataset(args.dataset)
+    publish = None
+    if not args.no_publish:
+        from cascade.broker import publish as publish_event
+
+        publish = publish_event
+    record = land(
+        lake_from_settings(),
+        dataset,
+        args.ds,
+        path=Path(args.path) if args.path else None,
+        fmt=args.format,
+        source=args.source,
+        replace=args.replace,
+        publish=publish,
+    )
+    if args.json:
+        print(json.dumps(record, indent=2, default=str))
+    else:
+        counts = ", ".join(f"{k} {v:,}" for k, v in record["counts"].items())
+        print(f"landed {args.dataset} dt={args.ds} at {record['landed']} ({counts})")
     return 0
 
 
@@ -235,7 +269,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         counts = report["counts"]
         print(
             f"ds={report['ds']}: {counts['ok']} steps ok, {counts['failed']} failed, "
-            f"{counts['not run']} not run; {len(report['figures'])} figures, "
+            f"{counts['skipped']} skipped, {counts['not run']} not run; "
+            f"{len(report['figures'])} figures, "
             f"{len(report['curves'])} training-curve sets -> {report['index']}"
         )
         if report["curves_note"]:
@@ -299,6 +334,40 @@ def _add_core_commands(sub: Any) -> None:
         "passes params.yaml's <pipeline>.<knob>); repeatable",
     )
     step.set_defaults(func=cmd_step)
+
+    from cascade.landing import describe_datasets
+
+    landing = sub.add_parser(
+        "land",
+        help="land a partition of a dataset from where its data is (or from a named source)",
+        description=textwrap.fill(
+            "Read the data at PATH, check its format, write the partition's landing folder "
+            "atomically with its markers and counts, and publish cascade.data.landed. Exit 2 for "
+            "a bad option, an unknown format or a partition that already landed (without "
+            "--replace); 1 when the importer refuses the data; 3 when PATH is missing or the "
+            "broker is down (the batch has landed then: publish the event again).",
+            92,
+        ),
+        epilog=f"datasets and their formats:\n{describe_datasets()}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    landing.add_argument("dataset", help="the dataset (see below)")
+    landing.add_argument("path", nargs="?", help="the file or folder to land (read in place)")
+    landing.add_argument("--ds", required=True, help="partition date YYYY-MM-DD")
+    landing.add_argument("--format", help="the data's format (default: guessed from its files)")
+    landing.add_argument(
+        "--source",
+        help="a named source: without PATH one that makes its own batch (generated, "
+        "synthetic); with PATH one that names the data's shape (a registered log source)",
+    )
+    landing.add_argument(
+        "--replace", action="store_true", help="land a partition that has landed before"
+    )
+    landing.add_argument(
+        "--no-publish", action="store_true", help="land without publishing cascade.data.landed"
+    )
+    landing.add_argument("--json", action="store_true", help="print the landing record as JSON")
+    landing.set_defaults(func=cmd_land)
 
     scorable = tuple(name for name, spec in models.items() if spec.model and spec.model.score)
     score = sub.add_parser("score", help="ask the served champion of a model")

@@ -234,17 +234,30 @@ def outlet_events() -> Any:
     return get_current_context()["outlet_events"]
 
 
+def claimed_events() -> list[dict[str, Any]]:
+    """The events the running task's DAG run claimed (the ledger keeps their bodies): a run
+    queued for a waiting partition was started by its own DAG's asset, not by those events."""
+    from airflow.sdk import get_current_context
+
+    from cascade.event_ledger import ClaimLedger
+
+    dag_run = get_current_context()["dag_run"]
+    return ClaimLedger.for_settings().run_events(dag_run.dag_id, dag_run.run_id)
+
+
 def _step_task(spec: Pipeline, step: Step) -> Any:
     from airflow.sdk import Asset, task
 
     pipeline, name = spec.name, step.name
     last, data_docs = step.name == spec.steps[-1].name, step.data_docs
+    first, datasets = step.name == spec.steps[0].name, tuple(d.name for d in spec.datasets)
 
     registered = spec.model.name if spec.model is not None else None
     outlets = tuple(step.outlets)
 
     def run(partition: str) -> dict[str, Any]:
         from cascade.config import load_settings
+        from cascade.errors import NothingLanded
         from cascade.lake import Lake
         from cascade.step_links import DATA_DOCS, file_link, step_links
         from cascade.step_runner import run_step
@@ -253,7 +266,20 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
         # and every run with a logical date (cron ticks, the form's runs) has "ds" in its context.
         ds = partition
 
-        result = run_step(name, ds, pipeline)
+        if first and datasets:
+            # A data-landed event may name a batch elsewhere (its ``path``): land it through
+            # the dataset's importer before the step reads the landing folder.
+            from cascade.landing import land_event_paths
+
+            land_event_paths(Lake(load_settings().lake_root), claimed_events(), ds, datasets)
+        try:
+            result = run_step(name, ds, pipeline)
+        except NothingLanded as exc:
+            # Nothing to build: the run ends as skipped (so do the steps after this one) and
+            # trains, registers and promotes nothing; the reason shows in the task's log.
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            raise AirflowSkipException(str(exc)) from None
         # The data this step published carries its partition: a pipeline started by it
         # (``Pipeline.after``) works on the same one.
         if outlets:

@@ -14,3 +14,9 @@ class UsageError(ValueError):
 
 class NotReady(RuntimeError):
     """A service the command needs is down, or an input does not exist yet (exit 3)."""
+
+
+class NothingLanded(NotReady):
+    """A scheduled or event-started run whose partition has no landed data: the run ends as
+    skipped ("nothing landed for DS") and trains, registers and promotes nothing. Land the data
+    with ``cascade land`` (exit 3 from ``cascade step``)."""

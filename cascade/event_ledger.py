@@ -640,6 +640,13 @@ def event_partition(event: Mapping[str, Any]) -> str | None:
     return str(partition) if partition else None
 
 
+def named_path(event: Mapping[str, Any]) -> str | None:
+    """The batch location a data-landed event names by ``path`` (None when it names none)."""
+    payload = event.get("payload")
+    where = payload.get("path") if isinstance(payload, Mapping) else None
+    return str(where) if where else None
+
+
 def future_partition(ds: str, today: dt.date) -> str | None:
     """Why ``ds`` cannot be built yet because its day lies ahead (None when it does not)."""
     if dt.date.fromisoformat(ds) <= today:
@@ -742,7 +749,15 @@ def claim_run_events(
     doomed: list[tuple[dict[str, Any], str, str]] = []
     for ds in list(groups):
         reason: str | None = None if ds is None else future_partition(ds, today)
-        if ds is not None and reason is None and unbuildable is not None:
+        named = [where for event in groups[ds] if (where := named_path(event))]
+        if ds is not None and reason is None and named:
+            # The batch is elsewhere: the first step lands it from there (cascade.landing).
+            if not any(Path(where).exists() for where in named):
+                reason = (
+                    f"nothing to land for ds={ds}: {named[0]} does not exist; publish the "
+                    "event once the batch is there"
+                )
+        elif ds is not None and reason is None and unbuildable is not None:
             try:
                 reason = unbuildable(ds)
             except Exception as exc:  # a check that cannot look decides nothing

@@ -171,6 +171,16 @@ class DataLanded(BaseModel):
     dataset: Name
     partition: PartitionDate
     path: PathText | None = None
+    """The landed partition's folder (``cascade land`` publishes it), or a batch elsewhere that
+    the pipeline's first step lands through the dataset's importer (:mod:`cascade.landing`)."""
+    format: Name | None = None
+    """The landing format of the batch at ``path`` (guessed from its files when absent)."""
+    source: Name | None = None
+    """The named source the batch came from (``generated``, ``synthetic``, a log source)."""
+    counts: dict[Name, Annotated[int, Field(strict=True, ge=0)]] = Field(
+        default_factory=dict, max_length=MAX_ITEMS
+    )
+    """What the importer counted: rows, quarantined rows, key collisions, ..."""
 
 
 class RetrainRequested(BaseModel):

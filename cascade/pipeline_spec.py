@@ -13,6 +13,7 @@ Feast, MLflow) inside its step functions.
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,15 @@ from typing import Any
 
 StepFunction = Callable[[str], Mapping[str, Any]]
 """A step: takes the partition date ``YYYY-MM-DD``, returns a JSON-able summary."""
+
+Importer = Callable[..., Mapping[str, int]]
+"""A landing format's importer, ``(source: Path, dest: Path, *, ds: str) -> counts``: reads
+the data at ``source`` where it is, checks it, and writes the canonical landed layout the
+pipeline's first step reads into ``dest`` (a fresh folder); returns counts such as
+``{"rows": n, "quarantined": k}``. Bad input raises a one-line error naming the file."""
+Producer = Callable[..., Mapping[str, int]]
+"""A named source that makes its batch itself (generated, synthesized data),
+``(dest: Path, *, ds: str) -> counts``: chosen explicitly, never run for want of data."""
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
@@ -108,6 +118,50 @@ class Step:
             raise TypeError(f"step {self.name!r}: run must be a function of the partition date")
         if self.timeout_minutes is not None and self.timeout_minutes <= 0:
             raise ValueError(f"step {self.name!r}: timeout_minutes must be > 0")
+
+
+def deferred(target: str) -> Callable[..., Any]:
+    """The function ``"package.module:function"``, imported on its first call: a spec names
+    its importers without importing Spark or audio libraries at DAG-parse time."""
+    module, _, name = target.partition(":")
+    if not module or not name:
+        raise ValueError(f"deferred({target!r}): name it as 'package.module:function'")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__name__, call.__qualname__ = name, f"deferred({target})"
+    return call
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dataset:
+    """A dataset a pipeline's first step reads from ``<lake>/landing/<name>/dt=<ds>/``, and how
+    ``cascade land`` (and a ``cascade.data.landed`` event naming a ``path``) puts a batch
+    there."""
+
+    name: str
+    """The landing folder's name and the ``dataset`` of its ``cascade.data.landed`` events."""
+    description: str = ""
+    formats: Mapping[str, Importer] = field(default_factory=dict)
+    """Format name -> :data:`Importer` (``cascade land DATASET PATH --format NAME``)."""
+    sources: Mapping[str, Producer] = field(default_factory=dict)
+    """Source name -> :data:`Producer`: batches made without a path
+    (``cascade land DATASET --source NAME``), e.g. ``generated`` or ``synthetic``."""
+    source_importer: Callable[[str], Importer] | None = None
+    """An importer of a path in the shape of a named source the dataset registers elsewhere
+    (``cascade land DATASET PATH --source NAME``, e.g. a registered click-log source); raises
+    ValueError naming the known sources for an unknown one."""
+
+    def __post_init__(self) -> None:
+        _check_name("dataset", self.name)
+        for kind, names in (("format", self.formats), ("source", self.sources)):
+            for name in names:
+                _check_name(f"dataset {self.name!r} {kind}", name)
+                if not callable(names[name]):
+                    raise TypeError(f"dataset {self.name!r}: {kind} {name!r} is not a function")
+        if not self.formats and not self.sources and self.source_importer is None:
+            raise ValueError(f"dataset {self.name!r} has no landing format and no source")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,9 +255,15 @@ class Pipeline:
     """The DAG's owner in the Airflow UI (its tasks' ``owner``)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Free-form metadata shown by ``cascade pipelines``."""
+    datasets: tuple[Dataset, ...] = ()
+    """The landed datasets the pipeline reads (its first step), with their landing formats
+    (``cascade land``)."""
 
     def __post_init__(self) -> None:
         _check_name("pipeline", self.name)
+        datasets = [d.name for d in self.datasets]
+        if len(set(datasets)) != len(datasets):
+            raise ValueError(f"pipeline {self.name!r} declares a dataset twice: {datasets}")
         if not self.steps:
             raise ValueError(f"pipeline {self.name!r} has no steps")
         names = [step.name for step in self.steps]
@@ -311,5 +371,15 @@ class Pipeline:
             "settings": None if self.settings is None else self.settings.__name__,
             "dvc_prefix": self.dvc_prefix,
             "tags": list(self.tags),
+            **(
+                {
+                    "datasets": [
+                        {"name": d.name, "formats": sorted(d.formats), "sources": sorted(d.sources)}
+                        for d in self.datasets
+                    ]
+                }
+                if self.datasets
+                else {}
+            ),
             **({"extra": dict(self.extra)} if self.extra else {}),
         }

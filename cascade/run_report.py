@@ -46,7 +46,8 @@ class StepReport:
     step: str
     stage: str
     status: str
-    """``ok``, ``failed`` or ``not run``."""
+    """``ok``, ``failed``, ``skipped`` (nothing landed for the partition: ``error`` says so) or
+    ``not run``."""
     seconds: float | None = None
     error: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
@@ -86,8 +87,8 @@ def collect_steps(lake: Lake, ds: str, pipelines: list[str] | None = None) -> li
             folder = lake.reports(f"step_{stage}", ds)
             summary = _read_json(folder / "summary.json")
             timing = _read_json(folder / TIMING_FILE)
-            if timing.get("status") == "failed":
-                status = "failed"
+            if timing.get("status") in ("failed", "skipped"):
+                status = str(timing["status"])
             elif summary or timing.get("status") == "ok":
                 status = "ok"
             else:
@@ -228,11 +229,12 @@ def _html(report: dict[str, Any], steps: list[StepReport]) -> str:
         "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;"
         "padding:3px 8px;font-size:13px;text-align:left;vertical-align:top}"
         ".ok{color:#1e8449}.failed{color:#c0392b;font-weight:bold}.notrun{color:#888}"
+        ".skipped{color:#b9770e}"
         "img{max-width:100%;border:1px solid #ddd;margin:.4em 0}</style></head><body>",
         f"<h1>Partition {e(report['ds'])}</h1>",
         f"<p>Generated {e(report['generated_at'])} from {e(report['lake'])}. "
         f"{report['counts']['ok']} steps ok, {report['counts']['failed']} failed, "
-        f"{report['counts']['not run']} not run.</p>",
+        f"{report['counts']['skipped']} skipped, {report['counts']['not run']} not run.</p>",
     ]
     if report["timings"]:
         parts.append(f"<h2>Timings</h2><img src='{e(report['timings'])}' alt='step timings'>")
@@ -253,7 +255,8 @@ def _html(report: dict[str, Any], steps: list[StepReport]) -> str:
                     verdict += "<br>" + "<br>".join(e(str(f)) for f in gate["failed"][:10])
             fields = "<br>".join(f"{e(k)}: {e(v)}" for k, v in _scalar_fields(s.summary))
             if s.error:
-                fields = f"<span class='failed'>{e(s.error)}</span><br>{fields}"
+                kind = "skipped" if s.status == "skipped" else "failed"
+                fields = f"<span class='{kind}'>{e(s.error)}</span><br>{fields}"
             seconds = "" if s.seconds is None else f"{s.seconds:.1f}"
             parts.append(
                 f"<tr><td>{e(s.step)}</td><td class='{css}'>{e(s.status)}</td>"
@@ -296,7 +299,8 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     curves, note = _curves(settings, steps, out)
     counts = {
-        status: sum(s.status == status for s in steps) for status in ("ok", "failed", "not run")
+        status: sum(s.status == status for s in steps)
+        for status in ("ok", "failed", "skipped", "not run")
     }
     report = {
         "ds": ds,

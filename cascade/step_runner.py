@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade.config import scoped_environ
+from cascade.errors import NothingLanded
 from cascade.lake import Lake, check_ds, lake_from_settings
 from cascade.pipeline_registry import get_pipeline
 from cascade.pipeline_spec import Step
@@ -64,15 +65,18 @@ def step_context(pipeline: str, name: str, ds: str) -> Iterator[None]:
 
 
 TIMING_FILE = "timing.json"
-"""Beside each step's summary: when it started, its wall seconds, ``ok`` or ``failed`` and the
-error's first line (read by ``cascade report``)."""
+"""Beside each step's summary: when it started, its wall seconds, ``ok``, ``failed`` or
+``skipped`` (nothing landed for the partition) and the error's (or the skip's) first line (read
+by ``cascade report``)."""
 
 
-def _record_timing(path: Path, started: dt.datetime, seconds: float, error: str | None) -> None:
+def _record_timing(
+    path: Path, started: dt.datetime, seconds: float, error: str | None, *, skipped: bool = False
+) -> None:
     record = {
         "started_at": started.isoformat(timespec="seconds"),
         "seconds": round(seconds, 3),
-        "status": "failed" if error else "ok",
+        "status": "skipped" if skipped else "failed" if error else "ok",
         "error": error,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,9 +129,10 @@ def run_step(
             result = dict(step.run(ds))
     except BaseException as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
+        skipped = isinstance(exc, NothingLanded)  # the run ends as skipped, saying why
         _record_timing(
             path.with_name(TIMING_FILE), started, time.monotonic() - clock,
-            f"{type(exc).__name__}: {first}",
+            first if skipped else f"{type(exc).__name__}: {first}", skipped=skipped,
         )  # fmt: skip
         raise
     path.parent.mkdir(parents=True, exist_ok=True)

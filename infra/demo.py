@@ -2,11 +2,12 @@
 
     cascade demo            # or: make demo
 
-Starts the stack, publishes ``cascade.data.landed`` to Kafka, waits for the asset-triggered
-``ctr_preranking`` run its cross statistics start (impressions event -> ``ctr_cross``: Spark ->
-GX -> Feast; the published partition -> ``ctr_preranking``: training set -> DeepSpeed ->
-compile -> MLflow registry -> serving),
-scores a request against the served champion, and prints where to look.
+Starts the stack, lands the partition's generated impressions by name (``cascade land
+impressions --source generated``), publishes ``cascade.data.landed`` to Kafka, waits for the
+asset-triggered ``ctr_preranking`` run its cross statistics start (impressions event ->
+``ctr_cross``: Spark -> GX -> Feast; the published partition -> ``ctr_preranking``: training set
+-> DeepSpeed -> compile -> MLflow registry -> serving), scores a request against the served
+champion, and prints where to look.
 """
 
 from __future__ import annotations
@@ -140,6 +141,20 @@ def trigger_and_wait(
     return wait_for_triggered(triggered, settings=settings, timeout_s=timeout_s, echo=echo)
 
 
+def land_demo_data(ds: str, *, settings: Settings, echo: Callable[[str], None] = print) -> None:
+    """Land the demo's impressions by name (``cascade land impressions --source generated``):
+    the demo chooses generated data explicitly; a partition landed before is kept."""
+    from cascade.lake import Lake
+    from cascade.landing import get_dataset, is_landed, land, landing_dir
+
+    lake = Lake(settings.lake_root)
+    if is_landed(landing_dir(lake, "impressions", ds)):
+        echo(f"== impressions of {ds} already landed; kept")
+        return
+    echo(f"== landing generated impressions for {ds} (cascade land impressions --source generated)")
+    land(lake, get_dataset("impressions"), ds, source="generated")
+
+
 def run_demo(
     *, ds: str, timeout_s: float = 1500, echo: Callable[[str], None] = print
 ) -> dict[str, Any]:
@@ -152,6 +167,7 @@ def run_demo(
     echo("== starting the local stack")
     up(settings, echo=echo)
     use_tracking_credentials(settings)  # written by the first `up`, maybe just now
+    land_demo_data(ds, settings=settings, echo=echo)
     echo(f"== event-triggered run of {DAG_ID} for partition {ds}")
     outcome = trigger_and_wait(ds, settings=settings, timeout_s=timeout_s, echo=echo)
     summary: dict[str, Any] = {

@@ -13,6 +13,8 @@ Sources are registered by name (:func:`registered_sources`); the name goes into 
 path, the quarantine and the reports. Built in:
 
 * ``generated``: the parquet written by :mod:`jobs.impression_log` (already in the schema);
+* ``landed``: the parquet ``cascade land impressions`` writes (already in the schema; string
+  keys hashed to ids, see :mod:`jobs.click_log_landing`);
 * ``ml100k``: MovieLens-100k through :mod:`jobs.movielens` (rating >= 4 = click, segment = age
   band, category = primary genre, no position, no context).
 
@@ -90,6 +92,26 @@ RAW_COLUMN = "_raw"
 values as they came, not their casts. Spark prunes it from every query that does not use it."""
 
 
+KEY_COLUMNS = ("user_id", "item_id")
+"""The ids a row is counted under: a row whose raw key is null is a bad row."""
+_IDENTIFIER = re.compile(r"`([^`]+)`|([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def referenced_columns(raw_columns: Sequence[str], expression: str) -> list[str]:
+    """The raw columns a mapping expression names (a bare or back-quoted identifier)."""
+    names = {a or b for a, b in _IDENTIFIER.findall(expression)}
+    return [column for column in raw_columns if column in names]
+
+
+def any_null(raw_columns: Sequence[str], expression: str) -> Column:
+    """True where a raw column the expression reads is null."""
+    columns = referenced_columns(raw_columns, expression)
+    test = F.lit(False)
+    for column in columns:
+        test = test | F.col(f"`{column}`").isNull()
+    return test
+
+
 def provided_columns(raw_columns: Sequence[str], mapping: LogMapping) -> tuple[str, ...]:
     """Schema columns the mapping fills from ``raw_columns`` (the others are null)."""
     return tuple(
@@ -116,7 +138,12 @@ def map_log(raw: DataFrame, mapping: LogMapping, *, keep_raw: bool = False) -> D
                 missing.append(name)
             selected.append(F.lit(None).cast(sql_type).alias(name))
             continue
-        selected.append(F.expr(f"try_cast(({source}) AS {sql_type})").alias(name))
+        value = F.expr(f"try_cast(({source}) AS {sql_type})")
+        if name in KEY_COLUMNS:
+            # A null raw key stays null whatever the expression makes of it (Spark's
+            # xxhash64(NULL) is 42: every missing user would become one valid user).
+            value = F.when(any_null(raw.columns, source), F.lit(None)).otherwise(value)
+        selected.append(value.alias(name))
     if missing:
         raise ValueError(
             f"the log has no column for {missing} (it has {raw.columns}); add them to "
@@ -273,13 +300,17 @@ GENERATED = LogSource(
     name="generated",
     description="parquet in the engine's schema, written by jobs.impression_log",
 )
+LANDED = LogSource(
+    name="landed",
+    description="parquet in the engine's schema, landed by `cascade land impressions`",
+)
 ML100K = LogSource(
     name="ml100k",
     reader=lambda spark, path: from_ml100k(spark, path),
     pairs=("user", "item", "seg_cat", "user_cat", "seg_item"),
     description="MovieLens-100k from its installed package (rating >= 4 = click)",
 )
-BUILT_IN = (GENERATED, ML100K)
+BUILT_IN = (GENERATED, LANDED, ML100K)
 
 
 def source_from_table(name: str, table: Mapping[str, Any], origin: str) -> LogSource:

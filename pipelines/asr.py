@@ -8,9 +8,11 @@ watcher stream, claim ledger and coalescing as ``ctr_preranking``. DVC stages ar
 Each takes the partition date ``ds`` and returns a JSON-able summary; everything lives under the
 lake, keyed on ``ds``:
 
-- ``landing/speech/dt=DS``: WAVs + ``transcripts.jsonl`` as a producer landed them (when nothing
-  landed, the corpus step synthesizes the partition's batch with espeak-ng and adds the human
-  recordings of :mod:`jobs.speech_human`, which are always test data);
+- ``landing/speech/dt=DS``: WAVs + ``transcripts.jsonl`` as ``cascade land speech`` (or a
+  producer) landed them. A synthesized batch (espeak-ng utterances plus the human recordings of
+  :mod:`jobs.speech_human`, always test data) is the named source ``synthetic``, landed only
+  when asked for (``cascade land speech --source synthetic``); a run with nothing landed ends as
+  skipped ("nothing landed for DS") and trains, registers and promotes nothing;
 - ``corpora/speech/dt=DS``: the Spark corpus (shards, manifest, quarantine, summary, gate);
 - ``reports/asr_*/dt=DS``: each later step's result.
 
@@ -20,7 +22,6 @@ The training config is ``CASCADE_ASR_CONFIG`` (default ``synthetic``; the CI run
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,9 +36,20 @@ from cascade.assets import (
     ASSET_SPEECH_DATA_LANDED,
 )
 from cascade.config import SETTINGS_CONFIG, Settings, load_group, load_settings
+from cascade.errors import NothingLanded
 from cascade.lake import Lake, check_ds, nothing_landed
+from cascade.landing import landed_from, landing_record
 from cascade.partitions import partition_seed
-from cascade.pipeline_spec import Pipeline, Plot, Promotion, RegisteredModel, Step, Trigger
+from cascade.pipeline_spec import (
+    Dataset,
+    Pipeline,
+    Plot,
+    Promotion,
+    RegisteredModel,
+    Step,
+    Trigger,
+    deferred,
+)
 from cascade.step_runner import read_step_result, write_step_result
 
 CONFIG_ENV = "CASCADE_ASR_CONFIG"
@@ -60,7 +72,8 @@ class AsrSettings:
     config: str = DEFAULT_CONFIG
     """Training config (``models.asr.config_registry``; the CI run uses ``debug``)."""
     utterances: int | None = Field(default=None, ge=1)
-    """Size of a synthesized batch (unset: the config's ``corpus_utterances``)."""
+    """Size of a batch of the ``synthetic`` source (``cascade land speech --source synthetic``;
+    unset: the config's ``corpus_utterances``)."""
     cer_tolerance: float = Field(default=0.005, ge=0, lt=1)
     """A challenger may be this much worse (absolute CER) than the champion and still be
     promoted: two evaluations of one model on the same rows agree exactly, so this only absorbs
@@ -90,28 +103,62 @@ def _synthetic_count() -> int:
     return count
 
 
-def corpus(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
-    """Build the partition's corpus on Spark from its landing folder (synthesized if empty)."""
-    from jobs.audio_corpus import build_corpus, land_synthetic, spark_session
+def land_synthetic_batch(dest: Path, *, ds: str) -> dict[str, int]:
+    """The ``synthetic`` source of dataset ``speech``: the partition's espeak-ng utterances
+    (``CASCADE_ASR_UTTERANCES``, else the config's size) plus the human recordings of
+    :mod:`jobs.speech_human` (always test data). Chosen explicitly (the demo, benchmarks and
+    tests: ``cascade land speech --source synthetic``), never for want of data."""
+    from jobs.audio_corpus import land_synthetic, spark_session
     from jobs.speech_human import land_human
+
+    count = _synthetic_count()
+    print(f"[asr] synthesizing {count} utterances for ds={ds}", flush=True)
+    synthesized = land_synthetic(spark_session(), dest, count=count, seed=partition_seed(ds))
+    human = land_human(dest)
+    print(f"[asr] landed {human} human recordings (test split only)", flush=True)
+    return {"utterances": synthesized + human, "synthesized": synthesized, "human": human}
+
+
+SPEECH = Dataset(
+    name="speech",
+    description="recorded utterances and their transcripts (jobs.speech_landing): a Kaldi data "
+    "directory, a LibriSpeech folder, a Common Voice TSV, or wav/ + transcripts.jsonl; WAV, FLAC, "
+    "Ogg or MP3 at any rate, resampled; bad items quarantined with their reason",
+    formats={
+        fmt: deferred(f"jobs.speech_landing:{function}")
+        for fmt, function in (
+            ("kaldi", "land_kaldi"),
+            ("librispeech", "land_librispeech"),
+            ("common_voice", "land_common_voice"),
+            ("jsonl", "land_speech_jsonl"),
+        )
+    },
+    sources={"synthetic": land_synthetic_batch},
+)
+"""What ``corpus`` reads from ``landing/speech/dt=DS`` (``cascade land speech``)."""
+
+
+def corpus(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+    """Build the partition's corpus on Spark from its landing folder; a partition with nothing
+    landed ends the run as skipped (:class:`~cascade.errors.NothingLanded`)."""
+    from jobs.audio_corpus import build_corpus, spark_session
 
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     landing = landing_dir(lake, ds)
-    spark = spark_session()
-    synthesized = 0
     if not (landing / "transcripts.jsonl").exists() and not (landing / "wav").exists():
-        # Land into a scratch folder and rename: a killed attempt never leaves half a batch.
-        scratch = landing.with_name(landing.name + ".landing")
-        shutil.rmtree(scratch, ignore_errors=True)
-        count = _synthetic_count()
-        print(f"[asr] nothing landed for ds={ds}: synthesizing {count} utterances", flush=True)
-        synthesized = land_synthetic(spark, scratch, count=count, seed=partition_seed(ds))
-        human = land_human(scratch)
-        print(f"[asr] landed {human} human recordings (test split only)", flush=True)
-        scratch.rename(landing)
-    summary = build_corpus(spark, landing, corpus_dir(lake, ds))
-    summary.update(ds=ds, landing=str(landing), synthesized=synthesized)
+        raise NothingLanded(
+            f"nothing landed for {ds}: no speech batch at {landing}; land one with `cascade "
+            f"land speech PATH --ds {ds}` (or `--source synthetic` for a synthesized batch)"
+        )
+    record = landing_record(landing) or {}
+    summary = build_corpus(spark_session(), landing, corpus_dir(lake, ds))
+    summary.update(
+        ds=ds,
+        landing=str(landing),
+        landed_from=landed_from(record),
+        synthesized=(record.get("counts") or {}).get("synthesized", 0),
+    )
     return write_step_result(lake, "asr_corpus", ds, summary)
 
 
@@ -458,6 +505,7 @@ PIPELINE = Pipeline(
     ),
     tags=("asr", "speech"),
     settings=AsrSettings,
+    datasets=(SPEECH,),
     model=RegisteredModel(
         name=MODEL_NAME,
         promotion=Promotion(metric="cer", higher_is_better=False, requires_compile_gate=True),
@@ -469,13 +517,13 @@ PIPELINE = Pipeline(
             name="corpus",
             run=corpus,
             spark=True,
-            doc="the partition's landed WAVs + transcripts (a synthetic batch when none landed) "
-            "validated, resampled, featurized and split by voice on Spark; bad files quarantined",
+            doc="the partition's landed WAVs + transcripts validated, resampled, featurized and "
+            "split by voice on Spark; bad files quarantined; nothing landed: the run is skipped",
             timeout_minutes=30,
             outlets=(ASSET_SPEECH_CORPUS,),
             dvc_deps=("jobs/audio_corpus.py", "jobs/speech_synth.py"),
             dvc_outs=(".cascade/lake/corpora/speech/dt=${ds}",),
-            params={"config": CONFIG_ENV, "utterances": UTTERANCES_ENV},
+            params={"config": CONFIG_ENV},
         ),
         Step(
             name="validate",

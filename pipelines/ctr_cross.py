@@ -50,7 +50,7 @@ from cascade.config import SETTINGS_CONFIG, Settings, load_group, load_settings
 from cascade.errors import NotReady
 from cascade.lake import Lake, check_ds
 from cascade.partitions import days_before
-from cascade.pipeline_spec import Pipeline, Step, Trigger
+from cascade.pipeline_spec import Dataset, Pipeline, Step, Trigger, deferred
 
 SOURCE_ENV = "CASCADE_CROSS_SOURCE"
 IMPRESSIONS_ENV = "CASCADE_CROSS_IMPRESSIONS"
@@ -146,6 +146,52 @@ def missing_log(ds: str, settings: Settings | None = None) -> str | None:
     )
 
 
+def generate(dest: Path, *, ds: str, settings: Settings | None = None) -> dict[str, int]:
+    """The ``generated`` source of dataset ``impressions``: ``CASCADE_CROSS_IMPRESSIONS``
+    generated impressions ending at ``ds`` (:mod:`jobs.impression_log`) written into ``dest``."""
+    from jobs import ctr_cross_stats as job
+    from jobs import impression_log
+    from jobs.spark_sessions import active_or_new
+
+    settings = settings or load_settings()
+    rows = impressions()
+    started = time.perf_counter()
+    with active_or_new(lambda: job.build_session(settings, app="cascade.ctr_cross.log")) as spark:
+        impression_log.write(
+            spark, impression_log.GeneratorConfig(impressions=rows, end_ds=ds), dest
+        )
+    seconds = round(time.perf_counter() - started, 1)
+    print(f"[cross] generated {rows:,} impressions ending at {ds} -> {dest} in {seconds} s")
+    return {"rows": rows}
+
+
+def _land_generated(dest: Path, *, ds: str) -> dict[str, int]:
+    counts = generate(dest, ds=ds)
+    (dest / "_SOURCE").write_text(DEFAULT_SOURCE + "\n")
+    return counts
+
+
+def _source_importer(name: str) -> Callable[..., Any]:
+    from jobs.click_log_landing import source_importer
+
+    return source_importer(name, sources_file())
+
+
+IMPRESSIONS = Dataset(
+    name="impressions",
+    description="click logs: csv (header row), parquet or jsonl with the engine's column names, "
+    "or any registered log source's shape with --source NAME; string keys are hashed to ids",
+    formats={
+        "csv": deferred("jobs.click_log_landing:land_csv"),
+        "jsonl": deferred("jobs.click_log_landing:land_jsonl"),
+        "parquet": deferred("jobs.click_log_landing:land_parquet"),
+    },
+    sources={"generated": _land_generated},
+    source_importer=_source_importer,
+)
+"""The click log ``log`` reads from ``landing/impressions/dt=DS`` (``cascade land``)."""
+
+
 def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     """Make sure the partition's log is there; generate it when nothing landed."""
     settings = settings or load_settings()
@@ -162,18 +208,13 @@ def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     if (landing / "_SUCCESS").is_file():
         print(f"[cross] log for ds={ds} ({source}) already landed at {landing}; kept", flush=True)
         return {"ds": ds, "source": source, "path": str(landing), "generated": False}
-    from jobs import ctr_cross_stats as job
-    from jobs import impression_log
-    from jobs.spark_sessions import active_or_new
-
-    rows = impressions()
-    started = time.perf_counter()
-    with active_or_new(lambda: job.build_session(settings, app="cascade.ctr_cross.log")) as spark:
-        impression_log.write(
-            spark, impression_log.GeneratorConfig(impressions=rows, end_ds=ds), landing
+    if source != "generated":
+        raise FileNotFoundError(
+            f"source {source!r} reads a landed log, and none landed at {landing} (a folder "
+            "with the log's files and a _SUCCESS marker); land it there or set "
+            f"{SOURCE_ENV}=generated"
         )
-    seconds = round(time.perf_counter() - started, 1)
-    print(f"[cross] generated {rows:,} impressions ending at {ds} -> {landing} in {seconds} s")
+    rows = generate(landing, ds=ds, settings=settings)["rows"]
     return {"ds": ds, "source": source, "path": str(landing), "generated": True, "rows": rows}
 
 
@@ -374,6 +415,7 @@ with their reason; a failed gate stops the run before Feast.
     ),
     tags=("ctr", "features"),
     settings=CrossSettings,
+    datasets=(IMPRESSIONS,),
     dvc_prefix="cross_",
     steps=(
         Step(

@@ -11,9 +11,12 @@ shared watcher stream, claim ledger and coalescing as ``ctr_preranking``. DVC st
 Each takes the partition date ``ds`` and returns a JSON-able summary; everything lives under the
 lake, keyed on ``ds``:
 
-- ``landing/images/dt=DS``: ``images/`` + ``captions.jsonl`` as a producer landed them (when
-  nothing landed, the corpus step lands the installed offline sources, Tux Paint stamps and
-  emoji, plus the partition's generated pictures: :mod:`jobs.multimodal_sources`);
+- ``landing/images/dt=DS``: ``images/`` + ``captions.jsonl`` as ``cascade land images`` (or a
+  producer) landed them. The installed offline sources (Tux Paint stamps, emoji) plus the
+  partition's generated pictures (:mod:`jobs.multimodal_sources`) are the named source
+  ``generated``, landed only when asked for (``cascade land images --source generated``); a run
+  with nothing landed ends as skipped ("nothing landed for DS") and trains and registers
+  nothing;
 - ``corpora/images/dt=DS``: the Spark corpus (shards, manifest, quarantine, duplicates,
   tokenizer, summary, ``gate.json``);
 - ``reports/mm_*/dt=DS``: each later step's result (the training run folder is
@@ -26,7 +29,6 @@ The training config is ``CASCADE_MULTIMODAL_CONFIG`` (default ``small``; the CI 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,16 +42,26 @@ from cascade.assets import (
     MULTIMODAL_EVENT_SELECTORS,
 )
 from cascade.config import SETTINGS_CONFIG, Flag, Settings, load_group, load_settings
+from cascade.errors import NothingLanded
 from cascade.lake import Lake, check_ds, nothing_landed
+from cascade.landing import landed_from, landing_record
 from cascade.partitions import partition_seed
-from cascade.pipeline_spec import Pipeline, Plot, Promotion, RegisteredModel, Step, Trigger
+from cascade.pipeline_spec import (
+    Dataset,
+    Pipeline,
+    Plot,
+    Promotion,
+    RegisteredModel,
+    Step,
+    Trigger,
+    deferred,
+)
 from cascade.step_runner import read_step_result, write_step_result
 
 CONFIG_ENV = "CASCADE_MULTIMODAL_CONFIG"
 DEFAULT_CONFIG = "small"
 GENERATED_ENV = "CASCADE_MULTIMODAL_GENERATED"
-"""Generated pairs landed when nothing landed for the partition (default
-:data:`DEFAULT_GENERATED`)."""
+"""Generated pairs of a ``generated`` batch (default :data:`DEFAULT_GENERATED`)."""
 DEFAULT_GENERATED = 2_000
 SOURCE_LIMIT_ENV = "CASCADE_MULTIMODAL_SOURCE_LIMIT"
 """Caps the stamps and the emoji landed from each offline source (default: all of them)."""
@@ -65,9 +77,6 @@ MODEL_ARTIFACT_PATH = "model"
 """Folder of the training's MLflow run that a registered version points at: the final
 DeepSpeed checkpoint's module states (experts in their own files), the model's config, its
 corpus's caption tokenizer, their digests and the run's result (:mod:`models.multimodal.stored`)."""
-LANDED_HERE_FILE = "landed_by_corpus_step.json"
-"""In a landing folder the corpus step filled itself (offline sources + generator): what it
-landed, so a retry reports the same batch rather than a producer's."""
 MEAN_RECALL_TAG = "mean_recall_at_1"
 """Model-version tag: the version's mean of image->text and text->image recall@1."""
 
@@ -82,9 +91,11 @@ class MultimodalSettings:
     config: str = DEFAULT_CONFIG
     """Training config (``models.multimodal.config_registry``; the e2e stack uses ``debug``)."""
     generated: int = Field(default=DEFAULT_GENERATED, ge=0)
-    """Generated pairs the corpus step lands when nothing landed for the partition."""
+    """Generated pairs of a batch of the ``generated`` source (``cascade land images --source
+    generated``)."""
     source_limit: int | None = Field(default=None, ge=0)
-    """Caps the stamps and the emoji landed from each offline source (unset: all of them)."""
+    """Caps the stamps and the emoji a ``generated`` batch takes from each offline source (unset:
+    all of them)."""
     dense_twin: Flag = True
     """``1``: the evaluate step also trains the config's dense twin on the same shards and
     records its recall beside the MoE's; ``0``: the MoE's figures only (the report says so)."""
@@ -105,8 +116,12 @@ def corpus_dir(lake: Lake, ds: str) -> Path:
     return lake.root / "corpora" / "images" / f"dt={check_ds(ds)}"
 
 
-def _land_offline_sources(spark: Any, landing: Path, ds: str) -> dict[str, Any]:
-    """The installed offline sources (a missing one is skipped and named) plus the generator."""
+def land_generated_batch(dest: Path, *, ds: str) -> dict[str, int]:
+    """The ``generated`` source of dataset ``images``: the installed offline sources (Tux Paint
+    stamps and emoji; a missing one is skipped and named) plus the partition's generated
+    pictures (``CASCADE_MULTIMODAL_GENERATED``). Chosen explicitly (the demo, benchmarks and
+    tests: ``cascade land images --source generated``), never for want of data."""
+    from jobs.multimodal_corpus import spark_session
     from jobs.multimodal_sources import GeneratorConfig, land_emoji, land_generated, land_tuxpaint
 
     limit = load_group(MultimodalSettings).source_limit
@@ -116,51 +131,64 @@ def _land_offline_sources(spark: Any, landing: Path, ds: str) -> dict[str, Any]:
         if limit == 0:
             continue
         try:
-            landed[name] = land(landing, limit=limit)
+            landed[name] = land(dest, limit=limit)
         except FileNotFoundError as exc:
             missing[name] = str(exc)
             print(f"[multimodal] offline source {name} not installed: {exc}", flush=True)
     generated = load_group(MultimodalSettings).generated
     if generated:
         config = GeneratorConfig(seed=partition_seed(ds))
-        landed["generated"] = land_generated(spark, landing, count=generated, config=config)
+        landed["generated"] = land_generated(spark_session(), dest, count=generated, config=config)
     if not sum(landed.values()):
         raise RuntimeError(
             f"nothing to land for ds={ds}: no offline source is installed ({missing}) and "
             f"{GENERATED_ENV}=0; install them (infra/install.sh) or generate pairs"
         )
-    return {"landed": landed, "sources_missing": missing}
+    return landed
+
+
+IMAGES = Dataset(
+    name="images",
+    description="image-text pairs (jobs.image_landing): images/ + captions.jsonl (image_folder), "
+    "a COCO captions file, or WebDataset tar shards; captions in any language; bad items "
+    "quarantined with their reason",
+    formats={
+        fmt: deferred(f"jobs.image_landing:land_{fmt}")
+        for fmt in ("image_folder", "coco", "webdataset")
+    },
+    sources={"generated": land_generated_batch},
+)
+"""What ``corpus`` reads from ``landing/images/dt=DS`` (``cascade land images``)."""
 
 
 def corpus(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
-    """Build the partition's corpus on Spark from its landing folder (the offline sources and
-    generated pictures when nothing landed): quarantine, near-duplicate removal, tokenized
-    shards."""
+    """Build the partition's corpus on Spark from its landing folder: quarantine, near-duplicate
+    removal, tokenized shards. A partition with nothing landed ends the run as skipped
+    (:class:`~cascade.errors.NothingLanded`)."""
     from jobs.multimodal_corpus import build_corpus, spark_session
 
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     landing = landing_dir(lake, ds)
-    spark = spark_session()
-    produced: dict[str, Any] = {"landed": {}, "sources_missing": {}}
-    marker = landing / LANDED_HERE_FILE
     if not (landing / "captions.jsonl").is_file():
-        # Land into a scratch folder and rename: a killed attempt never leaves half a batch.
-        scratch = landing.with_name(landing.name + ".landing")
-        shutil.rmtree(scratch, ignore_errors=True)
-        print(f"[multimodal] nothing landed for ds={ds}: landing the offline sources", flush=True)
-        produced = _land_offline_sources(spark, scratch, ds)
-        (scratch / LANDED_HERE_FILE).write_text(json.dumps(produced))
-        landing.parent.mkdir(parents=True, exist_ok=True)
-        scratch.rename(landing)
-    elif marker.is_file():  # a retry: the batch an earlier attempt landed
-        produced = json.loads(marker.read_text())
-    producer_landed = not marker.is_file()
+        raise NothingLanded(
+            f"nothing landed for {ds}: no image-text batch at {landing}; land one with `cascade "
+            f"land images PATH --ds {ds}` (or `--source generated` for the offline sources and "
+            "generated pictures)"
+        )
+    record = landing_record(landing) or {}
     # A rebuilt corpus has not been validated yet: the previous build's gate must not vouch for it.
     (corpus_dir(lake, ds) / "gate.json").unlink(missing_ok=True)
-    summary = build_corpus(spark, landing, corpus_dir(lake, ds))
+    summary = build_corpus(spark_session(), landing, corpus_dir(lake, ds))
     summary.pop("shards", None)  # per-shard figures stay in the corpus's shards.json
-    summary.update(ds=ds, landing=str(landing), producer_landed=producer_landed, **produced)
+    generated = record.get("source") == "generated"
+    summary.update(
+        ds=ds,
+        landing=str(landing),
+        producer_landed=not generated,
+        landed_from=landed_from(record),
+        landed=dict(record.get("counts") or {}),
+    )
     return write_step_result(lake, "mm_corpus", ds, summary)
 
 
@@ -442,14 +470,15 @@ PIPELINE = Pipeline(
             tolerance=DEFAULT_RECALL_TOLERANCE,
         ),
     ),
+    datasets=(IMAGES,),
     dvc_prefix="mm_",
     steps=(
         Step(
             name="corpus",
             run=corpus,
             spark=True,
-            doc="landed image-text pairs (else the installed Tux Paint stamps and emoji plus "
-            "generated pictures) decoded, quarantined, near-deduplicated and tokenized on Spark",
+            doc="landed image-text pairs decoded, quarantined, near-deduplicated and tokenized on "
+            "Spark; nothing landed: the run is skipped",
             timeout_minutes=30,
             outlets=(ASSET_IMAGES_CORPUS,),
             dvc_deps=(
@@ -458,10 +487,6 @@ PIPELINE = Pipeline(
                 "cascade/caption_tokenizer.py",
             ),
             dvc_outs=(".cascade/lake/corpora/images/dt=${ds}",),
-            params={
-                "generated": "CASCADE_MULTIMODAL_GENERATED",
-                "source_limit": "CASCADE_MULTIMODAL_SOURCE_LIMIT",
-            },
         ),
         Step(
             name="validate",

@@ -58,8 +58,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
 def triggered(stack: Settings) -> dict[str, Any]:
     """Every pipeline's Kafka event, published together: the DAG runs overlap, as they would in
     production, and the session waits for the slowest one rather than for each in turn."""
+    from cascade.lake import Lake
+    from cascade.landing import get_dataset, land
     from infra.demo import trigger
 
+    # The speech and image pipelines make up no data: their batches are landed explicitly, from
+    # the named sources that synthesize and generate them (the events then start the runs).
+    lake = Lake(stack.lake_root)
+    land(lake, get_dataset("speech"), DS, source="synthetic")
+    land(lake, get_dataset("images"), DS, source="generated")
     # One impressions event: ctr_cross publishes the partition, and that starts ctr_preranking.
     preranking = trigger(DS, settings=stack)
     return {

@@ -298,6 +298,9 @@ def test_the_integer_partition_event_is_dead_lettered_not_fired() -> None:
         "dataset": "impressions",
         "partition": "2026-11-22",
         "path": None,
+        "format": None,
+        "source": None,
+        "counts": {},
     }
 
 

@@ -300,3 +300,32 @@ def test_a_retried_task_keeps_its_runs_partition(home: Path) -> None:
     assert first.partition == again.partition == day(-6)
     assert [e["id"] for e in again.reclaimed] == [a.id] and again.new == []
     assert again.pending == [day(-5)]
+
+
+def test_an_event_naming_a_batch_elsewhere_is_claimed_and_a_missing_one_dead_lettered(
+    home: Path,
+) -> None:
+    """The first step lands a batch an event names by ``path``: the claim does not dead-letter
+    its partition for an empty landing folder, only when the named batch does not exist."""
+    ledger = EventLedger(home / "ledger.sqlite")
+    batch = home / "producer" / "batch"
+    batch.mkdir(parents=True)
+    elsewhere = make_event(
+        TOPIC_DATA_LANDED,
+        {"dataset": "speech", "partition": day(-2), "path": str(batch), "format": "jsonl"},
+    )
+    gone = make_event(
+        TOPIC_DATA_LANDED,
+        {"dataset": "speech", "partition": day(-1), "path": str(home / "nowhere")},
+    )
+    sent: list[Event] = []
+    claim = claim_asr(
+        ledger,
+        "r1",
+        stored_through_the_watcher([elsewhere, gone]),
+        default_partition=day(0),
+        unbuildable=nothing_landed("speech", "transcripts.jsonl", "wav"),
+        dead_letter=sent.extend,
+    )
+    assert claim.partition == day(-2) and [e["id"] for e in claim.new] == [elsewhere.id]
+    assert "does not exist" in claim.dead_lettered[gone.id] and len(sent) == 1

@@ -173,6 +173,7 @@ def test_the_demo_summary_and_its_output_name_the_password_file_not_the_password
     }
     monkeypatch.setattr(stack, "up", lambda settings, echo=print: [])
     monkeypatch.setattr(demo, "trigger_and_wait", lambda ds, **kwargs: outcome)
+    monkeypatch.setattr(demo, "land_demo_data", lambda ds, **kwargs: None)
     lines: list[str] = []
     summary = demo.run_demo(ds="2026-11-22", echo=lines.append)
     written = (settings.home / "demo" / "summary.json").read_text()

@@ -76,7 +76,7 @@ def test_source_files_are_checked_and_names_are_unique(tmp_path: Path) -> None:
     path.write_text(SHOP_SOURCES)
     shop = sources.resolve("shop_clicks", path)
     assert (shop.format, shop.mapping.columns["item_id"]) == ("csv", "sku")
-    assert set(sources.registered_sources(path)) == {"generated", "ml100k", "shop_clicks"}
+    assert set(sources.registered_sources(path)) == {"generated", "landed", "ml100k", "shop_clicks"}
     path.write_text('[sources.generated]\nformat = "csv"\n')
     with pytest.raises(ValueError, match="'generated' .* is already registered"):
         sources.registered_sources(path)
@@ -86,7 +86,7 @@ def test_source_files_are_checked_and_names_are_unique(tmp_path: Path) -> None:
     path.write_text('[sources.shop]\ncolumns = { price = "p" }\n')
     with pytest.raises(ValueError, match=r"names \['price'\], not in the schema"):
         sources.registered_sources(path)
-    with pytest.raises(sources.UnknownSource, match="registered: generated, ml100k"):
+    with pytest.raises(sources.UnknownSource, match="registered: generated, landed, ml100k"):
         sources.resolve("nowhere", None)
 
 

@@ -14,7 +14,9 @@ import pytest
 
 from cascade.caption_tokenizer import CaptionTokenizer
 from cascade.config import Settings
+from cascade.errors import NothingLanded
 from cascade.lake import Lake
+from cascade.landing import land
 from jobs.multimodal_corpus_gate import MultimodalGateFailed
 from pipelines import multimodal as pipeline
 
@@ -92,8 +94,12 @@ def test_steps_build_train_evaluate_and_register_a_champion(
     settings: Settings, small_partition: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lake = Lake(settings.lake_root)
+    # The pipeline makes up no data: the generated batch is a named source, landed explicitly.
+    with pytest.raises(NothingLanded, match=f"nothing landed for {DS}"):
+        pipeline.corpus(DS, settings=settings)
+    land(lake, pipeline.IMAGES, DS, source="generated")
     corpus = pipeline.corpus(DS, settings=settings)
-    assert not corpus["producer_landed"]
+    assert not corpus["producer_landed"] and corpus["landed_from"] == "generated"
     assert corpus["landed"]["generated"] == 200 and corpus["landed"]["tuxpaint"] > 0
     assert corpus["splits"]["test"] >= 2 and corpus["splits"]["train"] >= 32
     assert (
