@@ -4,8 +4,9 @@
 events of the run's one partition, so a redelivered or coalesced event never does the work twice,
 and returns the partition) followed by one task per step, chained in order, each calling
 :func:`cascade.step_runner.run_step` (what the DVC stage and ``cascade step`` call too). A
-pipeline with a trigger runs on its cron or its Kafka-watched asset, whichever comes first, and
-has ``next_partitions`` beside the steps: each partition its events name gets its own run.
+pipeline with a trigger runs on its cron or its Kafka-watched asset, whichever comes first; one
+chained by data (``after``) on the other pipelines' assets too. Both have ``next_partitions``
+beside the steps: each partition their events or upstream assets name gets its own run.
 
 Imported by the DAG processor at parse time, so nothing heavy here.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from cascade.assets import TOPIC_RUN_FAILED
@@ -68,18 +69,28 @@ def partition_param() -> Any:
     )
 
 
-def upstream_partition(context: Mapping[str, Any], after: Sequence[str]) -> str | None:
-    """The ``ds`` of the newest triggering event of an ``after`` asset (another pipeline's
-    output, see :func:`_step_task`), or None when none of them started the run."""
-    triggering = context.get("triggering_asset_events") or {}
-    found: list[tuple[Any, str]] = []
-    for key in triggering:
-        for event in triggering[key]:
-            uri = getattr(getattr(event, "asset", None), "uri", None)
-            ds = (getattr(event, "extra", None) or {}).get("ds")
-            if uri in after and isinstance(ds, str):
-                found.append((event.timestamp, ds))
-    return max(found)[1] if found else None
+RUN_QUEUE_URI = "cascade://pipelines/{pipeline}/next-run"
+"""The asset of a pipeline chained only by data (``after``, no Kafka trigger) that its
+``next_partitions`` task updates to queue its next run (a triggered pipeline updates its
+watched asset instead)."""
+
+
+def run_queue_asset(spec: Pipeline) -> Any | None:
+    """The asset whose update queues ``spec``'s next run (:func:`next_partitions_task`), the
+    claim step's inlet: the Kafka-watched asset of a triggered pipeline, a plain asset of its
+    own for one chained only by data, None for a cron-only pipeline (its runs claim nothing)."""
+    from airflow.sdk import Asset
+
+    if spec.trigger is not None:
+        return watched_asset(
+            spec.trigger.asset,
+            watcher=spec.trigger.watcher,
+            selectors=spec.trigger.selectors,
+            dead_letter=spec.trigger.dead_letter,
+        )
+    if spec.after:
+        return Asset(RUN_QUEUE_URI.format(pipeline=spec.name))
+    return None
 
 
 SCHEDULED_RUN_TYPES = ("scheduled", "DagRunType.SCHEDULED")
@@ -92,15 +103,17 @@ def _resolve_task(spec: Pipeline, asset: Any | None) -> Any:
 
     lag = spec.partition_lag_days
     after = tuple(spec.after)
+    watched = spec.trigger is not None
     unbuildable = spec.trigger.unbuildable if spec.trigger is not None else None
 
     @task(
         task_id="resolve_partition",
         inlets=[asset] if asset is not None else [],
-        doc_md="Claims the Kafka events of one partition (a redelivered or coalesced event "
-        "skips the run; an event whose partition cannot be built is dead-lettered) and returns "
-        "the partition date the steps work on: the form's `ds`, the upstream data's, a "
-        "scheduled run's own date, or else the oldest partition the events name.",
+        doc_md="Claims the events of one partition, Kafka's and the partitions upstream "
+        "pipelines published (a redelivered or coalesced event, or an upstream partition this "
+        "DAG built already, skips the run; an event whose partition cannot be built is "
+        "dead-lettered) and returns the partition date the steps work on: the form's `ds`, a "
+        "scheduled run's own date, or else the oldest partition waiting.",
     )
     def resolve_partition(**context: Any) -> str:
         from cascade.event_ledger import claim_for_run, run_partition
@@ -108,16 +121,21 @@ def _resolve_task(spec: Pipeline, asset: Any | None) -> Any:
 
         dag_run = context["dag_run"]
         requested = (context.get("params") or {}).get(PARTITION_PARAM)
-        upstream = upstream_partition(context, after)
         # A run triggered from the form (or `airflow dags trigger -c '{"ds": ...}'`) is a
-        # backfill of that partition; one started by another pipeline's data works on its
-        # partition; a cron run on its own date. Each claims only that partition's events.
-        fixed = check_ds(str(requested)) if requested else upstream and check_ds(upstream)
+        # backfill of that partition; a cron run works on its own date. Each claims only that
+        # partition's events; any other run, the oldest partition waiting.
+        fixed = check_ds(str(requested)) if requested else None
         if fixed is None and str(getattr(dag_run, "run_type", "")) in SCHEDULED_RUN_TYPES:
             fixed = run_partition(dag_run, lag_days=lag)
         if asset is not None:
             claim = claim_for_run(
-                context, asset, partition=fixed, lag_days=lag, unbuildable=unbuildable
+                context,
+                asset,
+                partition=fixed,
+                lag_days=lag,
+                unbuildable=unbuildable,
+                after=after,
+                coalesce=watched,
             )
             # The claimed events' one partition (the run's own date when they name none).
             fixed = fixed or claim.partition
@@ -142,7 +160,10 @@ def next_partitions_task(asset: Any, *, claim_task: str = "resolve_partition") -
     which starts after this one (``max_active_runs=1``) and claims the next partition. A
     partition's run keeps every downstream key as it was (one ``ds`` per run: links, reports,
     the run-failed event, the data assets it publishes), which mapping the steps over the
-    partitions in one run would not; and a failure fails only its own partition's run.
+    partitions in one run would not; and a failure fails only its own partition's run. The
+    partitions that upstream pipelines publish (``after``) arrive the same way, folded into one
+    run, and are dealt out the same way: the ledger keeps those a run does not take, and a
+    pipeline with no watched asset updates its own queue asset (:func:`run_queue_asset`).
     Skipped when nothing else is waiting, so the asset is updated only then."""
     from airflow.sdk import task
     from airflow.sdk.exceptions import AirflowSkipException
@@ -314,8 +335,8 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
 
 
 def _schedule(spec: Pipeline, asset: Any | None, *, cron_on: bool = True) -> Any:
-    """Cron or any of the watched assets: the Kafka trigger's and the upstream ``after`` ones
-    (cron off in test stacks: ``CASCADE_AIRFLOW_SCHEDULES=0``)."""
+    """Cron or any of the watched assets: the run queue's (:func:`run_queue_asset`) and the
+    upstream ``after`` ones (cron off in test stacks: ``CASCADE_AIRFLOW_SCHEDULES=0``)."""
     from airflow.sdk import Asset, AssetAny, AssetOrTimeSchedule, CronTriggerTimetable
 
     watched = [*([asset] if asset is not None else []), *(Asset(uri) for uri in spec.after)]
@@ -349,17 +370,7 @@ def build_dag(spec: Pipeline) -> Any:
     from cascade.event_ledger import release_failed_run
 
     spec, cron_on = _stack_overrides(spec)
-
-    asset = (
-        None
-        if spec.trigger is None
-        else watched_asset(
-            spec.trigger.asset,
-            watcher=spec.trigger.watcher,
-            selectors=spec.trigger.selectors,
-            dead_letter=spec.trigger.dead_letter,
-        )
-    )
+    asset = run_queue_asset(spec)
 
     @dag(
         dag_id=spec.name,

@@ -15,11 +15,12 @@ import logging
 import sqlite3
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from cascade.assets import TOPIC_DATA_LANDED
 from cascade.config import Settings, load_settings
 from cascade.events import MAX_NAME_CHARS, Event, InvalidEvent, dead_letter_event, parse_event
 
@@ -132,12 +133,14 @@ DEAD_LETTERED = "cascade:dead-lettered"
 
 
 class Released(NamedTuple):
-    """An event a failed run gave back, waiting for a later run (:meth:`ClaimLedger.released`)."""
+    """An event waiting in the ledger for a later run (:meth:`ClaimLedger.released`): a failed
+    run gave it back, or a run that took another partition kept it (:meth:`ClaimLedger.keep`)."""
 
     event: dict[str, Any]
     releases: int
-    """How many failed runs have given it back."""
+    """How many failed runs have given it back (0: kept, never claimed yet)."""
     last_run_id: str
+    """The run that last gave it back, or that kept it."""
 
 
 class ClaimLedger(ABC):
@@ -166,7 +169,17 @@ class ClaimLedger(ABC):
 
     @abstractmethod
     def released(self, dag_id: str) -> dict[str, Released]:
-        """Event id -> the event failed runs gave back and no run has claimed since."""
+        """Event id -> the event failed runs gave back, or a run kept, that no run has claimed
+        since."""
+
+    @abstractmethod
+    def keep(self, *, dag_id: str, run_id: str, events: Iterable[Mapping[str, Any]]) -> list[str]:
+        """Keep ``events`` for later runs (:meth:`released` lists them, with no release yet),
+        because nothing else stores them: the upstream partitions an asset-triggered run saw
+        (:func:`upstream_events`). An event a run owns stays that run's (its partition is built
+        or being built: a repeat builds nothing); one dead-lettered before, or given back by
+        failed runs, waits again with a fresh count (its upstream published it again, as a
+        dead letter's advice asks). Returns the ids kept."""
 
     @abstractmethod
     def run_events(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
@@ -311,6 +324,30 @@ class EventLedger(ClaimLedger):
             event_id: Released(json.loads(body), int(releases), last)
             for event_id, body, releases, last in rows
         }
+
+    def keep(self, *, dag_id: str, run_id: str, events: Iterable[Mapping[str, Any]]) -> list[str]:
+        now = dt.datetime.now(dt.UTC).isoformat()
+        kept: list[str] = []
+        with self._write() as db:
+            for event_id, event in _unique_events(events).items():
+                owner = db.execute(
+                    "SELECT run_id FROM claims WHERE dag_id = ? AND event_id = ?",
+                    (dag_id, event_id),
+                ).fetchone()
+                if owner is not None and owner[0] != DEAD_LETTERED:
+                    continue
+                db.execute(
+                    "DELETE FROM claims WHERE dag_id = ? AND event_id = ?", (dag_id, event_id)
+                )
+                db.execute(
+                    "INSERT INTO released VALUES (?, ?, ?, 0, ?, ?)"
+                    " ON CONFLICT (dag_id, event_id) DO UPDATE SET releases = 0,"
+                    " event_json = excluded.event_json, last_run_id = excluded.last_run_id,"
+                    " released_at = excluded.released_at",
+                    (dag_id, event_id, _body(event), run_id, now),
+                )
+                kept.append(event_id)
+        return kept
 
     def run_events(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         with self._connect() as db:
@@ -528,6 +565,39 @@ class PostgresEventLedger(ClaimLedger):
             for event_id, body, releases, last in self._transaction(work)
         }
 
+    def keep(self, *, dag_id: str, run_id: str, events: Iterable[Mapping[str, Any]]) -> list[str]:
+        from psycopg2.extras import execute_values
+
+        unique = _unique_events(events)
+        if not unique:
+            return []
+
+        def work(cur: Any) -> list[str]:
+            ids = sorted(unique)
+            cur.execute(
+                f"DELETE FROM {self.TABLE} WHERE dag_id = %s AND event_id = ANY(%s)"
+                " AND run_id = %s",
+                (dag_id, ids, DEAD_LETTERED),
+            )
+            cur.execute(
+                f"SELECT event_id FROM {self.TABLE} WHERE dag_id = %s AND event_id = ANY(%s)",
+                (dag_id, ids),
+            )
+            owned = {event_id for (event_id,) in cur.fetchall()}
+            rows = [(dag_id, i, _body(unique[i]), 0, run_id) for i in ids if i not in owned]
+            if rows:
+                execute_values(
+                    cur,
+                    f"INSERT INTO {self.RELEASED_TABLE} (dag_id, event_id, event_json, releases,"
+                    " last_run_id) VALUES %s ON CONFLICT (dag_id, event_id) DO UPDATE SET"
+                    " releases = 0, event_json = excluded.event_json,"
+                    " last_run_id = excluded.last_run_id, released_at = now()",
+                    rows,
+                )
+            return [row[1] for row in rows]
+
+        return list(self._transaction(work))
+
     def run_events(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         def work(cur: Any) -> list[tuple[Any, ...]]:
             cur.execute(
@@ -647,6 +717,42 @@ def named_path(event: Mapping[str, Any]) -> str | None:
     return str(where) if where else None
 
 
+UPSTREAM_ID_PREFIX = "after:"
+"""Id prefix of the event standing for an upstream partition (:func:`upstream_events`)."""
+
+
+def upstream_events(asset_events: Iterable[Any], after: Collection[str]) -> list[dict[str, Any]]:
+    """One event per distinct partition that the asset events of ``after`` (other pipelines'
+    published data: :attr:`~cascade.pipeline_spec.Pipeline.after`) name in their ``ds``, so
+    the claim step deals them out one partition per run as it deals Kafka events.
+
+    Each is a ``cascade.data.landed`` event (dataset: the asset's URI, source: the pipeline
+    that published it) with the id ``after:DS``: an id per partition, not per asset event, so
+    an upstream that publishes a partition again finds it claimed by the run that built it and
+    starts no second build. Asset events of other assets, or without a valid ``ds``, give none.
+    """
+    found: dict[str, dict[str, Any]] = {}
+    for asset_event in asset_events:
+        uri = getattr(getattr(asset_event, "asset", None), "uri", None)
+        extra = getattr(asset_event, "extra", None) or {}
+        ds = extra.get("ds") if isinstance(extra, Mapping) else None
+        if uri not in after or not isinstance(ds, str) or UPSTREAM_ID_PREFIX + ds in found:
+            continue
+        source = extra.get("pipeline")
+        try:
+            event = Event(
+                id=UPSTREAM_ID_PREFIX + ds,
+                type=TOPIC_DATA_LANDED,
+                time=getattr(asset_event, "timestamp", None) or dt.datetime.now(dt.UTC),
+                source=source if isinstance(source, str) and source else "airflow",
+                payload={"dataset": uri, "partition": ds},
+            )
+            found[event.id] = json.loads(parse_event(event.model_dump_json()).model_dump_json())
+        except (InvalidEvent, ValueError) as exc:  # pydantic's errors are ValueErrors
+            log.warning("asset event of %s names no partition to build (%s): ignored", uri, exc)
+    return list(found.values())
+
+
 def future_partition(ds: str, today: dt.date) -> str | None:
     """Why ``ds`` cannot be built yet because its day lies ahead (None when it does not)."""
     if dt.date.fromisoformat(ds) <= today:
@@ -703,12 +809,19 @@ def claim_run_events(
     default_partition: str | None = None,
     unbuildable: Unbuildable | None = None,
     dead_letter: DeadLetterSink | None = None,
+    upstream: Sequence[Mapping[str, Any]] = (),
     today: dt.date | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Claim:
     """Claim the events of one partition for the run, out of its triggering events, every
-    unclaimed event the asset received (after the burst went quiet) and every event a failed
-    run gave back (kept by the ledger, however old). ``recent=None`` skips the coalescing wait.
+    unclaimed event the asset received (after the burst went quiet) and every event the ledger
+    keeps (failed runs gave them back, or earlier runs kept them; however old). ``recent=None``
+    skips the coalescing wait.
+
+    - ``upstream`` (:func:`upstream_events`: the partitions other pipelines published) are kept
+      in the ledger first (:meth:`ClaimLedger.keep`), since no asset re-reads them: those this
+      run does not take wait there for the runs :attr:`Claim.pending` queues. One whose
+      partition a run of this DAG built (or is building) is taken, never built again.
 
     - Events that are not valid today are not claimed (:attr:`Claim.refused` says why).
     - An event without a partition counts as ``default_partition`` (the run's own date).
@@ -722,6 +835,10 @@ def claim_run_events(
     - :attr:`Claim.pending` lists the other partitions still waiting, each another run's work.
     """
     events = [e for e in map(event_from_extra, triggering_extras) if e is not None]
+    if upstream:
+        kept = ledger.keep(dag_id=dag_id, run_id=run_id, events=upstream)
+        log.info("upstream partitions kept for a run: %s", sorted(kept))
+        events.extend(dict(event) for event in upstream)
     if recent is not None:
         for _ts, extra in wait_until_quiet(recent, config, sleep=sleep):
             event = event_from_extra(extra)
@@ -835,14 +952,19 @@ def claim_for_run(
     partition: str | None = None,
     lag_days: int = 0,
     unbuildable: Unbuildable | None = None,
+    after: Collection[str] = (),
+    coalesce: bool = True,
     settings: Settings | None = None,
     config: CoalesceConfig | None = None,
 ) -> Claim:
     """Claim the events of one partition for the running Airflow task's DAG run (``asset``
     must be an inlet): ``partition`` when the run has one of its own, else the oldest waiting
-    (:func:`claim_run_events`). Events whose partition cannot be built are dead-lettered on the
-    broker's dead-letter topic, as the watchers' are. The partitions still waiting are left in
-    the task's XCom :data:`PENDING_XCOM_KEY` for the task that queues the next run.
+    (:func:`claim_run_events`). The partitions that the triggering events of the ``after``
+    assets name count as events too (:func:`upstream_events`). ``coalesce`` waits for the
+    asset's burst to go quiet (an asset no watcher feeds has no burst). Events whose partition
+    cannot be built are dead-lettered on the broker's dead-letter topic, as the watchers' are.
+    The partitions still waiting are left in the task's XCom :data:`PENDING_XCOM_KEY` for the
+    task that queues the next run.
 
     Raises Airflow's skip exception when an asset-triggered run has nothing left to claim: its
     events were redelivered copies or were coalesced into another run, so its work is done."""
@@ -852,8 +974,8 @@ def claim_for_run(
     config = config or coalesce_config_from_env()
     dag_run = context["dag_run"]
     triggering = context.get("triggering_asset_events") or {}
-    extras = [event.extra for batch in triggering.values() for event in batch]
-    inlet_events = context["inlet_events"]
+    asset_events = [event for batch in triggering.values() for event in batch]
+    extras = [event.extra for event in asset_events]
 
     # The first read covers the lookback; later reads only the last REREAD_S (events can commit
     # a little after their timestamp), merged by asset event id: re-reading thousands of
@@ -863,7 +985,7 @@ def claim_for_run(
 
     def recent(since: dt.datetime) -> list[tuple[dt.datetime, Any]]:
         start = max(since, newest[0] - dt.timedelta(seconds=REREAD_S)) if newest else since
-        for event in inlet_events[asset].after(start.isoformat()):
+        for event in context["inlet_events"][asset].after(start.isoformat()):
             key = getattr(event, "id", None) or (
                 event.timestamp,
                 json.dumps(event.extra, default=str),
@@ -877,13 +999,14 @@ def claim_for_run(
         dag_id=dag_run.dag_id,
         run_id=dag_run.run_id,
         triggering_extras=extras,
-        recent=recent,
+        recent=recent if coalesce else None,
         ledger=ClaimLedger.for_settings(settings),
         config=config,
         partition=partition,
         default_partition=run_partition(dag_run, lag_days=lag_days),
         unbuildable=unbuildable,
         dead_letter=_publish_dead_letters(settings),
+        upstream=upstream_events(asset_events, after),
     )
     log.info(
         "run %s claimed %d new event(s), %d from an earlier try, of partition %s; %d owned by "
@@ -907,7 +1030,8 @@ def claim_for_run(
         owners = sorted(set(claim.taken.values()))
         raise AirflowSkipException(
             f"nothing to do: {len(claim.taken)} triggering event(s) already claimed by "
-            f"{owners[:5]} (redelivered or coalesced), {len(claim.refused)} invalid, "
+            f"{owners[:5]} (redelivered, coalesced, or their partition built by that run), "
+            f"{len(claim.refused)} invalid, "
             f"{len(claim.dead_lettered)} dead-lettered (their partition cannot be built)"
         )
     return claim

@@ -236,8 +236,9 @@ class Pipeline:
     trigger: Trigger | None = None
     after: tuple[str, ...] = ()
     """Data assets other pipelines publish (their steps' ``outlets``) that start this one when
-    updated: chaining by data instead of by clock. A run they start works on the partition
-    the producing run worked on (the asset event carries its ``ds``)."""
+    updated: chaining by data instead of by clock. Each partition the producing runs worked on
+    (the asset event carries its ``ds``) is built by its own run, once
+    (:func:`cascade.event_ledger.upstream_events`)."""
     tags: tuple[str, ...] = ()
     settings: type | None = None
     """The pipeline's settings class (read from ``CASCADE_*`` variables; ``cascade config``)."""

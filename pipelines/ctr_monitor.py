@@ -1,9 +1,10 @@
 """Monitor of the served pre-ranking model: feature drift (PSI) and online AUC of a serving day.
 
 Runs daily at 01:00 UTC for the serving day that just ended (its logical date minus one day),
-and whenever a new pre-ranking champion is deployed (the champion asset), for its partition;
-publishes ``cascade.drift.detected`` and ``cascade.retrain.requested`` (which ``ctr_preranking``'s
-watcher turns into a retraining run) when a threshold is crossed. The same step from the shell:
+and whenever a new pre-ranking champion is deployed (the champion asset), for its partition
+(each such partition its own run, once); publishes ``cascade.drift.detected`` and
+``cascade.retrain.requested`` (which ``ctr_preranking``'s watcher turns into a retraining run)
+when a threshold is crossed. The same step from the shell:
 ``cascade step drift --pipeline ctr_monitor --ds 2026-11-22``.
 """
 

@@ -1,13 +1,14 @@
 """CTR pre-ranking: engine training set -> DeepSpeed -> compile -> registry -> serving.
 
 Chained by data: runs when ``ctr_cross`` publishes a partition of cross statistics (the asset
-its ``feast`` step updates), on that partition, and whenever a ``cascade.retrain.requested``
-(model preranking) event arrives on Kafka (Airflow's AssetWatcher with the shared-stream
-trigger: offsets committed after the asset event is stored). The training set is the clean
-impressions of the days before the partition, each joined point in time with the gate-passed
-statistics of its own day (:func:`jobs.ctr_training_set.pipeline_training_set`). The first
-task claims the run's event ids, so a redelivered event never does the work twice, and a burst
-coalesces into one run (see :mod:`cascade.event_ledger`). Each step is also
+its ``feast`` step updates), on that partition, each partition published its own run and built
+once, and whenever a ``cascade.retrain.requested`` (model preranking) event arrives on Kafka
+(Airflow's AssetWatcher with the shared-stream trigger: offsets committed after the asset event
+is stored). The training set is the clean impressions of the days before the partition, each
+joined point in time with the gate-passed statistics of its own day
+(:func:`jobs.ctr_training_set.pipeline_training_set`). The first task claims the run's event
+ids, so a redelivered event never does the work twice, and a burst coalesces into one run per
+partition (see :mod:`cascade.event_ledger`). Each step is also
 ``cascade step NAME --pipeline ctr_preranking --ds DS`` and a DVC stage.
 """
 
@@ -129,7 +130,7 @@ def score(request: Mapping[str, Any]) -> dict[str, Any]:
 PIPELINE = Pipeline(
     name="ctr_preranking",
     description=__doc__ or "",
-    # Chained by data: a run starts when ctr_cross publishes a partition (on that partition).
+    # Chained by data: a run starts when ctr_cross publishes a partition (one run for each).
     after=(ASSET_CTR_CROSS_FEATURES,),
     trigger=Trigger(
         asset=ASSET_CTR_DATA_LANDED,

@@ -72,8 +72,8 @@ def test_dag_tasks_are_the_steps_in_the_same_order(dagbag, pipeline: str) -> Non
     spec = PIPELINES[pipeline]
     steps = list(spec.step_names)
     tasks = [t.task_id for t in dag.topological_sort()]
-    # A triggered pipeline queues the next partition's run beside its steps.
-    queued = ["next_partitions"] if spec.trigger is not None else []
+    # A triggered or chained pipeline queues the next partition's run beside its steps.
+    queued = ["next_partitions"] if spec.trigger is not None or spec.after else []
     assert sorted(tasks) == sorted(["resolve_partition", *queued, *steps])
     assert [t for t in tasks if t != "next_partitions"] == ["resolve_partition", *steps]
     if queued:

@@ -190,12 +190,25 @@ def test_every_dag_has_an_owner_a_run_timeout_backoff_and_a_partition_param(dagb
             assert task.doc_md, f"{dag_id}.{task.task_id} has no doc_md"
 
 
-def test_a_manual_run_works_on_the_partition_it_names(dagbag) -> None:  # type: ignore[no-untyped-def]
+def monitor_run(run_type: str, logical_date: Any = None) -> Any:
+    """A ``ctr_monitor`` DAG run as its tasks see it."""
     import datetime as dt
     from types import SimpleNamespace
 
+    return SimpleNamespace(
+        dag_id="ctr_monitor",
+        run_id=f"{run_type}__1",
+        run_type=run_type,
+        logical_date=logical_date,
+        run_after=logical_date or dt.datetime.now(dt.UTC),
+    )
+
+
+def test_a_manual_run_works_on_the_partition_it_names(dagbag, settings) -> None:  # type: ignore[no-untyped-def]
+    import datetime as dt
+
     resolve = dagbag.dags["ctr_monitor"].get_task("resolve_partition").python_callable
-    run = SimpleNamespace(logical_date=dt.datetime(2026, 11, 25, 1, tzinfo=dt.UTC), run_after=None)
+    run = monitor_run("scheduled", dt.datetime(2026, 11, 25, 1, tzinfo=dt.UTC))
     assert resolve(params={"ds": None}, dag_run=run) == "2026-11-24"  # the day that just ended
     assert resolve(params={"ds": "2026-10-02"}, dag_run=run) == "2026-10-02"  # a backfill
     with pytest.raises(ValueError, match="YYYY-MM-DD"):
@@ -375,10 +388,11 @@ def test_the_last_step_logs_the_run_report_and_a_gate_links_its_data_docs(  # ty
 
 
 def test_the_monitor_starts_on_a_new_champion_for_the_partition_it_was_deployed_for(
-    dagbag, monkeypatch: pytest.MonkeyPatch
+    dagbag, settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
     """Chaining by data: a step's outlet event carries its partition, and a pipeline started by
-    it (``Pipeline.after``) resolves that partition; a form run's own ds still wins."""
+    it (``Pipeline.after``) resolves that partition, the oldest first when several wait (each
+    its own run: tests/events/test_partition_runs.py); a form run's own ds still wins."""
     import datetime as dt
     from types import SimpleNamespace
 
@@ -393,7 +407,7 @@ def test_the_monitor_starts_on_a_new_champion_for_the_partition_it_was_deployed_
         return SimpleNamespace(asset=SimpleNamespace(uri=uri), extra={"ds": ds}, timestamp=when)
 
     resolve = monitor.get_task("resolve_partition").python_callable
-    run = SimpleNamespace(logical_date=dt.datetime(2026, 11, 25, 1, tzinfo=dt.UTC), run_after=None)
+    run = monitor_run("asset_triggered", dt.datetime(2026, 11, 25, 1, tzinfo=dt.UTC))
     champion = {
         "champion": [
             event(ASSET_PRERANKING_CHAMPION, "2026-11-21", 1),
@@ -402,9 +416,11 @@ def test_the_monitor_starts_on_a_new_champion_for_the_partition_it_was_deployed_
         "other": [event("file://elsewhere", "2026-11-01", 3)],
     }
     started = {"params": {"ds": None}, "dag_run": run, "triggering_asset_events": champion}
-    assert resolve(**started) == "2026-11-22"  # the newest champion's partition
-    assert resolve(**{**started, "params": {"ds": "2026-10-02"}}) == "2026-10-02"
-    assert resolve(params={"ds": None}, dag_run=run) == "2026-11-24"  # cron: the day before
+    assert resolve(**started) == "2026-11-21"  # the older champion's partition; 11-22 waits
+    form = {"params": {"ds": "2026-10-02"}, "dag_run": monitor_run("manual")}
+    assert resolve(**form) == "2026-10-02"
+    cron = monitor_run("scheduled", dt.datetime(2026, 11, 25, 1, tzinfo=dt.UTC))
+    assert resolve(params={"ds": None}, dag_run=cron) == "2026-11-24"  # cron: the day before
 
     # The producing side: the step task sets its outlet event's extra to its partition.
     import cascade.dag_factory

@@ -183,3 +183,34 @@ def test_the_cluster_ledger_keeps_released_events_for_retries_and_dead_letters(
     assert set(ledger.released(dag)) == {b["id"]}  # a dead-lettered one waits no more
     assert ledger.owners(dag)[c["id"]] == DEAD_LETTERED
     assert not ledger.claim(dag_id=dag, run_id="r3", events=[c]).has_work
+
+
+def test_the_cluster_ledger_keeps_upstream_partitions_as_the_sqlite_one_does(
+    cluster: Settings, tmp_path: Path
+) -> None:
+    """Upstream partitions a run saw wait in PostgreSQL for their own runs; one a run owns
+    stays its own; a dead-lettered or released one waits again with a fresh count."""
+    from cascade.event_ledger import DEAD_LETTERED
+
+    def upstream(ds: str) -> dict[str, Any]:
+        return {**landed(), "id": f"after:{ds}"}
+
+    for ledger in (ClaimLedger.for_settings(cluster), EventLedger(tmp_path / "ledger.sqlite")):
+        dag = "kept"
+        a, b, c = upstream("2026-11-20"), upstream("2026-11-21"), upstream("2026-11-22")
+        ledger.claim(dag_id=dag, run_id="r1", events=[a])
+        assert ledger.keep(dag_id=dag, run_id="r1", events=[a, b, b]) == [b["id"]]
+        waiting = ledger.released(dag)
+        assert set(waiting) == {b["id"]} and waiting[b["id"]] == (b, 0, "r1")
+        ledger.claim(dag_id=dag, run_id="r2", events=[b])
+        ledger.release(dag_id=dag, run_id="r2")
+        assert ledger.released(dag)[b["id"]].releases == 1
+        ledger.dead_letter(dag, [c])
+        assert ledger.owners(dag)[c["id"]] == DEAD_LETTERED
+        assert sorted(ledger.keep(dag_id=dag, run_id="r3", events=[a, b, c])) == [
+            b["id"],
+            c["id"],
+        ]
+        waiting = ledger.released(dag)
+        assert {i: w.releases for i, w in waiting.items()} == {b["id"]: 0, c["id"]: 0}
+        assert ledger.owners(dag) == {a["id"]: "r1"}, type(ledger).__name__

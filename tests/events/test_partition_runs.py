@@ -1,7 +1,9 @@
 """Every partition its own run: the claim step takes the events of one partition, queues a run
 for the others, dead-letters events whose partition cannot be built, leaves a cron run on its
-own date and retries what failed runs gave back, however old. Through the watchers' in-memory
-stream, the SQLite ledger and the generated DAG's own task functions (no Airflow server)."""
+own date and retries what failed runs gave back, however old; the partitions an upstream
+pipeline published (``Pipeline.after``) are dealt out the same way, and one this DAG built is
+not built again. Through the watchers' in-memory stream, the SQLite ledger and the generated
+DAG's own task functions (no Airflow server)."""
 
 from __future__ import annotations
 
@@ -13,15 +15,22 @@ from typing import Any
 
 import pytest
 
-from cascade.assets import ASR_EVENT_SELECTORS, TOPIC_DATA_LANDED
+from cascade.assets import (
+    ASR_EVENT_SELECTORS,
+    ASSET_CTR_CROSS_FEATURES,
+    ASSET_PRERANKING_CHAMPION,
+    TOPIC_DATA_LANDED,
+)
 from cascade.event_ledger import (
     DEAD_LETTER_RETRIES,
     DEAD_LETTER_UNBUILDABLE,
     DEAD_LETTERED,
     PENDING_XCOM_KEY,
+    UPSTREAM_ID_PREFIX,
     CoalesceConfig,
     EventLedger,
     claim_run_events,
+    upstream_events,
 )
 from cascade.events import Event, make_event, parse_event
 from cascade.lake import lake_from_settings, nothing_landed
@@ -115,12 +124,12 @@ class TaskInstance:
         return self.xcom.get(key)
 
 
-def asr_tasks() -> tuple[Any, Any]:
-    """The generated ``asr`` DAG's ``resolve_partition`` and ``next_partitions`` functions."""
+def dag_tasks(pipeline: str = "asr") -> tuple[Any, Any]:
+    """The generated DAG's ``resolve_partition`` and ``next_partitions`` functions."""
     from cascade.dag_factory import build_dag
     from cascade.pipeline_registry import registered_pipelines
 
-    dag = build_dag(registered_pipelines()["asr"])
+    dag = build_dag(registered_pipelines()[pipeline])
     return (
         dag.get_task("resolve_partition").python_callable,
         dag.get_task("next_partitions").python_callable,
@@ -133,10 +142,11 @@ def run_context(
     *,
     run_type: str = "asset_triggered",
     logical_date: dt.datetime | None = None,
+    dag_id: str = "asr",
 ) -> dict[str, Any]:
     return {
         "dag_run": SimpleNamespace(
-            dag_id="asr",
+            dag_id=dag_id,
             run_id=run_id,
             run_type=run_type,
             logical_date=logical_date,
@@ -162,7 +172,7 @@ def test_two_partitions_published_in_one_burst_start_two_runs_each_on_its_own_da
     land_speech(newer)
     burst = [speech(newer), speech(older), speech(newer), speech(older), speech(older)]
     stored = stored_through_the_watcher(burst)
-    resolve, next_partitions = asr_tasks()
+    resolve, next_partitions = dag_tasks()
 
     # The burst's run: the oldest partition's events only; the other waits for its own run,
     # which next_partitions queues by updating the DAG's own watched asset.
@@ -246,7 +256,7 @@ def test_a_cron_run_works_on_its_own_date_and_leaves_other_partitions_waiting(
     land_speech(other)
     on_own, on_other = speech(own), speech(other)
     stored = stored_through_the_watcher([on_other, on_own])
-    resolve, _ = asr_tasks()
+    resolve, _ = dag_tasks()
     midnight = dt.datetime.combine(TODAY - dt.timedelta(days=1), dt.time(4), dt.UTC)
     cron = run_context("scheduled__1", stored, run_type="scheduled", logical_date=midnight)
     # Not the events' oldest (or newest) partition: its own date, and only that date's event.
@@ -329,3 +339,135 @@ def test_an_event_naming_a_batch_elsewhere_is_claimed_and_a_missing_one_dead_let
     )
     assert claim.partition == day(-2) and [e["id"] for e in claim.new] == [elsewhere.id]
     assert "does not exist" in claim.dead_lettered[gone.id] and len(sent) == 1
+
+
+UPSTREAM = {"ctr_preranking": ASSET_CTR_CROSS_FEATURES, "ctr_monitor": ASSET_PRERANKING_CHAMPION}
+"""Each pipeline chained by data, and the asset of the upstream pipeline that starts it."""
+
+
+def published(uri: str, ds: str, minute: int = 0) -> SimpleNamespace:
+    """An upstream step's asset event as a run it triggered sees it: the extra names its
+    partition (what the producing step task sets)."""
+    return SimpleNamespace(
+        asset=SimpleNamespace(uri=uri),
+        extra={"ds": ds, "pipeline": "upstream", "step": "publish"},
+        timestamp=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=60 - minute),
+    )
+
+
+def run_queue_uri(pipeline: str) -> str:
+    """The asset the DAG's ``next_partitions`` task updates; the DAG is scheduled on it."""
+    from cascade.dag_factory import build_dag
+    from cascade.pipeline_registry import registered_pipelines
+
+    dag = build_dag(registered_pipelines()[pipeline])
+    (queue,) = dag.get_task("next_partitions").outlets
+    assert queue.uri in str(dag.timetable.asset_condition)
+    assert [a.uri for a in dag.get_task("resolve_partition").inlets] == [queue.uri]
+    return str(queue.uri)
+
+
+@pytest.mark.parametrize("pipeline", sorted(UPSTREAM))
+def test_two_upstream_partitions_in_one_runs_asset_events_start_two_runs_each_on_its_own(
+    home: Path, pipeline: str
+) -> None:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from cascade.event_ledger import ClaimLedger
+
+    uri, older, newer = UPSTREAM[pipeline], day(-3), day(-2)
+    queue = run_queue_uri(pipeline)
+    if pipeline == "ctr_monitor":  # no Kafka trigger: an asset of its own queues its runs
+        assert queue == f"cascade://pipelines/{pipeline}/next-run"
+    resolve, next_partitions = dag_tasks(pipeline)
+
+    # The upstream published two partitions (the newer, a backfill of the older, the newer
+    # again) before this pipeline started: Airflow folds them into one run's asset events.
+    first = run_context("asset_triggered__1", [], dag_id=pipeline)
+    first["triggering_asset_events"] = {
+        uri: [published(uri, newer, 1), published(uri, older, 2), published(uri, newer, 3)]
+    }
+    assert resolve(**first) == older  # not the newest: the oldest waiting
+    assert first["ti"].xcom[PENDING_XCOM_KEY] == [newer]
+    assert next_partitions(**first) == [newer]
+    assert first["outlet_events"][queue].extra == {"pending_partitions": [newer]}
+
+    # The run that update queued: no upstream event among its own, the ledger kept the other.
+    second = run_context("asset_triggered__2", [], dag_id=pipeline)
+    second["triggering_asset_events"] = {
+        queue: [
+            SimpleNamespace(
+                asset=SimpleNamespace(uri=queue), extra=first["outlet_events"][queue].extra
+            )
+        ]
+    }
+    assert resolve(**second) == newer
+    assert second["ti"].xcom[PENDING_XCOM_KEY] == []
+    with pytest.raises(AirflowSkipException, match="no other partition"):
+        next_partitions(**second)
+    assert ClaimLedger.for_settings().owners(pipeline) == {
+        UPSTREAM_ID_PREFIX + older: "asset_triggered__1",
+        UPSTREAM_ID_PREFIX + newer: "asset_triggered__2",
+    }
+
+
+def test_a_repeated_upstream_partition_is_built_by_one_run(home: Path) -> None:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    uri, ds = ASSET_PRERANKING_CHAMPION, day(-2)
+    resolve, next_partitions = dag_tasks("ctr_monitor")
+    first = run_context("asset_triggered__1", [], dag_id="ctr_monitor")
+    first["triggering_asset_events"] = {uri: [published(uri, ds, 1), published(uri, ds, 2)]}
+    assert resolve(**first) == ds
+    with pytest.raises(AirflowSkipException, match="no other partition"):
+        next_partitions(**first)
+    # The upstream publishes the partition again (its rerun): this DAG built it, no run builds
+    # it twice.
+    again = run_context("asset_triggered__2", [], dag_id="ctr_monitor")
+    again["triggering_asset_events"] = {uri: [published(uri, ds, 30)]}
+    with pytest.raises(AirflowSkipException, match=r"1 triggering event\(s\) already claimed"):
+        resolve(**again)
+    # A backfill from the form still rebuilds it: a person asked.
+    form = run_context("manual__3", [], run_type="manual", dag_id="ctr_monitor")
+    form["params"] = {"ds": ds}
+    assert resolve(**form) == ds
+
+
+def test_an_upstream_partition_a_run_failed_on_is_retried_and_published_again_revived(
+    home: Path,
+) -> None:
+    ledger = EventLedger(home / "ledger.sqlite")
+    uri, ds = ASSET_CTR_CROSS_FEATURES, day(-4)
+    config = CoalesceConfig(window_s=0, max_releases=2)
+    sent: list[Event] = []
+    upstream = upstream_events([published(uri, ds), published("file://other", day(-5))], (uri,))
+    assert [e["id"] for e in upstream] == [UPSTREAM_ID_PREFIX + ds]
+    payload = upstream[0]["payload"]
+    assert (payload["dataset"], payload["partition"], payload["path"]) == (uri, ds, None)
+
+    def claim(run_id: str, *events: dict[str, Any]) -> Any:
+        return claim_run_events(
+            dag_id="ctr_preranking",
+            run_id=run_id,
+            triggering_extras=[],
+            recent=None,
+            ledger=ledger,
+            config=config,
+            upstream=events,
+            dead_letter=sent.extend,
+        )
+
+    assert claim("r1", *upstream).partition == ds
+    ledger.release(dag_id="ctr_preranking", run_id="r1")  # the run failed
+    # No asset event names it any more: the ledger still does, and a later run retries it.
+    retry = claim("r2")
+    assert retry.partition == ds and [e["id"] for e in retry.new] == [UPSTREAM_ID_PREFIX + ds]
+    ledger.release(dag_id="ctr_preranking", run_id="r2")
+    dead = claim("r3")
+    assert "2 runs failed on partition" in dead.dead_lettered[UPSTREAM_ID_PREFIX + ds]
+    assert not dead.has_work and len(sent) == 1
+    # The cause fixed, the upstream publishes the partition again: it waits with a fresh count.
+    revived = claim("r4", *upstream)
+    assert revived.partition == ds and [e["id"] for e in revived.new] == [UPSTREAM_ID_PREFIX + ds]
+    assert not claim("r5", *upstream).has_work  # built by r4: taken, not built again
+    assert ledger.owners("ctr_preranking") == {UPSTREAM_ID_PREFIX + ds: "r4"}
