@@ -637,7 +637,7 @@ def private_stack_env(home: Path, port: int) -> dict[str, str]:
 
 def run(out: Path, quick: bool) -> dict[str, Any]:
     from benchmarks import serving_cross_features as cross
-    from cascade.ctr_catalogue import read_newest_catalogue
+    from domains.ctr.catalogue import read_newest_catalogue
     from models.preranking.fields import FieldSet
     from models.preranking.synthetic_data import synthetic_training_frame
 

@@ -59,12 +59,12 @@ from kserve.model import BaseKServeModel
 from kserve.protocol.rest.server import RESTServer
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from cascade.allocator import keep_freed_memory
 from cascade.config import Settings, load_settings
 from cascade.tracking_auth import use_tracking_credentials
-from cascade.v2_codec import MalformedRequest
+from serving.allocator import keep_freed_memory
 from serving.guard import GuardPolicy, RequestGuard, internal_error_body, send_json
 from serving.metrics import TORCH_THREADS
+from serving.v2_codec import MalformedRequest
 
 # Not __name__: under ``python -m`` that is "__main__", which the "serving" logger misses.
 log = logging.getLogger("serving.server")

@@ -12,9 +12,9 @@ import mlflow
 import pandas as pd
 import pytest
 
-from cascade.caption_tokenizer import CaptionTokenizer
 from cascade.config import Settings
 from cascade.lake import Lake
+from domains.captions.tokenizer import CaptionTokenizer
 from jobs.multimodal_corpus_gate import MultimodalGateFailed
 from pipelines import multimodal as pipeline
 
