@@ -1,6 +1,6 @@
 """The pipeline's compile step: compile the model trained for a partition, gate it, record it.
 
-    cascade step compile --ds 2026-11-22
+    cascade step compile --pipeline ctr_preranking --ds 2026-11-22
 
 Runs after ``train`` and before ``register``: builds the request-shaped AOTInductor artifact of
 the trained pre-ranking model (the FSCD ColdPreRanker or the dense PreRanker, as the training

@@ -461,6 +461,7 @@ PIPELINE = Pipeline(
         name=MODEL_NAME,
         promotion=Promotion(metric="cer", higher_is_better=False, requires_compile_gate=True),
         score=score,
+        score_needs=("audio",),
     ),
     dvc_prefix="asr_",
     steps=(

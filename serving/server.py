@@ -70,9 +70,6 @@ from serving.v2_codec import MalformedRequest
 log = logging.getLogger("serving.server")
 
 
-REQUEST_LOG_ENV = "CASCADE_SERVING_REQUEST_LOG"
-
-
 def request_log_enabled() -> bool:
     return load_settings().serving.request_log
 
@@ -586,9 +583,6 @@ async def _serve_balanced(rest: RESTServer, listener: SharedListener) -> None:
     await BalancedServer(rest.config, listener).serve()
 
 
-WORKERS_ENV = "CASCADE_SERVING_WORKERS"
-
-
 def workers_from_env(env: Mapping[str, str] | None = None) -> int:
     return load_settings(env).serving.workers
 
@@ -693,9 +687,6 @@ def _worker(
     LocalModelServer(
         host=settings.host, http_port=listener.port, request_log=request_log, settings=settings
     ).start(models(), balance=listener)
-
-
-TORCH_THREADS_ENV = "CASCADE_SERVING_TORCH_THREADS"
 
 
 def set_torch_threads(env: dict[str, str] | None = None) -> int:
