@@ -390,7 +390,7 @@ def obtain_model(
 
 def held_out_split(corpus: Path, n_mels: int, limit: int | None) -> pd.DataFrame:
     """The corpus test split (held-out voices) with float32 features in column ``x``."""
-    from cascade.audio_features import features_of
+    from domains.speech.audio_features import features_of
 
     frame = pd.read_parquet(corpus / "shards" / "split=test").sort_values("utterance_id")
     # Repeats made by replicate_landing would count one utterance several times.
@@ -434,9 +434,9 @@ def error_rates(forward: Any, alphabet: Any, frame: pd.DataFrame) -> dict[str, A
 
 
 def cer_by_language(*rates: dict[str, Any]) -> dict[str, float]:
-    """CER per language (:func:`~cascade.audio_features.language_group`) over ``rates``'
+    """CER per language (:func:`~domains.speech.audio_features.language_group`) over ``rates``'
     transcripts together."""
-    from cascade.audio_features import language_group
+    from domains.speech.audio_features import language_group
     from models.asr.metrics import cer
 
     pairs: dict[str, tuple[list[str], list[str]]] = {}
@@ -475,7 +475,7 @@ def long_utterances(landing: Path, frame: pd.DataFrame) -> list[tuple[float, byt
     import io
     import wave
 
-    from cascade.audio_features import SAMPLE_RATE, decode_wav, resample
+    from domains.speech.audio_features import SAMPLE_RATE, decode_wav, resample
 
     audio = []
     for utterance_id in frame["utterance_id"]:
@@ -827,7 +827,7 @@ def _measure(
 ) -> dict[str, Any]:
     """Steps 4 and 5: accuracy and real-time factors of ``variants`` (int8 figures null when
     there is no int8 package)."""
-    from cascade.audio_features import decode_wav, log_mel, resample
+    from domains.speech.audio_features import decode_wav, log_mel, resample
     from models.asr.inference import transcribe
 
     frame, fp32_rates, int8_rates = rates_on(corpus)
@@ -926,7 +926,7 @@ def _measure(
 
 
 def _features(wav: bytes, n_mels: int) -> np.ndarray:
-    from cascade.audio_features import decode_wav, log_mel, resample
+    from domains.speech.audio_features import decode_wav, log_mel, resample
 
     samples, rate = decode_wav(wav)
     return log_mel(resample(samples, rate), n_mels)

@@ -152,7 +152,7 @@ def ledger_backend(settings: Settings, event_id: str) -> str | None:
 
 def online_store_keys(settings: Settings) -> tuple[str, int | None]:
     """The Feast online store's type and, for Redis, the keys its database holds."""
-    from cascade.feature_store import repo_config
+    from domains.ctr.feature_store import repo_config
 
     config = repo_config(settings).online_store
     if config.type != "redis":
@@ -185,10 +185,10 @@ def materialize_on_cluster(
     feature rows per second of the Spark job (scan included, Feast's apply excluded);
     ``materialize_workers`` the standalone workers whose executors wrote rows."""
     from benchmarks.online_materialize import PAIR, write_pair_partition
-    from cascade.feature_store import materialize_cross
     from cascade.lake import Lake
     from infra.spark_standalone import worker_dir
     from jobs import ctr_cross_stats as job
+    from jobs.ctr_cross_features import materialize_cross
     from jobs.online_materialize import SparkViewLoader
 
     write_pair_partition(Lake(settings.lake_root), rows, files, ds=MATERIALIZE_DS)

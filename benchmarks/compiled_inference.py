@@ -59,7 +59,6 @@ from sklearn.metrics import roc_auc_score
 from benchmarks.provenance import bench_repeats, weights_digest
 from cascade.compiled_packages import load_package
 from cascade.config import load_settings
-from cascade.ctr_schema import LABEL, MODEL_FEATURES
 from compilers.export import BF16_PASSES, compile_graph, torch_threads
 from compilers.gate import Request, held_out_requests
 from compilers.pipeline import DEFAULT_PASSES, PassContext
@@ -70,6 +69,7 @@ from compilers.preranking import (
     preranking_example,
 )
 from compilers.timing import interleaved_ms, interleaved_runs_ms
+from domains.ctr.schema import LABEL, MODEL_FEATURES
 from models.preranking.config_registry import get_config
 from models.preranking.model import PreRanker
 from models.preranking.synthetic_data import synthetic_training_frame

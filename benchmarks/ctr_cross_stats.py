@@ -43,7 +43,7 @@ size (:func:`pipeline_run`): its ``stats``, ``validate`` (the GX gate) and ``fea
 the DAG runs them, in a fresh home whose lake holds the log as a landed partition;
 ``pipeline_steps_s`` splits it. ``materialize_rows_per_s``: that ``feast`` step's load of every
 pair into the profile's online store (the local profile: the bulk writer,
-:mod:`cascade.online_bulk`, into SQLite): feature rows written per second of writing (Feast's
+:mod:`domains.ctr.online_bulk`, into SQLite): feature rows written per second of writing (Feast's
 apply excluded). Both only up to ``PIPELINE_MAX_IMPRESSIONS`` (null above, and
 ``pipeline_skipped_because`` says so); a run stopped at the gate has ``pipeline_gate_passed``
 false and the failed expectations in ``pipeline_gate_failed``. Every outcome reports the same

@@ -53,10 +53,6 @@ from models.multimodal.model import parameter_counts
 from models.multimodal.pairs import HELDOUT_TEMPLATES
 from models.multimodal.train import EXPERIMENT, THROUGHPUT_REPEATS, build_model, deepspeed_config
 
-CONFIG_ENV = "CASCADE_BENCH_MULTIMODAL_CONFIG"
-"""MoE config of the full run (default ``base``); ``--quick`` always uses ``debug``."""
-CORPUS_ENV = "CASCADE_BENCH_MULTIMODAL_CORPUS"
-"""A corpus folder to train on instead of generated pairs (optional)."""
 SKIP_REASONS = {
     "corpus": "CASCADE_BENCH_MULTIMODAL_SKIP=corpus: the corpus job's benchmark (a Spark "
     "session) is not run; cascade bench multimodal-corpus measures it on its own",

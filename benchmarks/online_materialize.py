@@ -9,7 +9,7 @@ A ``user_cat`` partition of ``--rows`` keys in the cross-statistics job's schema
 loaded into a private Redis of the cluster stack (free port, generated password) by each engine
 in turn, ``--repeats`` rounds, the order alternating, the database emptied before each load (so
 every load writes every key). ``rows_per_s``: feature rows written per second of writing
-(:func:`cascade.feature_store.materialize_cross`'s ``rows / write_s``: Feast's apply excluded;
+(:func:`jobs.ctr_cross_features.materialize_cross`'s ``rows / write_s``: Feast's apply excluded;
 for ``spark`` the Spark job's wall time, scan included). ``cpu_us_per_row``: CPU time of this
 process, the Spark JVM and (``spark``) the executors' Python workers, per row, and
 ``redis_cpu_us_per_row`` the Redis server's: on a machine whose cores are busy with other work
@@ -35,11 +35,11 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cascade import feature_store as fs
 from cascade.config import FeatureStoreSettings, Settings
 from cascade.data_services import redis_connection, redis_password_file
 from cascade.lake import Lake
 from cascade.state import write_secret
+from jobs import ctr_cross_features as cf
 from jobs import ctr_cross_stats as job
 from jobs.online_materialize import SparkViewLoader
 from jobs.spark_sessions import UTC_MICROS, build_session
@@ -165,7 +165,7 @@ def bench(rows: int, master: str, repeats: int, files: int) -> dict[str, Any]:
 
             def load(engine: str) -> dict[str, Any]:
                 client.flushdb()
-                return fs.materialize_cross(
+                return cf.materialize_cross(
                     DS,
                     settings=settings,
                     pairs=[PAIR],

@@ -1,5 +1,5 @@
 """Materialization into the local SQLite online store: the packed layout (one row per key,
-:mod:`cascade.online_packed`) beside Feast's layout (one row per key and feature), both
+:mod:`domains.ctr.online_packed`) beside Feast's layout (one row per key and feature), both
 written by the bulk engine from the same pair partition.
 
     .venv/bin/python -m benchmarks.online_sqlite --rows 1000000 --repeats 3 --out FILE
@@ -8,7 +8,7 @@ A ``user_cat`` partition of ``--rows`` keys in the cross-statistics job's schema
 ~15% of the values missing, ``--files`` parquet files; :func:`benchmarks.online_materialize.
 write_pair_partition`) is loaded into a fresh store of each layout in turn, ``--repeats``
 rounds, the order alternating. ``rows_per_s``: feature rows written per second of writing
-(:func:`cascade.feature_store.materialize_cross`'s ``rows / write_s``, Feast's apply excluded);
+(:func:`jobs.ctr_cross_features.materialize_cross`'s ``rows / write_s``, Feast's apply excluded);
 medians per layout, every run kept, ``packed_over_feast`` the ratio of the medians.
 ``store_mb``: the store file's size after the load.
 """
@@ -26,9 +26,10 @@ from typing import Any
 
 from benchmarks.online_materialize import DS, PAIR, write_pair_partition
 from benchmarks.provenance import provenance
-from cascade import feature_store as fs
 from cascade.config import Settings
 from cascade.lake import Lake
+from features.ctr import cross_views
+from jobs import ctr_cross_features as cf
 
 LAYOUTS = ("packed", "feast")
 
@@ -37,11 +38,11 @@ def load(home: Path, layout: str) -> dict[str, Any]:
     """One load of the partition in ``home``'s lake into a fresh store of ``layout``."""
     shutil.rmtree(home / "feast", ignore_errors=True)
     settings = Settings(home=home)
-    cross = fs.repo_module("ctr.cross_views")
+    cross = cross_views
     chosen = cross.ONLINE_LAYOUT
     cross.ONLINE_LAYOUT = layout
     try:
-        result = fs.materialize_cross(DS, settings=settings, pairs=[PAIR], engine="bulk")
+        result = cf.materialize_cross(DS, settings=settings, pairs=[PAIR], engine="bulk")
     finally:
         cross.ONLINE_LAYOUT = chosen
     result["store_mb"] = (home / "feast" / "online_store.db").stat().st_size / 2**20

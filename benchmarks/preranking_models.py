@@ -56,8 +56,6 @@ from models.preranking.config_registry import get_cascade_config
 from models.preranking.fields import FIELDS, FieldEncoder
 from models.preranking.model import ColdPreRanker
 
-CONFIG_ENV = "CASCADE_BENCH_PRERANKING_CONFIG"
-"""Cascade config of the full run (default ``ml100k``); ``--quick`` always uses ``debug``."""
 SCORING_SEED = 0
 """Torch seed of the (untrained) network the scoring cost is timed on."""
 TRAINED_MODEL_FILES = ("phases", "fscd_model")

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.provenance import provenance
-from cascade.allocator import keep_freed_memory
 from cascade.config import scoped_environ
+from serving.allocator import keep_freed_memory
 
 BENCHMARKS: dict[str, str] = {
     "events": "benchmarks.event_delivery:bench_events",

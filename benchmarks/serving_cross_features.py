@@ -10,9 +10,9 @@ pre-ranking server keys from a request alone (:data:`jobs.ctr_training_set.SERVE
 :data:`TRAIN_DAYS` days before it by the engine's DuckDB peer (:mod:`benchmarks.ctr_cross_duckdb`:
 the same columns, priors and rules as :mod:`jobs.ctr_cross_stats`, seconds instead of a Spark
 session), written where the engine writes them (``features/ctr_cross/generated/<pair>/dt=<day>/``)
-with each day's item catalogue (:mod:`cascade.ctr_catalogue`) and a gate verdict that says it
+with each day's item catalogue (:mod:`domains.ctr.catalogue`) and a gate verdict that says it
 was written by this setup (the Spark gate is not run), and partition ``ds`` is loaded into the
-online store by the bulk materializer (:func:`cascade.feature_store.materialize_cross`).
+online store by the bulk materializer (:func:`jobs.ctr_cross_features.materialize_cross`).
 
 The training set is the pipeline's (:func:`jobs.ctr_training_set.write_training_set`): each
 impression of the training days joined with its own day's partition, ``fields.json`` (the id
@@ -42,8 +42,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cascade.config import Settings
-from cascade.ctr_schema import LABEL, TIMESTAMP
 from cascade.lake import TRAINING_PROVENANCE, Lake
+from domains.ctr.schema import LABEL, TIMESTAMP
 
 SOURCE = "generated"
 """The log source whose engine partitions the benchmarks write and serve."""
@@ -116,9 +116,9 @@ def publish_engine_partitions(
     and bulk-load partition ``ds`` into the online store; returns what was done and how long
     it took."""
     from benchmarks import ctr_cross_duckdb
-    from cascade.feature_store import materialize_cross
     from cascade.partitions import days_before
     from jobs import ctr_cross_stats as job
+    from jobs.ctr_cross_features import materialize_cross
     from jobs.ctr_training_set import SERVED_PAIRS
 
     started = time.monotonic()

@@ -99,9 +99,6 @@ USERS, ITEMS = 943, 1_682
 LOG_ROWS = 40_000
 GOAL_P99_MS = 15.0
 
-MODEL_ENV = "CASCADE_BENCH_SERVING_MODEL"
-"""``fscd`` or ``cold``: the network the benchmark serves (default: the pipeline's
-``CASCADE_PRERANKING_MODEL``, i.e. the FSCD pre-ranker)."""
 SERVED_KINDS = ("fscd", "cold")
 """The networks that read the engine's fields (the dense ``mlp`` reads the MovieLens-shaped
 contract the pipeline no longer builds)."""
@@ -637,7 +634,7 @@ def private_stack_env(home: Path, port: int) -> dict[str, str]:
 
 def run(out: Path, quick: bool) -> dict[str, Any]:
     from benchmarks import serving_cross_features as cross
-    from cascade.ctr_catalogue import read_newest_catalogue
+    from domains.ctr.catalogue import read_newest_catalogue
     from models.preranking.fields import FieldSet
     from models.preranking.synthetic_data import synthetic_training_frame
 

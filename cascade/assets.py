@@ -32,7 +32,6 @@ set ``enable.auto.commit=false`` so offsets are committed only after events are 
 
 ASSET_CTR_DATA_LANDED = "kafka://cascade/cascade.data.landed/ctr"
 """New impression data (or a retrain request) for the CTR pipeline; fed by the Kafka watcher."""
-ASSET_CTR_FEATURES = "file://cascade/lake/features/ctr"
 ASSET_PRERANKING_CHAMPION = "mlflow://cascade/models/preranking/champion"
 ASSET_SPEECH_DATA_LANDED = "kafka://cascade/cascade.data.landed/speech"
 """New speech data (or an ASR retrain request) for the ``asr`` pipeline."""
@@ -51,8 +50,6 @@ to account for every event id without running the full pipeline."""
 
 EVENT_TRIGGER = "cascade.event_trigger.CascadeEventTrigger"
 """The watcher trigger (importable in the triggerer: it lives in the installed package)."""
-EVENT_APPLY_FUNCTION = "cascade.event_trigger.to_asset_event"
-"""Dotted path for Airflow's plain ``MessageQueueTrigger`` (kept for callers of the old path)."""
 
 CTR_EVENT_SELECTORS = ("cascade.retrain.requested:model=preranking",)
 """Events that start ``ctr_preranking`` (``TYPE`` or ``TYPE:payload_field=value``); new data

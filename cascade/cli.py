@@ -1,10 +1,9 @@
 """The ``cascade`` command.
 
 cascade pipelines [--json | --markdown | --write | --check]
-cascade step NAME --pipeline PIPELINE --ds YYYY-MM-DD
+cascade step NAME [--pipeline PIPELINE] --ds YYYY-MM-DD
 cascade land DATASET [PATH] --ds YYYY-MM-DD [--format FORMAT | --source NAME] [--replace]
-cascade score --model preranking --user 1 --items 10 20 30
-cascade score --model asr --audio clip.wav
+cascade score --model MODEL [--user ID --items ID ... | --audio FILE.wav]
 cascade rollback --model MODEL [--reason TEXT] [--expect-version V]
 cascade events publish cascade.data.landed --dataset ml100k --partition 2026-11-22
 cascade events dead-letters
@@ -36,7 +35,8 @@ from cascade.errors import NotReady, UsageError
 from cascade.pipeline_registry import registered_models, registered_pipelines
 
 COMMANDS_GROUP = "cascade.commands"
-DEFAULT_PIPELINE = "ctr_preranking"
+SCORE_FIELDS = ("user", "items", "audio")
+"""The request fields of ``cascade score`` (a model's ``score_needs`` names the ones it needs)."""
 EXIT_FAILED, EXIT_USAGE, EXIT_NOT_READY = 1, 2, 3
 
 
@@ -94,11 +94,10 @@ def cmd_step(args: argparse.Namespace) -> int:
     from cascade.pipeline_registry import get_pipeline
     from cascade.step_runner import knob_environment, run_step
 
-    spec = get_pipeline(args.pipeline)
+    spec = get_pipeline(args.pipeline or _pipeline_of(args.name))
     if args.name not in spec.step_names:
         raise UsageError(
-            f"unknown {args.pipeline} step {args.name!r}; choose one of "
-            f"{', '.join(spec.step_names)}"
+            f"unknown {spec.name} step {args.name!r}; choose one of {', '.join(spec.step_names)}"
         )
     try:
         check_ds(args.ds)
@@ -114,7 +113,7 @@ def cmd_step(args: argparse.Namespace) -> int:
         knob_environment(spec.step(args.name), params)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    print(json.dumps(run_step(args.name, args.ds, args.pipeline, params), indent=2, default=str))
+    print(json.dumps(run_step(args.name, args.ds, spec.name, params), indent=2, default=str))
     return 0
 
 
@@ -148,6 +147,19 @@ def cmd_land(args: argparse.Namespace) -> int:
         counts = ", ".join(f"{k} {v:,}" for k, v in record["counts"].items())
         print(f"landed {args.dataset} dt={args.ds} at {record['landed']} ({counts})")
     return 0
+
+
+def _pipeline_of(step: str) -> str:
+    """The one registered pipeline with a step of that name (``--pipeline`` names it when
+    several have one)."""
+    pipelines = registered_pipelines()
+    owners = [name for name, spec in pipelines.items() if step in spec.step_names]
+    if len(owners) == 1:
+        return owners[0]
+    if not owners:
+        steps = "; ".join(f"{name}: {', '.join(p.step_names)}" for name, p in pipelines.items())
+        raise UsageError(f"no pipeline has a step {step!r}; steps per pipeline: {steps}")
+    raise UsageError(f"pipelines {', '.join(owners)} each have a step {step!r}; pass --pipeline")
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -233,11 +245,11 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
 def cmd_score(args: argparse.Namespace) -> int:
     spec = registered_models()[args.model]
     assert spec.model is not None and spec.model.score is not None
-    if args.model == "asr" and not args.audio:
-        raise UsageError("--model asr needs --audio FILE.wav")
-    if args.model != "asr" and (args.user is None or not args.items):
-        raise UsageError(f"--model {args.model} needs --user ID and --items ID [ID ...]")
-    request = {"user": args.user, "items": args.items, "audio": args.audio}
+    request = {name: getattr(args, name) for name in SCORE_FIELDS}
+    missing = [name for name in spec.model.score_needs if request.get(name) in (None, [], "")]
+    if missing:
+        flags = " and ".join(f"--{name}" for name in missing)
+        raise UsageError(f"--model {args.model} needs {flags}")
     print(json.dumps(spec.model.score(request), indent=2, default=str))
     return 0
 
@@ -322,9 +334,8 @@ def _add_core_commands(sub: Any) -> None:
     step.add_argument("--ds", required=True, help="partition date YYYY-MM-DD")
     step.add_argument(
         "--pipeline",
-        default=DEFAULT_PIPELINE,
         choices=tuple(pipelines),
-        help=f"the DAG whose step it is (default {DEFAULT_PIPELINE})",
+        help="the DAG whose step it is (needed when several pipelines have a step of that name)",
     )
     step.add_argument(
         "--param",
@@ -369,18 +380,27 @@ def _add_core_commands(sub: Any) -> None:
     landing.add_argument("--json", action="store_true", help="print the landing record as JSON")
     landing.set_defaults(func=cmd_land)
 
-    scorable = tuple(name for name, spec in models.items() if spec.model and spec.model.score)
+    scorable = {
+        name: spec.model for name, spec in models.items() if spec.model and spec.model.score
+    }
+
+    def needed_by(field: str) -> str:
+        names = [name for name, model in scorable.items() if field in model.score_needs]
+        return f" (needed by {', '.join(names)})" if names else ""
+
     score = sub.add_parser("score", help="ask the served champion of a model")
-    score.add_argument("--model", default="preranking", choices=scorable)
-    score.add_argument("--user", type=int, help="user id (preranking)")
-    score.add_argument("--items", type=int, nargs="+", help="candidate item ids (preranking)")
-    score.add_argument("--audio", help="a WAV file to transcribe (asr)")
+    score.add_argument("--model", required=True, choices=tuple(scorable))
+    score.add_argument("--user", type=int, help="user id" + needed_by("user"))
+    score.add_argument(
+        "--items", type=int, nargs="+", help="candidate item ids" + needed_by("items")
+    )
+    score.add_argument("--audio", help="a WAV file to transcribe" + needed_by("audio"))
     score.set_defaults(func=cmd_score)
 
     back = sub.add_parser(
         "rollback", help="point a model's champion alias back at the version it replaced"
     )
-    back.add_argument("--model", default="preranking", choices=tuple(models))
+    back.add_argument("--model", required=True, choices=tuple(models))
     back.add_argument("--reason", default="manual", help="recorded on the rolled-back version")
     back.add_argument(
         "--expect-version",

@@ -222,7 +222,7 @@ class RuntimeSettings:
     """Every pipeline's first retry delay in seconds, instead of each pipeline's own (later
     retries still double it); for development stacks and tests that kill tasks on purpose."""
     keep_freed_memory: Flag = True
-    """Keep freed heap memory in the process (glibc mmap/trim thresholds, ``cascade.allocator``);
+    """Keep freed heap memory in the process (glibc mmap/trim thresholds, ``serving.allocator``);
     ``0`` turns it off."""
     run_pipeline: str = ""
     """Set by the step runner while a step runs, for the processes it starts: the pipeline

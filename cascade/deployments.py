@@ -1,7 +1,7 @@
 """Deployment safety: rollback of a registered model's champion alias, by command or on a
 serving error rate.
 
-    cascade rollback --model preranking [--reason TEXT]   # champion -> the version it replaced
+    cascade rollback --model MODEL [--reason TEXT]   # champion -> the version it replaced
 
 The server follows the ``champion`` alias by polling the registry, so moving the alias is the
 whole rollback: no restart. Each champion version carries the version it replaced

@@ -210,6 +210,9 @@ class RegisteredModel:
     promotion: Promotion
     score: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
     """``cascade score --model NAME``: takes the request fields, returns the served answer."""
+    score_needs: tuple[str, ...] = ()
+    """The request fields ``cascade score`` must be given for this model (of ``user``,
+    ``items``, ``audio``: its ``--user``, ``--items``, ``--audio``)."""
     alias: str = "champion"
 
 

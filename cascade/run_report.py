@@ -13,7 +13,8 @@ Reads what the steps leave in the lake, so it works for Airflow runs, ``cascade 
 - training curves: every metric with several steps in the MLflow runs the summaries name
   (``run_id``), when the tracking server answers; otherwise the page says why they are missing.
 
-Writes ``index.html``, ``report.json`` and the PNGs into the output folder. Everything read is
+Writes ``index.html``, ``report.json``, the step timings and training curves (SVG, drawn here)
+and copies of the steps' PNGs into the output folder. Everything read is
 data: JSON is parsed, never executed, and every value shown is escaped.
 """
 
@@ -38,6 +39,8 @@ MAX_FIGURES = 40
 MAX_CURVES = 12
 """Metrics drawn per run (the ones with the most points first)."""
 MAX_SHOWN_FIELDS = 16
+TIMINGS_FIGURE = "timings.svg"
+_OK, _FAILED = "#2e86c1", "#c0392b"
 
 
 @dataclass
@@ -126,30 +129,84 @@ def _figures(lake: Lake, ds: str, out: Path) -> list[dict[str, str]]:
     return figures
 
 
-def _plt() -> Any:
-    import matplotlib
+def _svg(width: float, height: float, body: list[str]) -> str:
+    """A standalone SVG document (what the page's ``<img>`` shows; drawn here, no plot library
+    in the kernel)."""
+    return (
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width:.0f}' height='{height:.0f}' "
+        f"viewBox='0 0 {width:.0f} {height:.0f}' font-family='sans-serif'>"
+        "<rect width='100%' height='100%' fill='white'/>" + "".join(body) + "</svg>\n"
+    )
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    return plt
+def _bar_chart(bars: list[tuple[str, float, str]], title: str, unit: str) -> str:
+    """Horizontal bars (label, value, colour), top to bottom, on one linear axis from zero."""
+    e = html.escape
+    label_w, bar_w, row_h, top = 260.0, 460.0, 20.0, 34.0
+    largest = max((value for _, value, _ in bars), default=0.0) or 1.0
+    body = [f"<text x='{label_w}' y='20' font-size='14'>{e(title)}</text>"]
+    for i, (label, value, colour) in enumerate(bars):
+        y = top + i * row_h
+        width = bar_w * value / largest
+        body += [
+            f"<text x='{label_w - 6}' y='{y + 13:.1f}' font-size='11' text-anchor='end'>"
+            f"{e(label)}</text>",
+            f"<rect x='{label_w}' y='{y + 2:.1f}' width='{width:.1f}' height='{row_h - 5}' "
+            f"fill='{colour}'/>",
+            f"<text x='{label_w + width + 4:.1f}' y='{y + 13:.1f}' font-size='10'>"
+            f"{value:.1f} {e(unit)}</text>",
+        ]
+    return _svg(label_w + bar_w + 80, top + row_h * len(bars) + 10, body)
+
+
+def _line_panels(panels: list[tuple[str, list[tuple[float, float]]]], title: str) -> str:
+    """One small line chart per (metric, points), three to a row, each scaled to its own
+    range, with its first and last step and its lowest and highest value written on it."""
+    e = html.escape
+    cols = min(3, len(panels)) or 1
+    pw, ph, pad, top = 300.0, 170.0, 34.0, 30.0
+    rows = (len(panels) + cols - 1) // cols
+    body = [f"<text x='10' y='20' font-size='14'>{e(title)}</text>"]
+    for i, (name, points) in enumerate(panels):
+        x0 = (i % cols) * pw + pad
+        y0 = top + (i // cols) * ph + 18
+        w, h = pw - pad - 12, ph - 54
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        x_lo, x_hi, y_lo, y_hi = min(xs), max(xs), min(ys), max(ys)
+        x_span, y_span = (x_hi - x_lo) or 1.0, (y_hi - y_lo) or 1.0
+        line = " ".join(
+            f"{x0 + w * (x - x_lo) / x_span:.1f},{y0 + h - h * (y - y_lo) / y_span:.1f}"
+            for x, y in points
+        )
+        body += [
+            f"<text x='{x0}' y='{y0 - 6:.1f}' font-size='12'>{e(name)}</text>",
+            f"<rect x='{x0}' y='{y0}' width='{w:.1f}' height='{h:.1f}' fill='none' stroke='#ccc'/>",
+            f"<polyline points='{line}' fill='none' stroke='#2e86c1' stroke-width='1.2'/>",
+            f"<text x='{x0 - 3}' y='{y0 + 9:.1f}' font-size='9' text-anchor='end'>"
+            f"{y_hi:.4g}</text>",
+            f"<text x='{x0 - 3}' y='{y0 + h:.1f}' font-size='9' text-anchor='end'>"
+            f"{y_lo:.4g}</text>",
+            f"<text x='{x0}' y='{y0 + h + 12:.1f}' font-size='9'>step {x_lo:.0f}</text>",
+            f"<text x='{x0 + w:.1f}' y='{y0 + h + 12:.1f}' font-size='9' text-anchor='end'>"
+            f"step {x_hi:.0f}</text>",
+        ]
+    return _svg(cols * pw + 10, top + rows * ph, body)
 
 
 def _timings_figure(steps: list[StepReport], out: Path) -> str | None:
     timed = [s for s in steps if s.seconds is not None]
     if not timed:
         return None
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(timed) + 1.2))
-    labels = [f"{s.pipeline} · {s.step}" for s in timed]
-    colors = ["#c0392b" if s.status == "failed" else "#2e86c1" for s in timed]
-    ax.barh(labels[::-1], [s.seconds for s in timed][::-1], color=colors[::-1])
-    ax.set_xlabel("seconds")
-    ax.set_title("Step wall time (red: failed)")
-    fig.tight_layout()
-    fig.savefig(out / "timings.png", dpi=100)
-    plt.close(fig)
-    return "timings.png"
+    bars = [
+        (
+            f"{s.pipeline} · {s.step}",
+            float(s.seconds or 0.0),
+            _FAILED if s.status == "failed" else _OK,
+        )
+        for s in timed
+    ]
+    (out / TIMINGS_FIGURE).write_text(_bar_chart(bars, "Step wall time (red: failed)", "s"))
+    return TIMINGS_FIGURE
 
 
 def _curves(settings: Settings, steps: list[StepReport], out: Path) -> tuple[list[dict], str]:
@@ -185,22 +242,9 @@ def _curves(settings: Settings, steps: list[StepReport], out: Path) -> tuple[lis
         )[:MAX_CURVES]
         if not drawn:
             continue
-        plt = _plt()
-        cols = min(3, len(drawn))
-        rows = (len(drawn) + cols - 1) // cols
-        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.6 * rows), squeeze=False)
-        for ax, (key, history) in zip(axes.flat, drawn, strict=False):
-            points = sorted((m.step, m.value) for m in history)
-            ax.plot([p[0] for p in points], [p[1] for p in points], lw=1.2)
-            ax.set_title(key, fontsize=9)
-            ax.set_xlabel("step", fontsize=8)
-        for ax in list(axes.flat)[len(drawn) :]:
-            ax.axis("off")
-        fig.suptitle(f"{label} — run {run_id[:8]}", fontsize=10)
-        fig.tight_layout()
-        name = f"curves-{run_id[:12]}.png"
-        fig.savefig(out / name, dpi=100)
-        plt.close(fig)
+        panels = [(key, sorted((m.step, m.value) for m in history)) for key, history in drawn]
+        name = f"curves-{run_id[:12]}.svg"
+        (out / name).write_text(_line_panels(panels, f"{label} — run {run_id[:8]}"))
         curves.append(
             {"run_id": run_id, "label": label, "file": name, "metrics": [k for k, _ in drawn]}
         )
@@ -284,7 +328,7 @@ def _html(report: dict[str, Any], steps: list[StepReport]) -> str:
 def write_report(
     settings: Settings, ds: str, out: Path, pipelines: list[str] | None = None
 ) -> dict[str, Any]:
-    """Write ``index.html``, ``report.json`` and the PNGs for partition ``ds`` into ``out``.
+    """Write ``index.html``, ``report.json`` and the figures for partition ``ds`` into ``out``.
 
     :class:`NotReady` when no step has left anything for ``ds``.
     """
@@ -334,7 +378,7 @@ def write_report(
 RUN_REPORT_EXPERIMENT = "pipeline-reports"
 """The MLflow experiment of the per-run reports: one small run per pipeline run."""
 REPORT_ARTIFACTS = "report"
-"""Where a report run keeps ``index.html``, ``report.json`` and the PNGs."""
+"""Where a report run keeps ``index.html``, ``report.json`` and the figures."""
 RUN_REPORT_KIND = "run_report"
 
 

@@ -15,8 +15,8 @@ it (or into ``--out``):
   the artifacts were built from (serving refuses artifacts of another model file).
 
 One export covers every length: the time axis is ``Dim("frames")`` from :data:`MIN_FRAMES` to
-:data:`MAX_FRAMES` (:class:`~cascade.audio_features.CorpusConfig` ``max_seconds`` of audio), batch 1
-(serving transcribes one utterance per request).
+:data:`MAX_FRAMES` (:class:`~domains.speech.audio_features.CorpusConfig` ``max_seconds`` of
+audio), batch 1 (serving transcribes one utterance per request).
 """
 
 from __future__ import annotations
@@ -342,7 +342,7 @@ def corpus_features(
     """Feature tensors ``[1, T, n_mels]`` of a corpus split (first ``limit`` utterances by id)."""
     import pandas as pd
 
-    from cascade.audio_features import features_of
+    from domains.speech.audio_features import features_of
 
     shards = Path(corpus) / "shards" / f"split={split}"
     if not shards.exists():

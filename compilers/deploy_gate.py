@@ -1,6 +1,6 @@
 """The pipeline's compile step: compile the model trained for a partition, gate it, record it.
 
-    cascade step compile --ds 2026-11-22
+    cascade step compile --pipeline ctr_preranking --ds 2026-11-22
 
 Runs after ``train`` and before ``register``: builds the request-shaped AOTInductor artifact of
 the trained pre-ranking model (the FSCD ColdPreRanker or the dense PreRanker, as the training
@@ -45,7 +45,7 @@ def cold_gate_sample(frame: Any, encoder: Any, *, max_users: int = MAX_USERS) ->
     """Held-out requests of the ``max_users`` users with the most held-out impressions, for the
     FSCD pre-ranker: ``((user_codes [1, F], candidate_codes [N, F]), labels [N])`` per user,
     the user's fields as of its first held-out row; deterministic for a given frame."""
-    from cascade.ctr_schema import LABEL
+    from domains.ctr.schema import LABEL
 
     counts = frame.groupby("user_id").size().sort_values(ascending=False, kind="stable")
     chosen = frame[frame["user_id"].isin(set(counts.index[:max_users].tolist()))]

@@ -27,7 +27,6 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from cascade.compiled_packages import load_package
-from cascade.ctr_schema import LABEL, MODEL_FEATURES, USER_FEATURES
 from compilers.export import torch_threads
 from compilers.preranking import (
     ColdPreRankingRequest,
@@ -37,6 +36,7 @@ from compilers.preranking import (
     compile_preranking,
 )
 from compilers.timing import interleaved_ms
+from domains.ctr.schema import LABEL, MODEL_FEATURES, USER_FEATURES
 from models.preranking.model import ColdPreRanker, PreRanker
 
 Request = tuple[tuple[torch.Tensor, ...], np.ndarray]

@@ -24,9 +24,9 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from cascade.ctr_schema import MODEL_FEATURES, USER_FEATURES
 from compilers.export import INT8_INDUCTOR_CONFIG, Artifact, package_artifact
 from compilers.pipeline import DEFAULT_PASSES, PASS_ORDER, PassContext
+from domains.ctr.schema import MODEL_FEATURES, USER_FEATURES
 from models.preranking.model import ColdPreRanker, PreRanker, PreRankerConfig, cross_keys
 
 MAX_CANDIDATES = 1 << 20

@@ -12,7 +12,7 @@ espeak-ng (:mod:`jobs.speech_synth`) on the Spark executors. :func:`build_corpus
   short, data cut short (fewer frames than the header declares), unsupported format, clipped,
   sample rate outside ``CorpusConfig.rates``, transcript characters outside the vocabulary →
   quarantine with the reason (``audio: KIND: detail``, kinds as
-  :class:`~cascade.audio_features.WavError` names them);
+  :class:`~domains.speech.audio_features.WavError` names them);
 - resamples to 16 kHz, filters on duration and speaking rate, normalizes the transcript;
 - computes log-mel filterbank features (25 ms windows, 10 ms hop, ``n_mels`` bins);
 - splits by voice (speaker-disjoint train/dev/test, a hash of the voice name);
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from cascade.audio_features import (
+from domains.speech.audio_features import (
     HUMAN_VOICE_PREFIX,
     SAMPLE_RATE,
     CorpusConfig,
@@ -49,7 +49,7 @@ from jobs.quarantine import count_reasons, empty_files
 SPLITS = ("train", "dev", "test")
 
 
-# --- pure functions (no Spark; the audio features are in cascade.audio_features) -----------
+# --- pure functions (no Spark; the audio features are in domains.speech.audio_features) ---
 
 
 def split_of(voice: str, config: CorpusConfig) -> str:

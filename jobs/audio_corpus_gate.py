@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from cascade.audio_features import CorpusConfig
+from domains.speech.audio_features import CorpusConfig
 from jobs.audio_corpus import SPLITS
 from jobs.gx_suites import GateFailed, build_data_docs, gate_report, run_suite
 

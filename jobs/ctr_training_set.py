@@ -49,9 +49,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cascade.ctr_catalogue import gate_passed
 from cascade.lake import TRAINING_PROVENANCE, Lake, check_ds
 from cascade.partitions import days_before
+from domains.ctr.catalogue import gate_passed
 from jobs import ctr_cross_stats as engine
 
 USER_SIDE = frozenset({"user_id", "user_segment"})

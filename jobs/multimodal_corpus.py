@@ -23,7 +23,7 @@ A landing batch (:mod:`jobs.multimodal_sources`) is ``images/`` plus ``captions.
    go to one split, and within a component of duplicate edges only the smallest ``pair_id``
    stays. An image shared by pairs in different languages (a stamp's English and Chinese
    caption) is one group but not a duplicate: translations are kept.
-4. ``write``: a character tokenizer (:mod:`cascade.caption_tokenizer`) fitted on the train
+4. ``write``: a character tokenizer (:mod:`domains.captions.tokenizer`) fitted on the train
    captions, token ids per pair, parquet shards ``shards/split=S/shard=K`` with ``pair_id``,
    ``image`` (``side*side*3`` uint8 bytes, HWC), ``token_ids``, ``caption``, ``language``,
    ``source``; ``manifest`` (no pixels), ``quarantine`` and ``duplicates`` (with reasons),
@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from cascade.caption_tokenizer import CaptionTokenizer
+from domains.captions.tokenizer import CaptionTokenizer
 from jobs.quarantine import count_reasons, empty_files
 from jobs.svg_raster import SvgRasterizer
 

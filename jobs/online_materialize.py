@@ -10,7 +10,7 @@ The driver applies nothing and reads nothing itself: it plans a scan of the part
 parquet (rows in Feast's materialization window, the view's columns), spreads it over at least
 as many Spark partitions as the session has task slots, and runs :func:`write_batches` on each
 (``mapInArrow``: Arrow record batches straight from the scan). An executor encodes its batches
-with :class:`cascade.online_bulk.RedisBulkWriter`, the single-process bulk engine's writer, so
+with :class:`domains.ctr.online_bulk.RedisBulkWriter`, the single-process bulk engine's writer, so
 the hashes are Feast's own layout byte for byte, and every batch is checked against Feast's
 converter on a sample as there. Each task answers one row of counts; the driver sums them.
 
@@ -41,8 +41,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from cascade import online_bulk
 from cascade.config import Settings, load_settings
+from domains.ctr import online_bulk
 
 REDIS_ENV = "CASCADE_REDIS"
 """The environment variable of a Redis connection string (``cascade.config``'s setting)."""
@@ -348,7 +348,7 @@ def write_view(
 
 
 class SparkViewLoader:
-    """The ``spark`` engine of :func:`cascade.feature_store.materialize_cross`: loads each view
+    """The ``spark`` engine of :func:`jobs.ctr_cross_features.materialize_cross`: loads each view
     through :func:`write_view` on ``spark``'s executors, signing in to the Redis of
     ``settings`` (:func:`redis_target`)."""
 
@@ -377,7 +377,7 @@ class SparkViewLoader:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    from cascade.feature_store import materialize_cross
+    from jobs.ctr_cross_features import materialize_cross
     from jobs.ctr_cross_stats import build_session
     from jobs.spark_sessions import active_or_new
 

@@ -12,9 +12,9 @@ Speakers: the clips carry no speaker tags (their Vorbis comments are empty but f
 Lithuanian ones), and the package's changelog credits one reader per language (e.g. Belarusian
 Kseniya Buraya, Bulgarian Krasimir Petkov, Spanish Estefanía Ortiz, Greek Kiriaki Serafeim,
 Danish Joe Dalton). So each language's clips are one voice, ``human-tuxpaint-LANG``
-(:data:`cascade.audio_features.HUMAN_VOICE_PREFIX`), and the corpus splits people by whole
-readers: :attr:`cascade.audio_features.CorpusConfig.people_train_voices` name the readers whose
-clips train the model; every other person (by default English, Catalan and Belarusian: a
+(:data:`domains.speech.audio_features.HUMAN_VOICE_PREFIX`), and the corpus splits people by whole
+readers: :attr:`domains.speech.audio_features.CorpusConfig.people_train_voices` name the readers
+whose clips train the model; every other person (by default English, Catalan and Belarusian: a
 Latin-script language beside the trained French and Spanish, a Cyrillic one beside the trained
 Russian and Bulgarian, and English, which the model otherwise hears only from synthesizers) stays
 in the test split, speakers no training utterance used.
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cascade.audio_features import HUMAN_VOICE_PREFIX
+from domains.speech.audio_features import HUMAN_VOICE_PREFIX
 from jobs.speech_synth import write_wav
 
 STAMPS_ROOT = Path("/usr/share/tuxpaint/stamps")

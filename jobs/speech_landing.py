@@ -37,16 +37,17 @@ Formats (:data:`SPEECH_FORMATS`):
   ``transcripts.jsonl`` (``utterance_id``, ``text``, ``language``, ``voice`` or ``speaker``, and
   optionally ``audio``, a path relative to the manifest's folder).
 
-Audio is decoded with soundfile (libsndfile: WAV, FLAC, Ogg Vorbis and Opus, MP3 and more) at any
-sample rate and channel count, averaged to mono and resampled with the speech features' own
-:func:`~cascade.audio_features.resample`. A RIFF file's header is checked first with
-:func:`~cascade.audio_features.read_wav_header`, so a WAV cut short is called truncated here as
-the corpus job and the server call it. Quarantined, each with its reason (``AREA: KIND: detail``,
-:mod:`jobs.quarantine`): audio missing, empty (no bytes or no samples), unreadable (not audio
-libsndfile knows, a broken header), truncated (fewer frames than the header or stream declares),
-samples that are not finite; a transcript or speaker missing; a segment outside its recording; an
-utterance id that is not a file name or that repeats; a line that does not parse. A batch where
-nothing is left raises one ValueError naming the source and the fix, and writes nothing.
+Audio is decoded with soundfile (libsndfile: WAV, FLAC, Ogg Vorbis and Opus, MP3 and more) at
+any sample rate and channel count, averaged to mono and resampled with the speech features' own
+:func:`~domains.speech.audio_features.resample`. A RIFF file's header is checked first with
+:func:`~domains.speech.audio_features.read_wav_header`, so a WAV cut short is called truncated
+here as the corpus job and the server call it. Quarantined, each with its reason (``AREA: KIND:
+detail``, :mod:`jobs.quarantine`): audio missing, empty (no bytes or no samples), unreadable
+(not audio libsndfile knows, a broken header), truncated (fewer frames than the header or stream
+declares), samples that are not finite; a transcript or speaker missing; a segment outside its
+recording; an utterance id that is not a file name or that repeats; a line that does not parse.
+A batch where nothing is left raises one ValueError naming the source and the fix, and writes
+nothing.
 
 Why not Lhotse's recipes (PyPI ``lhotse`` 1.33.0 installs beside this environment's torch without
 changing it): they do not fit an importer that quarantines per item. ``prepare_librispeech`` and
@@ -68,7 +69,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cascade.audio_features import SAMPLE_RATE, WavError, read_wav_header, resample
+from domains.speech.audio_features import SAMPLE_RATE, WavError, read_wav_header, resample
 from jobs.landing_checks import check_landing, file_name_problem, json_records, text_lines
 from jobs.quarantine import LandingQuarantine
 from jobs.speech_synth import write_wav

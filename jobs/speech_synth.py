@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cascade.audio_features import MANDARIN_PHRASES
+from domains.speech.audio_features import MANDARIN_PHRASES
 
 ESPEAK = "espeak-ng"
 ENGLISH = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-029", "en-us-nyc")

@@ -305,8 +305,8 @@ def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # 
     import torch
     from mlflow.tracking import MlflowClient
 
-    from cascade.audio_features import HUMAN_VOICE_PREFIX
     from compilers.asr import compile_asr
+    from domains.speech.audio_features import HUMAN_VOICE_PREFIX
     from models.asr.artifact import load_artifact
     from models.asr.compiled import INT8_FILE, MAX_FRAMES, MIN_FRAMES, REPORT_FILE, load_compiled
     from models.asr.config_registry import get_config
@@ -510,6 +510,7 @@ PIPELINE = Pipeline(
         name=MODEL_NAME,
         promotion=Promotion(metric="cer", higher_is_better=False, requires_compile_gate=True),
         score=score,
+        score_needs=("audio",),
     ),
     dvc_prefix="asr_",
     steps=(

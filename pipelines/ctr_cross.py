@@ -373,7 +373,7 @@ def feast(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
             f"the gate failed for ds={ds} ({', '.join(verdict.get('failed', []))}); "
             f"see {report}. Feast keeps the previous partition."
         )
-    from cascade.feature_store import default_materialize_engine, materialize_cross
+    from jobs.ctr_cross_features import default_materialize_engine, materialize_cross
 
     summary = CrossLake(Lake(settings.lake_root), source).summary(check_ds(ds))
     pairs = json.loads(summary.read_text()).get("pairs") if summary.is_file() else None
@@ -466,7 +466,11 @@ with their reason; a failed gate stops the run before Feast.
             doc="apply the pair views and ctr_cross_v2, materialize the partition online",
             timeout_minutes=60,
             outlets=(ASSET_CTR_CROSS_FEATURES,),
-            dvc_deps=("features/ctr/cross_views.py", "cascade/feature_store.py"),
+            dvc_deps=(
+                "features/ctr/cross_views.py",
+                "domains/ctr/feature_store.py",
+                "jobs/ctr_cross_features.py",
+            ),
         ),
     ),
 )

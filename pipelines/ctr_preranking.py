@@ -145,6 +145,7 @@ PIPELINE = Pipeline(
         name="preranking",
         promotion=Promotion(metric="auc", higher_is_better=True, requires_compile_gate=True),
         score=score,
+        score_needs=("user", "items"),
     ),
     dvc_prefix="",
     steps=(

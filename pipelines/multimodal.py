@@ -484,7 +484,7 @@ PIPELINE = Pipeline(
             dvc_deps=(
                 "jobs/multimodal_sources.py",
                 "jobs/multimodal_corpus.py",
-                "cascade/caption_tokenizer.py",
+                "domains/captions/tokenizer.py",
             ),
             dvc_outs=(".cascade/lake/corpora/images/dt=${ds}",),
         ),

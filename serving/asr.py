@@ -43,7 +43,7 @@ Response outputs: ``transcript`` (BYTES ``[1]``), ``words`` (BYTES ``[W]``), ``w
 the model digest and the language decoded for. Errors: 422 not a v2 request, 400 an unknown
 language / wrong tensor / not a WAV file / empty
 audio / a header or data cut short (fewer frames than the header declares) / audio shorter than
-``CorpusConfig.min_seconds`` (:data:`~cascade.audio_features.MIN_SECONDS`, the corpus's), 413
+``CorpusConfig.min_seconds`` (:data:`~domains.speech.audio_features.MIN_SECONDS`, the corpus's), 413
 audio longer than the limit (or a body past :data:`MAX_BODY_BYTES`, counted while it streams),
 415 a WAV the model cannot take (sample width, channels, rate, compression) or a Content-Type
 other than ``application/json`` (v2 JSON) or ``application/octet-stream`` (the binary
@@ -73,7 +73,9 @@ from kserve import InferRequest, InferResponse, Model
 from kserve.errors import InferenceError, InvalidInput, ModelNotReady
 from kserve.protocol.infer_type import InferInput, InferOutput
 
-from cascade.audio_features import (
+from cascade.config import load_settings
+from cascade.tracking_auth import use_tracking_credentials
+from domains.speech.audio_features import (
     SAMPLE_RATE,
     CorpusConfig,
     WavError,
@@ -81,15 +83,6 @@ from cascade.audio_features import (
     log_mel,
     read_wav_header,
     resample,
-)
-from cascade.config import load_settings
-from cascade.tracking_auth import use_tracking_credentials
-from cascade.v2_codec import (
-    INFERENCE_HEADER,
-    decode_binary_request,
-    decode_v2_json,
-    encode_v2_json,
-    require_v2,
 )
 from models.asr.artifact import AsrArtifact, load_artifact
 from models.asr.compiled import (
@@ -102,6 +95,13 @@ from models.asr.compiled import (
 )
 from models.asr.inference import transcribe
 from models.asr.model import Alphabet
+from serving.v2_codec import (
+    INFERENCE_HEADER,
+    decode_binary_request,
+    decode_v2_json,
+    encode_v2_json,
+    require_v2,
+)
 
 log = logging.getLogger("serving.asr")
 
@@ -147,8 +147,8 @@ def decode_request_audio(content: bytes, config: CorpusConfig) -> Audio:
 
     The header is read first, so an over-long or unsupported file is refused before its samples
     are decoded; the decoding itself is the corpus job's
-    (:func:`~cascade.audio_features.decode_wav`, :func:`~cascade.audio_features.resample`), so
-    serving hears what training heard."""
+    (:func:`~domains.speech.audio_features.decode_wav`,
+    :func:`~domains.speech.audio_features.resample`), so serving hears what training heard."""
     if not content:
         raise AudioRejected(400, "empty audio: the 'audio' input holds no bytes")
     if content[:4] != b"RIFF" or content[8:12] != b"WAVE":

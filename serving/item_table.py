@@ -14,16 +14,16 @@ import numpy as np
 import pandas as pd
 
 from cascade.config import Settings
-from cascade.ctr_catalogue import read_newest_catalogue
-from cascade.ctr_schema import ITEM_GENRE
 from cascade.lake import Lake
+from domains.ctr.catalogue import read_newest_catalogue
+from domains.ctr.schema import ITEM_GENRE
 
 log = logging.getLogger(__name__)
 
 
 def lake_item_catalogue(settings: Settings, source: str) -> pd.DataFrame | None:
     """The engine's item catalogue of ``source``: ``item_id``, ``item_category`` of its newest
-    partition whose gate passed (:func:`cascade.ctr_catalogue.read_newest_catalogue`); None when
+    partition whose gate passed (:func:`domains.ctr.catalogue.read_newest_catalogue`); None when
     the lake has none."""
     lake = Lake(settings.lake_root)
     found = read_newest_catalogue(lake, source)

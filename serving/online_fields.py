@@ -2,7 +2,7 @@
 
 A model version reads fields beyond the ids (:attr:`ServedVersion.request_fields`, e.g. the
 cross statistics ``user_cat_ctr_7d``). Those a ``cross_<pair>`` view of the online store
-holds (:func:`cascade.online_cross.cross_feature_sources`) and whose keys the server knows for
+holds (:func:`domains.ctr.online_cross.cross_feature_sources`) and whose keys the server knows for
 every candidate are read per request by :class:`OnlineFieldPlan`; the others still come with
 the request. The keys the server knows (:data:`SERVED_KEYS`): the request's ``user_id``, each
 candidate's ``item_id``, and its ``item_category``: the genre of the in-memory item table (the
@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from cascade.online_cross import CrossFeatureSource
+from domains.ctr.online_cross import CrossFeatureSource
 
 USER_KEY = "user_id"
 ITEM_KEY = "item_id"
@@ -42,7 +42,7 @@ ITEM_KEYS = frozenset({ITEM_KEY, GENRE_KEY})
 
 
 class CrossReader(Protocol):
-    """What the plan needs of :class:`cascade.online_cross.OnlineCrossReader`."""
+    """What the plan needs of :class:`domains.ctr.online_cross.OnlineCrossReader`."""
 
     def sources(self, fields: Sequence[str]) -> Mapping[str, CrossFeatureSource]: ...
 

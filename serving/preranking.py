@@ -25,7 +25,7 @@ unknown), and a request without one gets a 400 naming it. A request may send a s
 too: its values win.
 
 Any other version (a dense PreRanker, a ColdPreRanker that reads the MovieLens-shaped fields of
-:data:`cascade.ctr_schema.MODEL_FEATURES`, one whose run names no source) is refused when it
+:data:`domains.ctr.schema.MODEL_FEATURES`, one whose run names no source) is refused when it
 loads (:class:`VersionNotServable`): the refusal is logged once, the served version stays, and
 the refused one is not loaded again until the alias moves to another version.
 
@@ -37,7 +37,7 @@ network's own request call (eager PyTorch). A background thread polls the regist
 alias and swaps a new version in without a restart.
 
 Here: the KServe model, its settings and request parsing. The v2 codec is
-:mod:`cascade.v2_codec`; the in-memory item table :mod:`serving.item_table`; the compiled
+:mod:`serving.v2_codec`; the in-memory item table :mod:`serving.item_table`; the compiled
 scorer :mod:`serving.cold_scorer`; one served version, swapped in as one reference,
 :mod:`serving.served_version`.
 """
@@ -62,13 +62,13 @@ from kserve.metrics import PREDICT_HIST_TIME, get_labels
 from kserve.protocol.infer_type import InferInput, InferOutput
 
 from cascade.config import Settings, load_settings
-from cascade.ctr_schema import ITEM_GENRE, MODEL_FEATURES
-from cascade.v2_codec import JsonTensor, decode_v2_tensors, require_v2, v2_response_body
+from domains.ctr.schema import ITEM_GENRE, MODEL_FEATURES
 from models.preranking.model import ColdPreRanker, request_fields
 from serving.item_table import ItemTable, lake_item_catalogue
 from serving.metrics import INFERENCE_ERRORS, ONLINE_READ_SECONDS
 from serving.online_fields import CrossReader, KeyedColumn, OnlineFieldPlan
 from serving.served_version import ServedVersion, freeze_heap
+from serving.v2_codec import JsonTensor, decode_v2_tensors, require_v2, v2_response_body
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +200,8 @@ class Backends:
 
 def default_backends() -> Backends:
     """MLflow registry + Feast online store; imported lazily so tests never need them."""
-    from cascade.feature_store import feature_store
-    from cascade.online_cross import OnlineCrossReader
+    from domains.ctr.feature_store import feature_store
+    from domains.ctr.online_cross import OnlineCrossReader
     from models.preranking.inference import alias_version, load_registered, run_cross_source
 
     return Backends(
@@ -757,7 +757,7 @@ class PreRankingModel(Model):
         """A v2 JSON request body in, the v2 JSON response body out.
 
         Serves ``POST /v2/models/<name>/infer`` in :mod:`serving.server` in place of KServe's
-        generic route (see :func:`cascade.v2_codec.decode_v2_json` for why): the same checks and
+        generic route (see :func:`serving.v2_codec.decode_v2_json` for why): the same checks and
         answers as :meth:`predict` on ``decode_v2_json(body)`` (a test holds them equal), without
         building KServe's request and response objects. Of ``Model.__call__`` it keeps what this
         model uses: pre- and postprocess are the identity here, so only KServe's predict latency

@@ -59,18 +59,15 @@ from kserve.model import BaseKServeModel
 from kserve.protocol.rest.server import RESTServer
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from cascade.allocator import keep_freed_memory
 from cascade.config import Settings, load_settings
 from cascade.tracking_auth import use_tracking_credentials
-from cascade.v2_codec import MalformedRequest
+from serving.allocator import keep_freed_memory
 from serving.guard import GuardPolicy, RequestGuard, internal_error_body, send_json
 from serving.metrics import TORCH_THREADS
+from serving.v2_codec import MalformedRequest
 
 # Not __name__: under ``python -m`` that is "__main__", which the "serving" logger misses.
 log = logging.getLogger("serving.server")
-
-
-REQUEST_LOG_ENV = "CASCADE_SERVING_REQUEST_LOG"
 
 
 def request_log_enabled() -> bool:
@@ -586,9 +583,6 @@ async def _serve_balanced(rest: RESTServer, listener: SharedListener) -> None:
     await BalancedServer(rest.config, listener).serve()
 
 
-WORKERS_ENV = "CASCADE_SERVING_WORKERS"
-
-
 def workers_from_env(env: Mapping[str, str] | None = None) -> int:
     return load_settings(env).serving.workers
 
@@ -693,9 +687,6 @@ def _worker(
     LocalModelServer(
         host=settings.host, http_port=listener.port, request_log=request_log, settings=settings
     ).start(models(), balance=listener)
-
-
-TORCH_THREADS_ENV = "CASCADE_SERVING_TORCH_THREADS"
 
 
 def set_torch_threads(env: dict[str, str] | None = None) -> int:

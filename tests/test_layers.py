@@ -11,7 +11,9 @@ from pathlib import Path
 from cascade.config import REPO_ROOT
 
 LINT_IMPORTS = str(Path(sys.executable).parent / "lint-imports")
-PROJECT_PACKAGES = {"cascade", "jobs", "models", "serving", "compilers", "infra", "pipelines"}
+PROJECT_PACKAGES = set(
+    "cascade domains features jobs models serving compilers infra pipelines".split()
+)
 
 
 def test_import_contracts_pass() -> None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
-from common.entities import item, user
 from feast import Entity, FeatureService, FeatureView, Field, FileSource, ValueType
 from feast.data_format import ParquetFormat
 from feast.data_source import DataSource
@@ -26,18 +26,21 @@ from feast.infra.offline_stores.contrib.spark_offline_store.spark_source import 
 from feast.types import Float64, Int64
 
 from cascade.config import Settings, load_settings
-from cascade.ctr_schema import TIMESTAMP
 from cascade.lake import Lake
-from cascade.online_packed import LAYOUT_TAG, PACKED
+from domains.ctr.online_packed import LAYOUT_TAG, PACKED
+from domains.ctr.schema import TIMESTAMP
+from features.common.entities import item, user
 
 CROSS_SERVICE_VERSION = 2
+CROSS_FEATURE_SERVICE = f"ctr_cross_v{CROSS_SERVICE_VERSION}"
+"""The service that bundles every pair view."""
 CROSS_SOURCE = "generated"
 """The log source whose cross statistics the module-level views (``feast apply``) read."""
 WINDOWS_DAYS = (1, 7, 30)
 """The job's default windows; a view's schema lists these columns."""
 ONLINE_LAYOUT = PACKED
 """How the online store keeps the pair views: ``packed`` (one row per key, see
-:mod:`cascade.online_packed`; a store that is not packed ignores the tag) or ``feast``
+:mod:`domains.ctr.online_packed`; a store that is not packed ignores the tag) or ``feast``
 (Feast's row per key and feature)."""
 STALE_AFTER = timedelta(days=2)
 """A cross row describes the windows ending at its ds: after two days without a newer
@@ -135,11 +138,22 @@ def cross_feature_views(sources: Mapping[str, DataSource]) -> list[FeatureView]:
 def cross_service(views: list[FeatureView]) -> FeatureService:
     """The ``ctr_cross_v<N>`` service: every feature of the given pair views."""
     return FeatureService(
-        name=f"ctr_cross_v{CROSS_SERVICE_VERSION}",
+        name=CROSS_FEATURE_SERVICE,
         features=list(views),
         tags={"domain": "ctr_cross", "version": str(CROSS_SERVICE_VERSION)},
         description="Explicit cross statistics (jobs.ctr_cross_stats) with composite keys.",
     )
+
+
+def repo_objects(*, settings: Settings, source: str = CROSS_SOURCE) -> list[Any]:
+    """Every object of this repo with sources over the pair folders of the log ``source``: the
+    entities, one view per pair and the service (what ``feast apply`` finds for
+    :data:`CROSS_SOURCE`)."""
+    views = cross_feature_views(
+        {pair: cross_source(pair, settings=settings, source=source) for pair in PAIRS}
+    )
+    entities = [user, item, user_segment, item_category, context, position]
+    return [*entities, *views, cross_service(views)]
 
 
 _settings = load_settings()

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from cascade.audio_features import MIN_SECONDS, SAMPLE_RATE, CorpusConfig
 from cascade.compiled_packages import load_package
+from domains.speech.audio_features import MIN_SECONDS, SAMPLE_RATE, CorpusConfig
 from models.asr.artifact import artifact_file
 from models.asr.model import ConvDFSMNConfig
 
@@ -25,12 +25,14 @@ ONNX_FILE = "asr.onnx"
 REPORT_FILE = "asr_compiled.json"
 
 HOP = SAMPLE_RATE // 100
-"""Feature hop in samples (10 ms), as :func:`cascade.audio_features.log_mel` computes them."""
+"""Feature hop in samples (10 ms), as :func:`domains.speech.audio_features.log_mel` computes
+them."""
 WINDOW = int(0.025 * SAMPLE_RATE)
 
 
 def frames_for_seconds(seconds: float) -> int:
-    """Feature frames :func:`~cascade.audio_features.log_mel` makes of ``seconds`` of audio."""
+    """Feature frames :func:`~domains.speech.audio_features.log_mel` makes of ``seconds`` of
+    audio."""
     samples = max(int(round(seconds * SAMPLE_RATE)), WINDOW)
     return 1 + (samples - WINDOW) // HOP
 
@@ -41,7 +43,7 @@ frame, which export specializes on; 8 frames (80 ms) keeps the symbolic reasonin
 below :data:`MIN_AUDIO_FRAMES`, so every utterance the server takes fits the package."""
 MIN_AUDIO_FRAMES = frames_for_seconds(MIN_SECONDS)
 """Feature frames of the shortest utterance the corpus keeps and the server takes
-(:data:`cascade.audio_features.MIN_SECONDS`, 0.3 s: 28 frames)."""
+(:data:`domains.speech.audio_features.MIN_SECONDS`, 0.3 s: 28 frames)."""
 MAX_FRAMES = frames_for_seconds(CorpusConfig().max_seconds) + 2
 """Longest input: the corpus (and serving) limit of audio, a little headroom for rounding."""
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cascade.audio_features import LANGUAGE_VOCABULARIES, VOCABULARY
+from domains.speech.audio_features import LANGUAGE_VOCABULARIES, VOCABULARY
 from models.asr.corpus import Augmentation
 from models.asr.model import Alphabet, ConvDFSMNConfig
 

@@ -3,7 +3,7 @@ padding and SpecAugment-style masking.
 
 The corpus is what :func:`jobs.audio_corpus.build_corpus` writes: ``shards/split=NAME/*.parquet``
 with one row per utterance (log-mel features stored as float16 bytes, see
-:func:`cascade.audio_features.features_of`) and ``summary.json`` with the feature settings.
+:func:`domains.speech.audio_features.features_of`) and ``summary.json`` with the feature settings.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cascade.audio_features import features_of
+from domains.speech.audio_features import features_of
 from models.asr.model import Alphabet
 
 SILENCE = math.log(1e-6)
@@ -192,11 +192,11 @@ class Augmentation:
 
 
 FRAME_S = 0.010
-"""Feature hop (:func:`cascade.audio_features.log_mel`)."""
+"""Feature hop (:func:`domains.speech.audio_features.log_mel`)."""
 
 
 def _mel_centres(n_mels: int, rate: int = 16_000) -> np.ndarray:
-    """Centre frequencies (Hz) of the filterbank's bins (as :func:`~cascade.audio_features.
+    """Centre frequencies (Hz) of the filterbank's bins (as :func:`~domains.speech.audio_features.
     mel_filterbank` spaces them)."""
     top = 2595.0 * np.log10(1.0 + (rate / 2) / 700.0)
     bottom = 2595.0 * np.log10(1.0 + 20.0 / 700.0)

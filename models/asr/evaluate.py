@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cascade.audio_features import HUMAN_VOICE_PREFIX, language_group
+from domains.speech.audio_features import HUMAN_VOICE_PREFIX, language_group
 from models.asr.artifact import AsrArtifact, load_artifact
 from models.asr.corpus import Utterances, load_split
 from models.asr.inference import decode, log_probs_of
@@ -42,8 +42,8 @@ SOURCES = ("synthetic", "people")
 
 
 def source_of(voice: str) -> str:
-    """``people`` for recordings of people (:data:`~cascade.audio_features.HUMAN_VOICE_PREFIX`),
-    else ``synthetic``."""
+    """``people`` for recordings of people
+    (:data:`~domains.speech.audio_features.HUMAN_VOICE_PREFIX`), else ``synthetic``."""
     return "people" if voice.startswith(HUMAN_VOICE_PREFIX) else "synthetic"
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from cascade.audio_features import language_group
+from domains.speech.audio_features import language_group
 
 BLANK = 0
 """CTC blank id; characters are 1..len(alphabet)."""

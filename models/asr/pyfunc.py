@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 from mlflow.pyfunc.model import PythonModel, PythonModelContext
 
-from cascade.audio_features import SAMPLE_RATE, decode_wav, log_mel, resample
+from domains.speech.audio_features import SAMPLE_RATE, decode_wav, log_mel, resample
 from models.asr.artifact import AsrArtifact, load_artifact
 from models.asr.inference import transcribe
 from models.asr.model import ConvDFSMN

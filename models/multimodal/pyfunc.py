@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 from mlflow.pyfunc.model import PythonModel, PythonModelContext
 
-from cascade.caption_tokenizer import CaptionTokenizer
+from domains.captions.tokenizer import CaptionTokenizer
 from models.multimodal.model import ImageTextTransformer
 from models.multimodal.pairs import draw
 from models.multimodal.stored import caption_tokens, load_stored_model

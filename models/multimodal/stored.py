@@ -8,7 +8,7 @@ A registered version's folder (artifact ``model`` of its training run) holds
 - ``model_config.json``: the :class:`~models.multimodal.model.MultimodalConfig` it was built with
   (its vocabulary widened to its corpus's tokenizer);
 - ``tokenizer.json``: the caption tokenizer of the corpus it was trained on
-  (:mod:`cascade.caption_tokenizer`);
+  (:mod:`domains.captions.tokenizer`);
 - ``digests.json``: the sha256 of each of those files, checked before any of them is read;
 - ``result.json``: the training's figures.
 
@@ -40,10 +40,10 @@ from typing import Any
 import torch
 
 from cascade.artifacts import sha256_file
-from cascade.caption_tokenizer import CaptionTokenizer
 from cascade.config import Settings
 from cascade.results import write_result
 from cascade.training.launch import init_distributed, launch_for_result
+from domains.captions.tokenizer import CaptionTokenizer
 from models.multimodal.model import PAD, ImageTextTransformer, MoEConfig, MultimodalConfig
 from models.multimodal.pairs import SPLITS, Pairs, corpus_vocab_size, load_split
 

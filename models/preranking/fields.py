@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cascade.ctr_schema import ITEM_FEATURES, USER_FEATURES, USER_GENRE_FEATURES
+from domains.ctr.schema import ITEM_FEATURES, USER_FEATURES, USER_GENRE_FEATURES
 
 FieldKind = Literal["user", "item", "cross"]
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cascade.ctr_schema import LABEL
+from domains.ctr.schema import LABEL
 from models.preranking.config_registry import CascadeTrainConfig
 from models.preranking.fields import FIELDS, FIELDS_FILE, FieldEncoder, FieldSet
 

@@ -49,8 +49,8 @@ from cascade.artifacts import (
     verify,
 )
 from cascade.config import Settings, load_settings
-from cascade.ctr_schema import MODEL_FEATURES
 from cascade.registry import REGISTRY_META, version_by_alias
+from domains.ctr.schema import MODEL_FEATURES
 from models.preranking.config_registry import CascadeTrainConfig, TrainConfig
 from models.preranking.fields import FIELDS_FILE, FieldEncoder, FieldSet
 from models.preranking.model import ColdPreRanker, PreRanker
@@ -93,7 +93,7 @@ def frame_inputs(frame: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor, torch
     if missing:
         raise ValueError(
             f"pre-ranking input lacks columns {missing}; it needs user_id, item_id and "
-            "cascade.ctr_schema.MODEL_FEATURES"
+            "domains.ctr.schema.MODEL_FEATURES"
         )
     dense = torch.from_numpy(frame[list(MODEL_FEATURES)].to_numpy(dtype=np.float32))
     user = torch.from_numpy(frame["user_id"].to_numpy(dtype=np.int64))

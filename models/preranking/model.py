@@ -1,6 +1,6 @@
 """The pre-ranking network: a plain ``nn.Module``, no distributed code.
 
-Inputs are raw feature values in :data:`cascade.ctr_schema.MODEL_FEATURES` order plus the ids;
+Inputs are raw feature values in :data:`domains.ctr.schema.MODEL_FEATURES` order plus the ids;
 the module applies ``log1p`` to counts and standardizes with statistics fitted on the training
 set (held as buffers, so they travel with the state dict).
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cascade.ctr_schema import COUNT_FEATURES, MODEL_FEATURES
+from domains.ctr.schema import COUNT_FEATURES, MODEL_FEATURES
 from models.preranking.fields import FIELDS, ID_FIELDS, FieldSet
 
 

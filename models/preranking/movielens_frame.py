@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cascade.ctr_schema import LABEL, MODEL_FEATURES, TIMESTAMP
+from domains.ctr.schema import LABEL, MODEL_FEATURES, TIMESTAMP
 
 CLICK_MIN_RATING = 4.0
 PRIOR_STRENGTH = 20.0

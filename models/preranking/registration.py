@@ -63,7 +63,7 @@ def held_out_rows(lake: Lake, ds: str, test_fraction: float) -> Any:
 def unread_columns(loaded: Any, rows: Any) -> list[str]:
     """The columns a loaded model reads that ``rows`` lack: its field set's (the FSCD
     pre-ranker) or the dense contract's (the plain one)."""
-    from cascade.ctr_schema import MODEL_FEATURES
+    from domains.ctr.schema import MODEL_FEATURES
 
     encoder = getattr(loaded, "encoder", None)
     names = encoder.fields.names if encoder is not None else MODEL_FEATURES

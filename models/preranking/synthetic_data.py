@@ -1,7 +1,7 @@
 """Synthetic pre-ranking training frames with a known, learnable click signal.
 
 The frame follows the training-set contract (``user_id``, ``item_id``, ``genre``,
-``event_timestamp``, ``click``, then :data:`cascade.ctr_schema.MODEL_FEATURES`), so tests and
+``event_timestamp``, ``click``, then :data:`domains.ctr.schema.MODEL_FEATURES`), so tests and
 benchmarks can train at any scale without the feature pipeline. Clicks are drawn from
 ``sigmoid(user propensity + item quality + user x genre affinity)``; the CTR features are noisy
 estimates of those three terms, so a model that reads them beats AUC 0.5 by a wide margin.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from cascade.ctr_schema import LABEL, MODEL_FEATURES, TIMESTAMP
+from domains.ctr.schema import LABEL, MODEL_FEATURES, TIMESTAMP
 
 GENRES = ("Action", "Comedy", "Drama", "Horror", "Romance", "Sci-Fi", "Thriller")
 
@@ -83,7 +83,7 @@ def synthetic_training_frame(
         "ug_ctr": g_ctr,
     }
     if tuple(features) != MODEL_FEATURES:
-        raise RuntimeError("synthetic features are out of step with cascade.ctr_schema")
+        raise RuntimeError("synthetic features are out of step with domains.ctr.schema")
     frame = pd.DataFrame(
         {
             "user_id": (user + 1).astype(np.int64),

@@ -43,7 +43,6 @@ from torch.utils.data import TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from cascade.config import Settings, load_settings
-from cascade.ctr_schema import LABEL, MODEL_FEATURES, TIMESTAMP
 from cascade.lake import Lake, check_ds
 from cascade.progress import Progress
 from cascade.results import write_result
@@ -60,6 +59,7 @@ from cascade.training.curves import CURVES_DIR, CurveLog
 from cascade.training.deepspeed_config import deepspeed_config as build_deepspeed_config
 from cascade.training.launch import init_distributed, launch_for_result
 from cascade.training.resumable_run import RUN_MARKER, open_resumable_run, use_experiment
+from domains.ctr.schema import LABEL, MODEL_FEATURES, TIMESTAMP
 from models.preranking.config_registry import (
     CONFIGS,
     TrainConfig,

@@ -137,8 +137,8 @@ def test_the_setup_writes_engine_partitions_a_catalogue_and_the_pipelines_traini
         write_engine_training_set,
     )
     from cascade.config import Settings
-    from cascade.ctr_catalogue import read_newest_catalogue
     from cascade.lake import TRAINING_PROVENANCE, Lake
+    from domains.ctr.catalogue import read_newest_catalogue
     from models.preranking.fields import FieldSet
     from models.preranking.synthetic_data import synthetic_training_frame
 

@@ -38,7 +38,9 @@ def test_usage_errors_exit_2_with_the_choices(
     assert main(["step", "train", "--pipeline", "ctr_cross", "--ds", "2026-11-22"]) == 2
     assert "choose one of log, stats, validate, feast" in error_line(capsys)
     assert main(["score", "--model", "preranking"]) == 2
-    assert "needs --user ID and --items" in error_line(capsys)
+    assert "--model preranking needs --user and --items" in error_line(capsys)
+    assert main(["score", "--model", "asr", "--user", "1"]) == 2
+    assert "--model asr needs --audio" in error_line(capsys)
     with pytest.raises(SystemExit) as parsed:
         main(["bench", "no-such-bench", "--out", "x.json"])
     assert parsed.value.code == 2
@@ -54,6 +56,23 @@ def test_a_step_before_its_input_exists_is_not_ready(
     # The gate never ran for this partition: publishing to Feast must wait for it.
     assert main(["step", "feast", "--pipeline", "ctr_cross", "--ds", "2026-11-22"]) == 3
     assert "run step 'validate' for ds=2026-11-22" in error_line(capsys)
+
+
+def test_a_step_needs_its_pipeline_named_only_when_several_pipelines_have_it(
+    no_stack: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `feast` is a ctr_cross step only: that pipeline runs it (not ready: its gate never ran).
+    assert main(["step", "feast", "--ds", "2026-11-22"]) == 3
+    assert "run step 'validate' for ds=2026-11-22" in error_line(capsys)
+    assert main(["step", "compile", "--ds", "2026-11-22"]) == 2
+    assert "asr, ctr_preranking each have a step 'compile'; pass --pipeline" in error_line(capsys)
+    assert main(["step", "nope", "--ds", "2026-11-22"]) == 2
+    assert "no pipeline has a step 'nope'" in error_line(capsys)
+    for command in (["score"], ["rollback"]):  # no model is the default one
+        with pytest.raises(SystemExit) as parsed:
+            main(command)
+        assert parsed.value.code == 2
+        assert "--model" in capsys.readouterr().err
 
 
 def test_no_server_is_not_ready_and_says_how_to_start_the_stack(

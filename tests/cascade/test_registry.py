@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from cascade.config import Settings, load_settings
-from cascade.ctr_schema import LABEL
 from cascade.lake import Lake
+from domains.ctr.schema import LABEL
 from models.preranking.config_registry import preranking_debug
 from models.preranking.inference import alias_version, frame_inputs, load_registered
 from models.preranking.model import PreRanker

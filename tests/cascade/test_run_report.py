@@ -69,12 +69,19 @@ def test_the_report_shows_each_steps_status_time_gate_curves_and_figures(
     assert steps["deploy"]["status"] == "not run" and steps["deploy"]["seconds"] is None
     # The MLflow run the train step named: its curve, not its one-point metric.
     assert [c["metrics"] for c in report["curves"]] == [["loss.teacher"]]
-    for name in (report["timings"], report["curves"][0]["file"], "figures/train-tradeoff.png"):
-        assert (out / name).read_bytes().startswith(PNG_MAGIC), name
+    assert (out / "figures/train-tradeoff.png").read_bytes().startswith(PNG_MAGIC)
+    # The timings and the curves are SVG drawn by the report: one bar per timed step (the
+    # failed one red), one line of the run's four points.
+    timings = (out / report["timings"]).read_text()
+    assert timings.startswith("<svg") and timings.count("<rect x=") == 4
+    assert "asr · compile" in timings and "#c0392b" in timings
+    curve = (out / report["curves"][0]["file"]).read_text()
+    assert curve.startswith("<svg") and "loss.teacher" in curve
+    assert len(curve.split("<polyline points='")[1].split("'")[0].split()) == 4
     page = (out / "index.html").read_text()
     assert "FAILED" in page and "the log for 2026-11-22 is empty" in page
     assert "second line" not in page
-    assert "<img src='figures/train-tradeoff.png'" in page and "timings.png" in page
+    assert "<img src='figures/train-tradeoff.png'" in page and "timings.svg" in page
 
 
 def test_values_from_the_lake_are_escaped_and_a_dead_tracking_server_is_a_note(
@@ -138,7 +145,7 @@ def test_a_runs_report_is_logged_to_mlflow_tagged_with_its_airflow_run_and_a_ret
     }
     assert run.data.metrics["steps_ok"] == 1
     logged = {a.path for a in client.list_artifacts(first["run_id"], "report")}
-    assert {"report/index.html", "report/report.json", "report/timings.png"} <= logged
+    assert {"report/index.html", "report/report.json", "report/timings.svg"} <= logged
     report = json.loads(Path(first["index"]).with_name("report.json").read_text())
     assert report["pipelines"] == ["ctr_monitor"] and report["figures"] == []
     # No web server behind a sqlite store: the link is the lake's copy.

@@ -9,6 +9,7 @@ from cascade.config import REPO_ROOT
 
 PACKAGES = (
     "cascade",
+    "domains",
     "jobs",
     "models",
     "serving",
@@ -24,7 +25,7 @@ NAME = re.compile(r"^CASCADE_[A-Z0-9_]+$")
 ALLOWED: set[tuple[str, str]] = set()
 """(file, variable) pairs that may read a variable directly: none today. Modules that set
 variables for child processes (``infra/stack.py``, ``benchmarks/serving_load.py``,
-``benchmarks/registry.py``, ``benchmarks/event_delivery.py``, ``cascade/feature_store.py``,
+``benchmarks/registry.py``, ``benchmarks/event_delivery.py``, ``domains/ctr/feature_store.py``,
 ``models/preranking/train.py``) only write them, which this scan allows."""
 
 

@@ -30,7 +30,7 @@ def test_impressions_event_runs_the_whole_cross_dag(cross_run: dict) -> None:
 
 
 def test_the_online_store_serves_the_published_partition(stack: Settings, cross_run: dict) -> None:
-    from cascade.feature_store import feature_store, online_cross_features
+    from domains.ctr.feature_store import feature_store, online_cross_features
 
     features = pd.read_parquet(cross_run["stats"]["paths"]["seg_item"]).head(10)
     keys = features[["user_segment", "item_id"]].to_dict("records")

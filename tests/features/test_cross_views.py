@@ -11,9 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cascade import feature_store as fs
 from cascade.config import Settings
 from cascade.lake import Lake
+from features.ctr import cross_views
+from jobs import ctr_cross_features as cf
 from jobs import ctr_cross_stats as job
 
 
@@ -45,7 +46,7 @@ def write_partition(lake: Lake, pair: job.CrossPair, ds: str, keys: dict, value:
 def test_cross_views_have_composite_keys_and_a_versioned_service(tmp_path: Path) -> None:
     from feast import FeatureService, FeatureView
 
-    objects = fs.cross_repo_objects(settings=Settings(home=tmp_path))
+    objects = cross_views.repo_objects(settings=Settings(home=tmp_path))
     views = {o.name: o for o in objects if isinstance(o, FeatureView)}
     assert sorted(views["cross_user_cat"].entities) == ["item_category", "user"]
     assert sorted(views["cross_item_pos"].entities) == ["item", "position"]
@@ -53,7 +54,7 @@ def test_cross_views_have_composite_keys_and_a_versioned_service(tmp_path: Path)
         job.feature_columns(job.USER_CAT, (1, 7, 30))
     )
     (service,) = [o for o in objects if isinstance(o, FeatureService)]
-    assert service.name == fs.CROSS_FEATURE_SERVICE == "ctr_cross_v2"
+    assert service.name == cross_views.CROSS_FEATURE_SERVICE == "ctr_cross_v2"
     assert {p.name for p in service.feature_view_projections} == set(views)
 
 
@@ -83,7 +84,7 @@ def test_point_in_time_retrieval_never_reads_a_later_partition(tmp_path: Path) -
         }
     )
 
-    found = fs.cross_features_at(rows, "user_cat", settings=settings)
+    found = cf.cross_features_at(rows, "user_cat", settings=settings)
 
     merged = rows.merge(
         found, on=["user_id", "item_category", "event_timestamp"], how="left", validate="1:1"

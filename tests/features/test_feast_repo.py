@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from cascade import feature_store as fs
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake
+from domains.ctr import feature_store as fs
+from features.ctr import cross_views
 
 FEAST = Path(sys.executable).with_name("feast")
 PAIRS = ("user", "item", "seg_cat", "user_cat", "seg_item", "ctx_item", "item_pos")
@@ -38,7 +39,7 @@ def test_repo_folder_holds_only_definition_modules() -> None:
 def test_entities_are_keyed_by_the_log_columns(tmp_path: Path) -> None:
     from feast import Entity, ValueType
 
-    objects = fs.cross_repo_objects(settings=Settings(home=tmp_path))
+    objects = cross_views.repo_objects(settings=Settings(home=tmp_path))
     entities = {o.name: o for o in objects if isinstance(o, Entity)}
     assert {n: (e.join_key, e.value_type) for n, e in entities.items()} == {
         "user": ("user_id", ValueType.INT64),
@@ -54,7 +55,7 @@ def test_sources_follow_the_profile_and_read_the_pair_folder(tmp_path: Path) -> 
     from feast import FileSource
     from feast.infra.offline_stores.contrib.spark_offline_store.spark_source import SparkSource
 
-    cross = fs.repo_module("ctr.cross_views")
+    cross = cross_views
     lake = Lake(tmp_path / "lake")
     folder = str(lake.root / "features" / "ctr_cross" / "generated" / "user")
     local = cross.cross_source("user", settings=Settings(home=tmp_path))

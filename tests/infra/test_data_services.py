@@ -12,7 +12,7 @@ import pytest
 
 from cascade import data_services
 from cascade.config import FeatureStoreSettings, Ports, Settings
-from cascade.feature_store import repo_config
+from domains.ctr.feature_store import repo_config
 from infra import stack
 
 

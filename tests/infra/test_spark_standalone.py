@@ -55,10 +55,10 @@ def stop_active_session() -> None:
 
 
 def test_executors_on_both_workers_write_the_online_store(stack: Settings) -> None:
-    from cascade import feature_store as fs
+    from jobs import ctr_cross_features as cf
     from jobs.ctr_cross_stats import build_session
     from jobs.online_materialize import SparkViewLoader
-    from tests.cascade.test_online_bulk import DS1
+    from tests.domains.ctr.test_online_bulk import DS1
     from tests.jobs.test_online_materialize import CHOSEN, cluster_home, stack_client
 
     # A state folder of its own (lake, registry) with the stack's Redis password file.
@@ -72,7 +72,7 @@ def test_executors_on_both_workers_write_the_online_store(stack: Settings) -> No
         while len(tracker.getExecutorInfos()) < 3 and time.monotonic() < deadline:
             time.sleep(0.2)
         loader = SparkViewLoader(spark, settings, partitions=4)
-        run = fs.materialize_cross(DS1, settings=settings, pairs=list(CHOSEN), loader=loader)
+        run = cf.materialize_cross(DS1, settings=settings, pairs=list(CHOSEN), loader=loader)
     finally:
         spark.stop()
     assert run["engine"] == "spark" and run["rows"] == 2 * 60

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cascade.audio_features import (
+from domains.speech.audio_features import (
     LANGUAGE_VOCABULARIES,
     SAMPLE_RATE,
     VOCABULARY,

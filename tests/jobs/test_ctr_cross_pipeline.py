@@ -27,7 +27,7 @@ DS, NEXT_DS = "2026-11-22", "2026-11-23"
 
 
 def online(pair: str, keys: list[dict]) -> pd.DataFrame:
-    from cascade.feature_store import feature_store, online_cross_features
+    from domains.ctr.feature_store import feature_store, online_cross_features
 
     return online_cross_features(feature_store(load_settings()), pair, keys)
 

@@ -144,7 +144,8 @@ def test_a_landed_log_declares_its_source_and_keeps_its_name_everywhere(
     assert published["feature_views"] == [
         f"cross_{p}" for p in ("user", "item", "seg_cat", "user_cat", "seg_item")
     ]
-    from cascade.feature_store import cross_features_at, feature_store, online_cross_features
+    from domains.ctr.feature_store import feature_store, online_cross_features
+    from jobs.ctr_cross_features import cross_features_at
 
     key = written.iloc[0]
     online = online_cross_features(

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from cascade.audio_features import (
+from domains.speech.audio_features import (
     MIN_SECONDS,
     CorpusConfig,
     WavError,

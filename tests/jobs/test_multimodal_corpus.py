@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from cascade.caption_tokenizer import BOS, EOS, CaptionTokenizer
+from domains.captions.tokenizer import BOS, EOS, CaptionTokenizer
 from jobs.multimodal_corpus import (
     CorpusConfig,
     build_corpus,

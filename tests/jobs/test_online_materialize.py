@@ -14,14 +14,16 @@ import pytest
 import redis
 
 from benchmarks.online_materialize import settings_over_stack
-from cascade import feature_store as fs
 from cascade.config import FeatureStoreSettings, Settings
 from cascade.data_services import redis_connection, redis_password_file
 from cascade.lake import Lake
+from domains.ctr import feature_store as fs
+from features.ctr import cross_views
+from jobs import ctr_cross_features as cf
 from jobs import ctr_cross_stats as job
 from jobs import online_materialize as om
-from tests.cascade import test_online_bulk_redis
-from tests.cascade.test_online_bulk import DS1, PAIRS, write_partition
+from tests.domains.ctr import test_online_bulk_redis
+from tests.domains.ctr.test_online_bulk import DS1, PAIRS, write_partition
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
@@ -62,7 +64,7 @@ def test_executors_write_what_feast_reads_back_and_what_the_bulk_engine_writes(
     try:
         loader = om.SparkViewLoader(spark, settings, partitions=2)
         assert loader.target.password_file and "password=" not in loader.target.connection
-        run = fs.materialize_cross(DS1, settings=settings, pairs=list(CHOSEN), loader=loader)
+        run = cf.materialize_cross(DS1, settings=settings, pairs=list(CHOSEN), loader=loader)
         assert run["engine"] == "spark" and run["rows"] == 2 * 60
         by_spark = hashes(client)
         assert len(by_spark) == 2 * 60
@@ -89,7 +91,7 @@ def test_executors_write_what_feast_reads_back_and_what_the_bulk_engine_writes(
 
         # The same partition by the single-process bulk engine: the same bytes.
         client.flushdb()
-        bulk = fs.materialize_cross(DS1, settings=settings, pairs=list(CHOSEN), engine="bulk")
+        bulk = cf.materialize_cross(DS1, settings=settings, pairs=list(CHOSEN), engine="bulk")
         assert bulk["rows"] == run["rows"]
         assert hashes(client) == by_spark
     finally:
@@ -102,7 +104,7 @@ def test_a_wrong_password_stops_the_load_naming_the_file(
 ) -> None:
     good = cluster_home(stack_redis, tmp_path / "good")
     store = fs.feature_store(good)
-    store.apply(fs.cross_repo_objects(settings=good))
+    store.apply(cross_views.repo_objects(settings=good))
     view = store.get_feature_view("cross_seg_cat")
     folder = job.CrossLake(Lake(good.lake_root), "generated").pair(PAIRS["seg_cat"], DS1)
     bad = cluster_home(stack_redis, tmp_path / "bad", password="not-the-password")

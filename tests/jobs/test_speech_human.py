@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cascade.audio_features import CorpusConfig, decode_wav
+from domains.speech.audio_features import CorpusConfig, decode_wav
 from jobs.audio_corpus import split_of
 from jobs.speech_human import caption, clips, english_caption, english_clips, land_human, voice_of
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from cascade.audio_features import SAMPLE_RATE, CorpusConfig
+from domains.speech.audio_features import SAMPLE_RATE, CorpusConfig
 from jobs.audio_corpus import process_one
 from jobs.speech_landing import (
     SPEECH_FORMATS,

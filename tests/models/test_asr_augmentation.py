@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from cascade.audio_features import SAMPLE_RATE, log_mel
+from domains.speech.audio_features import SAMPLE_RATE, log_mel
 from models.asr.config_registry import get_config
 from models.asr.corpus import (
     Augmentation,

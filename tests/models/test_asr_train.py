@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
-from cascade.audio_features import CorpusConfig
 from cascade.config import Settings
 from cascade.training.crash_points import CRASH_ENV
+from domains.speech.audio_features import CorpusConfig
 from jobs.audio_corpus import process_one
 from jobs.speech_synth import synthesize, utterance_spec, write_wav
 from models.asr.artifact import load_artifact

@@ -210,7 +210,7 @@ def test_configs_are_validated() -> None:
 def test_stored_model_keeps_its_tokenizer_and_refuses_changed_or_missing_files(
     tmp_path: Path,
 ) -> None:
-    from cascade.caption_tokenizer import CaptionTokenizer
+    from domains.captions.tokenizer import CaptionTokenizer
     from models.multimodal import stored
 
     corpus, final = tmp_path / "corpus", tmp_path / "final"

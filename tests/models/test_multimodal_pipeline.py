@@ -12,11 +12,11 @@ import mlflow
 import pandas as pd
 import pytest
 
-from cascade.caption_tokenizer import CaptionTokenizer
 from cascade.config import Settings
 from cascade.errors import NothingLanded
 from cascade.lake import Lake
 from cascade.landing import land
+from domains.captions.tokenizer import CaptionTokenizer
 from jobs.multimodal_corpus_gate import MultimodalGateFailed
 from pipelines import multimodal as pipeline
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from cascade.config import Settings
-from cascade.ctr_schema import LABEL, TIMESTAMP
 from cascade.training.crash_points import CRASH_ENV, CRASH_NODE_ENV
+from domains.ctr.schema import LABEL, TIMESTAMP
 from models.preranking.cascade_train import launch_cascade
 from models.preranking.config_registry import (
     CASCADE_CONFIGS,

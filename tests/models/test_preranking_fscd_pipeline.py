@@ -15,8 +15,8 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from cascade.config import Settings
-from cascade.ctr_schema import LABEL
 from cascade.lake import Lake
+from domains.ctr.schema import LABEL
 from models.preranking.cascade_train import (
     CHECKPOINT_EVERY_ENV,
     checkpoint_every_override,

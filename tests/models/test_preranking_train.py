@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from cascade.config import Settings
-from cascade.ctr_schema import LABEL, MODEL_FEATURES, TIMESTAMP
 from cascade.lake import Lake
 from cascade.training.checkpoints import CHECKPOINTS
 from cascade.training.crash_points import CRASH_ENV, crash_point
 from cascade.training.resumable_run import RUN_MARKER
+from domains.ctr.schema import LABEL, MODEL_FEATURES, TIMESTAMP
 from models.preranking.config_registry import preranking_debug
 from models.preranking.inference import build_model, frame_inputs, load_model_dir
 from models.preranking.model import PreRanker

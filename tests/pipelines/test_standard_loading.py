@@ -25,10 +25,10 @@ import pytest
 import torch
 
 from cascade.artifacts import DIGESTS_TAG
-from cascade.audio_features import SAMPLE_RATE, decode_wav, log_mel
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake
 from cascade.registry import add_pyfunc_files, download_verified
+from domains.speech.audio_features import SAMPLE_RATE, decode_wav, log_mel
 from models.preranking.inference import load_version, score_frame
 from models.preranking.registration import register_and_promote
 from pipelines import asr as asr_pipeline
@@ -140,7 +140,7 @@ def _stored_moe_model(final: Path, corpus: Path) -> torch.nn.Module:
     and one file per MoE layer and expert), with its config and its corpus's tokenizer."""
     from deepspeed.moe.layer import MoE
 
-    from cascade.caption_tokenizer import CaptionTokenizer
+    from domains.captions.tokenizer import CaptionTokenizer
     from models.multimodal.model import ImageTextTransformer, MoEConfig, MultimodalConfig
     from models.multimodal.pyfunc import example_frame
     from models.multimodal.stored import MODULE_STATES, save_model_files

@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from cascade.config import Settings
-from cascade.online_cross import CrossFeatureSource
+from domains.ctr.online_cross import CrossFeatureSource
 from jobs import ctr_cross_stats as engine
 from jobs.ctr_training_set import SERVED_PAIRS, declarations
 from models.preranking.fields import FIELDS, ID_FIELDS, FieldEncoder, FieldSet

@@ -12,13 +12,13 @@ import pytest
 from kserve.errors import InvalidInput
 
 from cascade.config import Ports, ServingSettings, Settings, load_settings
-from cascade.v2_codec import (
+from serving.guard import GuardPolicy, RequestGuard, ServingSetupError, host_of
+from serving.v2_codec import (
     MalformedRequest,
     check_request_id,
     decode_binary_request,
     decode_v2_tensors,
 )
-from serving.guard import GuardPolicy, RequestGuard, ServingSetupError, host_of
 
 INFER = "/v2/models/m/infer"
 JSON = [(b"content-type", b"application/json")]

@@ -27,10 +27,11 @@ from kserve import InferRequest
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferInput
 
-from cascade import feature_store as fs
 from cascade.config import Settings
 from cascade.lake import Lake
-from cascade.online_cross import CrossFeatureSource, OnlineCrossReader, cross_feature_sources
+from domains.ctr import feature_store as fs
+from domains.ctr.online_cross import CrossFeatureSource, OnlineCrossReader, cross_feature_sources
+from jobs import ctr_cross_features as cf
 from jobs import ctr_cross_stats as job
 from serving.online_fields import OnlineFieldPlan
 from serving.preranking import PreRankingModel, ServingConfig
@@ -95,7 +96,7 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         patch.delenv("CASCADE_PROFILE", raising=False)
         settings = Settings(home=home)
         write_user_cat_partition(settings)
-        fs.materialize_cross(DS, settings=settings, pairs=["user_cat"])
+        cf.materialize_cross(DS, settings=settings, pairs=["user_cat"])
         yield settings
 
 
@@ -294,7 +295,7 @@ def test_the_served_values_equal_the_offline_point_in_time_values(
     finally:
         version.scorer.logits = logits
         clock.now = SERVED_AT
-    offline = fs.cross_features_at(pd.DataFrame(rows), "user_cat", settings=settings)
+    offline = cf.cross_features_at(pd.DataFrame(rows), "user_cat", settings=settings)
     offline = pd.DataFrame(rows).merge(
         offline.drop_duplicates(["user_id", "item_category", "event_timestamp"]),
         on=["user_id", "item_category", "event_timestamp"],

@@ -3,9 +3,9 @@ as it is in the training set, although the online store still holds its older ro
 
 Two ``user_cat`` partitions in the engine's layout, the second without some keys of the first
 and with keys of its own, are loaded into a private SQLite online store one after the other
-(``materialize_cross``); the server's reader (:class:`cascade.online_cross.OnlineCrossReader`),
+(``materialize_cross``); the server's reader (:class:`domains.ctr.online_cross.OnlineCrossReader`),
 the training set's join (:func:`jobs.ctr_training_set.training_set`) and the offline point in
-time join (:func:`cascade.feature_store.cross_features_at`) must answer the same for every key.
+time join (:func:`jobs.ctr_cross_features.cross_features_at`) must answer the same for every key.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cascade import feature_store as fs
 from cascade.config import Settings
 from cascade.lake import Lake
-from cascade.online_cross import OnlineCrossReader
+from domains.ctr import feature_store as fs
+from domains.ctr.online_cross import OnlineCrossReader
+from jobs import ctr_cross_features as cf
 from jobs import ctr_cross_stats as job
 from jobs.ctr_training_set import training_set
 
@@ -111,7 +112,7 @@ def test_a_key_that_left_the_window_is_missing_online_as_in_training(settings: S
     keys = every_key()
     left = [k for k in keys if k in KEYS[DS1] and k not in KEYS[DS2]]
     assert left
-    fs.materialize_cross(DS1, settings=settings, pairs=["user_cat"])
+    cf.materialize_cross(DS1, settings=settings, pairs=["user_cat"])
     reader = OnlineCrossReader(fs.feature_store(settings), clock=lambda: AT, refresh_s=3600)
     # Before DS2 is loaded the request reads DS1 (within the views' two-day ttl): what a
     # training row reads when its day's partition lags one day.
@@ -119,7 +120,7 @@ def test_a_key_that_left_the_window_is_missing_online_as_in_training(settings: S
     np.testing.assert_array_equal(before, trained_on(keys, (DS1,), lag=1))
     assert np.isfinite(before[keys.index(left[0])]).all()
 
-    fs.materialize_cross(DS2, settings=settings, pairs=["user_cat"])
+    cf.materialize_cross(DS2, settings=settings, pairs=["user_cat"])
     # The store still holds the left keys' DS1 rows; a reader trusting the newest partition
     # it read before the load answers with them until it re-reads the registry.
     assert np.isfinite(served(reader, left)).all()
@@ -140,12 +141,12 @@ def test_a_key_that_left_the_window_is_missing_online_as_in_training(settings: S
         }  # fmt: skip
     )
     offline = rows.merge(
-        fs.cross_features_at(rows, "user_cat", settings=settings),
+        cf.cross_features_at(rows, "user_cat", settings=settings),
         on=["user_id", "item_category", "event_timestamp"],
         how="left",
     )
     np.testing.assert_array_equal(offline[list(FEATURES)].to_numpy(np.float64), want)
 
     # Loading the older partition again (a backfill) does not bring the left keys back.
-    fs.materialize_cross(DS1, settings=settings, pairs=["user_cat"])
+    cf.materialize_cross(DS1, settings=settings, pairs=["user_cat"])
     np.testing.assert_array_equal(served(reader, keys), want)

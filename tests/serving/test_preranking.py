@@ -22,12 +22,12 @@ from kserve.protocol.infer_type import InferInput
 from serving_fakes import CATALOG, CROSS_FIELD, ENGINE_FIELDS, EngineStore
 
 from cascade.config import Settings
-from cascade.ctr_schema import ITEM_GENRE
-from cascade.v2_codec import MalformedRequest, decode_v2_json
+from domains.ctr.schema import ITEM_GENRE
 from serving.cold_scorer import CompiledColdScorer
 from serving.item_table import ItemTable
 from serving.preranking import PreRankingModel, ServingConfig, parse_request
 from serving.served_version import ServedVersion
+from serving.v2_codec import MalformedRequest, decode_v2_json
 
 
 def request(*inputs: InferInput, request_id: str | None = None) -> InferRequest:

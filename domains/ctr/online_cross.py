@@ -8,12 +8,12 @@ whose features carry the same names and whose join keys are the pair's key colum
 (``jobs.ctr_training_set``). So a model field ``f`` is served online by the ``cross_*`` view
 that has a feature named ``f``, keyed by that view's join keys:
 :func:`cross_feature_sources` reads that mapping off the store's registry (the views the store
-was applied with, so only what :func:`cascade.feature_store.materialize_cross` can load).
+was applied with, so only what :func:`jobs.ctr_cross_features.materialize_cross` can load).
 
 :class:`OnlineCrossReader` reads some features of one view for a batch of keys in ONE call of
-the online store (SQLite locally: a packed view, :mod:`cascade.online_packed`, is read as one
+the online store (SQLite locally: a packed view, :mod:`domains.ctr.online_packed`, is read as one
 float matrix without per-value objects; Redis in the cluster profile) and answers as the
-training set and the offline point-in-time join (:func:`cascade.feature_store.cross_features_at`)
+training set and the offline point-in-time join (:func:`jobs.ctr_cross_features.cross_features_at`)
 do, so a request at time ``t`` sees the values a training row at ``t`` saw:
 
 * the engine's partitions are snapshots: a key absent from the newest partition loaded into the
@@ -226,10 +226,10 @@ class OnlineCrossReader:
         features: Sequence[str],
         oldest: dt.datetime | None,
     ) -> np.ndarray | None:
-        """The same answer straight from a packed view (:mod:`cascade.online_packed`): keys
+        """The same answer straight from a packed view (:mod:`domains.ctr.online_packed`): keys
         serialized from fixed parts, one query, payloads decoded as one array; None when the
         view is not stored packed."""
-        from cascade.online_packed import PackedSqliteOnlineStore, wants_packed
+        from domains.ctr.online_packed import PackedSqliteOnlineStore, wants_packed
 
         if not (isinstance(self.online_store, PackedSqliteOnlineStore) and wants_packed(table)):
             return None

@@ -608,7 +608,7 @@ class SqliteBulkWriter(_ViewWriter):
 def packed_columns(
     batch: pa.RecordBatch, types: list[tuple[str, str]]
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each feature of ``batch`` as the packed layout stores it (:mod:`cascade.online_packed`):
+    """Each feature of ``batch`` as the packed layout stores it (:mod:`domains.ctr.online_packed`):
     values (float64 or int64) and presence, with NaN absent as Feast writes it."""
     values: list[np.ndarray] = []
     present: list[np.ndarray] = []
@@ -649,7 +649,7 @@ gave no more at 3M rows); ~100 MB of Python objects per run."""
 
 
 class PackedBulkWriter(_ViewWriter):
-    """Loads Arrow batches of one view tagged packed into :mod:`cascade.online_packed`'s table:
+    """Loads Arrow batches of one view tagged packed into :mod:`domains.ctr.online_packed`'s table:
     one SQL row per entity. Batches are encoded column by column (keys, one payload record per
     row) into runs of :data:`PACKED_RUN_ROWS`, each sorted by key in Arrow and written by one
     ``executemany`` in one transaction while the next run is encoded on a second thread."""
@@ -657,7 +657,7 @@ class PackedBulkWriter(_ViewWriter):
     def __init__(self, store: Any, view: Any) -> None:
         from feast.infra.online_stores.sqlite import SqliteOnlineStore
 
-        from cascade import online_packed
+        from domains.ctr import online_packed
 
         super().__init__(store, view)
         config = store.config
@@ -672,7 +672,7 @@ class PackedBulkWriter(_ViewWriter):
         """``(rows, skipped)``: the batch's table rows as Arrow columns ``k`` (entity key),
         ``e`` / ``c`` (event and created time, µs), ``p`` (payload), in the batch's order,
         and the count of rows dropped for a missing key."""
-        from cascade import online_packed
+        from domains.ctr import online_packed
 
         keys, valid = encode_keys(batch, self.join_keys)
         skipped = int((~valid).sum())
@@ -698,11 +698,11 @@ class PackedBulkWriter(_ViewWriter):
 
     def _check_against_feast(self, batch: pa.RecordBatch, rows: pa.Table) -> None:
         """A sample of the batch through Feast's converter and the store's own packing
-        (:func:`cascade.online_packed.pack_protos`, what ``materialize`` writes) must give the
+        (:func:`domains.ctr.online_packed.pack_protos`, what ``materialize`` writes) must give the
         same rows byte for byte (else the load stops)."""
         from feast.utils import _convert_arrow_to_proto
 
-        from cascade import online_packed
+        from domains.ctr import online_packed
 
         if batch.num_rows == 0:
             return
@@ -942,7 +942,7 @@ def writer_for(store: Any, view: Any) -> SqliteBulkWriter | PackedBulkWriter | R
     (:class:`BulkUnsupported` for stores it does not write)."""
     from feast.infra.online_stores.redis import RedisOnlineStoreConfig
 
-    from cascade.online_packed import PackedSqliteOnlineStoreConfig, wants_packed
+    from domains.ctr.online_packed import PackedSqliteOnlineStoreConfig, wants_packed
 
     check_supported(store)
     if isinstance(store.config.online_store, RedisOnlineStoreConfig):

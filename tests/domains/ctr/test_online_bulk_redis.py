@@ -17,12 +17,14 @@ import redis
 import yaml
 from feast.repo_config import RepoConfig
 
-from cascade import feature_store as fs
-from cascade import online_bulk
 from cascade.config import FeatureStoreSettings, Settings
 from cascade.data_services import redis_connection
 from cascade.lake import Lake
-from tests.cascade.test_online_bulk import DS1, DS2, PAIRS, key_rows, same, write_partition
+from domains.ctr import feature_store as fs
+from domains.ctr import online_bulk
+from features.ctr import cross_views
+from jobs import ctr_cross_features as cf
+from tests.domains.ctr.test_online_bulk import DS1, DS2, PAIRS, key_rows, same, write_partition
 
 pytestmark = pytest.mark.cluster
 
@@ -97,14 +99,14 @@ def test_cluster_materialize_writes_redis_in_bulk_exactly_as_feast_does(
     write_days(feast_home)
     write_days(bulk_home)
     feast_store = feast_redis_store(feast_home, f"{redis_connection(stack_redis)},db=1")
-    feast_store.apply(fs.cross_repo_objects(settings=Settings(home=feast_home)))
+    feast_store.apply(cross_views.repo_objects(settings=Settings(home=feast_home)))
     views = [f"cross_{pair}" for pair in CHOSEN]
     cluster = cluster_settings(stack_redis, bulk_home, db=2)
     for ds in (DS1, DS2):
         feast_store.materialize(start_date=moment(ds), end_date=moment(ds), feature_views=views)
     # Day 1, day 2, then day 1 again: the older partition must not overwrite a newer key.
     for ds, rows in ((DS1, 45), (DS2, 30), (DS1, 45)):
-        run = fs.materialize_cross(ds, settings=cluster, pairs=list(CHOSEN), engine="bulk")
+        run = cf.materialize_cross(ds, settings=cluster, pairs=list(CHOSEN), engine="bulk")
         assert run["engine"] == "bulk" and run["rows"] == 2 * rows
 
     # Same keys, same fields, same bytes (values, missing values, timestamps).
@@ -138,7 +140,7 @@ def test_a_batch_that_differs_from_feast_is_refused_before_anything_is_written(
     write_days(home)
     cluster = cluster_settings(stack_redis, home, db=3)
     store = fs.feature_store(cluster)
-    store.apply(fs.cross_repo_objects(settings=cluster))
+    store.apply(cross_views.repo_objects(settings=cluster))
     view = store.get_feature_view("cross_seg_cat")
     folder = Lake(cluster.lake_root).root / "features/ctr_cross/generated/seg_cat" / f"dt={DS1}"
     real = online_bulk.encode_values

@@ -12,7 +12,7 @@ import pytest
 PROBE = """
 import json, resource, sys
 import torch
-from cascade.allocator import keep_freed_memory
+from serving.allocator import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else {"applied": False}
 again = keep_freed_memory() if sys.argv[1] == "keep" else applied
 def faults():
@@ -68,7 +68,7 @@ def test_switched_off_by_the_environment() -> None:
 
 
 def test_thresholds_must_be_sizes() -> None:
-    from cascade import allocator
+    from serving import allocator
 
     saved = allocator._applied
     allocator._applied = None

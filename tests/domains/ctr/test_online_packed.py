@@ -1,4 +1,4 @@
-"""The packed SQLite online store (``cascade.online_packed``): one row per entity for the cross
+"""The packed SQLite online store (``domains.ctr.online_packed``): one row per entity for the cross
 views, answering exactly as Feast's own layout, whichever path wrote it (Feast's
 ``materialize`` or the bulk writer), and read by the model server's reader without per-value
 objects."""
@@ -15,12 +15,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cascade import feature_store as fs
-from cascade import online_bulk, online_packed
 from cascade.config import Settings
 from cascade.lake import Lake
-from cascade.online_cross import OnlineCrossReader
-from tests.cascade.test_online_bulk import (
+from domains.ctr import feature_store as fs
+from domains.ctr import online_bulk, online_packed
+from domains.ctr.online_cross import OnlineCrossReader
+from features.ctr import cross_views
+from jobs import ctr_cross_features as cf
+from tests.domains.ctr.test_online_bulk import (
     DS1,
     DS2,
     PAIRS,
@@ -149,7 +151,7 @@ def test_a_view_tagged_packed_with_text_features_is_refused() -> None:
 def test_a_packed_store_answers_as_feasts_layout_whichever_path_wrote_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cross = fs.repo_module("ctr.cross_views")
+    cross = cross_views
     plain, bulk, through_feast = tmp_path / "plain", tmp_path / "bulk", tmp_path / "feast"
     ids = partitions(plain)
     partitions(bulk)
@@ -157,10 +159,10 @@ def test_a_packed_store_answers_as_feasts_layout_whichever_path_wrote_it(
     for ds in (DS1, DS2):
         with monkeypatch.context() as feast_layout:
             feast_layout.setattr(cross, "ONLINE_LAYOUT", "feast")
-            fs.materialize_cross(ds, settings=Settings(home=plain), engine="feast")
-        run = fs.materialize_cross(ds, settings=Settings(home=bulk))
+            cf.materialize_cross(ds, settings=Settings(home=plain), engine="feast")
+        run = cf.materialize_cross(ds, settings=Settings(home=bulk))
         assert run["engine"] == "bulk" and run["rows"] == sum(len(i[ds]) for i in ids.values())
-        fs.materialize_cross(ds, settings=Settings(home=through_feast), engine="feast")
+        cf.materialize_cross(ds, settings=Settings(home=through_feast), engine="feast")
 
     # One row per key in the packed stores, none in Feast's per-feature tables; the bulk
     # writer's rows are byte for byte what Feast's materialize wrote through the store.
@@ -217,11 +219,11 @@ def test_a_rerun_replaces_and_an_older_partition_never_overwrites_a_newer_one(
     home = tmp_path / "home"
     ids = partitions(home)
     settings = Settings(home=home)
-    fs.materialize_cross(DS2, settings=settings)
+    cf.materialize_cross(DS2, settings=settings)
     after_day2 = packed_tables(home)
-    fs.materialize_cross(DS2, settings=settings)
+    cf.materialize_cross(DS2, settings=settings)
     assert packed_tables(home) == after_day2
-    fs.materialize_cross(DS1, settings=settings)
+    cf.materialize_cross(DS1, settings=settings)
     after_day1 = packed_tables(home)
     for view, rows in after_day2.items():
         assert rows <= after_day1[view]
@@ -238,7 +240,7 @@ def test_a_batch_that_packs_differently_from_feast_is_refused_and_not_written(
     home = tmp_path / "home"
     settings = Settings(home=home)
     partitions(home)
-    fs.materialize_cross(DS1, settings=settings)
+    cf.materialize_cross(DS1, settings=settings)
     before = packed_tables(home)
     real = online_bulk.packed_columns
 
@@ -249,7 +251,7 @@ def test_a_batch_that_packs_differently_from_feast_is_refused_and_not_written(
 
     monkeypatch.setattr(online_bulk, "packed_columns", off_by_one)
     with pytest.raises(online_bulk.BulkEncodingMismatch, match="Feast's values"):
-        fs.materialize_cross(DS2, settings=settings)
+        cf.materialize_cross(DS2, settings=settings)
     assert packed_tables(home) == before
 
 
@@ -260,10 +262,10 @@ def test_a_view_whose_features_change_gets_a_new_table(
     home = tmp_path / "home"
     settings = Settings(home=home)
     partitions(home)
-    fs.materialize_cross(DS1, settings=settings, pairs=["seg_cat"])
+    cf.materialize_cross(DS1, settings=settings, pairs=["seg_cat"])
     old = [t for t in all_tables(home) if t.startswith("cascade_cross_seg_cat__packed_")]
     assert len(old) == 1
-    cross = fs.repo_module("ctr.cross_views")
+    cross = cross_views
     fewer = cross.cross_fields
 
     def without_decay(pair: str) -> list:
@@ -271,7 +273,7 @@ def test_a_view_whose_features_change_gets_a_new_table(
 
     monkeypatch.setattr(cross, "cross_fields", without_decay)
     store = fs.feature_store(settings)
-    store.apply(fs.cross_repo_objects(settings=settings))
+    store.apply(cross_views.repo_objects(settings=settings))
     new = [t for t in all_tables(home) if t.startswith("cascade_cross_seg_cat__packed_")]
     assert len(new) == 1 and new != old  # the old layout's rows are gone with its table
     answers = online_answers(home, "seg_cat", key_rows(home, "seg_cat"))
@@ -297,13 +299,13 @@ def test_a_view_whose_features_change_gets_a_new_table(
 
     # Back to Feast's layout: the packed table goes, Feast's table is there.
     monkeypatch.setattr(cross, "ONLINE_LAYOUT", "feast")
-    store.apply(fs.cross_repo_objects(settings=settings))
+    store.apply(cross_views.repo_objects(settings=settings))
     tables = all_tables(home)
     assert "cascade_cross_seg_cat" in tables
     assert not [t for t in tables if "__packed_" in t]
     # ... and packed again: Feast's stale per-feature table goes.
     monkeypatch.setattr(cross, "ONLINE_LAYOUT", "packed")
-    store.apply(fs.cross_repo_objects(settings=settings))
+    store.apply(cross_views.repo_objects(settings=settings))
     assert "cascade_cross_seg_cat" not in all_tables(home)
 
 

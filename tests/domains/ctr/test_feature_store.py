@@ -1,4 +1,4 @@
-"""cascade.feature_store's settings plumbing: every path under ``CASCADE_HOME``, the profiles'
+"""domains.ctr.feature_store's settings plumbing: every path under ``CASCADE_HOME``, the profiles'
 Feast configs, the materialization engine of each profile. Importing feast alone takes ~15 s
 here, so one materialized store is shared by the module.
 """
@@ -13,9 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cascade import feature_store as fs
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake
+from domains.ctr import feature_store as fs
+from jobs import ctr_cross_features as cf
 from jobs import ctr_cross_stats as job
 
 DS = "2026-01-15"
@@ -52,7 +53,7 @@ def settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
 
 @pytest.fixture(scope="module")
 def materialized(settings: Settings) -> dict:
-    return fs.materialize_cross(DS, settings=settings, pairs=["user"])
+    return cf.materialize_cross(DS, settings=settings, pairs=["user"])
 
 
 def test_everything_lives_under_cascade_home(settings: Settings, materialized: dict) -> None:
@@ -106,11 +107,11 @@ def test_cluster_offline_store_authenticates_to_the_stack_master(
 
 
 def test_the_cluster_profile_materializes_from_spark_executors(tmp_path: Path) -> None:
-    assert fs.default_materialize_engine(Settings(home=tmp_path)) == "bulk"
+    assert cf.default_materialize_engine(Settings(home=tmp_path)) == "bulk"
     cluster = Settings(home=tmp_path, profile="cluster")
-    assert fs.default_materialize_engine(cluster) == "spark"
+    assert cf.default_materialize_engine(cluster) == "spark"
     # The kernel starts no Spark: without the executors' loader the call says what to pass.
     with pytest.raises(ValueError, match="loader=jobs.online_materialize.SparkViewLoader"):
-        fs.materialize_cross(DS, settings=cluster)
+        cf.materialize_cross(DS, settings=cluster)
     with pytest.raises(ValueError, match="engine must be one of"):
-        fs.materialize_cross(DS, settings=cluster, engine="dask")
+        cf.materialize_cross(DS, settings=cluster, engine="dask")

@@ -1,4 +1,4 @@
-"""Bulk materialization into Feast's SQLite online store (``cascade.online_bulk``): the bytes
+"""Bulk materialization into Feast's SQLite online store (``domains.ctr.online_bulk``): the bytes
 equal Feast's own encoders, and a store loaded in bulk answers exactly as one loaded by
 ``FeatureStore.materialize`` (same SQL rows, same online answers, same registry intervals).
 
@@ -18,10 +18,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cascade import feature_store as fs
-from cascade import online_bulk
 from cascade.config import Settings
 from cascade.lake import Lake
+from domains.ctr import feature_store as fs
+from domains.ctr import online_bulk
+from features.ctr import cross_views
+from jobs import ctr_cross_features as cf
 from jobs import ctr_cross_stats as job
 
 DS1, DS2 = "2026-11-20", "2026-11-21"
@@ -37,7 +39,7 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(autouse=True)
 def feast_layout(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cross views untagged: Feast's own SQLite layout."""
-    monkeypatch.setattr(fs.repo_module("ctr.cross_views"), "ONLINE_LAYOUT", "feast")
+    monkeypatch.setattr(cross_views, "ONLINE_LAYOUT", "feast")
 
 
 # ------------------------------------------------------------------ encoders vs Feast's
@@ -230,8 +232,8 @@ def test_bulk_load_leaves_the_store_exactly_as_feast_materialize(tmp_path: Path)
     ids = partitions(feast_home)
     partitions(bulk_home)
     for ds in (DS1, DS2):
-        feast_run = fs.materialize_cross(ds, settings=Settings(home=feast_home), engine="feast")
-        bulk_run = fs.materialize_cross(ds, settings=Settings(home=bulk_home))
+        feast_run = cf.materialize_cross(ds, settings=Settings(home=feast_home), engine="feast")
+        bulk_run = cf.materialize_cross(ds, settings=Settings(home=bulk_home))
         assert feast_run["engine"] == "feast" and bulk_run["engine"] == "bulk"
         assert bulk_run["rows"] == sum(len(i[ds]) for i in ids.values())
 
@@ -278,11 +280,11 @@ def test_a_rerun_replaces_and_an_older_partition_never_overwrites_a_newer_one(
     home = tmp_path / "home"
     partitions(home)
     settings = Settings(home=home)
-    fs.materialize_cross(DS2, settings=settings)
+    cf.materialize_cross(DS2, settings=settings)
     after_day2 = table_rows(home)
-    fs.materialize_cross(DS2, settings=settings)  # same partition again: replaced, no duplicate
+    cf.materialize_cross(DS2, settings=settings)  # same partition again: replaced, no duplicate
     assert table_rows(home) == after_day2
-    fs.materialize_cross(DS1, settings=settings)  # older partition after the newer one
+    cf.materialize_cross(DS1, settings=settings)  # older partition after the newer one
     after_day1 = table_rows(home)
     for name, rows in after_day2.items():
         assert rows <= after_day1[name]  # every day-2 row is still there, untouched
@@ -298,7 +300,7 @@ def applied(home: Path, pair: str) -> tuple:
     settings = Settings(home=home)
     partitions(home)
     store = fs.feature_store(settings)
-    store.apply(fs.cross_repo_objects(settings=settings))
+    store.apply(cross_views.repo_objects(settings=settings))
     folder = Lake(settings.lake_root).root / "features/ctr_cross/generated" / pair / f"dt={DS1}"
     return store, store.get_feature_view(f"cross_{pair}"), folder
 

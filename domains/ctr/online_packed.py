@@ -23,7 +23,7 @@ Everything Feast does with a store works on packed views (``materialize``,
 ``write_to_online_store``, ``get_online_features``:
 :meth:`PackedSqliteOnlineStore.online_read` returns the ``ValueProto`` values Feast's store
 would), and two paths skip the per-value objects:
-:class:`cascade.online_bulk.PackedBulkWriter` (Arrow batches in, runs sorted by key, one
+:class:`domains.ctr.online_bulk.PackedBulkWriter` (Arrow batches in, runs sorted by key, one
 ``executemany`` of packed rows per run) and :meth:`PackedSqliteOnlineStore.read_keys` /
 :meth:`~PackedSqliteOnlineStore.read_matrix` (key values or serialized keys in, a float64
 matrix out: what the model server's cross reader uses). A row replaces a stored one only when its
@@ -32,7 +32,7 @@ event time is not older (an older partition loaded after a newer one leaves the 
 The local profile names it in ``features/profiles/local/feature_store.yaml``::
 
     online_store:
-      type: cascade.online_packed.PackedSqliteOnlineStore
+      type: domains.ctr.online_packed.PackedSqliteOnlineStore
       path: ${CASCADE_HOME}/feast/online_store.db
 """
 
@@ -64,7 +64,7 @@ from feast.repo_config import RepoConfig
 LAYOUT_TAG = "cascade.online_layout"
 """Feature-view tag naming the online layout; ``packed`` stores the view here one row per entity."""
 PACKED = "packed"
-STORE_TYPE = "cascade.online_packed.PackedSqliteOnlineStore"
+STORE_TYPE = "domains.ctr.online_packed.PackedSqliteOnlineStore"
 PACKED_VALUE_TYPES = {
     "DOUBLE": "<f8",
     "FLOAT": "<f8",
@@ -332,7 +332,7 @@ class _Layout:
 class PackedSqliteOnlineStoreConfig(SqliteOnlineStoreConfig):
     """Feast's SQLite settings (``path``); views tagged packed use one row per entity."""
 
-    type: Literal["cascade.online_packed.PackedSqliteOnlineStore"] = STORE_TYPE  # type: ignore[assignment]
+    type: Literal["domains.ctr.online_packed.PackedSqliteOnlineStore"] = STORE_TYPE  # type: ignore[assignment]
 
 
 class PackedSqliteOnlineStore(SqliteOnlineStore):
@@ -526,7 +526,7 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
         oldest: dt.datetime | None = None,
     ) -> np.ndarray:
         """float64 ``[len(keys), len(features)]`` of a packed view for serialized entity keys
-        (:func:`serialize_keys` or :func:`cascade.online_bulk.encode_keys`; None: no key): NaN
+        (:func:`serialize_keys` or :func:`domains.ctr.online_bulk.encode_keys`; None: no key): NaN
         where the key is not stored, its row is older than ``oldest``, or the value is null."""
         layout = self._layout(config, table)
         unknown = [f for f in features if f not in layout.position]

@@ -1,0 +1,1 @@
+"""The speech domain: audio features shared by the corpus jobs, the ASR model and its server."""

@@ -1,0 +1,1 @@
+"""Feast objects shared by every domain's views."""

@@ -1,0 +1,1 @@
+"""Feast views of the CTR domain."""
