@@ -67,6 +67,7 @@ from models.preranking.config_registry import (
     with_overrides,
 )
 from models.preranking.fields import FIELDS_FILE
+from models.preranking.fscd_data import check_training_set
 from models.preranking.fscd_run import train_cascade
 from models.preranking.fscd_throughput import measure_throughput
 from models.preranking.train import RESULT_KEYS, partition_training_set
@@ -120,6 +121,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--lr", type=float, default=None, help="override the config's learning rate"
     )
     parser.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=None,
+        help="override the config's validation_fraction (the share of the training period "
+        "that chooses the FSCD strength)",
+    )
+    parser.add_argument(
         "--require-tracking",
         action="store_true",
         help="fail at once when the MLflow server does not answer (the pipeline's runs must "
@@ -157,6 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.seed is not None:
         config = dataclasses.replace(config, seed=args.seed)
     config = with_overrides(config, epochs=args.epochs, lr=args.lr)
+    if args.validation_fraction is not None:
+        config = dataclasses.replace(config, validation_fraction=args.validation_fraction)
     if args.throughput_steps:
         measure_throughput(config, args.out, args.throughput_steps)
     else:
@@ -223,10 +233,16 @@ def launch_pipeline(
     settings: Settings | None = None,
     epochs: int | None = None,
     lr: float | None = None,
+    validation_fraction: float | None = None,
 ) -> dict[str, Any]:
     """The ``ctr_preranking`` train step: the cascade (teacher, FSCD selection, ColdPreRanker)
     on ``Lake.training_set("preranking", ds)`` with ``settings.train_processes`` processes,
     into ``Lake.reports("train", ds)``; returns the run's ``result.json``.
+
+    Before any process starts, the training set's validation split (``validation_fraction``,
+    else the config's) must hold the clicks FSCD needs
+    (:func:`~models.preranking.fscd_data.check_training_set`): a sparse log is refused in one
+    line (:class:`~models.preranking.fscd_data.DegenerateData`), not after the start-up.
 
     Retried for the same partition, data and config, it resumes (finished phases, the last
     checkpoint, the same MLflow run); phases and checkpoints left by other data or another
@@ -244,9 +260,18 @@ def launch_pipeline(
         extra_args = ["--checkpoint-every", str(checkpoint_every)]
     cascade = with_overrides(cascade, epochs=epochs, lr=lr)
     extra_args += override_args(epochs=epochs, lr=lr)
+    if validation_fraction is not None:
+        cascade = dataclasses.replace(cascade, validation_fraction=validation_fraction)
+        extra_args += ["--validation-fraction", repr(validation_fraction)]
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     data = partition_training_set(lake, ds)
+    counts = check_training_set(cascade, data)
+    print(
+        f"[train] ds={ds}: validation split {counts['validation_rows']:,} rows, "
+        f"{counts['validation_clicks']:,} clicks (needs {cascade.min_validation_clicks})",
+        flush=True,
+    )
     # Fail in one line before starting processes, not after MLflow's client retried for minutes.
     reachable_tracking(settings, lake.reports("train", ds), fallback=False, who="train")
     out = lake.reports("train", ds)

@@ -14,12 +14,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cascade.ctr_schema import LABEL
+from cascade.ctr_schema import LABEL, TIMESTAMP
 from models.preranking.config_registry import CascadeTrainConfig
 from models.preranking.fields import FIELDS, FIELDS_FILE, FieldEncoder, FieldSet
 
 ALL_FIELDS = FIELDS.names
 """The default field set's names."""
+VALIDATION_FRACTION_ENV = "CASCADE_PRERANKING_VALIDATION_FRACTION"
+"""The pipeline's knob replacing the config's ``validation_fraction``."""
 
 
 def resolve_fields(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> FieldSet:
@@ -125,11 +127,20 @@ def check_validation_clicks(rows: int, clicks: int, config: CascadeTrainConfig) 
     if min(clicks, rows - clicks) < need:
         raise DegenerateData(
             f"the validation split ({config.validation_fraction:g} of the training period) has "
-            f"{rows} rows with {clicks} clicks; choosing the FSCD strength needs at least "
-            f"{need} clicks and {need} non-clicks (below that the AUCs it compares differ by "
-            "less than their noise, about 0.05 at 100 clicks). Train on a longer period or more "
-            "impressions, or raise the validation fraction (CASCADE_PRERANKING_VALIDATION_FRACTION)"
+            f"{rows:,} rows with {clicks:,} clicks; FSCD needs at least {need} clicks and "
+            f"{need} non-clicks to choose its strength: train on more days or impressions, or "
+            f"raise {VALIDATION_FRACTION_ENV}"
         )
+
+
+def check_training_set(config: CascadeTrainConfig, data: Path) -> dict[str, int]:
+    """Before any training process starts: the validation split of the training parquet
+    ``data`` (only its time and label columns are read) has the clicks :func:`prepare` needs,
+    else :class:`DegenerateData` in one line. Returns its ``rows`` and ``clicks``."""
+    frame = pd.read_parquet(data, columns=[TIMESTAMP, LABEL])
+    rows, clicks = validation_counts(frame, config)
+    check_validation_clicks(rows, clicks, config)
+    return {"validation_rows": rows, "validation_clicks": clicks}
 
 
 @dataclass(kw_only=True)
