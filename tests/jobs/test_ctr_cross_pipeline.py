@@ -203,7 +203,11 @@ def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
     kinds = {f["name"]: f["kind"] for f in declared}
     assert kinds["user_ctr_7d"] == "user" and kinds["item_ctr_30d"] == "item"
     assert kinds["user_cat_ctr_1d"] == "cross" and not any(n.startswith("seg_") for n in kinds)
-    with pytest.raises(MissingPartitions, match=r"\['2026-11-18'\].*HISTORY_DAYS=4"):
+    with pytest.raises(
+        MissingPartitions,
+        match=r"\[.2026-11-18.\] never built: build them .*HISTORY_DAYS=4\), or train on the 3 "
+        r"latest days that have one \(CASCADE_PRERANKING_TRAIN_DAYS=3\)",
+    ):
         build(tmp_path / "refused", train_days=4)
 
     # The pipeline's step finds the published partition's source and log by itself.
