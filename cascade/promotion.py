@@ -198,9 +198,6 @@ def decide(
     """Decide on ``version`` of ``name`` and move the aliases (see the module's docstring)."""
     new_version = str(version.version)
     reasons = compile_gate_reasons(promotion, compile_gate)
-    floor = None if baseline is None else baseline.verdict()
-    if floor is not None and not floor["passed"]:
-        reasons.append(floor["reason"])
     champion = version_by_alias(client, name, CHAMPION)
     comparison: dict[str, Any] | None = None
     compared_with = None
@@ -214,6 +211,9 @@ def decide(
         comparison = compare(promotion, score(champion), champion=previous)
         if not comparison["passed"]:
             reasons.append(comparison["reason"])
+    floor = None if baseline is None else baseline.verdict()
+    if floor is not None and not floor["passed"]:
+        reasons.append(floor["reason"])
     expected = None if champion is None else str(champion.version)
 
     client.set_registered_model_alias(name, CHALLENGER, new_version)

@@ -62,18 +62,18 @@ def held_out_rows(lake: Lake, ds: str, test_fraction: float) -> Any:
     return time_split(load_training_frame(path, required=ROW_COLUMNS), test_fraction)[1]
 
 
-def popularity_baseline(
-    lake: Lake, ds: str, test_fraction: float, challenger_auc: float
-) -> Baseline:
-    """Item popularity (each item's clicks in the rows before the hold-out) on the held-out
-    rows of ``ds``'s training set, against the challenger's AUC on those rows: the baseline
-    a registered pre-ranker must beat (:func:`models.preranking.fscd_metrics.popularity_auc`
-    holds the trainer to the same on validation)."""
+def popularity_baseline(lake: Lake, ds: str, challenger: Any, recorded_auc: float) -> Baseline:
+    """Item popularity (each item's clicks in the rows before the hold-out) against the
+    ``challenger`` (a loaded trained model) on the held-out rows of ``ds``'s training set,
+    both by AUC: the baseline a registered pre-ranker must beat
+    (:func:`models.preranking.fscd_metrics.popularity_auc` holds the trainer to the same on
+    validation). A challenger that cannot read those rows is taken at ``recorded_auc``, its
+    training's figure on the same hold-out."""
     from sklearn.metrics import roc_auc_score
 
     from cascade.ctr_schema import LABEL
     from models.preranking.fscd_data import item_clicks
-    from models.preranking.train import ROW_COLUMNS, load_training_frame, time_split
+    from models.preranking.train import ROW_COLUMNS, evaluate, load_training_frame, time_split
 
     path = lake.training_set("preranking", ds) / "data.parquet"
     if not path.exists():
@@ -81,16 +81,18 @@ def popularity_baseline(
             f"no training set {path} to score the popularity baseline on; run the "
             f"training-set step for ds={ds}"
         )
-    before, held_out = time_split(load_training_frame(path, required=ROW_COLUMNS), test_fraction)
+    frame = load_training_frame(path, required=ROW_COLUMNS)
+    before, held_out = time_split(frame, challenger.test_fraction)
     scores = held_out["item_id"].map(item_clicks(before)).fillna(0.0)
     labels = held_out[LABEL]
     auc = float(roc_auc_score(labels, scores)) if labels.nunique() > 1 else 0.5
+    rows = f"the same {len(held_out)} held-out rows"
+    if unread_columns(challenger, held_out):
+        measured, rows = recorded_auc, f"{rows} (the challenger's recorded AUC)"
+    else:
+        measured = float(evaluate(challenger.model, held_out, challenger.encoder)["auc"])
     return Baseline(
-        name="item popularity",
-        metric="auc",
-        challenger=challenger_auc,
-        baseline=auc,
-        rows=f"the same {len(held_out)} held-out rows",
+        name="item popularity", metric="auc", challenger=measured, baseline=auc, rows=rows
     )
 
 
@@ -190,9 +192,7 @@ def register_and_promote(
         )
 
     gate = compile_gate_report(lake, ds)
-    baseline = popularity_baseline(
-        lake, ds, load_trained(lake.reports("train", ds)).test_fraction, new_auc
-    )
+    baseline = popularity_baseline(lake, ds, load_trained(lake.reports("train", ds)), new_auc)
 
     def report(decision: Decision) -> dict[str, Any]:
         return {
