@@ -37,7 +37,11 @@ The data is split in time: the networks train on the oldest rows, the end of the
 period (``validation_fraction`` of it) is the validation split and the latest ``test_fraction``
 is the test split. Rank 0 evaluates all models on both (AUC, GAUC, recall@k of each model's top-k
 against the teacher's per user, feature cost), chooses λ on validation only (best validation AUC
-within ``cost_budget``) and reports that model's test figures. It writes
+within ``cost_budget``) and reports that model's test figures. The run fails rather than deploy
+a model over the budget, one whose scores are constant (their spread under 1% of their mean),
+or one whose validation AUC does not beat item popularity's (each item's training clicks) on
+the same rows; ``popularity_validation_auc`` and ``popularity_auc`` are in the result beside
+the model's figures. It writes
 ``OUT/evaluation.json`` (both tables), ``OUT/metrics.json`` (DVC metrics), ``OUT/tradeoff.png``
 (AUC vs cost across λ, validation and test) and ``OUT/result.json``; all of it, the per-step
 losses, the selected fields and the chosen FSCD model (with its signature) go to the MLflow

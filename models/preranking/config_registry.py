@@ -205,12 +205,14 @@ class CascadeTrainConfig:
     """Temperature of the relaxed Bernoulli gates."""
     cost_budget: float = 0.5
     """The deployed FSCD model is the one with the best validation AUC whose cost ratio to the
-    teacher is at most this (the cheapest one when none is)."""
+    teacher is at most this; when none that ranks is, the run fails (no model over budget is
+    deployed)."""
     recall_k: int = 10
     """k of recall@k against the teacher's top-k per user."""
     min_validation_clicks: int = 100
     """Clicks (and non-clicks) the validation split needs before λ is chosen on it: AUC's
-    standard error is about sqrt(AUC (1 - AUC) / clicks), ~0.05 at 100 clicks."""
+    standard error is about sqrt(AUC (1 - AUC) / clicks), ~0.05 at 100 clicks. The pipeline's
+    train step checks it on the training set before starting any process."""
     fields: str | dict[str, dict[str, Any]] | None = None
     """The fields the networks read (:class:`models.preranking.fields.FieldSet`). None: a
     ``fields.json`` beside the training parquet when ``data`` is a path and one is there,
