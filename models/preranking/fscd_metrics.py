@@ -159,11 +159,19 @@ def choose_fscd(
             "stronger fscd_strengths or raise cost_budget"
         )
     best = max(within, key=lambda r: r["auc"])
-    if baseline_auc is not None and not best["auc"] > baseline_auc:
+    if baseline_auc is None:
+        return best
+    # Popularity itself can rank below chance on a few clicks: chance is the floor then.
+    floor, against = (
+        (baseline_auc, f"item popularity's {baseline_auc:.4f}")
+        if baseline_auc >= 0.5
+        else (0.5, f"chance (0.5; item popularity's is {baseline_auc:.4f})")
+    )
+    if not best["auc"] > floor:
         raise BelowBaseline(
             f"the best FSCD model within the cost budget, {best['model']}, has validation AUC "
-            f"{best['auc']:.4f}, not above item popularity's {baseline_auc:.4f} on the same "
-            "rows: nothing worth registering. Train on more impressions or clicks"
+            f"{best['auc']:.4f}, not above {against} on the same rows: nothing worth "
+            "registering. Train on more impressions or clicks"
         )
     return best
 

@@ -409,6 +409,9 @@ def test_a_model_below_item_popularity_on_validation_is_never_picked() -> None:
         choose_fscd(rows, budget=0.5, baseline_auc=0.60)
     with pytest.raises(BelowBaseline, match="item popularity's 0.5500"):
         choose_fscd(rows[1:], budget=0.5, baseline_auc=0.55)
+    # Popularity below chance does not let a below-chance model through.
+    with pytest.raises(BelowBaseline, match=r"not above chance \(0.5; item popularity's is 0.4"):
+        choose_fscd(rows[1:], budget=0.5, baseline_auc=0.45)
 
 
 def test_item_popularity_auc_is_the_training_clicks_of_each_item() -> None:
