@@ -148,13 +148,15 @@ RAISED_LINE = re.compile(
 
 
 def raised_reason(log_tail: str) -> str | None:
-    """The exception a worker ended with, from the launch's log tail (the last one raised), as
-    ``Name: message`` with the module path dropped; None when the tail holds none."""
-    for line in reversed(log_tail.splitlines()):
-        found = RAISED_LINE.match(line.strip())
-        if found:
-            return f"{found.group(1).rsplit('.', 1)[-1]}: {found.group(2).strip()}"
-    return None
+    """The exception a worker ended with, from the launch's log tail, as ``Name: message``
+    with the module path dropped; None when the tail holds none. The last one the project
+    raised (its name has a module path) wins over builtin ones: when one rank fails, the
+    others end on a lost connection, often later in the log."""
+    raised = [m for m in map(RAISED_LINE.match, map(str.strip, log_tail.splitlines())) if m]
+    if not raised:
+        return None
+    found = next((m for m in reversed(raised) if "." in m.group(1)), raised[-1])
+    return f"{found.group(1).rsplit('.', 1)[-1]}: {found.group(2).strip()}"
 
 
 def accept_result(

@@ -296,8 +296,10 @@ def cascade_debug() -> CascadeTrainConfig:
         fscd_strengths=(0.05,),
         gate_lr=0.2,
         recall_k=3,
-        # A smoke run on tiny data: its λ choice is not meant to mean anything.
+        # A smoke run on tiny data: its λ choice is not meant to mean anything, and one epoch
+        # prunes no field, so it has no cost budget to fail (the others keep 0.5).
         min_validation_clicks=20,
+        cost_budget=1.0,
     )
 
 
@@ -325,6 +327,7 @@ def cascade_ml100k() -> CascadeTrainConfig:
         gate_lr=0.05,
         recall_k=10,
         min_validation_clicks=100,
+        cost_budget=0.5,
     )
 
 

@@ -188,6 +188,7 @@ def test_a_failed_launch_says_the_workers_reason_on_its_first_line(tmp_path: Pat
             '[rank0]:   File "fscd_metrics.py", line 170, in choose_fscd',
             "[rank0]: models.preranking.fscd_metrics.OverBudget: no FSCD model that ranks is "
             "within the cost budget 0.5",
+            "[rank1]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer",
             "E1129 13:00:00 torch/distributed/elastic/multiprocessing/api.py failed (exitcode: 1)",
         ]
     )

@@ -440,7 +440,7 @@ def _row(model: str, auc: float, cost_ratio: float) -> dict[str, object]:
 
 def test_strength_is_chosen_on_validation_and_reported_on_test() -> None:
     """Validation prefers λ=0.01, test would prefer λ=0.03: the run reports λ=0.01's test AUC."""
-    config = cascade_debug()
+    config = dataclasses.replace(cascade_debug(), cost_budget=0.5)
     validation = [
         _row("teacher", 0.80, 1.0),
         _row("two_tower", 0.74, 0.6),
