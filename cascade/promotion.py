@@ -8,6 +8,9 @@ A trained model becomes a new version of its registered model with the ``challen
 - it is not worse than the champion on :attr:`~cascade.pipeline_spec.Promotion.metric` by more
   than the rule's tolerance, in the rule's direction. The caller scores both versions
   (:data:`Score`), on the same held-out rows wherever the two models can read the same rows;
+- it beats the caller's model-free baseline (e.g. item popularity), when the caller gives one
+  (:class:`Baseline`): a model no better than counting clicks is not worth serving, whether or
+  not there is a champion;
 - the champion is still the version the decision was made against: the alias is read again
   right before it moves, under the registry's alias lock (:mod:`cascade.alias_lock`, which
   rollbacks hold too), and a champion that changed meanwhile is left alone (the decision says
@@ -58,6 +61,36 @@ class Scores:
     """Recorded in the comparison beside the scores (row counts and the like)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class Baseline:
+    """A model-free baseline the challenger must beat (strictly, higher is better)."""
+
+    name: str
+    """Said in a refusal, e.g. ``item popularity``."""
+    metric: str
+    challenger: float
+    baseline: float
+    rows: str
+
+    def verdict(self) -> dict[str, Any]:
+        """The record kept in the decision; ``reason`` when the challenger does not beat it."""
+        passed = self.challenger > self.baseline
+        record: dict[str, Any] = {
+            "name": self.name,
+            "metric": self.metric,
+            "challenger": self.challenger,
+            "baseline": self.baseline,
+            "rows": self.rows,
+            "passed": passed,
+        }
+        if not passed:
+            record["reason"] = (
+                f"challenger {self.metric} {self.challenger:.4f} does not beat the {self.name} "
+                f"baseline's {self.baseline:.4f} on {self.rows}"
+            )
+        return record
+
+
 Score = Callable[[Any], Scores]
 """Scores both versions; called with the champion's ``ModelVersion``."""
 
@@ -94,6 +127,8 @@ class Decision:
     reasons: list[str]
     champion_moved: bool = False
     """The champion changed between the decision and the move: the alias stayed."""
+    baseline: dict[str, Any] | None = None
+    """:meth:`Baseline.verdict` when the caller gave a baseline."""
 
     def record(self) -> dict[str, Any]:
         """The fields every registration report carries (JSON-able)."""
@@ -103,6 +138,7 @@ class Decision:
             "champion_version": self.champion_version,
             "previous_champion": self.previous_champion,
             "comparison": self.comparison,
+            "baseline": self.baseline,
             "reasons": self.reasons,
         }
 
@@ -157,6 +193,7 @@ def decide(
     promotion: Promotion,
     score: Score,
     compile_gate: Mapping[str, Any] | None,
+    baseline: Baseline | None = None,
 ) -> Decision:
     """Decide on ``version`` of ``name`` and move the aliases (see the module's docstring)."""
     new_version = str(version.version)
@@ -174,6 +211,9 @@ def decide(
         comparison = compare(promotion, score(champion), champion=previous)
         if not comparison["passed"]:
             reasons.append(comparison["reason"])
+    floor = None if baseline is None else baseline.verdict()
+    if floor is not None and not floor["passed"]:
+        reasons.append(floor["reason"])
     expected = None if champion is None else str(champion.version)
 
     client.set_registered_model_alias(name, CHALLENGER, new_version)
@@ -205,6 +245,7 @@ def decide(
         comparison=comparison,
         reasons=reasons,
         champion_moved=moved,
+        baseline=floor,
     )
 
 
@@ -220,8 +261,10 @@ def register_and_promote(
     score: Score,
     compile_gate: Mapping[str, Any] | None,
     report: Callable[[Decision], dict[str, Any]],
+    baseline: Baseline | None = None,
 ) -> dict[str, Any]:
-    """Register the training run ``new`` (once), decide on it with :func:`decide` and return
+    """Register the training run ``new`` (once), decide on it with :func:`decide` (against
+    ``baseline`` too, when given) and return
     the caller's ``report`` of the decision, stored on the version so a repeated call returns
     it. A decision the champion's move overtook is returned but not stored.
 
@@ -247,7 +290,13 @@ def register_and_promote(
             description=new.description,
         )
     decision = decide(
-        client, new.name, version, promotion=promotion, score=score, compile_gate=compile_gate
+        client,
+        new.name,
+        version,
+        promotion=promotion,
+        score=score,
+        compile_gate=compile_gate,
+        baseline=baseline,
     )
     result = report(decision)
     if not decision.champion_moved:

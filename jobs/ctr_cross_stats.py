@@ -73,6 +73,7 @@ import datetime as dt
 import functools
 import json
 import math
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -87,6 +88,7 @@ from pyspark.sql import functions as F
 
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
+from domains.ctr.catalogue import gate_passed
 from jobs import ctr_log_sources as sources
 from jobs import spark_sessions
 
@@ -630,6 +632,26 @@ class CrossLake:
         (:meth:`cascade.lake.Lake.ctr_cross_gate_report`)."""
         return self.lake.ctr_cross_gate_report(self.source, ds)
 
+    def outputs(self, ds: str) -> list[Path]:
+        """What a build of partition ``ds`` leaves, besides its quarantine: every pair's
+        partition (whichever pairs an earlier build computed), the catalogue and the summary."""
+        pairs = sorted((self.lake.root / "features" / "ctr_cross" / self.source).glob(f"*/dt={ds}"))
+        found = [*pairs, self.catalogue(ds), self.summary(ds)]
+        return [path for path in found if path.exists()]
+
+    def remove_ungated(self, ds: str) -> list[Path]:
+        """Remove partition ``ds``'s outputs unless its gate passed them (a build that failed
+        or was refused after deleting the verdict leaves nothing unchecked in the lake)."""
+        if gate_passed(self.gate_report(ds)):
+            return []
+        removed = self.outputs(ds)
+        for path in removed:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        return removed
+
 
 def build_session(settings: Settings, *, app: str = "cascade.ctr_cross_stats") -> SparkSession:
     """A session on ``settings.spark_master`` in UTC writing microsecond timestamps."""
@@ -809,11 +831,12 @@ def compute(
 
     priors: dict[str, dict[str, tuple[float, float]]] = {}
     moments = {r["gid"]: r.asDict() for r in moment_rows}
+    tags = [f"{s}_{w}" for s in STATISTICS for w in config.windows] + ["decay_None"]
+    blank: dict[str, list[str]] = {}
     for pair in config.pairs:
         row = moments.get(grouping_id(pair, config.key_columns), {})
-        priors[pair.name] = {}
-        for tag in [f"{s}_{w}" for s in STATISTICS for w in config.windows] + ["decay_None"]:
-            priors[pair.name][tag] = beta_from_moments(
+        priors[pair.name] = {
+            tag: beta_from_moments(
                 keys=float(row.get(f"K_{tag}") or 0),
                 trials=float(row.get(f"N_{tag}") or 0),
                 clicks=float(row.get(f"C_{tag}") or 0),
@@ -821,6 +844,17 @@ def compute(
                 min_strength=config.min_prior_strength,
                 max_strength=config.max_prior_strength,
             )
+            for tag in tags
+        }
+        blank[pair.name] = [tag for tag in tags if not float(row.get(f"N_{tag}") or 0) > 0]
+    for pair in config.pairs:
+        for tag in blank[pair.name]:
+            priors[pair.name][tag] = empty_window_prior(tag, priors, blank, pair.name, config)
+    empty_windows = {
+        pair: [statistic_column(pair, tag) for tag in tags_]
+        for pair, tags_ in blank.items()
+        if tags_
+    }
     facts = {
         "examination": examination,
         "priors": priors,
@@ -830,9 +864,33 @@ def compute(
             for pair in config.pairs
         },
         "batch": batch,
-        "constant_features": constant_features(priors, config),
+        "constant_features": constant_features(priors, config, skip=empty_windows),
+        "empty_windows": empty_windows,
     }
     return aggregate, facts
+
+
+def empty_window_prior(
+    tag: str,
+    priors: dict[str, dict[str, tuple[float, float]]],
+    blank: dict[str, list[str]],
+    pair: str,
+    config: CrossStatsConfig,
+) -> tuple[float, float]:
+    """The prior of a window with no trials (a day without impressions): the rate of the
+    pair's nearest window with data (the same statistic's longest, else its decayed CTR, else
+    any pair's decayed CTR) at the maximum strength. Every key then gets that rate, a
+    constant column at the real click rate, flagged in ``empty_windows``; Jeffreys' Beta(0.5,
+    0.5) would have put every key at a CTR of 0.5."""
+    statistic = tag.split("_", 1)[0]
+    own = [f"{statistic}_{w}" for w in sorted(config.windows, reverse=True)] + ["decay_None"]
+    others = [(name, "decay_None") for name in priors if name != pair]
+    for name, candidate in [(pair, t) for t in own] + others:
+        if candidate not in blank[name]:
+            a, b = priors[name][candidate]
+            mean = a / (a + b)
+            return mean * config.max_prior_strength, (1.0 - mean) * config.max_prior_strength
+    raise EmptyBatch(f"no window of any pair holds a trial (pair {pair}, {tag})")
 
 
 def statistic_column(pair: str, tag: str) -> str:
@@ -842,17 +900,21 @@ def statistic_column(pair: str, tag: str) -> str:
 
 
 def constant_features(
-    priors: dict[str, dict[str, tuple[float, float]]], config: CrossStatsConfig
+    priors: dict[str, dict[str, tuple[float, float]]],
+    config: CrossStatsConfig,
+    skip: dict[str, list[str]] | None = None,
 ) -> dict[str, list[str]]:
     """Per pair, the smoothed columns whose fitted prior sits at ``max_prior_strength``: the
     data showed no spread between keys, so the prior swamps every key's counts and the column
-    is (nearly) the same constant for every key. Worth flagging, not worth serving."""
+    is (nearly) the same constant for every key. Worth flagging, not worth serving. Columns in
+    ``skip`` (the empty windows, flagged for that reason) are left out."""
     flagged: dict[str, list[str]] = {}
     for pair, tags in priors.items():
         at_clamp = [
             statistic_column(pair, tag)
             for tag, (a, b) in tags.items()
             if a + b >= config.max_prior_strength * (1 - 1e-9)
+            and statistic_column(pair, tag) not in (skip or {}).get(pair, [])
         ]
         if at_clamp:
             flagged[pair] = at_clamp
@@ -878,7 +940,9 @@ def run(
     the summary says so (``history``, so the gate reads the log the same way).
 
     Raises :class:`EmptyBatch` when no clean row falls in the longest window (bad rows are
-    quarantined first; no feature partition, summary or gate verdict is written).
+    quarantined first; no feature partition, summary or gate verdict is written). A build
+    that fails or is refused removes the partition's earlier outputs, which its start left
+    ungated (:meth:`CrossLake.remove_ungated`).
     A session passed in is left running; one built here is stopped before returning.
     """
     check_ds(ds)
@@ -901,6 +965,17 @@ def run(
             sources_file=sources_file,
             history=history,
         )
+    except BaseException:
+        # The build deleted the gate's verdict first: an earlier build's files would stay
+        # behind unchecked, so nothing of the partition is left but its quarantine.
+        removed = CrossLake(Lake(settings.lake_root), source).remove_ungated(ds)
+        if removed:
+            print(
+                f"[cross] ds={ds} not built: removed {len(removed)} ungated outputs of an "
+                f"earlier build ({', '.join(str(p) for p in removed)})",
+                flush=True,
+            )
+        raise
     finally:
         if own:
             session.stop()
@@ -987,6 +1062,12 @@ def _run(
             f"constant): {facts['constant_features']}",
             flush=True,
         )
+    if facts["empty_windows"]:
+        print(
+            "[cross] WARNING empty window (no impression in it; the column is a constant at the "
+            f"pair's rate over its nearest window with data): {facts['empty_windows']}",
+            flush=True,
+        )
 
     rows: dict[str, int] = {}
     paths: dict[str, str] = {}
@@ -1066,6 +1147,7 @@ def _run(
             for pair, tags in facts["priors"].items()
         },
         "constant_features": facts["constant_features"],
+        "empty_windows": facts["empty_windows"],
         "seconds": round(time.monotonic() - started, 3),
     }
     summary_path = where.summary(ds)

@@ -244,6 +244,21 @@ def _previous_summary(where: job.CrossLake, ds: str) -> dict[str, Any] | None:
     return None
 
 
+def constant_column_warnings(summary: dict[str, Any]) -> list[str]:
+    """The job summary's constant columns, one warning each: priors at their clamp and empty
+    windows. Flagged, not failed: such a column is legal, only useless to a model."""
+    reasons = (
+        ("constant_features", "prior at its clamp"),
+        ("empty_windows", "empty window (no impression in it)"),
+    )
+    return [
+        f"{pair}: {reason}, constant column {column}"
+        for key, reason in reasons
+        for pair, columns in summary.get(key, {}).items()
+        for column in columns
+    ]
+
+
 def validate(
     ds: str,
     *,
@@ -404,12 +419,7 @@ def _validate(
     quarantine_ok = fraction <= config.max_quarantine_fraction
     if not quarantine_ok:
         failed.append(f"quarantine_fraction({fraction:.4f} > {config.max_quarantine_fraction})")
-    # Flagged, not failed: a column the prior swamps is legal, only useless to a model.
-    warnings = [
-        f"{pair}: prior at its clamp, constant column {column}"
-        for pair, columns in summary.get("constant_features", {}).items()
-        for column in columns
-    ]
+    warnings = constant_column_warnings(summary)
     report = where.gate_report(ds)
     report.parent.mkdir(parents=True, exist_ok=True)
     body = {

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cascade.errors import NotReady
 from cascade.lake import TRAINING_PROVENANCE, Lake, check_ds
 from cascade.partitions import days_before
 from domains.ctr.catalogue import gate_passed
@@ -494,8 +495,51 @@ the candidate's category from the item catalogue; :mod:`serving.online_fields`):
 it serves may read from the online store."""
 
 
-class MissingPartitions(RuntimeError):
-    """A training day has no gate-passed partition: the set would join nothing for it."""
+class MissingPartitions(NotReady):
+    """A training day has no gate-passed partition: the set would join nothing for it (an
+    input that is not there: the CLI exits 3)."""
+
+
+def missing_days_advice(
+    where: engine.CrossLake, ds: str, days: Sequence[str], missing: Sequence[str]
+) -> str:
+    """One line on why each of ``missing`` (among the training ``days`` before ``ds``, oldest
+    first) has no gate-passed partition, and what builds the set: fewer training days when
+    the latest days have one, a history build for days never tried, earlier logs for days
+    whose windows hold no impression (a log's first day: its windows end before it)."""
+    never = [
+        d for d in missing if not where.summary(d).is_file() and not where.quarantine(d).exists()
+    ]
+    empty = [d for d in missing if not where.summary(d).is_file() and where.quarantine(d).exists()]
+    unjudged = [
+        d for d in missing if where.summary(d).is_file() and not where.gate_report(d).is_file()
+    ]
+    failed = [d for d in missing if d not in never + empty + unjudged]
+    covered = 0
+    for day in reversed(days):
+        if day in missing:
+            break
+        covered += 1
+    reasons, fixes = [], []
+    if never:
+        reasons.append(f"{never} never built")
+        fixes.append(
+            f"build them (ctr_cross for ds={ds} with CASCADE_CROSS_HISTORY_DAYS={len(days)})"
+        )
+    if empty:
+        reasons.append(f"{empty} had no impression in their windows (a log's first day has none)")
+        fixes.append(f"land the log of the days before {min(empty)} and build them")
+    if unjudged:
+        reasons.append(f"{unjudged} built but never validated")
+        fixes.append("run ctr_cross's validate step for them")
+    if failed:
+        reasons.append(f"{failed} failed the gate (see its reports)")
+    if covered:
+        fixes.append(
+            f"train on the {covered} latest days that have one "
+            f"(CASCADE_PRERANKING_TRAIN_DAYS={covered})"
+        )
+    return "; ".join(reasons) + ": " + (", or ".join(fixes) or "fix the gate's failures first")
 
 
 def partition_training_set(
@@ -524,9 +568,8 @@ def partition_training_set(
     missing = [day for day in days if not gate_passed(where.gate_report(day))]
     if missing:
         raise MissingPartitions(
-            f"no gate-passed cross statistics ({source}) for training days {missing}: run "
-            f"ctr_cross for ds={ds} with CASCADE_CROSS_HISTORY_DAYS={train_days} (it builds "
-            "the missing days before ds), or ctr_cross for each of those days"
+            f"no gate-passed cross statistics ({source}) for training days {missing}: "
+            + missing_days_advice(where, ds, days, missing)
         )
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     log, _ = engine.read_log(spark, source, log_path, sources_file=sources_file)

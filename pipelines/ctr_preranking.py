@@ -53,6 +53,10 @@ class PrerankingSettings:
     source: str = Field(default="", pattern=r"^([a-z][a-z0-9_]{0,47})?$")
     """The cross-statistics source the training set reads (unset: the one whose ``ctr_cross``
     run published the partition)."""
+    validation_fraction: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
+    """Share of the training period (its latest rows, before the test split) that chooses
+    FSCD's regularizer strength, instead of the config's (0.2). Raise it when the train step
+    refuses a validation split with too few clicks (it checks before starting processes)."""
     train_days: int = Field(default=7, ge=1, le=90)
     """Days of impressions before ``ds`` the training set holds; each reads its own day's
     published partition (``ctr_cross`` builds them: ``CASCADE_CROSS_HISTORY_DAYS``)."""
@@ -90,7 +94,12 @@ def train(ds: str) -> dict[str, Any]:
         from models.preranking.cascade_train import launch_pipeline
 
         return launch_pipeline(
-            ds, config=config, settings=settings, epochs=knobs.epochs, lr=knobs.lr
+            ds,
+            config=config,
+            settings=settings,
+            epochs=knobs.epochs,
+            lr=knobs.lr,
+            validation_fraction=knobs.validation_fraction,
         )
     from models.preranking.train import launch
 
@@ -182,6 +191,7 @@ PIPELINE = Pipeline(
                 "config": "CASCADE_PRERANKING_CONFIG",
                 "epochs": "CASCADE_PRERANKING_EPOCHS",
                 "lr": "CASCADE_PRERANKING_LR",
+                "validation_fraction": "CASCADE_PRERANKING_VALIDATION_FRACTION",
             },
             metrics=(
                 "test_auc",

@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -138,6 +139,26 @@ def read_complete_result(path: Path, ds: str | None, keys: Sequence[str]) -> dic
     return result if ds is None or result["ds"] == ds else None
 
 
+RAISED_LINE = re.compile(
+    r"^(?:\[(?:default)?rank\d+\]:\s*)?"
+    r"((?:[a-z_]\w*\.)+[A-Z]\w*|[A-Z]\w*(?:Error|Exception|Exit)): (\S.*)$"
+)
+"""The last line of a Python traceback, ``[rankN]:``-prefixed as torchrun relays it:
+``models.preranking.fscd_metrics.OverBudget: ...`` or ``ValueError: ...``."""
+
+
+def raised_reason(log_tail: str) -> str | None:
+    """The exception a worker ended with, from the launch's log tail, as ``Name: message``
+    with the module path dropped; None when the tail holds none. The last one the project
+    raised (its name has a module path) wins over builtin ones: when one rank fails, the
+    others end on a lost connection, often later in the log."""
+    raised = [m for m in map(RAISED_LINE.match, map(str.strip, log_tail.splitlines())) if m]
+    if not raised:
+        return None
+    found = next((m for m in reversed(raised) if "." in m.group(1)), raised[-1])
+    return f"{found.group(1).rsplit('.', 1)[-1]}: {found.group(2).strip()}"
+
+
 def accept_result(
     returncode: int,
     result_path: Path,
@@ -151,8 +172,12 @@ def accept_result(
     tail."""
     result = read_complete_result(result_path, ds, keys)
     if result is None:
+        # The workers' own reason goes first: the first line is what a step's timing.json and
+        # the CLI keep, and the tail interleaves every rank's traceback.
+        reason = raised_reason(log_tail)
+        said = f": {reason}" if reason else ""
         raise RuntimeError(
-            f"{what} failed (exit code {returncode}) without a complete {result_path}; "
+            f"{what} failed (exit code {returncode}){said} (no complete {result_path}); "
             f"last log lines:\n{log_tail}"
         )
     if returncode != 0:

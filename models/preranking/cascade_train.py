@@ -37,7 +37,11 @@ The data is split in time: the networks train on the oldest rows, the end of the
 period (``validation_fraction`` of it) is the validation split and the latest ``test_fraction``
 is the test split. Rank 0 evaluates all models on both (AUC, GAUC, recall@k of each model's top-k
 against the teacher's per user, feature cost), chooses λ on validation only (best validation AUC
-within ``cost_budget``) and reports that model's test figures. It writes
+within ``cost_budget``) and reports that model's test figures. The run fails rather than deploy
+a model over the budget, one whose scores are constant (their spread under 1% of their mean),
+or one whose validation AUC does not beat item popularity's (each item's training clicks) on
+the same rows; ``popularity_validation_auc`` and ``popularity_auc`` are in the result beside
+the model's figures. It writes
 ``OUT/evaluation.json`` (both tables), ``OUT/metrics.json`` (DVC metrics), ``OUT/tradeoff.png``
 (AUC vs cost across λ, validation and test) and ``OUT/result.json``; all of it, the per-step
 losses, the selected fields and the chosen FSCD model (with its signature) go to the MLflow
@@ -67,6 +71,7 @@ from models.preranking.config_registry import (
     with_overrides,
 )
 from models.preranking.fields import FIELDS_FILE
+from models.preranking.fscd_data import check_training_set
 from models.preranking.fscd_run import train_cascade
 from models.preranking.fscd_throughput import measure_throughput
 from models.preranking.train import RESULT_KEYS, partition_training_set
@@ -120,6 +125,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--lr", type=float, default=None, help="override the config's learning rate"
     )
     parser.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=None,
+        help="override the config's validation_fraction (the share of the training period "
+        "that chooses the FSCD strength)",
+    )
+    parser.add_argument(
         "--require-tracking",
         action="store_true",
         help="fail at once when the MLflow server does not answer (the pipeline's runs must "
@@ -157,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.seed is not None:
         config = dataclasses.replace(config, seed=args.seed)
     config = with_overrides(config, epochs=args.epochs, lr=args.lr)
+    if args.validation_fraction is not None:
+        config = dataclasses.replace(config, validation_fraction=args.validation_fraction)
     if args.throughput_steps:
         measure_throughput(config, args.out, args.throughput_steps)
     else:
@@ -223,10 +237,16 @@ def launch_pipeline(
     settings: Settings | None = None,
     epochs: int | None = None,
     lr: float | None = None,
+    validation_fraction: float | None = None,
 ) -> dict[str, Any]:
     """The ``ctr_preranking`` train step: the cascade (teacher, FSCD selection, ColdPreRanker)
     on ``Lake.training_set("preranking", ds)`` with ``settings.train_processes`` processes,
     into ``Lake.reports("train", ds)``; returns the run's ``result.json``.
+
+    Before any process starts, the training set's validation split (``validation_fraction``,
+    else the config's) must hold the clicks FSCD needs
+    (:func:`~models.preranking.fscd_data.check_training_set`): a sparse log is refused in one
+    line (:class:`~models.preranking.fscd_data.DegenerateData`), not after the start-up.
 
     Retried for the same partition, data and config, it resumes (finished phases, the last
     checkpoint, the same MLflow run); phases and checkpoints left by other data or another
@@ -244,9 +264,18 @@ def launch_pipeline(
         extra_args = ["--checkpoint-every", str(checkpoint_every)]
     cascade = with_overrides(cascade, epochs=epochs, lr=lr)
     extra_args += override_args(epochs=epochs, lr=lr)
+    if validation_fraction is not None:
+        cascade = dataclasses.replace(cascade, validation_fraction=validation_fraction)
+        extra_args += ["--validation-fraction", repr(validation_fraction)]
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     data = partition_training_set(lake, ds)
+    counts = check_training_set(cascade, data)
+    print(
+        f"[train] ds={ds}: validation split {counts['validation_rows']:,} rows, "
+        f"{counts['validation_clicks']:,} clicks (needs {cascade.min_validation_clicks})",
+        flush=True,
+    )
     # Fail in one line before starting processes, not after MLflow's client retried for minutes.
     reachable_tracking(settings, lake.reports("train", ds), fallback=False, who="train")
     out = lake.reports("train", ds)

@@ -205,12 +205,14 @@ class CascadeTrainConfig:
     """Temperature of the relaxed Bernoulli gates."""
     cost_budget: float = 0.5
     """The deployed FSCD model is the one with the best validation AUC whose cost ratio to the
-    teacher is at most this (the cheapest one when none is)."""
+    teacher is at most this; when none that ranks is, the run fails (no model over budget is
+    deployed)."""
     recall_k: int = 10
     """k of recall@k against the teacher's top-k per user."""
     min_validation_clicks: int = 100
     """Clicks (and non-clicks) the validation split needs before λ is chosen on it: AUC's
-    standard error is about sqrt(AUC (1 - AUC) / clicks), ~0.05 at 100 clicks."""
+    standard error is about sqrt(AUC (1 - AUC) / clicks), ~0.05 at 100 clicks. The pipeline's
+    train step checks it on the training set before starting any process."""
     fields: str | dict[str, dict[str, Any]] | None = None
     """The fields the networks read (:class:`models.preranking.fields.FieldSet`). None: a
     ``fields.json`` beside the training parquet when ``data`` is a path and one is there,
@@ -294,8 +296,10 @@ def cascade_debug() -> CascadeTrainConfig:
         fscd_strengths=(0.05,),
         gate_lr=0.2,
         recall_k=3,
-        # A smoke run on tiny data: its λ choice is not meant to mean anything.
+        # A smoke run on tiny data: its λ choice is not meant to mean anything, and one epoch
+        # prunes no field, so it has no cost budget to fail (the others keep 0.5).
         min_validation_clicks=20,
+        cost_budget=1.0,
     )
 
 
@@ -323,6 +327,7 @@ def cascade_ml100k() -> CascadeTrainConfig:
         gate_lr=0.05,
         recall_k=10,
         min_validation_clicks=100,
+        cost_budget=0.5,
     )
 
 

@@ -14,12 +14,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from domains.ctr.schema import LABEL
+from domains.ctr.schema import LABEL, TIMESTAMP
 from models.preranking.config_registry import CascadeTrainConfig
 from models.preranking.fields import FIELDS, FIELDS_FILE, FieldEncoder, FieldSet
 
 ALL_FIELDS = FIELDS.names
 """The default field set's names."""
+VALIDATION_FRACTION_ENV = "CASCADE_PRERANKING_VALIDATION_FRACTION"
+"""The pipeline's knob replacing the config's ``validation_fraction``."""
 
 
 def resolve_fields(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> FieldSet:
@@ -84,14 +86,61 @@ class EvalSplit:
     codes: torch.Tensor
     labels: np.ndarray
     users: np.ndarray
+    popularity: np.ndarray
+    """Each row's item popularity: the item's clicks in the training rows (0 for an item the
+    training rows never showed), the baseline score every model must beat."""
 
     @classmethod
-    def of(cls, frame: pd.DataFrame, encoder: FieldEncoder) -> EvalSplit:
+    def of(cls, frame: pd.DataFrame, encoder: FieldEncoder, item_clicks: pd.Series) -> EvalSplit:
         return cls(
             codes=encoder.encode(frame),
             labels=frame[LABEL].to_numpy(np.int64),
             users=frame["user_id"].to_numpy(np.int64),
+            popularity=frame["item_id"].map(item_clicks).fillna(0.0).to_numpy(np.float64),
         )
+
+
+def item_clicks(train: pd.DataFrame) -> pd.Series:
+    """Clicks per item id in the training rows (item popularity)."""
+    return train.groupby("item_id")[LABEL].sum().astype(np.float64)
+
+
+def validation_counts(frame: pd.DataFrame, config: CascadeTrainConfig) -> tuple[int, int]:
+    """``(rows, clicks)`` of the validation split :func:`prepare` carves from ``frame`` (the
+    rows before the test split, latest ``validation_fraction`` of them)."""
+    from models.preranking.train import time_split
+
+    period, _ = time_split(frame, config.test_fraction)
+    if len(period) < 2:
+        raise DegenerateData(
+            f"{len(frame)} rows leave {len(period)} before the test split; need at least 2 to "
+            "carve a validation split (lower test_fraction or use more data)"
+        )
+    _, validation = time_split(period, config.validation_fraction)
+    return len(validation), int(validation[LABEL].sum())
+
+
+def check_validation_clicks(rows: int, clicks: int, config: CascadeTrainConfig) -> None:
+    """Raise :class:`DegenerateData` (one line) when the validation split has fewer than
+    ``min_validation_clicks`` clicks or non-clicks."""
+    need = config.min_validation_clicks
+    if min(clicks, rows - clicks) < need:
+        raise DegenerateData(
+            f"the validation split ({config.validation_fraction:g} of the training period) has "
+            f"{rows:,} rows with {clicks:,} clicks; FSCD needs at least {need} clicks and "
+            f"{need} non-clicks to choose its strength: train on more days or impressions, or "
+            f"raise {VALIDATION_FRACTION_ENV}"
+        )
+
+
+def check_training_set(config: CascadeTrainConfig, data: Path) -> dict[str, int]:
+    """Before any training process starts: the validation split of the training parquet
+    ``data`` (only its time and label columns are read) has the clicks :func:`prepare` needs,
+    else :class:`DegenerateData` in one line. Returns its ``rows`` and ``clicks``."""
+    frame = pd.read_parquet(data, columns=[TIMESTAMP, LABEL])
+    rows, clicks = validation_counts(frame, config)
+    check_validation_clicks(rows, clicks, config)
+    return {"validation_rows": rows, "validation_clicks": clicks}
 
 
 @dataclass(kw_only=True)
@@ -134,22 +183,9 @@ def prepare(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> Pr
 
     frame = load_frame(config) if frame is None else frame
     fields = resolve_fields(config, frame)
+    check_validation_clicks(*validation_counts(frame, config), config)
     period, test = time_split(frame, config.test_fraction)
-    if len(period) < 2:
-        raise ValueError(
-            f"{len(frame)} rows leave {len(period)} before the test split; need at least 2 to "
-            "carve a validation split (lower test_fraction or use more data)"
-        )
     train, validation = time_split(period, config.validation_fraction)
-    clicks = int(validation[LABEL].sum())
-    need = config.min_validation_clicks
-    if min(clicks, len(validation) - clicks) < need:
-        raise DegenerateData(
-            f"the validation split has {len(validation)} rows with {clicks} clicks; choosing "
-            f"the FSCD strength needs at least {need} clicks and {need} non-clicks (below that "
-            "the AUCs it compares differ by less than their noise, about 0.05 at 100 clicks). "
-            "Train on a longer period or more impressions, or raise validation_fraction"
-        )
     degenerate = degenerate_fields(train, fields)
     unusable = {name for names in degenerate.values() for name in names}
     if unusable >= set(fields.names):
@@ -157,12 +193,13 @@ def prepare(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> Pr
     if unusable:
         print(f"[cascade] WARNING fields FSCD will not keep: {degenerate}", flush=True)
     encoder = FieldEncoder(fields, bins=config.bins).fit(train)
+    popular = item_clicks(train)
     return Prepared(
         encoder=encoder,
         train_codes=encoder.encode(train),
         train_labels=torch.from_numpy(train[LABEL].to_numpy(np.float32)),
-        validation=EvalSplit.of(validation, encoder),
-        test=EvalSplit.of(test, encoder),
+        validation=EvalSplit.of(validation, encoder, popular),
+        test=EvalSplit.of(test, encoder, popular),
         costs=dict(zip(fields.names, encoder.costs(config.net.embedding_dim), strict=True)),
         example=test[list(fields.names)].head(5).reset_index(drop=True),
         degenerate=degenerate,

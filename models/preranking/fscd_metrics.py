@@ -92,54 +92,104 @@ def evaluate_models(
                 "cost": cost,
                 "cost_ratio": cost / teacher_cost,
                 "fields": list(fields),
-                # 0 when the model scores every row the same (it ranks nothing).
                 "score_spread": float(np.std(scores[name])),
+                # ~0 when the model scores every row about the same (it ranks nothing),
+                # whatever the click rate those scores sit at.
+                "relative_spread": relative_spread(scores[name]),
             }
         )
     return rows
 
 
-CONSTANT_SCORES = 1e-6
-"""A model whose scores' standard deviation on a split is below this ranks nothing."""
+CONSTANT_SCORES = 1e-2
+"""A model whose scores' standard deviation on a split is below this share of their mean
+ranks nothing. Relative, because a click model's scores sit near the click rate: at a 0.5%
+rate a spread of 1e-5 (which an absolute threshold of 1e-6 passes) is a constant."""
+SPREAD_EPS = 1e-12
+
+
+def relative_spread(scores: np.ndarray) -> float:
+    """``std / (|mean| + eps)`` of a model's scores on a split: 0 for a constant model."""
+    if len(scores) == 0:
+        return 0.0
+    return float(np.std(scores) / (abs(float(np.mean(scores))) + SPREAD_EPS))
 
 
 class DegenerateModel(RuntimeError):
     """Every candidate FSCD model scores the validation rows the same: nothing to deploy."""
 
 
-def choose_fscd(validation_rows: list[dict[str, Any]], budget: float) -> dict[str, Any]:
-    """The FSCD row with the best validation AUC within the cost budget; the cheapest FSCD row
-    if none is.
+class OverBudget(DegenerateModel):
+    """No FSCD model ranks within the cost budget: deploying one over it breaks the budget."""
 
-    Pass validation rows only: choosing on the test rows would report the best of several
-    test draws, an optimistic figure the deployed model would not reproduce.
+
+class BelowBaseline(DegenerateModel):
+    """No FSCD model within the budget beats item popularity on the validation rows."""
+
+
+def choose_fscd(
+    validation_rows: list[dict[str, Any]], budget: float, baseline_auc: float | None = None
+) -> dict[str, Any]:
+    """The FSCD row with the best validation AUC within the cost budget.
+
+    Raises :class:`DegenerateModel` when every FSCD model's scores are constant (relative to
+    their scale), :class:`OverBudget` when none that ranks is within ``budget``, and
+    :class:`BelowBaseline` when the best within it does not beat ``baseline_auc`` (item
+    popularity's AUC on the same validation rows). Pass validation rows only: choosing on the
+    test rows would report the best of several test draws, an optimistic figure the deployed
+    model would not reproduce.
     """
     fscd = [r for r in validation_rows if r["model"].startswith("fscd_")]
     if not fscd:
         raise ValueError("no fscd_<λ> rows to choose from; fscd_strengths must not be empty")
-    ranking = [r for r in fscd if r.get("score_spread", 1.0) >= CONSTANT_SCORES]
+    ranking = [r for r in fscd if r.get("relative_spread", 1.0) >= CONSTANT_SCORES]
     if not ranking:
         raise DegenerateModel(
             f"every FSCD model ({', '.join(r['model'] for r in fscd)}) scores all validation "
-            f"rows the same (kept fields {[r['fields'] for r in fscd]}): its AUC of 0.5 is no "
-            "result. Check the training set for empty or constant fields"
+            f"rows the same (spread under {CONSTANT_SCORES:g} of the mean score; kept fields "
+            f"{[r.get('fields') for r in fscd]}): its AUC is no result. Check the training set for "
+            "empty or constant fields"
         )
-    fscd = ranking
-    within = [r for r in fscd if r["cost_ratio"] <= budget + 1e-9]
-    if within:
-        return max(within, key=lambda r: r["auc"])
-    return min(fscd, key=lambda r: (r["cost_ratio"], -r["auc"]))
+    within = [r for r in ranking if r["cost_ratio"] <= budget + 1e-9]
+    if not within:
+        cheapest = min(ranking, key=lambda r: (r["cost_ratio"], -r["auc"]))
+        raise OverBudget(
+            f"no FSCD model that ranks is within the cost budget {budget:g}: the cheapest, "
+            f"{cheapest['model']}, costs {cheapest['cost_ratio']:.3g} of the teacher; add "
+            "stronger fscd_strengths or raise cost_budget"
+        )
+    best = max(within, key=lambda r: r["auc"])
+    if baseline_auc is None:
+        return best
+    # Popularity itself can rank below chance on a few clicks: chance is the floor then.
+    floor, against = (
+        (baseline_auc, f"item popularity's {baseline_auc:.4f}")
+        if baseline_auc >= 0.5
+        else (0.5, f"chance (0.5; item popularity's is {baseline_auc:.4f})")
+    )
+    if not best["auc"] > floor:
+        raise BelowBaseline(
+            f"the best FSCD model within the cost budget, {best['model']}, has validation AUC "
+            f"{best['auc']:.4f}, not above {against} on the same rows: nothing worth "
+            "registering. Train on more impressions or clicks"
+        )
+    return best
 
 
 def headline_metrics(
     validation_rows: list[dict[str, Any]],
     test_rows: list[dict[str, Any]],
     config: CascadeTrainConfig,
+    baseline: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """The run's figures: λ chosen on the validation rows, every reported figure from the test
-    rows of that same λ (and of the teacher and the two-tower baseline)."""
+    rows of that same λ (and of the teacher and the two-tower baseline). ``baseline``: item
+    popularity's ``validation_auc`` and ``test_auc`` (:func:`popularity_auc`), which the chosen
+    model must beat on validation; reported as ``popularity_validation_auc`` and
+    ``popularity_auc``."""
     by_name = {r["model"]: r for r in test_rows}
-    on_validation = choose_fscd(validation_rows, config.cost_budget)
+    floor = None if baseline is None else baseline["validation_auc"]
+    on_validation = choose_fscd(validation_rows, config.cost_budget, floor)
     chosen = by_name[on_validation["model"]]
     teacher, two_tower = by_name["teacher"], by_name["two_tower"]
     validation_teacher = next(r for r in validation_rows if r["model"] == "teacher")
@@ -160,7 +210,23 @@ def headline_metrics(
         "fscd_validation_auc": on_validation["auc"],
         "teacher_validation_auc": validation_teacher["auc"],
         "validation_auc_ratio": on_validation["auc"] / validation_teacher["auc"],
+        **(
+            {}
+            if baseline is None
+            else {
+                "popularity_validation_auc": baseline["validation_auc"],
+                "popularity_auc": baseline["test_auc"],
+            }
+        ),
     }
+
+
+def popularity_auc(split: EvalSplit) -> float:
+    """AUC of item popularity (each item's clicks in the training rows) on ``split``: the
+    baseline a learned pre-ranker must beat. 0.5 when the split has one class only."""
+    if len(np.unique(split.labels)) < 2:
+        return 0.5
+    return float(roc_auc_score(split.labels, split.popularity))
 
 
 def plot_tradeoff(

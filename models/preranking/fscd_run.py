@@ -25,6 +25,7 @@ from models.preranking.fscd_metrics import (
     evaluate_models,
     headline_metrics,
     plot_tradeoff,
+    popularity_auc,
 )
 from models.preranking.fscd_phases import phases, train_phase
 from models.preranking.inference import CROSS_SOURCE_PARAM
@@ -160,15 +161,24 @@ def finish(
 
     validation_rows = evaluate_models(models, data.validation, data.costs, config)
     rows = evaluate_models(models, data.test, data.costs, config)
-    metrics = headline_metrics(validation_rows, rows, config)
+    baseline = {
+        "validation_auc": popularity_auc(data.validation),
+        "test_auc": popularity_auc(data.test),
+    }
+    metrics = headline_metrics(validation_rows, rows, config, baseline)
     metrics["train_seconds"] = time.monotonic() - started
-    chosen_name = choose_fscd(validation_rows, config.cost_budget)["model"]
+    chosen_name = choose_fscd(validation_rows, config.cost_budget, baseline["validation_auc"])[
+        "model"
+    ]
     chosen = next(r for r in rows if r["model"] == chosen_name)
     recall_key = f"recall_at_{config.recall_k}"
     goals = {
         "auc_ratio_at_least_0.98": metrics["auc_ratio"] >= 0.98,
         "cost_ratio_at_most_0.5": metrics["cost_ratio"] <= 0.5,
         "beats_two_tower": metrics["fscd_auc"] > metrics["two_tower_auc"],
+        "beats_popularity_on_validation": (
+            metrics["fscd_validation_auc"] > metrics["popularity_validation_auc"]
+        ),
     }
     evaluation = {
         "config": config.name,
@@ -183,6 +193,7 @@ def finish(
         },
         "rows": rows,
         "validation_rows": validation_rows,
+        "popularity_baseline": baseline,
         "degenerate_fields": data.degenerate,
     }
     write_result(out / "evaluation.json", evaluation)

@@ -1,7 +1,9 @@
 """Register a trained pre-ranking model and put it through the promotion gate
 (:mod:`cascade.promotion`).
 
-Champion and challenger are scored on the same held-out rows: the latest ``test_fraction`` of
+The challenger must also beat item popularity's AUC on its held-out rows
+(:func:`popularity_baseline`; the decision's ``baseline`` records both). Champion and
+challenger are scored on the same held-out rows: the latest ``test_fraction`` of
 the challenger's training set, which the champion never saw trained on either when it is
 older, on ``settings.promotion_metric`` (AUC or log loss) with ``settings.promotion_tolerance``.
 The compile gate's report is ``Lake.reports("compile", ds)``. Run for one partition date after
@@ -20,7 +22,7 @@ from cascade.artifacts import DIGESTS_TAG, digests_tag
 from cascade.config import PROMOTION_METRICS, Settings, load_settings
 from cascade.lake import Lake, check_ds
 from cascade.pipeline_spec import Promotion
-from cascade.promotion import Decision, NewVersion, Scores
+from cascade.promotion import Baseline, Decision, NewVersion, Scores
 from cascade.promotion import register_and_promote as promote
 from cascade.registry import registry_client, registry_report_path
 from cascade.results import write_result
@@ -58,6 +60,40 @@ def held_out_rows(lake: Lake, ds: str, test_fraction: float) -> Any:
             f"training-set step for ds={ds}"
         )
     return time_split(load_training_frame(path, required=ROW_COLUMNS), test_fraction)[1]
+
+
+def popularity_baseline(lake: Lake, ds: str, challenger: Any, recorded_auc: float) -> Baseline:
+    """Item popularity (each item's clicks in the rows before the hold-out) against the
+    ``challenger`` (a loaded trained model) on the held-out rows of ``ds``'s training set,
+    both by AUC: the baseline a registered pre-ranker must beat
+    (:func:`models.preranking.fscd_metrics.popularity_auc` holds the trainer to the same on
+    validation). A challenger that cannot read those rows is taken at ``recorded_auc``, its
+    training's figure on the same hold-out."""
+    from sklearn.metrics import roc_auc_score
+
+    from domains.ctr.schema import LABEL
+    from models.preranking.fscd_data import item_clicks
+    from models.preranking.train import ROW_COLUMNS, evaluate, load_training_frame, time_split
+
+    path = lake.training_set("preranking", ds) / "data.parquet"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no training set {path} to score the popularity baseline on; run the "
+            f"training-set step for ds={ds}"
+        )
+    frame = load_training_frame(path, required=ROW_COLUMNS)
+    before, held_out = time_split(frame, challenger.test_fraction)
+    scores = held_out["item_id"].map(item_clicks(before)).fillna(0.0)
+    labels = held_out[LABEL]
+    auc = float(roc_auc_score(labels, scores)) if labels.nunique() > 1 else 0.5
+    rows = f"the same {len(held_out)} held-out rows"
+    if unread_columns(challenger, held_out):
+        measured, rows = recorded_auc, f"{rows} (the challenger's recorded AUC)"
+    else:
+        measured = float(evaluate(challenger.model, held_out, challenger.encoder)["auc"])
+    return Baseline(
+        name="item popularity", metric="auc", challenger=measured, baseline=auc, rows=rows
+    )
 
 
 def unread_columns(loaded: Any, rows: Any) -> list[str]:
@@ -156,6 +192,7 @@ def register_and_promote(
         )
 
     gate = compile_gate_report(lake, ds)
+    baseline = popularity_baseline(lake, ds, load_trained(lake.reports("train", ds)), new_auc)
 
     def report(decision: Decision) -> dict[str, Any]:
         return {
@@ -196,6 +233,7 @@ def register_and_promote(
         score=score,
         compile_gate=gate,
         report=report,
+        baseline=baseline,
     )
     path = registry_report_path(ds, settings)
     path.parent.mkdir(parents=True, exist_ok=True)

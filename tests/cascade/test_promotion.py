@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cascade.pipeline_spec import Promotion
-from cascade.promotion import NewVersion, Scores, compare, decide, register_and_promote
+from cascade.promotion import Baseline, NewVersion, Scores, compare, decide, register_and_promote
 from cascade.registry import CHALLENGER, CHAMPION, DECISION_TAG, PREVIOUS_CHAMPION_TAG
 
 NAME = "toy"
@@ -212,3 +212,43 @@ def test_alias_stays_when_the_champion_changed_before_the_move() -> None:
     )
     assert again == {"promoted": False, "previous": "2"}
     assert json.loads(client.versions["3"].tags[DECISION_TAG]) == again
+
+
+def test_a_challenger_under_the_baseline_is_refused_with_or_without_a_champion() -> None:
+    """Better than the champion is not enough: a challenger that does not beat the model-free
+    baseline (item popularity) on the same rows stays a challenger, and the decision says why."""
+    client = FakeRegistry()
+
+    def popularity(challenger: float) -> Baseline:
+        return Baseline(
+            name="item popularity", metric="auc", challenger=challenger, baseline=0.55,
+            rows="the same 600 held-out rows",
+        )  # fmt: skip
+
+    def decided(run_id: str, auc: float, floor: Baseline) -> Any:
+        return decide(client, NAME, version_of(client, run_id, auc), promotion=HIGHER,
+                      score=tag_scores(auc), compile_gate=None, baseline=floor)  # fmt: skip
+
+    first = decided("r1", 0.52, popularity(0.52))
+    assert not first.promoted and first.champion_version is None
+    assert first.reasons == [
+        "challenger auc 0.5200 does not beat the item popularity baseline's 0.5500 on the same "
+        "600 held-out rows"
+    ]
+    assert first.record()["baseline"] == {
+        "name": "item popularity", "metric": "auc", "challenger": 0.52, "baseline": 0.55,
+        "rows": "the same 600 held-out rows", "passed": False, "reason": first.reasons[0],
+    }  # fmt: skip
+
+    champion = decided("r2", 0.60, popularity(0.60))
+    assert champion.promoted and champion.record()["baseline"]["passed"] is True
+
+    # Within the champion's tolerance (0.595 vs 0.60) yet not above popularity's 0.60.
+    def high_floor(challenger: float) -> Baseline:
+        return Baseline(name="item popularity", metric="auc", challenger=challenger,
+                        baseline=0.60, rows="the same 600 held-out rows")  # fmt: skip
+
+    under = decided("r3", 0.595, high_floor(0.595))
+    assert under.comparison is not None and under.comparison["passed"]
+    assert not under.promoted and client.aliases[CHAMPION] == "2"
+    assert "does not beat the item popularity baseline's 0.6000" in under.reasons[0]

@@ -78,6 +78,13 @@ def test_promotes_first_refuses_worse_on_the_same_rows_promotes_not_worse(
     # The registry must use settings' store, whatever MLflow's process-wide URI says.
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'elsewhere.db'}")
     first = register_and_promote("2026-01-01", settings=settings)
+    baseline = first.pop("baseline")
+    assert (baseline["name"], baseline["metric"], baseline["passed"]) == (
+        "item popularity",
+        "auc",
+        True,
+    )
+    assert baseline["challenger"] > baseline["baseline"], baseline
     assert first == {
         "version": "1",
         "promoted": True,
@@ -104,7 +111,10 @@ def test_promotes_first_refuses_worse_on_the_same_rows_promotes_not_worse(
     comparison = worse["comparison"]
     assert comparison["rows"] == 600 and comparison["metric"] == "auc"
     assert comparison["champion"] > 0.65 and comparison["challenger"] < 0.6
-    assert len(worse["reasons"]) == 1 and "below champion auc" in worse["reasons"][0]
+    assert "below champion auc" in worse["reasons"][0]
+    # Nor does it beat item popularity on those rows: the decision says that too.
+    assert worse["baseline"]["passed"] is False and worse["baseline"]["challenger"] < 0.6
+    assert worse["reasons"][1:] == [worse["baseline"]["reason"]]
     assert alias_version(settings) == "1"
     assert alias_version(settings, alias="challenger") == "2"
 

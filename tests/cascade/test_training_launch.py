@@ -174,3 +174,31 @@ def test_collectives_outside_a_process_group_stay_on_the_cpu_untouched() -> None
     values = torch.tensor([1.0, 2.0], dtype=torch.float64)
     assert collective_device() == torch.device("cpu")
     assert all_reduced(values) is values
+
+
+def test_a_failed_launch_says_the_workers_reason_on_its_first_line(tmp_path: Path) -> None:
+    from cascade.training.launch import accept_result
+
+    tail = "\n".join(
+        [
+            "[rank1]: Traceback (most recent call last):",
+            '[rank1]:   File "fscd_run.py", line 160, in finish',
+            "[rank1]: RuntimeError: rank 0 left the group",
+            "[rank0]: Traceback (most recent call last):",
+            '[rank0]:   File "fscd_metrics.py", line 170, in choose_fscd',
+            "[rank0]: models.preranking.fscd_metrics.OverBudget: no FSCD model that ranks is "
+            "within the cost budget 0.5",
+            "[rank1]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer",
+            "E1129 13:00:00 torch/distributed/elastic/multiprocessing/api.py failed (exitcode: 1)",
+        ]
+    )
+    with pytest.raises(RuntimeError) as failed:
+        accept_result(1, tmp_path / "result.json", tail, what="training", keys=("run_id",))
+    first = str(failed.value).splitlines()[0]
+    assert first.startswith(
+        "training failed (exit code 1): OverBudget: no FSCD model that ranks is within the "
+        "cost budget 0.5 (no complete "
+    )
+    assert str(failed.value).endswith(tail)
+    with pytest.raises(RuntimeError, match=r"^training failed \(exit code 9\) \(no complete"):
+        accept_result(9, tmp_path / "result.json", "Killed", what="training", keys=("run_id",))

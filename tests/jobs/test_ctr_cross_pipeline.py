@@ -203,7 +203,11 @@ def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
     kinds = {f["name"]: f["kind"] for f in declared}
     assert kinds["user_ctr_7d"] == "user" and kinds["item_ctr_30d"] == "item"
     assert kinds["user_cat_ctr_1d"] == "cross" and not any(n.startswith("seg_") for n in kinds)
-    with pytest.raises(MissingPartitions, match=r"\['2026-11-18'\].*HISTORY_DAYS=4"):
+    with pytest.raises(
+        MissingPartitions,
+        match=r"\[.2026-11-18.\] never built: build them .*HISTORY_DAYS=4\), or train on the 3 "
+        r"latest days that have one \(CASCADE_PRERANKING_TRAIN_DAYS=3\)",
+    ):
         build(tmp_path / "refused", train_days=4)
 
     # The pipeline's step finds the published partition's source and log by itself.
@@ -219,3 +223,45 @@ def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
     monkeypatch.setenv("CASCADE_PRERANKING_SOURCE", "ml100k")
     with pytest.raises(MissingPartitions, match="source 'ml100k' for ds=2026-11-22"):
         ctr_preranking.training_set(DS)
+
+
+def test_a_sparse_log_is_refused_in_one_line_before_any_training_process_starts(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A generated log of 4,000 impressions (a few hundred clicks over 35 days) goes through
+    ctr_cross and the training set; the train step then refuses it in one line, recorded in
+    timing.json, without launching torchrun."""
+    from cascade.step_runner import TIMING_FILE, run_step, summary_path
+    from models.preranking import cascade_train
+    from models.preranking.fscd_data import DegenerateData
+    from pipelines import ctr_preranking
+
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
+    monkeypatch.setenv("CASCADE_MLFLOW_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "4000")
+    monkeypatch.setenv("CASCADE_CROSS_HISTORY_DAYS", "3")
+    monkeypatch.setenv("CASCADE_PRERANKING_TRAIN_DAYS", "3")
+    monkeypatch.setenv("CASCADE_PRERANKING_MODEL", "fscd")
+    monkeypatch.delenv(pipeline.SOURCE_ENV, raising=False)
+    for knob in ("SOURCE", "CONFIG", "EPOCHS", "LR", "VALIDATION_FRACTION"):
+        monkeypatch.delenv(f"CASCADE_PRERANKING_{knob}", raising=False)
+
+    assert pipeline.log(DS)["generated"]
+    lake = Lake(tmp_path / "lake")
+    clicks = int(pd.read_parquet(pipeline.landing_dir(lake, DS)).click.sum())
+    assert 100 < clicks < 1_000
+    pipeline.stats(DS)
+    assert pipeline.validate(DS)["success"]
+    built = ctr_preranking.training_set(DS)
+    assert 0 < built["clicks"] < 200
+
+    launched: list[object] = []
+    monkeypatch.setattr(cascade_train, "launch_for_result", lambda *a, **k: launched.append(a))
+    with pytest.raises(DegenerateData) as refused:
+        run_step("train", DS, "ctr_preranking")
+    message = str(refused.value)
+    assert launched == []
+    assert "\n" not in message and "FSCD needs at least 100 clicks" in message
+    assert "CASCADE_PRERANKING_VALIDATION_FRACTION" in message
+    timing = summary_path("train", DS, "ctr_preranking").with_name(TIMING_FILE)
+    assert json.loads(timing.read_text())["error"] == f"DegenerateData: {message}"

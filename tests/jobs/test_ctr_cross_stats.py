@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cascade.config import Settings
+from cascade.lake import Lake
 from jobs import ctr_cross_stats as job
 from jobs import ctr_log_sources as sources
 from jobs import impression_log as gen
@@ -344,3 +345,63 @@ def test_recovered_cross_ctrs_correlate_with_the_ground_truth(spark: SparkSessio
     assert (merged.seg_cat_ctr_30d < merged.seg_cat_dctr_30d).mean() > 0.95
     for position in (2, 5, 10):
         assert facts["examination"][position] == pytest.approx(position**-0.7, abs=0.05)
+
+
+def test_an_empty_window_is_flagged_and_gets_the_pairs_rate_not_one_half(
+    spark: SparkSession,
+) -> None:
+    """No impression in the day before ds: the 1-day columns are a constant at the pair's
+    7-day rate (a sparse log's 0.5% here, not Jeffreys' 0.5) and flagged as empty windows."""
+    config = job.CrossStatsConfig(pairs=(job.SEG_CAT,), windows_days=(1, 7))
+    rng = np.random.default_rng(4)
+    rows = [
+        (k, k % 30, f"s{k % 4}", f"c{k % 5}", 1, T0 - DAY * float(rng.uniform(2, 6.9)),
+         int(rng.random() < 0.005))
+        for k in range(4_000)
+    ]  # fmt: skip
+    got, facts = features(spark, rows, config)
+
+    assert facts["empty_windows"] == {"seg_cat": ["seg_cat_ctr_1d", "seg_cat_dctr_1d"]}
+    assert "seg_cat_ctr_1d" not in facts["constant_features"].get("seg_cat", [])
+    one_day = got["seg_cat"]["seg_cat_ctr_1d"]
+    a, b = facts["priors"]["seg_cat"]["ctr_7"]
+    rate = sum(r[-1] for r in rows) / len(rows)
+    assert one_day.max() - one_day.min() < 1e-12  # a constant column
+    assert one_day.iloc[0] == pytest.approx(a / (a + b), rel=1e-9)
+    assert one_day.iloc[0] == pytest.approx(rate, rel=0.5) and one_day.iloc[0] < 0.05
+    assert (got["seg_cat"]["seg_cat_dctr_1d"] < 0.05).all()
+    from jobs.ctr_cross_stats_gate import constant_column_warnings
+
+    assert constant_column_warnings({"empty_windows": facts["empty_windows"]}) == [
+        "seg_cat: empty window (no impression in it), constant column seg_cat_ctr_1d",
+        "seg_cat: empty window (no impression in it), constant column seg_cat_dctr_1d",
+    ]
+
+
+def test_a_failed_rebuild_removes_the_partitions_ungated_outputs(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    settings = Settings(home=tmp_path / "home")
+    config = job.CrossStatsConfig(pairs=(job.SEG_CAT, job.USER_CAT), windows_days=(1, 7))
+    good = tmp_path / "good"
+    rows = [(u, u % 3, "s1", f"c{u % 2}", None, 1, T0 - DAY / 2, u % 2) for u in range(1, 9)]
+    spark.createDataFrame(rows, SCHEMA).write.parquet(str(good))
+    summary = job.run(DS, log_path=good, settings=settings, spark=spark, config=config)
+    where = job.CrossLake(Lake(settings.lake_root), "generated")
+    built = where.outputs(DS)
+    assert len(built) == 4 and all(p.exists() for p in built)  # two pairs, catalogue, summary
+    # The gate passed them once; a gated partition is kept by a later failure to start.
+    where.gate_report(DS).parent.mkdir(parents=True, exist_ok=True)
+    where.gate_report(DS).write_text(json.dumps({"success": True}))
+    assert where.remove_ungated(DS) == []
+
+    # A rebuild from a log with nothing in the window is refused after it deleted the verdict.
+    stale = tmp_path / "stale"
+    old = [(u, 1, "s1", "c1", None, 1, T0 - 30 * DAY, 0) for u in range(1, 4)]
+    spark.createDataFrame(old, SCHEMA).write.parquet(str(stale))
+    with pytest.raises(job.EmptyBatch):
+        job.run(DS, log_path=stale, settings=settings, spark=spark, config=config)
+
+    assert not where.gate_report(DS).exists()
+    assert [p for p in built if p.exists()] == [] and where.outputs(DS) == []
+    assert Path(summary["quarantine_path"]).exists()  # the refused batch's quarantine stays

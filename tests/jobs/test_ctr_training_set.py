@@ -269,3 +269,35 @@ def test_the_published_partition_names_its_source(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"\['generated', 'ml100k'\]; name one"):
         ts.published_summary(lake.root, ds)
     assert ts.published_summary(lake.root, ds, "ml100k")["source"] == "ml100k"
+
+
+def test_missing_training_days_are_not_ready_with_advice_that_is_not_the_run_just_done(
+    tmp_path: Path,
+) -> None:
+    """A landed log's first day can never be built (its windows end before it): the advice is
+    fewer training days or an earlier log, never the history build that already ran; the CLI
+    exits 3 (not ready), as the README's exit-code table says."""
+    from cascade.cli import exit_code
+    from cascade.lake import Lake
+
+    where = job.CrossLake(Lake(tmp_path / "lake"), "clicks")
+    days = ["2026-11-18", "2026-11-19", "2026-11-20", "2026-11-21"]
+    where.quarantine(days[0]).mkdir(parents=True)  # tried: nothing in its windows
+    for day, success in ((days[1], False), (days[2], True), (days[3], True)):
+        where.summary(day).parent.mkdir(parents=True)
+        where.summary(day).write_text("{}")
+        where.gate_report(day).parent.mkdir(parents=True, exist_ok=True)
+        where.gate_report(day).write_text(json.dumps({"success": success}))
+
+    advice = ts.missing_days_advice(where, "2026-11-22", days, days[:2])
+
+    assert advice == (
+        "['2026-11-18'] had no impression in their windows (a log's first day has none); "
+        "['2026-11-19'] failed the gate (see its reports): land the log of the days before "
+        "2026-11-18 and build them, or train on the 2 latest days that have one "
+        "(CASCADE_PRERANKING_TRAIN_DAYS=2)"
+    )
+    assert "HISTORY_DAYS" not in advice
+    never = ts.missing_days_advice(where, "2026-11-23", [*days[2:], "2026-11-22"], ["2026-11-22"])
+    assert never.startswith("['2026-11-22'] never built: build them (ctr_cross for ds=2026-11-23")
+    assert exit_code(ts.MissingPartitions(advice)) == 3

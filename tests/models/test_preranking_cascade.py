@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from sklearn.metrics import roc_auc_score
 
 from cascade.config import Settings
 from cascade.training.crash_points import CRASH_ENV, CRASH_NODE_ENV
@@ -28,11 +29,16 @@ from models.preranking.config_registry import (
 from models.preranking.fields import FIELD_NAMES, FIELDS, FieldEncoder, field_cost
 from models.preranking.fscd_data import ALL_FIELDS, DegenerateData, prepare
 from models.preranking.fscd_metrics import (
+    CONSTANT_SCORES,
+    BelowBaseline,
     DegenerateModel,
+    OverBudget,
     choose_fscd,
     gauc,
     headline_metrics,
+    popularity_auc,
     recall_at_k,
+    relative_spread,
 )
 from models.preranking.fscd_phases import (
     PlainTorch,
@@ -51,6 +57,7 @@ from models.preranking.model import (
 )
 from models.preranking.movielens_frame import prior_counts
 from models.preranking.synthetic_data import synthetic_training_frame
+from models.preranking.train import time_split
 
 
 @pytest.fixture(scope="module")
@@ -360,12 +367,65 @@ def test_empty_and_constant_fields_are_flagged_and_an_all_degenerate_set_refused
 
 def test_a_model_that_scores_every_row_the_same_is_never_chosen() -> None:
     rows = [
-        {**_row("fscd_0.01", 0.5, 0.1), "score_spread": 0.0, "fields": ["empty"]},
-        {**_row("fscd_0.03", 0.49, 0.2), "score_spread": 0.02, "fields": ["user_id"]},
+        {**_row("fscd_0.01", 0.5, 0.1), "relative_spread": 0.0, "fields": ["empty"]},
+        {**_row("fscd_0.03", 0.49, 0.2), "relative_spread": 0.3, "fields": ["user_id"]},
     ]
     assert choose_fscd(rows, budget=0.5)["model"] == "fscd_0.03"
     with pytest.raises(DegenerateModel, match="scores all validation rows the same"):
         choose_fscd(rows[:1], budget=0.5)
+
+
+def test_constant_scores_are_judged_relative_to_their_scale() -> None:
+    """Scores at a 0.5% click rate with a spread of 8e-6 pass an absolute 1e-6 threshold, yet
+    rank nothing; the same relative spread at any scale is refused, a real spread is not."""
+    rng = np.random.default_rng(0)
+    flat = 0.005 + 8e-6 * rng.standard_normal(2_000)
+    assert np.std(flat) > 1e-6
+    assert relative_spread(flat) < CONSTANT_SCORES
+    assert relative_spread(flat * 100) == pytest.approx(relative_spread(flat))
+    assert relative_spread(rng.uniform(0.001, 0.02, 2_000)) > CONSTANT_SCORES
+    rows = [{**_row("fscd_0.01", 0.52, 0.3), "relative_spread": relative_spread(flat)}]
+    with pytest.raises(DegenerateModel, match="scores all validation rows the same"):
+        choose_fscd(rows, budget=0.5)
+
+
+def test_a_model_over_the_cost_budget_fails_the_step() -> None:
+    rows = [
+        {**_row("fscd_0.01", 0.70, 1.0), "relative_spread": 0.4},
+        {**_row("fscd_0.03", 0.68, 0.8), "relative_spread": 0.4},
+        {**_row("fscd_0.1", 0.60, 0.3), "relative_spread": 0.0},  # within, but constant
+    ]
+    with pytest.raises(OverBudget, match=r"cost budget 0.5: the cheapest, fscd_0.03, costs 0.8"):
+        choose_fscd(rows, budget=0.5)
+
+
+def test_a_model_below_item_popularity_on_validation_is_never_picked() -> None:
+    rows = [
+        {**_row("fscd_0.01", 0.58, 0.4), "relative_spread": 0.4},
+        {**_row("fscd_0.03", 0.48, 0.2), "relative_spread": 0.4},
+    ]
+    assert choose_fscd(rows, budget=0.5, baseline_auc=0.55)["model"] == "fscd_0.01"
+    with pytest.raises(BelowBaseline, match=r"fscd_0.01, has validation AUC 0.5800, not above"):
+        choose_fscd(rows, budget=0.5, baseline_auc=0.60)
+    with pytest.raises(BelowBaseline, match="item popularity's 0.5500"):
+        choose_fscd(rows[1:], budget=0.5, baseline_auc=0.55)
+    # Popularity below chance does not let a below-chance model through.
+    with pytest.raises(BelowBaseline, match=r"not above chance \(0.5; item popularity's is 0.4"):
+        choose_fscd(rows[1:], budget=0.5, baseline_auc=0.45)
+
+
+def test_item_popularity_auc_is_the_training_clicks_of_each_item() -> None:
+    config = cascade_debug()
+    frame = synthetic_training_frame(4_000, users=60, items=80, seed=5)
+    data = prepare(config, frame)
+    period, _ = time_split(frame, config.test_fraction)
+    train, validation = time_split(period, config.validation_fraction)
+    clicks = train.groupby("item_id")[LABEL].sum()
+    expected = np.array([float(clicks.get(item, 0)) for item in validation["item_id"]])
+    np.testing.assert_array_equal(data.validation.popularity, expected)
+    auc = popularity_auc(data.validation)
+    assert auc == pytest.approx(roc_auc_score(validation[LABEL], expected))
+    assert auc > 0.5  # the generator's items differ in click rate
 
 
 def _row(model: str, auc: float, cost_ratio: float) -> dict[str, object]:
@@ -380,7 +440,7 @@ def _row(model: str, auc: float, cost_ratio: float) -> dict[str, object]:
 
 def test_strength_is_chosen_on_validation_and_reported_on_test() -> None:
     """Validation prefers λ=0.01, test would prefer λ=0.03: the run reports λ=0.01's test AUC."""
-    config = cascade_debug()
+    config = dataclasses.replace(cascade_debug(), cost_budget=0.5)
     validation = [
         _row("teacher", 0.80, 1.0),
         _row("two_tower", 0.74, 0.6),
@@ -411,7 +471,8 @@ def test_choose_fscd_prefers_best_auc_within_budget() -> None:
         {"model": "teacher", "auc": 0.81, "cost_ratio": 1.0},
     ]
     assert choose_fscd(rows, 0.5)["model"] == "fscd_0.03"
-    assert choose_fscd(rows, 0.1)["model"] == "fscd_0.1"  # none within: the cheapest
+    with pytest.raises(OverBudget):  # none within: no model is deployed over the budget
+        choose_fscd(rows, 0.1)
 
 
 def test_cascade_configs_validate_and_round_trip() -> None:

@@ -5,6 +5,7 @@ resumed retry, and the registry registering and comparing what it deployed."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from models.preranking.cascade_train import (
 )
 from models.preranking.config_registry import cascade_debug, get_cascade_config
 from models.preranking.fields import FIELD_NAMES
+from models.preranking.fscd_data import DegenerateData
 from models.preranking.inference import (
     COLD_DIR_ARTIFACT,
     load_cold_dir,
@@ -53,6 +55,57 @@ def test_launch_pipeline_refuses_a_missing_training_set_or_a_bad_config(
         launch_pipeline(DS, config="debug", settings=settings)
     with pytest.raises(ValueError, match="unknown cascade config 'nope'"):
         launch_pipeline(DS, config="nope", settings=settings)
+
+
+def _sparse_training_set(settings: Settings, clicks: int = 300) -> Path:
+    """A partition's training set of 20,000 impressions keeping only ``clicks`` clicks."""
+    frame = synthetic_training_frame(20_000, users=400, items=600, seed=2)
+    clicked = np.flatnonzero(frame[LABEL].to_numpy() == 1)
+    kept = np.random.default_rng(0).choice(clicked, size=clicks, replace=False)
+    frame[LABEL] = 0
+    frame.loc[kept, LABEL] = 1
+    data = Lake(settings.lake_root).training_set("preranking", DS) / "data.parquet"
+    data.parent.mkdir(parents=True)
+    frame.to_parquet(data)
+    return data
+
+
+def test_a_sparse_log_is_refused_in_one_line_before_any_training_process_starts(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cascade.step_runner import TIMING_FILE, run_step, summary_path
+    from models.preranking import cascade_train
+
+    _sparse_training_set(settings)
+    launched: list[list[str]] = []
+
+    def launcher(module: str, args: list[str], **_: object) -> dict[str, object]:
+        launched.append(args)
+        return {"run_id": "r", "test_auc": 0.6, "model_uri": "m", "config": "pipeline", "ds": DS}
+
+    monkeypatch.setattr(cascade_train, "launch_for_result", launcher)
+    monkeypatch.setenv("CASCADE_PRERANKING_MODEL", "fscd")
+    with pytest.raises(DegenerateData) as refused:
+        run_step("train", DS, "ctr_preranking")
+    message = str(refused.value)
+    assert "\n" not in message and len(message) < 300
+    assert re.search(r"validation split \(0.2 of the training period\) has [\d,]+ rows with \d+ "
+                     r"clicks; FSCD needs at least 100 clicks", message), message  # fmt: skip
+    assert "CASCADE_PRERANKING_VALIDATION_FRACTION" in message
+    assert launched == []  # no torchrun, no DeepSpeed
+    timing = json.loads(
+        summary_path("train", DS, "ctr_preranking").with_name(TIMING_FILE).read_text()
+    )
+    assert timing["status"] == "failed"
+    assert timing["error"] == f"DegenerateData: {message}"
+
+    # The knob: a larger validation share holds enough clicks, and the trainer is told.
+    run_step("train", DS, "ctr_preranking", {"validation_fraction": "0.9"})
+    assert len(launched) == 1
+    at = launched[0].index("--validation-fraction")
+    assert launched[0][at + 1] == "0.9"
+    args = parse_args(["--config", "pipeline", "--out", "x", "--validation-fraction", "0.9"])
+    assert args.validation_fraction == 0.9
 
 
 def test_pipeline_config_is_the_ml100k_networks_with_a_short_sweep() -> None:
