@@ -20,7 +20,7 @@ under the most permissive umask a user could have, so only the stack's own modes
   415), measured after one warm-up body of each kind;
 * **events**: ``events_fuzzed`` messages hypothesis generated (bytes, text, any JSON, envelopes of
   every event type with hostile fields) routed as a watcher routes them; each one that fires is
-  claimed by a run (:func:`cascade.event_ledger.claim_run_events`, which checks it again) and the
+  claimed by a run (:func:`cascade.event_claims.claim_run_events`, which checks it again) and the
   run's partition resolved; each one refused becomes a dead-letter record with its reason.
   ``events_stalling_a_run``: messages that raised, fired something a run cannot work on, or were
   refused without a readable dead-letter record (0). ``bad_classes``: the issue's bad events
@@ -530,7 +530,7 @@ class EventRun:
     def claim(self) -> None:
         """One run claims the pending events and resolves its partition, as a DAG's first task
         does; anything raised would fail (and, re-claimed, stall) the run."""
-        from cascade.event_ledger import CoalesceConfig, claim_run_events
+        from cascade.event_claims import CoalesceConfig, claim_run_events
         from cascade.lake import check_ds
         from cascade.partitions import resolve_partition
 
