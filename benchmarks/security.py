@@ -813,7 +813,7 @@ def scan_secrets(settings: Settings, values: dict[str, str]) -> dict[str, Any]:
 def start_airflow_auth(settings: Settings) -> int:
     """Airflow's auth manager started on the stack's password file (as the Airflow service
     starts it), its output in the state folder's logs: it must neither print nor rewrite it."""
-    from infra.stack import airflow_env
+    from infra.services import airflow_env
 
     log_path = settings.logs_dir / "airflow-auth.log"
     settings.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
