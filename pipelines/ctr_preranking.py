@@ -26,8 +26,8 @@ from cascade.assets import (
     ASSET_PRERANKING_CHAMPION,
     CTR_EVENT_SELECTORS,
 )
-from cascade.config import SETTINGS_CONFIG
 from cascade.pipeline_spec import Pipeline, Plot, Promotion, RegisteredModel, Step, Trigger
+from cascade.settings_fields import SETTINGS_CONFIG
 
 REPORTS = ".cascade/lake/reports"
 TRAIN_OUT = f"{REPORTS}/train/dt=${{ds}}"
