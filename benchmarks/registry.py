@@ -88,6 +88,7 @@ GENERATORS: dict[str, tuple[str, ...]] = {
         "benchmarks.compiled_fscd",
         "models.preranking.synthetic_data",
         "benchmarks.asr_path",
+        "benchmarks.asr_model",
         "jobs.audio_corpus",
         "jobs.speech_synth",
     ),
@@ -99,7 +100,12 @@ GENERATORS: dict[str, tuple[str, ...]] = {
         "benchmarks.load_generator",
         "models.preranking.synthetic_data",
     ),
-    "asr": ("benchmarks.asr_path", "jobs.audio_corpus", "jobs.speech_synth"),
+    "asr": (
+        "benchmarks.asr_path",
+        "benchmarks.asr_model",
+        "jobs.audio_corpus",
+        "jobs.speech_synth",
+    ),
     "multimodal": (
         "benchmarks.multimodal_moe",
         "models.multimodal.pairs",
