@@ -49,7 +49,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def register(sub: Any) -> tuple[type[BaseException], ...]:
     """Add ``bench``; returns the errors the CLI reports as one line (the stack's, whose private
     stack the event and serving benchmarks start)."""
-    from infra.stack import StackError
+    from infra.services import StackError
 
     bench = sub.add_parser("bench", help="run a benchmark, write JSON results")
     from benchmarks.registry import ALIASES, BENCHMARKS

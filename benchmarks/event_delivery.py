@@ -40,12 +40,8 @@ from typing import Any
 from cascade.assets import TOPIC_DATA_LANDED
 from cascade.broker import publish_many, publish_raw
 from cascade.config import Settings, load_settings
-from cascade.event_ledger import (
-    DEAD_LETTER_UNBUILDABLE,
-    ClaimLedger,
-    work_recorded_at,
-    work_records,
-)
+from cascade.event_claims import DEAD_LETTER_UNBUILDABLE
+from cascade.event_ledger import ClaimLedger, work_recorded_at, work_records
 from cascade.events import PARTITION_FUTURE_DAYS, Event, make_event
 from infra.stack import private_stack
 

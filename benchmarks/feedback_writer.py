@@ -11,15 +11,15 @@ features, are logged into a fresh :class:`serving.feedback.FeedbackLog` (no writ
 the rows are written by the closing flush, inside the timed span) in two layouts:
 
 * ``copied``: every item column gathered onto each candidate's row
-  (:class:`serving.feedback.Gathered`) and the user's features repeated on it;
-* ``by_reference``: the item table as an :class:`serving.feedback.ItemSnapshot` and the user's
+  (:class:`serving.feedback_rows.Gathered`) and the user's features repeated on it;
+* ``by_reference``: the item table as an :class:`serving.feedback_rows.ItemSnapshot` and the user's
   features as ``request_features`` (what :class:`serving.shadow.ServingObserver` logs).
 
 ``cpu_ms_per_request``: the process's CPU time (every thread) from the first ``log`` to the
 end of the flush, per request; medians per layout over ``--repeats`` rounds, the order
 alternating, every run kept; ``copied_over_by_reference`` the ratio of the medians. Both
-layouts' rows are read back joined (:func:`serving.feedback.with_item_features`,
-:func:`serving.feedback.with_request_features`) and compared once (``same_rows``).
+layouts' rows are read back joined (:func:`serving.feedback_read.with_item_features`,
+:func:`serving.feedback_read.with_request_features`) and compared once (``same_rows``).
 """
 
 from __future__ import annotations
@@ -37,15 +37,9 @@ import numpy as np
 import pandas as pd
 
 from benchmarks.provenance import provenance, rotated
-from serving.feedback import (
-    Coded,
-    FeedbackConfig,
-    FeedbackLog,
-    Gathered,
-    ItemSnapshot,
-    with_item_features,
-    with_request_features,
-)
+from serving.feedback import FeedbackConfig, FeedbackLog
+from serving.feedback_read import with_item_features, with_request_features
+from serving.feedback_rows import Coded, Gathered, ItemSnapshot
 
 LAYOUTS = ("copied", "by_reference")
 DAY = 1_795_000_000.0

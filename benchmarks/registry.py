@@ -88,6 +88,7 @@ GENERATORS: dict[str, tuple[str, ...]] = {
         "benchmarks.compiled_fscd",
         "models.preranking.synthetic_data",
         "benchmarks.asr_path",
+        "benchmarks.asr_model",
         "jobs.audio_corpus",
         "jobs.speech_synth",
     ),
@@ -99,7 +100,12 @@ GENERATORS: dict[str, tuple[str, ...]] = {
         "benchmarks.load_generator",
         "models.preranking.synthetic_data",
     ),
-    "asr": ("benchmarks.asr_path", "jobs.audio_corpus", "jobs.speech_synth"),
+    "asr": (
+        "benchmarks.asr_path",
+        "benchmarks.asr_model",
+        "jobs.audio_corpus",
+        "jobs.speech_synth",
+    ),
     "multimodal": (
         "benchmarks.multimodal_moe",
         "models.multimodal.pairs",
@@ -107,7 +113,7 @@ GENERATORS: dict[str, tuple[str, ...]] = {
         "jobs.multimodal_sources",
     ),
     "multimodal-corpus": ("benchmarks.multimodal_corpus", "jobs.multimodal_sources"),
-    "security": ("benchmarks.security",),
+    "security": ("benchmarks.security", "benchmarks.security_events"),
     "cluster": ("benchmarks.cluster", "jobs.movielens"),
 }
 """Per benchmark: the modules whose code makes its inputs; their sources and the run's

@@ -21,17 +21,27 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import math
 import os
 import tomllib
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass as plain_dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BeforeValidator, Field, ValidationError
 from pydantic.dataclasses import dataclass
+
+from cascade.settings_fields import (
+    SETTINGS_CONFIG,
+    Flag,
+    Names,
+    Seeds,
+    SettingField,
+    Sizes,
+    comma_list,
+    setting,
+    setting_fields,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("local", "cluster")
@@ -59,9 +69,6 @@ PORT_NAMES = (
 SETTINGS_FILE = "cascade.toml"
 """Settings file in ``$CASCADE_HOME`` (flat ``CASCADE_X = value`` keys)."""
 
-SETTINGS_CONFIG = ConfigDict(use_attribute_docstrings=True, extra="forbid")
-"""Config of every settings class: field docs come from the attribute docstrings."""
-
 SOURCES = ("default", "profile", "file", "environment")
 
 _PROFILE_VALUES: dict[str, dict[str, str]] = {
@@ -79,58 +86,7 @@ _PROFILE_VALUES: dict[str, dict[str, str]] = {
 """Per profile: variables whose value differs from the field default."""
 
 
-def _zero_or_one(value: Any) -> Any:
-    if isinstance(value, bool):
-        return value
-    if str(value).strip() in ("0", "1"):
-        return str(value).strip() == "1"
-    raise ValueError("must be 0 or 1")
-
-
-def _comma_list(value: Any) -> Any:
-    if isinstance(value, str):
-        return tuple(part.strip() for part in value.split(",") if part.strip())
-    return value
-
-
 T = TypeVar("T")
-
-Flag = Annotated[bool, BeforeValidator(_zero_or_one)]
-"""A switch written ``0`` or ``1``."""
-Sizes = Annotated[tuple[Annotated[int, Field(ge=1)], ...], BeforeValidator(_comma_list)]
-"""Positive integers written ``1000,10000``."""
-Seeds = Annotated[
-    tuple[Annotated[int, Field(ge=0)], ...], BeforeValidator(_comma_list), Field(min_length=1)
-]
-"""Integers >= 0 written ``0,1,2``."""
-Names = Annotated[tuple[str, ...], BeforeValidator(_comma_list)]
-"""Names written ``a.example,b.example``."""
-
-
-def setting(
-    default: Any = None,
-    *,
-    env: str | None = None,
-    group: str | None = None,
-    secret: bool = False,
-    hook: bool = False,
-    shape: str | None = None,
-    default_factory: Any = None,
-    **constraints: Any,
-) -> Any:
-    """A settings field: ``env`` overrides the group's variable name, ``group`` its heading in
-    the docs, ``secret`` masks the value in ``cascade config``, ``hook`` marks a test or
-    fault-injection hook, ``shape`` describes the form a ``pattern`` asks for."""
-    extra: dict[str, Any] = {
-        "env": env,
-        "group": group,
-        "secret": secret,
-        "hook": hook,
-        "shape": shape,
-    }
-    if default_factory is not None:
-        return Field(default_factory=default_factory, json_schema_extra=extra, **constraints)
-    return Field(default=default, json_schema_extra=extra, **constraints)
 
 
 @dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
@@ -328,7 +284,7 @@ class BenchSettings:
     """Most distinct utterances of a ``bench asr`` landing batch; larger batches repeat them."""
     asr_threads: int = Field(default=2, ge=1)
     """Intra-op threads of ``bench asr``."""
-    asr_skip: Annotated[tuple[Literal["compile", "people"], ...], BeforeValidator(_comma_list)] = ()
+    asr_skip: Annotated[tuple[Literal["compile", "people"], ...], BeforeValidator(comma_list)] = ()
     """Parts ``bench asr`` leaves out (smoke runs): ``compile`` (the AOTInductor packages, ONNX
     Runtime and Inductor), ``people`` (the Tux Paint corpus); the JSON names them."""
     events: int = Field(default=1_000, ge=1)
@@ -344,7 +300,7 @@ class BenchSettings:
     """A ``bench multimodal-corpus`` result JSON whose figures ``bench multimodal`` reports."""
     multimodal_sizes: Sizes | None = None
     """Pair counts of ``bench multimodal-corpus`` (unset: its quick or full sizes)."""
-    multimodal_skip: Annotated[tuple[Literal["corpus"], ...], BeforeValidator(_comma_list)] = ()
+    multimodal_skip: Annotated[tuple[Literal["corpus"], ...], BeforeValidator(comma_list)] = ()
     """Parts ``bench multimodal`` leaves out (smoke runs): ``corpus`` (the corpus job's
     benchmark, which ``bench multimodal-corpus`` runs on its own); the JSON names them."""
     serving_model: Literal["fscd", "cold"] | None = None
@@ -554,55 +510,6 @@ class UnknownSettingWarning(UserWarning):
     """A ``CASCADE_*`` name that is no setting (a typo, or a variable that was removed)."""
 
 
-@plain_dataclass(frozen=True)
-class SettingField:
-    """One variable: where it lives in its settings class and how it is documented."""
-
-    env: str
-    path: tuple[str, ...]
-    group: str
-    annotation: Any
-    default: Any
-    description: str
-    secret: bool
-    hook: bool
-    shape: str | None = None
-
-
-def is_settings_class(value: Any) -> bool:
-    return (
-        isinstance(value, type)
-        and hasattr(value, "__pydantic_fields__")
-        and (hasattr(value, "env_pattern"))
-    )
-
-
-def setting_fields(cls: type, path: tuple[str, ...] = ()) -> list[SettingField]:
-    """Every variable of a settings class and its nested groups, in declaration order."""
-    found: list[SettingField] = []
-    pattern: str = cls.env_pattern  # type: ignore[attr-defined]
-    for name, info in cls.__pydantic_fields__.items():  # type: ignore[attr-defined]
-        if is_settings_class(info.annotation):
-            found.extend(setting_fields(info.annotation, (*path, name)))
-            continue
-        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        default = info.default_factory() if info.default_factory else info.default  # type: ignore[call-arg]
-        found.append(
-            SettingField(
-                env=str(extra.get("env") or pattern.format(name.upper())),
-                path=(*path, name),
-                group=str(extra.get("group") or cls.title),  # type: ignore[attr-defined]
-                annotation=info.annotation,
-                default=default,
-                description=" ".join((info.description or "").split()),
-                secret=bool(extra.get("secret")),
-                hook=bool(extra.get("hook")),
-                shape=str(extra["shape"]) if extra.get("shape") else None,
-            )
-        )
-    return found
-
-
 def pipeline_settings_classes() -> dict[str, type]:
     """Pipeline name -> its settings class, for the registered pipelines that have one."""
     from cascade.pipeline_registry import registered_pipelines
@@ -783,29 +690,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 def load_group(cls: type[T], env: Mapping[str, str] | None = None) -> T:
     """A pipeline's settings class (or any settings class) loaded like :func:`load_settings`."""
     return _build(cls, setting_fields(cls), env)  # type: ignore[no-any-return]
-
-
-def mask(field: SettingField, value: Any) -> Any:
-    """``value`` as ``cascade config`` shows it: secrets and URL passwords hidden."""
-    if value in (None, ""):
-        return value
-    if field.secret:
-        return "********"
-    if isinstance(value, str) and "://" in value and "@" in value.split("://", 1)[1]:
-        scheme, rest = value.split("://", 1)
-        userinfo, host = rest.rsplit("@", 1)
-        if ":" in userinfo:
-            return f"{scheme}://{userinfo.split(':', 1)[0]}:********@{host}"
-    return value
-
-
-def effective_value(root: Any, field: SettingField) -> Any:
-    value = root
-    for part in field.path:
-        value = getattr(value, part)
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
 
 
 @contextlib.contextmanager

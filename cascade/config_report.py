@@ -13,17 +13,14 @@ from typing import Any
 
 from cascade.config import (
     REPO_ROOT,
-    SettingField,
     Settings,
     all_setting_fields,
-    effective_value,
     load_group,
     load_settings,
-    mask,
     pipeline_settings_classes,
     raw_values,
-    setting_fields,
 )
+from cascade.settings_fields import SettingField, effective_value, mask, setting_fields
 
 TABLE_START = "<!-- settings-table:start -->"
 TABLE_END = "<!-- settings-table:end -->"

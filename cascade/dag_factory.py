@@ -116,7 +116,7 @@ def _resolve_task(spec: Pipeline, asset: Any | None) -> Any:
         "scheduled run's own date, or else the oldest partition waiting.",
     )
     def resolve_partition(**context: Any) -> str:
-        from cascade.event_ledger import claim_for_run, run_partition
+        from cascade.event_claims import claim_for_run, run_partition
         from cascade.lake import check_ds
 
         dag_run = context["dag_run"]
@@ -175,7 +175,7 @@ def next_partitions_task(asset: Any, *, claim_task: str = "resolve_partition") -
         "(skipped otherwise): every partition is built by its own run.",
     )
     def next_partitions(**context: Any) -> list[str]:
-        from cascade.event_ledger import PENDING_XCOM_KEY
+        from cascade.event_claims import PENDING_XCOM_KEY
 
         pending = context["ti"].xcom_pull(task_ids=claim_task, key=PENDING_XCOM_KEY) or []
         if not pending:
@@ -367,7 +367,7 @@ def build_dag(spec: Pipeline) -> Any:
     from airflow.sdk import dag
 
     from cascade.airflow_links import step_links_of
-    from cascade.event_ledger import release_failed_run
+    from cascade.event_claims import release_failed_run
 
     spec, cron_on = _stack_overrides(spec)
     asset = run_queue_asset(spec)

@@ -5,7 +5,8 @@
 :class:`Event` is the envelope (id, type, schema version, time, source, payload); each type's
 payload has a schema. A message that fails them raises :class:`InvalidEvent` and becomes a
 dead-letter record (:func:`dead_letter_event`). The broker side is :mod:`cascade.broker`, the
-Airflow watcher :mod:`cascade.event_trigger`, the claim ledger :mod:`cascade.event_ledger`.
+Airflow watcher :mod:`cascade.event_trigger`, the claim ledger :mod:`cascade.event_ledger`
+(claimed per run by :mod:`cascade.event_claims`).
 
 Delivery, end to end:
 

@@ -319,7 +319,7 @@ def land_event_paths(
     it reads its landing folder); events are validated again first, an invalid one is left to
     the claim's refusal. Returns the landing records of the batches landed now."""
     from cascade.assets import TOPIC_DATA_LANDED
-    from cascade.event_ledger import checked_events
+    from cascade.event_claims import checked_events
 
     wanted = set(datasets)
     valid, _refused = checked_events(events)

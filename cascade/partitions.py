@@ -31,7 +31,7 @@ def resolve_partition(
     """The partition a run works on.
 
     A run's claimed events name one partition (the claim step never gives a run the events of
-    two: :func:`cascade.event_ledger.claim_run_events`), and the run works on it; events naming
+    two: :func:`cascade.event_claims.claim_run_events`), and the run works on it; events naming
     several are refused, never settled by taking one of them. A run without event partitions
     takes its logical date (minus ``lag_days``: a monitor works on the day that just ended); a
     manual run without either takes the day it ran after (minus ``lag_days``).

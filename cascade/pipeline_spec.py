@@ -241,7 +241,7 @@ class Pipeline:
     """Data assets other pipelines publish (their steps' ``outlets``) that start this one when
     updated: chaining by data instead of by clock. Each partition the producing runs worked on
     (the asset event carries its ``ds``) is built by its own run, once
-    (:func:`cascade.event_ledger.upstream_events`)."""
+    (:func:`cascade.event_claims.upstream_events`)."""
     tags: tuple[str, ...] = ()
     settings: type | None = None
     """The pipeline's settings class (read from ``CASCADE_*`` variables; ``cascade config``)."""

@@ -16,7 +16,7 @@ from airflow.sdk import dag, task
 
 from cascade.assets import ASSET_EVENT_PROBE, PROBE_EVENT_SELECTORS
 from cascade.dag_factory import next_partitions_task, watched_asset
-from cascade.event_ledger import release_failed_run
+from cascade.event_claims import release_failed_run
 
 probe_events = watched_asset(
     ASSET_EVENT_PROBE, watcher="event_probe_watcher", selectors=PROBE_EVENT_SELECTORS
@@ -40,7 +40,7 @@ probe_events = watched_asset(
 def event_probe() -> None:
     @task(inlets=[probe_events])
     def claim(**context: Any) -> list[str]:
-        from cascade.event_ledger import claim_for_run
+        from cascade.event_claims import claim_for_run
 
         return [str(event["id"]) for event in claim_for_run(context, probe_events).events]
 

@@ -93,8 +93,9 @@ def metadata_url(settings: Settings) -> str:
 
 
 def cluster_env(settings: Settings) -> dict[str, str]:
-    """What the cluster profile changes in Airflow's environment (:func:`infra.stack.airflow_env`):
-    empty until PostgreSQL and Redis have their passwords (the stack prepares them first)."""
+    """What the cluster profile changes in Airflow's environment
+    (:func:`infra.services.airflow_env`): empty until PostgreSQL and Redis have their passwords
+    (the stack prepares them first)."""
     if not (postgres_password_file(settings).exists() and redis_password_file(settings).exists()):
         return {}
     metadata = metadata_url(settings)

@@ -177,7 +177,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> tuple[type[BaseException], ...]:
     """Add the stack's subcommands; returns the errors the CLI reports as one line."""
-    from infra.stack import StackError
+    from infra.services import StackError
 
     start = sub.add_parser(
         "up",

@@ -21,7 +21,7 @@ import pandas as pd
 
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds, dated_partitions
-from domains.ctr import online_bulk
+from domains.ctr import online_bulk, online_encoding
 from domains.ctr.feature_store import feature_store
 from domains.ctr.schema import TIMESTAMP
 from features.ctr import cross_views
@@ -121,7 +121,7 @@ def materialize_cross(
     if engine in ("bulk", "spark"):
         try:
             online_bulk.check_supported(store)
-        except online_bulk.BulkUnsupported as why:
+        except online_encoding.BulkUnsupported as why:
             print(f"[ctr_cross_features] {why}: materializing through Feast", flush=True)
             engine = "feast"
     rows: int | None = None

@@ -42,7 +42,7 @@ from typing import Any
 import pyarrow as pa
 
 from cascade.config import Settings, load_settings
-from domains.ctr import online_bulk
+from domains.ctr import online_bulk, online_encoding
 
 REDIS_ENV = "CASCADE_REDIS"
 """The environment variable of a Redis connection string (``cascade.config``'s setting)."""
@@ -298,7 +298,7 @@ def write_view(
 
     online = store.config.online_store
     if not isinstance(online, RedisOnlineStoreConfig):
-        raise online_bulk.BulkUnsupported(f"{view.name}: the online store is not Redis")
+        raise online_encoding.BulkUnsupported(f"{view.name}: the online store is not Redis")
     online_bulk.check_supported(store)
     # The driver's writer checks the view and builds nothing it sends.
     writer = online_bulk.RedisBulkWriter(store, view)

@@ -35,7 +35,7 @@ from cascade.assets import (
     ASSET_SPEECH_CORPUS,
     ASSET_SPEECH_DATA_LANDED,
 )
-from cascade.config import SETTINGS_CONFIG, Settings, load_group, load_settings
+from cascade.config import Settings, load_group, load_settings
 from cascade.errors import NothingLanded
 from cascade.lake import Lake, check_ds, nothing_landed
 from cascade.landing import landed_from, landing_record
@@ -50,6 +50,7 @@ from cascade.pipeline_spec import (
     Trigger,
     deferred,
 )
+from cascade.settings_fields import SETTINGS_CONFIG
 from cascade.step_runner import read_step_result, write_step_result
 
 CONFIG_ENV = "CASCADE_ASR_CONFIG"

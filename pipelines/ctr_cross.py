@@ -46,11 +46,12 @@ from cascade.assets import (
     ASSET_IMPRESSIONS_DATA_LANDED,
     CROSS_EVENT_SELECTORS,
 )
-from cascade.config import SETTINGS_CONFIG, Settings, load_group, load_settings
+from cascade.config import Settings, load_group, load_settings
 from cascade.errors import NotReady
 from cascade.lake import Lake, check_ds
 from cascade.partitions import days_before
 from cascade.pipeline_spec import Dataset, Pipeline, Step, Trigger, deferred
+from cascade.settings_fields import SETTINGS_CONFIG
 
 SOURCE_ENV = "CASCADE_CROSS_SOURCE"
 IMPRESSIONS_ENV = "CASCADE_CROSS_IMPRESSIONS"

@@ -49,7 +49,7 @@ PIPELINE = Pipeline(
             doc="PSI of the served features and online AUC of the day's joined feedback against "
             "the champion's training reference; events when a threshold is crossed",
             timeout_minutes=30,
-            dvc_deps=("serving/monitor.py", "serving/feedback.py"),
+            dvc_deps=("serving/monitor.py", "serving/feedback_read.py", "serving/feedback_rows.py"),
         ),
     ),
 )

@@ -8,7 +8,7 @@ is stored). The training set is the clean impressions of the days before the par
 joined point in time with the gate-passed statistics of its own day
 (:func:`jobs.ctr_training_set.pipeline_training_set`). The first task claims the run's event
 ids, so a redelivered event never does the work twice, and a burst coalesces into one run per
-partition (see :mod:`cascade.event_ledger`). Each step is also
+partition (see :mod:`cascade.event_claims`). Each step is also
 ``cascade step NAME --pipeline ctr_preranking --ds DS`` and a DVC stage.
 """
 
@@ -26,8 +26,8 @@ from cascade.assets import (
     ASSET_PRERANKING_CHAMPION,
     CTR_EVENT_SELECTORS,
 )
-from cascade.config import SETTINGS_CONFIG
 from cascade.pipeline_spec import Pipeline, Plot, Promotion, RegisteredModel, Step, Trigger
+from cascade.settings_fields import SETTINGS_CONFIG
 
 REPORTS = ".cascade/lake/reports"
 TRAIN_OUT = f"{REPORTS}/train/dt=${{ds}}"

@@ -41,7 +41,7 @@ from cascade.assets import (
     ASSET_MULTIMODAL_CHAMPION,
     MULTIMODAL_EVENT_SELECTORS,
 )
-from cascade.config import SETTINGS_CONFIG, Flag, Settings, load_group, load_settings
+from cascade.config import Settings, load_group, load_settings
 from cascade.errors import NothingLanded
 from cascade.lake import Lake, check_ds, nothing_landed
 from cascade.landing import landed_from, landing_record
@@ -56,6 +56,7 @@ from cascade.pipeline_spec import (
     Trigger,
     deferred,
 )
+from cascade.settings_fields import SETTINGS_CONFIG, Flag
 from cascade.step_runner import read_step_result, write_step_result
 
 CONFIG_ENV = "CASCADE_MULTIMODAL_CONFIG"

@@ -1,31 +1,14 @@
-"""Serving feedback in the lake: what was scored (and by which version), and the clicks joined
-later; the monitor reads both.
-
-    lake/feedback/preranking/dt=YYYY-MM-DD/part-*.parquet   one row per scored candidate
-    lake/feedback_items/preranking/<sha256>.parquet         an item table scored with
-    lake/feedback_requests/preranking/dt=YYYY-MM-DD/part-*.parquet   one row per request
-    lake/clicks/preranking/dt=YYYY-MM-DD/part-*.parquet     (request_id, item_id, click)
-
-The item side of a candidate's features is logged by reference: the server's item table is
-the same for every request until it is refreshed, so it is written once as an
-:class:`ItemSnapshot` (``item_id`` and each column, named by the SHA-256 of its content) and
-each row carries that name in ``item_snapshot``; :func:`load_joined_feedback` joins the two
-back into one row per candidate with its item features. Copying ~15 item columns into every
-row of every request was half of the writer's CPU (and most of the bytes written). The same
-holds for the user's features, one value per request: given as ``request_features`` they are
-written once per request (``feedback_requests``: ts, request_id, user_id, model_version,
-``candidates`` and the features) and joined back by ``request_id``; a request's row is written
+"""The serving feedback writer: what was scored (and by which version) and the clicks joined
+later, written into the lake (:mod:`serving.feedback_rows` has the layout and the row format;
+:mod:`serving.feedback_read` reads them back for the monitor). A request's row is written
 before its candidates' rows and published before them.
 
 The server calls :meth:`FeedbackLog.log` per request. A request is buffered as it came, one
-chunk of column arrays (its 1,000 candidates are not turned into 1,000 row objects; a caller
-may give per-candidate features as row numbers into a table it holds, :class:`Gathered`), and
-each write turns the buffered
-chunks into one Arrow table with a few vectorized concatenations and gathers, written as a
-row group of the day's open part file. Part files are never rewritten, and readers never see
-half a file (written under a temporary name, renamed when closed). With ``background`` the
-writing runs on a writer thread of its own, so a request only ever appends; :meth:`close`
-writes what is left (the server calls it on shutdown).
+chunk of column arrays, and each write turns the buffered chunks into one Arrow table,
+written as a row group of the day's open part file. Part files are never rewritten, and
+readers never see half a file (written under a temporary name, renamed when closed). With
+``background`` the writing runs on a writer thread of its own, so a request only ever
+appends; :meth:`close` writes what is left (the server calls it on shutdown).
 
 A write that fails loses nothing already written and nothing silently: the open part file is
 closed (its row groups written before the failure are published) or, when even that fails,
@@ -38,11 +21,7 @@ buffer for the next write. Rows that cannot be kept (the retry buffer is full, a
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
 import logging
-import math
-import re
 import threading
 import time
 import uuid
@@ -57,12 +36,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cascade.config import Settings, load_settings
-from cascade.lake import check_ds
+from serving.feedback_rows import (
+    ITEM_SNAPSHOT,
+    REQUEST_COLUMNS,
+    RESERVED,
+    Chunk,
+    Coded,
+    Column,
+    Gathered,
+    ItemSnapshot,
+    Repeat,
+    feedback_dir,
+    feedback_table,
+    requests_table,
+)
 from serving.metrics import FEEDBACK_DROPPED_ROWS, FEEDBACK_RETRY_ROWS, FEEDBACK_WRITE_ERRORS
 
 log = logging.getLogger(__name__)
-
-MODEL = "preranking"
 
 
 @dataclass(kw_only=True)
@@ -96,207 +86,6 @@ class FeedbackConfig:
             raise ValueError("max_retry_rows must be >= 0 and max_write_attempts >= 1")
 
 
-def feedback_dir(root: Path, kind: str, ds: str) -> Path:
-    if kind not in ("feedback", "clicks", "feedback_requests"):
-        raise ValueError(f"unknown feedback kind {kind!r}")
-    return root / kind / MODEL / f"dt={check_ds(ds)}"
-
-
-ITEM_SNAPSHOT = "item_snapshot"
-"""The feedback column naming the :class:`ItemSnapshot` a row's item features are in."""
-_DIGEST = re.compile(r"[0-9a-f]{64}")
-
-
-def item_snapshot_path(root: Path, digest: str) -> Path:
-    """Where the item snapshot named ``digest`` (64 hex digits) is kept."""
-    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
-        raise ValueError(f"an item snapshot is named by a SHA-256 hex digest, not {digest!r}")
-    return root / "feedback_items" / MODEL / f"{digest}.parquet"
-
-
-def _write_part(folder: Path, frame: pd.DataFrame) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    name = f"part-{uuid.uuid4().hex}.parquet"
-    tmp = folder / f".{name}.tmp"
-    frame.to_parquet(tmp, index=False)
-    tmp.replace(folder / name)
-    return folder / name
-
-
-@dataclass(frozen=True, slots=True)
-class Coded:
-    """A string feature as codes into a vocabulary (code -1: null). Logging ``genre`` this way
-    costs one int per candidate instead of one Python string, and the flush builds the column
-    from the codes in one step."""
-
-    codes: np.ndarray
-    vocabulary: tuple[str, ...]
-
-    def strings(self) -> np.ndarray:
-        """Object array of the strings, None for code -1."""
-        return np.array([*self.vocabulary, None], dtype=object)[self.codes]
-
-
-@dataclass(frozen=True, slots=True)
-class Gathered:
-    """A per-candidate feature as row numbers into a column held elsewhere (the server's
-    in-memory item table): a request logs its candidates' rows once for all such features,
-    and the values are taken from the column in one step when the buffer is written.
-
-    Row -1 is a missing value (null). Neither ``rows`` nor ``column`` may change after the
-    call (the server never changes an item table; a refresh builds a new one).
-    """
-
-    rows: np.ndarray
-    column: np.ndarray
-    """``[M]`` numbers, or codes into ``vocabulary`` (-1: null)."""
-    vocabulary: tuple[str, ...] | None = None
-
-    def _taken(self) -> tuple[np.ndarray, np.ndarray]:
-        missing = self.rows < 0
-        if len(self.column) == 0:
-            return missing, np.zeros(len(self.rows), dtype=self.column.dtype)
-        return missing, self.column[np.where(missing, 0, self.rows)]
-
-    def codes(self) -> np.ndarray:
-        """The candidates' codes into ``vocabulary`` (-1 where missing)."""
-        missing, taken = self._taken()
-        return np.where(missing, -1, taken)
-
-    def values(self) -> np.ndarray:
-        """The candidates' values: float64 (NaN where missing) or strings (None)."""
-        if self.vocabulary is not None:
-            return Coded(self.codes(), self.vocabulary).strings()
-        missing, taken = self._taken()
-        values = taken.astype(np.float64)
-        values[missing] = np.nan
-        return values
-
-
-def snapshot_digest(ids: Any, columns: Mapping[str, Any]) -> str:
-    """SHA-256 (hex) of an item table: the ids (int64), then per column its name and values,
-    numbers as float64 (every NaN the same bits) and strings as UTF-8 each marked present or
-    missing. The same from the in-memory columns and from the Parquet file they were written
-    to (read back as float64 with NaN, and strings with None)."""
-    h = hashlib.sha256(np.ascontiguousarray(np.asarray(ids), dtype=np.int64).tobytes())
-    for name, values in columns.items():
-        h.update(b"\0" + str(name).encode())
-        array = np.asarray(values)
-        if array.dtype.kind in "fiub":
-            numbers = array.astype(np.float64)
-            h.update(b"n" + np.where(np.isnan(numbers), np.nan, numbers).tobytes())
-        else:
-            h.update(b"s")
-            for value in array.tolist():
-                missing = value is None or (isinstance(value, float) and math.isnan(value))
-                h.update(b"\0" if missing else b"\1" + str(value).encode() + b"\0")
-    return h.hexdigest()
-
-
-@dataclass(frozen=True, eq=False)
-class ItemSnapshot:
-    """An item table as the server scored with it: ``ids`` (int64 ``[M]``, unique) and per
-    column ``[M]`` numbers (NaN: unknown) or :class:`Coded` strings. Logged once, referenced
-    by ``digest`` from every row scored with it (see the module docstring). Neither ``ids``
-    nor a column may change after it is built (a refresh builds a new table)."""
-
-    ids: np.ndarray
-    columns: Mapping[str, np.ndarray | Coded]
-
-    def __post_init__(self) -> None:
-        ids = np.asarray(self.ids)
-        if ids.ndim != 1 or len(np.unique(ids)) != len(ids):
-            raise ValueError("an item snapshot's ids must be one-dimensional and unique")
-        for name, column in self.columns.items():
-            if name in _RESERVED:
-                raise ValueError(f"item snapshot column {name!r} clashes with a feedback column")
-            values = column.codes if isinstance(column, Coded) else np.asarray(column)
-            if values.shape != ids.shape:
-                raise ValueError(
-                    f"item snapshot column {name!r} has shape {values.shape}; ids {ids.shape}"
-                )
-
-    @property
-    def digest(self) -> str:
-        """:func:`snapshot_digest` of the ids and columns: what a reader recomputes from the
-        written file before it trusts it."""
-        cached = self.__dict__.get("_digest")
-        if cached is None:
-            columns = {
-                name: column.strings() if isinstance(column, Coded) else column
-                for name, column in self.columns.items()
-            }
-            cached = self.__dict__["_digest"] = snapshot_digest(self.ids, columns)
-        return cached
-
-    def table(self) -> pa.Table:
-        arrays: dict[str, pa.Array] = {"item_id": pa.array(np.asarray(self.ids, np.int64))}
-        for name, column in self.columns.items():
-            if isinstance(column, Coded):
-                arrays[name] = _strings(column.codes, column.vocabulary)
-            else:
-                arrays[name] = _numeric(np.asarray(column, dtype=np.float64))
-        return pa.table(arrays)
-
-    def write(self, root: Path) -> Path:
-        """Write the snapshot under ``root`` unless it is there (written under a temporary name
-        and renamed, so a reader never sees half a file); returns its path."""
-        path = item_snapshot_path(root, self.digest)
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-            pq.write_table(self.table(), tmp, store_schema=False)
-            tmp.replace(path)
-        return path
-
-
-@dataclass(frozen=True, slots=True)
-class _Repeat:
-    """One value for every candidate of a request (the user's features)."""
-
-    value: Any
-
-
-Column = np.ndarray | Coded | Gathered | _Repeat
-
-
-@dataclass(frozen=True, slots=True)
-class _Chunk:
-    """One logged request: its scalars once, its candidates as columns."""
-
-    ts: float
-    request_id: str
-    user_id: int
-    model_version: str
-    shadow_version: str | None
-    rows: int
-    columns: dict[str, Column]
-    """``item_id``, ``score``, ``shadow_score`` (when shadowed) and the features."""
-    items: ItemSnapshot | None = None
-    """The item snapshot ``columns[ITEM_SNAPSHOT]`` names, written before the rows."""
-    request: dict[str, Any] | None = None
-    """Features with one value for the request (the user's), written as its request row."""
-
-
-_FIXED = ("item_id", "score", "shadow_score")
-_RESERVED = (
-    "ts", "request_id", "user_id", "model_version", "shadow_version", ITEM_SNAPSHOT, *_FIXED
-)  # fmt: skip
-
-
-def _strings(codes: np.ndarray, vocabulary: Sequence[str], *, in_range: bool = False) -> pa.Array:
-    """Strings as a dictionary array (code -1: null). Parquet stores those as it stores plain
-    strings, minus the hashing, and the part files are written without the Arrow schema, so
-    readers get plain strings back (not categoricals). ``in_range``: the codes were built
-    against ``vocabulary`` here, so Arrow's pass checking each against it is skipped."""
-    codes = codes.astype(np.int32, copy=False)
-    missing = codes < 0
-    indices = pa.array(codes, mask=missing) if missing.any() else pa.array(codes)
-    return pa.DictionaryArray.from_arrays(
-        indices, pa.array(list(vocabulary), type=pa.string()), safe=not in_range
-    )
-
-
 def _array(values: Any) -> np.ndarray:
     """``values`` as an array; numbers with None (a list from a frame) as float, None -> NaN."""
     array = np.array(values)
@@ -308,143 +97,13 @@ def _array(values: Any) -> np.ndarray:
     return array
 
 
-def _repeat_strings(values: list[str | None], counts: np.ndarray) -> pa.Array:
-    """``values[k]`` (None: null) repeated ``counts[k]`` times."""
-    distinct = list(dict.fromkeys(v for v in values if v is not None))
-    position = {v: i for i, v in enumerate(distinct)}
-    codes = np.array([position.get(v, -1) for v in values], dtype=np.int32)  # type: ignore[arg-type]
-    return _strings(np.repeat(codes, counts), distinct, in_range=True)
-
-
-def _is_text(value: Any) -> bool:
-    return isinstance(value, str | bytes)
-
-
-def _dense(part: Column | None, rows: int, textual: bool) -> np.ndarray:
-    if isinstance(part, np.ndarray):
-        return part
-    if isinstance(part, Coded):
-        return part.strings()
-    if isinstance(part, Gathered):
-        return part.values()
-    if isinstance(part, _Repeat):
-        return np.full(rows, part.value, dtype=object if textual else None)
-    return np.full(rows, None if textual else np.nan, dtype=object if textual else float)
-
-
-def _column(chunks: list[_Chunk], counts: np.ndarray, name: str) -> pa.Array:
-    """Column ``name`` over the chunks; rows of a chunk without it are null."""
-    parts = [c.columns.get(name) for c in chunks]
-    present = [p for p in parts if p is not None]
-    if all(isinstance(p, _Repeat) for p in parts):  # one value per request
-        values = [p.value for p in present]  # type: ignore[union-attr]
-        if any(_is_text(v) for v in values):
-            return _repeat_strings([None if v is None else str(v) for v in values], counts)
-        return _numeric(np.repeat(np.array(values, dtype=np.float64), counts))
-    first = parts[0]
-    if isinstance(first, Gathered) and all(
-        isinstance(p, Gathered) and p.column is first.column and p.vocabulary == first.vocabulary
-        for p in parts
-    ):  # one gather over all requests
-        rows = np.concatenate([p.rows for p in parts])  # type: ignore[union-attr]
-        return _arrow(Gathered(rows, first.column, first.vocabulary))
-    if all(isinstance(p, Coded) for p in parts):
-        vocabulary = parts[0].vocabulary  # type: ignore[union-attr]
-        if all(p.vocabulary == vocabulary for p in parts):  # type: ignore[union-attr]
-            codes = np.concatenate([p.codes for p in parts])  # type: ignore[union-attr]
-            return _strings(codes, vocabulary)
-    textual = any(
-        isinstance(p, Coded)
-        or (isinstance(p, Gathered) and p.vocabulary is not None)
-        or (isinstance(p, _Repeat) and _is_text(p.value))
-        or (isinstance(p, np.ndarray) and p.dtype.kind in "OUS")
-        for p in present
-    )
-    arrays = [_dense(p, c.rows, textual) for p, c in zip(parts, chunks, strict=True)]
-    values = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
-    if textual or values.dtype.kind in "OUS":
-        return pa.array(values, type=pa.string(), from_pandas=True)
-    return _numeric(values)
-
-
-def _arrow(gathered: Gathered) -> pa.Array:
-    if gathered.vocabulary is not None:
-        return _strings(gathered.codes(), gathered.vocabulary)
-    return _numeric(gathered.values())
-
-
-def _numeric(values: np.ndarray) -> pa.Array:
-    """NaN stored as null, as pandas' to_parquet stores it (an explicit mask: pyarrow's own
-    ``from_pandas`` NaN scan took 60x longer)."""
-    if values.dtype.kind == "f":
-        missing = np.isnan(values)
-        if missing.any():
-            return pa.array(values, mask=missing)
-    return pa.array(values)
-
-
-def _ts_ns(chunks: list[_Chunk]) -> np.ndarray:
-    """Each chunk's time in ns, to the microsecond (as datetime.fromtimestamp keeps it; stored
-    as ns like pandas did)."""
-    return np.array([round(c.ts * 1e6) * 1000 for c in chunks], dtype=np.int64)
-
-
-def feedback_table(chunks: list[_Chunk]) -> pa.Table:
-    """The rows of ``chunks`` in the feedback schema: ts, request_id, user_id, item_id, score,
-    model_version, shadow_version, shadow_score, then the features in first-seen order."""
-    counts = np.array([c.rows for c in chunks], dtype=np.int64)
-    ts_ns = np.repeat(_ts_ns(chunks), counts)
-    features: dict[str, None] = {}
-    for chunk in chunks:
-        features.update(dict.fromkeys(k for k in chunk.columns if k not in _FIXED))
-    shadow_score = (
-        _column(chunks, counts, "shadow_score")
-        if any("shadow_score" in c.columns for c in chunks)
-        else pa.nulls(int(counts.sum()), pa.float64())
-    )
-    arrays: dict[str, pa.Array] = {
-        "ts": pa.array(ts_ns, type=pa.timestamp("ns", tz="UTC")),
-        "request_id": _repeat_strings([c.request_id for c in chunks], counts),
-        "user_id": pa.array(
-            np.repeat(np.array([c.user_id for c in chunks], dtype=np.int64), counts)
-        ),
-        "item_id": _column(chunks, counts, "item_id"),
-        "score": _column(chunks, counts, "score"),
-        "model_version": _repeat_strings([c.model_version for c in chunks], counts),
-        "shadow_version": _repeat_strings([c.shadow_version for c in chunks], counts),
-        "shadow_score": shadow_score,
-    }
-    for name in features:
-        arrays[name] = _column(chunks, counts, name)
-    return pa.table(arrays)
-
-
-REQUEST_COLUMNS = ("ts", "request_id", "user_id", "model_version", "candidates")
-"""The leading columns of a request row; its features follow."""
-
-
-def requests_table(chunks: list[_Chunk]) -> pa.Table:
-    """One row per chunk with request features: :data:`REQUEST_COLUMNS`, then the features in
-    first-seen order (null where a request lacks one)."""
-    chunks = [c for c in chunks if c.request]
-    names: dict[str, None] = {}
-    for chunk in chunks:
-        names.update(dict.fromkeys(chunk.request or {}))
-    arrays: dict[str, pa.Array] = {
-        "ts": pa.array(_ts_ns(chunks), type=pa.timestamp("ns", tz="UTC")),
-        "request_id": pa.array([c.request_id for c in chunks], type=pa.string()),
-        "user_id": pa.array([c.user_id for c in chunks], type=pa.int64()),
-        "model_version": pa.array([c.model_version for c in chunks], type=pa.string()),
-        "candidates": pa.array([c.rows for c in chunks], type=pa.int64()),
-    }
-    for name in names:
-        values = [(c.request or {}).get(name) for c in chunks]
-        if any(_is_text(v) for v in values):
-            arrays[name] = pa.array([None if v is None else str(v) for v in values], pa.string())
-        else:
-            numbers = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-            arrays[name] = _numeric(numbers)
-    return pa.table(arrays)
+def _write_part(folder: Path, frame: pd.DataFrame) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"part-{uuid.uuid4().hex}.parquet"
+    tmp = folder / f".{name}.tmp"
+    frame.to_parquet(tmp, index=False)
+    tmp.replace(folder / name)
+    return folder / name
 
 
 def _parquet_options(table: pa.Table) -> dict[str, Any]:
@@ -466,7 +125,7 @@ def _parquet_options(table: pa.Table) -> dict[str, Any]:
     }
 
 
-_Pending = tuple[_Chunk, int]
+_Pending = tuple[Chunk, int]
 """A buffered request and the writes it failed so far."""
 
 
@@ -560,7 +219,7 @@ class FeedbackLog:
         self.lake_root = lake_root
         self.config = config or FeedbackConfig()
         self._clock = clock
-        self._chunks: list[_Chunk] = []
+        self._chunks: list[Chunk] = []
         self._rows = 0
         self._oldest: float | None = None
         self._lock = threading.Lock()
@@ -624,21 +283,21 @@ class FeedbackLog:
         if shadow_scores is not None:
             columns["shadow_score"] = np.array(shadow_scores, dtype=np.float64)
         for name, values in (features or {}).items():
-            if name in _RESERVED:
+            if name in RESERVED:
                 raise ValueError(f"feature name {name!r} clashes with a feedback column")
             if isinstance(values, Gathered):
                 columns[name] = values  # immutable by contract: no copy
             elif isinstance(values, Coded):
                 columns[name] = Coded(np.array(values.codes, dtype=np.int32), values.vocabulary)
             elif isinstance(values, str | bytes) or np.ndim(values) == 0:
-                columns[name] = _Repeat(None if values is None else values)
+                columns[name] = Repeat(None if values is None else values)
             else:
                 columns[name] = _array(values)
         request: dict[str, Any] | None = None
         if request_features:
             request = {}
             for name, value in request_features.items():
-                if name in _RESERVED or name in REQUEST_COLUMNS or name in columns:
+                if name in RESERVED or name in REQUEST_COLUMNS or name in columns:
                     raise ValueError(f"request feature {name!r} clashes with a feedback column")
                 if isinstance(value, np.generic):
                     value = value.item()
@@ -654,9 +313,9 @@ class FeedbackLog:
             clash = sorted(set(items.columns) & (set(columns) | set(request or {})))
             if clash:
                 raise ValueError(f"features {clash} are also columns of the item snapshot")
-            columns[ITEM_SNAPSHOT] = _Repeat(items.digest)
+            columns[ITEM_SNAPSHOT] = Repeat(items.digest)
         for name, column in columns.items():
-            if isinstance(column, _Repeat):
+            if isinstance(column, Repeat):
                 continue
             if isinstance(column, Coded):
                 shape = column.codes.shape
@@ -669,7 +328,7 @@ class FeedbackLog:
                     f"feedback column {name!r} has shape {shape}; expected ({n},), one "
                     "value per candidate (or one scalar for all of them)"
                 )
-        chunk = _Chunk(
+        chunk = Chunk(
             ts=now,
             request_id=str(request_id),
             user_id=int(user_id),
@@ -940,108 +599,3 @@ def log_clicks(ds: str, clicks: pd.DataFrame, *, settings: Settings | None = Non
     return _write_part(
         feedback_dir(settings.lake_root, "clicks", ds), clicks.reset_index(drop=True)
     )
-
-
-def _read_folder(folder: Path) -> pd.DataFrame:
-    parts = sorted(folder.glob("part-*.parquet"))
-    if not parts:
-        return pd.DataFrame()
-    return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
-
-
-def with_item_features(scored: pd.DataFrame, root: Path) -> pd.DataFrame:
-    """``scored`` (feedback rows) with the item features of the snapshot each row names
-    (``item_snapshot``) joined on ``item_id``, in row order; rows of a snapshot that is not
-    in the lake keep NaN features (logged); a snapshot whose content does not hash to its name
-    is refused (ValueError). Rows without the column are returned as they are."""
-    if ITEM_SNAPSHOT not in scored.columns or scored.empty:
-        return scored
-    tables = []
-    for digest in scored[ITEM_SNAPSHOT].dropna().unique():
-        path = item_snapshot_path(root, str(digest))
-        if not path.is_file():
-            log.warning("item snapshot %s is missing: its rows have no item features", path)
-            continue
-        table = pd.read_parquet(path)
-        if "item_id" not in table or snapshot_digest(
-            table["item_id"].to_numpy(), {c: table[c].to_numpy() for c in table if c != "item_id"}
-        ) != str(digest):
-            raise ValueError(f"item snapshot {path} does not hash to its name: not loaded")
-        tables.append(table.assign(**{ITEM_SNAPSHOT: str(digest)}))
-    if not tables:
-        return scored
-    items = pd.concat(tables, ignore_index=True)
-    clash = sorted(set(items.columns) & set(scored.columns) - {ITEM_SNAPSHOT, "item_id"})
-    if clash:
-        raise ValueError(f"item snapshot columns {clash} are also feedback columns")
-    joined = scored.merge(items, on=[ITEM_SNAPSHOT, "item_id"], how="left", validate="many_to_one")
-    for name in items.columns:
-        if joined[name].dtype == object:  # strings: None where unknown, as a logged column reads
-            joined[name] = joined[name].astype(object).where(joined[name].notna(), None)
-    return joined
-
-
-def with_request_features(scored: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
-    """``scored`` (feedback rows) with the features of their request row (``requests``: the
-    day's ``feedback_requests`` rows) joined on ``request_id``, in row order. A request
-    written twice (a retried write) counts once; where a row already has the column (an older
-    part logged it per candidate) its own value wins."""
-    if requests.empty or scored.empty:
-        return scored
-    features = [c for c in requests.columns if c not in REQUEST_COLUMNS]
-    if not features:
-        return scored
-    one = requests.drop_duplicates("request_id", keep="last")[["request_id", *features]]
-    joined = scored.merge(
-        one.rename(columns={f: f"__request_{f}" for f in features}),
-        on="request_id",
-        how="left",
-        validate="many_to_one",
-    )
-    for name in features:
-        value = joined.pop(f"__request_{name}")
-        joined[name] = joined[name].where(joined[name].notna(), value) if name in joined else value
-    return joined
-
-
-def load_joined_feedback(ds: str, *, settings: Settings | None = None) -> pd.DataFrame:
-    """Scored candidates of day ``ds`` with their request's features
-    (:func:`with_request_features`), their item features (:func:`with_item_features`) and
-    their click (0 when none was reported)."""
-    settings = settings or load_settings()
-    scored = _read_folder(feedback_dir(settings.lake_root, "feedback", ds))
-    if scored.empty:
-        return scored
-    requests = _read_folder(feedback_dir(settings.lake_root, "feedback_requests", ds))
-    scored = with_request_features(scored, requests)
-    scored = with_item_features(scored, settings.lake_root)
-    clicks = _read_folder(feedback_dir(settings.lake_root, "clicks", ds))
-    if clicks.empty:
-        scored["click"] = 0
-        return scored
-    clicks = clicks.groupby(["request_id", "item_id"], as_index=False)["click"].max()
-    joined = scored.merge(clicks, on=["request_id", "item_id"], how="left")
-    joined["click"] = joined["click"].fillna(0).astype(int)
-    return joined
-
-
-def load_reference(*, settings: Settings | None = None) -> pd.DataFrame:
-    """The newest training set of the model: the distribution the champion learned from, with
-    its field declarations (``fields.json`` beside it) in ``attrs["fields"]``."""
-    settings = settings or load_settings()
-    root = settings.lake_root / "training" / MODEL
-    partitions = sorted(root.glob("dt=*"))
-    if not partitions:
-        raise FileNotFoundError(
-            f"no training set under {root}; run `cascade step training_set --ds DS` first"
-        )
-    # The set's parquet file; its folder also holds the field declarations and provenance.
-    data = partitions[-1] / "data.parquet"
-    frame = pd.read_parquet(data if data.is_file() else partitions[-1])
-    declared = partitions[-1] / "fields.json"
-    if declared.is_file():  # which fields are numbers: what the monitor compares by PSI
-        fields = json.loads(declared.read_text()).get("fields")
-        if not isinstance(fields, list):
-            raise ValueError(f"{declared}: 'fields' must be a list of field declarations")
-        frame.attrs["fields"] = fields
-    return frame

@@ -371,7 +371,7 @@ def monitor_day(
     nothing random only through the ledger (a rerun may publish again; consumers dedupe by
     coalescing into the same retraining run)."""
     from cascade.broker import publish_many
-    from serving.feedback import load_joined_feedback, load_reference
+    from serving.feedback_read import load_joined_feedback, load_reference
 
     settings = settings or load_settings()
     config = config or MonitorConfig()

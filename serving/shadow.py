@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from serving.feedback import Coded, FeedbackLog, ItemSnapshot
+from serving.feedback import FeedbackLog
+from serving.feedback_rows import Coded, ItemSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +205,7 @@ class ServingObserver:
         return {name: float(value) for name, value in user.items()}
 
     def _item_snapshot(self, items: Any) -> ItemSnapshot:
-        """The served item table as an :class:`~serving.feedback.ItemSnapshot`: its columns
+        """The served item table as an :class:`~serving.feedback_rows.ItemSnapshot`: its columns
         (the item fields read at load) and ``genre`` (NaN / None where unknown), for the
         monitor's drift check against the training set. Built once per table."""
         held = self._snapshot

@@ -18,7 +18,7 @@ from serving.monitor import online_auc
 def shadow_report(frame: Any) -> dict[str, Any]:
     """Compare champion and shadow (challenger) scores logged on the same candidates:
     agreement of the top candidate per request, score correlation, and online AUC of each
-    when clicks are joined. ``frame`` is :func:`serving.feedback.load_joined_feedback`'s."""
+    when clicks are joined. ``frame`` is :func:`serving.feedback_read.load_joined_feedback`'s."""
     shadowed = frame[frame["shadow_score"].notna()] if "shadow_score" in frame else frame.iloc[:0]
     if shadowed.empty:
         raise ValueError("no shadow scores logged; start serving with CASCADE_SHADOW_ALIAS set")
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ds", required=True, help="serving day YYYY-MM-DD")
     args = parser.parse_args(argv)
-    from serving.feedback import load_joined_feedback
+    from serving.feedback_read import load_joined_feedback
 
     print(json.dumps(shadow_report(load_joined_feedback(args.ds)), indent=2))
     return 0

@@ -526,8 +526,9 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
         oldest: dt.datetime | None = None,
     ) -> np.ndarray:
         """float64 ``[len(keys), len(features)]`` of a packed view for serialized entity keys
-        (:func:`serialize_keys` or :func:`domains.ctr.online_bulk.encode_keys`; None: no key): NaN
-        where the key is not stored, its row is older than ``oldest``, or the value is null."""
+        (:func:`serialize_keys` or :func:`domains.ctr.online_encoding.encode_keys`; None: no
+        key): NaN where the key is not stored, its row is older than ``oldest``, or the value is
+        null."""
         layout = self._layout(config, table)
         unknown = [f for f in features if f not in layout.position]
         if unknown:

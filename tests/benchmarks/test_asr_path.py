@@ -13,15 +13,8 @@ from typing import Any
 import pytest
 
 from benchmarks import registry as bench
-from benchmarks.asr_path import (
-    REPEAT_SUFFIX,
-    bench_sizes,
-    obtain_model,
-    real_time_factors,
-    replicate_landing,
-    spoken_duration,
-    training_config_name,
-)
+from benchmarks.asr_model import obtain_model, spoken_duration, training_config_name
+from benchmarks.asr_path import REPEAT_SUFFIX, bench_sizes, real_time_factors, replicate_landing
 from benchmarks.provenance import non_finite
 from cascade.config import load_settings
 

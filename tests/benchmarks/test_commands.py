@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import registry
 from benchmarks.commands import BENCH_OPTIONS, register
-from infra.stack import StackError
+from infra.services import StackError
 
 
 def echo_benchmark(out: Path, quick: bool) -> dict[str, Any]:

@@ -118,7 +118,8 @@ from typing import ClassVar
 
 from pydantic.dataclasses import dataclass
 
-from cascade.config import SETTINGS_CONFIG, load_group
+from cascade.config import load_group
+from cascade.settings_fields import SETTINGS_CONFIG
 from cascade.lake import lake_from_settings
 from cascade.pipeline_spec import Pipeline, Plot, Step
 

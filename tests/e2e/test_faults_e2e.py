@@ -93,7 +93,8 @@ def test_serving_killed_during_a_model_swap_comes_back_on_the_new_champion(
     import psutil
     from mlflow import MlflowClient
 
-    from infra.stack import _log_file, _running_pgid, port_open, start_service
+    from infra.services import log_file, port_open
+    from infra.stack import _running_pgid, start_service
     from serving.deploy import served_version
 
     registry = MlflowClient(tracking_uri=stack.tracking_uri, registry_uri=stack.tracking_uri)
@@ -110,7 +111,7 @@ def test_serving_killed_during_a_model_swap_comes_back_on_the_new_champion(
     )
     client = Client(stack)
     client.start()
-    log_path = _log_file(stack, "serving")
+    log_path = log_file(stack, "serving")
     offset = log_path.stat().st_size
     registry.set_registered_model_alias(name, "champion", new.version)
     _wait_for_line(

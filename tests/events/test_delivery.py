@@ -23,13 +23,13 @@ from cascade.assets import (
     TOPIC_RETRAIN_REQUESTED,
     TOPICS,
 )
-from cascade.event_ledger import (
+from cascade.event_claims import (
     CoalesceConfig,
-    EventLedger,
     claim_run_events,
     event_from_extra,
     wait_until_quiet,
 )
+from cascade.event_ledger import EventLedger
 from cascade.event_trigger import parse_selector, route_message
 from cascade.events import (
     SCHEMAS,

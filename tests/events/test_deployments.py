@@ -22,7 +22,8 @@ from cascade.deployments import (
     rollback,
 )
 from cascade.registry import CHAMPION, PREVIOUS_CHAMPION_TAG
-from serving.feedback import FeedbackConfig, FeedbackLog, load_joined_feedback, log_clicks
+from serving.feedback import FeedbackConfig, FeedbackLog, log_clicks
+from serving.feedback_read import load_joined_feedback
 from serving.shadow import ObserverConfig, ServingObserver
 from serving.shadow_report import shadow_report
 

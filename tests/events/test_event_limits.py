@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cascade.assets import CROSS_EVENT_SELECTORS, TOPIC_DATA_LANDED, TOPICS
-from cascade.event_ledger import CoalesceConfig, EventLedger, checked_events, claim_run_events
+from cascade.event_claims import CoalesceConfig, checked_events, claim_run_events
+from cascade.event_ledger import EventLedger
 from cascade.event_trigger import route_message
 from cascade.events import (
     MAX_EVENT_BYTES,

@@ -21,17 +21,16 @@ from cascade.assets import (
     ASSET_PRERANKING_CHAMPION,
     TOPIC_DATA_LANDED,
 )
-from cascade.event_ledger import (
+from cascade.event_claims import (
     DEAD_LETTER_RETRIES,
     DEAD_LETTER_UNBUILDABLE,
-    DEAD_LETTERED,
     PENDING_XCOM_KEY,
     UPSTREAM_ID_PREFIX,
     CoalesceConfig,
-    EventLedger,
     claim_run_events,
     upstream_events,
 )
+from cascade.event_ledger import DEAD_LETTERED, EventLedger
 from cascade.events import Event, make_event, parse_event
 from cascade.lake import lake_from_settings, nothing_landed
 from cascade.partitions import resolve_partition

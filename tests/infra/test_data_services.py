@@ -13,16 +13,16 @@ import pytest
 from cascade import data_services
 from cascade.config import FeatureStoreSettings, Ports, Settings
 from domains.ctr.feature_store import repo_config
-from infra import stack
+from infra import services, stack
 
 
 def test_only_the_cluster_profile_starts_postgres_and_redis_and_starts_them_first(
     tmp_path: Path,
 ) -> None:
-    local = stack.stack_services(Settings(home=tmp_path))
-    assert not set(stack.CLUSTER_SERVICES) & set(local)
+    local = services.stack_services(Settings(home=tmp_path))
+    assert not set(services.CLUSTER_SERVICES) & set(local)
     assert local == ("broker", "mlflow", "airflow", "serving", "asr_serving")
-    cluster = stack.stack_services(Settings(home=tmp_path, profile="cluster"))
+    cluster = services.stack_services(Settings(home=tmp_path, profile="cluster"))
     assert cluster[:2] == ("postgres", "redis") and set(local) < set(cluster)
 
 
@@ -30,13 +30,13 @@ def test_the_services_listen_on_loopback_only_and_postgres_never_runs_as_root(
     tmp_path: Path,
 ) -> None:
     settings = Settings(home=tmp_path, profile="cluster", ports=Ports(postgres=25999))
-    specs = stack.service_specs(settings)
+    specs = services.service_specs(settings)
     command = specs["postgres"].command
     assert "listen_addresses=127.0.0.1" in command and "unix_socket_directories=" in command
     assert "port=25999" in command
     if os.geteuid() == 0:
         assert Path(command[0]).name == "unshare" and "--map-user=0" not in command
-    stack.prepare_redis(settings)
+    services.prepare_redis(settings)
     config = data_services.redis_config_file(settings)
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
     lines = config.read_text().splitlines()
@@ -82,11 +82,11 @@ def test_the_cluster_airflow_keeps_its_metadata_in_postgres_and_its_tasks_on_cel
     from infra import airflow_cluster
 
     local = Settings(home=tmp_path / "local")
-    env = stack.airflow_env(local)
+    env = services.airflow_env(local)
     assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("sqlite:///")
     assert not any(key.startswith("AIRFLOW__CELERY") for key in env)
-    assert stack.service_specs(local)["airflow"].command[-1] == "infra.airflow_local"
+    assert services.service_specs(local)["airflow"].command[-1] == "infra.airflow_local"
 
     cluster = Settings(
         home=tmp_path / "cluster", profile="cluster", ports=Ports(postgres=25999, redis=26999)
@@ -94,7 +94,7 @@ def test_the_cluster_airflow_keeps_its_metadata_in_postgres_and_its_tasks_on_cel
     assert airflow_cluster.cluster_env(cluster) == {}  # no passwords yet: nothing to point at
     password = data_services.ensure_postgres_password(cluster)
     redis_password = data_services.ensure_redis_password(cluster)
-    env = stack.airflow_env(cluster)
+    env = services.airflow_env(cluster)
     metadata = f"postgresql+psycopg2://cascade:{password}@127.0.0.1:25999/airflow"
     assert "airflow" in data_services.DATABASES
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == metadata
@@ -103,7 +103,7 @@ def test_the_cluster_airflow_keeps_its_metadata_in_postgres_and_its_tasks_on_cel
     assert env["AIRFLOW__CELERY__RESULT_BACKEND"] == f"db+{metadata}"
     # Two workers with one slot each make the default parallelism of 2.
     assert env["AIRFLOW__CELERY__WORKER_CONCURRENCY"] == "1"
-    spec = stack.service_specs(cluster)["airflow"]
+    spec = services.service_specs(cluster)["airflow"]
     assert spec.command[-1] == "infra.airflow_cluster"
     workers = airflow_cluster.worker_commands(cluster)
     assert list(workers) == ["cascade-worker-1", "cascade-worker-2"]

@@ -19,7 +19,7 @@ from cascade.assets import TOPIC_DATA_LANDED, TOPICS
 from cascade.broker import describe, publish_many, read_topic, topic_settings
 from cascade.config import REPO_ROOT, Settings
 from cascade.events import make_event
-from infra import kafka_broker, stack
+from infra import kafka_broker, services, stack
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -121,7 +121,7 @@ def test_the_cluster_profile_runs_three_nodes_and_an_external_kafka_none(
 
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
     monkeypatch.setenv("CASCADE_PROFILE", "cluster")
-    names = stack.stack_services(load_settings())
+    names = services.stack_services(load_settings())
     assert [n for n in names if n in kafka_broker.NODES] == list(kafka_broker.NODES)
     monkeypatch.delenv("CASCADE_PROFILE")
     monkeypatch.setenv("CASCADE_KAFKA_BOOTSTRAP", "kafka.example:9093")
@@ -130,7 +130,7 @@ def test_the_cluster_profile_runs_three_nodes_and_an_external_kafka_none(
     monkeypatch.setenv("CASCADE_KAFKA_SASL_USERNAME", "cascade")
     monkeypatch.setenv("CASCADE_KAFKA_SASL_PASSWORD", "s3cret")
     settings = load_settings()
-    assert not any(n in kafka_broker.NODES for n in stack.stack_services(settings))
+    assert not any(n in kafka_broker.NODES for n in services.stack_services(settings))
     assert settings.kafka_client_config == {
         "bootstrap.servers": "kafka.example:9093",
         "security.protocol": "SASL_SSL",
@@ -141,5 +141,5 @@ def test_the_cluster_profile_runs_three_nodes_and_an_external_kafka_none(
     # The watchers' Airflow connection carries the same settings.
     assert (
         '"sasl.mechanism": "SCRAM-SHA-512"'
-        in stack.airflow_env(settings)["AIRFLOW_CONN_CASCADE_KAFKA"]
+        in services.airflow_env(settings)["AIRFLOW_CONN_CASCADE_KAFKA"]
     )

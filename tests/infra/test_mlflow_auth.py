@@ -25,7 +25,7 @@ from cascade.tracking_auth import (
     tracking_credentials_env,
     use_tracking_credentials,
 )
-from infra import stack
+from infra import services, stack
 
 MODEL = "auth-probe"
 
@@ -168,7 +168,7 @@ def test_the_project_clients_authenticate_and_no_log_holds_the_password(
     assert found is not None
     # private_stack hands this process the credentials, as it hands them to each service.
     assert os.environ[USERNAME_VAR] == found[0] and os.environ[PASSWORD_VAR] == found[1]
-    assert stack.service_env(settings)[PASSWORD_VAR] == found[1]
+    assert services.service_env(settings)[PASSWORD_VAR] == found[1]
 
     client = registry_client(settings)
     ensure_registered_model(client, "auth-client-probe", "client check")

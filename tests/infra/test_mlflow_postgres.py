@@ -12,7 +12,7 @@ import requests
 from mlflow.tracking import MlflowClient
 
 from cascade.data_services import MLFLOW_DATABASE, stack_postgres_url
-from infra import stack
+from infra import services, stack
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 def test_runs_and_registry_live_in_postgres(tmp_path: Path) -> None:
     env = {"CASCADE_PROFILE": "cluster", "CASCADE_MLFLOW_URI": ""}
     with stack.private_stack(tmp_path / "home", services=("postgres", "mlflow"), env=env) as s:
-        assert stack.mlflow_store_env(s)["MLFLOW_BACKEND_STORE_URI"].startswith(
+        assert services.mlflow_store_env(s)["MLFLOW_BACKEND_STORE_URI"].startswith(
             "postgresql+psycopg2://"
         )
         # Authentication as in the local profile: nothing without the admin's credentials.
@@ -56,7 +56,7 @@ def test_runs_and_registry_live_in_postgres(tmp_path: Path) -> None:
             assert password not in " ".join(proc.cmdline())
 
         # A cluster made before a database joined the list gets it at the next start.
-        assert stack.ensure_databases(s) == []
+        assert services.ensure_databases(s) == []
         conn = psycopg2.connect(stack_postgres_url(s, "postgres"), connect_timeout=10)
         conn.autocommit = True
         try:
@@ -64,4 +64,4 @@ def test_runs_and_registry_live_in_postgres(tmp_path: Path) -> None:
                 cur.execute('DROP DATABASE "feast"')
         finally:
             conn.close()
-        assert stack.ensure_databases(s) == ["feast"]
+        assert services.ensure_databases(s) == ["feast"]

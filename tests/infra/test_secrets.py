@@ -22,7 +22,7 @@ from cascade.tracking_auth import (
     ensure_tracking_credentials,
     tracking_credentials,
 )
-from infra import stack
+from infra import services, stack
 
 
 def mode(path: Path) -> int:
@@ -82,7 +82,7 @@ def test_the_airflow_password_is_written_0600_before_airflow_starts(settings: Se
     ensure_airflow_password(settings)
     assert mode(path) == 0o600 and airflow_password(settings) not in (None, password)
     assert stack.world_readable_secrets(settings) == []
-    env = stack.airflow_env(settings)
+    env = services.airflow_env(settings)
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] == str(path)
 
 
@@ -125,8 +125,8 @@ def test_services_write_owner_only_files_and_logs(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     written = settings.home / "service-file"
-    real = stack.service_specs(settings)["broker"]
-    fake = stack.ServiceSpec(
+    real = services.service_specs(settings)["broker"]
+    fake = services.ServiceSpec(
         name="broker",
         port=real.port,
         command=[sys.executable, "-c", WRITING_SERVICE, str(written)],

@@ -12,7 +12,7 @@ import pytest
 from cascade.assets import TOPICS
 from cascade.broker import describe
 from cascade.config import PORT_NAMES, load_settings
-from infra import stack
+from infra import services, stack
 
 
 @pytest.fixture
@@ -70,14 +70,14 @@ def test_port_taken_by_someone_else_gives_a_clear_error(settings) -> None:  # ty
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", settings.ports.broker))
         squatter.listen(1)
-        with pytest.raises(stack.StackError, match=r"already taken.*CASCADE_BROKER_PORT"):
+        with pytest.raises(services.StackError, match=r"already taken.*CASCADE_BROKER_PORT"):
             stack.start_service(settings, "broker", echo=lambda _: None)
     assert not stack.state(settings, "broker").up
 
 
 def test_services_bind_loopback_and_airflow_gets_the_kafka_connection(settings) -> None:  # type: ignore[no-untyped-def]
-    specs = stack.service_specs(settings)
-    assert set(specs) == set(stack.SERVICES)
+    specs = services.service_specs(settings)
+    assert set(specs) == set(services.SERVICES)
     assert specs["broker"].command[-2:] == ["run", "broker"]
     from infra import kafka_broker
 
@@ -90,7 +90,7 @@ def test_services_bind_loopback_and_airflow_gets_the_kafka_connection(settings) 
         f"CONTROLLER://127.0.0.1:{settings.ports.broker_controller}"
     )
     assert props["controller.quorum.voters"] == f"1@127.0.0.1:{settings.ports.broker_controller}"
-    env = stack.airflow_env(settings)
+    env = services.airflow_env(settings)
     assert env["AIRFLOW__API__HOST"] == "127.0.0.1"
     assert str(settings.bootstrap_servers) in env["AIRFLOW_CONN_CASCADE_KAFKA"]
     assert env["CASCADE_HOME"] == str(settings.home)
@@ -115,8 +115,8 @@ def test_stop_also_ends_descendants_that_left_the_process_group(
 
     import psutil
 
-    real = stack.service_specs(settings)["broker"]
-    fake = stack.ServiceSpec(
+    real = services.service_specs(settings)["broker"]
+    fake = services.ServiceSpec(
         name="broker",
         port=real.port,
         command=[sys.executable, "-c", ESCAPING_SERVICE],

@@ -34,7 +34,8 @@ from kserve.protocol.infer_type import InferInput
 from cascade.config import Settings
 from cascade.lake import Lake
 from jobs import ctr_cross_stats as engine
-from serving.feedback import FeedbackLog, load_joined_feedback
+from serving.feedback import FeedbackLog
+from serving.feedback_read import load_joined_feedback
 from serving.item_table import lake_item_catalogue
 from serving.monitor import MonitorConfig, evaluate_day
 from serving.preranking import PreRankingModel, ServingConfig, default_backends

@@ -16,18 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from cascade.config import Settings
-from serving.feedback import (
-    Coded,
-    FeedbackConfig,
-    FeedbackLog,
-    Gathered,
-    ItemSnapshot,
-    feedback_dir,
-    item_snapshot_path,
-    load_joined_feedback,
-    with_item_features,
-    with_request_features,
-)
+from serving.feedback import FeedbackConfig, FeedbackLog
+from serving.feedback_read import load_joined_feedback, with_item_features, with_request_features
+from serving.feedback_rows import Coded, Gathered, ItemSnapshot, feedback_dir, item_snapshot_path
 
 DAY = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC).timestamp()
 ITEM_CTR = np.array([0.1, 0.2, np.nan, 0.4])  # the item table's column; row 2 unknown

@@ -140,7 +140,7 @@ def test_the_reference_is_the_newest_training_sets_parquet_beside_its_declaratio
 ) -> None:
     """The pipeline's training-set folder holds ``fields.json`` and ``training.json`` beside
     the parquet file; the monitor's reference is the rows alone."""
-    from serving.feedback import load_reference
+    from serving.feedback_read import load_reference
 
     settings = Settings(home=tmp_path)
     root = settings.lake_root / "training" / "preranking"
@@ -161,7 +161,7 @@ def test_a_version_of_the_engine_is_checked_on_the_statistics_it_declares(tmp_pa
     number the logs carry gets a PSI (the user and item statistics), the declared ones the
     logs lack (per-candidate cross fields) are named, ids are not compared as numbers; a
     shifted item statistic is drift. Without declarations the legacy names are compared."""
-    from serving.feedback import load_reference
+    from serving.feedback_read import load_reference
 
     rng = np.random.default_rng(4)
     n = 4000

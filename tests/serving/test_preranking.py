@@ -25,7 +25,8 @@ from cascade.config import Settings
 from domains.ctr.schema import ITEM_GENRE
 from serving.cold_scorer import CompiledColdScorer
 from serving.item_table import ItemTable
-from serving.preranking import PreRankingModel, ServingConfig, parse_request
+from serving.preranking import PreRankingModel, ServingConfig
+from serving.preranking_inputs import parse_request
 from serving.served_version import ServedVersion
 from serving.v2_codec import MalformedRequest, decode_v2_json
 

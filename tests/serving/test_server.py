@@ -252,7 +252,7 @@ def test_every_scored_candidate_is_in_the_lake_after_sigterm(tmp_path: Path) -> 
     published when the server stops, by every worker."""
     import pandas as pd
 
-    from serving.feedback import with_item_features, with_request_features
+    from serving.feedback_read import with_item_features, with_request_features
 
     serving_fakes.write_champion(tmp_path / "champion.json", "1", seed=1)
     server = start_server(tmp_path, workers=2)

@@ -21,7 +21,7 @@ import pytest
 from cascade.config import Settings
 from cascade.lake import Lake
 from domains.ctr import feature_store as fs
-from domains.ctr import online_bulk
+from domains.ctr import online_bulk, online_encoding
 from features.ctr import cross_views
 from jobs import ctr_cross_features as cf
 from jobs import ctr_cross_stats as job
@@ -54,7 +54,7 @@ def feast_values(column: pa.Array, value_type) -> list[tuple[bytes, str | None]]
 
 
 def bulk_values(column: pa.Array, value_type) -> list[tuple[bytes, str | None]]:
-    encoded = online_bulk.encode_values(column, value_type)
+    encoded = online_encoding.encode_values(column, value_type)
     return list(zip(encoded.blobs.to_pylist(), encoded.texts.to_pylist(), strict=True))
 
 
@@ -107,7 +107,7 @@ def test_entity_keys_equal_feasts_serialize_entity_key() -> None:
         "position": ValueType.INT32,
         "item_category": ValueType.STRING,
     }
-    keys, valid = online_bulk.encode_keys(batch, join_keys)
+    keys, valid = online_encoding.encode_keys(batch, join_keys)
     assert valid.tolist() == [True, True, True, False]
     rows = batch.to_pylist()
     for row, key in list(zip(rows, keys.to_pylist(), strict=True))[:3]:
@@ -334,7 +334,7 @@ def test_a_batch_that_differs_from_feast_is_refused_and_not_written(
     monkeypatch.setattr(online_bulk, "encode_values", off_by_one_text)
     later = dt.datetime(2026, 11, 21, tzinfo=dt.UTC)
     folder2 = folder.parent / f"dt={DS2}"
-    with pytest.raises(online_bulk.BulkEncodingMismatch, match="seg_item_imp_1d"):
+    with pytest.raises(online_encoding.BulkEncodingMismatch, match="seg_item_imp_1d"):
         online_bulk.write_path(store, view, folder2, later, later)
     assert table_rows(home)["cascade_cross_seg_item"] == written
 

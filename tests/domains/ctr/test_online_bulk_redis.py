@@ -21,7 +21,7 @@ from cascade.config import FeatureStoreSettings, Settings
 from cascade.data_services import redis_connection
 from cascade.lake import Lake
 from domains.ctr import feature_store as fs
-from domains.ctr import online_bulk
+from domains.ctr import online_bulk, online_encoding
 from features.ctr import cross_views
 from jobs import ctr_cross_features as cf
 from tests.domains.ctr.test_online_bulk import DS1, DS2, PAIRS, key_rows, same, write_partition
@@ -152,7 +152,7 @@ def test_a_batch_that_differs_from_feast_is_refused_before_anything_is_written(
         return encoded
 
     monkeypatch.setattr(online_bulk, "encode_values", one_more_byte)
-    with pytest.raises(online_bulk.BulkEncodingMismatch, match="seg_cat_ctr_1d"):
+    with pytest.raises(online_encoding.BulkEncodingMismatch, match="seg_cat_ctr_1d"):
         online_bulk.write_path(store, view, folder, moment(DS1), moment(DS1))
     assert hashes(stack_redis, 3) == {}
     monkeypatch.setattr(online_bulk, "encode_values", real)

@@ -18,7 +18,7 @@ import pytest
 from cascade.config import Settings
 from cascade.lake import Lake
 from domains.ctr import feature_store as fs
-from domains.ctr import online_bulk, online_packed
+from domains.ctr import online_bulk, online_encoding, online_packed
 from domains.ctr.online_cross import OnlineCrossReader
 from features.ctr import cross_views
 from jobs import ctr_cross_features as cf
@@ -250,7 +250,7 @@ def test_a_batch_that_packs_differently_from_feast_is_refused_and_not_written(
         return values, present
 
     monkeypatch.setattr(online_bulk, "packed_columns", off_by_one)
-    with pytest.raises(online_bulk.BulkEncodingMismatch, match="Feast's values"):
+    with pytest.raises(online_encoding.BulkEncodingMismatch, match="Feast's values"):
         cf.materialize_cross(DS2, settings=settings)
     assert packed_tables(home) == before
 
