@@ -56,7 +56,7 @@ def script_command(args: argparse.Namespace) -> list[str]:
     for name in BENCH_OPTIONS:
         if getattr(args, name) is not None:
             command += [f"--{name}", str(getattr(args, name))]
-    return command + list(args.forwarded)
+    return command + list(getattr(args, "forwarded", ()))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -66,9 +66,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         import subprocess
 
         return subprocess.run(script_command(args), check=False).returncode
-    if args.forwarded:
+    forwarded = getattr(args, "forwarded", ())  # set by the CLI's main
+    if forwarded:
         raise UsageError(
-            f"benchmark {args.name!r} takes no {' '.join(args.forwarded)}; "
+            f"benchmark {args.name!r} takes no {' '.join(forwarded)}; "
             f"`cascade bench {args.name} --help` lists its options"
         )
     options = {name: getattr(args, name) for name in BENCH_OPTIONS}
