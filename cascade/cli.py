@@ -564,6 +564,16 @@ def _add_core_commands(sub: Any) -> None:
     version.set_defaults(func=cmd_version)
 
 
+HELP_ORDER = (
+    "up", "down", "status", "demo", "manifests", "config",  # the stack and its settings
+    "pipelines", "land", "events", "step", "report",  # data in, pipelines run
+    "score", "rollback",  # the served models
+    "ctr", "asr", "multimodal",  # each domain's tools, run outside the DAGs
+    "bench", "ui-check", "version",
+)  # fmt: skip
+"""The order ``cascade --help`` lists commands in (a command not named here comes last)."""
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, tuple[type[BaseException], ...]]:
     """The parser, and the error types that the registered commands report as one line."""
     parser = argparse.ArgumentParser(
@@ -582,6 +592,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[type[BaseException], 
             continue
         seen.add(entry.value)
         errors.extend(entry.load()(sub) or ())
+    listed = {name: index for index, name in enumerate(HELP_ORDER)}
+    sub._choices_actions.sort(key=lambda action: listed.get(action.dest, len(listed)))
     return parser, tuple(errors)
 
 

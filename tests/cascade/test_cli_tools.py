@@ -158,3 +158,16 @@ def test_publish_passes_a_landed_dataset_a_pipeline_listens_to(
         == 0
     )
     assert len(published) == 2
+
+
+def test_help_lists_every_command_in_its_place(capsys: pytest.CaptureFixture[str]) -> None:
+    from cascade.cli import HELP_ORDER
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = [
+        line.split()[0]
+        for line in capsys.readouterr().out.split("positional arguments:")[1].splitlines()
+        if line.startswith("    ") and not line.startswith("     ")
+    ]
+    assert listed == list(HELP_ORDER)
