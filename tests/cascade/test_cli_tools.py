@@ -171,3 +171,15 @@ def test_help_lists_every_command_in_its_place(capsys: pytest.CaptureFixture[str
         if line.startswith("    ") and not line.startswith("     ")
     ]
     assert listed == list(HELP_ORDER)
+
+
+def test_a_tool_gets_its_arguments_in_the_order_given(ran: Ran) -> None:
+    assert main(["--debug", "asr", "corpus", "X", "--landing", "L", "Y", "--debug"]) == 0
+    assert ran.commands[-1][3:] == ["build", "X", "--landing", "L", "Y", "--debug"]
+
+
+def test_rollback_needs_the_model(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as parsed:
+        main(["rollback", "--reason", "bad release"])
+    assert parsed.value.code == 2
+    assert "the following arguments are required: --model" in capsys.readouterr().err
