@@ -1,6 +1,7 @@
 """The ``cascade bench`` command: run one benchmark of :mod:`benchmarks.registry`, write its JSON.
 
     cascade bench NAME --out FILE [--quick] [--OPTION VALUE ...]
+    cascade bench gpu-check --out FILE [its own options]   (and the other SCRIPTS)
 
 Registered under the ``cascade.commands`` entry point (``pyproject.toml``), so the kernel's CLI
 offers it without importing this package.
@@ -13,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from cascade.errors import UsageError
 
 BENCH_OPTIONS = {
     "impressions": "impressions, comma-separated sizes (ctr-features)",
@@ -36,9 +39,39 @@ BENCH_OPTIONS = {
 }
 
 
+SCRIPTS = {
+    "gpu-check": "benchmarks.gpu_check",
+    "online-sqlite": "benchmarks.online_sqlite",
+    "online-materialize": "benchmarks.online_materialize",
+    "feedback-writer": "benchmarks.feedback_writer",
+}
+"""Benchmarks that are their own program (their options are their own; they write ``--out``)."""
+
+
+def script_command(args: argparse.Namespace) -> list[str]:
+    """The process that runs script benchmark ``args.name`` with every option given."""
+    command = [sys.executable, "-m", SCRIPTS[args.name], "--out", str(args.out)]
+    if args.quick:
+        command.append("--quick")
+    for name in BENCH_OPTIONS:
+        if getattr(args, name) is not None:
+            command += [f"--{name}", str(getattr(args, name))]
+    return command + list(getattr(args, "forwarded", ()))
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from benchmarks.registry import run_benchmark
 
+    if args.name in SCRIPTS:
+        import subprocess
+
+        return subprocess.run(script_command(args), check=False).returncode
+    forwarded = getattr(args, "forwarded", ())  # set by the CLI's main
+    if forwarded:
+        raise UsageError(
+            f"benchmark {args.name!r} takes no {' '.join(forwarded)}; "
+            f"`cascade bench {args.name} --help` lists its options"
+        )
     options = {name: getattr(args, name) for name in BENCH_OPTIONS}
     result = run_benchmark(args.name, args.out, quick=args.quick, options=options)
     print(json.dumps(result, indent=2, default=str))
@@ -56,7 +89,10 @@ def register(sub: Any) -> tuple[type[BaseException], ...]:
 
     # The issues' names (ctr-features, compile) are accepted too.
     bench.add_argument(
-        "name", choices=(*BENCHMARKS, *ALIASES), help="the benchmark to run (or its alias)"
+        "name",
+        choices=(*BENCHMARKS, *ALIASES, *SCRIPTS),
+        help="the benchmark to run (or its alias); "
+        f"{', '.join(SCRIPTS)} take their own options too",
     )
     bench.add_argument("--out", type=Path, required=True, help="JSON file to write")
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
@@ -69,5 +105,5 @@ def register(sub: Any) -> tuple[type[BaseException], ...]:
         const="0",
         help="serve the model without cross features (serving; same as --cross-features 0)",
     )
-    bench.set_defaults(func=cmd_bench)
+    bench.set_defaults(func=cmd_bench, forwards=True)
     return (StackError,)

@@ -567,7 +567,7 @@ def asr_model_source() -> str:
         ):
             raise ValueError(
                 f"--model-dir {given}: no asr_model.pt there (nor fp32/asr_model.pt); give the "
-                "folder of a trained ASR model (python -m models.asr.train writes one)"
+                "folder of a trained ASR model (cascade asr train writes one)"
             )
     if shutil.which(ESPEAK) is None:
         needs = "its evaluation corpus" if given else "a corpus to train a model on"

@@ -84,7 +84,7 @@ def parquet_files(log: Path) -> list[str]:
     skipped, as Spark skips them (``_SUCCESS``, the generator's ``_TRUTH``)."""
     if not log.is_dir():
         raise FileNotFoundError(
-            f"log {log} does not exist; write one with `python -m jobs.impression_log --out {log}`"
+            f"log {log} does not exist; write one with `cascade ctr impressions --out {log}`"
         )
     files = sorted(
         str(p)

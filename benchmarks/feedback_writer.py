@@ -2,8 +2,8 @@
 beside features logged by reference (the item table as a snapshot, the user's features as one
 request row), as the pre-ranking server logs them.
 
-    .venv/bin/python -m benchmarks.feedback_writer --out FILE
-    .venv/bin/python -m benchmarks.feedback_writer --requests 100 --repeats 1 --out FILE  # smoke
+    cascade bench feedback-writer --out FILE
+    cascade bench feedback-writer --requests 100 --repeats 1 --out FILE  # smoke
 
 ``--requests`` requests of ``--candidates`` candidates drawn from an item table of ``--items``
 items with ``--item-fields`` numeric columns and a genre, and ``--user-fields`` numeric user

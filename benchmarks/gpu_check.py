@@ -2,8 +2,8 @@
 trainer's own DeepSpeed config, in the process group that
 :func:`cascade.training.launch.init_distributed` joins (NCCL on a GPU, gloo on the CPU).
 
-    python -m benchmarks.gpu_check --out gpu_check.json            # the full check (a GPU)
-    python -m benchmarks.gpu_check --out gpu_check.json --quick    # CPU smoke: debug configs
+    cascade bench gpu-check --out gpu_check.json            # the full check (a GPU)
+    cascade bench gpu-check --out gpu_check.json --quick    # CPU smoke: debug configs
 
 Per model (the pre-ranker of the FSCD cascade, the ConvDFSMN ASR model, the image-text MoE
 transformer), at its registry's training size (``--quick``: its ``debug`` config):

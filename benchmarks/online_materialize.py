@@ -1,7 +1,7 @@
 """Materialization into Feast's Redis online store: the ``bulk`` engine (one process) beside the
 ``spark`` engine (the executors of a Spark session) on the same pair partition.
 
-    SPARK_LOCAL_IP=127.0.0.1 .venv/bin/python -m benchmarks.online_materialize \\
+    SPARK_LOCAL_IP=127.0.0.1 cascade bench online-materialize \\
         --rows 1000000 --master 'local[2]' --repeats 2 --out /tmp/online_materialize.json
 
 A ``user_cat`` partition of ``--rows`` keys in the cross-statistics job's schema (15 features,

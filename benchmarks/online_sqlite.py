@@ -2,7 +2,7 @@
 :mod:`domains.ctr.online_packed`) beside Feast's layout (one row per key and feature), both
 written by the bulk engine from the same pair partition.
 
-    .venv/bin/python -m benchmarks.online_sqlite --rows 1000000 --repeats 3 --out FILE
+    cascade bench online-sqlite --rows 1000000 --repeats 3 --out FILE
 
 A ``user_cat`` partition of ``--rows`` keys in the cross-statistics job's schema (15 features,
 ~15% of the values missing, ``--files`` parquet files; :func:`benchmarks.online_materialize.

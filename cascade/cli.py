@@ -5,10 +5,11 @@ cascade step NAME [--pipeline PIPELINE] --ds YYYY-MM-DD
 cascade land DATASET [PATH] --ds YYYY-MM-DD [--format FORMAT | --source NAME] [--replace]
 cascade score --model MODEL [--user ID --items ID ... | --audio FILE.wav]
 cascade rollback --model MODEL [--reason TEXT] [--expect-version V]
-cascade events publish cascade.data.landed --dataset ml100k --partition 2026-11-22
+cascade events publish cascade.data.landed --dataset impressions --partition 2026-11-22
 cascade events dead-letters
 cascade version [--json]
 cascade up | down | status | demo | bench ...   (commands registered by other packages)
+cascade ctr | asr | multimodal ACTION ...   cascade ui-check ...   (modules run as a process)
 
 Exit codes: 0 done; 1 the action ran and failed (a step, a gate, a benchmark); 2 usage (a bad
 option or value); 3 not ready (a service is down, an input a step needs does not exist yet).
@@ -30,6 +31,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from cascade.assets import TOPIC_DATA_LANDED
 from cascade.config import REPO_ROOT
 from cascade.errors import NotReady, UsageError
 from cascade.pipeline_registry import registered_models, registered_pipelines
@@ -78,8 +80,39 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if args.partition:
         payload["partition"] = args.partition
     event = make_event(args.type, payload)
+    if event.type == TOPIC_DATA_LANDED:
+        _check_listened(event)
     print(json.dumps(publish(event)))
     return 0
+
+
+def listened_datasets() -> dict[str, list[str]]:
+    """Dataset -> the registered pipelines whose trigger selects its ``cascade.data.landed``."""
+    from cascade.event_trigger import parse_selector
+
+    listened: dict[str, list[str]] = {}
+    for name, spec in registered_pipelines().items():
+        for selector in map(parse_selector, spec.trigger.selectors if spec.trigger else ()):
+            if selector.event_type == TOPIC_DATA_LANDED and selector.field == "dataset":
+                listened.setdefault(str(selector.value), []).append(name)
+    return listened
+
+
+def _check_listened(event: Any) -> None:
+    """Refuse a landed event that no registered pipeline's trigger selects: it would start
+    nothing."""
+    from cascade.event_trigger import event_matches
+
+    specs = registered_pipelines().values()
+    if any(spec.trigger and event_matches(event, spec.trigger.selectors) for spec in specs):
+        return
+    listened = ", ".join(
+        f"{dataset} ({', '.join(names)})" for dataset, names in sorted(listened_datasets().items())
+    )
+    raise UsageError(
+        f"no pipeline listens to {TOPIC_DATA_LANDED} for dataset "
+        f"{event.payload.get('dataset')!r}; the pipelines listen to: {listened}"
+    )
 
 
 def cmd_dead_letters(args: argparse.Namespace) -> int:
@@ -290,6 +323,96 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+TOOLS: dict[str, tuple[str, dict[str, tuple[tuple[str, ...], str]]]] = {
+    "ctr": (
+        "click-log generation, pre-ranking training outside the DAG, the serving monitor",
+        {
+            "impressions": (
+                ("jobs.impression_log",),
+                "generate a deterministic impression log with its hidden model",
+            ),
+            "train": (
+                (
+                    "torch.distributed.run",
+                    "--nproc_per_node",
+                    "2",
+                    "-m",
+                    "models.preranking.cascade_train",
+                ),
+                "train the pre-ranking cascade on a training set (2 processes)",
+            ),
+            "monitor": (
+                ("serving.monitor",),
+                "feature drift and online AUC (--demo: generated logs with a known shift)",
+            ),
+        },
+    ),
+    "asr": (
+        "the speech corpus, the ASR model's training, evaluation, compiling and serving",
+        {
+            "synthesize": (
+                ("jobs.audio_corpus", "land"),
+                "synthesize a deterministic batch of speech into a landing folder",
+            ),
+            "people": (
+                ("jobs.speech_human",),
+                "land recorded people's speech (every language) into a landing folder",
+            ),
+            "corpus": (
+                ("jobs.audio_corpus", "build"),
+                "build the speaker-disjoint corpus shards from a landing folder",
+            ),
+            "gate": (("jobs.audio_corpus_gate",), "the corpus's data-quality gate"),
+            "train": (("models.asr.train",), "train the ASR model (DeepSpeed processes)"),
+            "evaluate": (("models.asr.evaluate",), "character error rate, fp32 against int8"),
+            "compile": (("compilers.asr",), "compile a model folder for serving"),
+            "serve": (("serving.asr",), "serve a model folder as the KServe model asr"),
+        },
+    ),
+    "multimodal": (
+        "the image-text corpus, the multimodal model's training and evaluation",
+        {
+            "sources": (
+                ("jobs.multimodal_sources",),
+                "land image-text pairs (stamps, emoji, generated) into a landing folder",
+            ),
+            "corpus": (("jobs.multimodal_corpus",), "decode and shard the image-text corpus"),
+            "gate": (("jobs.multimodal_corpus_gate",), "the corpus's data-quality gate"),
+            "train": (("models.multimodal.train",), "train the model (DeepSpeed processes)"),
+            "evaluate": (("models.multimodal.evaluate",), "the MoE model against its dense twin"),
+        },
+    ),
+    "ui-check": (
+        "log in to the Airflow UI headless, read a DAG's runs, take a screenshot",
+        {"": (("infra.ui_check",), "")},
+    ),
+}
+"""Commands that run a module above the kernel as its own process: group -> (help, action ->
+(``python -m`` arguments, help)); an action named ``""`` is the group itself. Their options are
+the module's own (``cascade GROUP ACTION --help`` prints them) and so is their exit status."""
+
+
+def cmd_tool(args: argparse.Namespace) -> int:
+    import subprocess
+
+    command = [sys.executable, "-m", *args.module, *args.forwarded]
+    return subprocess.run(command, check=False).returncode
+
+
+def _add_tools(sub: Any) -> None:
+    for group, (group_help, actions) in TOOLS.items():
+        if "" in actions:
+            parser = sub.add_parser(group, help=group_help, add_help=False)
+            parser.set_defaults(func=cmd_tool, module=actions[""][0], forwards=True)
+            continue
+        parsers = sub.add_parser(group, help=group_help).add_subparsers(
+            dest=f"{group}_command", required=True, metavar="ACTION"
+        )
+        for action, (module, action_help) in actions.items():
+            parser = parsers.add_parser(action, help=action_help, add_help=False)
+            parser.set_defaults(func=cmd_tool, module=module, forwards=True)
+
+
 def _add_core_commands(sub: Any) -> None:
     pipelines = registered_pipelines()
     models = registered_models()
@@ -441,6 +564,16 @@ def _add_core_commands(sub: Any) -> None:
     version.set_defaults(func=cmd_version)
 
 
+HELP_ORDER = (
+    "up", "down", "status", "demo", "manifests", "config",  # the stack and its settings
+    "pipelines", "land", "events", "step", "report",  # data in, pipelines run
+    "score", "rollback",  # the served models
+    "ctr", "asr", "multimodal",  # each domain's tools, run outside the DAGs
+    "bench", "ui-check", "version",
+)  # fmt: skip
+"""The order ``cascade --help`` lists commands in (a command not named here comes last)."""
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, tuple[type[BaseException], ...]]:
     """The parser, and the error types that the registered commands report as one line."""
     parser = argparse.ArgumentParser(
@@ -451,6 +584,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[type[BaseException], 
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_core_commands(sub)
+    _add_tools(sub)
     errors: list[type[BaseException]] = []
     seen: set[str] = set()
     for entry in sorted(importlib.metadata.entry_points(group=COMMANDS_GROUP), key=str):
@@ -458,6 +592,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, tuple[type[BaseException], 
             continue
         seen.add(entry.value)
         errors.extend(entry.load()(sub) or ())
+    listed = {name: index for index, name in enumerate(HELP_ORDER)}
+    sub._choices_actions.sort(key=lambda action: listed.get(action.dest, len(listed)))
     return parser, tuple(errors)
 
 
@@ -480,7 +616,10 @@ def _use_stack_credentials() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser, _ = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "forwards", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.forwarded = extra
     try:
         _use_stack_credentials()
         return int(args.func(args))

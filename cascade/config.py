@@ -236,7 +236,7 @@ class ServingSettings:
     auto_rollback: Flag = setting(False, env="CASCADE_AUTO_ROLLBACK")
     """Roll back on the error-rate policy (``cascade.deployments``)."""
     asr_model_dir: Path | None = setting(None, env="CASCADE_ASR_MODEL_DIR")
-    """Folder with ``asr_model.pt`` for ``python -m serving.asr`` (the ``--model-dir`` default)."""
+    """Folder with ``asr_model.pt`` for ``cascade asr serve`` (the ``--model-dir`` default)."""
     load_generator_loop: Literal["uvloop", "asyncio"] = setting(
         "uvloop", env="CASCADE_LOAD_GENERATOR_LOOP"
     )

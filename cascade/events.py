@@ -1,6 +1,6 @@
 """Cascade's events: small versioned JSON envelopes, validated on the way in and out.
 
-    cascade events publish cascade.data.landed --dataset ml100k --partition 2026-11-22
+    cascade events publish cascade.data.landed --dataset impressions --partition 2026-11-22
 
 :class:`Event` is the envelope (id, type, schema version, time, source, payload); each type's
 payload has a schema. A message that fails them raises :class:`InvalidEvent` and becomes a

@@ -1,6 +1,6 @@
 """Compile the ASR model (ConvDFSMN + CTC) into artifacts that serve 1-20 s of audio unchanged.
 
-    python -m compilers.asr --model MODEL_DIR [--out MODEL_DIR] [--calibration CORPUS]
+    cascade asr compile --model MODEL_DIR [--out MODEL_DIR] [--calibration CORPUS]
 
 ``MODEL_DIR`` holds an ``asr_model.pt`` (:mod:`models.asr.artifact`). The command writes beside
 it (or into ``--out``):

@@ -1,6 +1,6 @@
 """Look at the Airflow UI as a user does: log in, open a DAG, read its runs, take a screenshot.
 
-    python -m infra.ui_check --dag ctr_preranking --out ui.png
+    cascade ui-check --dag ctr_preranking --out ui.png
 
 Drives Debian's Chromium (``/usr/bin/chromium``, installed by ``infra/install.sh``) headless
 through Playwright; nothing is downloaded.

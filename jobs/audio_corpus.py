@@ -1,7 +1,7 @@
 """The speech corpus on Spark: audio-text pairs in, validated 16 kHz log-mel features out.
 
-    python -m jobs.audio_corpus land --count 2000 --landing DIR      # synthesize a landing batch
-    python -m jobs.audio_corpus build --landing DIR --out DIR        # decode, check, featurize
+    cascade asr synthesize --count 2000 --landing DIR      # synthesize a landing batch
+    cascade asr corpus --landing DIR --out DIR        # decode, check, featurize
 
 A landing batch is a folder of WAV files plus ``transcripts.jsonl`` (one JSON object per line
 with ``utterance_id``, ``text``, ``language``, ``voice``); :func:`land_synthetic` writes one with

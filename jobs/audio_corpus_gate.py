@@ -1,6 +1,6 @@
 """Great Expectations gate on the speech corpus manifest, before any training reads it.
 
-    python -m jobs.audio_corpus_gate --corpus DIR
+    cascade asr gate --corpus DIR
 
 Checks the manifest :func:`jobs.audio_corpus.build_corpus` writes: ids unique, durations and
 speaking rates within the job's filters, transcripts non-empty and bounded, splits known, and

@@ -160,7 +160,7 @@ def from_generated(spark: SparkSession, path: Path) -> DataFrame:
     if not path.is_dir():
         raise FileNotFoundError(
             f"generated log {path} does not exist; write it with "
-            f"`python -m jobs.impression_log --out {path}`"
+            f"`cascade ctr impressions --out {path}`"
         )
     return map_log(spark.read.parquet(str(path)), LogMapping(), keep_raw=True)
 
@@ -271,7 +271,7 @@ class LogSource:
             raise FileNotFoundError(
                 f"source {self.name!r}: no log folder at {path}; land the log there (with a "
                 "_SUCCESS marker), run the pipeline's `log` step, or generate one with "
-                "`python -m jobs.impression_log --out PATH`"
+                "`cascade ctr impressions --out PATH`"
             )
 
     @property

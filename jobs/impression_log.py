@@ -2,7 +2,7 @@
 
 Write ``N`` impressions ending at ``--end-ds`` (overwrites the folder, so re-runs are idempotent)::
 
-    SPARK_LOCAL_IP=127.0.0.1 .venv/bin/python -m jobs.impression_log \\
+    SPARK_LOCAL_IP=127.0.0.1 cascade ctr impressions \\
         --impressions 1000000 --end-ds 2026-11-22 --out /tmp/log_1m
 
 The hidden model (every random draw is a hash of ``(seed, salt, key)``, so the output does not
@@ -436,9 +436,9 @@ def write(spark: SparkSession, config: GeneratorConfig, out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m jobs.impression_log --impressions N --end-ds YYYY-MM-DD --out DIR``."""
+    """CLI: ``cascade ctr impressions --impressions N --end-ds YYYY-MM-DD --out DIR``."""
     parser = argparse.ArgumentParser(
-        prog="python -m jobs.impression_log",
+        prog="cascade ctr impressions",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,7 +1,7 @@
 """The image-text corpus on Spark: landed pairs in, deduplicated, tokenized training shards out.
 
-    python -m jobs.multimodal_sources --landing DIR --generated 1000   # land a batch
-    python -m jobs.multimodal_corpus --landing DIR --out DIR           # build the corpus
+    cascade multimodal sources --landing DIR --generated 1000   # land a batch
+    cascade multimodal corpus --landing DIR --out DIR           # build the corpus
 
 A landing batch (:mod:`jobs.multimodal_sources`) is ``images/`` plus ``captions.jsonl``.
 :func:`build_corpus` runs four timed stages, each ending in a Spark action:

@@ -1,6 +1,6 @@
 """Great Expectations gate on the image-text corpus manifest, before any training reads it.
 
-    python -m jobs.multimodal_corpus_gate --corpus DIR
+    cascade multimodal gate --corpus DIR
 
 Checks the manifest :func:`jobs.multimodal_corpus.build_corpus` writes: pair ids unique,
 captions non-empty, token counts within ``[3, max_tokens]`` (BOS, at least one token, EOS),

@@ -1,6 +1,6 @@
 """Image-text landing batches: Tux Paint stamps, emoji, and generated pictures of known content.
 
-    python -m jobs.multimodal_sources --landing DIR [--generated N] [--no-tuxpaint] [--no-emoji]
+    cascade multimodal sources --landing DIR [--generated N] [--no-tuxpaint] [--no-emoji]
 
 A landing batch is ``images/`` (one file per image, any format) plus ``captions.jsonl``: one
 JSON object per pair with ``pair_id``, ``image`` (file name in ``images/``), ``caption``,

@@ -19,8 +19,8 @@ Latin-script language beside the trained French and Spanish, a Cyrillic one besi
 Russian and Bulgarian, and English, which the model otherwise hears only from synthesizers) stays
 in the test split, speakers no training utterance used.
 
-    python -m jobs.speech_human --landing DIR                      # English (test-only)
-    python -m jobs.speech_human --landing DIR --languages all      # every language
+    cascade asr people --landing DIR                      # English (test-only)
+    cascade asr people --landing DIR --languages all      # every language
 """
 
 from __future__ import annotations

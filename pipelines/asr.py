@@ -474,7 +474,7 @@ def deploy(ds: str, *, settings: Settings | None = None, timeout_s: float = 300)
         timeout_s=timeout_s,
         poll_s=2.0,
         what=f"ds={ds}: {url}",
-        hint=f"check that the ASR server runs (python -m serving.asr) and its log under "
+        hint=f"check that the ASR server runs (cascade asr serve) and its log under "
         f"{settings.logs_dir}",
     )
     return write_step_result(

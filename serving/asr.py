@@ -2,14 +2,14 @@
 
 Run it (binds ``settings.host``:``CASCADE_ASR_SERVING_PORT``, 127.0.0.1:28082 by default)::
 
-    .venv/bin/python -m serving.asr                            # the registry's asr@champion
-    .venv/bin/python -m serving.asr --model-dir MODEL_DIR      # or CASCADE_ASR_MODEL_DIR=...
+    cascade asr serve                            # the registry's asr@champion
+    cascade asr serve --model-dir MODEL_DIR      # or CASCADE_ASR_MODEL_DIR=...
 
 Following the registry (the stack's ``asr_serving`` service), the server polls ``asr@champion``,
 downloads each new version's folder once and swaps it in between requests; responses name the
 ``model_version`` they were computed with (what the ``asr`` DAG's deploy step waits for).
 
-``MODEL_DIR`` holds ``asr_model.pt`` and, from ``python -m compilers.asr --model MODEL_DIR``,
+``MODEL_DIR`` holds ``asr_model.pt`` and, from ``cascade asr compile --model MODEL_DIR``,
 ``asr_int8.pt2``: requests are transcribed with that int8 package when it was built from this
 very model file (``asr_compiled.json`` names its digest), else with the eager fp32 model (the
 reason is logged and every response names its ``backend``).
@@ -282,7 +282,7 @@ def load_model_dir(model_dir: Path, *, prefer_compiled: bool = True) -> LoadedAs
     if prefer_compiled:
         package, report = model_dir / INT8_FILE, model_dir / REPORT_FILE
         if not package.exists() or not report.exists():
-            reason = f"no {INT8_FILE} with {REPORT_FILE} in {model_dir} (python -m compilers.asr)"
+            reason = f"no {INT8_FILE} with {REPORT_FILE} in {model_dir} (cascade asr compile)"
         elif json.loads(report.read_text()).get("model_digest") != digest:
             reason = f"{INT8_FILE} was built from another asr_model.pt; recompile it"
         else:

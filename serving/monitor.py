@@ -2,7 +2,7 @@
 feedback; publishes ``cascade.drift.detected`` and ``cascade.retrain.requested`` when a
 threshold is crossed.
 
-    python -m serving.monitor --demo --out monitor-demo     # generated logs, shift on a known day
+    cascade ctr monitor --demo --out monitor-demo     # generated logs, shift on a known day
 
 The daily DAG ``ctr_monitor`` calls :func:`monitor_day` for the serving day. The demo generates
 serving logs whose feature distribution and click behaviour change on ``shift_day`` and shows

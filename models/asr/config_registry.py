@@ -3,7 +3,7 @@
 Each config is a function returning a frozen :class:`AsrTrainConfig`; variants copy a base with
 :func:`dataclasses.replace`. ``debug`` trains on CPU in seconds on a few dozen utterances (tests,
 the DAG's CI run); ``synthetic`` is sized for the espeak-ng corpus of
-``corpus_utterances`` utterances (``python -m jobs.audio_corpus land --count N``) and the issue's
+``corpus_utterances`` utterances (``cascade asr synthesize --count N``) and the issue's
 goal, CER <= 5% on the test split's unseen voices, within about 45 minutes of one CPU core per
 process (2 processes); ``fast`` is in between: the same corpus's synthetic voices, a smaller
 network and fewer steps, <= 15 minutes on 2 cores, CER <= 10%. Pick one by name with

@@ -70,7 +70,7 @@ def corpus_n_mels(corpus: Path) -> int:
     if not summary.is_file():
         raise FileNotFoundError(
             f"{summary} not found: {corpus} is not a corpus; build one with "
-            "`python -m jobs.audio_corpus build --landing DIR --out CORPUS`"
+            "`cascade asr corpus --landing DIR --out CORPUS`"
         )
     return int(json.loads(summary.read_text())["config"]["n_mels"])
 

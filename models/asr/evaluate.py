@@ -1,6 +1,6 @@
 """Error rates of trained ASR models on a corpus split: fp32 against the RSQ int8 model.
 
-    python -m models.asr.evaluate --model OUT/fp32 --int8 OUT/int8 --corpus CORPUS \\
+    cascade asr evaluate --model OUT/fp32 --int8 OUT/int8 --corpus CORPUS \\
         --split test --beam 8 --out evaluation.json
 
 The test split holds voices no training utterance used, so these are error rates on unseen

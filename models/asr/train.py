@@ -1,7 +1,7 @@
 """DeepSpeed training of the ConvDFSMN ASR model: fp32 with CTC, then RSQ int8 QAT with
 distillation; MLflow logging, resumable checkpoints, both model files and the evaluation.
 
-    python -m models.asr.train --config debug --corpus CORPUS --out OUT     # 2 processes
+    cascade asr train --config debug --corpus CORPUS --out OUT     # 2 processes
 
 starts ``--processes`` (default: the settings' ``train_processes``, 2) workers under
 ``torch.distributed.run`` (gloo on CPU, NCCL on GPU); the same module is the worker::
@@ -9,7 +9,7 @@ starts ``--processes`` (default: the settings' ``train_processes``, 2) workers u
     DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 2 \\
         -m models.asr.train --config synthetic --corpus CORPUS --out OUT
 
-Make a corpus with the corpus job (``python -m jobs.audio_corpus land --count 8000 --landing L``
+Make a corpus with the corpus job (``cascade asr synthesize --count 8000 --landing L``
 then ``build --landing L --out CORPUS``). From Python (the DAG's step) call :func:`train_asr`.
 
 Phases, each a DeepSpeed run of its own: ``fp32`` (CTC loss, SpecAugment, warm-up then linear

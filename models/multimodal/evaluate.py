@@ -1,7 +1,7 @@
 """Retrieval evaluation of the image-text model: image->text and text->image recall@1/5 on a
 held-out split, and the dense and MoE runs side by side with quality per unit of compute.
 
-    python -m models.multimodal.evaluate --config debug [--corpus CORPUS] --out OUT
+    cascade multimodal evaluate --config debug [--corpus CORPUS] --out OUT
 
 trains the MoE config and its dense twin (same active parameters) with
 :func:`models.multimodal.train.train_multimodal` and writes ``OUT/comparison.json``.

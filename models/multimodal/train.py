@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-2 training of the image-text transformer (dense or MoE), expert-parallel over
 the processes, with MLflow logging, resumable checkpoints and retrieval evaluation.
 
-    python -m models.multimodal.train --config debug --out OUT [--corpus CORPUS]   # 2 processes
+    cascade multimodal train --config debug --out OUT [--corpus CORPUS]   # 2 processes
 
 starts ``--processes`` (default: the settings' ``train_processes``, 2) workers under
 ``torch.distributed.run`` (gloo on CPU, NCCL on GPU); the same module is the worker::

@@ -20,11 +20,9 @@ FIGURE = re.compile(
 COMMANDS = (
     "cascade bench ",  # a benchmark: its JSON keys are named beside the figure
     "cascade step NAME --pipeline asr",  # the ASR training run the CER figures come from
-    "python -m models.asr.evaluate ",  # a trained ASR model's CER on a corpus
+    "cascade asr evaluate ",  # a trained ASR model's CER on a corpus
     "cascade step training_set --pipeline ctr_preranking",  # one partition, step by step
-    "python -m benchmarks.online_materialize ",  # online-store engines side by side
-    "python -m benchmarks.online_sqlite ",  # the SQLite layouts side by side
-    "python -m benchmarks.gpu_check ",  # DeepSpeed over NCCL and Inductor on a CUDA machine
+    "cascade ctr train ",  # the pre-ranking cascade trained on one partition's training set
 )
 NOT_MEASURED = {
     "plain line at each 10%": "progress lines are printed at each tenth of the work",

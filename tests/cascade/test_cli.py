@@ -142,6 +142,8 @@ def test_every_command_prints_its_help(capsys: pytest.CaptureFixture[str]) -> No
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     assert {"bench", "step", "version"} <= set(sub.choices)
     for name in ["", *sub.choices]:
+        if name and not sub.choices[name].add_help:
+            continue  # a module run as a process prints its own help (test_cli_tools)
         with pytest.raises(SystemExit) as exited:
             main([name, "--help"] if name else ["--help"])
         assert exited.value.code == 0, name
