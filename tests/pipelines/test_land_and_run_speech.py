@@ -46,7 +46,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark: SparkSession) -
 @pytest.mark.parametrize(
     ("fmt", "speakers"),
     [
-        # 331 s measured on a loaded 2-core machine (the first: Spark and GX warm up); 23-42 s others
+        # 331 s on a loaded 2-core machine (the first: Spark and GX warm up); the others 23-42 s
         pytest.param("jsonl", HELD_OUT, marks=pytest.mark.slow),
         ("kaldi", TRAIN_ONLY),
         ("librispeech", TRAIN_ONLY),
