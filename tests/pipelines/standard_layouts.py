@@ -229,7 +229,8 @@ def write_click_log(log: pd.DataFrame, path: Path, fmt: str) -> Path:
     if fmt == "csv":
         log.to_csv(path, index=False)
     elif fmt == "parquet":
-        log.to_parquet(path, index=False)
+        # Spark reads no nanosecond timestamps, pandas' default: exports write microseconds.
+        log.to_parquet(path, index=False, coerce_timestamps="us")
     else:
         log.to_json(path, orient="records", lines=True, date_format="iso")
     return path
