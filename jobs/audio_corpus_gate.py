@@ -4,7 +4,9 @@
 
 Checks the manifest :func:`jobs.audio_corpus.build_corpus` writes: ids unique, durations and
 speaking rates within the job's filters, transcripts non-empty and bounded, splits known, and
-the splits speaker-disjoint (every voice in exactly one split). Writes ``gate.json`` beside the
+the splits speaker-disjoint (every voice in exactly one split), and the train and test splits
+non-empty (training evaluates on the held-out test voices: a corpus too small to hold any out is
+refused here, not after minutes of training). Writes ``gate.json`` beside the
 manifest and raises :class:`CorpusGateFailed` naming the failed checks.
 """
 
@@ -23,6 +25,9 @@ from jobs.audio_corpus import SPLITS
 from jobs.gx_suites import GateFailed, build_data_docs, gate_report, run_suite
 
 MAX_TRANSCRIPT_CHARS = 400
+REQUIRED_SPLITS = ("train", "test")
+"""Splits that must hold an utterance: training fits on one and evaluates on the other (dev is
+optional)."""
 
 
 class CorpusGateFailed(GateFailed):
@@ -43,6 +48,8 @@ def validate_corpus(
         raise FileNotFoundError(f"no manifest in {corpus}; build the corpus first")
     manifest = pd.read_parquet(manifest_dir)
     voices = manifest.groupby("voice", as_index=False).agg(splits=("split", "nunique"))
+    sizes = manifest["split"].value_counts()
+    splits = pd.DataFrame({f"{s}_utterances": [int(sizes.get(s, 0))] for s in REQUIRED_SPLITS})
     context = gx.get_context(mode="ephemeral")
     source = context.data_sources.add_pandas(name="corpus")
     outcomes = [
@@ -80,6 +87,17 @@ def validate_corpus(
             # Speaker-disjoint: a voice in two splits would leak speakers into evaluation.
             expectations=[
                 gxe.ExpectColumnValuesToBeBetween(column="splits", min_value=1, max_value=1)
+            ],
+        ),
+        run_suite(
+            context,
+            source,
+            suite_name="speech_splits",
+            dataset="splits",
+            frame=splits,
+            expectations=[
+                gxe.ExpectColumnValuesToBeBetween(column=column, min_value=1)
+                for column in splits.columns
             ],
         ),
     ]

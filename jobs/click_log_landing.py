@@ -18,7 +18,8 @@ Distinct keys that share an id are counted (``user_id_collisions``, ``item_id_co
 null or blank key is a bad row whatever the mapping: quarantined, never hashed (Spark's
 ``xxhash64(NULL)`` is 42).
 
-The landed folder holds the log in the engine's schema (parquet, read as the ``landed`` source),
+The landed folder holds the log in the engine's schema (parquet, read as the ``landed`` source;
+the optional columns only where the log has them),
 ``_SOURCE``, and ``_quarantine/`` (each bad row's reason and its raw values as JSON). The counts
 are ``rows`` (kept), ``quarantined`` and the collision counts of hashed keys. A zero-byte or
 unreadable file is one error naming the file and the fix.
@@ -174,8 +175,11 @@ def land_log(
     if corrupt:
         rules.insert(0, (F.col(f"{sources.RAW_COLUMN}.{CORRUPT}").isNotNull(), "not a JSON object"))
     checked = mapped.withColumn("reason", sources.first_failed(rules)).cache()
+    # Only the columns the log has: the statistics job computes the pairs whose keys a landed
+    # log provides, and a column written as all nulls would claim keys it does not have.
+    provided = sources.provided_columns(keyed.columns, keyed_mapping)
     try:
-        kept = checked.where(F.col("reason").isNull()).select(*sources.LOG_COLUMNS)
+        kept = checked.where(F.col("reason").isNull()).select(*provided)
         kept.coalesce(1).write.mode("overwrite").parquet(str(dest))
         bad = checked.where(F.col("reason").isNotNull())
         bad.select("reason", F.to_json(sources.RAW_COLUMN).alias("raw")).coalesce(1).write.mode(

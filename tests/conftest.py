@@ -13,11 +13,16 @@ process, as before.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from cascade.config import Settings, load_settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -45,6 +50,7 @@ SHARED_UNITS: dict[str, str] = {
     "tests/benchmarks/test_ctr_cross_duckdb.py": "tests/jobs/",
     "tests/benchmarks/test_ctr_cross_stats.py": "tests/jobs/",
     "tests/benchmarks/test_preranking_models.py": "tests/jobs/",  # the engine-built set
+    "tests/pipelines/test_land_and_run_": "tests/jobs/",  # the pipelines' Spark steps
     "tests/serving/": "serving+asr",  # the champion server, and the compiled ASR model ...
     "tests/compilers/test_asr.py": "serving+asr",  # ... that these share (tests/conftest.py)
     "tests/benchmarks/test_asr_path.py": "serving+asr",
@@ -133,3 +139,26 @@ def compiled_asr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.asr_models import build_compiled_asr
 
     return build_compiled_asr(tmp_path_factory.mktemp("asr-compiled"))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """local[1] session in UTC writing microsecond timestamps, as the job configures its own; the
+    jobs' tests and the land-and-run tests of tests/pipelines share it (their steps borrow it)."""
+    from jobs.spark_sessions import UTC_MICROS, build_session
+
+    session = build_session(
+        "cascade-tests-jobs",
+        master="local[1]",
+        conf={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            **UTC_MICROS,
+        },
+        local_ip="127.0.0.1",
+        python_workers=True,
+        log_level="ERROR",
+    )
+    yield session
+    session.stop()

@@ -170,3 +170,9 @@ def test_landed_batch_becomes_speaker_disjoint_shards_and_every_fault_is_quarant
     tampered.to_parquet(leaked / "manifest" / "part-0.parquet")
     with pytest.raises(CorpusGateFailed, match=r"voices\.expect_column_values_to_be_between"):
         validate_corpus(leaked)
+    # A corpus too small to hold a voice out for the test split is refused before training.
+    small = tmp_path / "small"
+    (small / "manifest").mkdir(parents=True)
+    manifest.assign(split="train").to_parquet(small / "manifest" / "part-0.parquet")
+    with pytest.raises(CorpusGateFailed, match=r"splits\.expect_\w+\(test_utterances\)"):
+        validate_corpus(small)

@@ -12,25 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from jobs.image_landing import IMAGE_FORMATS, land_coco, land_image_folder, land_webdataset
 from jobs.multimodal_corpus import CorpusConfig, check_pair, decode_file
+from tests.pipelines.standard_layouts import picture
 
 DS = "2026-11-29"
 SVG = b'<svg xmlns="http://www.w3.org/2000/svg" width="40" height="30"><circle cx="20" cy="15" r="9"/></svg>'  # noqa: E501
-
-
-def picture(seed: int, fmt: str = "PNG", size: tuple[int, int] = (48, 40)) -> bytes:
-    """A picture with a few coloured boxes, encoded as ``fmt``."""
-    image = Image.new("RGB", size, (250, 250, 240))
-    draw = ImageDraw.Draw(image)
-    for i in range(3):
-        x, y = (seed * 7 + i * 13) % (size[0] - 12), (seed * 5 + i * 11) % (size[1] - 12)
-        draw.rectangle((x, y, x + 12, y + 12), fill=((seed * 40) % 255, 90 + 50 * i, 200 - seed))
-    out = io.BytesIO()
-    image.save(out, format=fmt)
-    return out.getvalue()
 
 
 def bomb() -> bytes:

@@ -20,22 +20,9 @@ from jobs.speech_landing import (
     land_librispeech,
     land_speech_jsonl,
 )
+from tests.pipelines.standard_layouts import write_audio
 
 DS = "2026-11-29"
-
-
-def tone(seconds: float, rate: int, channels: int = 1, hz: float = 220.0) -> np.ndarray:
-    """A quiet tone with a little noise, ``[frames, channels]`` (each channel its own pitch)."""
-    t = np.arange(round(seconds * rate)) / rate
-    noise = np.random.default_rng(rate).normal(0, 0.01, (len(t), channels))
-    waves = [0.3 * np.sin(2 * np.pi * hz * (c + 1) * t) for c in range(channels)]
-    return (np.stack(waves, axis=1) + noise).astype(np.float32)
-
-
-def write_audio(path: Path, seconds: float, rate: int, channels: int = 1) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    soundfile.write(path, tone(seconds, rate, channels), rate)
-    return path
 
 
 def cut(path: Path, keep: float = 0.5) -> Path:
