@@ -83,6 +83,9 @@ BASE_ENV = {
     "CASCADE_PRERANKING_TRAIN_DAYS": "3",
     # ~66 steps per training phase (10 epochs of ~8,500 rows): checkpoints inside each.
     "CASCADE_PRERANKING_EPOCHS": "10",
+    # These short phases on ~8,500 impressions prune no field: no cost budget (the benchmark
+    # measures the engines; the budget's refusal has its own tests).
+    "CASCADE_PRERANKING_COST_BUDGET": "1",
     "CASCADE_RETRY_DELAY_S": "2",
     "CASCADE_COALESCE_WINDOW_S": "5",
     "CASCADE_PRERANKING_CHECKPOINT_EVERY": CHECKPOINT_EVERY,

@@ -57,6 +57,10 @@ class PrerankingSettings:
     """Share of the training period (its latest rows, before the test split) that chooses
     FSCD's regularizer strength, instead of the config's (0.2). Raise it when the train step
     refuses a validation split with too few clicks (it checks before starting processes)."""
+    cost_budget: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    """The serving cost (share of the teacher's) FSCD's chosen model must stay within, instead
+    of the config's (0.5); the step fails when no model that ranks is within it. 1 sets no
+    budget: for runs too short to prune a field (smoke and wiring runs)."""
     train_days: int = Field(default=7, ge=1, le=90)
     """Days of impressions before ``ds`` the training set holds; each reads its own day's
     published partition (``ctr_cross`` builds them: ``CASCADE_CROSS_HISTORY_DAYS``)."""
@@ -100,6 +104,7 @@ def train(ds: str) -> dict[str, Any]:
             epochs=knobs.epochs,
             lr=knobs.lr,
             validation_fraction=knobs.validation_fraction,
+            cost_budget=knobs.cost_budget,
         )
     from models.preranking.train import launch
 
@@ -192,6 +197,7 @@ PIPELINE = Pipeline(
                 "epochs": "CASCADE_PRERANKING_EPOCHS",
                 "lr": "CASCADE_PRERANKING_LR",
                 "validation_fraction": "CASCADE_PRERANKING_VALIDATION_FRACTION",
+                "cost_budget": "CASCADE_PRERANKING_COST_BUDGET",
             },
             metrics=(
                 "test_auc",

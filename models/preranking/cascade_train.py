@@ -132,6 +132,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "that chooses the FSCD strength)",
     )
     parser.add_argument(
+        "--cost-budget",
+        type=float,
+        default=None,
+        help="override the config's cost_budget (the serving cost, as a share of the "
+        "teacher's, the chosen FSCD model must stay within; 1 sets none)",
+    )
+    parser.add_argument(
         "--require-tracking",
         action="store_true",
         help="fail at once when the MLflow server does not answer (the pipeline's runs must "
@@ -171,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     config = with_overrides(config, epochs=args.epochs, lr=args.lr)
     if args.validation_fraction is not None:
         config = dataclasses.replace(config, validation_fraction=args.validation_fraction)
+    if args.cost_budget is not None:
+        config = dataclasses.replace(config, cost_budget=args.cost_budget)
     if args.throughput_steps:
         measure_throughput(config, args.out, args.throughput_steps)
     else:
@@ -238,6 +247,7 @@ def launch_pipeline(
     epochs: int | None = None,
     lr: float | None = None,
     validation_fraction: float | None = None,
+    cost_budget: float | None = None,
 ) -> dict[str, Any]:
     """The ``ctr_preranking`` train step: the cascade (teacher, FSCD selection, ColdPreRanker)
     on ``Lake.training_set("preranking", ds)`` with ``settings.train_processes`` processes,
@@ -251,7 +261,8 @@ def launch_pipeline(
     Retried for the same partition, data and config, it resumes (finished phases, the last
     checkpoint, the same MLflow run); phases and checkpoints left by other data or another
     config are removed first. :data:`CHECKPOINT_EVERY_ENV` overrides the config's checkpoint
-    interval; ``epochs`` and ``lr`` override the config's (the pipeline's knobs).
+    interval; ``epochs``, ``lr`` and ``cost_budget`` override the config's (the pipeline's
+    knobs).
     """
     from cascade.lake import Lake, check_ds
 
@@ -267,6 +278,9 @@ def launch_pipeline(
     if validation_fraction is not None:
         cascade = dataclasses.replace(cascade, validation_fraction=validation_fraction)
         extra_args += ["--validation-fraction", repr(validation_fraction)]
+    if cost_budget is not None:
+        cascade = dataclasses.replace(cascade, cost_budget=cost_budget)
+        extra_args += ["--cost-budget", repr(cost_budget)]
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     data = partition_training_set(lake, ds)

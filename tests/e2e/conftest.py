@@ -36,6 +36,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         "CASCADE_CROSS_HISTORY_DAYS": "3",
         "CASCADE_PRERANKING_TRAIN_DAYS": "3",
         "CASCADE_PRERANKING_EPOCHS": "10",
+        # Ten epochs on ~8,500 impressions prune no field: no cost budget, so the run shows the
+        # wiring (the budget's refusal has its own tests in tests/models).
+        "CASCADE_PRERANKING_COST_BUDGET": "1",
         # One event per DAG here: a 5 s quiet window instead of 15 s lets each run's
         # resolve_partition free its Airflow slot sooner (two slots serve the four DAGs).
         "CASCADE_COALESCE_WINDOW_S": "5",

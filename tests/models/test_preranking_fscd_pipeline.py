@@ -100,12 +100,16 @@ def test_a_sparse_log_is_refused_in_one_line_before_any_training_process_starts(
     assert timing["error"] == f"DegenerateData: {message}"
 
     # The knob: a larger validation share holds enough clicks, and the trainer is told.
-    run_step("train", DS, "ctr_preranking", {"validation_fraction": "0.9"})
+    run_step("train", DS, "ctr_preranking", {"validation_fraction": "0.9", "cost_budget": "1"})
     assert len(launched) == 1
     at = launched[0].index("--validation-fraction")
     assert launched[0][at + 1] == "0.9"
-    args = parse_args(["--config", "pipeline", "--out", "x", "--validation-fraction", "0.9"])
-    assert args.validation_fraction == 0.9
+    at = launched[0].index("--cost-budget")
+    assert launched[0][at + 1] == "1.0"
+    args = parse_args(
+        ["--config", "pipeline", "--out", "x", "--validation-fraction", "0.9", "--cost-budget", "1"]
+    )
+    assert args.validation_fraction == 0.9 and args.cost_budget == 1.0
 
 
 def test_pipeline_config_is_the_ml100k_networks_with_a_short_sweep() -> None:

@@ -20,12 +20,12 @@ def test_train_step_launches_the_configured_network(
     monkeypatch.setattr(cascade_train, "launch_pipeline", fake("cascade_train"))
     monkeypatch.setattr(train, "launch", fake("train"))
     monkeypatch.setenv("CASCADE_PRERANKING_MODEL", kind)
-    for name in ("CONFIG", "EPOCHS", "LR", "VALIDATION_FRACTION"):
+    for name in ("CONFIG", "EPOCHS", "LR", "VALIDATION_FRACTION", "COST_BUDGET"):
         monkeypatch.delenv(f"CASCADE_PRERANKING_{name}", raising=False)
     ctr_preranking.train("2026-11-22")
     knobs: dict[str, object] = {"config": config, "epochs": None, "lr": None}
     if kind == "fscd":
-        knobs["validation_fraction"] = None
+        knobs["validation_fraction"] = knobs["cost_budget"] = None
     assert calls == [(launcher, "2026-11-22", knobs)]
 
 
@@ -45,11 +45,20 @@ def test_the_train_steps_knobs_reach_the_trainer(monkeypatch: pytest.MonkeyPatch
         "epochs": "4",
         "lr": "0.01",
         "validation_fraction": "0.4",
+        "cost_budget": "0.7",
     }
     for name, value in knob_environment(step, given).items():
         monkeypatch.setenv(name, value)
     ctr_preranking.train("2026-11-22")
-    assert calls == [{"config": "debug", "epochs": 4, "lr": 0.01, "validation_fraction": 0.4}]
+    assert calls == [
+        {
+            "config": "debug",
+            "epochs": 4,
+            "lr": 0.01,
+            "validation_fraction": 0.4,
+            "cost_budget": 0.7,
+        }
+    ]
 
 
 def test_epochs_and_learning_rate_override_the_config() -> None:
