@@ -98,6 +98,7 @@ def train_pipeline_fscd(
     rows: int = FSCD_ROWS,
     seed: int = 0,
     epochs: int | None = None,
+    cost_budget: float | None = None,
 ) -> TrainedFscd:
     """Train the FSCD cascade with the pipeline's own train step
     (:func:`~models.preranking.cascade_train.launch_pipeline`) and config ``config`` on
@@ -105,8 +106,8 @@ def train_pipeline_fscd(
     (no stack needed, nothing logged into one). Returns the chosen ColdPreRanker, its encoder,
     one held-out request per user of the run's own test split (the gate's sample), and its
     provenance (config, training rows and their digest, chosen model, fields, test AUC).
-    ``epochs`` overrides the config's, as the pipeline's knob does (recorded in the
-    provenance)."""
+    ``epochs`` and ``cost_budget`` override the config's, as the pipeline's knobs do (``epochs``
+    recorded in the provenance)."""
     from cascade.config import load_settings, scoped_environ
     from cascade.lake import Lake
     from compilers.deploy_gate import cold_gate_sample
@@ -127,7 +128,9 @@ def train_pipeline_fscd(
         data.parent.mkdir(parents=True, exist_ok=True)
         frame = synthetic_training_frame(rows, seed=seed, end=FSCD_DS)
         frame.to_parquet(data, index=False)
-        trained = launch_pipeline(FSCD_DS, config=config, settings=settings, epochs=epochs)
+        trained = launch_pipeline(
+            FSCD_DS, config=config, settings=settings, epochs=epochs, cost_budget=cost_budget
+        )
         loaded = load_trained(lake.reports("train", FSCD_DS))
         held_out = held_out_rows(lake, FSCD_DS, loaded.test_fraction)
     model = loaded.model

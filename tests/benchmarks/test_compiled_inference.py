@@ -50,14 +50,18 @@ def test_fscd_table_compares_the_deployed_network_and_its_package(
     # One training process (this test runs beside the stacks, not in the exclusive worker) and
     # one epoch per phase: the table is what is under test, not the network's accuracy.
     monkeypatch.setenv("CASCADE_TRAIN_PROCESSES", "1")
-    trained = train_pipeline_fscd(tmp_path, config="pipeline", rows=4_000, epochs=1)
+    # Enough steps (~45) for scores that rank, too few to prune a field: no cost budget (the
+    # table compares packages, not the choice).
+    trained = train_pipeline_fscd(
+        tmp_path, config="pipeline", rows=12_000, epochs=3, cost_budget=1.0
+    )
     assert trained.provenance["train_processes"] == 1
     table = fscd_compile_table(
         tmp_path,
         sizes=(50,),
         shapes=(1, 3, 17, 200),
         config="pipeline",  # the deployed network's width: wide enough for bf16 GEMMs
-        rows=4_000,
+        rows=12_000,
         trained=trained,
         variants=("eager_rows", "eager", "cascade", "cascade_rowwise", "cascade_bf16"),
         rounds=1,
@@ -81,7 +85,7 @@ def test_fscd_table_compares_the_deployed_network_and_its_package(
     assert table["recompiles"]["cascade"]["recompiles"] == 0
     # The network is the pipeline's train step's, by config name, with its rows' digest.
     provenance = table["model_provenance"]
-    assert provenance["config"] == "pipeline" and provenance["training_rows"] == 4_000
+    assert provenance["config"] == "pipeline" and provenance["training_rows"] == 12_000
     assert provenance["training_rows_digest"].startswith("sha256:")
     assert table["model_digest"].startswith("sha256:") and table["fields"] == provenance["fields"]
     # The bf16 package moves the ranking by rounding only, and says which layers it converted.

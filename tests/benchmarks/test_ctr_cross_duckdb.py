@@ -158,7 +158,7 @@ def test_peer_stops_on_a_batch_without_clean_rows_after_quarantining(
 
 
 def test_peer_names_a_missing_log_and_missing_columns(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="impression_log"):
+    with pytest.raises(FileNotFoundError, match="cascade ctr impressions"):
         peer.run(tmp_path / "nope", tmp_path / "out", ds=DS)
     log = tmp_path / "log"
     log.mkdir()
