@@ -207,6 +207,10 @@ class CascadeTrainConfig:
     """The deployed FSCD model is the one with the best validation AUC whose cost ratio to the
     teacher is at most this; when none that ranks is, the run fails (no model over budget is
     deployed)."""
+    beat_baseline: bool = True
+    """The chosen FSCD model must beat item popularity's validation AUC on the same rows, else
+    the run fails (:class:`~models.preranking.fscd_metrics.BelowBaseline`); off only for smoke
+    runs too short to learn (the ``debug`` flavours)."""
     recall_k: int = 10
     """k of recall@k against the teacher's top-k per user."""
     min_validation_clicks: int = 100
@@ -297,9 +301,11 @@ def cascade_debug() -> CascadeTrainConfig:
         gate_lr=0.2,
         recall_k=3,
         # A smoke run on tiny data: its λ choice is not meant to mean anything, and one epoch
-        # prunes no field, so it has no cost budget to fail (the others keep 0.5).
+        # prunes no field nor learns much, so it has no cost budget and no popularity floor to
+        # fail (the others keep 0.5 and the floor).
         min_validation_clicks=20,
         cost_budget=1.0,
+        beat_baseline=False,
     )
 
 
@@ -328,6 +334,7 @@ def cascade_ml100k() -> CascadeTrainConfig:
         recall_k=10,
         min_validation_clicks=100,
         cost_budget=0.5,
+        beat_baseline=True,
     )
 
 

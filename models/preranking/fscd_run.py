@@ -167,9 +167,8 @@ def finish(
     }
     metrics = headline_metrics(validation_rows, rows, config, baseline)
     metrics["train_seconds"] = time.monotonic() - started
-    chosen_name = choose_fscd(validation_rows, config.cost_budget, baseline["validation_auc"])[
-        "model"
-    ]
+    floor = baseline["validation_auc"] if config.beat_baseline else None
+    chosen_name = choose_fscd(validation_rows, config.cost_budget, floor)["model"]
     chosen = next(r for r in rows if r["model"] == chosen_name)
     recall_key = f"recall_at_{config.recall_k}"
     goals = {

@@ -664,3 +664,21 @@ def test_deepspeed_step_is_the_plain_pytorch_step_on_one_process(tmp_path: Path)
     assert report["moved"] > 1e-3  # training changed the weights
     assert report["worst"] <= 1e-6, report
     assert report["optimizer"] == "Adam" and report["allreduce"] is False
+
+
+def test_only_the_debug_flavours_skip_the_popularity_floor() -> None:
+    """A smoke run (``debug``) reports a model under item popularity; every other config fails."""
+    assert [name for name in CASCADE_CONFIGS if not get_cascade_config(name).beat_baseline] == [
+        "debug",
+        "debug_cross",
+    ]
+    rows = [
+        _row("teacher", 0.60, 1.0),
+        _row("two_tower", 0.55, 0.6),
+        {**_row("fscd_0.01", 0.52, 0.45), "relative_spread": 0.4},
+    ]
+    baseline = {"validation_auc": 0.56, "test_auc": 0.56}
+    smoke = headline_metrics(rows, rows, cascade_debug(), baseline)
+    assert smoke["fscd_strength"] == 0.01
+    with pytest.raises(BelowBaseline):
+        headline_metrics(rows, rows, get_cascade_config("pipeline"), baseline)
