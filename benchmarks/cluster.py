@@ -242,9 +242,10 @@ def registry_versions(settings: Settings) -> int:
 def _trigger_and_wait(
     settings: Settings, echo: Callable[[str], None], ds: str = DS
 ) -> dict[str, Any]:
-    from infra.demo import trigger, wait_for_triggered
+    from infra.demo import land_demo_data, trigger, wait_for_triggered
 
     started = time.monotonic()
+    land_demo_data(ds, settings=settings, echo=echo)  # generated impressions, by name
     triggered = trigger(ds, settings=settings, echo=echo)
     result = wait_for_triggered(
         triggered, settings=settings, timeout_s=RUN_TIMEOUT_S, echo=echo, result_tasks=("train",)
@@ -403,6 +404,7 @@ def _watch_run_id(settings: Settings, holder: dict[str, str], before: set[str], 
 
 def cluster_phase(home: Path, quick: bool, echo: Callable[[str], None]) -> dict[str, Any]:
     from cascade.airflow_client import AirflowClient
+    from infra.demo import land_demo_data
 
     out: dict[str, Any] = {}
     started = time.monotonic()
@@ -435,6 +437,7 @@ def cluster_phase(home: Path, quick: bool, echo: Callable[[str], None]) -> dict[
 
         # Faults, on a second run of the same partition.
         client = AirflowClient(settings)
+        land_demo_data(FAULTS_DS, settings=settings, echo=echo)  # its Spark app is not the fault's
         holder: dict[str, str] = {"apps_before": ",".join(spark_apps(settings))}
         before = {r["dag_run_id"] for r in client.dag_runs(DAG_ID, limit=100)}
         versions_before = registry_versions(settings)

@@ -8,9 +8,11 @@ all run these functions):
   ``<lake>/landing/impressions/dt=<ds>/`` (any writer, with a ``_SUCCESS`` marker) is kept and
   read as the source its ``_SOURCE`` file names (else ``CASCADE_CROSS_SOURCE``); sources are
   registered by name with a mapping onto the engine's schema (:mod:`jobs.ctr_log_sources`:
-  built in, entry points, or ``CASCADE_CROSS_SOURCES_FILE``). Otherwise the generator writes one
-  there (:mod:`jobs.impression_log`, ``CASCADE_CROSS_IMPRESSIONS`` rows ending at ``ds``). The
-  ``ml100k`` source (``CASCADE_CROSS_SOURCE=ml100k``) reads the installed MovieLens package.
+  built in, entry points, or ``CASCADE_CROSS_SOURCES_FILE``). With nothing landed the run ends
+  as skipped ("nothing landed for DS"); generated impressions are a named source landed on
+  purpose (``cascade land impressions --source generated --ds DS``: :mod:`jobs.impression_log`,
+  ``CASCADE_CROSS_IMPRESSIONS`` rows ending at ``ds``). The ``ml100k`` source
+  (``CASCADE_CROSS_SOURCE=ml100k``) reads the installed MovieLens package.
   Every output, quarantine and report path carries the source's name.
 * ``stats``: :func:`jobs.ctr_cross_stats.run` (the user's and the item's own statistics and
   the crosses x 1/7/30-day windows, fitted priors, quarantine partition with reasons; the
@@ -47,7 +49,7 @@ from cascade.assets import (
     CROSS_EVENT_SELECTORS,
 )
 from cascade.config import Settings, load_group, load_settings
-from cascade.errors import NotReady
+from cascade.errors import NothingLanded, NotReady
 from cascade.lake import Lake, check_ds
 from cascade.partitions import days_before
 from cascade.pipeline_spec import Dataset, Pipeline, Step, Trigger, deferred
@@ -71,9 +73,10 @@ class CrossSettings:
     title: ClassVar[str] = "Pipeline ctr_cross"
 
     source: str = Field(default="generated", pattern=r"^[a-z][a-z0-9_]{0,47}$")
-    """The registered log source read when a landed log names none: ``generated`` (written
-    when nothing landed), ``ml100k`` (the installed MovieLens-100k package), or one from the
-    sources file or the ``cascade.log_sources`` entry points."""
+    """The registered log source read when a landed log names none: ``generated`` (the engine's
+    own columns, as ``cascade land impressions`` writes them), ``ml100k`` (the installed
+    MovieLens-100k package), or one from the sources file or the ``cascade.log_sources`` entry
+    points."""
     sources_file: Path | None = None
     """TOML file of ``[sources.NAME]`` tables registering log sources (see
     :mod:`jobs.ctr_log_sources`); default ``$CASCADE_HOME/log_sources.toml`` when it exists."""
@@ -139,11 +142,15 @@ def missing_log(ds: str, settings: Settings | None = None) -> str | None:
     source = partition_source(ds, settings)
     registered = ctr_log_sources.resolve(source, sources_file(settings))
     landing = landing_dir(Lake(settings.lake_root), ds)
-    if not registered.reads_landing or (landing / "_SUCCESS").is_file() or source == "generated":
+    if not registered.reads_landing or (landing / "_SUCCESS").is_file():
         return None
+    return nothing_landed_reason(ds, landing)
+
+
+def nothing_landed_reason(ds: str, landing: Path) -> str:
     return (
-        f"source {source!r} reads a landed log, and none landed at {landing} (a folder "
-        f"with the log's files and a _SUCCESS marker); land it there or set {SOURCE_ENV}=generated"
+        f"nothing landed for {ds}: no click log at {landing}; land one with `cascade land "
+        f"impressions PATH --ds {ds}` (or `--source generated` for generated impressions)"
     )
 
 
@@ -194,29 +201,29 @@ IMPRESSIONS = Dataset(
 
 
 def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
-    """Make sure the partition's log is there; generate it when nothing landed."""
+    """The partition's log: the landed one (or a source that finds its data itself); with
+    nothing landed the run ends as skipped (:class:`~cascade.errors.NothingLanded`)."""
     settings = settings or load_settings()
+    from cascade.landing import landed_from, landing_record
     from jobs import ctr_log_sources
 
     missing = missing_log(ds, settings)
     if missing is not None:
-        raise FileNotFoundError(missing)
+        raise NothingLanded(missing)
     source = partition_source(ds, settings)
     registered = ctr_log_sources.resolve(source, sources_file(settings))
     if not registered.reads_landing:
-        return {"ds": ds, "source": source, "path": None, "generated": False}
+        return {"ds": ds, "source": source, "path": None, "landed_from": None, "rows": None}
     landing = landing_dir(Lake(settings.lake_root), ds)
-    if (landing / "_SUCCESS").is_file():
-        print(f"[cross] log for ds={ds} ({source}) already landed at {landing}; kept", flush=True)
-        return {"ds": ds, "source": source, "path": str(landing), "generated": False}
-    if source != "generated":
-        raise FileNotFoundError(
-            f"source {source!r} reads a landed log, and none landed at {landing} (a folder "
-            "with the log's files and a _SUCCESS marker); land it there or set "
-            f"{SOURCE_ENV}=generated"
-        )
-    rows = generate(landing, ds=ds, settings=settings)["rows"]
-    return {"ds": ds, "source": source, "path": str(landing), "generated": True, "rows": rows}
+    print(f"[cross] log for ds={ds} ({source}) landed at {landing}", flush=True)
+    record = landing_record(landing) or {}
+    return {
+        "ds": ds,
+        "source": source,
+        "path": str(landing),
+        "landed_from": landed_from(record),
+        "rows": (record.get("counts") or {}).get("rows"),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -423,9 +430,9 @@ with their reason; a failed gate stops the run before Feast.
             name="log",
             run=log,
             spark=True,
-            doc="the partition's impression log: kept when one landed in the lake, generated "
-            "otherwise (CASCADE_CROSS_IMPRESSIONS rows; CASCADE_CROSS_SOURCE=ml100k reads "
-            "MovieLens-100k)",
+            doc="the partition's impression log, as landed in the lake (`cascade land "
+            "impressions`; with nothing landed the run is skipped); CASCADE_CROSS_SOURCE=ml100k "
+            "reads MovieLens-100k",
             timeout_minutes=30,
             dvc_deps=("pipelines/ctr_cross.py", "jobs/impression_log.py"),
             # A log that landed from elsewhere is kept, never deleted before the stage runs.

@@ -65,9 +65,10 @@ def triggered(stack: Settings) -> dict[str, Any]:
     from cascade.landing import get_dataset, land
     from infra.demo import trigger
 
-    # The speech and image pipelines make up no data: their batches are landed explicitly, from
-    # the named sources that synthesize and generate them (the events then start the runs).
+    # No pipeline makes up its data: every batch is landed explicitly, from the named sources
+    # that generate and synthesize them (the events then start the runs).
     lake = Lake(stack.lake_root)
+    land(lake, get_dataset("impressions"), DS, source="generated")
     land(lake, get_dataset("speech"), DS, source="synthetic")
     land(lake, get_dataset("images"), DS, source="generated")
     # One impressions event: ctr_cross publishes the partition, and that starts ctr_preranking.

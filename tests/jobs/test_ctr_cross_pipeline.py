@@ -1,5 +1,5 @@
-"""The ``ctr_cross`` pipeline's steps in order: a generated log -> cross statistics -> gate ->
-Feast online store; the next day's batch with too many bad rows fails the gate and publishes
+"""The ``ctr_cross`` pipeline's steps in order: a landed generated log -> cross statistics ->
+gate -> Feast online store; the next day's batch with too many bad rows fails the gate and publishes
 nothing, so serving keeps the last good partition."""
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ def online(pair: str, keys: list[dict]) -> pd.DataFrame:
     return online_cross_features(feature_store(load_settings()), pair, keys)
 
 
+def land_generated(home: Path, ds: str) -> None:
+    """``cascade land impressions --source generated --ds DS``: the pipeline makes up no log."""
+    from cascade.landing import land
+
+    land(Lake(home / "lake"), pipeline.IMPRESSIONS, ds, source="generated")
+
+
 def partition(pair: str, ds: str) -> pd.DataFrame:
     root = load_settings().lake_root / "features" / "ctr_cross" / "generated" / pair
     return pd.read_parquet(root / f"dt={ds}")
@@ -43,11 +50,12 @@ def test_a_passed_partition_reaches_the_online_store_and_a_failed_gate_publishes
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
     monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "20000")
     monkeypatch.delenv(pipeline.SOURCE_ENV, raising=False)
+    land_generated(tmp_path, DS)
     results = {
         name: step_runner.run_step(name, DS, "ctr_cross")
         for name in get_pipeline("ctr_cross").step_names
     }
-    assert results["log"]["generated"] and results["log"]["rows"] == 20_000
+    assert results["log"]["landed_from"] == "generated" and results["log"]["rows"] == 20_000
     assert results["stats"]["input_rows"] == 20_000 and results["stats"]["quarantined_rows"] == 0
     assert results["validate"]["success"]
     assert pipeline.BUILT_IN_PAIRS == tuple(p.name for p in job.GENERATED_PAIRS)
@@ -70,7 +78,7 @@ def test_a_passed_partition_reaches_the_online_store_and_a_failed_gate_publishes
     good = spark.read.parquet(str(landing / f"dt={DS}"))
     bad = good.limit(1_000).withColumn("click", F.lit(7))
     good.unionByName(bad).write.parquet(str(landing / f"dt={NEXT_DS}"))
-    assert step_runner.run_step("log", NEXT_DS, "ctr_cross")["generated"] is False
+    assert step_runner.run_step("log", NEXT_DS, "ctr_cross")["landed_from"] == "unrecorded"
     # A passed verdict from an earlier build of NEXT_DS must not vouch for the rebuilt one.
     report = job.CrossLake(Lake(tmp_path / "lake"), "generated").gate_report(NEXT_DS)
     report.parent.mkdir(parents=True)
@@ -152,7 +160,8 @@ def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
     )
     assert pipeline.history_window(DS) == day
 
-    assert pipeline.log(DS)["generated"]
+    land_generated(tmp_path, DS)
+    assert pipeline.log(DS)["landed_from"] == "generated"
     stats = pipeline.stats(DS)
     built = stats["history_partitions"]
     assert list(built) == day and all(b["built"] for b in built.values())
@@ -246,7 +255,8 @@ def test_a_sparse_log_is_refused_in_one_line_before_any_training_process_starts(
     for knob in ("SOURCE", "CONFIG", "EPOCHS", "LR", "VALIDATION_FRACTION"):
         monkeypatch.delenv(f"CASCADE_PRERANKING_{knob}", raising=False)
 
-    assert pipeline.log(DS)["generated"]
+    land_generated(tmp_path, DS)
+    assert pipeline.log(DS)["rows"] == 4000
     lake = Lake(tmp_path / "lake")
     clicks = int(pd.read_parquet(pipeline.landing_dir(lake, DS)).click.sum())
     assert 100 < clicks < 1_000

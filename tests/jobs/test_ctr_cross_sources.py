@@ -125,7 +125,7 @@ def test_a_landed_log_declares_its_source_and_keeps_its_name_everywhere(
     summary = pipeline.stats(DS, settings=settings)
     verdict = pipeline.validate(DS, settings=settings)
 
-    assert (logged["source"], logged["generated"]) == ("shop_clicks", False)
+    assert (logged["source"], logged["landed_from"]) == ("shop_clicks", "unrecorded")
     assert summary["source"] == "shop_clicks"
     # No position and no context in the export: its users, its items and the crosses it can key.
     assert summary["pairs"] == ["user", "item", "seg_cat", "user_cat", "seg_item"]

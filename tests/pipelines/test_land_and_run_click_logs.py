@@ -85,4 +85,4 @@ def test_an_events_path_lands_in_the_first_task(
     record = landing_record(landing)
     assert record is not None and record["format"] == "jsonl"
     assert record["counts"]["rows"] == ROWS and record["counts"]["quarantined"] == 0
-    assert log["source"] == "landed" and log["generated"] is False
+    assert log["source"] == "landed" and log["landed_from"] == "jsonl"

@@ -1,6 +1,7 @@
-"""The speech and image pipelines make up no data: with nothing landed for the partition their
-first step ends the run as skipped ("nothing landed for DS"), records it for the run report, and
-nothing after it runs; `cascade step` says so with the not-ready exit code."""
+"""No pipeline makes up its data: with nothing landed for the partition the first step of the
+speech, image and click-log pipelines ends the run as skipped ("nothing landed for DS"),
+records it for the run report, and nothing after it runs; `cascade step` says so with the
+not-ready exit code."""
 
 from __future__ import annotations
 
@@ -26,32 +27,34 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 
 @pytest.mark.parametrize(
-    ("pipeline", "folder", "fix"),
+    ("pipeline", "first", "folder", "fix"),
     [
-        ("asr", "speech", "--source synthetic"),
-        ("multimodal", "images", "--source generated"),
+        ("asr", "corpus", "speech", "--source synthetic"),
+        ("multimodal", "corpus", "images", "--source generated"),
+        ("ctr_cross", "log", "impressions", "--source generated"),
     ],
 )
-def test_the_corpus_step_skips_a_partition_with_nothing_landed(
+def test_the_first_step_skips_a_partition_with_nothing_landed(
     settings: Settings,
     pipeline: str,
+    first: str,
     folder: str,
     fix: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     lake = Lake(settings.lake_root)
     with pytest.raises(NothingLanded, match=f"^nothing landed for {DS}: .*cascade land {folder}"):
-        run_step("corpus", DS, pipeline)
+        run_step(first, DS, pipeline)
 
-    # Nothing was made up: no landing folder, no corpus, no later step's result.
+    # Nothing was made up: no landing folder, no corpus or features, no later step's result.
     assert not (lake.root / "landing" / folder).exists()
-    assert not (lake.root / "corpora").exists()
-    timing = json.loads(summary_path("corpus", DS, pipeline).with_name(TIMING_FILE).read_text())
+    assert not (lake.root / "corpora").exists() and not (lake.root / "features").exists()
+    timing = json.loads(summary_path(first, DS, pipeline).with_name(TIMING_FILE).read_text())
     assert timing["status"] == "skipped" and timing["error"].startswith(f"nothing landed for {DS}")
     steps = {s.step: s for s in collect_steps(lake, DS, [pipeline])}
-    assert steps["corpus"].status == "skipped" and "nothing landed" in str(steps["corpus"].error)
-    assert {s.status for name, s in steps.items() if name != "corpus"} == {"not run"}
+    assert steps[first].status == "skipped" and "nothing landed" in str(steps[first].error)
+    assert {s.status for name, s in steps.items() if name != first} == {"not run"}
 
-    assert cli.main(["step", "corpus", "--pipeline", pipeline, "--ds", DS]) == cli.EXIT_NOT_READY
+    assert cli.main(["step", first, "--pipeline", pipeline, "--ds", DS]) == cli.EXIT_NOT_READY
     error = capsys.readouterr().err
     assert f"nothing landed for {DS}" in error and fix in error
