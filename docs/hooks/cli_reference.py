@@ -37,7 +37,8 @@ def _has_help(parser: argparse.ArgumentParser) -> bool:
 def _section(parser: argparse.ArgumentParser, summary: str, depth: int) -> list[str]:
     lines = [f"{'#' * depth} `{parser.prog}`", ""]
     if summary:
-        lines += [summary[0].upper() + summary[1:] + ".", ""]
+        text = (summary[0].upper() + summary[1:]).replace("*", "\\*")
+        lines += [text + ".", ""]
     if _has_help(parser):
         lines += ["```text", parser.format_help().rstrip(), "```", ""]
     else:
