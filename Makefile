@@ -56,4 +56,4 @@ clean:
 
 # The documentation site into site/ (mkdocs.yml); strict: any warning fails the build.
 docs: venv
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
