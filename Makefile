@@ -5,7 +5,7 @@ STAMP := $(VENV)/.cascade-installed
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: venv lock demo test test-fast e2e up down status lint bench clean
+.PHONY: venv lock demo test test-fast e2e up down status lint bench docs clean
 
 venv: $(STAMP)
 
@@ -52,4 +52,8 @@ lint: venv
 	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf .cascade .pytest_cache
+	rm -rf .cascade .pytest_cache site
+
+# The documentation site into site/ (mkdocs.yml); strict: any warning fails the build.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict

@@ -34,10 +34,11 @@ class Measured:
     run behind docs/benchmarks.md's DuckDB paragraph."""
     serving_requests_per_s: float = 1_905.0
     """``cascade bench serving --candidates 1000 --clients 8``: two server processes on 2
-    cores, 1 user x 1,000 candidates, features included (README, p99 12.7 ms)."""
+    cores, 1 user x 1,000 candidates, features included (an earlier run; the published one is
+    the ``serving`` block of docs/benchmarks.md)."""
     serving_cores: int = 2
     features_per_row: int = 15
-    """Features per cross feature row (README, the ``feast`` step)."""
+    """Features per cross feature row (the ``ctr_cross`` pair views)."""
 
 
 @dataclass(frozen=True)

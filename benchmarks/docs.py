@@ -237,6 +237,15 @@ def command(result: Mapping[str, Any], name: str) -> str:
     return " ".join([*env, *args])
 
 
+def page_link(path: str | Path) -> str:
+    """``path`` (relative to the repository root) as a link from ``docs/benchmarks.md``: the page
+    and its results both live under ``docs/``, so the link stays inside the docs site."""
+    target = Path(path)
+    if target.parts[:1] == ("docs",):
+        return target.relative_to("docs").as_posix()
+    return f"../{target.as_posix()}"
+
+
 def _short(digest: Any) -> str:
     return f"`{str(digest).removeprefix('sha256:')[:12]}`" if digest else "none"
 
@@ -249,13 +258,14 @@ def render_block(result: Mapping[str, Any], name: str, path: str, root: Path = R
     dirty = " (with uncommitted changes)" if result.get("git_dirty") else ""
     gpu = machine.get("cuda_device") or "no GPU"
     cores = machine.get("usable_cpus") or machine.get("cpus")
+    cpu = machine.get("cpu_model") or machine.get("processor")
     lines = [
         f"<!-- bench {name}: {path} -->",
         "```bash",
         command(result, name),
         "```",
         "",
-        f"From [`{path}`](../{path}): {machine.get('cpu_model') or machine.get('processor')}, "
+        f"From [`{path}`]({page_link(path)}): {cpu}, "
         f"{cores} cores, {gpu}; commit `{str(commit)[:12]}`{dirty}; "
         f"inputs {_short(result.get('input_digest'))}, "
         f"model {_short(result.get('model_digest'))}; repeats {result.get('repeats')}.",
@@ -272,7 +282,7 @@ def render_block(result: Mapping[str, Any], name: str, path: str, root: Path = R
             lines.append(f"| `{row['label']}` | {number(row['value'])} | — | 1 |")
     chart = Path(path).with_suffix(".png")
     if (root / chart).is_file():
-        lines += ["", f"![{name}](../{chart.as_posix()})"]
+        lines += ["", f"![{name}]({page_link(chart)})"]
     lines.append(f"<!-- end bench {name} -->")
     return "\n".join(lines)
 

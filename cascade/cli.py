@@ -221,7 +221,7 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
     from cascade.dvc_stages import dvc_yaml, params_yaml, write_dvc_yaml, write_params_yaml
 
     specs = registered_pipelines()
-    dvc_file, readme = Path(args.dvc_file), Path(args.readme)
+    dvc_file, page = Path(args.dvc_file), Path(args.docs)
     params_file = dvc_file.with_name("params.yaml")
     if args.markdown:
         print(pipeline_docs.render_markdown(specs.values()), end="")
@@ -230,7 +230,7 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
         for path, changed in (
             (dvc_file, write_dvc_yaml(dvc_file, specs.values())),
             (params_file, write_params_yaml(params_file, specs.values())),
-            (readme, pipeline_docs.write_readme_table(readme, specs.values())),
+            (page, pipeline_docs.write_documented_table(page, specs.values())),
         ):
             print(f"{path}: {'written' if changed else 'already up to date'}", file=sys.stderr)
         return 0
@@ -241,9 +241,9 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
         current = params_file.read_text() if params_file.is_file() else ""
         if current != params_yaml(specs.values(), current):
             stale.append(str(params_file))
-        table = pipeline_docs.render_markdown(specs.values())
-        if pipeline_docs.readme_table(readme.read_text()) != table:
-            stale.append(f"{readme} (pipeline table)")
+        reference = pipeline_docs.render_reference(specs.values())
+        if pipeline_docs.documented_table(page.read_text()) != reference:
+            stale.append(f"{page} (pipeline reference)")
         if stale:
             print(
                 f"{', '.join(stale)} differ from the pipeline specs; run `cascade pipelines "
@@ -422,17 +422,20 @@ def _add_core_commands(sub: Any) -> None:
     )
     listing.add_argument("--json", action="store_true", help="print JSON")
     what = listing.add_mutually_exclusive_group()
-    what.add_argument("--markdown", action="store_true", help="print the README's pipeline table")
+    what.add_argument(
+        "--markdown", action="store_true", help="print the pipelines reference page's table"
+    )
     what.add_argument(
         "--write",
         action="store_true",
-        help="regenerate dvc.yaml and the README's pipeline table from the specs",
+        help="regenerate dvc.yaml, params.yaml and docs/reference/pipelines.md from the specs",
     )
     what.add_argument(
         "--check", action="store_true", help="exit 1 when either differs from the specs"
     )
     listing.add_argument("--dvc-file", default=str(REPO_ROOT / "dvc.yaml"), help=argparse.SUPPRESS)
-    listing.add_argument("--readme", default=str(REPO_ROOT / "README.md"), help=argparse.SUPPRESS)
+    reference = REPO_ROOT / "docs" / "reference" / "pipelines.md"
+    listing.add_argument("--docs", default=str(reference), help=argparse.SUPPRESS)
     listing.set_defaults(func=cmd_pipelines)
 
     from cascade.config_report import cmd_config
@@ -440,10 +443,14 @@ def _add_core_commands(sub: Any) -> None:
     config = sub.add_parser("config", help="every CASCADE_* setting: its value and its source")
     shown = config.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true", help="print JSON")
-    shown.add_argument("--markdown", action="store_true", help="print the README's table")
-    shown.add_argument("--write-readme", action="store_true", help="rewrite the README's table")
     shown.add_argument(
-        "--check-readme", action="store_true", help="exit 1 when the README's table differs"
+        "--markdown", action="store_true", help="print the settings reference page's table"
+    )
+    shown.add_argument(
+        "--write-docs", action="store_true", help="rewrite docs/reference/settings.md's table"
+    )
+    shown.add_argument(
+        "--check-docs", action="store_true", help="exit 1 when the settings page's table differs"
     )
     config.set_defaults(func=cmd_config)
 

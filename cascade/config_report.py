@@ -1,5 +1,6 @@
 """What ``cascade config`` prints: each setting's effective value and its source, and the
-README's variable table, both rendered from the settings classes."""
+settings reference page's variable table (``docs/reference/settings.md``), both rendered from
+the settings classes."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from cascade.settings_fields import SettingField, effective_value, mask, setting
 
 TABLE_START = "<!-- settings-table:start -->"
 TABLE_END = "<!-- settings-table:end -->"
+SETTINGS_PAGE = REPO_ROOT / "docs" / "reference" / "settings.md"
+"""The docs page that holds the variable table between the markers."""
 
 
 def settings_report(env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
@@ -115,7 +118,7 @@ def _default_text(field: SettingField) -> str:
 
 
 def render_markdown(fields: list[SettingField] | None = None) -> str:
-    """The README's variable table: one section per group, every variable documented."""
+    """The settings page's variable table: one section per group, every variable documented."""
     fields = all_setting_fields() if fields is None else fields
     groups: dict[str, list[SettingField]] = {}
     for field in fields:
@@ -135,13 +138,13 @@ def render_markdown(fields: list[SettingField] | None = None) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-def readme_table(readme: str) -> str:
-    """The part of ``readme`` between the settings-table markers."""
-    start = readme.index(TABLE_START) + len(TABLE_START)
-    return readme[start : readme.index(TABLE_END)].strip("\n") + "\n"
+def documented_table(page: str) -> str:
+    """The part of ``page`` between the settings-table markers."""
+    start = page.index(TABLE_START) + len(TABLE_START)
+    return page[start : page.index(TABLE_END)].strip("\n") + "\n"
 
 
-def write_readme_table(path: Path) -> bool:
+def write_documented_table(path: Path) -> bool:
     """Put the rendered table between the markers of ``path``; True when it changed."""
     text = path.read_text()
     start = text.index(TABLE_START) + len(TABLE_START)
@@ -153,16 +156,16 @@ def write_readme_table(path: Path) -> bool:
 
 
 def cmd_config(args: Any) -> int:
-    """``cascade config``: every setting with its value and source (``--json``), or the README
-    table (``--markdown``; ``--write-readme`` / ``--check-readme`` keep the README equal to it)."""
-    readme = REPO_ROOT / "README.md"
+    """``cascade config``: every setting with its value and source (``--json``), or the settings
+    page's table (``--markdown``; ``--write-docs`` / ``--check-docs`` keep the page equal to it)."""
+    page = SETTINGS_PAGE
     if args.markdown:
         print(render_markdown(), end="")
-    elif args.write_readme:
-        print(f"{readme}: {'updated' if write_readme_table(readme) else 'already current'}")
-    elif args.check_readme:
-        if readme_table(readme.read_text()) != render_markdown():
-            print(f"{readme}: settings table differs; run `cascade config --write-readme`")
+    elif args.write_docs:
+        print(f"{page}: {'updated' if write_documented_table(page) else 'already current'}")
+    elif args.check_docs:
+        if documented_table(page.read_text()) != render_markdown():
+            print(f"{page}: settings table differs; run `cascade config --write-docs`")
             return 1
     elif args.json:
         print(json.dumps(settings_report(), indent=2))

@@ -1,5 +1,6 @@
-"""The layers of DESIGN.md hold: import-linter's contracts in pyproject.toml pass (imports inside
-functions count), and the DAG files, which are not a package, import only the kernel."""
+"""The layers of docs/concepts/architecture.md hold: import-linter's contracts in pyproject.toml
+pass (imports inside functions count), and the DAG files, which are not a package, import only
+the kernel."""
 
 from __future__ import annotations
 

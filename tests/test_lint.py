@@ -21,12 +21,3 @@ def test_ruff_format_is_clean() -> None:
         [RUFF, "format", "--check", "."], cwd=REPO_ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_the_docs_tell_users_cascade_subcommands_not_python_m() -> None:
-    """Every user action is a ``cascade`` subcommand; ``python -m`` is for internals only."""
-    readme = (REPO_ROOT / "README.md").read_text().splitlines()
-    lines = [
-        f"README.md:{n}: {line.strip()}" for n, line in enumerate(readme, 1) if "python -m" in line
-    ]
-    assert not lines, "write the cascade subcommand instead:\n" + "\n".join(lines)

@@ -33,12 +33,15 @@ def test_committed_dvc_yaml_is_the_one_the_specs_make() -> None:
     )
 
 
-def test_the_readme_pipeline_table_is_the_one_the_specs_make() -> None:
-    from cascade.pipeline_docs import readme_table, render_markdown
+def test_the_pipelines_reference_is_the_one_the_specs_make() -> None:
+    from cascade.pipeline_docs import documented_table, render_markdown, render_reference
 
-    table = readme_table((REPO_ROOT / "README.md").read_text())
-    assert table == render_markdown(PIPELINES.values()), "run `cascade pipelines --write`"
-    assert all(f"| `{name}` |" in table for name in PIPELINES)
+    page = documented_table((REPO_ROOT / "docs" / "reference" / "pipelines.md").read_text())
+    assert page == render_reference(PIPELINES.values()), "run `cascade pipelines --write`"
+    assert page.startswith(render_markdown(PIPELINES.values()))
+    for name, spec in PIPELINES.items():
+        assert f"| `{name}` |" in page and f"### `{name}`" in page
+        assert all(f"| `{step}` |" in page for step in spec.step_names)
 
 
 @pytest.mark.parametrize("pipeline", list(PIPELINES))

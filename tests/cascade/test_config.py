@@ -14,7 +14,12 @@ from cascade.config import (
     load_group,
     load_settings,
 )
-from cascade.config_report import readme_table, render_markdown, settings_report
+from cascade.config_report import (
+    SETTINGS_PAGE,
+    documented_table,
+    render_markdown,
+    settings_report,
+)
 
 
 def test_local_is_the_default_profile_with_loopback_services(tmp_path: Path) -> None:
@@ -199,10 +204,11 @@ def test_every_setting_is_documented() -> None:
     assert len({field.env for field in all_setting_fields()}) == len(all_setting_fields())
 
 
-def test_the_readme_table_is_the_rendered_settings() -> None:
-    readme = (REPO_ROOT / "README.md").read_text()
-    assert readme_table(readme) == render_markdown(), (
-        "README.md's settings table is stale; run `cascade config --write-readme`"
+def test_the_settings_page_table_is_the_rendered_settings() -> None:
+    page = SETTINGS_PAGE.read_text()
+    assert SETTINGS_PAGE == REPO_ROOT / "docs" / "reference" / "settings.md"
+    assert documented_table(page) == render_markdown(), (
+        "docs/reference/settings.md's table is stale; run `cascade config --write-docs`"
     )
     for field in all_setting_fields():
-        assert f"| `{field.env}` |" in readme
+        assert f"| `{field.env}` |" in page

@@ -45,7 +45,7 @@ def test_the_partitions_report_shows_every_run_step_timed_gated_and_its_curves(
     for name in pipelines:
         assert f"<h2>{name}</h2>" in page
     assert json.loads((tmp_path / "report.json").read_text())["counts"]["ok"] == len(steps)
-    # What a person sees: the page renders with its images (the README's screenshot).
+    # What a person sees: the page renders with its images (the quickstart's screenshot).
     from infra.ui_check import screenshot_page
 
     shot = screenshot_page(
