@@ -69,6 +69,10 @@ def init_distributed() -> None:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
+        # DeepSpeed builds its CPU communication extension on first use: the launches' cache,
+        # never a lock a killed build left behind.
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir(dict(os.environ)))
+        clear_stale_build_locks(Path(os.environ["TORCH_EXTENSIONS_DIR"]))
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
 
 
@@ -125,6 +129,34 @@ def extension_build_env(env: dict[str, str]) -> None:
     if path.split(os.pathsep)[0] != tools:
         env["PATH"] = f"{tools}{os.pathsep}{path}"
     env.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir(env))
+    clear_stale_build_locks(Path(env["TORCH_EXTENSIONS_DIR"]))
+
+
+STALE_BUILD_LOCK_S = 900.0
+"""A build lock this old is a leftover: the extension builds in about a minute (3 loaded)."""
+
+
+def clear_stale_build_locks(
+    folder: Path, *, older_than_s: float = STALE_BUILD_LOCK_S
+) -> list[Path]:
+    """Remove the ``lock`` files of extension builds under ``folder`` older than
+    ``older_than_s``. PyTorch's JIT build takes the lock before it compiles and releases it
+    after; a build killed in between (SIGKILL, a time limit) leaves it behind, and every later
+    process then waits on it forever. Returns the locks removed."""
+    removed = []
+    now = time.time()
+    for lock in folder.glob("*/lock") if folder.is_dir() else ():
+        with contextlib.suppress(FileNotFoundError):
+            age = now - lock.stat().st_mtime
+            if age > older_than_s:
+                lock.unlink()
+                removed.append(lock)
+                print(
+                    f"[launch] removed a stale build lock {lock} ({age / 60:.0f} min old: a "
+                    "build was killed before it finished); the extension builds again",
+                    flush=True,
+                )
+    return removed
 
 
 def read_complete_result(path: Path, ds: str | None, keys: Sequence[str]) -> dict[str, Any] | None:

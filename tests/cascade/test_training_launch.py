@@ -202,3 +202,21 @@ def test_a_failed_launch_says_the_workers_reason_on_its_first_line(tmp_path: Pat
     assert str(failed.value).endswith(tail)
     with pytest.raises(RuntimeError, match=r"^training failed \(exit code 9\) \(no complete"):
         accept_result(9, tmp_path / "result.json", "Killed", what="training", keys=("run_id",))
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_live_one_kept(
+    tmp_path: Path,
+) -> None:
+    from cascade.training.launch import STALE_BUILD_LOCK_S, clear_stale_build_locks
+
+    stale = tmp_path / "deepspeed_shm_comm" / "lock"
+    live = tmp_path / "other_op" / "lock"
+    for lock in (stale, live):
+        lock.parent.mkdir()
+        lock.touch()
+    old = time.time() - STALE_BUILD_LOCK_S - 60
+    os.utime(stale, (old, old))
+
+    assert clear_stale_build_locks(tmp_path) == [stale]
+    assert not stale.exists() and live.exists()
+    assert clear_stale_build_locks(tmp_path / "missing") == []
