@@ -12,6 +12,12 @@ starts ``--processes`` (default: the settings' ``train_processes``, 2) workers u
 Make a corpus with the corpus job (``cascade asr synthesize --count 8000 --landing L``
 then ``build --landing L --out CORPUS``). From Python (the DAG's step) call :func:`train_asr`.
 
+The output alphabet is fitted from the normalized transcripts of the utterances the run trains
+on (:meth:`models.asr.model.Alphabet.fit`: any script, digits included, each language's
+characters), and the config's output layer sized to it; both model files store it
+(``asr_model.vocabulary.json``, :mod:`models.asr.artifact`), and the result reports it
+(``alphabet``) with the test and dev characters it lacks (``unseen``, counted as errors).
+
 Phases, each a DeepSpeed run of its own: ``fp32`` (CTC loss, SpecAugment, warm-up then linear
 decay) and ``qat``: the fp32 weights with every Linear/Conv1d range-scale fake-quantized to int8
 (:mod:`models.asr.rsq`), trained on ``(1 - a) * CTC + a * KL(fp32 teacher || student)``; the
