@@ -206,6 +206,31 @@ def test_two_process_debug_run_learns_writes_both_models_and_resumes_after_a_kil
     assert client.get_run(killed_run).info.status == "FINISHED"
 
 
+def test_evaluation_counts_characters_the_model_never_saw_and_keeps_their_utterances(
+    tmp_path: Path,
+) -> None:
+    from models.asr.artifact import save_artifact
+    from models.asr.evaluate import evaluate_artifacts, summary_lines
+    from tests.asr_models import tiny_artifact
+
+    # The tiny model knows English letters and 你好天气: Czech letters, digits and 北京 are new.
+    model = save_artifact(tmp_path / "model", tiny_artifact(quantized=False))
+    rows = [("kůň 42", "cs", "cs+m1"), ("你好北京", "cmn", "cmn+f2"), ("good day", "en", "en+m3")]
+    corpus = labelled_corpus(tmp_path / "corpus", {"test": rows})
+
+    result = evaluate_artifacts(model, None, corpus, split="test")
+    assert result["utterances"] == 3  # nothing dropped
+    assert result["unseen_characters"] == 6 and result["unseen_utterances"] == 2
+    assert result["unseen"] == {"ů": 1, "ň": 1, "4": 1, "2": 1, "北": 1, "京": 1}
+    assert result["fp32"]["unseen_characters"] == 6
+    assert result["fp32"]["alphabet"]["fitted"]
+    # Every reference character counts, the unseen ones as errors the model cannot avoid.
+    assert result["fp32"]["greedy"]["characters"]["reference_length"] == sum(
+        len(text) for text, _, _ in rows
+    )
+    assert any("never saw in training: 6 in 2 utterances" in line for line in summary_lines(result))
+
+
 def test_launch_refuses_a_missing_corpus_and_a_bad_config(
     settings: Settings, tmp_path: Path
 ) -> None:
