@@ -9,7 +9,10 @@ Following the registry (the stack's ``asr_serving`` service), the server polls `
 downloads each new version's folder once and swaps it in between requests; responses name the
 ``model_version`` they were computed with (what the ``asr`` DAG's deploy step waits for).
 
-``MODEL_DIR`` holds ``asr_model.pt`` and, from ``cascade asr compile --model MODEL_DIR``,
+``MODEL_DIR`` holds ``asr_model.pt`` with its alphabet, ``asr_model.vocabulary.json`` (fitted
+from the training transcripts; a model stored before alphabets were fitted has none and is
+served with the fixed alphabet its ``.pt`` lists, which the log says), and, from
+``cascade asr compile --model MODEL_DIR``,
 ``asr_int8.pt2``: requests are transcribed with that int8 package when it was built from this
 very model file (``asr_compiled.json`` names its digest), else with the eager fp32 model (the
 reason is logged and every response names its ``backend``).

@@ -27,7 +27,6 @@ import argparse
 import json
 import sys
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -174,11 +173,8 @@ def evaluate_model(
     ][:20]
     if beam > 0:
         report[f"beam{beam}"] = error_report(data.texts, beamed, data.languages, sources, alphabet)
-    unseen: Counter[str] = Counter()
-    for text in data.texts:
-        unseen.update(alphabet.unseen(text))
-    report["unseen_characters"] = sum(unseen.values())
-    report["unseen"] = dict(unseen.most_common())
+    # The references' characters this model's alphabet lacks (data may be read with another's).
+    report.update(data.encoded(alphabet).unseen_report())
     report["alphabet"] = {"size": len(alphabet), "fitted": alphabet.fitted}
     report["seconds"] = time.perf_counter() - started
     return report
