@@ -647,13 +647,14 @@ def write_outputs(
         .items()
     )
     rows = pd.read_parquet(out / "manifest", columns=["split", "shard", "language", "num_tokens"])
+    languages = sorted(rows["language"].unique())
     shard_stats = [
         {
             "split": split,
             "shard": int(shard),
             "path": f"shards/split={split}/shard={shard}",
             "rows": len(part),
-            "languages": {str(k): int(v) for k, v in part["language"].value_counts().items()},
+            "languages": {lang: int((part["language"] == lang).sum()) for lang in languages},
             "mean_tokens": float(part["num_tokens"].mean()),
             "max_tokens": int(part["num_tokens"].max()),
         }
