@@ -59,18 +59,19 @@ def estimate_training_s(
     the threads each of ``processes`` workers gets, times the config's step counts. Start-up
     and the final evaluation are not included."""
     from compilers.export import torch_threads
-    from models.asr.config_registry import ALPHABET, get_config
+    from models.asr.config_registry import get_config
     from models.asr.corpus import collate, epoch_batches, load_split
     from models.asr.rsq import distillation_loss, prepare_qat
     from models.asr.train import build_model, ctc
 
     config = get_config(config_name)
     pool = config.batch_size * config.bucket_batches
-    data = load_split(
-        corpus, "train", ALPHABET, limit=min(pool, config.max_train_utterances or pool)
-    )
+    # The alphabet of these utterances: training fits the corpus's, of about this size.
+    data = load_split(corpus, "train", None, limit=min(pool, config.max_train_utterances or pool))
     if len(data) == 0:
         raise ValueError(f"{corpus} has no training utterances to time a step on")
+    assert data.alphabet is not None
+    config = config.sized_for(data.alphabet)
     batches = epoch_batches(
         data.lengths, batch_size=config.batch_size, pool_batches=config.bucket_batches,
         seed=config.seed, epoch=0,

@@ -210,6 +210,8 @@ def error_rates(forward: Any, alphabet: Any, frame: pd.DataFrame) -> dict[str, A
         "utterances": len(refs),
         "foreign_tokens": foreign,
         "foreign_tokens_unrestricted": foreign_plain,
+        # Reference characters the model has no output for (never in its training transcripts).
+        "unseen_characters": sum(sum(alphabet.unseen(r).values()) for r in refs),
         "references": refs,
         "hypotheses": hyps,
         "languages": languages,
@@ -510,6 +512,7 @@ def _compile_variants(
     ``result``."""
     from benchmarks.compiled_inference import served_shapes
     from compilers.asr import compile_asr, corpus_features, count_recompiles
+    from models.asr.artifact import artifact_files
     from models.asr.compiled import (
         FP32_FILE,
         INT8_FILE,
@@ -526,7 +529,8 @@ def _compile_variants(
     fp32_compiled, int8_compiled = work / "compiled-fp32", work / "compiled-int8"
     for source, target in zip(model_dirs, (fp32_compiled, int8_compiled), strict=True):
         target.mkdir(parents=True, exist_ok=True)
-        shutil.copy(source / "asr_model.pt", target / "asr_model.pt")
+        for part in artifact_files(source):  # the weights and their vocabulary
+            shutil.copy(part, target / part.name)
     calibration = None
     if not (quantized.quantization or {}).get("activation_ranges"):
         calibration = corpus_features(corpus, "train", artifact.n_mels, limit=32)

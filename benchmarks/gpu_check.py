@@ -413,8 +413,8 @@ def check_inductor(
 
 def asr_utterances(config: Any, count: int, seed: int) -> Any:
     """``count`` synthetic utterances of 2.5 to 4 s (log-mel-like features, float16 as a corpus
-    stores them) with transcripts of 25 to 45 characters (ids of the alphabet, no blank)."""
-    from models.asr.config_registry import ALPHABET
+    stores them) with transcripts of 25 to 45 characters (ids of the config's output layer, no
+    blank)."""
     from models.asr.corpus import Utterances
 
     rng = np.random.default_rng(seed)
@@ -430,7 +430,9 @@ def asr_utterances(config: Any, count: int, seed: int) -> Any:
             torch.from_numpy(rng.normal(-4.0, 2.0, (int(t), n_mels)).astype(np.float16))
             for t in frames
         ],
-        targets=[torch.from_numpy(rng.integers(1, len(ALPHABET), int(c))).long() for c in chars],
+        targets=[
+            torch.from_numpy(rng.integers(1, config.model.vocab_size, int(c))).long() for c in chars
+        ],
         n_mels=n_mels,
     )
 

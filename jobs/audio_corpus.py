@@ -10,10 +10,12 @@ espeak-ng (:mod:`jobs.speech_synth`) on the Spark executors. :func:`build_corpus
 - pairs every WAV with its transcript (either side missing is a quarantined row);
 - decodes and validates each file: empty (0 bytes), unreadable (not RIFF/WAVE), header cut
   short, data cut short (fewer frames than the header declares), unsupported format, clipped,
-  sample rate outside ``CorpusConfig.rates``, transcript characters outside the vocabulary →
-  quarantine with the reason (``audio: KIND: detail``, kinds as
+  sample rate outside ``CorpusConfig.rates``, a transcript with nothing left after
+  normalization → quarantine with the reason (``audio: KIND: detail``, kinds as
   :class:`~domains.speech.audio_features.WavError` names them);
-- resamples to 16 kHz, filters on duration and speaking rate, normalizes the transcript;
+- normalizes the transcript (:func:`~domains.speech.audio_features.normalize_transcript`: any
+  script and digits kept; no fixed alphabet, the model fits its own from the training split);
+- resamples to 16 kHz, filters on duration and speaking rate;
 - computes log-mel filterbank features (25 ms windows, 10 ms hop, ``n_mels`` bins);
 - splits by voice (speaker-disjoint train/dev/test, a hash of the voice name);
 - writes parquet shards per split and a manifest (one row per utterance, no features) plus the
@@ -41,7 +43,6 @@ from domains.speech.audio_features import (
     decode_wav,
     log_mel,
     normalize_transcript,
-    out_of_vocabulary,
     resample,
 )
 from jobs.quarantine import count_reasons, empty_files
@@ -112,9 +113,11 @@ def process_one(
     if clipped > config.clip_share:
         return {**row, "reason": f"audio: clipped ({clipped:.1%} of samples at full scale)"}
     normalized = normalize_transcript(row["text"])
-    bad = out_of_vocabulary(normalized, row["language"])
-    if not normalized or bad:
-        return {**row, "reason": f"transcript: characters outside the vocabulary {bad}"}
+    if not normalized:
+        return {
+            **row,
+            "reason": "transcript: empty after normalization (no letter, mark or digit)",
+        }
     audio = resample(samples, rate)
     seconds = len(audio) / SAMPLE_RATE
     rate_cps = len(normalized.replace(" ", "")) / seconds

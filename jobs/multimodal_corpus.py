@@ -10,7 +10,9 @@ A landing batch (:mod:`jobs.multimodal_sources`) is ``images/`` plus ``captions.
    validate the image (empty, unreadable, truncated, too small, extreme aspect ratio, uniform,
    an SVG that does not rasterize -> quarantine with the reason), pad it to a square on white
    (alpha composited), resize to ``side`` x ``side`` RGB; normalize the caption (NFKC,
-   whitespace) and check its language tag (``en``/``zh``, the script must match). Accepted: what
+   whitespace) and read its language tag: any language (:func:`language_tag`), only a tag
+   that is no language code or contradicts the script (``zh`` without Chinese characters,
+   ``en`` with them) is quarantined. Accepted: what
    Pillow decodes (PNG, JPEG, GIF, WebP, BMP, TIFF...) and SVG, rasterized by cairosvg in a
    child process with a timeout and size caps (:mod:`jobs.svg_raster`).
 2. ``hashing``: a 64-bit perceptual hash (:func:`phash`) per image, cut into
@@ -24,7 +26,8 @@ A landing batch (:mod:`jobs.multimodal_sources`) is ``images/`` plus ``captions.
    stays. An image shared by pairs in different languages (a stamp's English and Chinese
    caption) is one group but not a duplicate: translations are kept.
 4. ``write``: a character tokenizer (:mod:`domains.captions.tokenizer`) fitted on the train
-   captions, token ids per pair, parquet shards ``shards/split=S/shard=K`` with ``pair_id``,
+   captions, whatever their languages (a model trained on the corpus keeps it), token ids per
+   pair, parquet shards ``shards/split=S/shard=K`` with ``pair_id``,
    ``image`` (``side*side*3`` uint8 bytes, HWC), ``token_ids``, ``caption``, ``language``,
    ``source``; ``manifest`` (no pixels), ``quarantine`` and ``duplicates`` (with reasons),
    ``shards.json`` (rows, languages, mean tokens per shard), ``tokenizer.json`` and
@@ -37,6 +40,7 @@ import argparse
 import hashlib
 import io
 import json
+import re
 import sys
 import time
 import unicodedata
@@ -52,7 +56,9 @@ from jobs.quarantine import count_reasons, empty_files
 from jobs.svg_raster import SvgRasterizer
 
 SPLITS = ("train", "val", "test")
-LANGUAGES = ("en", "zh")
+LANGUAGE_TAG = re.compile(r"[a-z]{2,3}|und")
+"""A caption's language as the corpus stores it: the tag's primary subtag, an ISO 639 code
+(``und``: undetermined)."""
 STOP_WORDS = frozenset("a an the and of at in on to is with".split())
 
 
@@ -122,15 +128,18 @@ def normalize_caption(text: str) -> str:
 
 
 def language_tag(declared: str | None, caption: str) -> str:
-    """``en`` or ``zh`` from the declared tag (``zh_CN``, ``zh-TW``, ``EN``...) or the script.
+    """The caption's language, any language: the primary subtag of the declared tag (``zh_CN``,
+    ``zh-TW``, ``EN``, ``cs-CZ``...) lower-cased; without a tag, ``zh`` for a caption with
+    Chinese characters, ``en`` for plain ASCII, else ``und`` (undetermined).
 
-    ValueError for another language, or when the script contradicts the tag."""
+    ValueError for a tag that is no ISO 639 code, or when the script contradicts ``zh`` or
+    ``en`` (the two languages whose script this checks)."""
     has_cjk = any(is_cjk(c) for c in caption)
-    if not declared:
-        return "zh" if has_cjk else "en"
+    if not declared or not declared.strip():
+        return "zh" if has_cjk else "en" if caption.isascii() else "und"
     tag = declared.strip().lower().replace("-", "_").split("_")[0]
-    if tag not in LANGUAGES:
-        raise ValueError(f"unsupported {declared!r} (expected one of {list(LANGUAGES)})")
+    if not LANGUAGE_TAG.fullmatch(tag):
+        raise ValueError(f"not a language tag: {declared!r} (an ISO 639 code such as en, cs, zh)")
     if tag == "zh" and not has_cjk:
         raise ValueError("tagged zh but has no Chinese characters")
     if tag == "en" and has_cjk:
@@ -638,13 +647,14 @@ def write_outputs(
         .items()
     )
     rows = pd.read_parquet(out / "manifest", columns=["split", "shard", "language", "num_tokens"])
+    languages = sorted(rows["language"].unique())
     shard_stats = [
         {
             "split": split,
             "shard": int(shard),
             "path": f"shards/split={split}/shard={shard}",
             "rows": len(part),
-            "languages": {lang: int((part["language"] == lang).sum()) for lang in LANGUAGES},
+            "languages": {lang: int((part["language"] == lang).sum()) for lang in languages},
             "mean_tokens": float(part["num_tokens"].mean()),
             "max_tokens": int(part["num_tokens"].max()),
         }

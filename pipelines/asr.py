@@ -192,7 +192,8 @@ def _cer_tolerance() -> float:
 
 
 def held_out_cer(artifact: Path, corpus: Path) -> dict[str, Any]:
-    """The served (int8) model's CER and WER on the corpus test split (held-out voices)."""
+    """The served (int8) model's CER and WER on the corpus test split (held-out voices), and
+    how many reference characters it has no output for (its alphabet never held them)."""
     from models.asr.evaluate import evaluate_artifacts
 
     evaluation = evaluate_artifacts(artifact, artifact, corpus, split="test")
@@ -200,6 +201,7 @@ def held_out_cer(artifact: Path, corpus: Path) -> dict[str, Any]:
         "cer": evaluation["cer_int8"],
         "wer": evaluation["wer_int8"],
         "utterances": evaluation["utterances"],
+        "unseen_characters": evaluation["unseen_characters"],
     }
 
 
@@ -249,7 +251,14 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
             challenger=challenger_cer["cer"],
             champion=champion_cer["cer"],
             rows=f"the same {utterances} held-out utterances",
-            details={"utterances": utterances},
+            details={
+                "utterances": utterances,
+                # A champion fitted to older data may lack characters this partition holds.
+                "unseen_characters": {
+                    "challenger": challenger_cer["unseen_characters"],
+                    "champion": champion_cer["unseen_characters"],
+                },
+            },
         )
 
     def report(decision: Decision) -> dict[str, Any]:
@@ -523,7 +532,7 @@ PIPELINE = Pipeline(
             "split by voice on Spark; bad files quarantined; nothing landed: the run is skipped",
             timeout_minutes=30,
             outlets=(ASSET_SPEECH_CORPUS,),
-            dvc_deps=("jobs/audio_corpus.py", "jobs/speech_synth.py"),
+            dvc_deps=("jobs/audio_corpus.py", "jobs/speech_synth.py", "domains/speech"),
             dvc_outs=(".cascade/lake/corpora/speech/dt=${ds}",),
             params={"config": CONFIG_ENV},
         ),

@@ -9,7 +9,10 @@ Following the registry (the stack's ``asr_serving`` service), the server polls `
 downloads each new version's folder once and swaps it in between requests; responses name the
 ``model_version`` they were computed with (what the ``asr`` DAG's deploy step waits for).
 
-``MODEL_DIR`` holds ``asr_model.pt`` and, from ``cascade asr compile --model MODEL_DIR``,
+``MODEL_DIR`` holds ``asr_model.pt`` with its alphabet, ``asr_model.vocabulary.json`` (fitted
+from the training transcripts; a model stored before alphabets were fitted has none and is
+served with the fixed alphabet its ``.pt`` lists, which the log says), and, from
+``cascade asr compile --model MODEL_DIR``,
 ``asr_int8.pt2``: requests are transcribed with that int8 package when it was built from this
 very model file (``asr_compiled.json`` names its digest), else with the eager fp32 model (the
 reason is logged and every response names its ``backend``).
@@ -37,6 +40,15 @@ restricts decoding to that language's characters (the space and the blank always
 anything else is a 400 naming the languages the model knows. Without one, decoding is
 unrestricted (every character of the output layer; no language detection), and the response's
 ``language`` parameter is null.
+
+The utterance's known transcript, optional: ``"parameters": {"reference": "..."}`` (a client
+that labels its audio, or checks a model on it). The utterance is transcribed all the same; the
+reference is normalized as training transcripts are
+(:func:`~domains.speech.audio_features.normalize_transcript`) and the response's parameters add
+``reference_cer`` (the transcript's character error rate against it), ``unseen_characters``
+(how many of its characters the model has no output for: none of its training transcripts held
+them) and ``unseen`` (those characters). A character the model never saw is counted, never a
+reason to refuse the utterance.
 
 Response outputs: ``transcript`` (BYTES ``[1]``), ``words`` (BYTES ``[W]``), ``word_start_s`` and
 ``word_end_s`` (FP32 ``[W]``), ``duration_s`` (FP32 ``[1]``); ``parameters`` name the backend
@@ -81,6 +93,7 @@ from domains.speech.audio_features import (
     WavError,
     decode_wav,
     log_mel,
+    normalize_transcript,
     read_wav_header,
     resample,
 )
@@ -94,6 +107,7 @@ from models.asr.compiled import (
     model_digest,
 )
 from models.asr.inference import transcribe
+from models.asr.metrics import cer
 from models.asr.model import Alphabet
 from serving.v2_codec import (
     INFERENCE_HEADER,
@@ -110,6 +124,8 @@ AUDIO_INPUT = "audio"
 MODEL_DIR_ENV = "CASCADE_ASR_MODEL_DIR"
 LANGUAGE_PARAMETER = "language"
 """Request parameter naming the utterance's language."""
+REFERENCE_PARAMETER = "reference"
+"""Request parameter carrying the utterance's known transcript (optional)."""
 LANGUAGE_HEADER = "content-language"
 """HTTP header that names it as well (``Content-Language: en``), for a binary request."""
 MAX_BODY_BYTES = 16 << 20
@@ -260,6 +276,31 @@ def request_language(parameters: Any, alphabet: Alphabet) -> str | None:
         raise AudioRejected(400, str(exc)) from None
 
 
+def request_reference(parameters: Any) -> str | None:
+    """The known transcript a request carries (``parameters["reference"]``), normalized as the
+    training transcripts were; ``None`` for none; AudioRejected 400 for a value that is not a
+    string."""
+    value = (parameters or {}).get(REFERENCE_PARAMETER) if isinstance(parameters, Mapping) else None
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise AudioRejected(
+            400, f"the '{REFERENCE_PARAMETER}' parameter must be the transcript as a string"
+        )
+    return normalize_transcript(value)
+
+
+def reference_report(alphabet: Alphabet, reference: str, transcript: str) -> dict[str, Any]:
+    """What a response says of its reference: the transcript's CER against it, and its
+    characters the model has no output for (counted, sorted)."""
+    unseen = alphabet.unseen(reference)
+    return {
+        "reference_cer": cer([reference], [transcript]) if reference else None,
+        "unseen_characters": sum(unseen.values()),
+        "unseen": sorted(unseen),
+    }
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoadedAsr:
     """One loaded model version: the file, and the forward pass requests use."""
@@ -277,6 +318,13 @@ def load_model_dir(model_dir: Path, *, prefer_compiled: bool = True) -> LoadedAs
     """The model in ``model_dir``, on its int8 package when that was built from this file."""
     model_dir = Path(model_dir)
     artifact = load_artifact(model_dir)
+    if not artifact.alphabet.fitted:
+        log.warning(
+            "%s was stored before alphabets were fitted: decoding with the fixed alphabet of "
+            "%d characters its file lists (retrain it to fit one from its corpus)",
+            model_dir,
+            len(artifact.alphabet) - 1,
+        )
     digest = model_digest(model_dir)
     reason = "compiled artifacts not wanted"
     if prefer_compiled:
@@ -386,9 +434,15 @@ class AsrModel(Model):
                 "(BYTES [1], a WAV file)"
             )
         language = request_language(payload.parameters, loaded.artifact.alphabet)
+        reference = request_reference(payload.parameters)
         content = audio_bytes(inputs[AUDIO_INPUT])
         result = await asyncio.to_thread(self.transcribe_wav, loaded, content, language)
         words = result["words"]
+        checked = (
+            {}
+            if reference is None
+            else reference_report(loaded.artifact.alphabet, reference, result["text"])
+        )
         return InferResponse(
             response_id=payload.id or uuid.uuid4().hex,
             model_name=self.name,
@@ -421,6 +475,7 @@ class AsrModel(Model):
                 "model_digest": loaded.digest[:16],
                 "model_version": loaded.version,
                 "language": language,
+                **checked,
             },
         )
 

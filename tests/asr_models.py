@@ -7,12 +7,17 @@ from pathlib import Path
 import torch
 
 from compilers.asr import asr_example, calibrate_activation_ranges, compile_asr
+from domains.speech.audio_features import NORMALIZATION
 from models.asr.artifact import AsrArtifact, save_artifact
 from models.asr.model import Alphabet, ConvDFSMN, ConvDFSMNConfig
 
 ENGLISH = "abcdefghijklmnopqrstuvwxyz'"
 MANDARIN = "你好天气"
-ALPHABET = Alphabet(ENGLISH + MANDARIN + " ", {"english": ENGLISH, "mandarin": MANDARIN})
+ALPHABET = Alphabet(
+    ENGLISH + MANDARIN + " ",
+    {"english": ENGLISH, "mandarin": MANDARIN},
+    normalization=NORMALIZATION,
+)
 """Two languages, as the real alphabet: decoding restricted to one has something to leave out."""
 TINY = ConvDFSMNConfig(
     n_mels=40,

@@ -1,10 +1,15 @@
-"""Character tokenizer with byte fallback for the image-text corpus (English and Chinese).
+"""Character tokenizer with byte fallback for the image-text corpus, captions in any language.
 
-Built from the training captions by the corpus job, saved as JSON beside the corpus and beside
-every model trained on it (a model reads captions with its own), nothing downloaded. Ids:
-four specials, then the 256 UTF-8 bytes, then the most frequent characters. A character not in
-the vocabulary is spelled as its UTF-8 bytes, so every string round-trips exactly; Chinese
-characters common enough in training get one id each instead of three byte ids.
+Fitted from the corpus's training captions by the corpus job (:meth:`CaptionTokenizer.fit` /
+:meth:`~CaptionTokenizer.from_counts`: nothing about a language is written down here), saved as
+JSON (``tokenizer.json``) beside the corpus and beside every model trained on it; evaluation
+and the registered model read captions with the model's own copy
+(:func:`models.multimodal.stored.stored_tokenizer`), nothing downloaded. Ids: four specials,
+then the 256 UTF-8 bytes, then the most frequent characters. A character not in the vocabulary
+(one no training caption held often enough) is spelled as its UTF-8 bytes, so every string in
+any script round-trips exactly; characters common enough in training (Chinese, Czech letters
+with diacritics, ...) get one id each instead of two to four byte ids.
+:meth:`CaptionTokenizer.unseen` counts the characters that fall back to bytes.
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ class CaptionTokenizer:
             (c for c, n in counts.items() if n >= min_count), key=lambda c: (-counts[c], c)
         )
         return cls(chars=tuple(ranked[:max_chars]))
+
+    def unseen(self, text: str) -> int:
+        """Characters of ``text`` without an id of their own (spelled as their bytes)."""
+        return sum(c not in self._index for c in text)
 
     def encode(self, text: str) -> list[int]:
         """``[BOS, ids..., EOS]``."""

@@ -1,9 +1,29 @@
 """Audio features shared by the speech corpus job, the ASR trainer, its compiler and its server:
-WAV decoding, resampling to 16 kHz, log-mel filterbank features, transcript normalization and
-the model's alphabet, and the settings that bound all of them (:class:`CorpusConfig`).
+WAV decoding, resampling to 16 kHz, log-mel filterbank features, the transcript normalization,
+and the settings that bound all of them (:class:`CorpusConfig`).
 
 No Spark here: :mod:`jobs.audio_corpus` runs these on the executors, the server on each request,
 so serving hears what training heard.
+
+The transcript normalization (:func:`normalize_transcript`, :data:`NORMALIZATION` names it) is
+the only language-neutral rule applied to text; the model's output alphabet is then fitted from
+the normalized training transcripts (:meth:`models.asr.model.Alphabet.fit`), nothing about a
+language's letters is written down here. In order:
+
+1. Unicode NFKC (compatibility composition): full-width and other compatibility forms become
+   their plain characters (``Ａ`` -> ``A``, ``２`` -> ``2``, ``ﬁ`` -> ``fi``), and a letter with
+   a combining accent becomes one precomposed character where Unicode has one (``e`` + U+0301 ->
+   ``é``).
+2. Lower case with Python's full Unicode mapping (:meth:`str.lower`, not ``casefold``: German
+   ``ß`` stays ``ß``, Greek final ``ς`` stays distinct), then NFKC again.
+3. Kept as characters: every letter, combining mark and number (Unicode categories ``L*``,
+   ``M*``, ``N*``), so any script and the digits ``0-9`` survive; typographic apostrophes
+   (``’ ʼ ‘``) become ``'``, kept only between two kept characters (``don't``, ``l'été``).
+4. Everything else (punctuation, symbols, controls, quotes, hyphens) becomes a space; whitespace
+   runs collapse to one space, trimmed.
+
+A transcript with nothing left is empty text (quarantined by the corpus job); any other
+transcript is kept, whatever its script.
 """
 
 from __future__ import annotations
@@ -23,55 +43,56 @@ MANDARIN_PHRASES = (
     "一", "二", "三", "四", "五", "六", "七", "八", "九", "十", "上", "下", "左", "右", "是", "不",
     "电话", "消息", "火车", "车站", "时间", "分钟", "小时", "咖啡", "茶", "水", "苹果", "新闻",
 )  # fmt: skip
-"""Mandarin phrases the synthetic corpus speaks (:mod:`jobs.speech_synth`); their characters
-are the Mandarin part of :data:`VOCABULARY`."""
+"""Mandarin phrases the synthetic corpus speaks (:mod:`jobs.speech_synth`)."""
 HUMAN_VOICE_PREFIX = "human-"
 """Voice names of real people's recordings (:mod:`jobs.speech_human`): evaluation-only, the
 corpus always puts them in the test split."""
 
 SAMPLE_RATE = 16_000
-LATIN = "abcdefghijklmnopqrstuvwxyz' "
-CYRILLIC = "абвгдежзийклмнопрстуфхцчшщъыьэюя "
-ENGLISH_VOCAB = frozenset(LATIN)
-MANDARIN_VOCAB = frozenset("".join(MANDARIN_PHRASES))
-LANGUAGE_VOCABULARIES: dict[str, frozenset[str]] = {
-    "english": ENGLISH_VOCAB,
-    "mandarin": MANDARIN_VOCAB,
-    # The languages people read Tux Paint's stamp descriptions in (jobs.speech_human): each
-    # language's letters after normalize_transcript (lower case, NFKC).
-    "french": frozenset(LATIN + "àâæçéèêëîïôœùûüÿ"),
-    "spanish": frozenset(LATIN + "áéíñóúü"),
-    "catalan": frozenset(LATIN + "àçéèíïòóúü"),
-    "romanian": frozenset(LATIN + "ăâîșț"),
-    "danish": frozenset(LATIN + "æøåé"),
-    "dutch": frozenset(LATIN + "áéèëïóöü"),
-    "lithuanian": frozenset(LATIN + "ąčęėįšųūž"),
-    "russian": frozenset(CYRILLIC + "ё"),
-    "bulgarian": frozenset(set(CYRILLIC) - set("ыэ")),
-    "belarusian": frozenset((set(CYRILLIC) - set("ищъ")) | set("іўё'")),
-    "greek": frozenset("αβγδεζηθικλμνξοπρστυφχψωςάέήίόύώϊϋΐΰ "),
-}
-"""Each language's characters (keys are :func:`language_group` names): the ASR model stores them
-beside its alphabet, and decoding for an utterance of one language emits only its characters."""
-VOCABULARY = frozenset().union(*LANGUAGE_VOCABULARIES.values())
-"""Characters a transcript may hold after normalization (the model's output alphabet)."""
-LANGUAGE_CODES = {
+NORMALIZATION = "nfkc-lower-letters-marks-numbers/1"
+"""Names the transcript normalization above; a fitted alphabet records it, so a model says
+which normalization its characters come from."""
+LANGUAGE_NAMES = {
     "en": "english", "cmn": "mandarin", "zh": "mandarin", "fr": "french", "es": "spanish",
     "ca": "catalan", "ro": "romanian", "da": "danish", "nl": "dutch", "lt": "lithuanian",
     "ru": "russian", "bg": "bulgarian", "be": "belarusian", "el": "greek",
 }  # fmt: skip
-"""ISO 639 codes of the languages of :data:`LANGUAGE_VOCABULARIES`."""
+"""Names of the languages of the bundled recordings, by ISO 639 code: how their corpus tags
+are grouped (``cmn`` and ``zh`` are one language). Any other code is its own group."""
 
 
 def language_group(language: str) -> str:
-    """The language a corpus code or a request names: ``english`` for ``en`` and every English
+    """The language a corpus tag or a request names: ``english`` for ``en`` and every English
     accent (``en-us``, ``en-gb-x-rp``), ``mandarin`` for ``cmn``/``zh`` codes, ``french`` for
-    ``fr``/``fr-ca`` and so on (:data:`LANGUAGE_CODES`), the group names themselves, else the
-    code lower-cased."""
+    ``fr``/``fr-ca`` and so on (:data:`LANGUAGE_NAMES`), the names themselves; any other tag is
+    its primary subtag lower-cased (``cs-CZ`` -> ``cs``, ``de_AT`` -> ``de``)."""
     code = language.strip().lower().replace("_", "-")
-    if code in LANGUAGE_VOCABULARIES:
+    if code in LANGUAGE_NAMES.values():
         return code
-    return LANGUAGE_CODES.get(code.split("-")[0], code)
+    primary = code.split("-")[0]
+    return LANGUAGE_NAMES.get(primary, primary)
+
+
+_APOSTROPHES = str.maketrans({"’": "'", "ʼ": "'", "‘": "'"})
+_KEPT = ("L", "M", "N")
+"""Unicode general categories (first letter) of the characters a transcript keeps."""
+
+
+def normalize_transcript(text: str) -> str:
+    """The transcript normalization of this module's docstring: NFKC, lower case, letters, marks
+    and numbers kept in any script, apostrophes kept inside words, the rest a space."""
+    text = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).lower())
+    text = text.translate(_APOSTROPHES)
+    kept = [unicodedata.category(c)[0] in _KEPT for c in text]
+    out = []
+    for i, char in enumerate(text):
+        if kept[i]:
+            out.append(char)
+        elif char == "'" and 0 < i < len(text) - 1 and kept[i - 1] and kept[i + 1]:
+            out.append(char)
+        else:
+            out.append(" ")
+    return " ".join("".join(out).split())
 
 
 MIN_SECONDS = 0.3
@@ -125,27 +146,6 @@ class CorpusConfig:
 
     def write_tasks(self, rows: int) -> int:
         return max(self.shards, -(-rows // self.rows_per_shard))
-
-
-_SPELLINGS = str.maketrans({"’": "'", "ʼ": "'", "‘": "'", "ş": "ș", "ţ": "ț"})
-"""Typographic apostrophes as ``'``; Romanian s/t with cedilla as the comma-below letters."""
-
-
-def normalize_transcript(text: str) -> str:
-    """Lower case, NFKC, typographic apostrophes and Romanian cedillas unified, punctuation
-    dropped, whitespace collapsed; Mandarin kept as is."""
-    text = unicodedata.normalize("NFKC", text).lower().translate(_SPELLINGS)
-    kept = [c if (c.isalnum() or c in "' ") else " " for c in text]
-    return " ".join("".join(kept).split())
-
-
-def out_of_vocabulary(text: str, language: str | None = None) -> list[str]:
-    """Characters of a normalized transcript outside the vocabulary: outside ``language``'s
-    characters (and the space) when it is a language the model knows, else outside all of
-    :data:`VOCABULARY`."""
-    known = LANGUAGE_VOCABULARIES.get(language_group(language)) if language else None
-    allowed = VOCABULARY if known is None else known | {" "}
-    return sorted({c for c in text if c not in allowed})
 
 
 class WavError(ValueError):

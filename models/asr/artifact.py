@@ -1,22 +1,35 @@
-"""The trained ASR model on disk: one ``asr_model.pt`` holding everything needed to transcribe.
+"""The trained ASR model on disk: ``asr_model.pt`` (weights and config) and beside it
+``asr_model.vocabulary.json`` (its output alphabet, plain JSON).
 
-Training writes it, evaluation, the compiler passes, serving and the benchmark read it. The file is
-a ``torch.save`` of a plain dict (loadable with ``weights_only=True``):
+Training writes both, evaluation, the compiler passes, serving and the benchmark read them. The
+``.pt`` file is a ``torch.save`` of a plain dict (loadable with ``weights_only=True``):
 
 - ``config``: :class:`~models.asr.model.ConvDFSMNConfig` fields;
-- ``alphabet``: the output characters, id ``i + 1`` for ``alphabet[i]`` (0 is the CTC blank);
-- ``languages``: language name -> its characters (decoding for one language emits only those,
-  the space and the blank); a file without it gets them from the characters' scripts
-  (:func:`~models.asr.model.script_languages`);
+- ``vocabulary``: ``{"file": NAME, "sha256": DIGEST}``, the vocabulary file beside it and the
+  digest of its bytes (a load refuses another file; the ``.pt`` digest, which ties compiled
+  packages and served responses to a model, so covers its alphabet too);
 - ``n_mels``: features the model expects (log-mel, 25 ms windows every 10 ms at 16 kHz);
 - ``state_dict``: fp32 weights;
 - ``quantization``: ``None`` for a float model, else what range-scaled int8 inference needs
   (``bits`` and per-layer ``activation_ranges``, module name -> clipping range of its input);
 - ``meta``: free-form facts (training config name, data fingerprint, metrics, MLflow run id).
+
+The vocabulary file (:meth:`~models.asr.model.Alphabet.to_json`) holds the characters fitted
+from the training transcripts (id ``i + 1`` for ``characters[i]``, 0 is the CTC blank), each
+language's characters (decoding for one language emits only those, the space and the blank),
+the name of the transcript normalization and each character's count in training.
+
+Models stored before alphabets were fitted carry no vocabulary file: their ``.pt`` holds the
+fixed alphabet they were trained with as a plain list (``alphabet``, with ``languages`` or
+without: then the characters' scripts give them, :func:`~models.asr.model.script_languages`).
+Such a model loads with that alphabet, its ``normalization`` is ``None``
+(:attr:`~models.asr.model.Alphabet.fitted` is False), and serving and evaluation say so.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +39,7 @@ import torch
 from models.asr.model import Alphabet, ConvDFSMN, ConvDFSMNConfig
 
 FILENAME = "asr_model.pt"
+VOCABULARY_SUFFIX = ".vocabulary.json"
 
 
 @dataclass
@@ -43,23 +57,74 @@ def artifact_file(path: Path) -> Path:
     return path if path.suffix == ".pt" else path / FILENAME
 
 
+def vocabulary_file(path: Path) -> Path:
+    """The vocabulary file of the model file ``path`` (``asr_model.pt`` ->
+    ``asr_model.vocabulary.json`` beside it)."""
+    target = artifact_file(path)
+    return target.with_name(target.stem + VOCABULARY_SUFFIX)
+
+
+def artifact_files(path: Path) -> list[Path]:
+    """The files one stored model is made of (what a copy of it must take): the ``.pt`` and,
+    for a model with a fitted alphabet, its vocabulary file."""
+    target = artifact_file(path)
+    vocabulary = vocabulary_file(target)
+    return [target, vocabulary] if vocabulary.is_file() else [target]
+
+
+def _atomic_write(target: Path, write: Any) -> None:
+    tmp = target.with_name(target.name + ".tmp")
+    write(tmp)
+    tmp.replace(target)
+
+
 def save_artifact(path: Path, artifact: AsrArtifact) -> Path:
+    """Write the model file and its vocabulary file (the vocabulary first: a model file is
+    never there without the vocabulary it names)."""
     target = artifact_file(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    vocabulary = vocabulary_file(target)
+    text = json.dumps(artifact.alphabet.to_json(), ensure_ascii=False, indent=1) + "\n"
+    data = text.encode("utf-8")
+    _atomic_write(vocabulary, lambda tmp: tmp.write_bytes(data))
     state = {k: v.detach().cpu().clone() for k, v in artifact.model.state_dict().items()}
     payload = {
         "config": artifact.model.config.to_dict(),
-        "alphabet": list(artifact.alphabet.characters),
-        "languages": {k: list(v) for k, v in artifact.alphabet.languages.items()},
+        "vocabulary": {"file": vocabulary.name, "sha256": hashlib.sha256(data).hexdigest()},
         "n_mels": int(artifact.n_mels),
         "state_dict": state,
         "quantization": artifact.quantization,
         "meta": dict(artifact.meta),
     }
-    tmp = target.with_suffix(".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(target)
+    _atomic_write(target, lambda tmp: torch.save(payload, tmp))
     return target
+
+
+def _stored_alphabet(target: Path, payload: dict[str, Any]) -> Alphabet:
+    """The model's alphabet: from the vocabulary file its ``.pt`` names, or for a model stored
+    before alphabets were fitted, the fixed alphabet listed in the ``.pt`` itself."""
+    reference = payload.get("vocabulary")
+    if reference is None:
+        return Alphabet(payload["alphabet"], payload.get("languages"))
+    if not isinstance(reference, dict) or not isinstance(reference.get("file"), str):
+        raise ValueError(f"{target}: its 'vocabulary' entry must name a file and its sha256")
+    path = target.with_name(Path(reference["file"]).name)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{target} keeps its alphabet in {path.name}, which is missing; copy that file "
+            "with the model (training writes and logs the two together)"
+        )
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != reference.get("sha256"):
+        raise ValueError(
+            f"{path} is not the vocabulary {target.name} was saved with (its sha256 differs); "
+            "restore the file saved with the model"
+        )
+    try:
+        parsed = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from None
+    return Alphabet.from_json(parsed, where=str(path))
 
 
 def load_artifact(path: Path) -> AsrArtifact:
@@ -68,13 +133,15 @@ def load_artifact(path: Path) -> AsrArtifact:
     if not target.is_file():
         raise FileNotFoundError(f"no ASR model at {target}")
     payload = torch.load(target, map_location="cpu", weights_only=True)
-    missing = {"config", "alphabet", "n_mels", "state_dict"} - set(payload)
+    missing = {"config", "n_mels", "state_dict"} - set(payload)
+    if "vocabulary" not in payload and "alphabet" not in payload:
+        missing.add("vocabulary")
     if missing:
         raise ValueError(f"{target} is not an ASR model file (missing {sorted(missing)})")
     model = ConvDFSMN(ConvDFSMNConfig(**payload["config"]))
     model.load_state_dict(payload["state_dict"])
     model.eval()
-    alphabet = Alphabet(payload["alphabet"], payload.get("languages"))
+    alphabet = _stored_alphabet(target, payload)
     if len(alphabet) != model.config.vocab_size:
         raise ValueError(
             f"{target}: alphabet of {len(alphabet)} ids but the model outputs "

@@ -17,17 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from domains.speech.audio_features import LANGUAGE_VOCABULARIES, VOCABULARY
 from models.asr.corpus import Augmentation
 from models.asr.model import Alphabet, ConvDFSMNConfig
 
-ALPHABET = Alphabet(sorted(VOCABULARY), LANGUAGE_VOCABULARIES)
-"""The output characters: every character a corpus transcript may hold, so a model trained on
-any corpus of the job has the same output layer."""
-
 
 def _model(**changes: Any) -> ConvDFSMNConfig:
-    return ConvDFSMNConfig(vocab_size=len(ALPHABET), **changes)
+    # vocab_size is the default's until training fits the alphabet (sized_for).
+    return ConvDFSMNConfig(**changes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +33,8 @@ class AsrTrainConfig:
     name: str
     """Config name, as given to :func:`get_config`; logged with the run."""
     model: ConvDFSMNConfig = field(default_factory=_model)
-    """Shape of the network (``vocab_size`` must be that of :data:`ALPHABET`)."""
+    """Shape of the network. Its ``vocab_size`` is set by training (:meth:`sized_for`): the
+    output characters are fitted from the training corpus, so a named config does not fix it."""
     corpus_utterances: int = 8_000
     """Utterances to land for this config (``jobs.audio_corpus land --count``): what its figures
     were measured on. Training uses whatever corpus it is given."""
@@ -107,11 +104,6 @@ class AsrTrainConfig:
             raise TypeError(
                 f"augmentation must be an Augmentation, got {type(self.augmentation).__name__}"
             )
-        if self.model.vocab_size != len(ALPHABET):
-            raise ValueError(
-                f"model.vocab_size must be {len(ALPHABET)} (the corpus alphabet plus blank), "
-                f"got {self.model.vocab_size}"
-            )
         positive = {
             "corpus_utterances": self.corpus_utterances,
             "batch_size": self.batch_size,
@@ -145,6 +137,11 @@ class AsrTrainConfig:
             raise ValueError(f"int8_max_cer_delta must be in [0, 1], got {self.int8_max_cer_delta}")
         if self.gradient_clipping < 0:
             raise ValueError("gradient_clipping must be >= 0 (0 = off)")
+
+    def sized_for(self, alphabet: Alphabet) -> AsrTrainConfig:
+        """This config with the output layer of ``alphabet`` (its characters plus the blank)."""
+        model = dataclasses.replace(self.model, vocab_size=len(alphabet))
+        return dataclasses.replace(self, model=model)
 
     @property
     def levels(self) -> int:

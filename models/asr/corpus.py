@@ -8,10 +8,12 @@ with one row per utterance (log-mel features stored as float16 bytes, see
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from domains.speech.audio_features import features_of
+from domains.speech.audio_features import NORMALIZATION, features_of
 from models.asr.model import Alphabet
 
 SILENCE = math.log(1e-6)
@@ -37,7 +39,15 @@ class Utterances:
     voices: list[str]
     features: list[torch.Tensor]
     targets: list[torch.Tensor]
+    """Ids of each transcript's characters the alphabet it was read with has (all of them for
+    the training split, whose alphabet is fitted from it)."""
     n_mels: int
+    unseen: Counter[str] = field(default_factory=Counter)
+    """Characters of the transcripts outside that alphabet, with their counts."""
+    unseen_utterances: int = 0
+    """Utterances holding at least one of them."""
+    alphabet: Alphabet | None = None
+    """The alphabet the targets are ids of."""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -53,7 +63,7 @@ class Utterances:
         def take(values: list[Any]) -> list[Any]:
             return [values[i] for i in picked]
 
-        return Utterances(
+        picked_data = Utterances(
             ids=take(self.ids),
             texts=take(self.texts),
             languages=take(self.languages),
@@ -61,7 +71,41 @@ class Utterances:
             features=take(self.features),
             targets=take(self.targets),
             n_mels=self.n_mels,
+            alphabet=self.alphabet,
         )
+        return picked_data if self.alphabet is None else picked_data.encoded(self.alphabet)
+
+    def encoded(self, alphabet: Alphabet | None) -> Utterances:
+        """The same utterances with targets (and unseen characters) of ``alphabet``; ``None``:
+        an alphabet fitted from these transcripts (what a model trained on them outputs)."""
+        if alphabet is None:
+            alphabet = fit_alphabet(self)
+        unseen: Counter[str] = Counter()
+        holding = 0
+        targets = []
+        for text in self.texts:
+            missing = alphabet.unseen(text)
+            unseen.update(missing)
+            holding += bool(missing)
+            targets.append(torch.tensor(alphabet.encode_known(text), dtype=torch.long))
+        return dataclasses.replace(
+            self, targets=targets, unseen=unseen, unseen_utterances=holding, alphabet=alphabet
+        )
+
+    def unseen_report(self) -> dict[str, Any]:
+        """``unseen_characters`` (occurrences), ``unseen_utterances`` and ``unseen`` (each
+        character with its count, most frequent first): what summaries report."""
+        return {
+            "unseen_characters": sum(self.unseen.values()),
+            "unseen_utterances": self.unseen_utterances,
+            "unseen": dict(self.unseen.most_common()),
+        }
+
+
+def fit_alphabet(data: Utterances) -> Alphabet:
+    """The alphabet of ``data``'s transcripts (:meth:`~models.asr.model.Alphabet.fit`): the
+    corpus job normalized them with :func:`~domains.speech.audio_features.normalize_transcript`."""
+    return Alphabet.fit(data.texts, data.languages, normalization=NORMALIZATION)
 
 
 def corpus_n_mels(corpus: Path) -> int:
@@ -76,9 +120,11 @@ def corpus_n_mels(corpus: Path) -> int:
 
 
 def load_split(
-    corpus: Path, split: str, alphabet: Alphabet, *, limit: int | None = None
+    corpus: Path, split: str, alphabet: Alphabet | None, *, limit: int | None = None
 ) -> Utterances:
-    """The utterances of ``split`` ordered by id (the first ``limit`` of them when given)."""
+    """The utterances of ``split`` ordered by id (the first ``limit`` of them when given), their
+    targets in ``alphabet`` (a model's; ``None``: one fitted from these transcripts). Characters
+    the alphabet lacks are counted in :attr:`Utterances.unseen`, the utterance kept."""
     corpus = Path(corpus)
     n_mels = corpus_n_mels(corpus)
     folder = corpus / "shards" / f"split={split}"
@@ -97,9 +143,9 @@ def load_split(
         languages=[r["language"] for r in rows],
         voices=[r["voice"] for r in rows],
         features=[torch.from_numpy(features_of(r, n_mels).astype(np.float16)) for r in rows],
-        targets=[torch.tensor(alphabet.encode(r["transcript"]), dtype=torch.long) for r in rows],
+        targets=[],
         n_mels=n_mels,
-    )
+    ).encoded(alphabet)
 
 
 def epoch_batches(

@@ -12,7 +12,11 @@ most frequent confusions, and the same per language (English, Mandarin, ...) and
 characters (the corpus row's language; ``--unrestricted`` turns that off), and
 ``foreign_tokens`` counts output characters outside the utterance's language: of the decoding
 reported, and of plain unrestricted greedy decoding (``foreign_tokens_unrestricted``, what the
-output layer alone would emit). The int8 figures come from the artifact's weights
+output layer alone would emit). Reference characters outside the model's alphabet (fitted from
+its training transcripts, so a character no training utterance held) are counted,
+``unseen_characters`` with each character's count in ``unseen``: the model cannot emit them, so
+each is an error in the CER, and the utterance is scored like any other. The int8 figures come
+from the artifact's weights
 fake-quantized with its ``quantization`` record (:func:`models.asr.rsq.quantized_model`): what
 the int8 artifact built from it by ``compilers/`` computes.
 """
@@ -169,6 +173,9 @@ def evaluate_model(
     ][:20]
     if beam > 0:
         report[f"beam{beam}"] = error_report(data.texts, beamed, data.languages, sources, alphabet)
+    # The references' characters this model's alphabet lacks (data may be read with another's).
+    report.update(data.encoded(alphabet).unseen_report())
+    report["alphabet"] = {"size": len(alphabet), "fitted": alphabet.fitted}
     report["seconds"] = time.perf_counter() - started
     return report
 
@@ -190,7 +197,9 @@ def evaluate_artifacts(
     how many recordings a partition happens to hold), else on every utterance
     (``headline_source`` says which). Per source: ``cer_synthetic_*``, ``cer_people_*`` (and
     ``cer_human_*``, the older name), each model's report under ``fp32`` / ``int8`` with
-    ``per_source`` and ``per_language``; ``cer_by_language_*`` and ``foreign_tokens_*``."""
+    ``per_source`` and ``per_language``; ``cer_by_language_*`` and ``foreign_tokens_*``;
+    ``unseen_characters``, ``unseen_utterances`` and ``unseen``: reference characters outside
+    the fp32 model's alphabet (each model's report has its own count)."""
     float_artifact = load_artifact(fp32)
     data = load_split(corpus, split, float_artifact.alphabet)
     if len(data) == 0:
@@ -208,6 +217,7 @@ def evaluate_artifacts(
         "sources": {s: sources.count(s) for s in SOURCES if s in sources},
         "headline_source": headline,
         "restricted_to_language": restrict,
+        **data.unseen_report(),
     }
     models = [("fp32", float_artifact.model, float_artifact)]
     if int8 is not None:
@@ -272,6 +282,12 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         if kind in result
     )
     lines.append(f"output characters outside the utterance's language: {foreign}")
+    if result.get("unseen_characters"):
+        shown = "".join(list(result["unseen"])[:20])
+        lines.append(
+            f"characters the model never saw in training: {result['unseen_characters']} in "
+            f"{result['unseen_utterances']} utterances ({shown}), each counted as an error"
+        )
     return lines
 
 

@@ -11,6 +11,7 @@ block, so the model streams with a fixed delay: :attr:`ConvDFSMN.lookahead_frame
 from __future__ import annotations
 
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -235,12 +236,28 @@ def script_languages(characters: Iterable[str]) -> dict[str, list[str]]:
     return out
 
 
+VOCABULARY_FORMAT = "cascade.asr.vocabulary/1"
+"""The ``format`` of a stored vocabulary (:meth:`Alphabet.to_json`)."""
+
+
 class Alphabet:
     """Characters <-> ids (blank = 0), and the characters of each language the model speaks
-    (the space and the blank belong to every language)."""
+    (the space and the blank belong to every language).
+
+    A trained model's alphabet is fitted from its training transcripts (:meth:`fit`): every
+    character they hold after normalization, digits and any script included, and per language
+    the characters its utterances used. ``normalization`` names the normalization those
+    transcripts went through (``None``: an alphabet not fitted from data, e.g. the fixed one of a
+    model stored before alphabets were fitted); ``counts`` how often each character occurred in
+    training."""
 
     def __init__(
-        self, characters: Sequence[str], languages: Mapping[str, Iterable[str]] | None = None
+        self,
+        characters: Sequence[str],
+        languages: Mapping[str, Iterable[str]] | None = None,
+        *,
+        normalization: str | None = None,
+        counts: Mapping[str, int] | None = None,
     ) -> None:
         chars = sorted(set(characters))
         self.characters = chars
@@ -249,9 +266,72 @@ class Alphabet:
         self.languages: dict[str, list[str]] = {
             name: sorted(set(members) & set(chars)) for name, members in table.items()
         }
+        self.normalization = normalization
+        self.counts = {c: int(n) for c, n in (counts or {}).items() if c in self._ids}
+
+    @classmethod
+    def fit(
+        cls, transcripts: Iterable[str], languages: Iterable[str | None], *, normalization: str
+    ) -> Alphabet:
+        """The characters of normalized ``transcripts`` (plus the space, which separates words in
+        every language), and per language (:func:`~domains.speech.audio_features.
+        language_group` of each utterance's tag; an utterance without one adds to no language)
+        the characters its utterances hold."""
+        counts: Counter[str] = Counter()
+        members: dict[str, set[str]] = {}
+        for text, language in zip(transcripts, languages, strict=True):
+            counts.update(text)
+            if language:
+                members.setdefault(language_group(language), set()).update(set(text) - {" "})
+        return cls(sorted(set(counts) | {" "}), members, normalization=normalization, counts=counts)
+
+    @property
+    def fitted(self) -> bool:
+        """Fitted from training transcripts (not a fixed alphabet of an older model)."""
+        return self.normalization is not None
 
     def __len__(self) -> int:
         return len(self.characters) + 1
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Alphabet) and (
+            self.characters,
+            self.languages,
+            self.normalization,
+        ) == (other.characters, other.languages, other.normalization)
+
+    def to_json(self) -> dict[str, object]:
+        """What :meth:`from_json` reads back: plain JSON, stored beside the model's weights."""
+        return {
+            "format": VOCABULARY_FORMAT,
+            "normalization": self.normalization,
+            "characters": list(self.characters),
+            "languages": {k: list(v) for k, v in sorted(self.languages.items())},
+            "counts": {c: self.counts[c] for c in self.characters if c in self.counts},
+        }
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, object], *, where: str = "vocabulary") -> Alphabet:
+        if not isinstance(payload, Mapping) or payload.get("format") != VOCABULARY_FORMAT:
+            raise ValueError(
+                f"{where} is not an ASR vocabulary (format {VOCABULARY_FORMAT!r} expected)"
+            )
+        characters = payload.get("characters")
+        languages = payload.get("languages")
+        if not isinstance(characters, list) or not all(
+            isinstance(c, str) and len(c) == 1 for c in characters
+        ):
+            raise ValueError(f"{where}: 'characters' must be a list of single characters")
+        if not isinstance(languages, Mapping):
+            raise ValueError(f"{where}: 'languages' must map a language to its characters")
+        normalization = payload.get("normalization")
+        counts = payload.get("counts") or {}
+        return cls(
+            characters,
+            {str(k): list(v) for k, v in languages.items()},
+            normalization=None if normalization is None else str(normalization),
+            counts=counts if isinstance(counts, Mapping) else {},
+        )
 
     def language_of(self, language: str) -> str:
         """The known language ``language`` names (``en-us`` -> ``english``), or ValueError."""
@@ -286,11 +366,23 @@ class Alphabet:
             return 0
         return sum(char not in members for char in text)
 
+    def unseen(self, text: str) -> Counter[str]:
+        """Characters of ``text`` the model has no output for (never in its training
+        transcripts), with how often each occurs: the model cannot emit them, so each is an
+        error in its CER, counted and reported, never a reason to drop the utterance."""
+        return Counter(c for c in text if c not in self._ids)
+
     def encode(self, text: str) -> list[int]:
-        missing = sorted({c for c in text if c not in self._ids})
+        """Ids of ``text``; ValueError naming characters the alphabet lacks (training text is
+        always covered: the alphabet is fitted from it)."""
+        missing = sorted(self.unseen(text))
         if missing:
             raise ValueError(f"characters outside the alphabet: {missing}")
         return [self._ids[c] for c in text]
+
+    def encode_known(self, text: str) -> list[int]:
+        """Ids of the characters of ``text`` the alphabet has (the others are :meth:`unseen`)."""
+        return [self._ids[c] for c in text if c in self._ids]
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self.characters[i - 1] for i in ids if i != BLANK)

@@ -5,7 +5,8 @@ package); the register step adds ``MLmodel``, the code file :mod:`models.asr.mlf
 signature and an input example there (:func:`save_pyfunc`) before it records the folder's
 digests. ``mlflow.pyfunc.load_model("models:/asr/N")`` then runs the code file from the
 downloaded folder and :class:`AsrPyfunc` reads ``asr_model.pt`` beside it with
-``torch.load(weights_only=True)``: nothing is unpickled. It needs this repository's
+``torch.load(weights_only=True)`` and its alphabet from ``asr_model.vocabulary.json`` (JSON):
+nothing is unpickled. It needs this repository's
 ``models.asr`` importable where it is loaded. The pipeline and the server do not load it this
 way: they check the digests and read the files themselves.
 

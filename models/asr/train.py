@@ -12,6 +12,12 @@ starts ``--processes`` (default: the settings' ``train_processes``, 2) workers u
 Make a corpus with the corpus job (``cascade asr synthesize --count 8000 --landing L``
 then ``build --landing L --out CORPUS``). From Python (the DAG's step) call :func:`train_asr`.
 
+The output alphabet is fitted from the normalized transcripts of the utterances the run trains
+on (:meth:`models.asr.model.Alphabet.fit`: any script, digits included, each language's
+characters), and the config's output layer sized to it; both model files store it
+(``asr_model.vocabulary.json``, :mod:`models.asr.artifact`), and the result reports it
+(``alphabet``) with the test and dev characters it lacks (``unseen``, counted as errors).
+
 Phases, each a DeepSpeed run of its own: ``fp32`` (CTC loss, SpecAugment, warm-up then linear
 decay) and ``qat``: the fp32 weights with every Linear/Conv1d range-scale fake-quantized to int8
 (:mod:`models.asr.rsq`), trained on ``(1 - a) * CTC + a * KL(fp32 teacher || student)``; the
@@ -79,11 +85,11 @@ from cascade.training.resumable_run import (
     open_resumable_run,
     reachable_tracking,
 )
-from models.asr.artifact import AsrArtifact, save_artifact
-from models.asr.config_registry import ALPHABET, CONFIGS, AsrTrainConfig, get_config
+from models.asr.artifact import AsrArtifact, artifact_files, save_artifact
+from models.asr.config_registry import CONFIGS, AsrTrainConfig, get_config
 from models.asr.corpus import Batch, Utterances, collate, corpus_n_mels, epoch_batches, load_split
 from models.asr.evaluate import source_of
-from models.asr.model import BLANK, ConvDFSMN
+from models.asr.model import BLANK, Alphabet, ConvDFSMN
 from models.asr.rsq import (
     distillation_loss,
     float_state_dict,
@@ -324,9 +330,16 @@ def run_fingerprint(config: AsrTrainConfig, corpus: Path) -> str:
     return fingerprint([config.to_dict(), str(corpus.resolve()), summary], sort_keys=True)
 
 
-def _mlflow_run(settings: Settings, out: Path, config: AsrTrainConfig, corpus: Path) -> str:
+def _mlflow_run(
+    settings: Settings, out: Path, config: AsrTrainConfig, corpus: Path, alphabet: Alphabet
+) -> str:
     """Start the run, or reopen the one an interrupted attempt recorded in ``OUT/RUN_MARKER``."""
-    params = config.flat_params() | {"corpus": str(corpus), "alphabet_size": str(len(ALPHABET))}
+    params = config.flat_params() | {
+        "corpus": str(corpus),
+        "alphabet_size": str(len(alphabet)),
+        "alphabet_languages": ",".join(sorted(alphabet.languages)),
+        "normalization": str(alphabet.normalization),
+    }
     inputs = {f"{corpus.parent.name}/{corpus.name}": corpus}
     return open_resumable_run(
         settings, EXPERIMENT, out / RUN_MARKER, f"asr-{config.name}", params, inputs=inputs
@@ -336,13 +349,26 @@ def _mlflow_run(settings: Settings, out: Path, config: AsrTrainConfig, corpus: P
 def training_utterances(config: AsrTrainConfig, corpus: Path) -> Utterances:
     """The corpus's training split as ``config`` trains on it: its first
     ``max_train_utterances`` by id, without the recordings of people unless
-    ``config.train_people``."""
-    data = load_split(corpus, "train", ALPHABET, limit=config.max_train_utterances)
+    ``config.train_people``; its ``alphabet`` fitted from exactly these transcripts (every
+    rank fits the same one: the fit is a function of the rows)."""
+    data = load_split(corpus, "train", None, limit=config.max_train_utterances)
     if not config.train_people:
         data = data.subset([source_of(voice) == "synthetic" for voice in data.voices])
+        data = data.encoded(None)
     if len(data) == 0:
         raise ValueError(f"{corpus} has no training utterances for config {config.name!r}")
     return data
+
+
+def describe_alphabet(alphabet: Alphabet) -> dict[str, Any]:
+    """What a run reports of its fitted alphabet: size (with the blank), characters per
+    language, the normalization, and the characters themselves."""
+    return {
+        "size": len(alphabet),
+        "languages": {k: len(v) for k, v in sorted(alphabet.languages.items())},
+        "normalization": alphabet.normalization,
+        "characters": "".join(alphabet.characters),
+    }
 
 
 def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] | None:
@@ -354,6 +380,9 @@ def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] 
     corpus, out = Path(corpus), Path(out)
     n_mels = corpus_n_mels(corpus)
     data = training_utterances(config, corpus)
+    assert data.alphabet is not None
+    alphabet = data.alphabet
+    config = config.sized_for(alphabet)
     if rank == 0 and keep_only_run(
         out, run_fingerprint(config, corpus), (CHECKPOINTS, "phases", RUN_MARKER, CURVES_DIR)
     ):
@@ -362,13 +391,19 @@ def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] 
     settings = load_settings()
     run_id = None
     if rank == 0:
-        run_id = _mlflow_run(settings, out, config, corpus)
+        run_id = _mlflow_run(settings, out, config, corpus, alphabet)
         hours = float(data.lengths.sum()) * 0.01 / 3600
         print(
             f"[asr] config={config.name} world={world} train={len(data)} utterances "
             f"({hours:.2f} h, {len(set(data.voices))} voices) n_mels={n_mels} "
             f"zero={config.zero_stage} mlflow={settings.tracking_uri} run={run_id} "
             f"pid={os.getpid()}",
+            flush=True,
+        )
+        languages = ", ".join(f"{k} {len(v)}" for k, v in sorted(alphabet.languages.items()))
+        print(
+            f"[asr] alphabet fitted from the training transcripts: {len(alphabet) - 1} "
+            f"characters + blank ({languages or 'no language tags'})",
             flush=True,
         )
     clock = {"t": time.monotonic()}
@@ -394,7 +429,14 @@ def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] 
         if rank == 0:
             assert run_id is not None
             result = finish(
-                config, corpus, out, states, run_id=run_id, started=started, world=world
+                config,
+                corpus,
+                out,
+                states,
+                alphabet=alphabet,
+                run_id=run_id,
+                started=started,
+                world=world,
             )
     return result
 
@@ -405,6 +447,7 @@ def finish(
     out: Path,
     states: dict[str, dict[str, torch.Tensor]],
     *,
+    alphabet: Alphabet,
     run_id: str,
     started: float,
     world: int,
@@ -443,7 +486,7 @@ def finish(
             out / kind,
             AsrArtifact(
                 model=model.eval(),
-                alphabet=ALPHABET,
+                alphabet=alphabet,
                 n_mels=n_mels,
                 quantization=quantization,
                 meta={**meta, "precision": kind, **extra},
@@ -480,6 +523,9 @@ def finish(
         "int8_cer_delta": evaluation["int8_cer_delta"],
         **per_language,
         "test_utterances": float(evaluation["utterances"]),
+        "alphabet_size": float(len(alphabet)),
+        "unseen_characters_test": float(evaluation["unseen_characters"]),
+        "unseen_utterances_test": float(evaluation["unseen_utterances"]),
         "train_seconds": time.monotonic() - started,
     }
     if config.eval_beam:
@@ -487,6 +533,7 @@ def finish(
         metrics["cer_int8_beam"] = evaluation["cer_int8_beam"]
     if dev is not None:
         metrics["dev_cer_fp32"], metrics["dev_cer_int8"] = dev["cer_fp32"], dev["cer_int8"]
+        metrics["unseen_characters_dev"] = float(dev["unseen_characters"])
     # The files carry their own figures (the serving and compile steps read them from there).
     fp32_path = save(
         fp32, "fp32", None, {"metrics": {"cer": metrics["cer_fp32"], "wer": metrics["wer_fp32"]}}
@@ -513,8 +560,9 @@ def finish(
     mlflow.log_metrics(metrics)
     mlflow.log_dict(confusions, "confusions.json")
     mlflow.log_artifact(str(out / "evaluation.json"))
-    mlflow.log_artifact(str(fp32_path), "fp32")
-    mlflow.log_artifact(str(int8_path), "int8")
+    for kind, path in (("fp32", fp32_path), ("int8", int8_path)):
+        for part in artifact_files(path):  # the weights and the fitted vocabulary
+            mlflow.log_artifact(str(part), kind)
     result = {
         **metrics,
         "run_id": run_id,
@@ -524,6 +572,11 @@ def finish(
         "fp32_artifact": str(fp32_path),
         "int8_artifact": str(int8_path),
         "activation_ranges": record["activation_ranges"],
+        "alphabet": describe_alphabet(alphabet),
+        "unseen": {
+            "test": evaluation["unseen"],
+            **({} if dev is None else {"dev": dev["unseen"]}),
+        },
         "goals": {
             "cer_fp32_at_most_5pct": metrics["cer_fp32"] <= 0.05,
             "int8_within_0.2_points": abs(metrics["int8_cer_delta"]) <= 0.2,

@@ -164,7 +164,16 @@ def score_split(
         raise ValueError(f"{corpus} has {len(pairs)} {split} pairs; retrieval needs >= 2")
     torch.manual_seed(0)  # the gate's random token selection
     metrics = retrieval_metrics(model, retokenized(pairs, tokenizer, max_tokens))
-    return {**metrics, "eval_pairs": len(pairs), "split": split, "corpus": str(corpus)}
+    # Caption characters the model's tokenizer never saw often enough in training: read as
+    # their UTF-8 bytes, counted so a corpus in another script shows.
+    unseen = sum(tokenizer.unseen(caption) for caption in pairs.captions)
+    return {
+        **metrics,
+        "eval_pairs": len(pairs),
+        "split": split,
+        "corpus": str(corpus),
+        "unseen_characters": unseen,
+    }
 
 
 def score_stored_model(

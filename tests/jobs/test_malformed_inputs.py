@@ -146,7 +146,7 @@ AUDIO_FAULTS = {
         "open the door",
         "audio:clipped",
     ),
-    "vocabulary": (wav(1.0), "señor", "transcript:characters outside the vocabulary"),
+    "punctuation-only": (wav(1.0), "?! …", "transcript:empty after normalization"),
     "too-slow": (wav(6.0), "a", "speaking rate"),
     "no-transcript": (wav(1.0), None, "transcript missing"),
     "no-audio": (None, "open the door", "audio missing"),

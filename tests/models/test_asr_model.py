@@ -111,6 +111,107 @@ def test_artifact_round_trip_and_clear_errors(tmp_path) -> None:
         load_artifact(tmp_path / "foreign.pt")
 
 
+def test_an_alphabet_is_fitted_from_transcripts_in_any_language_and_stored_as_json(
+    tmp_path,
+) -> None:
+    import json
+
+    from domains.speech.audio_features import NORMALIZATION, normalize_transcript
+    from models.asr.artifact import (
+        AsrArtifact,
+        artifact_files,
+        load_artifact,
+        save_artifact,
+        vocabulary_file,
+    )
+
+    # Czech diacritics, German ß, digits and Mandarin outside the synthetic phrases.
+    corpus = [
+        ("Kůň žere 3 jablka", "cs-CZ"),
+        ("Příliš žluťoučký", "cs"),
+        ("Die Straße 12", "de"),
+        ("我爱北京", "zh"),
+        ("号码 42", "cmn"),
+    ]
+    texts = [normalize_transcript(t) for t, _ in corpus]
+    alphabet = Alphabet.fit(texts, [lang for _, lang in corpus], normalization=NORMALIZATION)
+    assert set("ůňžřčťýß123") <= set(alphabet.characters)
+    assert {"我", "爱", "北", "京", "号", "码", "4", "2", " "} <= set(alphabet.characters)
+    assert set(alphabet.languages) == {"cs", "de", "mandarin"}
+    assert "ß" in alphabet.languages["de"] and "ß" not in alphabet.languages["cs"]
+    assert set(alphabet.languages["mandarin"]) == set("我爱北京号码42")
+    assert alphabet.counts["ž"] == 2 and alphabet.fitted
+    for text in texts:  # every training transcript is covered, round trip exact
+        assert alphabet.decode(alphabet.encode(text)) == text
+    # A character no training transcript held: counted, never a failure of decoding.
+    assert alphabet.unseen("kůň qwq x") == {"q": 2, "w": 1, "x": 1}
+    assert alphabet.encode_known("kůň ř") == alphabet.encode("kůň ř")
+    assert alphabet.encode_known("kůň ä") == alphabet.encode("kůň ")
+    with pytest.raises(ValueError, match=r"outside the alphabet: \['ä'\]"):
+        alphabet.encode("ä")
+
+    model = ConvDFSMN(ConvDFSMNConfig(vocab_size=len(alphabet), blocks=2, hidden=16, memory=8))
+    save_artifact(tmp_path, AsrArtifact(model=model, alphabet=alphabet, n_mels=40))
+    stored = json.loads(vocabulary_file(tmp_path).read_text(encoding="utf-8"))
+    assert stored["characters"] == alphabet.characters and stored["normalization"] == NORMALIZATION
+    assert artifact_files(tmp_path) == [tmp_path / "asr_model.pt", vocabulary_file(tmp_path)]
+    loaded = load_artifact(tmp_path)
+    assert loaded.alphabet == alphabet and loaded.alphabet.counts == alphabet.counts
+
+    # The model file names its vocabulary's digest: another file is refused, a missing one too.
+    changed = dict(stored, characters=stored["characters"][::-1])
+    vocabulary_file(tmp_path).write_text(json.dumps(changed), encoding="utf-8")
+    with pytest.raises(ValueError, match="not the vocabulary asr_model.pt was saved with"):
+        load_artifact(tmp_path)
+    vocabulary_file(tmp_path).unlink()
+    with pytest.raises(FileNotFoundError, match="asr_model.vocabulary.json, which is missing"):
+        load_artifact(tmp_path)
+
+
+def test_a_model_stored_before_alphabets_were_fitted_loads_with_its_fixed_alphabet(
+    tmp_path,
+) -> None:
+    from models.asr.artifact import artifact_files, load_artifact
+    from models.asr.corpus import Utterances
+
+    fixed = "abcdefghijklmnopqrstuvwxyz' 你好"
+    model = ConvDFSMN(ConvDFSMNConfig(vocab_size=len(fixed) + 1, blocks=2, hidden=16, memory=8))
+    # The layout of such a file: the alphabet a plain list inside the .pt, no vocabulary file.
+    torch.save(
+        {
+            "config": model.config.to_dict(),
+            "alphabet": sorted(fixed),
+            "n_mels": 40,
+            "state_dict": model.state_dict(),
+            "quantization": None,
+            "meta": {},
+        },
+        tmp_path / "asr_model.pt",
+    )
+    loaded = load_artifact(tmp_path)
+    assert loaded.alphabet.characters == sorted(fixed) and not loaded.alphabet.fitted
+    assert loaded.alphabet.languages["mandarin"] == ["你", "好"]
+    assert artifact_files(tmp_path) == [tmp_path / "asr_model.pt"]
+    # Evaluated on a corpus with digits and Czech letters: the utterances stay, the characters
+    # it has no output for are counted.
+    data = Utterances(
+        ids=["a", "b"],
+        texts=["kůň 3", "hello"],
+        languages=["cs", "en"],
+        voices=["v", "v"],
+        features=[torch.zeros(5, 40), torch.zeros(5, 40)],
+        targets=[],
+        n_mels=40,
+    ).encoded(loaded.alphabet)
+    assert len(data) == 2 and data.unseen_report() == {
+        "unseen_characters": 3,
+        "unseen_utterances": 1,
+        "unseen": {"ů": 1, "ň": 1, "3": 1},
+    }
+    assert data.subset([True, False]).unseen_report()["unseen_characters"] == 3
+    assert data.subset([False, True]).unseen_report()["unseen_characters"] == 0
+
+
 def test_transcript_has_character_and_word_times() -> None:
     from models.asr.inference import Transcript, emission_times
 

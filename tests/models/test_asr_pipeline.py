@@ -13,7 +13,7 @@ import torch
 
 from cascade.config import Settings
 from cascade.lake import Lake
-from models.asr.artifact import AsrArtifact, save_artifact
+from models.asr.artifact import AsrArtifact, artifact_files, save_artifact
 from models.asr.model import Alphabet, ConvDFSMN, ConvDFSMNConfig, ctc_loss
 from models.asr.rsq import float_state_dict, prepare_qat, quantization_record
 from pipelines import asr as pipeline
@@ -87,7 +87,8 @@ def _trained(settings: Settings, ds: str, artifact: Path, *, gate_passed: bool =
     mlflow.set_tracking_uri(settings.tracking_uri)
     mlflow.set_experiment("asr-test")
     with mlflow.start_run() as run:
-        mlflow.log_artifact(str(artifact), pipeline.SERVED_ARTIFACT_PATH)
+        for part in artifact_files(artifact):  # the weights and their vocabulary, as training
+            mlflow.log_artifact(str(part), pipeline.SERVED_ARTIFACT_PATH)
     evaluation = evaluate_artifacts(artifact, artifact, pipeline.corpus_dir(lake, ds))
     for kind, result in (
         ("asr_train", {"run_id": run.info.run_id, "int8_artifact": str(artifact),
@@ -124,6 +125,7 @@ def test_registry_promotes_on_held_out_cer_and_respects_the_compile_gate(
     )  # fmt: skip
     assert follower.refresh() and not follower.refresh()
     assert [v for _, v in swaps] == ["1"] and load_artifact(swaps[0][0]).quantization
+    assert load_artifact(swaps[0][0]).alphabet == ALPHABET  # its vocabulary came with it
 
     _trained(settings, "2026-11-21", bad)
     second = pipeline.register("2026-11-21", settings=settings)
@@ -131,6 +133,7 @@ def test_registry_promotes_on_held_out_cer_and_respects_the_compile_gate(
     comparison = second["comparison"]
     assert comparison["champion"] < 0.2 < comparison["challenger"]
     assert comparison["utterances"] == len(TEXTS)
+    assert comparison["unseen_characters"] == {"challenger": 0, "champion": 0}
     assert "worse than champion v1" in second["reasons"][0]
     # A retry registers nothing new and returns the stored decision.
     assert pipeline.register("2026-11-21", settings=settings) == second

@@ -15,20 +15,23 @@ import torch
 
 from cascade.config import Settings
 from cascade.training.crash_points import CRASH_ENV
-from domains.speech.audio_features import CorpusConfig
+from domains.speech.audio_features import NORMALIZATION, CorpusConfig
 from jobs.audio_corpus import process_one
 from jobs.speech_synth import synthesize, utterance_spec, write_wav
 from models.asr.artifact import load_artifact
-from models.asr.config_registry import ALPHABET, CONFIGS, AsrTrainConfig, get_config
+from models.asr.config_registry import CONFIGS, AsrTrainConfig, get_config
 from models.asr.corpus import SILENCE, collate, epoch_batches, load_split
 from models.asr.evaluate import error_report, int8_model
+from models.asr.model import Alphabet
 from models.asr.train import RUN_MARKER, train_asr, training_utterances
 
 
 def test_configs_are_complete_typed_and_validated() -> None:
     assert set(CONFIGS) == {"debug", "fast", "synthetic"}
     debug, fast, real = get_config("debug"), get_config("fast"), get_config("synthetic")
-    assert debug.model.vocab_size == fast.model.vocab_size == real.model.vocab_size == len(ALPHABET)
+    # The output layer is sized by training, from the alphabet fitted to its corpus.
+    sized = debug.sized_for(Alphabet("abc ", normalization=NORMALIZATION))
+    assert sized.model.vocab_size == 5 and sized.model.hidden == debug.model.hidden
     # fast sits between: more than debug's few steps, less compute than synthetic's.
     work = {
         c.name: c.fp32_steps * c.batch_size * c.model.hidden * c.model.blocks
@@ -45,8 +48,6 @@ def test_configs_are_complete_typed_and_validated() -> None:
         get_config("huge")
     with pytest.raises(ValueError, match="distill_weight"):
         dataclasses.replace(debug, distill_weight=1.5)
-    with pytest.raises(ValueError, match="vocab_size must be"):
-        dataclasses.replace(debug, model=dataclasses.replace(debug.model, vocab_size=5))
     with pytest.raises(ValueError, match="qat_steps must be >= 1"):
         dataclasses.replace(debug, qat_steps=0)
 
@@ -82,8 +83,10 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_batches_are_bucketed_padded_with_silence_and_reproducible(corpus: Path) -> None:
-    data = load_split(corpus, "train", ALPHABET)
+    data = load_split(corpus, "train", None)
     assert len(data) == 32 and data.ids == sorted(data.ids)
+    alphabet = data.alphabet
+    assert alphabet is not None and data.unseen_report()["unseen_characters"] == 0
     lengths = data.lengths
     batches = epoch_batches(lengths, batch_size=4, pool_batches=4, seed=0, epoch=3)
     assert sorted(np.concatenate(batches).tolist()) == list(range(32))
@@ -99,7 +102,7 @@ def test_batches_are_bucketed_padded_with_silence_and_reproducible(corpus: Path)
     assert batch.features.shape == (4, int(batch.lengths.max()), 40)
     assert torch.all(batch.features[short, int(batch.lengths[short]) :] == SILENCE)
     assert (
-        ALPHABET.decode(batch.targets[: int(batch.target_lengths[0])].tolist())
+        alphabet.decode(batch.targets[: int(batch.target_lengths[0])].tolist())
         == (data.texts[int(batches[0][0])])
     )
     augmented = collate(data, batches[0], np.random.default_rng(0))
@@ -160,7 +163,13 @@ def test_two_process_debug_run_learns_writes_both_models_and_resumes_after_a_kil
             strict=True,
         )
     )
-    assert int8_model(int8)(torch.randn(1, 30, 40)).shape[-1] == len(ALPHABET)
+    # The output layer is the alphabet fitted from the training transcripts, stored with both.
+    trained_on = load_split(corpus, "train", None).texts
+    assert int8.alphabet.fitted and int8.alphabet == fp32.alphabet
+    assert set(int8.alphabet.characters) == set("".join(trained_on)) | {" "}
+    assert int8_model(int8)(torch.randn(1, 30, 40)).shape[-1] == len(int8.alphabet)
+    assert result["alphabet"]["size"] == len(int8.alphabet)
+    assert result["unseen_characters_test"] == sum(result["unseen"]["test"].values())
     assert 0.0 <= result["cer_fp32"] <= 1.0 and 0.0 <= result["cer_int8"] <= 1.0
 
     client = mlflow.tracking.MlflowClient(tracking_uri=settings.tracking_uri)
@@ -195,6 +204,31 @@ def test_two_process_debug_run_learns_writes_both_models_and_resumes_after_a_kil
     assert resumed["activation_ranges"] == result["activation_ranges"]
     assert (resumed["cer_fp32"], resumed["cer_int8"]) == (result["cer_fp32"], result["cer_int8"])
     assert client.get_run(killed_run).info.status == "FINISHED"
+
+
+def test_evaluation_counts_characters_the_model_never_saw_and_keeps_their_utterances(
+    tmp_path: Path,
+) -> None:
+    from models.asr.artifact import save_artifact
+    from models.asr.evaluate import evaluate_artifacts, summary_lines
+    from tests.asr_models import tiny_artifact
+
+    # The tiny model knows English letters and 你好天气: Czech letters, digits and 北京 are new.
+    model = save_artifact(tmp_path / "model", tiny_artifact(quantized=False))
+    rows = [("kůň 42", "cs", "cs+m1"), ("你好北京", "cmn", "cmn+f2"), ("good day", "en", "en+m3")]
+    corpus = labelled_corpus(tmp_path / "corpus", {"test": rows})
+
+    result = evaluate_artifacts(model, None, corpus, split="test")
+    assert result["utterances"] == 3  # nothing dropped
+    assert result["unseen_characters"] == 6 and result["unseen_utterances"] == 2
+    assert result["unseen"] == {"ů": 1, "ň": 1, "4": 1, "2": 1, "北": 1, "京": 1}
+    assert result["fp32"]["unseen_characters"] == 6
+    assert result["fp32"]["alphabet"]["fitted"]
+    # Every reference character counts, the unseen ones as errors the model cannot avoid.
+    assert result["fp32"]["greedy"]["characters"]["reference_length"] == sum(
+        len(text) for text, _, _ in rows
+    )
+    assert any("never saw in training: 6 in 2 utterances" in line for line in summary_lines(result))
 
 
 def test_launch_refuses_a_missing_corpus_and_a_bad_config(
@@ -316,7 +350,13 @@ def test_a_config_without_people_trains_on_synthetic_voices_only(tmp_path: Path)
     assert both.voices == ["espeak-ng:en-1", "human-tuxpaint-fr", "flite:slt"]
     fast = get_config("fast")
     assert not fast.train_people
-    assert training_utterances(fast, corpus).voices == ["espeak-ng:en-1", "flite:slt"]
+    synthetic_only = training_utterances(fast, corpus)
+    assert synthetic_only.voices == ["espeak-ng:en-1", "flite:slt"]
+    # Each fits its alphabet to what it trains on: without the French reader, no 'b', 'j'...
+    assert both.alphabet is not None and {"b", "j", "n", "u"} <= set(both.alphabet.characters)
+    assert synthetic_only.alphabet is not None
+    assert synthetic_only.alphabet.characters == sorted(set("hello world"))
+    assert synthetic_only.alphabet.languages == {"english": sorted(set("helloworld"))}
     people_only = labelled_corpus(tmp_path / "people", {"train": [rows[1]]})
     with pytest.raises(ValueError, match="no training utterances for config 'fast'"):
         training_utterances(fast, people_only)

@@ -67,12 +67,13 @@ def test_a_landed_batch_runs_to_the_gate(
     assert validate["success"] and validate["rows"] == corpus["kept"]
 
 
-def test_a_batch_of_captions_in_a_language_the_corpus_refuses_ends_at_the_gate(
+def test_a_batch_of_captions_whose_tags_contradict_their_script_ends_at_the_gate(
     home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Captions in any language are kept; English captions all tagged Chinese are not."""
     batch = IMAGE_WRITERS["image_folder"](tmp_path / "source", 4)
     lines = (batch / "captions.jsonl").read_text().splitlines()
-    retagged = [json.dumps({**json.loads(line), "language": "fr"}) for line in lines]
+    retagged = [json.dumps({**json.loads(line), "language": "zh"}) for line in lines]
     (batch / "captions.jsonl").write_text("\n".join(retagged) + "\n")
 
     land_with_cli(capsys, "images", batch, DS)  # the format guessed from the folder

@@ -101,7 +101,8 @@ def test_asr_loads_the_standard_way(store: Settings, tmp_path: Path) -> None:
     _trained(store, DS, artifact)
     assert asr_pipeline.register(DS, settings=store)["version"] == "1"
     client = _use_store(store)
-    assert {*PYFUNC_FILES, "asr_model.pt"} <= _recorded(client, asr_pipeline.MODEL_NAME, "1")
+    recorded = _recorded(client, asr_pipeline.MODEL_NAME, "1")
+    assert {*PYFUNC_FILES, "asr_model.pt", "asr_model.vocabulary.json"} <= recorded
     # A repeated registration leaves the registered files alone.
     run_id = client.get_model_version(asr_pipeline.MODEL_NAME, "1").run_id
     assert not add_pyfunc_files(store, run_id, asr_pipeline.SERVED_ARTIFACT_PATH, save_pyfunc)

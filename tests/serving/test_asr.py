@@ -97,6 +97,44 @@ def test_serves_eager_when_the_package_is_missing_or_from_another_model(tmp_path
     assert load_model_dir(directory).backend == "eager"
 
 
+def test_a_reference_with_characters_the_model_never_saw_is_counted_not_refused(
+    tmp_path: Path,
+) -> None:
+    """In process, on the eager tiny model (alphabet: English letters and 你好天气): a request
+    with its known transcript is transcribed and answered with its CER and the reference's
+    characters the model has no output for; a reference that is not a string is a 400."""
+    import asyncio
+
+    from kserve import InferRequest
+    from kserve.protocol.infer_type import InferInput
+
+    from models.asr.metrics import cer
+    from serving.asr import AsrModel, AudioRejected
+
+    model = AsrModel(model_dir(tmp_path), prefer_compiled=False)
+    assert model.load() and model.backend == "eager"
+    audio = InferInput(name="audio", shape=[1], datatype="BYTES", data=[espeak_wav()])
+
+    def infer(parameters: dict[str, Any] | None) -> dict[str, Any]:
+        request = InferRequest(
+            model_name="asr", infer_inputs=[audio], request_id="r", parameters=parameters
+        )
+        response = asyncio.run(model.predict(request))
+        return {"text": response.outputs[0].data[0], **(response.parameters or {})}
+
+    plain = infer(None)
+    assert "unseen_characters" not in plain
+    # Czech letters and digits: transcribed all the same, the unseen ones counted.
+    checked = infer({"reference": "Kůň č. 42 — 你好!"})
+    assert checked["text"] == plain["text"]
+    assert checked["unseen"] == ["2", "4", "č", "ň", "ů"]
+    assert checked["unseen_characters"] == 5
+    assert checked["reference_cer"] == pytest.approx(cer(["kůň č 42 你好"], [plain["text"]]))
+    assert infer({"reference": "hello"})["unseen_characters"] == 0
+    with pytest.raises(AudioRejected, match="'reference' parameter must be the transcript"):
+        infer({"reference": 42})
+
+
 class AsrServer:
     def __init__(self, directory: Path, log_path: Path) -> None:
         self.port = free_port()
