@@ -351,6 +351,7 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         registry_client,
         source_digests,
     )
+    from cascade.signing import load_signing_key
     from models.multimodal.pyfunc import save_pyfunc
     from models.multimodal.stored import NoStoredTokenizer, score_stored_model
 
@@ -447,6 +448,7 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         score=score,
         compile_gate=None,
         report=report,
+        signing_key=load_signing_key(settings.home, create=True),
     )
     return write_step_result(lake, "mm_register", ds, result)
 

@@ -44,12 +44,12 @@ from torch import nn
 from cascade.artifacts import (
     TamperedArtifact,
     folder_digests,
-    recorded_digests,
     sha256_file,
     verify,
 )
 from cascade.config import Settings, load_settings
 from cascade.registry import REGISTRY_META, version_by_alias
+from cascade.signing import CHAMPION_ROLE, trusted_keys, verified_release
 from domains.ctr.schema import MODEL_FEATURES
 from models.preranking.config_registry import CascadeTrainConfig, TrainConfig
 from models.preranking.fields import FIELDS_FILE, FieldEncoder, FieldSet
@@ -354,7 +354,7 @@ def load_registered(
     if version is None:
         return None
     # Load by number, not alias: the alias may move while we download.
-    return load_version(settings, str(version.version), with_package=with_package)
+    return load_version(settings, str(version.version), with_package=with_package, role=alias)
 
 
 COMPILED_DIR = "compiled"
@@ -446,15 +446,26 @@ def fetch_compiled(
 
 
 def load_version(
-    settings: Settings | None, version: str, *, with_package: bool = False
+    settings: Settings | None,
+    version: str,
+    *,
+    with_package: bool = False,
+    role: str = CHAMPION_ROLE,
 ) -> LoadedModel:
     """Registered version ``version`` of the pre-ranking model (eval mode); ``with_package``
     (the server): also download an FSCD version's gate-passed compiled package
-    (:func:`fetch_compiled`) into ``LoadedModel.compiled``."""
+    (:func:`fetch_compiled`) into ``LoadedModel.compiled``.
+
+    Before anything is downloaded the version's release must verify with a trusted key
+    (:func:`cascade.signing.verified_release`; ``role`` champion: a promoted one); the files
+    are then checked against the signed digests, and the package is offered only when the
+    signed compile verdict passed. Raises :class:`~cascade.signing.UnsignedRelease` (a
+    :class:`~cascade.artifacts.TamperedArtifact`) otherwise."""
     client, settings = _client(settings)
     registered = client.get_model_version(settings.registered_model, version)
     uri = f"models:/{settings.registered_model}/{version}"
-    expected = recorded_digests(registered.tags, uri)
+    release = verified_release(registered, trusted_keys(settings.home), role=role)
+    expected = dict(release.files)
     # Where the registry of these settings keeps the files (a models:/ URI would resolve in
     # MLflow's process-wide registry, which may be another store).
     location = client.get_model_version_download_uri(settings.registered_model, version)
@@ -468,6 +479,8 @@ def load_version(
     compiled, reason = None, "a PreRanker is served eagerly"
     if not with_package:
         reason = "not fetched (with_package=False)"
+    elif encoder is not None and not release.compiled_passed:
+        reason = f"the compile gate of {uri} did not pass (its signed verdict); no package"
     elif encoder is not None:
         try:
             cache = settings.home / "serving" / "compiled"
