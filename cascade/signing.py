@@ -336,3 +336,54 @@ def check_tested(files: Mapping[str, str], tested: Mapping[str, str], what: str)
             f"{what}: {differ} in the registry are not the files the compile gate tested; not "
             "registered. Run the compile step again, then register"
         )
+
+
+def retire_key(home: Path, keyid: str) -> int:
+    """Drop public key ``keyid`` from ``release.pub`` (the end of a rotation: what only it
+    signed is refused from then on); returns how many keys stay trusted."""
+    path = public_keys_path(home)
+    keys = trusted_keys(home)
+    if keyid not in keys:
+        raise ValueError(f"no trusted key {keyid} in {path}; trusted: {sorted(keys)}")
+    if len(keys) == 1:
+        raise ValueError(
+            f"{keyid} is the only trusted key in {path}; make its successor first "
+            "(`cascade release --new-key`) and sign the served versions with it"
+        )
+    kept = [line for line in path.read_text().splitlines() if _line_key(line) != keyid]
+    path.write_text("\n".join(kept) + "\n")
+    return len(trusted_keys(home))
+
+
+def _line_key(line: str) -> str | None:
+    parts = line.split()
+    if len(parts) < 2 or parts[0] != "ed25519":
+        return None
+    return key_id(Ed25519PublicKey.from_public_bytes(base64.b64decode(parts[1])))
+
+
+def release_version(settings: Any, name: str, version: str, *, reason: str) -> Release:
+    """An operator's release of version ``version`` of ``name`` (``cascade release``): its files
+    in the store are checked against the digests its registration recorded, then signed with the
+    platform key. A version that already carries a release verifying with a trusted key keeps
+    its compile verdict and decision (re-signing after a key rotation); otherwise the verdict is
+    the one its registration's decision recorded, and the decision is the operator's."""
+    import tempfile
+
+    from cascade.registry import DECISION_TAG, download_verified, registry_client_of
+
+    client = registry_client_of(settings)
+    registered = client.get_model_version(name, str(version))
+    what = f"{name} v{version}"
+    with tempfile.TemporaryDirectory(prefix="cascade-release-") as tmp:
+        download_verified(settings, name, str(version), Path(tmp))
+    key = load_signing_key(settings.home)
+    try:
+        envelope = registered.tags.get(RELEASE_TAG) or ""
+        signed = open_envelope(envelope, trusted_keys(settings.home), what)
+        gate, decision = signed.compile_gate, dict(signed.decision)
+    except UnsignedRelease:
+        recorded = json.loads(registered.tags.get(DECISION_TAG) or "{}")
+        gate = recorded.get("compile_gate")
+        decision = {"promoted": True, "reasons": [], "by": "operator", "reason": reason}
+    return sign_version(client, key, name, str(version), compile_gate=gate, decision=decision)

@@ -13,6 +13,7 @@ from cascade.artifacts import DIGESTS_TAG, digests_tag
 from cascade.compiled_packages import load_package
 from cascade.config import Settings
 from cascade.lake import Lake
+from cascade.signing import load_signing_key, sign_version
 from compilers.deploy_gate import cold_gate_sample, compile_and_gate
 from compilers.preranking import cold_request_inputs
 from models.preranking.config_registry import cascade_debug
@@ -133,6 +134,13 @@ def test_compile_step_compiles_and_gates_the_fscd_preranker(settings: Settings) 
         run_id=report["run_id"],
         tags={DIGESTS_TAG: digests_tag(digests)},
     ).version
+    # Signed as the promotion gate signs it: the package it tested, and the gate's verdict.
+    assert digests[f"run:compiled/{Path(report['artifact']).name}"] == next(
+        iter(report["tested"].values())
+    )
+    key = load_signing_key(settings.home, create=True)
+    sign_version(client, key, settings.registered_model, version, compile_gate=report,
+                 decision={"promoted": True})  # fmt: skip
     assert load_version(settings, version).compiled is None  # the registry's loads skip it
     served = load_version(settings, version, with_package=True)
     if report["passed"]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.security import planted_pickle
-from cascade.artifacts import DIGESTS_TAG, digests_tag, folder_digests
+from cascade.artifacts import DIGESTS_TAG, TamperedArtifact, digests_tag, folder_digests
 from cascade.config import Settings
 from cascade.signing import RELEASE_TAG, load_signing_key, sign_version
 from serving.champion import (
@@ -123,6 +123,35 @@ def test_folders_of_server_processes_that_ended_are_removed(
     mine = download_version(registry, MODEL, "1", cache)
     ChampionFollower(registry, MODEL, lambda folder, version: None, cache=cache)
     assert not dead.exists() and mine.is_dir()
+
+
+def test_an_operator_release_signs_a_version_whose_files_match_its_registration(
+    registry: Settings, tmp_path: Path
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from cascade.signing import new_signing_key, release_version, retire_key, trusted_keys
+
+    client = MlflowClient(registry.tracking_uri, registry.tracking_uri)
+    client.delete_model_version_tag(MODEL, "1", RELEASE_TAG)
+    with pytest.raises(TamperedArtifact, match="carries no platform signature"):
+        download_version(registry, MODEL, "1", tmp_path / "cache")
+    released = release_version(registry, MODEL, "1", reason="hotfix")
+    assert released.decision["by"] == "operator" and released.decision["reason"] == "hotfix"
+    assert download_version(registry, MODEL, "1", tmp_path / "cache").is_dir()
+
+    # Rotation: a new key re-signs with the same decision; the old one is then retired.
+    old = set(trusted_keys(registry.home))
+    new_signing_key(registry.home)
+    assert release_version(registry, MODEL, "1", reason="rotation").decision == released.decision
+    retire_key(registry.home, old.pop())
+    assert download_version(registry, MODEL, "1", tmp_path / "fresh").is_dir()
+
+    # Files changed in the store since registration: not signed.
+    stored = Path(client.get_model_version_download_uri(MODEL, "1").removeprefix("file://"))
+    (stored / "asr_model.pt").write_bytes(b"other weights")
+    with pytest.raises(TamperedArtifact, match="differs from what was registered"):
+        release_version(registry, MODEL, "1", reason="again")
 
 
 def _register_asr(settings: Settings, folder: Path) -> tuple[str, Path]:
