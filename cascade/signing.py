@@ -48,6 +48,8 @@ PRIVATE_KEY_FILE = "release.key"
 PUBLIC_KEYS_FILE = "release.pub"
 CHAMPION_ROLE = "champion"
 """The role that also needs the signed decision to have promoted the version."""
+ANY_ROLE = "any"
+"""A load by version number (evaluation, comparison): any version the platform signed."""
 
 
 class UnsignedRelease(TamperedArtifact):

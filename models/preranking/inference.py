@@ -49,7 +49,7 @@ from cascade.artifacts import (
 )
 from cascade.config import Settings, load_settings
 from cascade.registry import REGISTRY_META, version_by_alias
-from cascade.signing import CHAMPION_ROLE, trusted_keys, verified_release
+from cascade.signing import ANY_ROLE, trusted_keys, verified_release
 from domains.ctr.schema import MODEL_FEATURES
 from models.preranking.config_registry import CascadeTrainConfig, TrainConfig
 from models.preranking.fields import FIELDS_FILE, FieldEncoder, FieldSet
@@ -450,14 +450,15 @@ def load_version(
     version: str,
     *,
     with_package: bool = False,
-    role: str = CHAMPION_ROLE,
+    role: str = ANY_ROLE,
 ) -> LoadedModel:
     """Registered version ``version`` of the pre-ranking model (eval mode); ``with_package``
     (the server): also download an FSCD version's gate-passed compiled package
     (:func:`fetch_compiled`) into ``LoadedModel.compiled``.
 
     Before anything is downloaded the version's release must verify with a trusted key
-    (:func:`cascade.signing.verified_release`; ``role`` champion: a promoted one); the files
+    (:func:`cascade.signing.verified_release`; ``role`` champion, the alias a version is
+    served under: a promoted one; a load by number takes any signed version); the files
     are then checked against the signed digests, and the package is offered only when the
     signed compile verdict passed. Raises :class:`~cascade.signing.UnsignedRelease` (a
     :class:`~cascade.artifacts.TamperedArtifact`) otherwise."""
