@@ -67,7 +67,6 @@ def compile_and_gate(ds: str, *, settings: Settings | None = None) -> dict[str, 
     from models.preranking.inference import (
         COMPILED_DIR,
         COMPILED_PACKAGE,
-        RUN_FILES,
         load_trained,
     )
     from models.preranking.model import ColdPreRanker, PreRanker
@@ -108,10 +107,8 @@ def compile_and_gate(ds: str, *, settings: Settings | None = None) -> dict[str, 
         "ds": ds,
         "run_id": trained["run_id"],
         "requests": len(sample),
-        # The package this gate ran, as registration must find it in the run (then signed).
-        "tested": {
-            f"{RUN_FILES}{COMPILED_DIR}/{COMPILED_PACKAGE}": sha256_file(report["artifact"])
-        },
+        # The package this gate ran, as registration must copy it from the run (then signed).
+        "tested": {f"{COMPILED_DIR}/{COMPILED_PACKAGE}": sha256_file(report["artifact"])},
     }
 
     client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)

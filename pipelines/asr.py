@@ -221,8 +221,8 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     from cascade.registry import (
         add_pyfunc_files,
         download_verified,
+        freeze_release,
         registry_client,
-        source_digests,
     )
     from cascade.signing import check_tested, load_signing_key
     from models.asr.pyfunc import save_pyfunc
@@ -267,7 +267,8 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     # MLmodel, code file and input example beside the model file, for the standard loader.
     add_pyfunc_files(settings, run_id, SERVED_ARTIFACT_PATH, save_pyfunc)
     # What the registry holds now is what every later load must find (cascade.artifacts).
-    files = source_digests(settings, source)
+    # The registered version is a write-once copy: a re-run of compile rewrites int8/, not it.
+    source, files = freeze_release(settings, run_id, {"": source})
     check_tested(files, gate.get("tested") or {}, f"{MODEL_NAME} run {run_id}")
     digests = digests_tag(files)
     result = register_and_promote(

@@ -206,16 +206,27 @@ def default_backends() -> Backends:
     """MLflow registry + Feast online store; imported lazily so tests never need them."""
     from domains.ctr.feature_store import feature_store
     from domains.ctr.online_cross import OnlineCrossReader
-    from models.preranking.inference import alias_version, load_registered, run_cross_source
+    from models.preranking.inference import run_cross_source
+
+    return registry_backends(
+        version_source=run_cross_source,
+        open_cross_reader=lambda settings: OnlineCrossReader(feature_store(settings)),
+        item_catalogue=lake_item_catalogue,
+    )
+
+
+def registry_backends(**rest: Any) -> Backends:
+    """The MLflow registry's aliases and its signature-checking loader
+    (:func:`models.preranking.inference.load_registered`, with the compiled package), the other
+    backends as given."""
+    from models.preranking.inference import alias_version, load_registered
 
     return Backends(
         champion_version=lambda settings, alias: alias_version(settings, alias=alias),
         load_champion=lambda settings, alias: load_registered(
             settings, alias=alias, with_package=True
         ),
-        version_source=run_cross_source,
-        open_cross_reader=lambda settings: OnlineCrossReader(feature_store(settings)),
-        item_catalogue=lake_item_catalogue,
+        **rest,
     )
 
 

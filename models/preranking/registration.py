@@ -27,7 +27,7 @@ from cascade.promotion import register_and_promote as promote
 from cascade.registry import registry_client, registry_report_path
 from cascade.results import write_result
 from cascade.signing import check_tested, load_signing_key
-from models.preranking.inference import TEST_AUC_TAG, registration_digests
+from models.preranking.inference import TEST_AUC_TAG, registration_files
 
 GATE_KEYS = ("passed", "reasons", "artifact", "max_abs_diff", "auc_delta", "speedup_vs_eager")
 """What the registry's decision keeps of the compile gate's report."""
@@ -210,7 +210,7 @@ def register_and_promote(
         }
 
     # What the registry holds now is what every later load must find (cascade.artifacts).
-    digests = registration_digests(settings, model_uri, run_id)
+    source, digests = registration_files(settings, model_uri, run_id)
     if gate is not None:
         check_tested(digests, gate.get("tested") or {}, f"{settings.registered_model} run {run_id}")
     result = promote(
@@ -219,7 +219,7 @@ def register_and_promote(
             name=settings.registered_model,
             model_description="Pre-ranking CTR model (Cascade)",
             run_id=run_id,
-            source=model_uri,
+            source=source,
             # Links the version to MLflow 3's logged model (models:/m-<id>).
             model_id=model_uri.removeprefix("models:/")
             if model_uri.startswith("models:/m-")

@@ -21,11 +21,9 @@ from cascade.artifacts import DIGESTS_TAG, TamperedArtifact, digests_tag, folder
 from cascade.config import Settings
 from cascade.signing import RELEASE_TAG, UnsignedRelease, load_signing_key, sign_version
 from models.preranking.inference import (
-    alias_version,
     frame_inputs,
-    load_registered,
     load_version,
-    registration_digests,
+    registration_files,
 )
 from models.preranking.registration import register_and_promote
 from models.preranking.synthetic_data import synthetic_training_frame
@@ -109,7 +107,7 @@ def test_the_preranking_server_loads_no_native_code_of_an_unsigned_or_changed_ve
     from models.preranking.inference import COLD_DIR_ARTIFACT, save_cold_model
     from models.preranking.model import ColdPreRanker
     from serving import served_version
-    from serving.preranking import Backends, PreRankingModel, ServingConfig
+    from serving.preranking import PreRankingModel, ServingConfig, registry_backends
 
     # An FSCD pre-ranker's files as a run holds them (logged directly: MLflow's model logging
     # is not what is tested here, and costs tens of seconds).
@@ -130,8 +128,9 @@ def test_the_preranking_server_loads_no_native_code_of_an_unsigned_or_changed_ve
     gate = {"passed": True, "reasons": []}
     client.log_text(run_id, json.dumps(gate), "compiled/gate.json")
     client.create_registered_model(name)
-    tags = {DIGESTS_TAG: digests_tag(registration_digests(settings, model_uri, run_id))}
-    first = client.create_model_version(name, model_uri, run_id=run_id, tags=tags).version
+    source, digests = registration_files(settings, model_uri, run_id)
+    tags = {DIGESTS_TAG: digests_tag(digests)}
+    first = client.create_model_version(name, source, run_id=run_id, tags=tags).version
     native: list[str] = []
     # Every native load of a pre-ranker's package goes through here (serving.served_version).
     monkeypatch.setattr(served_version, "load_package", native.append)
@@ -144,26 +143,31 @@ def test_the_preranking_server_loads_no_native_code_of_an_unsigned_or_changed_ve
     signed = load_version(settings, first, with_package=True)
     assert signed.compiled is not None and signed.compiled.read_bytes() == package.read_bytes()
 
-    # A registry writer swaps the package (a fresh worker downloads it): not offered.
-    package.write_bytes(b"someone else's shared library")
+    # A re-run of the compile step rewrites the run's compiled/: the version does not change.
+    package.write_bytes(b"a package built again")
     client.log_artifact(run_id, str(package), artifact_path="compiled")
+    assert registration_files(settings, model_uri, run_id)[0] != source  # a new candidate
+    shutil.rmtree(settings.home / "serving" / "compiled")  # a fresh worker
+    again = load_version(settings, first, with_package=True)
+    assert again.compiled is not None
+    assert again.compiled.read_bytes() == b"the package the compile gate tested"
+
+    # A registry writer swaps the registered package itself: the version is refused.
+    stored = Path(client.get_model_version_download_uri(name, first).removeprefix("file://"))
+    (stored / "compiled" / "preranking.pt2").write_bytes(b"someone else's shared library")
     shutil.rmtree(settings.home / "serving" / "compiled")
-    swapped = load_version(settings, first, with_package=True)
-    assert swapped.compiled is None and "differs from the one registered" in swapped.compiled_reason
+    with pytest.raises(TamperedArtifact, match=r"changed \['compiled/preranking.pt2'\]"):
+        load_version(settings, first, with_package=True)
 
     # A new version of the same files wearing the first one's signature.
-    second = client.create_model_version(name, model_uri, run_id=run_id, tags=tags).version
+    second = client.create_model_version(name, source, run_id=run_id, tags=tags).version
     envelope = client.get_model_version(name, first).tags[RELEASE_TAG]
     client.set_model_version_tag(name, second, RELEASE_TAG, envelope)
     client.set_registered_model_alias(name, "champion", second)
     server = PreRankingModel(
         settings=settings,
         config=ServingConfig(poll_s=60),
-        backends=Backends(
-            champion_version=lambda s, alias: alias_version(s, alias=alias),
-            load_champion=lambda s, alias: load_registered(s, alias=alias, with_package=True),
-            version_source=lambda s, run: "generated",
-        ),
+        backends=registry_backends(version_source=lambda s, run: "generated"),
     )
     server.observer = None
     with caplog.at_level("ERROR", logger="serving.preranking"):

@@ -23,7 +23,7 @@ from models.preranking.inference import (
     load_trained,
     load_version,
     log_cold_model,
-    registration_digests,
+    registration_files,
 )
 from models.preranking.model import ColdPreRanker
 from models.preranking.registration import register_and_promote
@@ -127,15 +127,15 @@ def test_compile_step_compiles_and_gates_the_fscd_preranker(settings: Settings) 
     trained_result = json.loads(
         (Lake(settings.lake_root).reports("train", DS) / "result.json").read_text()
     )
-    digests = registration_digests(settings, trained_result["model_uri"], report["run_id"])
+    source, digests = registration_files(settings, trained_result["model_uri"], report["run_id"])
     version = client.create_model_version(
         settings.registered_model,
-        trained_result["model_uri"],
+        source,
         run_id=report["run_id"],
         tags={DIGESTS_TAG: digests_tag(digests)},
     ).version
     # Signed as the promotion gate signs it: the package it tested, and the gate's verdict.
-    assert digests[f"run:compiled/{Path(report['artifact']).name}"] == next(
+    assert digests[f"compiled/{Path(report['artifact']).name}"] == next(
         iter(report["tested"].values())
     )
     key = load_signing_key(settings.home, create=True)

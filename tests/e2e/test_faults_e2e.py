@@ -106,7 +106,6 @@ def test_serving_killed_during_a_model_swap_comes_back_on_the_new_champion(
         name,
         source=old.source,
         run_id=old.run_id,
-        model_id=old.source.removeprefix("models:/"),  # MLflow 3: the logged model behind it
         # The same files as the old version: the digests its registration recorded hold.
         tags={"test_auc": "0.9", DIGESTS_TAG: old.tags[DIGESTS_TAG]},
     )
