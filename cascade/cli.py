@@ -301,7 +301,7 @@ def cmd_release(args: argparse.Namespace) -> int:
         print(f"retired release key {args.retire_key}; {left} trusted")
         return 0
     if not (args.model and args.version):
-        raise UsageError("cascade release needs --model M --version V (or --new-key, --retire-key)")
+        raise UsageError("name the version to sign: --model M --version V (or --new-key)")
     release = release_version(settings, args.model, args.version, reason=args.reason)
     print(json.dumps({"model": release.model, "version": release.version,
                       "files": len(release.files), "compile_gate": release.compile_gate,

@@ -85,6 +85,7 @@ def new_signing_key(home: Path) -> str:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     ).decode()
+    secure_state_folder(Path(home))
     folder = secure_state_folder(Path(home) / SIGNING_DIR)
     write_secret(private_key_path(home), pem)
     public = public_keys_path(home)
