@@ -113,7 +113,11 @@ GENERATORS: dict[str, tuple[str, ...]] = {
         "jobs.multimodal_sources",
     ),
     "multimodal-corpus": ("benchmarks.multimodal_corpus", "jobs.multimodal_sources"),
-    "security": ("benchmarks.security", "benchmarks.security_events"),
+    "security": (
+        "benchmarks.security",
+        "benchmarks.security_events",
+        "benchmarks.security_releases",
+    ),
     "cluster": ("benchmarks.cluster", "jobs.movielens"),
 }
 """Per benchmark: the modules whose code makes its inputs; their sources and the run's

@@ -42,6 +42,16 @@ under the most permissive umask a user could have, so only the stack's own modes
   the stack wrote the password (:func:`cascade.airflow_client.ensure_airflow_password`), Airflow's
   auth manager started on it, and the server ran with the token (0).
 
+* **signed releases** (:mod:`benchmarks.security_releases`): ``unsigned_versions_loaded``:
+  re-tagged versions, swapped packages and ``gate.json`` files, a challenger never signed,
+  pointed at the running pre-ranker as champion and rollback target, at its shadow loader and
+  at the ASR server's follower, that a server served or held, plus packages it loaded (0);
+  ``registered_files_changed_by_rerun``: registered versions whose stored files differ from
+  their signed digests after the compile and register steps wrote again (0);
+  ``slow_body_slots_held_s`` (at most the guard's body deadline) and
+  ``requests_served_during_slow_body_attack`` (> 0) with every slot held by a body that
+  arrives one byte at a time.
+
 ``--quick`` uses a smaller log, fewer examples and smaller bodies. The events part is
 :mod:`benchmarks.security_events`.
 """
@@ -64,9 +74,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks import security_releases as releases
 from benchmarks.security_events import fuzz_events
 from cascade.config import REPO_ROOT, Settings, load_settings, scoped_environ
 from cascade.ports import free_port
+from serving.guard import BODY_DEADLINE_S
 
 MB = 1 << 20
 BODY_LIMIT = MB
@@ -128,24 +140,6 @@ def _register_folder(settings: Settings, name: str, folder: Path, *, digests: bo
     tags = {DIGESTS_TAG: digests_tag(source_digests(settings, source))} if digests else {}
     return str(
         client.create_model_version(name, source=source, run_id=run.info.run_id, tags=tags).version
-    )
-
-
-def _stored(settings: Settings, name: str, version: str) -> Path:
-    uri = _client(settings).get_model_version_download_uri(name, version)
-    folder = Path(uri.removeprefix("file://"))
-    if not folder.is_dir():
-        raise RuntimeError(f"{name} v{version} is not stored in a local folder ({uri})")
-    return folder
-
-
-def _retag(settings: Settings, name: str, version: str) -> None:
-    """Record the stored files' current digests: what someone who writes the tags does too."""
-    from cascade.artifacts import DIGESTS_TAG, digests_tag, folder_digests
-
-    folder = _stored(settings, name, version)
-    _client(settings).set_model_version_tag(
-        name, version, DIGESTS_TAG, digests_tag(folder_digests(folder))
     )
 
 
@@ -379,12 +373,12 @@ def _tamper(
 ) -> str:
     """A version of ``name`` registered from ``folder``, then tampered with ``how``."""
     version = _register_folder(settings, name, folder, digests=how != "no digests")
-    stored = _stored(settings, name, version)
+    stored = releases.stored_folder(settings, name, version)
     if how == "changed file":
         change(stored / target)
     elif how == "planted pickle":
         (stored / target).write_bytes(planted_pickle(marker))
-        _retag(settings, name, version)
+        releases.retag(settings, name, version)
     return version
 
 
@@ -428,6 +422,7 @@ def tampered_asr(settings: Settings, workdir: Path) -> dict[str, Any]:
     """Versions of ``asr`` (a small untrained model) followed by the ASR server's follower."""
     import torch
 
+    from cascade.signing import release_version
     from models.asr.artifact import FILENAME, AsrArtifact, save_artifact
     from models.asr.model import Alphabet, ConvDFSMN, ConvDFSMNConfig
     from serving.asr import AsrModel
@@ -446,6 +441,9 @@ def tampered_asr(settings: Settings, workdir: Path) -> dict[str, Any]:
         torch.save(payload, path)
 
     good = _register_folder(settings, "asr", folder)
+    # Released as an operator does (the servers load only signed versions); the tampered
+    # versions below are never signed.
+    release_version(settings, "asr", good, reason="security benchmark")
     client = _client(settings)
     client.set_registered_model_alias("asr", "champion", good)
     server = AsrModel(None, prefer_compiled=False)
@@ -499,11 +497,11 @@ def tampered_multimodal(settings: Settings, workdir: Path) -> dict[str, Any]:
         marker = workdir / f"multimodal-{how.replace(' ', '-')}.txt"
         version = _tamper(settings, "multimodal", folder, MODULE_STATES, how, marker, change)
         if how == "planted pickle":  # the attacker rewrites digests.json as well
-            stored = _stored(settings, "multimodal", version)
+            stored = releases.stored_folder(settings, "multimodal", version)
             listing = folder_digests(stored)
             listing.pop(DIGESTS_FILE)
             (stored / DIGESTS_FILE).write_text(json.dumps(listing))
-            _retag(settings, "multimodal", version)
+            releases.retag(settings, "multimodal", version)
         scratch = workdir / f"multimodal-download-{version}"
         try:
             local = download_verified(settings, "multimodal", version, scratch)
@@ -681,8 +679,28 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
                     )
                     time.sleep(3)  # three polls
                 kept = served_version(url, token)
+                slow = releases.slow_body_attack(
+                    port,
+                    token,
+                    lambda: served_version(url, token) is not None,
+                    connections=settings.serving.max_concurrent,
+                    duration_s=BODY_DEADLINE_S + 4,
+                )
+                attacks = releases.attack_versions(
+                    settings, settings.registered_model, promoted["version"], workdir,
+                    package="compiled/preranking.pt2", gate="compiled/gate.json",
+                )  # fmt: skip
+                pointed = releases.point_preranker(
+                    settings, lambda: served_version(url, token), promoted["version"], attacks,
+                    polls_s=2.5,
+                )  # fmt: skip
+                shadow = releases.shadow_preranker(settings, attacks)
                 registry["asr"] = tampered_asr(settings, workdir)
+                asr_attacks = releases.asr_follower(
+                    settings, workdir, registry["asr"]["served_before"]
+                )
                 registry["multimodal"] = tampered_multimodal(settings, workdir)
+                rerun = releases.rerun_changes(settings, workdir, ds)
             finally:
                 stop_service(settings, "serving", echo=lambda _line: None)
             server_log = state(settings, "serving").log.read_text(errors="replace")
@@ -697,6 +715,18 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "events_stalling_a_run": events["events_stalling_a_run"],
         "tampered_artifacts_loaded": count_loaded(registry),
         "world_readable_secrets": secrets_scan["world_readable_secrets"],
+        "unsigned_versions_loaded": releases.unsigned_loaded(pointed, shadow, asr_attacks),
+        "registered_files_changed_by_rerun": rerun["registered_files_changed_by_rerun"],
+        "slow_body_slots_held_s": slow["slow_body_slots_held_s"],
+        "requests_served_during_slow_body_attack": slow["requests_served_during_slow_body_attack"],
+        "releases": {
+            "preranking": pointed,
+            "preranking_shadow": shadow,
+            "asr": asr_attacks,
+            "rerun": {k: v for k, v in rerun.items() if k != "registered_files_changed_by_rerun"},
+            "slow_body": slow,
+            "body_deadline_s": BODY_DEADLINE_S,
+        },
         "quick": quick,
         "server": {
             **oversize,
@@ -704,8 +734,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         },
         "server_kept_its_version": kept == promoted["version"],
         "server_version_served_after_tampering": kept,
-        "server_logged_refusals": server_log.count("differs from what was registered")
-        + server_log.count("records no artifact digests"),
+        "server_logged_refusals": server_log.count("refusing preranking version"),
         "tampered_versions": registry,
         "tampered_versions_tried": sum(
             1 for kind in registry.values() for how in kind if how in TAMPERINGS

@@ -287,6 +287,28 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_release(args: argparse.Namespace) -> int:
+    from cascade.config import load_settings
+    from cascade.signing import new_signing_key, release_version, retire_key
+
+    settings = load_settings()
+    if args.new_key:
+        keyid = new_signing_key(settings.home)
+        print(f"new release key {keyid}; the previous public keys stay trusted until retired")
+        return 0
+    if args.retire_key:
+        left = retire_key(settings.home, args.retire_key)
+        print(f"retired release key {args.retire_key}; {left} trusted")
+        return 0
+    if not (args.model and args.version):
+        raise UsageError("name the version to sign: --model M --version V (or --new-key)")
+    release = release_version(settings, args.model, args.version, reason=args.reason)
+    print(json.dumps({"model": release.model, "version": release.version,
+                      "files": len(release.files), "compile_gate": release.compile_gate,
+                      "decision": release.decision}, indent=2))  # fmt: skip
+    return 0
+
+
 def cmd_rollback(args: argparse.Namespace) -> int:
     from cascade.deployments import rollback
 
@@ -526,6 +548,20 @@ def _add_core_commands(sub: Any) -> None:
     )
     score.add_argument("--audio", help="a WAV file to transcribe" + needed_by("audio"))
     score.set_defaults(func=cmd_score)
+
+    release = sub.add_parser(
+        "release",
+        help="sign a registered version with the platform's release key (the servers load only "
+        "signed versions); rotate the key",
+    )
+    release.add_argument("--model", choices=tuple(models))
+    release.add_argument("--version", help="the registered version to sign")
+    release.add_argument("--reason", default="manual", help="recorded in the signed decision")
+    release.add_argument(
+        "--new-key", action="store_true", help="make a new key pair (the old public key stays)"
+    )
+    release.add_argument("--retire-key", metavar="KEYID", help="stop trusting a public key")
+    release.set_defaults(func=cmd_release)
 
     back = sub.add_parser(
         "rollback", help="point a model's champion alias back at the version it replaced"

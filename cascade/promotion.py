@@ -20,6 +20,11 @@ Where the pipeline compiles, :func:`register_and_promote` refuses to register at
 the compile step's report (:class:`CompileReportMissing`): the register step ran before, or
 without, its compile step, and a stored refusal would outlive the report written later.
 
+Every decision is signed (:mod:`cascade.signing`) when the caller hands over the platform's
+signing key: the version's file digests, the compile gate's verdict and the decision, before
+any alias moves, so the servers, which load only signed versions, never see an alias on a
+version the gate has not signed.
+
 The first version is promoted when its compile gate passed. Every refusal is stated in the
 decision's ``reasons``. A repeated registration of the same training run returns the decision
 stored on its version instead of registering again.
@@ -33,6 +38,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from cascade.alias_lock import alias_lock
 from cascade.errors import NotReady
 from cascade.pipeline_spec import Promotion
@@ -45,6 +52,7 @@ from cascade.registry import (
     version_by_alias,
     version_of_run,
 )
+from cascade.signing import sign_version
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +202,14 @@ def decide(
     score: Score,
     compile_gate: Mapping[str, Any] | None,
     baseline: Baseline | None = None,
+    signing_key: Ed25519PrivateKey | None = None,
 ) -> Decision:
-    """Decide on ``version`` of ``name`` and move the aliases (see the module's docstring)."""
+    """Decide on ``version`` of ``name`` and move the aliases (see the module's docstring).
+
+    With ``signing_key`` the version's release is signed (:mod:`cascade.signing`) with the
+    decision before any alias moves to it, so a server never sees an alias on an unsigned
+    version the gate passed; a decision the champion's move overtook is signed again as not
+    promoted."""
     new_version = str(version.version)
     reasons = compile_gate_reasons(promotion, compile_gate)
     champion = version_by_alias(client, name, CHAMPION)
@@ -216,8 +230,16 @@ def decide(
         reasons.append(floor["reason"])
     expected = None if champion is None else str(champion.version)
 
-    client.set_registered_model_alias(name, CHALLENGER, new_version)
     promoted, moved, holder = not reasons, False, previous
+
+    def sign() -> None:
+        if signing_key is not None:
+            decided = {"promoted": promoted, "reasons": list(reasons), "by": "promotion gate"}
+            sign_version(client, signing_key, name, new_version, compile_gate=compile_gate,
+                         decision={**decided, "previous_champion": previous})  # fmt: skip
+
+    sign()
+    client.set_registered_model_alias(name, CHALLENGER, new_version)
     if promoted:
         with alias_lock(client):  # compare and set: no other move between the read and ours
             current = version_by_alias(client, name, CHAMPION)
@@ -236,6 +258,7 @@ def decide(
                 "champion"
             )
             log.warning("%s v%s not promoted: %s", name, new_version, reasons[-1])
+            sign()
     return Decision(
         version=new_version,
         promoted=promoted,
@@ -262,11 +285,13 @@ def register_and_promote(
     compile_gate: Mapping[str, Any] | None,
     report: Callable[[Decision], dict[str, Any]],
     baseline: Baseline | None = None,
+    signing_key: Ed25519PrivateKey | None = None,
 ) -> dict[str, Any]:
     """Register the training run ``new`` (once), decide on it with :func:`decide` (against
     ``baseline`` too, when given) and return
     the caller's ``report`` of the decision, stored on the version so a repeated call returns
-    it. A decision the champion's move overtook is returned but not stored.
+    it; with ``signing_key``, the version's release is signed with the decision
+    (:func:`decide`). A decision the champion's move overtook is returned but not stored.
 
     Raises :class:`CompileReportMissing` (nothing registered, no alias moved) when the rule
     requires the compile gate and ``compile_gate`` is None."""
@@ -297,6 +322,7 @@ def register_and_promote(
         score=score,
         compile_gate=compile_gate,
         baseline=baseline,
+        signing_key=signing_key,
     )
     result = report(decision)
     if not decision.champion_moved:

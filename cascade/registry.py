@@ -12,6 +12,10 @@ A version's files are data checked against what its registration recorded
 of a version, refused (:class:`~cascade.artifacts.TamperedArtifact`) before any is read when
 one changed, went missing or was added.
 
+A version never points at a run's working folders, which a re-run of a step writes again:
+registration copies the files it vouches for into the run's content-addressed, write-once
+``releases/<digest>/`` (:func:`freeze_release`) and registers that folder.
+
 A version registered from a run's raw artifact folder also gets what MLflow's standard loader
 needs (:func:`add_pyfunc_files`: ``MLmodel``, the model's code file, its signature and input
 example, a "model from code" that reads the weights as data) before its digests are taken, so
@@ -20,7 +24,9 @@ those files are vouched for like the weights.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -184,3 +190,41 @@ def download_verified(
     local = download_source(settings, location, dst)
     verify(local, expected, what)
     return local
+
+
+RELEASES_DIR = "releases"
+"""Run artifact folder of the content-addressed copies registered versions point at."""
+
+
+def release_id(digests: Mapping[str, str]) -> str:
+    """The content address of a set of files: sha256 of their sorted ``path: sha256`` list."""
+    listing = json.dumps(dict(sorted(digests.items())), separators=(",", ":"))
+    return hashlib.sha256(listing.encode()).hexdigest()[:32]
+
+
+def freeze_release(
+    settings: Settings, run_id: str, parts: Mapping[str, str]
+) -> tuple[str, dict[str, str]]:
+    """Copy the files at the registry locations ``parts`` (a folder of the release -> the
+    location its files come from; ``""``: the release's top) into run ``run_id``'s
+    ``releases/<digest>/``, once; returns that folder's location and its files' digests.
+
+    The digests are of the copies downloaded here, which are what is uploaded: a step that
+    writes the run's working folders again (a re-run of compile) changes no registered
+    release, and a release folder that exists already (the same content) is not written."""
+    client = registry_client_of(settings)
+    with tempfile.TemporaryDirectory(prefix="cascade-release-") as tmp:
+        release = Path(tmp) / "release"
+        for index, (folder, location) in enumerate(sorted(parts.items())):
+            local = download_source(settings, location, Path(tmp) / f"part{index}")
+            target = release / folder if folder else release
+            if local.is_file():
+                target.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(local, target / local.name)
+            else:
+                shutil.copytree(local, target, dirs_exist_ok=True)
+        digests = folder_digests(release)
+        path = f"{RELEASES_DIR}/{release_id(digests)}"
+        if not client.list_artifacts(run_id, path):
+            client.log_artifacts(run_id, str(release), path)
+    return f"{client.get_run(run_id).info.artifact_uri}/{path}", digests

@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cascade.artifacts import sha256_file
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
 from compilers.export import torch_threads
@@ -63,7 +64,11 @@ def compile_and_gate(ds: str, *, settings: Settings | None = None) -> dict[str, 
     import mlflow
 
     from compilers.gate import compile_cold_gate, compile_gate
-    from models.preranking.inference import load_trained
+    from models.preranking.inference import (
+        COMPILED_DIR,
+        COMPILED_PACKAGE,
+        load_trained,
+    )
     from models.preranking.model import ColdPreRanker, PreRanker
     from models.preranking.registration import held_out_rows
     from models.preranking.train import read_complete_result
@@ -102,6 +107,8 @@ def compile_and_gate(ds: str, *, settings: Settings | None = None) -> dict[str, 
         "ds": ds,
         "run_id": trained["run_id"],
         "requests": len(sample),
+        # The package this gate ran, as registration must copy it from the run (then signed).
+        "tested": {f"{COMPILED_DIR}/{COMPILED_PACKAGE}": sha256_file(report["artifact"])},
     }
 
     client = mlflow.MlflowClient(tracking_uri=settings.tracking_uri)

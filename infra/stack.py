@@ -45,6 +45,7 @@ from cascade.data_services import (
 )
 from cascade.ports import free_ports
 from cascade.serving_token import ensure_serving_token, serving_token_env, token_file
+from cascade.signing import ensure_signing_key
 from cascade.state import SERVICE_UMASK, exposed_secrets, secure_state_folder
 from cascade.tracking_auth import (
     credentials_file,
@@ -157,6 +158,7 @@ def start_service(
             # Before any service starts: each one's environment carries the credentials.
             ensure_tracking_credentials(settings)
         ensure_serving_token(settings)
+        ensure_signing_key(settings.home)
         spec = service_specs(settings)[name]
         log_path = log_file(settings, name)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -465,6 +467,7 @@ def private_stack(
         if is_stack_tracking(settings):
             ensure_tracking_credentials(settings)
         ensure_serving_token(settings)
+        ensure_signing_key(settings.home)
         chosen = stack_services(settings) if services is None else tuple(services)
         with scoped_environ({**tracking_credentials_env(settings), **serving_token_env(settings)}):
             settings = load_settings()  # with the servers' token, when the stack's stands in

@@ -223,9 +223,10 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     from cascade.registry import (
         add_pyfunc_files,
         download_verified,
+        freeze_release,
         registry_client,
-        source_digests,
     )
+    from cascade.signing import check_tested, load_signing_key
     from models.asr.pyfunc import save_pyfunc
 
     settings = settings or load_settings()
@@ -275,7 +276,10 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     # MLmodel, code file and input example beside the model file, for the standard loader.
     add_pyfunc_files(settings, run_id, SERVED_ARTIFACT_PATH, save_pyfunc)
     # What the registry holds now is what every later load must find (cascade.artifacts).
-    digests = digests_tag(source_digests(settings, source))
+    # The registered version is a write-once copy: a re-run of compile rewrites int8/, not it.
+    source, files = freeze_release(settings, run_id, {"": source})
+    check_tested(files, gate.get("tested") or {}, f"{MODEL_NAME} run {run_id}")
+    digests = digests_tag(files)
     result = register_and_promote(
         client,
         NewVersion(
@@ -295,6 +299,7 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         score=score,
         compile_gate=gate,
         report=report,
+        signing_key=load_signing_key(settings.home, create=True),
     )
     return write_step_result(lake, "asr_register", ds, result)
 
@@ -315,9 +320,10 @@ def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # 
     import torch
     from mlflow.tracking import MlflowClient
 
+    from cascade.artifacts import sha256_file
     from compilers.asr import compile_asr
     from domains.speech.audio_features import HUMAN_VOICE_PREFIX
-    from models.asr.artifact import load_artifact
+    from models.asr.artifact import FILENAME, load_artifact
     from models.asr.compiled import INT8_FILE, MAX_FRAMES, MIN_FRAMES, REPORT_FILE, load_compiled
     from models.asr.config_registry import get_config
     from models.asr.corpus import load_split
@@ -377,6 +383,10 @@ def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # 
         "cer_delta_points": 100 * (cer_package - cer_fp32),
         "max_cer_delta": max_delta,
         "compile_s": report["int8"]["compile_s"],
+        # The files this gate ran, as registration must find them in the run (then signed).
+        "tested": {
+            name: sha256_file(model_dir / name) for name in (INT8_FILE, REPORT_FILE, FILENAME)
+        },
     }
     (model_dir / "compile_gate.json").write_text(json.dumps(gate, indent=2))
     client = MlflowClient(tracking_uri=settings.tracking_uri)

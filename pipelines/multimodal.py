@@ -348,9 +348,10 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     from cascade.registry import (
         add_pyfunc_files,
         download_verified,
+        freeze_release,
         registry_client,
-        source_digests,
     )
+    from cascade.signing import load_signing_key
     from models.multimodal.pyfunc import save_pyfunc
     from models.multimodal.stored import NoStoredTokenizer, score_stored_model
 
@@ -432,7 +433,8 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     # MLmodel, code file and input example beside the model files, for the standard loader.
     add_pyfunc_files(settings, run_id, MODEL_ARTIFACT_PATH, save_pyfunc)
     # What the registry holds now is what every later load must find (cascade.artifacts).
-    digests = digests_tag(source_digests(settings, source))
+    source, files = freeze_release(settings, run_id, {"": source})
+    digests = digests_tag(files)
     result = register_and_promote(
         client,
         NewVersion(
@@ -447,6 +449,7 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         score=score,
         compile_gate=None,
         report=report,
+        signing_key=load_signing_key(settings.home, create=True),
     )
     return write_step_result(lake, "mm_register", ds, result)
 

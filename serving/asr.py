@@ -314,8 +314,18 @@ class LoadedAsr:
     """The registry version it came from (None for a folder served directly)."""
 
 
-def load_model_dir(model_dir: Path, *, prefer_compiled: bool = True) -> LoadedAsr:
-    """The model in ``model_dir``, on its int8 package when that was built from this file."""
+GATE_FILE = "compile_gate.json"
+"""The compile gate's report in a registered version's folder (``pipelines.asr.compile``)."""
+
+
+def load_model_dir(
+    model_dir: Path, *, prefer_compiled: bool = True, require_gate: bool = False
+) -> LoadedAsr:
+    """The model in ``model_dir``, on its int8 package when that was built from this file.
+
+    ``require_gate`` (a registered version, whose files matched its signed release): the
+    package also needs the version's :data:`GATE_FILE` to say the compile gate passed (its
+    digest is in the signature, so the verdict is the signed one)."""
     model_dir = Path(model_dir)
     artifact = load_artifact(model_dir)
     if not artifact.alphabet.fitted:
@@ -329,7 +339,9 @@ def load_model_dir(model_dir: Path, *, prefer_compiled: bool = True) -> LoadedAs
     reason = "compiled artifacts not wanted"
     if prefer_compiled:
         package, report = model_dir / INT8_FILE, model_dir / REPORT_FILE
-        if not package.exists() or not report.exists():
+        if require_gate and not _gate_passed(model_dir / GATE_FILE):
+            reason = f"the version's {GATE_FILE} does not record a passed compile gate"
+        elif not package.exists() or not report.exists():
             reason = f"no {INT8_FILE} with {REPORT_FILE} in {model_dir} (cascade asr compile)"
         elif json.loads(report.read_text()).get("model_digest") != digest:
             reason = f"{INT8_FILE} was built from another asr_model.pt; recompile it"
@@ -341,6 +353,13 @@ def load_model_dir(model_dir: Path, *, prefer_compiled: bool = True) -> LoadedAs
                 reason = f"{INT8_FILE} did not load: {type(exc).__name__}: {exc}"
     log.warning("serving %s with the eager fp32 model: %s", model_dir, reason)
     return LoadedAsr(artifact=artifact, forward=artifact.model, backend="eager", digest=digest)
+
+
+def _gate_passed(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text()).get("passed") is True
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 class AsrModel(Model):
@@ -373,10 +392,17 @@ class AsrModel(Model):
         return self.ready
 
     def swap(self, model_dir: Path, version: str | None = None) -> LoadedAsr:
-        """Load ``model_dir`` and serve it from the next request on (one reference swap)."""
+        """Load ``model_dir`` and serve it from the next request on (one reference swap).
+        ``version``: a registry version the follower verified against its signed release
+        (:mod:`serving.champion`), whose package loads only with a passed compile gate."""
         with self._lock:
             loaded = dataclasses.replace(
-                load_model_dir(model_dir, prefer_compiled=self.prefer_compiled), version=version
+                load_model_dir(
+                    model_dir,
+                    prefer_compiled=self.prefer_compiled,
+                    require_gate=version is not None,
+                ),
+                version=version,
             )
             self._loaded, self.model_dir, self.ready = loaded, Path(model_dir), True
         log.info("serving %s v%s from %s (%s)", self.name, version, model_dir, loaded.backend)

@@ -13,11 +13,13 @@ A folder without the marker (a download killed half way), or whose files no long
 is never served: it is deleted and downloaded again. Folders of processes that no longer run
 are removed when a follower starts.
 
-Trust: a version is downloaded only when its registration recorded the digests of its files
-(:data:`cascade.artifacts.DIGESTS_TAG`), and handed to ``swap`` only when every file matches them
-(nothing changed, missing or added since). A version that does not is refused before any of its
-files is read: the refusal is logged once (``refusing ... v3 ...; still serving v2``), the folder
-deleted, and the served version stays until the alias moves to another version.
+Trust: a version is downloaded only when the platform signed its release (the digests of its
+files, the compile gate's verdict, the promotion decision: :mod:`cascade.signing`; for the
+``champion`` alias, a decision that promoted it), and handed to ``swap`` only when every file
+matches the signed digests (nothing changed, missing or added since). A version that does not
+is refused before any of its files is read: the refusal is logged once (``refusing ... v3 ...;
+still serving v2``), the folder deleted, and the served version stays until the alias moves to
+another version.
 """
 
 from __future__ import annotations
@@ -117,17 +119,23 @@ def _marked_digests(folder: Path) -> dict[str, str]:
     return {name: entry["sha256"] for name, entry in listed.items()}
 
 
-def download_version(settings: Settings, model_name: str, version: str, cache: Path) -> Path:
+def download_version(
+    settings: Settings, model_name: str, version: str, cache: Path, *, role: str = "champion"
+) -> Path:
     """The files of ``model_name`` version ``version`` in this process's
     ``cache/worker-PID/v{version}``: reused when its marker vouches for it and lists the digests
-    the version's registration recorded, else (no marker, files that do not match it) deleted
+    the platform signed for the version, else (no marker, files that do not match it) deleted
     and downloaded again, checked against those digests, then marked complete.
 
     Raises :class:`~cascade.artifacts.TamperedArtifact`, leaving no folder behind, when the
-    version records no digests or its files do not match them."""
-    from cascade.registry import download_verified, recorded_version_digests
+    version carries no valid platform signature for ``role`` (checked before anything is
+    downloaded: :func:`cascade.signing.verified_release`) or its files do not match it."""
+    from cascade.registry import download_verified, registry_client_of
+    from cascade.signing import trusted_keys, verified_release
 
-    expected = recorded_version_digests(settings, model_name, str(version))
+    registered = registry_client_of(settings).get_model_version(model_name, str(version))
+    release = verified_release(registered, trusted_keys(settings.home), role=role)
+    expected = dict(release.files)
     target = worker_cache(cache) / f"v{version}"
     if target.exists():
         reason = incomplete_reason(target)
@@ -209,7 +217,9 @@ class ChampionFollower:
             self.refused = None
             log.info("loading %s version %s (serving %s)", self.model_name, wanted, self.served)
             try:
-                folder = download_version(self.settings, self.model_name, wanted, self.cache)
+                folder = download_version(
+                    self.settings, self.model_name, wanted, self.cache, role=self.alias
+                )
             except TamperedArtifact as exc:
                 self.refused = wanted
                 serving = "no version yet" if self.served is None else f"v{self.served}"

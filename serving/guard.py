@@ -20,7 +20,10 @@ Every request passes these checks, in this order, before any route sees it (each
    at most ``max_concurrent`` bodies of at most the byte limit are in memory at once.
 7. The body is read here, chunk by chunk, counting bytes: the chunk that crosses the limit
    is answered 413 at once, whether the client declared a length or streams a chunked body;
-   the route gets the body as one message.
+   the route gets the body as one message. The whole body must arrive within
+   :attr:`GuardPolicy.body_deadline_s` (:data:`BODY_DEADLINE_S`), else 408 and the connection
+   is closed: a client sending a byte a minute holds its slot for that long at most, not for
+   as long as it likes (64 such clients would otherwise turn every other request into a 503).
 
 The health probes (``GET /v2/health/live`` and ``/v2/health/ready``) skip 2, 3 and 6: a
 kubelet names the pod's IP and sends no token, and a busy server is still alive. After an
@@ -31,6 +34,7 @@ read the answer.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from collections.abc import Iterable, Mapping
@@ -50,6 +54,9 @@ PROBE_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 """GET paths answered without the Host, token and concurrency checks."""
 BLOCKED_PREFIX = "/v2/repository"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+BODY_DEADLINE_S = 10.0
+"""Seconds a request's whole body may take to arrive once its headers did (16 MiB of ASR
+audio is 13 Mbit/s; a v2 JSON pre-ranking request is a few hundred bytes)."""
 ANY_HOST = "*"
 
 
@@ -73,10 +80,14 @@ class GuardPolicy:
     """Host names (lower case, no port) a request may name; None: any."""
     token: str | None = None
     """Bearer token every request but the probes must carry; None: none needed."""
+    body_deadline_s: float = BODY_DEADLINE_S
+    """Seconds the whole body may take; a slower one is answered 408 and its slot freed."""
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1 or self.max_concurrent < 1:
             raise ValueError("max_body_bytes and max_concurrent must be >= 1")
+        if not self.body_deadline_s > 0:
+            raise ValueError(f"body_deadline_s must be > 0, got {self.body_deadline_s}")
         if self.token is not None and not self.token:
             raise ServingSetupError("an empty bearer token; set CASCADE_SERVING_TOKEN")
 
@@ -148,6 +159,8 @@ class RequestGuard:
         self.policy = policy
         self.active = 0
         """Requests in flight in this process (past the checks, not yet answered)."""
+        self.slow_bodies = 0
+        """Requests answered 408: their body did not arrive within the deadline."""
         self._token = policy.token.encode() if policy.token else None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -196,7 +209,15 @@ class RequestGuard:
             return
         self.active += 1
         try:
-            body = await read_body(receive, limit)
+            try:
+                async with asyncio.timeout(self.policy.body_deadline_s):
+                    body = await read_body(receive, limit)
+            except TimeoutError:
+                self.slow_bodies += 1
+                late = f"request body not received within {self.policy.body_deadline_s:g} s"
+                close = [(b"connection", b"close")]
+                await reject(send, 408, f"{late}; send the whole body at once", close)
+                return
             if body is None:  # the client went away
                 return
             if isinstance(body, int):

@@ -61,6 +61,7 @@ from kserve.errors import InferenceError, InvalidInput, ModelNotReady
 from kserve.metrics import PREDICT_HIST_TIME, get_labels
 from kserve.protocol.infer_type import InferOutput
 
+from cascade.artifacts import TamperedArtifact
 from cascade.config import Settings, load_settings
 from domains.ctr.schema import ITEM_GENRE, MODEL_FEATURES
 from models.preranking.model import ColdPreRanker, request_fields
@@ -205,16 +206,27 @@ def default_backends() -> Backends:
     """MLflow registry + Feast online store; imported lazily so tests never need them."""
     from domains.ctr.feature_store import feature_store
     from domains.ctr.online_cross import OnlineCrossReader
-    from models.preranking.inference import alias_version, load_registered, run_cross_source
+    from models.preranking.inference import run_cross_source
+
+    return registry_backends(
+        version_source=run_cross_source,
+        open_cross_reader=lambda settings: OnlineCrossReader(feature_store(settings)),
+        item_catalogue=lake_item_catalogue,
+    )
+
+
+def registry_backends(**rest: Any) -> Backends:
+    """The MLflow registry's aliases and its signature-checking loader
+    (:func:`models.preranking.inference.load_registered`, with the compiled package), the other
+    backends as given."""
+    from models.preranking.inference import alias_version, load_registered
 
     return Backends(
         champion_version=lambda settings, alias: alias_version(settings, alias=alias),
         load_champion=lambda settings, alias: load_registered(
             settings, alias=alias, with_package=True
         ),
-        version_source=run_cross_source,
-        open_cross_reader=lambda settings: OnlineCrossReader(feature_store(settings)),
-        item_catalogue=lake_item_catalogue,
+        **rest,
     )
 
 
@@ -331,7 +343,7 @@ class PreRankingModel(Model):
             if str(wanted) in self.refused_versions:
                 return False
             log.info("loading %s version %s (serving %s)", self.name, wanted, self.served_version)
-            loaded = self.backends.load_champion(self.settings, self.config.alias)
+            loaded = self.load_alias(self.config.alias, str(wanted))
             if loaded is None:
                 return False
             served = self.prepare_servable(loaded)
@@ -353,6 +365,20 @@ class PreRankingModel(Model):
             self.ready = True
             log.info("serving %s version %s (was %s)", self.name, served.version, previous)
             return True
+
+    def load_alias(self, alias: str, wanted: str) -> ChampionModel | None:
+        """The version behind ``alias`` (``wanted`` when the alias was read), or None: nothing
+        there, or a version the platform did not sign or whose files are not the signed ones
+        (:mod:`cascade.signing`; checked before anything is downloaded or loaded). A refusal is
+        logged once and remembered in :attr:`refused_versions` (not fetched again while an
+        alias stays on it); the served version stays."""
+        try:
+            return self.backends.load_champion(self.settings, alias)
+        except TamperedArtifact as refused:
+            self.refused_versions[wanted] = str(refused)
+            log.error("refusing %s version %s (alias %s): %s; still serving %s", self.name,
+                      wanted, alias, refused, self.served_version)  # fmt: skip
+            return None
 
     def _cross(self) -> CrossReader | None:
         if not self._cross_reader_opened:

@@ -269,6 +269,7 @@ class LocalModelServer(ModelServer):
         )
         self._rest_server.config.host = self.host
         self._rest_server.config.http = CoalescingHttpToolsProtocol
+        self._rest_server.config.limit_concurrency = connection_limit(policy.max_concurrent)
         if routes and not self.request_log:
             # With request logging on, the infer route stays inside the app, where KServe's
             # timing middleware and the access log see it.
@@ -497,12 +498,55 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
+HEADER_DEADLINE_S = 10.0
+"""Seconds from a connection's opening, or from a request's first byte, to the end of its
+headers; a slower client is disconnected (the guard's body deadline takes over from there)."""
+
+
+def connection_limit(max_concurrent: int) -> int:
+    """uvicorn's ``limit_concurrency`` (open connections plus requests; past it uvicorn answers
+    503 itself): room for idle keep-alive connections beyond the guard's request bound."""
+    return max(1024, 4 * max_concurrent)
+
+
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's HTTP/1.1 protocol writing through a :class:`CoalescingTransport`: a response's
-    headers and its whole body leave in one send."""
+    headers and its whole body leave in one send. A connection that sends nothing, or whose
+    request headers do not end within :data:`HEADER_DEADLINE_S`, is closed (uvicorn has no
+    header timeout: slow headers would hold a connection, and a file descriptor, forever)."""
+
+    header_deadline_s = HEADER_DEADLINE_S
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        self._headers_due: asyncio.TimerHandle | None = None
+        self._expect_headers()
+
+    def _expect_headers(self) -> None:
+        if self._headers_due is None:
+            self._headers_due = self.loop.call_later(self.header_deadline_s, self._headers_late)
+
+    def _headers_arrived(self) -> None:
+        if self._headers_due is not None:
+            self._headers_due.cancel()
+            self._headers_due = None
+
+    def _headers_late(self) -> None:
+        self._headers_due = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._expect_headers()
+
+    def on_headers_complete(self) -> None:
+        self._headers_arrived()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._headers_arrived()
+        super().connection_lost(exc)
 
 
 class BalancedServer(uvicorn.Server):

@@ -229,7 +229,7 @@ class ServingObserver:
             if wanted is None or str(wanted) in self.model.refused_versions:
                 return None
             if self._shadow is None or self._shadow.version != str(wanted):
-                loaded = backends.load_champion(settings, alias)
+                loaded = self.model.load_alias(alias, str(wanted))
                 if loaded is None:
                     return None
                 prepared = self.model.prepare_servable(loaded)

@@ -44,12 +44,12 @@ from torch import nn
 from cascade.artifacts import (
     TamperedArtifact,
     folder_digests,
-    recorded_digests,
     sha256_file,
     verify,
 )
 from cascade.config import Settings, load_settings
-from cascade.registry import REGISTRY_META, version_by_alias
+from cascade.registry import REGISTRY_META, freeze_release, version_by_alias
+from cascade.signing import ANY_ROLE, trusted_keys, verified_release
 from domains.ctr.schema import MODEL_FEATURES
 from models.preranking.config_registry import CascadeTrainConfig, TrainConfig
 from models.preranking.fields import FIELDS_FILE, FieldEncoder, FieldSet
@@ -354,7 +354,7 @@ def load_registered(
     if version is None:
         return None
     # Load by number, not alias: the alias may move while we download.
-    return load_version(settings, str(version.version), with_package=with_package)
+    return load_version(settings, str(version.version), with_package=with_package, role=alias)
 
 
 COMPILED_DIR = "compiled"
@@ -367,10 +367,25 @@ RUN_FILES = "run:"
 """Prefix of the digests of run artifacts (the compiled package) in a version's digest tag."""
 
 
+def registration_files(
+    settings: Settings, model_uri: str, run_id: str
+) -> tuple[str, dict[str, str]]:
+    """What a pre-ranker's registration registers: ``(source, digests)`` of a write-once,
+    content-addressed copy (:func:`cascade.registry.freeze_release`) of the logged model's files
+    and, when the compile step logged them, the run's compiled package and gate report (under
+    :data:`COMPILED_DIR`). A re-run of the compile step rewrites the run's ``compiled/``, never
+    a registered version's files."""
+    client = _client(settings)[0]
+    parts = {"": model_uri}
+    names = {a.path for a in client.list_artifacts(run_id, COMPILED_DIR)}
+    if f"{COMPILED_DIR}/{COMPILED_PACKAGE}" in names:
+        parts[COMPILED_DIR] = f"{client.get_run(run_id).info.artifact_uri}/{COMPILED_DIR}"
+    return freeze_release(settings, run_id, parts)
+
+
 def registration_digests(settings: Settings, model_uri: str, run_id: str) -> dict[str, str]:
-    """What registration records for a pre-ranker: the sha256 of every file of the logged
-    model (as the registry stores it) and of the run's compiled package and gate report when
-    the compile step logged them (prefixed :data:`RUN_FILES`)."""
+    """The digests of a version registered the way versions were before releases were copied
+    (source: the logged model; the run's compiled files prefixed :data:`RUN_FILES`)."""
     client = _client(settings)[0]
     with tempfile.TemporaryDirectory(prefix="cascade-register-") as tmp:
         local = Path(
@@ -446,19 +461,35 @@ def fetch_compiled(
 
 
 def load_version(
-    settings: Settings | None, version: str, *, with_package: bool = False
+    settings: Settings | None,
+    version: str,
+    *,
+    with_package: bool = False,
+    role: str = ANY_ROLE,
 ) -> LoadedModel:
     """Registered version ``version`` of the pre-ranking model (eval mode); ``with_package``
     (the server): also download an FSCD version's gate-passed compiled package
-    (:func:`fetch_compiled`) into ``LoadedModel.compiled``."""
+    (:func:`fetch_compiled`) into ``LoadedModel.compiled``.
+
+    Before anything is downloaded the version's release must verify with a trusted key
+    (:func:`cascade.signing.verified_release`; ``role`` champion, the alias a version is
+    served under: a promoted one; a load by number takes any signed version); the files
+    are then checked against the signed digests, and the package is offered only when the
+    signed compile verdict passed. Raises :class:`~cascade.signing.UnsignedRelease` (a
+    :class:`~cascade.artifacts.TamperedArtifact`) otherwise."""
     client, settings = _client(settings)
     registered = client.get_model_version(settings.registered_model, version)
     uri = f"models:/{settings.registered_model}/{version}"
-    expected = recorded_digests(registered.tags, uri)
+    release = verified_release(registered, trusted_keys(settings.home), role=role)
+    expected = dict(release.files)
     # Where the registry of these settings keeps the files (a models:/ URI would resolve in
     # MLflow's process-wide registry, which may be another store).
     location = client.get_model_version_download_uri(settings.registered_model, version)
-    network, encoder = _load_checked(settings, uri, location, expected)
+    cache = settings.home / "serving" / "compiled"
+    wants_package = with_package and release.compiled_passed
+    network, encoder, kept = _load_checked(
+        settings, uri, location, expected, keep_compiled=cache if wants_package else None
+    )
     auc_tag = registered.tags.get(TEST_AUC_TAG)
     test_auc = (
         float(auc_tag)
@@ -468,9 +499,13 @@ def load_version(
     compiled, reason = None, "a PreRanker is served eagerly"
     if not with_package:
         reason = "not fetched (with_package=False)"
+    elif encoder is not None and not release.compiled_passed:
+        reason = f"the compile gate of {uri} did not pass (its signed verdict); no package"
+    elif encoder is not None and any(name.startswith(COMPILED_DIR + "/") for name in expected):
+        compiled = kept  # from the version's own release folder, checked with the rest
+        reason = "" if kept else f"{uri}'s compiled package did not pass its gate report"
     elif encoder is not None:
         try:
-            cache = settings.home / "serving" / "compiled"
             compiled, reason = fetch_compiled(
                 settings, str(registered.run_id), cache, expected=expected
             )
@@ -488,11 +523,18 @@ def load_version(
 
 
 def _load_checked(
-    settings: Settings, uri: str, location: str, expected: Mapping[str, str]
-) -> tuple[nn.Module, FieldEncoder | None]:
+    settings: Settings,
+    uri: str,
+    location: str,
+    expected: Mapping[str, str],
+    *,
+    keep_compiled: Path | None = None,
+) -> tuple[nn.Module, FieldEncoder | None, Path | None]:
     """Download version ``uri`` from ``location``, check every file against ``expected`` and
     rebuild the network from its state dict and JSON (never through MLflow's loader, which
-    would run the code and read whatever ``MLmodel`` names)."""
+    would run the code and read whatever ``MLmodel`` names). With ``keep_compiled`` (a cache
+    folder), a release's checked compiled package is kept there when its gate report passed:
+    ``(network, encoder, package or None)``."""
     model_files = {k: v for k, v in expected.items() if not k.startswith(RUN_FILES)}
     cold = f"artifacts/{COLD_DIR_ARTIFACT}"
     with tempfile.TemporaryDirectory(prefix="cascade-load-") as tmp:
@@ -509,7 +551,10 @@ def _load_checked(
             needed = [f"{cold}/{name}" for name in names]
             verify(local, model_files, uri, needed=needed)
             model, encoder, _ = load_cold_dir(local / cold)
-            return model, encoder
+            kept = (
+                None if keep_compiled is None else _keep_compiled(local, keep_compiled, model_files)
+            )
+            return model, encoder, kept
         state, config = _mlp_files(local)
         if state is None or config is None:
             raise TamperedArtifact(
@@ -518,7 +563,31 @@ def _load_checked(
             )
         verify(local, model_files, uri, needed=[state, config])
         network, _ = load_model_dir(local / state, local / config)
-        return network, None
+        return network, None, None
+
+
+def _keep_compiled(local: Path, cache: Path, digests: Mapping[str, str]) -> Path | None:
+    """The checked release folder ``local``'s compiled package, moved into
+    ``cache/<its digest>/`` (once: a folder of that content address is reused), when its gate
+    report says passed; None otherwise."""
+    folder = local / COMPILED_DIR
+    package = folder / COMPILED_PACKAGE
+    if not package.is_file() or not (folder / COMPILED_GATE).is_file():
+        return None
+    if json.loads((folder / COMPILED_GATE).read_text()).get("passed") is not True:
+        return None
+    target = cache / digests[f"{COMPILED_DIR}/{COMPILED_PACKAGE}"]
+    if not (target / COMPILED_PACKAGE).is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.rename(target)
+        except OSError:  # another worker's copy got there first, or another filesystem
+            if not (target / COMPILED_PACKAGE).is_file():
+                shutil.copytree(folder, target, dirs_exist_ok=True)
+    if sha256_file(target / COMPILED_PACKAGE) != digests[f"{COMPILED_DIR}/{COMPILED_PACKAGE}"]:
+        shutil.rmtree(target, ignore_errors=True)  # changed on this disk: fetched again next time
+        return None
+    return target / COMPILED_PACKAGE
 
 
 def _mlp_files(local: Path) -> tuple[str | None, str | None]:

@@ -26,7 +26,8 @@ from cascade.promotion import Baseline, Decision, NewVersion, Scores
 from cascade.promotion import register_and_promote as promote
 from cascade.registry import registry_client, registry_report_path
 from cascade.results import write_result
-from models.preranking.inference import TEST_AUC_TAG, registration_digests
+from cascade.signing import check_tested, load_signing_key
+from models.preranking.inference import TEST_AUC_TAG, registration_files
 
 GATE_KEYS = ("passed", "reasons", "artifact", "max_abs_diff", "auc_delta", "speedup_vs_eager")
 """What the registry's decision keeps of the compile gate's report."""
@@ -209,14 +210,16 @@ def register_and_promote(
         }
 
     # What the registry holds now is what every later load must find (cascade.artifacts).
-    digests = registration_digests(settings, model_uri, run_id)
+    source, digests = registration_files(settings, model_uri, run_id)
+    if gate is not None:
+        check_tested(digests, gate.get("tested") or {}, f"{settings.registered_model} run {run_id}")
     result = promote(
         client,
         NewVersion(
             name=settings.registered_model,
             model_description="Pre-ranking CTR model (Cascade)",
             run_id=run_id,
-            source=model_uri,
+            source=source,
             # Links the version to MLflow 3's logged model (models:/m-<id>).
             model_id=model_uri.removeprefix("models:/")
             if model_uri.startswith("models:/m-")
@@ -234,6 +237,7 @@ def register_and_promote(
         compile_gate=gate,
         report=report,
         baseline=baseline,
+        signing_key=load_signing_key(settings.home, create=True),
     )
     path = registry_report_path(ds, settings)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,15 @@ def test_quick_security_benchmark_finds_no_hole(tmp_path: Path) -> None:
     for key in ("fuzz_5xx", "events_stalling_a_run", "tampered_artifacts_loaded"):
         assert result[key] == 0, (key, result)
     assert result["world_readable_secrets"] == 0, result["secrets"]
+    assert result["unsigned_versions_loaded"] == 0, result["releases"]
+    assert result["registered_files_changed_by_rerun"] == 0, result["releases"]["rerun"]
+    assert result["releases"]["rerun"]["registered_versions_checked"] >= 2
+    assert result["releases"]["rerun"]["rerun_candidate_is_new"]
+    assert result["releases"]["asr"]["served_before"] is not None
+    # Every slot held by a body sent a byte at a time: freed at the deadline, others served.
+    deadline = result["releases"]["body_deadline_s"]
+    assert 0 < result["slow_body_slots_held_s"] <= deadline + 2, result["releases"]["slow_body"]
+    assert result["requests_served_during_slow_body_attack"] > 0
     # ...over real work: every route fuzzed, events of every outcome, every model kind.
     assert result["fuzz_requests"] > 50
     assert result["server"]["fuzz_operations"] >= 5

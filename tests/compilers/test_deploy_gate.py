@@ -13,6 +13,7 @@ from cascade.artifacts import DIGESTS_TAG, digests_tag
 from cascade.compiled_packages import load_package
 from cascade.config import Settings
 from cascade.lake import Lake
+from cascade.signing import load_signing_key, sign_version
 from compilers.deploy_gate import cold_gate_sample, compile_and_gate
 from compilers.preranking import cold_request_inputs
 from models.preranking.config_registry import cascade_debug
@@ -22,7 +23,7 @@ from models.preranking.inference import (
     load_trained,
     load_version,
     log_cold_model,
-    registration_digests,
+    registration_files,
 )
 from models.preranking.model import ColdPreRanker
 from models.preranking.registration import register_and_promote
@@ -126,13 +127,20 @@ def test_compile_step_compiles_and_gates_the_fscd_preranker(settings: Settings) 
     trained_result = json.loads(
         (Lake(settings.lake_root).reports("train", DS) / "result.json").read_text()
     )
-    digests = registration_digests(settings, trained_result["model_uri"], report["run_id"])
+    source, digests = registration_files(settings, trained_result["model_uri"], report["run_id"])
     version = client.create_model_version(
         settings.registered_model,
-        trained_result["model_uri"],
+        source,
         run_id=report["run_id"],
         tags={DIGESTS_TAG: digests_tag(digests)},
     ).version
+    # Signed as the promotion gate signs it: the package it tested, and the gate's verdict.
+    assert digests[f"compiled/{Path(report['artifact']).name}"] == next(
+        iter(report["tested"].values())
+    )
+    key = load_signing_key(settings.home, create=True)
+    sign_version(client, key, settings.registered_model, version, compile_gate=report,
+                 decision={"promoted": True})  # fmt: skip
     assert load_version(settings, version).compiled is None  # the registry's loads skip it
     served = load_version(settings, version, with_package=True)
     if report["passed"]:

@@ -24,6 +24,7 @@ import requests
 from cascade.artifacts import DIGESTS_TAG
 from cascade.config import Settings
 from cascade.lake import Lake
+from cascade.signing import release_version
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.slow]
 
@@ -105,10 +106,11 @@ def test_serving_killed_during_a_model_swap_comes_back_on_the_new_champion(
         name,
         source=old.source,
         run_id=old.run_id,
-        model_id=old.source.removeprefix("models:/"),  # MLflow 3: the logged model behind it
         # The same files as the old version: the digests its registration recorded hold.
         tags={"test_auc": "0.9", DIGESTS_TAG: old.tags[DIGESTS_TAG]},
     )
+    # The servers load only signed versions: released as an operator would, before it moves.
+    release_version(stack, name, str(new.version), reason="a swap under test")
     client = Client(stack)
     client.start()
     log_path = log_file(stack, "serving")

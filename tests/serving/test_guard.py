@@ -278,3 +278,89 @@ def test_not_json_names_the_position_not_the_parser_message() -> None:
     with pytest.raises(MalformedRequest) as caught:
         decode_v2_tensors(b'{"inputs": [1,, 2]}')
     assert str(caught.value) == "the request body is not JSON (line 1, column 15)"
+
+
+class InProcessServer:
+    """uvicorn in a thread on a free loopback port, serving ``app`` with the servers' protocol
+    (a header deadline of ``header_deadline_s``)."""
+
+    def __init__(self, app: Any, *, header_deadline_s: float) -> None:
+        import threading
+
+        import uvicorn
+
+        from cascade.ports import free_port
+        from serving.server import CoalescingHttpToolsProtocol, connection_limit
+
+        class Protocol(CoalescingHttpToolsProtocol):
+            pass
+
+        Protocol.header_deadline_s = header_deadline_s
+        self.port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                http=Protocol, limit_concurrency=connection_limit(1),
+                                lifespan="off")  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> InProcessServer:
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+    def post(self, body: bytes = b"{}") -> int:
+        import http.client
+
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        try:
+            connection.request("POST", INFER, body, {"Content-Type": "application/json"})
+            return connection.getresponse().status
+        finally:
+            connection.close()
+
+
+def test_a_slow_body_gets_408_and_its_slot_serves_others_again() -> None:
+    import socket
+    import time
+
+    guard = RequestGuard(
+        Recorder(), GuardPolicy(max_body_bytes=1000, max_concurrent=1, body_deadline_s=0.6)
+    )
+    with InProcessServer(guard, header_deadline_s=5) as server:
+        slow = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        head = (f"POST {INFER} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                "Content-Length: 100\r\n\r\n{")  # fmt: skip
+        started = time.monotonic()
+        slow.sendall(head.encode())
+        time.sleep(0.2)
+        assert guard.active == 1 and server.post() == 503  # the one slot is the slow body's
+        answer = slow.recv(4096)
+        held = time.monotonic() - started
+        assert answer.startswith(b"HTTP/1.1 408") and b"within 0.6 s" in answer
+        assert 0.5 < held < 3 and guard.slow_bodies == 1
+        assert slow.recv(4096) == b""  # closed: the rest of that body is never waited for
+        assert guard.active == 0 and server.post() == 200
+
+
+def test_a_connection_whose_headers_do_not_end_is_closed() -> None:
+    import socket
+    import time
+
+    with InProcessServer(RequestGuard(Recorder(), GuardPolicy(max_body_bytes=1000)),
+                         header_deadline_s=0.5) as server:  # fmt: skip
+        idle = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        slow = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        started = time.monotonic()
+        slow.sendall(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127")
+        assert idle.recv(4096) == b"" and slow.recv(4096) == b""
+        assert time.monotonic() - started < 3
+        assert server.post() == 200  # others are served as before
