@@ -63,7 +63,7 @@ def warm_up(settings: Settings, *, timeout_s: float = 600) -> float:
     from cascade.airflow_client import AirflowClient
 
     started = time.monotonic()
-    event = probe_events(1, tag=f"warm-up-{time.time_ns()}")
+    event = probe_events(1)
     publish_many(event, settings=settings, timeout_s=60)
     result = account([event[0].id], settings, timeout_s=timeout_s)
     if result["lost"]:
@@ -91,26 +91,28 @@ def probe_partitions(partitions: int) -> list[str]:
     return [(PROBE_LAST_PARTITION - dt.timedelta(days=i)).isoformat() for i in range(partitions)]
 
 
-def probe_events(n: int, *, tag: str, partitions: int = 1) -> list[Event]:
-    """``n`` probe events, dealt over ``partitions`` days in turn (every run builds one)."""
+def probe_events(n: int, *, partitions: int = 1) -> list[Event]:
+    """``n`` probe events, dealt over ``partitions`` days in turn (every run builds one). They
+    name no ``path``: an event naming a batch elsewhere is dead-lettered at claim time unless
+    the batch is there (the first step would land it), and a probe has nothing to land."""
     days = probe_partitions(partitions)
     return [
         make_event(
             TOPIC_DATA_LANDED,
-            {"dataset": "probe", "partition": days[i % len(days)], "path": f"{tag}/{i}"},
+            {"dataset": "probe", "partition": days[i % len(days)]},
             source="cascade-bench",
         )
         for i in range(n)
     ]
 
 
-def unbuildable_probe_event(*, tag: str) -> Event:
+def unbuildable_probe_event() -> Event:
     """A valid probe event whose partition cannot be built: two days ahead (UTC), still inside
     what the watcher accepts, so the claim step (not the watcher) must dead-letter it."""
     ahead = dt.datetime.now(dt.UTC).date() + dt.timedelta(days=PARTITION_FUTURE_DAYS)
     return make_event(
         TOPIC_DATA_LANDED,
-        {"dataset": "probe", "partition": ahead.isoformat(), "path": f"{tag}/unbuildable"},
+        {"dataset": "probe", "partition": ahead.isoformat()},
         source="cascade-bench",
     )
 
@@ -233,12 +235,11 @@ def measure_events(
     from cascade.broker import dead_letter_summary
 
     dead_before = dead_letter_summary(settings)
-    tag = f"bench-{time.time_ns()}"
-    batch = probe_events(events, tag=tag, partitions=partitions)
+    batch = probe_events(events, partitions=partitions)
     queued_since = dt.datetime.now(dt.UTC)
     started = time.monotonic()
     publish_malformed(settings, malformed)
-    publish_many([*batch, unbuildable_probe_event(tag=tag)], settings=settings, timeout_s=60)
+    publish_many([*batch, unbuildable_probe_event()], settings=settings, timeout_s=60)
     published_at = {e.id: e.time for e in batch}
     published_s = time.monotonic() - started
     settle_s = window_s * 2 if settle_s is None else settle_s
@@ -327,7 +328,7 @@ def broker_kill_burst(
 
     from infra.stack import kill_service, start_service
 
-    batch = probe_events(events, tag=f"kill-{time.time_ns()}", partitions=partitions)
+    batch = probe_events(events, partitions=partitions)
     half = len(batch) // 2
     queued_since = dt.datetime.now(dt.UTC)
     started = time.monotonic()

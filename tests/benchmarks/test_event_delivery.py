@@ -16,12 +16,15 @@ from benchmarks.event_delivery import (
 )
 from benchmarks.provenance import spreads
 from cascade.assets import TOPIC_DATA_LANDED
+from cascade.event_claims import named_path
 from cascade.events import make_event
 
 
 def test_expected_runs_are_the_distinct_run_keys_of_the_published_events() -> None:
-    burst = probe_events(5, tag="t")
+    burst = probe_events(5)
     assert expected_run_count(burst) == 1  # one dataset, one partition
+    # A probe names no batch location: the claim step would dead-letter a path that is not there.
+    assert all(named_path(e.model_dump(mode="json")) is None for e in burst)
     other_day = make_event(
         TOPIC_DATA_LANDED, {"dataset": "probe", "partition": "2026-11-23"}, source="cascade-bench"
     )
@@ -36,16 +39,16 @@ def test_a_burst_deals_its_events_over_its_partitions_and_one_event_cannot_be_bu
     from benchmarks.event_delivery import unbuildable_probe_event
     from cascade.events import parse_event
 
-    burst = probe_events(7, tag="t", partitions=3)
+    burst = probe_events(7, partitions=3)
     days = [e.payload["partition"] for e in burst]
     assert sorted(set(days)) == ["2026-11-20", "2026-11-21", "2026-11-22"]
     assert expected_run_count(burst) == 3
-    ahead = unbuildable_probe_event(tag="t")
+    ahead = unbuildable_probe_event()
     # Valid for the watcher (it reaches a run's claim step), yet after today: not buildable.
     assert parse_event(ahead.model_dump_json()).id == ahead.id
     assert dt.date.fromisoformat(ahead.payload["partition"]) > dt.datetime.now(dt.UTC).date()
     with pytest.raises(ValueError, match="at least one partition"):
-        probe_events(1, tag="t", partitions=0)
+        probe_events(1, partitions=0)
 
 
 def _burst(**figures: float | None) -> dict[str, object]:

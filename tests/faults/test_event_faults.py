@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 
 def test_burst_of_1000_events_is_one_run_and_every_id_accounted(event_stack: Settings) -> None:
-    events = probe_events(1000, tag="burst")
+    events = probe_events(1000)
     publish_malformed(event_stack, 6)
     publish_many(events, settings=event_stack, timeout_s=60)
     result = account([e.id for e in events], event_stack, timeout_s=300, settle_s=2 * WINDOW_S)
@@ -52,10 +52,10 @@ def test_triggerer_restart_with_pending_events_and_broker_restart_before_trigger
     down, before a broker restart."""
     from infra.stack import start_service
 
-    pending = probe_events(200, tag="triggerer-restart")
+    pending = probe_events(200)
     publish_many(pending, settings=event_stack, timeout_s=60)
     down(event_stack, ("airflow",))  # the triggerer stops mid-way through the 200
-    unseen = probe_events(30, tag="broker-restart")
+    unseen = probe_events(30)
     publish_many(unseen, settings=event_stack, timeout_s=60)
     down(event_stack, ("broker",))  # clean stop: the broker keeps acked writes
     start_service(event_stack, "broker")
