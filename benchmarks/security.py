@@ -67,6 +67,7 @@ from typing import Any
 from benchmarks.security_events import fuzz_events
 from cascade.config import REPO_ROOT, Settings, load_settings, scoped_environ
 from cascade.ports import free_port
+from models.preranking import REGISTERED_MODEL
 
 MB = 1 << 20
 BODY_LIMIT = MB
@@ -396,7 +397,7 @@ def tampered_preranker(settings: Settings, workdir: Path, champion: str) -> dict
     from cascade.registry import download_source
     from models.preranking.inference import load_version
 
-    name = settings.registered_model
+    name = REGISTERED_MODEL
     location = _client(settings).get_model_version_download_uri(name, champion)
     files = download_source(settings, location, workdir / "preranker")
     state = next(p.relative_to(files).as_posix() for p in files.rglob("*.pt"))
@@ -646,7 +647,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             promoted = engine.train_cold_and_promote(settings, ds, DEBUG_NETWORK)
             promoted_digests = hashlib.sha256(
                 _client(settings)
-                .get_model_version(settings.registered_model, promoted["version"])
+                .get_model_version(REGISTERED_MODEL, promoted["version"])
                 .tags[DIGESTS_TAG]
                 .encode()
             ).hexdigest()
@@ -675,7 +676,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
                 client = _client(settings)
                 for how in ("changed file", "no digests"):
                     client.set_registered_model_alias(
-                        settings.registered_model,
+                        REGISTERED_MODEL,
                         "champion",
                         registry["preranking"][how]["version"],
                     )

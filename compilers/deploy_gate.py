@@ -66,7 +66,7 @@ def compile_and_gate(ds: str, *, settings: Settings | None = None) -> dict[str, 
     from models.preranking.inference import load_trained
     from models.preranking.model import ColdPreRanker, PreRanker
     from models.preranking.registration import held_out_rows
-    from models.preranking.train import read_complete_result
+    from models.preranking.training_set import read_complete_result
 
     check_ds(ds)
     settings = settings or load_settings()

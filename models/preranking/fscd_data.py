@@ -73,7 +73,7 @@ def load_frame(config: CascadeTrainConfig) -> pd.DataFrame:
         from models.preranking.movielens_frame import movielens_training_frame
 
         return movielens_training_frame()
-    from models.preranking.train import ROW_COLUMNS, load_training_frame
+    from models.preranking.training_set import ROW_COLUMNS, load_training_frame
 
     # Only the row columns here: the fields (resolve_fields) name and check the others.
     return load_training_frame(Path(config.data), required=ROW_COLUMNS)
@@ -108,7 +108,7 @@ def item_clicks(train: pd.DataFrame) -> pd.Series:
 def validation_counts(frame: pd.DataFrame, config: CascadeTrainConfig) -> tuple[int, int]:
     """``(rows, clicks)`` of the validation split :func:`prepare` carves from ``frame`` (the
     rows before the test split, latest ``validation_fraction`` of them)."""
-    from models.preranking.train import time_split
+    from models.preranking.training_set import time_split
 
     period, _ = time_split(frame, config.test_fraction)
     if len(period) < 2:
@@ -179,7 +179,7 @@ def prepare(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> Pr
     The encoder sees only the training rows, so ids first seen in the validation period are
     unknown to it exactly as ids first seen in the test period are: validation mimics test.
     """
-    from models.preranking.train import time_split
+    from models.preranking.training_set import time_split
 
     frame = load_frame(config) if frame is None else frame
     fields = resolve_fields(config, frame)

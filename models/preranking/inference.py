@@ -51,6 +51,7 @@ from cascade.artifacts import (
 from cascade.config import Settings, load_settings
 from cascade.registry import REGISTRY_META, version_by_alias
 from domains.ctr.schema import MODEL_FEATURES
+from models.preranking import REGISTERED_MODEL
 from models.preranking.config_registry import CascadeTrainConfig, TrainConfig
 from models.preranking.fields import FIELDS_FILE, FieldEncoder, FieldSet
 from models.preranking.model import ColdPreRanker, PreRanker
@@ -327,7 +328,7 @@ def _client(settings: Settings | None) -> tuple[MlflowClient, Settings]:
 def alias_version(settings: Settings | None = None, alias: str = "champion") -> str | None:
     """The version the alias points at, or None when the model or alias does not exist yet."""
     client, settings = _client(settings)
-    version = version_by_alias(client, settings.registered_model, alias)
+    version = version_by_alias(client, REGISTERED_MODEL, alias)
     return None if version is None else str(version.version)
 
 
@@ -350,7 +351,7 @@ def load_registered(
     """The model behind ``alias`` (eval mode), or None when nothing is registered there yet;
     ``with_package``: also fetch its compiled package (see :func:`load_version`)."""
     client, settings = _client(settings)
-    version = version_by_alias(client, settings.registered_model, alias)
+    version = version_by_alias(client, REGISTERED_MODEL, alias)
     if version is None:
         return None
     # Load by number, not alias: the alias may move while we download.
@@ -452,12 +453,12 @@ def load_version(
     (the server): also download an FSCD version's gate-passed compiled package
     (:func:`fetch_compiled`) into ``LoadedModel.compiled``."""
     client, settings = _client(settings)
-    registered = client.get_model_version(settings.registered_model, version)
-    uri = f"models:/{settings.registered_model}/{version}"
+    registered = client.get_model_version(REGISTERED_MODEL, version)
+    uri = f"models:/{REGISTERED_MODEL}/{version}"
     expected = recorded_digests(registered.tags, uri)
     # Where the registry of these settings keeps the files (a models:/ URI would resolve in
     # MLflow's process-wide registry, which may be another store).
-    location = client.get_model_version_download_uri(settings.registered_model, version)
+    location = client.get_model_version_download_uri(REGISTERED_MODEL, version)
     network, encoder = _load_checked(settings, uri, location, expected)
     auc_tag = registered.tags.get(TEST_AUC_TAG)
     test_auc = (

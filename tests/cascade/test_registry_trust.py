@@ -15,17 +15,17 @@ import yaml
 from benchmarks.security import planted_pickle
 from cascade.artifacts import DIGESTS_TAG, TamperedArtifact, digests_tag, folder_digests
 from cascade.config import Settings
+from models.preranking import REGISTERED_MODEL
 from models.preranking.inference import frame_inputs, load_version
-from models.preranking.registration import register_and_promote
 from models.preranking.synthetic_data import synthetic_training_frame
-from tests.cascade.test_registry import fitted, settings, trained  # noqa: F401 (fixture)
+from tests.cascade.test_registry import fitted, promote, settings, trained  # noqa: F401 (fixture)
 
 DS = "2026-01-01"
 
 
 def stored_folder(store: Settings, version: str) -> Path:
     client = mlflow.MlflowClient(store.tracking_uri, registry_uri=store.tracking_uri)
-    uri = client.get_model_version_download_uri(store.registered_model, version)
+    uri = client.get_model_version_download_uri(REGISTERED_MODEL, version)
     folder = Path(uri.removeprefix("file://"))
     assert folder.is_dir(), uri  # the local profile's store is a folder under the state folder
     return folder
@@ -33,7 +33,7 @@ def stored_folder(store: Settings, version: str) -> Path:
 
 def test_a_version_changed_after_registration_is_never_loaded(settings: Settings) -> None:  # noqa: F811
     model = trained(settings, DS, fitted(20))
-    version = register_and_promote(DS, settings=settings)["version"]
+    version = promote(DS, settings)["version"]
     sample = frame_inputs(synthetic_training_frame(8, seed=5))
     torch.testing.assert_close(load_version(settings, version).model(*sample), model(*sample))
 
@@ -44,7 +44,7 @@ def test_a_version_changed_after_registration_is_never_loaded(settings: Settings
         load_version(settings, version)
 
     client = mlflow.MlflowClient(settings.tracking_uri, registry_uri=settings.tracking_uri)
-    client.delete_model_version_tag(settings.registered_model, version, DIGESTS_TAG)
+    client.delete_model_version_tag(REGISTERED_MODEL, version, DIGESTS_TAG)
     with pytest.raises(TamperedArtifact, match="records no artifact digests"):
         load_version(settings, version)
 
@@ -55,7 +55,7 @@ def test_a_planted_pickle_is_never_unpickled(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = trained(settings, DS, fitted(20))
-    version = register_and_promote(DS, settings=settings)["version"]
+    version = promote(DS, settings)["version"]
     folder = stored_folder(settings, version)
     marker = tmp_path / "unpickled.txt"
     # Whoever can write the store can also write the digests: the loader must not depend on
@@ -69,7 +69,7 @@ def test_a_planted_pickle_is_never_unpickled(
     (folder / "MLmodel").write_text(yaml.safe_dump(mlmodel))
     client = mlflow.MlflowClient(settings.tracking_uri, registry_uri=settings.tracking_uri)
     client.set_model_version_tag(
-        settings.registered_model, version, DIGESTS_TAG, digests_tag(folder_digests(folder))
+        REGISTERED_MODEL, version, DIGESTS_TAG, digests_tag(folder_digests(folder))
     )
 
     loaded = load_version(settings, version)

@@ -15,6 +15,7 @@ from cascade.config import Settings
 from cascade.lake import Lake
 from compilers.deploy_gate import cold_gate_sample, compile_and_gate
 from compilers.preranking import cold_request_inputs
+from models.preranking import REGISTERED_MODEL
 from models.preranking.config_registry import cascade_debug
 from models.preranking.fields import FIELD_NAMES, FieldEncoder
 from models.preranking.inference import (
@@ -25,9 +26,8 @@ from models.preranking.inference import (
     registration_digests,
 )
 from models.preranking.model import ColdPreRanker
-from models.preranking.registration import register_and_promote
 from models.preranking.synthetic_data import synthetic_training_frame
-from tests.cascade.test_registry import fitted, trained
+from tests.cascade.test_registry import fitted, promote, trained
 
 DS = "2026-01-07"
 
@@ -54,7 +54,7 @@ def test_compile_step_gates_logs_and_lets_the_registry_promote(settings: Setting
     logged = {a.path for a in client.list_artifacts(report["run_id"], "compiled")}
     assert {"compiled/preranking.pt2", "compiled/gate.json"} <= logged
 
-    decision = register_and_promote(DS, settings=settings)
+    decision = promote(DS, settings, requires_compile_gate=True)
     assert decision["promoted"] and decision["compile_gate"]["passed"]
 
 
@@ -121,14 +121,14 @@ def test_compile_step_compiles_and_gates_the_fscd_preranker(settings: Settings) 
     client = mlflow.MlflowClient(
         tracking_uri=settings.tracking_uri, registry_uri=settings.tracking_uri
     )
-    if not client.search_registered_models(f"name = '{settings.registered_model}'"):
-        client.create_registered_model(settings.registered_model)
+    if not client.search_registered_models(f"name = '{REGISTERED_MODEL}'"):
+        client.create_registered_model(REGISTERED_MODEL)
     trained_result = json.loads(
         (Lake(settings.lake_root).reports("train", DS) / "result.json").read_text()
     )
     digests = registration_digests(settings, trained_result["model_uri"], report["run_id"])
     version = client.create_model_version(
-        settings.registered_model,
+        REGISTERED_MODEL,
         trained_result["model_uri"],
         run_id=report["run_id"],
         tags={DIGESTS_TAG: digests_tag(digests)},

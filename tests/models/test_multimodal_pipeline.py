@@ -32,7 +32,7 @@ def small_partition(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(pipeline.SOURCE_LIMIT_ENV, "20")
     # Stated, not inherited: the e2e stack turns the twin off in this process's environment.
     monkeypatch.setenv(pipeline.DENSE_TWIN_ENV, "1")
-    monkeypatch.delenv(pipeline.RECALL_TOLERANCE_ENV, raising=False)
+    monkeypatch.delenv("CASCADE_MULTIMODAL_RECALL_TOLERANCE", raising=False)
 
 
 def _client(settings: Settings) -> mlflow.MlflowClient:
@@ -149,7 +149,7 @@ def test_steps_build_train_evaluate_and_register_a_champion(
 
     # With no tolerance, a challenger just below the champion is registered, not promoted; one
     # above it is.
-    monkeypatch.setenv(pipeline.RECALL_TOLERANCE_ENV, "0")
+    monkeypatch.setenv("CASCADE_MULTIMODAL_RECALL_TOLERANCE", "0")
     recall = evaluation["mean_recall_at_1"]
     assert recall > 0, evaluation
     _challenger(settings, "2026-11-21", recall - 0.001)
