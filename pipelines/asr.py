@@ -55,8 +55,6 @@ from cascade.step_runner import read_step_result, write_step_result
 
 CONFIG_ENV = "CASCADE_ASR_CONFIG"
 DEFAULT_CONFIG = "synthetic"
-UTTERANCES_ENV = "CASCADE_ASR_UTTERANCES"
-"""Overrides the size of a synthesized batch (the config's ``utterances`` otherwise)."""
 MODEL_NAME = "asr"
 SERVED_ARTIFACT_PATH = "int8"
 """Folder of the training's MLflow run that a registered version points at: the int8 model file
@@ -100,7 +98,7 @@ def _synthetic_count() -> int:
 
         count = get_config(config_name()).corpus_utterances
     if count < 1:
-        raise ValueError(f"{UTTERANCES_ENV} must be >= 1, got {count}")
+        raise ValueError(f"CASCADE_ASR_UTTERANCES must be >= 1, got {count}")
     return count
 
 

@@ -59,16 +59,8 @@ from cascade.pipeline_spec import (
 from cascade.settings_fields import SETTINGS_CONFIG, Flag
 from cascade.step_runner import read_step_result, write_step_result
 
-CONFIG_ENV = "CASCADE_MULTIMODAL_CONFIG"
 DEFAULT_CONFIG = "small"
-GENERATED_ENV = "CASCADE_MULTIMODAL_GENERATED"
-"""Generated pairs of a ``generated`` batch (default :data:`DEFAULT_GENERATED`)."""
 DEFAULT_GENERATED = 2_000
-SOURCE_LIMIT_ENV = "CASCADE_MULTIMODAL_SOURCE_LIMIT"
-"""Caps the stamps and the emoji landed from each offline source (default: all of them)."""
-DENSE_TWIN_ENV = "CASCADE_MULTIMODAL_DENSE_TWIN"
-"""``1`` (default): the evaluate step also trains the config's dense twin on the same shards and
-records its recall beside the MoE's; ``0``: the MoE's figures only (the report says so)."""
 MODEL_NAME = "multimodal"
 MODEL_ARTIFACT_PATH = "model"
 """Folder of the training's MLflow run that a registered version points at: the final
@@ -140,7 +132,7 @@ def land_generated_batch(dest: Path, *, ds: str) -> dict[str, int]:
     if not sum(landed.values()):
         raise RuntimeError(
             f"nothing to land for ds={ds}: no offline source is installed ({missing}) and "
-            f"{GENERATED_ENV}=0; install them (infra/install.sh) or generate pairs"
+            f"CASCADE_MULTIMODAL_GENERATED=0; install them (infra/install.sh) or generate pairs"
         )
     return landed
 
@@ -278,7 +270,9 @@ def evaluate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     if not trained["moe"]:
         report["dense_note"] = f"config {trained['config']!r} is dense itself: no twin to compare"
     elif not _dense_twin_enabled():
-        report["dense_note"] = f"dense twin not trained ({DENSE_TWIN_ENV}=0): MoE figures only"
+        report["dense_note"] = (
+            "dense twin not trained (CASCADE_MULTIMODAL_DENSE_TWIN=0): MoE figures only"
+        )
     else:
         # Imported here: torch and DeepSpeed cost seconds that a MoE-only evaluation skips.
         from models.multimodal.config_registry import dense_twin, get_config

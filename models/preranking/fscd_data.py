@@ -20,8 +20,6 @@ from models.preranking.fields import FIELDS, FIELDS_FILE, FieldEncoder, FieldSet
 
 ALL_FIELDS = FIELDS.names
 """The default field set's names."""
-VALIDATION_FRACTION_ENV = "CASCADE_PRERANKING_VALIDATION_FRACTION"
-"""The pipeline's knob replacing the config's ``validation_fraction``."""
 
 
 def resolve_fields(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> FieldSet:
@@ -129,7 +127,7 @@ def check_validation_clicks(rows: int, clicks: int, config: CascadeTrainConfig) 
             f"the validation split ({config.validation_fraction:g} of the training period) has "
             f"{rows:,} rows with {clicks:,} clicks; FSCD needs at least {need} clicks and "
             f"{need} non-clicks to choose its strength: train on more days or impressions, or "
-            f"raise {VALIDATION_FRACTION_ENV}"
+            f"raise CASCADE_PRERANKING_VALIDATION_FRACTION"
         )
 
 

@@ -68,8 +68,10 @@ COLD_CONFIG_FILE = "cascade_config.json"
 """``{"config": CascadeTrainConfig dict, "fields": [kept fields]}``."""
 ENCODER_FILE = "encoder.json"
 MODEL_KINDS = ("fscd", "mlp")
-"""``fscd``: the FSCD ColdPreRanker (models.preranking.cascade_train); ``mlp``: the PreRanker
-over dense features (models.preranking.train). ``result.json`` names it as ``model_kind``."""
+"""``fscd``: the FSCD ColdPreRanker (models.preranking.cascade_train), what the pipeline trains;
+``mlp``: the PreRanker over dense features, which no pipeline trains any more (a version of one
+registered earlier still loads, for the promotion gate's comparisons; the server refuses it).
+``result.json`` names it as ``model_kind``."""
 
 
 def build_model(state_dict: dict[str, torch.Tensor], config: TrainConfig) -> PreRanker:

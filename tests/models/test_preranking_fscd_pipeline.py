@@ -85,7 +85,6 @@ def test_a_sparse_log_is_refused_in_one_line_before_any_training_process_starts(
         return {"run_id": "r", "test_auc": 0.6, "model_uri": "m", "config": "pipeline", "ds": DS}
 
     monkeypatch.setattr(cascade_train, "launch_for_result", launcher)
-    monkeypatch.setenv("CASCADE_PRERANKING_MODEL", "fscd")
     with pytest.raises(DegenerateData) as refused:
         run_step("train", DS, "ctr_preranking")
     message = str(refused.value)
