@@ -53,8 +53,6 @@ from cascade.partitions import days_before
 from cascade.pipeline_spec import Dataset, Pipeline, Step, Trigger, deferred
 from cascade.settings_fields import SETTINGS_CONFIG
 
-SOURCE_ENV = "CASCADE_CROSS_SOURCE"
-IMPRESSIONS_ENV = "CASCADE_CROSS_IMPRESSIONS"
 DEFAULT_SOURCE = "generated"
 BUILT_IN_PAIRS = ("user", "item", "seg_cat", "user_cat", "seg_item", "ctx_item", "item_pos")
 """Names of the engine's built-in pairs (``jobs.ctr_cross_stats.GENERATED_PAIRS``, kept equal
@@ -143,7 +141,8 @@ def missing_log(ds: str, settings: Settings | None = None) -> str | None:
         return None
     return (
         f"source {source!r} reads a landed log, and none landed at {landing} (a folder "
-        f"with the log's files and a _SUCCESS marker); land it there or set {SOURCE_ENV}=generated"
+        f"with the log's files and a _SUCCESS marker); land it there or set "
+        "CASCADE_CROSS_SOURCE=generated"
     )
 
 
@@ -213,7 +212,7 @@ def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         raise FileNotFoundError(
             f"source {source!r} reads a landed log, and none landed at {landing} (a folder "
             "with the log's files and a _SUCCESS marker); land it there or set "
-            f"{SOURCE_ENV}=generated"
+            f"CASCADE_CROSS_SOURCE=generated"
         )
     rows = generate(landing, ds=ds, settings=settings)["rows"]
     return {"ds": ds, "source": source, "path": str(landing), "generated": True, "rows": rows}
@@ -440,6 +439,10 @@ with their reason; a failed gate stops the run before Feast.
             timeout_minutes=60,
             dvc_deps=(
                 "jobs/ctr_cross_stats.py",
+                "jobs/ctr_cross_config.py",
+                "jobs/ctr_cross_transforms.py",
+                "jobs/ctr_cross_passes.py",
+                "jobs/ctr_cross_lake.py",
                 "jobs/ctr_log_sources.py",
                 ".cascade/lake/landing/impressions/dt=${ds}",
             ),
