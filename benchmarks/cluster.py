@@ -65,6 +65,7 @@ from infra import airflow_cluster, spark_standalone
 from infra.kafka_broker import broker_info
 from infra.stack import private_stack
 from infra.supervise import lose_node
+from models.preranking import REGISTERED_MODEL
 
 DAG_ID = "ctr_preranking"
 DS = "2026-11-22"
@@ -236,7 +237,7 @@ def registry_versions(settings: Settings) -> int:
     client = mlflow.MlflowClient(
         tracking_uri=settings.tracking_uri, registry_uri=settings.tracking_uri
     )
-    return len(client.search_model_versions(f"name = '{settings.registered_model}'"))
+    return len(client.search_model_versions(f"name = '{REGISTERED_MODEL}'"))
 
 
 def _trigger_and_wait(

@@ -279,7 +279,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
                 zero1 = throughput(config_name, 1, steps, work, zero_stage=1)
                 result["ds_vs_torch_throughput_zero1"] = zero1["ds_vs_torch_throughput"]
     from models.preranking.fscd_data import load_frame
-    from models.preranking.train import time_split
+    from models.preranking.training_set import time_split
 
     config = get_cascade_config(config_name)
     frame = load_frame(config)

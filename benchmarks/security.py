@@ -78,6 +78,7 @@ from benchmarks import security_releases as releases
 from benchmarks.security_events import fuzz_events
 from cascade.config import REPO_ROOT, Settings, load_settings, scoped_environ
 from cascade.ports import free_port
+from models.preranking import REGISTERED_MODEL
 from serving.guard import BODY_DEADLINE_S
 
 MB = 1 << 20
@@ -390,7 +391,7 @@ def tampered_preranker(settings: Settings, workdir: Path, champion: str) -> dict
     from cascade.registry import download_source
     from models.preranking.inference import load_version
 
-    name = settings.registered_model
+    name = REGISTERED_MODEL
     location = _client(settings).get_model_version_download_uri(name, champion)
     files = download_source(settings, location, workdir / "preranker")
     state = next(p.relative_to(files).as_posix() for p in files.rglob("*.pt"))
@@ -644,7 +645,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             promoted = engine.train_cold_and_promote(settings, ds, DEBUG_NETWORK)
             promoted_digests = hashlib.sha256(
                 _client(settings)
-                .get_model_version(settings.registered_model, promoted["version"])
+                .get_model_version(REGISTERED_MODEL, promoted["version"])
                 .tags[DIGESTS_TAG]
                 .encode()
             ).hexdigest()
@@ -673,7 +674,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
                 client = _client(settings)
                 for how in ("changed file", "no digests"):
                     client.set_registered_model_alias(
-                        settings.registered_model,
+                        REGISTERED_MODEL,
                         "champion",
                         registry["preranking"][how]["version"],
                     )
@@ -687,7 +688,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
                     duration_s=BODY_DEADLINE_S + 4,
                 )
                 attacks = releases.attack_versions(
-                    settings, settings.registered_model, promoted["version"], workdir,
+                    settings, REGISTERED_MODEL, promoted["version"], workdir,
                     package="compiled/preranking.pt2", gate="compiled/gate.json",
                 )  # fmt: skip
                 pointed = releases.point_preranker(

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade.config import Settings
+from models.preranking import REGISTERED_MODEL
 
 ATTACKS = ("retagged", "swapped package", "flipped gate", "never signed")
 ROLES = ("champion", "rollback target", "shadow")
@@ -148,7 +149,7 @@ def point_preranker(
     from cascade.registry import PREVIOUS_CHAMPION_TAG
 
     client = _client(settings)
-    name = settings.registered_model
+    name = REGISTERED_MODEL
     outcomes: dict[str, Any] = {}
     for attack, version in versions.items():
         client.set_registered_model_alias(name, "champion", version)
@@ -203,7 +204,7 @@ def shadow_preranker(settings: Settings, versions: dict[str, str]) -> dict[str, 
         model.observer = None
         outcomes: dict[str, Any] = {}
         for attack, version in versions.items():
-            client.set_registered_model_alias(settings.registered_model, "shadow", version)
+            client.set_registered_model_alias(REGISTERED_MODEL, "shadow", version)
             loaded = model.load_alias("shadow", version)
             outcomes[attack] = {
                 "version": version,
@@ -211,7 +212,7 @@ def shadow_preranker(settings: Settings, versions: dict[str, str]) -> dict[str, 
                 "package_offered": getattr(loaded, "compiled", None) is not None,
                 "refusal": model.refused_versions.get(version, "")[:160],
             }
-        client.delete_registered_model_alias(settings.registered_model, "shadow")
+        client.delete_registered_model_alias(REGISTERED_MODEL, "shadow")
     finally:
         served_version.load_package = loader  # type: ignore[assignment]
     outcomes["native_loads"] = len(native)
@@ -280,7 +281,7 @@ def rerun_changes(settings: Settings, tmp: Path, ds: str) -> dict[str, Any]:
     from models.preranking.registration import register_and_promote
 
     client = _client(settings)
-    name = settings.registered_model
+    name = REGISTERED_MODEL
     trained = json.loads(
         (Lake(settings.lake_root).reports("train", ds) / "result.json").read_text()
     )

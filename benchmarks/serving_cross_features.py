@@ -27,6 +27,7 @@ per view and per worker process (:func:`scrape_online_reads`).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -230,11 +231,16 @@ def train_cold_and_promote(settings: Settings, ds: str, network: dict[str, Any])
     from models.preranking.fscd_run import EXPERIMENT
     from models.preranking.inference import COLD_DIR_ARTIFACT, CROSS_SOURCE_PARAM, log_cold_model
     from models.preranking.registration import register_and_promote
-    from models.preranking.train import evaluate, time_split
+    from models.preranking.training_set import evaluate, time_split
+    from pipelines.ctr_preranking import PIPELINE
 
     config = with_overrides(
         get_cascade_config(network["training_config"]), epochs=network["epochs"], lr=network["lr"]
     )
+    spec_rule = PIPELINE.promotion()
+    assert spec_rule is not None
+    # No compile step here: the pipeline's metric and tolerance, without its compile gate.
+    rule = dataclasses.replace(spec_rule, requires_compile_gate=False)
     lake = Lake(settings.lake_root)
     folder = lake.training_set("preranking", ds)
     frame = pd.read_parquet(folder / "data.parquet")
@@ -278,7 +284,7 @@ def train_cold_and_promote(settings: Settings, ds: str, network: dict[str, Any])
         }
     write_result(out / "result.json", result)
     return {
-        **register_and_promote(ds, settings=settings),
+        **register_and_promote(ds, settings=settings, promotion=rule),
         "test_auc": test_auc,
         "trainer": "in process, plain Adam, fp32 (the FSCD pre-ranker's network over every "
         "field, no FSCD selection, no compile step)",

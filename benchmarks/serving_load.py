@@ -25,10 +25,10 @@ running local stack is never touched; its partition is today's (UTC), where its 
   summed over the workers and ``online_read_ms_per_request`` its views' means added (the run's
   whole life, warm-ups and version loads included);
 * the network the pipeline's train step trains, trained on that set, logged to a SQLite MLflow
-  and promoted to ``champion`` by :func:`cascade.registry.register_and_promote`. The kind is
-  ``CASCADE_PRERANKING_MODEL`` (or ``CASCADE_BENCH_SERVING_MODEL``), the config is named by
-  ``--config``, else the pipeline's (``CASCADE_PRERANKING_CONFIG``, else ``pipeline``);
-  ``--quick`` trains ``debug`` instead and says so (``training_config``,
+  and promoted to ``champion`` by :func:`cascade.promotion.register_and_promote` under the
+  pipeline's promotion rule. The kind is ``fscd`` (or ``CASCADE_BENCH_SERVING_MODEL``), the
+  config is named by ``--config``, else the pipeline's (``CASCADE_PRERANKING_CONFIG``, else
+  ``pipeline``); ``--quick`` trains ``debug`` instead and says so (``training_config``,
   ``is_pipeline_network``). ``fscd``: the FSCD cascade, trained as the train step trains it
   (DeepSpeed), then compiled and gated by the compile step, so the server scores with its
   AOTInductor package. ``cold``: the FSCD pre-ranker's network over every field, trained in
@@ -99,9 +99,6 @@ USERS, ITEMS = 943, 1_682
 LOG_ROWS = 40_000
 GOAL_P99_MS = 15.0
 
-SERVED_KINDS = ("fscd", "cold")
-"""The networks that read the engine's fields (the dense ``mlp`` reads the MovieLens-shaped
-contract the pipeline no longer builds)."""
 QUICK_CONFIG = "debug"
 """The training config ``--quick`` serves when no ``--config`` is given (seconds to train)."""
 
@@ -116,19 +113,13 @@ def serving_network(settings: Settings, *, quick: bool) -> dict[str, Any]:
     pipeline's epoch and learning-rate knobs, which its train step applies too."""
     from cascade.config import load_group
     from models.preranking.config_registry import get_cascade_config
-    from pipelines.ctr_preranking import DEFAULT_CONFIGS, PrerankingSettings
+    from pipelines.ctr_preranking import DEFAULT_CONFIG, PrerankingSettings
 
     options = settings.bench
-    kind = options.serving_model or settings.preranking_model
-    if kind not in SERVED_KINDS:
-        raise ValueError(
-            f"the serving benchmark serves {' or '.join(SERVED_KINDS)}, not {kind!r}: the "
-            "dense mlp pre-ranker reads a fixed MovieLens-shaped feature contract that the "
-            "cross-statistics engine does not build (set CASCADE_BENCH_SERVING_MODEL)"
-        )
+    kind = options.serving_model or "fscd"
     knobs = load_group(PrerankingSettings)
     # ``cold``: the FSCD pre-ranker's network, so the pipeline's FSCD config is its reference.
-    pipeline_config = knobs.config or DEFAULT_CONFIGS["fscd"]
+    pipeline_config = knobs.config or DEFAULT_CONFIG
     if options.serving_config:
         name, source = options.serving_config, "--config"
     elif quick:
@@ -158,6 +149,7 @@ def train_fscd_and_promote(
     from compilers.deploy_gate import compile_and_gate
     from models.preranking.cascade_train import launch_pipeline
     from models.preranking.registration import register_and_promote
+    from pipelines.ctr_preranking import PIPELINE
 
     network = network or DEBUG_NETWORK
     trained = launch_pipeline(
@@ -170,7 +162,7 @@ def train_fscd_and_promote(
     # The pipeline's compile step: the package the server scores with when the gate passes.
     gate = compile_and_gate(ds, settings=settings)
     return {
-        **register_and_promote(ds, settings=settings, requires_compile_gate=True),
+        **register_and_promote(ds, settings=settings, promotion=PIPELINE.promotion()),
         "test_auc": trained["test_auc"],
         "trainer": "the pipeline's train step (models.preranking.cascade_train, DeepSpeed)",
         "compile_gate": {
@@ -591,8 +583,9 @@ def served_model(settings: Settings, promoted: dict[str, Any]) -> dict[str, Any]
     """The served version in the private registry: its name, version and training, and
     ``digest``, a SHA-256 of the file digests its registration recorded."""
     from cascade.registry import recorded_version_digests
+    from models.preranking import REGISTERED_MODEL
 
-    name, version = settings.registered_model, str(promoted["version"])
+    name, version = REGISTERED_MODEL, str(promoted["version"])
     digests = recorded_version_digests(settings, name, version)
     return {
         "registry": "private MLflow (sqlite)",

@@ -271,7 +271,12 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
         print(f"  starts on: {start}")
         print(f"  steps: {' -> '.join(step['name'] for step in item['steps'])}")
         if model:
-            print(f"  registers: {model['name']}@{model['alias']} ({model['promotion']['metric']})")
+            rule = model["promotion"]
+            better = "higher" if rule["higher_is_better"] else "lower"
+            print(
+                f"  registers: {model['name']}@{model['alias']} ({rule['metric']}, {better} wins, "
+                f"tolerance {rule['tolerance']:g})"
+            )
     return 0
 
 

@@ -45,10 +45,6 @@ from cascade.settings_fields import (
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("local", "cluster")
-PROMOTION_METRICS = {"auc": True, "logloss": False}
-"""Metrics the champion/challenger gate can compare -> whether higher is better."""
-PRERANKING_MODELS = ("fscd", "mlp")
-"""What the ``ctr_preranking`` train step trains (``Settings.preranking_model``)."""
 PORT_NAMES = (
     "broker",
     "broker_controller",
@@ -304,9 +300,9 @@ class BenchSettings:
     """Parts ``bench multimodal`` leaves out (smoke runs): ``corpus`` (the corpus job's
     benchmark, which ``bench multimodal-corpus`` runs on its own); the JSON names them."""
     serving_model: Literal["fscd", "cold"] | None = None
-    """Model ``bench serving`` serves (unset: ``CASCADE_PRERANKING_MODEL``); ``cold``: the FSCD
-    pre-ranker's network over every field, trained in process in seconds (no selection, no
-    compile step)."""
+    """Model ``bench serving`` serves (unset: ``fscd``, what the pipeline trains); ``cold``:
+    the FSCD pre-ranker's network over every field, trained in process in seconds (no
+    selection, no compile step)."""
     serving_cross_features: bool = True
     """Whether the model ``bench serving`` serves reads the engine's statistics from the online
     store (``--no-cross-features``: the id fields only)."""
@@ -414,18 +410,6 @@ class Settings:
     (``--nnodes N --node_rank R``, one static rendezvous), each starting ``train_processes``
     workers. All launchers run on this machine over loopback; their command lines, one per
     host of a real cluster, head the training log. A node that fails ends the others."""
-    preranking_model: Literal["fscd", "mlp"] = setting("fscd", group="Training runtime")
-    """What the ``ctr_preranking`` train step trains: ``fscd``, the ranking cascade whose
-    FSCD-selected ColdPreRanker is deployed (``models.preranking.cascade_train``), or ``mlp``,
-    the dense-feature PreRanker (``models.preranking.train``) on a MovieLens-shaped training
-    set, which the compile step can package with AOTInductor and the server refuses to serve."""
-    registered_model: str = setting("preranking", group="Promotion")
-    """Name of the pre-ranking model in the MLflow registry."""
-    promotion_tolerance: float = setting(0.005, group="Promotion", ge=0, lt=1)
-    """The champion alias moves only if the challenger is at most this much worse than the
-    champion on the promotion metric, both measured on the same held-out rows."""
-    promotion_metric: Literal["auc", "logloss"] = setting("auc", group="Promotion")
-    """``auc`` (higher is better) or ``logloss`` (lower is better): what the gate compares."""
     feature_store: FeatureStoreSettings = Field(default_factory=lambda: FeatureStoreSettings())
     events: EventSettings = Field(default_factory=lambda: EventSettings())
     runtime: RuntimeSettings = Field(default_factory=lambda: RuntimeSettings())

@@ -82,24 +82,23 @@ class MlflowAliases:
 
 def rollback(
     *,
+    model: str,
     reason: str = "manual",
     automatic: bool = False,
     settings: Settings | None = None,
     aliases: Aliases | None = None,
     publish: bool = True,
-    model: str | None = None,
     expected: str | None = None,
 ) -> dict[str, Any]:
-    """Point ``model``'s ``champion`` (default: the pre-ranker, ``settings.registered_model``)
-    back at the version the current champion replaced, if the champion is still ``expected``
-    (default: the version read when called); returns what moved and publishes
+    """Point registered model ``model``'s ``champion`` back at the version the current
+    champion replaced, if the champion is still ``expected`` (default: the version read when
+    called); returns what moved and publishes
     ``cascade.model.deployed`` (reason ``rollback`` / ``automatic-rollback``).
 
     The result has ``moved``: False when the champion was no longer ``expected`` under the
     alias lock (another rollback or a promotion moved it first); nothing changed then."""
     settings = settings or load_settings()
     aliases = aliases or MlflowAliases(settings)
-    model = model or settings.registered_model
     if expected is None:
         expected = aliases.alias_version(model, CHAMPION)
         if expected is None:
@@ -186,6 +185,7 @@ def should_roll_back(requests: int, errors: int, policy: ErrorRatePolicy) -> boo
 
 def auto_rollback(
     *,
+    model: str,
     served_version: str,
     requests: int,
     errors: int,
@@ -206,6 +206,7 @@ def auto_rollback(
         return None
     settings = settings or load_settings()
     return rollback(
+        model=model,
         reason=f"error rate {errors}/{requests} > {policy.max_error_rate} "
         f"on version {served_version}",
         automatic=True,

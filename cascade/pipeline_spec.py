@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 StepFunction = Callable[[str], Mapping[str, Any]]
@@ -191,7 +191,13 @@ class Trigger:
 
 @dataclass(frozen=True, kw_only=True)
 class Promotion:
-    """How a challenger becomes champion (:mod:`cascade.promotion` applies it)."""
+    """How a challenger becomes champion (:mod:`cascade.promotion` applies it).
+
+    The spec's values are the rule. A pipeline may let a run change the metric or the
+    tolerance only through a documented field of its settings class, named here
+    (``metric_setting``, ``tolerance_setting``): unset (None), the spec's value applies.
+    :meth:`Pipeline.promotion` gives the rule in force, which ``cascade pipelines --json``
+    prints and the register step applies."""
 
     metric: str
     """The held-out metric both versions are scored on (e.g. ``auc``, ``cer``)."""
@@ -200,6 +206,51 @@ class Promotion:
     """How much worse than the champion a challenger may be and still be promoted."""
     requires_compile_gate: bool = False
     """The pipeline has a compile step: no promotion without its passed report."""
+    metrics: Mapping[str, bool] = field(default_factory=dict)
+    """The metrics ``metric_setting`` may choose, each with whether higher is better (the
+    spec's ``metric`` among them)."""
+    metric_setting: str = ""
+    """The field of the pipeline's settings class that replaces ``metric`` when set."""
+    tolerance_setting: str = ""
+    """The field of the pipeline's settings class that replaces ``tolerance`` when set."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.tolerance < 1:
+            raise ValueError(f"promotion tolerance must be in [0, 1), got {self.tolerance}")
+        if self.metric_setting and self.metrics.get(self.metric) != self.higher_is_better:
+            raise ValueError(
+                f"promotion metric_setting {self.metric_setting!r} needs `metrics` to list "
+                f"{self.metric!r} with higher_is_better={self.higher_is_better}"
+            )
+
+    @property
+    def settings_fields(self) -> dict[str, str]:
+        """Rule attribute -> the settings field that may replace it."""
+        return {
+            name: value
+            for name, value in (
+                ("metric", self.metric_setting),
+                ("tolerance", self.tolerance_setting),
+            )
+            if value
+        }
+
+    def applied(self, knobs: Any) -> Promotion:
+        """The rule with the overrides that ``knobs`` (the pipeline's settings) set."""
+        rule = self
+        if self.tolerance_setting:
+            tolerance = getattr(knobs, self.tolerance_setting)
+            if tolerance is not None:
+                rule = replace(rule, tolerance=float(tolerance))
+        if self.metric_setting:
+            metric = getattr(knobs, self.metric_setting)
+            if metric is not None:
+                if metric not in self.metrics:
+                    raise ValueError(
+                        f"promotion metric {metric!r} is not one of {sorted(self.metrics)}"
+                    )
+                rule = replace(rule, metric=metric, higher_is_better=self.metrics[metric])
+        return rule
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,6 +341,7 @@ class Pipeline:
             raise ValueError(f"pipeline {self.name!r}: retries must be >= 2")
         if self.partition_lag_days < 0:
             raise ValueError(f"pipeline {self.name!r}: partition_lag_days must be >= 0")
+        self._check_promotion_settings()
         knobs: dict[str, str] = {}
         for step in self.steps:
             for knob, variable in step.params.items():
@@ -298,6 +350,52 @@ class Pipeline:
                         f"pipeline {self.name!r}: knob {knob!r} sets {knobs[knob]} in one step "
                         f"and {variable} in step {step.name!r}; one knob, one setting"
                     )
+
+    def _check_promotion_settings(self) -> None:
+        """Each promotion override names a documented field of the settings class."""
+        if self.model is None:
+            return
+        for attribute, name in self.model.promotion.settings_fields.items():
+            fields = getattr(self.settings, "__pydantic_fields__", {})
+            if name not in fields:
+                raise ValueError(
+                    f"pipeline {self.name!r}: the promotion {attribute} comes from settings "
+                    f"field {name!r}, which its settings class "
+                    f"{getattr(self.settings, '__name__', None)} lacks; add it or drop the override"
+                )
+            if not (fields[name].description or "").strip():
+                raise ValueError(
+                    f"pipeline {self.name!r}: settings field {name!r} overrides the promotion "
+                    f"{attribute} without a docstring; document it"
+                )
+
+    def promotion(self, knobs: Any | None = None) -> Promotion | None:
+        """The promotion rule in force: the spec's, with what the pipeline's settings
+        (``knobs``; default: loaded from the ``CASCADE_*`` variables) override. None for a
+        pipeline that registers no model."""
+        if self.model is None:
+            return None
+        rule = self.model.promotion
+        if not rule.settings_fields:
+            return rule
+        if knobs is None:
+            from cascade.config import load_group
+
+            assert self.settings is not None
+            knobs = load_group(self.settings)
+        return rule.applied(knobs)
+
+    def promotion_variables(self) -> dict[str, str]:
+        """Rule attribute -> the ``CASCADE_*`` variable that overrides it."""
+        if self.model is None or self.settings is None:
+            return {}
+        from cascade.settings_fields import setting_fields
+
+        by_field = {field.path[-1]: field.env for field in setting_fields(self.settings)}
+        return {
+            attribute: by_field[name]
+            for attribute, name in self.model.promotion.settings_fields.items()
+        }
 
     @property
     def knobs(self) -> dict[str, str]:
@@ -324,8 +422,27 @@ class Pipeline:
     def step_names(self) -> tuple[str, ...]:
         return tuple(step.name for step in self.steps)
 
-    def describe(self) -> dict[str, Any]:
-        """The JSON shape of ``cascade pipelines --json``."""
+    def _describe_model(self, knobs: Any | None) -> dict[str, Any]:
+        assert self.model is not None
+        rule = self.promotion(knobs)
+        assert rule is not None
+        return {
+            "name": self.model.name,
+            "alias": self.model.alias,
+            "promotion": {
+                "metric": rule.metric,
+                "higher_is_better": rule.higher_is_better,
+                "tolerance": rule.tolerance,
+                "requires_compile_gate": rule.requires_compile_gate,
+                # Where a run may change the rule (unset: the values above are the spec's).
+                "overridden_by": self.promotion_variables(),
+            },
+            "scorable": self.model.score is not None,
+        }
+
+    def describe(self, knobs: Any | None = None) -> dict[str, Any]:
+        """The JSON shape of ``cascade pipelines --json``; ``registered_model.promotion`` is
+        the rule in force (:meth:`promotion`, with ``knobs`` or the loaded settings)."""
         return {
             "name": self.name,
             "description": self.description.strip().splitlines()[0] if self.description else "",
@@ -359,19 +476,7 @@ class Pipeline:
                 "after": list(self.after),
                 "outlets": sorted({uri for step in self.steps for uri in step.outlets}),
             },
-            "registered_model": None
-            if self.model is None
-            else {
-                "name": self.model.name,
-                "alias": self.model.alias,
-                "promotion": {
-                    "metric": self.model.promotion.metric,
-                    "higher_is_better": self.model.promotion.higher_is_better,
-                    "tolerance": self.model.promotion.tolerance,
-                    "requires_compile_gate": self.model.promotion.requires_compile_gate,
-                },
-                "scorable": self.model.score is not None,
-            },
+            "registered_model": None if self.model is None else self._describe_model(knobs),
             "settings": None if self.settings is None else self.settings.__name__,
             "dvc_prefix": self.dvc_prefix,
             "tags": list(self.tags),

@@ -3,13 +3,12 @@
     cascade step compile --pipeline ctr_preranking --ds 2026-11-22
 
 Runs after ``train`` and before ``register``: builds the request-shaped AOTInductor artifact of
-the trained pre-ranking model (the FSCD ColdPreRanker or the dense PreRanker, as the training
-result's ``model_kind`` says), runs :func:`compilers.gate.compile_cold_gate` /
-:func:`compilers.gate.compile_gate` on held-out requests of
-the partition's training set (the rows the model was not trained on), logs the artifact and the
-gate report to the training's MLflow run (``compiled/preranking.pt2``, ``compiled/gate.json``:
-the FSCD pre-ranker's server downloads and scores with a passed package, built under the
-server's per-process thread count ``CASCADE_SERVING_TORCH_THREADS``), and writes
+the trained FSCD pre-ranker (ColdPreRanker), runs :func:`compilers.gate.compile_cold_gate` on
+held-out requests of the partition's training set (the rows the model was not trained on),
+logs the artifact and the gate report to the training's MLflow run
+(``compiled/preranking.pt2``, ``compiled/gate.json``: the server downloads and scores with a
+passed package, built under the server's per-process thread count
+``CASCADE_SERVING_TORCH_THREADS``), and writes
 ``Lake.reports("compile", ds) / "result.json"``. A failed gate does not fail the task: the
 registry reads the report and keeps the champion, stating the gate's reasons
 (:mod:`cascade.registry`), so the run shows what was blocked and why.
@@ -30,16 +29,6 @@ from compilers.export import torch_threads
 
 MAX_USERS = 300
 """Held-out users (one request each) the gate scores: enough for a stable AUC, bounded time."""
-
-
-def gate_sample(frame: Any, *, max_users: int = MAX_USERS) -> list[Any]:
-    """Held-out requests (``compilers.gate.held_out_requests``) of the ``max_users`` users with
-    the most held-out impressions; deterministic for a given frame."""
-    from compilers.gate import held_out_requests
-
-    counts = frame.groupby("user_id").size().sort_values(ascending=False, kind="stable")
-    users = set(counts.index[:max_users].tolist())
-    return held_out_requests(frame[frame["user_id"].isin(users)])
 
 
 def cold_gate_sample(frame: Any, encoder: Any, *, max_users: int = MAX_USERS) -> list[Any]:
@@ -63,15 +52,15 @@ def compile_and_gate(ds: str, *, settings: Settings | None = None) -> dict[str, 
     """Compile and gate the model trained for ``ds``; returns and writes the gate's report."""
     import mlflow
 
-    from compilers.gate import compile_cold_gate, compile_gate
+    from compilers.gate import compile_cold_gate
     from models.preranking.inference import (
         COMPILED_DIR,
         COMPILED_PACKAGE,
         load_trained,
     )
-    from models.preranking.model import ColdPreRanker, PreRanker
+    from models.preranking.model import ColdPreRanker
     from models.preranking.registration import held_out_rows
-    from models.preranking.train import read_complete_result
+    from models.preranking.training_set import read_complete_result
 
     check_ds(ds)
     settings = settings or load_settings()
@@ -83,21 +72,21 @@ def compile_and_gate(ds: str, *, settings: Settings | None = None) -> dict[str, 
             f"no complete training result in {trained_dir}; run the train step for ds={ds}"
         )
     loaded = load_trained(trained_dir)
+    if not isinstance(loaded.model, ColdPreRanker):
+        raise ValueError(
+            f"the model trained for ds={ds} in {trained_dir} is a {type(loaded.model).__name__}, "
+            "which the pipeline neither compiles nor serves; run the train step again (it "
+            "trains the FSCD pre-ranker)"
+        )
     rows = held_out_rows(lake, ds, loaded.test_fraction)
     out = lake.reports("compile", ds)
     out.mkdir(parents=True, exist_ok=True)
     cache = settings.home / "compile-cache"
-    if isinstance(loaded.model, ColdPreRanker):
-        # The server loads this package and runs it on one thread per process: build it (the
-        # thread count is baked into its kernels) and time it against eager the same way.
-        threads = settings.serving.torch_threads
-        sample = cold_gate_sample(rows, loaded.encoder)
-        with torch_threads(threads):
-            report = compile_cold_gate(loaded.model, sample, out_dir=out, cache_dir=cache)
-    else:
-        assert isinstance(loaded.model, PreRanker)
-        sample = gate_sample(rows)
-        report = compile_gate(loaded.model, sample, out_dir=out, cache_dir=cache)
+    # The server loads this package and runs it on one thread per process: build it (the
+    # thread count is baked into its kernels) and time it against eager the same way.
+    sample = cold_gate_sample(rows, loaded.encoder)
+    with torch_threads(settings.serving.torch_threads):
+        report = compile_cold_gate(loaded.model, sample, out_dir=out, cache_dir=cache)
     report = {
         # NaN (AUC undefined) and inf (broken parity) as null: the report travels as JSON.
         **{

@@ -1,17 +1,20 @@
-"""The deployment gate for a compiled pre-ranking model: parity and latency, with reasons.
+"""The deployment gate for a compiled pre-ranking model: parity, accuracy and latency, with
+reasons.
 
-    python -c "from compilers.gate import compile_gate; help(compile_gate)"
+    cascade step compile --pipeline ctr_preranking --ds 2026-11-22
 
-Before a trained pre-ranking model is registered and served, the pipeline compiles it into the
-request-shaped AOTInductor artifact (:func:`compilers.preranking.compile_preranking`) and calls
-:func:`compile_gate` on a held-out sample of requests. The artifact may only replace eager
-serving when it scores like the model it was compiled from and is not slower; a failed check
-comes back as a sentence that names the check, the measured value and the limit, so the
-blocked deployment explains itself in the Airflow log.
+Before a trained FSCD pre-ranker is registered and served, the pipeline's compile step
+(:mod:`compilers.deploy_gate`) compiles it into the request-shaped AOTInductor artifact
+(:func:`compilers.preranking.compile_cold_preranking`) and calls :func:`compile_cold_gate` on a
+held-out sample of requests. The artifact may only replace eager serving when it scores like the
+model it was compiled from and is not slower; a failed check comes back as a sentence that names
+the check, the measured value and the limit, so the blocked deployment explains itself in the
+Airflow log (:func:`judge_artifact` holds the checks, for any request form).
 
-The sample is a list of requests in the form :func:`held_out_requests` builds:
-``[((user_dense [1, U], user_id [1], item_dense [N, F-U], item_id [N]), labels [N]), ...]``,
-one entry per user, labels 0/1 (clicked or not) for each of its ``N`` candidates.
+:func:`held_out_requests` builds the dense ``PreRanker``'s requests,
+``[((user_dense [1, U], user_id [1], item_dense [N, F-U], item_id [N]), labels [N]), ...]``:
+the compile benchmark's first network (``cascade bench compile --model preranking``, under
+``mlp``), which no pipeline trains.
 """
 
 from __future__ import annotations
@@ -30,14 +33,12 @@ from cascade.compiled_packages import load_package
 from compilers.export import torch_threads
 from compilers.preranking import (
     ColdPreRankingRequest,
-    PreRankingRequest,
     cold_request_inputs,
     compile_cold_preranking,
-    compile_preranking,
 )
 from compilers.timing import interleaved_ms
 from domains.ctr.schema import LABEL, MODEL_FEATURES, USER_FEATURES
-from models.preranking.model import ColdPreRanker, PreRanker
+from models.preranking.model import ColdPreRanker
 
 Request = tuple[tuple[torch.Tensor, ...], np.ndarray]
 """``(inputs, labels)``: the four request tensors and one 0/1 label per candidate."""
@@ -63,30 +64,6 @@ def held_out_requests(frame: pd.DataFrame) -> list[Request]:
 DEFAULT_MAX_ABS_DIFF = 1e-3
 """Largest tolerated ``|artifact - eager|`` logit. The exact passes stay near 1e-6; int8
 (RSQ) artifacts move logits by a few 1e-3 and are judged by the AUC budget instead."""
-
-
-def _check_sample(sample: Sequence[Request], num_dense: int) -> None:
-    if not sample:
-        raise ValueError(
-            "compile_gate needs a non-empty held-out sample: a list of (inputs, labels) "
-            "requests as compilers.gate.held_out_requests builds them"
-        )
-    for index, entry in enumerate(sample):
-        if len(entry) != 2 or len(entry[0]) != 4:
-            raise ValueError(
-                f"sample[{index}] must be ((user_dense, user_id, item_dense, item_id), labels)"
-            )
-        (user_dense, _, item_dense, item_id), labels = entry
-        if user_dense.shape[0] != 1 or user_dense.shape[1] + item_dense.shape[1] != num_dense:
-            raise ValueError(
-                f"sample[{index}]: user_dense {tuple(user_dense.shape)} and item_dense "
-                f"{tuple(item_dense.shape)} do not make the model's {num_dense} dense features"
-            )
-        if not (item_dense.shape[0] == item_id.shape[0] == len(labels)):
-            raise ValueError(
-                f"sample[{index}]: {item_dense.shape[0]} candidates, {item_id.shape[0]} item ids "
-                f"and {len(labels)} labels; they must be equal"
-            )
 
 
 def _scores(score: Callable[..., Any], sample: Sequence[Request]) -> list[np.ndarray]:
@@ -180,66 +157,6 @@ def judge_artifact(
     }
 
 
-def compile_gate(
-    model: PreRanker,
-    sample: Sequence[Request],
-    *,
-    out_dir: Path,
-    max_abs_diff: float = DEFAULT_MAX_ABS_DIFF,
-    auc_budget: float = 0.001,
-    min_speedup: float = 1.0,
-    cache_dir: Path | None = None,
-    fast_build: bool = False,
-) -> dict[str, Any]:
-    """Compile ``model`` and decide whether its artifact may be deployed.
-
-    Checks, each adding a readable reason when it fails:
-
-    * parity: every artifact logit on ``sample`` is finite and within ``max_abs_diff`` of
-      eager PyTorch's;
-    * accuracy: ``|AUC(artifact) - AUC(eager)| <= auc_budget`` over all candidates of the
-      sample (skipped, with a reason, when the labels hold one class only: AUC is undefined);
-    * latency: on one request holding all the sample's candidates, eager median / artifact
-      median (interleaved rounds) is at least ``min_speedup``.
-
-    Returns ``{"passed", "reasons", "artifact", "max_abs_diff", "auc_delta", "eager_auc",
-    "artifact_auc", "speedup_vs_eager", "eager_ms", "artifact_ms", "candidates_timed",
-    "passes", "compile"}``; ``passes`` is the pass pipeline's per-pass report. ``cache_dir``
-    and ``fast_build`` are passed to :func:`compilers.preranking.compile_preranking`.
-    """
-    if max_abs_diff <= 0 or auc_budget < 0 or min_speedup <= 0:
-        raise ValueError(
-            f"gate limits must be positive (max_abs_diff={max_abs_diff}, "
-            f"auc_budget={auc_budget}, min_speedup={min_speedup})"
-        )
-    model = model.eval()
-    _check_sample(sample, model.config.num_dense)
-    out_dir = Path(out_dir)
-    artifact = compile_preranking(
-        model, out_dir / "preranking.pt2", cache_dir=cache_dir, fast_build=fast_build
-    )
-    # Held-out requests are often a handful of candidates, where a timing is all call overhead
-    # and scheduler noise; serving scores hundreds. Time one request holding every candidate
-    # of the sample, for the user of the largest request.
-    user_dense, user_id, _, _ = max(sample, key=lambda entry: entry[0][2].shape[0])[0]
-    largest = (
-        user_dense,
-        user_id,
-        torch.cat([inputs[2] for inputs, _ in sample]),
-        torch.cat([inputs[3] for inputs, _ in sample]),
-    )
-    verdict = judge_artifact(
-        PreRankingRequest(model).eval(),
-        load_package(artifact.path),
-        sample,
-        largest,
-        max_abs_diff=max_abs_diff,
-        auc_budget=auc_budget,
-        min_speedup=min_speedup,
-    )
-    return _gate_report(verdict, artifact)
-
-
 def compile_cold_gate(
     model: ColdPreRanker,
     sample: Sequence[Request],
@@ -251,11 +168,24 @@ def compile_cold_gate(
     cache_dir: Path | None = None,
     fast_build: bool = False,
 ) -> dict[str, Any]:
-    """:func:`compile_gate` for the FSCD pre-ranker: the same checks and report, on requests
-    ``((user_codes [1, F], candidate_codes [N, F]), labels [N])`` of encoded fields (as
-    :func:`compilers.deploy_gate.cold_gate_sample` builds them), each scored as served: its
-    cross keys deduplicated (:func:`compilers.preranking.cold_request_inputs`); the artifact
-    built by :func:`compilers.preranking.compile_cold_preranking`."""
+    """Compile the FSCD pre-ranker ``model`` and decide whether its artifact may be deployed.
+
+    Checks, each adding a readable reason when it fails (:func:`judge_artifact`):
+
+    * parity: every artifact logit on ``sample`` is finite and within ``max_abs_diff`` of
+      eager PyTorch's;
+    * accuracy: ``|AUC(artifact) - AUC(eager)| <= auc_budget`` over all candidates of the
+      sample (skipped, with a reason, when the labels hold one class only: AUC is undefined);
+    * latency: on one request holding all the sample's candidates, eager median / artifact
+      median (interleaved rounds) is at least ``min_speedup``.
+
+    ``sample``: requests ``((user_codes [1, F], candidate_codes [N, F]), labels [N])`` of
+    encoded fields (as :func:`compilers.deploy_gate.cold_gate_sample` builds them), each scored
+    as served: its cross keys deduplicated (:func:`compilers.preranking.cold_request_inputs`).
+    Returns ``{"passed", "reasons", "artifact", "max_abs_diff", "auc_delta", "eager_auc",
+    "artifact_auc", "speedup_vs_eager", "eager_ms", "artifact_ms", "candidates_timed",
+    "passes", "compile"}``; ``passes`` is the pass pipeline's per-pass report. ``cache_dir``
+    and ``fast_build`` are passed to :func:`compilers.preranking.compile_cold_preranking`."""
     if max_abs_diff <= 0 or auc_budget < 0 or min_speedup <= 0:
         raise ValueError(
             f"gate limits must be positive (max_abs_diff={max_abs_diff}, "

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cascade.config import Settings, load_settings
+from models.preranking import REGISTERED_MODEL
 
 DAG_ID = "ctr_preranking"
 
@@ -203,7 +204,7 @@ def run_demo(
         f"password in {summary['mlflow_credentials_file']})"
     )
     echo(
-        f"   champion  {settings.registered_model} v{register.get('champion_version')} "
+        f"   champion  {REGISTERED_MODEL} v{register.get('champion_version')} "
         f"AUC {register.get('champion_auc')} (this run: v{register.get('version')}, "
         f"AUC {register.get('test_auc')}, promoted {register.get('promoted')})"
     )

@@ -55,8 +55,6 @@ from cascade.step_runner import read_step_result, write_step_result
 
 CONFIG_ENV = "CASCADE_ASR_CONFIG"
 DEFAULT_CONFIG = "synthetic"
-UTTERANCES_ENV = "CASCADE_ASR_UTTERANCES"
-"""Overrides the size of a synthesized batch (the config's ``utterances`` otherwise)."""
 MODEL_NAME = "asr"
 SERVED_ARTIFACT_PATH = "int8"
 """Folder of the training's MLflow run that a registered version points at: the int8 model file
@@ -75,10 +73,10 @@ class AsrSettings:
     utterances: int | None = Field(default=None, ge=1)
     """Size of a batch of the ``synthetic`` source (``cascade land speech --source synthetic``;
     unset: the config's ``corpus_utterances``)."""
-    cer_tolerance: float = Field(default=0.005, ge=0, lt=1)
-    """A challenger may be this much worse (absolute CER) than the champion and still be
-    promoted: two evaluations of one model on the same rows agree exactly, so this only absorbs
-    real noise."""
+    cer_tolerance: float | None = Field(default=None, ge=0, lt=1, allow_inf_nan=False)
+    """How much worse (absolute CER) than the champion a challenger may be and still be
+    promoted, instead of the spec's 0.005: two evaluations of one model on the same rows agree
+    exactly, so the tolerance only absorbs real noise."""
 
 
 def config_name() -> str:
@@ -100,7 +98,7 @@ def _synthetic_count() -> int:
 
         count = get_config(config_name()).corpus_utterances
     if count < 1:
-        raise ValueError(f"{UTTERANCES_ENV} must be >= 1, got {count}")
+        raise ValueError(f"CASCADE_ASR_UTTERANCES must be >= 1, got {count}")
     return count
 
 
@@ -184,13 +182,6 @@ def train(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     return write_step_result(lake, "asr_train", ds, {**result, "ds": ds})
 
 
-CER_TOLERANCE_ENV = "CASCADE_ASR_CER_TOLERANCE"
-
-
-def _cer_tolerance() -> float:
-    return load_group(AsrSettings).cer_tolerance
-
-
 def held_out_cer(artifact: Path, corpus: Path) -> dict[str, Any]:
     """The served (int8) model's CER and WER on the corpus test split (held-out voices), and
     how many reference characters it has no output for (its alphabet never held them)."""
@@ -213,7 +204,6 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 
     The version's folder also gets the files of an MLflow pyfunc (:mod:`models.asr.pyfunc`)
     before its digests are recorded, so it loads the standard way too."""
-    import dataclasses
     import tempfile
 
     import mlflow
@@ -235,8 +225,8 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     gate = read_step_result(lake, "asr_compile", ds, produced_by="compile")
     client = registry_client(settings)
     run_id = trained["run_id"]
-    assert PIPELINE.model is not None
-    promotion = dataclasses.replace(PIPELINE.model.promotion, tolerance=_cer_tolerance())
+    promotion = PIPELINE.promotion()
+    assert promotion is not None
 
     def score(champion: Any) -> Scores:
         corpus = corpus_dir(lake, ds)
@@ -528,7 +518,13 @@ PIPELINE = Pipeline(
     datasets=(SPEECH,),
     model=RegisteredModel(
         name=MODEL_NAME,
-        promotion=Promotion(metric="cer", higher_is_better=False, requires_compile_gate=True),
+        promotion=Promotion(
+            metric="cer",
+            higher_is_better=False,
+            tolerance=0.005,
+            requires_compile_gate=True,
+            tolerance_setting="cer_tolerance",
+        ),
         score=score,
         score_needs=("audio",),
     ),

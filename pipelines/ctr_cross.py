@@ -55,8 +55,6 @@ from cascade.partitions import days_before
 from cascade.pipeline_spec import Dataset, Pipeline, Step, Trigger, deferred
 from cascade.settings_fields import SETTINGS_CONFIG
 
-SOURCE_ENV = "CASCADE_CROSS_SOURCE"
-IMPRESSIONS_ENV = "CASCADE_CROSS_IMPRESSIONS"
 DEFAULT_SOURCE = "generated"
 BUILT_IN_PAIRS = ("user", "item", "seg_cat", "user_cat", "seg_item", "ctx_item", "item_pos")
 """Names of the engine's built-in pairs (``jobs.ctr_cross_stats.GENERATED_PAIRS``, kept equal
@@ -447,6 +445,10 @@ with their reason; a failed gate stops the run before Feast.
             timeout_minutes=60,
             dvc_deps=(
                 "jobs/ctr_cross_stats.py",
+                "jobs/ctr_cross_config.py",
+                "jobs/ctr_cross_transforms.py",
+                "jobs/ctr_cross_passes.py",
+                "jobs/ctr_cross_lake.py",
                 "jobs/ctr_log_sources.py",
                 ".cascade/lake/landing/impressions/dt=${ds}",
             ),

@@ -15,7 +15,7 @@ partition (see :mod:`cascade.event_claims`). Each step is also
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
@@ -28,12 +28,12 @@ from cascade.assets import (
 )
 from cascade.pipeline_spec import Pipeline, Plot, Promotion, RegisteredModel, Step, Trigger
 from cascade.settings_fields import SETTINGS_CONFIG
+from models.preranking import PROMOTION_METRICS, REGISTERED_MODEL
 
 REPORTS = ".cascade/lake/reports"
 TRAIN_OUT = f"{REPORTS}/train/dt=${{ds}}"
-DEFAULT_CONFIGS = {"fscd": "pipeline", "mlp": "ml100k"}
-"""The training config of each ``CASCADE_PRERANKING_MODEL`` when ``CASCADE_PRERANKING_CONFIG``
-is unset."""
+DEFAULT_CONFIG = "pipeline"
+"""The training config when ``CASCADE_PRERANKING_CONFIG`` is unset."""
 
 
 @dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
@@ -44,8 +44,8 @@ class PrerankingSettings:
     title: ClassVar[str] = "Pipeline ctr_preranking"
 
     config: str = ""
-    """Training config (``models.preranking.config_registry``: a cascade config for ``fscd``,
-    a dense one for ``mlp``; unset: ``pipeline`` for fscd, ``ml100k`` for mlp)."""
+    """Training config (a cascade config of ``models.preranking.config_registry``; unset:
+    ``pipeline``)."""
     epochs: int | None = Field(default=None, ge=1)
     """Epochs of each training phase, instead of the config's."""
     lr: float | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -64,6 +64,12 @@ class PrerankingSettings:
     train_days: int = Field(default=7, ge=1, le=90)
     """Days of impressions before ``ds`` the training set holds; each reads its own day's
     published partition (``ctr_cross`` builds them: ``CASCADE_CROSS_HISTORY_DAYS``)."""
+    promotion_metric: Literal["auc", "logloss"] | None = None
+    """What the register step compares challenger and champion on, instead of the spec's
+    ``auc``: ``auc`` (higher is better) or ``logloss`` (lower is better)."""
+    promotion_tolerance: float | None = Field(default=None, ge=0, lt=1, allow_inf_nan=False)
+    """How much worse than the champion on the promotion metric a challenger may be and still
+    become champion, instead of the spec's 0.005 (both scored on the same held-out rows)."""
 
 
 def training_set(ds: str) -> dict[str, Any]:
@@ -90,25 +96,18 @@ def training_set(ds: str) -> dict[str, Any]:
 
 def train(ds: str) -> dict[str, Any]:
     from cascade.config import load_group, load_settings
+    from models.preranking.cascade_train import launch_pipeline
 
-    settings = load_settings()
     knobs = load_group(PrerankingSettings)
-    config = knobs.config or DEFAULT_CONFIGS[settings.preranking_model]
-    if settings.preranking_model == "fscd":
-        from models.preranking.cascade_train import launch_pipeline
-
-        return launch_pipeline(
-            ds,
-            config=config,
-            settings=settings,
-            epochs=knobs.epochs,
-            lr=knobs.lr,
-            validation_fraction=knobs.validation_fraction,
-            cost_budget=knobs.cost_budget,
-        )
-    from models.preranking.train import launch
-
-    return launch(ds, config=config, settings=settings, epochs=knobs.epochs, lr=knobs.lr)
+    return launch_pipeline(
+        ds,
+        config=knobs.config or DEFAULT_CONFIG,
+        settings=load_settings(),
+        epochs=knobs.epochs,
+        lr=knobs.lr,
+        validation_fraction=knobs.validation_fraction,
+        cost_budget=knobs.cost_budget,
+    )
 
 
 def compile_gate(ds: str) -> dict[str, Any]:
@@ -120,10 +119,9 @@ def compile_gate(ds: str) -> dict[str, Any]:
 def register(ds: str) -> dict[str, Any]:
     from models.preranking.registration import register_and_promote
 
-    assert PIPELINE.model is not None
-    return register_and_promote(
-        ds, requires_compile_gate=PIPELINE.model.promotion.requires_compile_gate
-    )
+    promotion = PIPELINE.promotion()
+    assert promotion is not None
+    return register_and_promote(ds, promotion=promotion)
 
 
 def deploy(ds: str) -> dict[str, Any]:
@@ -156,8 +154,16 @@ PIPELINE = Pipeline(
     tags=("ctr", "preranking"),
     settings=PrerankingSettings,
     model=RegisteredModel(
-        name="preranking",
-        promotion=Promotion(metric="auc", higher_is_better=True, requires_compile_gate=True),
+        name=REGISTERED_MODEL,
+        promotion=Promotion(
+            metric="auc",
+            higher_is_better=True,
+            tolerance=0.005,
+            requires_compile_gate=True,
+            metrics=PROMOTION_METRICS,
+            metric_setting="promotion_metric",
+            tolerance_setting="promotion_tolerance",
+        ),
         score=score,
         score_needs=("user", "items"),
     ),
@@ -192,7 +198,6 @@ PIPELINE = Pipeline(
                 ".cascade/lake/training/preranking/dt=${ds}",
             ),
             params={
-                "model": "CASCADE_PRERANKING_MODEL",
                 "config": "CASCADE_PRERANKING_CONFIG",
                 "epochs": "CASCADE_PRERANKING_EPOCHS",
                 "lr": "CASCADE_PRERANKING_LR",

@@ -59,20 +59,8 @@ from cascade.pipeline_spec import (
 from cascade.settings_fields import SETTINGS_CONFIG, Flag
 from cascade.step_runner import read_step_result, write_step_result
 
-CONFIG_ENV = "CASCADE_MULTIMODAL_CONFIG"
 DEFAULT_CONFIG = "small"
-GENERATED_ENV = "CASCADE_MULTIMODAL_GENERATED"
-"""Generated pairs of a ``generated`` batch (default :data:`DEFAULT_GENERATED`)."""
 DEFAULT_GENERATED = 2_000
-SOURCE_LIMIT_ENV = "CASCADE_MULTIMODAL_SOURCE_LIMIT"
-"""Caps the stamps and the emoji landed from each offline source (default: all of them)."""
-DENSE_TWIN_ENV = "CASCADE_MULTIMODAL_DENSE_TWIN"
-"""``1`` (default): the evaluate step also trains the config's dense twin on the same shards and
-records its recall beside the MoE's; ``0``: the MoE's figures only (the report says so)."""
-RECALL_TOLERANCE_ENV = "CASCADE_MULTIMODAL_RECALL_TOLERANCE"
-DEFAULT_RECALL_TOLERANCE = 0.02
-"""A challenger whose mean recall@1 is this much lower (absolute) than the champion's is still
-promoted; the held-out split is small, one pair in fifty is 0.02."""
 MODEL_NAME = "multimodal"
 MODEL_ARTIFACT_PATH = "model"
 """Folder of the training's MLflow run that a registered version points at: the final
@@ -100,9 +88,10 @@ class MultimodalSettings:
     dense_twin: Flag = True
     """``1``: the evaluate step also trains the config's dense twin on the same shards and
     records its recall beside the MoE's; ``0``: the MoE's figures only (the report says so)."""
-    recall_tolerance: float = Field(default=DEFAULT_RECALL_TOLERANCE, ge=0, lt=1)
-    """A challenger whose mean recall@1 is this much lower (absolute) than the champion's is
-    still promoted; the held-out split is small, one pair in fifty is 0.02."""
+    recall_tolerance: float | None = Field(default=None, ge=0, lt=1, allow_inf_nan=False)
+    """How much lower (absolute) than the champion's a challenger's mean recall@1 may be and
+    still be promoted, instead of the spec's 0.02 (the held-out split is small: one pair in
+    fifty is 0.02)."""
 
 
 def config_name() -> str:
@@ -143,7 +132,7 @@ def land_generated_batch(dest: Path, *, ds: str) -> dict[str, int]:
     if not sum(landed.values()):
         raise RuntimeError(
             f"nothing to land for ds={ds}: no offline source is installed ({missing}) and "
-            f"{GENERATED_ENV}=0; install them (infra/install.sh) or generate pairs"
+            f"CASCADE_MULTIMODAL_GENERATED=0; install them (infra/install.sh) or generate pairs"
         )
     return landed
 
@@ -281,7 +270,9 @@ def evaluate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     if not trained["moe"]:
         report["dense_note"] = f"config {trained['config']!r} is dense itself: no twin to compare"
     elif not _dense_twin_enabled():
-        report["dense_note"] = f"dense twin not trained ({DENSE_TWIN_ENV}=0): MoE figures only"
+        report["dense_note"] = (
+            "dense twin not trained (CASCADE_MULTIMODAL_DENSE_TWIN=0): MoE figures only"
+        )
     else:
         # Imported here: torch and DeepSpeed cost seconds that a MoE-only evaluation skips.
         from models.multimodal.config_registry import dense_twin, get_config
@@ -321,10 +312,6 @@ def evaluate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
 RECALL_KEYS = ("i2t_recall_at_1", "i2t_recall_at_5", "t2i_recall_at_1", "t2i_recall_at_5")
 
 
-def _recall_tolerance() -> float:
-    return load_group(MultimodalSettings).recall_tolerance
-
-
 def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     """Register the model trained for ``ds`` as a new version of MLflow model ``multimodal``
     (alias ``challenger``); move ``champion`` to it when its mean recall@1 is within the
@@ -338,7 +325,6 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     The version's folder also gets the files of an MLflow pyfunc
     (:mod:`models.multimodal.pyfunc`) before its digests are recorded, so it loads the
     standard way too."""
-    import dataclasses
     import tempfile
 
     import mlflow
@@ -364,8 +350,8 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     recall = float(evaluation["mean_recall_at_1"])
     eval_pairs = int(evaluation["eval_pairs"])
     rows = f"ds={ds} test split, {eval_pairs} pairs"
-    assert PIPELINE.model is not None
-    promotion = dataclasses.replace(PIPELINE.model.promotion, tolerance=_recall_tolerance())
+    promotion = PIPELINE.promotion()
+    assert promotion is not None
 
     def tagged(champion: Any, why: str) -> Scores:
         if MEAN_RECALL_TAG not in champion.tags:
@@ -471,7 +457,8 @@ PIPELINE = Pipeline(
         promotion=Promotion(
             metric="mean_recall_at_1",
             higher_is_better=True,
-            tolerance=DEFAULT_RECALL_TOLERANCE,
+            tolerance=0.02,
+            tolerance_setting="recall_tolerance",
         ),
     ),
     datasets=(IMAGES,),
@@ -532,7 +519,7 @@ PIPELINE = Pipeline(
             name="register",
             run=register,
             doc="new MLflow version; champion only when its mean recall@1 is no worse than the "
-            "champion's within CASCADE_MULTIMODAL_RECALL_TOLERANCE",
+            "champion's within the promotion tolerance",
             timeout_minutes=10,
             outlets=(ASSET_MULTIMODAL_CHAMPION,),
             dvc_deps=("pipelines/multimodal.py", "models/multimodal/stored.py"),

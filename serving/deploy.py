@@ -22,6 +22,7 @@ import requests
 
 from cascade.config import Settings, load_settings
 from cascade.lake import check_ds
+from models.preranking import REGISTERED_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,7 @@ def roll_out(
     champion = (champion_version or _registry_champion)(settings)
     if champion is None:
         raise RuntimeError(
-            f"the registry has no champion alias for {settings.registered_model!r}; "
+            f"the registry has no champion alias for {REGISTERED_MODEL!r}; "
             "register and promote a model before rolling out"
         )
     url = infer_url(settings)

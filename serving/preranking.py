@@ -422,7 +422,7 @@ class PreRankingModel(Model):
         network = loaded.model
         version, run = loaded.version, loaded.run_id
         todo = (
-            "train one with the ctr_preranking pipeline (CASCADE_PRERANKING_MODEL=fscd) and "
+            "train one with the ctr_preranking pipeline (it trains the FSCD pre-ranker) and "
             "promote it, or point the champion alias back at a version it trained "
             "(cascade rollback --model preranking)"
         )

@@ -182,10 +182,15 @@ class ServingObserver:
 
     def _maybe_roll_back(self, version: str, requests: int, errors: int) -> None:
         from cascade.deployments import auto_rollback
+        from models.preranking import REGISTERED_MODEL
 
         rollback = self._rollback or auto_rollback
         result = rollback(
-            served_version=version, requests=requests, errors=errors, settings=self.model.settings
+            model=REGISTERED_MODEL,
+            served_version=version,
+            requests=requests,
+            errors=errors,
+            settings=self.model.settings,
         )
         if result:
             if result.get("moved", True):

@@ -37,7 +37,6 @@ EXCLUSIVE = (
     "tests/models/test_multimodal_train.py::test_two_process_",
     "tests/models/test_preranking_cascade.py::test_killed_two_process_",
     "tests/models/test_preranking_fscd_pipeline.py::test_train_step_",
-    "tests/models/test_preranking_train.py::test_two_process_",
 )
 """Node-id prefixes of the tests that need both cores to themselves: the private stacks and the
 multi-process DeepSpeed runs (a rank that waits for a descheduled peer stalls the collective)."""

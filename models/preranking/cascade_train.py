@@ -74,7 +74,7 @@ from models.preranking.fields import FIELDS_FILE
 from models.preranking.fscd_data import check_training_set
 from models.preranking.fscd_run import train_cascade
 from models.preranking.fscd_throughput import measure_throughput
-from models.preranking.train import RESULT_KEYS, partition_training_set
+from models.preranking.training_set import RESULT_KEYS, partition_training_set
 
 # --- command line and launcher ------------------------------------------------------------
 

@@ -20,8 +20,6 @@ from models.preranking.fields import FIELDS, FIELDS_FILE, FieldEncoder, FieldSet
 
 ALL_FIELDS = FIELDS.names
 """The default field set's names."""
-VALIDATION_FRACTION_ENV = "CASCADE_PRERANKING_VALIDATION_FRACTION"
-"""The pipeline's knob replacing the config's ``validation_fraction``."""
 
 
 def resolve_fields(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> FieldSet:
@@ -73,7 +71,7 @@ def load_frame(config: CascadeTrainConfig) -> pd.DataFrame:
         from models.preranking.movielens_frame import movielens_training_frame
 
         return movielens_training_frame()
-    from models.preranking.train import ROW_COLUMNS, load_training_frame
+    from models.preranking.training_set import ROW_COLUMNS, load_training_frame
 
     # Only the row columns here: the fields (resolve_fields) name and check the others.
     return load_training_frame(Path(config.data), required=ROW_COLUMNS)
@@ -108,7 +106,7 @@ def item_clicks(train: pd.DataFrame) -> pd.Series:
 def validation_counts(frame: pd.DataFrame, config: CascadeTrainConfig) -> tuple[int, int]:
     """``(rows, clicks)`` of the validation split :func:`prepare` carves from ``frame`` (the
     rows before the test split, latest ``validation_fraction`` of them)."""
-    from models.preranking.train import time_split
+    from models.preranking.training_set import time_split
 
     period, _ = time_split(frame, config.test_fraction)
     if len(period) < 2:
@@ -129,7 +127,7 @@ def check_validation_clicks(rows: int, clicks: int, config: CascadeTrainConfig) 
             f"the validation split ({config.validation_fraction:g} of the training period) has "
             f"{rows:,} rows with {clicks:,} clicks; FSCD needs at least {need} clicks and "
             f"{need} non-clicks to choose its strength: train on more days or impressions, or "
-            f"raise {VALIDATION_FRACTION_ENV}"
+            f"raise CASCADE_PRERANKING_VALIDATION_FRACTION"
         )
 
 
@@ -179,7 +177,7 @@ def prepare(config: CascadeTrainConfig, frame: pd.DataFrame | None = None) -> Pr
     The encoder sees only the training rows, so ids first seen in the validation period are
     unknown to it exactly as ids first seen in the test period are: validation mimics test.
     """
-    from models.preranking.train import time_split
+    from models.preranking.training_set import time_split
 
     frame = load_frame(config) if frame is None else frame
     fields = resolve_fields(config, frame)

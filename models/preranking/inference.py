@@ -51,6 +51,7 @@ from cascade.config import Settings, load_settings
 from cascade.registry import REGISTRY_META, freeze_release, version_by_alias
 from cascade.signing import ANY_ROLE, trusted_keys, verified_release
 from domains.ctr.schema import MODEL_FEATURES
+from models.preranking import REGISTERED_MODEL
 from models.preranking.config_registry import CascadeTrainConfig, TrainConfig
 from models.preranking.fields import FIELDS_FILE, FieldEncoder, FieldSet
 from models.preranking.model import ColdPreRanker, PreRanker
@@ -67,8 +68,10 @@ COLD_CONFIG_FILE = "cascade_config.json"
 """``{"config": CascadeTrainConfig dict, "fields": [kept fields]}``."""
 ENCODER_FILE = "encoder.json"
 MODEL_KINDS = ("fscd", "mlp")
-"""``fscd``: the FSCD ColdPreRanker (models.preranking.cascade_train); ``mlp``: the PreRanker
-over dense features (models.preranking.train). ``result.json`` names it as ``model_kind``."""
+"""``fscd``: the FSCD ColdPreRanker (models.preranking.cascade_train), what the pipeline trains;
+``mlp``: the PreRanker over dense features, which no pipeline trains any more (a version of one
+registered earlier still loads, for the promotion gate's comparisons; the server refuses it).
+``result.json`` names it as ``model_kind``."""
 
 
 def build_model(state_dict: dict[str, torch.Tensor], config: TrainConfig) -> PreRanker:
@@ -327,7 +330,7 @@ def _client(settings: Settings | None) -> tuple[MlflowClient, Settings]:
 def alias_version(settings: Settings | None = None, alias: str = "champion") -> str | None:
     """The version the alias points at, or None when the model or alias does not exist yet."""
     client, settings = _client(settings)
-    version = version_by_alias(client, settings.registered_model, alias)
+    version = version_by_alias(client, REGISTERED_MODEL, alias)
     return None if version is None else str(version.version)
 
 
@@ -350,7 +353,7 @@ def load_registered(
     """The model behind ``alias`` (eval mode), or None when nothing is registered there yet;
     ``with_package``: also fetch its compiled package (see :func:`load_version`)."""
     client, settings = _client(settings)
-    version = version_by_alias(client, settings.registered_model, alias)
+    version = version_by_alias(client, REGISTERED_MODEL, alias)
     if version is None:
         return None
     # Load by number, not alias: the alias may move while we download.
@@ -478,13 +481,13 @@ def load_version(
     signed compile verdict passed. Raises :class:`~cascade.signing.UnsignedRelease` (a
     :class:`~cascade.artifacts.TamperedArtifact`) otherwise."""
     client, settings = _client(settings)
-    registered = client.get_model_version(settings.registered_model, version)
-    uri = f"models:/{settings.registered_model}/{version}"
+    registered = client.get_model_version(REGISTERED_MODEL, version)
+    uri = f"models:/{REGISTERED_MODEL}/{version}"
     release = verified_release(registered, trusted_keys(settings.home), role=role)
     expected = dict(release.files)
     # Where the registry of these settings keeps the files (a models:/ URI would resolve in
     # MLflow's process-wide registry, which may be another store).
-    location = client.get_model_version_download_uri(settings.registered_model, version)
+    location = client.get_model_version_download_uri(REGISTERED_MODEL, version)
     cache = settings.home / "serving" / "compiled"
     wants_package = with_package and release.compiled_passed
     network, encoder, kept = _load_checked(

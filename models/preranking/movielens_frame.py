@@ -1,12 +1,13 @@
 """MovieLens-100k as a pre-ranking training frame, built in pandas with point-in-time features.
 
 The pre-ranking pipeline trains on the cross-statistics engine's training set
-(:mod:`jobs.ctr_training_set`); this builds the MovieLens-shaped columns of the dense ``mlp``
-pre-ranker and the default field set directly from the RecBole files, for experiments and
-benchmarks that must not need Spark or a materialized store. Every count is taken strictly
-before the impression's timestamp (ratings in the same second are not visible to each other), so
-no row sees its own label. Clicks are ratings >= 4; CTRs are Bayesian-smoothed toward the click
-rate of the earliest half of the log (never the test period)::
+(:mod:`jobs.ctr_training_set`); this builds the default field set's MovieLens-shaped columns
+directly from the RecBole files for the FSCD cascade's ``ml100k`` config (``cascade bench
+preranking``): experiments and benchmarks that must not need Spark or a materialized store.
+Every count is taken strictly before the impression's timestamp (ratings in the same second are
+not visible to each other), so no row sees its own label. Clicks are ratings >= 4; CTRs are
+Bayesian-smoothed toward the click rate of the earliest half of the log (never the test
+period)::
 
     python -c "from models.preranking.movielens_frame import movielens_training_frame as f; \
 print(f().describe().T)"

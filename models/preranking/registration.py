@@ -5,12 +5,12 @@ The challenger must also beat item popularity's AUC on its held-out rows
 (:func:`popularity_baseline`; the decision's ``baseline`` records both). Champion and
 challenger are scored on the same held-out rows: the latest ``test_fraction`` of
 the challenger's training set, which the champion never saw trained on either when it is
-older, on ``settings.promotion_metric`` (AUC or log loss) with ``settings.promotion_tolerance``.
-The compile gate's report is ``Lake.reports("compile", ds)``. Run for one partition date after
-training::
+older, on the promotion rule's metric (AUC or log loss, :data:`models.preranking.PROMOTION_METRICS`)
+within its tolerance: the ``ctr_preranking`` spec's rule with what its settings override
+(``cascade pipelines --json`` shows it). The compile gate's report is
+``Lake.reports("compile", ds)``. Run for one partition date after training::
 
-    python -c "from models.preranking.registration import register_and_promote as r
-    print(r('2026-01-31'))"
+    cascade step register --pipeline ctr_preranking --ds 2026-01-31
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 from typing import Any
 
 from cascade.artifacts import DIGESTS_TAG, digests_tag
-from cascade.config import PROMOTION_METRICS, Settings, load_settings
+from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
 from cascade.pipeline_spec import Promotion
 from cascade.promotion import Baseline, Decision, NewVersion, Scores
@@ -27,6 +27,7 @@ from cascade.promotion import register_and_promote as promote
 from cascade.registry import registry_client, registry_report_path
 from cascade.results import write_result
 from cascade.signing import check_tested, load_signing_key
+from models.preranking import PROMOTION_METRICS, REGISTERED_MODEL
 from models.preranking.inference import TEST_AUC_TAG, registration_files
 
 GATE_KEYS = ("passed", "reasons", "artifact", "max_abs_diff", "auc_delta", "speedup_vs_eager")
@@ -37,8 +38,7 @@ def _read_train_result(lake: Lake, ds: str) -> dict[str, Any]:
     path = lake.reports("train", ds) / "result.json"
     if not path.exists():
         raise FileNotFoundError(
-            f"no training result {path}; train first "
-            f"(models.preranking.train.launch({ds!r}) writes it)"
+            f"no training result {path}; train first (the ctr_preranking train step writes it)"
         )
     result = json.loads(path.read_text())
     missing = [k for k in ("run_id", "test_auc", "model_uri") if k not in result]
@@ -52,7 +52,7 @@ def _read_train_result(lake: Lake, ds: str) -> dict[str, Any]:
 def held_out_rows(lake: Lake, ds: str, test_fraction: float) -> Any:
     """The rows both models are compared on: the latest ``test_fraction`` of ``ds``'s training
     set by event time (the challenger's own hold-out)."""
-    from models.preranking.train import ROW_COLUMNS, load_training_frame, time_split
+    from models.preranking.training_set import ROW_COLUMNS, load_training_frame, time_split
 
     path = lake.training_set("preranking", ds) / "data.parquet"
     if not path.exists():
@@ -74,7 +74,12 @@ def popularity_baseline(lake: Lake, ds: str, challenger: Any, recorded_auc: floa
 
     from domains.ctr.schema import LABEL
     from models.preranking.fscd_data import item_clicks
-    from models.preranking.train import ROW_COLUMNS, evaluate, load_training_frame, time_split
+    from models.preranking.training_set import (
+        ROW_COLUMNS,
+        evaluate,
+        load_training_frame,
+        time_split,
+    )
 
     path = lake.training_set("preranking", ds) / "data.parquet"
     if not path.exists():
@@ -131,19 +136,8 @@ def _version_auc(client: Any, version: Any) -> float:
     return float(metric)
 
 
-def promotion_rule(settings: Settings, *, requires_compile_gate: bool = False) -> Promotion:
-    """The pre-ranker's rule: the settings' metric (its direction) and tolerance."""
-    metric = settings.promotion_metric
-    return Promotion(
-        metric=metric,
-        higher_is_better=PROMOTION_METRICS[metric],
-        tolerance=settings.promotion_tolerance,
-        requires_compile_gate=requires_compile_gate,
-    )
-
-
 def register_and_promote(
-    ds: str, *, settings: Settings | None = None, requires_compile_gate: bool = False
+    ds: str, *, promotion: Promotion, settings: Settings | None = None
 ) -> dict:
     """Register the model trained for ``ds`` and move the aliases; returns and writes the decision.
 
@@ -151,18 +145,24 @@ def register_and_promote(
     "previous_champion", ...}`` (versions as strings; ``previous_champion`` None for the first
     one), also written to ``Lake.reports("register", ds) / "result.json"``. Calling it again for
     the same training run registers nothing new and returns the first decision.
-    ``requires_compile_gate``: refuse when the compile step left no report (the pipeline has
-    one); otherwise a missing report means the pipeline did not run it.
+    ``promotion`` is the rule in force (``PIPELINE.promotion()`` of ``ctr_preranking``): its
+    metric, one of :data:`~models.preranking.PROMOTION_METRICS` in its direction, and its
+    tolerance; with ``requires_compile_gate`` a missing compile report refuses (otherwise it
+    means the pipeline did not run the step).
     """
     from models.preranking.inference import load_trained, load_version
-    from models.preranking.train import evaluate
+    from models.preranking.training_set import evaluate
 
     check_ds(ds)
     settings = settings or load_settings()
     lake = Lake(settings.lake_root)
     trained = _read_train_result(lake, ds)
+    if PROMOTION_METRICS.get(promotion.metric) != promotion.higher_is_better:
+        raise ValueError(
+            f"the pre-ranker is compared on one of {sorted(PROMOTION_METRICS)} in its direction, "
+            f"not {promotion.metric!r} (higher_is_better={promotion.higher_is_better})"
+        )
     client = registry_client(settings)
-    promotion = promotion_rule(settings, requires_compile_gate=requires_compile_gate)
     run_id, model_uri = trained["run_id"], trained["model_uri"]
     new_auc = float(trained["test_auc"])
     champion_auc: dict[str, float] = {}
@@ -212,11 +212,11 @@ def register_and_promote(
     # What the registry holds now is what every later load must find (cascade.artifacts).
     source, digests = registration_files(settings, model_uri, run_id)
     if gate is not None:
-        check_tested(digests, gate.get("tested") or {}, f"{settings.registered_model} run {run_id}")
+        check_tested(digests, gate.get("tested") or {}, f"{REGISTERED_MODEL} run {run_id}")
     result = promote(
         client,
         NewVersion(
-            name=settings.registered_model,
+            name=REGISTERED_MODEL,
             model_description="Pre-ranking CTR model (Cascade)",
             run_id=run_id,
             source=source,

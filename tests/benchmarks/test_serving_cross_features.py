@@ -112,16 +112,14 @@ def test_a_run_without_cross_features_says_why() -> None:
     assert "no online reads" in absent_cross_reason(True, ("user_cat_ctr_7d",))
 
 
-def test_the_dense_mlp_is_refused_it_reads_no_engine_field(
+def test_the_benchmark_serves_what_the_pipeline_trains_and_never_the_dense_mlp(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from benchmarks.serving_load import serving_network
     from cascade.config import load_settings
 
     monkeypatch.delenv("CASCADE_BENCH_SERVING_MODEL", raising=False)
-    monkeypatch.setenv("CASCADE_PRERANKING_MODEL", "mlp")
-    with pytest.raises(ValueError, match="serves fscd or cold, not 'mlp'"):
-        serving_network(load_settings(), quick=True)
+    assert serving_network(load_settings(), quick=True)["model"] == "fscd"
     monkeypatch.setenv("CASCADE_BENCH_SERVING_MODEL", "mlp")  # not a value the setting takes
     with pytest.raises(ValueError, match="CASCADE_BENCH_SERVING_MODEL"):
         load_settings()

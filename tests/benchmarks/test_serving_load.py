@@ -21,7 +21,6 @@ def test_the_served_network_is_the_pipelines_by_config_name(
     for name in ("CASCADE_BENCH_SERVING_MODEL", "CASCADE_BENCH_SERVING_CONFIG"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("CASCADE_PRERANKING_CONFIG", raising=False)
-    monkeypatch.setenv("CASCADE_PRERANKING_MODEL", "fscd")
     full = serving_network(load_settings(), quick=False)
     assert (full["model"], full["training_config"], full["is_pipeline_network"]) == (
         "fscd",

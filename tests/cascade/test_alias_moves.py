@@ -55,7 +55,9 @@ def _roll_back(uri: str, home: str, barrier: Any, results: Any) -> None:
 
     read = _champion(uri)
     barrier.wait(timeout=60)
-    results.put(rollback(reason="test", publish=False, expected=read, settings=load_settings()))
+    results.put(
+        rollback(model=MODEL, reason="test", publish=False, expected=read, settings=load_settings())
+    )
 
 
 def _promote(uri: str, home: str, barrier: Any, results: Any) -> None:

@@ -36,13 +36,11 @@ def test_environment_overrides_ports_and_services() -> None:
         {
             "CASCADE_BROKER_PORT": "31000",
             "CASCADE_MLFLOW_URI": "sqlite:///x.db",
-            "CASCADE_PROMOTION_TOLERANCE": "0.01",
         }
     )
     assert settings.ports.broker == 31000
     assert settings.bootstrap_servers == "127.0.0.1:31000"
     assert settings.tracking_uri == "sqlite:///x.db"
-    assert settings.promotion_tolerance == 0.01
 
 
 def test_cluster_profile_runs_its_own_stack_unless_hosts_are_named() -> None:
@@ -80,7 +78,7 @@ def test_cluster_profile_runs_its_own_stack_unless_hosts_are_named() -> None:
         ({"CASCADE_PROFILE": "prod"}, "CASCADE_PROFILE must be one of 'local' or 'cluster'"),
         ({"CASCADE_BROKER_PORT": "80"}, "CASCADE_BROKER_PORT must be >= 1024, got 80"),
         ({"CASCADE_BROKER_PORT": "25000"}, "ports must differ"),
-        ({"CASCADE_PROMOTION_TOLERANCE": "2"}, "CASCADE_PROMOTION_TOLERANCE must be < 1.0, got 2"),
+        ({"CASCADE_TRAIN_PROCESSES": "0"}, "CASCADE_TRAIN_PROCESSES must be >= 1, got 0"),
     ],
 )
 def test_bad_configuration_names_the_setting(env: dict[str, str], message: str) -> None:
@@ -92,13 +90,6 @@ def test_settings_reject_unknown_profile() -> None:
     with pytest.raises(ValueError, match="'local' or 'cluster'"):
         Settings(profile="staging")
     assert Ports().serving == 28081
-
-
-def test_preranking_model_is_fscd_unless_the_environment_says_mlp() -> None:
-    assert load_settings({}).preranking_model == "fscd"
-    assert load_settings({"CASCADE_PRERANKING_MODEL": "mlp"}).preranking_model == "mlp"
-    with pytest.raises(ValueError, match="CASCADE_PRERANKING_MODEL"):
-        load_settings({"CASCADE_PRERANKING_MODEL": "dcn"})
 
 
 def test_a_bad_value_names_the_variable_and_the_fix() -> None:

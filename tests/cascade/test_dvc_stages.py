@@ -42,7 +42,7 @@ def _spec(**step: object) -> Pipeline:
 
 def test_a_steps_knobs_metrics_and_plots_become_its_stage() -> None:
     spec = _spec(
-        params={"model": "CASCADE_PRERANKING_MODEL", "epochs": "CASCADE_PRERANKING_EPOCHS"},
+        params={"days": "CASCADE_PRERANKING_TRAIN_DAYS", "epochs": "CASCADE_PRERANKING_EPOCHS"},
         metrics=("auc",),
         plots=(Plot(path="out/dt=${ds}/curves", x="step", y="loss"),),
     )
@@ -50,16 +50,16 @@ def test_a_steps_knobs_metrics_and_plots_become_its_stage() -> None:
     stage = document["stages"]["k_fit"]
     assert stage["cmd"] == (
         "cascade step fit --pipeline knobbed --ds ${ds} "
-        "--param model=${knobbed.model} --param epochs=${knobbed.epochs}"
+        "--param days=${knobbed.days} --param epochs=${knobbed.epochs}"
     )
-    assert stage["params"] == ["ds", "knobbed.model", "knobbed.epochs"]
+    assert stage["params"] == ["ds", "knobbed.days", "knobbed.epochs"]
     assert stage["metrics"] == [".cascade/lake/reports/step_k_fit/dt=${ds}/metrics.json"]
     assert document["plots"] == [{"out/dt=${ds}/curves": {"x": "step", "y": "loss"}}]
     # params.yaml: the settings' defaults for new knobs (None -> ''), the values set kept.
     fresh = yaml.safe_load(params_yaml([spec]))
-    assert fresh["knobbed"] == {"model": "fscd", "epochs": ""}
+    assert fresh["knobbed"] == {"days": 7, "epochs": ""}
     kept = yaml.safe_load(params_yaml([spec], "ds: '2026-01-02'\nknobbed: {epochs: 7, gone: 1}\n"))
-    assert kept == {"ds": "2026-01-02", "knobbed": {"model": "fscd", "epochs": 7}}
+    assert kept == {"ds": "2026-01-02", "knobbed": {"days": 7, "epochs": 7}}
 
 
 def test_a_knob_must_name_a_setting_and_one_knob_one_setting() -> None:

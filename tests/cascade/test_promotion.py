@@ -252,3 +252,62 @@ def test_a_challenger_under_the_baseline_is_refused_with_or_without_a_champion()
     assert under.comparison is not None and under.comparison["passed"]
     assert not under.promoted and client.aliases[CHAMPION] == "2"
     assert "does not beat the item popularity baseline's 0.6000" in under.reasons[0]
+
+
+def test_a_spec_rule_changes_only_through_documented_settings_fields() -> None:
+    """The spec holds the rule; a settings field named by the rule replaces a value only when
+    set, and a spec naming a field its settings lack, or one without a docstring, is refused."""
+    from typing import ClassVar, Literal
+
+    from pydantic.dataclasses import dataclass as settings_class
+
+    from cascade.pipeline_spec import Pipeline, RegisteredModel, Step
+    from cascade.settings_fields import SETTINGS_CONFIG
+
+    @settings_class(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
+    class ToySettings:
+        env_pattern: ClassVar[str] = "CASCADE_TOY_{}"
+        title: ClassVar[str] = "Pipeline toy"
+
+        metric: Literal["auc", "logloss"] | None = None
+        """The promotion metric instead of the spec's."""
+        tolerance: float | None = None
+        """The promotion tolerance instead of the spec's."""
+        undocumented: float | None = None
+
+    rule = Promotion(
+        metric="auc",
+        higher_is_better=True,
+        tolerance=0.01,
+        metrics={"auc": True, "logloss": False},
+        metric_setting="metric",
+        tolerance_setting="tolerance",
+    )
+
+    def spec(promotion: Promotion) -> Pipeline:
+        return Pipeline(
+            name="toy",
+            description="",
+            cron="0 1 * * *",
+            settings=ToySettings,
+            model=RegisteredModel(name=NAME, promotion=promotion),
+            steps=(Step(name="fit", run=lambda ds: {}),),
+        )
+
+    toy = spec(rule)
+    assert toy.promotion(ToySettings()) == rule
+    changed = toy.promotion(ToySettings(metric="logloss", tolerance=0.2))
+    assert changed is not None
+    assert (changed.metric, changed.higher_is_better, changed.tolerance) == ("logloss", False, 0.2)
+    assert toy.promotion_variables() == {
+        "metric": "CASCADE_TOY_METRIC",
+        "tolerance": "CASCADE_TOY_TOLERANCE",
+    }
+    described = toy.describe(ToySettings(tolerance=0.3))["registered_model"]["promotion"]
+    assert (described["metric"], described["tolerance"]) == ("auc", 0.3)
+    with pytest.raises(ValueError, match="'missing', which its settings class ToySettings lacks"):
+        spec(Promotion(metric="auc", higher_is_better=True, tolerance_setting="missing"))
+    with pytest.raises(ValueError, match="'undocumented' overrides the promotion tolerance"):
+        spec(Promotion(metric="auc", higher_is_better=True, tolerance_setting="undocumented"))
+    with pytest.raises(ValueError, match="needs `metrics` to list 'auc'"):
+        Promotion(metric="auc", higher_is_better=True, metric_setting="metric")

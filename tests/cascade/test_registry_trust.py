@@ -20,21 +20,21 @@ from benchmarks.security import planted_pickle
 from cascade.artifacts import DIGESTS_TAG, TamperedArtifact, digests_tag, folder_digests
 from cascade.config import Settings
 from cascade.signing import RELEASE_TAG, UnsignedRelease, load_signing_key, sign_version
+from models.preranking import REGISTERED_MODEL
 from models.preranking.inference import (
     frame_inputs,
     load_version,
     registration_files,
 )
-from models.preranking.registration import register_and_promote
 from models.preranking.synthetic_data import synthetic_training_frame
-from tests.cascade.test_registry import fitted, settings, trained  # noqa: F401 (fixture)
+from tests.cascade.test_registry import fitted, promote, settings, trained  # noqa: F401 (fixture)
 
 DS = "2026-01-01"
 
 
 def stored_folder(store: Settings, version: str) -> Path:
     client = mlflow.MlflowClient(store.tracking_uri, registry_uri=store.tracking_uri)
-    uri = client.get_model_version_download_uri(store.registered_model, version)
+    uri = client.get_model_version_download_uri(REGISTERED_MODEL, version)
     folder = Path(uri.removeprefix("file://"))
     assert folder.is_dir(), uri  # the local profile's store is a folder under the state folder
     return folder
@@ -42,7 +42,7 @@ def stored_folder(store: Settings, version: str) -> Path:
 
 def test_a_version_changed_after_registration_is_never_loaded(settings: Settings) -> None:  # noqa: F811
     model = trained(settings, DS, fitted(20))
-    version = register_and_promote(DS, settings=settings)["version"]
+    version = promote(DS, settings)["version"]
     sample = frame_inputs(synthetic_training_frame(8, seed=5))
     torch.testing.assert_close(load_version(settings, version).model(*sample), model(*sample))
 
@@ -54,7 +54,7 @@ def test_a_version_changed_after_registration_is_never_loaded(settings: Settings
 
     # The digests beside the files are no longer what vouches for them: the signature is.
     client = mlflow.MlflowClient(settings.tracking_uri, registry_uri=settings.tracking_uri)
-    client.delete_model_version_tag(settings.registered_model, version, RELEASE_TAG)
+    client.delete_model_version_tag(REGISTERED_MODEL, version, RELEASE_TAG)
     with pytest.raises(UnsignedRelease, match="carries no platform signature"):
         load_version(settings, version)
 
@@ -65,7 +65,7 @@ def test_a_planted_pickle_is_never_unpickled(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = trained(settings, DS, fitted(20))
-    version = register_and_promote(DS, settings=settings)["version"]
+    version = promote(DS, settings)["version"]
     folder = stored_folder(settings, version)
     marker = tmp_path / "unpickled.txt"
     # Whoever can write the store can also write the digests: the loader must not depend on
@@ -79,10 +79,10 @@ def test_a_planted_pickle_is_never_unpickled(
     (folder / "MLmodel").write_text(yaml.safe_dump(mlmodel))
     client = mlflow.MlflowClient(settings.tracking_uri, registry_uri=settings.tracking_uri)
     client.set_model_version_tag(
-        settings.registered_model, version, DIGESTS_TAG, digests_tag(folder_digests(folder))
+        REGISTERED_MODEL, version, DIGESTS_TAG, digests_tag(folder_digests(folder))
     )
     # Even signed with the pickle in it (the worst case), the loader does not unpickle.
-    sign_version(client, load_signing_key(settings.home), settings.registered_model, version,
+    sign_version(client, load_signing_key(settings.home), REGISTERED_MODEL, version,
                  compile_gate=None, decision={"promoted": True})  # fmt: skip
 
     loaded = load_version(settings, version)
@@ -121,7 +121,7 @@ def test_the_preranking_server_loads_no_native_code_of_an_unsigned_or_changed_ve
     run_id = run.info.run_id
     client.log_artifacts(run_id, str(settings.home / "v"), artifact_path="model")
     model_uri = f"{run.info.artifact_uri}/model"
-    name = settings.registered_model
+    name = REGISTERED_MODEL
     package = settings.home / "preranking.pt2"
     package.write_bytes(b"the package the compile gate tested")
     client.log_artifact(run_id, str(package), artifact_path="compiled")

@@ -26,8 +26,7 @@ ALLOWED: set[tuple[str, str]] = set()
 """(file, variable) pairs that may read a variable directly: none today. Modules that set
 variables for child processes (``infra/stack.py``, ``infra/services.py``,
 ``benchmarks/serving_load.py``, ``benchmarks/registry.py``, ``benchmarks/event_delivery.py``,
-``domains/ctr/feature_store.py``, ``models/preranking/train.py``) only write them, which this
-scan allows."""
+``domains/ctr/feature_store.py``) only write them, which this scan allows."""
 
 
 def _constants(tree: ast.Module) -> dict[str, str]:

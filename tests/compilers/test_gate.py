@@ -10,19 +10,43 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.compiled_inference import train_quickly
 from compilers import gate
-from compilers.gate import held_out_requests
-from models.preranking.model import PreRanker
+from compilers.deploy_gate import cold_gate_sample
+from domains.ctr.schema import LABEL
+from models.preranking.config_registry import cascade_debug
+from models.preranking.fields import FieldEncoder
+from models.preranking.model import ColdPreRanker
+from models.preranking.synthetic_data import synthetic_training_frame
+from models.preranking.training_set import time_split
 
 pytestmark = pytest.mark.slow
 
+Trained = tuple[ColdPreRanker, list[Any]]
+
 
 @pytest.fixture(scope="module")
-def trained() -> tuple[PreRanker, list[gate.Request]]:
-    """A small pre-ranker with a real click signal and 40 held-out requests."""
-    model, test = train_quickly(2_000, "debug", epochs=1)
-    return model, held_out_requests(test)[:40]
+def trained() -> Trained:
+    """The FSCD pre-ranker's network over a few fields, fitted for one epoch of plain Adam on
+    synthetic impressions with a click signal (so a scrambled artifact changes the AUC), and 40
+    held-out requests."""
+    frame = synthetic_training_frame(3_000, users=60, items=120, seed=1)
+    train, test = time_split(frame, 0.3)
+    config = cascade_debug()
+    encoder = FieldEncoder(bins=config.bins).fit(train)
+    torch.manual_seed(0)
+    fields = ("user_id", "user_ctr", "item_id", "genre", "item_ctr", "ug_ctr")
+    model = ColdPreRanker(config.net, fields, encoder.cardinalities())
+    codes = encoder.encode(train)
+    labels = torch.from_numpy(train[LABEL].to_numpy(np.float32))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for index in torch.randperm(len(labels), generator=torch.Generator().manual_seed(0)).split(256):
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            model(codes[index]), labels[index]
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval(), cold_gate_sample(test, encoder, max_users=40)
 
 
 @pytest.fixture(scope="module")
@@ -31,43 +55,35 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("compile-cache")
 
 
-def run_gate(
-    trained: tuple[PreRanker, list[gate.Request]], cache_dir: Path, out: Path, **limits: Any
-) -> dict[str, Any]:
+def run_gate(trained: Trained, cache_dir: Path, out: Path, **limits: Any) -> dict[str, Any]:
     model, sample = trained
-    return gate.compile_gate(
+    return gate.compile_cold_gate(
         model, sample, out_dir=out, cache_dir=cache_dir, fast_build=True, **limits
     )
 
 
-def test_gate_passes_a_faithful_artifact(
-    trained: tuple[PreRanker, list[gate.Request]], cache_dir: Path, tmp_path: Path
-) -> None:
-    result = run_gate(trained, cache_dir, tmp_path, min_speedup=0.5)
+def test_gate_passes_a_faithful_artifact(trained: Trained, cache_dir: Path, tmp_path: Path) -> None:
+    result = run_gate(trained, cache_dir, tmp_path, min_speedup=0.01)
     assert result["passed"], result["reasons"]
     assert result["reasons"] == []
     assert Path(result["artifact"]).stat().st_size > 0
     assert result["max_abs_diff"] < 1e-4
     assert abs(result["auc_delta"]) < 1e-6 and 0.5 < result["eager_auc"] <= 1.0
     assert result["speedup_vs_eager"] > 0 and result["artifact_ms"] > 0
-    assert result["passes"]["share_broadcast_computation"]["fired"] > 0
 
 
 def test_gate_blocks_a_broken_artifact_with_readable_reasons(
-    trained: tuple[PreRanker, list[gate.Request]],
-    cache_dir: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    trained: Trained, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_load = gate.load_package
 
     def broken_load(path: Path) -> Callable[..., torch.Tensor]:
         run = real_load(path)
-        # A miscompiled artifact: scores shifted and their order scrambled.
+        # A miscompiled artifact: scores shifted and their order reversed.
         return lambda *inputs: -run(*inputs) + 0.5
 
     monkeypatch.setattr(gate, "load_package", broken_load)
-    result = run_gate(trained, cache_dir, tmp_path, min_speedup=0.5)
+    result = run_gate(trained, cache_dir, tmp_path, min_speedup=0.01)
     assert result["passed"] is False
     parity = [r for r in result["reasons"] if r.startswith("parity:")]
     accuracy = [r for r in result["reasons"] if r.startswith("accuracy:")]
@@ -77,10 +93,7 @@ def test_gate_blocks_a_broken_artifact_with_readable_reasons(
 
 
 def test_gate_blocks_a_non_finite_artifact(
-    trained: tuple[PreRanker, list[gate.Request]],
-    cache_dir: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    trained: Trained, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_load = gate.load_package
 
@@ -89,32 +102,28 @@ def test_gate_blocks_a_non_finite_artifact(
         return lambda *inputs: run(*inputs) * float("nan")
 
     monkeypatch.setattr(gate, "load_package", nan_load)
-    result = run_gate(trained, cache_dir, tmp_path, min_speedup=0.5)
+    result = run_gate(trained, cache_dir, tmp_path, min_speedup=0.01)
     assert not result["passed"]
     assert any("non-finite scores" in r for r in result["reasons"])
 
 
-def test_gate_blocks_a_slow_artifact(
-    trained: tuple[PreRanker, list[gate.Request]], cache_dir: Path, tmp_path: Path
-) -> None:
+def test_gate_blocks_a_slow_artifact(trained: Trained, cache_dir: Path, tmp_path: Path) -> None:
     result = run_gate(trained, cache_dir, tmp_path, min_speedup=1e6)
     assert not result["passed"]
     (reason,) = result["reasons"]
     assert reason.startswith("latency:") and "below the required 1000000.00x" in reason
 
 
-def test_gate_rejects_unusable_samples(
-    trained: tuple[PreRanker, list[gate.Request]], cache_dir: Path, tmp_path: Path
-) -> None:
+def test_gate_rejects_unusable_samples(trained: Trained, cache_dir: Path, tmp_path: Path) -> None:
     model, sample = trained
     with pytest.raises(ValueError, match="non-empty held-out sample"):
-        gate.compile_gate(model, [], out_dir=tmp_path)
+        gate.compile_cold_gate(model, [], out_dir=tmp_path)
     inputs, labels = sample[0]
-    with pytest.raises(ValueError, match="labels; they must be equal"):
-        gate.compile_gate(model, [(inputs, labels[:-1])], out_dir=tmp_path)
+    with pytest.raises(ValueError, match="candidates, .* labels"):
+        gate.compile_cold_gate(model, [(inputs, labels[:-1])], out_dir=tmp_path)
     one_class = [(inputs, np.zeros_like(labels)) for inputs, labels in sample]
-    result = gate.compile_gate(
-        model, one_class, out_dir=tmp_path, cache_dir=cache_dir, fast_build=True, min_speedup=0.5
+    result = gate.compile_cold_gate(
+        model, one_class, out_dir=tmp_path, cache_dir=cache_dir, fast_build=True, min_speedup=0.01
     )
     assert not result["passed"]
     assert any("single class" in r for r in result["reasons"])

@@ -52,20 +52,24 @@ class FakeAliases:
 def test_rollbacks_chain_back_through_promotions_and_stop_at_the_first(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path)
     aliases = FakeAliases("3", {"3": "2", "2": "1", "1": ""})
-    first = rollback(reason="bad", settings=settings, aliases=aliases, publish=False)
+    first = rollback(
+        model="preranking", reason="bad", settings=settings, aliases=aliases, publish=False
+    )
     assert (first["from_version"], first["to_version"]) == ("3", "2")
     assert json.loads(aliases.tags[("preranking", "3", ROLLED_BACK_TAG)])["reason"] == "bad"
-    rollback(settings=settings, aliases=aliases, publish=False)
+    rollback(model="preranking", settings=settings, aliases=aliases, publish=False)
     assert aliases.alias_version("preranking", CHAMPION) == "1"
     with pytest.raises(ValueError, match="records no previous champion"):
-        rollback(settings=settings, aliases=aliases, publish=False)
+        rollback(model="preranking", settings=settings, aliases=aliases, publish=False)
 
 
 def test_automatic_rollback_only_past_the_policy_and_only_once(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path)
     aliases = FakeAliases("3", {"3": "2"})
     policy = ErrorRatePolicy(max_error_rate=0.1, min_requests=50)
-    kwargs: dict[str, Any] = dict(policy=policy, settings=settings, aliases=aliases, publish=False)
+    kwargs: dict[str, Any] = dict(
+        model="preranking", policy=policy, settings=settings, aliases=aliases, publish=False
+    )
     assert auto_rollback(served_version="3", requests=40, errors=40, **kwargs) is None
     assert auto_rollback(served_version="3", requests=100, errors=10, **kwargs) is None
     done = auto_rollback(served_version="3", requests=100, errors=11, **kwargs)

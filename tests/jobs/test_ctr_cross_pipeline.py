@@ -48,8 +48,8 @@ def test_a_passed_partition_reaches_the_online_store_and_a_failed_gate_publishes
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
-    monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "20000")
-    monkeypatch.delenv(pipeline.SOURCE_ENV, raising=False)
+    monkeypatch.setenv("CASCADE_CROSS_IMPRESSIONS", "20000")
+    monkeypatch.delenv("CASCADE_CROSS_SOURCE", raising=False)
     land_generated(tmp_path, DS)
     results = {
         name: step_runner.run_step(name, DS, "ctr_cross")
@@ -111,20 +111,20 @@ def test_source_and_size_come_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
-    monkeypatch.setenv(pipeline.SOURCE_ENV, "ml100k")
-    monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "5000")
+    monkeypatch.setenv("CASCADE_CROSS_SOURCE", "ml100k")
+    monkeypatch.setenv("CASCADE_CROSS_IMPRESSIONS", "5000")
     assert pipeline.source_name() == "ml100k" and pipeline.impressions() == 5000
-    monkeypatch.setenv(pipeline.SOURCE_ENV, "clicks.csv")
+    monkeypatch.setenv("CASCADE_CROSS_SOURCE", "clicks.csv")
     with pytest.raises(ValueError, match="CASCADE_CROSS_SOURCE must be of the form"):
         pipeline.source_name()
-    monkeypatch.setenv(pipeline.SOURCE_ENV, "shop_clicks")
+    monkeypatch.setenv("CASCADE_CROSS_SOURCE", "shop_clicks")
     with pytest.raises(ValueError, match="unknown log source 'shop_clicks'; registered: generated"):
         pipeline.source_name()
     (tmp_path / "log_sources.toml").write_text(
         '[sources.shop_clicks]\nformat = "csv"\ncolumns = { user_id = "uid" }\n'
     )
     assert pipeline.source_name() == "shop_clicks"
-    monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "0")
+    monkeypatch.setenv("CASCADE_CROSS_IMPRESSIONS", "0")
     with pytest.raises(ValueError, match=">= 1"):
         pipeline.impressions()
 
@@ -149,9 +149,9 @@ def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
     from serving.online_fields import SERVED_KEYS
 
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
-    monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "6000")
+    monkeypatch.setenv("CASCADE_CROSS_IMPRESSIONS", "6000")
     monkeypatch.setenv("CASCADE_CROSS_HISTORY_DAYS", "3")
-    monkeypatch.delenv(pipeline.SOURCE_ENV, raising=False)
+    monkeypatch.delenv("CASCADE_CROSS_SOURCE", raising=False)
     day = [(dt.date.fromisoformat(DS) - dt.timedelta(days=n)).isoformat() for n in (3, 2, 1)]
     lake = Lake(tmp_path / "lake")
     own = pipeline.landing_dir(lake, day[1])
@@ -247,11 +247,10 @@ def test_a_sparse_log_is_refused_in_one_line_before_any_training_process_starts(
 
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
     monkeypatch.setenv("CASCADE_MLFLOW_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setenv(pipeline.IMPRESSIONS_ENV, "4000")
+    monkeypatch.setenv("CASCADE_CROSS_IMPRESSIONS", "4000")
     monkeypatch.setenv("CASCADE_CROSS_HISTORY_DAYS", "3")
     monkeypatch.setenv("CASCADE_PRERANKING_TRAIN_DAYS", "3")
-    monkeypatch.setenv("CASCADE_PRERANKING_MODEL", "fscd")
-    monkeypatch.delenv(pipeline.SOURCE_ENV, raising=False)
+    monkeypatch.delenv("CASCADE_CROSS_SOURCE", raising=False)
     for knob in ("SOURCE", "CONFIG", "EPOCHS", "LR", "VALIDATION_FRACTION"):
         monkeypatch.delenv(f"CASCADE_PRERANKING_{knob}", raising=False)
 

@@ -27,12 +27,12 @@ DS = "2026-11-20"
 
 @pytest.fixture
 def small_partition(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(pipeline.CONFIG_ENV, "debug")
-    monkeypatch.setenv(pipeline.GENERATED_ENV, "200")
-    monkeypatch.setenv(pipeline.SOURCE_LIMIT_ENV, "20")
+    monkeypatch.setenv("CASCADE_MULTIMODAL_CONFIG", "debug")
+    monkeypatch.setenv("CASCADE_MULTIMODAL_GENERATED", "200")
+    monkeypatch.setenv("CASCADE_MULTIMODAL_SOURCE_LIMIT", "20")
     # Stated, not inherited: the e2e stack turns the twin off in this process's environment.
-    monkeypatch.setenv(pipeline.DENSE_TWIN_ENV, "1")
-    monkeypatch.delenv(pipeline.RECALL_TOLERANCE_ENV, raising=False)
+    monkeypatch.setenv("CASCADE_MULTIMODAL_DENSE_TWIN", "1")
+    monkeypatch.delenv("CASCADE_MULTIMODAL_RECALL_TOLERANCE", raising=False)
 
 
 def _client(settings: Settings) -> mlflow.MlflowClient:
@@ -149,7 +149,7 @@ def test_steps_build_train_evaluate_and_register_a_champion(
 
     # With no tolerance, a challenger just below the champion is registered, not promoted; one
     # above it is.
-    monkeypatch.setenv(pipeline.RECALL_TOLERANCE_ENV, "0")
+    monkeypatch.setenv("CASCADE_MULTIMODAL_RECALL_TOLERANCE", "0")
     recall = evaluation["mean_recall_at_1"]
     assert recall > 0, evaluation
     _challenger(settings, "2026-11-21", recall - 0.001)
@@ -217,7 +217,7 @@ def test_steps_refuse_an_unvalidated_corpus_and_a_missing_result(settings: Setti
 def test_evaluate_without_the_dense_twin_records_the_moe_figures_and_says_so(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(pipeline.DENSE_TWIN_ENV, "0")
+    monkeypatch.setenv("CASCADE_MULTIMODAL_DENSE_TWIN", "0")
     lake = Lake(settings.lake_root)
     mlflow.set_tracking_uri(settings.tracking_uri)
     mlflow.set_experiment(pipeline.MODEL_NAME)
@@ -236,6 +236,6 @@ def test_evaluate_without_the_dense_twin_records_the_moe_figures_and_says_so(
     assert evaluation["mean_recall_at_1"] == pytest.approx(0.375)
     logged = _client(settings).get_run(run.info.run_id).data.metrics
     assert logged["mean_recall_at_1"] == pytest.approx(0.375)
-    monkeypatch.setenv(pipeline.DENSE_TWIN_ENV, "maybe")
+    monkeypatch.setenv("CASCADE_MULTIMODAL_DENSE_TWIN", "maybe")
     with pytest.raises(ValueError, match="CASCADE_MULTIMODAL_DENSE_TWIN must be 0 or 1"):
         pipeline.evaluate(DS, settings=settings)

@@ -57,7 +57,7 @@ from models.preranking.model import (
 )
 from models.preranking.movielens_frame import prior_counts
 from models.preranking.synthetic_data import synthetic_training_frame
-from models.preranking.train import time_split
+from models.preranking.training_set import time_split
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Pre-ranking training configs: names, validation, JSON round trip, DeepSpeed config."""
+"""The dense PreRanker's configs (the compile benchmark's first network): names, validation,
+JSON round trip."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from models.preranking.config_registry import (
     preranking_ml100k,
 )
 from models.preranking.model import PreRankerConfig
-from models.preranking.train import deepspeed_config
 
 
 def test_named_configs_are_complete_and_fresh() -> None:
@@ -68,16 +68,3 @@ def test_json_round_trip_restores_tuples() -> None:
     assert restored == config
     assert restored.model.hidden == (8, 4)
     assert config.flat_params()["model.hidden"] == "(8, 4)"
-
-
-def test_deepspeed_config_uses_torch_adam_zero_stage_and_gated_bf16() -> None:
-    config = dataclasses.replace(preranking_debug(), zero_stage=2, bf16=True)
-    ds = deepspeed_config(config, bf16_supported=True)
-    assert ds["optimizer"]["params"]["torch_adam"] is True
-    assert ds["optimizer"]["params"]["lr"] == config.lr
-    assert ds["zero_optimization"]["stage"] == 2
-    assert ds["train_micro_batch_size_per_gpu"] == config.batch_size
-    assert ds["bf16"]["enabled"] is True
-    assert deepspeed_config(config, bf16_supported=False)["bf16"]["enabled"] is False
-    fp32 = dataclasses.replace(config, bf16=False)
-    assert deepspeed_config(fp32, bf16_supported=True)["bf16"]["enabled"] is False

@@ -18,6 +18,7 @@ from sklearn.metrics import roc_auc_score
 from cascade.config import Settings
 from cascade.lake import Lake
 from domains.ctr.schema import LABEL
+from models.preranking import REGISTERED_MODEL
 from models.preranking.cascade_train import (
     CHECKPOINT_EVERY_ENV,
     checkpoint_every_override,
@@ -37,7 +38,7 @@ from models.preranking.inference import (
 )
 from models.preranking.model import ColdPreRanker
 from models.preranking.synthetic_data import synthetic_training_frame
-from models.preranking.train import time_split
+from models.preranking.training_set import time_split
 
 DS = "2026-01-31"
 
@@ -84,7 +85,6 @@ def test_a_sparse_log_is_refused_in_one_line_before_any_training_process_starts(
         return {"run_id": "r", "test_auc": 0.6, "model_uri": "m", "config": "pipeline", "ds": DS}
 
     monkeypatch.setattr(cascade_train, "launch_for_result", launcher)
-    monkeypatch.setenv("CASCADE_PRERANKING_MODEL", "fscd")
     with pytest.raises(DegenerateData) as refused:
         run_step("train", DS, "ctr_preranking")
     message = str(refused.value)
@@ -147,7 +147,7 @@ def test_fingerprint_changes_with_the_data_and_the_partition(tmp_path: Path) -> 
 def test_train_step_trains_registers_and_serves_the_fscd_preranker(
     settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from models.preranking.registration import register_and_promote
+    from tests.cascade.test_registry import promote
 
     lake = Lake(settings.lake_root)
     data = lake.training_set("preranking", DS) / "data.parquet"
@@ -197,7 +197,7 @@ def test_train_step_trains_registers_and_serves_the_fscd_preranker(
     assert again["run_id"] == result["run_id"] and again["test_auc"] == result["test_auc"]
 
     # The registry registers it, promotes the first version, and loads it with its encoder.
-    decision = register_and_promote(DS, settings=settings)
+    decision = promote(DS, settings)
     assert decision["promoted"] and decision["version"] == "1"
     loaded = load_registered(settings)
     assert loaded is not None and isinstance(loaded.model, ColdPreRanker)
@@ -206,7 +206,7 @@ def test_train_step_trains_registers_and_serves_the_fscd_preranker(
     # The version's recorded files include the field set, so a changed one is refused.
     from cascade.artifacts import recorded_digests
 
-    version = client.get_model_version(settings.registered_model, "1")
+    version = client.get_model_version(REGISTERED_MODEL, "1")
     digests = recorded_digests(version.tags, "version 1")
     assert f"artifacts/{COLD_DIR_ARTIFACT}/fields.json" in digests
     assert loaded.encoder.fields == trained.encoder.fields
@@ -233,7 +233,7 @@ def test_train_step_trains_registers_and_serves_the_fscd_preranker(
             {**result, "ds": ds2, "run_id": worse_run.info.run_id, "model_uri": info.model_uri}
         )
     )
-    second = register_and_promote(ds2, settings=settings)
+    second = promote(ds2, settings)
     assert not second["promoted"] and second["champion_version"] == "1"
     comparison = second["comparison"]
     assert comparison["challenger"] == pytest.approx(0.5)

@@ -3,30 +3,23 @@ import pytest
 from pipelines import ctr_preranking
 
 
-@pytest.mark.parametrize(
-    ("kind", "launcher", "config"),
-    [("fscd", "cascade_train", "pipeline"), ("mlp", "train", "ml100k")],
-)
-def test_train_step_launches_the_configured_network(
-    monkeypatch: pytest.MonkeyPatch, kind: str, launcher: str, config: str
+def test_train_step_launches_the_fscd_cascade_with_the_pipeline_config(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from models.preranking import cascade_train, train
+    from models.preranking import cascade_train
 
     calls: list[tuple] = []
-
-    def fake(name: str):  # type: ignore[no-untyped-def]
-        return lambda ds, *, settings, **knobs: calls.append((name, ds, knobs))
-
-    monkeypatch.setattr(cascade_train, "launch_pipeline", fake("cascade_train"))
-    monkeypatch.setattr(train, "launch", fake("train"))
-    monkeypatch.setenv("CASCADE_PRERANKING_MODEL", kind)
+    monkeypatch.setattr(
+        cascade_train,
+        "launch_pipeline",
+        lambda ds, *, settings, **knobs: calls.append((ds, knobs)),
+    )
     for name in ("CONFIG", "EPOCHS", "LR", "VALIDATION_FRACTION", "COST_BUDGET"):
         monkeypatch.delenv(f"CASCADE_PRERANKING_{name}", raising=False)
     ctr_preranking.train("2026-11-22")
-    knobs: dict[str, object] = {"config": config, "epochs": None, "lr": None}
-    if kind == "fscd":
-        knobs["validation_fraction"] = knobs["cost_budget"] = None
-    assert calls == [(launcher, "2026-11-22", knobs)]
+    knobs = {"config": "pipeline", "epochs": None, "lr": None}
+    assert calls == [("2026-11-22", {**knobs, "validation_fraction": None, "cost_budget": None})]
+    assert "model" not in ctr_preranking.PIPELINE.step("train").params  # one network, no choice
 
 
 def test_the_train_steps_knobs_reach_the_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -40,7 +33,6 @@ def test_the_train_steps_knobs_reach_the_trainer(monkeypatch: pytest.MonkeyPatch
     )
     step = ctr_preranking.PIPELINE.step("train")
     given = {
-        "model": "fscd",
         "config": "debug",
         "epochs": "4",
         "lr": "0.01",
@@ -107,3 +99,23 @@ def test_the_training_days_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CASCADE_PRERANKING_SOURCE", "Bad-Name")
     with pytest.raises(ValueError, match="CASCADE_PRERANKING_SOURCE"):
         load_group(ctr_preranking.PrerankingSettings)
+
+
+def test_the_promotion_overrides_are_bounded_and_the_spec_holds_the_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cascade.config import SettingsError
+
+    spec = ctr_preranking.PIPELINE
+    for name in ("METRIC", "TOLERANCE"):
+        monkeypatch.delenv(f"CASCADE_PRERANKING_PROMOTION_{name}", raising=False)
+    assert spec.promotion() == spec.model.promotion  # type: ignore[union-attr]
+    monkeypatch.setenv("CASCADE_PRERANKING_PROMOTION_METRIC", "logloss")
+    monkeypatch.setenv("CASCADE_PRERANKING_PROMOTION_TOLERANCE", "0.02")
+    rule = spec.promotion()
+    assert rule is not None
+    assert (rule.metric, rule.higher_is_better, rule.tolerance) == ("logloss", False, 0.02)
+    assert rule.requires_compile_gate  # the spec's, no setting overrides it
+    monkeypatch.setenv("CASCADE_PRERANKING_PROMOTION_TOLERANCE", "2")
+    with pytest.raises(SettingsError, match="PROMOTION_TOLERANCE must be < 1"):
+        spec.promotion()

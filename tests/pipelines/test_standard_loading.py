@@ -29,8 +29,8 @@ from cascade.config import Settings, load_settings
 from cascade.lake import Lake
 from cascade.registry import add_pyfunc_files, download_verified
 from domains.speech.audio_features import SAMPLE_RATE, decode_wav, log_mel
+from models.preranking import REGISTERED_MODEL
 from models.preranking.inference import load_version, score_frame
-from models.preranking.registration import register_and_promote
 from pipelines import asr as asr_pipeline
 from pipelines import multimodal as mm_pipeline
 
@@ -63,17 +63,17 @@ def _recorded(client: mlflow.MlflowClient, name: str, version: str) -> set[str]:
 
 
 def test_preranker_loads_the_standard_way(store: Settings) -> None:
-    from tests.cascade.test_registry import fitted, trained
+    from tests.cascade.test_registry import fitted, promote, trained
     from tests.compilers.test_deploy_gate import fscd_trained
 
     trained(store, "2026-11-20", fitted(0))
     fscd_trained(store, "2026-11-21")
     versions = {
-        kind: register_and_promote(ds, settings=store)["version"]
+        kind: promote(ds, store)["version"]
         for kind, ds in (("mlp", "2026-11-20"), ("fscd", "2026-11-21"))
     }
     client = _use_store(store)
-    name = store.registered_model
+    name = REGISTERED_MODEL
     for kind, version in versions.items():
         assert PYFUNC_FILES <= _recorded(client, name, version)
         assert "python_model.pkl" not in _recorded(client, name, version)
