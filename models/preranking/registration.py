@@ -219,15 +219,15 @@ def register_and_promote(
             name=REGISTERED_MODEL,
             model_description="Pre-ranking CTR model (Cascade)",
             run_id=run_id,
+            # The write-once release folder, not the logged model: a tracking server refuses a
+            # source outside the logged model's location when the version names its model_id,
+            # so the logged model is kept as a tag.
             source=source,
-            # Links the version to MLflow 3's logged model (models:/m-<id>).
-            model_id=model_uri.removeprefix("models:/")
-            if model_uri.startswith("models:/m-")
-            else None,
             tags={
                 "ds": ds,
                 TEST_AUC_TAG: repr(new_auc),
                 "run_id": run_id,
+                "logged_model": model_uri,
                 DIGESTS_TAG: digests_tag(digests),
             },
             description=f"trained for ds={ds} with config {trained.get('config')}",
