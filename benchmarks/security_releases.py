@@ -292,7 +292,11 @@ def rerun_changes(settings: Settings, tmp: Path, ds: str) -> dict[str, Any]:
     (working / "gate.json").write_text(json.dumps({"passed": True, "reasons": [], "rerun": True}))
     for path in working.iterdir():
         client.log_artifact(run_id, str(path), COMPILED_DIR)
-    decision = register_and_promote(ds, settings=settings)
+    from cascade.pipeline_registry import get_pipeline
+
+    promotion = get_pipeline("ctr_preranking").promotion()
+    assert promotion is not None
+    decision = register_and_promote(ds, promotion=promotion, settings=settings)
     candidate, _ = registration_files(settings, trained["model_uri"], run_id)
     registered = client.get_model_version(name, str(decision["version"]))
     keys = trusted_keys(settings.home)

@@ -615,7 +615,7 @@ def _add_core_commands(sub: Any) -> None:
 HELP_ORDER = (
     "up", "down", "status", "demo", "manifests", "config",  # the stack and its settings
     "pipelines", "land", "events", "step", "report",  # data in, pipelines run
-    "score", "rollback",  # the served models
+    "score", "rollback", "release",  # the served models
     "ctr", "asr", "multimodal",  # each domain's tools, run outside the DAGs
     "bench", "ui-check", "version",
 )  # fmt: skip

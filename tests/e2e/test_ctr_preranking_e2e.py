@@ -9,6 +9,7 @@ import pytest
 import requests
 
 from cascade.config import REPO_ROOT, Settings
+from models.preranking import REGISTERED_MODEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -23,7 +24,7 @@ def test_a_registered_model_version_is_the_champion(stack: Settings, pipeline_ru
 
     # Both URIs explicitly: unit tests earlier in the session may have set a global registry.
     client = MlflowClient(tracking_uri=stack.tracking_uri, registry_uri=stack.tracking_uri)
-    champion = client.get_model_version_by_alias(stack.registered_model, "champion")
+    champion = client.get_model_version_by_alias(REGISTERED_MODEL, "champion")
     assert str(champion.version) == str(pipeline_run["register"]["champion_version"])
     run = client.get_run(champion.run_id)
     auc = run.data.metrics["test_auc"]

@@ -25,6 +25,7 @@ from cascade.artifacts import DIGESTS_TAG
 from cascade.config import Settings
 from cascade.lake import Lake
 from cascade.signing import release_version
+from models.preranking import REGISTERED_MODEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.slow]
 
@@ -99,7 +100,7 @@ def test_serving_killed_during_a_model_swap_comes_back_on_the_new_champion(
     from serving.deploy import served_version
 
     registry = MlflowClient(tracking_uri=stack.tracking_uri, registry_uri=stack.tracking_uri)
-    name = stack.registered_model
+    name = REGISTERED_MODEL
     old = registry.get_model_version_by_alias(name, "champion")
     # A new version of the same trained model: the swap is real, the scores comparable.
     new = registry.create_model_version(
