@@ -22,6 +22,7 @@ registered version's stored files with the digests it was signed with.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -294,8 +295,10 @@ def rerun_changes(settings: Settings, tmp: Path, ds: str) -> dict[str, Any]:
         client.log_artifact(run_id, str(path), COMPILED_DIR)
     from cascade.pipeline_registry import get_pipeline
 
-    promotion = get_pipeline("ctr_preranking").promotion()
-    assert promotion is not None
+    rule = get_pipeline("ctr_preranking").promotion()
+    assert rule is not None
+    # The re-run's package was logged by hand, not by the compile step: no lake report.
+    promotion = dataclasses.replace(rule, requires_compile_gate=False)
     decision = register_and_promote(ds, promotion=promotion, settings=settings)
     candidate, _ = registration_files(settings, trained["model_uri"], run_id)
     registered = client.get_model_version(name, str(decision["version"]))
