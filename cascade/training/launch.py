@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +71,7 @@ def init_distributed() -> None:
     if not dist.is_initialized():
         # DeepSpeed builds its CPU communication extension on first use: the launches' cache,
         # never a lock a killed build left behind.
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir(dict(os.environ)))
-        clear_stale_build_locks(Path(os.environ["TORCH_EXTENSIONS_DIR"]))
+        use_extension_cache(os.environ)
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
 
 
@@ -128,7 +127,13 @@ def extension_build_env(env: dict[str, str]) -> None:
     path = env.get("PATH", os.defpath)
     if path.split(os.pathsep)[0] != tools:
         env["PATH"] = f"{tools}{os.pathsep}{path}"
-    env.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir(env))
+    use_extension_cache(env)
+
+
+def use_extension_cache(env: MutableMapping[str, str]) -> None:
+    """Point ``env`` at the extension cache its tools give (unless it names one) and clear a
+    build lock a killed build left there."""
+    env.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir(dict(env)))
     clear_stale_build_locks(Path(env["TORCH_EXTENSIONS_DIR"]))
 
 
