@@ -62,7 +62,7 @@ class MlflowAliases:
         self.client = MlflowClient(tracking_uri=uri, registry_uri=uri)
 
     def locked(self) -> contextlib.AbstractContextManager[Any]:
-        return alias_lock(self.client, home=self.settings.home)
+        return alias_lock(self.client, settings=self.settings)
 
     def alias_version(self, model: str, alias: str) -> str | None:
         from cascade.registry import version_by_alias

@@ -163,3 +163,11 @@ def test_the_lock_is_exclusive_across_holders_and_times_out(tmp_path: Path) -> N
     with held(path, timeout_s=1):  # free again
         pass
     assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_the_database_lock_row_of_a_registry_never_holds_its_credentials() -> None:
+    from cascade.alias_lock import registry_key
+
+    assert registry_key("http://mover:s3cret@mlflow:5000/x") == "http://mlflow:5000/x"
+    assert registry_key("sqlite:////data/mlflow.db") == "sqlite:////data/mlflow.db"
+    assert registry_key("postgresql://u:p@db/mlflow?a=b@c") == "postgresql://db/mlflow?a=b@c"

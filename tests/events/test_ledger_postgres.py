@@ -214,3 +214,55 @@ def test_the_cluster_ledger_keeps_upstream_partitions_as_the_sqlite_one_does(
         waiting = ledger.released(dag)
         assert {i: w.releases for i, w in waiting.items()} == {b["id"]: 0, c["id"]: 0}
         assert ledger.owners(dag) == {a["id"]: "r1"}, type(ledger).__name__
+
+
+def test_alias_moves_of_movers_on_different_homes_take_one_lock_in_the_ledger_database(
+    cluster: Settings, tmp_path: Path
+) -> None:
+    """Two rollbacks with different state folders (two hosts) and one ledger database read the
+    same champion and move it at once: one moves it, the other is told in one line that it
+    moved first; no lock file was taken on either host."""
+    import threading
+
+    from cascade.alias_lock import TABLE, AliasLockTimeout, held_in_database, lock_path
+    from cascade.config import load_settings
+    from cascade.deployments import rollback
+    from tests.cascade.test_alias_moves import MODEL, _champion, _registry
+
+    uri = _registry(tmp_path, versions=3)
+    url = postgres_url(cluster)
+    homes = [tmp_path / "host-a", tmp_path / "host-b"]
+    movers = [
+        load_settings({"CASCADE_HOME": str(home), "CASCADE_PROFILE": "cluster",
+                       "CASCADE_POSTGRES_URL": url, "CASCADE_MLFLOW_URI": uri})
+        for home in homes
+    ]  # fmt: skip
+    read = _champion(uri)
+    barrier = threading.Barrier(2)
+    results: list[dict[str, Any]] = []
+
+    def move(settings: Settings) -> None:
+        barrier.wait(timeout=30)
+        results.append(
+            rollback(model=MODEL, reason="race", publish=False, expected=read, settings=settings)
+        )
+
+    threads = [threading.Thread(target=move, args=(s,)) for s in movers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(r["moved"] for r in results) == [False, True]
+    loser = next(r for r in results if not r["moved"])
+    assert "\n" not in loser["skipped"] and "no longer v3" in loser["skipped"]
+    assert _champion(uri) == "2"  # one step back, not two
+    assert not any(lock_path(uri, home).exists() for home in homes)
+    assert not (tmp_path / "mlflow.db.aliases.lock").exists()
+    with held_in_database(url, uri, timeout_s=5) as moves:
+        assert moves == 2  # both movers held the database's row, one after the other
+        # Held here: a mover on a third host waits, then gives up in one line.
+        with pytest.raises(AliasLockTimeout, match=f"row .* of {TABLE}"):
+            with held_in_database(url, uri, timeout_s=0.3):
+                pass
+    with held_in_database(url, uri, timeout_s=5) as moves:
+        assert moves == 3  # the block above ended without error: it counted
