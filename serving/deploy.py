@@ -58,7 +58,8 @@ def score(
     request_id: str | None = None,
     timeout_s: float = 10.0,
 ) -> dict[str, Any]:
-    """Scores from the running server: ``{"id", "model_version", "scores": [float, ...]}``.
+    """Scores from the running server: ``{"id", "request_id", "model_version", "scores":
+    [float, ...]}``; ``request_id`` is the server's own id of the request (clicks name it).
 
     Raises RuntimeError with the server's message when it answers with an error status, and
     ConnectionError (from requests) when nothing listens at ``settings.serving_url``.
@@ -81,6 +82,7 @@ def score(
         raise RuntimeError(f"{infer_url(settings)} returned no 'scores' output: {payload}")
     return {
         "id": payload.get("id"),
+        "request_id": (payload.get("parameters") or {}).get("request_id"),
         "model_version": (payload.get("parameters") or {}).get("model_version")
         or payload.get("model_version"),
         "scores": [float(s) for s in outputs["scores"]["data"]],

@@ -264,6 +264,7 @@ class FeedbackLog:
         shadow_scores: Sequence[float] | np.ndarray | None = None,
         items: ItemSnapshot | None = None,
         request_features: Mapping[str, Any] | None = None,
+        client_request_id: str | None = None,
     ) -> None:
         """Buffer one request: ``item_ids``, ``scores`` and the shadow scores hold one value
         per candidate; so does each feature, or it is one scalar for all candidates (the
@@ -272,6 +273,9 @@ class FeedbackLog:
         (column ``item_snapshot``; written once, before the first row naming it).
         ``request_features``: scalars of the whole request (the user's features), written
         once as its request row instead of on each candidate's.
+        ``request_id``: the server's id of the request (clicks join on it);
+        ``client_request_id``: the id the client sent, if any, kept in its own column and
+        never joined on.
         Arrays are copied (not a Gathered's), the caller may reuse them."""
         now = self._clock()
         ids = np.array(item_ids, dtype=np.int64)
@@ -338,6 +342,7 @@ class FeedbackLog:
             columns=columns,
             items=items,
             request=request,
+            client_request_id=None if client_request_id is None else str(client_request_id),
         )
         with self._lock:
             if self._rows + n > self.config.max_buffered_rows:

@@ -215,11 +215,14 @@ class Chunk:
     """The item snapshot ``columns[ITEM_SNAPSHOT]`` names, written before the rows."""
     request: dict[str, Any] | None = None
     """Features with one value for the request (the user's), written as its request row."""
+    client_request_id: str | None = None
+    """The id the client sent (untrusted: ``request_id`` is the server's own)."""
 
 
 _FIXED = ("item_id", "score", "shadow_score")
 RESERVED = (
-    "ts", "request_id", "user_id", "model_version", "shadow_version", ITEM_SNAPSHOT, *_FIXED
+    "ts", "request_id", "client_request_id", "user_id", "model_version", "shadow_version",
+    ITEM_SNAPSHOT, *_FIXED,
 )  # fmt: skip
 
 
@@ -319,7 +322,8 @@ def _ts_ns(chunks: list[Chunk]) -> np.ndarray:
 
 def feedback_table(chunks: list[Chunk]) -> pa.Table:
     """The rows of ``chunks`` in the feedback schema: ts, request_id, user_id, item_id, score,
-    model_version, shadow_version, shadow_score, then the features in first-seen order."""
+    model_version, shadow_version, shadow_score, client_request_id, then the features in
+    first-seen order."""
     counts = np.array([c.rows for c in chunks], dtype=np.int64)
     ts_ns = np.repeat(_ts_ns(chunks), counts)
     features: dict[str, None] = {}
@@ -341,6 +345,7 @@ def feedback_table(chunks: list[Chunk]) -> pa.Table:
         "model_version": _repeat_strings([c.model_version for c in chunks], counts),
         "shadow_version": _repeat_strings([c.shadow_version for c in chunks], counts),
         "shadow_score": shadow_score,
+        "client_request_id": _repeat_strings([c.client_request_id for c in chunks], counts),
     }
     for name in features:
         arrays[name] = _column(chunks, counts, name)

@@ -14,6 +14,12 @@ INFERENCE_ERRORS = Counter(
     "or 'feature_store_timeout' (the online store was locked or timed out; never rolls back)",
     ["model_name", "kind"],
 )
+FEATURE_OVERRIDES = Counter(
+    "cascade_feature_overrides",
+    "Requests that sent a user field's value other than the online store's: scored with the "
+    "request's value, logged in the feedback with the store's (a client cannot steer the monitor)",
+    ["model_name"],
+)
 FEEDBACK_WRITE_ERRORS = Counter(
     "cascade_feedback_write_errors",
     "Feedback writes that failed (their rows are kept for a retry)",

@@ -66,7 +66,7 @@ from cascade.config import Settings, load_settings
 from domains.ctr.schema import ITEM_GENRE, MODEL_FEATURES
 from models.preranking.model import ColdPreRanker, request_fields
 from serving.item_table import ItemTable, lake_item_catalogue
-from serving.metrics import INFERENCE_ERRORS, ONLINE_READ_SECONDS
+from serving.metrics import FEATURE_OVERRIDES, INFERENCE_ERRORS, ONLINE_READ_SECONDS
 from serving.online_fields import CrossReader, KeyedColumn, OnlineFieldPlan
 from serving.preranking_inputs import (
     ID_DATATYPE,
@@ -175,6 +175,11 @@ def is_lock_timeout(exc: BaseException) -> bool:
     return False
 
 
+def _same_value(stored: float, sent: float) -> bool:
+    """Whether a request's value is the store's (both unknown counts as the same)."""
+    return (math.isnan(stored) and math.isnan(sent)) or stored == sent
+
+
 class VersionNotServable(ValueError):
     """A registered version the server cannot serve: not one trained on the cross-statistics
     engine's training set. The message names the version and what to do."""
@@ -200,6 +205,11 @@ class Backends:
     """``(settings, source) -> frame`` of ``item_id``, ``item_category``: the engine's newest
     published item catalogue of the source, None when there is none; a version's item
     table."""
+    version_record: Callable[[Settings, str], str | None] = lambda settings, version: None
+    """``(settings, version) -> digest`` of the version's registry record (its tags: the
+    signed release, the file digests): a version refused with one record is not fetched
+    again until the record changes (a new signature) or the alias moves. None: the version
+    number alone keys the refusal."""
 
 
 def default_backends() -> Backends:
@@ -219,14 +229,14 @@ def registry_backends(**rest: Any) -> Backends:
     """The MLflow registry's aliases and its signature-checking loader
     (:func:`models.preranking.inference.load_registered`, with the compiled package), the other
     backends as given."""
-    from models.preranking.inference import alias_version, load_registered
+    from models.preranking.inference import alias_version, load_registered, version_record
 
     return Backends(
         champion_version=lambda settings, alias: alias_version(settings, alias=alias),
         load_champion=lambda settings, alias: load_registered(
             settings, alias=alias, with_package=True
         ),
-        **rest,
+        **{"version_record": version_record, **rest},
     )
 
 
@@ -266,9 +276,18 @@ class PreRankingModel(Model):
         self._predict_seconds = PREDICT_HIST_TIME.labels(**get_labels(name))
         self.feature_store_timeouts = 0
         """Requests answered 503 because the online store was locked or timed out."""
+        self.feature_overrides = 0
+        """Requests that carried a user field's value other than the online store's (scored
+        with it, logged with the store's)."""
         self.refused_versions: dict[str, str] = {}
         """``{version: why}`` of the versions refused at load (:class:`VersionNotServable`,
-        :meth:`prepare_servable`): not loaded again while an alias stays on them."""
+        :meth:`prepare_servable`, or files that are not the signed ones): not fetched again
+        while the alias stays on them and their registry record is unchanged
+        (:meth:`is_refused`)."""
+        self._refused_records: dict[str, str | None] = {}
+        """``{version: record digest}`` of each refusal (``Backends.version_record``)."""
+        self._alias_at: str | None = None
+        """The version the served alias pointed at on the last refresh."""
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         # Feedback log, shadow scoring, automatic rollback: off unless enabled by environment.
@@ -328,9 +347,10 @@ class PreRankingModel(Model):
     def refresh(self) -> bool:
         """Swap in the champion if its version differs from the served one; True if swapped.
 
-        A version that cannot be served (:class:`VersionNotServable`) is refused: logged
-        once, remembered in :attr:`refused_versions` and not loaded again while the alias
-        stays on it; the served version stays. Any other failure (registry, catalogue, online
+        A version that cannot be served (:class:`VersionNotServable`, files that are not the
+        signed ones) is refused: logged once, remembered in :attr:`refused_versions` and not
+        fetched again while the alias stays on it and its registry record is unchanged; the
+        served version stays. Any other failure (registry, catalogue, online
         store) raises, and the poller tries again on its next tick."""
         with self._refresh_lock:
             wanted = self.backends.champion_version(self.settings, self.config.alias)
@@ -338,9 +358,13 @@ class PreRankingModel(Model):
                 if self._served is None:
                     log.info("no '%s' alias in the registry yet; not ready", self.config.alias)
                 return False
+            if str(wanted) != self._alias_at:  # the alias moved: refusals are judged afresh
+                if self._alias_at is not None:
+                    self.forget_refusals()
+                self._alias_at = str(wanted)
             if self._served is not None and str(wanted) == self._served.version:
                 return False
-            if str(wanted) in self.refused_versions:
+            if self.is_refused(str(wanted)):
                 return False
             log.info("loading %s version %s (serving %s)", self.name, wanted, self.served_version)
             loaded = self.load_alias(self.config.alias, str(wanted))
@@ -366,6 +390,38 @@ class PreRankingModel(Model):
             log.info("serving %s version %s (was %s)", self.name, served.version, previous)
             return True
 
+    def refuse(self, version: str, why: str) -> None:
+        """Remember that ``version`` cannot be served (``why``), with its registry record."""
+        self.refused_versions[version] = why
+        self._refused_records[version] = self._record_of(version)
+
+    def _record_of(self, version: str) -> str | None:
+        try:
+            return self.backends.version_record(self.settings, version)
+        except Exception as exc:  # the registry is down: the version number alone keys it
+            log.warning("cannot read version %s's registry record: %s", version, exc)
+            return None
+
+    def is_refused(self, version: str) -> bool:
+        """Whether ``version`` was refused and its registry record is still the one refused
+        (one metadata read instead of downloading and hashing its files again, every tick of
+        every worker). A changed record (an operator signed the version) is tried again."""
+        if version not in self.refused_versions:
+            return False
+        recorded = self._refused_records.get(version)
+        if recorded is None or self._record_of(version) == recorded:
+            return True
+        log.info("%s version %s changed in the registry since it was refused; checking it again",
+                 self.name, version)  # fmt: skip
+        self.refused_versions.pop(version, None)
+        self._refused_records.pop(version, None)
+        return False
+
+    def forget_refusals(self) -> None:
+        """Judge every version afresh (the served alias moved)."""
+        self.refused_versions.clear()
+        self._refused_records.clear()
+
     def load_alias(self, alias: str, wanted: str) -> ChampionModel | None:
         """The version behind ``alias`` (``wanted`` when the alias was read), or None: nothing
         there, or a version the platform did not sign or whose files are not the signed ones
@@ -375,7 +431,7 @@ class PreRankingModel(Model):
         try:
             return self.backends.load_champion(self.settings, alias)
         except TamperedArtifact as refused:
-            self.refused_versions[wanted] = str(refused)
+            self.refuse(wanted, str(refused))
             log.error("refusing %s version %s (alias %s): %s; still serving %s", self.name,
                       wanted, alias, refused, self.served_version)  # fmt: skip
             return None
@@ -499,7 +555,7 @@ class PreRankingModel(Model):
         try:
             return self._prepare(loaded)
         except VersionNotServable as refused:
-            self.refused_versions[str(loaded.version)] = str(refused)
+            self.refuse(str(loaded.version), str(refused))
             return None
 
     def _prepare(self, loaded: ChampionModel) -> ServedVersion:
@@ -587,6 +643,7 @@ class PreRankingModel(Model):
                 )
         items = served.items
         rows = items.rows(item_ids)
+        sent = extra or {}
         keyed: dict[str, KeyedColumn] = {}
         if served.online.reads:
             codes = items.codes(rows)
@@ -600,6 +657,8 @@ class PreRankingModel(Model):
             for name, kind in served.request_fields.items()
             if kind == "user" and name in given
         }
+        if served.online.reads and any(n in served.online.fields for n in sent):
+            user.update(self._store_user_values(served, user_id, item_ids, codes, sent, user))
         logits = served.scorer.logits(user_id, rows, item_ids, extra=extra, keyed=keyed)
         scores = torch.sigmoid(logits.detach().float()).reshape(-1).numpy()
         if scores.shape[0] != len(item_ids) or not np.isfinite(scores).all():
@@ -640,6 +699,41 @@ class PreRankingModel(Model):
                 raise FeatureStoreBusy(self.name) from exc
             raise
 
+    def _store_user_values(
+        self,
+        served: ServedVersion,
+        user_id: int,
+        item_ids: np.ndarray,
+        codes: np.ndarray,
+        request_values: Mapping[str, np.ndarray],
+        scored_user: Mapping[str, float],
+    ) -> dict[str, float]:
+        """The online store's values of the user fields the request carried (``request_values``)
+        although the server reads them from the store. The request is scored with its own
+        values (``scored_user``), but those are what a client chose: the feedback log keeps the
+        store's as the request's observed features. A value other than the store's is an
+        override, counted in :attr:`feature_overrides`. One extra read, only for requests
+        that carry such fields."""
+        names = [n for n in scored_user if n in served.online.fields and n in request_values]
+        if not names:
+            return {}
+        # Every other field counts as given: only the overridden ones are read.
+        others = {n: np.empty(0) for n in served.online.fields if n not in names}
+        stored = self._online_values(served, user_id, item_ids, codes, others)
+        values = {n: float(np.asarray(stored[n], dtype=np.float64).reshape(-1)[0]) for n in names}
+        differ = sorted(n for n in names if not _same_value(values[n], scored_user[n]))
+        if differ:
+            self.feature_overrides += 1
+            FEATURE_OVERRIDES.labels(model_name=self.name).inc()
+            if self.feature_overrides == 1 or self.feature_overrides % 1000 == 0:
+                log.warning(
+                    "requests overrode the online store's %s (%d so far); the feedback log "
+                    "keeps the store's values",
+                    differ,
+                    self.feature_overrides,
+                )
+        return values
+
     def _observe_read(self, view: str, seconds: float) -> None:
         child = self._read_seconds.get(view)
         if child is None:
@@ -669,7 +763,9 @@ class PreRankingModel(Model):
                 fields=served.request_fields,
                 optional=served.served_fields,
             )
-            response_id, scores = self._infer(served, user_id, item_ids, request_id, extra)
+            response_id, server_id, scores = self._infer(
+                served, user_id, item_ids, request_id, extra
+            )
         return v2_response_body(
             response_id=response_id,
             model_name=self.name,
@@ -677,7 +773,11 @@ class PreRankingModel(Model):
             outputs=[
                 {"name": SCORES_OUTPUT, "shape": [len(scores)], "datatype": "FP32", "data": scores}
             ],
-            parameters={"model_version": served.version, "run_id": served.run_id},
+            parameters={
+                "model_version": served.version,
+                "run_id": served.run_id,
+                "request_id": server_id,
+            },
         )
 
     async def predict(
@@ -694,7 +794,7 @@ class PreRankingModel(Model):
             fields=served.request_fields,
             optional=served.served_fields,
         )
-        response_id, scores = self._infer(served, user_id, item_ids, payload.id, extra)
+        response_id, server_id, scores = self._infer(served, user_id, item_ids, payload.id, extra)
         return InferResponse(
             response_id=response_id,
             model_name=self.name,
@@ -702,7 +802,11 @@ class PreRankingModel(Model):
             infer_outputs=[
                 InferOutput(name=SCORES_OUTPUT, shape=[len(scores)], datatype="FP32", data=scores)
             ],
-            parameters={"model_version": served.version, "run_id": served.run_id},
+            parameters={
+                "model_version": served.version,
+                "run_id": served.run_id,
+                "request_id": server_id,
+            },
         )
 
     def _serving(self) -> ServedVersion:
@@ -718,8 +822,14 @@ class PreRankingModel(Model):
         item_ids: np.ndarray,
         request_id: str | None,
         extra: Mapping[str, np.ndarray] | None = None,
-    ) -> tuple[str, np.ndarray]:
-        """Score, count and log one request: ``(response id, scores)``.
+    ) -> tuple[str, str, np.ndarray]:
+        """Score, count and log one request: ``(response id, request id, scores)``.
+
+        The request id is the server's own, generated here: the feedback log keys the
+        request's rows by it and clicks join on it, so a client cannot name (or collide with)
+        another request's rows. The response carries it as the ``request_id`` parameter; its
+        ``id`` echoes the client's id (the v2 protocol's correlation id), which the feedback
+        log keeps only as the untrusted ``client_request_id``.
 
         On the event loop: ~0.3 ms of CPU, all of it holding the GIL anyway; a hop to a thread
         (asyncio.to_thread) cost ~0.2 ms more CPU per request in wake-ups and GIL hand-offs,
@@ -743,9 +853,10 @@ class PreRankingModel(Model):
             if self.observer is not None:
                 self.observer.failed(served)
             raise
-        response_id = request_id or uuid.uuid4().hex
+        server_id = uuid.uuid4().hex
         if self.observer is not None:  # counted and buffered now; written off the response path
             self.observer.observed(
-                served, response_id, user_id, item_ids, scored.scores, scored.user
-            )
-        return response_id, scored.scores
+                served, server_id, user_id, item_ids, scored.scores, scored.user,
+                client_request_id=request_id,
+            )  # fmt: skip
+        return request_id or server_id, server_id, scored.scores

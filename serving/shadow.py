@@ -126,11 +126,16 @@ class ServingObserver:
         item_ids: np.ndarray,
         scores: np.ndarray,
         user_features: Mapping[str, float] | None = None,
+        *,
+        client_request_id: str | None = None,
     ) -> None:
         """Called after a successful response was built: count it, log it, shadow it later.
 
-        ``user_features`` are the user fields the scores were computed with; the item
-        features are those of ``served.items``, logged by reference."""
+        ``response_id``: the server's own request id (the key clicks join on);
+        ``client_request_id``: the id the client sent, kept apart as untrusted.
+        ``user_features`` are the user fields as observed (the online store's where the
+        server reads them); the item features are those of ``served.items``, logged by
+        reference."""
         self._count(served.version, ok=True)
         if self.feedback is None and self.config.shadow_alias is None:
             return
@@ -150,6 +155,7 @@ class ServingObserver:
                     shadow_version=shadow[0] if shadow else None,
                     shadow_scores=shadow[1] if shadow else None,
                     items=snapshot,
+                    client_request_id=client_request_id,
                 )
 
         if self.config.shadow_alias is None:
@@ -231,7 +237,7 @@ class ServingObserver:
             backends, settings = self.model.backends, self.model.settings
             wanted = backends.champion_version(settings, alias)
             # A version the model refused (VersionNotServable) is not loaded again.
-            if wanted is None or str(wanted) in self.model.refused_versions:
+            if wanted is None or self.model.is_refused(str(wanted)):
                 return None
             if self._shadow is None or self._shadow.version != str(wanted):
                 loaded = self.model.load_alias(alias, str(wanted))

@@ -334,6 +334,21 @@ def alias_version(settings: Settings | None = None, alias: str = "champion") -> 
     return None if version is None else str(version.version)
 
 
+def version_record(settings: Settings | None, version: str) -> str:
+    """The sha256 of version ``version``'s registry record (source, run and tags: the signed
+    release and the file digests among them): what a server compares before fetching a
+    version it refused again."""
+    import hashlib
+
+    client, _ = _client(settings)
+    record = client.get_model_version(REGISTERED_MODEL, version)
+    blob = json.dumps(
+        {"source": record.source, "run_id": record.run_id, "tags": dict(record.tags)},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 CROSS_SOURCE_PARAM = "cross_source"
 """Run param of a pre-ranker trained on the cross-statistics engine's training set: the log
 source (``jobs.ctr_cross_stats``) the set came from. The server serves no version whose run

@@ -323,6 +323,52 @@ def test_feedback_of_an_engine_version_records_the_fields_it_read(tmp_path: Path
     assert any("user_ctr" in reason for reason in verdict.reasons)
 
 
+def test_a_client_cannot_steer_the_logged_features_or_the_click_join(tmp_path: Path) -> None:
+    """A request that sends a user field's value other than the store's is scored with it, but
+    the feedback log keeps the store's value and the override is counted; a value equal to the
+    store's counts as none. The request id clicks join on is the server's own (returned as the
+    ``request_id`` parameter, a new one per request); the client's id is echoed and kept only
+    as ``client_request_id``."""
+    model, _ = serve(tmp_path, engine_loaded(), sources={RUN: SOURCE})
+    assert model.load()
+    day = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC).timestamp()
+    feedback = FeedbackLog(tmp_path / "lake", clock=lambda: day)
+    model.observer = ServingObserver(model, ObserverConfig(feedback=True), feedback=feedback)
+    steered, kept = USER_FIELDS
+    sent = {steered: user_value(steered, 5) + 0.3, kept: user_value(kept, 5)}
+
+    def send(fields: dict[str, float]) -> Any:
+        inputs = [
+            InferInput(name="user_id", shape=[1], datatype="INT64", data=[5]),
+            InferInput(name="item_ids", shape=[2], datatype="INT64", data=[1, 2]),
+            *(InferInput(name=n, shape=[1], datatype="FP64", data=[v]) for n, v in fields.items()),
+        ]
+        request = InferRequest(model_name="preranking", infer_inputs=inputs, request_id="victim")
+        return asyncio.run(model.predict(request))
+
+    try:
+        honest = send({})
+        overriding = send(sent)
+        matching = send({kept: sent[kept]})
+        model.observer.drain()
+    finally:
+        model.observer.close()
+    scores = [np.asarray(r.outputs[0].data) for r in (honest, overriding, matching)]
+    assert not np.allclose(scores[0], scores[1])  # the override was scored with ...
+    np.testing.assert_allclose(scores[0], scores[2])
+    assert model.feature_overrides == 1  # ... and counted once: the matching value is none
+    requests = pd.read_parquet(tmp_path / "lake" / "feedback_requests")
+    for name in USER_FIELDS:  # ... but every request row holds the store's values
+        assert requests[name].tolist() == [user_value(name, 5)] * 3
+    ids = [r.parameters["request_id"] for r in (honest, overriding, matching)]
+    assert all(re.fullmatch("[0-9a-f]{32}", i) for i in ids) and len(set(ids)) == 3
+    assert {r.id for r in (honest, overriding, matching)} == {"victim"}  # echoed, no more
+    assert requests["request_id"].tolist() == ids
+    raw = pd.concat(pd.read_parquet(p) for p in (tmp_path / "lake" / "feedback").rglob("*.parquet"))
+    assert raw["request_id"].tolist() == [i for i in ids for _ in range(2)]
+    assert set(raw["client_request_id"]) == {"victim"}
+
+
 def write_partition(lake: Lake, source: str, ds: str, items: list[int], gate: bool | None) -> None:
     """A catalogue partition and its gate verdict (None: no verdict)."""
     folder = lake.ctr_catalogue(source, ds)

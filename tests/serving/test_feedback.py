@@ -66,6 +66,7 @@ def test_rows_read_back_one_per_candidate_with_their_features(tmp_path: Path) ->
         },
         shadow_version="4",
         shadow_scores=[0.1, 0.2],
+        client_request_id="r1",  # a client naming another request: kept apart, never joined
     )
     (part,) = feedback.flush()
     assert part.parent == feedback_dir(tmp_path, "feedback", "2026-11-22")
@@ -73,8 +74,9 @@ def test_rows_read_back_one_per_candidate_with_their_features(tmp_path: Path) ->
     assert len(frame) == 7 and feedback.written_rows == 7 and feedback.buffered_rows == 0
     assert list(frame.columns) == [
         "ts", "request_id", "user_id", "item_id", "score", "model_version",
-        "shadow_version", "shadow_score", "user_ctr", "item_ctr", "genre",
+        "shadow_version", "shadow_score", "client_request_id", "user_ctr", "item_ctr", "genre",
     ]  # fmt: skip
+    assert frame.client_request_id.tolist() == [None] * 5 + ["r1"] * 2
     assert str(frame.ts.dtype) == "datetime64[ns, UTC]"
     assert (frame.ts == pd.Timestamp(DAY, unit="s", tz="UTC")).all()
     assert frame.request_id.tolist() == ["r1"] * 5 + ["r2"] * 2

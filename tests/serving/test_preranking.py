@@ -213,6 +213,8 @@ def test_predict_scores_each_candidate_with_only_the_needed_reads(
     response = infer(model, 5, candidates, request_id="req-1")
     scores = response.outputs[0].data
     assert response.id == "req-1"
+    server_id = response.parameters.pop("request_id")
+    assert server_id != "req-1" and len(server_id) == 32
     assert response.parameters == {"model_version": "1", "run_id": "run-1"}
     assert response.outputs[0].name == "scores" and response.outputs[0].datatype == "FP32"
     assert scores.shape == (4,) and scores.dtype == np.float32
@@ -494,6 +496,45 @@ def test_a_refused_version_keeps_the_old_one_served_and_is_not_loaded_again(
     assert "champion refresh failed" not in caplog.text
 
 
+def test_a_champion_refused_for_its_files_is_fetched_again_only_when_it_changes(
+    model: PreRankingModel, champion_file: Path
+) -> None:
+    """A champion whose files are not the signed ones is fetched and hashed once, not on every
+    tick: again only when its registry record changes (an operator signed it anew) or when
+    the alias moves away and back."""
+    from cascade.artifacts import TamperedArtifact
+
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+    records = {"2": "signed-a"}
+    fetched: list[str] = []
+    load = model.backends.load_champion
+
+    def fetch(settings: Settings, alias: str) -> Any:
+        loaded = load(settings, alias)
+        fetched.append(loaded.version)
+        if loaded.version == "2":
+            raise TamperedArtifact("preranking v2: model.pt is not the signed file")
+        return loaded
+
+    model.backends.load_champion = fetch  # type: ignore[assignment]
+    model.backends.version_record = lambda settings, version: records.get(version)
+    serving_fakes.write_champion(champion_file, "2", seed=2)
+    for _ in range(5):
+        assert model.refresh() is False
+    assert fetched == ["2"] and "not the signed file" in model.refused_versions["2"]
+    records["2"] = "signed-b"  # a new release of the same version: checked once more
+    for _ in range(3):
+        model.refresh()
+    assert fetched == ["2", "2"]
+    serving_fakes.write_champion(champion_file, "3", seed=3)  # the alias moves on ...
+    assert model.refresh() is True and model.served_version == "3"
+    serving_fakes.write_champion(champion_file, "2", seed=2)  # ... and back: judged afresh
+    model.refresh()
+    model.refresh()
+    assert fetched == ["2", "2", "3", "2"] and model.served_version == "3"
+
+
 def test_poller_makes_the_model_ready_when_a_champion_appears(
     model: PreRankingModel, champion_file: Path
 ) -> None:
@@ -587,6 +628,12 @@ def test_encode_v2_json_matches_kserve_to_rest(model: PreRankingModel, champion_
     ours = orjson.loads(asyncio.run(model.infer_json(body)))
     reference, _ = infer(model, 5, [3, 4, 999], request_id="abc").to_rest()
     assert ours["id"] == reference["id"] == "abc"
+    # Each answer names the server's own id of its request (a new one per request).
+    ours_id, reference_id = (
+        ours["parameters"].pop("request_id"),
+        reference["parameters"].pop("request_id"),
+    )
+    assert len({ours_id, reference_id, "abc"}) == 3
     assert (
         ours["parameters"] == reference["parameters"] == {"model_version": "1", "run_id": "run-1"}
     )
@@ -666,6 +713,8 @@ def test_infer_json_answers_as_predict_on_the_decoded_request(
     assert fast[0] == "ok"
     ours = orjson.loads(fast[1])  # type: ignore[index]
     reference, _ = slow[1].to_rest()  # type: ignore[index,union-attr]
+    # The server's own request id: a new one per request, on either route.
+    assert ours["parameters"].pop("request_id") != reference["parameters"].pop("request_id")
     assert {k: v for k, v in ours.items() if k != "outputs"} == {
         k: v for k, v in reference.items() if k != "outputs"
     }
