@@ -1,10 +1,23 @@
 """DeepSpeed checkpoints of an unfinished run, resuming from them, finished phases, and the
-fingerprint that says whose checkpoints a run folder holds."""
+fingerprint that says whose checkpoints a run folder holds.
+
+A DeepSpeed checkpoint is pickles: ``engine.load_checkpoint`` unpickles its files (DeepSpeed's
+own ``torch.load`` with ``weights_only=False``), so whoever can write the run folder (the lake,
+a shared volume) could run code in the next attempt of the training. The run folder is
+therefore not trusted on its own: when a checkpoint is written, rank 0 records the content
+digest of its files (sha256 of every file, :func:`checkpoint_digest`) as a tag of the
+training's MLflow run (:data:`CHECKPOINT_TAG`), which only the training writes; a resume loads
+a checkpoint only when its files still have that digest. A checkpoint that does not match (or
+that the run never recorded: written by an older release, or outside an MLflow run) is
+refused in one line, removed, and the phase starts fresh from step 0: retraining costs time,
+loading it could cost the host. The fingerprint of config and data (:func:`keep_only_run`)
+only says whose checkpoints a folder holds; it is no trust check."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -17,6 +30,79 @@ from cascade.training.launch import collective_device
 
 CHECKPOINTS = "checkpoints"
 """Folder under a run folder with the DeepSpeed checkpoints of an unfinished run."""
+CHECKPOINT_TAG = "cascade.checkpoint."
+"""Prefix of the MLflow run tags recording each checkpoint folder's latest checkpoint: the tag
+``cascade.checkpoint.<folder name>`` holds ``{"tag": "step<N>", "sha256": ...}``."""
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointRefused(RuntimeError):
+    """A checkpoint whose files are not the ones the run recorded when it wrote them."""
+
+
+def checkpoint_digest(folder: Path) -> str:
+    """The sha256 of a checkpoint: every file under ``folder`` (one DeepSpeed tag), by its
+    path relative to ``folder`` and the sha256 of its content, in path order."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        content = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                content.update(block)
+        digest.update(f"{path.relative_to(folder).as_posix()}\0{content.hexdigest()}\n".encode())
+    return digest.hexdigest()
+
+
+def _tag_key(ckpt_dir: Path) -> str:
+    return f"{CHECKPOINT_TAG}{ckpt_dir.name}"
+
+
+def record_checkpoint(ckpt_dir: Path, tag: str) -> bool:
+    """Record checkpoint ``tag`` of ``ckpt_dir`` and its digest in the active MLflow run
+    (rank 0); False when there is no active run (the checkpoint will not be resumed)."""
+    import mlflow
+
+    if mlflow.active_run() is None:
+        log.warning("no active MLflow run: checkpoint %s/%s is not recorded and will not be "
+                    "resumed", ckpt_dir, tag)  # fmt: skip
+        return False
+    digest = checkpoint_digest(ckpt_dir / tag)
+    mlflow.set_tag(_tag_key(ckpt_dir), json.dumps({"tag": tag, "sha256": digest}))
+    return True
+
+
+def recorded_checkpoint(ckpt_dir: Path) -> dict[str, str] | None:
+    """What the active MLflow run recorded for ``ckpt_dir`` (``tag``, ``sha256``), or None."""
+    import mlflow
+
+    run = mlflow.active_run()
+    if run is None:
+        return None
+    value = mlflow.get_run(run.info.run_id).data.tags.get(_tag_key(ckpt_dir))
+    if not value:
+        return None
+    recorded = json.loads(value)
+    return {"tag": str(recorded["tag"]), "sha256": str(recorded["sha256"])}
+
+
+def verified_checkpoint(ckpt_dir: Path) -> str:
+    """The tag of ``ckpt_dir``'s checkpoint if its files have the digest the run recorded;
+    CheckpointRefused in one line otherwise."""
+    recorded = recorded_checkpoint(ckpt_dir)
+    if recorded is None:
+        raise CheckpointRefused(
+            f"checkpoint {ckpt_dir}: the training's MLflow run recorded no digest of it, so "
+            "it is not loaded (its files are pickles); the phase starts fresh"
+        )
+    folder = ckpt_dir / recorded["tag"]
+    if not folder.is_dir() or checkpoint_digest(folder) != recorded["sha256"]:
+        raise CheckpointRefused(
+            f"checkpoint {folder}: its files are not the ones the training's MLflow run "
+            f"recorded (sha256 {recorded['sha256'][:16]}...), so it is not loaded (its files "
+            "are pickles); the phase starts fresh"
+        )
+    return recorded["tag"]
 
 
 def fingerprint(parts: list[Any], *, sort_keys: bool = False) -> str:
@@ -42,11 +128,13 @@ def consolidated_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Ten
 
 
 def save_latest_checkpoint(engine: Any, ckpt_dir: Path, step: int) -> None:
-    """Save a DeepSpeed checkpoint tagged ``step{step}`` and drop older ones (only the latest is
+    """Save a DeepSpeed checkpoint tagged ``step{step}``, record its digest in the active
+    MLflow run (rank 0, :func:`record_checkpoint`) and drop older ones (only the latest is
     needed to resume). Every rank must call it."""
     engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state={"step": step})
     dist.barrier()
     if dist.get_rank() == 0:
+        record_checkpoint(ckpt_dir, f"step{step}")
         for old in ckpt_dir.glob("step*"):
             if old.name != f"step{step}":
                 shutil.rmtree(old, ignore_errors=True)
@@ -83,12 +171,48 @@ def exists_on_every_rank(path: Path) -> bool:
 
 def resume_step(engine: Any, ckpt_dir: Path) -> int:
     """Load the latest checkpoint in ``ckpt_dir`` into ``engine`` and return its step; 0 (and
-    nothing loaded) when there is none. Every rank must call it; every rank must see the same
-    checkpoints (:func:`exists_on_every_rank`)."""
+    nothing loaded) when there is none, or when rank 0 finds that its files are not the ones
+    the run recorded (:func:`verified_checkpoint`: logged in one line, the folder removed).
+    Every rank must call it; every rank must see the same checkpoints
+    (:func:`exists_on_every_rank`); rank 0 holds the training's MLflow run."""
     if not exists_on_every_rank(ckpt_dir / "latest"):
         return 0
-    _, client_state = engine.load_checkpoint(str(ckpt_dir))
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    step, refusal = 0, ""
+    if rank == 0:
+        try:
+            step = _tag_step(verified_checkpoint(ckpt_dir))
+        except CheckpointRefused as exc:
+            refusal = str(exc)
+    # Every rank loads the tag rank 0 verified, never the one the folder's ``latest`` names.
+    step = _from_rank_zero(-1 if refusal else step)
+    if step < 0:
+        if rank == 0:
+            log.error("%s", refusal)
+            print(f"[cascade] {refusal}", flush=True)
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+        return 0
+    _, client_state = engine.load_checkpoint(str(ckpt_dir), tag=f"step{step}")
     return int(client_state["step"])
+
+
+def _tag_step(tag: str) -> int:
+    """N of a checkpoint tag ``step<N>`` (CheckpointRefused for any other tag)."""
+    number = tag.removeprefix("step")
+    if not number.isdigit():
+        raise CheckpointRefused(f"checkpoint tag {tag!r} is not one the training writes")
+    return int(number)
+
+
+def _from_rank_zero(value: int) -> int:
+    """Rank 0's ``value``, broadcast to every rank of the process group."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    shared = torch.tensor([value], dtype=torch.int64, device=collective_device())
+    dist.broadcast(shared, src=0)
+    return int(shared.item())
 
 
 def save_finished_state(path: Path, state: dict[str, torch.Tensor]) -> None:

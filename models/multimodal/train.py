@@ -335,13 +335,14 @@ def train(
     counts = parameter_counts(model)
     engine = make_engine(model, config)
     ckpt_dir = out / CHECKPOINTS
+    run_id = None
+    settings = load_settings()
+    if rank == 0:  # first: a resume trusts only the checkpoint digests this run recorded
+        run_id = _mlflow_run(settings, out, config, data.source)
     start = resume_step(engine, ckpt_dir)
     if start and rank == 0:
         print(f"[multimodal] resumed at step {start} from {ckpt_dir}", flush=True)
-    run_id = None
-    settings = load_settings()
     if rank == 0:
-        run_id = _mlflow_run(settings, out, config, data.source)
         print(
             f"[multimodal] config={config.name} world={world} ep_size={model.config.ep_size} "
             f"train={len(data.train)} test={len(data.test)} pairs from {data.source} "
