@@ -30,6 +30,12 @@ def test_two_process_moe_run_learns_logs_routing_and_resumes_after_a_kill(
     monkeypatch.delenv(CRASH_ENV)
     assert (out / "checkpoints" / "step8").is_dir()
     killed_run = json.loads((out / RUN_MARKER).read_text())["run_id"]
+    # A checkpoint planted in the run folder and named by ``latest`` is never unpickled: the
+    # resume loads the one whose digest the run recorded.
+    planted = out / "checkpoints" / "step20"
+    planted.mkdir()
+    (planted / "mp_rank_00_model_states.pt").write_bytes(b"planted, not DeepSpeed's")
+    (out / "checkpoints" / "latest").write_text("step20")
 
     result = train_multimodal(settings, "debug", None, out, echo=True)
     logged = capsys.readouterr().out
