@@ -48,6 +48,7 @@ import logging
 import math
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -286,6 +287,8 @@ class PreRankingModel(Model):
         (:meth:`is_refused`)."""
         self._refused_records: dict[str, str | None] = {}
         """``{version: record digest}`` of each refusal (``Backends.version_record``)."""
+        self._records_read: dict[str, float] = {}
+        """``{version: monotonic time}`` of the last read of a refused version's record."""
         self._alias_at: str | None = None
         """The version the served alias pointed at on the last refresh."""
         self._stop = threading.Event()
@@ -409,18 +412,27 @@ class PreRankingModel(Model):
         if version not in self.refused_versions:
             return False
         recorded = self._refused_records.get(version)
-        if recorded is None or self._record_of(version) == recorded:
+        if recorded is None:
+            return True
+        # At most one read a poll interval: the shadow alias asks on every request.
+        now = time.monotonic()
+        if now - self._records_read.get(version, -math.inf) < self.config.poll_s:
+            return True
+        self._records_read[version] = now
+        if self._record_of(version) == recorded:
             return True
         log.info("%s version %s changed in the registry since it was refused; checking it again",
                  self.name, version)  # fmt: skip
         self.refused_versions.pop(version, None)
         self._refused_records.pop(version, None)
+        self._records_read.pop(version, None)
         return False
 
     def forget_refusals(self) -> None:
         """Judge every version afresh (the served alias moved)."""
         self.refused_versions.clear()
         self._refused_records.clear()
+        self._records_read.clear()
 
     def load_alias(self, alias: str, wanted: str) -> ChampionModel | None:
         """The version behind ``alias`` (``wanted`` when the alias was read), or None: nothing

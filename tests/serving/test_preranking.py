@@ -524,6 +524,7 @@ def test_a_champion_refused_for_its_files_is_fetched_again_only_when_it_changes(
         assert model.refresh() is False
     assert fetched == ["2"] and "not the signed file" in model.refused_versions["2"]
     records["2"] = "signed-b"  # a new release of the same version: checked once more
+    time.sleep(model.config.poll_s)  # (its record is read at most once a poll interval)
     for _ in range(3):
         model.refresh()
     assert fetched == ["2", "2"]
