@@ -147,17 +147,42 @@ def redis_connection(settings: Settings) -> str:
     return f"{settings.host}:{settings.ports.redis},password={password}"
 
 
+SPARK_CONF_DIR_VAR = "SPARK_CONF_DIR"
+
+
+def spark_client_conf_dir(settings: Settings) -> Path:
+    """The drivers' Spark configuration folder: its ``spark-defaults.conf`` (0600) holds the
+    stack's authentication secret, which Spark's launcher reads from the file, so it never
+    becomes a ``--conf`` argument on the JVM's command line."""
+    return spark_dir(settings) / "client-conf"
+
+
 def spark_client_conf(settings: Settings) -> dict[str, str]:
-    """What a driver adds to its session to use the stack's standalone master: the shared
-    authentication secret and the event log (so the master's history shows each job's
-    executors). Empty for any other master (``local[N]``, a cluster's own)."""
+    """What a driver adds to its session to use the stack's standalone master: authentication
+    and the event log (so the master's history shows each job's executors). Empty for any
+    other master (``local[N]``, a cluster's own).
+
+    The secret itself is not among them: it is written to :func:`spark_client_conf_dir`'s
+    ``spark-defaults.conf`` (0600) and this process's ``SPARK_CONF_DIR`` points there, so the
+    JVM that PySpark launches next reads it from the file (the standalone master requires
+    ``spark.authenticate.secret`` in the configuration, and builder settings would reach the
+    JVM as command-line ``--conf`` arguments that ``ps`` shows)."""
+    import os
+
     if settings.spark_master != settings.stack_spark_master:
         return {}
+    secret = _stack_password(spark_secret_file(settings), "Spark")
+    folder = spark_client_conf_dir(settings)
+    secure_state_folder(folder)
+    write_secret(
+        folder / "spark-defaults.conf",
+        f"spark.authenticate true\nspark.authenticate.secret {secret}\n",
+    )
+    os.environ[SPARK_CONF_DIR_VAR] = str(folder)
     events = spark_event_dir(settings)
     events.mkdir(parents=True, exist_ok=True)
     return {
         "spark.authenticate": "true",
-        "spark.authenticate.secret": _stack_password(spark_secret_file(settings), "Spark"),
         "spark.eventLog.enabled": "true",
         "spark.eventLog.dir": events.as_uri(),
         # Plain JSON lines: readable without Spark (Spark 4 compresses them by default).

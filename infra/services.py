@@ -38,7 +38,14 @@ from cascade.data_services import (
 from cascade.serving_token import serving_token_env
 from cascade.state import SERVICE_UMASK, write_secret
 from cascade.tracking_auth import (
-    tracking_credentials_env,
+    PASSWORD_VAR,
+    READER,
+    USERNAME_VAR,
+    WRITER,
+    ensure_role_users,
+    ensure_tracking_credentials,
+    is_stack_tracking,
+    role_env,
     tracking_server_env,
 )
 from infra import airflow_cluster, kafka_broker, spark_standalone
@@ -116,11 +123,29 @@ def airflow_healthy(settings: Settings) -> bool:
     return all(body.get(k, {}).get("status") == "healthy" for k in needed)
 
 
-def service_env(settings: Settings) -> dict[str, str]:
-    """Environment every service and every Airflow task inherits: with the local stack's
-    tracking server, its MLflow credentials too (the environment of a process is its owner's
-    only; no log prints it)."""
-    env = dict(os.environ)
+SERVICE_ROLES: dict[str, str | None] = {
+    "postgres": None,
+    "redis": None,
+    "spark": None,
+    **{node: None for node in kafka_broker.NODES},
+    "mlflow": None,
+    "airflow": WRITER,
+    "serving": READER,
+    "asr_serving": READER,
+}
+"""The MLflow role (:data:`cascade.tracking_auth.ROLES`) whose credential each service's
+environment holds: None for the data services, Spark's daemons, the broker and the tracking
+server itself (it gets the admin's bootstrap password only: :func:`tracking_server_env`);
+the writer for Airflow and so every task and training launch; the reader for the model
+servers. No environment holds the promoter's: the promotion gate reads its file."""
+
+
+def service_env(settings: Settings, role: str | None = None) -> dict[str, str]:
+    """The environment a service runs in: with the local stack's tracking server, the MLflow
+    credential of ``role`` and of no other (None: none at all; the environment of a process is
+    its owner's only; no log prints it). A credential inherited from the caller's environment
+    is dropped, so a service never holds more than its role."""
+    env = {k: v for k, v in os.environ.items() if k not in (USERNAME_VAR, PASSWORD_VAR)}
     env.update(
         {
             "PATH": f"{venv_bin()}{os.pathsep}{env.get('PATH', '')}",
@@ -135,7 +160,7 @@ def service_env(settings: Settings) -> dict[str, str]:
             "SPARK_LOCAL_IP": settings.host,
             "DS_ACCELERATOR": env.get("DS_ACCELERATOR", "cpu"),
             "PYTHONUNBUFFERED": "1",
-            **tracking_credentials_env(settings),
+            **role_env(settings, role),
             **serving_token_env(settings),
         }
     )
@@ -156,7 +181,7 @@ def airflow_env(settings: Settings) -> dict[str, str]:
             "enable.auto.commit": "false",
         },
     }
-    env = service_env(settings)
+    env = service_env(settings, SERVICE_ROLES["airflow"])
     env.update(
         {
             "AIRFLOW_HOME": str(home),
@@ -425,8 +450,13 @@ def mlflow_store_env(settings: Settings) -> dict[str, str]:
 
 
 def prepare_mlflow(settings: Settings) -> None:
+    """The tracking server's store (PostgreSQL in the cluster profile) and, with its basic-auth
+    app, one user per role with its grants (:func:`cascade.tracking_auth.ensure_role_users`)."""
     if mlflow_uses_postgres(settings):
         ensure_databases(settings)
+    if is_stack_tracking(settings):
+        ensure_tracking_credentials(settings)
+        ensure_role_users(settings)
 
 
 def prepare_airflow(settings: Settings) -> None:
@@ -565,7 +595,7 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
             name="serving",
             port=ports.serving,
             command=[py, "-m", "serving.server"],
-            env=service_env(settings),
+            env=service_env(settings, SERVICE_ROLES["serving"]),
             url=settings.serving_url,
             healthy=lambda: http_ok(f"{settings.serving_url}/v2/health/live"),
             start_timeout_s=120,
@@ -575,7 +605,7 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
             name="asr_serving",
             port=ports.asr_serving,
             command=[py, "-m", "serving.asr"],
-            env=service_env(settings),
+            env=service_env(settings, SERVICE_ROLES["asr_serving"]),
             url=settings.asr_serving_url,
             healthy=lambda: http_ok(f"{settings.asr_serving_url}/v2/health/live"),
             start_timeout_s=120,

@@ -48,9 +48,11 @@ from cascade.serving_token import ensure_serving_token, serving_token_env, token
 from cascade.signing import ensure_signing_key
 from cascade.state import SERVICE_UMASK, exposed_secrets, secure_state_folder
 from cascade.tracking_auth import (
+    ROLES,
     credentials_file,
     ensure_tracking_credentials,
     is_stack_tracking,
+    role_file,
     tracking_credentials_env,
 )
 from infra import kafka_broker
@@ -427,6 +429,7 @@ def secret_files(settings: Settings) -> list[Path]:
         airflow_password_file(settings),
         home / "airflow.cfg",
         credentials_file(settings),
+        *(role_file(settings, role) for role in ROLES),
         postgres_password_file(settings),
         redis_password_file(settings),
         redis_config_file(settings),
