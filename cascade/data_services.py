@@ -30,6 +30,15 @@ MLFLOW_DATABASE = "mlflow"
 AIRFLOW_DATABASE = "airflow"
 DATABASES = (LEDGER_DATABASE, FEAST_DATABASE, MLFLOW_DATABASE, AIRFLOW_DATABASE)
 """Databases the stack's PostgreSQL creates at its first start."""
+DATABASE_ROLES = {
+    LEDGER_DATABASE: "cascade_ledger",
+    FEAST_DATABASE: "cascade_feast",
+    MLFLOW_DATABASE: "cascade_mlflow",
+    AIRFLOW_DATABASE: "cascade_airflow",
+}
+"""The login role that owns each database and has no right on the others: each client's URL
+carries its own database's role; the superuser (:data:`POSTGRES_USER`) is the stack's own, for
+set-up and health checks, in no service's environment."""
 
 
 def postgres_dir(settings: Settings) -> Path:
@@ -44,6 +53,16 @@ def postgres_data_dir(settings: Settings) -> Path:
 def postgres_password_file(settings: Settings) -> Path:
     """The superuser's password (0600): ``initdb`` reads it, so it is never on a command line."""
     return postgres_dir(settings) / "password"
+
+
+def postgres_role_password_file(settings: Settings, database: str) -> Path:
+    """The password (0600) of ``database``'s own role (:data:`DATABASE_ROLES`)."""
+    if database not in DATABASE_ROLES:
+        raise ValueError(
+            f"no role for database {database!r}: the stack's databases are "
+            f"{', '.join(DATABASE_ROLES)}"
+        )
+    return postgres_dir(settings) / "roles" / database
 
 
 def redis_dir(settings: Settings) -> Path:
@@ -100,6 +119,16 @@ def ensure_postgres_password(settings: Settings) -> str:
     return _ensure_password(postgres_password_file(settings), what="PostgreSQL superuser")
 
 
+def ensure_postgres_role_passwords(settings: Settings) -> dict[str, str]:
+    """Each database role's password (generated once, 0600): database -> password."""
+    return {
+        database: _ensure_password(
+            postgres_role_password_file(settings, database), what=f"PostgreSQL role {role}"
+        )
+        for database, role in DATABASE_ROLES.items()
+    }
+
+
 def ensure_redis_password(settings: Settings) -> str:
     return _ensure_password(redis_password_file(settings), what="Redis")
 
@@ -119,7 +148,21 @@ def _stack_password(path: Path, service: str) -> str:
 
 
 def stack_postgres_url(settings: Settings, database: str = LEDGER_DATABASE) -> str:
-    """``postgresql://`` URL of ``database`` on the stack's own PostgreSQL."""
+    """``postgresql://`` URL of ``database`` on the stack's own PostgreSQL, as that database's
+    own role (:data:`DATABASE_ROLES`): it can use no other database."""
+    role = DATABASE_ROLES.get(database)
+    if role is None:
+        raise ValueError(
+            f"no role for database {database!r}: the stack's databases are "
+            f"{', '.join(DATABASE_ROLES)}; the superuser's URL is superuser_postgres_url"
+        )
+    password = _stack_password(postgres_role_password_file(settings, database), "PostgreSQL")
+    host, port = settings.host, settings.ports.postgres
+    return f"postgresql://{role}:{password}@{host}:{port}/{database}"
+
+
+def superuser_postgres_url(settings: Settings, database: str = "postgres") -> str:
+    """The superuser's URL: for the stack's set-up and health checks only."""
     password = _stack_password(postgres_password_file(settings), "PostgreSQL")
     host, port = settings.host, settings.ports.postgres
     return f"postgresql://{POSTGRES_USER}:{password}@{host}:{port}/{database}"

@@ -23,17 +23,21 @@ from cascade.airflow_client import airflow_home, airflow_password_file
 from cascade.assets import KAFKA_CONN_ID
 from cascade.config import REPO_ROOT, Settings
 from cascade.data_services import (
+    DATABASE_ROLES,
     DATABASES,
     MLFLOW_DATABASE,
     POSTGRES_USER,
     ensure_postgres_password,
+    ensure_postgres_role_passwords,
     ensure_redis_password,
     postgres_data_dir,
     postgres_password_file,
+    postgres_role_password_file,
     redis_config_file,
     redis_dir,
     redis_password_file,
     stack_postgres_url,
+    superuser_postgres_url,
 )
 from cascade.serving_token import serving_token_env
 from cascade.state import SERVICE_UMASK, write_secret
@@ -269,11 +273,11 @@ def as_unprivileged(command: list[str]) -> list[str]:
 
 
 def postgres_healthy(settings: Settings) -> bool:
-    """The superuser signs in to the ledger database and runs a query."""
+    """The superuser signs in and runs a query."""
     import psycopg2
 
     try:
-        conn = psycopg2.connect(stack_postgres_url(settings), connect_timeout=2)
+        conn = psycopg2.connect(superuser_postgres_url(settings), connect_timeout=2)
     except (psycopg2.Error, FileNotFoundError):
         return False
     try:
@@ -338,6 +342,7 @@ def prepare_postgres(settings: Settings) -> None:
             "postgresql); run `make venv`"
         )
     ensure_postgres_password(settings)
+    ensure_postgres_role_passwords(settings)
     data = postgres_data_dir(settings)
     if (data / "PG_VERSION").exists():
         return
@@ -401,12 +406,16 @@ def prepare_redis(settings: Settings) -> None:
 
 
 def ensure_databases(settings: Settings) -> list[str]:
-    """Create the stack's databases that its PostgreSQL lacks (a cluster made before a database
-    joined :data:`DATABASES`); returns the ones created."""
+    """Give each of the stack's databases its own login role (:data:`DATABASE_ROLES`, password
+    from its 0600 file) as owner, with no right on the others, creating what is missing; a
+    database made before roles existed is handed over with its tables. Idempotent; returns the
+    databases created."""
     import psycopg2
+    from psycopg2 import sql
 
+    passwords = ensure_postgres_role_passwords(settings)
     try:
-        conn = psycopg2.connect(stack_postgres_url(settings, "postgres"), connect_timeout=5)
+        conn = psycopg2.connect(superuser_postgres_url(settings), connect_timeout=5)
     except (psycopg2.Error, FileNotFoundError) as exc:
         raise StackError(
             "postgres is not running: the cluster profile keeps MLflow's runs and registry and "
@@ -419,13 +428,81 @@ def ensure_databases(settings: Settings) -> list[str]:
         with conn.cursor() as cur:
             cur.execute("SELECT datname FROM pg_database")
             present = {row[0] for row in cur.fetchall()}
-            for name in DATABASES:
+            for name, role in DATABASE_ROLES.items():
+                cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
+                verb = "ALTER" if cur.fetchone() else "CREATE"
+                cur.execute(
+                    sql.SQL(verb + " ROLE {} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                            "PASSWORD %s").format(sql.Identifier(role)),
+                    (passwords[name],),
+                )  # fmt: skip
                 if name not in present:
-                    cur.execute(f'CREATE DATABASE "{name}"')
+                    cur.execute(
+                        sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                            sql.Identifier(name), sql.Identifier(role)
+                        )
+                    )
                     created.append(name)
+                else:
+                    cur.execute(
+                        sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+                            sql.Identifier(name), sql.Identifier(role)
+                        )
+                    )
+                cur.execute(
+                    sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(name))
+                )
     finally:
         conn.close()
+    for name, role in DATABASE_ROLES.items():
+        _hand_over_objects(settings, name, role)
     return created
+
+
+_OWNED_KINDS = {"r": "TABLE", "p": "TABLE", "f": "FOREIGN TABLE", "v": "VIEW",
+                "m": "MATERIALIZED VIEW", "S": "SEQUENCE"}  # fmt: skip
+
+
+def _hand_over_objects(settings: Settings, database: str, role: str) -> None:
+    """Make ``role`` the owner of ``database``'s public schema and of every table, view,
+    sequence and type in it (those the superuser made before the roles existed)."""
+    import psycopg2
+    from psycopg2 import sql
+
+    conn = psycopg2.connect(superuser_postgres_url(settings, database), connect_timeout=5)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("ALTER SCHEMA public OWNER TO {}").format(sql.Identifier(role)))
+            # Tables first: a sequence a table's column owns follows its table (and refuses
+            # to be handed over on its own), so sequences are read again afterwards.
+            for kinds in ([k for k in _OWNED_KINDS if k != "S"], ["S"]):
+                cur.execute(
+                    "SELECT c.relname, c.relkind FROM pg_class c "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = 'public' AND c.relkind = ANY(%s) "
+                    "AND pg_get_userbyid(c.relowner) <> %s",
+                    (kinds, role),
+                )
+                for relname, relkind in cur.fetchall():
+                    statement = "ALTER " + _OWNED_KINDS[relkind] + " public.{} OWNER TO {}"
+                    cur.execute(
+                        sql.SQL(statement).format(sql.Identifier(relname), sql.Identifier(role))
+                    )
+            cur.execute(
+                "SELECT t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
+                "WHERE n.nspname = 'public' AND t.typtype IN ('e', 'd') "
+                "AND pg_get_userbyid(t.typowner) <> %s",
+                (role,),
+            )
+            for (typname,) in cur.fetchall():
+                cur.execute(
+                    sql.SQL("ALTER TYPE public.{} OWNER TO {}").format(
+                        sql.Identifier(typname), sql.Identifier(role)
+                    )
+                )
+    finally:
+        conn.close()
 
 
 def mlflow_uses_postgres(settings: Settings) -> bool:
@@ -438,7 +515,7 @@ def mlflow_store_env(settings: Settings) -> dict[str, str]:
     """The backend store of the tracking server, as ``MLFLOW_BACKEND_STORE_URI`` (an
     environment variable: a command line would show the password)."""
     if mlflow_uses_postgres(settings):
-        if not postgres_password_file(settings).exists():
+        if not postgres_role_password_file(settings, MLFLOW_DATABASE).exists():
             return {}  # prepare_mlflow refuses to start before PostgreSQL has a password
         # SQLAlchemy names the driver: the psycopg2 the lock installs.
         url = stack_postgres_url(settings, MLFLOW_DATABASE).replace(
@@ -479,6 +556,10 @@ PREPARE: dict[str, Callable[[Settings], None]] = {
     "airflow": prepare_airflow,
 }
 """What must exist before a service starts (beyond the state folder)."""
+
+AFTER_START: dict[str, Callable[[Settings], object]] = {"postgres": ensure_databases}
+"""What is set up once a service is healthy: PostgreSQL's databases, each owned by its own
+role (a start is the moment a new role or a rotated password takes effect)."""
 
 
 def service_specs(settings: Settings) -> dict[str, ServiceSpec]:

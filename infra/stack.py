@@ -57,6 +57,7 @@ from cascade.tracking_auth import (
 )
 from infra import kafka_broker
 from infra.services import (
+    AFTER_START,
     PREPARE,
     SERVICES,
     StackError,
@@ -191,7 +192,10 @@ def start_service(
         echo(f"{name}: started (pid {proc.pid}), log {log_path}")
     if not wait:
         return state(settings, name)
-    return wait_healthy(settings, name, echo=echo)
+    found = wait_healthy(settings, name, echo=echo)
+    if name in AFTER_START:
+        AFTER_START[name](settings)
+    return found
 
 
 def wait_healthy(
