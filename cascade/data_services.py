@@ -74,6 +74,15 @@ def redis_password_file(settings: Settings) -> Path:
     return redis_dir(settings) / "password"
 
 
+REDIS_READER = "cascade-reader"
+"""The Redis ACL user of the model servers: read commands only. The default user (the Feast
+online-store and feedback writers, Airflow's Celery queues) needs the stack's password."""
+
+
+def redis_reader_password_file(settings: Settings) -> Path:
+    return redis_dir(settings) / "reader-password"
+
+
 def redis_config_file(settings: Settings) -> Path:
     """``redis.conf`` (0600: it holds ``requirepass``, which a command line would show)."""
     return redis_dir(settings) / "redis.conf"
@@ -131,6 +140,10 @@ def ensure_postgres_role_passwords(settings: Settings) -> dict[str, str]:
 
 def ensure_redis_password(settings: Settings) -> str:
     return _ensure_password(redis_password_file(settings), what="Redis")
+
+
+def ensure_redis_reader_password(settings: Settings) -> str:
+    return _ensure_password(redis_reader_password_file(settings), what="Redis reader")
 
 
 def ensure_spark_secret(settings: Settings) -> str:
@@ -198,6 +211,12 @@ def spark_client_conf_dir(settings: Settings) -> Path:
     stack's authentication secret, which Spark's launcher reads from the file, so it never
     becomes a ``--conf`` argument on the JVM's command line."""
     return spark_dir(settings) / "client-conf"
+
+
+def redis_reader_connection(settings: Settings) -> str:
+    """Feast's Redis ``connection_string`` for the stack's Redis as :data:`REDIS_READER`."""
+    password = _stack_password(redis_reader_password_file(settings), "Redis")
+    return f"{settings.host}:{settings.ports.redis},username={REDIS_READER},password={password}"
 
 
 def spark_client_conf(settings: Settings) -> dict[str, str]:

@@ -27,15 +27,19 @@ from cascade.data_services import (
     DATABASES,
     MLFLOW_DATABASE,
     POSTGRES_USER,
+    REDIS_READER,
     ensure_postgres_password,
     ensure_postgres_role_passwords,
     ensure_redis_password,
+    ensure_redis_reader_password,
     postgres_data_dir,
     postgres_password_file,
     postgres_role_password_file,
     redis_config_file,
     redis_dir,
     redis_password_file,
+    redis_reader_connection,
+    redis_reader_password_file,
     stack_postgres_url,
     superuser_postgres_url,
 )
@@ -168,6 +172,14 @@ def service_env(settings: Settings, role: str | None = None) -> dict[str, str]:
             **serving_token_env(settings),
         }
     )
+    if (
+        role == READER
+        and settings.profile == "cluster"
+        and not settings.feature_store.redis
+        and redis_reader_password_file(settings).exists()
+    ):
+        # The servers read the online store as the Redis reader, not the writers' user.
+        env["CASCADE_REDIS"] = redis_reader_connection(settings)
     return env
 
 
@@ -381,10 +393,12 @@ def prepare_postgres(settings: Settings) -> None:
 
 
 def prepare_redis(settings: Settings) -> None:
-    """The password file, the data folder and ``redis.conf`` (0600, it holds the password)."""
+    """The password files, the data folder and ``redis.conf`` (0600, it holds the passwords):
+    the default user is the writers', :data:`REDIS_READER` the servers' (read commands only)."""
     if shutil.which("redis-server") is None:
         raise StackError("redis: redis-server is not installed (Debian package); run `make venv`")
     password = ensure_redis_password(settings)
+    reader = ensure_redis_reader_password(settings)
     data = redis_dir(settings) / "data"
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     config = "\n".join(
@@ -398,7 +412,10 @@ def prepare_redis(settings: Settings) -> None:
             "dbfilename dump.rdb",
             "save 300 1",
             "appendonly no",
+            # The default user: the writers (Feast's online store, feedback, Celery's queues).
             f"requirepass {password}",
+            # The model servers' user: read commands only, no channel.
+            f"user {REDIS_READER} on >{reader} ~* resetchannels -@all +@read +@connection",
             "",
         ]
     )

@@ -39,9 +39,12 @@ import requests
 from cascade.airflow_client import airflow_home, airflow_password_file, ensure_airflow_password
 from cascade.config import PORT_NAMES, REPO_ROOT, Settings, load_settings, scoped_environ
 from cascade.data_services import (
+    DATABASE_ROLES,
     postgres_password_file,
+    postgres_role_password_file,
     redis_config_file,
     redis_password_file,
+    redis_reader_password_file,
 )
 from cascade.ports import free_ports
 from cascade.serving_token import ensure_serving_token, serving_token_env, token_file
@@ -435,7 +438,9 @@ def secret_files(settings: Settings) -> list[Path]:
         credentials_file(settings),
         *(role_file(settings, role) for role in ROLES),
         postgres_password_file(settings),
+        *(postgres_role_password_file(settings, database) for database in DATABASE_ROLES),
         redis_password_file(settings),
+        redis_reader_password_file(settings),
         redis_config_file(settings),
     ]
 
