@@ -669,7 +669,9 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
             },
             url=settings.tracking_uri,
             healthy=lambda: http_ok(f"{settings.tracking_uri}/health"),
-            start_timeout_s=120,
+            # Two interpreters (the CLI, then uvicorn's worker) import MLflow and its auth app:
+            # past 120 s on a 2-core machine under a full test run.
+            start_timeout_s=240,
         ),
         "airflow": ServiceSpec(
             name="airflow",
