@@ -78,6 +78,12 @@ class FakeRegistry:
         self.versions[version].tags[key] = value
 
 
+def toy_version(run_id: str, **tags: str) -> NewVersion:
+    return NewVersion(
+        name=NAME, model_description="", run_id=run_id, source="s", tags=tags, description=""
+    )
+
+
 def version_of(client: FakeRegistry, run_id: str, score: float) -> Version:
     return client.create_model_version(NAME, run_id=run_id, tags={"score": repr(score)})
 
@@ -186,14 +192,7 @@ def test_alias_stays_when_the_champion_changed_before_the_move() -> None:
     client._reads = 0
     result = register_and_promote(
         client,
-        NewVersion(
-            name=NAME,
-            model_description="",
-            run_id="r3",
-            source="s",
-            tags={"score": "0.8"},
-            description="",
-        ),  # fmt: skip
+        toy_version("r3", score="0.8"),
         promotion=HIGHER,
         score=tag_scores(0.80),
         compile_gate=None,
@@ -352,14 +351,7 @@ def test_the_gate_writes_the_registry_as_the_promoter_and_only_while_it_register
     client = RecordingRegistry()
     result = register_and_promote(
         client,
-        NewVersion(
-            name=NAME,
-            model_description="",
-            run_id="r1",
-            source="s",
-            tags={"score": "0.7"},
-            description="",
-        ),  # fmt: skip
+        toy_version("r1", score="0.7"),
         promotion=HIGHER,
         score=tag_scores(0.70),
         compile_gate=None,
