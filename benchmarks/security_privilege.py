@@ -34,28 +34,30 @@ MODEL = "privilege-probe"
 TRAINING_LAUNCH = "training launch"
 
 
-def _writes(settings: Settings, version: str) -> dict[str, bool]:
+def _writes(settings: Settings, version: str) -> tuple[dict[str, bool], dict[str, str]]:
     """Each registry write tried with the credential in this process's environment: whether
-    the server let it through."""
+    the server let it through, and why each refused one was refused (the error's start)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(settings.tracking_uri, registry_uri=settings.tracking_uri)
-    source = client.get_model_version(MODEL, version).source
+    probe = client.get_model_version(MODEL, version)
+    source, run_id = probe.source, probe.run_id
     attempts = {
-        "create_version": lambda: client.create_model_version(MODEL, source=source),
+        "create_version": lambda: client.create_model_version(MODEL, source, run_id=run_id),
         "move_champion": lambda: client.set_registered_model_alias(MODEL, "champion", version),
         "delete_alias": lambda: client.delete_registered_model_alias(MODEL, "champion"),
         "tag_version": lambda: client.set_model_version_tag(MODEL, version, "planted", "yes"),
     }
-    done = {}
+    done, refused = {}, {}
     for name, attempt in attempts.items():
         try:
             attempt()
-        except Exception:  # noqa: BLE001 - refused (403) or failed: not written either way
+        except Exception as exc:  # noqa: BLE001 - refused (403) or failed: not written either way
             done[name] = False
+            refused[name] = str(exc)[:160]
         else:
             done[name] = True
-    return done
+    return done, refused
 
 
 def _held_credentials(settings: Settings) -> dict[str, dict[str, str]]:
@@ -96,15 +98,19 @@ def registry_writes(settings: Settings, folder: Path) -> dict[str, Any]:
         version = str(
             client.create_model_version(MODEL, source=model_source, run_id=run.info.run_id).version
         )
-        gate = _writes(settings, version)
+        gate, gate_refused = _writes(settings, version)
     by_service: dict[str, Any] = {}
     for name, variables in _held_credentials(settings).items():
         if not variables:
             by_service[name] = {"credential": None, "writes": {}}
             continue
         with scoped_environ(variables):
-            writes = _writes(settings, version)
-        by_service[name] = {"credential": variables[USERNAME_VAR], "writes": writes}
+            writes, refused = _writes(settings, version)
+        by_service[name] = {
+            "credential": variables[USERNAME_VAR],
+            "writes": writes,
+            "refused_with": refused,
+        }
     writers = sorted(name for name, found in by_service.items() if any(found["writes"].values()))
     return {
         "services_with_registry_write": len(writers),
@@ -112,16 +118,18 @@ def registry_writes(settings: Settings, folder: Path) -> dict[str, Any]:
         "services_tried": len(by_service),
         "by_service": by_service,
         "promotion_gate_writes": gate,
+        "promotion_gate_refused_with": gate_refused,
         "promotion_gate_can_promote": gate["move_champion"] and gate["create_version"],
     }
 
 
 def stack_secrets(settings: Settings) -> dict[str, str]:
     """Every secret value the state folder's secret files hold: name -> value."""
+    from cascade.data_services import spark_secret_file
     from infra.stack import secret_files
 
     found: dict[str, str] = {}
-    for path in secret_files(settings):
+    for path in [*secret_files(settings), spark_secret_file(settings)]:
         try:
             text = path.read_text().strip()
         except OSError:
@@ -215,7 +223,7 @@ def command_line_secrets(settings: Settings, *, spark: bool = True) -> dict[str,
         "secrets_on_command_lines": sum(len(pids) for pids in seen.values()),
         "secrets_seen_on_command_lines": {k: len(v) for k, v in seen.items() if v},
         "secrets_scanned_for": sorted(secrets),
-        "process_listings_read": processes,
+        "command_lines_read": processes,
         "spark_step": step,
     }
 
