@@ -52,6 +52,13 @@ under the most permissive umask a user could have, so only the stack's own modes
   ``requests_served_during_slow_body_attack`` (> 0) with every slot held by a body that
   arrives one byte at a time.
 
+* **least privilege** (:mod:`benchmarks.security_privilege`): ``services_with_registry_write``:
+  services of both profiles (and a training launch) whose own MLflow credential could create a
+  version, move or delete ``champion`` or tag a version on the stack's real auth server, the
+  promotion gate excepted (0); ``secrets_on_command_lines``: the state folder's secrets seen in
+  any process's command line while the tracking server, Spark's standalone daemons and a Spark
+  step run (0).
+
 ``--quick`` uses a smaller log, fewer examples and smaller bodies. The events part is
 :mod:`benchmarks.security_events`.
 """
@@ -74,6 +81,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks import security_privilege as privilege
 from benchmarks import security_releases as releases
 from benchmarks.security_events import fuzz_events
 from cascade.config import REPO_ROOT, Settings, load_settings, scoped_environ
@@ -708,6 +716,8 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             secrets_scan = scan_secrets(
                 settings, {"Airflow admin password": password, "serving token": token}
             )
+        # Least privilege, on a private stack of its own: the real MLflow auth server.
+        privilege_result = privilege.run(workdir / "privilege")
     return {
         "fuzz_requests": fuzz["fuzz_requests"],
         "fuzz_5xx": fuzz["fuzz_5xx"],
@@ -720,6 +730,13 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "registered_files_changed_by_rerun": rerun["registered_files_changed_by_rerun"],
         "slow_body_slots_held_s": slow["slow_body_slots_held_s"],
         "requests_served_during_slow_body_attack": slow["requests_served_during_slow_body_attack"],
+        "services_with_registry_write": privilege_result["services_with_registry_write"],
+        "secrets_on_command_lines": privilege_result["secrets_on_command_lines"],
+        "privilege": {
+            k: v
+            for k, v in privilege_result.items()
+            if k not in ("services_with_registry_write", "secrets_on_command_lines")
+        },
         "releases": {
             "preranking": pointed,
             "preranking_shadow": shadow,

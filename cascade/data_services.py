@@ -30,6 +30,15 @@ MLFLOW_DATABASE = "mlflow"
 AIRFLOW_DATABASE = "airflow"
 DATABASES = (LEDGER_DATABASE, FEAST_DATABASE, MLFLOW_DATABASE, AIRFLOW_DATABASE)
 """Databases the stack's PostgreSQL creates at its first start."""
+DATABASE_ROLES = {
+    LEDGER_DATABASE: "cascade_ledger",
+    FEAST_DATABASE: "cascade_feast",
+    MLFLOW_DATABASE: "cascade_mlflow",
+    AIRFLOW_DATABASE: "cascade_airflow",
+}
+"""The login role that owns each database and has no right on the others: each client's URL
+carries its own database's role; the superuser (:data:`POSTGRES_USER`) is the stack's own, for
+set-up and health checks, in no service's environment."""
 
 
 def postgres_dir(settings: Settings) -> Path:
@@ -46,6 +55,16 @@ def postgres_password_file(settings: Settings) -> Path:
     return postgres_dir(settings) / "password"
 
 
+def postgres_role_password_file(settings: Settings, database: str) -> Path:
+    """The password (0600) of ``database``'s own role (:data:`DATABASE_ROLES`)."""
+    if database not in DATABASE_ROLES:
+        raise ValueError(
+            f"no role for database {database!r}: the stack's databases are "
+            f"{', '.join(DATABASE_ROLES)}"
+        )
+    return postgres_dir(settings) / "roles" / database
+
+
 def redis_dir(settings: Settings) -> Path:
     """Redis's folder under the state folder: ``data/``, its password and its configuration."""
     return settings.home / "redis"
@@ -53,6 +72,15 @@ def redis_dir(settings: Settings) -> Path:
 
 def redis_password_file(settings: Settings) -> Path:
     return redis_dir(settings) / "password"
+
+
+REDIS_READER = "cascade-reader"
+"""The Redis ACL user of the model servers: read commands only. The default user (the Feast
+online-store and feedback writers, Airflow's Celery queues) needs the stack's password."""
+
+
+def redis_reader_password_file(settings: Settings) -> Path:
+    return redis_dir(settings) / "reader-password"
 
 
 def redis_config_file(settings: Settings) -> Path:
@@ -100,8 +128,22 @@ def ensure_postgres_password(settings: Settings) -> str:
     return _ensure_password(postgres_password_file(settings), what="PostgreSQL superuser")
 
 
+def ensure_postgres_role_passwords(settings: Settings) -> dict[str, str]:
+    """Each database role's password (generated once, 0600): database -> password."""
+    return {
+        database: _ensure_password(
+            postgres_role_password_file(settings, database), what=f"PostgreSQL role {role}"
+        )
+        for database, role in DATABASE_ROLES.items()
+    }
+
+
 def ensure_redis_password(settings: Settings) -> str:
     return _ensure_password(redis_password_file(settings), what="Redis")
+
+
+def ensure_redis_reader_password(settings: Settings) -> str:
+    return _ensure_password(redis_reader_password_file(settings), what="Redis reader")
 
 
 def ensure_spark_secret(settings: Settings) -> str:
@@ -119,7 +161,21 @@ def _stack_password(path: Path, service: str) -> str:
 
 
 def stack_postgres_url(settings: Settings, database: str = LEDGER_DATABASE) -> str:
-    """``postgresql://`` URL of ``database`` on the stack's own PostgreSQL."""
+    """``postgresql://`` URL of ``database`` on the stack's own PostgreSQL, as that database's
+    own role (:data:`DATABASE_ROLES`): it can use no other database."""
+    role = DATABASE_ROLES.get(database)
+    if role is None:
+        raise ValueError(
+            f"no role for database {database!r}: the stack's databases are "
+            f"{', '.join(DATABASE_ROLES)}; the superuser's URL is superuser_postgres_url"
+        )
+    password = _stack_password(postgres_role_password_file(settings, database), "PostgreSQL")
+    host, port = settings.host, settings.ports.postgres
+    return f"postgresql://{role}:{password}@{host}:{port}/{database}"
+
+
+def superuser_postgres_url(settings: Settings, database: str = "postgres") -> str:
+    """The superuser's URL: for the stack's set-up and health checks only."""
     password = _stack_password(postgres_password_file(settings), "PostgreSQL")
     host, port = settings.host, settings.ports.postgres
     return f"postgresql://{POSTGRES_USER}:{password}@{host}:{port}/{database}"
@@ -147,17 +203,48 @@ def redis_connection(settings: Settings) -> str:
     return f"{settings.host}:{settings.ports.redis},password={password}"
 
 
+SPARK_CONF_DIR_VAR = "SPARK_CONF_DIR"
+
+
+def spark_client_conf_dir(settings: Settings) -> Path:
+    """The drivers' Spark configuration folder: its ``spark-defaults.conf`` (0600) holds the
+    stack's authentication secret, which Spark's launcher reads from the file, so it never
+    becomes a ``--conf`` argument on the JVM's command line."""
+    return spark_dir(settings) / "client-conf"
+
+
+def redis_reader_connection(settings: Settings) -> str:
+    """Feast's Redis ``connection_string`` for the stack's Redis as :data:`REDIS_READER`."""
+    password = _stack_password(redis_reader_password_file(settings), "Redis")
+    return f"{settings.host}:{settings.ports.redis},username={REDIS_READER},password={password}"
+
+
 def spark_client_conf(settings: Settings) -> dict[str, str]:
-    """What a driver adds to its session to use the stack's standalone master: the shared
-    authentication secret and the event log (so the master's history shows each job's
-    executors). Empty for any other master (``local[N]``, a cluster's own)."""
+    """What a driver adds to its session to use the stack's standalone master: authentication
+    and the event log (so the master's history shows each job's executors). Empty for any
+    other master (``local[N]``, a cluster's own).
+
+    The secret itself is not among them: it is written to :func:`spark_client_conf_dir`'s
+    ``spark-defaults.conf`` (0600) and this process's ``SPARK_CONF_DIR`` points there, so the
+    JVM that PySpark launches next reads it from the file (the standalone master requires
+    ``spark.authenticate.secret`` in the configuration, and builder settings would reach the
+    JVM as command-line ``--conf`` arguments that ``ps`` shows)."""
+    import os
+
     if settings.spark_master != settings.stack_spark_master:
         return {}
+    secret = _stack_password(spark_secret_file(settings), "Spark")
+    folder = spark_client_conf_dir(settings)
+    secure_state_folder(folder)
+    write_secret(
+        folder / "spark-defaults.conf",
+        f"spark.authenticate true\nspark.authenticate.secret {secret}\n",
+    )
+    os.environ[SPARK_CONF_DIR_VAR] = str(folder)
     events = spark_event_dir(settings)
     events.mkdir(parents=True, exist_ok=True)
     return {
         "spark.authenticate": "true",
-        "spark.authenticate.secret": _stack_password(spark_secret_file(settings), "Spark"),
         "spark.eventLog.enabled": "true",
         "spark.eventLog.dir": events.as_uri(),
         # Plain JSON lines: readable without Spark (Spark 4 compresses them by default).

@@ -32,6 +32,7 @@ stored on its version instead of registering again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -41,6 +42,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from cascade.alias_lock import alias_lock
+from cascade.config import Settings
 from cascade.errors import NotReady
 from cascade.pipeline_spec import Promotion
 from cascade.registry import (
@@ -53,6 +55,7 @@ from cascade.registry import (
     version_of_run,
 )
 from cascade.signing import sign_version
+from cascade.tracking_auth import PROMOTER, acting_as
 
 log = logging.getLogger(__name__)
 
@@ -286,12 +289,17 @@ def register_and_promote(
     report: Callable[[Decision], dict[str, Any]],
     baseline: Baseline | None = None,
     signing_key: Ed25519PrivateKey | None = None,
+    settings: Settings | None = None,
 ) -> dict[str, Any]:
     """Register the training run ``new`` (once), decide on it with :func:`decide` (against
     ``baseline`` too, when given) and return
     the caller's ``report`` of the decision, stored on the version so a repeated call returns
     it; with ``signing_key``, the version's release is signed with the decision
     (:func:`decide`). A decision the champion's move overtook is returned but not stored.
+
+    With ``settings`` pointing at the local stack's tracking server, every registry write runs
+    as the promoter (:func:`cascade.tracking_auth.acting_as`), whose credential no service's
+    environment holds: the task's own (the writer) can neither register nor move an alias.
 
     Raises :class:`CompileReportMissing` (nothing registered, no alias moved) when the rule
     requires the compile gate and ``compile_gate`` is None."""
@@ -301,30 +309,33 @@ def register_and_promote(
             "compiles, so no version is registered or promoted without the report; run the "
             "pipeline's compile step for this partition, then register again"
         )
-    ensure_registered_model(client, new.name, new.model_description)
-    version, stored = version_of_run(client, new.name, new.run_id)
-    if stored is not None:
-        return stored
-    if version is None:
-        version = client.create_model_version(
+    scope = contextlib.nullcontext() if settings is None else acting_as(settings, PROMOTER)
+    with scope:
+        ensure_registered_model(client, new.name, new.model_description)
+        version, stored = version_of_run(client, new.name, new.run_id)
+        if stored is not None:
+            return stored
+        if version is None:
+            version = client.create_model_version(
+                new.name,
+                source=new.source,
+                run_id=new.run_id,
+                model_id=new.model_id,
+                tags=dict(new.tags),
+                description=new.description,
+            )
+        decision = decide(
+            client,
             new.name,
-            source=new.source,
-            run_id=new.run_id,
-            model_id=new.model_id,
-            tags=dict(new.tags),
-            description=new.description,
+            version,
+            promotion=promotion,
+            score=score,
+            compile_gate=compile_gate,
+            baseline=baseline,
+            signing_key=signing_key,
         )
-    decision = decide(
-        client,
-        new.name,
-        version,
-        promotion=promotion,
-        score=score,
-        compile_gate=compile_gate,
-        baseline=baseline,
-        signing_key=signing_key,
-    )
-    result = report(decision)
-    if not decision.champion_moved:
-        client.set_model_version_tag(new.name, decision.version, DECISION_TAG, json.dumps(result))
-    return result
+        result = report(decision)
+        if not decision.champion_moved:
+            stored_record = json.dumps(result)
+            client.set_model_version_tag(new.name, decision.version, DECISION_TAG, stored_record)
+        return result

@@ -40,7 +40,7 @@ from cascade.airflow_client import airflow_home
 from cascade.config import Settings, load_settings
 from cascade.data_services import (
     AIRFLOW_DATABASE,
-    postgres_password_file,
+    postgres_role_password_file,
     redis_password_file,
     stack_postgres_url,
 )
@@ -96,7 +96,8 @@ def cluster_env(settings: Settings) -> dict[str, str]:
     """What the cluster profile changes in Airflow's environment
     (:func:`infra.services.airflow_env`): empty until PostgreSQL and Redis have their passwords
     (the stack prepares them first)."""
-    if not (postgres_password_file(settings).exists() and redis_password_file(settings).exists()):
+    metadata_password = postgres_role_password_file(settings, AIRFLOW_DATABASE)
+    if not (metadata_password.exists() and redis_password_file(settings).exists()):
         return {}
     metadata = metadata_url(settings)
     return {

@@ -48,6 +48,11 @@ SPARK_VERSION = "4.3.0"
 KAFKA_CLUSTER = "cascade"
 """The Strimzi ``Kafka`` resource the topics belong to (``kafka.cascade.svc:9092``)."""
 SPARK_APPLICATIONS = "spark-applications.yaml"
+TASK_SECRETS = "cascade-task-secrets"
+"""The Secret every task's pod reads (Airflow's and the Spark steps'): the MLflow writer's
+credential, the online-store writer's Redis URL, the Feast registry's own database role. The
+model servers read ``cascade-serving-secrets`` (the reader's); the promoter's credential is
+mounted only where the promotion step runs (docs/operations/security.md)."""
 KAFKA_TOPICS = "kafka-topics.yaml"
 AIRFLOW_VALUES = "airflow-values.yaml"
 HEADER = """\
@@ -88,7 +93,7 @@ def spark_application(spec: Pipeline, step_name: str) -> dict[str, Any]:
     def env_from() -> list[dict[str, Any]]:
         return [
             {"configMapRef": {"name": "cascade-settings"}},
-            {"secretRef": {"name": "cascade-secrets"}},
+            {"secretRef": {"name": TASK_SECRETS}},
         ]
 
     return {

@@ -23,22 +23,37 @@ from cascade.airflow_client import airflow_home, airflow_password_file
 from cascade.assets import KAFKA_CONN_ID
 from cascade.config import REPO_ROOT, Settings
 from cascade.data_services import (
+    DATABASE_ROLES,
     DATABASES,
     MLFLOW_DATABASE,
     POSTGRES_USER,
+    REDIS_READER,
     ensure_postgres_password,
+    ensure_postgres_role_passwords,
     ensure_redis_password,
+    ensure_redis_reader_password,
     postgres_data_dir,
     postgres_password_file,
+    postgres_role_password_file,
     redis_config_file,
     redis_dir,
     redis_password_file,
+    redis_reader_connection,
+    redis_reader_password_file,
     stack_postgres_url,
+    superuser_postgres_url,
 )
 from cascade.serving_token import serving_token_env
 from cascade.state import SERVICE_UMASK, write_secret
 from cascade.tracking_auth import (
-    tracking_credentials_env,
+    PASSWORD_VAR,
+    READER,
+    USERNAME_VAR,
+    WRITER,
+    ensure_role_users,
+    ensure_tracking_credentials,
+    is_stack_tracking,
+    role_env,
     tracking_server_env,
 )
 from infra import airflow_cluster, kafka_broker, spark_standalone
@@ -116,11 +131,29 @@ def airflow_healthy(settings: Settings) -> bool:
     return all(body.get(k, {}).get("status") == "healthy" for k in needed)
 
 
-def service_env(settings: Settings) -> dict[str, str]:
-    """Environment every service and every Airflow task inherits: with the local stack's
-    tracking server, its MLflow credentials too (the environment of a process is its owner's
-    only; no log prints it)."""
-    env = dict(os.environ)
+SERVICE_ROLES: dict[str, str | None] = {
+    "postgres": None,
+    "redis": None,
+    "spark": None,
+    **{node: None for node in kafka_broker.NODES},
+    "mlflow": None,
+    "airflow": WRITER,
+    "serving": READER,
+    "asr_serving": READER,
+}
+"""The MLflow role (:data:`cascade.tracking_auth.ROLES`) whose credential each service's
+environment holds: None for the data services, Spark's daemons, the broker and the tracking
+server itself (it gets the admin's bootstrap password only: :func:`tracking_server_env`);
+the writer for Airflow and so every task and training launch; the reader for the model
+servers. No environment holds the promoter's: the promotion gate reads its file."""
+
+
+def service_env(settings: Settings, role: str | None = None) -> dict[str, str]:
+    """The environment a service runs in: with the local stack's tracking server, the MLflow
+    credential of ``role`` and of no other (None: none at all; the environment of a process is
+    its owner's only; no log prints it). A credential inherited from the caller's environment
+    is dropped, so a service never holds more than its role."""
+    env = {k: v for k, v in os.environ.items() if k not in (USERNAME_VAR, PASSWORD_VAR)}
     env.update(
         {
             "PATH": f"{venv_bin()}{os.pathsep}{env.get('PATH', '')}",
@@ -135,10 +168,18 @@ def service_env(settings: Settings) -> dict[str, str]:
             "SPARK_LOCAL_IP": settings.host,
             "DS_ACCELERATOR": env.get("DS_ACCELERATOR", "cpu"),
             "PYTHONUNBUFFERED": "1",
-            **tracking_credentials_env(settings),
+            **role_env(settings, role),
             **serving_token_env(settings),
         }
     )
+    if (
+        role == READER
+        and settings.profile == "cluster"
+        and not settings.feature_store.redis
+        and redis_reader_password_file(settings).exists()
+    ):
+        # The servers read the online store as the Redis reader, not the writers' user.
+        env["CASCADE_REDIS"] = redis_reader_connection(settings)
     return env
 
 
@@ -156,7 +197,7 @@ def airflow_env(settings: Settings) -> dict[str, str]:
             "enable.auto.commit": "false",
         },
     }
-    env = service_env(settings)
+    env = service_env(settings, SERVICE_ROLES["airflow"])
     env.update(
         {
             "AIRFLOW_HOME": str(home),
@@ -244,11 +285,11 @@ def as_unprivileged(command: list[str]) -> list[str]:
 
 
 def postgres_healthy(settings: Settings) -> bool:
-    """The superuser signs in to the ledger database and runs a query."""
+    """The superuser signs in and runs a query."""
     import psycopg2
 
     try:
-        conn = psycopg2.connect(stack_postgres_url(settings), connect_timeout=2)
+        conn = psycopg2.connect(superuser_postgres_url(settings), connect_timeout=2)
     except (psycopg2.Error, FileNotFoundError):
         return False
     try:
@@ -313,6 +354,7 @@ def prepare_postgres(settings: Settings) -> None:
             "postgresql); run `make venv`"
         )
     ensure_postgres_password(settings)
+    ensure_postgres_role_passwords(settings)
     data = postgres_data_dir(settings)
     if (data / "PG_VERSION").exists():
         return
@@ -351,10 +393,12 @@ def prepare_postgres(settings: Settings) -> None:
 
 
 def prepare_redis(settings: Settings) -> None:
-    """The password file, the data folder and ``redis.conf`` (0600, it holds the password)."""
+    """The password files, the data folder and ``redis.conf`` (0600, it holds the passwords):
+    the default user is the writers', :data:`REDIS_READER` the servers' (read commands only)."""
     if shutil.which("redis-server") is None:
         raise StackError("redis: redis-server is not installed (Debian package); run `make venv`")
     password = ensure_redis_password(settings)
+    reader = ensure_redis_reader_password(settings)
     data = redis_dir(settings) / "data"
     data.mkdir(parents=True, exist_ok=True, mode=0o700)
     config = "\n".join(
@@ -368,7 +412,10 @@ def prepare_redis(settings: Settings) -> None:
             "dbfilename dump.rdb",
             "save 300 1",
             "appendonly no",
+            # The default user: the writers (Feast's online store, feedback, Celery's queues).
             f"requirepass {password}",
+            # The model servers' user: read commands only, no channel.
+            f"user {REDIS_READER} on >{reader} ~* resetchannels -@all +@read +@connection",
             "",
         ]
     )
@@ -376,12 +423,16 @@ def prepare_redis(settings: Settings) -> None:
 
 
 def ensure_databases(settings: Settings) -> list[str]:
-    """Create the stack's databases that its PostgreSQL lacks (a cluster made before a database
-    joined :data:`DATABASES`); returns the ones created."""
+    """Give each of the stack's databases its own login role (:data:`DATABASE_ROLES`, password
+    from its 0600 file) as owner, with no right on the others, creating what is missing; a
+    database made before roles existed is handed over with its tables. Idempotent; returns the
+    databases created."""
     import psycopg2
+    from psycopg2 import sql
 
+    passwords = ensure_postgres_role_passwords(settings)
     try:
-        conn = psycopg2.connect(stack_postgres_url(settings, "postgres"), connect_timeout=5)
+        conn = psycopg2.connect(superuser_postgres_url(settings), connect_timeout=5)
     except (psycopg2.Error, FileNotFoundError) as exc:
         raise StackError(
             "postgres is not running: the cluster profile keeps MLflow's runs and registry and "
@@ -394,13 +445,81 @@ def ensure_databases(settings: Settings) -> list[str]:
         with conn.cursor() as cur:
             cur.execute("SELECT datname FROM pg_database")
             present = {row[0] for row in cur.fetchall()}
-            for name in DATABASES:
+            for name, role in DATABASE_ROLES.items():
+                cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
+                verb = "ALTER" if cur.fetchone() else "CREATE"
+                cur.execute(
+                    sql.SQL(verb + " ROLE {} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                            "PASSWORD %s").format(sql.Identifier(role)),
+                    (passwords[name],),
+                )  # fmt: skip
                 if name not in present:
-                    cur.execute(f'CREATE DATABASE "{name}"')
+                    cur.execute(
+                        sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                            sql.Identifier(name), sql.Identifier(role)
+                        )
+                    )
                     created.append(name)
+                else:
+                    cur.execute(
+                        sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+                            sql.Identifier(name), sql.Identifier(role)
+                        )
+                    )
+                cur.execute(
+                    sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(name))
+                )
     finally:
         conn.close()
+    for name, role in DATABASE_ROLES.items():
+        _hand_over_objects(settings, name, role)
     return created
+
+
+_OWNED_KINDS = {"r": "TABLE", "p": "TABLE", "f": "FOREIGN TABLE", "v": "VIEW",
+                "m": "MATERIALIZED VIEW", "S": "SEQUENCE"}  # fmt: skip
+
+
+def _hand_over_objects(settings: Settings, database: str, role: str) -> None:
+    """Make ``role`` the owner of ``database``'s public schema and of every table, view,
+    sequence and type in it (those the superuser made before the roles existed)."""
+    import psycopg2
+    from psycopg2 import sql
+
+    conn = psycopg2.connect(superuser_postgres_url(settings, database), connect_timeout=5)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql.SQL("ALTER SCHEMA public OWNER TO {}").format(sql.Identifier(role)))
+            # Tables first: a sequence a table's column owns follows its table (and refuses
+            # to be handed over on its own), so sequences are read again afterwards.
+            for kinds in ([k for k in _OWNED_KINDS if k != "S"], ["S"]):
+                cur.execute(
+                    "SELECT c.relname, c.relkind FROM pg_class c "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = 'public' AND c.relkind = ANY(%s) "
+                    "AND pg_get_userbyid(c.relowner) <> %s",
+                    (kinds, role),
+                )
+                for relname, relkind in cur.fetchall():
+                    statement = "ALTER " + _OWNED_KINDS[relkind] + " public.{} OWNER TO {}"
+                    cur.execute(
+                        sql.SQL(statement).format(sql.Identifier(relname), sql.Identifier(role))
+                    )
+            cur.execute(
+                "SELECT t.typname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
+                "WHERE n.nspname = 'public' AND t.typtype IN ('e', 'd') "
+                "AND pg_get_userbyid(t.typowner) <> %s",
+                (role,),
+            )
+            for (typname,) in cur.fetchall():
+                cur.execute(
+                    sql.SQL("ALTER TYPE public.{} OWNER TO {}").format(
+                        sql.Identifier(typname), sql.Identifier(role)
+                    )
+                )
+    finally:
+        conn.close()
 
 
 def mlflow_uses_postgres(settings: Settings) -> bool:
@@ -413,7 +532,7 @@ def mlflow_store_env(settings: Settings) -> dict[str, str]:
     """The backend store of the tracking server, as ``MLFLOW_BACKEND_STORE_URI`` (an
     environment variable: a command line would show the password)."""
     if mlflow_uses_postgres(settings):
-        if not postgres_password_file(settings).exists():
+        if not postgres_role_password_file(settings, MLFLOW_DATABASE).exists():
             return {}  # prepare_mlflow refuses to start before PostgreSQL has a password
         # SQLAlchemy names the driver: the psycopg2 the lock installs.
         url = stack_postgres_url(settings, MLFLOW_DATABASE).replace(
@@ -425,8 +544,13 @@ def mlflow_store_env(settings: Settings) -> dict[str, str]:
 
 
 def prepare_mlflow(settings: Settings) -> None:
+    """The tracking server's store (PostgreSQL in the cluster profile) and, with its basic-auth
+    app, one user per role with its grants (:func:`cascade.tracking_auth.ensure_role_users`)."""
     if mlflow_uses_postgres(settings):
         ensure_databases(settings)
+    if is_stack_tracking(settings):
+        ensure_tracking_credentials(settings)
+        ensure_role_users(settings)
 
 
 def prepare_airflow(settings: Settings) -> None:
@@ -449,6 +573,10 @@ PREPARE: dict[str, Callable[[Settings], None]] = {
     "airflow": prepare_airflow,
 }
 """What must exist before a service starts (beyond the state folder)."""
+
+AFTER_START: dict[str, Callable[[Settings], object]] = {"postgres": ensure_databases}
+"""What is set up once a service is healthy: PostgreSQL's databases, each owned by its own
+role (a start is the moment a new role or a rotated password takes effect)."""
 
 
 def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
@@ -541,7 +669,9 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
             },
             url=settings.tracking_uri,
             healthy=lambda: http_ok(f"{settings.tracking_uri}/health"),
-            start_timeout_s=120,
+            # Two interpreters (the CLI, then uvicorn's worker) import MLflow and its auth app:
+            # past 120 s on a 2-core machine under a full test run.
+            start_timeout_s=240,
         ),
         "airflow": ServiceSpec(
             name="airflow",
@@ -565,7 +695,7 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
             name="serving",
             port=ports.serving,
             command=[py, "-m", "serving.server"],
-            env=service_env(settings),
+            env=service_env(settings, SERVICE_ROLES["serving"]),
             url=settings.serving_url,
             healthy=lambda: http_ok(f"{settings.serving_url}/v2/health/live"),
             start_timeout_s=120,
@@ -575,7 +705,7 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
             name="asr_serving",
             port=ports.asr_serving,
             command=[py, "-m", "serving.asr"],
-            env=service_env(settings),
+            env=service_env(settings, SERVICE_ROLES["asr_serving"]),
             url=settings.asr_serving_url,
             healthy=lambda: http_ok(f"{settings.asr_serving_url}/v2/health/live"),
             start_timeout_s=120,

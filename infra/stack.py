@@ -39,22 +39,28 @@ import requests
 from cascade.airflow_client import airflow_home, airflow_password_file, ensure_airflow_password
 from cascade.config import PORT_NAMES, REPO_ROOT, Settings, load_settings, scoped_environ
 from cascade.data_services import (
+    DATABASE_ROLES,
     postgres_password_file,
+    postgres_role_password_file,
     redis_config_file,
     redis_password_file,
+    redis_reader_password_file,
 )
 from cascade.ports import free_ports
 from cascade.serving_token import ensure_serving_token, serving_token_env, token_file
 from cascade.signing import ensure_signing_key
 from cascade.state import SERVICE_UMASK, exposed_secrets, secure_state_folder
 from cascade.tracking_auth import (
+    ROLES,
     credentials_file,
     ensure_tracking_credentials,
     is_stack_tracking,
+    role_file,
     tracking_credentials_env,
 )
 from infra import kafka_broker
 from infra.services import (
+    AFTER_START,
     PREPARE,
     SERVICES,
     StackError,
@@ -189,7 +195,10 @@ def start_service(
         echo(f"{name}: started (pid {proc.pid}), log {log_path}")
     if not wait:
         return state(settings, name)
-    return wait_healthy(settings, name, echo=echo)
+    found = wait_healthy(settings, name, echo=echo)
+    if name in AFTER_START:
+        AFTER_START[name](settings)
+    return found
 
 
 def wait_healthy(
@@ -427,8 +436,11 @@ def secret_files(settings: Settings) -> list[Path]:
         airflow_password_file(settings),
         home / "airflow.cfg",
         credentials_file(settings),
+        *(role_file(settings, role) for role in ROLES),
         postgres_password_file(settings),
+        *(postgres_role_password_file(settings, database) for database in DATABASE_ROLES),
         redis_password_file(settings),
+        redis_reader_password_file(settings),
         redis_config_file(settings),
     ]
 

@@ -290,6 +290,7 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         compile_gate=gate,
         report=report,
         signing_key=load_signing_key(settings.home, create=True),
+        settings=settings,
     )
     return write_step_result(lake, "asr_register", ds, result)
 

@@ -436,6 +436,7 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         compile_gate=None,
         report=report,
         signing_key=load_signing_key(settings.home, create=True),
+        settings=settings,
     )
     return write_step_result(lake, "mm_register", ds, result)
 

@@ -86,7 +86,7 @@ from kserve.errors import InferenceError, InvalidInput, ModelNotReady
 from kserve.protocol.infer_type import InferInput, InferOutput
 
 from cascade.config import load_settings
-from cascade.tracking_auth import use_tracking_credentials
+from cascade.tracking_auth import READER, use_tracking_credentials
 from domains.speech.audio_features import (
     SAMPLE_RATE,
     CorpusConfig,
@@ -549,7 +549,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"no asr_model.pt in {args.model_dir}")
     set_torch_threads()
     settings = load_settings()
-    use_tracking_credentials(settings)
+    use_tracking_credentials(settings, READER)  # a server reads the registry, never writes it
 
     def models() -> list[Model]:
         model = AsrModel(args.model_dir, prefer_compiled=not args.eager)

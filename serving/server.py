@@ -60,7 +60,7 @@ from kserve.protocol.rest.server import RESTServer
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from cascade.config import Settings, load_settings
-from cascade.tracking_auth import use_tracking_credentials
+from cascade.tracking_auth import READER, use_tracking_credentials
 from serving.allocator import keep_freed_memory
 from serving.guard import GuardPolicy, RequestGuard, internal_error_body, send_json
 from serving.metrics import TORCH_THREADS
@@ -756,7 +756,7 @@ def main() -> None:
 
     set_torch_threads()
     settings = load_settings()
-    use_tracking_credentials(settings)
+    use_tracking_credentials(settings, READER)  # a server reads the registry, never writes it
     config = ServingConfig.from_env()
     serve(
         lambda: [PreRankingModel(settings=settings, config=config)],

@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from cascade.config import REPO_ROOT, Settings
 from cascade.ports import free_port
-from cascade.tracking_auth import tracking_credentials_env
+from cascade.tracking_auth import WRITER, role_env
 
 
 def ensure_distributed_env() -> None:
@@ -296,7 +296,8 @@ def run_torchrun(
         CASCADE_HOME=str(settings.home),
         CASCADE_MLFLOW_URI=settings.tracking_uri,
         PYTHONUNBUFFERED="1",
-        **tracking_credentials_env(settings),
+        # Training writes runs, nothing in the registry: the writer's credential only.
+        **role_env(settings, WRITER),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(free_port()),
         **(extra_env or {}),

@@ -76,8 +76,9 @@ def repo_config(settings: Settings) -> RepoConfig:
     offline = loaded.get("offline_store") or {}
     if offline.get("type") == "spark":
         # The stack's standalone master wants its authentication secret (and keeps an event
-        # log): held in this config in memory only, never written into a file. Before the
-        # stack's first start there is none; online reads need no Spark.
+        # log): the secret goes to the drivers' own 0600 spark-defaults.conf, never into this
+        # config or the JVM's command line. Before the stack's first start there is none;
+        # online reads need no Spark.
         from cascade.data_services import spark_client_conf
 
         with contextlib.suppress(FileNotFoundError):

@@ -238,6 +238,7 @@ def register_and_promote(
         report=report,
         baseline=baseline,
         signing_key=load_signing_key(settings.home, create=True),
+        settings=settings,
     )
     path = registry_report_path(ds, settings)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,14 @@ def test_quick_security_benchmark_finds_no_hole(tmp_path: Path) -> None:
     assert result["world_readable_secrets"] == 0, result["secrets"]
     assert result["unsigned_versions_loaded"] == 0, result["releases"]
     assert result["registered_files_changed_by_rerun"] == 0, result["releases"]["rerun"]
+    # Least privilege on the real MLflow auth server: only the promotion gate writes the
+    # registry (and it can), and no secret is on a command line while a Spark step runs.
+    privilege = result["privilege"]
+    assert result["services_with_registry_write"] == 0, privilege["by_service"]
+    assert privilege["promotion_gate_can_promote"], privilege["promotion_gate_writes"]
+    assert privilege["services_tried"] >= 9
+    assert result["secrets_on_command_lines"] == 0, privilege["secrets_seen_on_command_lines"]
+    assert privilege["spark_step"].get("spark_job_rows_summed") == 499500, privilege["spark_step"]
     assert result["releases"]["rerun"]["registered_versions_checked"] >= 2
     assert result["releases"]["rerun"]["rerun_candidate_is_new"]
     assert result["releases"]["asr"]["served_before"] is not None

@@ -4,14 +4,25 @@ champion changed between the decision and the move."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cascade.config import Settings
 from cascade.pipeline_spec import Promotion
 from cascade.promotion import Baseline, NewVersion, Scores, compare, decide, register_and_promote
 from cascade.registry import CHALLENGER, CHAMPION, DECISION_TAG, PREVIOUS_CHAMPION_TAG
+from cascade.tracking_auth import (
+    PASSWORD_VAR,
+    PROMOTER,
+    USERNAME_VAR,
+    WRITER,
+    ensure_tracking_credentials,
+    role_credentials,
+)
 
 NAME = "toy"
 
@@ -65,6 +76,12 @@ class FakeRegistry:
 
     def set_model_version_tag(self, name: str, version: str, key: str, value: str) -> None:
         self.versions[version].tags[key] = value
+
+
+def toy_version(run_id: str, **tags: str) -> NewVersion:
+    return NewVersion(
+        name=NAME, model_description="", run_id=run_id, source="s", tags=tags, description=""
+    )
 
 
 def version_of(client: FakeRegistry, run_id: str, score: float) -> Version:
@@ -175,14 +192,7 @@ def test_alias_stays_when_the_champion_changed_before_the_move() -> None:
     client._reads = 0
     result = register_and_promote(
         client,
-        NewVersion(
-            name=NAME,
-            model_description="",
-            run_id="r3",
-            source="s",
-            tags={"score": "0.8"},
-            description="",
-        ),  # fmt: skip
+        toy_version("r3", score="0.8"),
         promotion=HIGHER,
         score=tag_scores(0.80),
         compile_gate=None,
@@ -311,3 +321,43 @@ def test_a_spec_rule_changes_only_through_documented_settings_fields() -> None:
         spec(Promotion(metric="auc", higher_is_better=True, tolerance_setting="undocumented"))
     with pytest.raises(ValueError, match="needs `metrics` to list 'auc'"):
         Promotion(metric="auc", higher_is_better=True, metric_setting="metric")
+
+
+class RecordingRegistry(FakeRegistry):
+    """Records the MLflow user in this process's environment at each registry write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writers: set[str | None] = set()
+
+    def create_model_version(self, name: str, **kwargs: Any) -> Version:
+        self.writers.add(os.environ.get(USERNAME_VAR))
+        return super().create_model_version(name, **kwargs)
+
+    def set_registered_model_alias(self, name: str, alias: str, version: str) -> None:
+        self.writers.add(os.environ.get(USERNAME_VAR))
+        super().set_registered_model_alias(name, alias, version)
+
+
+def test_the_gate_writes_the_registry_as_the_promoter_and_only_while_it_registers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings(home=tmp_path / "state")
+    ensure_tracking_credentials(settings)
+    writer, promoter = role_credentials(settings, WRITER), role_credentials(settings, PROMOTER)
+    assert writer is not None and promoter is not None
+    monkeypatch.setenv(USERNAME_VAR, writer[0])  # what the task's environment holds
+    monkeypatch.setenv(PASSWORD_VAR, writer[1])
+    client = RecordingRegistry()
+    result = register_and_promote(
+        client,
+        toy_version("r1", score="0.7"),
+        promotion=HIGHER,
+        score=tag_scores(0.70),
+        compile_gate=None,
+        report=lambda d: {"promoted": d.promoted},
+        settings=settings,
+    )
+    assert result == {"promoted": True} and client.aliases[CHAMPION] == "1"
+    assert client.writers == {promoter[0]}
+    assert os.environ[USERNAME_VAR] == writer[0] and os.environ[PASSWORD_VAR] == writer[1]

@@ -53,17 +53,25 @@ def test_clients_find_the_stack_services_or_the_configured_ones(tmp_path: Path) 
     settings = Settings(home=tmp_path, profile="cluster", ports=Ports(postgres=25999, redis=26999))
     with pytest.raises(FileNotFoundError, match="has not been started"):
         data_services.postgres_url(settings)
-    password = data_services.ensure_postgres_password(settings)
-    assert data_services.ensure_postgres_password(settings) == password  # kept, not rotated
+    superuser = data_services.ensure_postgres_password(settings)
+    assert data_services.ensure_postgres_password(settings) == superuser  # kept, not rotated
+    roles = data_services.ensure_postgres_role_passwords(settings)
+    assert data_services.ensure_postgres_role_passwords(settings) == roles
+    assert len({superuser, *roles.values()}) == 1 + len(data_services.DATABASES)
+    # Each client signs in as its own database's role, never as the superuser.
     assert data_services.postgres_url(settings) == (
-        f"postgresql://cascade:{password}@127.0.0.1:25999/cascade"
+        f"postgresql://cascade_ledger:{roles['cascade']}@127.0.0.1:25999/cascade"
     )
     redis_password = data_services.ensure_redis_password(settings)
     config = repo_config(settings)
     assert config.online_store.connection_string == f"127.0.0.1:26999,password={redis_password}"
     assert config.registry.path == (
-        f"postgresql+psycopg2://cascade:{password}@127.0.0.1:25999/feast"
+        f"postgresql+psycopg2://cascade_feast:{roles['feast']}@127.0.0.1:25999/feast"
     )
+    assert superuser not in config.registry.path
+    assert data_services.superuser_postgres_url(settings).startswith("postgresql://cascade:")
+    with pytest.raises(ValueError, match="no role for database 'postgres'"):
+        data_services.stack_postgres_url(settings, "postgres")
     elsewhere = Settings(
         home=tmp_path,
         profile="cluster",
@@ -92,10 +100,13 @@ def test_the_cluster_airflow_keeps_its_metadata_in_postgres_and_its_tasks_on_cel
         home=tmp_path / "cluster", profile="cluster", ports=Ports(postgres=25999, redis=26999)
     )
     assert airflow_cluster.cluster_env(cluster) == {}  # no passwords yet: nothing to point at
-    password = data_services.ensure_postgres_password(cluster)
+    superuser = data_services.ensure_postgres_password(cluster)
+    password = data_services.ensure_postgres_role_passwords(cluster)["airflow"]
     redis_password = data_services.ensure_redis_password(cluster)
     env = services.airflow_env(cluster)
-    metadata = f"postgresql+psycopg2://cascade:{password}@127.0.0.1:25999/airflow"
+    metadata = f"postgresql+psycopg2://cascade_airflow:{password}@127.0.0.1:25999/airflow"
+    # The superuser's password is in no Airflow or Celery environment.
+    assert not any(superuser in value for value in env.values())
     assert "airflow" in data_services.DATABASES
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == metadata
     assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"

@@ -14,13 +14,20 @@ from pathlib import Path
 import pytest
 import requests
 
-from cascade.config import PORT_NAMES, Settings, load_settings
+from cascade.config import PORT_NAMES, Settings, load_settings, scoped_environ
 from cascade.tracking_auth import (
     PASSWORD_VAR,
+    PROMOTER,
+    READER,
+    ROLES,
     USERNAME_VAR,
+    WRITER,
+    acting_as,
     auth_config_file,
     credentials_file,
     ensure_tracking_credentials,
+    role_credentials,
+    role_file,
     tracking_credentials,
     tracking_credentials_env,
     use_tracking_credentials,
@@ -168,7 +175,10 @@ def test_the_project_clients_authenticate_and_no_log_holds_the_password(
     assert found is not None
     # private_stack hands this process the credentials, as it hands them to each service.
     assert os.environ[USERNAME_VAR] == found[0] and os.environ[PASSWORD_VAR] == found[1]
-    assert services.service_env(settings)[PASSWORD_VAR] == found[1]
+    # A service gets its own role's credential, never the admin's.
+    assert PASSWORD_VAR not in services.service_env(settings)
+    reader = role_credentials(settings, READER)
+    assert services.service_env(settings, READER)[PASSWORD_VAR] == reader[1]  # type: ignore[index]
 
     client = registry_client(settings)
     ensure_registered_model(client, "auth-client-probe", "client check")
@@ -186,8 +196,112 @@ def test_the_project_clients_authenticate_and_no_log_holds_the_password(
     assert os.environ[PASSWORD_VAR] == found[1]
 
     time.sleep(0.5)  # the server's log lines are flushed by line; let the last ones land
-    for folder in (settings.logs_dir, settings.home / "run"):
-        for path in folder.iterdir():
-            assert found[1] not in path.read_text(errors="replace"), path
+    passwords = [found[1], *(role_credentials(settings, role)[1] for role in ROLES)]  # type: ignore[index]
     status = json.dumps([s.__dict__ for s in stack.status(settings)], default=str)
-    assert found[1] not in status
+    for password in passwords:
+        for folder in (settings.logs_dir, settings.home / "run"):
+            for path in folder.iterdir():
+                assert password not in path.read_text(errors="replace"), path
+        assert password not in status
+
+
+def test_each_service_environment_holds_only_its_own_role(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ensure_tracking_credentials(settings)
+    admin = tracking_credentials(settings)
+    creds = {role: role_credentials(settings, role) for role in ROLES}
+    assert admin is not None and all(creds.values())
+    assert len({admin[1], *(c[1] for c in creds.values() if c)}) == 4, "one password per user"
+    for role in ROLES:
+        assert mode(role_file(settings, role)) == 0o600
+        assert role_file(settings, role) in stack.secret_files(settings)
+    # An admin credential in the caller's environment reaches no service.
+    monkeypatch.setenv(USERNAME_VAR, admin[0])
+    monkeypatch.setenv(PASSWORD_VAR, admin[1])
+    specs = services.service_specs(settings)
+    held = {name: spec.env.get(USERNAME_VAR) for name, spec in specs.items()}
+    reader, writer = creds[READER], creds[WRITER]
+    assert reader is not None and writer is not None
+    assert held == {
+        name: {READER: reader[0], WRITER: writer[0], None: None}[services.SERVICE_ROLES[name]]
+        for name in specs
+    }
+    assert held["airflow"] == writer[0] and held["serving"] == held["asr_serving"] == reader[0]
+    promoter = creds[PROMOTER]
+    assert promoter is not None
+    for name, spec in specs.items():
+        secrets_held = {v for k, v in spec.env.items() if k != "MLFLOW_AUTH_ADMIN_PASSWORD"}
+        assert promoter[1] not in secrets_held, name
+        assert admin[1] not in secrets_held, name
+    assert specs["mlflow"].env["MLFLOW_AUTH_ADMIN_PASSWORD"] == admin[1]
+
+    # The promotion gate's code takes the promoter's from its file for the block only.
+    monkeypatch.setenv(USERNAME_VAR, writer[0])
+    monkeypatch.setenv(PASSWORD_VAR, writer[1])
+    with acting_as(settings, PROMOTER) as found:
+        assert found and os.environ[PASSWORD_VAR] == promoter[1]
+    assert os.environ[PASSWORD_VAR] == writer[1]
+    # A process that holds a role of this stack keeps it; a server asks for the reader.
+    assert use_tracking_credentials(settings) and os.environ[PASSWORD_VAR] == writer[1]
+    assert use_tracking_credentials(settings, READER) and os.environ[PASSWORD_VAR] == reader[1]
+    with pytest.raises(ValueError, match="unknown MLflow role"):
+        role_file(settings, "superuser")
+
+
+def test_roles_are_enforced_by_the_stack_mlflow(mlflow_stack: Settings, tmp_path: Path) -> None:
+    """The reader and the writer are refused (403) an alias move and a new version; the
+    promoter registers and moves ``champion``; the writer writes runs, the reader reads."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    settings = mlflow_stack
+    admin = tracking_credentials(settings)
+    reader, writer, promoter = (role_credentials(settings, r) for r in (READER, WRITER, PROMOTER))
+    assert admin and reader and writer and promoter
+    name = "roles-probe"
+
+    def post(path: str, body: dict, auth: tuple[str, str]) -> requests.Response:
+        return requests.post(api(settings, path), json=body, auth=auth, timeout=60)
+
+    response = post("registered-models/create", {"name": name}, promoter)
+    assert response.status_code == 200, response.text[:300]
+    response = post("runs/create", {"experiment_id": "0"}, writer)
+    assert response.status_code == 200, response.text[:300]
+    run_id = response.json()["run"]["info"]["run_id"]
+    # The writer uploads the run's files through the server, the reader (a model server)
+    # downloads them; the reader uploads nothing.
+    client = mlflow.MlflowClient(settings.tracking_uri, registry_uri=settings.tracking_uri)
+    with scoped_environ({USERNAME_VAR: writer[0], PASSWORD_VAR: writer[1]}):
+        client.log_text(run_id, "weights", "model/weights.txt")
+    with scoped_environ({USERNAME_VAR: reader[0], PASSWORD_VAR: reader[1]}):
+        folder = client.download_artifacts(run_id, "model", str(tmp_path))
+        assert (Path(folder) / "weights.txt").read_text() == "weights"
+        with pytest.raises((MlflowException, requests.HTTPError), match="403"):
+            client.log_text(run_id, "planted", "model/planted.txt")
+    assert post("runs/create", {"experiment_id": "0"}, reader).status_code == 403
+    version_body = {"name": name, "source": f"runs:/{run_id}/model", "run_id": run_id}
+    for refused in (reader, writer):
+        response = post("model-versions/create", version_body, refused)
+        assert response.status_code == 403, (refused[0], response.text[:300])
+    response = post("model-versions/create", version_body, promoter)
+    assert response.status_code == 200, response.text[:300]
+    version = response.json()["model_version"]["version"]
+
+    alias = {"name": name, "alias": "champion", "version": version}
+    for refused in (reader, writer):
+        response = post("registered-models/alias", alias, refused)
+        assert response.status_code == 403, (refused[0], response.text[:300])
+    response = requests.get(
+        api(settings, "registered-models/get"), params={"name": name}, auth=reader, timeout=60
+    )
+    assert response.status_code == 200 and not response.json()["registered_model"].get("aliases")
+    assert post("registered-models/alias", alias, promoter).status_code == 200
+    response = requests.get(
+        api(settings, "registered-models/alias"),
+        params={"name": name, "alias": "champion"},
+        auth=reader,
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text[:300]
+    assert response.json()["model_version"]["version"] == version

@@ -11,7 +11,12 @@ import pytest
 import requests
 from mlflow.tracking import MlflowClient
 
-from cascade.data_services import MLFLOW_DATABASE, stack_postgres_url
+from cascade.data_services import (
+    MLFLOW_DATABASE,
+    postgres_role_password_file,
+    stack_postgres_url,
+    superuser_postgres_url,
+)
 from infra import services, stack
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -46,18 +51,23 @@ def test_runs_and_registry_live_in_postgres(tmp_path: Path) -> None:
             assert ("cluster-model",) in cur.fetchall()
         assert not (s.home / "mlflow" / "mlflow.db").exists()
 
-        # The database password is in the server's environment only, never its command line.
-        password = (s.home / "postgres" / "password").read_text().strip()
+        # The server signs in as the mlflow database's own role: its password is in the
+        # server's environment only, never its command line; the superuser's is in neither.
+        superuser = (s.home / "postgres" / "password").read_text().strip()
+        password = postgres_role_password_file(s, MLFLOW_DATABASE).read_text().strip()
+        assert url.startswith("postgresql://cascade_mlflow:")
         recorded = stack._recorded(s, "mlflow")
         assert recorded is not None
         group = [psutil.Process(recorded["pid"])]
         group += group[0].children(recursive=True)
         for proc in group:
             assert password not in " ".join(proc.cmdline())
+            assert superuser not in " ".join(proc.cmdline())
+            assert superuser not in "".join(proc.environ().values())
 
         # A cluster made before a database joined the list gets it at the next start.
         assert services.ensure_databases(s) == []
-        conn = psycopg2.connect(stack_postgres_url(s, "postgres"), connect_timeout=10)
+        conn = psycopg2.connect(superuser_postgres_url(s), connect_timeout=10)
         conn.autocommit = True
         try:
             with conn.cursor() as cur:

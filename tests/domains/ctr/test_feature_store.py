@@ -6,6 +6,8 @@ here, so one materialized store is shared by the module.
 from __future__ import annotations
 
 import math
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,7 +91,7 @@ def test_cluster_profile_names_unset_variables(monkeypatch: pytest.MonkeyPatch) 
 def test_cluster_offline_store_authenticates_to_the_stack_master(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cascade.data_services import spark_secret_file
+    from cascade.data_services import spark_client_conf_dir, spark_secret_file
     from cascade.state import write_secret
 
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
@@ -99,9 +101,15 @@ def test_cluster_offline_store_authenticates_to_the_stack_master(
     settings = load_settings()
     assert settings.spark_master == settings.stack_spark_master
     write_secret(spark_secret_file(settings), "sesame")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "elsewhere"))  # restored after the test
     conf = fs.repo_config(settings).offline_store.spark_conf
     assert conf["spark.master"] == settings.stack_spark_master
-    assert conf["spark.authenticate"] == "true" and conf["spark.authenticate.secret"] == "sesame"
+    # The secret reaches the JVM through its configuration file, never as a --conf argument.
+    assert conf["spark.authenticate"] == "true" and "sesame" not in conf.values()
+    defaults = spark_client_conf_dir(settings) / "spark-defaults.conf"
+    assert os.environ["SPARK_CONF_DIR"] == str(defaults.parent)
+    assert "spark.authenticate.secret sesame" in defaults.read_text()
+    assert stat.S_IMODE(defaults.stat().st_mode) == 0o600
     assert conf["spark.eventLog.enabled"] == "true"
     assert "sesame" not in fs.feature_store_yaml("cluster").read_text()
 
