@@ -199,7 +199,10 @@ NOTES: dict[str, tuple[tuple[str, str], ...]] = {
     "compilers": (
         ("best_fp32_peer", "Best fp32 peer"),
         ("best_int8_peer", "Best int8 peer"),
-        ("inductor_tuned_mode", "Tuned Inductor (best of default, max-autotune, freezing)"),
+        (
+            "inductor_tuned_options.chose",
+            "Tuned Inductor, chosen on a trial",
+        ),
         ("peers_failed", "Peers that did not build on this machine"),
     ),
 }

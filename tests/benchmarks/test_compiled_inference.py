@@ -208,6 +208,74 @@ def test_speedups_divide_fp32_peers_by_the_fp32_package_and_int8_by_int8() -> No
     assert ratios["int8_speedup_vs_onnxruntime_int8"] == 5.0
     assert ratios["int8_speedup_vs_eager_int8"] == 7.0
     assert "speedup_vs_onnxruntime_int8" not in ratios and "speedup_vs_cascade" not in ratios
+    # The headline: each package against the fastest peer of its precision.
+    assert ratios["best_fp32_peer"] == "inductor_tuned"
+    assert ratios["speedup_vs_best_fp32_peer"] == 1.5
+    assert ratios["best_int8_peer"] == "onnxruntime_int8"
+    assert ratios["speedup_vs_best_int8_peer"] == 5.0
+    faster = speedups(ms | {"onnxruntime_static_int8": 0.8, "inductor_pt2e_int8": 0.9})
+    assert faster["best_int8_peer"] == "onnxruntime_static_int8"
+    assert faster["speedup_vs_best_int8_peer"] == pytest.approx(0.8)  # below 1: the peer wins
+    assert faster["int8_speedup_vs_inductor_pt2e_int8"] == pytest.approx(0.9)
+    no_int8 = speedups({"eager": 8.0, "cascade": 2.0})
+    assert "best_int8_peer" not in no_int8 and no_int8["best_fp32_peer"] == "eager"
+
+
+def test_the_int8_headline_comes_from_the_network_with_an_int8_package() -> None:
+    from benchmarks.compiled_inference import headline_table
+
+    fscd = {"sizes": {"1x10": {"cascade_ms": 1.0, "best_fp32_peer": "onnxruntime"}}}
+    fscd |= {"auc_delta": {}}
+    mlp = {"speedup_vs_best_int8_peer": 1.2, "best_int8_peer": "inductor_pt2e_int8"}
+    mlp |= {"peers_failed": {"onnxruntime_static_int8": "ImportError: x"}}
+    table = headline_table(fscd, mlp=mlp)
+    assert table["best_fp32_peer"] == "onnxruntime"
+    assert (table["best_int8_peer"], table["speedup_vs_best_int8_peer"]) == (
+        "inductor_pt2e_int8",
+        1.2,
+    )
+    assert table["int8_network"].startswith("mlp")
+    assert table["peers_failed"] == {"onnxruntime_static_int8": "ImportError: x"}
+
+
+@pytest.mark.slow  # an export, a calibration and an Inductor compile of a tiny module
+def test_static_int8_peers_calibrate_and_come_close_or_say_why_they_did_not_build(
+    tmp_path: Path,
+) -> None:
+    from torch.export import Dim
+
+    module = TinyRequest().eval()
+    failed: dict[str, str] = {}
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        peers = build_peers(
+            module,
+            tiny_inputs(16),
+            tmp_path,
+            names=("onnxruntime_static_int8", "inductor_pt2e_int8"),
+            shapes=[tiny_inputs(n) for n in (1, 50)],
+            dynamic_shapes=(None, {0: Dim("n", min=1, max=4096)}),
+            input_names=("user", "candidates"),
+            calibration_inputs=[tiny_inputs(n) for n in range(32, 40)],
+            failed=failed,
+        )
+        inputs = tiny_inputs(200)
+        with torch.no_grad():
+            reference = module(*inputs)
+            for name, peer in peers.items():
+                got = torch.as_tensor(peer.fn(*inputs)).reshape(-1)
+                # Static ranges, 7-bit activations on CPUs without VNNI: close, and the same order.
+                assert (got - reference).abs().max() < 0.3, name
+                assert torch.corrcoef(torch.stack([got, reference]))[0, 1] > 0.9, name
+    # Every static peer either built (and really quantized) or says why it did not.
+    assert set(peers) | set(failed) == {"onnxruntime_static_int8", "inductor_pt2e_int8"}
+    report = peer_report(peers)
+    if "onnxruntime_static_int8" in peers:
+        quantization = report["onnxruntime_static_int8_quantization"]
+        assert quantization["per_channel"] and quantization["int8_nodes"] >= 2
+    if "inductor_pt2e_int8" in peers:
+        assert report["inductor_pt2e_int8_quantization"]["int8_nodes"] >= 2
+    else:
+        assert "torchao" in failed["inductor_pt2e_int8"]
 
 
 def test_recompiles_count_the_packages_loaded_to_serve_every_shape() -> None:
