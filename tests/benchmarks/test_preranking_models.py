@@ -38,6 +38,11 @@ def test_quick_preranking_benchmark_writes_its_figures(
     assert provenance["config_values"]["name"] == "debug" and provenance["rows"] > 0
     assert provenance["rows_digest"].startswith("sha256:")
     assert "cross_lift" not in result  # only with --config generated
+    # The measured cost beside the field-weight sum: one request timed on each model.
+    assert result["latency_ratio_fscd_vs_teacher"] == pytest.approx(
+        result["fscd_request_ms"] / result["teacher_request_ms"]
+    )
+    assert result["request_latency_setup"]["candidates"] == 1_000
 
 
 def test_seeds_are_summarized_by_median_with_spread_and_goal_counts(
@@ -157,8 +162,24 @@ def test_quick_cross_comparison_trains_with_and_without_the_engines_cross_fields
     assert len(cross) == setup["fields_by_kind"]["cross"]
     assert all(f["key_cardinality"] >= 1 for f in cross.values())
     assert set(result["cross_fields_kept"]) <= set(cross)
-    for key in ("learned_cross_rare_pair_spearman", "additive_rare_pair_spearman"):
+    for key in (
+        "learned_cross_rare_pair_spearman",
+        "additive_rare_pair_spearman",
+        "explicit_rare_pair_spearman",
+        "blend_rare_pair_spearman",
+    ):
         assert key in result and (result[key] is None or -1 <= result[key] <= 1)
+    assert result["cross_lift_same_position"] == pytest.approx(
+        result["auc_with_cross"] - result["auc_without_cross_same_position"]
+    )
+    assert result["cross_lift_servable"] == pytest.approx(
+        result["auc_servable_cross"] - result["auc_without_cross"]
+    )
+    arms = setup["fields_by_arm"]
+    assert arms["without_cross"] < arms["without_cross_same_position"] < arms["with_cross"]
+    assert arms["without_cross"] < arms["servable_cross"] < arms["with_cross"]
+    assert 0 < result["pipeline_config_auc_ratio"] and setup["planted"]
+    assert isinstance(result["pipeline_config_goal_met"], bool)
     assert result["cross_rare_pairs"]["rare_pairs"] >= 0
     for key in ("input_digest", "rows_digest", "fields_digest", "model_digest"):
         assert result["cross_provenance"][key].startswith("sha256:"), key
