@@ -334,3 +334,36 @@ def test_compile_asr_takes_a_model_dir_and_says_what_is_missing(
     monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(ValueError, match="espeak-ng is not installed.*--model-dir DIR"):
         asr_model_source()
+
+
+@pytest.mark.slow  # three Inductor compiles of a tiny module
+def test_tuned_inductor_is_the_fastest_of_its_candidates_on_the_trial(tmp_path: Path) -> None:
+    from torch.export import Dim
+
+    from benchmarks.compiled_inference import TUNED_CANDIDATES
+
+    module = TinyRequest().eval()
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        peers = build_peers(
+            module,
+            tiny_inputs(16),
+            tmp_path,
+            names=("inductor", "inductor_tuned"),
+            shapes=[tiny_inputs(n) for n in (1, 50)],
+            dynamic_shapes=(None, {0: Dim("n", min=1, max=4096)}),
+            input_names=("user", "candidates"),
+            trial_inputs=tiny_inputs(500),
+        )
+        inputs = tiny_inputs(200)
+        with torch.no_grad():
+            agree_with_eager(
+                {"inductor_tuned": peers["inductor_tuned"].fn},
+                module(*inputs),
+                inputs,
+                what="1x200",
+            )
+    info = peer_report(peers)["inductor_tuned_options"]
+    # Inductor's defaults are a candidate (the default peer reused), so tuned is never slower.
+    assert set(info["trial_ms"]) | set(info["failed"]) == set(TUNED_CANDIDATES)
+    assert info["chose"] == min(info["trial_ms"], key=info["trial_ms"].__getitem__)
+    assert info["options"] == TUNED_CANDIDATES[info["chose"]]
