@@ -143,6 +143,24 @@ def tiny_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(1, 8, generator=generator), torch.randn(n, 8, generator=generator)
 
 
+def tiny_peers(
+    module: torch.nn.Module, work: Path, names: tuple[str, ...], **options: Any
+) -> dict[str, Any]:
+    """:func:`build_peers` of the tiny request module (dynamic candidate count)."""
+    from torch.export import Dim
+
+    return build_peers(
+        module,
+        tiny_inputs(16),
+        work,
+        names=names,
+        shapes=[tiny_inputs(n) for n in (1, 50)],
+        dynamic_shapes=(None, {0: Dim("n", min=1, max=4096)}),
+        input_names=("user", "candidates"),
+        **options,
+    )
+
+
 def test_every_peer_runs_agrees_with_eager_and_is_timed(tmp_path: Path) -> None:
     from torch.export import Dim
 
@@ -242,19 +260,13 @@ def test_the_int8_headline_comes_from_the_network_with_an_int8_package() -> None
 def test_static_int8_peers_calibrate_and_come_close_or_say_why_they_did_not_build(
     tmp_path: Path,
 ) -> None:
-    from torch.export import Dim
-
     module = TinyRequest().eval()
     failed: dict[str, str] = {}
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-        peers = build_peers(
+        peers = tiny_peers(
             module,
-            tiny_inputs(16),
             tmp_path,
-            names=("onnxruntime_static_int8", "inductor_pt2e_int8"),
-            shapes=[tiny_inputs(n) for n in (1, 50)],
-            dynamic_shapes=(None, {0: Dim("n", min=1, max=4096)}),
-            input_names=("user", "candidates"),
+            ("onnxruntime_static_int8", "inductor_pt2e_int8"),
             calibration_inputs=[tiny_inputs(n) for n in range(32, 40)],
             failed=failed,
         )
@@ -338,21 +350,12 @@ def test_compile_asr_takes_a_model_dir_and_says_what_is_missing(
 
 @pytest.mark.slow  # three Inductor compiles of a tiny module
 def test_tuned_inductor_is_the_fastest_of_its_candidates_on_the_trial(tmp_path: Path) -> None:
-    from torch.export import Dim
-
     from benchmarks.compiled_inference import TUNED_CANDIDATES
 
     module = TinyRequest().eval()
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-        peers = build_peers(
-            module,
-            tiny_inputs(16),
-            tmp_path,
-            names=("inductor", "inductor_tuned"),
-            shapes=[tiny_inputs(n) for n in (1, 50)],
-            dynamic_shapes=(None, {0: Dim("n", min=1, max=4096)}),
-            input_names=("user", "candidates"),
-            trial_inputs=tiny_inputs(500),
+        peers = tiny_peers(
+            module, tmp_path, ("inductor", "inductor_tuned"), trial_inputs=tiny_inputs(500)
         )
         inputs = tiny_inputs(200)
         with torch.no_grad():
