@@ -15,7 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.stopping import Stopped, stop_on_signals
 from cascade.errors import UsageError
+
+STOP_GRACE_S = 180.0
+"""How long a stopped script benchmark may take to stop its own stack before it is killed."""
 
 BENCH_OPTIONS = {
     "impressions": "impressions, comma-separated sizes (ctr-features)",
@@ -59,13 +63,31 @@ def script_command(args: argparse.Namespace) -> list[str]:
     return command + list(getattr(args, "forwarded", ()))
 
 
+def run_script(command: list[str], what: str) -> int:
+    """Run a script benchmark; a stop signal is passed on to it (it stops its own stack) and
+    waited for, rather than the script being killed outright."""
+    import subprocess
+
+    process = subprocess.Popen(command)
+    with stop_on_signals(what):
+        try:
+            return process.wait()
+        except Stopped as stopped:
+            process.send_signal(stopped.signum)
+            try:
+                process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            return stopped.exit_code
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from benchmarks.registry import run_benchmark
 
+    what = f"bench {args.name}"
     if args.name in SCRIPTS:
-        import subprocess
-
-        return subprocess.run(script_command(args), check=False).returncode
+        return run_script(script_command(args), what)
     forwarded = getattr(args, "forwarded", ())  # set by the CLI's main
     if forwarded:
         raise UsageError(
@@ -73,7 +95,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             f"`cascade bench {args.name} --help` lists its options"
         )
     options = {name: getattr(args, name) for name in BENCH_OPTIONS}
-    result = run_benchmark(args.name, args.out, quick=args.quick, options=options)
+    try:
+        # SIGTERM / SIGHUP / a time limit unwind like Ctrl-C: a private stack is stopped.
+        with stop_on_signals(what):
+            result = run_benchmark(args.name, args.out, quick=args.quick, options=options)
+    except Stopped as stopped:
+        print(f"cascade {what}: {stopped}; no result written", file=sys.stderr)
+        return stopped.exit_code
     print(json.dumps(result, indent=2, default=str))
     print(f"written to {args.out}", file=sys.stderr)  # stdout stays one JSON document
     return 0

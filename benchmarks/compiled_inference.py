@@ -14,13 +14,23 @@ compiled form against eager on held-out requests (``auc_delta``: the exact packa
 Peers, fp32 against fp32 and int8 against int8:
 
 * fp32: ``cascade`` (the exact AOTInductor package) against ``eager``, ``inductor``
-  (``torch.compile(dynamic=True)``, Inductor's defaults), ``inductor_tuned`` (Inductor with
-  :data:`INDUCTOR_TUNED_OPTIONS`, freezing and the C++ wrapper, plus max-autotune where the
-  run measured it faster: ``inductor_tuned_options``) and ``onnxruntime`` (the ONNX export on
-  ONNX Runtime's CPU provider). ``speedup_vs_{peer}`` = ``{peer}_ms / cascade_ms``.
-* int8: ``cascade_int8`` (the package with RSQ int8 GEMMs for the wide layers) against
-  ``onnxruntime_int8`` (ONNX Runtime's own dynamic quantizer on the same ONNX export) and
-  ``eager_int8`` (PyTorch's dynamic int8 ``nn.Linear``). ``int8_speedup_vs_{peer}`` =
+  (``torch.compile(dynamic=True)``, Inductor's defaults), ``inductor_tuned`` (the fastest on a
+  trial of :data:`TUNED_CANDIDATES`: the defaults, max-autotune without CUDA graphs, freezing,
+  freezing with the C++ wrapper; ``inductor_tuned_options`` says which) and ``onnxruntime``
+  (the ONNX export on ONNX Runtime's CPU provider). ``speedup_vs_{peer}`` =
+  ``{peer}_ms / cascade_ms``.
+* the headline, each package against the fastest peer of its precision:
+  ``speedup_vs_best_fp32_peer`` (``best_fp32_peer``) and ``speedup_vs_best_int8_peer``
+  (``best_int8_peer``; at the top level from ``mlp``, the network with an int8 package,
+  ``int8_network``).
+* int8: ``cascade_int8`` (the package with RSQ int8 GEMMs for the wide layers) against the
+  int8 peers at their best, static and calibrated on real requests with weights per channel:
+  ``inductor_pt2e_int8`` (PT2E with the X86 Inductor quantizer, compiled by Inductor with
+  freezing; torchao's, since PT2E left ``torch.ao``) and ``onnxruntime_static_int8`` (ONNX
+  Runtime's ``quantize_static``, QDQ, a ``CalibrationDataReader``); and for the record
+  ``onnxruntime_int8`` (ONNX Runtime's dynamic quantizer on the same ONNX export) and
+  ``eager_int8`` (PyTorch's dynamic int8 ``nn.Linear``). A static peer that does not build here
+  is named with its error under ``peers_failed``. ``int8_speedup_vs_{peer}`` =
   ``{peer}_ms / cascade_int8_ms``; ``int8_speedup_vs_eager`` / ``_inductor`` /
   ``_onnxruntime`` divide the fp32 peers by the int8 package (compilation and quantization
   together) and are not headline figures.
@@ -156,9 +166,24 @@ FP32_PEERS = (
 )
 """The fp32 baselines the fp32 package (``cascade``) is divided into: ``speedup_vs_{peer}``."""
 
-INT8_PEERS = ("onnxruntime_int8", "eager_int8")
+STATIC_INT8_PEERS = ("inductor_pt2e_int8", "onnxruntime_static_int8")
+"""The int8 peers at their best: static quantization calibrated on real requests, weights per
+channel (PT2E with the X86 Inductor quantizer compiled by Inductor; ONNX Runtime QDQ)."""
+
+INT8_PEERS = ("onnxruntime_int8", "eager_int8", *STATIC_INT8_PEERS)
 """The int8 baselines the int8 package (``cascade_int8``) is divided into:
 ``int8_speedup_vs_{peer}``."""
+
+PEER_NAMES = (
+    "inductor",
+    "inductor_tuned",
+    "cascade_backend",
+    "onnxruntime",
+    "onnxruntime_int8",
+    "eager_int8",
+    *STATIC_INT8_PEERS,
+)
+"""Every peer :func:`build_peers` builds."""
 
 RECOMPILE_LIMIT = 64
 """Dynamo's per-function graph limit while a benchmark runs. Every ``torch.compile`` of one
@@ -207,26 +232,47 @@ def inductor_peer(
     return Peer(compiled, compile_s, recompiles, {"options": dict(options or {})})
 
 
+TUNED_CANDIDATES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "max-autotune-no-cudagraphs": {"max_autotune": True, "coordinate_descent_tuning": True},
+    "freezing": {"freezing": True},
+    "freezing+cpp_wrapper": INDUCTOR_TUNED_OPTIONS,
+}
+"""What "tuned Inductor" picks from, by name: Inductor's defaults, what
+``mode="max-autotune-no-cudagraphs"`` sets (``torch._inductor.list_mode_options``), weights
+frozen (``torch._inductor.config.freezing``), and frozen with the C++ wrapper. The fastest on
+the trial inputs is kept, so the tuned peer is never slower than the default one there."""
+
+
 def inductor_tuned_peer(
     module: torch.nn.Module,
     example: tuple[Any, ...],
     shapes: Sequence[tuple[Any, ...]],
     *,
     trial_inputs: tuple[Any, ...] | None = None,
+    default: Peer | None = None,
     rounds: int = 3,
     repeats: int = 5,
 ) -> Peer:
-    """Inductor with :data:`INDUCTOR_TUNED_OPTIONS`; with ``trial_inputs``, also with
-    :data:`MAX_AUTOTUNE_OPTIONS` on top, the two timed interleaved on ``trial_inputs`` and the
-    faster kept. ``info`` says which options won (``options``) and the trial's medians
-    (``trial_ms``); ``compile_s`` and ``recompiles`` are the kept one's."""
-    tuned = inductor_peer(module, example, shapes, options=INDUCTOR_TUNED_OPTIONS)
+    """Inductor with :data:`INDUCTOR_TUNED_OPTIONS`; with ``trial_inputs``, the best of every
+    :data:`TUNED_CANDIDATES` (``default`` reused for Inductor's defaults when given), timed
+    interleaved on ``trial_inputs``. ``info`` says which won (``chose``, its ``options``) and
+    the trial's medians (``trial_ms``); ``compile_s`` and ``recompiles`` are the kept one's. A
+    candidate that fails to compile is left out and named under ``failed``."""
     if trial_inputs is None:
-        return tuned
-    autotuned = inductor_peer(
-        module, example, shapes, options=INDUCTOR_TUNED_OPTIONS | MAX_AUTOTUNE_OPTIONS
-    )
-    candidates = {"freezing+cpp_wrapper": tuned, "freezing+cpp_wrapper+max_autotune": autotuned}
+        return inductor_peer(module, example, shapes, options=INDUCTOR_TUNED_OPTIONS)
+    candidates: dict[str, Peer] = {}
+    failed: dict[str, str] = {}
+    for name, options in TUNED_CANDIDATES.items():
+        if name == "default" and default is not None:
+            candidates[name] = default
+            continue
+        try:
+            candidates[name] = inductor_peer(module, example, shapes, options=options)
+        except Exception as exc:  # recorded: a mode this CPU cannot build is no silent gap
+            failed[name] = one_line_error(exc)
+    if not candidates:
+        raise RuntimeError(f"no tuned Inductor candidate compiled: {failed}")
     with torch.no_grad():
         trial = interleaved_ms(
             {name: functools.partial(peer.fn, *trial_inputs) for name, peer in candidates.items()},
@@ -235,10 +281,20 @@ def inductor_tuned_peer(
         )
     best = min(trial, key=trial.__getitem__)
     kept = candidates[best]
-    kept.info.update(
-        trial_ms=trial, tried=[c.info["options"] for c in candidates.values()], chose=best
-    )
-    return kept
+    info = {
+        "options": dict(TUNED_CANDIDATES[best]),
+        "trial_ms": trial,
+        "tried": {name: TUNED_CANDIDATES[name] for name in candidates},
+        "chose": best,
+        "failed": failed,
+    }
+    return Peer(kept.fn, kept.compile_s, kept.recompiles, info)
+
+
+def one_line_error(exc: BaseException) -> str:
+    """``Type: first line of the message`` (at most 300 characters), for a JSON field."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 def export_onnx(
@@ -334,6 +390,133 @@ def onnxruntime_int8_file(fp32: Path, out: Path) -> dict[str, Any]:
     }
 
 
+ONNXRUNTIME_STATIC_INT8 = {
+    "quantizer": "onnxruntime.quantization.quantize_static",
+    "format": "QDQ",
+    "calibration": "MinMax over the calibration requests (a CalibrationDataReader)",
+    "weight_type": "QInt8",
+    "activation_type": "QUInt8",
+    "per_channel": True,
+}
+"""How ``onnxruntime_static_int8`` is made: ONNX Runtime's static quantizer at its best for a
+CPU, QDQ format, weights per channel, activation ranges calibrated once on real requests
+(not per call), then the QDQ pairs fused into integer kernels by the session's optimizer."""
+
+
+def onnxruntime_static_int8_file(
+    fp32: Path, out: Path, calibration: Sequence[tuple[torch.Tensor, ...]]
+) -> dict[str, Any]:
+    """The fp32 ONNX file statically quantized (:data:`ONNXRUNTIME_STATIC_INT8`) into ``out``,
+    its activation ranges calibrated on ``calibration`` (inputs in the file's order); returns the
+    settings, ``reduce_range`` and the quantized nodes it made (``int8_nodes``: QuantizeLinear
+    and DequantizeLinear pairs; none means nothing would run in int8)."""
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    if not calibration:
+        raise ValueError("static int8 needs calibration requests; pass calibration_inputs")
+    names = [i.name for i in onnx.load(str(fp32)).graph.input]
+
+    class Requests(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = iter(
+                [
+                    {n: x.contiguous().numpy() for n, x in zip(names, inputs, strict=True)}
+                    for inputs in calibration
+                ]
+            )
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    prepared = out.with_suffix(".pre.onnx")
+    try:
+        quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
+    except Exception:  # pre-processing only helps: quantize the export as it is
+        prepared = fp32
+    reduce_range = ort_reduce_range()
+    quantize_static(
+        str(prepared),
+        str(out),
+        Requests(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        weight_type=QuantType.QInt8,
+        activation_type=QuantType.QUInt8,
+        reduce_range=reduce_range,
+    )
+    ops = [node.op_type for node in onnx.load(str(out)).graph.node]
+    return {
+        **ONNXRUNTIME_STATIC_INT8,
+        "reduce_range": reduce_range,
+        "calibration_requests": len(calibration),
+        "int8_nodes": sum(op in ("QuantizeLinear", "DequantizeLinear") for op in ops),
+    }
+
+
+PT2E_INT8 = {
+    "quantizer": "torchao PT2E X86InductorQuantizer (static, per-channel weights)",
+    "calibration": "the calibration requests through the prepared graph",
+    "compiler": "torch.compile (Inductor, freezing: the quantized patterns lowered to int8 ops)",
+}
+"""How ``inductor_pt2e_int8`` is made: PyTorch's own static int8 path for x86, at its best."""
+
+
+def pt2e_int8_peer(
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    shapes: Sequence[tuple[Any, ...]],
+    *,
+    dynamic_shapes: Any,
+    calibration: Sequence[tuple[torch.Tensor, ...]],
+) -> Peer:
+    """``module`` exported, quantized by PT2E with the X86 Inductor quantizer (static, weights per
+    channel), calibrated on ``calibration`` and compiled by Inductor with freezing. PT2E left
+    ``torch.ao`` for torchao: without torchao this raises ImportError saying so."""
+    try:
+        # Registers the x86 int8 patterns Inductor's freezing lowers the quantized graph with.
+        import torchao.quantization.pt2e.inductor_passes.x86  # noqa: F401
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+            X86InductorQuantizer,
+            get_default_x86_inductor_quantization_config,
+        )
+    except ImportError as exc:
+        raise ImportError(
+            f"PT2E static quantization needs torchao ({exc}); torch "
+            f"{torch.__version__} no longer ships torch.ao.quantization.quantize_pt2e: "
+            "pip install torchao"
+        ) from exc
+    if not calibration:
+        raise ValueError("static int8 needs calibration requests; pass calibration_inputs")
+    start = time.perf_counter()
+    exported = torch.export.export(module.eval(), example, dynamic_shapes=dynamic_shapes)
+    quantizer = X86InductorQuantizer()
+    quantizer.set_global(get_default_x86_inductor_quantization_config(is_dynamic=False))
+    prepared = prepare_pt2e(exported.module(), quantizer)
+    with torch.no_grad():
+        for inputs in calibration:
+            prepared(*inputs)
+    converted = convert_pt2e(prepared)
+    # Freezing set globally, not only as an option: the int8 weight prepacking is folded into a
+    # constant only then (as an option alone, Inductor met the prepack op and refused it).
+    with torch._inductor.config.patch(freezing=True):
+        peer = inductor_peer(converted, example, shapes, options={"freezing": True})
+    ops = [str(n.target) for n in converted.graph.nodes if n.op == "call_function"]
+    info = {
+        **PT2E_INT8,
+        "calibration_requests": len(calibration),
+        "int8_nodes": sum("quantize_per" in op for op in ops),
+    }
+    return Peer(peer.fn, time.perf_counter() - start, peer.recompiles, info)
+
+
 def eager_int8(module: torch.nn.Module) -> tuple[torch.nn.Module, dict[str, Any]]:
     """A copy of ``module`` with every ``nn.Linear`` replaced by PyTorch's dynamically quantized
     one (``torch.ao.quantization.quantize_dynamic``: int8 weights, activations quantized per
@@ -369,6 +552,8 @@ def build_peers(
     input_names: Sequence[str],
     trial_inputs: tuple[Any, ...] | None = None,
     onnx_file: Path | None = None,
+    calibration_inputs: Sequence[tuple[torch.Tensor, ...]] = (),
+    failed: dict[str, str] | None = None,
 ) -> dict[str, Peer]:
     """The peers of ``names`` (``inductor``, ``inductor_tuned``, ``cascade_backend``,
     ``onnxruntime``, ``onnxruntime_int8``, ``eager_int8``) of the request ``module``.
@@ -376,22 +561,25 @@ def build_peers(
     Inductor's run every input of ``shapes`` (their Dynamo graphs counted); ``inductor_tuned``
     tries max-autotune on ``trial_inputs`` when given (:func:`inductor_tuned_peer`); the ONNX
     Runtime pair shares one export (``onnx_file`` when given, else one made under ``work``),
-    int8 being ONNX Runtime's own quantization of that file."""
+    int8 being ONNX Runtime's own quantization of that file (dynamic, or static QDQ calibrated
+    on ``calibration_inputs``). The static int8 peers (:data:`STATIC_INT8_PEERS`) that fail to
+    build here (a missing package, a CPU without the kernels) are left out and their error
+    recorded in ``failed`` when given, else raised."""
     peers: dict[str, Peer] = {}
-    known = {"inductor", "inductor_tuned", "cascade_backend", "onnxruntime", "onnxruntime_int8"}
-    unknown = sorted(set(names) - known - {"eager_int8"})
+    known = set(PEER_NAMES)
+    unknown = sorted(set(names) - known)
     if unknown:
-        raise ValueError(f"unknown peers {unknown}; known: {sorted(known | {'eager_int8'})}")
+        raise ValueError(f"unknown peers {unknown}; known: {sorted(known)}")
     module = module.eval()
     if "inductor" in names:
         peers["inductor"] = inductor_peer(module, example, shapes)
     if "inductor_tuned" in names:
         peers["inductor_tuned"] = inductor_tuned_peer(
-            module, example, shapes, trial_inputs=trial_inputs
+            module, example, shapes, trial_inputs=trial_inputs, default=peers.get("inductor")
         )
     if "cascade_backend" in names:
         peers["cascade_backend"] = inductor_peer(module, example, shapes, backend="cascade")
-    if {"onnxruntime", "onnxruntime_int8"} & set(names):
+    if {"onnxruntime", "onnxruntime_int8", "onnxruntime_static_int8"} & set(names):
         start = time.perf_counter()
         if onnx_file is None:
             onnx_file = export_onnx(
@@ -411,11 +599,50 @@ def build_peers(
             peers["onnxruntime_int8"] = Peer(
                 run, export_s + time.perf_counter() - start, None, info
             )
+        if "onnxruntime_static_int8" in names:
+
+            def static_onnx() -> Peer:
+                assert onnx_file is not None
+                started = time.perf_counter()
+                target = onnx_file.with_suffix(".static-int8.onnx")
+                info = onnxruntime_static_int8_file(onnx_file, target, calibration_inputs)
+                run = onnxruntime_run(target)
+                return Peer(run, export_s + time.perf_counter() - started, None, info)
+
+            built = try_peer("onnxruntime_static_int8", static_onnx, failed)
+            if built is not None:
+                peers["onnxruntime_static_int8"] = built
     if "eager_int8" in names:
         start = time.perf_counter()
         quantized, info = eager_int8(module)
         peers["eager_int8"] = Peer(quantized, time.perf_counter() - start, None, info)
+    if "inductor_pt2e_int8" in names:
+        built = try_peer(
+            "inductor_pt2e_int8",
+            lambda: pt2e_int8_peer(
+                module,
+                example,
+                shapes,
+                dynamic_shapes=dynamic_shapes,
+                calibration=calibration_inputs,
+            ),
+            failed,
+        )
+        if built is not None:
+            peers["inductor_pt2e_int8"] = built
     return peers
+
+
+def try_peer(name: str, build: Callable[[], Peer], failed: dict[str, str] | None) -> Peer | None:
+    """``build()``, or None with the reason under ``failed[name]`` (raised without ``failed``)."""
+    try:
+        return build()
+    except Exception as exc:
+        if failed is None:
+            raise
+        failed[name] = one_line_error(exc)
+        print(f"[bench compile] peer {name} did not build: {failed[name]}", flush=True)
+        return None
 
 
 def served_shapes(
@@ -470,7 +697,7 @@ def agree_with_eager(
             raise AssertionError(f"{name} disagrees with eager at {what}")
 
 
-def speedups(timings: dict[str, float], headline: str = "cascade") -> dict[str, float]:
+def speedups(timings: dict[str, float], headline: str = "cascade") -> dict[str, Any]:
     """Ratios of median milliseconds, each a peer's over a package's (above 1: the package is
     faster):
 
@@ -481,8 +708,21 @@ def speedups(timings: dict[str, float], headline: str = "cascade") -> dict[str, 
       :data:`INT8_PEERS` (int8 against int8) and, kept for the record, for the fp32 ``eager``,
       ``inductor`` and ``onnxruntime`` (int8 package against fp32: part of that ratio is
       quantization, not compilation);
-    * ``bf16_speedup_vs_{peer}`` = ``{peer}_ms / cascade_bf16_ms`` for the fp32 peers."""
-    ratios: dict[str, float] = {}
+    * ``bf16_speedup_vs_{peer}`` = ``{peer}_ms / cascade_bf16_ms`` for the fp32 peers;
+    * ``speedup_vs_best_fp32_peer`` = the fastest fp32 peer's ms (``best_fp32_peer``, eager and
+      compiled peers alike) over the fp32 package's, and ``speedup_vs_best_int8_peer`` = the
+      fastest int8 peer's (``best_int8_peer``) over the int8 package's: the headline, each
+      package against the best its precision has to offer."""
+    ratios: dict[str, Any] = {}
+    for precision, peers, package in (
+        ("fp32", FP32_PEERS, headline),
+        ("int8", INT8_PEERS, "cascade_int8"),
+    ):
+        present = [p for p in peers if p in timings and p != package]
+        if package in timings and present:
+            best = min(present, key=timings.__getitem__)
+            ratios[f"best_{precision}_peer"] = best
+            ratios[f"speedup_vs_best_{precision}_peer"] = timings[best] / timings[package]
     for base in FP32_PEERS:
         if base in timings and base != headline and headline in timings:
             ratios[f"speedup_vs_{base}"] = timings[base] / timings[headline]
@@ -602,14 +842,7 @@ def asr_compile_bench(out: Path, quick: bool) -> dict[str, Any]:
             os.environ.pop("CASCADE_BENCH_ASR_SIZES", None)
 
 
-MLP_PEERS = (
-    "inductor",
-    "inductor_tuned",
-    "cascade_backend",
-    "onnxruntime",
-    "onnxruntime_int8",
-    "eager_int8",
-)
+MLP_PEERS = PEER_NAMES
 """The PreRanker's in-process and ONNX Runtime peers of its packages."""
 
 
@@ -661,6 +894,7 @@ def _run(quick: bool) -> dict[str, Any]:
     result["rsq_int8_auc_delta"] = request_auc(quantized.graph_module, requests) - eager_auc
     compile_s: dict[str, float] = {}
     recompiles: dict[str, Any] = {}
+    peers_failed: dict[str, str] = {}
     if not quick:
         peers = build_peers(
             request,
@@ -671,6 +905,8 @@ def _run(quick: bool) -> dict[str, Any]:
             dynamic_shapes=preranking_dynamic_shapes(),
             input_names=("user_dense", "user_id", "item_dense", "item_id"),
             trial_inputs=preranking_example(model.config, sizes[-1], seed=sizes[-1]),
+            calibration_inputs=calibration,
+            failed=peers_failed,
         )
         result.update(peer_report(peers))
         for name, peer in peers.items():
@@ -716,6 +952,7 @@ def _run(quick: bool) -> dict[str, Any]:
         )
     result["compile_s"] = compile_s
     result["recompiles"] = recompiles
+    result["peers_failed"] = peers_failed
 
     headline = "cascade" if "cascade" in variants else "eager"
     for size in sizes:
@@ -734,9 +971,7 @@ def _run(quick: bool) -> dict[str, Any]:
         entry["headline_variant"] = headline
         result["sizes"][f"1x{size}"] = entry
     largest = result["sizes"][f"1x{sizes[-1]}"]
-    result.update(
-        {k: v for k, v in largest.items() if k.endswith(("_ms", "_ms_runs")) or "speedup" in k}
-    )
+    result.update({k: v for k, v in largest.items() if headline_key(k)})
     if quick:
         return result
     from benchmarks.compiled_fscd import fscd_compile_table
@@ -753,6 +988,24 @@ def _run(quick: bool) -> dict[str, Any]:
     return headline_table(fscd, mlp=result)
 
 
+def headline_key(key: str) -> bool:
+    """A key of a size's entry that the top level repeats (latencies, speedups, best peers)."""
+    return key.endswith(("_ms", "_ms_runs")) or "speedup" in key or key.startswith("best_")
+
+
+def int8_headline(mlp: dict[str, Any]) -> dict[str, Any]:
+    """The int8 comparison at the top level, from the network that has an int8 package (the
+    FSCD table has none): ``speedup_vs_best_int8_peer`` and ``best_int8_peer`` of ``mlp``,
+    named as such (``int8_network``)."""
+    if "speedup_vs_best_int8_peer" not in mlp:
+        return {}
+    return {
+        "speedup_vs_best_int8_peer": mlp["speedup_vs_best_int8_peer"],
+        "best_int8_peer": mlp["best_int8_peer"],
+        "int8_network": "mlp (PreRanker): the network with an int8 package",
+    }
+
+
 def peer_report(peers: dict[str, Peer]) -> dict[str, Any]:
     """What the peers were: ``inductor_tuned_options`` (the Inductor options the tuned peer
     ran with, and its max-autotune trial), ``onnxruntime_int8_quantization`` and
@@ -760,7 +1013,7 @@ def peer_report(peers: dict[str, Peer]) -> dict[str, Any]:
     report: dict[str, Any] = {}
     if "inductor_tuned" in peers:
         report["inductor_tuned_options"] = peers["inductor_tuned"].info
-    for name in ("onnxruntime_int8", "eager_int8"):
+    for name in ("onnxruntime_int8", "eager_int8", *STATIC_INT8_PEERS):
         if name in peers:
             report[f"{name}_quantization"] = peers[name].info
     return report
@@ -777,7 +1030,9 @@ def headline_table(fscd: dict[str, Any], *, mlp: dict[str, Any]) -> dict[str, An
         "network": "fscd",
         "threads": mlp.get("threads"),
         **{k: v for k, v in fscd.items() if k != "auc_delta"},
-        **{k: v for k, v in largest.items() if k.endswith(("_ms", "_ms_runs")) or "speedup" in k},
+        **{k: v for k, v in largest.items() if headline_key(k)},
+        **int8_headline(mlp),
+        "peers_failed": {**mlp.get("peers_failed", {}), **fscd.get("peers_failed", {})},
         "auc_delta": fscd["auc_delta"].get("cascade"),
         "bf16_auc_delta": fscd["auc_delta"].get("cascade_bf16"),
         "auc_deltas": fscd["auc_delta"],

@@ -62,12 +62,16 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "inductor_tuned_ms",
         "onnxruntime_int8_ms",
         "eager_int8_ms",
+        "inductor_pt2e_int8_ms",
+        "onnxruntime_static_int8_ms",
         "speedup_vs_eager",
         "speedup_vs_inductor",
         "speedup_vs_inductor_tuned",
         "speedup_vs_onnxruntime",
+        "speedup_vs_best_fp32_peer",
         "int8_speedup_vs_onnxruntime_int8",
         "int8_speedup_vs_eager_int8",
+        "speedup_vs_best_int8_peer",
         "auc_delta",
         "cer_delta",
     ),
@@ -134,6 +138,25 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "two_tower_auc",
         "auc_ratio",
         "cost_ratio",
+        "feature_cost_ratio",
+        "pipeline_config_auc_ratio",
+        "pipeline_config_feature_cost_ratio",
+        "teacher_request_ms",
+        "fscd_request_ms",
+        "two_tower_request_ms",
+        "latency_ratio_fscd_vs_teacher",
+        "flops_ratio_fscd_vs_teacher",
+        "auc_with_cross",
+        "auc_without_cross",
+        "cross_lift",
+        "auc_without_cross_same_position",
+        "cross_lift_same_position",
+        "auc_servable_cross",
+        "cross_lift_servable",
+        "learned_cross_rare_pair_spearman",
+        "explicit_rare_pair_spearman",
+        "blend_rare_pair_spearman",
+        "additive_rare_pair_spearman",
     ),
     "security": (
         "fuzz_requests",
@@ -160,6 +183,31 @@ FIGURES: dict[str, tuple[str, ...]] = {
     ),
 }
 """Per benchmark: the figures its table shows (dotted paths; ``*`` is every item of a list)."""
+
+NOTES: dict[str, tuple[tuple[str, str], ...]] = {
+    "preranking": (
+        ("cross_setup.planted", "Effects the generator planted in the log the lifts come from"),
+        ("auc_ratio_goal_met", "`auc_ratio` ≥ 0.98 (median over the seeds)"),
+        ("feature_cost_ratio_goal_met", "`feature_cost_ratio` ≤ 0.5"),
+        ("pipeline_config_auc_ratio_goal_met", "the pipeline config's `auc_ratio` ≥ 0.98"),
+        (
+            "pipeline_config_feature_cost_ratio_goal_met",
+            "the pipeline config's `feature_cost_ratio` ≤ 0.5",
+        ),
+        ("cross_lift_same_position_goal_met", "`cross_lift_same_position` ≥ 0.01"),
+    ),
+    "compilers": (
+        ("best_fp32_peer", "Best fp32 peer"),
+        ("best_int8_peer", "Best int8 peer"),
+        (
+            "inductor_tuned_options.chose",
+            "Tuned Inductor, chosen on a trial",
+        ),
+        ("peers_failed", "Peers that did not build on this machine"),
+    ),
+}
+"""Per benchmark: what is written under its table when the result has it (a dotted path and
+its label): a list as items, a goal as met or not, any other value as it is."""
 
 ITEM_LABELS = ("impressions", "pairs", "utterances", "size")
 """Keys naming a list item in a table (``sizes.0.job_s`` shows as ``job_s [impressions=1000]``)."""
@@ -255,6 +303,25 @@ def _short(digest: Any) -> str:
     return f"`{str(digest).removeprefix('sha256:')[:12]}`" if digest else "none"
 
 
+def notes(result: Mapping[str, Any], name: str) -> list[str]:
+    """The lines of ``NOTES[name]`` that ``result`` has (none: nothing, not even a blank)."""
+    lines: list[str] = []
+    for key, label in NOTES.get(name, ()):
+        value = _lookup(result, key.split("."))
+        if value is None or value == [] or value == {}:
+            continue
+        if isinstance(value, bool):
+            lines.append(f"- Goal {label}: {'met' if value else 'not met'} (`{key}`).")
+        elif isinstance(value, list):
+            lines.append(f"- {label} (`{key}`): " + "; ".join(str(item) for item in value) + ".")
+        elif isinstance(value, Mapping):
+            items = "; ".join(f"{k}: {v}" for k, v in value.items())
+            lines.append(f"- {label} (`{key}`): {items}.")
+        else:
+            lines.append(f"- {label} (`{key}`): {value}.")
+    return ["", *lines] if lines else []
+
+
 def render_block(result: Mapping[str, Any], name: str, path: str, root: Path = REPO_ROOT) -> str:
     """The generated part of the page for one benchmark result (``path``: the JSON it names,
     relative to ``root``; its chart is shown when one lies beside it)."""
@@ -285,6 +352,7 @@ def render_block(result: Mapping[str, Any], name: str, path: str, root: Path = R
             lines.append(f"| `{row['label']}` | {number(row['value'])} | {span} | {spread['n']} |")
         else:
             lines.append(f"| `{row['label']}` | {number(row['value'])} | — | 1 |")
+    lines += notes(result, name)
     chart = Path(path).with_suffix(".png")
     if (root / chart).is_file():
         lines += ["", f"![{name}]({page_link(chart)})"]

@@ -35,6 +35,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.stopping import Stopped, stop_on_signals
 from cascade.config import FeatureStoreSettings, Settings
 from cascade.data_services import redis_connection, redis_password_file
 from cascade.lake import Lake
@@ -230,7 +231,11 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    result = bench(args.rows, args.master, args.repeats, args.files)
+    try:
+        with stop_on_signals("bench online-materialize"):  # its private Redis is stopped too
+            result = bench(args.rows, args.master, args.repeats, args.files)
+    except Stopped as stopped:
+        raise SystemExit(stopped.exit_code) from None
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

@@ -15,13 +15,31 @@ cross fields, each an FSCD candidate with its cost. Per seed the cascade trains 
 same rows: with every field, and without the ``cross`` ones. Keys:
 
 - ``auc_with_cross``, ``auc_without_cross``: median over the seeds of the chosen FSCD model's
-  test AUC; ``cross_lift``: median over the seeds of (with - without).
+  test AUC; ``cross_lift``: median over the seeds of (with - without). The "without" arm drops
+  every cross field, ``item_pos`` (item x position) included, so it has no position at all.
+- ``cross_lift_same_position``: with - without, where the "without" arm keeps the position
+  crosses (:data:`POSITION_KEY` among the pair's keys, ``item_pos_*``): both arms see position,
+  only the other crosses differ (``auc_without_cross_same_position``). The honest figure for
+  what the crosses add beyond position.
+- ``cross_lift_servable``: an arm with only the crosses the server can key (every key among
+  :data:`serving.online_fields.SERVED_KEYS`: user, item, genre, so ``user_cat_*``) against the
+  arm without any cross (``auc_servable_cross``); neither sees position, which no request
+  carries.
+- ``pipeline_config_auc_ratio``, ``pipeline_config_feature_cost_ratio``: the deployed
+  ``ctr_preranking`` DAG's config (:attr:`CrossSetup.pipeline_config`) trained on the servable
+  field set of the same rows (its own training set's shape), FSCD over its teacher, medians
+  over the seeds; ``pipeline_config_goal_met`` tests them against the benchmark config's goals.
+- The planted effects of the generator (:mod:`jobs.impression_log`) the lift is measured on
+  are listed under ``cross_setup.planted`` (:func:`planted`).
 - ``cross_fields_kept``: the cross fields the chosen FSCD model kept (the seed with the median
   lift; every seed's in ``cross_per_seed``).
 - ``learned_cross_rare_pair_spearman``, ``additive_rare_pair_spearman``: the learned cross
   features against the additive baseline on user x genre pairs seen at most ``rare_max`` times
   in the first engine partition, ranked against the same pairs' explicit CTR in a later,
-  disjoint window (:func:`jobs.ctr_learned_cross.rare_pair_scores`).
+  disjoint window (:func:`jobs.ctr_learned_cross.rare_pair_scores`);
+  ``explicit_rare_pair_spearman``, the same for the pair's own explicit statistic (its smoothed
+  CTR in the fitted window), and ``blend_rare_pair_spearman``, for the explicit statistic
+  shrunk toward the learned prediction by the pair's impressions.
 - ``cross_setup``: sizes (impressions, days, rows, fields by kind), the cascade config and its
   λ sweep (shorter than the ``generated`` config's: two trainings per seed), the seeds.
 - ``cross_provenance``: digests of the generator and engine code with the setup
@@ -33,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +70,7 @@ from jobs.spark_sessions import active_or_new
 from models.preranking.cascade_train import launch_cascade
 from models.preranking.config_registry import get_cascade_config
 from models.preranking.fields import FieldSet
+from serving.online_fields import SERVED_KEYS
 
 INPUT_CODE = (
     "jobs.impression_log",
@@ -61,6 +81,29 @@ INPUT_CODE = (
 """The modules that make the training set (their sources enter ``input_digest``)."""
 RARE_PAIR = ("user_cat", ("user_id", "item_category"))
 """The pair the learned cross features are judged on: user x genre, the sparsest low-rank one."""
+POSITION_KEY = "position"
+"""The log column a position cross is keyed by (``item_pos``: item x position)."""
+
+
+def planted(config: GeneratorConfig) -> list[str]:
+    """What the generator (:mod:`jobs.impression_log`) plants in the log the lift is measured
+    on, from its config: the crosses earn their lift on data built with these effects."""
+    rank = config.cross_rank
+    return [
+        f"position: P(click) = position^-{config.position_decay} x relevance (item_pos)",
+        f"user, item: main logit effects, sd {config.user_sigma} and {config.item_sigma}, "
+        f"Zipf {config.user_zipf} / {config.item_zipf} popularity (own statistics)",
+        f"segment x genre: independent cells, sd {config.seg_cat_sigma} (seg_cat)",
+        f"user x genre: rank-{rank}, sd {config.user_cat_sigma} (user_cat)",
+        f"segment x item: rank-{rank}, sd {config.seg_item_sigma} (seg_item)",
+        f"context x item: rank-{rank}, sd {config.ctx_item_sigma} (ctx_item)",
+    ]
+
+
+GOAL_AUC_RATIO = 0.98
+"""FSCD's test AUC over its teacher's: the goal the docs state (as for the benchmark config)."""
+GOAL_FEATURE_COST_RATIO = 0.5
+"""FSCD's field-weight sum over the teacher's: the goal the docs state."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +130,8 @@ class CrossSetup:
     """A pair is rare with at most this many impressions in the fitted window."""
     seed: int = 7
     """Generator seed (the log is the same for every training seed)."""
+    pipeline_config: str = "pipeline"
+    """Cascade config of the deployed ``ctr_preranking`` DAG, trained on the servable fields."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.engine_days < self.log_days:
@@ -114,19 +159,86 @@ QUICK = CrossSetup(
     config="debug_cross",
     processes=1,
     later_window=1,
+    pipeline_config="debug_cross",  # a smoke run of the path: the pipeline config takes minutes
 )
+
+
+def cross_pair_of(name: str) -> engine.CrossPair:
+    """The engine's two-key pair a cross field belongs to (its name's longest pair prefix)."""
+    found = [p for p in engine.CROSSES if name.startswith(f"{p.name}_")]
+    if not found:
+        known = [p.name for p in engine.CROSSES]
+        raise ValueError(
+            f"cross field {name!r} names no pair of the engine ({known}); a cross field is "
+            "named <pair>_<statistic>"
+        )
+    return max(found, key=lambda pair: len(pair.name))
+
+
+def keep_crosses(fields: FieldSet, keep: Callable[[engine.CrossPair], bool]) -> FieldSet:
+    """The fields less the ``cross`` ones whose pair ``keep`` rejects (the ids and the user's
+    and item's own statistics always stay)."""
+    return FieldSet(
+        spec for spec in fields if spec.kind != "cross" or keep(cross_pair_of(spec.name))
+    )
 
 
 def without_cross(fields: FieldSet) -> FieldSet:
     """The same fields less the ``cross`` ones (ids and the user's and item's own statistics)."""
-    return FieldSet(spec for spec in fields if spec.kind != "cross")
+    return keep_crosses(fields, lambda pair: False)
 
 
-def build_training_set(work: Path, setup: CrossSetup) -> dict[str, Any]:
-    """Generate the log and run the engine over its last days (a running Spark session is
-    borrowed, else one is started and stopped)."""
-    settings = load_settings()
-    generator = GeneratorConfig(
+def without_cross_same_position(fields: FieldSet) -> FieldSet:
+    """The same fields less the ``cross`` ones, position crosses kept (``item_pos_*``)."""
+    return keep_crosses(fields, lambda pair: POSITION_KEY in pair.keys)
+
+
+def servable_crosses(fields: FieldSet) -> FieldSet:
+    """The same fields with only the crosses whose every key the server fills."""
+    return keep_crosses(fields, lambda pair: set(pair.keys) <= SERVED_KEYS)
+
+
+ARMS: dict[str, Callable[[FieldSet], FieldSet] | None] = {
+    "with_cross": None,
+    "without_cross": without_cross,
+    "without_cross_same_position": without_cross_same_position,
+    "servable_cross": servable_crosses,
+}
+"""The field sets each seed trains the cascade on (None: every field)."""
+
+
+def lifts(aucs: dict[str, float]) -> dict[str, float]:
+    """One seed's lifts from its arms' FSCD test AUCs (keys of :data:`ARMS`)."""
+    return {
+        "cross_lift": aucs["with_cross"] - aucs["without_cross"],
+        "cross_lift_same_position": aucs["with_cross"] - aucs["without_cross_same_position"],
+        "cross_lift_servable": aucs["servable_cross"] - aucs["without_cross"],
+    }
+
+
+def pipeline_goals(auc_ratio: float, feature_cost_ratio: float) -> bool:
+    """Whether a cascade meets the goals the docs state (:data:`GOAL_AUC_RATIO`,
+    :data:`GOAL_FEATURE_COST_RATIO`)."""
+    return auc_ratio >= GOAL_AUC_RATIO and feature_cost_ratio <= GOAL_FEATURE_COST_RATIO
+
+
+MEDIANS = (
+    "auc_with_cross",
+    "auc_without_cross",
+    "auc_without_cross_same_position",
+    "auc_servable_cross",
+    "cross_lift",
+    "cross_lift_same_position",
+    "cross_lift_servable",
+    "pipeline_config_auc_ratio",
+    "pipeline_config_feature_cost_ratio",
+)
+"""Per-seed figures reported as their median over the seeds."""
+
+
+def generator_config(setup: CrossSetup) -> GeneratorConfig:
+    """The generated log's config (the generator's effects at their defaults)."""
+    return GeneratorConfig(
         impressions=setup.impressions,
         days=setup.log_days,
         users=setup.users,
@@ -134,6 +246,13 @@ def build_training_set(work: Path, setup: CrossSetup) -> dict[str, Any]:
         seed=setup.seed,
         partitions=2,
     )
+
+
+def build_training_set(work: Path, setup: CrossSetup) -> dict[str, Any]:
+    """Generate the log and run the engine over its last days (a running Spark session is
+    borrowed, else one is started and stopped)."""
+    settings = load_settings()
+    generator = generator_config(setup)
     with active_or_new(lambda: engine.build_session(settings)) as spark:
         return build_engine_training_set(
             work / "training_set",
@@ -145,9 +264,15 @@ def build_training_set(work: Path, setup: CrossSetup) -> dict[str, Any]:
 
 
 def train(
-    setup: CrossSetup, data: Path, fields_file: Path, run_dir: Path, seed: int
+    setup: CrossSetup,
+    data: Path,
+    fields_file: Path,
+    run_dir: Path,
+    seed: int,
+    config: str | None = None,
 ) -> dict[str, Any]:
-    """One cascade on the training set with the given fields; its ``result.json``."""
+    """One cascade (``config``, default the setup's) on the training set with the given fields;
+    its ``result.json``."""
     from benchmarks.preranking_models import _read, tracking_settings, trained_models_digest
 
     settings = tracking_settings(run_dir)
@@ -156,7 +281,7 @@ def train(
         private = f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
         settings = dataclasses.replace(settings, mlflow_tracking_uri=private)
     code, tail = launch_cascade(
-        setup.config,
+        config or setup.config,
         run_dir,
         processes=setup.processes,
         settings=settings,
@@ -191,32 +316,48 @@ def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[st
     built = build_training_set(work, setup)
     data, fields_file = Path(built["data"]), Path(built["fields_file"])
     every = FieldSet.load(fields_file)
-    reduced_dir = work / "without_cross"
-    reduced_dir.mkdir(parents=True, exist_ok=True)
-    reduced_file = without_cross(every).save(reduced_dir)
+    arm_files = {"with_cross": fields_file}
+    for arm, subset in ARMS.items():
+        if subset is not None:
+            (work / arm).mkdir(parents=True, exist_ok=True)
+            arm_files[arm] = subset(every).save(work / arm)
     cross_names = {spec.name for spec in every if spec.kind == "cross"}
     runs: list[dict[str, Any]] = []
     for seed in seeds:
+        arms = [(arm, setup.config, path) for arm, path in arm_files.items()]
+        arms.append(("pipeline", setup.pipeline_config, arm_files["servable_cross"]))
         jobs = [
-            (setup, data, fields_file, work / f"with-cross-seed{seed}", seed),
-            (setup, data, reduced_file, work / f"without-cross-seed{seed}", seed),
+            (setup, data, path, work / f"{arm}-seed{seed}", seed, config)
+            for arm, config, path in arms
         ]
-        # One-process runs (the smoke path) go side by side: each leaves a core idle otherwise.
+        # One-process runs (the smoke path) go two side by side: each leaves a core idle otherwise.
         with ThreadPoolExecutor(max_workers=2 if setup.processes == 1 else 1) as pool:
-            with_run, without_run = pool.map(lambda job: train(*job), jobs)
+            results = list(pool.map(lambda job: train(*job), jobs))
+        trained = {arm: result for (arm, _, _), result in zip(arms, results, strict=True)}
+        with_run, without_run, pipeline = (
+            trained["with_cross"],
+            trained["without_cross"],
+            trained["pipeline"],
+        )
+        aucs = {arm: float(trained[arm]["fscd_auc"]) for arm in arm_files}
         runs.append(
             {
                 "seed": seed,
-                "auc_with_cross": float(with_run["fscd_auc"]),
-                "auc_without_cross": float(without_run["fscd_auc"]),
-                "cross_lift": float(with_run["fscd_auc"]) - float(without_run["fscd_auc"]),
+                "auc_with_cross": aucs["with_cross"],
+                "auc_without_cross": aucs["without_cross"],
+                "auc_without_cross_same_position": aucs["without_cross_same_position"],
+                "auc_servable_cross": aucs["servable_cross"],
+                **lifts(aucs),
                 "teacher_auc_with_cross": float(with_run["teacher_auc"]),
                 "teacher_auc_without_cross": float(without_run["teacher_auc"]),
                 "cost_ratio_with_cross": float(with_run["cost_ratio"]),
                 "cross_fields_kept": [f for f in with_run["fscd_fields"] if f in cross_names],
                 "fscd_strength_with_cross": with_run.get("fscd_strength"),
+                "pipeline_config_auc_ratio": float(pipeline["auc_ratio"]),
+                "pipeline_config_feature_cost_ratio": float(pipeline["cost_ratio"]),
                 "model_digest_with_cross": with_run["model_digest"],
                 "model_digest_without_cross": without_run["model_digest"],
+                "model_digests": {arm: run["model_digest"] for arm, run in trained.items()},
             }
         )
     by_lift = sorted(runs, key=lambda run: run["cross_lift"])
@@ -225,13 +366,17 @@ def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[st
         rare = rare_pairs(Path(built["lake"]), list(built["engine_days"]), setup)
     frame = pd.read_parquet(data)
     config = get_cascade_config(setup.config)
+    medians = {key: float(statistics.median(r[key] for r in runs)) for key in MEDIANS}
     return {
-        "auc_with_cross": float(statistics.median(r["auc_with_cross"] for r in runs)),
-        "auc_without_cross": float(statistics.median(r["auc_without_cross"] for r in runs)),
-        "cross_lift": float(statistics.median(r["cross_lift"] for r in runs)),
+        **medians,
+        "pipeline_config_goal_met": pipeline_goals(
+            medians["pipeline_config_auc_ratio"], medians["pipeline_config_feature_cost_ratio"]
+        ),
         "cross_fields_kept": middle["cross_fields_kept"],
         "learned_cross_rare_pair_spearman": rare["learned_cross_rare_pair_spearman"],
         "additive_rare_pair_spearman": rare["additive_rare_pair_spearman"],
+        "explicit_rare_pair_spearman": rare["explicit_rare_pair_spearman"],
+        "blend_rare_pair_spearman": rare["blend_rare_pair_spearman"],
         "cross_rare_pairs": rare,
         "cross_per_seed": runs,
         "cross_setup": {
@@ -240,6 +385,11 @@ def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[st
             "training_rows": built["rows"],
             "fields": built["fields"],
             "fields_without_cross": len(every) - len(cross_names),
+            "fields_by_arm": {arm: len(FieldSet.load(path)) for arm, path in arm_files.items()},
+            "served_keys": sorted(SERVED_KEYS),
+            "planted": planted(generator_config(setup)),
+            "pipeline_config": setup.pipeline_config,
+            "pipeline_config_fields": "the servable_cross arm's (ids, own statistics, user_cat)",
             "fields_by_kind": built["fields_by_kind"],
             "pairs": built["pairs"],
             "learned_fields": built["learned"].get("columns", []),
@@ -248,7 +398,8 @@ def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[st
             "fscd_strengths": list(config.fscd_strengths),
             "lambda_sweep": (
                 f"{len(config.fscd_strengths)} strengths ({setup.config} config), shorter than "
-                "the generated config's 8: every seed trains the cascade twice"
+                f"the generated config's 8: every seed trains the cascade {len(ARMS)} times, "
+                "and the pipeline config once"
             ),
             "auc": "test AUC of the FSCD model chosen on validation (cost budget "
             f"{config.cost_budget}), median over the seeds",
@@ -257,10 +408,6 @@ def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[st
             "input_digest": code_digest(INPUT_CODE, dataclasses.asdict(setup)),
             "rows_digest": frame_digest(frame),
             "fields_digest": files_digest([fields_file]),
-            "model_digest": digest_of(
-                d
-                for r in runs
-                for d in (r["model_digest_with_cross"], r["model_digest_without_cross"])
-            ),
+            "model_digest": digest_of(d for r in runs for d in r["model_digests"].values()),
         },
     }

@@ -175,6 +175,15 @@ def _spearman(got: np.ndarray, want: np.ndarray) -> float:
     return float(pd.Series(got).corr(pd.Series(want), method="spearman"))
 
 
+def blend(
+    explicit: np.ndarray, learned: np.ndarray, impressions: np.ndarray, prior: float
+) -> np.ndarray:
+    """The explicit CTR shrunk toward the learned one: the learned value counts as ``prior``
+    impressions beside the pair's own ``impressions``."""
+    weight = impressions / (impressions + prior)
+    return weight * explicit + (1.0 - weight) * learned
+
+
 def rare_pair_scores(
     before: pd.DataFrame,
     after: pd.DataFrame,
@@ -185,6 +194,7 @@ def rare_pair_scores(
     later_window: int = 7,
     rare_max: int = 2,
     config: LearnedCrossConfig | None = None,
+    blend_prior: float = 1.0,
 ) -> dict[str, Any]:
     """Learned cross features vs the additive baseline on rare pairs, judged by the future.
 
@@ -197,11 +207,18 @@ def rare_pair_scores(
 
     Returns ``learned_cross_rare_pair_spearman`` and ``additive_rare_pair_spearman`` (rank
     correlation of each model's prediction with the later value), ``explicit_rare_pair_spearman``
-    (the same for the rare pair's own smoothed CTR in ``before``), the counts and the windows.
+    (the same for the rare pair's own smoothed CTR in ``before``), ``blend_rare_pair_spearman``
+    (the same for :func:`blend`: the explicit CTR shrunk toward the learned prediction, a pair
+    with ``n`` impressions weighting its own CTR by ``n / (n + blend_prior)``), the counts and
+    the windows.
     """
     config = config or LearnedCrossConfig()
     if rare_max < 1:
         raise ValueError(f"rare_max must be >= 1, got {rare_max}")
+    if not blend_prior > 0:
+        raise ValueError(
+            f"blend_prior must be > 0 (impressions the learned value counts as), got {blend_prior}"
+        )
     imp, ctr = f"{pair}_imp_{fit_window}d", f"{pair}_ctr_{fit_window}d"
     later_imp, later_ctr = f"{pair}_imp_{later_window}d", f"{pair}_ctr_{later_window}d"
     for name, frame, columns in (
@@ -236,17 +253,23 @@ def rare_pair_scores(
     rare = rare[rare[imp] <= rare_max].merge(later, on=list(keys), how="inner")
     rows = torch.as_tensor(rare["_row"].to_numpy(), dtype=torch.long)
     want = rare["_later"].to_numpy(np.float64)
-    scores: dict[str, Any] = {}
+    predictions: dict[str, np.ndarray] = {}
     for name, interaction in (("learned_cross", True), ("additive", False)):
         predict = _fit(a, b, target, weight, sizes, config, interaction)
         with torch.no_grad():
-            got = predict(a[rows], b[rows]).numpy()
-        scores[f"{name}_rare_pair_spearman"] = _spearman(got, want) if len(rare) > 1 else None
-    scores["explicit_rare_pair_spearman"] = (
-        _spearman(rare[ctr].to_numpy(np.float64), want) if len(rare) > 1 else None
+            predictions[name] = predict(a[rows], b[rows]).numpy().astype(np.float64)
+    explicit = rare[ctr].to_numpy(np.float64)
+    predictions["explicit"] = explicit
+    predictions["blend"] = blend(
+        explicit, predictions["learned_cross"], rare[imp].to_numpy(np.float64), blend_prior
     )
+    scores = {
+        f"{name}_rare_pair_spearman": _spearman(got, want) if len(rare) > 1 else None
+        for name, got in predictions.items()
+    }
     return {
         **scores,
+        "blend_prior_impressions": blend_prior,
         "rare_pairs": len(rare),
         "rare_max_impressions": rare_max,
         "fitted_pairs": len(fitted),

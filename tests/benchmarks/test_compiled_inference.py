@@ -143,6 +143,24 @@ def tiny_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(1, 8, generator=generator), torch.randn(n, 8, generator=generator)
 
 
+def tiny_peers(
+    module: torch.nn.Module, work: Path, names: tuple[str, ...], **options: Any
+) -> dict[str, Any]:
+    """:func:`build_peers` of the tiny request module (dynamic candidate count)."""
+    from torch.export import Dim
+
+    return build_peers(
+        module,
+        tiny_inputs(16),
+        work,
+        names=names,
+        shapes=[tiny_inputs(n) for n in (1, 50)],
+        dynamic_shapes=(None, {0: Dim("n", min=1, max=4096)}),
+        input_names=("user", "candidates"),
+        **options,
+    )
+
+
 def test_every_peer_runs_agrees_with_eager_and_is_timed(tmp_path: Path) -> None:
     from torch.export import Dim
 
@@ -208,6 +226,68 @@ def test_speedups_divide_fp32_peers_by_the_fp32_package_and_int8_by_int8() -> No
     assert ratios["int8_speedup_vs_onnxruntime_int8"] == 5.0
     assert ratios["int8_speedup_vs_eager_int8"] == 7.0
     assert "speedup_vs_onnxruntime_int8" not in ratios and "speedup_vs_cascade" not in ratios
+    # The headline: each package against the fastest peer of its precision.
+    assert ratios["best_fp32_peer"] == "inductor_tuned"
+    assert ratios["speedup_vs_best_fp32_peer"] == 1.5
+    assert ratios["best_int8_peer"] == "onnxruntime_int8"
+    assert ratios["speedup_vs_best_int8_peer"] == 5.0
+    faster = speedups(ms | {"onnxruntime_static_int8": 0.8, "inductor_pt2e_int8": 0.9})
+    assert faster["best_int8_peer"] == "onnxruntime_static_int8"
+    assert faster["speedup_vs_best_int8_peer"] == pytest.approx(0.8)  # below 1: the peer wins
+    assert faster["int8_speedup_vs_inductor_pt2e_int8"] == pytest.approx(0.9)
+    no_int8 = speedups({"eager": 8.0, "cascade": 2.0})
+    assert "best_int8_peer" not in no_int8 and no_int8["best_fp32_peer"] == "eager"
+
+
+def test_the_int8_headline_comes_from_the_network_with_an_int8_package() -> None:
+    from benchmarks.compiled_inference import headline_table
+
+    fscd = {"sizes": {"1x10": {"cascade_ms": 1.0, "best_fp32_peer": "onnxruntime"}}}
+    fscd |= {"auc_delta": {}}
+    mlp = {"speedup_vs_best_int8_peer": 1.2, "best_int8_peer": "inductor_pt2e_int8"}
+    mlp |= {"peers_failed": {"onnxruntime_static_int8": "ImportError: x"}}
+    table = headline_table(fscd, mlp=mlp)
+    assert table["best_fp32_peer"] == "onnxruntime"
+    assert (table["best_int8_peer"], table["speedup_vs_best_int8_peer"]) == (
+        "inductor_pt2e_int8",
+        1.2,
+    )
+    assert table["int8_network"].startswith("mlp")
+    assert table["peers_failed"] == {"onnxruntime_static_int8": "ImportError: x"}
+
+
+@pytest.mark.slow  # an export, a calibration and an Inductor compile of a tiny module
+def test_static_int8_peers_calibrate_and_come_close_or_say_why_they_did_not_build(
+    tmp_path: Path,
+) -> None:
+    module = TinyRequest().eval()
+    failed: dict[str, str] = {}
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        peers = tiny_peers(
+            module,
+            tmp_path,
+            ("onnxruntime_static_int8", "inductor_pt2e_int8"),
+            calibration_inputs=[tiny_inputs(n) for n in range(32, 40)],
+            failed=failed,
+        )
+        inputs = tiny_inputs(200)
+        with torch.no_grad():
+            reference = module(*inputs)
+            for name, peer in peers.items():
+                got = torch.as_tensor(peer.fn(*inputs)).reshape(-1)
+                # Static ranges, 7-bit activations on CPUs without VNNI: close, and the same order.
+                assert (got - reference).abs().max() < 0.3, name
+                assert torch.corrcoef(torch.stack([got, reference]))[0, 1] > 0.9, name
+    # Every static peer either built (and really quantized) or says why it did not.
+    assert set(peers) | set(failed) == {"onnxruntime_static_int8", "inductor_pt2e_int8"}
+    report = peer_report(peers)
+    if "onnxruntime_static_int8" in peers:
+        quantization = report["onnxruntime_static_int8_quantization"]
+        assert quantization["per_channel"] and quantization["int8_nodes"] >= 2
+    if "inductor_pt2e_int8" in peers:
+        assert report["inductor_pt2e_int8_quantization"]["int8_nodes"] >= 2
+    else:
+        assert "torchao" in failed["inductor_pt2e_int8"]
 
 
 def test_recompiles_count_the_packages_loaded_to_serve_every_shape() -> None:
@@ -266,3 +346,27 @@ def test_compile_asr_takes_a_model_dir_and_says_what_is_missing(
     monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(ValueError, match="espeak-ng is not installed.*--model-dir DIR"):
         asr_model_source()
+
+
+@pytest.mark.slow  # three Inductor compiles of a tiny module
+def test_tuned_inductor_is_the_fastest_of_its_candidates_on_the_trial(tmp_path: Path) -> None:
+    from benchmarks.compiled_inference import TUNED_CANDIDATES
+
+    module = TinyRequest().eval()
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        peers = tiny_peers(
+            module, tmp_path, ("inductor", "inductor_tuned"), trial_inputs=tiny_inputs(500)
+        )
+        inputs = tiny_inputs(200)
+        with torch.no_grad():
+            agree_with_eager(
+                {"inductor_tuned": peers["inductor_tuned"].fn},
+                module(*inputs),
+                inputs,
+                what="1x200",
+            )
+    info = peer_report(peers)["inductor_tuned_options"]
+    # Inductor's defaults are a candidate (the default peer reused), so tuned is never slower.
+    assert set(info["trial_ms"]) | set(info["failed"]) == set(TUNED_CANDIDATES)
+    assert info["chose"] == min(info["trial_ms"], key=info["trial_ms"].__getitem__)
+    assert info["options"] == TUNED_CANDIDATES[info["chose"]]

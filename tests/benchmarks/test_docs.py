@@ -78,3 +78,27 @@ def test_the_committed_page_equals_the_json_it_names() -> None:
     for block in blocks:
         assert (REPO_ROOT / block["path"]).is_file(), f"{block['path']} is not in the repository"
     assert docs.render_page(page) == page, "run: python -m benchmarks.docs"
+
+
+def test_a_block_notes_the_planted_effects_goals_and_failed_peers_it_has() -> None:
+    result = {
+        "cross_lift": 0.12,
+        "cross_lift_same_position": 0.004,
+        "cross_setup": {"planted": ["position: P(click) = position^-0.7", "user x genre"]},
+        "auc_ratio_goal_met": True,
+        "cross_lift_same_position_goal_met": False,
+    }
+    block = docs.render_block(result, "preranking", "docs/results/preranking.json")
+    assert "| `cross_lift_same_position` | 0.004 | — | 1 |" in block
+    assert "position^-0.7; user x genre." in block
+    assert "- Goal `auc_ratio` ≥ 0.98 (median over the seeds): met" in block
+    assert "`cross_lift_same_position` ≥ 0.01: not met" in block
+    assert "feature_cost_ratio_goal_met" not in block  # absent from the result: no line
+    compiled = docs.render_block(
+        {"best_int8_peer": "onnxruntime_static_int8", "peers_failed": {"x": "no AVX-512"}},
+        "compilers",
+        "docs/results/compilers.json",
+    )
+    assert "Best int8 peer (`best_int8_peer`): onnxruntime_static_int8." in compiled
+    assert "(`peers_failed`): x: no AVX-512." in compiled
+    assert docs.notes({}, "compilers") == []

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.registry import BENCHMARKS, run_benchmark
+from models.preranking.fields import FieldEncoder
 
 
 def test_quick_preranking_benchmark_writes_its_figures(
@@ -37,6 +38,11 @@ def test_quick_preranking_benchmark_writes_its_figures(
     assert provenance["config_values"]["name"] == "debug" and provenance["rows"] > 0
     assert provenance["rows_digest"].startswith("sha256:")
     assert "cross_lift" not in result  # only with --config generated
+    # The measured cost beside the field-weight sum: one request timed on each model.
+    assert result["latency_ratio_fscd_vs_teacher"] == pytest.approx(
+        result["fscd_request_ms"] / result["teacher_request_ms"]
+    )
+    assert result["request_latency_setup"]["candidates"] == 1_000
 
 
 def test_seeds_are_summarized_by_median_with_spread_and_goal_counts(
@@ -74,9 +80,12 @@ def test_seeds_are_summarized_by_median_with_spread_and_goal_counts(
     assert summary["goals_held"] == {
         "auc_ratio_ge_0.98": 2,
         "cost_ratio_le_0.5": 2,
+        "feature_cost_ratio_le_0.5": 2,
         "fscd_beats_two_tower": 2,
         "of": 3,
     }
+    # The field-weight sum under its own name, the same figure as cost_ratio.
+    assert (summary["feature_cost_ratio"], summary["feature_cost_ratio_max"]) == (0.40, 0.55)
     assert summary["fscd_margin_over_two_tower"] == pytest.approx([0.005, -0.005, 0.002])
     assert [row["seed"] for row in summary["per_seed"]] == [0, 1, 2] and "config" not in summary
 
@@ -153,8 +162,67 @@ def test_quick_cross_comparison_trains_with_and_without_the_engines_cross_fields
     assert len(cross) == setup["fields_by_kind"]["cross"]
     assert all(f["key_cardinality"] >= 1 for f in cross.values())
     assert set(result["cross_fields_kept"]) <= set(cross)
-    for key in ("learned_cross_rare_pair_spearman", "additive_rare_pair_spearman"):
+    for key in (
+        "learned_cross_rare_pair_spearman",
+        "additive_rare_pair_spearman",
+        "explicit_rare_pair_spearman",
+        "blend_rare_pair_spearman",
+    ):
         assert key in result and (result[key] is None or -1 <= result[key] <= 1)
+    assert result["cross_lift_same_position"] == pytest.approx(
+        result["auc_with_cross"] - result["auc_without_cross_same_position"]
+    )
+    assert result["cross_lift_servable"] == pytest.approx(
+        result["auc_servable_cross"] - result["auc_without_cross"]
+    )
+    arms = setup["fields_by_arm"]
+    assert arms["without_cross"] < arms["without_cross_same_position"] < arms["with_cross"]
+    assert arms["without_cross"] < arms["servable_cross"] < arms["with_cross"]
+    assert 0 < result["pipeline_config_auc_ratio"] and setup["planted"]
+    assert isinstance(result["pipeline_config_goal_met"], bool)
     assert result["cross_rare_pairs"]["rare_pairs"] >= 0
     for key in ("input_digest", "rows_digest", "fields_digest", "model_digest"):
         assert result["cross_provenance"][key].startswith("sha256:"), key
+
+
+def test_every_goal_met_key_tests_the_stated_goal_of_a_figure_present() -> None:
+    from benchmarks.preranking_models import GOALS, goals_met
+
+    assert GOALS["auc_ratio"] == (">=", 0.98) and GOALS["feature_cost_ratio"] == ("<=", 0.5)
+    got = goals_met(
+        {
+            "auc_ratio": 0.979,
+            "feature_cost_ratio": 0.5,
+            "pipeline_config_auc_ratio": 0.98,
+            "cross_lift_same_position": 0.009,
+            "latency_ratio_fscd_vs_teacher": True,  # not a figure: no key
+        }
+    )
+    assert got == {
+        "auc_ratio_goal_met": False,
+        "feature_cost_ratio_goal_met": True,
+        "pipeline_config_auc_ratio_goal_met": True,
+        "cross_lift_same_position_goal_met": False,
+    }
+
+
+def test_request_latency_times_teacher_fscd_and_two_tower_on_one_request() -> None:
+    from benchmarks.preranking_models import request_latency
+    from models.preranking.config_registry import get_cascade_config
+    from models.preranking.fscd_data import load_frame
+    from models.preranking.training_set import time_split
+
+    config = get_cascade_config("debug")
+    frame = load_frame(config)
+    encoder = FieldEncoder(bins=config.bins).fit(time_split(frame, 0.2)[0])
+    kept = tuple(f.name for f in encoder.fields if f.kind != "cross")[:3]
+    got = request_latency(kept, encoder, "debug", 64, rounds=1, repeats=1)
+
+    for name in ("teacher", "fscd", "two_tower"):
+        assert got[f"{name}_request_ms"] > 0 and got[f"{name}_request_flops"] > 0, name
+    assert got["latency_ratio_fscd_vs_teacher"] == pytest.approx(
+        got["fscd_request_ms"] / got["teacher_request_ms"]
+    )
+    # Three kept fields against every field: FSCD does fewer multiplies than the teacher.
+    assert got["fscd_request_flops"] < got["teacher_request_flops"]
+    assert got["request_latency_setup"]["candidates"] == 64

@@ -78,6 +78,9 @@ def test_rare_pairs_are_judged_against_their_later_value() -> None:
     assert got["learned_cross_rare_pair_spearman"] > 0.7
     assert got["learned_cross_rare_pair_spearman"] > got["additive_rare_pair_spearman"] + 0.2
     assert got["learned_cross_rare_pair_spearman"] > got["explicit_rare_pair_spearman"]
+    # One impression against a prior of one: half the coin flip, half the learned value.
+    assert got["blend_prior_impressions"] == 1.0
+    assert got["blend_rare_pair_spearman"] > got["explicit_rare_pair_spearman"] + 0.1
     with pytest.raises(ValueError, match="overlaps the fitted window"):
         learned.rare_pair_scores(
             partition(15, before),
@@ -85,6 +88,23 @@ def test_rare_pairs_are_judged_against_their_later_value() -> None:
             pair="x",
             keys=("user_id", "item_category"),
             config=config,
+        )
+
+
+def test_blend_weights_the_explicit_ctr_by_its_impressions() -> None:
+    explicit, learned_ctr = np.array([0.9, 0.9, 0.9]), np.array([0.1, 0.1, 0.1])
+    got = learned.blend(explicit, learned_ctr, np.array([0.0, 1.0, 3.0]), prior=1.0)
+    np.testing.assert_allclose(got, [0.1, 0.5, 0.7])
+    frame = pd.DataFrame(
+        {"user_id": [1], "item_category": ["a"], "x_imp_30d": [1], "x_ctr_30d": [0.5]}
+    )
+    with pytest.raises(ValueError, match="blend_prior must be > 0"):
+        learned.rare_pair_scores(
+            frame,
+            frame.rename(columns={"x_imp_30d": "x_imp_7d", "x_ctr_30d": "x_ctr_7d"}),
+            pair="x",
+            keys=("user_id", "item_category"),
+            blend_prior=0.0,
         )
 
 
