@@ -78,6 +78,9 @@ echo "install: $(grep -c '^[^ #]' "$LOCK") locked packages from $LOCK (torch wit
 "$PIP" install -q --require-hashes --no-deps --no-build-isolation -r "$LOCK"
 # The project itself, editable; its dependencies are all in the lock.
 "$PIP" install -q --no-deps --no-build-isolation -e .
+# DeepSpeed builds its CPU communication extension on first use: built here once, into the caches
+# the launches and in-process groups use, rather than inside the first test or training step.
+"$VENV/bin/python" -c "from cascade.training.launch import prebuild_extensions as p; p()"
 # Apache Kafka from Maven Central at the pinned versions; every jar checked against its digest.
 "$VENV/bin/python" -m infra.kafka_broker install "$VENV"
 # MovieLens-100k ships inside recbole (in the lock); only its data is used.

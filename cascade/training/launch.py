@@ -69,9 +69,9 @@ def init_distributed() -> None:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
-        # DeepSpeed builds its CPU communication extension on first use: the launches' cache,
-        # never a lock a killed build left behind.
-        use_extension_cache(os.environ)
+        # DeepSpeed builds its CPU communication extension on first use: with the launches'
+        # tools into their cache (one build serves both), never a lock a killed build left.
+        extension_build_env(os.environ)
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
 
 
@@ -119,7 +119,7 @@ def torch_extensions_dir(env: dict[str, str]) -> str:
     return str(cache / "cascade" / "torch_extensions" / venv)
 
 
-def extension_build_env(env: dict[str, str]) -> None:
+def extension_build_env(env: MutableMapping[str, str]) -> None:
     """Point ``env`` at this interpreter's tools first (its ``ninja`` among them) and at the
     matching extension cache, so every launch builds DeepSpeed's CPU extension with the same
     tools into the same folder, whoever started it."""
@@ -135,6 +135,24 @@ def use_extension_cache(env: MutableMapping[str, str]) -> None:
     build lock a killed build left there."""
     env.setdefault("TORCH_EXTENSIONS_DIR", torch_extensions_dir(dict(env)))
     clear_stale_build_locks(Path(env["TORCH_EXTENSIONS_DIR"]))
+
+
+def prebuild_extensions(echo: Any = print) -> str:
+    """Build DeepSpeed's CPU communication extension into the cache that launched ranks and
+    in-process process groups share (:func:`extension_build_env`). ``make venv`` calls it, so
+    the build runs once at set-up, on a quiet machine, instead of inside the first test or
+    training step that needs it, where others would wait on its lock. Returns the folder."""
+    env = dict(os.environ)
+    extension_build_env(env)
+    env["DS_ACCELERATOR"] = "cpu"
+    started = time.monotonic()
+    subprocess.run(
+        [sys.executable, "-c", "from deepspeed.comm.torch import build_shm_op; build_shm_op()"],
+        env=env, check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    folder = env["TORCH_EXTENSIONS_DIR"]
+    echo(f"install: DeepSpeed CPU extension in {folder} ({time.monotonic() - started:.0f} s)")
+    return folder
 
 
 STALE_BUILD_LOCK_S = 900.0

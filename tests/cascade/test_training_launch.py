@@ -220,3 +220,32 @@ def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_live_one_kept(
     assert clear_stale_build_locks(tmp_path) == [stale]
     assert not stale.exists() and live.exists()
     assert clear_stale_build_locks(tmp_path / "missing") == []
+
+
+def test_in_process_groups_and_launches_share_one_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import collections
+
+    from cascade.training import launch
+
+    tools = str(Path(sys.executable).parent)
+    launched = {"PATH": f"/usr/bin{os.pathsep}/bin", "XDG_CACHE_HOME": str(tmp_path)}
+    extension_build_env(launched)
+    # A process's own environment (a mapping, not a dict), as init_distributed passes it.
+    own = collections.UserDict(
+        {"PATH": f"/usr/bin{os.pathsep}/bin", "XDG_CACHE_HOME": str(tmp_path)}
+    )
+    extension_build_env(own)
+    assert own["TORCH_EXTENSIONS_DIR"] == launched["TORCH_EXTENSIONS_DIR"]
+    assert own["PATH"].split(os.pathsep)[0] == tools
+
+    # make venv's prebuild builds into that same folder, for the CPU accelerator.
+    seen: list[dict[str, str]] = []
+    monkeypatch.setenv("PATH", f"/usr/bin{os.pathsep}/bin")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setattr(launch.subprocess, "run", lambda cmd, env, **kw: seen.append(env))
+    assert launch.prebuild_extensions(echo=lambda line: None) == launched["TORCH_EXTENSIONS_DIR"]
+    assert seen[0]["TORCH_EXTENSIONS_DIR"] == launched["TORCH_EXTENSIONS_DIR"]
+    assert seen[0]["DS_ACCELERATOR"] == "cpu"
