@@ -241,3 +241,24 @@ def test_the_installed_english_prompts_land(tmp_path: Path) -> None:
     assert 10 <= counts["non_speech"] <= counts["quarantined"] < 30
     texts = [json.loads(line)["text"] for line in (dest / "transcripts.jsonl").open()]
     assert not any(c in text for text in texts for c in "[]()<>*#")
+
+
+def test_cascade_land_reads_a_copy_of_the_packages_as_the_named_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cascade import cli
+    from cascade.lake import Lake
+    from cascade.landing import landing_dir, landing_record
+
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
+    copy = _fillets(tmp_path / "fillets-ng")
+    args = ["land", "speech", str(copy), "--source", "fillets_cs", "--ds", DS, "--no-publish"]
+    assert cli.main(args) == 0
+    folder = landing_dir(Lake(tmp_path / "home" / "lake"), "speech", DS)
+    record = landing_record(folder)
+    assert record is not None and record["source"] == "fillets_cs"
+    assert record["counts"]["utterances"] == 4 and record["counts"]["non_speech"] == 1
+    assert len(landed(folder)) == 4
+    wrong = ["land", "speech", str(copy), "--source", "hedgewars", "--ds", "2026-11-30"]
+    assert cli.main([*wrong, "--no-publish"]) == cli.EXIT_USAGE
+    assert "one of asterisk_en, fillets_cs" in capsys.readouterr().err
