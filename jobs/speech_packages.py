@@ -139,10 +139,18 @@ NON_SPEECH_FOLDERS = ("silence",)
 def asterisk_lines(text_file: Path) -> list[tuple[int, str, str]]:
     """``(line number, id, text)`` of ``core-sounds-LANG.txt`` (gzipped or not); comments
     (``;``) and blank lines skipped, a line without ``ID:`` kept with an empty id."""
-    content = gzip.decompress(text_file.read_bytes()) if text_file.suffix == ".gz" else None
-    raw = content if content is not None else text_file.read_bytes()
+    raw = text_file.read_bytes()
+    if text_file.suffix == ".gz":
+        raw = gzip.decompress(raw)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{text_file}: not UTF-8 text ({exc.reason} at byte {exc.start}): reinstall the "
+            "package that ships it"
+        ) from None
     lines = []
-    for number, line in enumerate(raw.decode("utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith(";"):
             continue
         key, sep, text = line.partition(":")
@@ -289,21 +297,21 @@ def land_fillets(
     for clip in clips:
         level = clip.parent.parent.name
         uid = f"fillets-{language}-{level}-{clip.stem}"
-        line = by_place.get((level, clip.stem))
-        if line is None and len(by_id.get(clip.stem, ())) == 1:
-            line = by_id[clip.stem][0]
-        if line is None:
+        dialog = by_place.get((level, clip.stem))
+        if dialog is None and len(by_id.get(clip.stem, ())) == 1:
+            dialog = by_id[clip.stem][0]
+        if dialog is None:
             quarantine.add(uid, f"transcript missing (no dialogId {clip.stem!r} in the scripts)")
             continue
-        used.add((line.level, line.dialog_id))
-        if line.font in SEVERAL_SPEAKERS:
-            quarantine.add(uid, f"speaker: several at once ({line.font})")
+        used.add((dialog.level, dialog.dialog_id))
+        if dialog.font in SEVERAL_SPEAKERS:
+            quarantine.add(uid, f"speaker: several at once ({dialog.font})")
             continue
-        cleaned = clean_text(line.text)
+        cleaned = clean_text(dialog.text)
         if cleaned.text is None:
             quarantine.add(uid, cleaned.reason or "transcript missing")
             continue
-        role = LEAD_ROLES.get(line.font, line.font.removeprefix("font_") or "unnamed")
+        role = LEAD_ROLES.get(dialog.font, dialog.font.removeprefix("font_") or "unnamed")
         voice = _voice("fillets", language, role)
         utterances.append(Utterance(uid, clip, cleaned.text, voice, language))
     for line in lines:
