@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from benchmarks.goals import goals_of
 from benchmarks.provenance import REPO_ROOT
 from benchmarks.registry import benchmark_options
 
@@ -40,6 +41,9 @@ BLOCK = re.compile(
     r"<!-- bench (?P<name>[\w-]+): (?P<path>[^ ]+) -->\n.*?<!-- end bench (?P=name) -->",
     re.DOTALL,
 )
+
+COMMITS = re.compile(r"<!-- results-commits:start -->\n.*?<!-- results-commits:end -->", re.DOTALL)
+"""The page's line naming the commit of every result, rendered from the blocks' JSON."""
 
 FIGURES: dict[str, tuple[str, ...]] = {
     "ctr": (
@@ -187,14 +191,6 @@ FIGURES: dict[str, tuple[str, ...]] = {
 NOTES: dict[str, tuple[tuple[str, str], ...]] = {
     "preranking": (
         ("cross_setup.planted", "Effects the generator planted in the log the lifts come from"),
-        ("auc_ratio_goal_met", "`auc_ratio` ≥ 0.98 (median over the seeds)"),
-        ("feature_cost_ratio_goal_met", "`feature_cost_ratio` ≤ 0.5"),
-        ("pipeline_config_auc_ratio_goal_met", "the pipeline config's `auc_ratio` ≥ 0.98"),
-        (
-            "pipeline_config_feature_cost_ratio_goal_met",
-            "the pipeline config's `feature_cost_ratio` ≤ 0.5",
-        ),
-        ("cross_lift_same_position_goal_met", "`cross_lift_same_position` ≥ 0.01"),
     ),
     "compilers": (
         ("best_fp32_peer", "Best fp32 peer"),
@@ -207,7 +203,8 @@ NOTES: dict[str, tuple[tuple[str, str], ...]] = {
     ),
 }
 """Per benchmark: what is written under its table when the result has it (a dotted path and
-its label): a list as items, a goal as met or not, any other value as it is."""
+its label): a list as items, a goal as met or not, any other value as it is. The goals of
+:data:`benchmarks.goals.GOALS` follow them (:func:`goal_lines`)."""
 
 ITEM_LABELS = ("impressions", "pairs", "utterances", "size")
 """Keys naming a list item in a table (``sizes.0.job_s`` shows as ``job_s [impressions=1000]``)."""
@@ -322,6 +319,29 @@ def notes(result: Mapping[str, Any], name: str) -> list[str]:
     return ["", *lines] if lines else []
 
 
+def goal_lines(result: Mapping[str, Any], name: str) -> list[str]:
+    """One line per goal of ``name`` whose figure ``result`` has: the goal as
+    :data:`benchmarks.goals.GOALS` states it, and whether the figure meets it. A result whose own
+    ``*_goal_met`` key says otherwise was tested against another bound when it ran: the line
+    says so rather than repeat it."""
+    lines = []
+    for stated in goals_of(name):
+        value = _lookup(result, stated.figure.split("."))
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        held = stated.met(value)
+        verdict = "met" if held else "not met"
+        line = f"- Goal {stated.statement()} ({stated.meaning}): {verdict}"
+        recorded = result.get(stated.key)
+        if isinstance(recorded, bool):
+            line += f" (`{stated.key}`)"
+            if recorded != held:
+                said = "met" if recorded else "not met"
+                line += f"; the result's own key says {said}, tested against another bound"
+        lines.append(line + ".")
+    return lines
+
+
 def render_block(result: Mapping[str, Any], name: str, path: str, root: Path = REPO_ROOT) -> str:
     """The generated part of the page for one benchmark result (``path``: the JSON it names,
     relative to ``root``; its chart is shown when one lies beside it)."""
@@ -353,6 +373,9 @@ def render_block(result: Mapping[str, Any], name: str, path: str, root: Path = R
         else:
             lines.append(f"| `{row['label']}` | {number(row['value'])} | — | 1 |")
     lines += notes(result, name)
+    goals = goal_lines(result, name)
+    if goals:
+        lines += goals if lines[-1].startswith("- ") else ["", *goals]
     chart = Path(path).with_suffix(".png")
     if (root / chart).is_file():
         lines += ["", f"![{name}]({page_link(chart)})"]
@@ -360,17 +383,52 @@ def render_block(result: Mapping[str, Any], name: str, path: str, root: Path = R
     return "\n".join(lines)
 
 
+def commits_line(results: list[tuple[str, Mapping[str, Any]]]) -> str:
+    """Which commit each of ``results`` (``(benchmark, result)``, in page order) came from, the
+    commits with most results first, each result from a tree with uncommitted changes marked;
+    flagged when they are not one set (one commit, clean trees)."""
+    by_commit: dict[str, list[str]] = {}
+    dirty = []
+    for name, result in results:
+        commit = str(result.get("git_commit") or "unknown")[:12]
+        if result.get("git_dirty"):
+            dirty.append(name)
+            name = f"{name} (uncommitted changes)"
+        by_commit.setdefault(commit, []).append(name)
+    ordered = sorted(by_commit.items(), key=lambda item: -len(item[1]))
+    listed = "; ".join(f"`{commit}` {', '.join(names)}" for commit, names in ordered)
+    if len(by_commit) == 1 and not dirty:
+        return f"Results by commit: {listed}. One published set: one commit, a clean tree."
+    flags = [f"{len(by_commit)} commits"] if len(by_commit) > 1 else []
+    if dirty:
+        flags.append(f"{len(dirty)} from a tree with uncommitted changes ({', '.join(dirty)})")
+    return (
+        f"Results by commit: {listed}. **Not one published set**: {' and '.join(flags)}; "
+        "`make bench` at one clean commit makes them one."
+    )
+
+
+def _read_block(root: Path, name: str, path: str) -> dict[str, Any]:
+    source = root / path
+    if not source.is_file():
+        raise FileNotFoundError(f"docs block {name!r} names {path}, which does not exist")
+    return json.loads(source.read_text())
+
+
 def render_page(page: str, root: Path = REPO_ROOT) -> str:
-    """``page`` with every block re-rendered from the JSON its marker names (under ``root``)."""
+    """``page`` with every block re-rendered from the JSON its marker names (under ``root``), and
+    its line of commits (between ``<!-- results-commits:start -->`` and ``:end -->``) from the
+    same JSON."""
+    results = [(m["name"], _read_block(root, m["name"], m["path"])) for m in BLOCK.finditer(page)]
 
     def block(match: re.Match[str]) -> str:
         name, path = match["name"], match["path"]
-        source = root / path
-        if not source.is_file():
-            raise FileNotFoundError(f"docs block {name!r} names {path}, which does not exist")
-        return render_block(json.loads(source.read_text()), name, path, root)
+        return render_block(_read_block(root, name, path), name, path, root)
 
-    return BLOCK.sub(block, page)
+    page = BLOCK.sub(block, page)
+    line = commits_line(results) if results else "No results yet."
+    replacement = f"<!-- results-commits:start -->\n{line}\n<!-- results-commits:end -->"
+    return COMMITS.sub(lambda _match: replacement, page)
 
 
 def chart(result: Mapping[str, Any], name: str, out: Path) -> Path:
