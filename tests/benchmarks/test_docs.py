@@ -120,3 +120,28 @@ def test_each_block_states_its_goal_and_tests_the_figure_against_it(stated: Goal
     assert f"- Goal {stated.statement()} ({stated.meaning}): met (`{stated.key}`)." in agreeing
     stale = docs.render_block({stated.figure: outside, stated.key: True}, stated.benchmark, path)
     assert f"not met (`{stated.key}`); the result's own key says met" in stale
+
+
+def test_the_page_names_each_result_s_commit_and_flags_a_mixed_set() -> None:
+    clean = {"git_commit": "a" * 40, "git_dirty": False}
+    same = docs.commits_line([("ctr", clean), ("serving", clean)])
+    assert same == (
+        "Results by commit: `aaaaaaaaaaaa` ctr, serving. "
+        "One published set: one commit, a clean tree."
+    )
+    mixed = docs.commits_line(
+        [("ctr", clean), ("serving", {"git_commit": "b" * 40, "git_dirty": True}), ("asr", clean)]
+    )
+    assert mixed.startswith(
+        "Results by commit: `aaaaaaaaaaaa` ctr, asr; `bbbbbbbbbbbb` serving (uncommitted changes)."
+    )
+    flag = "**Not one published set**: 2 commits and 1 from a tree with uncommitted changes"
+    assert flag in mixed
+    page = (
+        "# B\n\n<!-- results-commits:start -->\nstale\n<!-- results-commits:end -->\n\n"
+        "<!-- bench ctr: docs/results/ctr.json -->\n<!-- end bench ctr -->\n"
+    )
+    rendered = docs.render_page(page)
+    assert "stale" not in rendered
+    committed = json.loads((REPO_ROOT / "docs/results/ctr.json").read_text())
+    assert f"Results by commit: `{committed['git_commit'][:12]}` ctr." in rendered
