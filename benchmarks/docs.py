@@ -1,6 +1,7 @@
 """``docs/benchmarks.md``'s figures, rendered from benchmark JSON, and one chart per benchmark.
 
     python -m benchmarks.docs --results bench-results      # what `make bench` runs last
+    python -m benchmarks.docs --charts                     # redraw docs/results/*.png, re-render
 
 For each ``RESULTS/NAME.json`` (a ``cascade bench NAME`` result) this copies the JSON to
 ``docs/results/NAME.json``, draws ``NAME.png`` beside both (median bars, min-max whiskers where
@@ -29,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from benchmarks import charts
 from benchmarks.goals import goals_of
 from benchmarks.provenance import REPO_ROOT
 from benchmarks.registry import benchmark_options
@@ -213,31 +215,19 @@ ITEM_LABELS = ("impressions", "pairs", "utterances", "size")
 # --- reading a result ------------------------------------------------------------------------
 
 
-def _lookup(result: Any, parts: list[str]) -> Any:
-    node = result
-    for part in parts:
-        if isinstance(node, Mapping):
-            node = node.get(part)
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
-
-
 def expand(result: Mapping[str, Any], pattern: str) -> list[tuple[str, str, Any]]:
     """``(path, label, value)`` of each figure ``pattern`` names in ``result``."""
     if "*" not in pattern:
-        return [(pattern, pattern, _lookup(result, pattern.split(".")))]
+        return [(pattern, pattern, charts.lookup(result, pattern))]
     head, tail = pattern.split(".*.", 1)
-    items = _lookup(result, head.split("."))
+    items = charts.lookup(result, head)
     if not isinstance(items, list):
         return []
     found = []
     for index, item in enumerate(items):
         label = next((f"{k}={item[k]}" for k in ITEM_LABELS if k in item), str(index))
         path = f"{head}.{index}.{tail}"
-        found.append((path, f"{tail} [{label}]", _lookup(result, path.split("."))))
+        found.append((path, f"{tail} [{label}]", charts.lookup(result, path)))
     return found
 
 
@@ -304,7 +294,7 @@ def notes(result: Mapping[str, Any], name: str) -> list[str]:
     """The lines of ``NOTES[name]`` that ``result`` has (none: nothing, not even a blank)."""
     lines: list[str] = []
     for key, label in NOTES.get(name, ()):
-        value = _lookup(result, key.split("."))
+        value = charts.lookup(result, key)
         if value is None or value == [] or value == {}:
             continue
         if isinstance(value, bool):
@@ -326,7 +316,7 @@ def goal_lines(result: Mapping[str, Any], name: str) -> list[str]:
     says so rather than repeat it."""
     lines = []
     for stated in goals_of(name):
-        value = _lookup(result, stated.figure.split("."))
+        value = charts.lookup(result, stated.figure)
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue
         held = stated.met(value)
@@ -432,38 +422,32 @@ def render_page(page: str, root: Path = REPO_ROOT) -> str:
 
 
 def chart(result: Mapping[str, Any], name: str, out: Path) -> Path:
-    """One PNG: a panel per figure, bars at the median, whiskers from min to max."""
-    import matplotlib
+    """``name``'s PNG (:mod:`benchmarks.charts`); a benchmark it has no panels for gets a bar
+    panel per figure of its table."""
+    panels = charts.plan(result, name)
+    if not panels:
+        by_figure: dict[str, charts.Panel] = {}
+        for row in figures(result, name):
+            if not math.isfinite(float(row["value"])):
+                continue
+            figure, _, item = row["label"].partition(" [")
+            panel = by_figure.setdefault(figure, charts.Panel("bars", figure, figure))
+            spread = row["spread"] or {}
+            label = item.rstrip("]") or figure
+            value = float(row["value"])
+            bar = charts.Bar("", label, row["path"], value, spread.get("min"), spread.get("max"))
+            panel.bars.append(bar)
+        panels = list(by_figure.values())
+    return charts.draw(result, name, out, panels)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    rows = [row for row in figures(result, name) if math.isfinite(float(row["value"]))]
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(row["label"].split(" [")[0], []).append(row)
-    panels = max(1, len(groups))
-    columns = min(3, panels)
-    lines = math.ceil(panels / columns)
-    fig, axes = plt.subplots(lines, columns, figsize=(4 * columns, 3 * lines), squeeze=False)
-    for ax, (figure, members) in zip(axes.flat, groups.items(), strict=False):
-        labels = [m["label"].partition(" [")[2].rstrip("]") for m in members]
-        values = [float(m["value"]) for m in members]
-        pairs = list(zip(values, members, strict=True))
-        low = [max(0.0, v - m["spread"]["min"]) if m["spread"] else 0.0 for v, m in pairs]
-        high = [max(0.0, m["spread"]["max"] - v) if m["spread"] else 0.0 for v, m in pairs]
-        ax.bar(range(len(values)), values, yerr=[low, high], capsize=4, color="#4c72b0")
-        ax.set_xticks(range(len(values)), labels, fontsize=7)
-        ax.set_title(figure, fontsize=9)
-    for ax in list(axes.flat)[len(groups) :]:
-        ax.axis("off")
-    commit = str(result.get("git_commit"))[:12]
-    fig.suptitle(f"cascade bench {name} (commit {commit})", fontsize=10)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=80)
-    plt.close(fig)
-    return out
+def redraw_charts(page: str, root: Path = REPO_ROOT) -> list[Path]:
+    """Redraw the chart beside the JSON each block of ``page`` names, from that JSON."""
+    drawn = []
+    for match in BLOCK.finditer(page):
+        result = _read_block(root, match["name"], match["path"])
+        drawn.append(chart(result, match["name"], (root / match["path"]).with_suffix(".png")))
+    return drawn
 
 
 def publish(results: Path, docs: Path = DOCS, root: Path = REPO_ROOT) -> list[str]:
@@ -477,9 +461,10 @@ def publish(results: Path, docs: Path = DOCS, root: Path = REPO_ROOT) -> list[st
         name = str(result.get("benchmark") or source.stem)
         target = DOCS_RESULTS / f"{name}.json"
         (root / DOCS_RESULTS).mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, root / target)
         chart(result, name, source.with_suffix(".png"))
-        shutil.copyfile(source.with_suffix(".png"), (root / target).with_suffix(".png"))
+        if source.resolve() != (root / target).resolve():  # publishing docs/results itself
+            shutil.copyfile(source, root / target)
+            shutil.copyfile(source.with_suffix(".png"), (root / target).with_suffix(".png"))
         marker = f"<!-- bench {name}: {target.as_posix()} -->\n<!-- end bench {name} -->"
         existing = re.compile(rf"<!-- bench {re.escape(name)}: [^ ]+ -->")
         if existing.search(page):
@@ -495,7 +480,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, help="folder of NAME.json results to publish")
     parser.add_argument("--docs", type=Path, default=DOCS, help="the page to regenerate")
+    parser.add_argument(
+        "--charts", action="store_true", help="also redraw each block's chart from its JSON"
+    )
     args = parser.parse_args(argv)
+    if args.charts:
+        for path in redraw_charts(args.docs.read_text()):
+            print(f"drew {path}", file=sys.stderr)
     if args.results is not None:
         names = publish(args.results, args.docs)
         print(f"published {', '.join(names) or 'nothing'} into {args.docs}", file=sys.stderr)
