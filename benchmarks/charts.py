@@ -36,6 +36,9 @@ class BarSpec:
     """Integer counts: each bar carries its value, so that a measured zero reads as zero."""
     log: bool = False
     """A logarithmic value axis, for variants that differ by orders of magnitude."""
+    start: float = 0.0
+    """Where the bars start: 0.5 for an AUC, the value of guessing, so that the differences
+    between models are visible and no bar claims credit for chance."""
 
 
 @dataclass(frozen=True)
@@ -153,12 +156,13 @@ BARS: dict[str, tuple[BarSpec, ...]] = {
     "preranking": (
         BarSpec(
             "Test AUC",
-            "AUC",
+            "AUC (bars from 0.5, chance)",
             (
                 ("teacher", (("teacher (DCN-v2)", "teacher_auc"),)),
                 ("FSCD", (("FSCD", "fscd_auc"),)),
                 ("two-tower", (("two-tower", "two_tower_auc"),)),
             ),
+            start=0.5,
         ),
         BarSpec(
             "Latency per request (1 user × 1,000 candidates, one thread)",
@@ -430,6 +434,7 @@ class Panel:
     log_x: bool = False
     counts: bool = False
     log: bool = False
+    start: float = 0.0
     line: tuple[float, str] | None = None
     """A horizontal reference line (a goal) and its label."""
 
@@ -459,7 +464,7 @@ def _figure(
 
 
 def _bars(result: Mapping[str, Any], spec: BarSpec) -> Panel:
-    panel = Panel("bars", spec.title, spec.unit, counts=spec.counts, log=spec.log)
+    panel = Panel("bars", spec.title, spec.unit, counts=spec.counts, log=spec.log, start=spec.start)
     for group, variants in spec.groups:
         for label, path in variants:
             found = _figure(result, path)
@@ -574,7 +579,8 @@ def _draw_bars(ax: Any, panel: Panel) -> None:
     spread = any(b.low is not None or b.high is not None for b in panel.bars)
     drawn = ax.barh(
         positions,
-        values,
+        [v - panel.start for v in values],
+        left=panel.start,
         xerr=[[max(0.0, v) for v in low], [max(0.0, v) for v in high]] if spread else None,
         capsize=3,
         color=[colours[b.group] for b in panel.bars],
@@ -585,6 +591,14 @@ def _draw_bars(ax: Any, panel: Panel) -> None:
     ax.set_xlabel(panel.unit, fontsize=8)
     ax.bar_label(drawn, [_number(v) for v in values], padding=3, fontsize=7)
     ax.margins(x=0.2)
+    if panel.start:
+        ax.set_xlim(left=panel.start)
+    if panel.counts:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        # Counts that are all zero still get an axis from zero, where their labels read "0".
+        ax.set_xlim(0, max(1.0, max(values) * 1.2))
     # A legend only where a group holds several variants: otherwise the labels say it all.
     if len(colours) > 1 and len(colours) < len(panel.bars):
         from matplotlib.patches import Patch
