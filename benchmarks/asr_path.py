@@ -92,6 +92,7 @@ import pandas as pd
 import torch
 
 from benchmarks.asr_model import corpus_record, obtain_model, training_config_name
+from benchmarks.goals import goal
 from benchmarks.provenance import bench_repeats, files_digest, rotated
 from cascade.config import load_settings
 from cascade.progress import track
@@ -707,7 +708,8 @@ def _measure(
     result["speedup_int8_vs_onnxruntime"] = (
         result["rtf_onnxruntime"] / result["rtf_int8"] if compiled else None
     )
-    result["goal_rtf_int8_le_0_05"] = result["rtf_int8"] <= 0.05 if compiled else None
+    rtf_goal = goal("asr", "rtf_int8")
+    result[rtf_goal.key] = rtf_goal.met(result["rtf_int8"]) if compiled else None
     shutil.rmtree(work, ignore_errors=True)
     return result
 

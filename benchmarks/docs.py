@@ -1,6 +1,7 @@
 """``docs/benchmarks.md``'s figures, rendered from benchmark JSON, and one chart per benchmark.
 
     python -m benchmarks.docs --results bench-results      # what `make bench` runs last
+    python -m benchmarks.docs --charts                     # redraw docs/results/*.png, re-render
 
 For each ``RESULTS/NAME.json`` (a ``cascade bench NAME`` result) this copies the JSON to
 ``docs/results/NAME.json``, draws ``NAME.png`` beside both (median bars, min-max whiskers where
@@ -29,6 +30,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from benchmarks import charts
+from benchmarks.goals import goals_of
 from benchmarks.provenance import REPO_ROOT
 from benchmarks.registry import benchmark_options
 
@@ -40,6 +43,9 @@ BLOCK = re.compile(
     r"<!-- bench (?P<name>[\w-]+): (?P<path>[^ ]+) -->\n.*?<!-- end bench (?P=name) -->",
     re.DOTALL,
 )
+
+COMMITS = re.compile(r"<!-- results-commits:start -->\n.*?<!-- results-commits:end -->", re.DOTALL)
+"""The page's line naming the commit of every result, rendered from the blocks' JSON."""
 
 FIGURES: dict[str, tuple[str, ...]] = {
     "ctr": (
@@ -187,14 +193,6 @@ FIGURES: dict[str, tuple[str, ...]] = {
 NOTES: dict[str, tuple[tuple[str, str], ...]] = {
     "preranking": (
         ("cross_setup.planted", "Effects the generator planted in the log the lifts come from"),
-        ("auc_ratio_goal_met", "`auc_ratio` ≥ 0.98 (median over the seeds)"),
-        ("feature_cost_ratio_goal_met", "`feature_cost_ratio` ≤ 0.5"),
-        ("pipeline_config_auc_ratio_goal_met", "the pipeline config's `auc_ratio` ≥ 0.98"),
-        (
-            "pipeline_config_feature_cost_ratio_goal_met",
-            "the pipeline config's `feature_cost_ratio` ≤ 0.5",
-        ),
-        ("cross_lift_same_position_goal_met", "`cross_lift_same_position` ≥ 0.01"),
     ),
     "compilers": (
         ("best_fp32_peer", "Best fp32 peer"),
@@ -207,7 +205,8 @@ NOTES: dict[str, tuple[tuple[str, str], ...]] = {
     ),
 }
 """Per benchmark: what is written under its table when the result has it (a dotted path and
-its label): a list as items, a goal as met or not, any other value as it is."""
+its label): a list as items, a goal as met or not, any other value as it is. The goals of
+:data:`benchmarks.goals.GOALS` follow them (:func:`goal_lines`)."""
 
 ITEM_LABELS = ("impressions", "pairs", "utterances", "size")
 """Keys naming a list item in a table (``sizes.0.job_s`` shows as ``job_s [impressions=1000]``)."""
@@ -216,31 +215,19 @@ ITEM_LABELS = ("impressions", "pairs", "utterances", "size")
 # --- reading a result ------------------------------------------------------------------------
 
 
-def _lookup(result: Any, parts: list[str]) -> Any:
-    node = result
-    for part in parts:
-        if isinstance(node, Mapping):
-            node = node.get(part)
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
-
-
 def expand(result: Mapping[str, Any], pattern: str) -> list[tuple[str, str, Any]]:
     """``(path, label, value)`` of each figure ``pattern`` names in ``result``."""
     if "*" not in pattern:
-        return [(pattern, pattern, _lookup(result, pattern.split(".")))]
+        return [(pattern, pattern, charts.lookup(result, pattern))]
     head, tail = pattern.split(".*.", 1)
-    items = _lookup(result, head.split("."))
+    items = charts.lookup(result, head)
     if not isinstance(items, list):
         return []
     found = []
     for index, item in enumerate(items):
         label = next((f"{k}={item[k]}" for k in ITEM_LABELS if k in item), str(index))
         path = f"{head}.{index}.{tail}"
-        found.append((path, f"{tail} [{label}]", _lookup(result, path.split("."))))
+        found.append((path, f"{tail} [{label}]", charts.lookup(result, path)))
     return found
 
 
@@ -307,7 +294,7 @@ def notes(result: Mapping[str, Any], name: str) -> list[str]:
     """The lines of ``NOTES[name]`` that ``result`` has (none: nothing, not even a blank)."""
     lines: list[str] = []
     for key, label in NOTES.get(name, ()):
-        value = _lookup(result, key.split("."))
+        value = charts.lookup(result, key)
         if value is None or value == [] or value == {}:
             continue
         if isinstance(value, bool):
@@ -320,6 +307,29 @@ def notes(result: Mapping[str, Any], name: str) -> list[str]:
         else:
             lines.append(f"- {label} (`{key}`): {value}.")
     return ["", *lines] if lines else []
+
+
+def goal_lines(result: Mapping[str, Any], name: str) -> list[str]:
+    """One line per goal of ``name`` whose figure ``result`` has: the goal as
+    :data:`benchmarks.goals.GOALS` states it, and whether the figure meets it. A result whose own
+    ``*_goal_met`` key says otherwise was tested against another bound when it ran: the line
+    says so rather than repeat it."""
+    lines = []
+    for stated in goals_of(name):
+        value = charts.lookup(result, stated.figure)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        held = stated.met(value)
+        verdict = "met" if held else "not met"
+        line = f"- Goal {stated.statement()} ({stated.meaning}): {verdict}"
+        recorded = result.get(stated.key)
+        if isinstance(recorded, bool):
+            line += f" (`{stated.key}`)"
+            if recorded != held:
+                said = "met" if recorded else "not met"
+                line += f"; the result's own key says {said}, tested against another bound"
+        lines.append(line + ".")
+    return lines
 
 
 def render_block(result: Mapping[str, Any], name: str, path: str, root: Path = REPO_ROOT) -> str:
@@ -353,6 +363,9 @@ def render_block(result: Mapping[str, Any], name: str, path: str, root: Path = R
         else:
             lines.append(f"| `{row['label']}` | {number(row['value'])} | — | 1 |")
     lines += notes(result, name)
+    goals = goal_lines(result, name)
+    if goals:
+        lines += goals if lines[-1].startswith("- ") else ["", *goals]
     chart = Path(path).with_suffix(".png")
     if (root / chart).is_file():
         lines += ["", f"![{name}]({page_link(chart)})"]
@@ -360,52 +373,81 @@ def render_block(result: Mapping[str, Any], name: str, path: str, root: Path = R
     return "\n".join(lines)
 
 
+def commits_line(results: list[tuple[str, Mapping[str, Any]]]) -> str:
+    """Which commit each of ``results`` (``(benchmark, result)``, in page order) came from, the
+    commits with most results first, each result from a tree with uncommitted changes marked;
+    flagged when they are not one set (one commit, clean trees)."""
+    by_commit: dict[str, list[str]] = {}
+    dirty = []
+    for name, result in results:
+        commit = str(result.get("git_commit") or "unknown")[:12]
+        if result.get("git_dirty"):
+            dirty.append(name)
+            name = f"{name} (uncommitted changes)"
+        by_commit.setdefault(commit, []).append(name)
+    ordered = sorted(by_commit.items(), key=lambda item: -len(item[1]))
+    listed = "; ".join(f"`{commit}` {', '.join(names)}" for commit, names in ordered)
+    if len(by_commit) == 1 and not dirty:
+        return f"Results by commit: {listed}. One published set: one commit, a clean tree."
+    flags = [f"{len(by_commit)} commits"] if len(by_commit) > 1 else []
+    if dirty:
+        flags.append(f"{len(dirty)} from a tree with uncommitted changes ({', '.join(dirty)})")
+    return (
+        f"Results by commit: {listed}. **Not one published set**: {' and '.join(flags)}; "
+        "`make bench` at one clean commit makes them one."
+    )
+
+
+def _read_block(root: Path, name: str, path: str) -> dict[str, Any]:
+    source = root / path
+    if not source.is_file():
+        raise FileNotFoundError(f"docs block {name!r} names {path}, which does not exist")
+    return json.loads(source.read_text())
+
+
 def render_page(page: str, root: Path = REPO_ROOT) -> str:
-    """``page`` with every block re-rendered from the JSON its marker names (under ``root``)."""
+    """``page`` with every block re-rendered from the JSON its marker names (under ``root``), and
+    its line of commits (between ``<!-- results-commits:start -->`` and ``:end -->``) from the
+    same JSON."""
+    results = [(m["name"], _read_block(root, m["name"], m["path"])) for m in BLOCK.finditer(page)]
 
     def block(match: re.Match[str]) -> str:
         name, path = match["name"], match["path"]
-        source = root / path
-        if not source.is_file():
-            raise FileNotFoundError(f"docs block {name!r} names {path}, which does not exist")
-        return render_block(json.loads(source.read_text()), name, path, root)
+        return render_block(_read_block(root, name, path), name, path, root)
 
-    return BLOCK.sub(block, page)
+    page = BLOCK.sub(block, page)
+    line = commits_line(results) if results else "No results yet."
+    replacement = f"<!-- results-commits:start -->\n{line}\n<!-- results-commits:end -->"
+    return COMMITS.sub(lambda _match: replacement, page)
 
 
 def chart(result: Mapping[str, Any], name: str, out: Path) -> Path:
-    """One PNG: a panel per figure, bars at the median, whiskers from min to max."""
-    import matplotlib
+    """``name``'s PNG (:mod:`benchmarks.charts`); a benchmark it has no panels for gets a bar
+    panel per figure of its table."""
+    panels = charts.plan(result, name)
+    if not panels:
+        by_figure: dict[str, charts.Panel] = {}
+        for row in figures(result, name):
+            if not math.isfinite(float(row["value"])):
+                continue
+            figure, _, item = row["label"].partition(" [")
+            panel = by_figure.setdefault(figure, charts.Panel("bars", figure, figure))
+            spread = row["spread"] or {}
+            label = item.rstrip("]") or figure
+            value = float(row["value"])
+            bar = charts.Bar("", label, row["path"], value, spread.get("min"), spread.get("max"))
+            panel.bars.append(bar)
+        panels = list(by_figure.values())
+    return charts.draw(result, name, out, panels)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    rows = [row for row in figures(result, name) if math.isfinite(float(row["value"]))]
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(row["label"].split(" [")[0], []).append(row)
-    panels = max(1, len(groups))
-    columns = min(3, panels)
-    lines = math.ceil(panels / columns)
-    fig, axes = plt.subplots(lines, columns, figsize=(4 * columns, 3 * lines), squeeze=False)
-    for ax, (figure, members) in zip(axes.flat, groups.items(), strict=False):
-        labels = [m["label"].partition(" [")[2].rstrip("]") for m in members]
-        values = [float(m["value"]) for m in members]
-        pairs = list(zip(values, members, strict=True))
-        low = [max(0.0, v - m["spread"]["min"]) if m["spread"] else 0.0 for v, m in pairs]
-        high = [max(0.0, m["spread"]["max"] - v) if m["spread"] else 0.0 for v, m in pairs]
-        ax.bar(range(len(values)), values, yerr=[low, high], capsize=4, color="#4c72b0")
-        ax.set_xticks(range(len(values)), labels, fontsize=7)
-        ax.set_title(figure, fontsize=9)
-    for ax in list(axes.flat)[len(groups) :]:
-        ax.axis("off")
-    commit = str(result.get("git_commit"))[:12]
-    fig.suptitle(f"cascade bench {name} (commit {commit})", fontsize=10)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=80)
-    plt.close(fig)
-    return out
+def redraw_charts(page: str, root: Path = REPO_ROOT) -> list[Path]:
+    """Redraw the chart beside the JSON each block of ``page`` names, from that JSON."""
+    drawn = []
+    for match in BLOCK.finditer(page):
+        result = _read_block(root, match["name"], match["path"])
+        drawn.append(chart(result, match["name"], (root / match["path"]).with_suffix(".png")))
+    return drawn
 
 
 def publish(results: Path, docs: Path = DOCS, root: Path = REPO_ROOT) -> list[str]:
@@ -419,9 +461,10 @@ def publish(results: Path, docs: Path = DOCS, root: Path = REPO_ROOT) -> list[st
         name = str(result.get("benchmark") or source.stem)
         target = DOCS_RESULTS / f"{name}.json"
         (root / DOCS_RESULTS).mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, root / target)
         chart(result, name, source.with_suffix(".png"))
-        shutil.copyfile(source.with_suffix(".png"), (root / target).with_suffix(".png"))
+        if source.resolve() != (root / target).resolve():  # publishing docs/results itself
+            shutil.copyfile(source, root / target)
+            shutil.copyfile(source.with_suffix(".png"), (root / target).with_suffix(".png"))
         marker = f"<!-- bench {name}: {target.as_posix()} -->\n<!-- end bench {name} -->"
         existing = re.compile(rf"<!-- bench {re.escape(name)}: [^ ]+ -->")
         if existing.search(page):
@@ -437,7 +480,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, help="folder of NAME.json results to publish")
     parser.add_argument("--docs", type=Path, default=DOCS, help="the page to regenerate")
+    parser.add_argument(
+        "--charts", action="store_true", help="also redraw each block's chart from its JSON"
+    )
     args = parser.parse_args(argv)
+    if args.charts:
+        for path in redraw_charts(args.docs.read_text()):
+            print(f"drew {path}", file=sys.stderr)
     if args.results is not None:
         names = publish(args.results, args.docs)
         print(f"published {', '.join(names) or 'nothing'} into {args.docs}", file=sys.stderr)

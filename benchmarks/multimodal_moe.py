@@ -9,7 +9,7 @@
    ``--repeats`` timed runs each (default 5, 3 with ``--quick``) in alternating order (the
    model that runs first rotates each round: ``throughput_order``); medians, and each run in
    ``*_runs`` for the spread: ``moe_vs_dense_throughput`` = dense step time / MoE step time
-   (goal >= 0.7).
+   (its goal: :data:`THROUGHPUT_GOAL`, ``throughput_goal_met``).
 2. Quality: both configs are trained in full (:func:`models.multimodal.evaluate.compare`):
    ``recall_at_1_i2t`` / ``recall_at_1_t2i`` of the MoE model and ``dense_recall_at_1`` (mean of
    both directions) on the held-out split, ``expert_load_cv`` and ``tokens_dropped`` of the MoE
@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.goals import goal
 from benchmarks.provenance import bench_repeats, files_digest, private_tracking
 from cascade.config import load_settings
 from cascade.training.launch import run_torchrun
@@ -58,6 +59,9 @@ SKIP_REASONS = {
     "session) is not run; cascade bench multimodal-corpus measures it on its own",
 }
 """Why each part of ``CASCADE_BENCH_MULTIMODAL_SKIP`` is missing from a result."""
+THROUGHPUT_GOAL = goal("multimodal", "moe_vs_dense_throughput")
+"""``moe_vs_dense_throughput``'s goal: 70% of the dense twin's steps/s or more, as the issue that
+asked for the benchmark set it and the page states it (``throughput_goal_met``)."""
 CORPUS_RESULT_ENV = "CASCADE_BENCH_MULTIMODAL_CORPUS_RESULT"
 """A ``cascade bench multimodal-corpus`` JSON to take the corpus figures from (else that
 benchmark runs as part of this one)."""
@@ -274,7 +278,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             "data": corpus or "generator",
             "files": "model/final of the MoE run and of its dense twin",
         },
-        "throughput_goal_met": speed["moe_vs_dense_throughput"] >= 0.7,
+        "throughput_goal_met": THROUGHPUT_GOAL.met(speed["moe_vs_dense_throughput"]),
         "expert_load_cv": moe_result.get("expert_load_cv"),
         "tokens_dropped": moe_result.get("tokens_dropped"),
         "recall_at_1_i2t": moe["i2t_recall_at_1"],

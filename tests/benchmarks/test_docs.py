@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import docs
+from benchmarks.goals import GOALS, Goal
 from benchmarks.provenance import REPO_ROOT
 
 FIXTURE = {
@@ -85,15 +86,17 @@ def test_a_block_notes_the_planted_effects_goals_and_failed_peers_it_has() -> No
         "cross_lift": 0.12,
         "cross_lift_same_position": 0.004,
         "cross_setup": {"planted": ["position: P(click) = position^-0.7", "user x genre"]},
+        "auc_ratio": 0.99,
         "auc_ratio_goal_met": True,
         "cross_lift_same_position_goal_met": False,
     }
     block = docs.render_block(result, "preranking", "docs/results/preranking.json")
     assert "| `cross_lift_same_position` | 0.004 | — | 1 |" in block
     assert "position^-0.7; user x genre." in block
-    assert "- Goal `auc_ratio` ≥ 0.98 (median over the seeds): met" in block
-    assert "`cross_lift_same_position` ≥ 0.01: not met" in block
-    assert "feature_cost_ratio_goal_met" not in block  # absent from the result: no line
+    assert "- Goal `auc_ratio` ≥ 0.98 (FSCD's test AUC over its teacher's, median over" in block
+    assert "median over the seeds): met (`auc_ratio_goal_met`)." in block
+    assert "`cross_lift_same_position` ≥ 0.01 (" in block and "not met (`cross_lift" in block
+    assert "feature_cost_ratio" not in block  # absent from the result: no line
     compiled = docs.render_block(
         {"best_int8_peer": "onnxruntime_static_int8", "peers_failed": {"x": "no AVX-512"}},
         "compilers",
@@ -102,3 +105,43 @@ def test_a_block_notes_the_planted_effects_goals_and_failed_peers_it_has() -> No
     assert "Best int8 peer (`best_int8_peer`): onnxruntime_static_int8." in compiled
     assert "(`peers_failed`): x: no AVX-512." in compiled
     assert docs.notes({}, "compilers") == []
+
+
+@pytest.mark.parametrize("stated", GOALS, ids=lambda g: g.key)
+def test_each_block_states_its_goal_and_tests_the_figure_against_it(stated: Goal) -> None:
+    """The page states the bound of :data:`benchmarks.goals.GOALS` and judges the figure by it;
+    a result whose own key was computed against another bound is called out, not repeated."""
+    step = abs(stated.bound) * 0.01 or 0.01
+    inside = stated.bound + (step if stated.op == ">=" else -step)
+    outside = stated.bound - (step if stated.op == ">=" else -step)
+    assert stated.met(stated.bound) and stated.met(inside) and not stated.met(outside)
+    path = f"docs/results/{stated.benchmark}.json"
+    agreeing = docs.render_block({stated.figure: inside, stated.key: True}, stated.benchmark, path)
+    assert f"- Goal {stated.statement()} ({stated.meaning}): met (`{stated.key}`)." in agreeing
+    stale = docs.render_block({stated.figure: outside, stated.key: True}, stated.benchmark, path)
+    assert f"not met (`{stated.key}`); the result's own key says met" in stale
+
+
+def test_the_page_names_each_result_s_commit_and_flags_a_mixed_set() -> None:
+    clean = {"git_commit": "a" * 40, "git_dirty": False}
+    same = docs.commits_line([("ctr", clean), ("serving", clean)])
+    assert same == (
+        "Results by commit: `aaaaaaaaaaaa` ctr, serving. "
+        "One published set: one commit, a clean tree."
+    )
+    mixed = docs.commits_line(
+        [("ctr", clean), ("serving", {"git_commit": "b" * 40, "git_dirty": True}), ("asr", clean)]
+    )
+    assert mixed.startswith(
+        "Results by commit: `aaaaaaaaaaaa` ctr, asr; `bbbbbbbbbbbb` serving (uncommitted changes)."
+    )
+    flag = "**Not one published set**: 2 commits and 1 from a tree with uncommitted changes"
+    assert flag in mixed
+    page = (
+        "# B\n\n<!-- results-commits:start -->\nstale\n<!-- results-commits:end -->\n\n"
+        "<!-- bench ctr: docs/results/ctr.json -->\n<!-- end bench ctr -->\n"
+    )
+    rendered = docs.render_page(page)
+    assert "stale" not in rendered
+    committed = json.loads((REPO_ROOT / "docs/results/ctr.json").read_text())
+    assert f"Results by commit: `{committed['git_commit'][:12]}` ctr." in rendered
