@@ -255,6 +255,25 @@ def outlet_events() -> Any:
     return get_current_context()["outlet_events"]
 
 
+def airflow_run_info() -> Any:
+    """The running task's DAG run, try and UI link, for its step's context."""
+    from airflow.sdk import get_current_context
+
+    from cascade.step_context import RunInfo
+
+    try:
+        context = get_current_context()
+    except Exception:  # called outside a running task (a test calling the task's function)
+        return RunInfo()
+    ti, dag_run = context.get("ti"), context.get("dag_run")
+    url = str(getattr(ti, "log_url", "") or "")
+    return RunInfo(
+        dag_run_id=str(getattr(dag_run, "run_id", "") or "") or None,
+        try_number=int(getattr(ti, "try_number", 1) or 1),
+        links={"airflow": url} if url else {},
+    )
+
+
 def claimed_events() -> list[dict[str, Any]]:
     """The events the running task's DAG run claimed (the ledger keeps their bodies): a run
     queued for a waiting partition was started by its own DAG's asset, not by those events."""
@@ -294,7 +313,7 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
 
             land_event_paths(Lake(load_settings().lake_root), claimed_events(), ds, datasets)
         try:
-            result = run_step(name, ds, pipeline)
+            result = run_step(name, ds, pipeline, run=airflow_run_info())
         except NothingLanded as exc:
             # Nothing to build: the run ends as skipped (so do the steps after this one) and
             # trains, registers and promotes nothing; the reason shows in the task's log.

@@ -19,8 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-StepFunction = Callable[[str], Mapping[str, Any]]
-"""A step: takes the partition date ``YYYY-MM-DD``, returns a JSON-able summary."""
+StepFunction = Callable[[Any], Mapping[str, Any]]
+"""A step: takes its :class:`cascade.step_context.StepContext` (the partition, the settings
+with this run's knobs applied, the run), returns a JSON-able summary."""
 
 Importer = Callable[..., Mapping[str, int]]
 """A landing format's importer, ``(source: Path, dest: Path, *, ds: str) -> counts``: reads
@@ -63,7 +64,7 @@ class Step:
     name: str
     """Task id and step name; the DVC stage is the pipeline's ``dvc_prefix`` + this."""
     run: StepFunction
-    """The function the task, the DVC stage and ``cascade step`` call with the partition date."""
+    """The function the task, the DVC stage and ``cascade step`` call with the step's context."""
     doc: str = ""
     """One line on what the step does (task ``doc_md``, ``cascade pipelines``)."""
     timeout_minutes: float | None = None
@@ -81,7 +82,8 @@ class Step:
     params: Mapping[str, str] = field(default_factory=dict)
     """Knobs of the step: name -> the ``CASCADE_*`` setting it sets. Each is the DVC parameter
     ``<pipeline>.<name>`` in ``params.yaml`` (``dvc exp run -S``), given to the step as
-    ``cascade step ... --param name=VALUE``."""
+    ``cascade step ... --param name=VALUE``; the step sees the value as a field of its
+    context's settings."""
     metrics: tuple[str, ...] = ()
     """Numeric keys of the step's summary that are its metrics: the step runner writes them to
     ``metrics.json`` beside the summary, a DVC metrics file (``dvc metrics diff``)."""
@@ -115,7 +117,7 @@ class Step:
                     f"got {variable!r}"
                 )
         if not callable(self.run):
-            raise TypeError(f"step {self.name!r}: run must be a function of the partition date")
+            raise TypeError(f"step {self.name!r}: run must be a function of the step's context")
         if self.timeout_minutes is not None and self.timeout_minutes <= 0:
             raise ValueError(f"step {self.name!r}: timeout_minutes must be > 0")
 

@@ -3,7 +3,8 @@
 
     cascade step training_set --pipeline ctr_preranking --ds 2026-11-22
 
-Each step takes the partition date and returns a JSON-able summary, recorded under the lake
+Each step takes its context (:class:`cascade.step_context.StepContext`) and returns a JSON-able
+summary, recorded under the lake
 (``reports/step_<dvc stage>/dt=DS/summary.json``) where the next DVC stage depends on it.
 """
 
@@ -23,6 +24,7 @@ from cascade.lake import Lake, check_ds, lake_from_settings
 from cascade.pipeline_registry import get_pipeline
 from cascade.pipeline_spec import Step
 from cascade.results import write_result
+from cascade.step_context import RUN_VARIABLES, RunInfo, StepContext, knob_values
 
 
 def write_step_result(lake: Lake, kind: str, ds: str, result: dict[str, Any]) -> dict[str, Any]:
@@ -41,17 +43,13 @@ def read_step_result(lake: Lake, kind: str, ds: str, *, produced_by: str) -> dic
     return dict(json.loads(path.read_text()))
 
 
-def summary_path(name: str, ds: str, pipeline: str) -> Path:
+def summary_path(name: str, ds: str, pipeline: str, *, lake: Lake | None = None) -> Path:
     """Where a step leaves its summary (a DVC output, and what the next stage depends on)."""
     stage = get_pipeline(pipeline).dvc_prefix + name
-    return lake_from_settings().reports(f"step_{stage}", ds) / "summary.json"
+    return (lake or lake_from_settings()).reports(f"step_{stage}", ds) / "summary.json"
 
 
-RUN_CONTEXT = {
-    "pipeline": "CASCADE_RUN_PIPELINE",
-    "step": "CASCADE_RUN_STEP",
-    "ds": "CASCADE_RUN_DS",
-}
+RUN_CONTEXT = RUN_VARIABLES
 """Variables a step's process (and the training processes it starts) sees while it runs: the
 MLflow runs it opens are named and tagged with them (:mod:`cascade.training.resumable_run`)."""
 
@@ -88,20 +86,8 @@ METRICS_FILE = "metrics.json"
 file)."""
 
 
-def knob_environment(step: Step, params: Mapping[str, str]) -> dict[str, str]:
-    """The ``CASCADE_*`` variables that ``--param knob=VALUE`` values set for ``step``. An empty
-    value sets nothing; ``true``/``false`` (how DVC writes a YAML boolean) become ``1``/``0``.
-    An unknown knob is a ValueError naming the step's knobs."""
-    unknown = sorted(set(params) - set(step.params))
-    if unknown:
-        known = ", ".join(sorted(step.params)) or "none"
-        raise ValueError(f"step {step.name!r} has no knob {', '.join(unknown)} (knobs: {known})")
-    words = {"true": "1", "false": "0"}
-    return {
-        step.params[knob]: words.get(value.strip().lower(), value.strip())
-        for knob, value in params.items()
-        if value.strip()
-    }
+knob_environment = knob_values
+"""The ``CASCADE_*`` values ``--param knob=VALUE`` values give a step (:func:`knob_values`)."""
 
 
 def step_metrics(step: Step, summary: Mapping[str, Any]) -> dict[str, float]:
@@ -114,19 +100,28 @@ def step_metrics(step: Step, summary: Mapping[str, Any]) -> dict[str, float]:
 
 
 def run_step(
-    name: str, ds: str, pipeline: str, params: Mapping[str, str] | None = None
+    name: str,
+    ds: str,
+    pipeline: str,
+    params: Mapping[str, str] | None = None,
+    *,
+    run: RunInfo | None = None,
 ) -> dict[str, Any]:
-    """Run step ``name`` of ``pipeline`` for partition ``ds`` with its knobs set from
-    ``params`` (:func:`knob_environment`), and record its JSON summary, its metrics
+    """Run step ``name`` of ``pipeline`` for partition ``ds`` on its context
+    (:class:`~cascade.step_context.StepContext`: the settings with the knobs ``params``
+    applied, ``run`` the Airflow run or none), and record its JSON summary, its metrics
     (:data:`METRICS_FILE`, when it declares some) and its timing (:data:`TIMING_FILE`, also
     when it fails)."""
-    step = get_pipeline(pipeline).step(name)
-    knobs = knob_environment(step, params or {})
-    path = summary_path(name, check_ds(ds), pipeline)
+    spec = get_pipeline(pipeline)
+    ctx = StepContext.build(spec, name, check_ds(ds), params=params, run=run)
+    step = ctx.step
+    path = summary_path(name, ds, pipeline, lake=ctx.lake)
     started, clock = dt.datetime.now(dt.UTC), time.monotonic()
     try:
-        with step_context(pipeline, name, ds), scoped_environ(knobs):
-            result = dict(step.run(ds))
+        # The processes a step starts (trainings) learn which step they serve from these
+        # variables; the knobs reach the step as settings values, not as variables.
+        with step_context(pipeline, name, ds):
+            result = dict(step.run(ctx))
     except BaseException as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         skipped = isinstance(exc, NothingLanded)  # the run ends as skipped, saying why

@@ -35,7 +35,7 @@ from cascade.assets import (
     ASSET_SPEECH_CORPUS,
     ASSET_SPEECH_DATA_LANDED,
 )
-from cascade.config import Settings, load_group, load_settings
+from cascade.config import Settings
 from cascade.errors import NothingLanded
 from cascade.lake import Lake, check_ds, nothing_landed
 from cascade.landing import landed_from, landing_record
@@ -51,6 +51,7 @@ from cascade.pipeline_spec import (
     deferred,
 )
 from cascade.settings_fields import SETTINGS_CONFIG
+from cascade.step_context import StepContext, with_settings
 from cascade.step_runner import read_step_result, write_step_result
 
 CONFIG_ENV = "CASCADE_ASR_CONFIG"
@@ -79,10 +80,6 @@ class AsrSettings:
     exactly, so the tolerance only absorbs real noise."""
 
 
-def config_name() -> str:
-    return load_group(AsrSettings).config
-
-
 def landing_dir(lake: Lake, ds: str) -> Path:
     return lake.root / "landing" / "speech" / f"dt={check_ds(ds)}"
 
@@ -91,18 +88,21 @@ def corpus_dir(lake: Lake, ds: str) -> Path:
     return lake.root / "corpora" / "speech" / f"dt={check_ds(ds)}"
 
 
-def _synthetic_count() -> int:
-    count = load_group(AsrSettings).utterances
+def _synthetic_count(knobs: AsrSettings) -> int:
+    count = knobs.utterances
     if count is None:
         from models.asr.config_registry import get_config
 
-        count = get_config(config_name()).corpus_utterances
+        count = get_config(knobs.config).corpus_utterances
     if count < 1:
         raise ValueError(f"CASCADE_ASR_UTTERANCES must be >= 1, got {count}")
     return count
 
 
-def land_synthetic_batch(dest: Path, *, ds: str) -> dict[str, int]:
+@with_settings(AsrSettings)
+def land_synthetic_batch(
+    dest: Path, *, ds: str, platform: Settings, settings: AsrSettings
+) -> dict[str, int]:
     """The ``synthetic`` source of dataset ``speech``: the partition's espeak-ng utterances
     (``CASCADE_ASR_UTTERANCES``, else the config's size) plus the human recordings of
     :mod:`jobs.speech_human` (always test data). Chosen explicitly (the demo, benchmarks and
@@ -110,7 +110,7 @@ def land_synthetic_batch(dest: Path, *, ds: str) -> dict[str, int]:
     from jobs.audio_corpus import land_synthetic, spark_session
     from jobs.speech_human import land_human
 
-    count = _synthetic_count()
+    count = _synthetic_count(settings)
     print(f"[asr] synthesizing {count} utterances for ds={ds}", flush=True)
     synthesized = land_synthetic(spark_session(), dest, count=count, seed=partition_seed(ds))
     human = land_human(dest)
@@ -137,12 +137,12 @@ SPEECH = Dataset(
 """What ``corpus`` reads from ``landing/speech/dt=DS`` (``cascade land speech``)."""
 
 
-def corpus(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def corpus(ctx: StepContext) -> dict[str, Any]:
     """Build the partition's corpus on Spark from its landing folder; a partition with nothing
     landed ends the run as skipped (:class:`~cascade.errors.NothingLanded`)."""
     from jobs.audio_corpus import build_corpus, spark_session
 
-    settings = settings or load_settings()
+    ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
     landing = landing_dir(lake, ds)
     if not (landing / "transcripts.jsonl").exists() and not (landing / "wav").exists():
@@ -161,24 +161,26 @@ def corpus(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     return write_step_result(lake, "asr_corpus", ds, summary)
 
 
-def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def validate(ctx: StepContext) -> dict[str, Any]:
     """The GX gate on the manifest; a failure stops the DAG before training."""
     from jobs.audio_corpus_gate import validate_corpus
 
-    settings = settings or load_settings()
+    ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
     report = validate_corpus(corpus_dir(lake, ds), docs=lake.data_docs("asr", "validate", ds))
     return {k: report[k] for k in ("success", "rows", "voices", "path", "data_docs")} | {"ds": ds}
 
 
-def train(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def train(ctx: StepContext) -> dict[str, Any]:
     """DeepSpeed training (fp32, then range-scaled int8 QAT with distillation) on the corpus;
     a killed attempt resumes from its checkpoints on the task's retry."""
     from models.asr.train import train_asr
 
-    settings = settings or load_settings()
+    ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
-    result = train_asr(settings, config_name(), corpus_dir(lake, ds), lake.reports("asr_train", ds))
+    result = train_asr(
+        settings, ctx.settings.config, corpus_dir(lake, ds), lake.reports("asr_train", ds)
+    )
     return write_step_result(lake, "asr_train", ds, {**result, "ds": ds})
 
 
@@ -196,7 +198,7 @@ def held_out_cer(artifact: Path, corpus: Path) -> dict[str, Any]:
     }
 
 
-def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def register(ctx: StepContext) -> dict[str, Any]:
     """Register the int8 model trained for ``ds`` (with its compiled artifact) as a new version of
     MLflow model ``asr`` (alias ``challenger``); move ``champion`` to it when the compile gate
     passed and its CER on this partition's held-out voices is within the tolerance of the
@@ -219,13 +221,13 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     from cascade.signing import check_tested, load_signing_key
     from models.asr.pyfunc import save_pyfunc
 
-    settings = settings or load_settings()
+    ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
     trained = read_step_result(lake, "asr_train", ds, produced_by="train")
     gate = read_step_result(lake, "asr_compile", ds, produced_by="compile")
     client = registry_client(settings)
     run_id = trained["run_id"]
-    promotion = PIPELINE.promotion()
+    promotion = ctx.pipeline.promotion(ctx.settings)
     assert promotion is not None
 
     def score(champion: Any) -> Scores:
@@ -301,7 +303,7 @@ MIN_AGREEMENT = 0.95
 was compiled from (a compiler bug shows up as disagreement, not as a small CER change)."""
 
 
-def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # noqa: A001
+def compile(ctx: StepContext) -> dict[str, Any]:  # noqa: A001
     """Build the int8 AOTInductor package of the trained model and gate it: its transcripts
     must agree with the fake-quant model's and its CER stay within the config's
     ``int8_max_cer_delta`` of the fp32 model's on the same held-out utterances. The package and
@@ -321,7 +323,7 @@ def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # 
     from models.asr.inference import transcribe
     from models.asr.metrics import cer
 
-    settings = settings or load_settings()
+    ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
     trained = read_step_result(lake, "asr_train", ds, produced_by="train")
     model_dir = Path(trained["int8_artifact"]).parent
@@ -446,13 +448,14 @@ def served_version(settings: Settings, *, timeout_s: float = 10.0) -> str | None
     return None if version is None else str(version)
 
 
-def score(request: Mapping[str, Any]) -> dict[str, Any]:
+@with_settings(None)
+def score(request: Mapping[str, Any], *, platform: Settings) -> dict[str, Any]:
     """``cascade score --model asr --audio FILE.wav``: the served champion's transcript."""
     path = request.get("audio")
     if not path:
         raise ValueError("transcribing needs --audio FILE.wav")
     wav = Path(str(path)).read_bytes()
-    response = _transcribe(load_settings(), wav, timeout_s=30.0)
+    response = _transcribe(platform, wav, timeout_s=30.0)
     if response is None:
         raise RuntimeError(
             "the ASR server did not answer (not running, not ready, or it refused the file); "
@@ -461,13 +464,13 @@ def score(request: Mapping[str, Any]) -> dict[str, Any]:
     return response
 
 
-def deploy(ds: str, *, settings: Settings | None = None, timeout_s: float = 300) -> dict[str, Any]:
+def deploy(ctx: StepContext, *, timeout_s: float = 300) -> dict[str, Any]:
     """Wait until the ASR server transcribes with the registry's champion; says why a
     challenger that was not promoted is not the one served."""
     from serving.champion import champion_version
     from serving.deploy import wait_until_served
 
-    settings = settings or load_settings()
+    ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
     decision = read_step_result(lake, "asr_register", ds, produced_by="register")
     champion = champion_version(settings, MODEL_NAME)

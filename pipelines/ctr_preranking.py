@@ -28,6 +28,7 @@ from cascade.assets import (
 )
 from cascade.pipeline_spec import Pipeline, Plot, Promotion, RegisteredModel, Step, Trigger
 from cascade.settings_fields import SETTINGS_CONFIG
+from cascade.step_context import StepContext
 from models.preranking import PROMOTION_METRICS, REGISTERED_MODEL
 
 REPORTS = ".cascade/lake/reports"
@@ -72,20 +73,17 @@ class PrerankingSettings:
     become champion, instead of the spec's 0.005 (both scored on the same held-out rows)."""
 
 
-def training_set(ds: str) -> dict[str, Any]:
-    from cascade.config import load_group, load_settings
-    from cascade.lake import Lake
+def training_set(ctx: StepContext) -> dict[str, Any]:
     from jobs import ctr_cross_stats as engine
     from jobs.ctr_training_set import pipeline_training_set
     from jobs.spark_sessions import active_or_new
 
-    settings = load_settings()
-    knobs = load_group(PrerankingSettings)
-    out = Lake(settings.lake_root).training_set("preranking", ds)
+    settings, knobs = ctx.platform, ctx.settings
+    out = ctx.lake.training_set("preranking", ctx.ds)
     app = "cascade.ctr_preranking.training_set"
     with active_or_new(lambda: engine.build_session(settings, app=app)) as spark:
         return pipeline_training_set(
-            ds,
+            ctx.ds,
             out,
             spark=spark,
             lake_root=settings.lake_root,
@@ -94,15 +92,14 @@ def training_set(ds: str) -> dict[str, Any]:
         )
 
 
-def train(ds: str) -> dict[str, Any]:
-    from cascade.config import load_group, load_settings
+def train(ctx: StepContext) -> dict[str, Any]:
     from models.preranking.cascade_train import launch_pipeline
 
-    knobs = load_group(PrerankingSettings)
+    knobs = ctx.settings
     return launch_pipeline(
-        ds,
+        ctx.ds,
         config=knobs.config or DEFAULT_CONFIG,
-        settings=load_settings(),
+        settings=ctx.platform,
         epochs=knobs.epochs,
         lr=knobs.lr,
         validation_fraction=knobs.validation_fraction,
@@ -110,24 +107,24 @@ def train(ds: str) -> dict[str, Any]:
     )
 
 
-def compile_gate(ds: str) -> dict[str, Any]:
+def compile_gate(ctx: StepContext) -> dict[str, Any]:
     from compilers.deploy_gate import compile_and_gate
 
-    return compile_and_gate(ds)
+    return compile_and_gate(ctx.ds)
 
 
-def register(ds: str) -> dict[str, Any]:
+def register(ctx: StepContext) -> dict[str, Any]:
     from models.preranking.registration import register_and_promote
 
-    promotion = PIPELINE.promotion()
+    promotion = ctx.pipeline.promotion(ctx.settings)
     assert promotion is not None
-    return register_and_promote(ds, promotion=promotion)
+    return register_and_promote(ctx.ds, promotion=promotion)
 
 
-def deploy(ds: str) -> dict[str, Any]:
+def deploy(ctx: StepContext) -> dict[str, Any]:
     from serving.deploy import roll_out
 
-    return roll_out(ds)
+    return roll_out(ctx.ds)
 
 
 def score(request: Mapping[str, Any]) -> dict[str, Any]:

@@ -95,12 +95,12 @@ TOY_MODULE = '''
 from cascade.pipeline_spec import Pipeline, Step, Trigger
 
 
-def count(ds: str) -> dict:
-    return {"ds": ds, "counted": 3}
+def count(ctx) -> dict:
+    return {"ds": ctx.ds, "counted": 3}
 
 
-def report(ds: str) -> dict:
-    return {"ds": ds, "reported": True}
+def report(ctx) -> dict:
+    return {"ds": ctx.ds, "reported": True}
 
 
 PIPELINE = Pipeline(

@@ -26,7 +26,7 @@ from cascade.step_runner import knob_environment, step_metrics
 PIPELINES = registered_pipelines()
 
 
-def _noop(ds: str) -> dict:
+def _noop(ctx: object) -> dict:
     return {"ds": ds}
 
 
@@ -118,9 +118,7 @@ from typing import ClassVar
 
 from pydantic.dataclasses import dataclass
 
-from cascade.config import load_group
 from cascade.settings_fields import SETTINGS_CONFIG
-from cascade.lake import lake_from_settings
 from cascade.pipeline_spec import Pipeline, Plot, Step
 
 CURVE = ".cascade/lake/reports/toy_curve/dt=${ds}/curve.csv"
@@ -135,9 +133,9 @@ class ToySettings:
     """How far to count."""
 
 
-def count(ds: str) -> dict:
-    scale = load_group(ToySettings).scale
-    out = lake_from_settings().reports("toy_curve", ds)
+def count(ctx) -> dict:
+    ds, scale = ctx.ds, ctx.settings.scale
+    out = ctx.lake.reports("toy_curve", ds)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "curve.csv").open("w", newline="") as handle:
         rows = [[step, 1.0 / (step + scale)] for step in range(3)]

@@ -16,6 +16,7 @@ from benchmarks.security import planted_pickle
 from cascade.artifacts import DIGESTS_TAG, TamperedArtifact, folder_digests
 from cascade.config import Settings
 from cascade.lake import Lake
+from cascade.step_context import StepContext
 from pipelines import asr as asr_pipeline
 from pipelines import multimodal as mm_pipeline
 
@@ -47,7 +48,9 @@ def test_asr_registration_records_digests_and_a_tampered_champion_is_never_loade
     for ds in ("2026-11-20", "2026-11-21"):
         _corpus(asr_pipeline.corpus_dir(lake, ds))
     _trained(settings, "2026-11-20", artifact)
-    first = asr_pipeline.register("2026-11-20", settings=settings)
+    first = asr_pipeline.register(
+        StepContext.build(asr_pipeline.PIPELINE, "register", "2026-11-20", platform=settings)
+    )
     assert first["promoted"] and first["version"] == "1"
     version = _client(settings).get_model_version(asr_pipeline.MODEL_NAME, "1")
     stored = _stored(settings, asr_pipeline.MODEL_NAME, "1")
@@ -58,7 +61,9 @@ def test_asr_registration_records_digests_and_a_tampered_champion_is_never_loade
     (stored / "asr_model.pt").write_bytes(planted_pickle(marker))
     _trained(settings, "2026-11-21", artifact)
     with pytest.raises(TamperedArtifact, match=r"asr v1 differs .*changed \['asr_model.pt'\]"):
-        asr_pipeline.register("2026-11-21", settings=settings)
+        asr_pipeline.register(
+            StepContext.build(asr_pipeline.PIPELINE, "register", "2026-11-21", platform=settings)
+        )
     assert not marker.exists()
     assert _champion(settings, asr_pipeline.MODEL_NAME) == "1"
 
@@ -96,7 +101,9 @@ def test_multimodal_registration_records_digests_and_a_tampered_champion_is_neve
     (files / MODEL_CONFIG_FILE).write_text("{}")
     (files / DIGESTS_FILE).write_text(json.dumps(folder_digests(files)))
     _mm_trained(settings, "2026-11-20", files)
-    first = mm_pipeline.register("2026-11-20", settings=settings)
+    first = mm_pipeline.register(
+        StepContext.build(mm_pipeline.PIPELINE, "register", "2026-11-20", platform=settings)
+    )
     assert first["promoted"] and first["version"] == "1"
     version = _client(settings).get_model_version(mm_pipeline.MODEL_NAME, "1")
     stored = _stored(settings, mm_pipeline.MODEL_NAME, "1")
@@ -112,7 +119,9 @@ def test_multimodal_registration_records_digests_and_a_tampered_champion_is_neve
     (stored / DIGESTS_FILE).write_text(json.dumps(listing))
     _mm_trained(settings, "2026-11-21", files)
     with pytest.raises(TamperedArtifact, match=r"multimodal v1 differs .*changed \[.*mp_rank"):
-        mm_pipeline.register("2026-11-21", settings=settings)
+        mm_pipeline.register(
+            StepContext.build(mm_pipeline.PIPELINE, "register", "2026-11-21", platform=settings)
+        )
     assert not marker.exists()
     # The champion was never scored: no worker was started on its files.
     assert not (
