@@ -2,14 +2,17 @@
 and the run it belongs to.
 
     def train(ctx: StepContext) -> dict[str, Any]:
-        return train_model(ctx.platform, ctx.settings.config, ctx.lake.reports("train", ctx.ds))
+        corpus, out = ctx.inputs["corpus"].path, ctx.outputs["training"].path
+        return train_model(ctx.platform, ctx.settings.config, corpus, out)
 
 The step runner (:func:`cascade.step_runner.run_step`, behind the Airflow task, the DVC stage
 and ``cascade step``) builds the context with :meth:`StepContext.build`. A knob given for the
 run (``--param knob=VALUE``, a DVC parameter) becomes a field value of the pipeline's settings
 object (and of the platform's, when it names a platform setting) through the settings class's
-own validation; the process environment is read, never written. A step therefore reads no
-environment: what a process it starts must inherit is :attr:`StepContext.environ`.
+own validation; the process environment is read, never written with a knob. A step therefore
+reads no environment: what a process it starts must be given is :attr:`StepContext.environ`.
+What a step returns is recorded by the runner and is what the steps after it read
+(:meth:`StepContext.result_of`): one result channel.
 
 Functions of a pipeline that are no steps but that the platform calls (a landing source, a
 trigger's check, ``cascade score``) get their settings the same way through
@@ -19,14 +22,16 @@ trigger's check, ``cascade score``) get their settings the same way through
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cascade.config import Settings, load_group, load_settings
 from cascade.lake import Lake, check_ds
-from cascade.pipeline_spec import Pipeline, Step
+from cascade.pipeline_spec import Data, Pipeline, Step
 
 RUN_VARIABLES = {
     "pipeline": "CASCADE_RUN_PIPELINE",
@@ -70,6 +75,26 @@ class RunInfo:
         return (self.dag_run_id or "").startswith("asset_triggered__")
 
 
+@dataclass(frozen=True)
+class DataHandle:
+    """One partition of a catalog dataset, where the step reads or writes it."""
+
+    data: Data
+    path: Path
+    """The partition's folder (or file, for a dataset that is one file) in the lake."""
+
+    @property
+    def name(self) -> str:
+        return self.data.name
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+
+class StepResultMissing(FileNotFoundError):
+    """A step asked for the result of a step that has not run for the partition."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class StepContext:
     """The one argument of a step function."""
@@ -90,6 +115,37 @@ class StepContext:
     @property
     def lake(self) -> Lake:
         return Lake(self.platform.lake_root)
+
+    def _handles(self, names: tuple[str, ...]) -> dict[str, DataHandle]:
+        data = [self.pipeline.data(name) for name in names]
+        return {d.name: DataHandle(d, d.location(self.lake, self.ds)) for d in data}
+
+    @property
+    def inputs(self) -> dict[str, DataHandle]:
+        """The step's declared inputs (:attr:`Step.inputs`) for this partition, by name."""
+        return self._handles(self.step.inputs)
+
+    @property
+    def outputs(self) -> dict[str, DataHandle]:
+        """The step's declared outputs (:attr:`Step.outputs`) for this partition, by name."""
+        return self._handles(self.step.outputs)
+
+    def result_of(self, step: str) -> dict[str, Any]:
+        """What step ``step`` of this pipeline returned for this partition (the summary the
+        runner recorded): the previous step's, or one the step declares in ``reads``."""
+        allowed = self.pipeline.reads_of(self.step)
+        if step not in allowed:
+            raise ValueError(
+                f"step {self.step.name!r} of {self.pipeline.name} reads the results of "
+                f"{', '.join(allowed) or 'no step'}, not {step!r}; add it to the step's reads"
+            )
+        path = self.lake.step_summary(self.pipeline.dvc_prefix + step, self.ds)
+        if not path.is_file():
+            raise StepResultMissing(
+                f"no result of step {step!r} for ds={self.ds} ({path}); run `cascade step "
+                f"{step} --pipeline {self.pipeline.name} --ds {self.ds}` first"
+            )
+        return dict(json.loads(path.read_text()))
 
     @property
     def environ(self) -> dict[str, str]:

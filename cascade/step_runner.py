@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -27,26 +26,10 @@ from cascade.results import write_result
 from cascade.step_context import RUN_VARIABLES, RunInfo, StepContext, knob_values
 
 
-def write_step_result(lake: Lake, kind: str, ds: str, result: dict[str, Any]) -> dict[str, Any]:
-    """Write ``result`` atomically as ``Lake.reports(kind, ds) / "result.json"``; returns it."""
-    out = lake.reports(kind, ds)
-    out.mkdir(parents=True, exist_ok=True)
-    write_result(out / "result.json", json.loads(json.dumps(result, default=str)))
-    return result
-
-
-def read_step_result(lake: Lake, kind: str, ds: str, *, produced_by: str) -> dict[str, Any]:
-    """The ``result.json`` a step wrote for ``ds``; FileNotFoundError names the step to run."""
-    path = lake.reports(kind, ds) / "result.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no {kind} result {path}; run step {produced_by!r} for ds={ds}")
-    return dict(json.loads(path.read_text()))
-
-
 def summary_path(name: str, ds: str, pipeline: str, *, lake: Lake | None = None) -> Path:
     """Where a step leaves its summary (a DVC output, and what the next stage depends on)."""
     stage = get_pipeline(pipeline).dvc_prefix + name
-    return (lake or lake_from_settings()).reports(f"step_{stage}", ds) / "summary.json"
+    return (lake or lake_from_settings()).step_summary(stage, ds)
 
 
 RUN_CONTEXT = RUN_VARIABLES
@@ -109,18 +92,22 @@ def run_step(
 ) -> dict[str, Any]:
     """Run step ``name`` of ``pipeline`` for partition ``ds`` on its context
     (:class:`~cascade.step_context.StepContext`: the settings with the knobs ``params``
-    applied, ``run`` the Airflow run or none), and record its JSON summary, its metrics
-    (:data:`METRICS_FILE`, when it declares some) and its timing (:data:`TIMING_FILE`, also
-    when it fails)."""
+    applied, ``run`` the Airflow run or none): :func:`execute`."""
     spec = get_pipeline(pipeline)
-    ctx = StepContext.build(spec, name, check_ds(ds), params=params, run=run)
-    step = ctx.step
-    path = summary_path(name, ds, pipeline, lake=ctx.lake)
+    return execute(StepContext.build(spec, name, check_ds(ds), params=params, run=run))
+
+
+def execute(ctx: StepContext) -> dict[str, Any]:
+    """Run the context's step and record its JSON summary (what the steps after it read,
+    ``ctx.result_of``), its metrics (:data:`METRICS_FILE`, when it declares some) and its
+    timing (:data:`TIMING_FILE`, also when it fails)."""
+    step, ds = ctx.step, ctx.ds
+    path = ctx.lake.step_summary(ctx.pipeline.dvc_prefix + step.name, ds)
     started, clock = dt.datetime.now(dt.UTC), time.monotonic()
     try:
         # The processes a step starts (trainings) learn which step they serve from these
         # variables; the knobs reach the step as settings values, not as variables.
-        with step_context(pipeline, name, ds):
+        with step_context(ctx.pipeline.name, step.name, ds):
             result = dict(step.run(ctx))
     except BaseException as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
@@ -131,7 +118,7 @@ def run_step(
         )  # fmt: skip
         raise
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2, default=str))
+    write_result(path, result)
     if step.metrics:
         write_result(path.with_name(METRICS_FILE), step_metrics(step, result))
     _record_timing(path.with_name(TIMING_FILE), started, time.monotonic() - clock, None)

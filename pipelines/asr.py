@@ -37,10 +37,11 @@ from cascade.assets import (
 )
 from cascade.config import Settings
 from cascade.errors import NothingLanded
-from cascade.lake import Lake, check_ds, nothing_landed
+from cascade.lake import Lake, nothing_landed
 from cascade.landing import landed_from, landing_record
 from cascade.partitions import partition_seed
 from cascade.pipeline_spec import (
+    Data,
     Dataset,
     Pipeline,
     Plot,
@@ -52,7 +53,6 @@ from cascade.pipeline_spec import (
 )
 from cascade.settings_fields import SETTINGS_CONFIG
 from cascade.step_context import StepContext, with_settings
-from cascade.step_runner import read_step_result, write_step_result
 
 CONFIG_ENV = "CASCADE_ASR_CONFIG"
 DEFAULT_CONFIG = "synthetic"
@@ -81,11 +81,11 @@ class AsrSettings:
 
 
 def landing_dir(lake: Lake, ds: str) -> Path:
-    return lake.root / "landing" / "speech" / f"dt={check_ds(ds)}"
+    return lake.landing("speech", ds)
 
 
 def corpus_dir(lake: Lake, ds: str) -> Path:
-    return lake.root / "corpora" / "speech" / f"dt={check_ds(ds)}"
+    return lake.corpus("speech", ds)
 
 
 def _synthetic_count(knobs: AsrSettings) -> int:
@@ -142,32 +142,31 @@ def corpus(ctx: StepContext) -> dict[str, Any]:
     landed ends the run as skipped (:class:`~cascade.errors.NothingLanded`)."""
     from jobs.audio_corpus import build_corpus, spark_session
 
-    ds, settings = ctx.ds, ctx.platform
-    lake = Lake(settings.lake_root)
-    landing = landing_dir(lake, ds)
+    ds = ctx.ds
+    landing = ctx.inputs["speech_landing"].path
     if not (landing / "transcripts.jsonl").exists() and not (landing / "wav").exists():
         raise NothingLanded(
             f"nothing landed for {ds}: no speech batch at {landing}; land one with `cascade "
             f"land speech PATH --ds {ds}` (or `--source synthetic` for a synthesized batch)"
         )
     record = landing_record(landing) or {}
-    summary = build_corpus(spark_session(), landing, corpus_dir(lake, ds))
+    summary = build_corpus(spark_session(), landing, ctx.outputs["speech_corpus"].path)
     summary.update(
         ds=ds,
         landing=str(landing),
         landed_from=landed_from(record),
         synthesized=(record.get("counts") or {}).get("synthesized", 0),
     )
-    return write_step_result(lake, "asr_corpus", ds, summary)
+    return summary
 
 
 def validate(ctx: StepContext) -> dict[str, Any]:
     """The GX gate on the manifest; a failure stops the DAG before training."""
     from jobs.audio_corpus_gate import validate_corpus
 
-    ds, settings = ctx.ds, ctx.platform
-    lake = Lake(settings.lake_root)
-    report = validate_corpus(corpus_dir(lake, ds), docs=lake.data_docs("asr", "validate", ds))
+    ds, lake = ctx.ds, ctx.lake
+    corpus = ctx.inputs["speech_corpus"].path
+    report = validate_corpus(corpus, docs=lake.data_docs("asr", "validate", ds))
     return {k: report[k] for k in ("success", "rows", "voices", "path", "data_docs")} | {"ds": ds}
 
 
@@ -177,11 +176,13 @@ def train(ctx: StepContext) -> dict[str, Any]:
     from models.asr.train import train_asr
 
     ds, settings = ctx.ds, ctx.platform
-    lake = Lake(settings.lake_root)
     result = train_asr(
-        settings, ctx.settings.config, corpus_dir(lake, ds), lake.reports("asr_train", ds)
+        settings,
+        ctx.settings.config,
+        ctx.inputs["speech_corpus"].path,
+        ctx.outputs["asr_training"].path,
     )
-    return write_step_result(lake, "asr_train", ds, {**result, "ds": ds})
+    return {**result, "ds": ds}
 
 
 def held_out_cer(artifact: Path, corpus: Path) -> dict[str, Any]:
@@ -223,8 +224,8 @@ def register(ctx: StepContext) -> dict[str, Any]:
 
     ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
-    trained = read_step_result(lake, "asr_train", ds, produced_by="train")
-    gate = read_step_result(lake, "asr_compile", ds, produced_by="compile")
+    trained = ctx.result_of("train")
+    gate = ctx.result_of("compile")
     client = registry_client(settings)
     run_id = trained["run_id"]
     promotion = ctx.pipeline.promotion(ctx.settings)
@@ -293,7 +294,7 @@ def register(ctx: StepContext) -> dict[str, Any]:
         report=report,
         signing_key=load_signing_key(settings.home, create=True),
     )
-    return write_step_result(lake, "asr_register", ds, result)
+    return result
 
 
 GATE_UTTERANCES = 200
@@ -325,7 +326,7 @@ def compile(ctx: StepContext) -> dict[str, Any]:  # noqa: A001
 
     ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
-    trained = read_step_result(lake, "asr_train", ds, produced_by="train")
+    trained = ctx.result_of("train")
     model_dir = Path(trained["int8_artifact"]).parent
     threads = torch.get_num_threads()
     report = compile_asr(model_dir, fp32=False, int8=True, onnx=False)
@@ -394,7 +395,7 @@ def compile(ctx: StepContext) -> dict[str, Any]:  # noqa: A001
         f"({len(texts)} held-out utterances)",
         flush=True,
     )
-    return write_step_result(lake, "asr_compile", ds, gate)
+    return gate
 
 
 def _transcribe(settings: Settings, wav: bytes, *, timeout_s: float) -> dict[str, Any] | None:
@@ -471,8 +472,7 @@ def deploy(ctx: StepContext, *, timeout_s: float = 300) -> dict[str, Any]:
     from serving.deploy import wait_until_served
 
     ds, settings = ctx.ds, ctx.platform
-    lake = Lake(settings.lake_root)
-    decision = read_step_result(lake, "asr_register", ds, produced_by="register")
+    decision = ctx.result_of("register")
     champion = champion_version(settings, MODEL_NAME)
     if champion is None:
         raise RuntimeError(
@@ -489,21 +489,16 @@ def deploy(ctx: StepContext, *, timeout_s: float = 300) -> dict[str, Any]:
         hint=f"check that the ASR server runs (cascade asr serve) and its log under "
         f"{settings.logs_dir}",
     )
-    return write_step_result(
-        lake,
-        "asr_deploy",
-        ds,
-        {
-            "ds": ds,
-            "served_version": served,
-            "champion_version": champion,
-            "url": url,
-            "waited_s": round(waited, 3),
-            "challenger_version": decision.get("version"),
-            "promoted": decision.get("promoted"),
-            "blocked_by": decision.get("reasons") or [],
-        },
-    )
+    return {
+        "ds": ds,
+        "served_version": served,
+        "champion_version": champion,
+        "url": url,
+        "waited_s": round(waited, 3),
+        "challenger_version": decision.get("version"),
+        "promoted": decision.get("promoted"),
+        "blocked_by": decision.get("reasons") or [],
+    }
 
 
 PIPELINE = Pipeline(
@@ -519,6 +514,33 @@ PIPELINE = Pipeline(
     tags=("asr", "speech"),
     settings=AsrSettings,
     datasets=(SPEECH,),
+    catalog=(
+        Data(
+            name="speech_landing",
+            kind="landing",
+            key="speech",
+            format="wav + transcripts.jsonl",
+            description="the partition's landed batch (`cascade land speech`)",
+        ),
+        Data(
+            name="speech_corpus",
+            kind="corpus",
+            key="speech",
+            format="parquet manifest + log-mel features",
+            contract="jobs/audio_corpus_gate.py",
+            description="validated, featurized utterances split by voice",
+            asset=ASSET_SPEECH_CORPUS,
+        ),
+        Data(
+            name="asr_training",
+            kind="report",
+            key="asr_train",
+            format="json + curves",
+            description="the training's result, loss curves and checkpoints",
+            persist=True,
+            cache=False,
+        ),
+    ),
     model=RegisteredModel(
         name=MODEL_NAME,
         promotion=Promotion(
@@ -540,9 +562,9 @@ PIPELINE = Pipeline(
             doc="the partition's landed WAVs + transcripts validated, resampled, featurized and "
             "split by voice on Spark; bad files quarantined; nothing landed: the run is skipped",
             timeout_minutes=30,
-            outlets=(ASSET_SPEECH_CORPUS,),
+            inputs=("speech_landing",),
+            outputs=("speech_corpus",),
             dvc_deps=("jobs/audio_corpus.py", "jobs/speech_synth.py", "domains/speech"),
-            dvc_outs=(".cascade/lake/corpora/speech/dt=${ds}",),
             params={"config": CONFIG_ENV},
         ),
         Step(
@@ -550,6 +572,7 @@ PIPELINE = Pipeline(
             run=validate,
             data_docs=True,
             doc="the GX suite on the manifest (durations, rates, lengths, voice-disjoint splits)",
+            inputs=("speech_corpus",),
             dvc_deps=("jobs/audio_corpus_gate.py",),
         ),
         Step(
@@ -558,12 +581,15 @@ PIPELINE = Pipeline(
             heavy=True,
             doc="fp32 training, then range-scaled int8 QAT with distillation, on DeepSpeed",
             timeout_minutes=60,
-            dvc_deps=("models/asr", ".cascade/lake/corpora/speech/dt=${ds}"),
+            inputs=("speech_corpus",),
+            outputs=("asr_training",),
+            dvc_deps=("models/asr",),
             params={"config": CONFIG_ENV},
             metrics=("cer_fp32", "cer_int8", "wer_fp32", "wer_int8"),
             plots=(
                 Plot(
-                    path=".cascade/lake/reports/asr_train/dt=${ds}/curves",
+                    output="asr_training",
+                    file="curves",
                     x="step",
                     y="loss",
                     title="ASR loss (fp32, then int8 QAT)",
@@ -576,6 +602,7 @@ PIPELINE = Pipeline(
             heavy=True,
             doc="the int8 .pt2 artifact with parity and accuracy gates",
             timeout_minutes=20,
+            inputs=("speech_corpus",),
             dvc_deps=("compilers",),
         ),
         Step(
@@ -584,10 +611,12 @@ PIPELINE = Pipeline(
             doc="new MLflow version; champion only when its CER on the held-out voices is no "
             "worse than the champion's and the compile gate passed",
             outlets=(ASSET_ASR_CHAMPION,),
-            dvc_deps=(
-                "pipelines/asr.py",
-                ".cascade/lake/reports/step_asr_train/dt=${ds}/summary.json",
-            ),
+            # The trained model's files and figures, the gate's verdict (the previous step's),
+            # and the held-out voices both versions are scored on.
+            inputs=("speech_corpus",),
+            reads=("train",),
+            dvc_deps=("pipelines/asr.py", "cascade/promotion.py", "cascade/registry.py"),
+            params={"cer_tolerance": "CASCADE_ASR_CER_TOLERANCE"},  # the promotion override
         ),
         Step(
             name="deploy",

@@ -52,7 +52,7 @@ from cascade.config import Settings
 from cascade.errors import NothingLanded, NotReady
 from cascade.lake import Lake, check_ds
 from cascade.partitions import days_before
-from cascade.pipeline_spec import Dataset, Pipeline, Step, Trigger, deferred
+from cascade.pipeline_spec import Data, Dataset, Pipeline, Step, Trigger, deferred
 from cascade.settings_fields import SETTINGS_CONFIG
 from cascade.step_context import StepContext, with_settings
 
@@ -60,6 +60,8 @@ DEFAULT_SOURCE = "generated"
 BUILT_IN_PAIRS = ("user", "item", "seg_cat", "user_cat", "seg_item", "ctx_item", "item_pos")
 """Names of the engine's built-in pairs (``jobs.ctr_cross_stats.GENERATED_PAIRS``, kept equal
 by a test; named here so that parsing the DAG never imports Spark)."""
+CROSS_DATA = tuple(f"cross_{pair}" for pair in BUILT_IN_PAIRS)
+"""The catalog names of the built-in pairs' statistics of the default source."""
 DEFAULT_IMPRESSIONS = 200_000
 """Generated rows per partition when nothing landed; raise it for a load test."""
 
@@ -121,7 +123,7 @@ def partition_source(ds: str, settings: Settings, knobs: CrossSettings) -> str:
 
 def landing_dir(lake: Lake, ds: str) -> Path:
     """Where the partition's impression log lands (read by the ``generated`` source)."""
-    return lake.root / "landing" / "impressions" / f"dt={check_ds(ds)}"
+    return lake.landing("impressions", ds)
 
 
 def missing_log(ds: str, settings: Settings, knobs: CrossSettings) -> str | None:
@@ -426,6 +428,42 @@ with their reason; a failed gate stops the run before Feast.
     tags=("ctr", "features"),
     settings=CrossSettings,
     datasets=(IMPRESSIONS,),
+    catalog=(
+        Data(
+            name="impressions_landing",
+            kind="landing",
+            key="impressions",
+            format="parquet",
+            description="the partition's click log as landed (`cascade land impressions`)",
+            # A log that landed from elsewhere is kept, never deleted before the stage runs.
+            persist=True,
+        ),
+        *(
+            Data(
+                name=f"cross_{pair}",
+                kind="features",
+                key=f"ctr_cross/{DEFAULT_SOURCE}/{pair}",
+                format="parquet",
+                contract="jobs/ctr_cross_stats_gate.py",
+                description=f"cross statistics of pair {pair} over 1/7/30-day windows",
+            )
+            for pair in BUILT_IN_PAIRS
+        ),
+        Data(
+            name="ctr_catalogue",
+            kind="features",
+            key=f"ctr_catalogue/{DEFAULT_SOURCE}",
+            format="parquet",
+            description="the engine's item catalogue of the partition",
+        ),
+        Data(
+            name="quarantined_log",
+            kind="quarantine",
+            key=f"{DEFAULT_SOURCE}_log",
+            format="parquet",
+            description="rows that broke a row rule, with their reason",
+        ),
+    ),
     dvc_prefix="cross_",
     steps=(
         Step(
@@ -436,9 +474,8 @@ with their reason; a failed gate stops the run before Feast.
             "impressions`; with nothing landed the run is skipped); CASCADE_CROSS_SOURCE=ml100k "
             "reads MovieLens-100k",
             timeout_minutes=30,
+            outputs=("impressions_landing",),
             dvc_deps=("pipelines/ctr_cross.py", "jobs/impression_log.py"),
-            # A log that landed from elsewhere is kept, never deleted before the stage runs.
-            dvc_persistent_outs=(".cascade/lake/landing/impressions/dt=${ds}",),
         ),
         Step(
             name="stats",
@@ -454,16 +491,9 @@ with their reason; a failed gate stops the run before Feast.
                 "jobs/ctr_cross_passes.py",
                 "jobs/ctr_cross_lake.py",
                 "jobs/ctr_log_sources.py",
-                ".cascade/lake/landing/impressions/dt=${ds}",
             ),
-            dvc_outs=(
-                *(
-                    f".cascade/lake/features/ctr_cross/generated/{pair}/dt=${{ds}}"
-                    for pair in BUILT_IN_PAIRS
-                ),
-                ".cascade/lake/features/ctr_catalogue/generated/dt=${ds}",
-                ".cascade/lake/quarantine/generated_log/dt=${ds}",
-            ),
+            inputs=("impressions_landing",),
+            outputs=(*CROSS_DATA, "ctr_catalogue", "quarantined_log"),
         ),
         Step(
             name="validate",
@@ -472,6 +502,7 @@ with their reason; a failed gate stops the run before Feast.
             spark=True,
             doc="the GX gate on the input and every pair's output; a failed batch fails the task",
             timeout_minutes=30,
+            inputs=("impressions_landing", *CROSS_DATA),
             dvc_deps=("jobs/ctr_cross_stats_gate.py", "jobs/gx_suites.py"),
         ),
         Step(
@@ -480,6 +511,7 @@ with their reason; a failed gate stops the run before Feast.
             doc="apply the pair views and ctr_cross_v2, materialize the partition online",
             timeout_minutes=60,
             outlets=(ASSET_CTR_CROSS_FEATURES,),
+            inputs=CROSS_DATA,
             dvc_deps=(
                 "features/ctr/cross_views.py",
                 "domains/ctr/feature_store.py",

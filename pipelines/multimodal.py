@@ -43,10 +43,11 @@ from cascade.assets import (
 )
 from cascade.config import Settings
 from cascade.errors import NothingLanded
-from cascade.lake import Lake, check_ds, nothing_landed
+from cascade.lake import Lake, nothing_landed
 from cascade.landing import landed_from, landing_record
 from cascade.partitions import partition_seed
 from cascade.pipeline_spec import (
+    Data,
     Dataset,
     Pipeline,
     Plot,
@@ -58,7 +59,6 @@ from cascade.pipeline_spec import (
 )
 from cascade.settings_fields import SETTINGS_CONFIG, Flag
 from cascade.step_context import StepContext, with_settings
-from cascade.step_runner import read_step_result, write_step_result
 
 DEFAULT_CONFIG = "small"
 DEFAULT_GENERATED = 2_000
@@ -96,11 +96,11 @@ class MultimodalSettings:
 
 
 def landing_dir(lake: Lake, ds: str) -> Path:
-    return lake.root / "landing" / "images" / f"dt={check_ds(ds)}"
+    return lake.landing("images", ds)
 
 
 def corpus_dir(lake: Lake, ds: str) -> Path:
-    return lake.root / "corpora" / "images" / f"dt={check_ds(ds)}"
+    return lake.corpus("images", ds)
 
 
 @with_settings(MultimodalSettings)
@@ -179,7 +179,7 @@ def corpus(ctx: StepContext) -> dict[str, Any]:
         landed_from=landed_from(record),
         landed=dict(record.get("counts") or {}),
     )
-    return write_step_result(lake, "mm_corpus", ds, summary)
+    return summary
 
 
 def validate(ctx: StepContext) -> dict[str, Any]:
@@ -233,7 +233,7 @@ def train(ctx: StepContext) -> dict[str, Any]:
     for path in stored_files(final):
         client.log_artifact(result["run_id"], str(path), MODEL_ARTIFACT_PATH)
     client.log_artifact(result["run_id"], str(out / "result.json"), MODEL_ARTIFACT_PATH)
-    return write_step_result(lake, "mm_train", ds, {**result, "ds": ds})
+    return {**result, "ds": ds}
 
 
 def mean_recall_at_1(result: dict[str, Any]) -> float:
@@ -250,7 +250,7 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
 
     ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
-    trained = read_step_result(lake, "mm_train", ds, produced_by="train")
+    trained = ctx.result_of("train")
     keys = ("i2t_recall_at_1", "i2t_recall_at_5", "t2i_recall_at_1", "t2i_recall_at_5")
     report: dict[str, Any] = {
         "ds": ds,
@@ -302,7 +302,7 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
         ),
         flush=True,
     )
-    return write_step_result(lake, "mm_evaluate", ds, report)
+    return report
 
 
 RECALL_KEYS = ("i2t_recall_at_1", "i2t_recall_at_5", "t2i_recall_at_1", "t2i_recall_at_5")
@@ -340,7 +340,7 @@ def register(ctx: StepContext) -> dict[str, Any]:
     ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
     require_gate(lake, ds)
-    evaluation = read_step_result(lake, "mm_evaluate", ds, produced_by="evaluate")
+    evaluation = ctx.result_of("evaluate")
     client = registry_client(settings)
     run_id = evaluation["run_id"]
     recall = float(evaluation["mean_recall_at_1"])
@@ -433,7 +433,7 @@ def register(ctx: StepContext) -> dict[str, Any]:
         report=report,
         signing_key=load_signing_key(settings.home, create=True),
     )
-    return write_step_result(lake, "mm_register", ds, result)
+    return result
 
 
 PIPELINE = Pipeline(
@@ -458,6 +458,33 @@ PIPELINE = Pipeline(
         ),
     ),
     datasets=(IMAGES,),
+    catalog=(
+        Data(
+            name="images_landing",
+            kind="landing",
+            key="images",
+            format="images + captions.jsonl",
+            description="the partition's landed image-text pairs (`cascade land images`)",
+        ),
+        Data(
+            name="image_corpus",
+            kind="corpus",
+            key="images",
+            format="tokenized shards + parquet manifest",
+            contract="jobs/multimodal_corpus_gate.py",
+            description="decoded, quarantined, near-deduplicated and tokenized pairs",
+            asset=ASSET_IMAGES_CORPUS,
+        ),
+        Data(
+            name="mm_training",
+            kind="report",
+            key="mm_train",
+            format="json + curves",
+            description="the training's result, loss curves and checkpoints",
+            persist=True,
+            cache=False,
+        ),
+    ),
     dvc_prefix="mm_",
     steps=(
         Step(
@@ -467,13 +494,13 @@ PIPELINE = Pipeline(
             doc="landed image-text pairs decoded, quarantined, near-deduplicated and tokenized on "
             "Spark; nothing landed: the run is skipped",
             timeout_minutes=30,
-            outlets=(ASSET_IMAGES_CORPUS,),
+            inputs=("images_landing",),
+            outputs=("image_corpus",),
             dvc_deps=(
                 "jobs/multimodal_sources.py",
                 "jobs/multimodal_corpus.py",
                 "domains/captions/tokenizer.py",
             ),
-            dvc_outs=(".cascade/lake/corpora/images/dt=${ds}",),
         ),
         Step(
             name="validate",
@@ -482,6 +509,7 @@ PIPELINE = Pipeline(
             doc="the GX suite on the manifest (unique pairs, token counts, languages, no group "
             "across splits); a failure stops the run",
             timeout_minutes=10,
+            inputs=("image_corpus",),
             dvc_deps=("jobs/multimodal_corpus_gate.py",),
         ),
         Step(
@@ -490,11 +518,14 @@ PIPELINE = Pipeline(
             heavy=True,
             doc="the MoE image-text transformer on DeepSpeed, experts split over the processes",
             timeout_minutes=60,
-            dvc_deps=("models/multimodal", ".cascade/lake/corpora/images/dt=${ds}"),
+            inputs=("image_corpus",),
+            outputs=("mm_training",),
+            dvc_deps=("models/multimodal",),
             params={"config": "CASCADE_MULTIMODAL_CONFIG"},
             plots=(
                 Plot(
-                    path=".cascade/lake/reports/mm_train/dt=${ds}/curves",
+                    output="mm_training",
+                    file="curves",
                     x="step",
                     y="loss",
                     title="multimodal loss",
@@ -507,6 +538,7 @@ PIPELINE = Pipeline(
             doc="image->text and text->image recall@1/5 on the held-out split, beside the dense "
             "twin's (same active parameters)",
             timeout_minutes=60,
+            inputs=("image_corpus",),
             dvc_deps=("models/multimodal/evaluate.py",),
             params={"dense_twin": "CASCADE_MULTIMODAL_DENSE_TWIN"},
             metrics=RECALL_KEYS + ("mean_recall_at_1",),
@@ -518,7 +550,9 @@ PIPELINE = Pipeline(
             "champion's within the promotion tolerance",
             timeout_minutes=10,
             outlets=(ASSET_MULTIMODAL_CHAMPION,),
+            inputs=("image_corpus",),
             dvc_deps=("pipelines/multimodal.py", "models/multimodal/stored.py"),
+            params={"recall_tolerance": "CASCADE_MULTIMODAL_RECALL_TOLERANCE"},  # promotion
         ),
     ),
 )

@@ -432,7 +432,9 @@ def test_the_monitor_starts_on_a_new_champion_for_the_partition_it_was_deployed_
             return self[key]
 
     outlets = Outlets()
-    monkeypatch.setattr(cascade.step_runner, "run_step", lambda name, ds, pipeline: {"ok": 1})
+    monkeypatch.setattr(
+        cascade.step_runner, "run_step", lambda name, ds, pipeline, *a, **k: {"ok": 1}
+    )
     monkeypatch.setattr(cascade.dag_factory, "outlet_events", lambda: outlets)
     feast = dagbag.dags["ctr_cross"].get_task("feast").python_callable
     # Called the way Airflow calls it: the partition as its one argument (a `**context` in its

@@ -44,3 +44,13 @@ def test_the_check_finds_each_way_of_reading_the_environment() -> None:
         "2: load_group", "3: environ", "4: getenv", "5: load_settings"
     ]  # fmt: skip
     assert environment_reads("def step(ctx):\n    return ctx.settings.config\n") == []
+
+
+@pytest.mark.parametrize("module", sorted(PIPELINES.glob("*.py")), ids=lambda p: p.name)
+def test_a_pipeline_module_spells_no_lake_path(module: Path) -> None:
+    """The lake's layout is written once (:class:`cascade.lake.Lake`); a spec names its data
+    in its catalog and the locations follow from there."""
+    text = module.read_text()
+    assert ".cascade/" not in text and "lake/" not in text, (
+        f"{module.name} spells a lake path; declare the dataset in the pipeline's catalog"
+    )

@@ -29,6 +29,7 @@ from cascade.config import Settings, load_settings
 from cascade.lake import Lake
 from cascade.registry import add_pyfunc_files, download_verified
 from cascade.step_context import StepContext
+from cascade.step_runner import execute
 from domains.speech.audio_features import SAMPLE_RATE, decode_wav, log_mel
 from models.preranking import REGISTERED_MODEL
 from models.preranking.inference import load_version, score_frame
@@ -101,9 +102,7 @@ def test_asr_loads_the_standard_way(store: Settings, tmp_path: Path) -> None:
     _corpus(asr_pipeline.corpus_dir(Lake(store.lake_root), DS))
     _trained(store, DS, artifact)
     assert (
-        asr_pipeline.register(
-            StepContext.build(asr_pipeline.PIPELINE, "register", DS, platform=store)
-        )["version"]
+        execute(StepContext.build(asr_pipeline.PIPELINE, "register", DS, platform=store))["version"]
         == "1"
     )
     client = _use_store(store)
@@ -187,9 +186,7 @@ def test_multimodal_loads_the_standard_way(store: Settings, tmp_path: Path) -> N
     model = _stored_moe_model(final, tmp_path / "corpus")
     _mm_trained(store, DS, final)
     assert (
-        mm_pipeline.register(
-            StepContext.build(mm_pipeline.PIPELINE, "register", DS, platform=store)
-        )["version"]
+        execute(StepContext.build(mm_pipeline.PIPELINE, "register", DS, platform=store))["version"]
         == "1"
     )
     client = _use_store(store)
