@@ -67,6 +67,12 @@ def test_the_report_shows_each_steps_status_time_gate_curves_and_figures(
     assert steps["compile"]["status"] == "failed"
     assert steps["compile"]["error"] == "RuntimeError: the log for 2026-11-22 is empty"
     assert steps["deploy"]["status"] == "not run" and steps["deploy"]["seconds"] is None
+    # Lineage from the catalog: what each step reads and writes, where, and whether it is there.
+    corpus = str(home / "lake" / "corpora" / "speech" / f"dt={DS}")
+    assert steps["train"]["inputs"] == [
+        {"name": "speech_corpus", "location": corpus, "exists": False}
+    ]
+    assert [d["name"] for d in steps["corpus"]["outputs"]] == ["speech_corpus"]
     # The MLflow run the train step named: its curve, not its one-point metric.
     assert [c["metrics"] for c in report["curves"]] == [["loss.teacher"]]
     assert (out / "figures/train-tradeoff.png").read_bytes().startswith(PNG_MAGIC)
@@ -81,6 +87,7 @@ def test_the_report_shows_each_steps_status_time_gate_curves_and_figures(
     page = (out / "index.html").read_text()
     assert "FAILED" in page and "the log for 2026-11-22 is empty" in page
     assert "second line" not in page
+    assert "speech_landing → speech_corpus" in page
     assert "<img src='figures/train-tradeoff.png'" in page and "timings.svg" in page
 
 
