@@ -142,8 +142,8 @@ class StepContext:
         path = self.lake.step_summary(self.pipeline.dvc_prefix + step, self.ds)
         if not path.is_file():
             raise StepResultMissing(
-                f"no result of step {step!r} for ds={self.ds} ({path}); run `cascade step "
-                f"{step} --pipeline {self.pipeline.name} --ds {self.ds}` first"
+                f"no result of step {step!r} for ds={self.ds} ({path}); run step {step!r} "
+                f"first: `cascade step {step} --pipeline {self.pipeline.name} --ds {self.ds}`"
             )
         return dict(json.loads(path.read_text()))
 

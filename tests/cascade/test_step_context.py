@@ -189,7 +189,9 @@ def test_a_catalog_is_checked_and_a_step_reads_only_the_results_it_declares(
     with pytest.raises(ValueError, match="are lake paths; declare the data"):
         Step(name="a", run=count, dvc_deps=(".cascade/lake/x/dt=${ds}",))
     ctx = StepContext.build(TOY, "report", DS)
-    with pytest.raises(StepResultMissing, match="run `cascade step count --pipeline toy"):
+    with pytest.raises(
+        StepResultMissing, match="run step 'count' first: `cascade step count --pipeline toy"
+    ):
         ctx.result_of("count")
     with pytest.raises(ValueError, match="reads the results of count, not 'report'"):
         ctx.result_of("report")
