@@ -298,8 +298,10 @@ def pipeline_run(log: Path, home: Path) -> dict[str, Any]:
     engine) run as the DAG runs them. ``pipeline_s`` is their sum; ``pipeline_steps_s`` each;
     the ``feast`` step's load gives ``materialize_*``."""
     from cascade.lake import Lake
+    from cascade.step_context import StepContext
     from jobs.ctr_cross_stats_gate import GateFailed
     from pipelines import ctr_cross
+    from pipelines.ctr_cross import PIPELINE
 
     settings = Settings(home=home)
     landing = ctr_cross.landing_dir(Lake(settings.lake_root), DS)
@@ -315,7 +317,7 @@ def pipeline_run(log: Path, home: Path) -> dict[str, Any]:
     ):
         started = time.perf_counter()
         try:
-            summaries[name] = step(DS, settings=settings)
+            summaries[name] = step(StepContext.build(PIPELINE, name, DS, platform=settings))
         except GateFailed as failed:
             # A result too: the run stops at the gate as the DAG would, and says why.
             print(f"[bench ctr] the pipeline stopped at the gate: {failed}", flush=True)

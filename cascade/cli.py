@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade.assets import TOPIC_DATA_LANDED
-from cascade.config import REPO_ROOT
+from cascade.config import REPO_ROOT, load_settings
 from cascade.errors import NotReady, UsageError
 from cascade.pipeline_registry import registered_models, registered_pipelines
 
@@ -218,17 +218,29 @@ def _version(package: str) -> str:
 
 def cmd_pipelines(args: argparse.Namespace) -> int:
     from cascade import pipeline_docs
-    from cascade.dvc_stages import dvc_yaml, params_yaml, write_dvc_yaml, write_params_yaml
+    from cascade.dvc_stages import (
+        dvc_lake,
+        dvc_yaml,
+        params_yaml,
+        write_dvc_yaml,
+        write_params_yaml,
+    )
 
     specs = registered_pipelines()
     dvc_file, page = Path(args.dvc_file), Path(args.docs)
     params_file = dvc_file.with_name("params.yaml")
+    if args.write or args.check:
+        # The stages write where the steps do: the lake of CASCADE_HOME, inside the repository.
+        try:
+            lake = dvc_lake(load_settings().lake_root, dvc_file.resolve().parent)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     if args.markdown:
         print(pipeline_docs.render_markdown(specs.values()), end="")
         return 0
     if args.write:
         for path, changed in (
-            (dvc_file, write_dvc_yaml(dvc_file, specs.values())),
+            (dvc_file, write_dvc_yaml(dvc_file, specs.values(), lake)),
             (params_file, write_params_yaml(params_file, specs.values())),
             (page, pipeline_docs.write_documented_table(page, specs.values())),
         ):
@@ -236,7 +248,7 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
         return 0
     if args.check:
         stale = []
-        if not dvc_file.is_file() or dvc_file.read_text() != dvc_yaml(specs.values()):
+        if not dvc_file.is_file() or dvc_file.read_text() != dvc_yaml(specs.values(), lake):
             stale.append(str(dvc_file))
         current = params_file.read_text() if params_file.is_file() else ""
         if current != params_yaml(specs.values(), current):

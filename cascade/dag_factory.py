@@ -69,6 +69,37 @@ def partition_param() -> Any:
     )
 
 
+def knob_params(spec: Pipeline) -> dict[str, Any]:
+    """A Param per knob of the pipeline's steps: the trigger form sets them for one run, as
+    ``--param`` does for ``cascade step`` and ``dvc exp run -S`` for a DVC stage."""
+    from airflow.sdk import Param
+
+    return {
+        knob: Param(
+            None,
+            type=["null", "string", "number", "integer", "boolean"],
+            title=f"Knob {knob}",
+            description=f"{variable} for this run only; empty: the setting's value.",
+        )
+        for knob, variable in spec.knobs.items()
+    }
+
+
+def airflow_knobs(step: Step) -> dict[str, str]:
+    """The running task's knob values set in its DAG run's params (none outside a task)."""
+    from airflow.sdk import get_current_context
+
+    try:
+        params = get_current_context().get("params") or {}
+    except Exception:  # called outside a running task (a test calling the task's function)
+        return {}
+    return {
+        knob: str(value).lower() if isinstance(value, bool) else str(value)
+        for knob in step.params
+        if (value := params.get(knob)) not in (None, "")
+    }
+
+
 RUN_QUEUE_URI = "cascade://pipelines/{pipeline}/next-run"
 """The asset of a pipeline chained only by data (``after``, no Kafka trigger) that its
 ``next_partitions`` task updates to queue its next run (a triggered pipeline updates its
@@ -255,6 +286,25 @@ def outlet_events() -> Any:
     return get_current_context()["outlet_events"]
 
 
+def airflow_run_info() -> Any:
+    """The running task's DAG run, try and UI link, for its step's context."""
+    from airflow.sdk import get_current_context
+
+    from cascade.step_context import RunInfo
+
+    try:
+        context = get_current_context()
+    except Exception:  # called outside a running task (a test calling the task's function)
+        return RunInfo()
+    ti, dag_run = context.get("ti"), context.get("dag_run")
+    url = str(getattr(ti, "log_url", "") or "")
+    return RunInfo(
+        dag_run_id=str(getattr(dag_run, "run_id", "") or "") or None,
+        try_number=int(getattr(ti, "try_number", 1) or 1),
+        links={"airflow": url} if url else {},
+    )
+
+
 def claimed_events() -> list[dict[str, Any]]:
     """The events the running task's DAG run claimed (the ledger keeps their bodies): a run
     queued for a waiting partition was started by its own DAG's asset, not by those events."""
@@ -274,7 +324,7 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
     first, datasets = step.name == spec.steps[0].name, tuple(d.name for d in spec.datasets)
 
     registered = spec.model.name if spec.model is not None else None
-    outlets = tuple(step.outlets)
+    outlets = spec.step_outlets(step)
 
     def run(partition: str) -> dict[str, Any]:
         from cascade.config import load_settings
@@ -294,7 +344,7 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
 
             land_event_paths(Lake(load_settings().lake_root), claimed_events(), ds, datasets)
         try:
-            result = run_step(name, ds, pipeline)
+            result = run_step(name, ds, pipeline, airflow_knobs(step), run=airflow_run_info())
         except NothingLanded as exc:
             # Nothing to build: the run ends as skipped (so do the steps after this one) and
             # trains, registers and promotes nothing; the reason shows in the task's log.
@@ -324,8 +374,8 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
         "doc_md": f"{step.doc}\n\nSame as `cascade step {name} --pipeline {pipeline} --ds DS` "
         f"and DVC stage `{spec.dvc_prefix}{name}`.",
     }
-    if step.outlets:
-        options["outlets"] = [Asset(uri) for uri in step.outlets]
+    if spec.step_outlets(step):
+        options["outlets"] = [Asset(uri) for uri in spec.step_outlets(step)]
     if step.in_heavy_pool:
         # At most the pool's slots of these run at once, across all pipelines.
         options["pool"] = HEAVY_POOL
@@ -394,7 +444,7 @@ def build_dag(spec: Pipeline) -> Any:
             else notify_failure,
         },
         dagrun_timeout=dt.timedelta(minutes=spec.run_timeout_minutes),
-        params={PARTITION_PARAM: partition_param()},
+        params={PARTITION_PARAM: partition_param(), **knob_params(spec)},
         doc_md=spec.description,
     )
     def pipeline_dag() -> None:

@@ -4,17 +4,21 @@
     dvc repro                          # then run the stages
 
 Stage ``<dvc_prefix><step>`` runs ``cascade step <step> --pipeline <name> --ds ${ds}``, the same
-function its Airflow task calls. It depends on the step's declared paths and on the previous
-step's summary, and writes its declared outputs plus its own summary (uncached), so DVC's graph
-is the DAG's order. A test keeps the committed file equal to what this module makes.
+function its Airflow task calls. It depends on the step's code, its catalog inputs and the
+summaries of the steps whose results it reads (the previous step's always), and writes its
+catalog outputs plus its own summary (uncached), so DVC's graph is the DAG's order. The data
+paths are the lake's layout (:meth:`cascade.lake.Lake.partition`) under the lake of
+``CASCADE_HOME``, relative to the repository. A test keeps the committed file equal to what
+this module makes.
 
 Knobs: a step's :attr:`~cascade.pipeline_spec.Step.params` are the DVC parameters
 ``<pipeline>.<knob>`` of ``params.yaml`` (written here too: a new knob gets its setting's
 default, the values already set are kept); the stage passes each to the step with
 ``--param knob=${<pipeline>.<knob>}``, so ``dvc exp run -S asr.config=debug`` runs the step with
-``CASCADE_ASR_CONFIG=debug``. A step with :attr:`~cascade.pipeline_spec.Step.metrics` leaves
-``metrics.json`` beside its summary, declared as the stage's metrics (cached, so ``dvc metrics
-diff`` finds the baseline's values although the state folder is git-ignored), and its
+its settings' ``config`` (``CASCADE_ASR_CONFIG``) set to ``debug``. A step with
+:attr:`~cascade.pipeline_spec.Step.metrics` leaves ``metrics.json`` beside its summary, declared
+as the stage's metrics (cached, so ``dvc metrics diff`` finds the baseline's values although the
+state folder is git-ignored), and its
 :attr:`~cascade.pipeline_spec.Step.plots` are the top-level ``plots:`` (``dvc plots show``).
 """
 
@@ -26,7 +30,8 @@ from typing import Any
 
 import yaml
 
-from cascade.pipeline_spec import Pipeline
+from cascade.lake import DS_PLACEHOLDER, Lake
+from cascade.pipeline_spec import Pipeline, Plot
 
 HEADER = """\
 # Generated from the pipeline specs (pipelines/*.py) by `cascade pipelines --write`; do not
@@ -45,16 +50,38 @@ PARAMS_HEADER = """\
 # leaves the setting to the environment, the settings file or its default.
 """
 DEFAULT_DS = "2026-11-22"
-SUMMARY = ".cascade/lake/reports/step_{stage}/dt=${{ds}}/summary.json"
+DEFAULT_LAKE = Path(".cascade/lake")
+"""The lake of the default state folder, relative to the repository (what DVC runs in)."""
 
 
-def summary_out(stage: str) -> str:
-    return SUMMARY.format(stage=stage)
+def dvc_lake(lake_root: Path, repo: Path) -> Path:
+    """The lake as the stages name it: relative to the repository, which must hold it (DVC
+    tracks no outputs outside its repository)."""
+    try:
+        return lake_root.resolve().relative_to(repo.resolve())
+    except ValueError:
+        raise ValueError(
+            f"the lake {lake_root} is outside the repository {repo}: DVC stages cannot write "
+            "there; point CASCADE_HOME at a folder inside the repository (default .cascade)"
+        ) from None
 
 
-def metrics_out(stage: str) -> str:
+def summary_out(stage: str, lake: Path = DEFAULT_LAKE) -> str:
+    return str(Lake(lake).step_summary(stage, DS_PLACEHOLDER))
+
+
+def metrics_out(stage: str, lake: Path = DEFAULT_LAKE) -> str:
     """The stage's metrics file, beside its summary (:mod:`cascade.step_runner` writes it)."""
-    return summary_out(stage).removesuffix("summary.json") + "metrics.json"
+    return summary_out(stage, lake).removesuffix("summary.json") + "metrics.json"
+
+
+def data_path(spec: Pipeline, name: str, lake: Path = DEFAULT_LAKE) -> str:
+    """Where catalog dataset ``name`` of ``spec`` lies, for every partition."""
+    return str(spec.data(name).location(Lake(lake), DS_PLACEHOLDER))
+
+
+def plot_path(spec: Pipeline, plot: Plot, lake: Path = DEFAULT_LAKE) -> str:
+    return plot.path or f"{data_path(spec, plot.output, lake)}/{plot.file}"
 
 
 def command(spec: Pipeline, step_name: str) -> str:
@@ -64,18 +91,24 @@ def command(spec: Pipeline, step_name: str) -> str:
     return f"cascade step {step.name} --pipeline {spec.name} --ds ${{ds}}{knobs}"
 
 
-def stages(spec: Pipeline) -> dict[str, dict[str, Any]]:
-    """The pipeline's DVC stages, in step order."""
+def stages(spec: Pipeline, lake: Path = DEFAULT_LAKE) -> dict[str, dict[str, Any]]:
+    """The pipeline's DVC stages, in step order: each depends on its code, its inputs and the
+    summaries of the steps whose results it reads (the previous one's always), and writes its
+    outputs and its summary."""
     out: dict[str, dict[str, Any]] = {}
-    previous: str | None = None
     for step in spec.steps:
         stage = spec.dvc_prefix + step.name
         deps = list(step.dvc_deps)
-        if previous is not None:
-            deps.append(summary_out(previous))
-        outs: list[Any] = list(step.dvc_outs)
-        outs += [{path: {"persist": True}} for path in step.dvc_persistent_outs]
-        outs.append({summary_out(stage): {"cache": False}})
+        deps += [data_path(spec, name, lake) for name in step.inputs]
+        deps += [summary_out(spec.dvc_prefix + name, lake) for name in spec.reads_of(step)]
+        deps = list(dict.fromkeys(deps))
+        outs: list[Any] = []
+        for name in step.outputs:
+            data, path = spec.data(name), data_path(spec, name, lake)
+            flags = {"persist": True} if data.persist else {}
+            flags |= {} if data.cache else {"cache": False}
+            outs.append({path: flags} if flags else path)
+        outs.append({summary_out(stage, lake): {"cache": False}})
         body: dict[str, Any] = {
             "cmd": command(spec, step.name),
             "deps": deps,
@@ -85,18 +118,18 @@ def stages(spec: Pipeline) -> dict[str, dict[str, Any]]:
         if not deps:
             del body["deps"]
         if step.metrics:
-            body["metrics"] = [metrics_out(stage)]
+            body["metrics"] = [metrics_out(stage, lake)]
         out[stage] = body
-        previous = stage
     return out
 
 
-def dvc_yaml(specs: Iterable[Pipeline]) -> str:
-    """The whole ``dvc.yaml`` text for ``specs``; stage names must not collide."""
+def dvc_yaml(specs: Iterable[Pipeline], lake: Path = DEFAULT_LAKE) -> str:
+    """The whole ``dvc.yaml`` text for ``specs`` with their data in ``lake`` (relative to the
+    repository); stage names must not collide."""
     specs = list(specs)
     all_stages: dict[str, dict[str, Any]] = {}
     for spec in specs:
-        for name, body in stages(spec).items():
+        for name, body in stages(spec, lake).items():
             if name in all_stages:
                 raise ValueError(
                     f"DVC stage {name!r} of pipeline {spec.name!r} collides with another "
@@ -105,7 +138,13 @@ def dvc_yaml(specs: Iterable[Pipeline]) -> str:
             all_stages[name] = body
     document: dict[str, Any] = {"vars": ["params.yaml"], "stages": all_stages}
     plots = [
-        {plot.path: {"x": plot.x, "y": plot.y, **({"title": plot.title} if plot.title else {})}}
+        {
+            plot_path(spec, plot, lake): {
+                "x": plot.x,
+                "y": plot.y,
+                **({"title": plot.title} if plot.title else {}),
+            }
+        }
         for spec in specs
         for step in spec.steps
         for plot in step.plots
@@ -115,9 +154,9 @@ def dvc_yaml(specs: Iterable[Pipeline]) -> str:
     return HEADER + yaml.safe_dump(document, sort_keys=False, width=100)
 
 
-def write_dvc_yaml(path: Path, specs: Iterable[Pipeline]) -> bool:
+def write_dvc_yaml(path: Path, specs: Iterable[Pipeline], lake: Path = DEFAULT_LAKE) -> bool:
     """Write ``path``; True when its content changed."""
-    text = dvc_yaml(specs)
+    text = dvc_yaml(specs, lake)
     if path.is_file() and path.read_text() == text:
         return False
     path.write_text(text)

@@ -13,6 +13,20 @@ TRAINING_PROVENANCE = "training.json"
 built from, its days and row counts (the trainer records the source with its run)."""
 
 
+LAYOUT = {
+    "landing": "landing",
+    "corpus": "corpora",
+    "features": "features",
+    "training_set": "training",
+    "report": "reports",
+    "quarantine": "quarantine",
+}
+"""The lake's layout: a catalog dataset's kind (:class:`cascade.pipeline_spec.Data`) -> the
+folder under the lake root that holds its kind; a dataset is ``<folder>/<key>/dt=<ds>/``."""
+DS_PLACEHOLDER = "${ds}"
+"""What a partition date is spelled as in paths that stand for every partition (DVC stages)."""
+
+
 DS_PATTERN = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 """The one spelling of a partition date: ``YYYY-MM-DD`` (matched whole, ASCII digits only)."""
 
@@ -37,6 +51,18 @@ class Lake:
 
     root: Path
 
+    def partition(self, kind: str, key: str, ds: str) -> Path:
+        """Partition ``ds`` of the dataset ``key`` of ``kind`` (:data:`LAYOUT`); ``ds`` may be
+        :data:`DS_PLACEHOLDER` for a path that stands for every partition."""
+        if kind not in LAYOUT:
+            raise ValueError(f"no {kind!r} in the lake; one of {', '.join(LAYOUT)}")
+        day = ds if ds == DS_PLACEHOLDER else check_ds(ds)
+        return self.root / LAYOUT[kind] / key / f"dt={day}"
+
+    def step_summary(self, stage: str, ds: str) -> Path:
+        """The summary a step's run leaves (stage = the pipeline's DVC prefix + step name)."""
+        return self.partition("report", f"step_{stage}", ds) / "summary.json"
+
     def ctr_catalogue_root(self, source: str) -> Path:
         """Every partition of the cross-statistics engine's item catalogue of ``source``."""
         return self.root / "features" / "ctr_catalogue" / source
@@ -53,20 +79,23 @@ class Lake:
 
     def landing(self, dataset: str, ds: str) -> Path:
         """Where a producer lands partition ``ds`` of ``dataset`` for the pipelines to read."""
-        return self.root / "landing" / dataset / f"dt={check_ds(ds)}"
+        return self.partition("landing", dataset, ds)
 
     def impressions(self, ds: str) -> Path:
         """Labelled impressions (user_id, item_id, genre, event_timestamp, click) for training."""
         return self.root / "impressions" / "ml100k" / f"dt={check_ds(ds)}"
 
     def quarantine(self, dataset: str, ds: str) -> Path:
-        return self.root / "quarantine" / dataset / f"dt={check_ds(ds)}"
+        return self.partition("quarantine", dataset, ds)
 
     def training_set(self, model: str, ds: str) -> Path:
-        return self.root / "training" / model / f"dt={check_ds(ds)}"
+        return self.partition("training_set", model, ds)
+
+    def corpus(self, name: str, ds: str) -> Path:
+        return self.partition("corpus", name, ds)
 
     def reports(self, kind: str, ds: str) -> Path:
-        return self.root / "reports" / kind / f"dt={check_ds(ds)}"
+        return self.partition("report", kind, ds)
 
     def data_docs(self, pipeline: str, step: str, ds: str) -> Path:
         """The GX Data Docs site a gate step builds for ``ds`` (``index.html`` inside); the

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from cascade.lake import Lake
 from cascade.pipeline_spec import Pipeline
 
 TABLE_START = "<!-- pipelines-table:start -->"
@@ -83,6 +84,19 @@ def _pipeline_section(described: dict[str, Any]) -> list[str]:
             f"{'-' if timeout is None else timeout} | {knobs} | {metrics} |"
         )
     lines.append("")
+    if described.get("catalog"):
+        lines += [
+            "| dataset | kind | format | location | written by | read by |",
+            "|---|---|---|---|---|---|",
+        ]
+        for data in described["catalog"]:
+            writers = ", ".join(f"`{s}`" for s in data["written_by"]) or "-"
+            readers = ", ".join(f"`{s}`" for s in data["read_by"]) or "-"
+            lines.append(
+                f"| `{data['name']}` | {data['kind']} | {_cell(data['format'])} | "
+                f"`{data['location']}` | {writers} | {readers} |"
+            )
+        lines.append("")
     model = described.get("registered_model")
     if model:
         rule = model.get("promotion") or {}
@@ -107,7 +121,8 @@ def render_reference(specs: Iterable[Pipeline]) -> str:
     specs = list(specs)
     lines = [render_markdown(specs)]
     for spec in specs:
-        lines += _pipeline_section(spec.describe())
+        # Locations as the default state folder has them, relative to the repository.
+        lines += _pipeline_section(spec.describe(lake=Lake(Path(".cascade/lake"))))
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -19,8 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-StepFunction = Callable[[str], Mapping[str, Any]]
-"""A step: takes the partition date ``YYYY-MM-DD``, returns a JSON-able summary."""
+StepFunction = Callable[[Any], Mapping[str, Any]]
+"""A step: takes its :class:`cascade.step_context.StepContext` (the partition, the settings
+with this run's knobs applied, the run), returns a JSON-able summary."""
 
 Importer = Callable[..., Mapping[str, int]]
 """A landing format's importer, ``(source: Path, dest: Path, *, ds: str) -> counts``: reads
@@ -43,12 +44,71 @@ def _check_name(kind: str, name: str) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Data:
+    """A dataset of a pipeline's catalog: what it is and where it lives in the lake.
+
+    The location is the lake's layout (:meth:`cascade.lake.Lake.partition`) for ``kind`` and
+    ``key``, one folder per partition; steps name the dataset (:attr:`Step.inputs`,
+    :attr:`Step.outputs`), and the DVC deps and outs, the asset outlets, the lineage in the run
+    report and ``cascade pipelines --json`` follow from those names."""
+
+    name: str
+    """The name steps use (``ctx.inputs[name]``); unique in the pipeline."""
+    kind: str
+    """Which part of the lake: one of :data:`cascade.lake.LAYOUT` (``landing``, ``corpus``,
+    ``features``, ``training_set``, ``report``, ``quarantine``)."""
+    key: str
+    """The folder under the kind's root, e.g. ``speech`` or ``ctr_cross/generated/user``."""
+    format: str = "parquet"
+    """How the partition's files are written (``parquet``, ``shards``, ``wav+jsonl``, ``json``,
+    ...)."""
+    contract: str = ""
+    """The schema or the suite that guards it (a GX suite, a manifest schema); empty: none."""
+    description: str = ""
+    persist: bool = False
+    """Data that may have landed from elsewhere, or that a retried step resumes from: DVC must
+    not delete it before the stage runs."""
+    cache: bool = True
+    """DVC keeps a copy of each version; False for working folders (curves, checkpoints) that
+    DVC only hashes."""
+    asset: str = ""
+    """The asset URI consumers schedule on when a step writes it (the step's Airflow outlet)."""
+    file: str = ""
+    """One file of the partition's folder is the dataset (e.g. another pipeline's step
+    summary); empty: the whole folder."""
+
+    def location(self, lake: Any, ds: str) -> Any:
+        """The partition ``ds`` of the dataset in ``lake`` (a :class:`cascade.lake.Lake`)."""
+        folder = lake.partition(self.kind, self.key, ds)
+        return folder / self.file if self.file else folder
+
+    def __post_init__(self) -> None:
+        _check_name("dataset", self.name)
+        from cascade.lake import LAYOUT
+
+        if self.kind not in LAYOUT:
+            raise ValueError(
+                f"dataset {self.name!r}: kind {self.kind!r} is not one of {', '.join(LAYOUT)}"
+            )
+        parts = self.key.split("/")
+        if not all(_NAME.match(part) for part in parts):
+            raise ValueError(
+                f"dataset {self.name!r}: key {self.key!r} must be '/'-separated names of "
+                "lower-case letters, digits and '_'"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Plot:
     """A file a step writes that ``dvc plots show`` draws (CSV, TSV or JSON rows)."""
 
-    path: str
-    """Repository-relative path; ``${ds}`` stands for the partition. A folder draws each of its
-    files."""
+    output: str = ""
+    """The step's output dataset the file lies in (a catalog name)."""
+    file: str = ""
+    """The file (or folder: each of its files is drawn) inside the output's partition."""
+    path: str = ""
+    """Instead of ``output`` and ``file``: a repository-relative path; ``${ds}`` stands for the
+    partition."""
     x: str
     """The column on the x axis."""
     y: str
@@ -63,25 +123,29 @@ class Step:
     name: str
     """Task id and step name; the DVC stage is the pipeline's ``dvc_prefix`` + this."""
     run: StepFunction
-    """The function the task, the DVC stage and ``cascade step`` call with the partition date."""
+    """The function the task, the DVC stage and ``cascade step`` call with the step's context."""
     doc: str = ""
     """One line on what the step does (task ``doc_md``, ``cascade pipelines``)."""
     timeout_minutes: float | None = None
     """Airflow ``execution_timeout``; None leaves the task unbounded."""
+    inputs: tuple[str, ...] = ()
+    """Catalog datasets the step reads (:attr:`Pipeline.catalog` names; ``ctx.inputs``)."""
+    outputs: tuple[str, ...] = ()
+    """Catalog datasets the step writes (``ctx.outputs``): DVC outs, and the assets of those
+    that have one are the step's outlets."""
+    reads: tuple[str, ...] = ()
+    """Earlier steps of the pipeline whose results (returned summaries) this one reads
+    (``ctx.result_of(name)``); the previous step's is always readable."""
     outlets: tuple[str, ...] = ()
-    """Asset URIs the step updates (Airflow ``outlets``): consumers schedule on them."""
+    """Asset URIs the step updates besides its outputs' (Airflow ``outlets``): consumers
+    schedule on them."""
     dvc_deps: tuple[str, ...] = ()
-    """Code and data paths the DVC stage depends on, beside the previous step's summary.
-    ``${ds}`` stands for the partition."""
-    dvc_outs: tuple[str, ...] = ()
-    """Data paths the DVC stage writes (cached), beside its own summary."""
-    dvc_persistent_outs: tuple[str, ...] = ()
-    """Outputs DVC must not delete before the stage runs (data that may have landed from
-    elsewhere and that the step keeps)."""
+    """Code paths the DVC stage depends on, beside its inputs and the summaries it reads."""
     params: Mapping[str, str] = field(default_factory=dict)
     """Knobs of the step: name -> the ``CASCADE_*`` setting it sets. Each is the DVC parameter
     ``<pipeline>.<name>`` in ``params.yaml`` (``dvc exp run -S``), given to the step as
-    ``cascade step ... --param name=VALUE``."""
+    ``cascade step ... --param name=VALUE``; the step sees the value as a field of its
+    context's settings."""
     metrics: tuple[str, ...] = ()
     """Numeric keys of the step's summary that are its metrics: the step runner writes them to
     ``metrics.json`` beside the summary, a DVC metrics file (``dvc metrics diff``)."""
@@ -109,15 +173,23 @@ class Step:
         _check_name("step", self.name)
         for knob, variable in self.params.items():
             _check_name("knob", knob)
+            if knob == "ds":
+                raise ValueError(f"step {self.name!r}: 'ds' is the partition, not a knob name")
             if not variable.startswith("CASCADE_"):
                 raise ValueError(
                     f"step {self.name!r}: knob {knob!r} must name a CASCADE_* setting, "
                     f"got {variable!r}"
                 )
         if not callable(self.run):
-            raise TypeError(f"step {self.name!r}: run must be a function of the partition date")
+            raise TypeError(f"step {self.name!r}: run must be a function of the step's context")
         if self.timeout_minutes is not None and self.timeout_minutes <= 0:
             raise ValueError(f"step {self.name!r}: timeout_minutes must be > 0")
+        in_lake = [path for path in self.dvc_deps if path.startswith(".cascade")]
+        if in_lake:
+            raise ValueError(
+                f"step {self.name!r}: dvc_deps {in_lake} are lake paths; declare the data in "
+                "the pipeline's catalog and name it in the step's inputs"
+            )
 
 
 def deferred(target: str) -> Callable[..., Any]:
@@ -311,6 +383,8 @@ class Pipeline:
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Free-form metadata shown by ``cascade pipelines``."""
     datasets: tuple[Dataset, ...] = ()
+    catalog: tuple[Data, ...] = ()
+    """The datasets the steps read and write, each declared once."""
     """The landed datasets the pipeline reads (its first step), with their landing formats
     (``cascade land``)."""
 
@@ -330,7 +404,8 @@ class Pipeline:
                 raise ValueError(f"{reserved!r} is a task of every triggered DAG; rename the step")
         if self.cron is None and self.trigger is None and not self.after:
             raise ValueError(f"pipeline {self.name!r} needs a cron, a trigger or an upstream asset")
-        own = {uri for step in self.steps for uri in step.outlets}
+        self._check_catalog()
+        own = {uri for step in self.steps for uri in self.step_outlets(step)}
         if set(self.after) & own:
             raise ValueError(f"pipeline {self.name!r} cannot start on its own outlets")
         if self.cron is not None and len(self.cron.split()) != 5:
@@ -350,6 +425,53 @@ class Pipeline:
                         f"pipeline {self.name!r}: knob {knob!r} sets {knobs[knob]} in one step "
                         f"and {variable} in step {step.name!r}; one knob, one setting"
                     )
+
+    def _check_catalog(self) -> None:
+        """Every dataset is declared once, every name a step uses is declared, and a step
+        reads only the results of steps before it."""
+        names = [d.name for d in self.catalog]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pipeline {self.name!r} declares a catalog dataset twice: {names}")
+        before: list[str] = []
+        for step in self.steps:
+            for role in ("inputs", "outputs"):
+                unknown = [n for n in getattr(step, role) if n not in names]
+                if unknown:
+                    raise ValueError(
+                        f"pipeline {self.name!r}: step {step.name!r} {role} {unknown} are not in "
+                        f"the catalog ({', '.join(names) or 'empty'}); declare them there"
+                    )
+            later = [n for n in step.reads if n not in before]
+            if later:
+                raise ValueError(
+                    f"pipeline {self.name!r}: step {step.name!r} reads the results of {later}, "
+                    f"which are no earlier steps ({', '.join(before) or 'none'})"
+                )
+            for plot in step.plots:
+                if not plot.path and plot.output not in step.outputs:
+                    raise ValueError(
+                        f"pipeline {self.name!r}: step {step.name!r} plots {plot.file!r} of "
+                        f"{plot.output!r}, which is not one of its outputs"
+                    )
+            before.append(step.name)
+
+    def data(self, name: str) -> Data:
+        """The catalog dataset ``name``."""
+        for entry in self.catalog:
+            if entry.name == name:
+                return entry
+        raise KeyError(f"pipeline {self.name!r} has no dataset {name!r} in its catalog")
+
+    def step_outlets(self, step: Step) -> tuple[str, ...]:
+        """The asset URIs ``step`` updates: its outputs' assets, then its own outlets."""
+        found = [self.data(name).asset for name in step.outputs if self.data(name).asset]
+        return tuple(dict.fromkeys([*found, *step.outlets]))
+
+    def reads_of(self, step: Step) -> tuple[str, ...]:
+        """The steps whose results ``step`` may read: the previous one and its ``reads``."""
+        index = self.step_names.index(step.name)
+        previous = (self.steps[index - 1].name,) if index else ()
+        return tuple(dict.fromkeys([*step.reads, *previous]))
 
     def _check_promotion_settings(self) -> None:
         """Each promotion override names a documented field of the settings class."""
@@ -440,9 +562,24 @@ class Pipeline:
             "scorable": self.model.score is not None,
         }
 
-    def describe(self, knobs: Any | None = None) -> dict[str, Any]:
+    def _describe_data(self, name: str, lake: Any) -> dict[str, Any]:
+        data = self.data(name)
+        return {
+            "name": name,
+            "kind": data.kind,
+            "format": data.format,
+            "location": str(data.location(lake, "${ds}")),
+            **({"contract": data.contract} if data.contract else {}),
+        }
+
+    def describe(self, knobs: Any | None = None, lake: Any | None = None) -> dict[str, Any]:
         """The JSON shape of ``cascade pipelines --json``; ``registered_model.promotion`` is
-        the rule in force (:meth:`promotion`, with ``knobs`` or the loaded settings)."""
+        the rule in force (:meth:`promotion`, with ``knobs`` or the loaded settings), and each
+        step's inputs and outputs are located in ``lake`` (default: the settings' lake)."""
+        if lake is None:
+            from cascade.lake import lake_from_settings
+
+            lake = lake_from_settings()
         return {
             "name": self.name,
             "description": self.description.strip().splitlines()[0] if self.description else "",
@@ -453,7 +590,10 @@ class Pipeline:
                     "timeout_minutes": step.timeout_minutes,
                     "heavy": step.in_heavy_pool,
                     "data_docs": step.data_docs,
-                    "outlets": list(step.outlets),
+                    "outlets": list(self.step_outlets(step)),
+                    "inputs": [self._describe_data(name, lake) for name in step.inputs],
+                    "outputs": [self._describe_data(name, lake) for name in step.outputs],
+                    **({"reads": list(self.reads_of(step))} if self.reads_of(step) else {}),
                     "dvc_stage": self.dvc_prefix + step.name,
                     **(
                         {"params": {f"{self.name}.{k}": v for k, v in step.params.items()}}
@@ -474,8 +614,16 @@ class Pipeline:
                     "selectors": list(self.trigger.selectors),
                 },
                 "after": list(self.after),
-                "outlets": sorted({uri for step in self.steps for uri in step.outlets}),
+                "outlets": sorted({uri for step in self.steps for uri in self.step_outlets(step)}),
             },
+            "catalog": [
+                {
+                    **self._describe_data(data.name, lake),
+                    "written_by": [s.name for s in self.steps if data.name in s.outputs],
+                    "read_by": [s.name for s in self.steps if data.name in s.inputs],
+                }
+                for data in self.catalog
+            ],
             "registered_model": None if self.model is None else self._describe_model(knobs),
             "settings": None if self.settings is None else self.settings.__name__,
             "dvc_prefix": self.dvc_prefix,

@@ -32,6 +32,7 @@ from cascade.config import Settings
 from cascade.errors import NotReady
 from cascade.lake import Lake, check_ds
 from cascade.pipeline_registry import registered_pipelines
+from cascade.pipeline_spec import Pipeline
 
 TIMING_FILE = "timing.json"
 """Written by the step runner beside a step's summary (``cascade.step_runner.TIMING_FILE``)."""
@@ -54,6 +55,11 @@ class StepReport:
     seconds: float | None = None
     error: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    """Lineage: the catalog datasets the step reads, each ``name``, ``location`` and whether
+    the partition ``exists``."""
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    """Lineage: the catalog datasets the step writes, as :attr:`inputs`."""
 
     @property
     def gate(self) -> dict[str, Any] | None:
@@ -106,9 +112,19 @@ def collect_steps(lake: Lake, ds: str, pipelines: list[str] | None = None) -> li
                     seconds=float(seconds) if isinstance(seconds, int | float) else None,
                     error=str(timing["error"])[:300] if timing.get("error") else None,
                     summary=summary,
+                    inputs=_lineage(spec, step.inputs, lake, ds),
+                    outputs=_lineage(spec, step.outputs, lake, ds),
                 )
             )
     return steps
+
+
+def _lineage(spec: Pipeline, names: tuple[str, ...], lake: Lake, ds: str) -> list[dict[str, Any]]:
+    found = []
+    for name in names:
+        location = spec.data(name).location(lake, ds)
+        found.append({"name": name, "location": str(location), "exists": location.exists()})
+    return found
 
 
 def _figures(lake: Lake, ds: str, out: Path) -> list[dict[str, str]]:
@@ -285,7 +301,7 @@ def _html(report: dict[str, Any], steps: list[StepReport]) -> str:
     for pipeline in report["pipelines"]:
         parts.append(
             f"<h2>{e(pipeline)}</h2><table><tr><th>step</th><th>status</th>"
-            "<th>seconds</th><th>gate</th><th>summary</th></tr>"
+            "<th>seconds</th><th>gate</th><th>reads → writes</th><th>summary</th></tr>"
         )
         for s in (s for s in steps if s.pipeline == pipeline):
             css = s.status.replace(" ", "")
@@ -302,9 +318,12 @@ def _html(report: dict[str, Any], steps: list[StepReport]) -> str:
                 kind = "skipped" if s.status == "skipped" else "failed"
                 fields = f"<span class='{kind}'>{e(s.error)}</span><br>{fields}"
             seconds = "" if s.seconds is None else f"{s.seconds:.1f}"
+            lineage = " → ".join(
+                ", ".join(e(d["name"]) for d in side) or "-" for side in (s.inputs, s.outputs)
+            )
             parts.append(
                 f"<tr><td>{e(s.step)}</td><td class='{css}'>{e(s.status)}</td>"
-                f"<td>{seconds}</td><td>{verdict}</td><td>{fields}</td></tr>"
+                f"<td>{seconds}</td><td>{verdict}</td><td>{lineage}</td><td>{fields}</td></tr>"
             )
         parts.append("</table>")
         for curve in (c for c in report["curves"] if c["label"].startswith(f"{pipeline} ·")):
@@ -361,6 +380,8 @@ def write_report(
                 "seconds": s.seconds,
                 "error": s.error,
                 "gate": s.gate,
+                "inputs": s.inputs,
+                "outputs": s.outputs,
             }
             for s in steps
         ],

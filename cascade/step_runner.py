@@ -3,7 +3,8 @@
 
     cascade step training_set --pipeline ctr_preranking --ds 2026-11-22
 
-Each step takes the partition date and returns a JSON-able summary, recorded under the lake
+Each step takes its context (:class:`cascade.step_context.StepContext`) and returns a JSON-able
+summary, recorded under the lake
 (``reports/step_<dvc stage>/dt=DS/summary.json``) where the next DVC stage depends on it.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -23,35 +23,16 @@ from cascade.lake import Lake, check_ds, lake_from_settings
 from cascade.pipeline_registry import get_pipeline
 from cascade.pipeline_spec import Step
 from cascade.results import write_result
+from cascade.step_context import RUN_VARIABLES, RunInfo, StepContext, knob_values
 
 
-def write_step_result(lake: Lake, kind: str, ds: str, result: dict[str, Any]) -> dict[str, Any]:
-    """Write ``result`` atomically as ``Lake.reports(kind, ds) / "result.json"``; returns it."""
-    out = lake.reports(kind, ds)
-    out.mkdir(parents=True, exist_ok=True)
-    write_result(out / "result.json", json.loads(json.dumps(result, default=str)))
-    return result
-
-
-def read_step_result(lake: Lake, kind: str, ds: str, *, produced_by: str) -> dict[str, Any]:
-    """The ``result.json`` a step wrote for ``ds``; FileNotFoundError names the step to run."""
-    path = lake.reports(kind, ds) / "result.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no {kind} result {path}; run step {produced_by!r} for ds={ds}")
-    return dict(json.loads(path.read_text()))
-
-
-def summary_path(name: str, ds: str, pipeline: str) -> Path:
+def summary_path(name: str, ds: str, pipeline: str, *, lake: Lake | None = None) -> Path:
     """Where a step leaves its summary (a DVC output, and what the next stage depends on)."""
     stage = get_pipeline(pipeline).dvc_prefix + name
-    return lake_from_settings().reports(f"step_{stage}", ds) / "summary.json"
+    return (lake or lake_from_settings()).step_summary(stage, ds)
 
 
-RUN_CONTEXT = {
-    "pipeline": "CASCADE_RUN_PIPELINE",
-    "step": "CASCADE_RUN_STEP",
-    "ds": "CASCADE_RUN_DS",
-}
+RUN_CONTEXT = RUN_VARIABLES
 """Variables a step's process (and the training processes it starts) sees while it runs: the
 MLflow runs it opens are named and tagged with them (:mod:`cascade.training.resumable_run`)."""
 
@@ -88,20 +69,8 @@ METRICS_FILE = "metrics.json"
 file)."""
 
 
-def knob_environment(step: Step, params: Mapping[str, str]) -> dict[str, str]:
-    """The ``CASCADE_*`` variables that ``--param knob=VALUE`` values set for ``step``. An empty
-    value sets nothing; ``true``/``false`` (how DVC writes a YAML boolean) become ``1``/``0``.
-    An unknown knob is a ValueError naming the step's knobs."""
-    unknown = sorted(set(params) - set(step.params))
-    if unknown:
-        known = ", ".join(sorted(step.params)) or "none"
-        raise ValueError(f"step {step.name!r} has no knob {', '.join(unknown)} (knobs: {known})")
-    words = {"true": "1", "false": "0"}
-    return {
-        step.params[knob]: words.get(value.strip().lower(), value.strip())
-        for knob, value in params.items()
-        if value.strip()
-    }
+knob_environment = knob_values
+"""The ``CASCADE_*`` values ``--param knob=VALUE`` values give a step (:func:`knob_values`)."""
 
 
 def step_metrics(step: Step, summary: Mapping[str, Any]) -> dict[str, float]:
@@ -114,19 +83,32 @@ def step_metrics(step: Step, summary: Mapping[str, Any]) -> dict[str, float]:
 
 
 def run_step(
-    name: str, ds: str, pipeline: str, params: Mapping[str, str] | None = None
+    name: str,
+    ds: str,
+    pipeline: str,
+    params: Mapping[str, str] | None = None,
+    *,
+    run: RunInfo | None = None,
 ) -> dict[str, Any]:
-    """Run step ``name`` of ``pipeline`` for partition ``ds`` with its knobs set from
-    ``params`` (:func:`knob_environment`), and record its JSON summary, its metrics
-    (:data:`METRICS_FILE`, when it declares some) and its timing (:data:`TIMING_FILE`, also
-    when it fails)."""
-    step = get_pipeline(pipeline).step(name)
-    knobs = knob_environment(step, params or {})
-    path = summary_path(name, check_ds(ds), pipeline)
+    """Run step ``name`` of ``pipeline`` for partition ``ds`` on its context
+    (:class:`~cascade.step_context.StepContext`: the settings with the knobs ``params``
+    applied, ``run`` the Airflow run or none): :func:`execute`."""
+    spec = get_pipeline(pipeline)
+    return execute(StepContext.build(spec, name, check_ds(ds), params=params, run=run))
+
+
+def execute(ctx: StepContext) -> dict[str, Any]:
+    """Run the context's step and record its JSON summary (what the steps after it read,
+    ``ctx.result_of``), its metrics (:data:`METRICS_FILE`, when it declares some) and its
+    timing (:data:`TIMING_FILE`, also when it fails)."""
+    step, ds = ctx.step, ctx.ds
+    path = ctx.lake.step_summary(ctx.pipeline.dvc_prefix + step.name, ds)
     started, clock = dt.datetime.now(dt.UTC), time.monotonic()
     try:
-        with step_context(pipeline, name, ds), scoped_environ(knobs):
-            result = dict(step.run(ds))
+        # The processes a step starts (trainings) learn which step they serve from these
+        # variables; the knobs reach the step as settings values, not as variables.
+        with step_context(ctx.pipeline.name, step.name, ds):
+            result = dict(step.run(ctx))
     except BaseException as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         skipped = isinstance(exc, NothingLanded)  # the run ends as skipped, saying why
@@ -136,7 +118,7 @@ def run_step(
         )  # fmt: skip
         raise
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2, default=str))
+    write_result(path, result)
     if step.metrics:
         write_result(path.with_name(METRICS_FILE), step_metrics(step, result))
     _record_timing(path.with_name(TIMING_FILE), started, time.monotonic() - clock, None)

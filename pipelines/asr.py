@@ -35,12 +35,13 @@ from cascade.assets import (
     ASSET_SPEECH_CORPUS,
     ASSET_SPEECH_DATA_LANDED,
 )
-from cascade.config import Settings, load_group, load_settings
+from cascade.config import Settings
 from cascade.errors import NothingLanded
-from cascade.lake import Lake, check_ds, nothing_landed
+from cascade.lake import Lake, nothing_landed
 from cascade.landing import landed_from, landing_record
 from cascade.partitions import partition_seed
 from cascade.pipeline_spec import (
+    Data,
     Dataset,
     Pipeline,
     Plot,
@@ -51,7 +52,7 @@ from cascade.pipeline_spec import (
     deferred,
 )
 from cascade.settings_fields import SETTINGS_CONFIG
-from cascade.step_runner import read_step_result, write_step_result
+from cascade.step_context import StepContext, with_settings
 
 CONFIG_ENV = "CASCADE_ASR_CONFIG"
 DEFAULT_CONFIG = "synthetic"
@@ -79,30 +80,29 @@ class AsrSettings:
     exactly, so the tolerance only absorbs real noise."""
 
 
-def config_name() -> str:
-    return load_group(AsrSettings).config
-
-
 def landing_dir(lake: Lake, ds: str) -> Path:
-    return lake.root / "landing" / "speech" / f"dt={check_ds(ds)}"
+    return lake.landing("speech", ds)
 
 
 def corpus_dir(lake: Lake, ds: str) -> Path:
-    return lake.root / "corpora" / "speech" / f"dt={check_ds(ds)}"
+    return lake.corpus("speech", ds)
 
 
-def _synthetic_count() -> int:
-    count = load_group(AsrSettings).utterances
+def _synthetic_count(knobs: AsrSettings) -> int:
+    count = knobs.utterances
     if count is None:
         from models.asr.config_registry import get_config
 
-        count = get_config(config_name()).corpus_utterances
+        count = get_config(knobs.config).corpus_utterances
     if count < 1:
         raise ValueError(f"CASCADE_ASR_UTTERANCES must be >= 1, got {count}")
     return count
 
 
-def land_synthetic_batch(dest: Path, *, ds: str) -> dict[str, int]:
+@with_settings(AsrSettings)
+def land_synthetic_batch(
+    dest: Path, *, ds: str, platform: Settings, settings: AsrSettings
+) -> dict[str, int]:
     """The ``synthetic`` source of dataset ``speech``: the partition's espeak-ng utterances
     (``CASCADE_ASR_UTTERANCES``, else the config's size) plus the human recordings of
     :mod:`jobs.speech_human` (always test data). Chosen explicitly (the demo, benchmarks and
@@ -110,7 +110,7 @@ def land_synthetic_batch(dest: Path, *, ds: str) -> dict[str, int]:
     from jobs.audio_corpus import land_synthetic, spark_session
     from jobs.speech_human import land_human
 
-    count = _synthetic_count()
+    count = _synthetic_count(settings)
     print(f"[asr] synthesizing {count} utterances for ds={ds}", flush=True)
     synthesized = land_synthetic(spark_session(), dest, count=count, seed=partition_seed(ds))
     human = land_human(dest)
@@ -144,49 +144,52 @@ SPEECH = Dataset(
 """What ``corpus`` reads from ``landing/speech/dt=DS`` (``cascade land speech``)."""
 
 
-def corpus(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def corpus(ctx: StepContext) -> dict[str, Any]:
     """Build the partition's corpus on Spark from its landing folder; a partition with nothing
     landed ends the run as skipped (:class:`~cascade.errors.NothingLanded`)."""
     from jobs.audio_corpus import build_corpus, spark_session
 
-    settings = settings or load_settings()
-    lake = Lake(settings.lake_root)
-    landing = landing_dir(lake, ds)
+    ds = ctx.ds
+    landing = ctx.inputs["speech_landing"].path
     if not (landing / "transcripts.jsonl").exists() and not (landing / "wav").exists():
         raise NothingLanded(
             f"nothing landed for {ds}: no speech batch at {landing}; land one with `cascade "
             f"land speech PATH --ds {ds}` (or `--source synthetic` for a synthesized batch)"
         )
     record = landing_record(landing) or {}
-    summary = build_corpus(spark_session(), landing, corpus_dir(lake, ds))
+    summary = build_corpus(spark_session(), landing, ctx.outputs["speech_corpus"].path)
     summary.update(
         ds=ds,
         landing=str(landing),
         landed_from=landed_from(record),
         synthesized=(record.get("counts") or {}).get("synthesized", 0),
     )
-    return write_step_result(lake, "asr_corpus", ds, summary)
+    return summary
 
 
-def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def validate(ctx: StepContext) -> dict[str, Any]:
     """The GX gate on the manifest; a failure stops the DAG before training."""
     from jobs.audio_corpus_gate import validate_corpus
 
-    settings = settings or load_settings()
-    lake = Lake(settings.lake_root)
-    report = validate_corpus(corpus_dir(lake, ds), docs=lake.data_docs("asr", "validate", ds))
+    ds, lake = ctx.ds, ctx.lake
+    corpus = ctx.inputs["speech_corpus"].path
+    report = validate_corpus(corpus, docs=lake.data_docs("asr", "validate", ds))
     return {k: report[k] for k in ("success", "rows", "voices", "path", "data_docs")} | {"ds": ds}
 
 
-def train(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def train(ctx: StepContext) -> dict[str, Any]:
     """DeepSpeed training (fp32, then range-scaled int8 QAT with distillation) on the corpus;
     a killed attempt resumes from its checkpoints on the task's retry."""
     from models.asr.train import train_asr
 
-    settings = settings or load_settings()
-    lake = Lake(settings.lake_root)
-    result = train_asr(settings, config_name(), corpus_dir(lake, ds), lake.reports("asr_train", ds))
-    return write_step_result(lake, "asr_train", ds, {**result, "ds": ds})
+    ds, settings = ctx.ds, ctx.platform
+    result = train_asr(
+        settings,
+        ctx.settings.config,
+        ctx.inputs["speech_corpus"].path,
+        ctx.outputs["asr_training"].path,
+    )
+    return {**result, "ds": ds}
 
 
 def held_out_cer(artifact: Path, corpus: Path) -> dict[str, Any]:
@@ -203,7 +206,7 @@ def held_out_cer(artifact: Path, corpus: Path) -> dict[str, Any]:
     }
 
 
-def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def register(ctx: StepContext) -> dict[str, Any]:
     """Register the int8 model trained for ``ds`` (with its compiled artifact) as a new version of
     MLflow model ``asr`` (alias ``challenger``); move ``champion`` to it when the compile gate
     passed and its CER on this partition's held-out voices is within the tolerance of the
@@ -226,13 +229,13 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     from cascade.signing import check_tested, load_signing_key
     from models.asr.pyfunc import save_pyfunc
 
-    settings = settings or load_settings()
+    ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
-    trained = read_step_result(lake, "asr_train", ds, produced_by="train")
-    gate = read_step_result(lake, "asr_compile", ds, produced_by="compile")
+    trained = ctx.result_of("train")
+    gate = ctx.result_of("compile")
     client = registry_client(settings)
     run_id = trained["run_id"]
-    promotion = PIPELINE.promotion()
+    promotion = ctx.pipeline.promotion(ctx.settings)
     assert promotion is not None
 
     def score(champion: Any) -> Scores:
@@ -299,7 +302,7 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         signing_key=load_signing_key(settings.home, create=True),
         settings=settings,
     )
-    return write_step_result(lake, "asr_register", ds, result)
+    return result
 
 
 GATE_UTTERANCES = 200
@@ -309,7 +312,7 @@ MIN_AGREEMENT = 0.95
 was compiled from (a compiler bug shows up as disagreement, not as a small CER change)."""
 
 
-def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # noqa: A001
+def compile(ctx: StepContext) -> dict[str, Any]:  # noqa: A001
     """Build the int8 AOTInductor package of the trained model and gate it: its transcripts
     must agree with the fake-quant model's and its CER stay within the config's
     ``int8_max_cer_delta`` of the fp32 model's on the same held-out utterances. The package and
@@ -329,9 +332,9 @@ def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # 
     from models.asr.inference import transcribe
     from models.asr.metrics import cer
 
-    settings = settings or load_settings()
+    ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
-    trained = read_step_result(lake, "asr_train", ds, produced_by="train")
+    trained = ctx.result_of("train")
     model_dir = Path(trained["int8_artifact"]).parent
     threads = torch.get_num_threads()
     report = compile_asr(model_dir, fp32=False, int8=True, onnx=False)
@@ -400,7 +403,7 @@ def compile(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:  # 
         f"({len(texts)} held-out utterances)",
         flush=True,
     )
-    return write_step_result(lake, "asr_compile", ds, gate)
+    return gate
 
 
 def _transcribe(settings: Settings, wav: bytes, *, timeout_s: float) -> dict[str, Any] | None:
@@ -454,13 +457,14 @@ def served_version(settings: Settings, *, timeout_s: float = 10.0) -> str | None
     return None if version is None else str(version)
 
 
-def score(request: Mapping[str, Any]) -> dict[str, Any]:
+@with_settings(None)
+def score(request: Mapping[str, Any], *, platform: Settings) -> dict[str, Any]:
     """``cascade score --model asr --audio FILE.wav``: the served champion's transcript."""
     path = request.get("audio")
     if not path:
         raise ValueError("transcribing needs --audio FILE.wav")
     wav = Path(str(path)).read_bytes()
-    response = _transcribe(load_settings(), wav, timeout_s=30.0)
+    response = _transcribe(platform, wav, timeout_s=30.0)
     if response is None:
         raise RuntimeError(
             "the ASR server did not answer (not running, not ready, or it refused the file); "
@@ -469,15 +473,14 @@ def score(request: Mapping[str, Any]) -> dict[str, Any]:
     return response
 
 
-def deploy(ds: str, *, settings: Settings | None = None, timeout_s: float = 300) -> dict[str, Any]:
+def deploy(ctx: StepContext, *, timeout_s: float = 300) -> dict[str, Any]:
     """Wait until the ASR server transcribes with the registry's champion; says why a
     challenger that was not promoted is not the one served."""
     from serving.champion import champion_version
     from serving.deploy import wait_until_served
 
-    settings = settings or load_settings()
-    lake = Lake(settings.lake_root)
-    decision = read_step_result(lake, "asr_register", ds, produced_by="register")
+    ds, settings = ctx.ds, ctx.platform
+    decision = ctx.result_of("register")
     champion = champion_version(settings, MODEL_NAME)
     if champion is None:
         raise RuntimeError(
@@ -494,21 +497,16 @@ def deploy(ds: str, *, settings: Settings | None = None, timeout_s: float = 300)
         hint=f"check that the ASR server runs (cascade asr serve) and its log under "
         f"{settings.logs_dir}",
     )
-    return write_step_result(
-        lake,
-        "asr_deploy",
-        ds,
-        {
-            "ds": ds,
-            "served_version": served,
-            "champion_version": champion,
-            "url": url,
-            "waited_s": round(waited, 3),
-            "challenger_version": decision.get("version"),
-            "promoted": decision.get("promoted"),
-            "blocked_by": decision.get("reasons") or [],
-        },
-    )
+    return {
+        "ds": ds,
+        "served_version": served,
+        "champion_version": champion,
+        "url": url,
+        "waited_s": round(waited, 3),
+        "challenger_version": decision.get("version"),
+        "promoted": decision.get("promoted"),
+        "blocked_by": decision.get("reasons") or [],
+    }
 
 
 PIPELINE = Pipeline(
@@ -524,6 +522,33 @@ PIPELINE = Pipeline(
     tags=("asr", "speech"),
     settings=AsrSettings,
     datasets=(SPEECH,),
+    catalog=(
+        Data(
+            name="speech_landing",
+            kind="landing",
+            key="speech",
+            format="wav + transcripts.jsonl",
+            description="the partition's landed batch (`cascade land speech`)",
+        ),
+        Data(
+            name="speech_corpus",
+            kind="corpus",
+            key="speech",
+            format="parquet manifest + log-mel features",
+            contract="jobs/audio_corpus_gate.py",
+            description="validated, featurized utterances split by voice",
+            asset=ASSET_SPEECH_CORPUS,
+        ),
+        Data(
+            name="asr_training",
+            kind="report",
+            key="asr_train",
+            format="json + curves",
+            description="the training's result, loss curves and checkpoints",
+            persist=True,
+            cache=False,
+        ),
+    ),
     model=RegisteredModel(
         name=MODEL_NAME,
         promotion=Promotion(
@@ -545,9 +570,9 @@ PIPELINE = Pipeline(
             doc="the partition's landed WAVs + transcripts validated, resampled, featurized and "
             "split by voice on Spark; bad files quarantined; nothing landed: the run is skipped",
             timeout_minutes=30,
-            outlets=(ASSET_SPEECH_CORPUS,),
+            inputs=("speech_landing",),
+            outputs=("speech_corpus",),
             dvc_deps=("jobs/audio_corpus.py", "jobs/speech_synth.py", "domains/speech"),
-            dvc_outs=(".cascade/lake/corpora/speech/dt=${ds}",),
             params={"config": CONFIG_ENV},
         ),
         Step(
@@ -555,6 +580,7 @@ PIPELINE = Pipeline(
             run=validate,
             data_docs=True,
             doc="the GX suite on the manifest (durations, rates, lengths, voice-disjoint splits)",
+            inputs=("speech_corpus",),
             dvc_deps=("jobs/audio_corpus_gate.py",),
         ),
         Step(
@@ -563,12 +589,15 @@ PIPELINE = Pipeline(
             heavy=True,
             doc="fp32 training, then range-scaled int8 QAT with distillation, on DeepSpeed",
             timeout_minutes=60,
-            dvc_deps=("models/asr", ".cascade/lake/corpora/speech/dt=${ds}"),
+            inputs=("speech_corpus",),
+            outputs=("asr_training",),
+            dvc_deps=("models/asr",),
             params={"config": CONFIG_ENV},
             metrics=("cer_fp32", "cer_int8", "wer_fp32", "wer_int8"),
             plots=(
                 Plot(
-                    path=".cascade/lake/reports/asr_train/dt=${ds}/curves",
+                    output="asr_training",
+                    file="curves",
                     x="step",
                     y="loss",
                     title="ASR loss (fp32, then int8 QAT)",
@@ -581,6 +610,7 @@ PIPELINE = Pipeline(
             heavy=True,
             doc="the int8 .pt2 artifact with parity and accuracy gates",
             timeout_minutes=20,
+            inputs=("speech_corpus",),
             dvc_deps=("compilers",),
         ),
         Step(
@@ -589,10 +619,12 @@ PIPELINE = Pipeline(
             doc="new MLflow version; champion only when its CER on the held-out voices is no "
             "worse than the champion's and the compile gate passed",
             outlets=(ASSET_ASR_CHAMPION,),
-            dvc_deps=(
-                "pipelines/asr.py",
-                ".cascade/lake/reports/step_asr_train/dt=${ds}/summary.json",
-            ),
+            # The trained model's files and figures, the gate's verdict (the previous step's),
+            # and the held-out voices both versions are scored on.
+            inputs=("speech_corpus",),
+            reads=("train",),
+            dvc_deps=("pipelines/asr.py", "cascade/promotion.py", "cascade/registry.py"),
+            params={"cer_tolerance": "CASCADE_ASR_CER_TOLERANCE"},  # the promotion override
         ),
         Step(
             name="deploy",

@@ -48,17 +48,20 @@ from cascade.assets import (
     ASSET_IMPRESSIONS_DATA_LANDED,
     CROSS_EVENT_SELECTORS,
 )
-from cascade.config import Settings, load_group, load_settings
+from cascade.config import Settings
 from cascade.errors import NothingLanded, NotReady
 from cascade.lake import Lake, check_ds
 from cascade.partitions import days_before
-from cascade.pipeline_spec import Dataset, Pipeline, Step, Trigger, deferred
+from cascade.pipeline_spec import Data, Dataset, Pipeline, Step, Trigger, deferred
 from cascade.settings_fields import SETTINGS_CONFIG
+from cascade.step_context import StepContext, with_settings
 
 DEFAULT_SOURCE = "generated"
 BUILT_IN_PAIRS = ("user", "item", "seg_cat", "user_cat", "seg_item", "ctx_item", "item_pos")
 """Names of the engine's built-in pairs (``jobs.ctr_cross_stats.GENERATED_PAIRS``, kept equal
 by a test; named here so that parsing the DAG never imports Spark)."""
+CROSS_DATA = tuple(f"cross_{pair}" for pair in BUILT_IN_PAIRS)
+"""The catalog names of the built-in pairs' statistics of the default source."""
 DEFAULT_IMPRESSIONS = 200_000
 """Generated rows per partition when nothing landed; raise it for a load test."""
 
@@ -90,55 +93,47 @@ class CrossSettings:
     built and build only what is missing."""
 
 
-def sources_file(settings: Settings | None = None) -> Path:
+def sources_file(settings: Settings, knobs: CrossSettings) -> Path:
     """The file registering log sources (it need not exist)."""
-    configured = load_group(CrossSettings).sources_file
-    if configured is not None:
-        return configured
-    return (settings or load_settings()).home / "log_sources.toml"
+    if knobs.sources_file is not None:
+        return knobs.sources_file
+    return settings.home / "log_sources.toml"
 
 
-def source_name() -> str:
+def source_name(settings: Settings, knobs: CrossSettings) -> str:
     """The configured log source (``CASCADE_CROSS_SOURCE``), checked against the registry."""
     from jobs import ctr_log_sources
 
-    name = load_group(CrossSettings).source
-    ctr_log_sources.resolve(name, sources_file())
-    return name
+    ctr_log_sources.resolve(knobs.source, sources_file(settings, knobs))
+    return knobs.source
 
 
-def partition_source(ds: str, settings: Settings | None = None) -> str:
+def partition_source(ds: str, settings: Settings, knobs: CrossSettings) -> str:
     """The source of partition ``ds``: the one its landed log names in ``_SOURCE``, else the
     configured one. Every step of a run resolves the same name, so outputs, quarantine and
     reports of a landed log go under its own source."""
     from jobs import ctr_log_sources
 
-    settings = settings or load_settings()
     declared = ctr_log_sources.declared_source(landing_dir(Lake(settings.lake_root), ds))
     if declared is None:
-        return source_name()
-    ctr_log_sources.resolve(declared, sources_file(settings))
+        return source_name(settings, knobs)
+    ctr_log_sources.resolve(declared, sources_file(settings, knobs))
     return declared
-
-
-def impressions() -> int:
-    return load_group(CrossSettings).impressions
 
 
 def landing_dir(lake: Lake, ds: str) -> Path:
     """Where the partition's impression log lands (read by the ``generated`` source)."""
-    return lake.root / "landing" / "impressions" / f"dt={check_ds(ds)}"
+    return lake.landing("impressions", ds)
 
 
-def missing_log(ds: str, settings: Settings | None = None) -> str | None:
+def missing_log(ds: str, settings: Settings, knobs: CrossSettings) -> str | None:
     """Why ``log`` cannot give partition ``ds`` a log (its source reads a landed log and none
     landed), or None when it can: the trigger's check, so an event naming such a partition is
     dead-lettered instead of failing a run."""
     from jobs import ctr_log_sources
 
-    settings = settings or load_settings()
-    source = partition_source(ds, settings)
-    registered = ctr_log_sources.resolve(source, sources_file(settings))
+    source = partition_source(ds, settings, knobs)
+    registered = ctr_log_sources.resolve(source, sources_file(settings, knobs))
     landing = landing_dir(Lake(settings.lake_root), ds)
     if not registered.reads_landing or (landing / "_SUCCESS").is_file():
         return None
@@ -152,15 +147,14 @@ def nothing_landed_reason(ds: str, landing: Path) -> str:
     )
 
 
-def generate(dest: Path, *, ds: str, settings: Settings | None = None) -> dict[str, int]:
+def generate(dest: Path, *, ds: str, settings: Settings, knobs: CrossSettings) -> dict[str, int]:
     """The ``generated`` source of dataset ``impressions``: ``CASCADE_CROSS_IMPRESSIONS``
     generated impressions ending at ``ds`` (:mod:`jobs.impression_log`) written into ``dest``."""
     from jobs import ctr_cross_stats as job
     from jobs import impression_log
     from jobs.spark_sessions import active_or_new
 
-    settings = settings or load_settings()
-    rows = impressions()
+    rows = knobs.impressions
     started = time.perf_counter()
     with active_or_new(lambda: job.build_session(settings, app="cascade.ctr_cross.log")) as spark:
         impression_log.write(
@@ -171,16 +165,27 @@ def generate(dest: Path, *, ds: str, settings: Settings | None = None) -> dict[s
     return {"rows": rows}
 
 
-def _land_generated(dest: Path, *, ds: str) -> dict[str, int]:
-    counts = generate(dest, ds=ds)
+@with_settings(CrossSettings)
+def _land_generated(
+    dest: Path, *, ds: str, platform: Settings, settings: CrossSettings
+) -> dict[str, int]:
+    counts = generate(dest, ds=ds, settings=platform, knobs=settings)
     (dest / "_SOURCE").write_text(DEFAULT_SOURCE + "\n")
     return counts
 
 
-def _source_importer(name: str) -> Callable[..., Any]:
+@with_settings(CrossSettings)
+def _source_importer(
+    name: str, *, platform: Settings, settings: CrossSettings
+) -> Callable[..., Any]:
     from jobs.click_log_landing import source_importer
 
-    return source_importer(name, sources_file())
+    return source_importer(name, sources_file(platform, settings))
+
+
+@with_settings(CrossSettings)
+def _unbuildable(ds: str, *, platform: Settings, settings: CrossSettings) -> str | None:
+    return missing_log(ds, platform, settings)
 
 
 IMPRESSIONS = Dataset(
@@ -198,18 +203,18 @@ IMPRESSIONS = Dataset(
 """The click log ``log`` reads from ``landing/impressions/dt=DS`` (``cascade land``)."""
 
 
-def log(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def log(ctx: StepContext) -> dict[str, Any]:
     """The partition's log: the landed one (or a source that finds its data itself); with
     nothing landed the run ends as skipped (:class:`~cascade.errors.NothingLanded`)."""
-    settings = settings or load_settings()
     from cascade.landing import landed_from, landing_record
     from jobs import ctr_log_sources
 
-    missing = missing_log(ds, settings)
+    ds, settings, knobs = ctx.ds, ctx.platform, ctx.settings
+    missing = missing_log(ds, settings, knobs)
     if missing is not None:
         raise NothingLanded(missing)
-    source = partition_source(ds, settings)
-    registered = ctr_log_sources.resolve(source, sources_file(settings))
+    source = partition_source(ds, settings, knobs)
+    registered = ctr_log_sources.resolve(source, sources_file(settings, knobs))
     if not registered.reads_landing:
         return {"ds": ds, "source": source, "path": None, "landed_from": None, "rows": None}
     landing = landing_dir(Lake(settings.lake_root), ds)
@@ -235,6 +240,8 @@ class SourceRun:
     settings: Settings
     spark: Any
     sources_file: Path
+    history_days: int
+    """Days before ``ds`` whose missing partitions the step builds or judges first."""
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments of the engine's and the gate's entry points."""
@@ -248,16 +255,16 @@ class SourceRun:
 
 
 def _on_spark(
-    step: Callable[[SourceRun], dict[str, Any]], ds: str, settings: Settings | None, app: str
+    step: Callable[[SourceRun], dict[str, Any]], ctx: StepContext, app: str
 ) -> dict[str, Any]:
     """``step(SourceRun)`` on the partition's source (:func:`partition_source`)."""
     from jobs import ctr_cross_stats as job
     from jobs import ctr_log_sources
     from jobs.spark_sessions import active_or_new
 
-    settings = settings or load_settings()
-    source = partition_source(ds, settings)
-    registry_file = sources_file(settings)
+    ds, settings, knobs = ctx.ds, ctx.platform, ctx.settings
+    source = partition_source(ds, settings, knobs)
+    registry_file = sources_file(settings, knobs)
     landed = ctr_log_sources.resolve(source, registry_file).reads_landing
     log_path = landing_dir(Lake(settings.lake_root), ds) if landed else None
     if log_path is not None and not log_path.is_dir():
@@ -267,12 +274,13 @@ def _on_spark(
             f"(`cascade step log --pipeline ctr_cross --ds {ds}`) or land one there"
         )
     with active_or_new(lambda: job.build_session(settings, app=app)) as spark:
-        return step(SourceRun(ds, source, log_path, settings, spark, registry_file))
+        run = SourceRun(ds, source, log_path, settings, spark, registry_file, knobs.history_days)
+        return step(run)
 
 
-def history_window(ds: str, days: int | None = None) -> list[str]:
-    """The ``days`` (default: ``history_days``) days before ``ds``, oldest first."""
-    return days_before(ds, load_group(CrossSettings).history_days if days is None else days)
+def history_window(ds: str, days: int) -> list[str]:
+    """The ``days`` days before ``ds``, oldest first."""
+    return days_before(ds, days)
 
 
 def _stats(run: SourceRun, history_days: int | None = None) -> dict[str, Any]:
@@ -281,7 +289,7 @@ def _stats(run: SourceRun, history_days: int | None = None) -> dict[str, Any]:
     lake = Lake(run.settings.lake_root)
     where = job.CrossLake(lake, run.source)
     built: dict[str, dict[str, Any]] = {}
-    for day in history_window(run.ds, history_days):
+    for day in history_window(run.ds, run.history_days if history_days is None else history_days):
         if where.summary(day).is_file():
             continue
         own = landing_dir(lake, day)
@@ -308,14 +316,12 @@ def _stats(run: SourceRun, history_days: int | None = None) -> dict[str, Any]:
     return summary
 
 
-def stats(
-    ds: str, *, settings: Settings | None = None, history_days: int | None = None
-) -> dict[str, Any]:
+def stats(ctx: StepContext, *, history_days: int | None = None) -> dict[str, Any]:
     """The cross statistics of the partition (see :func:`jobs.ctr_cross_stats.run`), after
     the missing partitions of the ``history_days`` before it (``history_partitions``;
     ``history_days`` given here replaces the setting)."""
     step = functools.partial(_stats, history_days=history_days)
-    return _on_spark(step, ds, settings, "cascade.ctr_cross.stats")
+    return _on_spark(step, ctx, "cascade.ctr_cross.stats")
 
 
 def _validate(run: SourceRun) -> dict[str, Any]:
@@ -325,7 +331,7 @@ def _validate(run: SourceRun) -> dict[str, Any]:
     lake = Lake(run.settings.lake_root)
     where = job.CrossLake(lake, run.source)
     checked: dict[str, dict[str, Any]] = {}
-    for day in history_window(run.ds):
+    for day in history_window(run.ds, run.history_days):
         summary_path = where.summary(day)
         if not summary_path.is_file() or where.gate_report(day).is_file():
             continue  # never built, or already judged
@@ -350,24 +356,24 @@ def _validate(run: SourceRun) -> dict[str, Any]:
     return verdict
 
 
-def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def validate(ctx: StepContext) -> dict[str, Any]:
     """The batch gate; raises :class:`jobs.ctr_cross_stats_gate.GateFailed` when partition
     ``ds`` fails. History partitions the job built are judged first, each on its own
     (``history_partitions``: a failed one is left unpublished, not fatal)."""
-    return _on_spark(_validate, ds, settings, "cascade.ctr_cross.validate")
+    return _on_spark(_validate, ctx, "cascade.ctr_cross.validate")
 
 
 class GateNotPassed(NotReady):
     """Feast was asked to publish a partition whose gate did not pass (or did not run)."""
 
 
-def feast(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def feast(ctx: StepContext) -> dict[str, Any]:
     """Apply the cross views and load partition ``ds`` of every pair into the online store
     (the profile's engine: from Spark executors in the ``cluster`` profile)."""
     from jobs.ctr_cross_stats import CrossLake
 
-    settings = settings or load_settings()
-    source = partition_source(ds, settings)
+    ds, settings = ctx.ds, ctx.platform
+    source = partition_source(ds, settings, ctx.settings)
     report = CrossLake(Lake(settings.lake_root), source).gate_report(check_ds(ds))
     if not report.is_file():
         raise GateNotPassed(
@@ -417,11 +423,47 @@ with their reason; a failed gate stops the run before Feast.
         asset=ASSET_IMPRESSIONS_DATA_LANDED,
         watcher="impressions_data_landed_watcher",
         selectors=CROSS_EVENT_SELECTORS,
-        unbuildable=missing_log,
+        unbuildable=_unbuildable,
     ),
     tags=("ctr", "features"),
     settings=CrossSettings,
     datasets=(IMPRESSIONS,),
+    catalog=(
+        Data(
+            name="impressions_landing",
+            kind="landing",
+            key="impressions",
+            format="parquet",
+            description="the partition's click log as landed (`cascade land impressions`)",
+            # A log that landed from elsewhere is kept, never deleted before the stage runs.
+            persist=True,
+        ),
+        *(
+            Data(
+                name=f"cross_{pair}",
+                kind="features",
+                key=f"ctr_cross/{DEFAULT_SOURCE}/{pair}",
+                format="parquet",
+                contract="jobs/ctr_cross_stats_gate.py",
+                description=f"cross statistics of pair {pair} over 1/7/30-day windows",
+            )
+            for pair in BUILT_IN_PAIRS
+        ),
+        Data(
+            name="ctr_catalogue",
+            kind="features",
+            key=f"ctr_catalogue/{DEFAULT_SOURCE}",
+            format="parquet",
+            description="the engine's item catalogue of the partition",
+        ),
+        Data(
+            name="quarantined_log",
+            kind="quarantine",
+            key=f"{DEFAULT_SOURCE}_log",
+            format="parquet",
+            description="rows that broke a row rule, with their reason",
+        ),
+    ),
     dvc_prefix="cross_",
     steps=(
         Step(
@@ -432,9 +474,8 @@ with their reason; a failed gate stops the run before Feast.
             "impressions`; with nothing landed the run is skipped); CASCADE_CROSS_SOURCE=ml100k "
             "reads MovieLens-100k",
             timeout_minutes=30,
+            outputs=("impressions_landing",),
             dvc_deps=("pipelines/ctr_cross.py", "jobs/impression_log.py"),
-            # A log that landed from elsewhere is kept, never deleted before the stage runs.
-            dvc_persistent_outs=(".cascade/lake/landing/impressions/dt=${ds}",),
         ),
         Step(
             name="stats",
@@ -450,16 +491,9 @@ with their reason; a failed gate stops the run before Feast.
                 "jobs/ctr_cross_passes.py",
                 "jobs/ctr_cross_lake.py",
                 "jobs/ctr_log_sources.py",
-                ".cascade/lake/landing/impressions/dt=${ds}",
             ),
-            dvc_outs=(
-                *(
-                    f".cascade/lake/features/ctr_cross/generated/{pair}/dt=${{ds}}"
-                    for pair in BUILT_IN_PAIRS
-                ),
-                ".cascade/lake/features/ctr_catalogue/generated/dt=${ds}",
-                ".cascade/lake/quarantine/generated_log/dt=${ds}",
-            ),
+            inputs=("impressions_landing",),
+            outputs=(*CROSS_DATA, "ctr_catalogue", "quarantined_log"),
         ),
         Step(
             name="validate",
@@ -468,6 +502,7 @@ with their reason; a failed gate stops the run before Feast.
             spark=True,
             doc="the GX gate on the input and every pair's output; a failed batch fails the task",
             timeout_minutes=30,
+            inputs=("impressions_landing", *CROSS_DATA),
             dvc_deps=("jobs/ctr_cross_stats_gate.py", "jobs/gx_suites.py"),
         ),
         Step(
@@ -476,6 +511,7 @@ with their reason; a failed gate stops the run before Feast.
             doc="apply the pair views and ctr_cross_v2, materialize the partition online",
             timeout_minutes=60,
             outlets=(ASSET_CTR_CROSS_FEATURES,),
+            inputs=CROSS_DATA,
             dvc_deps=(
                 "features/ctr/cross_views.py",
                 "domains/ctr/feature_store.py",

@@ -10,25 +10,20 @@ when a threshold is crossed. The same step from the shell:
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from cascade.assets import ASSET_PRERANKING_CHAMPION
 from cascade.pipeline_spec import Pipeline, Step
+from cascade.step_context import StepContext
 
 
-def started_by_a_champion() -> bool:
-    """True in a run the champion asset started (this DAG has no Kafka trigger, so any
-    asset-triggered run is one)."""
-    return os.environ.get("AIRFLOW_CTX_DAG_RUN_ID", "").startswith("asset_triggered__")
-
-
-def drift(ds: str) -> dict[str, Any]:
+def drift(ctx: StepContext) -> dict[str, Any]:
     from serving.monitor import monitor_day
 
     # A run a new champion started checks it at once but requests no retraining: a retrained
     # champion must not start its own retraining (a loop); the scheduled run decides that.
-    return monitor_day(ds, request_retrain=not started_by_a_champion())
+    # This DAG has no Kafka trigger, so any asset-triggered run is one a champion started.
+    return monitor_day(ctx.ds, request_retrain=not ctx.run.asset_triggered)
 
 
 PIPELINE = Pipeline(

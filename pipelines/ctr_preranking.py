@@ -26,12 +26,11 @@ from cascade.assets import (
     ASSET_PRERANKING_CHAMPION,
     CTR_EVENT_SELECTORS,
 )
-from cascade.pipeline_spec import Pipeline, Plot, Promotion, RegisteredModel, Step, Trigger
+from cascade.pipeline_spec import Data, Pipeline, Plot, Promotion, RegisteredModel, Step, Trigger
 from cascade.settings_fields import SETTINGS_CONFIG
+from cascade.step_context import StepContext
 from models.preranking import PROMOTION_METRICS, REGISTERED_MODEL
 
-REPORTS = ".cascade/lake/reports"
-TRAIN_OUT = f"{REPORTS}/train/dt=${{ds}}"
 DEFAULT_CONFIG = "pipeline"
 """The training config when ``CASCADE_PRERANKING_CONFIG`` is unset."""
 
@@ -72,20 +71,17 @@ class PrerankingSettings:
     become champion, instead of the spec's 0.005 (both scored on the same held-out rows)."""
 
 
-def training_set(ds: str) -> dict[str, Any]:
-    from cascade.config import load_group, load_settings
-    from cascade.lake import Lake
+def training_set(ctx: StepContext) -> dict[str, Any]:
     from jobs import ctr_cross_stats as engine
     from jobs.ctr_training_set import pipeline_training_set
     from jobs.spark_sessions import active_or_new
 
-    settings = load_settings()
-    knobs = load_group(PrerankingSettings)
-    out = Lake(settings.lake_root).training_set("preranking", ds)
+    settings, knobs = ctx.platform, ctx.settings
+    out = ctx.lake.training_set("preranking", ctx.ds)
     app = "cascade.ctr_preranking.training_set"
     with active_or_new(lambda: engine.build_session(settings, app=app)) as spark:
         return pipeline_training_set(
-            ds,
+            ctx.ds,
             out,
             spark=spark,
             lake_root=settings.lake_root,
@@ -94,15 +90,14 @@ def training_set(ds: str) -> dict[str, Any]:
         )
 
 
-def train(ds: str) -> dict[str, Any]:
-    from cascade.config import load_group, load_settings
+def train(ctx: StepContext) -> dict[str, Any]:
     from models.preranking.cascade_train import launch_pipeline
 
-    knobs = load_group(PrerankingSettings)
+    knobs = ctx.settings
     return launch_pipeline(
-        ds,
+        ctx.ds,
         config=knobs.config or DEFAULT_CONFIG,
-        settings=load_settings(),
+        settings=ctx.platform,
         epochs=knobs.epochs,
         lr=knobs.lr,
         validation_fraction=knobs.validation_fraction,
@@ -110,24 +105,24 @@ def train(ds: str) -> dict[str, Any]:
     )
 
 
-def compile_gate(ds: str) -> dict[str, Any]:
+def compile_gate(ctx: StepContext) -> dict[str, Any]:
     from compilers.deploy_gate import compile_and_gate
 
-    return compile_and_gate(ds)
+    return compile_and_gate(ctx.ds)
 
 
-def register(ds: str) -> dict[str, Any]:
+def register(ctx: StepContext) -> dict[str, Any]:
     from models.preranking.registration import register_and_promote
 
-    promotion = PIPELINE.promotion()
+    promotion = ctx.pipeline.promotion(ctx.settings)
     assert promotion is not None
-    return register_and_promote(ds, promotion=promotion)
+    return register_and_promote(ctx.ds, promotion=promotion)
 
 
-def deploy(ds: str) -> dict[str, Any]:
+def deploy(ctx: StepContext) -> dict[str, Any]:
     from serving.deploy import roll_out
 
-    return roll_out(ds)
+    return roll_out(ctx.ds)
 
 
 def score(request: Mapping[str, Any]) -> dict[str, Any]:
@@ -168,6 +163,33 @@ PIPELINE = Pipeline(
         score_needs=("user", "items"),
     ),
     dvc_prefix="",
+    catalog=(
+        Data(
+            name="published_cross_features",
+            kind="report",
+            key="step_cross_feast",
+            file="summary.json",
+            format="json",
+            description="what ctr_cross published for the partition (dvc repro chains the two)",
+        ),
+        Data(
+            name="training_set",
+            kind="training_set",
+            key="preranking",
+            format="parquet + training.json",
+            description="the clean impressions of the train_days before ds with their "
+            "point-in-time cross statistics",
+        ),
+        Data(
+            name="train_report",
+            kind="report",
+            key="train",
+            format="json + curves + tradeoff.csv",
+            description="the training's result, loss curves and FSCD's trade-off",
+            persist=True,
+            cache=False,
+        ),
+    ),
     steps=(
         Step(
             name="training_set",
@@ -176,12 +198,9 @@ PIPELINE = Pipeline(
             doc="the clean impressions of the train_days before ds, each point-in-time joined "
             "with the gate-passed cross statistics of its own day (user, item, user x "
             "category), from the partition's published source",
-            dvc_deps=(
-                "jobs/ctr_training_set.py",
-                # What ctr_cross published for the partition: dvc repro chains the two.
-                f"{REPORTS}/step_cross_feast/dt=${{ds}}/summary.json",
-            ),
-            dvc_outs=(".cascade/lake/training/preranking/dt=${ds}",),
+            inputs=("published_cross_features",),
+            outputs=("training_set",),
+            dvc_deps=("jobs/ctr_training_set.py",),
             params={
                 "source": "CASCADE_PRERANKING_SOURCE",
                 "train_days": "CASCADE_PRERANKING_TRAIN_DAYS",
@@ -193,10 +212,9 @@ PIPELINE = Pipeline(
             heavy=True,
             doc="the FSCD pre-ranker on DeepSpeed; AUC on a held-out time split",
             timeout_minutes=30,
-            dvc_deps=(
-                "models/preranking",
-                ".cascade/lake/training/preranking/dt=${ds}",
-            ),
+            inputs=("training_set",),
+            outputs=("train_report",),
+            dvc_deps=("models/preranking",),
             params={
                 "config": "CASCADE_PRERANKING_CONFIG",
                 "epochs": "CASCADE_PRERANKING_EPOCHS",
@@ -216,9 +234,16 @@ PIPELINE = Pipeline(
                 "train_seconds",
             ),  # fmt: skip
             plots=(
-                Plot(path=f"{TRAIN_OUT}/curves", x="step", y="loss", title="pre-ranker loss"),
                 Plot(
-                    path=f"{TRAIN_OUT}/tradeoff.csv",
+                    output="train_report",
+                    file="curves",
+                    x="step",
+                    y="loss",
+                    title="pre-ranker loss",
+                ),
+                Plot(
+                    output="train_report",
+                    file="tradeoff.csv",
                     x="cost_ratio",
                     y="auc",
                     title="FSCD: AUC against feature cost",
@@ -240,11 +265,14 @@ PIPELINE = Pipeline(
             doc="new MLflow version; champion only if the compile gate passed and it is not "
             "worse than the champion on the same held-out rows",
             outlets=(ASSET_PRERANKING_CHAMPION,),
-            dvc_deps=(
-                "cascade/promotion.py",
-                "models/preranking/registration.py",
-                f"{REPORTS}/step_train/dt=${{ds}}/summary.json",
-            ),
+            reads=("train",),
+            dvc_deps=("cascade/promotion.py", "models/preranking/registration.py"),
+            # The promotion rule's overrides, for one run: `dvc exp run -S
+            # ctr_preranking.promotion_tolerance=0.01` or `--param promotion_metric=logloss`.
+            params={
+                "promotion_metric": "CASCADE_PRERANKING_PROMOTION_METRIC",
+                "promotion_tolerance": "CASCADE_PRERANKING_PROMOTION_TOLERANCE",
+            },
         ),
         Step(
             name="deploy",

@@ -41,12 +41,13 @@ from cascade.assets import (
     ASSET_MULTIMODAL_CHAMPION,
     MULTIMODAL_EVENT_SELECTORS,
 )
-from cascade.config import Settings, load_group, load_settings
+from cascade.config import Settings
 from cascade.errors import NothingLanded
-from cascade.lake import Lake, check_ds, nothing_landed
+from cascade.lake import Lake, nothing_landed
 from cascade.landing import landed_from, landing_record
 from cascade.partitions import partition_seed
 from cascade.pipeline_spec import (
+    Data,
     Dataset,
     Pipeline,
     Plot,
@@ -57,7 +58,7 @@ from cascade.pipeline_spec import (
     deferred,
 )
 from cascade.settings_fields import SETTINGS_CONFIG, Flag
-from cascade.step_runner import read_step_result, write_step_result
+from cascade.step_context import StepContext, with_settings
 
 DEFAULT_CONFIG = "small"
 DEFAULT_GENERATED = 2_000
@@ -94,19 +95,18 @@ class MultimodalSettings:
     fifty is 0.02)."""
 
 
-def config_name() -> str:
-    return load_group(MultimodalSettings).config
-
-
 def landing_dir(lake: Lake, ds: str) -> Path:
-    return lake.root / "landing" / "images" / f"dt={check_ds(ds)}"
+    return lake.landing("images", ds)
 
 
 def corpus_dir(lake: Lake, ds: str) -> Path:
-    return lake.root / "corpora" / "images" / f"dt={check_ds(ds)}"
+    return lake.corpus("images", ds)
 
 
-def land_generated_batch(dest: Path, *, ds: str) -> dict[str, int]:
+@with_settings(MultimodalSettings)
+def land_generated_batch(
+    dest: Path, *, ds: str, platform: Settings, settings: MultimodalSettings
+) -> dict[str, int]:
     """The ``generated`` source of dataset ``images``: the installed offline sources (Tux Paint
     stamps and emoji; a missing one is skipped and named) plus the partition's generated
     pictures (``CASCADE_MULTIMODAL_GENERATED``). Chosen explicitly (the demo, benchmarks and
@@ -114,7 +114,7 @@ def land_generated_batch(dest: Path, *, ds: str) -> dict[str, int]:
     from jobs.multimodal_corpus import spark_session
     from jobs.multimodal_sources import GeneratorConfig, land_emoji, land_generated, land_tuxpaint
 
-    limit = load_group(MultimodalSettings).source_limit
+    limit = settings.source_limit
     landed: dict[str, int] = {}
     missing: dict[str, str] = {}
     for name, land in (("tuxpaint", land_tuxpaint), ("emoji", land_emoji)):
@@ -125,7 +125,7 @@ def land_generated_batch(dest: Path, *, ds: str) -> dict[str, int]:
         except FileNotFoundError as exc:
             missing[name] = str(exc)
             print(f"[multimodal] offline source {name} not installed: {exc}", flush=True)
-    generated = load_group(MultimodalSettings).generated
+    generated = settings.generated
     if generated:
         config = GeneratorConfig(seed=partition_seed(ds))
         landed["generated"] = land_generated(spark_session(), dest, count=generated, config=config)
@@ -151,13 +151,13 @@ IMAGES = Dataset(
 """What ``corpus`` reads from ``landing/images/dt=DS`` (``cascade land images``)."""
 
 
-def corpus(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def corpus(ctx: StepContext) -> dict[str, Any]:
     """Build the partition's corpus on Spark from its landing folder: quarantine, near-duplicate
     removal, tokenized shards. A partition with nothing landed ends the run as skipped
     (:class:`~cascade.errors.NothingLanded`)."""
     from jobs.multimodal_corpus import build_corpus, spark_session
 
-    settings = settings or load_settings()
+    ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
     landing = landing_dir(lake, ds)
     if not (landing / "captions.jsonl").is_file():
@@ -179,15 +179,15 @@ def corpus(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         landed_from=landed_from(record),
         landed=dict(record.get("counts") or {}),
     )
-    return write_step_result(lake, "mm_corpus", ds, summary)
+    return summary
 
 
-def validate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def validate(ctx: StepContext) -> dict[str, Any]:
     """The GX gate on the manifest; a failure (``MultimodalGateFailed`` naming the checks)
     stops the DAG before training, and train and register refuse the partition."""
     from jobs.multimodal_corpus_gate import validate_corpus
 
-    settings = settings or load_settings()
+    ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
     report = validate_corpus(
         corpus_dir(lake, ds), docs=lake.data_docs("multimodal", "validate", ds)
@@ -213,7 +213,7 @@ def require_gate(lake: Lake, ds: str) -> dict[str, Any]:
     return report
 
 
-def train(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def train(ctx: StepContext) -> dict[str, Any]:
     """DeepSpeed training (experts split over the processes) on the corpus shards, logged to
     the MLflow experiment ``multimodal``; the final checkpoint's module states go to the run as
     artifact ``model``. A killed attempt resumes from its checkpoints on the task's retry."""
@@ -222,29 +222,25 @@ def train(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     from models.multimodal.stored import stored_files
     from models.multimodal.train import train_multimodal
 
-    settings = settings or load_settings()
+    ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
     require_gate(lake, ds)
     out = lake.reports("mm_train", ds)
-    result = train_multimodal(settings, config_name(), corpus_dir(lake, ds), out)
+    result = train_multimodal(settings, ctx.settings.config, corpus_dir(lake, ds), out)
     final = Path(result["model_checkpoint"]) / "final"
     client = MlflowClient(tracking_uri=settings.tracking_uri)
     # The stored model only: the optimizer's ZeRO partitions are for resuming, not for using.
     for path in stored_files(final):
         client.log_artifact(result["run_id"], str(path), MODEL_ARTIFACT_PATH)
     client.log_artifact(result["run_id"], str(out / "result.json"), MODEL_ARTIFACT_PATH)
-    return write_step_result(lake, "mm_train", ds, {**result, "ds": ds})
-
-
-def _dense_twin_enabled() -> bool:
-    return load_group(MultimodalSettings).dense_twin
+    return {**result, "ds": ds}
 
 
 def mean_recall_at_1(result: dict[str, Any]) -> float:
     return (float(result["i2t_recall_at_1"]) + float(result["t2i_recall_at_1"])) / 2
 
 
-def evaluate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def evaluate(ctx: StepContext) -> dict[str, Any]:
     """Recall@1/5 both ways on the corpus's held-out (test) split. The MoE's figures are those
     the training measured on that split with the final weights (every process scores with its
     share of the experts, which only the training's process group holds); with
@@ -252,9 +248,9 @@ def evaluate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     trained on the same shards and scored on the same pairs, side by side."""
     from mlflow.tracking import MlflowClient
 
-    settings = settings or load_settings()
+    ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
-    trained = read_step_result(lake, "mm_train", ds, produced_by="train")
+    trained = ctx.result_of("train")
     keys = ("i2t_recall_at_1", "i2t_recall_at_5", "t2i_recall_at_1", "t2i_recall_at_5")
     report: dict[str, Any] = {
         "ds": ds,
@@ -269,7 +265,7 @@ def evaluate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     }
     if not trained["moe"]:
         report["dense_note"] = f"config {trained['config']!r} is dense itself: no twin to compare"
-    elif not _dense_twin_enabled():
+    elif not ctx.settings.dense_twin:
         report["dense_note"] = (
             "dense twin not trained (CASCADE_MULTIMODAL_DENSE_TWIN=0): MoE figures only"
         )
@@ -306,13 +302,13 @@ def evaluate(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         ),
         flush=True,
     )
-    return write_step_result(lake, "mm_evaluate", ds, report)
+    return report
 
 
 RECALL_KEYS = ("i2t_recall_at_1", "i2t_recall_at_5", "t2i_recall_at_1", "t2i_recall_at_5")
 
 
-def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def register(ctx: StepContext) -> dict[str, Any]:
     """Register the model trained for ``ds`` as a new version of MLflow model ``multimodal``
     (alias ``challenger``); move ``champion`` to it when its mean recall@1 is within the
     tolerance of the champion's. Both are measured on the same rows, this partition's held-out
@@ -341,16 +337,16 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
     from models.multimodal.pyfunc import save_pyfunc
     from models.multimodal.stored import NoStoredTokenizer, score_stored_model
 
-    settings = settings or load_settings()
+    ds, settings = ctx.ds, ctx.platform
     lake = Lake(settings.lake_root)
     require_gate(lake, ds)
-    evaluation = read_step_result(lake, "mm_evaluate", ds, produced_by="evaluate")
+    evaluation = ctx.result_of("evaluate")
     client = registry_client(settings)
     run_id = evaluation["run_id"]
     recall = float(evaluation["mean_recall_at_1"])
     eval_pairs = int(evaluation["eval_pairs"])
     rows = f"ds={ds} test split, {eval_pairs} pairs"
-    promotion = PIPELINE.promotion()
+    promotion = ctx.pipeline.promotion(ctx.settings)
     assert promotion is not None
 
     def tagged(champion: Any, why: str) -> Scores:
@@ -438,7 +434,7 @@ def register(ds: str, *, settings: Settings | None = None) -> dict[str, Any]:
         signing_key=load_signing_key(settings.home, create=True),
         settings=settings,
     )
-    return write_step_result(lake, "mm_register", ds, result)
+    return result
 
 
 PIPELINE = Pipeline(
@@ -463,6 +459,33 @@ PIPELINE = Pipeline(
         ),
     ),
     datasets=(IMAGES,),
+    catalog=(
+        Data(
+            name="images_landing",
+            kind="landing",
+            key="images",
+            format="images + captions.jsonl",
+            description="the partition's landed image-text pairs (`cascade land images`)",
+        ),
+        Data(
+            name="image_corpus",
+            kind="corpus",
+            key="images",
+            format="tokenized shards + parquet manifest",
+            contract="jobs/multimodal_corpus_gate.py",
+            description="decoded, quarantined, near-deduplicated and tokenized pairs",
+            asset=ASSET_IMAGES_CORPUS,
+        ),
+        Data(
+            name="mm_training",
+            kind="report",
+            key="mm_train",
+            format="json + curves",
+            description="the training's result, loss curves and checkpoints",
+            persist=True,
+            cache=False,
+        ),
+    ),
     dvc_prefix="mm_",
     steps=(
         Step(
@@ -472,13 +495,13 @@ PIPELINE = Pipeline(
             doc="landed image-text pairs decoded, quarantined, near-deduplicated and tokenized on "
             "Spark; nothing landed: the run is skipped",
             timeout_minutes=30,
-            outlets=(ASSET_IMAGES_CORPUS,),
+            inputs=("images_landing",),
+            outputs=("image_corpus",),
             dvc_deps=(
                 "jobs/multimodal_sources.py",
                 "jobs/multimodal_corpus.py",
                 "domains/captions/tokenizer.py",
             ),
-            dvc_outs=(".cascade/lake/corpora/images/dt=${ds}",),
         ),
         Step(
             name="validate",
@@ -487,6 +510,7 @@ PIPELINE = Pipeline(
             doc="the GX suite on the manifest (unique pairs, token counts, languages, no group "
             "across splits); a failure stops the run",
             timeout_minutes=10,
+            inputs=("image_corpus",),
             dvc_deps=("jobs/multimodal_corpus_gate.py",),
         ),
         Step(
@@ -495,11 +519,14 @@ PIPELINE = Pipeline(
             heavy=True,
             doc="the MoE image-text transformer on DeepSpeed, experts split over the processes",
             timeout_minutes=60,
-            dvc_deps=("models/multimodal", ".cascade/lake/corpora/images/dt=${ds}"),
+            inputs=("image_corpus",),
+            outputs=("mm_training",),
+            dvc_deps=("models/multimodal",),
             params={"config": "CASCADE_MULTIMODAL_CONFIG"},
             plots=(
                 Plot(
-                    path=".cascade/lake/reports/mm_train/dt=${ds}/curves",
+                    output="mm_training",
+                    file="curves",
                     x="step",
                     y="loss",
                     title="multimodal loss",
@@ -512,6 +539,7 @@ PIPELINE = Pipeline(
             doc="image->text and text->image recall@1/5 on the held-out split, beside the dense "
             "twin's (same active parameters)",
             timeout_minutes=60,
+            inputs=("image_corpus",),
             dvc_deps=("models/multimodal/evaluate.py",),
             params={"dense_twin": "CASCADE_MULTIMODAL_DENSE_TWIN"},
             metrics=RECALL_KEYS + ("mean_recall_at_1",),
@@ -523,7 +551,9 @@ PIPELINE = Pipeline(
             "champion's within the promotion tolerance",
             timeout_minutes=10,
             outlets=(ASSET_MULTIMODAL_CHAMPION,),
+            inputs=("image_corpus",),
             dvc_deps=("pipelines/multimodal.py", "models/multimodal/stored.py"),
+            params={"recall_tolerance": "CASCADE_MULTIMODAL_RECALL_TOLERANCE"},  # promotion
         ),
     ),
 )

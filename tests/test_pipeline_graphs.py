@@ -85,7 +85,7 @@ def test_dag_tasks_are_the_steps_in_the_same_order(dagbag, pipeline: str) -> Non
         assert dag.get_task(upstream).downstream_task_ids == {downstream}
     for step in spec.steps:
         task = dag.get_task(step.name)
-        assert [o.uri for o in task.outlets] == list(step.outlets)
+        assert [o.uri for o in task.outlets] == list(spec.step_outlets(step))
         if step.timeout_minutes is not None:
             assert task.execution_timeout.total_seconds() == step.timeout_minutes * 60
 
@@ -95,12 +95,12 @@ TOY_MODULE = '''
 from cascade.pipeline_spec import Pipeline, Step, Trigger
 
 
-def count(ds: str) -> dict:
-    return {"ds": ds, "counted": 3}
+def count(ctx) -> dict:
+    return {"ds": ctx.ds, "counted": 3}
 
 
-def report(ds: str) -> dict:
-    return {"ds": ds, "reported": True}
+def report(ctx) -> dict:
+    return {"ds": ctx.ds, "reported": True}
 
 
 PIPELINE = Pipeline(
@@ -204,3 +204,18 @@ def test_a_toy_pipeline_in_its_own_package_becomes_a_dag_dvc_stages_and_cli_step
         [*cli, "step", "--help"], env=env, capture_output=True, text=True, check=True
     ).stdout
     assert "toy_counter: count, report" in " ".join(helptext.split())
+
+
+@pytest.mark.parametrize("pipeline", [n for n, s in PIPELINES.items() if s.model is not None])
+def test_the_promotion_overrides_are_knobs_of_the_step_that_registers(pipeline: str) -> None:
+    """`dvc exp run -S <pipeline>.<field>=...` (or `--param`) changes the rule for one run."""
+    spec = PIPELINES[pipeline]
+    registers = [s for s in spec.steps if spec.model and s.name == "register"]
+    assert len(registers) == 1
+    variables = spec.promotion_variables()
+    assert variables and set(variables.values()) <= set(registers[0].params.values())
+    stage = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"][
+        spec.dvc_prefix + "register"
+    ]
+    knobs = {k for k, v in registers[0].params.items() if v in variables.values()}
+    assert {f"{pipeline}.{k}" for k in knobs} <= set(stage["params"])

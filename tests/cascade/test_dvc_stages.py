@@ -26,8 +26,8 @@ from cascade.step_runner import knob_environment, step_metrics
 PIPELINES = registered_pipelines()
 
 
-def _noop(ds: str) -> dict:
-    return {"ds": ds}
+def _noop(ctx: object) -> dict:
+    return {"ds": ctx.ds}  # type: ignore[attr-defined]
 
 
 def _spec(**step: object) -> Pipeline:
@@ -118,9 +118,7 @@ from typing import ClassVar
 
 from pydantic.dataclasses import dataclass
 
-from cascade.config import load_group
 from cascade.settings_fields import SETTINGS_CONFIG
-from cascade.lake import lake_from_settings
 from cascade.pipeline_spec import Pipeline, Plot, Step
 
 CURVE = ".cascade/lake/reports/toy_curve/dt=${ds}/curve.csv"
@@ -135,9 +133,9 @@ class ToySettings:
     """How far to count."""
 
 
-def count(ds: str) -> dict:
-    scale = load_group(ToySettings).scale
-    out = lake_from_settings().reports("toy_curve", ds)
+def count(ctx) -> dict:
+    ds, scale = ctx.ds, ctx.settings.scale
+    out = ctx.lake.reports("toy_curve", ds)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "curve.csv").open("w", newline="") as handle:
         rows = [[step, 1.0 / (step + scale)] for step in range(3)]
@@ -226,3 +224,27 @@ def test_dvc_exp_run_sets_a_knob_and_metrics_diff_shows_its_effect(tmp_path: Pat
     # The plot DVC draws (`dvc plots show`) is the curve the step wrote for the experiment.
     curve = repo / ".cascade/lake/reports/toy_curve/dt=2026-11-22/curve.csv"
     assert curve.read_text().splitlines()[1] == "0,0.2"
+
+
+def test_stage_data_follows_the_lake_it_is_given_and_stays_in_the_repository(
+    tmp_path: Path,
+) -> None:
+    """The stages' data paths come from the catalogs and the lake's layout: another state
+    folder inside the repository moves every one of them; one outside it is refused."""
+    from cascade.dvc_stages import dvc_lake
+
+    moved = yaml.safe_load(dvc_yaml(PIPELINES.values(), Path("state/lake")))["stages"]
+    paths = [
+        next(iter(entry)) if isinstance(entry, dict) else entry
+        for stage in moved.values()
+        for entry in [*stage.get("deps", []), *stage["outs"]]
+    ]
+    data = [path for path in paths if "dt=${ds}" in path]
+    assert data and all(path.startswith("state/lake/") for path in data)
+    assert not any(path.startswith(".cascade") for path in paths)
+    assert "state/lake/corpora/speech/dt=${ds}" in moved["asr_register"]["deps"]
+    assert dvc_lake(tmp_path / "repo" / ".cascade" / "lake", tmp_path / "repo") == Path(
+        ".cascade/lake"
+    )
+    with pytest.raises(ValueError, match="outside the repository"):
+        dvc_lake(tmp_path / "elsewhere" / "lake", tmp_path / "repo")

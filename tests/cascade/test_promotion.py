@@ -301,7 +301,7 @@ def test_a_spec_rule_changes_only_through_documented_settings_fields() -> None:
             cron="0 1 * * *",
             settings=ToySettings,
             model=RegisteredModel(name=NAME, promotion=promotion),
-            steps=(Step(name="fit", run=lambda ds: {}),),
+            steps=(Step(name="fit", run=lambda ctx: {}),),
         )
 
     toy = spec(rule)

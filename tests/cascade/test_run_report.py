@@ -21,7 +21,7 @@ def tracking(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
 
 
-def _fail(ds: str) -> dict:
+def _fail(ctx: object) -> dict:
     raise RuntimeError("the log for 2026-11-22 is empty\nsecond line not shown")
 
 
@@ -44,10 +44,10 @@ def test_the_report_shows_each_steps_status_time_gate_curves_and_figures(
     client.log_metric(run_id, "test_auc", 0.7)  # one point: no curve
 
     # Real step-runner records: a step that ran, a gate that said no, a step that raised.
-    with_step(monkeypatch, "asr", "corpus", lambda ds: {"rows": 3})
+    with_step(monkeypatch, "asr", "corpus", lambda ctx: {"rows": 3})
     gate = {"success": False, "failed": ["user.expect_column_values_to_not_be_null(user_id)"]}
-    with_step(monkeypatch, "asr", "validate", lambda ds: {**gate, "warnings": ["w"]})
-    with_step(monkeypatch, "asr", "train", lambda ds: {"run_id": run_id, "auc": 0.7})
+    with_step(monkeypatch, "asr", "validate", lambda ctx: {**gate, "warnings": ["w"]})
+    with_step(monkeypatch, "asr", "train", lambda ctx: {"run_id": run_id, "auc": 0.7})
     with_step(monkeypatch, "asr", "compile", _fail)
     for name in ("corpus", "validate", "train"):
         step_runner.run_step(name, DS, "asr")
@@ -67,6 +67,12 @@ def test_the_report_shows_each_steps_status_time_gate_curves_and_figures(
     assert steps["compile"]["status"] == "failed"
     assert steps["compile"]["error"] == "RuntimeError: the log for 2026-11-22 is empty"
     assert steps["deploy"]["status"] == "not run" and steps["deploy"]["seconds"] is None
+    # Lineage from the catalog: what each step reads and writes, where, and whether it is there.
+    corpus = str(home / "lake" / "corpora" / "speech" / f"dt={DS}")
+    assert steps["train"]["inputs"] == [
+        {"name": "speech_corpus", "location": corpus, "exists": False}
+    ]
+    assert [d["name"] for d in steps["corpus"]["outputs"]] == ["speech_corpus"]
     # The MLflow run the train step named: its curve, not its one-point metric.
     assert [c["metrics"] for c in report["curves"]] == [["loss.teacher"]]
     assert (out / "figures/train-tradeoff.png").read_bytes().startswith(PNG_MAGIC)
@@ -81,6 +87,7 @@ def test_the_report_shows_each_steps_status_time_gate_curves_and_figures(
     page = (out / "index.html").read_text()
     assert "FAILED" in page and "the log for 2026-11-22 is empty" in page
     assert "second line" not in page
+    assert "speech_landing → speech_corpus" in page
     assert "<img src='figures/train-tradeoff.png'" in page and "timings.svg" in page
 
 
@@ -92,7 +99,7 @@ def test_values_from_the_lake_are_escaped_and_a_dead_tracking_server_is_a_note(
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CASCADE_MLFLOW_URI", f"http://127.0.0.1:{free_port()}")
     hostile = {"run_id": "abc123", "note": "<script>alert(1)</script>"}
-    with_step(monkeypatch, "ctr_preranking", "training_set", lambda ds: hostile)
+    with_step(monkeypatch, "ctr_preranking", "training_set", lambda ctx: hostile)
     step_runner.run_step("training_set", DS, "ctr_preranking")
     out = tmp_path / "report"
     assert main(["report", "--ds", DS, "--out", str(out)]) == 0
@@ -123,7 +130,7 @@ def test_a_runs_report_is_logged_to_mlflow_tagged_with_its_airflow_run_and_a_ret
     home = tmp_path / "home"
     monkeypatch.setenv("CASCADE_HOME", str(home))
     monkeypatch.setenv("CASCADE_MLFLOW_URI", tracking)
-    with_step(monkeypatch, "ctr_monitor", "drift", lambda ds: {"psi": 0.02})
+    with_step(monkeypatch, "ctr_monitor", "drift", lambda ctx: {"psi": 0.02})
     step_runner.run_step("drift", DS, "ctr_monitor")
     # GX Data Docs ship logos as PNGs: they are no step's figure.
     logo = home / "lake" / "reports" / "data_docs" / f"dt={DS}" / "asr" / "validate" / "logo.png"

@@ -50,7 +50,7 @@ def test_bad_event_partition_is_refused() -> None:
 
 def test_run_step_records_a_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
-    with_step(monkeypatch, "ctr_preranking", "training_set", lambda ds: {"ds": ds, "rows": 3})
+    with_step(monkeypatch, "ctr_preranking", "training_set", lambda ctx: {"ds": ctx.ds, "rows": 3})
     assert step_runner.run_step("training_set", "2026-11-22", "ctr_preranking") == {
         "ds": "2026-11-22",
         "rows": 3,
@@ -63,7 +63,7 @@ def test_run_step_records_a_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     with pytest.raises(KeyError, match="unknown pipeline"):
         step_runner.run_step("training_set", "2026-11-22", "nope")
     # The asr pipeline's summaries are kept apart from ctr_preranking's steps of the same name.
-    with_step(monkeypatch, "asr", "train", lambda ds: {"ds": ds, "asr": True})
+    with_step(monkeypatch, "asr", "train", lambda ctx: {"ds": ctx.ds, "asr": True})
     step_runner.run_step("train", "2026-11-22", "asr")
     asr_summary = step_runner.summary_path("train", "2026-11-22", "asr")
     assert asr_summary != step_runner.summary_path("train", "2026-11-22", "ctr_preranking")
@@ -78,7 +78,7 @@ def test_cascade_step_runs_a_multimodal_step(
     from cascade.cli import main
 
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
-    with_step(monkeypatch, "multimodal", "evaluate", lambda ds: {"ds": ds, "mm": True})
+    with_step(monkeypatch, "multimodal", "evaluate", lambda ctx: {"ds": ctx.ds, "mm": True})
     assert main(["step", "evaluate", "--pipeline", "multimodal", "--ds", "2026-11-22"]) == 0
     assert json.loads(capsys.readouterr().out) == {"ds": "2026-11-22", "mm": True}
     summary = step_runner.summary_path("evaluate", "2026-11-22", "multimodal")

@@ -360,7 +360,7 @@ def test_the_last_step_logs_the_run_report_and_a_gate_links_its_data_docs(  # ty
 
     ds = "2026-11-22"
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
-    with_step(monkeypatch, "ctr_monitor", "drift", lambda ds: {"psi": 0.01})
+    with_step(monkeypatch, "ctr_monitor", "drift", lambda ctx: {"psi": 0.01})
     logged = []
 
     def log(settings: Any, pipeline: str, ds: str) -> dict[str, Any]:
@@ -379,7 +379,7 @@ def test_the_last_step_logs_the_run_report_and_a_gate_links_its_data_docs(  # ty
     assert drift(ds) == {"psi": 0.01}  # the work is done: no report costs a warning only
 
     index = Lake(tmp_path / "lake").data_docs("asr", "validate", ds) / "index.html"
-    with_step(monkeypatch, "asr", "validate", lambda ds: {"success": True})
+    with_step(monkeypatch, "asr", "validate", lambda ctx: {"success": True})
     gate = dagbag.dags["asr"].get_task("validate").python_callable
     assert gate(ds) == {"success": True}  # no pages rendered
     index.parent.mkdir(parents=True)
@@ -432,7 +432,9 @@ def test_the_monitor_starts_on_a_new_champion_for_the_partition_it_was_deployed_
             return self[key]
 
     outlets = Outlets()
-    monkeypatch.setattr(cascade.step_runner, "run_step", lambda name, ds, pipeline: {"ok": 1})
+    monkeypatch.setattr(
+        cascade.step_runner, "run_step", lambda name, ds, pipeline, *a, **k: {"ok": 1}
+    )
     monkeypatch.setattr(cascade.dag_factory, "outlet_events", lambda: outlets)
     feast = dagbag.dags["ctr_cross"].get_task("feast").python_callable
     # Called the way Airflow calls it: the partition as its one argument (a `**context` in its
@@ -453,7 +455,7 @@ def test_the_monitor_starts_on_a_new_champion_for_the_partition_it_was_deployed_
     assert published[1].extra["ds"] == "2026-11-22"
 
     def step() -> Step:
-        return Step(name="s", run=lambda ds: {}, doc="d", outlets=("file://x/out",))
+        return Step(name="s", run=lambda ctx: {}, doc="d", outlets=("file://x/out",))
 
     with pytest.raises(ValueError, match="its own outlets"):
         Pipeline(name="p", description="d", steps=(step(),), after=("file://x/out",))

@@ -14,9 +14,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from cascade import step_runner
-from cascade.config import load_settings
+from cascade.config import load_group, load_settings
 from cascade.lake import Lake
 from cascade.pipeline_registry import get_pipeline
+from cascade.step_context import StepContext
 from jobs import ctr_cross_stats as job
 from jobs import ctr_cross_stats_gate as gate
 from pipelines import ctr_cross as pipeline
@@ -104,7 +105,7 @@ def test_feast_refuses_a_partition_the_gate_never_saw(
 ) -> None:
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
     with pytest.raises(pipeline.GateNotPassed, match="run step 'validate'"):
-        pipeline.feast(DS)
+        pipeline.feast(StepContext.build(pipeline.PIPELINE, "feast", DS))
 
 
 def test_source_and_size_come_from_the_environment(
@@ -113,20 +114,25 @@ def test_source_and_size_come_from_the_environment(
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
     monkeypatch.setenv("CASCADE_CROSS_SOURCE", "ml100k")
     monkeypatch.setenv("CASCADE_CROSS_IMPRESSIONS", "5000")
-    assert pipeline.source_name() == "ml100k" and pipeline.impressions() == 5000
+
+    def knobs() -> pipeline.CrossSettings:
+        return load_group(pipeline.CrossSettings)
+
+    assert pipeline.source_name(load_settings(), knobs()) == "ml100k"
+    assert knobs().impressions == 5000
     monkeypatch.setenv("CASCADE_CROSS_SOURCE", "clicks.csv")
     with pytest.raises(ValueError, match="CASCADE_CROSS_SOURCE must be of the form"):
-        pipeline.source_name()
+        knobs()
     monkeypatch.setenv("CASCADE_CROSS_SOURCE", "shop_clicks")
     with pytest.raises(ValueError, match="unknown log source 'shop_clicks'; registered: generated"):
-        pipeline.source_name()
+        pipeline.source_name(load_settings(), knobs())
     (tmp_path / "log_sources.toml").write_text(
         '[sources.shop_clicks]\nformat = "csv"\ncolumns = { user_id = "uid" }\n'
     )
-    assert pipeline.source_name() == "shop_clicks"
+    assert pipeline.source_name(load_settings(), knobs()) == "shop_clicks"
     monkeypatch.setenv("CASCADE_CROSS_IMPRESSIONS", "0")
     with pytest.raises(ValueError, match=">= 1"):
-        pipeline.impressions()
+        knobs()
 
 
 def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
@@ -158,11 +164,13 @@ def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
     impression_log.write(
         spark, impression_log.GeneratorConfig(impressions=6000, end_ds=day[1], seed=5), own
     )
-    assert pipeline.history_window(DS) == day
+    assert pipeline.history_window(DS, 3) == day
 
     land_generated(tmp_path, DS)
-    assert pipeline.log(DS)["landed_from"] == "generated"
-    stats = pipeline.stats(DS)
+    assert (
+        pipeline.log(StepContext.build(pipeline.PIPELINE, "log", DS))["landed_from"] == "generated"
+    )
+    stats = pipeline.stats(StepContext.build(pipeline.PIPELINE, "stats", DS))
     built = stats["history_partitions"]
     assert list(built) == day and all(b["built"] for b in built.values())
     assert [built[d]["log"] for d in day] == [f"ds={DS}'s", "its own", f"ds={DS}'s"]
@@ -174,11 +182,15 @@ def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
     assert latest["input_rows"] == int((log.event_timestamp < cut).sum()) < len(log)
     assert json.loads(where.summary(day[1]).read_text())["input_rows"] == 6000
 
-    verdict = pipeline.validate(DS)
+    verdict = pipeline.validate(StepContext.build(pipeline.PIPELINE, "validate", DS))
     assert verdict["success"]
     assert verdict["history_partitions"] == {d: {"success": True} for d in day}
-    assert "history_partitions" not in pipeline.stats(DS)  # nothing missing any more
-    assert "history_partitions" not in pipeline.validate(DS)
+    assert "history_partitions" not in pipeline.stats(
+        StepContext.build(pipeline.PIPELINE, "stats", DS)
+    )  # nothing missing any more
+    assert "history_partitions" not in pipeline.validate(
+        StepContext.build(pipeline.PIPELINE, "validate", DS)
+    )
 
     # The last day's impressions, each with the statistics of the days before it.
     chosen = log[impression_days(log.event_timestamp) == day[2]]
@@ -224,14 +236,16 @@ def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
 
     monkeypatch.setenv("CASCADE_PRERANKING_TRAIN_DAYS", "3")
     monkeypatch.delenv("CASCADE_PRERANKING_SOURCE", raising=False)
-    step = ctr_preranking.training_set(DS)
+    step = ctr_preranking.training_set(
+        StepContext.build(ctr_preranking.PIPELINE, "training_set", DS)
+    )
     assert (step["source"], step["rows"], step["days"]) == ("generated", written["rows"], day)
     folder = lake.training_set("preranking", DS)
     provenance = json.loads((folder / "training.json").read_text())
     assert provenance["source"] == "generated" and provenance["fields"] == written["fields"]
     monkeypatch.setenv("CASCADE_PRERANKING_SOURCE", "ml100k")
     with pytest.raises(MissingPartitions, match="source 'ml100k' for ds=2026-11-22"):
-        ctr_preranking.training_set(DS)
+        ctr_preranking.training_set(StepContext.build(ctr_preranking.PIPELINE, "training_set", DS))
 
 
 def test_a_sparse_log_is_refused_in_one_line_before_any_training_process_starts(
@@ -255,13 +269,15 @@ def test_a_sparse_log_is_refused_in_one_line_before_any_training_process_starts(
         monkeypatch.delenv(f"CASCADE_PRERANKING_{knob}", raising=False)
 
     land_generated(tmp_path, DS)
-    assert pipeline.log(DS)["rows"] == 4000
+    assert pipeline.log(StepContext.build(pipeline.PIPELINE, "log", DS))["rows"] == 4000
     lake = Lake(tmp_path / "lake")
     clicks = int(pd.read_parquet(pipeline.landing_dir(lake, DS)).click.sum())
     assert 100 < clicks < 1_000
-    pipeline.stats(DS)
-    assert pipeline.validate(DS)["success"]
-    built = ctr_preranking.training_set(DS)
+    pipeline.stats(StepContext.build(pipeline.PIPELINE, "stats", DS))
+    assert pipeline.validate(StepContext.build(pipeline.PIPELINE, "validate", DS))["success"]
+    built = ctr_preranking.training_set(
+        StepContext.build(ctr_preranking.PIPELINE, "training_set", DS)
+    )
     assert 0 < built["clicks"] < 200
 
     launched: list[object] = []

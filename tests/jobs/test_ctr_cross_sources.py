@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 from cascade.config import Settings
 from cascade.lake import Lake
+from cascade.step_context import StepContext
 from jobs import ctr_cross_stats as job
 from jobs import ctr_log_sources as sources
 from pipelines import ctr_cross as pipeline
@@ -121,9 +122,11 @@ def test_a_landed_log_declares_its_source_and_keeps_its_name_everywhere(
     (landing / "_SOURCE").write_text("shop_clicks\n")
     (landing / "_SUCCESS").touch()
 
-    logged = pipeline.log(DS, settings=settings)
-    summary = pipeline.stats(DS, settings=settings)
-    verdict = pipeline.validate(DS, settings=settings)
+    logged = pipeline.log(StepContext.build(pipeline.PIPELINE, "log", DS, platform=settings))
+    summary = pipeline.stats(StepContext.build(pipeline.PIPELINE, "stats", DS, platform=settings))
+    verdict = pipeline.validate(
+        StepContext.build(pipeline.PIPELINE, "validate", DS, platform=settings)
+    )
 
     assert (logged["source"], logged["landed_from"]) == ("shop_clicks", "unrecorded")
     assert summary["source"] == "shop_clicks"
@@ -140,7 +143,7 @@ def test_a_landed_log_declares_its_source_and_keeps_its_name_everywhere(
     assert written.user_cat_clk_30d.sum() == 400 // 7 + 1 - (5 % 7 == 0)
 
     # Published with only the pairs it has: the online store answers them.
-    published = pipeline.feast(DS, settings=settings)
+    published = pipeline.feast(StepContext.build(pipeline.PIPELINE, "feast", DS, platform=settings))
     assert published["feature_views"] == [
         f"cross_{p}" for p in ("user", "item", "seg_cat", "user_cat", "seg_item")
     ]

@@ -13,6 +13,8 @@ import torch
 
 from cascade.config import Settings
 from cascade.lake import Lake
+from cascade.step_context import StepContext
+from cascade.step_runner import execute
 from models.asr.artifact import AsrArtifact, artifact_files, save_artifact
 from models.asr.model import Alphabet, ConvDFSMN, ConvDFSMNConfig, ctc_loss
 from models.asr.rsq import float_state_dict, prepare_qat, quantization_record
@@ -96,9 +98,9 @@ def _trained(settings: Settings, ds: str, artifact: Path, *, gate_passed: bool =
         ("asr_compile", {"passed": gate_passed,
                          "reasons": [] if gate_passed else ["int8 package disagrees"]}),
     ):  # fmt: skip
-        folder = lake.reports(kind, ds)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "result.json").write_text(json.dumps(result))
+        summary = lake.step_summary(kind, ds)  # what the runner records
+        summary.parent.mkdir(parents=True, exist_ok=True)
+        summary.write_text(json.dumps(result))
 
 
 @pytest.mark.slow
@@ -112,7 +114,9 @@ def test_registry_promotes_on_held_out_cer_and_respects_the_compile_gate(
         _corpus(pipeline.corpus_dir(lake, ds))
 
     _trained(settings, "2026-11-20", good)
-    first = pipeline.register("2026-11-20", settings=settings)
+    first = execute(
+        StepContext.build(pipeline.PIPELINE, "register", "2026-11-20", platform=settings)
+    )
     assert first["promoted"] and first["previous_champion"] is None and first["version"] == "1"
     # A server following the champion downloads the version's files once and swaps them in.
     from models.asr.artifact import load_artifact
@@ -128,7 +132,9 @@ def test_registry_promotes_on_held_out_cer_and_respects_the_compile_gate(
     assert load_artifact(swaps[0][0]).alphabet == ALPHABET  # its vocabulary came with it
 
     _trained(settings, "2026-11-21", bad)
-    second = pipeline.register("2026-11-21", settings=settings)
+    second = execute(
+        StepContext.build(pipeline.PIPELINE, "register", "2026-11-21", platform=settings)
+    )
     assert not second["promoted"] and second["champion_version"] == "1"
     comparison = second["comparison"]
     assert comparison["champion"] < 0.2 < comparison["challenger"]
@@ -136,9 +142,14 @@ def test_registry_promotes_on_held_out_cer_and_respects_the_compile_gate(
     assert comparison["unseen_characters"] == {"challenger": 0, "champion": 0}
     assert "worse than champion v1" in second["reasons"][0]
     # A retry registers nothing new and returns the stored decision.
-    assert pipeline.register("2026-11-21", settings=settings) == second
+    assert (
+        execute(StepContext.build(pipeline.PIPELINE, "register", "2026-11-21", platform=settings))
+        == second
+    )
 
     _trained(settings, "2026-11-22", good, gate_passed=False)
-    third = pipeline.register("2026-11-22", settings=settings)
+    third = execute(
+        StepContext.build(pipeline.PIPELINE, "register", "2026-11-22", platform=settings)
+    )
     assert not third["promoted"] and third["reasons"] == ["compile gate: int8 package disagrees"]
     assert third["comparison"]["passed"]  # accurate, but its compiled package failed the gate

@@ -16,6 +16,8 @@ from cascade.config import Settings
 from cascade.errors import NothingLanded
 from cascade.lake import Lake
 from cascade.landing import land
+from cascade.step_context import StepContext
+from cascade.step_runner import execute
 from domains.captions.tokenizer import CaptionTokenizer
 from jobs.multimodal_corpus_gate import MultimodalGateFailed
 from pipelines import multimodal as pipeline
@@ -85,9 +87,9 @@ def _challenger(settings: Settings, ds: str, recall: float, *, refit: bool = Fal
         "i2t_recall_at_1": recall, "t2i_recall_at_1": recall, "i2t_recall_at_5": recall,
         "t2i_recall_at_5": recall, "dense": None, "eval_pairs": _test_pairs(settings, ds),
     }  # fmt: skip
-    folder = lake.reports("mm_evaluate", ds)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "result.json").write_text(json.dumps(result))
+    summary = lake.step_summary("mm_evaluate", ds)  # what the runner records
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    summary.write_text(json.dumps(result))
 
 
 def test_steps_build_train_evaluate_and_register_a_champion(
@@ -96,9 +98,9 @@ def test_steps_build_train_evaluate_and_register_a_champion(
     lake = Lake(settings.lake_root)
     # The pipeline makes up no data: the generated batch is a named source, landed explicitly.
     with pytest.raises(NothingLanded, match=f"nothing landed for {DS}"):
-        pipeline.corpus(DS, settings=settings)
+        execute(StepContext.build(pipeline.PIPELINE, "corpus", DS, platform=settings))
     land(lake, pipeline.IMAGES, DS, source="generated")
-    corpus = pipeline.corpus(DS, settings=settings)
+    corpus = execute(StepContext.build(pipeline.PIPELINE, "corpus", DS, platform=settings))
     assert not corpus["producer_landed"] and corpus["landed_from"] == "generated"
     assert corpus["landed"]["generated"] == 200 and corpus["landed"]["tuxpaint"] > 0
     assert corpus["splits"]["test"] >= 2 and corpus["splits"]["train"] >= 32
@@ -107,20 +109,20 @@ def test_steps_build_train_evaluate_and_register_a_champion(
         == (corpus["pairs_in"])
     )
     # A retry reads the batch the first attempt landed instead of landing another one.
-    again = pipeline.corpus(DS, settings=settings)
+    again = execute(StepContext.build(pipeline.PIPELINE, "corpus", DS, platform=settings))
     assert again["kept"] == corpus["kept"] and again["landed"] == corpus["landed"]
     assert not again["producer_landed"]
 
     with pytest.raises(RuntimeError, match="has not been validated"):
-        pipeline.train(DS, settings=settings)
-    gate = pipeline.validate(DS, settings=settings)
+        execute(StepContext.build(pipeline.PIPELINE, "train", DS, platform=settings))
+    gate = execute(StepContext.build(pipeline.PIPELINE, "validate", DS, platform=settings))
     assert gate["success"] and gate["rows"] == corpus["kept"]
 
-    trained = pipeline.train(DS, settings=settings)
+    trained = execute(StepContext.build(pipeline.PIPELINE, "train", DS, platform=settings))
     assert trained["config"] == "debug" and trained["moe"] is True
     assert trained["eval_pairs"] == corpus["splits"]["test"]
 
-    evaluation = pipeline.evaluate(DS, settings=settings)
+    evaluation = execute(StepContext.build(pipeline.PIPELINE, "evaluate", DS, platform=settings))
     for side in (evaluation, evaluation["dense"]):
         for direction in ("i2t", "t2i"):
             assert 0 <= side[f"{direction}_recall_at_1"] <= side[f"{direction}_recall_at_5"] <= 1
@@ -130,7 +132,7 @@ def test_steps_build_train_evaluate_and_register_a_champion(
         evaluation["comparison"]["dense"]["active_params"], rel=0.05
     )
 
-    first = pipeline.register(DS, settings=settings)
+    first = execute(StepContext.build(pipeline.PIPELINE, "register", DS, platform=settings))
     assert first["promoted"] and first["version"] == "1" and first["previous_champion"] is None
     client = _client(settings)
     champion = client.get_model_version_by_alias(pipeline.MODEL_NAME, "champion")
@@ -145,7 +147,9 @@ def test_steps_build_train_evaluate_and_register_a_champion(
     assert any("expert" in f for f in files)  # the experts' own files
     metrics = client.get_run(run_id).data.metrics
     assert {"i2t_recall_at_1", "t2i_recall_at_5", "mean_recall_at_1"} <= set(metrics)
-    assert pipeline.register(DS, settings=settings) == first  # a retry: the same decision
+    assert (
+        execute(StepContext.build(pipeline.PIPELINE, "register", DS, platform=settings)) == first
+    )  # a retry: the same decision
 
     # With no tolerance, a challenger just below the champion is registered, not promoted; one
     # above it is.
@@ -153,7 +157,9 @@ def test_steps_build_train_evaluate_and_register_a_champion(
     recall = evaluation["mean_recall_at_1"]
     assert recall > 0, evaluation
     _challenger(settings, "2026-11-21", recall - 0.001)
-    second = pipeline.register("2026-11-21", settings=settings)
+    second = execute(
+        StepContext.build(pipeline.PIPELINE, "register", "2026-11-21", platform=settings)
+    )
     assert not second["promoted"] and second["champion_version"] == "1"
     assert second["comparison"]["champion"] == recall
     assert "worse than champion v1" in second["reasons"][0]
@@ -169,7 +175,9 @@ def test_steps_build_train_evaluate_and_register_a_champion(
     # captions with its own tokenizer and scores what it scores on those pairs, not its tag; a
     # challenger at the top is promoted whatever that is.
     _challenger(settings, "2026-11-23", 1.0, refit=True)
-    third = pipeline.register("2026-11-23", settings=settings)
+    third = execute(
+        StepContext.build(pipeline.PIPELINE, "register", "2026-11-23", platform=settings)
+    )
     assert third["promoted"] and third["previous_champion"] == "1" and third["version"] == "3"
     halved = _test_pairs(settings, "2026-11-23")
     assert halved < pairs
@@ -193,11 +201,11 @@ def test_steps_build_train_evaluate_and_register_a_champion(
     with pytest.raises(
         MultimodalGateFailed, match=r"groups\.expect_column_values_to_be_between\(splits\)"
     ):
-        pipeline.validate(bad, settings=settings)
+        execute(StepContext.build(pipeline.PIPELINE, "validate", bad, platform=settings))
     with pytest.raises(RuntimeError, match="failed its GX gate"):
-        pipeline.train(bad, settings=settings)
+        execute(StepContext.build(pipeline.PIPELINE, "train", bad, platform=settings))
     with pytest.raises(RuntimeError, match="failed its GX gate"):
-        pipeline.register(bad, settings=settings)
+        execute(StepContext.build(pipeline.PIPELINE, "register", bad, platform=settings))
     versions = client.search_model_versions(f"name='{pipeline.MODEL_NAME}'")
     assert sorted(str(v.version) for v in versions) == ["1", "2", "3"]
 
@@ -205,13 +213,13 @@ def test_steps_build_train_evaluate_and_register_a_champion(
 def test_steps_refuse_an_unvalidated_corpus_and_a_missing_result(settings: Settings) -> None:
     lake = Lake(settings.lake_root)
     with pytest.raises(RuntimeError, match="has not been validated"):
-        pipeline.train(DS, settings=settings)
+        execute(StepContext.build(pipeline.PIPELINE, "train", DS, platform=settings))
     (pipeline.corpus_dir(lake, DS)).mkdir(parents=True)
     (pipeline.corpus_dir(lake, DS) / "gate.json").write_text(json.dumps({"success": True}))
     with pytest.raises(FileNotFoundError, match="run step 'train'"):
-        pipeline.evaluate(DS, settings=settings)
+        execute(StepContext.build(pipeline.PIPELINE, "evaluate", DS, platform=settings))
     with pytest.raises(FileNotFoundError, match="run step 'evaluate'"):
-        pipeline.register(DS, settings=settings)
+        execute(StepContext.build(pipeline.PIPELINE, "register", DS, platform=settings))
 
 
 def test_evaluate_without_the_dense_twin_records_the_moe_figures_and_says_so(
@@ -228,14 +236,14 @@ def test_evaluate_without_the_dense_twin_records_the_moe_figures_and_says_so(
         "i2t_recall_at_1": 0.5, "i2t_recall_at_5": 1.0, "t2i_recall_at_1": 0.25,
         "t2i_recall_at_5": 1.0,
     }  # fmt: skip
-    folder = lake.reports("mm_train", DS)
-    folder.mkdir(parents=True)
-    (folder / "result.json").write_text(json.dumps(trained))
-    evaluation = pipeline.evaluate(DS, settings=settings)
+    summary = lake.step_summary("mm_train", DS)  # what the runner records
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    summary.write_text(json.dumps(trained))
+    evaluation = execute(StepContext.build(pipeline.PIPELINE, "evaluate", DS, platform=settings))
     assert evaluation["dense"] is None and "MoE figures only" in evaluation["dense_note"]
     assert evaluation["mean_recall_at_1"] == pytest.approx(0.375)
     logged = _client(settings).get_run(run.info.run_id).data.metrics
     assert logged["mean_recall_at_1"] == pytest.approx(0.375)
     monkeypatch.setenv("CASCADE_MULTIMODAL_DENSE_TWIN", "maybe")
     with pytest.raises(ValueError, match="CASCADE_MULTIMODAL_DENSE_TWIN must be 0 or 1"):
-        pipeline.evaluate(DS, settings=settings)
+        execute(StepContext.build(pipeline.PIPELINE, "evaluate", DS, platform=settings))

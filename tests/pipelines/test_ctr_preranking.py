@@ -1,5 +1,6 @@
 import pytest
 
+from cascade.step_context import StepContext
 from pipelines import ctr_preranking
 
 
@@ -16,22 +17,23 @@ def test_train_step_launches_the_fscd_cascade_with_the_pipeline_config(
     )
     for name in ("CONFIG", "EPOCHS", "LR", "VALIDATION_FRACTION", "COST_BUDGET"):
         monkeypatch.delenv(f"CASCADE_PRERANKING_{name}", raising=False)
-    ctr_preranking.train("2026-11-22")
+    ctr_preranking.train(StepContext.build(ctr_preranking.PIPELINE, "train", "2026-11-22"))
     knobs = {"config": "pipeline", "epochs": None, "lr": None}
     assert calls == [("2026-11-22", {**knobs, "validation_fraction": None, "cost_budget": None})]
     assert "model" not in ctr_preranking.PIPELINE.step("train").params  # one network, no choice
 
 
 def test_the_train_steps_knobs_reach_the_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What `cascade step train --param ...` (the DVC stage) sets is what the trainer gets."""
-    from cascade.step_runner import knob_environment
+    """What `cascade step train --param ...` (the DVC stage) sets is what the trainer gets,
+    through the step's settings and not through the environment."""
+    import os
+
     from models.preranking import cascade_train
 
     calls: list[dict] = []
     monkeypatch.setattr(
         cascade_train, "launch_pipeline", lambda ds, *, settings, **knobs: calls.append(knobs)
     )
-    step = ctr_preranking.PIPELINE.step("train")
     given = {
         "config": "debug",
         "epochs": "4",
@@ -39,9 +41,11 @@ def test_the_train_steps_knobs_reach_the_trainer(monkeypatch: pytest.MonkeyPatch
         "validation_fraction": "0.4",
         "cost_budget": "0.7",
     }
-    for name, value in knob_environment(step, given).items():
-        monkeypatch.setenv(name, value)
-    ctr_preranking.train("2026-11-22")
+    before = dict(os.environ)
+    ctr_preranking.train(
+        StepContext.build(ctr_preranking.PIPELINE, "train", "2026-11-22", params=given)
+    )
+    assert dict(os.environ) == before
     assert calls == [
         {
             "config": "debug",

@@ -16,6 +16,8 @@ from benchmarks.security import planted_pickle
 from cascade.artifacts import DIGESTS_TAG, TamperedArtifact, folder_digests
 from cascade.config import Settings
 from cascade.lake import Lake
+from cascade.step_context import StepContext
+from cascade.step_runner import execute
 from pipelines import asr as asr_pipeline
 from pipelines import multimodal as mm_pipeline
 
@@ -47,7 +49,9 @@ def test_asr_registration_records_digests_and_a_tampered_champion_is_never_loade
     for ds in ("2026-11-20", "2026-11-21"):
         _corpus(asr_pipeline.corpus_dir(lake, ds))
     _trained(settings, "2026-11-20", artifact)
-    first = asr_pipeline.register("2026-11-20", settings=settings)
+    first = execute(
+        StepContext.build(asr_pipeline.PIPELINE, "register", "2026-11-20", platform=settings)
+    )
     assert first["promoted"] and first["version"] == "1"
     version = _client(settings).get_model_version(asr_pipeline.MODEL_NAME, "1")
     stored = _stored(settings, asr_pipeline.MODEL_NAME, "1")
@@ -58,7 +62,9 @@ def test_asr_registration_records_digests_and_a_tampered_champion_is_never_loade
     (stored / "asr_model.pt").write_bytes(planted_pickle(marker))
     _trained(settings, "2026-11-21", artifact)
     with pytest.raises(TamperedArtifact, match=r"asr v1 differs .*changed \['asr_model.pt'\]"):
-        asr_pipeline.register("2026-11-21", settings=settings)
+        execute(
+            StepContext.build(asr_pipeline.PIPELINE, "register", "2026-11-21", platform=settings)
+        )
     assert not marker.exists()
     assert _champion(settings, asr_pipeline.MODEL_NAME) == "1"
 
@@ -80,9 +86,9 @@ def _mm_trained(settings: Settings, ds: str, files: Path) -> None:
         "i2t_recall_at_1": recall, "t2i_recall_at_1": recall, "i2t_recall_at_5": recall,
         "t2i_recall_at_5": recall, "dense": None, "eval_pairs": 2,
     }  # fmt: skip
-    folder = lake.reports("mm_evaluate", ds)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "result.json").write_text(json.dumps(result))
+    summary = lake.step_summary("mm_evaluate", ds)  # what the runner records
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    summary.write_text(json.dumps(result))
 
 
 def test_multimodal_registration_records_digests_and_a_tampered_champion_is_never_loaded(
@@ -96,7 +102,9 @@ def test_multimodal_registration_records_digests_and_a_tampered_champion_is_neve
     (files / MODEL_CONFIG_FILE).write_text("{}")
     (files / DIGESTS_FILE).write_text(json.dumps(folder_digests(files)))
     _mm_trained(settings, "2026-11-20", files)
-    first = mm_pipeline.register("2026-11-20", settings=settings)
+    first = execute(
+        StepContext.build(mm_pipeline.PIPELINE, "register", "2026-11-20", platform=settings)
+    )
     assert first["promoted"] and first["version"] == "1"
     version = _client(settings).get_model_version(mm_pipeline.MODEL_NAME, "1")
     stored = _stored(settings, mm_pipeline.MODEL_NAME, "1")
@@ -112,7 +120,9 @@ def test_multimodal_registration_records_digests_and_a_tampered_champion_is_neve
     (stored / DIGESTS_FILE).write_text(json.dumps(listing))
     _mm_trained(settings, "2026-11-21", files)
     with pytest.raises(TamperedArtifact, match=r"multimodal v1 differs .*changed \[.*mp_rank"):
-        mm_pipeline.register("2026-11-21", settings=settings)
+        execute(
+            StepContext.build(mm_pipeline.PIPELINE, "register", "2026-11-21", platform=settings)
+        )
     assert not marker.exists()
     # The champion was never scored: no worker was started on its files.
     assert not (

@@ -28,6 +28,8 @@ from cascade.artifacts import DIGESTS_TAG
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake
 from cascade.registry import add_pyfunc_files, download_verified
+from cascade.step_context import StepContext
+from cascade.step_runner import execute
 from domains.speech.audio_features import SAMPLE_RATE, decode_wav, log_mel
 from models.preranking import REGISTERED_MODEL
 from models.preranking.inference import load_version, score_frame
@@ -99,7 +101,10 @@ def test_asr_loads_the_standard_way(store: Settings, tmp_path: Path) -> None:
     artifact = _int8_artifact(tmp_path / "model", train_steps=0)
     _corpus(asr_pipeline.corpus_dir(Lake(store.lake_root), DS))
     _trained(store, DS, artifact)
-    assert asr_pipeline.register(DS, settings=store)["version"] == "1"
+    assert (
+        execute(StepContext.build(asr_pipeline.PIPELINE, "register", DS, platform=store))["version"]
+        == "1"
+    )
     client = _use_store(store)
     recorded = _recorded(client, asr_pipeline.MODEL_NAME, "1")
     assert {*PYFUNC_FILES, "asr_model.pt", "asr_model.vocabulary.json"} <= recorded
@@ -180,7 +185,10 @@ def test_multimodal_loads_the_standard_way(store: Settings, tmp_path: Path) -> N
     final = tmp_path / "final"
     model = _stored_moe_model(final, tmp_path / "corpus")
     _mm_trained(store, DS, final)
-    assert mm_pipeline.register(DS, settings=store)["version"] == "1"
+    assert (
+        execute(StepContext.build(mm_pipeline.PIPELINE, "register", DS, platform=store))["version"]
+        == "1"
+    )
     client = _use_store(store)
     recorded = _recorded(client, mm_pipeline.MODEL_NAME, "1")
     assert {*PYFUNC_FILES, "tokenizer.json", "layer_1_expert_1_mp_rank_00_model_states.pt"} <= (
