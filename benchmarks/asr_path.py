@@ -338,12 +338,13 @@ def asr_peers(
     trial: bool,
     names: tuple[str, ...] = ASR_PEERS,
 ) -> tuple[dict[str, Callable[..., Any]], dict[str, Any]]:
-    """The ASR model's ``names`` peers (:func:`benchmarks.compiled_inference.build_peers`;
+    """The ASR model's ``names`` peers (:func:`benchmarks.compile_peers.build_peers`;
     ``onnxruntime_int8`` is ONNX Runtime's quantization of the fp32 ``onnx_file``), each a
     forward pass :func:`models.asr.inference.transcribe` accepts, and their report:
     ``inductor_tuned_options`` (max-autotune tried on the longest of ``shapes`` when ``trial``),
     the quantizers' ``*_quantization``, ``compile_s`` and ``inductor_tuned_recompiles``."""
-    from benchmarks.compiled_inference import build_peers, peer_report
+    from benchmarks.compile_peers import build_peers
+    from benchmarks.compiled_inference import peer_report
     from compilers.asr import asr_example
     from models.asr.compiled import onnxruntime_asr
 
@@ -411,7 +412,7 @@ def compile_bench_keys(timings: dict[str, Any]) -> dict[str, Any]:
 
 def run(out: Path, quick: bool) -> dict[str, Any]:
     """``cascade bench asr``: see the module docstring."""
-    from benchmarks.compiled_inference import RECOMPILE_LIMIT
+    from benchmarks.compile_peers import RECOMPILE_LIMIT
     from compilers.export import torch_threads
 
     threads = load_settings().bench.asr_threads

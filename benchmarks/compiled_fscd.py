@@ -17,7 +17,7 @@ interleaved round by round (order rotating):
 * ``inductor``: ``torch.compile(dynamic=True)`` of the request module, Inductor's defaults;
 * ``inductor_tuned``: the same with freezing and the C++ wrapper, plus max-autotune where it
   measured faster (``inductor_tuned_options``:
-  :func:`benchmarks.compiled_inference.inductor_tuned_peer`);
+  :func:`benchmarks.compile_peers.inductor_tuned_peer`);
 * ``onnxruntime``: its ONNX export (dynamic candidate and cross-key dims) on ONNX Runtime's CPU
   provider;
 * ``cascade``: the AOTInductor package the compile step builds and the server loads
@@ -47,9 +47,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.compile_peers import build_peers
 from benchmarks.compiled_inference import (
     agree_with_eager,
-    build_peers,
     peer_report,
     request_auc,
     served_shapes,

@@ -185,7 +185,8 @@ def shadow_preranker(settings: Settings, versions: dict[str, str]) -> dict[str, 
     (:meth:`serving.preranking.PreRankingModel.load_alias`, in process, with the registry's
     own loader); records whether a version came back and whether native code was loaded."""
     from serving import served_version
-    from serving.preranking import PreRankingModel, ServingConfig, registry_backends
+    from serving.preranking import PreRankingModel, ServingConfig
+    from serving.preranking_backends import registry_backends
 
     client = _client(settings)
     native: list[str] = []

@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks.compile_peers import RECOMPILE_LIMIT, build_peers
 from benchmarks.compiled_inference import (
-    RECOMPILE_LIMIT,
     agree_with_eager,
-    build_peers,
     peer_report,
     served_shapes,
     speedups,
@@ -350,7 +349,7 @@ def test_compile_asr_takes_a_model_dir_and_says_what_is_missing(
 
 @pytest.mark.slow  # three Inductor compiles of a tiny module
 def test_tuned_inductor_is_the_fastest_of_its_candidates_on_the_trial(tmp_path: Path) -> None:
-    from benchmarks.compiled_inference import TUNED_CANDIDATES
+    from benchmarks.compile_peers import TUNED_CANDIDATES
 
     module = TinyRequest().eval()
     with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):

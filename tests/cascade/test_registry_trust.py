@@ -107,7 +107,8 @@ def test_the_preranking_server_loads_no_native_code_of_an_unsigned_or_changed_ve
     from models.preranking.inference import COLD_DIR_ARTIFACT, save_cold_model
     from models.preranking.model import ColdPreRanker
     from serving import served_version
-    from serving.preranking import PreRankingModel, ServingConfig, registry_backends
+    from serving.preranking import PreRankingModel, ServingConfig
+    from serving.preranking_backends import registry_backends
 
     # An FSCD pre-ranker's files as a run holds them (logged directly: MLflow's model logging
     # is not what is tested here, and costs tens of seconds).
