@@ -161,6 +161,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
     "security": (
         "fuzz_requests",
         "fuzz_5xx",
+        "fuzz_infer_2xx",
         "oversize_rss_growth_mb",
         "events_fuzzed",
         "events_stalling_a_run",

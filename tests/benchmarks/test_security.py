@@ -41,6 +41,9 @@ def test_quick_security_benchmark_finds_no_hole(tmp_path: Path) -> None:
     assert result["requests_served_during_slow_body_attack"] > 0
     # ...over real work: every route fuzzed, events of every outcome, every model kind.
     assert result["fuzz_requests"] > 50
+    # The fuzzer's well-formed share reaches scoring, counted in the infer histogram.
+    assert result["fuzz_infer_2xx"] > 0, result["server"]["fuzz_statuses"]
+    assert result["server"]["fuzz_valid_requests"] > 0
     assert result["server"]["fuzz_operations"] >= 5
     assert not result["server"]["fuzz_operations_without_requests"]
     assert result["server"]["oversize_statuses"] == [413, 415, 415, 413]
