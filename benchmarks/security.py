@@ -13,11 +13,14 @@ under the most permissive umask a user could have, so only the stack's own modes
   and reading its fields from the SQLite online store (the setup of
   :mod:`benchmarks.serving_cross_features`). ``fuzz_requests``: requests schemathesis generated from
   the server's own OpenAPI document, schema-valid and schema-violating, for every operation in it
-  (``fuzz_per_operation`` examples per operation and mode, within ``fuzz_budget_s``); ``fuzz_5xx``:
-  how many were answered 5xx (0). ``oversize_rss_growth_mb``: the growth of the server's resident
-  memory (its processes together) over chunked and Content-Length bodies far past the limit and
-  chunked bodies of the wrong type, all on one keep-alive connection (``oversize_statuses``: 413 and
-  415), measured after one warm-up body of each kind;
+  (``fuzz_per_operation`` examples per operation and mode, within ``fuzz_budget_s``), plus as
+  many well-formed infer requests (:mod:`benchmarks.security_fuzz`: shaped by that document, ids
+  in the served ranges, within the server's limits); ``fuzz_5xx``: how many were answered 5xx
+  (0); ``fuzz_infer_2xx``: infer requests answered 2xx, which reached scoring (> 0), with the
+  per-operation histogram in ``fuzz_statuses``. ``oversize_rss_growth_mb``: the growth of the
+  server's resident memory (its processes together) over chunked and Content-Length bodies far
+  past the limit and chunked bodies of the wrong type, all on one keep-alive connection
+  (``oversize_statuses``: 413 and 415), measured after one warm-up body of each kind;
 * **events**: ``events_fuzzed`` messages hypothesis generated (bytes, text, any JSON, envelopes of
   every event type with hostile fields) routed as a watcher routes them; each one that fires is
   claimed by a run (:func:`cascade.event_claims.claim_run_events`, which checks it again) and the
@@ -26,6 +29,13 @@ under the most permissive umask a user could have, so only the stack's own modes
   refused without a readable dead-letter record (0). ``bad_classes``: the issue's bad events
   (an integer partition, a far-future date, ...) with the kind and reason each was dead-lettered
   with;
+* **events through the broker** (:func:`benchmarks.security_events.broker_run`): on a private
+  stack of the broker and Airflow, the fuzzed messages, the bad classes, valid probe events over
+  a few days and one valid event naming a partition that cannot be built yet are published
+  through the running broker to the running trigger (DAG ``event_probe``), and counted from the
+  ledger: ``events_through_broker`` (published), ``runs_failed_by_valid_events`` (0),
+  ``partitions_never_built`` (valid partitions no run did work for: 0), and in
+  ``broker_events`` the dead letters by kind (the unbuildable one among them);
 * **the registry**: for each model kind (pre-ranker, ASR, multimodal), versions registered with
   their digests (:func:`cascade.registry.source_digests`) whose stored files were then changed,
   replaced by a pickle that writes a file when unpickled (with the digests re-tagged to match, as
@@ -84,7 +94,7 @@ from typing import Any
 from benchmarks import security_fuzz as fuzz_cases
 from benchmarks import security_privilege as privilege
 from benchmarks import security_releases as releases
-from benchmarks.security_events import fuzz_events
+from benchmarks.security_events import broker_run, fuzz_events
 from cascade.config import REPO_ROOT, Settings, load_settings, scoped_environ
 from cascade.ports import free_port
 from models.preranking import REGISTERED_MODEL
@@ -93,6 +103,7 @@ from serving.guard import BODY_DEADLINE_S
 MB = 1 << 20
 BODY_LIMIT = MB
 INFER = "/v2/models/preranking/infer"
+BROKER_KEYS = ("events_through_broker", "runs_failed_by_valid_events", "partitions_never_built")
 QUICK_LOG_ROWS = 4_000
 FULL_LOG_ROWS = 40_000
 
@@ -790,6 +801,8 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             )
         # Least privilege, on a private stack of its own: the real MLflow auth server.
         privilege_result = privilege.run(workdir / "privilege")
+        # Events through the running broker and trigger, on a private stack of their own.
+        broker = broker_run(workdir / "events", quick=quick)
     return {
         "fuzz_requests": fuzz["fuzz_requests"],
         "fuzz_5xx": fuzz["fuzz_5xx"],
@@ -797,6 +810,9 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "oversize_rss_growth_mb": oversize["oversize_rss_growth_mb"],
         "events_fuzzed": events["events_fuzzed"],
         "events_stalling_a_run": events["events_stalling_a_run"],
+        "events_through_broker": broker["events_through_broker"],
+        "runs_failed_by_valid_events": broker["runs_failed_by_valid_events"],
+        "partitions_never_built": broker["partitions_never_built"],
         "tampered_artifacts_loaded": count_loaded(registry),
         "world_readable_secrets": secrets_scan["world_readable_secrets"],
         "unsigned_versions_loaded": releases.unsigned_loaded(pointed, shadow, asr_attacks),
@@ -837,6 +853,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "events": {
             k: v for k, v in events.items() if k not in ("events_fuzzed", "events_stalling_a_run")
         },
+        "broker_events": {k: v for k, v in broker.items() if k not in BROKER_KEYS},
         "secrets": {k: v for k, v in secrets_scan.items() if k != "world_readable_secrets"},
         "airflow_auth_exit_code": airflow_rc,
         "setup": {

@@ -56,6 +56,15 @@ def test_quick_security_benchmark_finds_no_hole(tmp_path: Path) -> None:
         c["action"] == "dead-letter" and c["reason"]
         for c in result["events"]["bad_classes"].values()
     )
+    # Valid events through the running broker and trigger: every partition got its run, none
+    # failed, the bad ones and the unbuildable one were dead-lettered.
+    broker = result["broker_events"]
+    assert result["events_through_broker"] >= 30, broker
+    assert result["runs_failed_by_valid_events"] == 0, broker
+    assert result["partitions_never_built"] == 0, broker
+    assert broker["valid_partitions"] == 3 and broker["valid_events_without_work"] == 0
+    assert broker["unbuildable_events_dead_lettered"] == 1, broker
+    assert broker["dead_lettered"] > 0, broker
     assert result["tampered_versions_tried"] == 9
     assert set(result["tampered_versions"]) == {"preranking", "asr", "multimodal"}
     assert result["server_kept_its_version"] and result["server_logged_refusals"] >= 1
