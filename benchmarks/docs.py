@@ -167,9 +167,13 @@ FIGURES: dict[str, tuple[str, ...]] = {
     "security": (
         "fuzz_requests",
         "fuzz_5xx",
+        "fuzz_infer_2xx",
         "oversize_rss_growth_mb",
         "events_fuzzed",
         "events_stalling_a_run",
+        "events_through_broker",
+        "runs_failed_by_valid_events",
+        "partitions_never_built",
         "tampered_artifacts_loaded",
         "world_readable_secrets",
     ),

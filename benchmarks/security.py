@@ -13,11 +13,14 @@ under the most permissive umask a user could have, so only the stack's own modes
   and reading its fields from the SQLite online store (the setup of
   :mod:`benchmarks.serving_cross_features`). ``fuzz_requests``: requests schemathesis generated from
   the server's own OpenAPI document, schema-valid and schema-violating, for every operation in it
-  (``fuzz_per_operation`` examples per operation and mode, within ``fuzz_budget_s``); ``fuzz_5xx``:
-  how many were answered 5xx (0). ``oversize_rss_growth_mb``: the growth of the server's resident
-  memory (its processes together) over chunked and Content-Length bodies far past the limit and
-  chunked bodies of the wrong type, all on one keep-alive connection (``oversize_statuses``: 413 and
-  415), measured after one warm-up body of each kind;
+  (``fuzz_per_operation`` examples per operation and mode, within ``fuzz_budget_s``), plus as
+  many well-formed infer requests (:mod:`benchmarks.security_fuzz`: shaped by that document, ids
+  in the served ranges, within the server's limits); ``fuzz_5xx``: how many were answered 5xx
+  (0); ``fuzz_infer_2xx``: infer requests answered 2xx, which reached scoring (> 0), with the
+  per-operation histogram in ``fuzz_statuses``. ``oversize_rss_growth_mb``: the growth of the
+  server's resident memory (its processes together) over chunked and Content-Length bodies far
+  past the limit and chunked bodies of the wrong type, all on one keep-alive connection
+  (``oversize_statuses``: 413 and 415), measured after one warm-up body of each kind;
 * **events**: ``events_fuzzed`` messages hypothesis generated (bytes, text, any JSON, envelopes of
   every event type with hostile fields) routed as a watcher routes them; each one that fires is
   claimed by a run (:func:`cascade.event_claims.claim_run_events`, which checks it again) and the
@@ -26,6 +29,13 @@ under the most permissive umask a user could have, so only the stack's own modes
   refused without a readable dead-letter record (0). ``bad_classes``: the issue's bad events
   (an integer partition, a far-future date, ...) with the kind and reason each was dead-lettered
   with;
+* **events through the broker** (:func:`benchmarks.security_events.broker_run`): on a private
+  stack of the broker and Airflow, the fuzzed messages, the bad classes, valid probe events over
+  a few days and one valid event naming a partition that cannot be built yet are published
+  through the running broker to the running trigger (DAG ``event_probe``), and counted from the
+  ledger: ``events_through_broker`` (published), ``runs_failed_by_valid_events`` (0),
+  ``partitions_never_built`` (valid partitions no run did work for: 0), and in
+  ``broker_events`` the dead letters by kind (the unbuildable one among them);
 * **the registry**: for each model kind (pre-ranker, ASR, multimodal), versions registered with
   their digests (:func:`cascade.registry.source_digests`) whose stored files were then changed,
   replaced by a pickle that writes a file when unpickled (with the digests re-tagged to match, as
@@ -81,9 +91,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks import security_fuzz as fuzz_cases
 from benchmarks import security_privilege as privilege
 from benchmarks import security_releases as releases
-from benchmarks.security_events import fuzz_events
+from benchmarks.security_events import broker_run, fuzz_events
 from cascade.config import REPO_ROOT, Settings, load_settings, scoped_environ
 from cascade.ports import free_port
 from models.preranking import REGISTERED_MODEL
@@ -92,6 +103,7 @@ from serving.guard import BODY_DEADLINE_S
 MB = 1 << 20
 BODY_LIMIT = MB
 INFER = "/v2/models/preranking/infer"
+BROKER_KEYS = ("events_through_broker", "runs_failed_by_valid_events", "partitions_never_built")
 QUICK_LOG_ROWS = 4_000
 FULL_LOG_ROWS = 40_000
 
@@ -261,15 +273,26 @@ def oversize_bodies(port: int, token: str, pid: int, *, body_mb: int) -> dict[st
     }
 
 
-def fuzz_server(url: str, token: str, *, per_operation: int, budget_s: float) -> dict[str, Any]:
+def fuzz_server(
+    url: str,
+    token: str,
+    *,
+    per_operation: int,
+    budget_s: float,
+    limits: fuzz_cases.ServedLimits | None = None,
+) -> dict[str, Any]:
     """Schemathesis over every operation of the server's OpenAPI document (schema-valid and,
-    where there is something to violate, schema-violating requests), within ``budget_s``."""
+    where there is something to violate, schema-violating requests), within ``budget_s``; with
+    ``limits``, also ``per_operation`` well-formed requests to the pre-ranker's infer route
+    (:func:`benchmarks.security_fuzz.valid_infer_bodies`, shaped by the same document), which
+    must reach scoring (``fuzz_infer_2xx``)."""
     import requests
     import schemathesis
     from schemathesis.generation import GenerationMode
 
     headers = {"Authorization": f"Bearer {token}"}
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=headers, timeout=10)
+    document = requests.get(f"{url}/openapi.json", headers=headers, timeout=10).json()
     operations = [result.ok() for result in schema.get_all_operations()]
     session = requests.Session()
     statuses: dict[str, Counter[int]] = {}
@@ -288,10 +311,19 @@ def fuzz_server(url: str, token: str, *, per_operation: int, budget_s: float) ->
         _fuzz_operation(
             modes, per_operation, url, session, headers, seen, failures, stop_at=stop_at
         )
+    valid: Counter[int] = Counter()
+    if limits is not None:
+        bodies = fuzz_cases.valid_infer_bodies(limits, fuzz_cases.infer_tensor_fields(document))
+        _send_valid(bodies, per_operation, f"{url}{INFER}", session, headers, valid, failures)
+        infer_ops = [op for op in statuses if op.endswith(fuzz_cases.INFER_SUFFIX)]
+        statuses.setdefault(infer_ops[0] if infer_ops else f"POST {INFER}", Counter()).update(valid)
     requests_sent = sum(sum(c.values()) for c in statuses.values())
     return {
         "fuzz_requests": requests_sent,
         "fuzz_5xx": sum(n for c in statuses.values() for code, n in c.items() if code >= 500),
+        "fuzz_infer_2xx": fuzz_cases.infer_2xx(statuses),
+        "fuzz_valid_requests": sum(valid.values()),
+        "fuzz_valid_statuses": dict(sorted(valid.items())),
         "fuzz_operations": len(operations),
         "fuzz_operations_without_requests": sorted(op for op, c in statuses.items() if not c),
         "fuzz_statuses": {op: dict(sorted(c.items())) for op, c in statuses.items()},
@@ -300,6 +332,21 @@ def fuzz_server(url: str, token: str, *, per_operation: int, budget_s: float) ->
         "fuzz_budget_s": budget_s,
         "fuzz_failures": failures,
     }
+
+
+def _derandomized(examples: int) -> Any:
+    """Hypothesis settings of the fuzzer: ``examples`` examples, the same on every run."""
+    from hypothesis import HealthCheck, Phase
+    from hypothesis import settings as hsettings
+
+    return hsettings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 def _fuzz_operation(
@@ -315,19 +362,11 @@ def _fuzz_operation(
 ) -> None:
     """Up to ``per_operation`` requests per mode of one operation, until ``stop_at``."""
     import requests
-    from hypothesis import HealthCheck, Phase, given
-    from hypothesis import settings as hsettings
+    from hypothesis import given
     from hypothesis import strategies as st
 
     @given(case=st.one_of(modes))
-    @hsettings(
-        max_examples=per_operation * len(modes),
-        deadline=None,
-        database=None,
-        derandomize=True,
-        phases=[Phase.explicit, Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
+    @_derandomized(per_operation * len(modes))
     def call(case: Any) -> None:
         if time.monotonic() > stop_at and seen:
             return
@@ -342,6 +381,42 @@ def _fuzz_operation(
             failures.append(
                 f"{case.method} {case.formatted_path} -> {response.status_code}: "
                 f"{response.text[:200]}"
+            )
+
+    call()
+
+
+def _send_valid(
+    bodies: Any,
+    count: int,
+    url: str,
+    session: Any,
+    headers: dict[str, str],
+    seen: Counter[int],
+    failures: list[str],
+) -> None:
+    """``count`` well-formed bodies posted to ``url``, their statuses counted in ``seen``."""
+    import requests
+    from hypothesis import given
+
+    @given(body=bodies)
+    @_derandomized(count)
+    def call(body: bytes) -> None:
+        try:
+            response = session.post(
+                url,
+                data=body,
+                headers={**headers, "Content-Type": "application/json"},
+                timeout=10,
+            )
+        except requests.RequestException as exc:
+            seen[599] += 1
+            failures.append(f"POST {url} (well-formed): {exc}")
+            return
+        seen[response.status_code] += 1
+        if response.status_code != 200 and len(failures) < 5:
+            failures.append(
+                f"POST {url} (well-formed) -> {response.status_code}: {response.text[:200]}"
             )
 
     call()
@@ -673,7 +748,15 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
                 assert pid is not None
                 oversize = oversize_bodies(port, token, pid, body_mb=8 if quick else 50)
                 fuzz = fuzz_server(
-                    url, token, per_operation=10 if quick else 100, budget_s=25 if quick else 300
+                    url,
+                    token,
+                    per_operation=10 if quick else 100,
+                    budget_s=25 if quick else 300,
+                    limits=fuzz_cases.served_limits(
+                        frame,
+                        max_candidates=settings.serving.max_candidates,
+                        max_body_bytes=BODY_LIMIT,
+                    ),
                 )
                 registry: dict[str, Any] = {
                     "preranking": tampered_preranker(settings, workdir, promoted["version"])
@@ -718,12 +801,18 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             )
         # Least privilege, on a private stack of its own: the real MLflow auth server.
         privilege_result = privilege.run(workdir / "privilege")
+        # Events through the running broker and trigger, on a private stack of their own.
+        broker = broker_run(workdir / "events", quick=quick)
     return {
         "fuzz_requests": fuzz["fuzz_requests"],
         "fuzz_5xx": fuzz["fuzz_5xx"],
+        "fuzz_infer_2xx": fuzz["fuzz_infer_2xx"],
         "oversize_rss_growth_mb": oversize["oversize_rss_growth_mb"],
         "events_fuzzed": events["events_fuzzed"],
         "events_stalling_a_run": events["events_stalling_a_run"],
+        "events_through_broker": broker["events_through_broker"],
+        "runs_failed_by_valid_events": broker["runs_failed_by_valid_events"],
+        "partitions_never_built": broker["partitions_never_built"],
         "tampered_artifacts_loaded": count_loaded(registry),
         "world_readable_secrets": secrets_scan["world_readable_secrets"],
         "unsigned_versions_loaded": releases.unsigned_loaded(pointed, shadow, asr_attacks),
@@ -748,7 +837,11 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "quick": quick,
         "server": {
             **oversize,
-            **{k: v for k, v in fuzz.items() if k not in ("fuzz_requests", "fuzz_5xx")},
+            **{
+                k: v
+                for k, v in fuzz.items()
+                if k not in ("fuzz_requests", "fuzz_5xx", "fuzz_infer_2xx")
+            },
         },
         "server_kept_its_version": kept == promoted["version"],
         "server_version_served_after_tampering": kept,
@@ -760,6 +853,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "events": {
             k: v for k, v in events.items() if k not in ("events_fuzzed", "events_stalling_a_run")
         },
+        "broker_events": {k: v for k, v in broker.items() if k not in BROKER_KEYS},
         "secrets": {k: v for k, v in secrets_scan.items() if k != "world_readable_secrets"},
         "airflow_auth_exit_code": airflow_rc,
         "setup": {

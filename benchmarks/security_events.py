@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -209,12 +210,11 @@ class EventRun:
             self.stalls.append(f"run-{self.runs} failed: {type(exc).__name__}: {str(exc)[:200]}")
 
 
-def fuzz_events(workdir: Path, *, examples: int) -> dict[str, Any]:
+def each_message(examples: int, handle: Callable[[Any], None]) -> None:
+    """``handle`` each of ``examples`` messages of :func:`_event_strategies` (derandomized: the
+    same messages on every run, but for the envelopes' "now")."""
     from hypothesis import HealthCheck, given
     from hypothesis import settings as hsettings
-
-    run = EventRun(workdir / "ledger.sqlite")
-    count = 0
 
     @given(_event_strategies())
     @hsettings(
@@ -225,12 +225,22 @@ def fuzz_events(workdir: Path, *, examples: int) -> dict[str, Any]:
         suppress_health_check=list(HealthCheck),
     )
     def feed(raw: Any) -> None:
+        handle(raw)
+
+    feed()
+
+
+def fuzz_events(workdir: Path, *, examples: int) -> dict[str, Any]:
+    run = EventRun(workdir / "ledger.sqlite")
+    count = 0
+
+    def feed(raw: Any) -> None:
         nonlocal count
         count += 1
         run.route(raw)
 
     started = time.monotonic()
-    feed()
+    each_message(examples, feed)
     run.claim()
     bad: dict[str, dict[str, Any]] = {}
     for name, raw in bad_event_classes().items():
@@ -252,3 +262,133 @@ def fuzz_events(workdir: Path, *, examples: int) -> dict[str, Any]:
         "bad_classes": bad,
         "events_s": round(time.monotonic() - started, 1),
     }
+
+
+# --- through the running broker and trigger -----------------------------------------------------
+
+RUN_ENDED = ("success", "failed")
+
+
+def generated_messages(examples: int) -> list[bytes]:
+    """The fuzzer's messages (:func:`each_message`) as the bytes a producer sends; text that
+    UTF-8 cannot hold goes as it is (lone surrogates kept)."""
+    messages: list[bytes] = []
+
+    def collect(raw: Any) -> None:
+        messages.append(raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass"))
+
+    each_message(examples, collect)
+    return messages
+
+
+def ledger_accounting(
+    ledger: Any, dag_id: str, valid: list[Any], run_states: dict[str, str]
+) -> dict[str, Any]:
+    """What the ledger says became of ``valid`` events (each naming a ``partition``): the runs
+    that claimed them, the partitions and events no run did work for. ``run_states`` (run id
+    -> Airflow state) holds every run of ``dag_id`` since the events were published: only a
+    valid event starts one (the watcher dead-letters the rest), so a failed one among them,
+    whether or not it claimed one of ``valid``, counts in ``runs_failed_by_valid_events``."""
+    owners = ledger.owners(dag_id)
+    worked = {event_id for ids in ledger.work_records(dag_id).values() for event_id in ids}
+    partitions = {event.payload["partition"] for event in valid}
+    built = {event.payload["partition"] for event in valid if event.id in worked}
+    runs = sorted({owners[event.id] for event in valid if event.id in owners})
+    failed = {run for run, state in run_states.items() if state == "failed"}
+    return {
+        "valid_events_published": len(valid),
+        "valid_partitions": len(partitions),
+        "partitions_never_built": len(partitions - built),
+        "partitions_not_built": sorted(partitions - built),
+        "valid_events_without_work": sum(event.id not in worked for event in valid),
+        "runs_for_valid_events": len(runs),
+        "runs_failed_by_valid_events": len(failed),
+        "runs_failed": sorted(failed),
+        "runs_not_ended": sum(run_states.get(run) not in RUN_ENDED for run in runs),
+    }
+
+
+def dead_letter_growth(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    """Dead letters by kind written between two :func:`cascade.broker.dead_letter_summary`."""
+    return {
+        kind: count - before["by_kind"].get(kind, 0)
+        for kind, count in after["by_kind"].items()
+        if count > before["by_kind"].get(kind, 0)
+    }
+
+
+def through_broker(
+    settings: Any, *, examples: int, valid: int, partitions: int, timeout_s: float = 600
+) -> dict[str, Any]:
+    """Publish the fuzzer's messages, the bad event classes, ``valid`` probe events over
+    ``partitions`` days and one valid but unbuildable event through the running broker, to
+    the running trigger (DAG ``event_probe``, unpaused), and count from the ledger."""
+    from benchmarks.event_delivery import (
+        PROBE_DAG,
+        account,
+        probe_events,
+        settle_runs,
+        unbuildable_probe_event,
+    )
+    from cascade.airflow_client import AirflowClient
+    from cascade.assets import TOPIC_DATA_LANDED
+    from cascade.broker import dead_letter_summary, publish_many, publish_raw
+    from cascade.event_claims import DEAD_LETTER_UNBUILDABLE
+    from cascade.event_ledger import ClaimLedger
+
+    started = time.monotonic()
+    dead_before = dead_letter_summary(settings)
+    fuzzed = generated_messages(examples)
+    bad = list(bad_event_classes().values())
+    batch = probe_events(valid, partitions=partitions)
+    since = dt.datetime.now(dt.UTC)
+    raw = [(TOPIC_DATA_LANDED, None, message) for message in [*fuzzed, *bad]]
+    publish_raw(raw, settings=settings, timeout_s=120)
+    publish_many([*batch, unbuildable_probe_event()], settings=settings, timeout_s=60)
+    accounted = account([event.id for event in batch], settings, timeout_s=timeout_s)
+    settled = settle_runs(settings, since, timeout_s=timeout_s)
+    runs = AirflowClient(settings).get(
+        f"/dags/{PROBE_DAG}/dagRuns", run_after_gte=since.isoformat(), limit=1000
+    )["dag_runs"]
+    states = {run["dag_run_id"]: run["state"] for run in runs}
+    ledger = ledger_accounting(ClaimLedger.for_settings(settings), PROBE_DAG, batch, states)
+    dead = dead_letter_summary(settings)
+    kinds = dead_letter_growth(dead_before, dead)
+    return {
+        "events_through_broker": len(raw) + len(batch) + 1,
+        **ledger,
+        "fuzzed_through_broker": len(fuzzed),
+        "bad_classes_through_broker": len(bad),
+        "unbuildable_published": 1,
+        "unbuildable_events_dead_lettered": kinds.get(DEAD_LETTER_UNBUILDABLE, 0),
+        "dead_lettered": dead["distinct"] - dead_before["distinct"],
+        "dead_letters_by_kind": kinds,
+        "duplicates": len(accounted["duplicates"]),
+        "probe_runs_failed": settled["runs_failed"],
+        "probe_runs_stalled": settled["stalled_runs"],
+        "broker_events_s": round(time.monotonic() - started, 1),
+    }
+
+
+def broker_run(workdir: Path, *, quick: bool) -> dict[str, Any]:
+    """:func:`through_broker` on a private stack of its own (the broker and Airflow, whose
+    triggerer runs the watcher), after one probe event went through untimed."""
+    from benchmarks.event_delivery import wait_for_probe_dag, warm_up
+    from infra.stack import private_stack
+
+    env = {
+        "CASCADE_COALESCE_WINDOW_S": "3",
+        "CASCADE_COALESCE_MAX_WAIT_S": "600",
+        "CASCADE_AIRFLOW_SCHEDULES": "0",  # only the probe DAG works
+    }
+    services = ("broker", "airflow")
+    with private_stack(workdir / "events-state", services=services, env=env) as settings:
+        wait_for_probe_dag(settings)
+        warm_up_s = warm_up(settings)
+        result = through_broker(
+            settings,
+            examples=30 if quick else 1000,
+            valid=12 if quick else 200,
+            partitions=3 if quick else 7,
+        )
+    return {**result, "broker_warm_up_s": round(warm_up_s, 1)}

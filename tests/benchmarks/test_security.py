@@ -41,6 +41,9 @@ def test_quick_security_benchmark_finds_no_hole(tmp_path: Path) -> None:
     assert result["requests_served_during_slow_body_attack"] > 0
     # ...over real work: every route fuzzed, events of every outcome, every model kind.
     assert result["fuzz_requests"] > 50
+    # The fuzzer's well-formed share reaches scoring, counted in the infer histogram.
+    assert result["fuzz_infer_2xx"] > 0, result["server"]["fuzz_statuses"]
+    assert result["server"]["fuzz_valid_requests"] > 0
     assert result["server"]["fuzz_operations"] >= 5
     assert not result["server"]["fuzz_operations_without_requests"]
     assert result["server"]["oversize_statuses"] == [413, 415, 415, 413]
@@ -53,6 +56,15 @@ def test_quick_security_benchmark_finds_no_hole(tmp_path: Path) -> None:
         c["action"] == "dead-letter" and c["reason"]
         for c in result["events"]["bad_classes"].values()
     )
+    # Valid events through the running broker and trigger: every partition got its run, none
+    # failed, the bad ones and the unbuildable one were dead-lettered.
+    broker = result["broker_events"]
+    assert result["events_through_broker"] >= 30, broker
+    assert result["runs_failed_by_valid_events"] == 0, broker
+    assert result["partitions_never_built"] == 0, broker
+    assert broker["valid_partitions"] == 3 and broker["valid_events_without_work"] == 0
+    assert broker["unbuildable_events_dead_lettered"] == 1, broker
+    assert broker["dead_lettered"] > 0, broker
     assert result["tampered_versions_tried"] == 9
     assert set(result["tampered_versions"]) == {"preranking", "asr", "multimodal"}
     assert result["server_kept_its_version"] and result["server_logged_refusals"] >= 1
