@@ -251,4 +251,15 @@ def spark_client_conf(settings: Settings) -> dict[str, str]:
         "spark.eventLog.compress": "false",
         "spark.executor.cores": str(settings.spark_worker_cores),
         "spark.executor.memory": settings.spark_worker_memory,
+        # A JVM this process launched earlier (a local session before) read its defaults then:
+        # to it the secret goes over PySpark's gateway, never a command line.
+        **({"spark.authenticate.secret": secret} if _spark_gateway_running() else {}),
     }
+
+
+def _spark_gateway_running() -> bool:
+    """Whether PySpark's JVM is already up in this process (it reads SPARK_CONF_DIR once)."""
+    import sys
+
+    pyspark = sys.modules.get("pyspark")
+    return pyspark is not None and getattr(pyspark.SparkContext, "_gateway", None) is not None

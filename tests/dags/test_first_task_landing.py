@@ -65,7 +65,7 @@ def test_the_first_task_lands_an_events_path_and_skips_when_nothing_landed(
     events.append(event.model_dump(mode="json"))
     ran: list[bool] = []
 
-    def step(name: str, ds: str, pipeline: str) -> dict[str, Any]:
+    def step(name: str, ds: str, pipeline: str, *_: Any, **__: Any) -> dict[str, Any]:
         ran.append(is_landed(landing) and (landing / "transcripts.jsonl").is_file())
         return {"ds": ds}
 

@@ -273,7 +273,13 @@ def test_every_scored_candidate_is_in_the_lake_after_sigterm(tmp_path: Path) -> 
     lake = tmp_path / "home" / "lake" / "feedback"
     frame = pd.concat([pd.read_parquet(p) for p in lake.rglob("part-*.parquet")])
     assert len(frame) == 60 * 50
-    assert frame.groupby("request_id").size().to_dict() == {f"fb-{n}": 50 for n in range(60)}
+    # Rows carry the server's own request ids; the client's is kept beside them, untrusted.
+    assert frame.groupby("client_request_id").size().to_dict() == {f"fb-{n}": 50 for n in range(60)}
+    assert (
+        frame.groupby("request_id").size().to_dict()
+        == {rid: 50 for rid in frame.request_id.unique()}
+        and frame.request_id.nunique() == 60
+    )
     assert not list(lake.rglob("*.tmp"))
     # Both workers logged the same item table: one snapshot, joined back on every row.
     (snapshot,) = (tmp_path / "home" / "lake" / "feedback_items").rglob("*.parquet")
@@ -283,7 +289,7 @@ def test_every_scored_candidate_is_in_the_lake_after_sigterm(tmp_path: Path) -> 
     asked = pd.concat(
         pd.read_parquet(p) for p in (lake.parent / "feedback_requests").rglob("part-*.parquet")
     )
-    assert sorted(asked.request_id) == sorted(f"fb-{n}" for n in range(60))
+    assert sorted(asked.request_id) == sorted(frame.request_id.unique())
     assert (asked.candidates == 50).all()
     frame = with_request_features(frame, asked)
     assert len(frame) == 60 * 50
