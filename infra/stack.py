@@ -213,11 +213,23 @@ def wait_healthy(
             echo(f"{name}: healthy at {spec.url}")
             return state(settings, name)
         if _running_pgid(settings, name) is None:
-            raise StackError(f"{name}: exited during start-up; see {log_file(settings, name)}")
+            raise StackError(
+                f"{name}: exited during start-up; see {log_file(settings, name)}"
+                + _log_tail(log_file(settings, name))
+            )
         time.sleep(1)
     raise StackError(
         f"{name}: not healthy after {spec.start_timeout_s:.0f} s; see {log_file(settings, name)}"
     )
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of a service's log, indented, for an error message ('' if none)."""
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "".join(f"\n  | {line}" for line in tail)
 
 
 def _descendants(pid: int) -> dict[int, psutil.Process]:

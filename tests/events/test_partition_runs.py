@@ -77,7 +77,9 @@ def claim_asr(
     config: CoalesceConfig | None = None,
     **options: Any,
 ) -> Any:
-    """One claim of DAG ``asr``, the asset showing ``visible``."""
+    """One claim of DAG ``asr``, the asset showing ``visible``, on the test's day (a suite that
+    runs past midnight UTC keeps the same "today")."""
+    options.setdefault("today", TODAY)
     return claim_run_events(
         dag_id="asr",
         run_id=run_id,

@@ -91,6 +91,7 @@ def test_cluster_profile_names_unset_variables(monkeypatch: pytest.MonkeyPatch) 
 def test_cluster_offline_store_authenticates_to_the_stack_master(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from cascade import data_services
     from cascade.data_services import spark_client_conf_dir, spark_secret_file
     from cascade.state import write_secret
 
@@ -102,6 +103,8 @@ def test_cluster_offline_store_authenticates_to_the_stack_master(
     assert settings.spark_master == settings.stack_spark_master
     write_secret(spark_secret_file(settings), "sesame")
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "elsewhere"))  # restored after the test
+    # A process with no PySpark JVM yet: the JVM it starts reads the secret from its defaults.
+    monkeypatch.setattr(data_services, "_spark_gateway_running", lambda: False)
     conf = fs.repo_config(settings).offline_store.spark_conf
     assert conf["spark.master"] == settings.stack_spark_master
     # The secret reaches the JVM through its configuration file, never as a --conf argument.
@@ -112,6 +115,10 @@ def test_cluster_offline_store_authenticates_to_the_stack_master(
     assert stat.S_IMODE(defaults.stat().st_mode) == 0o600
     assert conf["spark.eventLog.enabled"] == "true"
     assert "sesame" not in fs.feature_store_yaml("cluster").read_text()
+    # A JVM already up read its defaults before: the secret goes over PySpark's gateway.
+    monkeypatch.setattr(data_services, "_spark_gateway_running", lambda: True)
+    conf = fs.repo_config(settings).offline_store.spark_conf
+    assert conf["spark.authenticate.secret"] == "sesame"
 
 
 def test_the_cluster_profile_materializes_from_spark_executors(tmp_path: Path) -> None:
