@@ -1,0 +1,133 @@
+"""Only the promotion worker holds the promoter's credential: the cluster profile's default
+Celery workers consume the default queue only, hold the writer's credential in their
+environment, and cannot read the promoter's (nor the admin's, nor the release signing key) from
+the state folder they share with it. Checked on the workers' commands and environments, and by
+a process started the way each worker is; no stack is started."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cascade.config import Settings, load_settings
+from cascade.data_services import ensure_postgres_role_passwords, ensure_redis_password
+from cascade.pipeline_spec import DEFAULT_QUEUE, PROMOTION_QUEUE
+from cascade.signing import ensure_signing_key, private_key_path, public_keys_path
+from cascade.tracking_auth import (
+    PASSWORD_VAR,
+    PROMOTER,
+    USERNAME_VAR,
+    WRITER,
+    credentials_file,
+    ensure_tracking_credentials,
+    role_credentials,
+    role_file,
+)
+from infra import airflow_cluster, services, worker_confinement
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Settings:
+    """Cluster-profile settings whose state folder holds every credential file a started stack
+    has (MLflow's admin and roles, the signing key, PostgreSQL's and Redis' passwords)."""
+    settings = replace(load_settings({}), home=tmp_path / "state", profile="cluster")
+    ensure_tracking_credentials(settings)
+    ensure_signing_key(settings.home)
+    ensure_postgres_role_passwords(settings)
+    ensure_redis_password(settings)
+    return settings
+
+
+def test_each_worker_consumes_one_queue_and_only_the_default_ones_are_confined(
+    cluster: Settings,
+) -> None:
+    commands = airflow_cluster.worker_commands(cluster)
+    assert set(commands) == set(airflow_cluster.worker_names())
+    queues = {name: cmd[cmd.index("--queues") + 1] for name, cmd in commands.items()}
+    assert queues == {
+        "cascade-worker-1": DEFAULT_QUEUE,
+        "cascade-worker-2": DEFAULT_QUEUE,
+        airflow_cluster.PROMOTION_WORKER: PROMOTION_QUEUE,
+    }
+    launcher = ["-m", worker_confinement.__name__]
+    hidden = {str(cluster.home / "mlflow"), str(cluster.home / "signing")}
+    for name, command in commands.items():
+        if name == airflow_cluster.PROMOTION_WORKER:
+            assert command[1:3] != launcher
+            continue
+        assert command[1:3] == launcher, name
+        hides = {command[i + 1] for i, arg in enumerate(command) if arg == "--hide"}
+        keeps = [command[i + 1] for i, arg in enumerate(command) if arg == "--keep"]
+        assert hides == hidden and keeps == [str(public_keys_path(cluster.home))]
+        # The worker's own command after the launcher's options.
+        assert command[command.index("--") + 1 :][1:3] == ["celery", "worker"]
+
+
+def test_the_workers_environments_hold_the_writer_and_never_the_promoter(
+    cluster: Settings,
+) -> None:
+    """Every Airflow process (the scheduler and every worker, so every task) runs in Airflow's
+    environment: the writer's credential and no other; the promoter's is in no service's."""
+    writer, promoter = role_credentials(cluster, WRITER), role_credentials(cluster, PROMOTER)
+    assert writer is not None and promoter is not None
+    env = services.airflow_env(cluster)
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert (env[USERNAME_VAR], env[PASSWORD_VAR]) == writer
+    for name, spec in services.service_specs(cluster).items():
+        assert not any(promoter[1] in value for value in spec.env.values()), name
+
+
+def test_a_task_on_a_default_worker_cannot_read_the_promoters_credential(
+    cluster: Settings,
+) -> None:
+    refused = airflow_cluster.confinement_works(cluster)
+    if refused is not None:
+        pytest.skip(f"Linux refuses the namespaces the confinement needs here: {refused}")
+    secrets = {str(path) for path in airflow_cluster.registry_secret_files(cluster)}
+    assert {str(role_file(cluster, PROMOTER)), str(credentials_file(cluster))} <= secrets
+    assert str(private_key_path(cluster.home)) in secrets
+    # The promotion worker's tasks read the promoter's file (the gate's credential) and the key.
+    promotion = airflow_cluster.readable_by_worker_tasks(cluster, airflow_cluster.PROMOTION_WORKER)
+    assert set(promotion) == secrets
+    assert json.loads(promotion[str(role_file(cluster, PROMOTER))])["password"]
+    for name in airflow_cluster.worker_names():
+        if name != airflow_cluster.PROMOTION_WORKER:
+            # Unconfined (where Linux refuses namespaces) they would read every one.
+            assert airflow_cluster.readable_by_worker_tasks(cluster, name, confine=False)
+            assert airflow_cluster.readable_by_worker_tasks(cluster, name) == {}, name
+
+
+def test_a_confined_task_keeps_the_public_key_and_the_state_folder_but_cannot_unmount(
+    cluster: Settings, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    refused = airflow_cluster.confinement_works(cluster)
+    if refused is not None:
+        pytest.skip(f"Linux refuses the namespaces the confinement needs here: {refused}")
+    hide, keep = airflow_cluster.hidden_from_default_workers(cluster)
+    written = cluster.home / "lake" / "written-by-task.txt"
+    probe = f"""
+import ctypes, json, os
+from pathlib import Path
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+unmounted = [libc.umount2(str(path).encode(), 2) == 0 for path in {[str(p) for p in hide]!r}]
+Path({str(written)!r}).parent.mkdir(parents=True, exist_ok=True)
+Path({str(written)!r}).write_text("partition")
+print(json.dumps({{
+    "public": Path({str(public_keys_path(cluster.home))!r}).read_text(),
+    "unmounted": unmounted,
+    "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+}}))
+"""
+    command = worker_confinement.confined_command(hide, keep, [sys.executable, "-c", probe])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    seen = json.loads(done.stdout)
+    assert seen["public"] == public_keys_path(cluster.home).read_text()
+    assert seen["unmounted"] == [False, False]
+    assert seen["pids"] == [1]  # no process of the host, so no /proc/PID/root to go through
+    assert written.read_text() == "partition"  # the rest of the state folder is the host's
