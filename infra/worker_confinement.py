@@ -8,8 +8,8 @@ from the promoter's credential or the release signing key. This launcher gives `
 own user, mount and PID namespaces (Linux; no privilege needed where unprivileged user
 namespaces are allowed) in which:
 
-- each ``--hide`` folder is covered by an empty tmpfs: files created there later on the host
-  stay hidden too (a file written atomically replaces its directory entry, which a mount on
+- each ``--hide`` folder is covered by an empty, read-only tmpfs: files created there later on
+  the host stay hidden too (a file written atomically replaces its directory entry, which a mount on
   the file itself would no longer cover);
 - each ``--keep`` file (inside a hidden folder) is bound back in place, read-only: the release
   key's public half stays readable while its private half is hidden;
@@ -106,6 +106,12 @@ def _hide(libc: ctypes.CDLL, hide: Sequence[Path], keep: Sequence[Path]) -> None
         _mount(libc, f"/proc/self/fd/{fd}", str(path), None, MS_BIND)
         _mount(libc, "none", str(path), None, MS_REMOUNT | MS_BIND | MS_RDONLY)
         os.close(fd)
+    # Read-only once filled: a step that would make a key or a credential there fails at once
+    # instead of writing one nobody else sees.
+    for folder in hide:
+        _mount(
+            libc, "cascade-hidden", str(folder), None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
+        )
 
 
 def _run_confined(hide: Sequence[Path], keep: Sequence[Path], command: Sequence[str]) -> int:

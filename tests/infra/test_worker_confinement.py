@@ -118,7 +118,20 @@ libc = ctypes.CDLL("libc.so.6", use_errno=True)
 unmounted = [libc.umount2(str(path).encode(), 2) == 0 for path in {[str(p) for p in hide]!r}]
 Path({str(written)!r}).parent.mkdir(parents=True, exist_ok=True)
 Path({str(written)!r}).write_text("partition")
+try:
+    Path({str(hide[0])!r}, "planted.json").write_text("{{}}")
+    planted = "written"
+except OSError as exc:
+    planted = exc.strerror
+from cascade.signing import load_signing_key
+try:
+    load_signing_key(Path({str(cluster.home)!r}), create=True)
+    key = "loaded"
+except FileNotFoundError as exc:
+    key = str(exc)
 print(json.dumps({{
+    "planted": planted,
+    "key": key,
     "public": Path({str(public_keys_path(cluster.home))!r}).read_text(),
     "unmounted": unmounted,
     "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
@@ -129,5 +142,9 @@ print(json.dumps({{
     seen = json.loads(done.stdout)
     assert seen["public"] == public_keys_path(cluster.home).read_text()
     assert seen["unmounted"] == [False, False]
+    # The hidden folders take nothing: a register step sent to this worker fails at its key.
+    assert seen["planted"] == "Read-only file system"
+    assert "none can be made here (Read-only file system)" in seen["key"]
+    assert "'promotion' queue" in seen["key"]
     assert seen["pids"] == [1]  # no process of the host, so no /proc/PID/root to go through
     assert written.read_text() == "partition"  # the rest of the state folder is the host's
