@@ -23,10 +23,11 @@ The metadata database and Celery's task results live in the stack's PostgreSQL (
 ``airflow``); the connection URLs, passwords included, reach the processes through their
 environment only (:func:`cluster_env`), never a command line.
 
-Each worker offers ``ceil(CASCADE_AIRFLOW_PARALLELISM / WORKERS)`` task slots, so the workers
-together offer what the scheduler may run at once; with one slot a worker holds one task and the
-next queued task goes to another worker. A task records the worker that ran it as its
-``hostname`` (:func:`node_name`), so Airflow's own task records say which worker ran each try.
+Each default worker offers ``ceil(CASCADE_AIRFLOW_PARALLELISM / WORKERS)`` task slots (the
+promotion worker one), so the default workers together offer what the scheduler may run at once;
+with one slot a worker holds one task and the next queued task goes to another worker. A task
+records the worker that ran it as its ``hostname`` (:func:`node_name`), so Airflow's own task
+records say which worker ran each try.
 
 A worker that dies is reported and the rest go on, as a cluster goes on after losing a node:
 the scheduler fails the lost worker's running tasks once their heartbeats stop
