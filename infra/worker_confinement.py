@@ -18,9 +18,12 @@ namespaces are allowed) in which:
 - the command runs in a further user and mount namespace, which locks those mounts: not even
   root inside can unmount them.
 
-The command is the namespace's first process; the launcher stays outside it, forwards SIGTERM,
-SIGINT, SIGHUP and SIGQUIT to it, exits with its status, and takes it along when it is killed
-itself (the command's parent-death signal is SIGKILL), so a supervisor stops it by its pid.
+The namespace's first process is a small init of this module (it reaps the orphans a worker's
+task processes leave); the command is its child. The launcher stays outside the namespace,
+forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT (the init passes them on to the command), exits
+with the command's status, and takes the namespace along when it is killed itself (the init's
+parent-death signal is SIGKILL, and the init's end ends every process in its namespace), so a
+supervisor stops the command by the launcher's pid.
 """
 
 from __future__ import annotations
@@ -114,6 +117,56 @@ def _hide(libc: ctypes.CDLL, hide: Sequence[Path], keep: Sequence[Path]) -> None
         )
 
 
+def _forward_to(pid: int) -> None:
+    """Pass the stop signals this process gets on to ``pid``."""
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+
+
+def _wait_for(pid: int) -> int:
+    """Reap every child until ``pid`` exits (a namespace's first process adopts its orphans);
+    ``pid``'s exit status, 128 + N when signal N ended it."""
+    while True:
+        try:
+            found, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return FAILED
+        if found == pid:
+            code = os.waitstatus_to_exitcode(status)
+            return code if code >= 0 else 128 - code
+
+
+def _namespace_init(libc: ctypes.CDLL, hide: Sequence[Path], keep: Sequence[Path],
+                    command: Sequence[str], report: int) -> int:  # fmt: skip
+    """The PID namespace's first process: hide, lock, then run ``command`` as its child, pass
+    stop signals on, reap orphans, and exit with the command's status (which ends every
+    process left in the namespace). Set-up errors go to ``report``."""
+    try:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _hide(libc, hide, keep)
+        # Mounts made in a namespace that a less privileged one copies are locked there; this
+        # process enters it too, so none in the namespace holds a right over the mounts.
+        _enter_user_namespace(libc, CLONE_NEWNS)
+    except OSError as exc:
+        os.write(report, str(exc).encode()[:500])
+        return FAILED
+    os.close(report)
+    child = os.fork()
+    if child == 0:
+        try:
+            os.execvp(command[0], list(command))
+        except OSError as exc:
+            print(f"worker confinement: cannot run {command[0]}: {exc}", file=sys.stderr)
+        os._exit(FAILED + 1)
+    _forward_to(child)
+    return _wait_for(child)
+
+
 def _run_confined(hide: Sequence[Path], keep: Sequence[Path], command: Sequence[str]) -> int:
     libc = _libc()
     for folder in hide:
@@ -124,44 +177,16 @@ def _run_confined(hide: Sequence[Path], keep: Sequence[Path], command: Sequence[
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
-        try:
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            _hide(libc, hide, keep)
-            # Mounts made in a namespace that a less privileged one copies are locked there.
-            _enter_user_namespace(libc, CLONE_NEWNS)
-        except OSError as exc:
-            os.write(write_end, str(exc).encode()[:500])
-            os._exit(FAILED)
-        os.close(write_end)
-        try:
-            os.execvp(command[0], list(command))
-        except OSError as exc:
-            print(f"worker confinement: cannot run {command[0]}: {exc}", file=sys.stderr)
-            os._exit(FAILED + 1)
+        os._exit(_namespace_init(libc, hide, keep, command, write_end))
     os.close(write_end)
-
-    def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-
-    for signum in FORWARDED:
-        signal.signal(signum, forward)
+    _forward_to(pid)
     error = b""
     while chunk := os.read(read_end, 512):
         error += chunk
     os.close(read_end)
     if error:
         print(error.decode(errors="replace"), file=sys.stderr, flush=True)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except ChildProcessError:
-            return FAILED
-        except InterruptedError:
-            continue
-    code = os.waitstatus_to_exitcode(status)
-    return code if code >= 0 else 128 - code
+    return _wait_for(pid)
 
 
 def confined_command(

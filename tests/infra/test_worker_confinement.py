@@ -146,5 +146,35 @@ print(json.dumps({{
     assert seen["planted"] == "Read-only file system"
     assert "none can be made here (Read-only file system)" in seen["key"]
     assert "'promotion' queue" in seen["key"]
-    assert seen["pids"] == [1]  # no process of the host, so no /proc/PID/root to go through
+    # The namespace's init and the task: no process of the host, so no /proc/PID/root to go
+    # through.
+    assert seen["pids"] == [1, 2]
     assert written.read_text() == "partition"  # the rest of the state folder is the host's
+
+
+def test_a_supervisor_stops_a_confined_worker_by_the_launchers_pid(cluster: Settings) -> None:
+    """SIGTERM to the launcher reaches the command (a worker's warm shutdown), whose status
+    the launcher exits with."""
+    import signal
+    import subprocess
+    import sys
+
+    refused = airflow_cluster.confinement_works(cluster)
+    if refused is not None:
+        pytest.skip(f"Linux refuses the namespaces the confinement needs here: {refused}")
+    hide, keep = airflow_cluster.hidden_from_default_workers(cluster)
+    worker = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    command = worker_confinement.confined_command(hide, keep, [sys.executable, "-c", worker])
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert launcher.stdout is not None and launcher.stdout.readline() == "ready\n"
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=20) == 7
+    finally:
+        launcher.kill()
+        launcher.wait()
