@@ -122,7 +122,7 @@ def _worker_credentials(settings: Settings) -> dict[str, Any]:
         found += [_credentials_in(text) for text in readable.values()]
         unique = {tuple(sorted(c.items())): c for c in found if c}
         workers[name] = {
-            "confined": confined and name != airflow_cluster.PROMOTION_WORKER,
+            "confined": confined,
             "credentials": list(unique.values()),
             "files_read": sorted(str(Path(path).relative_to(settings.home)) for path in readable),
             "reads_signing_key": str(private_key_path(settings.home)) in readable,

@@ -12,12 +12,13 @@ Airflow's default queue, and :data:`PROMOTION_WORKER` alone from
 wait (the ``register`` steps: :attr:`cascade.pipeline_spec.Step.queue`).
 
 Only the promotion worker can read the promoter's credential and the release signing key. The
-stack's services share one OS user, so the default workers run confined
-(:mod:`infra.worker_confinement`): the MLflow folder of the state folder (the admin's and the
-roles' credential files, the auth database, the artifact store) and the signing folder (but the
-public keys) are empty folders in their view, and no other process of the host is visible to
-them; their environment holds the writer's credential, as every Airflow process's does. Where
-Linux refuses the namespaces this needs, they start unconfined and the supervisor says so.
+stack's services share one OS user, so each worker runs confined (:mod:`infra.worker_confinement`)
+in its own view of the state folder (:func:`worker_view`): the MLflow folder (the admin's and
+the roles' credential files, the auth database, the artifact store) is an empty folder there,
+but for the promotion worker's promoter file; the default workers see the signing folder empty
+too, but for its public keys; and no other process of the host is visible to any of them.
+Their environment holds the writer's credential, as every Airflow process's does. Where Linux
+refuses the namespaces this needs, they start unconfined and the supervisor says so.
 
 The metadata database and Celery's task results live in the stack's PostgreSQL (database
 ``airflow``); the connection URLs, passwords included, reach the processes through their
@@ -60,7 +61,7 @@ from cascade.data_services import (
 )
 from cascade.pipeline_spec import DEFAULT_QUEUE, PROMOTION_QUEUE
 from cascade.signing import SIGNING_DIR, ensure_signing_key, private_key_path, public_keys_path
-from cascade.tracking_auth import mlflow_dir
+from cascade.tracking_auth import PROMOTER, ROLES, credentials_file, mlflow_dir, role_file
 from infra import worker_confinement
 from infra.airflow_local import COMPONENTS, airflow_cli
 from infra.supervise import (
@@ -115,10 +116,14 @@ def worker_concurrency(settings: Settings) -> int:
     return max(1, math.ceil(settings.airflow_parallelism / WORKERS))
 
 
-def hidden_from_default_workers(settings: Settings) -> tuple[list[Path], list[Path]]:
-    """(folders the default workers see empty, files inside them bound back read-only): the
-    MLflow folder (credentials of the admin and of every role, the auth database, the artifact
-    store the server writes) and the signing folder, but its public keys."""
+def worker_view(settings: Settings, name: str) -> tuple[list[Path], list[Path]]:
+    """(folders worker ``name`` sees empty, files inside them bound back read-only). Every
+    worker loses the MLflow folder (the admin's and every role's credential, the auth
+    database, the artifact store the server writes: its environment holds the writer's); the
+    promotion worker gets the promoter's file back, the others lose the signing folder too but
+    its public keys."""
+    if name == PROMOTION_WORKER:
+        return [mlflow_dir(settings)], [role_file(settings, PROMOTER)]
     return [mlflow_dir(settings), settings.home / SIGNING_DIR], [public_keys_path(settings.home)]
 
 
@@ -159,13 +164,10 @@ def cluster_env(settings: Settings) -> dict[str, str]:
 def worker_commands(settings: Settings, *, confine: bool = True) -> dict[str, list[str]]:
     """Worker name -> command: ``airflow celery worker`` on its one queue, own node name and
     pid file, no log server (task logs are files under the Airflow home, which the API server
-    reads); with ``confine``, the default workers' run by :mod:`infra.worker_confinement`
-    (:func:`hidden_from_default_workers`)."""
-    hide, keep = hidden_from_default_workers(settings)
+    reads); with ``confine``, run by :mod:`infra.worker_confinement` in its own view of the
+    state folder (:func:`worker_view`)."""
     commands = {}
     for name in worker_names():
-        promotion = name == PROMOTION_WORKER
-        confined = confine and not promotion
         command = [
             airflow_cli(),
             "celery",
@@ -175,31 +177,30 @@ def worker_commands(settings: Settings, *, confine: bool = True) -> dict[str, li
             "--queues",
             worker_queue(name),
             "--concurrency",
-            "1" if promotion else str(worker_concurrency(settings)),
+            "1" if name == PROMOTION_WORKER else str(worker_concurrency(settings)),
             "--pid",
-            # A confined worker is its namespace's pid 1: Celery's file is not the host's pid.
-            str(celery_pid_file(settings, name) if confined else worker_pid_file(settings, name)),
+            # A confined worker's pid is its namespace's: Celery's file is not the host's pid.
+            str(celery_pid_file(settings, name) if confine else worker_pid_file(settings, name)),
             "--skip-serve-logs",
             "--without-mingle",
             "--without-gossip",
         ]
-        commands[name] = (
-            worker_confinement.confined_command(hide, keep, command) if confined else command
-        )
+        if confine:
+            command = worker_confinement.confined_command(*worker_view(settings, name), command)
+        commands[name] = command
     return commands
 
 
 def celery_pid_file(settings: Settings, name: str) -> Path:
     """The pid file a confined worker's Celery writes (its pid inside its namespace); removed
-    before each start, since a stale one names a pid that exists there (1)."""
+    before each start, since a stale one may name a pid that exists there."""
     return airflow_home(settings) / f"{name}.celery.pid"
 
 
 def confinement_works(settings: Settings) -> str | None:
     """None when a confined command runs here; otherwise why not (the launcher's message)."""
-    hide, keep = hidden_from_default_workers(settings)
     done = subprocess.run(
-        worker_confinement.confined_command(hide, keep, ["true"]),
+        worker_confinement.confined_command(*worker_view(settings, worker_name(1)), ["true"]),
         capture_output=True,
         text=True,
         timeout=60,
@@ -224,8 +225,6 @@ print(json.dumps(found))
 def registry_secret_files(settings: Settings) -> list[Path]:
     """The files whose content grants registry writes or release signatures: the MLflow
     admin's and every role's credential, and the release signing key."""
-    from cascade.tracking_auth import ROLES, credentials_file, role_file
-
     return [
         credentials_file(settings),
         *(role_file(settings, role) for role in ROLES),
@@ -240,9 +239,8 @@ def readable_by_worker_tasks(
     reads: a process started the way that worker is (confined or not) reads them and sends
     what it could read back through a pipe (paths only on its command line)."""
     command = [sys.executable, "-c", _READ_FILES, *map(str, registry_secret_files(settings))]
-    if confine and name != PROMOTION_WORKER:
-        hide, keep = hidden_from_default_workers(settings)
-        command = worker_confinement.confined_command(hide, keep, command)
+    if confine:
+        command = worker_confinement.confined_command(*worker_view(settings, name), command)
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"reading as worker {name} failed: {done.stderr.strip()[-300:]}")
@@ -302,8 +300,8 @@ def main() -> int:
     refused = confinement_works(settings)
     if refused is not None:
         print(
-            "airflow-cluster: WARNING the default workers start unconfined, so their tasks can "
-            f"read the promoter's credential and the signing key ({refused})",
+            "airflow-cluster: WARNING the workers start unconfined, so every task can read the "
+            f"promoter's credential and the signing key ({refused})",
             flush=True,
         )
     workers = worker_commands(settings, confine=refused is None)

@@ -41,7 +41,7 @@ def cluster(tmp_path: Path) -> Settings:
     return settings
 
 
-def test_each_worker_consumes_one_queue_and_only_the_default_ones_are_confined(
+def test_each_worker_consumes_one_queue_in_its_own_view_of_the_state_folder(
     cluster: Settings,
 ) -> None:
     commands = airflow_cluster.worker_commands(cluster)
@@ -52,18 +52,20 @@ def test_each_worker_consumes_one_queue_and_only_the_default_ones_are_confined(
         "cascade-worker-2": DEFAULT_QUEUE,
         airflow_cluster.PROMOTION_WORKER: PROMOTION_QUEUE,
     }
-    launcher = ["-m", worker_confinement.__name__]
-    hidden = {str(cluster.home / "mlflow"), str(cluster.home / "signing")}
+    mlflow, signing = str(cluster.home / "mlflow"), str(cluster.home / "signing")
     for name, command in commands.items():
-        if name == airflow_cluster.PROMOTION_WORKER:
-            assert command[1:3] != launcher
-            continue
-        assert command[1:3] == launcher, name
+        assert command[1:3] == ["-m", worker_confinement.__name__], name
         hides = {command[i + 1] for i, arg in enumerate(command) if arg == "--hide"}
         keeps = [command[i + 1] for i, arg in enumerate(command) if arg == "--keep"]
-        assert hides == hidden and keeps == [str(public_keys_path(cluster.home))]
+        if name == airflow_cluster.PROMOTION_WORKER:
+            assert hides == {mlflow} and keeps == [str(role_file(cluster, PROMOTER))]
+        else:
+            assert hides == {mlflow, signing} and keeps == [str(public_keys_path(cluster.home))]
         # The worker's own command after the launcher's options.
         assert command[command.index("--") + 1 :][1:3] == ["celery", "worker"]
+    # Where Linux refuses the namespaces, the same workers start unconfined.
+    bare = airflow_cluster.worker_commands(cluster, confine=False)
+    assert all(command[1:3] == ["celery", "worker"] for command in bare.values())
 
 
 def test_the_workers_environments_hold_the_writer_and_never_the_promoter(
@@ -89,14 +91,23 @@ def test_a_task_on_a_default_worker_cannot_read_the_promoters_credential(
     secrets = {str(path) for path in airflow_cluster.registry_secret_files(cluster)}
     assert {str(role_file(cluster, PROMOTER)), str(credentials_file(cluster))} <= secrets
     assert str(private_key_path(cluster.home)) in secrets
-    # The promotion worker's tasks read the promoter's file (the gate's credential) and the key.
+    # The promotion worker's tasks read the promoter's file (the gate's credential) and the key,
+    # not the admin's nor the other roles'.
     promotion = airflow_cluster.readable_by_worker_tasks(cluster, airflow_cluster.PROMOTION_WORKER)
-    assert set(promotion) == secrets
-    assert json.loads(promotion[str(role_file(cluster, PROMOTER))])["password"]
+    assert set(promotion) == {
+        str(role_file(cluster, PROMOTER)),
+        str(private_key_path(cluster.home)),
+    }
+    assert (
+        json.loads(promotion[str(role_file(cluster, PROMOTER))])["password"]
+        == (role_credentials(cluster, PROMOTER) or ("", ""))[1]
+    )
     for name in airflow_cluster.worker_names():
+        # Unconfined (where Linux refuses namespaces) each would read every one.
+        assert set(airflow_cluster.readable_by_worker_tasks(cluster, name, confine=False)) == (
+            secrets
+        )
         if name != airflow_cluster.PROMOTION_WORKER:
-            # Unconfined (where Linux refuses namespaces) they would read every one.
-            assert airflow_cluster.readable_by_worker_tasks(cluster, name, confine=False)
             assert airflow_cluster.readable_by_worker_tasks(cluster, name) == {}, name
 
 
@@ -109,7 +120,7 @@ def test_a_confined_task_keeps_the_public_key_and_the_state_folder_but_cannot_un
     refused = airflow_cluster.confinement_works(cluster)
     if refused is not None:
         pytest.skip(f"Linux refuses the namespaces the confinement needs here: {refused}")
-    hide, keep = airflow_cluster.hidden_from_default_workers(cluster)
+    hide, keep = airflow_cluster.worker_view(cluster, "cascade-worker-1")
     written = cluster.home / "lake" / "written-by-task.txt"
     probe = f"""
 import ctypes, json, os
@@ -162,7 +173,7 @@ def test_a_supervisor_stops_a_confined_worker_by_the_launchers_pid(cluster: Sett
     refused = airflow_cluster.confinement_works(cluster)
     if refused is not None:
         pytest.skip(f"Linux refuses the namespaces the confinement needs here: {refused}")
-    hide, keep = airflow_cluster.hidden_from_default_workers(cluster)
+    hide, keep = airflow_cluster.worker_view(cluster, "cascade-worker-1")
     worker = (
         "import signal, sys, time\n"
         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))\n"
