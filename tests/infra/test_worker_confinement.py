@@ -189,3 +189,45 @@ def test_a_supervisor_stops_a_confined_worker_by_the_launchers_pid(cluster: Sett
     finally:
         launcher.kill()
         launcher.wait()
+
+
+def test_the_gate_on_the_promotion_worker_acts_as_the_promoter_and_signs(
+    cluster: Settings,
+) -> None:
+    """In the promotion worker's view the gate's own code finds what it needs: the promoter's
+    credential (``acting_as``) and the signing key; the admin's credential it does not."""
+    import subprocess
+    import sys
+
+    refused = airflow_cluster.confinement_works(cluster)
+    if refused is not None:
+        pytest.skip(f"Linux refuses the namespaces the confinement needs here: {refused}")
+    probe = f"""
+import json, os
+from dataclasses import replace
+from pathlib import Path
+from cascade.config import load_settings
+from cascade.signing import key_id, load_signing_key
+from cascade.tracking_auth import PROMOTER, USERNAME_VAR, acting_as, tracking_credentials
+settings = replace(load_settings({{}}), home=Path({str(cluster.home)!r}))
+with acting_as(settings, PROMOTER) as found:
+    user = os.environ.get(USERNAME_VAR)
+print(json.dumps({{
+    "found": found,
+    "user": user,
+    "key": key_id(load_signing_key(settings.home).public_key()),
+    "admin": tracking_credentials(settings) is not None,
+}}))
+"""
+    view = airflow_cluster.worker_view(cluster, airflow_cluster.PROMOTION_WORKER)
+    command = worker_confinement.confined_command(*view, [sys.executable, "-c", probe])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    seen = json.loads(done.stdout)
+    expected_key = load_signing_key_id(cluster)
+    assert seen == {"found": True, "user": "cascade-promoter", "key": expected_key, "admin": False}
+
+
+def load_signing_key_id(settings: Settings) -> str:
+    from cascade.signing import key_id, load_signing_key
+
+    return key_id(load_signing_key(settings.home).public_key())
