@@ -63,11 +63,12 @@ under the most permissive umask a user could have, so only the stack's own modes
   arrives one byte at a time.
 
 * **least privilege** (:mod:`benchmarks.security_privilege`): ``services_with_registry_write``:
-  services of both profiles (and a training launch) whose own MLflow credential could create a
-  version, move or delete ``champion`` or tag a version on the stack's real auth server, the
-  promotion gate excepted (0); ``secrets_on_command_lines``: the state folder's secrets seen in
-  any process's command line while the tracking server, Spark's standalone daemons and a Spark
-  step run (0).
+  services of both profiles (and a training launch, and the cluster profile's default Celery
+  workers with every credential file their tasks can read) whose own MLflow credential could
+  create a version, move or delete ``champion`` or tag a version on the stack's real auth
+  server, the promotion gate and its worker excepted (0); ``secrets_on_command_lines``: the
+  state folder's secrets seen in any process's command line while the tracking server, Spark's
+  standalone daemons and a Spark step run (0).
 
 ``--quick`` uses a smaller log, fewer examples and smaller bodies. The events part is
 :mod:`benchmarks.security_events`.

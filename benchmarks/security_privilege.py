@@ -10,7 +10,15 @@ which secrets a process listing shows.
   the alias, tag the version. A service is counted when any of them succeeds. The promotion
   gate's own credential (read from its file, :func:`cascade.tracking_auth.acting_as`) does the
   same as the control: ``promotion_gate_can_promote`` must be true, or the attempts prove
-  nothing.
+  nothing. The cluster profile's default Celery workers are services too (every task but the
+  promotion gate runs there): each holds its environment's credential and every MLflow
+  credential file that a process started the way that worker is (confined, where the host
+  allows it: :func:`infra.airflow_cluster.readable_by_worker_tasks`) can read from the state
+  folder; each is tried. The promotion worker, the gate's only home, is reported apart
+  (``promotion_worker``), and so is whether its key stays out of the default workers' reach
+  (``default_workers_reading_signing_key``) and whether a local-profile task, which shares one
+  user and state folder with the gate, reads the promoter's file
+  (``local_tasks_read_promoter_file``: the local profile does not separate them).
 * ``secrets_on_command_lines`` (0): every process's command line (``/proc/*/cmdline``, what
   ``ps`` shows to any user of the host) scanned for every secret the state folder holds (the
   MLflow admin's and the roles' passwords and the app's signing key, the serving token, the
@@ -28,7 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from cascade.config import Settings, scoped_environ
-from cascade.tracking_auth import PASSWORD_VAR, PROMOTER, USERNAME_VAR, WRITER, acting_as
+from cascade.tracking_auth import (
+    PASSWORD_VAR,
+    PROMOTER,
+    USERNAME_VAR,
+    WRITER,
+    acting_as,
+    role_file,
+)
 
 MODEL = "privilege-probe"
 TRAINING_LAUNCH = "training launch"
@@ -77,6 +92,63 @@ def _held_credentials(settings: Settings) -> dict[str, dict[str, str]]:
     return held
 
 
+def _credentials_in(text: str) -> dict[str, str]:
+    """The MLflow variables of a credential file's content (empty: not one)."""
+    try:
+        stored = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(stored, dict) or not stored.get("password"):
+        return {}
+    return {USERNAME_VAR: str(stored.get("username", "")), PASSWORD_VAR: str(stored["password"])}
+
+
+def _worker_credentials(settings: Settings) -> dict[str, Any]:
+    """Celery worker of the cluster profile -> what a task there holds: the MLflow credentials
+    (its environment's, then each credential file it reads) and the secret files it reads."""
+    from dataclasses import replace
+
+    from cascade.signing import private_key_path
+    from infra import airflow_cluster
+    from infra.services import airflow_env
+
+    cluster = replace(settings, profile="cluster")
+    env = airflow_env(cluster)
+    confined = airflow_cluster.confinement_works(cluster) is None
+    workers: dict[str, Any] = {}
+    for name in airflow_cluster.worker_names():
+        readable = airflow_cluster.readable_by_worker_tasks(cluster, name, confine=confined)
+        found = [{k: env[k] for k in (USERNAME_VAR, PASSWORD_VAR) if k in env}]
+        found += [_credentials_in(text) for text in readable.values()]
+        unique = {tuple(sorted(c.items())): c for c in found if c}
+        workers[name] = {
+            "confined": confined,
+            "credentials": list(unique.values()),
+            "files_read": sorted(str(Path(path).relative_to(settings.home)) for path in readable),
+            "reads_signing_key": str(private_key_path(settings.home)) in readable,
+        }
+    return workers
+
+
+def _tried(settings: Settings, version: str, credentials: list[dict[str, str]]) -> dict[str, Any]:
+    """Each credential's registry writes (:func:`_writes`); a write counts if any achieved it."""
+    if not credentials:
+        return {"credential": None, "writes": {}}
+    writes: dict[str, bool] = {}
+    refused: dict[str, str] = {}
+    for variables in credentials:
+        with scoped_environ(variables):
+            done, why = _writes(settings, version)
+        writes = {k: writes.get(k, False) or v for k, v in done.items()}
+        refused.update({k: v for k, v in why.items() if k not in refused})
+    names = [c[USERNAME_VAR] for c in credentials]
+    return {
+        "credential": names[0] if len(names) == 1 else names,
+        "writes": writes,
+        "refused_with": refused,
+    }
+
+
 def registry_writes(settings: Settings, folder: Path) -> dict[str, Any]:
     """The registry writes each service's credential achieves (module docstring); ``folder``
     is logged by the writer as the probe's run, which the promoter registers."""
@@ -101,17 +173,21 @@ def registry_writes(settings: Settings, folder: Path) -> dict[str, Any]:
         gate, gate_refused = _writes(settings, version)
     by_service: dict[str, Any] = {}
     for name, variables in _held_credentials(settings).items():
-        if not variables:
-            by_service[name] = {"credential": None, "writes": {}}
-            continue
-        with scoped_environ(variables):
-            writes, refused = _writes(settings, version)
-        by_service[name] = {
-            "credential": variables[USERNAME_VAR],
-            "writes": writes,
-            "refused_with": refused,
+        by_service[name] = _tried(settings, version, [variables] if variables else [])
+    from infra.airflow_cluster import PROMOTION_WORKER, readable_by_worker_tasks
+
+    workers = _worker_credentials(settings)
+    promotion_worker = workers.pop(PROMOTION_WORKER)
+    for name, held in workers.items():
+        by_service[f"airflow worker {name}"] = {
+            **_tried(settings, version, held["credentials"]),
+            "confined": held["confined"],
+            "files_read": held["files_read"],
         }
+    promotion_worker.update(_tried(settings, version, promotion_worker.pop("credentials")))
     writers = sorted(name for name, found in by_service.items() if any(found["writes"].values()))
+    # A local-profile task runs as the gate's user on the gate's state folder, unconfined.
+    local_reads = readable_by_worker_tasks(settings, "airflow", confine=False)
     return {
         "services_with_registry_write": len(writers),
         "services_that_wrote": writers,
@@ -120,6 +196,11 @@ def registry_writes(settings: Settings, folder: Path) -> dict[str, Any]:
         "promotion_gate_writes": gate,
         "promotion_gate_refused_with": gate_refused,
         "promotion_gate_can_promote": gate["move_champion"] and gate["create_version"],
+        "promotion_worker": promotion_worker,
+        "default_workers_reading_signing_key": sum(
+            w["reads_signing_key"] for w in workers.values()
+        ),
+        "local_tasks_read_promoter_file": str(role_file(settings, PROMOTER)) in local_reads,
     }
 
 

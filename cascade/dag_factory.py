@@ -379,6 +379,9 @@ def _step_task(spec: Pipeline, step: Step) -> Any:
     if step.in_heavy_pool:
         # At most the pool's slots of these run at once, across all pipelines.
         options["pool"] = HEAVY_POOL
+    # The Celery queue decides which worker runs it, and so which credentials it has: the
+    # promotion steps' queue is consumed only by the worker that holds the promoter's.
+    options["queue"] = step.queue
     if step.timeout_minutes is not None:
         options["execution_timeout"] = dt.timedelta(minutes=step.timeout_minutes)
     return task(**options)(run)

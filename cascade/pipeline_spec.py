@@ -33,6 +33,15 @@ Producer = Callable[..., Mapping[str, int]]
 ``(dest: Path, *, ds: str) -> counts``: chosen explicitly, never run for want of data."""
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_QUEUE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+DEFAULT_QUEUE = "default"
+"""Airflow's default queue (``[operators] default_queue``): the cluster profile's ordinary
+Celery workers consume it and nothing else."""
+PROMOTION_QUEUE = "promotion"
+"""The queue of the steps that act as the MLflow promoter (register versions, move
+``challenger`` and ``champion``, sign releases): in the cluster profile only the promotion
+worker consumes it, and only that worker holds the promoter's credential and the release
+signing key (``docs/operations/security.md``)."""
 
 
 def _check_name(kind: str, name: str) -> None:
@@ -163,6 +172,11 @@ class Step:
     spark: bool = False
     """The step runs Spark jobs: the cluster profile submits it as a spark-operator
     ``SparkApplication`` (``infra/k8s/spark-applications.yaml``, made from the specs)."""
+    queue: str = DEFAULT_QUEUE
+    """The Celery queue the step's task waits in (Airflow ``queue``): the cluster profile's
+    workers each consume one queue and hold only the credentials of the steps queued there.
+    Steps that register versions and move aliases (the promotion gate, which acts as the
+    MLflow promoter) name :data:`PROMOTION_QUEUE`; the local profile's executor ignores it."""
 
     @property
     def in_heavy_pool(self) -> bool:
@@ -180,6 +194,11 @@ class Step:
                     f"step {self.name!r}: knob {knob!r} must name a CASCADE_* setting, "
                     f"got {variable!r}"
                 )
+        if not _QUEUE.match(self.queue):
+            raise ValueError(
+                f"step {self.name!r}: queue {self.queue!r} must be lower-case letters, digits, "
+                f"'_' and '-' (e.g. {PROMOTION_QUEUE!r}; {DEFAULT_QUEUE!r} for Airflow's default)"
+            )
         if not callable(self.run):
             raise TypeError(f"step {self.name!r}: run must be a function of the step's context")
         if self.timeout_minutes is not None and self.timeout_minutes <= 0:
@@ -589,6 +608,7 @@ class Pipeline:
                     "doc": step.doc,
                     "timeout_minutes": step.timeout_minutes,
                     "heavy": step.in_heavy_pool,
+                    "queue": step.queue,
                     "data_docs": step.data_docs,
                     "outlets": list(self.step_outlets(step)),
                     "inputs": [self._describe_data(name, lake) for name in step.inputs],

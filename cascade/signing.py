@@ -107,12 +107,19 @@ def ensure_signing_key(home: Path) -> Path:
 
 def load_signing_key(home: Path, *, create: bool = False) -> Ed25519PrivateKey:
     """The platform's private key; refused when another user could read it."""
-    path = ensure_signing_key(home) if create else private_key_path(home)
-    if not path.exists():
+    where = (
+        "only the promotion gate's host holds it (`cascade up` creates it there; in the cluster "
+        "profile only the worker of the 'promotion' queue, where the register steps run)"
+    )
+    try:
+        path = ensure_signing_key(home) if create else private_key_path(home)
+    except OSError as exc:
         raise FileNotFoundError(
-            f"no release signing key at {path}; only the promotion gate's host holds it "
-            "(`cascade up` creates it there)"
-        )
+            f"no release signing key at {private_key_path(home)}, and none can be made here "
+            f"({exc.strerror}); {where}"
+        ) from exc
+    if not path.exists():
+        raise FileNotFoundError(f"no release signing key at {path}; {where}")
     if stat.S_IMODE(path.stat().st_mode) & 0o077:
         raise PermissionError(
             f"the release signing key {path} is readable by others; chmod 600 it (and rotate "

@@ -34,10 +34,12 @@ def _print_status(settings: Any) -> None:
         print(f"  {s.name:<8} {mark:<18} {s.url:<32} {pid:<12} log {s.log}")
     workers = _airflow_workers(settings)
     if workers is not None:
-        from infra.airflow_cluster import WORKERS
+        from infra.airflow_cluster import worker_names
 
         shown = ", ".join(workers) if workers else "none"
-        print(f"  Airflow Celery workers answering: {len(workers)} of {WORKERS} ({shown})")
+        print(
+            f"  Airflow Celery workers answering: {len(workers)} of {len(worker_names())} ({shown})"
+        )
     if airflow_password(settings):
         # The file's path, not the password: terminal output ends up in logs and CI output.
         print(

@@ -239,7 +239,7 @@ def airflow_cluster_healthy(settings: Settings) -> bool:
     """The cluster profile's Airflow: its components healthy and every Celery worker answering
     a ping through the broker."""
     return airflow_healthy(settings) and (
-        len(airflow_cluster.answering_workers(settings)) == airflow_cluster.WORKERS
+        len(airflow_cluster.answering_workers(settings)) == len(airflow_cluster.worker_names())
     )
 
 
@@ -688,7 +688,7 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
                 if settings.profile == "cluster"
                 else (lambda: airflow_healthy(settings))
             ),
-            # The cluster profile starts six Airflow processes (two of them Celery workers).
+            # The cluster profile starts seven Airflow processes (three of them Celery workers).
             start_timeout_s=420 if settings.profile == "cluster" else 240,
         ),
         "serving": ServiceSpec(

@@ -41,6 +41,7 @@ from cascade.lake import Lake, nothing_landed
 from cascade.landing import landed_from, landing_record
 from cascade.partitions import partition_seed
 from cascade.pipeline_spec import (
+    PROMOTION_QUEUE,
     Data,
     Dataset,
     Pipeline,
@@ -616,6 +617,7 @@ PIPELINE = Pipeline(
         Step(
             name="register",
             run=register,
+            queue=PROMOTION_QUEUE,  # acts as the MLflow promoter and signs
             doc="new MLflow version; champion only when its CER on the held-out voices is no "
             "worse than the champion's and the compile gate passed",
             outlets=(ASSET_ASR_CHAMPION,),

@@ -26,7 +26,16 @@ from cascade.assets import (
     ASSET_PRERANKING_CHAMPION,
     CTR_EVENT_SELECTORS,
 )
-from cascade.pipeline_spec import Data, Pipeline, Plot, Promotion, RegisteredModel, Step, Trigger
+from cascade.pipeline_spec import (
+    PROMOTION_QUEUE,
+    Data,
+    Pipeline,
+    Plot,
+    Promotion,
+    RegisteredModel,
+    Step,
+    Trigger,
+)
 from cascade.settings_fields import SETTINGS_CONFIG
 from cascade.step_context import StepContext
 from models.preranking import PROMOTION_METRICS, REGISTERED_MODEL
@@ -262,6 +271,7 @@ PIPELINE = Pipeline(
         Step(
             name="register",
             run=register,
+            queue=PROMOTION_QUEUE,  # acts as the MLflow promoter and signs
             doc="new MLflow version; champion only if the compile gate passed and it is not "
             "worse than the champion on the same held-out rows",
             outlets=(ASSET_PRERANKING_CHAMPION,),

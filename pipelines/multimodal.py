@@ -47,6 +47,7 @@ from cascade.lake import Lake, nothing_landed
 from cascade.landing import landed_from, landing_record
 from cascade.partitions import partition_seed
 from cascade.pipeline_spec import (
+    PROMOTION_QUEUE,
     Data,
     Dataset,
     Pipeline,
@@ -547,6 +548,7 @@ PIPELINE = Pipeline(
         Step(
             name="register",
             run=register,
+            queue=PROMOTION_QUEUE,  # acts as the MLflow promoter and signs
             doc="new MLflow version; champion only when its mean recall@1 is no worse than the "
             "champion's within the promotion tolerance",
             timeout_minutes=10,

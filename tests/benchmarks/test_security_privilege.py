@@ -7,6 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from benchmarks import security_privilege as privilege
 from cascade.config import Settings
@@ -36,3 +39,34 @@ def test_the_scan_finds_a_secret_on_a_command_line(tmp_path: Path) -> None:
         leaky.kill()
         leaky.wait()
     assert [pids for pids in seen.values() if pids] == [[leaky.pid]]
+
+
+def test_the_default_workers_credentials_are_their_environments_and_what_they_read(
+    tmp_path: Path,
+) -> None:
+    """Each Celery worker of the cluster profile is counted with every credential a task there
+    holds: its environment's (the writer's) and each credential file it reads. Confined, a
+    default worker reads none; the promotion worker reads the promoter's and the key only."""
+    from cascade.signing import ensure_signing_key
+    from infra import airflow_cluster
+
+    settings = Settings(home=tmp_path / "state")
+    ensure_tracking_credentials(settings)
+    ensure_signing_key(settings.home)
+    writer, promoter = role_credentials(settings, "writer"), role_credentials(settings, "promoter")
+    assert writer and promoter
+    workers = privilege._worker_credentials(settings)
+    assert set(workers) == set(airflow_cluster.worker_names())
+
+    gate = workers.pop(airflow_cluster.PROMOTION_WORKER)
+    if not gate["confined"]:
+        pytest.skip("Linux refuses the namespaces the workers' confinement needs here")
+    # The writer in its environment and the promoter from its file; not the admin.
+    assert held_of(gate) == {writer, promoter} and gate["reads_signing_key"]
+    for name, worker in workers.items():
+        assert held_of(worker) == {writer}, name
+        assert worker["files_read"] == [] and not worker["reads_signing_key"]
+
+
+def held_of(worker: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(c[privilege.USERNAME_VAR], c[privilege.PASSWORD_VAR]) for c in worker["credentials"]}

@@ -24,8 +24,9 @@ def test_a_kafka_event_runs_ctr_preranking_on_the_cluster_engines(tmp_path: Path
     # Executors of the run's Spark applications on both standalone workers.
     assert result["spark_applications"] >= 1
     assert result["spark_workers_used"] == 2
-    # Airflow's own task records name both Celery workers.
-    assert result["airflow_workers"] == ["cascade-worker-1", "cascade-worker-2"]
+    # Airflow's own task records name both default Celery workers, and the promotion worker
+    # for the register step (the only task it takes).
+    assert result["airflow_workers"] == ["cascade-promoter", "cascade-worker-1", "cascade-worker-2"]
     assert result["online_store"] == "redis" and result["online_store_keys"] > 0
     assert result["ledger"] == "postgresql"
     assert result["served"] == {"model_version": "1", "scores": 3}

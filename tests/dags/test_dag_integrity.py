@@ -324,6 +324,38 @@ def test_exactly_the_heavy_steps_run_in_the_heavy_pool(dagbag) -> None:  # type:
     }
 
 
+def test_exactly_the_promotion_steps_wait_in_the_promotion_queue(dagbag) -> None:  # type: ignore[no-untyped-def]
+    """The steps that act as the MLflow promoter (their code calls the promotion gate) are
+    queued where only the promotion worker takes them; every other task in the default queue,
+    where the workers without the promoter's credential take them."""
+    import inspect
+
+    from cascade.pipeline_registry import registered_pipelines
+    from cascade.pipeline_spec import DEFAULT_QUEUE, PROMOTION_QUEUE
+
+    queued = set()
+    for dag_id, spec in registered_pipelines().items():
+        for task in dagbag.dags[dag_id].tasks:
+            if task.task_id in ("resolve_partition", "next_partitions"):
+                assert task.queue == DEFAULT_QUEUE, (dag_id, task.task_id)
+                continue
+            promotes = "register_and_promote(" in inspect.getsource(spec.step(task.task_id).run)
+            assert task.queue == (PROMOTION_QUEUE if promotes else DEFAULT_QUEUE), (
+                dag_id,
+                task.task_id,
+            )
+            queued |= {(dag_id, task.task_id)} if task.queue == PROMOTION_QUEUE else set()
+    assert queued == {
+        ("ctr_preranking", "register"),
+        ("asr", "register"),
+        ("multimodal", "register"),
+    }
+    from cascade.pipeline_spec import Step
+
+    with pytest.raises(ValueError, match="queue 'Promotion queue' must be lower-case"):
+        Step(name="register", run=lambda ctx: {}, queue="Promotion queue")
+
+
 def test_a_gates_data_docs_link_works_when_the_gate_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

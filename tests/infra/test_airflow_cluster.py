@@ -1,7 +1,8 @@
 """The cluster profile's Airflow, really started on loopback: metadata in the stack's PostgreSQL,
-tasks on two Celery workers fed through its Redis. Airflow's own records say which worker ran
-each try; a worker killed during a task loses nothing: the retry runs on the other worker and no
-side effect happens twice."""
+tasks on two Celery workers fed through its Redis (beside the promotion worker, which takes only
+the promotion queue's). Airflow's own records say which worker ran each try; a worker killed
+during a task loses nothing: the retry runs on the other worker and no side effect happens
+twice."""
 
 from __future__ import annotations
 
@@ -117,10 +118,14 @@ def test_tasks_spread_over_two_workers_and_survive_a_lost_worker(tmp_path: Path)
     services = ("postgres", "redis", "airflow")
     with stack.private_stack(home, services=services, env=env) as settings:
         assert airflow_home(settings) == airflow_home_of(home)
-        # Both workers answer through the broker, and the status says so.
-        expected = [airflow_cluster.celery_hostname(settings, i) for i in (1, 2)]
+        # Both workers and the promotion worker answer through the broker, and the status
+        # says so.
+        expected = sorted(
+            airflow_cluster.celery_hostname(settings, name)
+            for name in airflow_cluster.worker_names()
+        )
         wait_for(
-            "both workers to answer",
+            "every worker to answer",
             lambda: airflow_cluster.answering_workers(settings, timeout_s=3.0) == expected,
             timeout_s=60,
         )
@@ -152,7 +157,9 @@ def test_tasks_spread_over_two_workers_and_survive_a_lost_worker(tmp_path: Path)
 
         def only_the_survivor_answers() -> bool:
             answers.append(airflow_cluster.answering_workers(settings, timeout_s=3.0))
-            return answers[-1] == [f"{survivor}@{settings.host}"]
+            return answers[-1] == sorted(
+                f"{name}@{settings.host}" for name in (survivor, airflow_cluster.PROMOTION_WORKER)
+            )
 
         try:
             wait_for(

@@ -117,12 +117,10 @@ def test_the_cluster_airflow_keeps_its_metadata_in_postgres_and_its_tasks_on_cel
     spec = services.service_specs(cluster)["airflow"]
     assert spec.command[-1] == "infra.airflow_cluster"
     workers = airflow_cluster.worker_commands(cluster)
-    assert list(workers) == ["cascade-worker-1", "cascade-worker-2"]
-    for index, command in enumerate(workers.values(), start=1):
-        assert command[command.index("--celery-hostname") + 1] == (
-            f"cascade-worker-{index}@127.0.0.1"
-        )
-        assert command[command.index("--pid") + 1].endswith(f"cascade-worker-{index}.pid")
+    assert list(workers) == ["cascade-worker-1", "cascade-worker-2", "cascade-promoter"]
+    for name, command in workers.items():
+        assert command[command.index("--celery-hostname") + 1] == f"{name}@127.0.0.1"
+        assert command[command.index("--pid") + 1].endswith(f"{name}.celery.pid")
         assert "--skip-serve-logs" in command
     # Passwords reach the processes through their environment only.
     for command in [spec.command, *workers.values()]:

@@ -129,3 +129,39 @@ def test_broken_airflow_values_fail(tmp_path: Path) -> None:
     (folder / "ok.yaml").write_text((manifests.K8S_DIR / "redis.yaml").read_text())
     errors = manifests.all_errors(folder)
     assert len(errors) == 1 and errors[0].startswith("airflow-values.yaml values workers.replicas")
+
+
+def test_only_the_promotion_worker_mounts_the_promoter_credential_and_the_signing_key() -> None:
+    """The chart's workers take the default queue and hold the writer's credential only; the
+    promoter's Secret and the signing key's are mounted by one Deployment, whose worker takes the
+    promotion queue alone."""
+    from cascade.pipeline_spec import DEFAULT_QUEUE, PROMOTION_QUEUE
+
+    promotion_secrets = ("cascade-mlflow-promoter", "cascade-release-signing-key")
+    holders = {secret: set() for secret in promotion_secrets}
+    for path in manifests.manifest_files():
+        text = path.read_text()
+        found = [d for d in yaml.safe_load_all(text) if d]
+        if path.name == manifests.AIRFLOW_VALUES:
+            # The chart's values carry pod parts as text too (extraEnvFrom): search the file.
+            named = {"airflow-values": text}
+        else:
+            named = {f"{d['kind']}/{d['metadata']['name']}": yaml.safe_dump(d) for d in found}
+        for name, body in named.items():
+            for secret in promotion_secrets:
+                if secret in "\n".join(
+                    line.split("#")[0] for line in body.splitlines()
+                ):  # a comment naming it mounts nothing
+                    holders[secret].add(name)
+    assert holders == {secret: {"Deployment/airflow-promotion-worker"} for secret in holders}
+    (worker,) = documents("airflow-promotion-worker.yaml")
+    container = worker["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["airflow", "celery", "worker"]
+    args = container["args"]
+    assert args[args.index("--queues") + 1] == PROMOTION_QUEUE
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/var/lib/cascade/mlflow/roles/promoter.json" in mounts
+    assert "/var/lib/cascade/signing/release.key" in mounts
+    values = yaml.safe_load((manifests.K8S_DIR / manifests.AIRFLOW_VALUES).read_text())
+    assert values["config"]["operators"]["default_queue"] == DEFAULT_QUEUE
+    assert "cascade-task-secrets" in values["extraEnvFrom"]
