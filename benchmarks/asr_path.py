@@ -59,6 +59,10 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
    PocketSphinx's en-us model and the model (the int8 package, else eager fp32) on the same
    English test clips (synthetic, Tux Paint's, the recordings' held-out ones), WAV bytes in:
    ``pocketsphinx_cer_en``, ``cer_en``, ``rtf_pocketsphinx_en``, ``rtf_en_end_to_end``.
+   **Language without an oracle** (:mod:`benchmarks.asr_language`): a language identifier
+   fitted on the training split picks each test utterance's decoding alphabet:
+   ``language_id_accuracy``, ``cer_by_language_detected`` beside ``cer_by_language_oracle``
+   (the label's, same utterances), ``cer_fp32_detected`` beside ``cer_fp32``.
 5. **Real-time factor**: compute seconds / audio seconds of a greedy transcription
    (forward pass + CTC decoding, features given) for utterances of 1, 2, 5, 10 and 20 s made of
    test-split audio; every variant (eager fp32, fp32 package, int8 package, Inductor default and
@@ -434,6 +438,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
 
 
 def _run(quick: bool, threads: int) -> dict[str, Any]:
+    from benchmarks.asr_language import language_figures
     from benchmarks.asr_people import (
         land_recordings,
         people_figures,
@@ -532,12 +537,20 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
         result, quick, artifact, quantized, variants, rates_on, corpus, people, people_reason,
         landing, work,
     )  # fmt: skip
+    parts = measured.pop("_test_parts")
     measured.update(
         people_figures(
             artifact, quantized, variants, rates_of, recordings, recordings_reason,
-            trained_on_people, measured.pop("_english_parts"),
+            trained_on_people, parts,
         )
     )  # fmt: skip
+    # The language identifier on every test utterance above (people_figures adds the recordings').
+    with torch.inference_mode():
+        measured.update(
+            language_figures(
+                artifact, training, [(name, frame) for name, frame, _ in parts], quick=quick
+            )
+        )
     shutil.rmtree(work, ignore_errors=True)
     return measured
 
@@ -676,10 +689,10 @@ def _measure(
         people_reason=people_reason,
     )
     fp32_people = int8_people = None
-    result["_english_parts"] = [("synthetic", frame, landing)]
+    result["_test_parts"] = [("synthetic", frame, landing)]
     if people is not None:
         people_frame, fp32_people, int8_people = rates_on(people)
-        result["_english_parts"].append(("tuxpaint", people_frame, work / "landing-people"))
+        result["_test_parts"].append(("tuxpaint", people_frame, work / "landing-people"))
         for kind, rates in (("fp32", fp32_people), ("int8", int8_people)):
             if rates is not None:
                 result[f"cer_people_{kind}"] = rates["cer"]

@@ -418,7 +418,7 @@ def people_figures(
 ) -> dict[str, Any]:
     """The recordings' seen and unseen speaker figures (:mod:`benchmarks.asr_people`) and the
     English peer on the English test clips: the synthetic test split's, Tux Paint's and the
-    recordings' held-out ones."""
+    recordings' held-out ones (whose frames are appended to ``english_parts``)."""
     from domains.speech.audio_features import decode_wav, log_mel, resample
     from models.asr.compiled import MIN_FRAMES
     from models.asr.inference import transcribe

@@ -217,6 +217,8 @@ SMOKE_KEYS = (
     "input_digest", "machine", "repeats", "spread", "cer_seen_speakers",
     "cer_unseen_speakers_by_language", "human_train_minutes_by_language", "pocketsphinx_cer_en",
     "cer_en", "rtf_pocketsphinx_en", "rtf_en_end_to_end", "rtf_int8_end_to_end",
+    "cer_by_language_detected", "cer_by_language_oracle", "language_id_accuracy",
+    "cer_fp32_detected",
 )  # fmt: skip
 RECORDINGS_INSTALLED = all(
     Path(p).exists()
@@ -264,6 +266,10 @@ def test_quick_run_trains_with_provenance_and_writes_finite_figures(
     assert result["en_utterances"] > 0 and result["en_model_variant"].startswith("eager")
     assert 0 < result["pocketsphinx_cer_en"] and 0 <= result["cer_en"]
     assert result["rtf_pocketsphinx_en"] > 0 and result["rtf_en_end_to_end"] > 0
+    # Language without an oracle: detected on every test utterance, CER beside the label's.
+    assert 0 <= result["language_id_accuracy"] <= 1 and result["language_id_utterances"] > 0
+    assert set(result["cer_by_language_detected"]) == set(result["cer_by_language_oracle"])
+    assert "english" in result["language_id"]["languages"]
     if not RECORDINGS_INSTALLED:
         assert result["recordings_reason"].startswith("no recordings")
         return
@@ -280,3 +286,4 @@ def test_quick_run_trains_with_provenance_and_writes_finite_figures(
     assert unseen["english"]["cer"] is None and "one speaker" in unseen["english"]["reason"]
     assert unseen["cs"]["train_minutes"] == minutes["cs"] and unseen["cs"]["train_speakers"] >= 1
     assert "recordings_test_seen" in result["en_by_source"]
+    assert "cs" in result["language_id"]["languages"] and "cs" in result["cer_by_language_detected"]
