@@ -438,7 +438,7 @@ def people_figures(
             english_parts.append((f"recordings_{part}", frame, recordings.landing))
         figures.update(recordings_figures(recordings, rates, trained_on_people=trained_on_people))
     # The deployed model when there is one (the int8 package), else the eager fp32 model.
-    int8_forward = variants.get("int8")
+    int8_forward: Any = variants.get("int8")
     forward, used = (
         (int8_forward, quantized) if int8_forward is not None else (artifact.model, artifact)
     )
