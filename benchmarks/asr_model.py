@@ -149,6 +149,7 @@ def corpus_record(
         "distinct_utterances": distinct,
         "splits": summary.get("splits"),
         "quarantined": summary.get("quarantined"),
+        "recordings": summary.get("recordings"),
         "n_mels": corpus_n_mels(corpus),
         "digest": digest or files_digest([corpus]),
     }

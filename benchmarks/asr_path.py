@@ -49,6 +49,20 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
    transcriptions (``foreign_tokens_unrestricted``: the same decoded without a language).
    ``train_s``: seconds of the training this run did (null with ``train_s_reason`` when
    ``--model`` was given).
+   **Recorded people** (:mod:`benchmarks.asr_people`): the Debian package sources
+   ``asterisk_en`` and ``fillets_cs`` (``CASCADE_BENCH_ASR_CLIPS`` clips each; a few with
+   ``--quick``, else all) in one corpus, split by speaker and by sentence; their training part
+   joins the training corpus (a config with ``train_people=False`` leaves it out:
+   ``human_trained``). ``cer_seen_speakers`` (held-out sentences of speakers heard in
+   training), ``cer_unseen_speakers_by_language`` (held-out speakers, with the training minutes
+   and speakers each language had), ``human_train_minutes_by_language``. **The English peer**:
+   PocketSphinx's en-us model and the model (the int8 package, else eager fp32) on the same
+   English test clips (synthetic, Tux Paint's, the recordings' held-out ones), WAV bytes in:
+   ``pocketsphinx_cer_en``, ``cer_en``, ``rtf_pocketsphinx_en``, ``rtf_en_end_to_end``.
+   **Language without an oracle** (:mod:`benchmarks.asr_language`): a language identifier
+   fitted on the training split picks each test utterance's decoding alphabet:
+   ``language_id_accuracy``, ``cer_by_language_detected`` beside ``cer_by_language_oracle``
+   (the label's, same utterances), ``cer_fp32_detected`` beside ``cer_fp32``.
 5. **Real-time factor**: compute seconds / audio seconds of a greedy transcription
    (forward pass + CTC decoding, features given) for utterances of 1, 2, 5, 10 and 20 s made of
    test-split audio; every variant (eager fp32, fp32 package, int8 package, Inductor default and
@@ -92,6 +106,7 @@ import pandas as pd
 import torch
 
 from benchmarks.asr_model import corpus_record, obtain_model, training_config_name
+from benchmarks.asr_people import Recordings
 from benchmarks.goals import goal
 from benchmarks.provenance import bench_repeats, files_digest, rotated
 from cascade.config import load_settings
@@ -104,6 +119,8 @@ SKIP_REASONS = {
     "compile": "CASCADE_BENCH_ASR_SKIP=compile: no AOTInductor packages, ONNX Runtime or "
     "Inductor (their C++ builds take minutes); only the eager fp32 model is measured",
     "people": "CASCADE_BENCH_ASR_SKIP=people: the Tux Paint people corpus is not built",
+    "recordings": "CASCADE_BENCH_ASR_SKIP=recordings: the recorded speech of the Debian package "
+    "sources is not landed (no seen/unseen speaker figures, no recordings in training)",
 }
 """Why each part of ``CASCADE_BENCH_ASR_SKIP`` is missing from a result."""
 DURATIONS_S = (1.0, 2.0, 5.0, 10.0, 20.0)
@@ -421,6 +438,13 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
 
 
 def _run(quick: bool, threads: int) -> dict[str, Any]:
+    from benchmarks.asr_language import language_figures
+    from benchmarks.asr_people import (
+        land_recordings,
+        people_figures,
+        recording_clips,
+        with_recordings,
+    )
     from jobs.audio_corpus import spark_session
     from jobs.spark_sessions import active_or_new
     from models.asr.artifact import load_artifact
@@ -440,12 +464,20 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
         people_reason: str | None = f"skipped: {skipped['people']}" if "people" in skipped else None
         if "people" not in skipped:
             people, people_reason = people_corpus(spark, work)
+        recordings: Recordings | None = None
+        recordings_reason: str | None = None
+        if "recordings" in skipped:
+            recordings_reason = f"skipped: {skipped['recordings']}"
+        else:
+            recordings, recordings_reason = land_recordings(spark, work, recording_clips(quick))
     for entry in corpus_runs:
         result["sizes"][str(entry["utterances"])] = entry
     result["utterances_per_s"] = corpus_runs[-1]["utterances_per_s"]
     result["utterances_per_s_size"] = corpus_runs[-1]["utterances"]
 
-    fp32_dir, int8_dir, provenance = obtain_model(settings, corpus, work, quick=quick)
+    # The model trains on the synthetic corpus plus the recordings' training part.
+    training = corpus if recordings is None else with_recordings(corpus, recordings, work)
+    fp32_dir, int8_dir, provenance = obtain_model(settings, training, work, quick=quick)
     model_files = sorted({fp32_dir / "asr_model.pt", int8_dir / "asr_model.pt"})
     result["model_digest"] = files_digest(model_files)
     provenance["files"] = [str(path) for path in model_files]
@@ -456,7 +488,7 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
     result["train_config"] = provenance.get("config")
     if provenance["source"] == "trained":
         distinct = corpus_runs[0]["distinct_utterances"]
-        result["training_corpus"] = corpus_record(corpus, distinct, provenance["corpus_digest"])
+        result["training_corpus"] = corpus_record(training, distinct, provenance["corpus_digest"])
     else:
         result["train_s_reason"] = "no training in this run: the model was given (--model)"
         result["training_corpus"] = None
@@ -483,20 +515,44 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
             result, variants, (artifact, quantized), models, corpus, work, threads, quick
         )
 
-    def rates_on(source: Path) -> tuple[pd.DataFrame, dict[str, Any], dict[str, Any] | None]:
-        """The test split of ``source`` and the eager fp32 and int8 package rates on it."""
-        frame = held_out_split(source, artifact.n_mels, 60 if quick else None)
+    def rates_of(frame: pd.DataFrame) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The eager fp32 and int8 package rates on ``frame``."""
         int8 = variants.get("int8")
         return (
-            frame,
             error_rates(artifact.model, artifact.alphabet, frame),
             None if int8 is None else error_rates(int8, quantized.alphabet, frame),
         )
 
-    return _measure(
+    def rates_on(source: Path) -> tuple[pd.DataFrame, dict[str, Any], dict[str, Any] | None]:
+        """The test split of ``source`` and the eager fp32 and int8 package rates on it."""
+        frame = held_out_split(source, artifact.n_mels, 60 if quick else None)
+        return (frame, *rates_of(frame))
+
+    trained_on_people = None
+    if provenance["source"] == "trained":
+        from models.asr.config_registry import get_config
+
+        trained_on_people = get_config(provenance["config"]).train_people
+    measured = _measure(
         result, quick, artifact, quantized, variants, rates_on, corpus, people, people_reason,
         landing, work,
     )  # fmt: skip
+    parts = measured.pop("_test_parts")
+    measured.update(
+        people_figures(
+            artifact, quantized, variants, rates_of, recordings, recordings_reason,
+            trained_on_people, parts,
+        )
+    )  # fmt: skip
+    # The language identifier on every test utterance above (people_figures adds the recordings').
+    with torch.inference_mode():
+        measured.update(
+            language_figures(
+                artifact, training, [(name, frame) for name, frame, _ in parts], quick=quick
+            )
+        )
+    shutil.rmtree(work, ignore_errors=True)
+    return measured
 
 
 def _compile_variants(
@@ -633,8 +689,10 @@ def _measure(
         people_reason=people_reason,
     )
     fp32_people = int8_people = None
+    result["_test_parts"] = [("synthetic", frame, landing)]
     if people is not None:
-        _, fp32_people, int8_people = rates_on(people)
+        people_frame, fp32_people, int8_people = rates_on(people)
+        result["_test_parts"].append(("tuxpaint", people_frame, work / "landing-people"))
         for kind, rates in (("fp32", fp32_people), ("int8", int8_people)):
             if rates is not None:
                 result[f"cer_people_{kind}"] = rates["cer"]
@@ -711,7 +769,6 @@ def _measure(
     )
     rtf_goal = goal("asr", "rtf_int8")
     result[rtf_goal.key] = rtf_goal.met(result["rtf_int8"]) if compiled else None
-    shutil.rmtree(work, ignore_errors=True)
     return result
 
 

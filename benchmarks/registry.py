@@ -103,8 +103,11 @@ GENERATORS: dict[str, tuple[str, ...]] = {
     "asr": (
         "benchmarks.asr_path",
         "benchmarks.asr_model",
+        "benchmarks.asr_people",
         "jobs.audio_corpus",
         "jobs.speech_synth",
+        "jobs.speech_packages",
+        "domains.speech.speaker_splits",
     ),
     "multimodal": (
         "benchmarks.multimodal_moe",

@@ -280,9 +280,15 @@ class BenchSettings:
     """Most distinct utterances of a ``bench asr`` landing batch; larger batches repeat them."""
     asr_threads: int = Field(default=2, ge=1)
     """Intra-op threads of ``bench asr``."""
-    asr_skip: Annotated[tuple[Literal["compile", "people"], ...], BeforeValidator(comma_list)] = ()
+    asr_skip: Annotated[
+        tuple[Literal["compile", "people", "recordings"], ...], BeforeValidator(comma_list)
+    ] = ()
     """Parts ``bench asr`` leaves out (smoke runs): ``compile`` (the AOTInductor packages, ONNX
-    Runtime and Inductor), ``people`` (the Tux Paint corpus); the JSON names them."""
+    Runtime and Inductor), ``people`` (the Tux Paint corpus), ``recordings`` (the recorded
+    speech of the Debian package sources); the JSON names them."""
+    asr_clips: int | None = Field(default=None, ge=1)
+    """Clips per recorded-speech source of ``bench asr`` (unset: a few with ``--quick``, else
+    all of them)."""
     events: int = Field(default=1_000, ge=1)
     """Events ``bench events`` produces."""
     event_partitions: int = Field(default=1, ge=1)

@@ -98,6 +98,16 @@ def require_installed(root: Path, packages: tuple[Package, ...]) -> None:
             )
 
 
+def evenly_spaced(items: list[Utterance], limit: int | None) -> list[Utterance]:
+    """``limit`` of ``items`` spread evenly over them (every speaker and level has its turn, as
+    a prefix would not give), in order; all of them when ``limit`` is None."""
+    if limit is None or limit >= len(items):
+        return items
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1 clip, got {limit}")
+    return [items[i * len(items) // limit] for i in range(limit)]
+
+
 def _voice(*parts: str) -> str:
     return HUMAN_VOICE_PREFIX + "-".join(parts)
 
@@ -159,9 +169,15 @@ def asterisk_lines(text_file: Path) -> list[tuple[int, str, str]]:
 
 
 def land_asterisk_en(
-    dest: Path, *, ds: str, root: Path = ASTERISK_ROOT, source: Path | None = None
+    dest: Path,
+    *,
+    ds: str,
+    root: Path = ASTERISK_ROOT,
+    source: Path | None = None,
+    limit: int | None = None,
 ) -> Mapping[str, int]:
-    """Land the English Asterisk prompts (``root`` holds the packages' ``/usr/share`` tree)."""
+    """Land the English Asterisk prompts (``root`` holds the packages' ``/usr/share`` tree);
+    ``limit``: that many of them, :func:`evenly_spaced` (smoke runs)."""
     check_landing(dest, ds)
     require_installed(root, ASTERISK_PACKAGES)
     sounds = root / ASTERISK_SOUNDS
@@ -182,6 +198,7 @@ def land_asterisk_en(
             continue
         audio = sounds / f"{key}.wav"
         utterances.append(Utterance(uid, audio, cleaned.text, _voice("asterisk-en", speaker), "en"))
+    utterances = evenly_spaced(utterances, limit)
     return _land(utterances, quarantine, source or root / ASTERISK_SOUNDS, dest, "asterisk_en")
 
 
@@ -273,8 +290,10 @@ def land_fillets(
     language: str = "cs",
     root: Path = FILLETS_ROOT,
     source: Path | None = None,
+    limit: int | None = None,
 ) -> Mapping[str, int]:
-    """Land the game's spoken dialogue in ``language`` (``root`` is the game's data folder)."""
+    """Land the game's spoken dialogue in ``language`` (``root`` is the game's data folder);
+    ``limit``: that many clips, :func:`evenly_spaced` (smoke runs)."""
     check_landing(dest, ds)
     require_installed(
         root,
@@ -318,19 +337,21 @@ def land_fillets(
         if (line.level, line.dialog_id) not in used:
             uid = f"fillets-{language}-{line.level}-{line.dialog_id}"
             quarantine.add(uid, f"audio missing (no {language} clip for {line.script})")
+    utterances = evenly_spaced(utterances, limit)
     return _land(utterances, quarantine, source or root, dest, f"fillets_{language}")
 
 
-def land_fillets_cs(dest: Path, *, ds: str) -> Mapping[str, int]:
+def land_fillets_cs(dest: Path, *, ds: str, limit: int | None = None) -> Mapping[str, int]:
     """The ``fillets_cs`` source: the installed Czech dialogue."""
-    return land_fillets(dest, ds=ds, language="cs")
+    return land_fillets(dest, ds=ds, language="cs", limit=limit)
 
 
 PACKAGE_SOURCES: dict[str, Callable[..., Mapping[str, int]]] = {
     "asterisk_en": land_asterisk_en,
     "fillets_cs": land_fillets_cs,
 }
-"""Source name -> its producer (``(dest, *, ds) -> counts``, reading the installed packages)."""
+"""Source name -> its producer (``(dest, *, ds, limit=None) -> counts``, reading the installed
+packages)."""
 
 
 def package_source_importer(name: str) -> Callable[..., Mapping[str, int]]:

@@ -116,3 +116,75 @@ def leave_one_speaker_out(
         if len(speakers) >= 2:
             folds[language] = {s: held_out_speakers(items, [s]) for s in speakers}
     return folds
+
+
+def held_out_speaker_choice(
+    utterances: Iterable[SplitUtterance], *, share: float = 0.2
+) -> dict[str, tuple[str, ...]]:
+    """``{language: speakers}`` to hold out, in each language with two speakers or more: the
+    speakers with the fewest utterances, fewest first, while together they hold at most ``share``
+    of the language's utterances; always one at least, never the one with the most (a minor
+    role before a lead, and a lead only where there is nothing smaller)."""
+    if not 0 < share < 1:
+        raise ValueError(f"share must be in (0, 1), got {share}")
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for u in utterances:
+        counts[u.language][u.speaker] += 1
+    chosen: dict[str, tuple[str, ...]] = {}
+    for language, per_speaker in sorted(counts.items()):
+        if len(per_speaker) < 2:
+            continue
+        ordered = sorted(per_speaker, key=lambda s: (per_speaker[s], s))[:-1]
+        total, held, taken = sum(per_speaker.values()), [ordered[0]], per_speaker[ordered[0]]
+        for speaker in ordered[1:]:
+            if taken + per_speaker[speaker] > share * total:
+                break
+            held.append(speaker)
+            taken += per_speaker[speaker]
+        chosen[language] = tuple(sorted(held))
+    return chosen
+
+
+@dataclass(frozen=True)
+class SeenUnseenSplit:
+    """Both questions on one set of utterances, for one model to answer: ``train``,
+    ``test_seen`` (held-out sentences of speakers in ``train``) and ``test_unseen`` (the
+    ``held_out`` speakers' utterances); no sentence of either test set is in ``train``."""
+
+    train: tuple[str, ...]
+    test_seen: tuple[str, ...]
+    test_unseen: tuple[str, ...]
+    held_out: dict[str, tuple[str, ...]]
+    """Language -> its held-out speakers (:func:`held_out_speaker_choice`)."""
+    dropped: dict[str, str] = field(default_factory=dict)
+
+
+def seen_and_unseen(
+    utterances: Iterable[SplitUtterance],
+    *,
+    test_share: float = 0.2,
+    unseen_share: float = 0.2,
+    seed: str = "",
+) -> SeenUnseenSplit:
+    """Held-out speakers first (:func:`held_out_speaker_choice` with ``unseen_share``, split by
+    :func:`held_out_speakers`), then held-out sentences (:func:`held_out_sentences` with
+    ``test_share``) of the speakers left."""
+    items = list(utterances)
+    held = held_out_speaker_choice(items, share=unseen_share)
+    speakers = [s for names in held.values() for s in names]
+    by_speaker = (
+        held_out_speakers(items, speakers)
+        if speakers
+        else Split(tuple(u.utterance_id for u in items), ())
+    )
+    kept = set(by_speaker.train)
+    by_sentence = held_out_sentences(
+        [u for u in items if u.utterance_id in kept], test_share=test_share, seed=seed
+    )
+    return SeenUnseenSplit(
+        train=by_sentence.train,
+        test_seen=by_sentence.test,
+        test_unseen=by_speaker.test,
+        held_out=held,
+        dropped={**by_speaker.dropped, **by_sentence.dropped},
+    )

@@ -214,21 +214,31 @@ SMOKE_KEYS = (
     "test_utterances", "cer_people_fp32", "people_reason", "cer_by_language", "foreign_tokens",
     "rtf", "rtf_eager", "rtf_int8", "rtf_onnxruntime", "rtf_inductor", "eager_ms", "cascade_ms",
     "speedup_vs_eager", "speedup_vs_inductor", "speedup_vs_onnxruntime", "skipped", "git_commit",
-    "input_digest", "machine", "repeats", "spread",
+    "input_digest", "machine", "repeats", "spread", "cer_seen_speakers",
+    "cer_unseen_speakers_by_language", "human_train_minutes_by_language", "pocketsphinx_cer_en",
+    "cer_en", "rtf_pocketsphinx_en", "rtf_en_end_to_end", "rtf_int8_end_to_end",
+    "cer_by_language_detected", "cer_by_language_oracle", "language_id_accuracy",
+    "cer_fp32_detected",
 )  # fmt: skip
+RECORDINGS_INSTALLED = all(
+    Path(p).exists()
+    for p in ("/usr/share/asterisk/sounds/en_US_f_Allison", "/usr/share/games/fillets-ng/sound")
+)
 
 
 def test_quick_run_trains_with_provenance_and_writes_finite_figures(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``cascade bench asr --quick`` end to end, shrunk: 40 utterances, the debug config in one
-    training process, no AOTInductor/ONNX/Inductor builds or people corpus (named in
-    ``skipped``); no stack (an MLflow address where nothing listens)."""
+    """``cascade bench asr --quick`` end to end, shrunk: 40 utterances and 12 clips of each
+    recorded-speech source, the debug config in one training process, no
+    AOTInductor/ONNX/Inductor builds or Tux Paint corpus (named in ``skipped``); no stack (an
+    MLflow address where nothing listens)."""
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CASCADE_MLFLOW_URI", "http://127.0.0.1:9")
     monkeypatch.setenv("CASCADE_TRAIN_PROCESSES", "1")
     monkeypatch.setenv("CASCADE_BENCH_ASR_CONFIG", "debug")
     monkeypatch.setenv("CASCADE_BENCH_ASR_SIZES", "40")
+    monkeypatch.setenv("CASCADE_BENCH_ASR_CLIPS", "12")
     monkeypatch.setenv("CASCADE_BENCH_ASR_SKIP", "compile,people")
     monkeypatch.setenv("CASCADE_BENCH_REPEATS", "1")  # one variant (eager): nothing to rotate
     monkeypatch.delenv("CASCADE_BENCH_ASR_MODEL", raising=False)
@@ -246,7 +256,34 @@ def test_quick_run_trains_with_provenance_and_writes_finite_figures(
     assert provenance["source"] == "trained" and provenance["config"] == "debug"
     assert provenance["train_s"] > 0 and result["train_estimate_s"] > 0
     corpus = result["training_corpus"]
-    assert corpus["utterances"] == 40 and sum(corpus["splits"].values()) == 40
+    # The synthetic utterances and the recordings' training part.
+    added = (corpus["recordings"] or {}).get("train_utterances", 0)
+    assert corpus["utterances"] == 40 + added and sum(corpus["splits"].values()) == 40 + added
     assert corpus["digest"] == provenance["corpus_digest"] and corpus["digest"].startswith("sha256")
     assert result["model_digest"].startswith("sha256:")
     assert result["rounds"] == 1 and result["spread"]["rtf_eager"]["n"] == 1
+    # The English peer: PocketSphinx and the model on the same clips, WAV bytes in.
+    assert result["en_utterances"] > 0 and result["en_model_variant"].startswith("eager")
+    assert 0 < result["pocketsphinx_cer_en"] and 0 <= result["cer_en"]
+    assert result["rtf_pocketsphinx_en"] > 0 and result["rtf_en_end_to_end"] > 0
+    # Language without an oracle: detected on every test utterance, CER beside the label's.
+    assert 0 <= result["language_id_accuracy"] <= 1 and result["language_id_utterances"] > 0
+    assert set(result["cer_by_language_detected"]) == set(result["cer_by_language_oracle"])
+    assert "english" in result["language_id"]["languages"]
+    if not RECORDINGS_INSTALLED:
+        assert result["recordings_reason"].startswith("no recordings")
+        return
+    recordings = result["recordings"]
+    assert set(recordings["sources"]) == {"asterisk_en", "fillets_cs"}
+    assert all(counts["utterances"] == 12 for counts in recordings["sources"].values())
+    # The recordings' training part is in the training corpus, and the debug config uses it.
+    assert result["human_trained"] is True
+    assert corpus["recordings"]["train_utterances"] == recordings["parts"]["train"] > 0
+    minutes = result["human_train_minutes_by_language"]
+    assert set(minutes) == {"english", "cs"} and all(m > 0 for m in minutes.values())
+    assert result["cer_seen_speakers"] is not None and result["seen_speakers_utterances"] > 0
+    unseen = result["cer_unseen_speakers_by_language"]
+    assert unseen["english"]["cer"] is None and "one speaker" in unseen["english"]["reason"]
+    assert unseen["cs"]["train_minutes"] == minutes["cs"] and unseen["cs"]["train_speakers"] >= 1
+    assert "recordings_test_seen" in result["en_by_source"]
+    assert "cs" in result["language_id"]["languages"] and "cs" in result["cer_by_language_detected"]

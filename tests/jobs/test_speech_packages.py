@@ -16,6 +16,7 @@ from jobs.speech_packages import (
     ASTERISK_TEXT,
     FILLETS_ROOT,
     clean_text,
+    evenly_spaced,
     land_asterisk_en,
     land_fillets,
     lua_calls,
@@ -196,6 +197,22 @@ def test_fillets_dialogue_lands_with_roles_and_counts_what_it_drops(tmp_path: Pa
     assert reasons["fillets-cs-gods-b1-1"] == "transcript missing"
     assert reasons["fillets-cs-blackjokes-unknown"].startswith("transcript missing (no dialogId")
     assert reasons["fillets-cs-airplane-let-v-nahrano"].startswith("audio missing")
+    # A limit lands clips spread over the levels and roles, not the first level's alone.
+    limited = tmp_path / "limited"
+    limited.mkdir()
+    assert land_fillets(limited, ds=DS, root=root, limit=2)["utterances"] == 2
+    assert sorted(landed(limited)) == [
+        "fillets-cs-airplane-let-m-oko",
+        "fillets-cs-blackjokes-smrt-m-0",
+    ]
+
+
+def test_evenly_spaced_spreads_a_limit_over_the_items() -> None:
+    items = list(range(10))
+    assert evenly_spaced(items, 3) == [0, 3, 6]  # type: ignore[arg-type]
+    assert evenly_spaced(items, None) == evenly_spaced(items, 20) == items  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        evenly_spaced(items, 0)  # type: ignore[arg-type]
 
 
 def test_a_missing_package_is_named_with_its_fix(tmp_path: Path) -> None:

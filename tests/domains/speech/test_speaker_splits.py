@@ -8,8 +8,10 @@ import pytest
 from domains.speech.speaker_splits import (
     SplitUtterance,
     held_out_sentences,
+    held_out_speaker_choice,
     held_out_speakers,
     leave_one_speaker_out,
+    seen_and_unseen,
     sentence_key,
 )
 
@@ -72,3 +74,32 @@ def test_leave_one_speaker_out_per_language_with_two_speakers_or_more() -> None:
     assert set(folds["cs"]) == {"small", "big", "parrot"}
     parrot = folds["cs"]["parrot"]
     assert parrot.test == ("parrot-0",) and len(parrot.train) == 80 and not parrot.dropped
+
+
+def test_held_out_speakers_are_the_smallest_roles_never_the_largest() -> None:
+    items = corpus() + [
+        SplitUtterance(f"mouse-{n}", "mouse", f"Squeak {n}.", "cs") for n in range(3)
+    ]
+    chosen = held_out_speaker_choice(items, share=0.2)
+    # parrot (1) and mouse (3) fit in a fifth of Czech's 84 utterances; a lead does not.
+    assert chosen == {"cs": ("mouse", "parrot")}
+    # Two speakers and a tiny share: the smaller one still, the larger never.
+    pair = [u for u in items if u.speaker in ("small", "parrot")]
+    assert held_out_speaker_choice(pair, share=0.01) == {"cs": ("parrot",)}
+    with pytest.raises(ValueError, match="share must be in"):
+        held_out_speaker_choice(items, share=1.0)
+
+
+def test_one_split_answers_seen_and_unseen_speakers_without_shared_sentences() -> None:
+    items = corpus()
+    split = seen_and_unseen(items, test_share=0.3, unseen_share=0.2, seed="s")
+    speaker = {u.utterance_id: u.speaker for u in items}
+    assert split.held_out == {"cs": ("parrot",)}  # English has one speaker: none held out
+    assert {speaker[i] for i in split.test_unseen} == {"parrot"}
+    trained = {speaker[i] for i in split.train}
+    assert split.test_seen and {speaker[i] for i in split.test_seen} <= trained
+    assert "parrot" not in trained
+    for test in (split.test_seen, split.test_unseen):
+        assert not _keys(items, split.train) & _keys(items, test)
+    every = set(split.train) | set(split.test_seen) | set(split.test_unseen) | set(split.dropped)
+    assert every == {u.utterance_id for u in items}

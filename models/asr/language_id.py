@@ -1,0 +1,211 @@
+"""Which language an utterance is in, so that decoding needs no label: a small classifier on
+features pooled over the utterance.
+
+Each utterance becomes one vector (:func:`utterance_vector`): the mean and standard deviation of
+its log-mel features over time, and, from the ASR model's output on the same features, the share
+of the non-blank posterior mass on each language's characters and the mean posterior of every
+output token over the frames where the model emits something (a character unigram profile: the
+strongest cue between languages written in one script). A multinomial logistic regression
+(:func:`fit_language_identifier`: standardized inputs, L2 penalty, classes weighted to balance
+the languages) maps it to a language group
+(:func:`~domains.speech.audio_features.language_group`). :func:`train_language_identifier` fits
+one on a corpus's training split with a trained model; :func:`identify` is one utterance's
+language. The identifier is stored as JSON (:meth:`LanguageIdentifier.to_json`), like the
+model's alphabet: numbers, never a pickle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from domains.speech.audio_features import language_group
+from models.asr.corpus import Utterances
+from models.asr.inference import log_probs_of
+from models.asr.model import BLANK, Alphabet, ConvDFSMN
+
+LANGUAGE_ID_FORMAT = "cascade.asr.language_id/1"
+EMITTING = 0.5
+"""A frame counts as emitting when its blank posterior is below this."""
+
+
+def utterance_vector(
+    features: np.ndarray | torch.Tensor,
+    log_probs: torch.Tensor | None = None,
+    alphabet: Alphabet | None = None,
+) -> np.ndarray:
+    """The pooled vector of one utterance (see the module docstring); without ``log_probs``
+    only the log-mel statistics."""
+    x = torch.as_tensor(features, dtype=torch.float64)
+    parts = [x.mean(0), x.std(0, correction=0)]
+    if log_probs is not None:
+        if alphabet is None:
+            raise ValueError("utterance_vector: log_probs need the alphabet they are over")
+        posterior = log_probs.detach().to(torch.float64).exp()
+        emitting = posterior[posterior[:, BLANK] < EMITTING]
+        if len(emitting) == 0:  # nothing emitted: the whole utterance, blank included
+            emitting = posterior
+        profile = emitting.mean(0)
+        characters = profile.clone()
+        characters[BLANK] = 0.0
+        space = alphabet.encode_known(" ")
+        characters[space] = 0.0
+        total = float(characters.sum()) or 1.0
+        shares = []
+        for language in sorted(alphabet.languages):
+            ids = alphabet.encode_known("".join(alphabet.languages[language]))
+            shares.append(float(characters[ids].sum()) / total)
+        parts += [profile, torch.tensor(shares, dtype=torch.float64)]
+    return torch.cat(parts).numpy()
+
+
+@dataclass
+class LanguageIdentifier:
+    """Standardize, then ``softmax(weight @ x + bias)`` over ``languages``."""
+
+    languages: list[str]
+    mean: np.ndarray
+    scale: np.ndarray
+    weight: np.ndarray
+    """``[languages, inputs]``."""
+    bias: np.ndarray
+    uses_model: bool
+    """Whether the vectors hold the ASR model's output (then the same model must make them)."""
+
+    def probabilities(self, vectors: np.ndarray) -> np.ndarray:
+        """``[N, languages]`` of ``[N, inputs]`` vectors."""
+        vectors = np.atleast_2d(vectors)
+        if vectors.shape[1] != len(self.mean):
+            raise ValueError(
+                f"the language identifier takes {len(self.mean)} inputs, got {vectors.shape[1]}: "
+                "make the vectors with the model (and alphabet) it was trained with"
+            )
+        logits = ((vectors - self.mean) / self.scale) @ self.weight.T + self.bias
+        logits -= logits.max(axis=1, keepdims=True)
+        exp = np.exp(logits)
+        return exp / exp.sum(axis=1, keepdims=True)
+
+    def predict(self, vectors: np.ndarray) -> list[str]:
+        return [self.languages[i] for i in self.probabilities(vectors).argmax(axis=1)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": LANGUAGE_ID_FORMAT,
+            "languages": self.languages,
+            "mean": self.mean.tolist(),
+            "scale": self.scale.tolist(),
+            "weight": self.weight.tolist(),
+            "bias": self.bias.tolist(),
+            "uses_model": self.uses_model,
+        }
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> LanguageIdentifier:
+        if payload.get("format") != LANGUAGE_ID_FORMAT:
+            raise ValueError(
+                f"not a language identifier: format {payload.get('format')!r}, expected "
+                f"{LANGUAGE_ID_FORMAT!r}"
+            )
+        identifier = cls(
+            languages=[str(v) for v in payload["languages"]],
+            mean=np.asarray(payload["mean"], dtype=np.float64),
+            scale=np.asarray(payload["scale"], dtype=np.float64),
+            weight=np.asarray(payload["weight"], dtype=np.float64),
+            bias=np.asarray(payload["bias"], dtype=np.float64),
+            uses_model=bool(payload["uses_model"]),
+        )
+        if identifier.weight.shape != (len(identifier.languages), len(identifier.mean)):
+            raise ValueError("language identifier: weight is not [languages, inputs]")
+        return identifier
+
+
+def fit_language_identifier(
+    vectors: np.ndarray,
+    languages: Sequence[str],
+    *,
+    l2: float = 1e-2,
+    uses_model: bool = False,
+) -> LanguageIdentifier:
+    """Logistic regression of ``languages`` (grouped, :func:`language_group`) on ``vectors``
+    ``[N, inputs]``: scikit-learn's L-BFGS on the class-balanced cross-entropy with an L2
+    penalty of strength ``l2`` on the standardized inputs. One language only: it is always the
+    answer."""
+    from sklearn.linear_model import LogisticRegression
+
+    vectors = np.asarray(vectors, dtype=np.float64)
+    if vectors.ndim != 2 or len(vectors) == 0 or len(vectors) != len(languages):
+        raise ValueError(
+            f"fit_language_identifier needs one vector per language label, got {vectors.shape} "
+            f"vectors and {len(languages)} labels"
+        )
+    groups = [language_group(lang) for lang in languages]
+    names = sorted(set(groups))
+    mean = vectors.mean(axis=0)
+    scale = vectors.std(axis=0)
+    scale[scale < 1e-8] = 1.0
+    weight = np.zeros((len(names), vectors.shape[1]))
+    bias = np.zeros(len(names))
+    if len(names) > 1:
+        fitted = LogisticRegression(
+            C=1.0 / (l2 * len(vectors)), class_weight="balanced", max_iter=500
+        ).fit((vectors - mean) / scale, [names.index(g) for g in groups])
+        if len(names) == 2:  # one row: the second class's logit against a zero for the first
+            weight[1], bias[1] = fitted.coef_[0], fitted.intercept_[0]
+        else:
+            weight, bias = fitted.coef_.copy(), fitted.intercept_.copy()
+    return LanguageIdentifier(
+        languages=names, mean=mean, scale=scale, weight=weight, bias=bias, uses_model=uses_model
+    )
+
+
+def model_vector(
+    model: ConvDFSMN | None, alphabet: Alphabet | None, features: np.ndarray | torch.Tensor
+) -> np.ndarray:
+    """:func:`utterance_vector` of ``features`` with ``model``'s output (None: features only)."""
+    if model is None:
+        return utterance_vector(features)
+    return utterance_vector(features, log_probs_of(model, features), alphabet)
+
+
+def train_language_identifier(
+    model: ConvDFSMN | None,
+    alphabet: Alphabet | None,
+    data: Utterances,
+    *,
+    per_language: int | None = 500,
+    seed: int = 0,
+) -> LanguageIdentifier:
+    """An identifier fitted on ``data`` (a training split): at most ``per_language`` utterances
+    of each language group, drawn with ``seed``; with ``model``, its output is in the vectors."""
+    if len(data) == 0:
+        raise ValueError("no utterances to fit a language identifier on: give a training split")
+    rng = np.random.default_rng(seed)
+    picked: list[int] = []
+    groups = np.array([language_group(lang) for lang in data.languages])
+    for group in sorted(set(groups)):
+        members = np.flatnonzero(groups == group)
+        if per_language is not None and len(members) > per_language:
+            members = np.sort(rng.choice(members, per_language, replace=False))
+        picked.extend(int(i) for i in members)
+    if model is not None:
+        model.eval()
+    vectors = np.stack([model_vector(model, alphabet, data.features[i].float()) for i in picked])
+    return fit_language_identifier(
+        vectors, [data.languages[i] for i in picked], uses_model=model is not None
+    )
+
+
+def identify(
+    identifier: LanguageIdentifier,
+    model: ConvDFSMN | None,
+    alphabet: Alphabet | None,
+    features: np.ndarray | torch.Tensor,
+) -> str:
+    """The language group of one utterance ``[frames, n_mels]``."""
+    return identifier.predict(
+        model_vector(model if identifier.uses_model else None, alphabet, features)
+    )[0]

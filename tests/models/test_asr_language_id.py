@@ -1,0 +1,75 @@
+"""The language identifier: learns languages from pooled features, takes the ASR model's output
+into its vectors, survives a JSON round trip, and refuses vectors of another shape."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from models.asr.corpus import Utterances
+from models.asr.language_id import (
+    LanguageIdentifier,
+    fit_language_identifier,
+    identify,
+    train_language_identifier,
+    utterance_vector,
+)
+from tests.asr_models import tiny_artifact
+
+
+def _utterance(language: str, rng: np.random.Generator, n_mels: int = 40) -> np.ndarray:
+    """Log-mel frames whose energy leans to the low bands (``en``) or the high ones (``cs``)."""
+    tilt = np.linspace(1.0, -1.0, n_mels) * (1 if language == "en" else -1)
+    frames = int(rng.integers(60, 120))
+    return (rng.standard_normal((frames, n_mels)) + 2 * tilt - 5).astype(np.float32)
+
+
+def _data(count: int, seed: int) -> Utterances:
+    rng = np.random.default_rng(seed)
+    languages = ["en-us" if i % 3 else "cs" for i in range(count)]  # two English to one Czech
+    return Utterances(
+        ids=[str(i) for i in range(count)],
+        texts=["x"] * count,
+        languages=languages,
+        voices=["v"] * count,
+        features=[torch.from_numpy(_utterance(lang[:2], rng)).half() for lang in languages],
+        targets=[],
+        n_mels=40,
+    )
+
+
+def test_it_learns_languages_from_pooled_features_and_round_trips_as_json() -> None:
+    identifier = train_language_identifier(None, None, _data(60, seed=0), per_language=30)
+    assert identifier.languages == ["cs", "english"] and not identifier.uses_model
+    test = _data(30, seed=1)
+    guesses = [identify(identifier, None, None, f.float()) for f in test.features]
+    truth = ["english" if lang.startswith("en") else "cs" for lang in test.languages]
+    assert np.mean([g == t for g, t in zip(guesses, truth, strict=True)]) >= 0.9
+    again = LanguageIdentifier.from_json(json.loads(json.dumps(identifier.to_json())))
+    vectors = np.stack([utterance_vector(f.float()) for f in test.features])
+    assert np.allclose(again.probabilities(vectors), identifier.probabilities(vectors))
+    with pytest.raises(ValueError, match="takes 80 inputs, got 3"):
+        identifier.predict(np.zeros((1, 3)))
+    with pytest.raises(ValueError, match="not a language identifier"):
+        LanguageIdentifier.from_json({"format": "something else"})
+
+
+def test_the_model_output_joins_the_vector_and_one_language_is_always_the_answer() -> None:
+    artifact = tiny_artifact(quantized=False)
+    data = _data(12, seed=2)
+    identifier = train_language_identifier(artifact.model, artifact.alphabet, data)
+    assert identifier.uses_model
+    # log-mel mean and std, the posterior profile over the tokens, one share per language
+    inputs = 2 * 40 + len(artifact.alphabet) + len(artifact.alphabet.languages)
+    assert identifier.mean.shape == (inputs,)
+    guess = identify(identifier, artifact.model, artifact.alphabet, data.features[0].float())
+    assert guess in ("cs", "english")
+    only = fit_language_identifier(np.ones((3, 2)), ["cs", "cs-CZ", "cs"])
+    assert only.predict(np.zeros((2, 2))) == ["cs", "cs"]
+    with pytest.raises(ValueError, match="one vector per language label"):
+        fit_language_identifier(np.ones((3, 2)), ["cs"])
+    with pytest.raises(ValueError, match="no utterances"):
+        train_language_identifier(None, None, _data(0, seed=0))
