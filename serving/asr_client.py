@@ -22,6 +22,7 @@ from serving.v2_client import V2Client, bytes_input, wait_until_served
 MODEL_NAME = REGISTERED_MODEL
 """The served model's name, the registered one's."""
 AUDIO_INPUT = "audio"
+"""The request's one input: a WAV file (:mod:`serving.asr` reads it)."""
 PROBE_RATE = 16_000
 
 
