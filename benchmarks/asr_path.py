@@ -275,10 +275,8 @@ def people_corpus(spark: Any, work: Path) -> tuple[Path | None, str | None]:
 
 def long_utterances(landing: Path, frame: pd.DataFrame) -> list[tuple[float, bytes]]:
     """WAV files of each of :data:`DURATIONS_S` made by chaining test-split audio."""
-    import io
-    import wave
 
-    from domains.speech.audio_features import SAMPLE_RATE, decode_wav, resample
+    from domains.speech.audio_features import SAMPLE_RATE, decode_wav, encode_wav, resample
 
     audio = []
     for utterance_id in frame["utterance_id"]:
@@ -289,14 +287,7 @@ def long_utterances(landing: Path, frame: pd.DataFrame) -> list[tuple[float, byt
         chain = np.concatenate([chain, chain])
     files = []
     for seconds in DURATIONS_S:
-        pcm = (np.clip(chain[: int(seconds * SAMPLE_RATE)], -1, 1) * 32767).astype("<i2")
-        buffer = io.BytesIO()
-        with wave.open(buffer, "wb") as writer:
-            writer.setnchannels(1)
-            writer.setsampwidth(2)
-            writer.setframerate(SAMPLE_RATE)
-            writer.writeframes(pcm.tobytes())
-        files.append((seconds, buffer.getvalue()))
+        files.append((seconds, encode_wav(chain[: int(seconds * SAMPLE_RATE)], SAMPLE_RATE)))
     return files
 
 

@@ -225,7 +225,7 @@ def materialize_on_cluster(
 
 def served(settings: Settings) -> dict[str, Any]:
     """One request to the deployed pre-ranker, as a client with the stack's token sends it."""
-    from serving.deploy import score
+    from serving.preranking_client import score
 
     answer = score(1, [10, 20, 30], settings=settings)
     return {"model_version": answer.get("model_version"), "scores": len(answer["scores"])}

@@ -48,6 +48,7 @@ SCRIPTS = {
     "online-sqlite": "benchmarks.online_sqlite",
     "online-materialize": "benchmarks.online_materialize",
     "feedback-writer": "benchmarks.feedback_writer",
+    "before-after": "benchmarks.before_after",
 }
 """Benchmarks that are their own program (their options are their own; they write ``--out``)."""
 

@@ -110,7 +110,7 @@ def train_pipeline_fscd(
     recorded in the provenance)."""
     from cascade.config import load_settings, scoped_environ
     from cascade.lake import Lake
-    from compilers.deploy_gate import cold_gate_sample
+    from compilers.preranking_gate import cold_gate_sample
     from models.preranking.cascade_train import launch_pipeline
     from models.preranking.fscd_run import EXPERIMENT
     from models.preranking.inference import load_trained

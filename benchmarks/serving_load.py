@@ -148,7 +148,7 @@ def train_fscd_and_promote(
     the training set of partition ``ds`` as the pipeline's train step does (DeepSpeed,
     ``settings.train_processes`` processes), compile and gate it as its compile step does,
     register the pre-ranker and make it champion."""
-    from compilers.deploy_gate import compile_and_gate
+    from compilers.preranking_gate import compile_and_gate
     from models.preranking.cascade_train import launch_pipeline
     from models.preranking.registration import register_and_promote
     from pipelines.ctr_preranking import PIPELINE

@@ -4,7 +4,7 @@ reasons.
     cascade step compile --pipeline ctr_preranking --ds 2026-11-22
 
 Before a trained FSCD pre-ranker is registered and served, the pipeline's compile step
-(:mod:`compilers.deploy_gate`) compiles it into the request-shaped AOTInductor artifact
+(:mod:`compilers.preranking_gate`) compiles it into the request-shaped AOTInductor artifact
 (:func:`compilers.preranking.compile_cold_preranking`) and calls :func:`compile_cold_gate` on a
 held-out sample of requests. The artifact may only replace eager serving when it scores like the
 model it was compiled from and is not slower; a failed check comes back as a sentence that names
@@ -180,7 +180,7 @@ def compile_cold_gate(
       median (interleaved rounds) is at least ``min_speedup``.
 
     ``sample``: requests ``((user_codes [1, F], candidate_codes [N, F]), labels [N])`` of
-    encoded fields (as :func:`compilers.deploy_gate.cold_gate_sample` builds them), each scored
+    encoded fields (as :func:`compilers.preranking_gate.cold_gate_sample` builds them), each scored
     as served: its cross keys deduplicated (:func:`compilers.preranking.cold_request_inputs`).
     Returns ``{"passed", "reasons", "artifact", "max_abs_diff", "auc_delta", "eager_auc",
     "artifact_auc", "speedup_vs_eager", "eager_ms", "artifact_ms", "candidates_timed",

@@ -182,7 +182,7 @@ def run_demo(
         **outcome,
     }
     if outcome["dag_run_state"] == "success":
-        from serving.deploy import score
+        from serving.preranking_client import score
 
         summary["sample_request"] = score(1, [1, 50, 100, 181, 258], settings=settings)
     out = secure_state_folder(settings.home) / "demo" / "summary.json"

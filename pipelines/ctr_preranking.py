@@ -115,7 +115,7 @@ def train(ctx: StepContext) -> dict[str, Any]:
 
 
 def compile_gate(ctx: StepContext) -> dict[str, Any]:
-    from compilers.deploy_gate import compile_and_gate
+    from compilers.preranking_gate import compile_and_gate
 
     return compile_and_gate(ctx.ds)
 
@@ -129,14 +129,14 @@ def register(ctx: StepContext) -> dict[str, Any]:
 
 
 def deploy(ctx: StepContext) -> dict[str, Any]:
-    from serving.deploy import roll_out
+    from serving.preranking_client import roll_out
 
     return roll_out(ctx.ds)
 
 
 def score(request: Mapping[str, Any]) -> dict[str, Any]:
     """``cascade score --model preranking --user 1 --items 10 20 30``."""
-    from serving.deploy import score as score_served
+    from serving.preranking_client import score as score_served
 
     if request.get("user") is None or not request.get("items"):
         raise ValueError("scoring the pre-ranker needs --user ID and --items ID [ID ...]")
@@ -276,7 +276,11 @@ PIPELINE = Pipeline(
             "worse than the champion on the same held-out rows",
             outlets=(ASSET_PRERANKING_CHAMPION,),
             reads=("train",),
-            dvc_deps=("cascade/promotion.py", "models/preranking/registration.py"),
+            dvc_deps=(
+                "models/preranking/registration.py",
+                "cascade/registration.py",
+                "cascade/promotion.py",
+            ),
             # The promotion rule's overrides, for one run: `dvc exp run -S
             # ctr_preranking.promotion_tolerance=0.01` or `--param promotion_metric=logloss`.
             params={

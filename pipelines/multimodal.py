@@ -60,16 +60,15 @@ from cascade.pipeline_spec import (
 )
 from cascade.settings_fields import SETTINGS_CONFIG, Flag
 from cascade.step_context import StepContext, with_settings
+from models.multimodal import REGISTERED_MODEL
+from models.multimodal.registration import (
+    MODEL_ARTIFACT_PATH,
+    RECALL_KEYS,
+    mean_recall_at_1,
+)
 
 DEFAULT_CONFIG = "small"
 DEFAULT_GENERATED = 2_000
-MODEL_NAME = "multimodal"
-MODEL_ARTIFACT_PATH = "model"
-"""Folder of the training's MLflow run that a registered version points at: the final
-DeepSpeed checkpoint's module states (experts in their own files), the model's config, its
-corpus's caption tokenizer, their digests and the run's result (:mod:`models.multimodal.stored`)."""
-MEAN_RECALL_TAG = "mean_recall_at_1"
-"""Model-version tag: the version's mean of image->text and text->image recall@1."""
 
 
 @dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
@@ -237,10 +236,6 @@ def train(ctx: StepContext) -> dict[str, Any]:
     return {**result, "ds": ds}
 
 
-def mean_recall_at_1(result: dict[str, Any]) -> float:
-    return (float(result["i2t_recall_at_1"]) + float(result["t2i_recall_at_1"])) / 2
-
-
 def evaluate(ctx: StepContext) -> dict[str, Any]:
     """Recall@1/5 both ways on the corpus's held-out (test) split. The MoE's figures are those
     the training measured on that split with the final weights (every process scores with its
@@ -306,136 +301,26 @@ def evaluate(ctx: StepContext) -> dict[str, Any]:
     return report
 
 
-RECALL_KEYS = ("i2t_recall_at_1", "i2t_recall_at_5", "t2i_recall_at_1", "t2i_recall_at_5")
-
-
 def register(ctx: StepContext) -> dict[str, Any]:
     """Register the model trained for ``ds`` as a new version of MLflow model ``multimodal``
     (alias ``challenger``); move ``champion`` to it when its mean recall@1 is within the
-    tolerance of the champion's. Both are measured on the same rows, this partition's held-out
-    split: the champion's stored model is scored there with its own caption tokenizer (the
-    tokenizer is refitted per corpus, :mod:`models.multimodal.stored`). A champion stored
-    without its tokenizer is compared by its ``mean_recall_at_1`` tag, measured on its own
-    partition, and the decision says so. Refuses a corpus that failed its GX gate; calling it
-    again returns the first decision.
+    tolerance of the champion's, both measured on this partition's held-out split
+    (:mod:`models.multimodal.registration`). Refuses a corpus that failed its GX gate; calling
+    it again returns the first decision."""
+    from models.multimodal.registration import register_and_promote
 
-    The version's folder also gets the files of an MLflow pyfunc
-    (:mod:`models.multimodal.pyfunc`) before its digests are recorded, so it loads the
-    standard way too."""
-    import tempfile
-
-    import mlflow
-
-    from cascade.artifacts import DIGESTS_TAG, digests_tag
-    from cascade.promotion import Decision, NewVersion, Scores, register_and_promote
-    from cascade.registry import (
-        add_pyfunc_files,
-        download_verified,
-        freeze_release,
-        registry_client,
-    )
-    from cascade.signing import load_signing_key
-    from models.multimodal.pyfunc import save_pyfunc
-    from models.multimodal.stored import NoStoredTokenizer, score_stored_model
-
-    ds, settings = ctx.ds, ctx.platform
-    lake = Lake(settings.lake_root)
+    ds, lake = ctx.ds, ctx.lake
     require_gate(lake, ds)
-    evaluation = ctx.result_of("evaluate")
-    client = registry_client(settings)
-    run_id = evaluation["run_id"]
-    recall = float(evaluation["mean_recall_at_1"])
-    eval_pairs = int(evaluation["eval_pairs"])
-    rows = f"ds={ds} test split, {eval_pairs} pairs"
     promotion = ctx.pipeline.promotion(ctx.settings)
     assert promotion is not None
-
-    def tagged(champion: Any, why: str) -> Scores:
-        if MEAN_RECALL_TAG not in champion.tags:
-            raise RuntimeError(
-                f"champion v{champion.version} of {MODEL_NAME!r} cannot be scored on {rows} "
-                f"({why}) and has no {MEAN_RECALL_TAG!r} tag to compare with; tag it (or move "
-                "the alias) and run step 'register' again"
-            )
-        return Scores(
-            challenger=recall,
-            champion=float(champion.tags[MEAN_RECALL_TAG]),
-            rows=f"{rows} for the challenger, its own partition's for the champion",
-            details={
-                "rows": rows,
-                "same_rows": False,
-                "champion_ds": champion.tags.get("ds"),
-                "champion_scored_by": f"its {MEAN_RECALL_TAG!r} tag: {why}",
-            },
-        )
-
-    def score(champion: Any) -> Scores:
-        with tempfile.TemporaryDirectory(prefix="mm-champion-") as scratch:
-            # Its files are read only once they match what its registration recorded.
-            folder = download_verified(settings, MODEL_NAME, str(champion.version), Path(scratch))
-            try:
-                scored = score_stored_model(
-                    settings,
-                    folder,
-                    corpus_dir(lake, ds),
-                    lake.reports("mm_register", ds) / f"champion-v{champion.version}",
-                    limit=eval_pairs,
-                )
-            except NoStoredTokenizer as exc:
-                return tagged(champion, str(exc))
-        if int(scored["eval_pairs"]) != eval_pairs:
-            raise RuntimeError(
-                f"champion v{champion.version} was scored on {scored['eval_pairs']} pairs of "
-                f"ds={ds}'s test split, the challenger on {eval_pairs}"
-            )
-        return Scores(
-            challenger=recall,
-            champion=mean_recall_at_1(scored),
-            rows=f"the same {rows}",
-            details={
-                "rows": rows,
-                "same_rows": True,
-                "champion_ds": champion.tags.get("ds"),
-                "champion_tag": champion.tags.get(MEAN_RECALL_TAG),
-                **{f"champion_{k}": float(scored[k]) for k in RECALL_KEYS},
-            },
-        )
-
-    def report(decision: Decision) -> dict[str, Any]:
-        return {
-            "ds": ds,
-            **decision.record(),
-            "run_id": run_id,
-            "config": evaluation.get("config"),
-            MEAN_RECALL_TAG: recall,
-            **{k: evaluation[k] for k in RECALL_KEYS},
-            "dense_mean_recall_at_1": (evaluation.get("dense") or {}).get("mean_recall_at_1"),
-        }
-
-    source = f"{mlflow.get_run(run_id).info.artifact_uri}/{MODEL_ARTIFACT_PATH}"
-    # MLmodel, code file and input example beside the model files, for the standard loader.
-    add_pyfunc_files(settings, run_id, MODEL_ARTIFACT_PATH, save_pyfunc)
-    # What the registry holds now is what every later load must find (cascade.artifacts).
-    source, files = freeze_release(settings, run_id, {"": source})
-    digests = digests_tag(files)
-    result = register_and_promote(
-        client,
-        NewVersion(
-            name=MODEL_NAME,
-            model_description="Image-text retrieval, MoE transformer (Cascade)",
-            run_id=run_id,
-            source=source,
-            tags={"ds": ds, MEAN_RECALL_TAG: repr(recall), "run_id": run_id, DIGESTS_TAG: digests},
-            description=f"trained for ds={ds} with config {evaluation.get('config')}",
-        ),
+    return register_and_promote(
+        ctx.platform,
+        ds=ds,
+        evaluation=ctx.result_of("evaluate"),
+        corpus=corpus_dir(lake, ds),
+        scratch=lake.reports("mm_register", ds),
         promotion=promotion,
-        score=score,
-        compile_gate=None,
-        report=report,
-        signing_key=load_signing_key(settings.home, create=True),
-        settings=settings,
     )
-    return result
 
 
 PIPELINE = Pipeline(
@@ -451,7 +336,7 @@ PIPELINE = Pipeline(
     tags=("multimodal", "images"),
     settings=MultimodalSettings,
     model=RegisteredModel(
-        name=MODEL_NAME,
+        name=REGISTERED_MODEL,
         promotion=Promotion(
             metric="mean_recall_at_1",
             higher_is_better=True,
@@ -554,7 +439,13 @@ PIPELINE = Pipeline(
             timeout_minutes=10,
             outlets=(ASSET_MULTIMODAL_CHAMPION,),
             inputs=("image_corpus",),
-            dvc_deps=("pipelines/multimodal.py", "models/multimodal/stored.py"),
+            dvc_deps=(
+                "pipelines/multimodal.py",
+                "models/multimodal/registration.py",
+                "models/multimodal/stored.py",
+                "cascade/registration.py",
+                "cascade/promotion.py",
+            ),
             params={"recall_tolerance": "CASCADE_MULTIMODAL_RECALL_TOLERANCE"},  # promotion
         ),
     ),

@@ -109,6 +109,7 @@ from models.asr.compiled import (
 from models.asr.inference import transcribe
 from models.asr.metrics import cer
 from models.asr.model import Alphabet
+from serving.asr_client import AUDIO_INPUT, MODEL_NAME
 from serving.v2_codec import (
     INFERENCE_HEADER,
     decode_binary_request,
@@ -119,8 +120,6 @@ from serving.v2_codec import (
 
 log = logging.getLogger("serving.asr")
 
-MODEL_NAME = "asr"
-AUDIO_INPUT = "audio"
 MODEL_DIR_ENV = "CASCADE_ASR_MODEL_DIR"
 LANGUAGE_PARAMETER = "language"
 """Request parameter naming the utterance's language."""

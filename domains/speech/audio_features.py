@@ -257,6 +257,19 @@ def decode_wav(content: bytes) -> tuple[np.ndarray, int]:
     return samples.astype(np.float32) / 32768.0, header.rate
 
 
+def encode_wav(samples: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
+    """A 16-bit mono WAV file of float ``samples`` in [-1, 1] (clipped), the inverse of
+    :func:`decode_wav` up to quantization."""
+    pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(pcm.tobytes())
+    return buffer.getvalue()
+
+
 def resample(samples: np.ndarray, rate: int, target: int = SAMPLE_RATE) -> np.ndarray:
     """Polyphase resampling to ``target`` (exact rational ratio)."""
     if rate == target:

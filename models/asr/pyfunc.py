@@ -18,8 +18,6 @@ registry scores, fake-quantized with its RSQ record) and ``duration_s``.
 from __future__ import annotations
 
 import base64
-import io
-import wave
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,7 @@ import pandas as pd
 import torch
 from mlflow.pyfunc.model import PythonModel, PythonModelContext
 
-from domains.speech.audio_features import SAMPLE_RATE, decode_wav, log_mel, resample
+from domains.speech.audio_features import SAMPLE_RATE, decode_wav, encode_wav, log_mel, resample
 from models.asr.artifact import AsrArtifact, load_artifact
 from models.asr.inference import transcribe
 from models.asr.model import ConvDFSMN
@@ -83,13 +81,7 @@ def example_wav(seconds: float = 0.5) -> bytes:
     """A short deterministic 16 kHz mono WAV (two tones): the logged input example."""
     t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
     signal = 0.3 * np.sin(2 * np.pi * 220 * t) + 0.2 * np.sin(2 * np.pi * 660 * t)
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as handle:
-        handle.setnchannels(1)
-        handle.setsampwidth(2)
-        handle.setframerate(SAMPLE_RATE)
-        handle.writeframes((signal * 32767).astype("<i2").tobytes())
-    return buffer.getvalue()
+    return encode_wav(signal, SAMPLE_RATE)
 
 
 def example_frame() -> pd.DataFrame:

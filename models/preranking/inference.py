@@ -385,20 +385,26 @@ RUN_FILES = "run:"
 """Prefix of the digests of run artifacts (the compiled package) in a version's digest tag."""
 
 
-def registration_files(
-    settings: Settings, model_uri: str, run_id: str
-) -> tuple[str, dict[str, str]]:
-    """What a pre-ranker's registration registers: ``(source, digests)`` of a write-once,
-    content-addressed copy (:func:`cascade.registry.freeze_release`) of the logged model's files
-    and, when the compile step logged them, the run's compiled package and gate report (under
-    :data:`COMPILED_DIR`). A re-run of the compile step rewrites the run's ``compiled/``, never
-    a registered version's files."""
+def release_parts(settings: Settings, model_uri: str, run_id: str) -> dict[str, str]:
+    """What a pre-ranker's version holds, as :func:`cascade.registry.freeze_release` takes it:
+    the logged model's files and, when the compile step logged them, the run's compiled package
+    and gate report (under :data:`COMPILED_DIR`)."""
     client = _client(settings)[0]
     parts = {"": model_uri}
     names = {a.path for a in client.list_artifacts(run_id, COMPILED_DIR)}
     if f"{COMPILED_DIR}/{COMPILED_PACKAGE}" in names:
         parts[COMPILED_DIR] = f"{client.get_run(run_id).info.artifact_uri}/{COMPILED_DIR}"
-    return freeze_release(settings, run_id, parts)
+    return parts
+
+
+def registration_files(
+    settings: Settings, model_uri: str, run_id: str
+) -> tuple[str, dict[str, str]]:
+    """What a pre-ranker's registration registers: ``(source, digests)`` of a write-once,
+    content-addressed copy (:func:`cascade.registry.freeze_release`) of :func:`release_parts`.
+    A re-run of the compile step rewrites the run's ``compiled/``, never a registered
+    version's files."""
+    return freeze_release(settings, run_id, release_parts(settings, model_uri, run_id))
 
 
 def registration_digests(settings: Settings, model_uri: str, run_id: str) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """Register a trained pre-ranking model and put it through the promotion gate
-(:mod:`cascade.promotion`).
+(:func:`cascade.registration.register_model`).
 
 The challenger must also beat item popularity's AUC on its held-out rows
 (:func:`popularity_baseline`; the decision's ``baseline`` records both). Champion and
@@ -18,17 +18,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cascade.artifacts import DIGESTS_TAG, digests_tag
 from cascade.config import Settings, load_settings
 from cascade.lake import Lake, check_ds
 from cascade.pipeline_spec import Promotion
-from cascade.promotion import Baseline, Decision, NewVersion, Scores
-from cascade.promotion import register_and_promote as promote
+from cascade.promotion import Baseline, Decision, Scores
+from cascade.registration import Package, register_model
 from cascade.registry import registry_client, registry_report_path
 from cascade.results import write_result
-from cascade.signing import check_tested, load_signing_key
 from models.preranking import PROMOTION_METRICS, REGISTERED_MODEL
-from models.preranking.inference import TEST_AUC_TAG, registration_files
+from models.preranking.inference import TEST_AUC_TAG, release_parts
 
 GATE_KEYS = ("passed", "reasons", "artifact", "max_abs_diff", "auc_delta", "speedup_vs_eager")
 """What the registry's decision keeps of the compile gate's report."""
@@ -209,36 +207,32 @@ def register_and_promote(
             "compile_gate": None if gate is None else {k: gate.get(k) for k in GATE_KEYS},
         }
 
-    # What the registry holds now is what every later load must find (cascade.artifacts).
-    source, digests = registration_files(settings, model_uri, run_id)
-    if gate is not None:
-        check_tested(digests, gate.get("tested") or {}, f"{REGISTERED_MODEL} run {run_id}")
-    result = promote(
-        client,
-        NewVersion(
-            name=REGISTERED_MODEL,
-            model_description="Pre-ranking CTR model (Cascade)",
-            run_id=run_id,
-            # The write-once release folder, not the logged model: a tracking server refuses a
-            # source outside the logged model's location when the version names its model_id,
-            # so the logged model is kept as a tag.
-            source=source,
+    def package(settings: Settings, run_id: str) -> Package:
+        # The write-once release folder, not the logged model: a tracking server refuses a
+        # source outside the logged model's location when the version names its model_id, so
+        # the logged model is kept as a tag.
+        return Package(
+            parts=release_parts(settings, model_uri, run_id),
             tags={
                 "ds": ds,
                 TEST_AUC_TAG: repr(new_auc),
                 "run_id": run_id,
                 "logged_model": model_uri,
-                DIGESTS_TAG: digests_tag(digests),
             },
-            description=f"trained for ds={ds} with config {trained.get('config')}",
-        ),
+        )
+
+    result = register_model(
+        settings,
+        name=REGISTERED_MODEL,
+        model_description="Pre-ranking CTR model (Cascade)",
+        run_id=run_id,
+        description=f"trained for ds={ds} with config {trained.get('config')}",
+        package=package,
         promotion=promotion,
         score=score,
         compile_gate=gate,
         report=report,
         baseline=baseline,
-        signing_key=load_signing_key(settings.home, create=True),
-        settings=settings,
     )
     path = registry_report_path(ds, settings)
     path.parent.mkdir(parents=True, exist_ok=True)

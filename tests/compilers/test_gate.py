@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from compilers import gate
-from compilers.deploy_gate import cold_gate_sample
+from compilers.preranking_gate import cold_gate_sample
 from domains.ctr.schema import LABEL
 from models.preranking.config_registry import cascade_debug
 from models.preranking.fields import FieldEncoder

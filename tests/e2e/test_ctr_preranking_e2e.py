@@ -35,7 +35,7 @@ def test_a_registered_model_version_is_the_champion(stack: Settings, pipeline_ru
 def test_server_scores_every_candidate_with_the_champion(
     stack: Settings, pipeline_run: dict
 ) -> None:
-    from serving.deploy import score
+    from serving.preranking_client import score
 
     items = [1, 50, 100, 181, 258, 99999]
     result = score(1, items, settings=stack)
@@ -48,7 +48,7 @@ def test_server_scores_every_candidate_with_the_champion(
 def test_server_scores_with_the_compiled_package_the_gate_passed(
     stack: Settings, pipeline_run: dict
 ) -> None:
-    from serving.deploy import score
+    from serving.preranking_client import score
 
     version = str(pipeline_run["register"]["champion_version"])
     assert str(score(1, [1, 50], settings=stack)["model_version"]) == version

@@ -63,7 +63,7 @@ class Client(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        from serving.deploy import score
+        from serving.preranking_client import score
 
         try:
             while not self.stop.is_set():
@@ -97,7 +97,7 @@ def test_serving_killed_during_a_model_swap_comes_back_on_the_new_champion(
 
     from infra.services import log_file, port_open
     from infra.stack import _running_pgid, start_service
-    from serving.deploy import served_version
+    from serving.preranking_client import served_version
 
     registry = MlflowClient(tracking_uri=stack.tracking_uri, registry_uri=stack.tracking_uri)
     name = REGISTERED_MODEL

@@ -17,6 +17,7 @@ from cascade.step_context import StepContext
 from cascade.step_runner import execute
 from models.asr.artifact import AsrArtifact, artifact_files, save_artifact
 from models.asr.model import Alphabet, ConvDFSMN, ConvDFSMNConfig, ctc_loss
+from models.asr.registration import SERVED_ARTIFACT_PATH
 from models.asr.rsq import float_state_dict, prepare_qat, quantization_record
 from pipelines import asr as pipeline
 
@@ -90,7 +91,7 @@ def _trained(settings: Settings, ds: str, artifact: Path, *, gate_passed: bool =
     mlflow.set_experiment("asr-test")
     with mlflow.start_run() as run:
         for part in artifact_files(artifact):  # the weights and their vocabulary, as training
-            mlflow.log_artifact(str(part), pipeline.SERVED_ARTIFACT_PATH)
+            mlflow.log_artifact(str(part), SERVED_ARTIFACT_PATH)
     evaluation = evaluate_artifacts(artifact, artifact, pipeline.corpus_dir(lake, ds))
     for kind, result in (
         ("asr_train", {"run_id": run.info.run_id, "int8_artifact": str(artifact),

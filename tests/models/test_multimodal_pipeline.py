@@ -20,6 +20,8 @@ from cascade.step_context import StepContext
 from cascade.step_runner import execute
 from domains.captions.tokenizer import CaptionTokenizer
 from jobs.multimodal_corpus_gate import MultimodalGateFailed
+from models.multimodal import REGISTERED_MODEL
+from models.multimodal.registration import MODEL_ARTIFACT_PATH
 from pipelines import multimodal as pipeline
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -70,18 +72,18 @@ def _challenger(settings: Settings, ds: str, recall: float, *, refit: bool = Fal
     if refit:
         _refit(pipeline.corpus_dir(lake, ds))
     mlflow.set_tracking_uri(settings.tracking_uri)
-    mlflow.set_experiment(pipeline.MODEL_NAME)
+    mlflow.set_experiment(REGISTERED_MODEL)
     # The champion's model files stand in for its own (registration records their digests).
-    champion = _client(settings).get_model_version_by_alias(pipeline.MODEL_NAME, "champion")
+    champion = _client(settings).get_model_version_by_alias(REGISTERED_MODEL, "champion")
     files = mlflow.artifacts.download_artifacts(
         run_id=champion.run_id,
-        artifact_path=pipeline.MODEL_ARTIFACT_PATH,
+        artifact_path=MODEL_ARTIFACT_PATH,
         dst_path=str(settings.home / f"challenger-{ds}"),
         tracking_uri=settings.tracking_uri,
     )
     with mlflow.start_run() as run:
         mlflow.log_metric("mean_recall_at_1", recall)
-        mlflow.log_artifacts(files, pipeline.MODEL_ARTIFACT_PATH)
+        mlflow.log_artifacts(files, MODEL_ARTIFACT_PATH)
     result = {
         "ds": ds, "config": "debug", "run_id": run.info.run_id, "mean_recall_at_1": recall,
         "i2t_recall_at_1": recall, "t2i_recall_at_1": recall, "i2t_recall_at_5": recall,
@@ -135,12 +137,12 @@ def test_steps_build_train_evaluate_and_register_a_champion(
     first = execute(StepContext.build(pipeline.PIPELINE, "register", DS, platform=settings))
     assert first["promoted"] and first["version"] == "1" and first["previous_champion"] is None
     client = _client(settings)
-    champion = client.get_model_version_by_alias(pipeline.MODEL_NAME, "champion")
+    champion = client.get_model_version_by_alias(REGISTERED_MODEL, "champion")
     assert str(champion.version) == "1"
     assert float(champion.tags["mean_recall_at_1"]) == evaluation["mean_recall_at_1"]
     run_id = champion.run_id
     assert run_id is not None
-    files = {f.path for f in client.list_artifacts(run_id, pipeline.MODEL_ARTIFACT_PATH)}
+    files = {f.path for f in client.list_artifacts(run_id, MODEL_ARTIFACT_PATH)}
     assert "model/mp_rank_00_model_states.pt" in files
     # Stored with what scoring it on another partition needs: its config and tokenizer.
     assert {"model/model_config.json", "model/tokenizer.json", "model/digests.json"} <= files
@@ -163,7 +165,7 @@ def test_steps_build_train_evaluate_and_register_a_champion(
     assert not second["promoted"] and second["champion_version"] == "1"
     assert second["comparison"]["champion"] == recall
     assert "worse than champion v1" in second["reasons"][0]
-    assert str(client.get_model_version_by_alias(pipeline.MODEL_NAME, "challenger").version) == "2"
+    assert str(client.get_model_version_by_alias(REGISTERED_MODEL, "challenger").version) == "2"
     # The champion was scored again, on the new partition's held-out pairs: here a copy of its
     # own, so it measures what its tag says.
     pairs = int(trained["eval_pairs"])
@@ -206,7 +208,7 @@ def test_steps_build_train_evaluate_and_register_a_champion(
         execute(StepContext.build(pipeline.PIPELINE, "train", bad, platform=settings))
     with pytest.raises(RuntimeError, match="failed its GX gate"):
         execute(StepContext.build(pipeline.PIPELINE, "register", bad, platform=settings))
-    versions = client.search_model_versions(f"name='{pipeline.MODEL_NAME}'")
+    versions = client.search_model_versions(f"name='{REGISTERED_MODEL}'")
     assert sorted(str(v.version) for v in versions) == ["1", "2", "3"]
 
 
@@ -228,7 +230,7 @@ def test_evaluate_without_the_dense_twin_records_the_moe_figures_and_says_so(
     monkeypatch.setenv("CASCADE_MULTIMODAL_DENSE_TWIN", "0")
     lake = Lake(settings.lake_root)
     mlflow.set_tracking_uri(settings.tracking_uri)
-    mlflow.set_experiment(pipeline.MODEL_NAME)
+    mlflow.set_experiment(REGISTERED_MODEL)
     with mlflow.start_run() as run:
         pass
     trained = {

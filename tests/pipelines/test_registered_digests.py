@@ -18,6 +18,9 @@ from cascade.config import Settings
 from cascade.lake import Lake
 from cascade.step_context import StepContext
 from cascade.step_runner import execute
+from models.asr import REGISTERED_MODEL as ASR
+from models.multimodal import REGISTERED_MODEL as MULTIMODAL
+from models.multimodal.registration import MODEL_ARTIFACT_PATH as MM_ARTIFACT_PATH
 from pipelines import asr as asr_pipeline
 from pipelines import multimodal as mm_pipeline
 
@@ -53,8 +56,8 @@ def test_asr_registration_records_digests_and_a_tampered_champion_is_never_loade
         StepContext.build(asr_pipeline.PIPELINE, "register", "2026-11-20", platform=settings)
     )
     assert first["promoted"] and first["version"] == "1"
-    version = _client(settings).get_model_version(asr_pipeline.MODEL_NAME, "1")
-    stored = _stored(settings, asr_pipeline.MODEL_NAME, "1")
+    version = _client(settings).get_model_version(ASR, "1")
+    stored = _stored(settings, ASR, "1")
     assert json.loads(version.tags[DIGESTS_TAG]) == folder_digests(stored)
     assert "asr_model.pt" in json.loads(version.tags[DIGESTS_TAG])
 
@@ -66,7 +69,7 @@ def test_asr_registration_records_digests_and_a_tampered_champion_is_never_loade
             StepContext.build(asr_pipeline.PIPELINE, "register", "2026-11-21", platform=settings)
         )
     assert not marker.exists()
-    assert _champion(settings, asr_pipeline.MODEL_NAME) == "1"
+    assert _champion(settings, ASR) == "1"
 
 
 def _mm_trained(settings: Settings, ds: str, files: Path) -> None:
@@ -79,7 +82,7 @@ def _mm_trained(settings: Settings, ds: str, files: Path) -> None:
     mlflow.set_tracking_uri(settings.tracking_uri)
     mlflow.set_experiment("multimodal-trust")
     with mlflow.start_run() as run:
-        mlflow.log_artifacts(str(files), mm_pipeline.MODEL_ARTIFACT_PATH)
+        mlflow.log_artifacts(str(files), MM_ARTIFACT_PATH)
     recall = 0.5
     result = {
         "ds": ds, "config": "debug", "run_id": run.info.run_id, "mean_recall_at_1": recall,
@@ -106,8 +109,8 @@ def test_multimodal_registration_records_digests_and_a_tampered_champion_is_neve
         StepContext.build(mm_pipeline.PIPELINE, "register", "2026-11-20", platform=settings)
     )
     assert first["promoted"] and first["version"] == "1"
-    version = _client(settings).get_model_version(mm_pipeline.MODEL_NAME, "1")
-    stored = _stored(settings, mm_pipeline.MODEL_NAME, "1")
+    version = _client(settings).get_model_version(MULTIMODAL, "1")
+    stored = _stored(settings, MULTIMODAL, "1")
     recorded = json.loads(version.tags[DIGESTS_TAG])
     assert recorded == folder_digests(stored)
     assert {MODULE_STATES, MODEL_CONFIG_FILE, DIGESTS_FILE} <= set(recorded)
@@ -128,4 +131,4 @@ def test_multimodal_registration_records_digests_and_a_tampered_champion_is_neve
     assert not (
         Lake(settings.lake_root).reports("mm_register", "2026-11-21") / "champion-v1"
     ).exists()
-    assert _champion(settings, mm_pipeline.MODEL_NAME) == "1"
+    assert _champion(settings, MULTIMODAL) == "1"

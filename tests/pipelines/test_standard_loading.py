@@ -31,6 +31,9 @@ from cascade.registry import add_pyfunc_files, download_verified
 from cascade.step_context import StepContext
 from cascade.step_runner import execute
 from domains.speech.audio_features import SAMPLE_RATE, decode_wav, log_mel
+from models.asr import REGISTERED_MODEL as ASR
+from models.asr.registration import SERVED_ARTIFACT_PATH as ASR_ARTIFACT_PATH
+from models.multimodal import REGISTERED_MODEL as MULTIMODAL
 from models.preranking import REGISTERED_MODEL
 from models.preranking.inference import load_version, score_frame
 from pipelines import asr as asr_pipeline
@@ -66,7 +69,7 @@ def _recorded(client: mlflow.MlflowClient, name: str, version: str) -> set[str]:
 
 def test_preranker_loads_the_standard_way(store: Settings) -> None:
     from tests.cascade.test_registry import fitted, promote, trained
-    from tests.compilers.test_deploy_gate import fscd_trained
+    from tests.compilers.test_preranking_gate import fscd_trained
 
     trained(store, "2026-11-20", fitted(0))
     fscd_trained(store, "2026-11-21")
@@ -106,14 +109,14 @@ def test_asr_loads_the_standard_way(store: Settings, tmp_path: Path) -> None:
         == "1"
     )
     client = _use_store(store)
-    recorded = _recorded(client, asr_pipeline.MODEL_NAME, "1")
+    recorded = _recorded(client, ASR, "1")
     assert {*PYFUNC_FILES, "asr_model.pt", "asr_model.vocabulary.json"} <= recorded
     # A repeated registration leaves the registered files alone.
-    run_id = client.get_model_version(asr_pipeline.MODEL_NAME, "1").run_id
-    assert not add_pyfunc_files(store, run_id, asr_pipeline.SERVED_ARTIFACT_PATH, save_pyfunc)
-    folder = download_verified(store, asr_pipeline.MODEL_NAME, "1", tmp_path / "verified")
+    run_id = client.get_model_version(ASR, "1").run_id
+    assert not add_pyfunc_files(store, run_id, ASR_ARTIFACT_PATH, save_pyfunc)
+    folder = download_verified(store, ASR, "1", tmp_path / "verified")
 
-    model = mlflow.pyfunc.load_model(f"models:/{asr_pipeline.MODEL_NAME}/1")
+    model = mlflow.pyfunc.load_model(f"models:/{ASR}/1")
     example = model.input_example
     out = model.predict(example)
     assert list(out.columns) == ["transcript", "duration_s"] and len(out) == len(example)
@@ -190,7 +193,7 @@ def test_multimodal_loads_the_standard_way(store: Settings, tmp_path: Path) -> N
         == "1"
     )
     client = _use_store(store)
-    recorded = _recorded(client, mm_pipeline.MODEL_NAME, "1")
+    recorded = _recorded(client, MULTIMODAL, "1")
     assert {*PYFUNC_FILES, "tokenizer.json", "layer_1_expert_1_mp_rank_00_model_states.pt"} <= (
         recorded
     )
@@ -198,7 +201,7 @@ def test_multimodal_loads_the_standard_way(store: Settings, tmp_path: Path) -> N
     # MoE layers need a process group: MLflow's loader runs in a process of its own.
     out = tmp_path / "predicted.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    uri = f"models:/{mm_pipeline.MODEL_NAME}/1"
+    uri = f"models:/{MULTIMODAL}/1"
     subprocess.run(
         [sys.executable, "-c", LOAD_SCRIPT, uri, str(out), store.tracking_uri],
         check=True, env=env, timeout=300,

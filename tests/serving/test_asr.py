@@ -21,12 +21,14 @@ import pytest
 import requests
 from conftest import REPO_ROOT
 
+from cascade.config import load_settings
 from cascade.ports import free_port
 from domains.speech.audio_features import CorpusConfig, decode_wav, log_mel, resample
 from jobs.speech_synth import synthesize, utterance_spec
 from models.asr.artifact import load_artifact, save_artifact
 from models.asr.compiled import INT8_FILE, REPORT_FILE, load_compiled
 from models.asr.inference import transcribe
+from serving import asr_client
 from serving.asr import decode_request_audio, load_model_dir, unwrap_bytes_tensor
 from tests.asr_models import tiny_artifact
 
@@ -254,6 +256,41 @@ def test_espeak_wav_round_trip_json_and_binary(int8_server: tuple[AsrServer, Pat
     )
     assert binary.json()["id"] == "bin-1"
     assert outputs_of(binary)["transcript"]["data"] == [local.text]
+
+
+@pytest.mark.slow
+def test_the_client_transcribes_probes_and_names_why_a_roll_out_waits(
+    int8_server: tuple[AsrServer, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, _ = int8_server
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CASCADE_ASR_SERVING_PORT", str(server.port))
+    settings = load_settings()
+    content = espeak_wav()
+    answer = asr_client.transcribe(settings, content)
+    assert outputs_of(server.post_wav(content))["transcript"] == next(
+        o for o in answer["outputs"] if o["name"] == "transcript"
+    )
+    # The probe tone is audio the server takes; a folder it serves has no registry version.
+    probe = asr_client.client(settings).infer(
+        asr_client.request_body(asr_client.probe_tone()), timeout_s=60
+    )
+    assert probe["parameters"]["backend"] == "int8" and asr_client.served_version(settings) is None
+    with pytest.raises(TimeoutError, match=r"still serves version None .*\(cascade asr serve\)"):
+        asr_client.roll_out(
+            settings, "2026-11-22", {}, timeout_s=0.2, poll_s=0.1,
+            champion_version=lambda s, name: "1",
+        )  # fmt: skip
+    with pytest.raises(RuntimeError, match="no 'asr@champion' to deploy; .* refused: worse"):
+        asr_client.roll_out(
+            settings, "2026-11-22", {"reasons": ["worse"]}, champion_version=lambda s, name: None
+        )
+
+    monkeypatch.setenv("CASCADE_ASR_SERVING_PORT", str(free_port()))  # nothing listens there
+    down = load_settings()
+    assert asr_client.served_version(down, timeout_s=2) is None
+    with pytest.raises(RuntimeError, match="the ASR server did not answer"):
+        asr_client.transcribe(down, content, timeout_s=2)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import requests
 import serving_fakes
 from conftest import RunningServer, start_server
 
-from serving.deploy import roll_out, score
+from serving.preranking_client import roll_out, score
 
 pytestmark = pytest.mark.slow
 

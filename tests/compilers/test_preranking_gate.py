@@ -14,8 +14,8 @@ from cascade.compiled_packages import load_package
 from cascade.config import Settings
 from cascade.lake import Lake
 from cascade.signing import load_signing_key, sign_version
-from compilers.deploy_gate import cold_gate_sample, compile_and_gate
 from compilers.preranking import cold_request_inputs
+from compilers.preranking_gate import cold_gate_sample, compile_and_gate
 from models.preranking import REGISTERED_MODEL
 from models.preranking.config_registry import cascade_debug
 from models.preranking.fields import FIELD_NAMES, FieldEncoder
