@@ -22,7 +22,8 @@ The landed folder holds the log in the engine's schema (parquet, read as the ``l
 the optional columns only where the log has them),
 ``_SOURCE``, and ``_quarantine/`` (each bad row's reason and its raw values as JSON). The counts
 are ``rows`` (kept), ``quarantined`` and the collision counts of hashed keys. A zero-byte or
-unreadable file is one error naming the file and the fix.
+unreadable file, a log without a required column and a log of nothing but bad rows are each one
+error naming the file and the fix; nothing lands.
 """
 
 from __future__ import annotations
@@ -169,7 +170,15 @@ def land_log(
     if corrupt:
         raw = raw.cache()  # Spark refuses a query of the corrupt-record column alone otherwise
     keyed, keyed_mapping, hashed = hash_string_keys(raw, mapping or sources.LogMapping())
-    mapped = sources.map_log(keyed, keyed_mapping, keep_raw=True)
+    try:
+        mapped = sources.map_log(keyed, keyed_mapping, keep_raw=True)
+    except sources.MissingColumns as exc:
+        given = [c for c in raw.columns if c != CORRUPT]
+        raise UnreadableLog(
+            f"{source}: the log has no column for {exc.missing} (its columns: {given}); name "
+            f"them so in the export ({', '.join(sources.REQUIRED_COLUMNS)} are required), or "
+            "register a log source that maps them and land with --source NAME"
+        ) from None
     cutoff = dt.datetime.fromisoformat(ds).replace(tzinfo=dt.UTC)
     rules = sources.row_rules((), cutoff=cutoff)
     if corrupt:
@@ -187,6 +196,8 @@ def land_log(
         ).parquet(str(dest / QUARANTINE_DIR))
         counts = {"rows": kept.count(), "quarantined": bad.count()}
         counts |= collisions(keyed, hashed)
+        # The quarantine goes with the refused batch: the error carries its reasons.
+        reasons = {} if counts["rows"] else dict(bad.groupBy("reason").count().collect())
     finally:
         checked.unpersist()
         if corrupt:
@@ -195,8 +206,8 @@ def land_log(
     (dest / sources.SOURCE_MARKER).write_text(LANDED_SOURCE + "\n")
     if counts["rows"] == 0:
         raise ValueError(
-            f"{source}: every one of its {counts['quarantined']} rows is bad (reasons in the "
-            f"quarantine); nothing landed: fix the log's keys, timestamps and clicks"
+            f"{source}: every one of its {counts['quarantined']} rows is bad ({reasons}); "
+            "nothing landed: fix the log's keys, timestamps and clicks, then land again"
         )
     return counts
 

@@ -123,6 +123,17 @@ def provided_columns(raw_columns: Sequence[str], mapping: LogMapping) -> tuple[s
     )
 
 
+class MissingColumns(ValueError):
+    """A log without a column (or mapping) for some of :data:`REQUIRED_COLUMNS`."""
+
+    def __init__(self, missing: list[str], present: list[str]) -> None:
+        self.missing, self.present = missing, present
+        super().__init__(
+            f"the log has no column for {missing} (it has {present}); add them to "
+            "LogMapping.columns (schema column -> raw column or expression)"
+        )
+
+
 def map_log(raw: DataFrame, mapping: LogMapping, *, keep_raw: bool = False) -> DataFrame:
     """Project ``raw`` onto :data:`LOG_SCHEMA` (try_cast: an unparseable value becomes null,
     and the row rules then quarantine the row instead of failing the whole job). With
@@ -145,10 +156,7 @@ def map_log(raw: DataFrame, mapping: LogMapping, *, keep_raw: bool = False) -> D
             value = F.when(any_null(raw.columns, source), F.lit(None)).otherwise(value)
         selected.append(value.alias(name))
     if missing:
-        raise ValueError(
-            f"the log has no column for {missing} (it has {raw.columns}); add them to "
-            "LogMapping.columns (schema column -> raw column or expression)"
-        )
+        raise MissingColumns(missing, raw.columns)
     if keep_raw:
         selected.append(F.struct(*[F.col(f"`{c}`") for c in raw.columns]).alias(RAW_COLUMN))
     return raw.select(*selected)

@@ -16,7 +16,14 @@ from infra.services import StackError
 
 
 def echo_benchmark(out: Path, quick: bool) -> dict[str, Any]:
-    return {"quick": quick, "events": os.environ.get("CASCADE_BENCH_EVENTS")}
+    from cascade.config import load_settings
+
+    return {
+        "quick": quick,
+        "events": os.environ.get("CASCADE_BENCH_EVENTS"),
+        # What the events benchmark reads: the partitions a burst's events name.
+        "partitions": load_settings().bench.event_partitions,
+    }
 
 
 def test_bench_command_runs_the_named_benchmark_with_its_options(
@@ -24,13 +31,16 @@ def test_bench_command_runs_the_named_benchmark_with_its_options(
 ) -> None:
     monkeypatch.setitem(registry.BENCHMARKS, "events", f"{__name__}:echo_benchmark")
     monkeypatch.delenv("CASCADE_BENCH_EVENTS", raising=False)
+    monkeypatch.delenv("CASCADE_BENCH_EVENT_PARTITIONS", raising=False)
     parser = argparse.ArgumentParser()
     assert register(parser.add_subparsers(dest="command")) == (StackError,)
     out = tmp_path / "events.json"
-    args = parser.parse_args(["bench", "events", "--out", str(out), "--events", "7", "--quick"])
+    command = ["bench", "events", "--out", str(out), "--events", "7", "--partitions", "3"]
+    args = parser.parse_args([*command, "--quick"])
     assert set(BENCH_OPTIONS) <= set(vars(args))
     assert args.func(args) == 0
     assert json.loads(out.read_text())["events"] == "7"
+    assert json.loads(out.read_text())["partitions"] == 3
     printed = capsys.readouterr()
     assert json.loads(printed.out)["events"] == "7"  # stdout is one JSON document
     assert f"written to {out}" in printed.err

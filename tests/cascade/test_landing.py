@@ -1,11 +1,13 @@
 """Landing a partition: atomic staging, explicit re-landing that keeps the old batch readable
 until the new one is complete, the event it publishes (through the watchers' real stream
-filter), a data-landed event's ``path`` landed through the same importer, and the command."""
+filter), a data-landed event's ``path`` landed through the same importer, the command, and a
+batch with nothing good: one error, nothing landed, nothing published."""
 
 from __future__ import annotations
 
 import json
 import wave
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +192,55 @@ def test_the_command_lists_datasets_and_refuses_a_second_landing(
     assert cli.main([*args, "--replace"]) == 0
     assert cli.main(["land", "speech", "--ds", DS, "--source", "nope"]) == cli.EXIT_USAGE
     assert "no source 'nope'" in capsys.readouterr().err
+
+
+def _all_bad_speech(root: Path) -> Path:
+    """Every utterance bad: an empty audio file, a WAV cut inside its header, a line not JSON."""
+    (root / "wav").mkdir(parents=True)
+    (root / "wav" / "u1.wav").write_bytes(b"")
+    (root / "wav" / "u2.wav").write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt ")
+    lines = [json.dumps({"utterance_id": u, "text": "hi", "voice": "v"}) for u in ("u1", "u2")]
+    (root / "transcripts.jsonl").write_text("\n".join([*lines, "{not json"]) + "\n")
+    return root
+
+
+def _all_bad_images(root: Path) -> Path:
+    """Every pair bad: a zero-byte image, bytes that are no image, a caption line not JSON."""
+    (root / "images").mkdir(parents=True)
+    (root / "images" / "a.png").write_bytes(b"")
+    (root / "images" / "b.jpg").write_bytes(b"not a picture at all")
+    lines = [
+        json.dumps({"pair_id": p, "image": f"{p}.{x}", "caption": "a box"})
+        for p, x in (("a", "png"), ("b", "jpg"))
+    ]
+    (root / "captions.jsonl").write_text("\n".join([*lines, '{"pair_id": ']) + "\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("dataset", "fmt", "write", "reasons"),
+    [
+        ("speech", "jsonl", _all_bad_speech, ("'audio:empty': 1", "'audio:truncated header': 1")),
+        ("images", "image_folder", _all_bad_images, ("'image:empty file': 1", "'image:unreadable")),
+    ],
+)
+def test_an_all_bad_batch_is_one_error_and_lands_and_publishes_nothing(
+    tmp_path: Path,
+    dataset: str,
+    fmt: str,
+    write: Callable[[Path], Path],
+    reasons: tuple[str, ...],
+) -> None:
+    lake = Lake(tmp_path / "lake")
+    batch = write(tmp_path / "batch")
+    published: list = []
+
+    with pytest.raises(ValueError) as refused:
+        land(lake, get_dataset(dataset), DS, path=batch, fmt=fmt, publish=published.append)
+
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"{batch}: nothing landed, all 3 ")
+    assert all(reason in message for reason in reasons), message
+    assert published == []
+    final = landing_dir(lake, dataset, DS)
+    assert not final.exists() and not any(final.parent.iterdir())  # no staging folder either

@@ -7,6 +7,7 @@ descheduled rank)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,28 +58,63 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         yield settings
 
 
-@pytest.fixture(scope="package")
-def triggered(stack: Settings) -> dict[str, Any]:
-    """Every pipeline's Kafka event, published together: the DAG runs overlap, as they would in
-    production, and the session waits for the slowest one rather than for each in turn."""
-    from cascade.lake import Lake
-    from cascade.landing import get_dataset, land
-    from infra.demo import trigger
+def export(dataset: str, source: str, folder: Path) -> dict[str, int]:
+    """A batch of ``dataset`` from its named ``source`` (generated, synthesized), written into
+    ``folder`` outside the lake in the layout the source writes, a standard format: the files a
+    producer hands over. Returns the source's counts."""
+    from cascade.landing import get_dataset
 
-    # No pipeline makes up its data: every batch is landed explicitly, from the named sources
-    # that generate and synthesize them (the events then start the runs).
-    lake = Lake(stack.lake_root)
-    land(lake, get_dataset("impressions"), DS, source="generated")
+    folder.mkdir(parents=True)
+    return dict(get_dataset(dataset).sources[source](folder, ds=DS))
+
+
+def land_with_command(dataset: str, folder: Path, fmt: str) -> None:
+    """``cascade land DATASET FOLDER --ds DS --format FMT``, as a user lands an export (the
+    test's own event starts the run, so the command publishes none)."""
+    from cascade import cli
+
+    # --debug: a refusal raises here with its traceback instead of ending in an exit code.
+    args = ["--debug", "land", dataset, str(folder), "--ds", DS, "--format", fmt, "--no-publish"]
+    assert cli.main(args) == 0
+
+
+@pytest.fixture(scope="package")
+def triggered(stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every pipeline's Kafka event, published together: the DAG runs overlap, as they would in
+    production, and the session waits for the slowest one rather than for each in turn.
+
+    No pipeline makes up its data: each kind's batch is written by its named source as an
+    export in a standard format (impressions as parquet, speech as wav/ + transcripts.jsonl,
+    images as images/ + captions.jsonl) and landed with ``cascade land``, whose importers read,
+    check and rewrite it as they would a user's; the events then start the runs.
+    ``exported``: each dataset's counts from its source."""
+    from infra.demo import trigger
+    from jobs import ctr_cross_stats
+    from jobs.spark_sessions import active_or_new
+
+    exports = tmp_path_factory.mktemp("exports")
+    exported: dict[str, dict[str, int]] = {}
+
+    def session() -> Any:
+        return ctr_cross_stats.build_session(stack, app="cascade.e2e.impressions")
+
+    # The generator and the importer share one Spark session (one start, warm code).
+    with active_or_new(session):
+        exported["impressions"] = export("impressions", "generated", exports / "impressions")
+        land_with_command("impressions", exports / "impressions", "parquet")
     # One impressions event: ctr_cross publishes the partition, and that starts ctr_preranking.
     # Published first, the longest chain starts while the other batches land.
     preranking = trigger(DS, settings=stack)
-    land(lake, get_dataset("speech"), DS, source="synthetic")
-    land(lake, get_dataset("images"), DS, source="generated")
+    exported["speech"] = export("speech", "synthetic", exports / "speech")
+    land_with_command("speech", exports / "speech", "jsonl")
+    exported["images"] = export("images", "generated", exports / "images")
+    land_with_command("images", exports / "images", "image_folder")
     return {
         "ctr_preranking": preranking,
         "asr": trigger(DS, settings=stack, dag_id="asr", dataset="speech"),
         "multimodal": trigger(DS, settings=stack, dag_id="multimodal", dataset="images"),
         "ctr_cross": preranking.of("ctr_cross"),
+        "exported": exported,
     }
 
 

@@ -1,6 +1,8 @@
-"""The asr DAG against the started stack: a Kafka ``speech`` event -> Spark corpus -> GX ->
-DeepSpeed (debug flavor) -> compiled int8 package -> registry -> the ASR server, asserting on
-outcomes (the debug flavor trains for seconds, so transcripts are not checked for accuracy)."""
+"""The asr DAG against the started stack: a corpus (synthesized speech and recorded people, as
+wav/ + transcripts.jsonl) landed with ``cascade land``, a Kafka ``speech`` event -> Spark corpus
+-> GX -> DeepSpeed (debug flavor) -> compiled int8 package -> registry -> the ASR server,
+asserting on outcomes (the debug flavor trains for seconds, so transcripts are not checked for
+accuracy)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 import requests
 
 from cascade.config import Settings
+from tests.e2e.conftest import DS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -33,11 +36,23 @@ def _transcribe(stack: Settings, content: bytes) -> requests.Response:
     return requests.post(f"{stack.asr_serving_url}/v2/models/asr/infer", json=body, timeout=60)
 
 
-def test_speech_event_runs_the_whole_asr_dag(asr_run: dict) -> None:
+def test_speech_event_runs_the_whole_asr_dag(
+    stack: Settings, asr_run: dict, triggered: dict
+) -> None:
+    from cascade.lake import Lake
+    from cascade.landing import landing_dir, landing_record
+
     assert asr_run["run_type"] == "asset_triggered"
     assert asr_run["dag_run_state"] == "success", asr_run
+    # A wav/ + transcripts.jsonl export landed with `cascade land`: every utterance kept.
+    record = landing_record(landing_dir(Lake(stack.lake_root), "speech", DS))
+    assert record is not None and record["format"] == "jsonl"
+    exported = triggered["exported"]["speech"]
+    assert record["counts"]["utterances"] == exported["utterances"] > exported["human"] > 0
+    assert record["counts"]["quarantined"] == 0
     corpus = asr_run["corpus"]
-    assert corpus["synthesized"] > 0 and corpus["splits"]["test"] > 0
+    assert corpus["landed_from"] == "jsonl"
+    assert corpus["utterances"] > 0 and corpus["splits"]["test"] > 0
     assert asr_run["compile"]["passed"] and asr_run["compile"]["agreement"] >= 0.95
     register = asr_run["register"]
     assert register["promoted"] and asr_run["deploy"]["served_version"] == register["version"]

@@ -1,6 +1,6 @@
-"""The ctr_cross DAG against the started stack: a Kafka ``impressions`` event -> the landed
-(generated) log -> Spark cross statistics -> GX gate -> Feast, and the online store answers with
-the partition."""
+"""The ctr_cross DAG against the started stack: a Kafka ``impressions`` event -> the log landed
+with ``cascade land`` from a parquet export (of generated impressions) -> Spark cross statistics
+-> GX gate -> Feast, and the online store answers with the partition."""
 
 from __future__ import annotations
 
@@ -14,10 +14,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PAIRS = ("user", "item", "seg_cat", "user_cat", "seg_item", "ctx_item", "item_pos")
 
 
-def test_impressions_event_runs_the_whole_cross_dag(cross_run: dict) -> None:
+def test_impressions_event_runs_the_whole_cross_dag(cross_run: dict, triggered: dict) -> None:
     assert cross_run["run_type"] == "asset_triggered"
     assert cross_run["dag_run_state"] == "success", cross_run
-    assert cross_run["log"]["landed_from"] == "generated" and cross_run["log"]["rows"] == 100_000
+    # A parquet export landed with `cascade land`: every exported row kept, read as landed.
+    log = cross_run["log"]
+    assert (log["source"], log["landed_from"]) == ("landed", "parquet")
+    assert log["rows"] == triggered["exported"]["impressions"]["rows"] == 100_000
     stats = cross_run["stats"]
     assert stats["input_rows"] == 100_000 and stats["quarantined_rows"] == 0
     # The three days before the partition, built from its log for the pre-ranker's training.

@@ -1,6 +1,8 @@
-"""The multimodal DAG against the started stack: a Kafka ``images`` event -> Spark corpus ->
-GX -> DeepSpeed MoE (debug flavor) -> held-out recall -> registry, asserting on outcomes (the
-debug flavor trains for seconds, so recall is checked for range, not for quality)."""
+"""The multimodal DAG against the started stack: captioned pictures (offline sources and
+generated ones, as images/ + captions.jsonl) landed with ``cascade land``, a Kafka ``images``
+event -> Spark corpus -> GX -> DeepSpeed MoE (debug flavor) -> held-out recall -> registry,
+asserting on outcomes (the debug flavor trains for seconds, so recall is checked for range, not
+for quality)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,16 @@ from cascade.config import Settings
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_images_event_runs_the_whole_multimodal_dag(multimodal_run: dict) -> None:
+def test_images_event_runs_the_whole_multimodal_dag(multimodal_run: dict, triggered: dict) -> None:
     assert multimodal_run["run_type"] == "asset_triggered"
     assert multimodal_run["dag_run_state"] == "success", multimodal_run
     corpus = multimodal_run["corpus"]
-    assert not corpus["producer_landed"] and corpus["landed"]["generated"] == 200
+    # An images/ + captions.jsonl export landed with `cascade land`: every pair kept.
+    assert corpus["producer_landed"] and corpus["landed_from"] == "image_folder"
+    exported = triggered["exported"]["images"]
+    assert exported["generated"] == 200
+    assert corpus["landed"]["pairs"] == sum(exported.values())
+    assert corpus["landed"]["quarantined"] == 0
     assert corpus["splits"]["test"] >= 2 and corpus["kept"] > 0
     assert multimodal_run["validate"]["success"]
     assert multimodal_run["train"]["config"] == "debug" and multimodal_run["train"]["moe"]

@@ -1,5 +1,6 @@
 """``cascade land impressions``: CSV, Parquet and JSON lines with string keys hashed to ids, null
-keys quarantined whatever the mapping, and a zero-byte file refused in one line naming it."""
+keys quarantined whatever the mapping, and a zero-byte file, a log without its key columns and a
+log of nothing but bad rows each refused in one line, landing and publishing nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pyspark.sql import SparkSession
 
 from cascade import cli
 from cascade.lake import Lake
-from cascade.landing import LANDED_FILE, SUCCESS_MARKER, landing_dir
+from cascade.landing import LANDED_FILE, SUCCESS_MARKER, get_dataset, land, landing_dir
 from jobs import ctr_log_sources as sources
 from jobs.click_log_landing import ID_MASK, QUARANTINE_DIR
 from tests.pipelines.standard_layouts import clicks
@@ -166,3 +167,36 @@ def test_a_zero_byte_file_is_one_error_naming_it(
     assert "UNABLE_TO_INFER_SCHEMA" not in error
     assert not landed.exists()  # nothing landed, no staging folder left
     assert not any(landed.parent.iterdir())
+
+
+def test_a_log_without_its_key_columns_or_with_only_bad_rows_lands_and_publishes_nothing(
+    home: Path, tmp_path: Path
+) -> None:
+    lake, published = Lake(home / "lake"), []
+    impressions = get_dataset("impressions")
+    renamed = clicks(6).rename(columns={"user_id": "customer", "item_id": "sku"})
+    renamed.to_csv(tmp_path / "renamed.csv", index=False)
+    with pytest.raises(ValueError) as refused:
+        land(lake, impressions, DS, path=tmp_path / "renamed.csv", publish=published.append)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(
+        f"{tmp_path / 'renamed.csv'}: the log has no column for ['user_id', 'item_id'] (its "
+        "columns: ['customer', 'sku', 'event_timestamp', 'click'])"
+    )
+    assert message.endswith("land with --source NAME")
+
+    keyless = clicks(6)
+    keyless["user_id"] = None
+    keyless.loc[2, "user_id"] = " "  # blank is no key either
+    keyless.to_csv(tmp_path / "keyless.csv", index=False)
+    with pytest.raises(ValueError) as refused:
+        land(lake, impressions, DS, path=tmp_path / "keyless.csv", publish=published.append)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"{tmp_path / 'keyless.csv'}: every one of its 6 rows is bad "
+        "({'user_id is null or not an integer': 6}); nothing landed"
+    )
+    assert published == []
+    final = landing_dir(lake, "impressions", DS)
+    assert not final.exists() and not any(final.parent.iterdir())

@@ -124,6 +124,70 @@ def test_image_folder_lands_any_format_and_language(tmp_path: Path) -> None:
     assert counts == {"pairs": 5, "images": 4, "quarantined": 12}
 
 
+SVG_HEAD = 'xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink"'
+
+
+def svgs_that_expand() -> dict[str, bytes]:
+    """Small SVG files that grow without bound when read: nested entities (a billion laughs),
+    ``<use>`` references that double at each of 40 levels, and a canvas of 10^8 x 10^8 px."""
+    entities = '<!ENTITY a "lol lol lol lol lol">' + "".join(
+        f'<!ENTITY {chr(98 + i)} "{f"&{chr(97 + i)};" * 10}">' for i in range(8)
+    )
+    laughs = (
+        f"<!DOCTYPE svg [{entities}]><svg {SVG_HEAD} width='9' height='9'><text>&i;</text></svg>"
+    )
+    levels = ['<g id="l0"><circle r="1"/></g>'] + [
+        f'<g id="l{i}"><use xlink:href="#l{i - 1}"/><use xlink:href="#l{i - 1}" x="1"/></g>'
+        for i in range(1, 40)
+    ]
+    fanout = f'<svg {SVG_HEAD} width="64" height="64"><defs>{"".join(levels)}</defs>'
+    fanout += '<use xlink:href="#l39"/></svg>'
+    canvas = f'<svg {SVG_HEAD} width="100000000" height="100000000">'
+    canvas += '<circle cx="5e7" cy="5e7" r="4e7"/></svg>'
+    # The one that times out last: a file after it would pay a new rasterizer's start-up.
+    drawings = {"canvas.svg": canvas, "laughs.svg": laughs, "fanout.svg": fanout}
+    return {name: drawing.encode() for name, drawing in drawings.items()}
+
+
+def test_svgs_that_expand_without_bound_are_quarantined_and_a_huge_canvas_is_capped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The landing checks an SVG by rasterizing it with the corpus job's caps (its raster's
+    longest side, its time): what cannot finish within them is quarantined with the reason."""
+    import functools
+
+    from jobs import image_landing
+
+    # The corpus job's time cap is 10 s; 5 s (the rasterizer's start-up included, on a loaded
+    # machine) tells the same story sooner.
+    monkeypatch.setattr(
+        image_landing, "CorpusConfig", functools.partial(CorpusConfig, svg_timeout_s=5.0)
+    )
+    dest = tmp_path / "out"
+    dest.mkdir()
+    files = {"a.png": picture(1), **svgs_that_expand()}
+    records: list[dict | str] = [
+        {"pair_id": name.split(".")[0], "image": name, "caption": f"picture {name}"}
+        for name in files
+    ]
+    source = write_folder(tmp_path / "batch", files, records)
+
+    counts = land_image_folder(source, dest, ds=DS, language="en")
+
+    assert set(landed(dest)) == {"a", "canvas"}
+    reasons = quarantined(dest)
+    assert reasons == {
+        "laughs.svg": "image: SVG not rasterized: EntitiesForbidden(name='a', system_id=None, "
+        "public_id=None)",
+        "fanout.svg": "image: SVG not rasterized within 5 s",
+    }
+    assert counts == {"pairs": 2, "images": 2, "quarantined": 2}
+    # The huge canvas is drawn at the cap, in its own shape.
+    with CorpusConfig().svg_rasterizer() as rasterizer:
+        raster = Image.open(io.BytesIO(rasterizer.rasterize(files["canvas.svg"])))
+    assert raster.size == (CorpusConfig().svg_max_side,) * 2
+
+
 def test_coco_captions_land_with_images_beside_the_annotations(tmp_path: Path) -> None:
     root, dest = tmp_path / "coco", tmp_path / "out"
     dest.mkdir()
