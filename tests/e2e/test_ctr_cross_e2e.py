@@ -17,11 +17,12 @@ PAIRS = ("user", "item", "seg_cat", "user_cat", "seg_item", "ctx_item", "item_po
 def test_impressions_event_runs_the_whole_cross_dag(cross_run: dict) -> None:
     assert cross_run["run_type"] == "asset_triggered"
     assert cross_run["dag_run_state"] == "success", cross_run
-    assert cross_run["log"]["landed_from"] == "generated" and cross_run["log"]["rows"] == 100_000
+    assert cross_run["log"]["landed_from"] == "generated" and cross_run["log"]["rows"] == 300_000
     stats = cross_run["stats"]
-    assert stats["input_rows"] == 100_000 and stats["quarantined_rows"] == 0
-    # The three days before the partition, built from its log for the pre-ranker's training.
-    assert list(stats["history_partitions"]) == ["2026-11-19", "2026-11-20", "2026-11-21"]
+    assert stats["input_rows"] == 300_000 and stats["quarantined_rows"] == 0
+    # The day before the partition, built from its log for the pre-ranker's training.
+    assert list(stats["history_partitions"]) == ["2026-11-21"]
+    assert stats["history_partitions"]["2026-11-21"]["log"] == "ds=2026-11-22's"
     assert cross_run["validate"]["history_partitions"] == {
         day: {"success": True} for day in stats["history_partitions"]
     }
