@@ -20,11 +20,12 @@ def test_impressions_event_runs_the_whole_cross_dag(cross_run: dict, triggered: 
     # A parquet export landed with `cascade land`: every exported row kept, read as landed.
     log = cross_run["log"]
     assert (log["source"], log["landed_from"]) == ("landed", "parquet")
-    assert log["rows"] == triggered["exported"]["impressions"]["rows"] == 100_000
+    assert log["rows"] == triggered["exported"]["impressions"]["rows"] == 300_000
     stats = cross_run["stats"]
-    assert stats["input_rows"] == 100_000 and stats["quarantined_rows"] == 0
-    # The three days before the partition, built from its log for the pre-ranker's training.
-    assert list(stats["history_partitions"]) == ["2026-11-19", "2026-11-20", "2026-11-21"]
+    assert stats["input_rows"] == 300_000 and stats["quarantined_rows"] == 0
+    # The day before the partition, built from its log for the pre-ranker's training.
+    assert list(stats["history_partitions"]) == ["2026-11-21"]
+    assert stats["history_partitions"]["2026-11-21"]["log"] == "ds=2026-11-22's"
     assert cross_run["validate"]["history_partitions"] == {
         day: {"success": True} for day in stats["history_partitions"]
     }

@@ -253,7 +253,9 @@ def test_a_sparse_log_is_refused_in_one_line_before_any_training_process_starts(
 ) -> None:
     """A generated log of 4,000 impressions (a few hundred clicks over 35 days) goes through
     ctr_cross and the training set; the train step then refuses it in one line, recorded in
-    timing.json, without launching torchrun."""
+    timing.json, without launching torchrun. One training day (and so one history partition):
+    the refusal needs a sparse training set, not a week of them (each partition is a Spark job
+    and a gate)."""
     from cascade.step_runner import TIMING_FILE, run_step, summary_path
     from models.preranking import cascade_train
     from models.preranking.fscd_data import DegenerateData
@@ -262,8 +264,8 @@ def test_a_sparse_log_is_refused_in_one_line_before_any_training_process_starts(
     monkeypatch.setenv("CASCADE_HOME", str(tmp_path))
     monkeypatch.setenv("CASCADE_MLFLOW_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("CASCADE_CROSS_IMPRESSIONS", "4000")
-    monkeypatch.setenv("CASCADE_CROSS_HISTORY_DAYS", "3")
-    monkeypatch.setenv("CASCADE_PRERANKING_TRAIN_DAYS", "3")
+    monkeypatch.setenv("CASCADE_CROSS_HISTORY_DAYS", "1")
+    monkeypatch.setenv("CASCADE_PRERANKING_TRAIN_DAYS", "1")
     monkeypatch.delenv("CASCADE_CROSS_SOURCE", raising=False)
     for knob in ("SOURCE", "CONFIG", "EPOCHS", "LR", "VALIDATION_FRACTION"):
         monkeypatch.delenv(f"CASCADE_PRERANKING_{knob}", raising=False)
