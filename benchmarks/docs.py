@@ -176,6 +176,12 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "partitions_never_built",
         "tampered_artifacts_loaded",
         "world_readable_secrets",
+        "unsigned_versions_loaded",
+        "registered_files_changed_by_rerun",
+        "services_with_registry_write",
+        "secrets_on_command_lines",
+        "slow_body_slots_held_s",
+        "requests_served_during_slow_body_attack",
     ),
     "cluster": (
         "run_s",
