@@ -28,11 +28,11 @@ def test_the_hook_names_files_and_tags_and_untested_files_register_nothing(
     files.mkdir()
     (files / "weights.bin").write_bytes(b"weights")
     (files / "config.json").write_text("{}")
-    mlflow.set_tracking_uri(settings.tracking_uri)
-    mlflow.set_experiment("toy")
-    with mlflow.start_run() as run:
-        mlflow.log_artifacts(str(files), "model")
-    run_id = run.info.run_id
+    # The store's own client: no process-wide tracking URI or experiment left for later tests.
+    client = mlflow.MlflowClient(settings.tracking_uri)
+    run_id = client.create_run(client.create_experiment("toy")).info.run_id
+    client.log_artifacts(run_id, str(files), "model")
+    client.set_terminated(run_id)
     hooked: list[tuple[Settings, str]] = []
 
     def package(given: Settings, given_run: str) -> Package:
