@@ -10,6 +10,7 @@ Nothing heavy is imported here (no torch, no kserve): Airflow tasks import this 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,8 +37,10 @@ def request_body(wav: bytes) -> dict[str, Any]:
     return {"inputs": [bytes_input(AUDIO_INPUT, wav)]}
 
 
+@functools.cache
 def probe_tone(seconds: float = 0.5, hz: float = 440.0) -> bytes:
-    """A quiet sine tone as a 16-bit mono WAV file: audio every model version takes."""
+    """A quiet sine tone as a 16-bit mono WAV file: audio every model version takes (made once;
+    a roll-out probes with it every poll)."""
     import numpy as np
 
     from domains.speech.audio_features import encode_wav
