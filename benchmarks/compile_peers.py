@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,9 @@ class Peer:
     compile_s: float
     recompiles: dict[str, int] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    scope: Callable[[], AbstractContextManager[Any]] = nullcontext
+    """What untimed calls on inputs the build never saw run under (a recompile may happen
+    there): the Inductor settings the peer was built with, when they are global ones."""
 
 
 def dynamo_graphs(compiled: Callable[..., Any], examples: Sequence[tuple[Any, ...]]) -> int:
@@ -414,7 +418,13 @@ def pt2e_int8_peer(
         "calibration_requests": len(calibration),
         "int8_nodes": sum("quantize_per" in op for op in ops),
     }
-    return Peer(peer.fn, time.perf_counter() - start, peer.recompiles, info)
+    return Peer(
+        peer.fn,
+        time.perf_counter() - start,
+        peer.recompiles,
+        info,
+        scope=lambda: torch._inductor.config.patch(freezing=True),
+    )
 
 
 def eager_int8(module: torch.nn.Module) -> tuple[torch.nn.Module, dict[str, Any]]:

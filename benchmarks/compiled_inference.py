@@ -398,10 +398,17 @@ def _run(quick: bool) -> dict[str, Any]:
         )
         result.update(peer_report(peers))
         for name, peer in peers.items():
+            try:
+                with peer.scope():
+                    auc = request_auc(peer.fn, requests)
+            except Exception as exc:  # a peer that cannot score the held-out requests
+                peers_failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                print(f"[bench compile] peer {name} left out: {peers_failed[name]}", flush=True)
+                continue
             compile_s[name] = peer.compile_s
             if peer.recompiles is not None:
                 recompiles[name] = peer.recompiles
-            result[f"{name}_auc_delta"] = request_auc(peer.fn, requests) - eager_auc
+            result[f"{name}_auc_delta"] = auc - eager_auc
             variants[name] = peer.fn
 
         cache = load_settings().home / "compile-cache"
