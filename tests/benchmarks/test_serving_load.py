@@ -29,6 +29,8 @@ def test_the_served_network_is_the_pipelines_by_config_name(
     )
     quick = serving_network(load_settings(), quick=True)
     assert (quick["training_config"], quick["is_pipeline_network"]) == ("debug", False)
+    # The pipeline's FSCD sweep needs the larger log to keep a model within its cost budget.
+    assert full["log_rows"] > quick["log_rows"]
     assert "--quick" in quick["config_source"]
     # The pipeline's own config setting names the network; --config wins over both.
     monkeypatch.setenv("CASCADE_PRERANKING_CONFIG", "ml100k")
