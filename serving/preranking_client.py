@@ -145,7 +145,7 @@ def roll_out(
         ds=ds,
         timeout_s=timeout_s,
         poll_s=poll_s,
-        hint=f"check that the server runs (python -m serving.server) and its log under "
+        hint=f"check that the stack's pre-ranking server is up (cascade status) and its log under "
         f"{settings.logs_dir}",
     )
     return {**rolled_out, **_promotion(settings, ds)}
