@@ -63,6 +63,11 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
    fitted on the training split picks each test utterance's decoding alphabet:
    ``language_id_accuracy``, ``cer_by_language_detected`` beside ``cer_by_language_oracle``
    (the label's, same utterances), ``cer_fp32_detected`` beside ``cer_fp32``.
+   **Goals** (:data:`benchmarks.goals.GOALS`, each with its ``*_goal_met``, null when the run
+   lacks the figure): ``cer_seen_speakers_median`` (the seen-speaker CER's median over the
+   languages with at least 60 training minutes: ``cer_seen_speakers_goal_languages``),
+   ``cer_en_over_pocketsphinx``, ``cer_fp32_detected``, ``cer_delta`` and
+   ``language_id_accuracy``.
 5. **Real-time factor**: compute seconds / audio seconds of a greedy transcription
    (forward pass + CTC decoding, features given) for utterances of 1, 2, 5, 10 and 20 s made of
    test-split audio; every variant (eager fp32, fp32 package, int8 package, Inductor default and
@@ -431,9 +436,11 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
 def _run(quick: bool, threads: int) -> dict[str, Any]:
     from benchmarks.asr_language import language_figures
     from benchmarks.asr_people import (
+        goal_keys,
         land_recordings,
         people_figures,
         recording_clips,
+        seen_speakers_median,
         with_recordings,
     )
     from jobs.audio_corpus import spark_session
@@ -542,6 +549,8 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
                 artifact, training, [(name, frame) for name, frame, _ in parts], quick=quick
             )
         )
+    measured.update(seen_speakers_median(measured))
+    measured.update(goal_keys(measured))
     shutil.rmtree(work, ignore_errors=True)
     return measured
 

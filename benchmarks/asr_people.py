@@ -258,6 +258,50 @@ def recordings_figures(
     return result
 
 
+SEEN_MINUTES_FOR_GOAL = 60.0
+"""Training minutes a language needs for its seen-speaker CER to count towards the goal."""
+
+
+def seen_speakers_median(figures: dict[str, Any]) -> dict[str, Any]:
+    """``cer_seen_speakers_median``: the median of ``cer_seen_speakers_by_language`` over the
+    languages with at least :data:`SEEN_MINUTES_FOR_GOAL` minutes of recorded speech in
+    training (``cer_seen_speakers_goal_languages`` names them); null, with
+    ``cer_seen_speakers_median_reason``, when no language has that much."""
+    by_language = figures.get("cer_seen_speakers_by_language") or {}
+    minutes = figures.get("human_train_minutes_by_language") or {}
+    counted = sorted(
+        g
+        for g, rate in by_language.items()
+        if rate is not None and minutes.get(g, 0.0) >= SEEN_MINUTES_FOR_GOAL
+    )
+    result: dict[str, Any] = {
+        "cer_seen_speakers_goal_languages": counted,
+        "cer_seen_speakers_median": (
+            float(np.median([by_language[g] for g in counted])) if counted else None
+        ),
+    }
+    if not counted:
+        trained = {g: round(m, 1) for g, m in sorted(minutes.items())}
+        result["cer_seen_speakers_median_reason"] = (
+            f"no language had {SEEN_MINUTES_FOR_GOAL:g} minutes of recorded speech in training "
+            f"(minutes: {trained or 'none'})"
+        )
+    return result
+
+
+def goal_keys(result: dict[str, Any]) -> dict[str, bool | None]:
+    """Each ASR goal's ``*_goal_met`` (:func:`benchmarks.goals.goals_of`) tested on its figure
+    in ``result``; null where the run has no such figure (a quick run, a missing peer)."""
+    from benchmarks.goals import goals_of
+
+    keys: dict[str, bool | None] = {}
+    for stated in goals_of("asr"):
+        value = result.get(stated.figure)
+        if stated.key not in result:
+            keys[stated.key] = None if not isinstance(value, int | float) else stated.met(value)
+    return keys
+
+
 # --- the English peer -----------------------------------------------------------------------
 
 _ONES = (

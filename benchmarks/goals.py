@@ -58,6 +58,17 @@ _ROWS: tuple[tuple[str, str, str, float, str, str], ...] = (
      "the closed loop's p99 latency, median of the windows"),
     ("asr", "rtf_int8", "<=", 0.05, "goal_rtf_int8_le_0_05",
      "the int8 package's real-time factor"),
+    ("asr", "cer_seen_speakers_median", "<=", 0.3, "cer_seen_speakers_goal_met",
+     "held-out sentences of recorded speakers heard in training: the median of the languages' "
+     "CERs over those with at least 60 training minutes"),
+    ("asr", "cer_en_over_pocketsphinx", "<=", 1.5, "cer_en_goal_met",
+     "the model's CER on the English test clips over PocketSphinx's on the same clips"),
+    ("asr", "cer_fp32_detected", "<=", 0.08, "cer_synthetic_goal_met",
+     "unseen synthetic voices, each decoded in the language the identifier detected"),
+    ("asr", "cer_delta", "<=", 0.5, "cer_delta_goal_met",
+     "the int8 package's CER minus the fp32 model's, in points"),
+    ("asr", "language_id_accuracy", ">=", 0.95, "language_id_goal_met",
+     "test utterances whose language the identifier names right"),
 )  # fmt: skip
 
 GOALS: tuple[Goal, ...] = tuple(

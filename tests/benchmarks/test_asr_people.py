@@ -17,7 +17,9 @@ from benchmarks.asr_people import (
     cardinal,
     english_peer,
     english_scoring,
+    goal_keys,
     recordings_figures,
+    seen_speakers_median,
     with_recordings,
 )
 
@@ -137,3 +139,33 @@ def test_the_peer_and_the_model_are_scored_on_the_same_clips(tmp_path: Path) -> 
     assert result["rtf_pocketsphinx_en"] > 0 and result["rtf_en_end_to_end"] >= 0
     empty = english_peer([], lambda wav: "", "oracle")
     assert empty["pocketsphinx_cer_en"] is None and "no English" in empty["pocketsphinx_reason"]
+
+
+def test_the_seen_speaker_goal_counts_only_languages_with_an_hour_of_training() -> None:
+    figures = {
+        "cer_seen_speakers_by_language": {"cs": 0.2, "nl": 0.5, "english": 0.9},
+        "human_train_minutes_by_language": {"cs": 95.0, "nl": 61.0, "english": 20.0},
+    }
+    median = seen_speakers_median(figures)
+    assert median["cer_seen_speakers_goal_languages"] == ["cs", "nl"]
+    assert median["cer_seen_speakers_median"] == pytest.approx(0.35)
+    short = seen_speakers_median({**figures, "human_train_minutes_by_language": {"cs": 2.0}})
+    assert short["cer_seen_speakers_median"] is None
+    assert "no language had 60 minutes" in short["cer_seen_speakers_median_reason"]
+    # Each goal is tested on its figure; a figure the run lacks leaves its key null, and a key
+    # the benchmark already set (the RTF goal) is kept.
+    result = {
+        **median,
+        "cer_en_over_pocketsphinx": 1.6,
+        "cer_fp32_detected": 0.05,
+        "cer_delta": 0.4,
+        "goal_rtf_int8_le_0_05": True,
+    }
+    keys = goal_keys(result)
+    assert keys == {
+        "cer_seen_speakers_goal_met": False,
+        "cer_en_goal_met": False,
+        "cer_synthetic_goal_met": True,
+        "cer_delta_goal_met": True,
+        "language_id_goal_met": None,
+    }
