@@ -8,7 +8,12 @@ Protocol v2 JSON, ``POST /v2/models/preranking/infer``::
                 {"name": "item_ids", "datatype": "INT64", "shape": [3], "data": [7, 9, 11]}]}
 
 Response: output ``scores`` (FP32, shape ``[N]``, sigmoid of the logits) and
-``parameters.model_version``. Requests carry ids, never feature tensors.
+``parameters.model_version``. Requests carry ids, never feature tensors. The same route takes
+the v2 binary tensor extension (``Inference-Header-Content-Length``: a JSON header, then the ids
+as raw little-endian INT64 bytes, each input declaring its ``binary_data_size``) and answers the
+scores as raw FP32 bytes when asked (``parameters.binary_data_output``); the scores are the
+JSON answer's, bit for bit. With ``CASCADE_SERVING_PROFILE=1`` every answer carries a
+``Server-Timing`` header with each stage's wall and CPU time (:mod:`serving.request_profile`).
 
 The server serves versions trained on the cross-statistics engine's training set: an FSCD
 ColdPreRanker (with its field encoder) over the ids and engine statistics, whose run names its

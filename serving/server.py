@@ -14,7 +14,8 @@ timing trace; off by default, see :func:`stdout_log_config`), ``CASCADE_SERVING_
 default 1, see :func:`serve`). Stop it with SIGTERM or SIGINT.
 
 Every request passes :class:`serving.guard.RequestGuard` first: byte limit while the body streams
-(``CASCADE_SERVING_MAX_BODY_BYTES``, 413), JSON only (415), at most
+(``CASCADE_SERVING_MAX_BODY_BYTES``, 413), JSON only (415; the infer routes also take the v2
+binary tensor extension as ``application/octet-stream``), at most
 ``CASCADE_SERVING_MAX_CONCURRENT`` requests at once (503), a Host allow-list
 (``CASCADE_SERVING_ALLOWED_HOSTS``, 400), a bearer token with ``CASCADE_SERVING_AUTH=1``
 (``CASCADE_SERVING_TOKEN``, 401); KServe's model load/unload routes are off (404) and a 500 names
