@@ -54,7 +54,8 @@ windows each (default 3, 1 with ``--quick``):
   scheduled send time, so queueing shows (no coordinated omission);
 * binary (``binary_vs_json``): the closed loop again with the ids sent and the scores answered
   as raw bytes (the v2 binary tensor extension): p50, p99, requests/s and server CPU per
-  request beside the JSON loop's, the ``parse`` and ``respond`` stages' CPU of each, and
+  request beside the JSON loop's, the ``parse``, ``validate`` and ``respond`` stages' CPU of
+  each, and
   ``p99_binary_over_json`` / ``server_cpu_binary_over_json``.
 
 Then ``latency_by_load``: one open-loop window at each of :data:`LOAD_STEPS` (shares of the
@@ -568,8 +569,8 @@ BINARY_VS_JSON_KEYS = (
 
 def binary_vs_json(closed: dict[str, Any], binary_windows: list[dict[str, Any]]) -> dict[str, Any]:
     """The closed loop with JSON bodies (the top-level figures) beside the same load in the v2
-    binary tensor extension: p99 and server CPU per request of each, the parse and respond
-    stages' CPU, and binary over JSON."""
+    binary tensor extension: p99 and server CPU per request of each, the CPU of the stages the
+    encoding touches (parse, validate, respond), and binary over JSON."""
     binary = closed_loop_summary(binary_windows)
 
     def side(summary: dict[str, Any]) -> dict[str, Any]:
@@ -577,6 +578,7 @@ def binary_vs_json(closed: dict[str, Any], binary_windows: list[dict[str, Any]])
         return {
             **{key: summary.get(key) for key in BINARY_VS_JSON_KEYS},
             "parse_cpu_ms": stages.get("parse"),
+            "validate_cpu_ms": stages.get("validate"),
             "respond_cpu_ms": stages.get("respond"),
         }
 

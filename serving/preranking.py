@@ -678,7 +678,7 @@ class PreRankingModel(Model):
 
     async def infer_json(self, body: bytes) -> bytes:
         """A v2 JSON request body in, the v2 JSON response body out (:meth:`infer_v2` without
-        headers: no binary tensors, no profile)."""
+        request headers: no binary inputs; the answer's body only)."""
         return (await self.infer_v2(body, ())).body
 
     async def infer_v2(self, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> V2Answer:

@@ -289,6 +289,7 @@ def test_quick_serving_benchmark_reports_latency_without_errors(
     for side in ("json", "binary"):
         assert versus[side]["server_cpu_ms_per_request"] > 0 and versus[side]["p99_ms"] > 0
         assert versus[side]["parse_cpu_ms"] > 0 and versus[side]["respond_cpu_ms"] > 0
+        assert versus[side]["validate_cpu_ms"] > 0
     assert versus["p99_binary_over_json"] > 0 and versus["server_cpu_binary_over_json"] > 0
     assert all(
         name.startswith("binary: ")
