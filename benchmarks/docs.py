@@ -15,7 +15,8 @@ from that JSON: the command that reproduces it, where and from what it ran (mach
 input and model digests, repeats) and a table of its headline figures (median, min-max, runs).
 Without ``--results`` every block is re-rendered from the JSON its marker names, so the page
 always equals the JSON it names (``tests/benchmarks/test_docs.py`` checks that). Prose outside
-the blocks is kept as written.
+the blocks is kept as written. Other docs pages may show one part of a result in a
+``bench-view`` block (:data:`VIEW`, :data:`VIEWS`), re-rendered the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import shutil
 import sys
@@ -43,6 +45,18 @@ BLOCK = re.compile(
     r"<!-- bench (?P<name>[\w-]+): (?P<path>[^ ]+) -->\n.*?<!-- end bench (?P=name) -->",
     re.DOTALL,
 )
+
+VIEW = re.compile(
+    r"<!-- bench-view (?P<view>[\w-]+) (?P<name>[\w-]+): (?P<path>[^ ]+) -->\n.*?"
+    r"<!-- end bench-view (?P=view) (?P=name) -->",
+    re.DOTALL,
+)
+"""A block of another docs page showing one part of a result (a view of :data:`VIEWS`):
+
+    <!-- bench-view latency-by-load serving: docs/results/serving.json -->
+    ...
+    <!-- end bench-view latency-by-load serving -->
+"""
 
 COMMITS = re.compile(r"<!-- results-commits:start -->\n.*?<!-- results-commits:end -->", re.DOTALL)
 """The page's line naming the commit of every result, rendered from the blocks' JSON."""
@@ -92,6 +106,10 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "open_loop.achieved_rps",
         "open_loop.p50_ms",
         "open_loop.p99_ms",
+        "stage_cpu_ms.in_handler",
+        "cpu_outside_stages_ms_per_request",
+        "binary_vs_json.binary.p99_ms",
+        "binary_vs_json.binary.server_cpu_ms_per_request",
     ),
     "asr": (
         "utterances_per_s",
@@ -431,6 +449,110 @@ def render_page(page: str, root: Path = REPO_ROOT) -> str:
     return COMMITS.sub(lambda _match: replacement, page)
 
 
+def latency_by_load_view(result: Mapping[str, Any], link: str) -> list[str]:
+    """The open-loop steps of a ``serving`` result as a table, and where their p99 crosses the
+    benchmark's p99 mark (``p99_crossing``)."""
+    steps = result.get("latency_by_load")
+    machine = result.get("machine") or {}
+    cpu = machine.get("cpu_model") or machine.get("processor")
+    cores = machine.get("usable_cpus") or machine.get("cpus")
+    source = (
+        f"From [`{link.rsplit('/', 1)[-1]}`]({link}): {cpu}, {cores} cores; commit "
+        f"`{str(result.get('git_commit'))[:12]}`."
+    )
+    if not isinstance(steps, list) or not steps:
+        return [
+            source,
+            "",
+            "This result has no open-loop steps (`latency_by_load`): it predates them. The next "
+            "published `cascade bench serving` run fills this table.",
+        ]
+
+    def cell(value: Any) -> str:
+        return "—" if value is None else number(value)
+
+    lines = [
+        source,
+        "",
+        "| offered requests/s | answered requests/s | p50 ms | p99 ms | errors "
+        "| server CPU ms per request | load generator CPU ms per request |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for step in steps:
+        keys = (
+            "offered_rps",
+            "achieved_rps",
+            "p50_ms",
+            "p99_ms",
+            "errors",
+            "server_cpu_ms_per_request",
+            "load_generator_cpu_ms_per_request",
+        )
+        lines.append("| " + " | ".join(cell(step.get(k)) for k in keys) + " |")
+    crossing = result.get("p99_crossing") or {}
+    goal = crossing.get("p99_ms")
+    within, over = crossing.get("within_up_to_rps"), crossing.get("over_from_rps")
+    at = crossing.get("crossing_rps")
+    if goal is None:
+        return lines
+    bound = f"{number(goal)} ms"
+    if over is None:
+        said = f"p99 stays within {bound} at every step, up to {cell(within)} requests/s."
+    elif within is None:
+        said = f"p99 is over {bound} (or requests failed) from the lowest step on"
+        said += f" ({cell(over)} requests/s)."
+    else:
+        said = (
+            f"p99 stays within {bound} up to {cell(within)} requests/s and is over it at "
+            f"{cell(over)} requests/s"
+        )
+        said += f"; the line between those steps crosses {bound} at {cell(at)} requests/s."
+        if at is None:
+            said = said.split(";")[0] + "."
+    return [*lines, "", said]
+
+
+VIEWS = {"latency-by-load": latency_by_load_view}
+"""The views a ``bench-view`` block may show: ``(result, link to its JSON) -> lines``."""
+
+
+def render_views(page: str, page_path: Path, root: Path = REPO_ROOT) -> str:
+    """``page`` (at ``page_path`` under ``root``) with each ``bench-view`` block re-rendered
+    from the JSON its marker names."""
+
+    def block(match: re.Match[str]) -> str:
+        view, name, path = match["view"], match["name"], match["path"]
+        if view not in VIEWS:
+            raise ValueError(f"{page_path}: unknown bench-view {view!r}; one of {sorted(VIEWS)}")
+        link = Path(os.path.relpath(root / path, (root / page_path).parent)).as_posix()
+        lines = VIEWS[view](_read_block(root, name, path), link)
+        head = f"<!-- bench-view {view} {name}: {path} -->"
+        return "\n".join([head, *lines, f"<!-- end bench-view {view} {name} -->"])
+
+    return VIEW.sub(block, page)
+
+
+def view_pages(root: Path = REPO_ROOT) -> list[Path]:
+    """The docs pages (relative to ``root``) that hold a ``bench-view`` block."""
+    return [
+        page.relative_to(root)
+        for page in sorted((root / "docs").rglob("*.md"))
+        if "<!-- bench-view " in page.read_text()
+    ]
+
+
+def rerender_views(root: Path = REPO_ROOT) -> list[Path]:
+    """Re-render every page of :func:`view_pages` in place; the pages that changed."""
+    changed = []
+    for page in view_pages(root):
+        text = (root / page).read_text()
+        rendered = render_views(text, page, root)
+        if rendered != text:
+            (root / page).write_text(rendered)
+            changed.append(page)
+    return changed
+
+
 def chart(result: Mapping[str, Any], name: str, out: Path) -> Path:
     """``name``'s PNG (:mod:`benchmarks.charts`); a benchmark it has no panels for gets a bar
     panel per figure of its table."""
@@ -483,6 +605,7 @@ def publish(results: Path, docs: Path = DOCS, root: Path = REPO_ROOT) -> list[st
             page = page.rstrip("\n") + f"\n\n## `{name}`\n\n{marker}\n"
         published.append(name)
     docs.write_text(render_page(page, root))
+    rerender_views(root)
     return published
 
 
@@ -503,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args.docs.write_text(render_page(args.docs.read_text()))
         print(f"re-rendered {args.docs}", file=sys.stderr)
+        for page in rerender_views():
+            print(f"re-rendered {page}", file=sys.stderr)
     return 0
 
 

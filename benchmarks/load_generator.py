@@ -53,8 +53,11 @@ import numpy as np
 import orjson
 
 from benchmarks.provenance import usable_cpus
+from serving.request_profile import parse_server_timing
 
 MODEL_PATH = "/v2/models/preranking/infer"
+IN_HANDLER = "in_handler"
+"""``stage_ms`` and ``stage_cpu_ms``'s entry for all the stages of a request added up."""
 LATE_SEND_MS = 5.0
 """An open-loop send this much after its scheduled time counts as late."""
 T = TypeVar("T")
@@ -73,14 +76,26 @@ class Tally:
     request the server scored, and logged as feedback."""
     late_sends: int = 0
     """Open loop: measured requests sent more than ``LATE_SEND_MS`` after their time."""
+    stages: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    """Per stage of the server's ``Server-Timing`` (when it profiles): ``(wall ms, cpu ms)``
+    of each measured good answer."""
 
     def error(self, message: str) -> None:
         self.errors += 1
         if len(self.error_samples) < 5:
             self.error_samples.append(message[:300])
 
-    def count(self, *, measured: bool, status: int, problem: str | None, elapsed: float) -> None:
-        """One finished request; only ``measured`` ones (not warm-up) enter the figures."""
+    def count(
+        self,
+        *,
+        measured: bool,
+        status: int,
+        problem: str | None,
+        elapsed: float,
+        timing: str | None = None,
+    ) -> None:
+        """One finished request; only ``measured`` ones (not warm-up) enter the figures.
+        ``timing``: the answer's ``Server-Timing`` value, if any."""
         if problem is None:
             self.answered += 1
         if not measured:
@@ -88,8 +103,35 @@ class Tally:
         self.status[str(status)] = self.status.get(str(status), 0) + 1
         if problem is None:
             self.latencies.append(elapsed)
+            if timing:
+                for stage, laps in parse_server_timing(timing).items():
+                    self.stages.setdefault(stage, []).append(laps)
         else:
             self.error(problem)
+
+    def stage_figures(self) -> dict[str, Any]:
+        """``stage_ms`` (per stage: median and p99 wall ms), ``stage_cpu_ms`` (per stage: median
+        CPU ms), both with ``in_handler``, the stages of one request added up, and
+        ``profiled_requests``; empty when the server sent no ``Server-Timing``."""
+        if not self.stages:
+            return {}
+        wall = {stage: np.asarray([w for w, _ in laps]) for stage, laps in self.stages.items()}
+        cpu = {stage: np.asarray([c for _, c in laps]) for stage, laps in self.stages.items()}
+        counts = {len(laps) for laps in self.stages.values()}
+        if len(counts) == 1:  # every answer named every stage: their sums are per request
+            wall[IN_HANDLER] = sum(wall.values())  # type: ignore[assignment]
+            cpu[IN_HANDLER] = sum(cpu.values())  # type: ignore[assignment]
+        return {
+            "stage_ms": {
+                stage: {
+                    "median": float(np.median(values)),
+                    "p99": float(np.percentile(values, 99)),
+                }
+                for stage, values in wall.items()
+            },
+            "stage_cpu_ms": {stage: float(np.median(values)) for stage, values in cpu.items()},
+            "profiled_requests": max(counts),
+        }
 
 
 class RequestMaker:
@@ -97,7 +139,13 @@ class RequestMaker:
     random items (a client's work per request, done while it is timed)."""
 
     def __init__(
-        self, users: Sequence[int], items: Sequence[int], *, candidates: int, seed: Any
+        self,
+        users: Sequence[int],
+        items: Sequence[int],
+        *,
+        candidates: int,
+        seed: Any,
+        binary: bool = False,
     ) -> None:
         if candidates > len(items):
             raise ValueError(
@@ -110,12 +158,44 @@ class RequestMaker:
         self.candidates = candidates
         self.rng = np.random.default_rng(seed)
         self.made = 0
+        self.binary = binary
+        """Send the ids as raw INT64 bytes and ask for the scores as raw FP32 bytes (the v2
+        binary tensor extension), instead of JSON."""
 
     def __call__(self) -> bytes:
+        return self.encode()[1]
+
+    def encode(self) -> tuple[bytes, bytes]:
+        """``(extra request header lines, body)`` of the next request."""
         user = int(self.users[self.rng.integers(len(self.users))])
         chosen = self.rng.choice(self.items, self.candidates, replace=False)
         self.made += 1
-        return orjson.dumps(
+        if self.binary:
+            header = orjson.dumps(
+                {
+                    "id": f"load-{self.made}",
+                    "inputs": [
+                        {
+                            "name": "user_id",
+                            "datatype": "INT64",
+                            "shape": [1],
+                            "parameters": {"binary_data_size": 8},
+                        },
+                        {
+                            "name": "item_ids",
+                            "datatype": "INT64",
+                            "shape": [self.candidates],
+                            "parameters": {"binary_data_size": 8 * self.candidates},
+                        },
+                    ],
+                    "parameters": {"binary_data_output": True},
+                }
+            )
+            ids = np.empty(self.candidates + 1, dtype="<i8")
+            ids[0], ids[1:] = user, chosen
+            extra = b"Inference-Header-Content-Length: %d\r\n" % len(header)
+            return extra, header + ids.tobytes()
+        return b"", orjson.dumps(
             {
                 "id": f"load-{self.made}",
                 "inputs": [
@@ -140,10 +220,15 @@ def request_bodies(
     return [make() for _ in range(count)]
 
 
-def check_response(status: int, body: bytes, candidates: int) -> str | None:
-    """None for a good answer, else what is wrong with it."""
+def check_response(
+    status: int, body: bytes, candidates: int, json_length: int | None = None
+) -> str | None:
+    """None for a good answer, else what is wrong with it. ``json_length``: the answer's
+    ``Inference-Header-Content-Length`` (scores as raw FP32 bytes after a JSON header)."""
     if status != 200:
         return f"HTTP {status}: {body[:200]!r}"
+    if json_length is not None:
+        return _check_binary(body, candidates, json_length)
     try:
         payload = orjson.loads(body)
         scores = payload["outputs"][0]["data"]
@@ -162,8 +247,25 @@ def check_response(status: int, body: bytes, candidates: int) -> str | None:
     return None
 
 
-async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
-    """``(status, body, keep_alive)`` of one HTTP/1.1 response with a Content-Length."""
+def _check_binary(body: bytes, candidates: int, json_length: int) -> str | None:
+    try:
+        header = orjson.loads(body[:json_length])
+        (output,) = header["outputs"]
+        size = output["parameters"]["binary_data_size"]
+    except (orjson.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
+        return f"unreadable binary response ({type(exc).__name__}): {body[:200]!r}"
+    fits = size == 4 * candidates and len(body) == json_length + size
+    if output.get("datatype") != "FP32" or not fits:
+        return f"expected {candidates} FP32 scores after the header, got {size} bytes"
+    scores = np.frombuffer(body, dtype="<f4", count=candidates, offset=json_length)
+    if not np.isfinite(scores).all():
+        return f"expected {candidates} finite scores"
+    return None
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool, dict[str, str]]:
+    """``(status, body, keep_alive, headers)`` of one HTTP/1.1 response with a Content-Length
+    (header names in lower case)."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ", 2)[1])
@@ -175,17 +277,18 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]
     if "content-length" not in headers:
         raise ConnectionError(f"response without Content-Length (headers {sorted(headers)})")
     body = await reader.readexactly(int(headers["content-length"]))
-    return status, body, headers.get("connection", "").lower() != "close"
+    return status, body, headers.get("connection", "").lower() != "close", headers
 
 
-def request_header(host: str, port: int, path: str) -> bytes:
+def request_header(host: str, port: int, path: str, *, binary: bool = False) -> bytes:
     """The fixed start of every request (auth included); ``Content-Length`` comes next."""
     from cascade.config import load_settings
 
     auth = "".join(f"{k}: {v}\r\n" for k, v in load_settings().serving.auth_headers().items())
+    kind = "application/octet-stream" if binary else "application/json"
     return (
         f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{auth}"
-        "Content-Type: application/json\r\nContent-Length: "
+        f"Content-Type: {kind}\r\nContent-Length: "
     ).encode("latin-1")
 
 
@@ -195,13 +298,17 @@ FAILURES = (OSError, asyncio.IncompleteReadError, ValueError, ConnectionError)
 
 
 async def exchange(
-    connection: Connection, header: bytes, body: bytes, candidates: int
-) -> tuple[int, str | None, bool]:
-    """Send one request on ``connection`` and read its answer: ``(status, problem, keep)``."""
+    connection: Connection, header: bytes, request: tuple[bytes, bytes], candidates: int
+) -> tuple[int, str | None, bool, str | None]:
+    """Send one request (``(extra header lines, body)``) on ``connection`` and read its
+    answer: ``(status, problem, keep, Server-Timing value)``."""
     reader, writer = connection
-    writer.write(b"%s%d\r\n\r\n%s" % (header, len(body), body))
-    status, answer, keep_alive = await read_response(reader)
-    return status, check_response(status, answer, candidates), keep_alive
+    extra, body = request
+    writer.write(b"%s%d\r\n%s\r\n%s" % (header, len(body), extra, body))
+    status, answer, keep_alive, headers = await read_response(reader)
+    length = headers.get("inference-header-content-length")
+    problem = check_response(status, answer, candidates, None if length is None else int(length))
+    return status, problem, keep_alive, headers.get("server-timing")
 
 
 async def client(
@@ -216,15 +323,18 @@ async def client(
     tally: Tally,
 ) -> None:
     """One closed-loop client on one keep-alive connection (reconnects after a failure)."""
-    header = request_header(host, port, path)
+    header = request_header(host, port, path, binary=make.binary)
     connection: Connection | None = None
     while time.perf_counter() < stop_at:
         started = time.perf_counter()
+        timing = None
         try:
-            body = make()
+            request = make.encode()
             if connection is None:
                 connection = await asyncio.open_connection(host, port)
-            status, problem, keep_alive = await exchange(connection, header, body, candidates)
+            status, problem, keep_alive, timing = await exchange(
+                connection, header, request, candidates
+            )
             if not keep_alive:
                 connection[1].close()
                 connection = None
@@ -235,7 +345,11 @@ async def client(
             connection = None
         elapsed = time.perf_counter() - started
         tally.count(
-            measured=started >= measure_from, status=status, problem=problem, elapsed=elapsed
+            measured=started >= measure_from,
+            status=status,
+            problem=problem,
+            elapsed=elapsed,
+            timing=timing,
         )
     if connection is not None:
         connection[1].close()
@@ -296,7 +410,7 @@ async def open_loop(
 ) -> dict[str, int]:
     """Send a request every ``1 / rate`` seconds from ``start`` until ``stop_at``, each on
     schedule whatever the earlier ones are doing; latency from the scheduled time."""
-    header = request_header(host, port, path)
+    header = request_header(host, port, path, binary=make.binary)
     pool = ConnectionPool(host, port, max_connections)
     late_s = LATE_SEND_MS / 1e3
 
@@ -310,18 +424,23 @@ async def open_loop(
             problem = f"{type(exc).__name__}: {exc}"
             tally.count(measured=measured, status=0, problem=problem, elapsed=elapsed)
             return
+        timing = None
         try:
-            body = make()
+            request = make.encode()
             if measured and time.perf_counter() - scheduled > late_s:
                 tally.late_sends += 1
-            status, problem, keep_alive = await exchange(connection, header, body, candidates)
+            status, problem, keep_alive, timing = await exchange(
+                connection, header, request, candidates
+            )
         except FAILURES as exc:
             status, problem, keep_alive = 0, f"{type(exc).__name__}: {exc}", False
         elapsed = time.perf_counter() - scheduled
         if not keep_alive:
             connection[1].close()
         pool.release(connection if keep_alive else None)
-        tally.count(measured=measured, status=status, problem=problem, elapsed=elapsed)
+        tally.count(
+            measured=measured, status=status, problem=problem, elapsed=elapsed, timing=timing
+        )
 
     in_flight: set[asyncio.Task[None]] = set()
     interval = 1.0 / rate
@@ -470,7 +589,12 @@ async def generate(
         "load_generator_cpu_s": (cpu_after.ru_utime + cpu_after.ru_stime)
         - (cpu_before.ru_utime + cpu_before.ru_stime),
         "requests_encoded_per_send": True,
+        "binary": makers[0].binary,
+        **tally.stage_figures(),
     }
+    result["load_generator_cpu_ms_per_request"] = (
+        result["load_generator_cpu_s"] / max(1, requests) * 1e3
+    )
     if server_pid is not None:
         result["server_cpu_s"] = server_cpu_s
         result["server_cpu_ms_per_request"] = server_cpu_s / max(1, requests) * 1e3
@@ -541,6 +665,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--server-pid", type=int, default=None, help="sample this process tree's CPU time"
     )
+    parser.add_argument(
+        "--rates",
+        type=str,
+        default=None,
+        help="open loop at each of these requests/s in turn (comma-separated), each with its "
+        "own warm-up and window: the result's 'steps'",
+    )
+    parser.add_argument(
+        "--binary",
+        action="store_true",
+        help="send ids and take scores as raw bytes (v2 binary tensor extension), not JSON",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, type=Path, help="result JSON")
     args = parser.parse_args(argv)
@@ -550,6 +686,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--seconds must be > 0 and --warmup-seconds >= 0")
     if args.rate is not None and not (args.rate > 0 and math.isfinite(args.rate)):
         parser.error("--rate must be a finite number of requests per second > 0")
+    if args.rates is not None:
+        try:
+            args.rates = [float(r) for r in args.rates.split(",")]
+        except ValueError:
+            parser.error(f"--rates must be numbers separated by commas, got {args.rates!r}")
+        if args.rate is not None or not all(r > 0 and math.isfinite(r) for r in args.rates):
+            parser.error("--rates takes finite requests/s > 0, and not with --rate")
     return args
 
 
@@ -557,24 +700,34 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     ids = json.loads(args.ids.read_text())
     users, items = [int(u) for u in ids["users"]], [int(i) for i in ids["items"]]
+    open_loop = args.rate is not None or args.rates is not None
     # One request stream per closed-loop client (the open loop draws from the first).
     makers = [
-        RequestMaker(users, items, candidates=args.candidates, seed=(args.seed, i))
-        for i in range(1 if args.rate is not None else args.clients)
-    ]
-    result = run_event_loop(
-        generate(
-            args.url,
-            makers,
-            clients=args.clients,
-            candidates=args.candidates,
-            seconds=args.seconds,
-            warmup_seconds=args.warmup_seconds,
-            rate=args.rate,
-            max_connections=args.max_connections,
-            server_pid=args.server_pid,
+        RequestMaker(
+            users, items, candidates=args.candidates, seed=(args.seed, i), binary=args.binary
         )
-    )
+        for i in range(1 if open_loop else args.clients)
+    ]
+
+    def run_at(rate: float | None) -> dict[str, Any]:
+        return run_event_loop(
+            generate(
+                args.url,
+                makers,
+                clients=args.clients,
+                candidates=args.candidates,
+                seconds=args.seconds,
+                warmup_seconds=args.warmup_seconds,
+                rate=rate,
+                max_connections=args.max_connections,
+                server_pid=args.server_pid,
+            )
+        )
+
+    if args.rates is None:
+        result = run_at(args.rate)
+    else:  # one step after the other, from the same process and request stream
+        result = {"mode": "steps", "steps": [run_at(rate) for rate in args.rates]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
 

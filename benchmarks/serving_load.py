@@ -52,7 +52,27 @@ windows each (default 3, 1 with ``--quick``):
   window's in ``*_runs``;
 * open loop (``open_loop``): requests sent at a fixed ``--rate`` (default 70% of the first
   closed window's throughput) whatever the answers are doing, latency from each request's
-  scheduled send time, so queueing shows (no coordinated omission).
+  scheduled send time, so queueing shows (no coordinated omission);
+* binary (``binary_vs_json``): the closed loop again with the ids sent and the scores answered
+  as raw bytes (the v2 binary tensor extension): p50, p99, requests/s and server CPU per
+  request beside the JSON loop's, the ``parse``, ``validate`` and ``respond`` stages' CPU of
+  each, and
+  ``p99_binary_over_json`` / ``server_cpu_binary_over_json``.
+
+Then ``latency_by_load``: one open-loop window at each of :data:`LOAD_STEPS` (shares of the
+first closed window's throughput; :data:`QUICK_LOAD_STEPS` with ``--quick``), lowest first,
+each with its offered and achieved requests/s, p50, p99, errors, and the CPU per request of the
+server and of the load generator (which shares the cores); ``p99_crossing`` says between which
+steps the p99 goes over :data:`P99_CROSSING_MS` (``crossing_rps``: where the line between them
+crosses it). The chart draws them as the latency-against-load curve.
+
+The server runs with ``CASCADE_SERVING_PROFILE=1``: every answer carries a ``Server-Timing``
+header with the wall and thread-CPU time of each stage of the request
+(:mod:`serving.request_profile`: parse, validate, features, encode, score, feedback, respond),
+which the load generator reads. ``stage_ms`` holds per stage the median over the closed windows
+of each window's median and p99 wall ms, ``stage_cpu_ms`` the median CPU ms, both with
+``in_handler`` (the stages of a request added up); ``cpu_outside_stages_ms_per_request`` is the
+server CPU per request not in them (HTTP, the guard, the event loop, the feedback writer).
 
 Each request is drawn and encoded when it is sent, inside the timed path. Server CPU per
 request is the server processes' CPU time over the measured window only (sampled at its start
@@ -61,7 +81,8 @@ and end, warm-up excluded) over the window's requests. The machine's load averag
 The server logs every scored candidate as feedback (its default); after the server stopped,
 the rows in the private lake are counted against the good answers (``feedback_complete``:
 none was dropped, none was lost at shutdown).
-Before the load, malformed requests are sent to check that each is answered 4xx. ``backend``
+Before the load, malformed requests (JSON and binary) are sent to check that each is answered
+4xx. ``backend``
 says how the server scored (``compiled``: the package). A full run then repeats the load scored
 by eager PyTorch (``eager_scorer``, ``CASCADE_SERVING_COMPILED=0``; ``compiled_vs_eager_cpu``:
 eager server CPU per request / compiled) and with the other process count (``with_1_workers``).
@@ -106,6 +127,9 @@ QUICK_LOG_ROWS = 40_000
 """The log under ``debug``, which has no cost budget: seconds to build."""
 GOAL_P99_MS = goal("serving", "p99_ms").bound
 """The closed loop's p99 goal the docs state (``meets_goal``)."""
+P99_CROSSING_MS = 10.0
+"""The p99 whose crossing ``p99_crossing`` locates on the open-loop steps: the request path's
+target (1 user x 1,000 candidates on a 2-core machine)."""
 
 QUICK_CONFIG = "debug"
 """The training config ``--quick`` serves when no ``--config`` is given (seconds to train)."""
@@ -180,13 +204,17 @@ def train_fscd_and_promote(
     }
 
 
-def _post(url: str, body: bytes) -> tuple[int, str]:
+def _post(url: str, body: bytes, json_length: int | None = None) -> tuple[int, str]:
     import urllib.error
     import urllib.request
 
     from cascade.config import load_settings
 
     headers = {"Content-Type": "application/json", **load_settings().serving.auth_headers()}
+    if json_length is not None:  # the binary tensor extension (-1: the header left out)
+        headers["Content-Type"] = "application/octet-stream"
+        if json_length >= 0:
+            headers["Inference-Header-Content-Length"] = str(json_length)
     request = urllib.request.Request(url, data=body, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -225,10 +253,50 @@ BAD_REQUESTS: dict[str, bytes] = {
 """Malformed requests, each of which must get a 4xx (never a 5xx, never a score)."""
 
 
+def _binary_request(item_ids: dict[str, Any], *chunks: bytes) -> tuple[bytes, int]:
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "user_id",
+                    "datatype": "INT64",
+                    "shape": [1],
+                    "parameters": {"binary_data_size": 8},
+                },
+                {"name": "item_ids", "shape": [2], **item_ids},
+            ]
+        }
+    ).encode()
+    return header + b"".join(chunks), len(header)
+
+
+_ONE, _TWO = (1).to_bytes(8, "little"), (1).to_bytes(8, "little") + (2).to_bytes(8, "little")
+BAD_BINARY_REQUESTS: dict[str, tuple[bytes, int]] = {
+    "binary: size disagrees with shape": _binary_request(
+        {"datatype": "INT64", "parameters": {"binary_data_size": 8}}, _ONE, _ONE
+    ),
+    "binary: bytes missing": _binary_request(
+        {"datatype": "INT64", "parameters": {"binary_data_size": 16}}, _ONE, _ONE
+    ),
+    "binary: bytes left over": _binary_request(
+        {"datatype": "INT64", "parameters": {"binary_data_size": 16}}, _ONE, _TWO, _ONE
+    ),
+    "binary: unknown datatype": _binary_request(
+        {"datatype": "BF16", "parameters": {"binary_data_size": 4}}, _ONE, _ONE[:4]
+    ),
+    "binary: no header length": (_binary_request({"datatype": "INT64"}, _ONE)[0], -1),
+}
+"""Malformed bodies of the v2 binary tensor extension ``(body, JSON header length)``: each
+must get a 4xx too."""
+
+
 def probe_bad_requests(base_url: str) -> dict[str, int]:
-    """HTTP status per malformed request."""
+    """HTTP status per malformed request (JSON, then binary)."""
     url = f"{base_url}/v2/models/preranking/infer"
-    return {name: _post(url, body)[0] for name, body in BAD_REQUESTS.items()}
+    status = {name: _post(url, body)[0] for name, body in BAD_REQUESTS.items()}
+    for name, (body, json_length) in BAD_BINARY_REQUESTS.items():
+        status[name] = _post(url, body, json_length)[0]
+    return status
 
 
 class Server:
@@ -334,7 +402,15 @@ def served_backend(log: str) -> str:
 
 OPEN_LOOP_FRACTION = 0.7
 """Default open-loop rate: this share of the first closed-loop window's throughput."""
-LOAD_MODES = ("closed", "open")
+LOAD_MODES = ("closed", "open", "binary")
+"""The measured windows of each round: closed loop (JSON), open loop (JSON), closed loop with
+the v2 binary tensor extension (``binary_vs_json``)."""
+LOAD_STEPS = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2)
+"""``latency_by_load``: open-loop steps at these shares of the first closed-loop window's
+throughput, lowest first."""
+QUICK_LOAD_STEPS = (0.3, 0.7, 1.1)
+LOAD_STEP_WARMUP_S = (1.0, 0.5)
+"""Warm-up of each load step (full run, ``--quick``): the server is warm by then."""
 
 
 def run_load(
@@ -349,9 +425,13 @@ def run_load(
     warmup: float,
     rate: float | None,
     name: str,
+    binary: bool = False,
+    rates: tuple[float, ...] = (),
 ) -> dict[str, Any]:
     """One measured window of the load generator against ``server`` (open loop at ``rate``
-    requests/s, else closed loop), with the server's CPU time over the window."""
+    requests/s, else closed loop; ``binary``: requests and answers in the v2 binary tensor
+    extension), with the server's CPU time over the window; with ``rates``, one open-loop
+    window at each in turn (the result's ``steps``)."""
     load_out = workdir / f"{name}.json"
     command = [
         sys.executable,
@@ -376,6 +456,10 @@ def run_load(
     ]
     if rate is not None:
         command += ["--rate", repr(rate)]
+    if rates:
+        command += ["--rates", ",".join(repr(r) for r in rates)]
+    if binary:
+        command.append("--binary")
     load_before = os.getloadavg()[0]
     done = subprocess.run(
         command,
@@ -383,7 +467,7 @@ def run_load(
         env=env,
         capture_output=True,
         text=True,
-        timeout=seconds + warmup + 120,
+        timeout=max(1, len(rates)) * (seconds + warmup) + 120,
     )
     if done.returncode != 0 or not load_out.exists():
         raise RuntimeError(f"load generator failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -444,7 +528,128 @@ def closed_loop_summary(windows: list[dict[str, Any]]) -> dict[str, Any]:
         summary[key] = _median(windows, key)
     for key in ("p50_ms", "p99_ms", "rps", "server_cpu_ms_per_request"):
         summary[f"{key}_runs"] = [w[key] for w in windows if w.get(key) is not None]
+    summary.update(stage_summary(windows, summary["server_cpu_ms_per_request"]))
     return summary
+
+
+def stage_summary(windows: list[dict[str, Any]], server_cpu_ms: float | None) -> dict[str, Any]:
+    """The server's time per stage of a request (its ``Server-Timing``, read by the load
+    generator) over ``windows``: ``stage_ms`` (per stage, the median over the windows of each
+    window's median and p99), ``stage_cpu_ms`` (per stage, the median of the windows' median
+    CPU ms), ``profiled_requests``, and ``cpu_outside_stages_ms_per_request``: the server's
+    CPU per request (a mean) less the stages' (``in_handler``, a median): HTTP, the request
+    guard, the event loop, sending, the feedback writer's thread. Empty when the server did
+    not profile."""
+    profiled = [w for w in windows if w.get("stage_ms")]
+    if not profiled or len(profiled) != len(windows):
+        return {}
+    stages = list(profiled[0]["stage_ms"])
+    result: dict[str, Any] = {
+        "stage_ms": {
+            stage: {
+                quantile: statistics.median(w["stage_ms"][stage][quantile] for w in profiled)
+                for quantile in ("median", "p99")
+            }
+            for stage in stages
+        },
+        "stage_cpu_ms": {
+            stage: statistics.median(w["stage_cpu_ms"][stage] for w in profiled) for stage in stages
+        },
+        "profiled_requests": sum(w["profiled_requests"] for w in profiled),
+    }
+    in_handler = result["stage_cpu_ms"].get("in_handler")
+    if server_cpu_ms is not None and in_handler is not None:
+        result["cpu_outside_stages_ms_per_request"] = server_cpu_ms - in_handler
+    return result
+
+
+BINARY_VS_JSON_KEYS = (
+    "p50_ms",
+    "p99_ms",
+    "rps",
+    "errors",
+    "server_cpu_ms_per_request",
+    "p99_ms_runs",
+    "server_cpu_ms_per_request_runs",
+)
+
+
+def binary_vs_json(closed: dict[str, Any], binary_windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The closed loop with JSON bodies (the top-level figures) beside the same load in the v2
+    binary tensor extension: p99 and server CPU per request of each, the CPU of the stages the
+    encoding touches (parse, validate, respond), and binary over JSON."""
+    binary = closed_loop_summary(binary_windows)
+
+    def side(summary: dict[str, Any]) -> dict[str, Any]:
+        stages = summary.get("stage_cpu_ms") or {}
+        return {
+            **{key: summary.get(key) for key in BINARY_VS_JSON_KEYS},
+            "parse_cpu_ms": stages.get("parse"),
+            "validate_cpu_ms": stages.get("validate"),
+            "respond_cpu_ms": stages.get("respond"),
+        }
+
+    def ratio(key: str) -> float | None:
+        ours, theirs = binary.get(key), closed.get(key)
+        return ours / theirs if ours is not None and theirs else None
+
+    return {
+        "json": side(closed),
+        "binary": side(binary),
+        "answered_total": binary["answered_total"],
+        "p99_binary_over_json": ratio("p99_ms"),
+        "server_cpu_binary_over_json": ratio("server_cpu_ms_per_request"),
+    }
+
+
+def latency_by_load(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per open-loop step, lowest offered rate first: offered and achieved
+    requests/s, p50, p99, errors, and the CPU per request of the server and of the load
+    generator itself (it shares the cores)."""
+    keys = (
+        "achieved_rps",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "max_ms",
+        "errors",
+        "requests",
+        "answered_total",
+        "late_sends",
+        "latency_growth",
+        "server_cpu_ms_per_request",
+        "load_generator_cpu_ms_per_request",
+        "cpu_busy_fraction",
+    )
+    ordered = sorted(steps, key=lambda step: step["rate_rps"])
+    return [{"offered_rps": s["rate_rps"], **{k: s.get(k) for k in keys}} for s in ordered]
+
+
+def p99_crossing(steps: list[dict[str, Any]], at_ms: float) -> dict[str, Any]:
+    """Where the p99 of ``latency_by_load`` first goes over ``at_ms`` as the load rises:
+    the achieved requests/s of the last step within it and of the first step over it (a step
+    with errors counts as over), and the load between them where the line joining their p99s
+    crosses ``at_ms`` (None where the steps do not bracket it)."""
+    within = over = None
+    for step in steps:
+        p99 = step.get("p99_ms")
+        if p99 is None or step.get("errors") or p99 > at_ms:
+            over = step
+            break
+        within = step
+    crossing = None
+    if within is not None and over is not None and over.get("p99_ms") is not None:
+        (x0, y0), (x1, y1) = (
+            (within["achieved_rps"], within["p99_ms"]),
+            (over["achieved_rps"], over["p99_ms"]),
+        )
+        crossing = x0 + (at_ms - y0) * (x1 - x0) / (y1 - y0) if y1 != y0 else x0
+    return {
+        "p99_ms": at_ms,
+        "within_up_to_rps": None if within is None else within["achieved_rps"],
+        "over_from_rps": None if over is None else over["achieved_rps"],
+        "crossing_rps": crossing,
+    }
 
 
 OVERLOAD_GROWTH = 5.0
@@ -504,9 +709,14 @@ def measure(
     repeats: int,
     rate: float | None,
     cross_fields: tuple[str, ...] = (),
+    load_steps: tuple[float, ...] = (),
+    step_seconds: float = 0.0,
+    step_warmup: float = 0.0,
 ) -> dict[str, Any]:
     """Start the server with ``workers`` processes, probe bad requests, read its torch
-    threads, then run ``repeats`` closed- and open-loop windows, alternating; with
+    threads, then run ``repeats`` rounds of closed-loop, open-loop and binary closed-loop
+    windows, alternating; with ``load_steps`` (shares of the first closed window's
+    throughput), an open-loop window of ``step_seconds`` at each (``latency_by_load``); with
     ``cross_fields`` (those the served model reads), read each worker's online-read histogram
     (:mod:`benchmarks.serving_cross_features`) before stopping it."""
     from benchmarks.serving_cross_features import cross_fields_read, scrape_online_reads
@@ -525,6 +735,15 @@ def measure(
         _progress(f"server up in {ready_s:.1f} s: {workers} worker(s), {scorer}")
         bad = probe_bad_requests(server.url)
         threads = server.torch_threads(workers)
+        load = functools.partial(
+            run_load,
+            server,
+            workdir=workdir,
+            env=env,
+            ids=ids,
+            clients=clients,
+            candidates=candidates,
+        )
         for round_ in range(repeats):
             # Round 0 runs the closed loop first: the default open-loop rate comes from it.
             for mode in rotated(LOAD_MODES, round_):
@@ -536,17 +755,12 @@ def measure(
                         f"{measured:.1f} requests/s"
                     )
                 windows[mode].append(
-                    run_load(
-                        server,
-                        workdir=workdir,
-                        env=env,
-                        ids=ids,
-                        clients=clients,
-                        candidates=candidates,
+                    load(
                         seconds=seconds,
                         warmup=warmup,
                         rate=open_rate if mode == "open" else None,
                         name=f"load-{tag}-{mode}-{round_}",
+                        binary=mode == "binary",
                     )
                 )
                 window = windows[mode][-1]
@@ -555,6 +769,24 @@ def measure(
                     f"p50 {_ms(window.get('p50_ms'))}, p99 {_ms(window.get('p99_ms'))}, "
                     f"{window.get('rps') or 0:.0f} requests/s, {window.get('errors', 0)} errors"
                 )
+        steps: list[dict[str, Any]] = []
+        if load_steps:
+            measured = windows["closed"][0]["rps"]
+            rates = tuple(max(1.0, round(share * measured, 1)) for share in load_steps)
+            steps = load(
+                seconds=step_seconds,
+                warmup=step_warmup,
+                rate=None,
+                name=f"load-{tag}-steps",
+                rates=rates,
+            )["steps"]
+            _progress(
+                "open-loop steps: "
+                + ", ".join(
+                    f"{s['rate_rps']:.0f}/s p99 {_ms(s.get('p99_ms'))} ({s['errors']} errors)"
+                    for s in steps
+                )
+            )
         online_reads = None
         if cross_fields:
             headers = load_settings(env).serving.auth_headers()
@@ -565,15 +797,24 @@ def measure(
         server.stop()
     closed = closed_loop_summary(windows["closed"])
     open_ = open_loop_summary(windows["open"], rate_source)
+    binary = binary_vs_json(closed, windows["binary"])
     if "overloaded" in open_:
         _progress(f"open loop at {open_['rate_rps']:.0f} requests/s: {open_['overloaded']}")
     # Every good answer (warm-ups included) logged all its candidates, written by shutdown.
     logged = sum(pq.ParquetFile(p).metadata.num_rows for p in feedback.rglob("part-*.parquet"))
-    expected = (closed["answered_total"] + open_["answered_total"]) * candidates
+    answered = closed["answered_total"] + open_["answered_total"] + binary["answered_total"]
+    expected = (answered + sum(s["answered_total"] for s in steps)) * candidates
+    by_load = latency_by_load(steps)
     return {
         **closed,
         "load_order": [list(rotated(LOAD_MODES, r)) for r in range(repeats)],
         "open_loop": open_,
+        "binary_vs_json": binary,
+        **(
+            {"latency_by_load": by_load, "p99_crossing": p99_crossing(by_load, P99_CROSSING_MS)}
+            if by_load
+            else {}
+        ),
         "feedback_rows_logged": logged,
         "feedback_rows_expected": expected,
         "feedback_complete": logged == expected,
@@ -659,6 +900,8 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             **os.environ,
             **private_stack_env(home, port),
             "CASCADE_SERVING_MAX_CANDIDATES": str(max(candidates, 10_000)),
+            # Each answer says where its time went (Server-Timing): stage_ms, stage_cpu_ms.
+            "CASCADE_SERVING_PROFILE": "1",
         }
         settings = load_settings(env)
         network = serving_network(settings, quick=quick)
@@ -721,7 +964,13 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             rate=options.serving_rate,
             cross_fields=cross_fields,
         )
-        main = load(workers=workers, env=env)
+        main = load(
+            workers=workers,
+            env=env,
+            load_steps=QUICK_LOAD_STEPS if quick else LOAD_STEPS,
+            step_seconds=seconds if quick else max(5.0, seconds / 3),
+            step_warmup=LOAD_STEP_WARMUP_S[quick],
+        )
         # Side by side, for the record: the same load scored by eager PyTorch (when the main
         # run used the compiled package), and the other process count.
         eager = None
@@ -791,12 +1040,15 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "server_cpu_ms_per_request_runs",
         "open_loop",
         "online_reads",
+        "stage_ms",
+        "stage_cpu_ms",
+        "binary_vs_json",
     )
     if eager is not None:
-        result["eager_scorer"] = {k: eager[k] for k in summary}
+        result["eager_scorer"] = {k: eager.get(k) for k in summary}
         result["compiled_vs_eager_cpu"] = (
             eager["server_cpu_ms_per_request"] / main["server_cpu_ms_per_request"]
         )
     if other is not None:
-        result[f"with_{other['workers']}_workers"] = {k: other[k] for k in summary}
+        result[f"with_{other['workers']}_workers"] = {k: other.get(k) for k in summary}
     return result

@@ -12,6 +12,7 @@ import torch
 from models.preranking.fields import FieldEncoder
 from models.preranking.model import ColdPreRanker, request_fields
 from serving.online_fields import KeyedColumn
+from serving.request_profile import StageClock
 
 
 def eager_run(model: ColdPreRanker) -> Callable[..., torch.Tensor]:
@@ -120,13 +121,15 @@ class CompiledColdScorer:
         item_ids: np.ndarray,
         extra: Mapping[str, np.ndarray] | None = None,
         keyed: Mapping[str, KeyedColumn] | None = None,
+        clock: StageClock | None = None,
     ) -> torch.Tensor:
         """Logits ``[N]`` for ``user_id`` and the candidates ``item_ids [N]``; ``rows [N]``:
         each candidate's row in the item table (-1: not in it). ``extra``: the values of
         :attr:`request_fields` (ValueError naming any that is missing); ``keyed``:
         per-candidate fields read per distinct key (:class:`serving.online_fields.KeyedColumn`),
         in place of their ``[N]`` values in ``extra``: encoded once per key and gathered, the
-        codes encoding each candidate's value would give."""
+        codes encoding each candidate's value would give. ``clock``: laps ``encode`` before
+        the network runs (:mod:`serving.request_profile`)."""
         extra = extra or {}
         keyed = keyed or {}
         absent = [n for n in self.request_fields if n not in extra and n not in keyed]
@@ -197,6 +200,8 @@ class CompiledColdScorer:
                 table[:, item_side] = 0
                 factors.append((table, key_rows))
         cross, cross_rows = _combine(factors, n, self.width)
+        if clock is not None:
+            clock.lap("encode")
         with torch.inference_mode():
             if self._keyed_cross:
                 out = self.run(

@@ -11,7 +11,8 @@ Every request passes these checks, in this order, before any route sees it (each
 3. With a token (``CASCADE_SERVING_AUTH=1``), ``Authorization: Bearer <token>`` (compared in
    constant time), else 401.
 4. A request with a body method (POST, PUT, PATCH) must say ``Content-Type: application/json``
-   (the ASR infer route also takes ``application/octet-stream``), else 415: a browser form or
+   (the ASR and pre-ranking infer routes also take ``application/octet-stream``: the v2
+   binary tensor extension), else 415: a browser form or
    a ``text/plain`` fetch from another site is refused before its body is read.
 5. A declared ``Content-Length`` above the route's byte limit is 413 before any byte is read.
 6. At most :attr:`GuardPolicy.max_concurrent` requests at once per process; one more is

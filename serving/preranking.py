@@ -8,7 +8,12 @@ Protocol v2 JSON, ``POST /v2/models/preranking/infer``::
                 {"name": "item_ids", "datatype": "INT64", "shape": [3], "data": [7, 9, 11]}]}
 
 Response: output ``scores`` (FP32, shape ``[N]``, sigmoid of the logits) and
-``parameters.model_version``. Requests carry ids, never feature tensors.
+``parameters.model_version``. Requests carry ids, never feature tensors. The same route takes
+the v2 binary tensor extension (``Inference-Header-Content-Length``: a JSON header, then the ids
+as raw little-endian INT64 bytes, each input declaring its ``binary_data_size``) and answers the
+scores as raw FP32 bytes when asked (``parameters.binary_data_output``); the scores are the
+JSON answer's, bit for bit. With ``CASCADE_SERVING_PROFILE=1`` every answer carries a
+``Server-Timing`` header with each stage's wall and CPU time (:mod:`serving.request_profile`).
 
 The server serves versions trained on the cross-statistics engine's training set: an FSCD
 ColdPreRanker (with its field encoder) over the ids and engine statistics, whose run names its
@@ -49,7 +54,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,8 +86,15 @@ from serving.preranking_inputs import (
     USER_INPUT,
     parse_field_inputs,
 )
+from serving.request_profile import StageClock
 from serving.served_version import ServedVersion, freeze_heap
-from serving.v2_codec import decode_v2_tensors, require_v2, v2_response_body
+from serving.v2_codec import (
+    V2Answer,
+    binary_header_length,
+    decode_v2_request,
+    require_v2,
+    v2_answer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +187,9 @@ class PreRankingModel(Model):
         self._served: ServedVersion | None = None
         self._refresh_lock = threading.Lock()
         self._predict_seconds = PREDICT_HIST_TIME.labels(**get_labels(name))
+        self.profile = self.settings.serving.profile
+        """Time each stage of an infer request into its answer's ``Server-Timing``
+        (``CASCADE_SERVING_PROFILE``, :mod:`serving.request_profile`)."""
         self.feature_store_timeouts = 0
         """Requests answered 503 because the online store was locked or timed out."""
         self.feature_overrides = 0
@@ -541,6 +556,7 @@ class PreRankingModel(Model):
         user_id: int,
         item_ids: np.ndarray,
         extra: Mapping[str, np.ndarray] | None = None,
+        clock: StageClock | None = None,
     ) -> Scored:
         """:meth:`score` with the features it used: the fields of ``served.online`` the request
         does not carry read from the online store, one batched read per view
@@ -571,13 +587,19 @@ class PreRankingModel(Model):
         }
         if served.online.reads and any(n in served.online.fields for n in sent):
             user.update(self._store_user_values(served, user_id, item_ids, codes, sent, user))
-        logits = served.scorer.logits(user_id, rows, item_ids, extra=extra, keyed=keyed)
+        if clock is not None:
+            clock.lap("features")
+        logits = served.scorer.logits(
+            user_id, rows, item_ids, extra=extra, keyed=keyed, clock=clock
+        )
         scores = torch.sigmoid(logits.detach().float()).reshape(-1).numpy()
         if scores.shape[0] != len(item_ids) or not np.isfinite(scores).all():
             raise InferenceError(
                 f"model version {served.version} returned {scores.shape[0]} scores with "
                 f"non-finite values for {len(item_ids)} candidates; roll back the champion alias"
             )
+        if clock is not None:
+            clock.lap("score")
         return Scored(scores=scores.astype(np.float32, copy=False), user=user, rows=rows)
 
     def _online_values(
@@ -655,7 +677,17 @@ class PreRankingModel(Model):
         child.observe(seconds)
 
     async def infer_json(self, body: bytes) -> bytes:
-        """A v2 JSON request body in, the v2 JSON response body out.
+        """A v2 JSON request body in, the v2 JSON response body out (:meth:`infer_v2` without
+        request headers: no binary inputs; the answer's body only)."""
+        return (await self.infer_v2(body, ())).body
+
+    async def infer_v2(self, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> V2Answer:
+        """A v2 request body (JSON, or the binary tensor extension when ``headers`` carry
+        ``Inference-Header-Content-Length``) in, the v2 answer out (scores as raw FP32 bytes
+        when the request asks for them in binary: ``parameters.binary_data_output``, or
+        ``binary_data`` on the ``scores`` output). ``headers``: the request's, names in lower
+        case (as the ASGI server gives them). With :attr:`profile` each stage is timed into the
+        answer's ``Server-Timing`` (:mod:`serving.request_profile`).
 
         Serves ``POST /v2/models/<name>/infer`` in :mod:`serving.server` in place of KServe's
         generic route (see :func:`serving.v2_codec.decode_v2_json` for why): the same checks and
@@ -666,19 +698,24 @@ class PreRankingModel(Model):
         checks, cost ~0.1 ms a request). Raises MalformedRequest (422), InvalidInput (400),
         ModelNotReady (503) or InferenceError (500).
         """
-        request_id, tensors, _ = decode_v2_tensors(body)
+        clock = StageClock() if self.profile else None
+        request = decode_v2_request(body, binary_header_length(headers))
+        if clock is not None:
+            clock.lap("parse")
         with self._predict_seconds.time():
             served = self._serving()
             user_id, item_ids, extra = parse_field_inputs(
-                tensors,
+                request.inputs,
                 max_candidates=self.config.max_candidates,
                 fields=served.request_fields,
                 optional=served.served_fields,
             )
+            if clock is not None:
+                clock.lap("validate")
             response_id, server_id, scores = self._infer(
-                served, user_id, item_ids, request_id, extra
+                served, user_id, item_ids, request.id, extra, clock
             )
-        return v2_response_body(
+        answer = v2_answer(
             response_id=response_id,
             model_name=self.name,
             model_version=served.version,
@@ -690,7 +727,12 @@ class PreRankingModel(Model):
                 "run_id": served.run_id,
                 "request_id": server_id,
             },
+            request=request,
         )
+        if clock is None:
+            return answer
+        clock.lap("respond")
+        return V2Answer(answer.body, answer.json_length, clock.header_value())
 
     async def predict(
         self,
@@ -734,6 +776,7 @@ class PreRankingModel(Model):
         item_ids: np.ndarray,
         request_id: str | None,
         extra: Mapping[str, np.ndarray] | None = None,
+        clock: StageClock | None = None,
     ) -> tuple[str, str, np.ndarray]:
         """Score, count and log one request: ``(response id, request id, scores)``.
 
@@ -749,7 +792,7 @@ class PreRankingModel(Model):
         store's SQLite read blocks only while a materialization commits.
         """
         try:
-            scored = self.score_request(served, user_id, item_ids, extra)
+            scored = self.score_request(served, user_id, item_ids, extra, clock)
         except FeatureStoreBusy as exc:
             # Not the model's error: never counted toward the automatic rollback.
             INFERENCE_ERRORS.labels(model_name=self.name, kind="feature_store_timeout").inc()
@@ -771,4 +814,6 @@ class PreRankingModel(Model):
                 served, server_id, user_id, item_ids, scored.scores, scored.user,
                 client_request_id=request_id,
             )  # fmt: skip
+        if clock is not None:
+            clock.lap("feedback")
         return request_id or server_id, server_id, scored.scores

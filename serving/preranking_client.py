@@ -59,16 +59,19 @@ def score(
     settings: Settings | None = None,
     request_id: str | None = None,
     timeout_s: float = 10.0,
+    binary: bool = False,
 ) -> dict[str, Any]:
     """Scores from the running server: ``{"id", "request_id", "model_version", "scores":
     [float, ...]}``; ``request_id`` is the server's own id of the request (clicks name it).
 
     Raises RuntimeError with the server's message when it answers with an error status, and
     ConnectionError (from requests) when nothing listens at ``settings.serving_url``.
+    ``binary``: the ids go as raw INT64 bytes and the scores come back as raw FP32 bytes (the
+    v2 binary tensor extension), the same scores as JSON's.
     """
     settings = settings or load_settings()
     body = _request_body(user_id, item_ids, request_id or uuid.uuid4().hex)
-    payload = client(settings).infer(body, timeout_s=timeout_s, output="scores")
+    payload = client(settings).infer(body, timeout_s=timeout_s, output="scores", binary=binary)
     scores = next(o for o in outputs(payload) if o.get("name") == "scores")
     return {
         "id": payload.get("id"),

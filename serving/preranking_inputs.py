@@ -45,6 +45,8 @@ def _ids_from_input(
             ids = np.asarray(data, dtype=np.int64)
         except OverflowError:
             raise InvalidInput(f"input '{name}' holds an id outside the INT64 range") from None
+    elif isinstance(data, np.ndarray):  # raw bytes, typed by the codec as the datatype says
+        ids = data.reshape(-1)
     else:
         # Binary tensor extension: the bytes are decoded with the declared datatype.
         try:
@@ -92,6 +94,8 @@ def _field_values(infer_input: InferInput | JsonTensor, expected_len: int) -> np
             bad = next(v for v in data if type(v) not in (int, float, type(None)))
             raise InvalidInput(f"input '{name}' holds {bad!r}; field values must be numbers")
         values = np.array([math.nan if v is None else v for v in data], dtype=np.float64)
+    elif isinstance(data, np.ndarray):  # raw bytes, typed by the codec as the datatype says
+        values = data.astype(np.float64).reshape(-1)
     else:
         try:
             values = np.asarray(infer_input.as_numpy(), dtype=np.float64).reshape(-1)  # type: ignore[union-attr]

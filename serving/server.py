@@ -14,7 +14,8 @@ timing trace; off by default, see :func:`stdout_log_config`), ``CASCADE_SERVING_
 default 1, see :func:`serve`). Stop it with SIGTERM or SIGINT.
 
 Every request passes :class:`serving.guard.RequestGuard` first: byte limit while the body streams
-(``CASCADE_SERVING_MAX_BODY_BYTES``, 413), JSON only (415), at most
+(``CASCADE_SERVING_MAX_BODY_BYTES``, 413), JSON only (415; the infer routes also take the v2
+binary tensor extension as ``application/octet-stream``), at most
 ``CASCADE_SERVING_MAX_CONCURRENT`` requests at once (503), a Host allow-list
 (``CASCADE_SERVING_ALLOWED_HOSTS``, 400), a bearer token with ``CASCADE_SERVING_AUTH=1``
 (``CASCADE_SERVING_TOKEN``, 401); KServe's model load/unload routes are off (404) and a 500 names
@@ -32,7 +33,7 @@ import multiprocessing.connection
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -64,7 +65,8 @@ from cascade.tracking_auth import READER, use_tracking_credentials
 from serving.allocator import keep_freed_memory
 from serving.guard import GuardPolicy, RequestGuard, internal_error_body, send_json
 from serving.metrics import TORCH_THREADS
-from serving.v2_codec import MalformedRequest
+from serving.request_profile import HEADER as TIMING_HEADER
+from serving.v2_codec import INFERENCE_HEADER_BYTES, MalformedRequest, V2Answer
 
 # Not __name__: under ``python -m`` that is "__main__", which the "serving" logger misses.
 log = logging.getLogger("serving.server")
@@ -94,6 +96,44 @@ def stdout_log_config(*, request_log: bool = False) -> dict[str, Any]:
 
 JsonInfer = Callable[[bytes], Awaitable[bytes]]
 HttpInfer = Callable[[bytes, Mapping[str, str]], Awaitable[bytes]]
+V2Infer = Callable[[bytes, Sequence[tuple[bytes, bytes]]], Awaitable[V2Answer]]
+"""A model's ``infer_v2``: the body and the raw request headers (lower-case names) in, the
+answer (JSON, or the binary tensor extension; with its ``Server-Timing`` when profiled) out."""
+
+
+def answer_headers(answer: V2Answer) -> list[tuple[bytes, bytes]]:
+    """The response headers of ``answer``: its content type and length, the binary
+    extension's ``Inference-Header-Content-Length``, its ``Server-Timing``."""
+    if answer.json_length is None:
+        headers = [(b"content-type", b"application/json")]
+    else:
+        headers = [
+            (b"content-type", b"application/octet-stream"),
+            (INFERENCE_HEADER_BYTES, b"%d" % answer.json_length),
+        ]
+    headers.append((b"content-length", b"%d" % len(answer.body)))
+    if answer.timing is not None:
+        headers.append((TIMING_HEADER, answer.timing))
+    return headers
+
+
+def add_v2_infer_route(app: FastAPI, model_name: str, infer_v2: V2Infer) -> None:
+    """:func:`add_http_infer_route` for a model's ``infer_v2`` (the route the app serves when
+    requests are logged, so that KServe's timing middleware and the access log see it)."""
+
+    from starlette.routing import Route
+
+    async def route(request: Request) -> Response:
+        try:
+            answer = await infer_v2(await request.body(), request.headers.raw)
+        except MalformedRequest as exc:
+            return Response(orjson.dumps({"error": str(exc)}), 422, media_type="application/json")
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in answer_headers(answer)}
+        return Response(answer.body, headers=headers)
+
+    app.router.routes.insert(0, Route(f"/v2/models/{model_name}/infer", route, methods=["POST"]))
+
+
 T = TypeVar("T")
 
 
@@ -152,12 +192,25 @@ class JsonInferRoutes:
     cost ~0.3 ms of a request that has ~1.5 ms of CPU on this machine.
     """
 
-    def __init__(self, app: Any, routes: Mapping[str, JsonInfer]) -> None:
+    def __init__(
+        self,
+        app: Any,
+        routes: Mapping[str, JsonInfer],
+        v2_routes: Mapping[str, V2Infer] | None = None,
+    ) -> None:
         self.app = app
         self.routes = dict(routes)
+        self.v2_routes = dict(v2_routes or {})
+        """Paths answered by a model's ``infer_v2`` (request headers in, a :class:`V2Answer`
+        out: JSON or binary tensors, with its ``Server-Timing`` when profiled)."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
+            infer_v2 = self.v2_routes.get(scope["path"])
+            if infer_v2 is not None:
+                headers = scope["headers"]
+                await self._infer(lambda body: infer_v2(body, headers), receive, send)
+                return
             infer_json = self.routes.get(scope["path"])
             if infer_json is not None:
                 await self._infer(infer_json, receive, send)
@@ -165,7 +218,9 @@ class JsonInferRoutes:
         await self.app(scope, receive, send)
 
     @staticmethod
-    async def _infer(infer_json: JsonInfer, receive: Any, send: Any) -> None:
+    async def _infer(
+        infer_json: Callable[[bytes], Awaitable[bytes | V2Answer]], receive: Any, send: Any
+    ) -> None:
         from kserve.errors import InvalidInput, ModelNotReady
 
         chunks = []
@@ -187,6 +242,11 @@ class JsonInferRoutes:
             status, body = 503, orjson.dumps({"error": str(exc)})
         except Exception as exc:
             status, body = 500, internal_error_body("inference", exc)
+        if isinstance(body, V2Answer):
+            headers = answer_headers(body)
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body.body})
+            return
         if 400 <= status < 500:
             log.warning("infer answered %d: %s", status, body[:300].decode(errors="replace"))
         await send_json(send, status, body)
@@ -233,6 +293,7 @@ class LocalModelServer(ModelServer):
         from kserve.model_server import app
 
         routes: dict[str, JsonInfer] = {}
+        v2_routes: dict[str, V2Infer] = {}
         route_body_bytes: dict[str, int] = {}
         binary_paths: list[str] = []
         for model in models:
@@ -240,6 +301,7 @@ class LocalModelServer(ModelServer):
             model.enable_latency_logging = self.enable_latency_logging
             model.start()
             infer_http = getattr(model, "infer_http", None)
+            infer_v2 = getattr(model, "infer_v2", None)
             infer_json = getattr(model, "infer_json", None)
             path = f"/v2/models/{model.name}/infer"
             max_body_bytes = getattr(model, "max_body_bytes", None)
@@ -247,6 +309,10 @@ class LocalModelServer(ModelServer):
                 route_body_bytes[path] = int(max_body_bytes)
             if infer_http is not None:
                 add_http_infer_route(app, model.name, infer_http)
+                binary_paths.append(path)
+            elif infer_v2 is not None:
+                add_v2_infer_route(app, model.name, infer_v2)
+                v2_routes[path] = infer_v2
                 binary_paths.append(path)
             elif infer_json is not None:
                 add_json_infer_route(app, model.name, infer_json)
@@ -270,10 +336,10 @@ class LocalModelServer(ModelServer):
         self._rest_server.config.host = self.host
         self._rest_server.config.http = CoalescingHttpToolsProtocol
         self._rest_server.config.limit_concurrency = connection_limit(policy.max_concurrent)
-        if routes and not self.request_log:
+        if (routes or v2_routes) and not self.request_log:
             # With request logging on, the infer route stays inside the app, where KServe's
             # timing middleware and the access log see it.
-            self._rest_server.config.app = JsonInferRoutes(app, routes)
+            self._rest_server.config.app = JsonInferRoutes(app, routes, v2_routes)
         inner = self._rest_server.config.app
         # Still the import string when no fast route wraps the app (uvicorn would import it).
         self._rest_server.config.app = RequestGuard(

@@ -14,7 +14,9 @@ server side of the protocol is :mod:`serving.v2_codec`.
 from __future__ import annotations
 
 import base64
+import json
 import logging
+import struct
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +39,76 @@ def bytes_input(name: str, content: bytes) -> dict[str, Any]:
         "shape": [1],
         "data": [base64.b64encode(content).decode()],
     }
+
+
+INFERENCE_HEADER = "Inference-Header-Content-Length"
+"""The binary tensor extension's header: the length of the JSON that starts the body."""
+BINARY_FORMATS = {
+    "BOOL": "?",
+    "UINT8": "B",
+    "UINT16": "H",
+    "UINT32": "I",
+    "UINT64": "Q",
+    "INT8": "b",
+    "INT16": "h",
+    "INT32": "i",
+    "INT64": "q",
+    "FP32": "f",
+    "FP64": "d",
+}
+"""``struct`` formats of the v2 datatypes sent as raw little-endian bytes."""
+
+
+def encode_binary_request(
+    body: Mapping[str, Any], *, binary_output: bool = True
+) -> tuple[bytes, int]:
+    """``(body bytes, JSON header length)`` of the v2 request ``body`` (inputs with ``data``
+    lists) in the binary tensor extension: each input of a datatype in
+    :data:`BINARY_FORMATS` becomes raw little-endian bytes after the JSON header, declared by
+    its ``binary_data_size``; others stay JSON. ``binary_output``: ask for the outputs as
+    raw bytes too (``binary_data_output``)."""
+    inputs, raw = [], []
+    for tensor in body.get("inputs") or []:
+        code = BINARY_FORMATS.get(tensor.get("datatype"))
+        if code is None:
+            inputs.append(dict(tensor))
+            continue
+        values = list(tensor["data"])
+        raw.append(struct.pack(f"<{len(values)}{code}", *values))
+        parameters = {**(tensor.get("parameters") or {}), "binary_data_size": len(raw[-1])}
+        described = {k: v for k, v in tensor.items() if k != "data"}
+        inputs.append({**described, "parameters": parameters})
+    header = {**body, "inputs": inputs}
+    if binary_output:
+        header["parameters"] = {**(body.get("parameters") or {}), "binary_data_output": True}
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    return encoded + b"".join(raw), len(encoded)
+
+
+def decode_binary_response(content: bytes, json_length: int) -> dict[str, Any]:
+    """A v2 response in the binary tensor extension as its JSON form: each output that
+    declares ``binary_data_size`` gets its ``data`` list from the bytes after the header;
+    ValueError when the sizes and the body do not add up."""
+    if not 0 < json_length <= len(content):
+        raise ValueError(f"{INFERENCE_HEADER}={json_length}; the answer has {len(content)} bytes")
+    payload = dict(json.loads(content[:json_length]))
+    offset = json_length
+    for output in outputs(payload):
+        size = (output.get("parameters") or {}).get("binary_data_size")
+        if size is None:
+            continue
+        code = BINARY_FORMATS.get(output.get("datatype"))
+        width = struct.calcsize(f"<{code}") if code else 0
+        if not width or size % width or offset + size > len(content):
+            raise ValueError(
+                f"output {output.get('name')!r}: binary_data_size={size} does not fit its "
+                f"datatype {output.get('datatype')!r} or the {len(content) - offset} bytes left"
+            )
+        output["data"] = list(struct.unpack_from(f"<{size // width}{code}", content, offset))
+        offset += size
+    if offset != len(content):
+        raise ValueError(f"{len(content) - offset} bytes follow the declared binary outputs")
+    return payload
 
 
 def response_version(payload: Mapping[str, Any]) -> str | None:
@@ -75,19 +147,41 @@ class V2Client:
         return response.status_code == 200
 
     def infer(
-        self, body: Mapping[str, Any], *, timeout_s: float, output: str | None = None
+        self,
+        body: Mapping[str, Any],
+        *,
+        timeout_s: float,
+        output: str | None = None,
+        binary: bool = False,
     ) -> dict[str, Any]:
         """The JSON answer to the v2 request ``body``; :class:`InferenceRefused` with the
         server's message when it answers with an error status (or without the ``output`` it
-        must hold), ``requests.ConnectionError`` when nothing listens."""
-        response = requests.post(
-            self.infer_url, json=dict(body), headers=dict(self.headers), timeout=timeout_s
-        )
+        must hold), ``requests.ConnectionError`` when nothing listens. ``binary``: send the
+        numeric inputs and take the outputs as raw bytes (the binary tensor extension,
+        :func:`encode_binary_request`); the answer is returned in its JSON form all the same."""
+        headers = dict(self.headers)
+        if binary:
+            data, json_length = encode_binary_request(body)
+            headers["Content-Type"] = "application/octet-stream"
+            headers[INFERENCE_HEADER] = str(json_length)
+            response = requests.post(self.infer_url, data=data, headers=headers, timeout=timeout_s)
+        else:
+            response = requests.post(
+                self.infer_url, json=dict(body), headers=headers, timeout=timeout_s
+            )
         if response.status_code != 200:
             raise InferenceRefused(
                 f"{self.infer_url} answered {response.status_code}: {response.text[:500]}"
             )
-        payload = dict(response.json())
+        answer_length = response.headers.get(INFERENCE_HEADER)
+        if answer_length is not None:
+            try:
+                payload = decode_binary_response(response.content, int(answer_length))
+            except ValueError as exc:
+                unreadable = f"{self.infer_url} answered unreadable bytes: {exc}"
+                raise InferenceRefused(unreadable) from exc
+        else:
+            payload = dict(response.json())
         if output is not None and output not in {o.get("name") for o in outputs(payload)}:
             raise InferenceRefused(f"{self.infer_url} returned no {output!r} output: {payload}")
         return payload

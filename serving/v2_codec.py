@@ -12,8 +12,9 @@ in the answer and written to the feedback lake.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from kserve.protocol.infer_type import InferInput, to_http_parameters
 
 INFERENCE_HEADER = "inference-header-content-length"
 """Request header of the binary tensor extension: the length of the JSON header."""
+INFERENCE_HEADER_BYTES = INFERENCE_HEADER.encode("latin-1")
 
 
 class MalformedRequest(InvalidInput):
@@ -65,20 +67,79 @@ class JsonTensor:
     name: str
     datatype: str
     shape: list[int]
-    data: list[Any]
+    data: list[Any] | np.ndarray
+    """A list (JSON), or the typed array of a binary input (:func:`decode_v2_request`)."""
     parameters: Any = None
+
+
+BINARY_DATATYPES: dict[str, np.dtype[Any]] = {
+    name: np.dtype(code)
+    for name, code in (
+        ("BOOL", "?"),
+        ("UINT8", "u1"),
+        ("UINT16", "<u2"),
+        ("UINT32", "<u4"),
+        ("UINT64", "<u8"),
+        ("INT8", "i1"),
+        ("INT16", "<i2"),
+        ("INT32", "<i4"),
+        ("INT64", "<i8"),
+        ("FP16", "<f2"),
+        ("FP32", "<f4"),
+        ("FP64", "<f8"),
+    )
+}
+"""The v2 datatypes a tensor may carry as raw bytes (little-endian, row-major), and their
+numpy types. BYTES (length-prefixed strings) is sent as JSON here."""
+
+
+@dataclass(frozen=True, slots=True)
+class V2Request:
+    """A v2 request as the fast routes read it: JSON or the binary tensor extension."""
+
+    id: str | None
+    inputs: list[JsonTensor]
+    """Each input's ``data`` is a list (JSON) or a numpy array (raw bytes, already typed)."""
+    parameters: Any
+    binary_outputs: frozenset[str] | bool = False
+    """Outputs to answer as raw bytes: True for all (the request parameter
+    ``binary_data_output``), else the names whose ``parameters.binary_data`` is true."""
+
+    def binary_output(self, name: str) -> bool:
+        return self.binary_outputs is True or (
+            isinstance(self.binary_outputs, frozenset) and name in self.binary_outputs
+        )
 
 
 def decode_v2_tensors(body: bytes) -> tuple[str | None, list[JsonTensor], Any]:
     """``(request id, input tensors, request parameters)`` of a v2 JSON body, checking only
     the protocol's structure; MalformedRequest (HTTP 422) naming what is wrong."""
+    request = decode_v2_request(body)
+    return request.id, request.inputs, request.parameters
+
+
+def decode_v2_request(body: bytes, json_length: bytes | str | None = None) -> V2Request:
+    """A v2 request body: all JSON when ``json_length`` (the ``Inference-Header-Content-Length``
+    header) is None, else that many bytes of JSON header followed by the raw bytes of the
+    inputs that declare ``parameters.binary_data_size`` (in their order). Checks the protocol's
+    structure only: MalformedRequest (HTTP 422) for a body that is not a v2 request,
+    InvalidInput (HTTP 400) for binary data that does not add up (a size that does not match
+    the tensor's shape and datatype, bytes missing or left over, a datatype without a binary
+    form)."""
+    if json_length is None:
+        header, header_size = body, len(body)
+        what = "the request body"
+    else:
+        header_size = _header_size(json_length, len(body))
+        header = body[:header_size]
+        what = "the JSON header"
     try:
-        payload = orjson.loads(body)
+        payload = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
-        raise not_json("the request body", exc) from None
+        raise not_json(what, exc) from None
     if not isinstance(payload, dict):
         raise MalformedRequest(
-            f"the request body is a JSON {type(payload).__name__}; send an object with 'inputs'"
+            f"{what} is a JSON {type(payload).__name__}; send an object with 'inputs'"
         )
     inputs = payload.get("inputs")
     if not isinstance(inputs, list):
@@ -88,6 +149,7 @@ def decode_v2_tensors(body: bytes) -> tuple[str | None, list[JsonTensor], Any]:
         )
     request_id = check_request_id(payload.get("id"))
     tensors = []
+    offset = header_size
     for position, tensor in enumerate(inputs):
         if not isinstance(tensor, dict):
             raise MalformedRequest(f"inputs[{position}] must be an object, got {tensor!r:.80}")
@@ -97,10 +159,102 @@ def decode_v2_tensors(body: bytes) -> tuple[str | None, list[JsonTensor], Any]:
             raise MalformedRequest(f"inputs[{position}] needs string fields 'name' and 'datatype'")
         if not isinstance(shape, list) or not all(type(d) is int for d in shape):
             raise MalformedRequest(f"input '{name}' needs 'shape', a list of integers")
-        if not isinstance(data, list):
-            raise MalformedRequest(f"input '{name}' needs 'data', a list of values")
-        tensors.append(JsonTensor(name, datatype, shape, data, tensor.get("parameters")))
-    return request_id, tensors, payload.get("parameters")
+        parameters = tensor.get("parameters")
+        size = parameters.get("binary_data_size") if isinstance(parameters, dict) else None
+        if size is not None:
+            if json_length is None:
+                raise InvalidInput(
+                    f"input '{name}' declares binary_data_size but the request has no "
+                    f"{INFERENCE_HEADER} header; send the header with the JSON's length"
+                )
+            data, offset = _binary_tensor(body, offset, name, datatype, shape, size)
+        elif not isinstance(data, list):
+            raise MalformedRequest(
+                f"input '{name}' needs 'data', a list of values"
+                + (", or parameters.binary_data_size" if json_length is not None else "")
+            )
+        tensors.append(JsonTensor(name, datatype, shape, data, parameters))
+    if offset != len(body):
+        raise InvalidInput(
+            f"{len(body) - offset} bytes follow the declared binary inputs; each input's "
+            "binary_data_size must count its bytes"
+        )
+    return V2Request(request_id, tensors, payload.get("parameters"), _binary_outputs(payload))
+
+
+def binary_header_length(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
+    """The ``Inference-Header-Content-Length`` of a request's ``headers`` (names in lower case),
+    None for a JSON request; InvalidInput (HTTP 400) for an ``application/octet-stream`` body
+    without it (there is no telling where its JSON header ends)."""
+    length = None
+    octets = False
+    for name, value in headers:
+        if name == INFERENCE_HEADER_BYTES:
+            length = value
+        elif name == b"content-type":
+            octets = value.partition(b";")[0].strip().lower() == b"application/octet-stream"
+    if length is None and octets:
+        raise InvalidInput(
+            f"an application/octet-stream body needs the {INFERENCE_HEADER} header (the length "
+            "of its JSON header); send it, or send the request as application/json"
+        )
+    return length
+
+
+def _header_size(json_length: bytes | str, body_size: int) -> int:
+    text = json_length.decode("latin-1") if isinstance(json_length, bytes) else json_length
+    try:
+        size = int(text)
+    except ValueError:
+        raise MalformedRequest(f"{INFERENCE_HEADER}={text[:40]!r} is not an integer") from None
+    if not 0 < size <= body_size:
+        raise MalformedRequest(f"{INFERENCE_HEADER}={size} but the body has {body_size} bytes")
+    return size
+
+
+def _binary_tensor(
+    body: bytes, offset: int, name: str, datatype: str, shape: list[int], size: Any
+) -> tuple[np.ndarray, int]:
+    """Input ``name``'s array from its ``size`` bytes at ``offset``, and the next offset."""
+    dtype = BINARY_DATATYPES.get(datatype)
+    if dtype is None:
+        raise InvalidInput(
+            f"input '{name}' has datatype {datatype!r}, which has no binary form here; send "
+            f"one of {sorted(BINARY_DATATYPES)} as bytes, or the values as JSON 'data'"
+        )
+    if type(size) is not int or size < 0:
+        raise InvalidInput(f"input '{name}' declares binary_data_size={size!r}; send a byte count")
+    if any(d < 0 for d in shape):
+        raise MalformedRequest(f"input '{name}' has shape {shape}; dimensions must be >= 0")
+    expected = math.prod(shape) * dtype.itemsize
+    if size != expected:
+        raise InvalidInput(
+            f"input '{name}' declares binary_data_size={size}, but shape {shape} of {datatype} "
+            f"is {expected} bytes"
+        )
+    if offset + size > len(body):
+        raise InvalidInput(
+            f"input '{name}' declares binary_data_size={size} but {len(body) - offset} bytes follow"
+        )
+    array = np.frombuffer(body, dtype=dtype, count=math.prod(shape), offset=offset)
+    return array, offset + size
+
+
+def _binary_outputs(payload: Mapping[str, Any]) -> frozenset[str] | bool:
+    parameters = payload.get("parameters")
+    if isinstance(parameters, dict) and parameters.get("binary_data_output") is True:
+        return True
+    outputs = payload.get("outputs")
+    if not isinstance(outputs, list):
+        return False
+    return frozenset(
+        o["name"]
+        for o in outputs
+        if isinstance(o, dict)
+        and isinstance(o.get("name"), str)
+        and isinstance(o.get("parameters"), dict)
+        and o["parameters"].get("binary_data") is True
+    )
 
 
 def decode_v2_json(body: bytes, model_name: str) -> InferRequest:
@@ -185,6 +339,62 @@ def v2_response_body(
     if parameters:
         body["parameters"] = parameters
     return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+@dataclass(frozen=True, slots=True)
+class V2Answer:
+    """A v2 response body as a fast route sends it."""
+
+    body: bytes
+    json_length: int | None = None
+    """The JSON header's length when raw output bytes follow it (the binary tensor extension:
+    sent as ``Inference-Header-Content-Length``, the body as ``application/octet-stream``);
+    None for a JSON body."""
+    timing: bytes | None = None
+    """A ``Server-Timing`` header value (:mod:`serving.request_profile`), when profiled."""
+
+
+def v2_answer(
+    *,
+    response_id: str | None,
+    model_name: str,
+    model_version: str | None,
+    outputs: list[dict[str, Any]],
+    parameters: Mapping[str, Any] | None = None,
+    request: V2Request | None = None,
+) -> V2Answer:
+    """:func:`v2_response_body`, with the outputs ``request`` asks for in binary
+    (:attr:`V2Request.binary_outputs`) sent as raw little-endian bytes after the JSON header,
+    each declaring its ``binary_data_size``."""
+    if request is None or not any(request.binary_output(o["name"]) for o in outputs):
+        body = v2_response_body(
+            response_id=response_id,
+            model_name=model_name,
+            model_version=model_version,
+            outputs=outputs,
+            parameters=parameters,
+        )
+        return V2Answer(body)
+    raw = []
+    entries = []
+    for output in outputs:
+        if request.binary_output(output["name"]):
+            dtype = BINARY_DATATYPES[output["datatype"]]
+            raw.append(np.ascontiguousarray(output["data"], dtype=dtype).tobytes())
+            entry = {k: v for k, v in output.items() if k != "data"}
+            size = {"binary_data_size": len(raw[-1])}
+            entry["parameters"] = {**(output.get("parameters") or {}), **size}
+            entries.append(entry)
+        else:
+            entries.append(output)
+    header = v2_response_body(
+        response_id=response_id,
+        model_name=model_name,
+        model_version=model_version,
+        outputs=entries,
+        parameters=parameters,
+    )
+    return V2Answer(b"".join([header, *raw]), json_length=len(header))
 
 
 def decode_binary_request(body: bytes, json_length: str, model_name: str) -> InferRequest:

@@ -5,7 +5,8 @@ link or anchor, a page missing from the navigation or a lost marker fails it. Th
 is rendered from the parser during that build, so it is checked to list every command.
 
 Every measured figure in README.md and the docs pages is rendered from a result file
-(``docs/results/``, the blocks of ``docs/benchmarks.md`` that ``benchmarks/docs.py`` writes). A
+(``docs/results/``, the blocks of ``docs/benchmarks.md`` and the ``bench-view`` blocks of other
+pages that ``benchmarks/docs.py`` writes). A
 number with a unit, a decimal (an AUC, a ratio), a count written with thousands separators or an
 "N of M" count in prose outside those blocks fails :func:`test_no_figure_in_prose`, unless it
 is a non-measurement listed with its reason in :data:`NOT_MEASURED` (a limit, a default, a
@@ -30,6 +31,11 @@ PAGES = [REPO_ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 RENDERED = re.compile(
     r"<!-- bench (?P<name>[\w-]+): [^ ]+ -->.*?<!-- end bench (?P=name) -->", re.DOTALL
+)
+VIEWED = re.compile(
+    r"<!-- bench-view (?P<view>[\w-]+) (?P<name>[\w-]+): [^ ]+ -->.*?"
+    r"<!-- end bench-view (?P=view) (?P=name) -->",
+    re.DOTALL,
 )
 GENERATED = re.compile(r"<!-- (?P<name>[\w-]+):start -->.*?<!-- (?P=name):end -->", re.DOTALL)
 COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
@@ -103,7 +109,7 @@ EXEMPT_PAGES = {
 
 def prose(text: str) -> str:
     """``text`` with everything that is not prose blanked out (see the module docstring)."""
-    for pattern in (RENDERED, GENERATED, FENCE, COMMENT):
+    for pattern in (RENDERED, VIEWED, GENERATED, FENCE, COMMENT):
         text = pattern.sub(lambda m: "\n" * m.group(0).count("\n"), text)
     for pattern in (INLINE_CODE, LINK_TARGET, VERSION):
         text = pattern.sub(" ", text)

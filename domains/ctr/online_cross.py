@@ -172,9 +172,6 @@ class OnlineCrossReader:
         tuple of values in ``join_keys`` order), one online-store call for all of them. NaN
         for a key the store does not hold, a row older than the view's newest loaded partition
         (the key is not in it) or than its ttl, or a null value."""
-        from feast.protos.feast.types.EntityKey_pb2 import EntityKey
-        from feast.protos.feast.types.Value_pb2 import Value
-
         table, types = self._view(view)
         unknown = [k for k in join_keys if k not in types]
         if unknown:
@@ -190,6 +187,9 @@ class OnlineCrossReader:
         packed = self._packed_read(table, join_keys, keys, features, oldest)
         if packed is not None:
             return packed
+        from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+        from feast.protos.feast.types.Value_pb2 import Value
+
         kinds = [types[k] for k in join_keys]
         names = list(join_keys)
         entity_keys = [

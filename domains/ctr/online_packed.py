@@ -44,7 +44,7 @@ import hashlib
 import json
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -252,6 +252,7 @@ def pack_protos(
 
 
 @functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=1024)
 def _select_keys(table: str, count: int) -> str:
     """The query of ``count`` keys' rows of packed table ``table``."""
     return (
@@ -327,6 +328,23 @@ class _Layout:
     key_types: dict[str, str]
     integer: np.ndarray
     """bool ``[len(types)]``: the feature is stored as an 8-byte integer (else a double)."""
+    selections: dict[tuple[str, ...], np.ndarray] = field(default_factory=dict)
+    """Positions of each feature list read so far (a server reads the same few per view on
+    every request: checked and built once)."""
+
+    def columns(self, view: str, features: Sequence[str]) -> np.ndarray:
+        """The positions of ``features``; ValueError naming any that ``view`` does not have."""
+        wanted = tuple(features)
+        hit = self.selections.get(wanted)
+        if hit is None:
+            unknown = [f for f in wanted if f not in self.position]
+            if unknown:
+                raise ValueError(f"view {view} has no features {unknown}")
+            hit = np.array([self.position[name] for name in wanted], dtype=np.intp)
+            if len(self.selections) >= 64:
+                self.selections.clear()
+            self.selections[wanted] = hit
+        return hit
 
 
 class PackedSqliteOnlineStoreConfig(SqliteOnlineStoreConfig):
@@ -530,9 +548,7 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
         key): NaN where the key is not stored, its row is older than ``oldest``, or the value is
         null."""
         layout = self._layout(config, table)
-        unknown = [f for f in features if f not in layout.position]
-        if unknown:
-            raise ValueError(f"view {table.name} has no features {unknown}")
+        columns = layout.columns(table.name, features)
         out = np.full((len(keys), len(features)), np.nan, dtype=np.float64)
         found = self._fetch(config, table, keys)
         limit = micros(oldest)
@@ -546,7 +562,6 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
         if not rows:
             return out
         records = decode_payloads(layout.dtype, payloads, layout.table)
-        columns = np.array([layout.position[name] for name in features], dtype=np.intp)
         out[np.asarray(rows)] = records_matrix(records, layout.integer, columns)
         return out
 

@@ -81,6 +81,53 @@ def test_the_committed_page_equals_the_json_it_names() -> None:
     assert docs.render_page(page) == page, "run: python -m benchmarks.docs"
 
 
+def test_the_committed_view_blocks_equal_the_json_they_name() -> None:
+    pages = docs.view_pages()
+    assert pages, "no docs page shows a bench-view block"
+    for page in pages:
+        text = (REPO_ROOT / page).read_text()
+        assert docs.render_views(text, page) == text, "run: python -m benchmarks.docs"
+
+
+def test_the_latency_by_load_view_shows_each_step_and_where_p99_crosses_the_goal(
+    tmp_path: Path,
+) -> None:
+    steps = [
+        {"offered_rps": 300.0, "achieved_rps": 299.5, "p50_ms": 2.0, "p99_ms": 4.5, "errors": 0},
+        {"offered_rps": 900.0, "achieved_rps": 880.0, "p50_ms": 6.0, "p99_ms": 16.0, "errors": 0},
+    ]
+    result = dict(
+        FIXTURE,
+        benchmark="serving",
+        latency_by_load=steps,
+        p99_crossing={
+            "p99_ms": 10.0,
+            "within_up_to_rps": 299.5,
+            "over_from_rps": 880.0,
+            "crossing_rps": 618.9,
+        },
+    )
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "serving.json").write_text(json.dumps(result))
+    page = Path("docs") / "operations" / "serving.md"
+    (tmp_path / page.parent).mkdir()
+    marker = "<!-- bench-view latency-by-load serving: docs/results/serving.json -->"
+    end = "<!-- end bench-view latency-by-load serving -->"
+    (tmp_path / page).write_text(f"# Serving\n\nProse.\n\n{marker}\nstale\n{end}\n")
+    assert docs.rerender_views(tmp_path) == [page]
+    text = (tmp_path / page).read_text()
+    assert "stale" not in text and "Prose." in text
+    assert "[`serving.json`](../results/serving.json)" in text  # a link from the page's folder
+    assert "| 300 | 299.5 | 2 | 4.5 | 0 | — | — |" in text
+    assert "p99 stays within 10 ms up to 299.5 requests/s and is over it at 880 requests/s" in text
+    assert "crosses 10 ms at 618.9 requests/s." in text
+    assert docs.rerender_views(tmp_path) == []  # rendering again changes nothing
+    # A result from before the steps says so instead of a table.
+    (tmp_path / "docs" / "results" / "serving.json").write_text(json.dumps(FIXTURE))
+    docs.rerender_views(tmp_path)
+    assert "no open-loop steps (`latency_by_load`)" in (tmp_path / page).read_text()
+
+
 def test_a_block_notes_the_planted_effects_goals_and_failed_peers_it_has() -> None:
     result = {
         "cross_lift": 0.12,

@@ -6,6 +6,7 @@ import asyncio
 import os
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
@@ -59,13 +60,36 @@ async def _scoring_server(delay_s: float) -> asyncio.Server:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                request = orjson.loads(await reader.readexactly(length))
+                head = (await reader.readuntil(b"\r\n\r\n")).lower()
+                length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+                body = await reader.readexactly(length)
                 await asyncio.sleep(delay_s)
-                scores = [0.5] * len(request["inputs"][1]["data"])
-                body = orjson.dumps({"outputs": [{"name": "scores", "data": scores}]})
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                timing = b"server-timing: parse;dur=0.1, parse-cpu;dur=0.05, score;dur=0.2"
+                if b"inference-header-content-length: " in head:  # binary in, binary out
+                    size = int(head.split(b"inference-header-content-length: ")[1].split(b"\r")[0])
+                    count = len(body[size:]) // 8 - 1  # the user id, then the item ids
+                    header = orjson.dumps(
+                        {
+                            "outputs": [
+                                {
+                                    "name": "scores",
+                                    "datatype": "FP32",
+                                    "shape": [count],
+                                    "parameters": {"binary_data_size": 4 * count},
+                                }
+                            ]
+                        }
+                    )
+                    body = header + np.full(count, 0.5, dtype="<f4").tobytes()
+                    extra = b"inference-header-content-length: %d\r\n%s" % (len(header), timing)
+                else:
+                    scores = [0.5] * len(orjson.loads(body)["inputs"][1]["data"])
+                    body = orjson.dumps({"outputs": [{"name": "scores", "data": scores}]})
+                    extra = timing
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n\r\n%s"
+                    % (len(body), extra, body)
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -80,8 +104,10 @@ def _load(delay_s: float, **kwargs: Any) -> dict[str, Any]:
         server = await _scoring_server(delay_s)
         port = server.sockets[0].getsockname()[1]
         clients = kwargs.pop("clients", 1)
+        binary = kwargs.pop("binary", False)
         makers = [
-            RequestMaker([1, 2], list(range(20)), candidates=5, seed=i) for i in range(clients)
+            RequestMaker([1, 2], list(range(20)), candidates=5, seed=i, binary=binary)
+            for i in range(clients)
         ]
         async with server:
             return await generate(
@@ -130,3 +156,29 @@ def test_server_cpu_is_the_window_difference_per_process() -> None:
     assert ServerCpu.spent(before, after) == 1.25  # a process started in between: all of it
     assert ServerCpu(None).sample() == {}
     assert os.getpid() in ServerCpu(os.getpid()).sample()
+
+
+def test_binary_requests_and_the_servers_stage_timings_are_tallied() -> None:
+    for binary in (False, True):
+        result = _load(0.01, clients=2, seconds=0.3, warmup_seconds=0.05, binary=binary)
+        assert result["errors"] == 0 and result["binary"] is binary
+        stages = result["stage_ms"]
+        assert set(stages) == {"parse", "score", "in_handler"}
+        assert stages["parse"] == {"median": 0.1, "p99": pytest.approx(0.1)}
+        assert stages["in_handler"]["median"] == pytest.approx(0.3)
+        # A stage without a CPU figure counts none; the profiled answers are the measured ones.
+        assert result["stage_cpu_ms"] == {"parse": 0.05, "score": 0.0, "in_handler": 0.05}
+        assert result["profiled_requests"] == result["requests"] > 0
+        assert result["load_generator_cpu_ms_per_request"] > 0
+
+
+def test_a_binary_answer_must_carry_one_finite_score_per_candidate() -> None:
+    header = orjson.dumps(
+        {"outputs": [{"name": "scores", "datatype": "FP32", "parameters": {"binary_data_size": 8}}]}
+    )
+    good = header + np.array([0.1, 0.9], dtype="<f4").tobytes()
+    assert check_response(200, good, 2, len(header)) is None
+    assert "expected 3" in (check_response(200, good, 3, len(header)) or "")
+    nan = header + np.array([0.1, np.nan], dtype="<f4").tobytes()
+    assert "finite" in (check_response(200, nan, 2, len(header)) or "")
+    assert "unreadable" in (check_response(200, good, 2, 3) or "")

@@ -108,6 +108,56 @@ def test_load_windows_give_medians_with_each_window_in_runs() -> None:
     assert figures["open_loop.achieved_rps"]["n"] == 1
 
 
+def test_stage_timings_binary_beside_json_and_the_load_steps_are_summarized() -> None:
+    from benchmarks.serving_load import (
+        binary_vs_json,
+        closed_loop_summary,
+        latency_by_load,
+        p99_crossing,
+    )
+
+    def profiled(window: dict[str, Any], parse: float, cpu: float) -> dict[str, Any]:
+        stages = {"parse": {"median": parse, "p99": 2 * parse}, "in_handler": {"median": 1.0}}
+        stages["in_handler"]["p99"] = 3.0
+        return window | {
+            "stage_ms": stages,
+            "stage_cpu_ms": {"parse": cpu, "in_handler": 0.5},
+            "profiled_requests": 10,
+        }
+
+    closed = closed_loop_summary(
+        [profiled(_window("closed", 4.0, 10.0, 2.0), 0.1, 0.05)]
+        + [profiled(_window("closed", 2.0, 12.0, 3.0), 0.3, 0.07)]
+        + [profiled(_window("closed", 3.0, 11.0, 9.0), 0.2, 0.06)]
+    )
+    assert closed["stage_ms"]["parse"] == {"median": 0.2, "p99": 0.4}
+    assert closed["stage_cpu_ms"] == {"parse": 0.06, "in_handler": 0.5}
+    assert closed["profiled_requests"] == 30
+    assert closed["cpu_outside_stages_ms_per_request"] == 3.0 - 0.5
+    # Unprofiled windows (a server without CASCADE_SERVING_PROFILE): no stage figures.
+    assert "stage_ms" not in closed_loop_summary([_window("closed", 4.0, 10.0, 2.0)])
+    versus = binary_vs_json(closed, [profiled(_window("closed", 1.0, 20.0, 1.5), 0.01, 0.01)])
+    assert versus["json"]["p99_ms"] == 9.0 and versus["binary"]["p99_ms"] == 3.0
+    assert versus["binary"]["parse_cpu_ms"] == 0.01 and versus["json"]["parse_cpu_ms"] == 0.06
+    assert versus["p99_binary_over_json"] == 3.0 / 9.0
+    assert versus["server_cpu_binary_over_json"] == 1.5 / 3.0
+    # Steps come back lowest offered rate first; p99 crosses 10 ms between 600 and 900/s.
+    raw = [
+        _window("open", p50, rps, 1.0) | {"rate_rps": rate, "p99_ms": p99}
+        for rate, rps, p50, p99 in ((900, 880, 6, 16), (300, 300, 2, 4), (600, 598, 3, 8))
+    ]
+    steps = latency_by_load(raw)
+    assert [s["offered_rps"] for s in steps] == [300, 600, 900]
+    assert steps[1]["achieved_rps"] == 598 and steps[1]["errors"] == 0
+    assert steps[0]["answered_total"] == 12
+    crossing = p99_crossing(steps, 10.0)
+    assert (crossing["within_up_to_rps"], crossing["over_from_rps"]) == (598, 880)
+    assert crossing["crossing_rps"] == pytest.approx(598 + (10 - 8) * (880 - 598) / (16 - 8))
+    assert p99_crossing(steps[:2], 10.0)["crossing_rps"] is None  # never over
+    with_errors = [steps[0], steps[1] | {"errors": 3}]
+    assert p99_crossing(with_errors, 10.0)["over_from_rps"] == 598  # errors count as over
+
+
 def test_torch_threads_are_read_per_worker_from_the_metrics() -> None:
     from benchmarks.serving_load import torch_threads_from_metrics
 
@@ -150,8 +200,9 @@ def test_quick_serving_benchmark_reports_latency_without_errors(
     # Progress while it runs: the setup, then each measured window with its figures.
     said = capsys.readouterr().out
     assert "[bench serving] engine partitions" in said and "[bench serving] training cold" in said
-    for mode in ("closed", "open"):
+    for mode in ("closed", "open", "binary"):
         assert f"[bench serving] {mode} window 1/1 (1 worker(s), " in said, said[-2000:]
+    assert "[bench serving] open-loop steps: " in said
     for key in ("p50_ms", "p99_ms", "rps", "errors", "candidates", "clients", "duration_s"):
         assert key in result, key
     assert result["errors"] == 0 and result["requests"] > 10
@@ -178,20 +229,22 @@ def test_quick_serving_benchmark_reports_latency_without_errors(
     # One read per view per answered request (warm-ups included), the probes' 4xx answers
     # read nothing; the item view is read when the version loads, not per request.
     assert set(reads["by_view"]) == {"cross_user", "cross_user_cat"}
-    answered = result["answered_total"] + result["open_loop"]["answered_total"]
+    steps = result["latency_by_load"]
+    every_answer = (
+        result["answered_total"]
+        + result["open_loop"]["answered_total"]
+        + result["binary_vs_json"]["answered_total"]
+        + sum(step["answered_total"] for step in steps)
+    )
     for view in ("cross_user", "cross_user_cat"):
-        assert reads["by_view"][view]["reads"] == answered > 0
+        assert reads["by_view"][view]["reads"] == every_answer > 0
     assert result["setup"]["catalogue_items"] >= 200 and result["setup"]["training_rows"] > 1_000
     assert 0 < result["online_read_ms_per_request"]
     # Every candidate of every good answer (warm-up included) was logged, none lost at stop.
     assert result["setup"]["feedback_logging"]
     assert result["feedback_complete"], (result["feedback_rows_logged"], result["answered_total"])
     open_loop = result["open_loop"]
-    assert (
-        result["feedback_rows_expected"]
-        == ((result["answered_total"] + open_loop["answered_total"]) * 200)
-        > 0
-    )
+    assert result["feedback_rows_expected"] == every_answer * 200 > 0
     # --quick serves the debug config, and says it is not the pipeline's network.
     assert result["training_config"] == "debug" and not result["is_pipeline_network"]
     assert result["model_provenance"]["pipeline_config"] == "pipeline"
@@ -210,6 +263,7 @@ def test_quick_serving_benchmark_reports_latency_without_errors(
     assert result["setup"]["torch_threads_per_worker"] == 1
     from benchmarks.docs import FIGURES
     from benchmarks.provenance import non_finite
+    from benchmarks.serving_load import BAD_REQUESTS
 
     for path in FIGURES["serving"]:  # each figure of the docs page is in the result
         value: object = result
@@ -217,3 +271,40 @@ def test_quick_serving_benchmark_reports_latency_without_errors(
             assert isinstance(value, dict) and part in value, path
             value = value[part]
     assert non_finite(result) == []
+    # Where the server's time went, stage by stage, as each answer's Server-Timing said.
+    from serving.request_profile import STAGES
+
+    stage_ms, stage_cpu = result["stage_ms"], result["stage_cpu_ms"]
+    assert list(stage_ms) == list(stage_cpu) == [*STAGES, "in_handler"]
+    for stage in STAGES:
+        assert 0 <= stage_ms[stage]["median"] <= stage_ms[stage]["p99"], stage
+        assert 0 <= stage_cpu[stage] <= stage_ms[stage]["p99"] + 0.5, stage
+    assert stage_ms["score"]["median"] > 0 and stage_ms["features"]["median"] > 0
+    handled = stage_ms["in_handler"]["median"]
+    assert 0 < handled < result["p50_ms"]  # the handler is part of the round trip
+    assert result["profiled_requests"] == result["requests"]
+    assert result["cpu_outside_stages_ms_per_request"] is not None
+    # The same load in the binary tensor extension, without errors, beside the JSON figures.
+    versus = result["binary_vs_json"]
+    assert versus["json"]["p99_ms"] == result["p99_ms"]
+    assert versus["binary"]["errors"] == 0 and versus["binary"]["rps"] > 0
+    for side in ("json", "binary"):
+        assert versus[side]["server_cpu_ms_per_request"] > 0 and versus[side]["p99_ms"] > 0
+        assert versus[side]["parse_cpu_ms"] > 0 and versus[side]["respond_cpu_ms"] > 0
+        assert versus[side]["validate_cpu_ms"] > 0
+    assert versus["p99_binary_over_json"] > 0 and versus["server_cpu_binary_over_json"] > 0
+    assert all(
+        name.startswith("binary: ")
+        for name in result["bad_request_status"]
+        if name not in BAD_REQUESTS
+    ) and len(result["bad_request_status"]) > len(BAD_REQUESTS)
+    # Open-loop steps, lowest offered rate first, with the load generator's own CPU.
+    assert [round(s["offered_rps"] / result["rps"], 1) for s in steps] == [0.3, 0.7, 1.1]
+    for step in steps:
+        assert step["errors"] == 0 and step["achieved_rps"] > 0
+        assert 0 < step["p50_ms"] <= step["p99_ms"]
+        assert step["load_generator_cpu_ms_per_request"] > 0
+        assert step["server_cpu_ms_per_request"] > 0
+    crossing = result["p99_crossing"]
+    assert crossing["p99_ms"] == 10.0
+    assert crossing["within_up_to_rps"] is not None or crossing["over_from_rps"]

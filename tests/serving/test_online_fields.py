@@ -259,13 +259,13 @@ def test_the_served_values_equal_the_offline_point_in_time_values(
     received: list[dict[str, np.ndarray]] = []
     logits = version.scorer.logits
 
-    def recording(*args: Any, extra: Any = None, keyed: Any = None) -> Any:
+    def recording(*args: Any, extra: Any = None, keyed: Any = None, **rest: Any) -> Any:
         # The per-candidate fields read online come per distinct key, never expanded to one
         # value per candidate on the way.
         assert set(keyed) == {CTR, DCTR} and not {CTR, DCTR} & set(extra)
         values = {name: keyed[name].expanded() for name in (CTR, DCTR)}
         received.append(values)
-        got = logits(*args, extra=extra, keyed=keyed)
+        got = logits(*args, extra=extra, keyed=keyed, **rest)
         # Encoded per key and gathered, they give the logits encoding each candidate's value.
         every = {**extra, **values}
         torch.testing.assert_close(got, logits(*args, extra=every), rtol=0, atol=0)

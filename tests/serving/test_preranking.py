@@ -849,3 +849,167 @@ def test_lock_timeouts_are_told_apart_from_other_failures() -> None:
     assert is_lock_timeout(TimeoutError("timed out"))
     assert not is_lock_timeout(sqlite3.OperationalError("no such table: user_features"))
     assert not is_lock_timeout(ValueError("database is locked"))
+
+
+# Binary tensors and the request profile ----------------------------------------------------------
+
+BINARY_HEADERS = ((b"content-type", b"application/octet-stream"),)
+
+
+def _json_and_binary(
+    user_id: int, item_ids: list[int], request_id: str
+) -> tuple[bytes, bytes, int]:
+    """The same request as v2 JSON and in the binary tensor extension (by the project's
+    client encoder), asking for the scores as raw bytes."""
+    import orjson
+
+    from serving.v2_client import encode_binary_request
+
+    body = {
+        "id": request_id,
+        "inputs": [
+            {"name": "user_id", "datatype": "INT64", "shape": [1], "data": [user_id]},
+            {"name": "item_ids", "datatype": "INT64", "shape": [len(item_ids)], "data": item_ids},
+        ],
+    }
+    binary, json_length = encode_binary_request(body)
+    return orjson.dumps(body), binary, json_length
+
+
+def test_binary_requests_score_exactly_as_json_ones(
+    model: PreRankingModel, champion_file: Path
+) -> None:
+    import orjson
+
+    from serving.v2_client import decode_binary_response
+
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+    for user_id, candidates in ((5, [3, 4, 6, 999_999]), (2, list(CATALOG)[:60]), (999, [1])):
+        text, binary, json_length = _json_and_binary(user_id, candidates, "r-7")
+        plain = asyncio.run(model.infer_v2(text, ()))
+        assert plain.json_length is None and plain.timing is None  # JSON in, JSON out
+        headers = (*BINARY_HEADERS, (b"inference-header-content-length", b"%d" % json_length))
+        answer = asyncio.run(model.infer_v2(binary, headers))
+        assert answer.json_length is not None
+        header = orjson.loads(answer.body[: answer.json_length])
+        (scores,) = header["outputs"]
+        assert "data" not in scores and scores["datatype"] == "FP32"
+        assert scores["parameters"] == {"binary_data_size": 4 * len(candidates)}
+        raw = np.frombuffer(answer.body[answer.json_length :], dtype="<f4")
+        from_json = np.asarray(orjson.loads(plain.body)["outputs"][0]["data"], dtype=np.float32)
+        np.testing.assert_array_equal(raw, from_json)  # bit for bit
+        decoded = decode_binary_response(answer.body, answer.json_length)
+        assert decoded["outputs"][0]["data"] == from_json.tolist()
+        assert decoded["id"] == "r-7" and decoded["parameters"]["model_version"] == "1"
+    # A JSON request may ask for binary scores per output; binary inputs may answer JSON.
+    text, binary, json_length = _json_and_binary(5, [3, 4], "r-8")
+    asked = orjson.loads(text)
+    asked["outputs"] = [{"name": "scores", "parameters": {"binary_data": True}}]
+    assert asyncio.run(model.infer_v2(orjson.dumps(asked), ())).json_length is not None
+
+
+def _binary_body(header: dict[str, Any], *chunks: bytes) -> tuple[bytes, tuple[Any, ...]]:
+    import orjson
+
+    encoded = orjson.dumps(header)
+    length = (b"inference-header-content-length", b"%d" % len(encoded))
+    return encoded + b"".join(chunks), (*BINARY_HEADERS, length)
+
+
+def _ids_input(name: str, count: int, *, datatype: str = "INT64", size: int | None = None) -> Any:
+    return {
+        "name": name,
+        "datatype": datatype,
+        "shape": [count],
+        "parameters": {"binary_data_size": 8 * count if size is None else size},
+    }
+
+
+@pytest.mark.parametrize(
+    ("case", "error", "message"),
+    [
+        ("size disagrees with shape", InvalidInput, "shape \\[3\\] of INT64 is 24 bytes"),
+        ("bytes missing", InvalidInput, "but 8 bytes follow"),
+        ("bytes left over", InvalidInput, "8 bytes follow the declared binary inputs"),
+        ("no header length", InvalidInput, "needs the inference-header-content-length header"),
+        ("header length past the body", MalformedRequest, "but the body has"),
+        ("unknown datatype", InvalidInput, "'BF16', which has no binary form"),
+        ("ids as floats", InvalidInput, "send ids as INT64"),
+        ("header not JSON", MalformedRequest, "the JSON header is not JSON"),
+    ],
+)
+def test_a_malformed_binary_body_is_a_clear_4xx(
+    model: PreRankingModel, champion_file: Path, case: str, error: type, message: str
+) -> None:
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    model.load()
+    one = np.array([5], dtype="<i8").tobytes()
+    three = np.array([3, 4, 6], dtype="<i8").tobytes()
+    user_in = _ids_input("user_id", 1)
+    header = {"inputs": [user_in, _ids_input("item_ids", 3)]}
+    body, headers = _binary_body(header, one, three)
+    if case == "size disagrees with shape":
+        body, headers = _binary_body(
+            {"inputs": [user_in, _ids_input("item_ids", 3, size=16)]}, one, three[:16]
+        )
+    elif case == "bytes missing":
+        body = body[:-16]
+    elif case == "bytes left over":
+        body += one
+    elif case == "no header length":
+        headers = BINARY_HEADERS
+    elif case == "header length past the body":
+        headers = (*BINARY_HEADERS, (b"inference-header-content-length", b"%d" % (len(body) + 1)))
+    elif case == "unknown datatype":
+        bad = {**_ids_input("item_ids", 3), "datatype": "BF16"}
+        body, headers = _binary_body({"inputs": [user_in, bad]}, one, three)
+    elif case == "ids as floats":
+        floats = {**_ids_input("item_ids", 3), "datatype": "FP64"}
+        body, headers = _binary_body({"inputs": [user_in, floats]}, one, three)
+    elif case == "header not JSON":
+        body = b"{not json" + one
+        headers = (*BINARY_HEADERS, (b"inference-header-content-length", b"9"))
+    with pytest.raises(error, match=message):
+        asyncio.run(model.infer_v2(body, headers))
+
+
+def test_a_profiled_request_times_every_stage_in_its_answer(
+    tmp_path: Path, champion_file: Path, store: EngineStore
+) -> None:
+    from cascade.config import ServingSettings
+    from serving.request_profile import STAGES, parse_server_timing
+
+    profiled = PreRankingModel(
+        settings=Settings(home=tmp_path / "home", serving=ServingSettings(profile=True)),
+        config=ServingConfig(poll_s=0.05, max_candidates=100),
+        backends=serving_fakes.backends(champion_file, store),
+    )
+    serving_fakes.write_champion(champion_file, "1", seed=1)
+    profiled.load()
+    text, binary, json_length = _json_and_binary(5, [3, 4, 6], "r-9")
+    answer = asyncio.run(profiled.infer_v2(text, ()))
+    assert answer.timing is not None
+    stages = parse_server_timing(answer.timing.decode())
+    assert tuple(stages) == STAGES  # each stage once, in the order it ran
+    assert all(wall >= 0 and cpu >= 0 for wall, cpu in stages.values())
+    assert sum(wall for wall, _ in stages.values()) > 0
+    # The same scores as without the profile.
+    import orjson
+
+    served = asyncio.run(profiled.infer_v2(text, ()))
+    assert orjson.loads(served.body)["outputs"] == orjson.loads(answer.body)["outputs"]
+
+
+def test_server_timing_is_read_back_stage_by_stage() -> None:
+    from serving.request_profile import StageClock, parse_server_timing
+
+    clock = StageClock()
+    clock.lap("parse")
+    sum(range(10_000))
+    clock.lap("score")
+    value = clock.header_value().decode()
+    assert value.startswith("parse;dur=") and ", parse-cpu;dur=" in value
+    read = parse_server_timing(value + ', other;desc="no duration", score;dur=1.5')
+    assert list(read) == ["parse", "score"]
+    assert read["score"][0] >= 1.5 and read["score"][1] >= 0

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import pytest
 import requests
@@ -114,6 +115,19 @@ def test_binds_loopback_only(champion_server: RunningServer) -> None:
 def test_client_and_roll_out_against_the_server(champion_server: RunningServer) -> None:
     scored = score(3, [1, 2, 3], settings=champion_server.settings)
     assert scored["model_version"] == "1" and len(scored["scores"]) == 3
+    # The binary tensor extension over HTTP: the same scores, bit for bit, as JSON's.
+    binary = score(3, [1, 2, 3], settings=champion_server.settings, binary=True)
+    as_fp32 = [np.float32(s) for s in scored["scores"]]  # JSON: each FP32's shortest decimal
+    assert [np.float32(s) for s in binary["scores"]] == as_fp32
+    assert binary["model_version"] == "1"
+    infer = f"{champion_server.url}/v2/models/preranking/infer"
+    unprofiled = requests.post(infer, json=body(3, [1]), timeout=10)
+    assert "server-timing" not in unprofiled.headers  # off unless CASCADE_SERVING_PROFILE=1
+    headerless = requests.post(
+        infer, data=b"{}", headers={"Content-Type": "application/octet-stream"}, timeout=10
+    )
+    assert headerless.status_code == 400
+    assert "inference-header-content-length" in headerless.json()["error"]
     done = roll_out("2026-11-22", settings=champion_server.settings, champion_version=lambda s: "1")
     assert done["served_version"] == done["champion_version"] == "1"
     assert done["url"].startswith(champion_server.url)

@@ -321,3 +321,36 @@ def test_the_guard_policy_of_the_real_server_settings() -> None:
     assert (policy.max_body_bytes, policy.max_concurrent, policy.token) == (2048, 3, None)
     assert policy.body_limit("/v2/models/asr/infer") == 16 * MB
     assert policy.body_limit(INFER) == 2048
+
+
+def test_the_fast_and_the_logged_infer_routes_send_the_same_v2_answer() -> None:
+    """A model's ``infer_v2`` answer goes out with its headers on both routes: the fast ASGI
+    route and the app's own (used when requests are logged); the request headers come in."""
+    from serving.server import add_v2_infer_route
+    from serving.v2_codec import MalformedRequest, V2Answer
+
+    seen: list[dict[bytes, bytes]] = []
+
+    async def infer_v2(body: bytes, headers: Any) -> V2Answer:
+        seen.append(dict(headers))
+        if body == b"bad":
+            raise MalformedRequest("not a v2 request")
+        return V2Answer(b'{"outputs":[]}' + b"\x00\x00\x80?", json_length=14, timing=b"parse;dur=1")
+
+    logged = FastAPI()
+    add_v2_infer_route(logged, "preranking", infer_v2)
+    fast = JsonInferRoutes(FastAPI(), {}, {INFER: infer_v2})
+    for app in (fast, logged):
+        with TestClient(app) as client:
+            sent = {
+                "Content-Type": "application/octet-stream",
+                "Inference-Header-Content-Length": "9",
+            }
+            answer = client.post(INFER, content=b"x", headers=sent)
+            assert answer.status_code == 200 and answer.content.endswith(b"\x00\x00\x80?")
+            assert answer.headers["inference-header-content-length"] == "14"
+            assert answer.headers["content-type"] == "application/octet-stream"
+            assert answer.headers["server-timing"] == "parse;dur=1"
+            assert seen[-1][b"inference-header-content-length"] == b"9"
+            refused = client.post(INFER, content=b"bad", headers=sent)
+            assert refused.status_code == 422 and "not a v2 request" in refused.json()["error"]
