@@ -33,7 +33,8 @@ def test_the_benchmarks_test_the_goals_stated_here() -> None:
     assert preranking_cross.GOAL_AUC_RATIO == goal("preranking", "pipeline_config_auc_ratio").bound
     assert preranking_cross.GOAL_FEATURE_COST_RATIO == 0.5
     assert preranking_models.GOALS == {g.figure: (g.op, g.bound) for g in goals_of("preranking")}
-    assert serving_load.GOAL_P99_MS == goal("serving", "p99_ms").bound == 15.0
+    assert serving_load.GOAL_P99_MS == goal("serving", "p99_ms").bound == 10.0
+    assert serving_load.P99_CROSSING_MS == serving_load.GOAL_P99_MS
     # moe_vs_dense_throughput's goal is 70% of the dense twin's steps/s, as the issue that asked
     # for the benchmark set it; 0.76 meets it, 0.69 does not.
     throughput = goal("multimodal", "moe_vs_dense_throughput")
