@@ -120,6 +120,12 @@ def test_source_and_size_come_from_the_environment(
 
     assert pipeline.source_name(load_settings(), knobs()) == "ml100k"
     assert knobs().impressions == 5000
+    from jobs.impression_log import GeneratorConfig
+
+    # The generator's own span unless set (named in the pipeline, which parses without Spark).
+    assert knobs().generated_days == pipeline.DEFAULT_GENERATED_DAYS == GeneratorConfig().days
+    monkeypatch.setenv("CASCADE_CROSS_GENERATED_DAYS", "14")
+    assert knobs().generated_days == 14
     monkeypatch.setenv("CASCADE_CROSS_SOURCE", "clicks.csv")
     with pytest.raises(ValueError, match="CASCADE_CROSS_SOURCE must be of the form"):
         knobs()
@@ -131,6 +137,10 @@ def test_source_and_size_come_from_the_environment(
     )
     assert pipeline.source_name(load_settings(), knobs()) == "shop_clicks"
     monkeypatch.setenv("CASCADE_CROSS_IMPRESSIONS", "0")
+    with pytest.raises(ValueError, match=">= 1"):
+        knobs()
+    monkeypatch.setenv("CASCADE_CROSS_IMPRESSIONS", "5000")
+    monkeypatch.setenv("CASCADE_CROSS_GENERATED_DAYS", "0")
     with pytest.raises(ValueError, match=">= 1"):
         knobs()
 
