@@ -10,10 +10,10 @@ pid at the end, so a running stack is never touched. Then:
 
 1. **The run.** A ``cascade.data.landed`` event on Kafka (dataset ``impressions``) starts
    ``ctr_cross`` for one partition (a generated log: its cross statistics and those of the
-   three days before it; with ``--quick`` the one day before it, from 250,000 impressions, and
-   5 epochs instead of 10: no checkpoint is interrupted there), whose published partition
-   starts ``ctr_preranking``;
-   ``run_s`` is the event-to-finish wall time of both. What the run used is
+   three days before it; with ``--quick`` the one day before it, from 100,000 impressions over
+   14 days, and 5 epochs instead of 10, no checkpoint: no fault interrupts it), whose published
+   partition starts ``ctr_preranking``; ``run_s`` is the event-to-finish wall time of both.
+   What the run used is
    read from the engines' own records: ``spark_workers_used`` (standalone workers that hosted
    an executor of the run's Spark applications: each keeps a folder per application it ran),
    ``airflow_workers_used`` (the Celery workers Airflow's task records name),
@@ -104,13 +104,17 @@ LOCAL_ENV = {**BASE_ENV, "CASCADE_PROFILE": "local"}
 QUICK_ENV = {
     # No fault interrupts the quick run: a shorter history and training do the same steps.
     # One history day: each day is one more pass of the statistics job and of the gate on the
-    # standalone workers. The day before the partition holds 1/35 of the generated log: 250,000
-    # impressions give it ~7,200 rows and 130 clicks in the validation split (FSCD needs 100;
-    # two days of 100,000 had ~5,700 rows and 112 clicks).
-    "CASCADE_CROSS_IMPRESSIONS": "250000",
+    # standalone workers. The day before the partition holds 1/14 of a generated log spanning
+    # 14 days: 100,000 impressions give it ~7,200 rows and ~130 clicks in the validation split
+    # (FSCD needs 100), as 250,000 over the default 35 days did, with 40% of the rows for the
+    # statistics job, the gate and the Redis load to work through (~125,000 keys, not ~310,000).
+    "CASCADE_CROSS_IMPRESSIONS": "100000",
+    "CASCADE_CROSS_GENERATED_DAYS": "14",
     "CASCADE_CROSS_HISTORY_DAYS": "1",
     "CASCADE_PRERANKING_TRAIN_DAYS": "1",
     "CASCADE_PRERANKING_EPOCHS": "5",
+    # No fault resumes from a checkpoint here: none is written inside a phase (~45 steps).
+    "CASCADE_PRERANKING_CHECKPOINT_EVERY": "1000",
 }
 RUN_TIMEOUT_S = 2400.0
 BROKER_KILLED = "broker_2"

@@ -64,6 +64,10 @@ CROSS_DATA = tuple(f"cross_{pair}" for pair in BUILT_IN_PAIRS)
 """The catalog names of the built-in pairs' statistics of the default source."""
 DEFAULT_IMPRESSIONS = 200_000
 """Generated rows per partition when nothing landed; raise it for a load test."""
+DEFAULT_GENERATED_DAYS = 35
+"""Days a generated log spans unless set: the generator's own default
+(``jobs.impression_log.GeneratorConfig.days``, not imported here: parsing the DAG imports no
+Spark), the 30-day windows and a few more."""
 
 
 @dataclass(kw_only=True, frozen=True, config=SETTINGS_CONFIG)
@@ -83,6 +87,10 @@ class CrossSettings:
     :mod:`jobs.ctr_log_sources`); default ``$CASCADE_HOME/log_sources.toml`` when it exists."""
     impressions: int = Field(default=DEFAULT_IMPRESSIONS, ge=1)
     """Generated rows per partition when nothing landed; raise it for a load test."""
+    generated_days: int = Field(default=DEFAULT_GENERATED_DAYS, ge=1, le=365)
+    """Days a generated log spans (its timestamps uniform over the days before ``ds``): with
+    fewer, each day holds more of ``CASCADE_CROSS_IMPRESSIONS`` (a training day's rows are
+    impressions / days)."""
     history_days: int = Field(default=7, ge=0, le=90)
     """Before partition ``ds``, also build each of the partitions of the N days before it that
     was never built: from that day's own landed log, else from ``ds``'s log (its rows before
@@ -149,7 +157,8 @@ def nothing_landed_reason(ds: str, landing: Path) -> str:
 
 def generate(dest: Path, *, ds: str, settings: Settings, knobs: CrossSettings) -> dict[str, int]:
     """The ``generated`` source of dataset ``impressions``: ``CASCADE_CROSS_IMPRESSIONS``
-    generated impressions ending at ``ds`` (:mod:`jobs.impression_log`) written into ``dest``."""
+    generated impressions over the ``CASCADE_CROSS_GENERATED_DAYS`` days before ``ds``
+    (:mod:`jobs.impression_log`) written into ``dest``."""
     from jobs import ctr_cross_stats as job
     from jobs import impression_log
     from jobs.spark_sessions import active_or_new
@@ -157,9 +166,10 @@ def generate(dest: Path, *, ds: str, settings: Settings, knobs: CrossSettings) -
     rows = knobs.impressions
     started = time.perf_counter()
     with active_or_new(lambda: job.build_session(settings, app="cascade.ctr_cross.log")) as spark:
-        impression_log.write(
-            spark, impression_log.GeneratorConfig(impressions=rows, end_ds=ds), dest
+        config = impression_log.GeneratorConfig(
+            impressions=rows, end_ds=ds, days=knobs.generated_days
         )
+        impression_log.write(spark, config, dest)
     seconds = round(time.perf_counter() - started, 1)
     print(f"[cross] generated {rows:,} impressions ending at {ds} -> {dest} in {seconds} s")
     return {"rows": rows}

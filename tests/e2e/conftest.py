@@ -30,12 +30,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         "CASCADE_MULTIMODAL_GENERATED": "200",
         "CASCADE_MULTIMODAL_SOURCE_LIMIT": "15",
         "CASCADE_MULTIMODAL_DENSE_TWIN": "0",
-        # The pre-ranker trains on the day before the partition (1/35 of the generated log:
-        # 8,666 impressions, 156 clicks in its validation split, where FSCD needs 100):
-        # ctr_cross builds that day's statistics first. Three days of 100,000 had as many rows
-        # (8,631), so the training steps are the same; each further day would be one more pass
-        # of the statistics job and of the gate.
-        "CASCADE_CROSS_IMPRESSIONS": "300000",
+        # The pre-ranker trains on the day before the partition (1/14 of a generated log
+        # spanning 14 days: ~8,600 impressions, ~156 clicks in its validation split, where
+        # FSCD needs 100): ctr_cross builds that day's statistics first. 300,000 over the
+        # default 35 days gave that day as many rows, with 2.5 times the rows for the
+        # statistics job, the gate and the online store; each further day would be one more
+        # pass of the statistics job and of the gate.
+        "CASCADE_CROSS_IMPRESSIONS": "120000",
+        "CASCADE_CROSS_GENERATED_DAYS": "14",
         "CASCADE_CROSS_HISTORY_DAYS": "1",
         "CASCADE_PRERANKING_TRAIN_DAYS": "1",
         "CASCADE_PRERANKING_EPOCHS": "10",

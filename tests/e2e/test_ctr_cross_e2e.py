@@ -20,9 +20,9 @@ def test_impressions_event_runs_the_whole_cross_dag(cross_run: dict, triggered: 
     # A parquet export landed with `cascade land`: every exported row kept, read as landed.
     log = cross_run["log"]
     assert (log["source"], log["landed_from"]) == ("landed", "parquet")
-    assert log["rows"] == triggered["exported"]["impressions"]["rows"] == 300_000
+    assert log["rows"] == triggered["exported"]["impressions"]["rows"] == 120_000
     stats = cross_run["stats"]
-    assert stats["input_rows"] == 300_000 and stats["quarantined_rows"] == 0
+    assert stats["input_rows"] == 120_000 and stats["quarantined_rows"] == 0
     # The day before the partition, built from its log for the pre-ranker's training.
     assert list(stats["history_partitions"]) == ["2026-11-21"]
     assert stats["history_partitions"]["2026-11-21"]["log"] == "ds=2026-11-22's"

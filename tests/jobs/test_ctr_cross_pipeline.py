@@ -120,6 +120,12 @@ def test_source_and_size_come_from_the_environment(
 
     assert pipeline.source_name(load_settings(), knobs()) == "ml100k"
     assert knobs().impressions == 5000
+    from jobs.impression_log import GeneratorConfig
+
+    # The generator's own span unless set (named in the pipeline, which parses without Spark).
+    assert knobs().generated_days == pipeline.DEFAULT_GENERATED_DAYS == GeneratorConfig().days
+    monkeypatch.setenv("CASCADE_CROSS_GENERATED_DAYS", "14")
+    assert knobs().generated_days == 14
     monkeypatch.setenv("CASCADE_CROSS_SOURCE", "clicks.csv")
     with pytest.raises(ValueError, match="CASCADE_CROSS_SOURCE must be of the form"):
         knobs()
@@ -133,6 +139,10 @@ def test_source_and_size_come_from_the_environment(
     monkeypatch.setenv("CASCADE_CROSS_IMPRESSIONS", "0")
     with pytest.raises(ValueError, match=">= 1"):
         knobs()
+    monkeypatch.setenv("CASCADE_CROSS_IMPRESSIONS", "5000")
+    monkeypatch.setenv("CASCADE_CROSS_GENERATED_DAYS", "0")
+    with pytest.raises(ValueError, match=">= 1"):
+        knobs()
 
 
 def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
@@ -142,7 +152,6 @@ def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
     later rows left out, not quarantined) or from a day's own landed log, gates each, and a
     point-in-time training set over those days reads each impression's own day."""
     import datetime as dt
-    import functools
 
     from jobs import impression_log
     from jobs.ctr_training_set import (
@@ -201,21 +210,23 @@ def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
     want = on_last.user_id.map(previous).fillna(0)
     assert (on_last.user_imp_1d.fillna(0).to_numpy() == want.to_numpy()).all()
 
-    # The pre-ranking training set of partition DS: the clean impressions of the 3 days
-    # before it, with the statistics a server can key (user, item, user x category).
-    build = functools.partial(
-        partition_training_set,
-        DS,
-        spark=spark,
-        lake_root=lake.root,
-        source="generated",
-        log_path=pipeline.landing_dir(lake, DS),
+    # The pre-ranking training set of partition DS, as the pipeline's step builds it: the clean
+    # impressions of the 3 days before it, with the statistics a server can key (user, item,
+    # user x category); the step finds the published partition's source and log by itself.
+    from pipelines import ctr_preranking
+
+    monkeypatch.setenv("CASCADE_PRERANKING_TRAIN_DAYS", "3")
+    monkeypatch.delenv("CASCADE_PRERANKING_SOURCE", raising=False)
+    written = ctr_preranking.training_set(
+        StepContext.build(ctr_preranking.PIPELINE, "training_set", DS)
     )
-    written = build(tmp_path / "training", train_days=3)
     in_days = impression_days(log.event_timestamp).isin(day)
     assert (written["rows"], written["clicks"]) == (in_days.sum(), log.click[in_days].sum())
     assert written["pairs"] == ["user", "item", "user_cat"] and written["days"] == day
+    assert written["source"] == "generated"
     assert all(set(pair.keys) <= SERVED_KEYS for pair in SERVED_PAIRS)
+    folder = lake.training_set("preranking", DS)
+    assert Path(written["data"]).parent == folder
     trained = pd.read_parquet(written["data"])
     assert trained.event_timestamp.is_monotonic_increasing
     last = trained[impression_days(trained.event_timestamp) == day[2]]
@@ -224,25 +235,22 @@ def test_history_days_builds_the_missing_daily_partitions_a_training_set_joins(
     kinds = {f["name"]: f["kind"] for f in declared}
     assert kinds["user_ctr_7d"] == "user" and kinds["item_ctr_30d"] == "item"
     assert kinds["user_cat_ctr_1d"] == "cross" and not any(n.startswith("seg_") for n in kinds)
+    provenance = json.loads((folder / "training.json").read_text())
+    assert provenance["source"] == "generated" and provenance["fields"] == written["fields"]
     with pytest.raises(
         MissingPartitions,
         match=r"\[.2026-11-18.\] never built: build them .*HISTORY_DAYS=4\), or train on the 3 "
         r"latest days that have one \(CASCADE_PRERANKING_TRAIN_DAYS=3\)",
     ):
-        build(tmp_path / "refused", train_days=4)
-
-    # The pipeline's step finds the published partition's source and log by itself.
-    from pipelines import ctr_preranking
-
-    monkeypatch.setenv("CASCADE_PRERANKING_TRAIN_DAYS", "3")
-    monkeypatch.delenv("CASCADE_PRERANKING_SOURCE", raising=False)
-    step = ctr_preranking.training_set(
-        StepContext.build(ctr_preranking.PIPELINE, "training_set", DS)
-    )
-    assert (step["source"], step["rows"], step["days"]) == ("generated", written["rows"], day)
-    folder = lake.training_set("preranking", DS)
-    provenance = json.loads((folder / "training.json").read_text())
-    assert provenance["source"] == "generated" and provenance["fields"] == written["fields"]
+        partition_training_set(
+            DS,
+            tmp_path / "refused",
+            spark=spark,
+            lake_root=lake.root,
+            source="generated",
+            log_path=pipeline.landing_dir(lake, DS),
+            train_days=4,
+        )
     monkeypatch.setenv("CASCADE_PRERANKING_SOURCE", "ml100k")
     with pytest.raises(MissingPartitions, match="source 'ml100k' for ds=2026-11-22"):
         ctr_preranking.training_set(StepContext.build(ctr_preranking.PIPELINE, "training_set", DS))
