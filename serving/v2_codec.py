@@ -366,27 +366,20 @@ def v2_answer(
     """:func:`v2_response_body`, with the outputs ``request`` asks for in binary
     (:attr:`V2Request.binary_outputs`) sent as raw little-endian bytes after the JSON header,
     each declaring its ``binary_data_size``."""
-    if request is None or not any(request.binary_output(o["name"]) for o in outputs):
-        body = v2_response_body(
-            response_id=response_id,
-            model_name=model_name,
-            model_version=model_version,
-            outputs=outputs,
-            parameters=parameters,
-        )
-        return V2Answer(body)
-    raw = []
-    entries = []
-    for output in outputs:
-        if request.binary_output(output["name"]):
-            dtype = BINARY_DATATYPES[output["datatype"]]
-            raw.append(np.ascontiguousarray(output["data"], dtype=dtype).tobytes())
-            entry = {k: v for k, v in output.items() if k != "data"}
-            size = {"binary_data_size": len(raw[-1])}
-            entry["parameters"] = {**(output.get("parameters") or {}), **size}
-            entries.append(entry)
-        else:
-            entries.append(output)
+    raw: list[bytes] = []
+    entries = outputs
+    if request is not None and any(request.binary_output(o["name"]) for o in outputs):
+        entries = []
+        for output in outputs:
+            if request.binary_output(output["name"]):
+                dtype = BINARY_DATATYPES[output["datatype"]]
+                raw.append(np.ascontiguousarray(output["data"], dtype=dtype).tobytes())
+                entry = {k: v for k, v in output.items() if k != "data"}
+                size = {"binary_data_size": len(raw[-1])}
+                entry["parameters"] = {**(output.get("parameters") or {}), **size}
+                entries.append(entry)
+            else:
+                entries.append(output)
     header = v2_response_body(
         response_id=response_id,
         model_name=model_name,
@@ -394,19 +387,14 @@ def v2_answer(
         outputs=entries,
         parameters=parameters,
     )
+    if not raw:
+        return V2Answer(header)
     return V2Answer(b"".join([header, *raw]), json_length=len(header))
 
 
 def decode_binary_request(body: bytes, json_length: str, model_name: str) -> InferRequest:
     """A v2 request in the binary tensor extension (JSON header, then the tensors' bytes)."""
-    try:
-        header_size = int(json_length)
-    except ValueError:
-        raise MalformedRequest(f"{INFERENCE_HEADER}={json_length!r} is not an integer") from None
-    if not 0 < header_size <= len(body):
-        raise MalformedRequest(
-            f"{INFERENCE_HEADER}={header_size} but the body has {len(body)} bytes"
-        )
+    header_size = _header_size(json_length, len(body))
     try:
         payload = orjson.loads(body[:header_size])
     except orjson.JSONDecodeError as exc:
