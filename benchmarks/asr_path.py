@@ -112,7 +112,7 @@ import torch
 
 from benchmarks.asr_model import corpus_record, obtain_model, training_config_name
 from benchmarks.asr_people import Recordings
-from benchmarks.goals import goal
+from benchmarks.goals import goal, goals_met
 from benchmarks.provenance import bench_repeats, files_digest, rotated
 from cascade.config import load_settings
 from cascade.progress import track
@@ -436,7 +436,6 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
 def _run(quick: bool, threads: int) -> dict[str, Any]:
     from benchmarks.asr_language import language_figures
     from benchmarks.asr_people import (
-        goal_keys,
         land_recordings,
         people_figures,
         recording_clips,
@@ -550,7 +549,8 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
             )
         )
     measured.update(seen_speakers_median(measured))
-    measured.update(goal_keys(measured))
+    # The RTF goal's key is set with its figure (_measure).
+    measured.update(goals_met("asr", measured, skip=measured))
     shutil.rmtree(work, ignore_errors=True)
     return measured
 

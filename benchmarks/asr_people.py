@@ -289,19 +289,6 @@ def seen_speakers_median(figures: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def goal_keys(result: dict[str, Any]) -> dict[str, bool | None]:
-    """Each ASR goal's ``*_goal_met`` (:func:`benchmarks.goals.goals_of`) tested on its figure
-    in ``result``; null where the run has no such figure (a quick run, a missing peer)."""
-    from benchmarks.goals import goals_of
-
-    keys: dict[str, bool | None] = {}
-    for stated in goals_of("asr"):
-        value = result.get(stated.figure)
-        if stated.key not in result:
-            keys[stated.key] = None if not isinstance(value, int | float) else stated.met(value)
-    return keys
-
-
 # --- the English peer -----------------------------------------------------------------------
 
 _ONES = (

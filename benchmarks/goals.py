@@ -8,7 +8,9 @@ so code and page cannot disagree.
 
 from __future__ import annotations
 
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 SIGNS = {">=": "≥", "<=": "≤"}
 
@@ -85,6 +87,22 @@ GOALS: tuple[Goal, ...] = tuple(
 def goals_of(benchmark: str) -> tuple[Goal, ...]:
     """The goals of one benchmark (none: an empty tuple)."""
     return tuple(g for g in GOALS if g.benchmark == benchmark)
+
+
+def goals_met(
+    benchmark: str, figures: Mapping[str, Any], *, skip: Container[str] = ()
+) -> dict[str, bool | None]:
+    """Each goal of ``benchmark`` (its ``*_goal_met`` key) tested on its figure in ``figures``:
+    null where the figure is not a number (a quick run, a missing peer). Keys in ``skip`` (one
+    the benchmark tests itself) are left out."""
+    met: dict[str, bool | None] = {}
+    for stated in goals_of(benchmark):
+        if stated.key in skip:
+            continue
+        value = figures.get(stated.figure)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        met[stated.key] = stated.met(value) if number else None
+    return met
 
 
 def goal(benchmark: str, figure: str) -> Goal:
