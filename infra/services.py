@@ -666,6 +666,10 @@ def service_specs(settings: Settings) -> dict[str, ServiceSpec]:
                 **service_env(settings),
                 **tracking_server_env(settings),
                 **mlflow_store_env(settings),
+                # MLflow's server-side job runner (GenAI evaluation and trace jobs, unused
+                # here) is on by default: a runner and nine Huey consumers, ~2 GB of memory and
+                # a steady trickle of CPU for nothing the platform asks of it.
+                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
             },
             url=settings.tracking_uri,
             healthy=lambda: http_ok(f"{settings.tracking_uri}/health"),
