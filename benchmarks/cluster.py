@@ -38,8 +38,12 @@ pid at the end, so a running stack is never touched. Then:
    2) is SIGKILLed in the middle of a burst of probe events that the Celery-run watchers
    consume, and restarted; it survived when every event was worked exactly once. ``faults``
    records each fault (injected, and whether the run still succeeded); ``faults_survived``
-   counts the injected ones it survived; ``lost`` counts the run's tasks that did not end in
-   success, ``duplicates`` the registry versions beyond one per run.
+   counts the injected ones it survived. ``lost`` and ``duplicates`` are counted from the input
+   rows end to end (:func:`rows_accounted`): every landed impression of the run's training
+   days against the training set the run built, as multisets of :data:`ROW_KEY` (``lost``:
+   landed rows with no training row, ``duplicates``: training rows beyond their landed count;
+   ``rows_accounted`` holds both counts); ``tasks_not_succeeded`` counts the run's tasks that
+   did not end in success and ``extra_registry_versions`` the registry versions beyond one.
 3. **The peer** (not with ``--quick``): the same partition on the local profile's stack
    (``local_run_s``, ``cluster_vs_local`` = ``run_s`` / ``local_run_s``), started after the
    cluster stack has stopped, so the two never share the cores.
@@ -58,6 +62,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import psutil
 
 from cascade.broker import describe
@@ -474,14 +479,65 @@ def cluster_phase(home: Path, quick: bool, echo: Callable[[str], None]) -> dict[
         out["faults"] = faults
         out["faults_survived"] = sum(1 for f in faults if f["survived"])
         out["faults_run_s"] = second["run_s"]
-        out["lost"] = sum(1 for ti in tasks if ti["state"] != "success")
-        out["duplicates"] = max(0, registry_versions(settings) - versions_before - 1)
+        rows = faults_run_rows(settings, FAULTS_DS)
+        out["rows_accounted"] = rows
+        out["lost"], out["duplicates"] = rows["lost"], rows["duplicates"]
+        out["tasks_not_succeeded"] = sum(1 for ti in tasks if ti["state"] != "success")
+        out["extra_registry_versions"] = max(0, registry_versions(settings) - versions_before - 1)
         out["train_tries"] = next(ti["try_number"] for ti in tasks if ti["task_id"] == "train")
         out["train_resumes"] = resumes(settings, FAULTS_DS)
         broker = broker_fault(settings, echo)
         faults.append(broker)
         out["faults_survived"] += int(broker["survived"])
     return out
+
+
+ROW_KEY = ("user_id", "item_id", "event_timestamp", "click")
+"""What identifies an impression from the landed log to the training set (no log carries an
+impression id; an exact repeat of all four is counted as many times as it occurs)."""
+
+
+def rows_accounted(landed: pd.DataFrame, trained: pd.DataFrame) -> dict[str, int]:
+    """``landed`` (input) against ``trained`` (output) rows as multisets of :data:`ROW_KEY`:
+    ``lost`` input rows with no output row, ``duplicates`` output rows beyond their input's
+    count, with both sizes."""
+
+    def counts(frame: pd.DataFrame) -> pd.Series:
+        keys = frame[list(ROW_KEY)].copy()
+        keys["event_timestamp"] = pd.to_datetime(keys["event_timestamp"], utc=True)
+        keys["click"] = keys["click"].astype("int64")
+        return keys.value_counts()
+
+    given, made = counts(landed), counts(trained)
+    both = pd.concat([given.rename("landed"), made.rename("trained")], axis=1).fillna(0)
+    return {
+        "landed_rows": int(given.sum()),
+        "training_rows": int(made.sum()),
+        "lost": int((both["landed"] - both["trained"]).clip(lower=0).sum()),
+        "duplicates": int((both["trained"] - both["landed"]).clip(lower=0).sum()),
+    }
+
+
+def landed_rows_of_days(landed: pd.DataFrame, days: list[str]) -> pd.DataFrame:
+    """The landed impressions whose UTC day is one of ``days`` (a training set's days)."""
+    from jobs.ctr_training_set import impression_days
+
+    return landed[impression_days(landed["event_timestamp"]).isin(days).to_numpy()]
+
+
+def faults_run_rows(settings: Settings, ds: str) -> dict[str, int]:
+    """:func:`rows_accounted` for the training set the ``ctr_preranking`` run of ``ds`` built:
+    the impressions landed for ``ds`` on its training days (its ``training.json`` names them)
+    against the set's rows."""
+    from cascade.lake import TRAINING_PROVENANCE, Lake
+    from cascade.landing import landing_dir
+
+    lake = Lake(settings.lake_root)
+    built = lake.training_set("preranking", ds)
+    days = json.loads((built / TRAINING_PROVENANCE).read_text())["days"]
+    landed = pd.read_parquet(landing_dir(lake, "impressions", ds))
+    trained = pd.read_parquet(built / "data.parquet", columns=list(ROW_KEY))
+    return rows_accounted(landed_rows_of_days(landed, days), trained)
 
 
 def broker_fault(settings: Settings, echo: Callable[[str], None]) -> dict[str, Any]:

@@ -180,6 +180,14 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "learned_cross_rare_pair_spearman",
         "explicit_rare_pair_spearman",
         "blend_rare_pair_spearman",
+        "cross_lift_by_pair.seg_cat",
+        "cross_lift_by_pair.user_cat",
+        "cross_lift_by_pair.seg_item",
+        "cross_lift_by_pair.ctx_item",
+        "cross_lift_by_pair.item_pos",
+        "ml100k_auc_with_cross",
+        "ml100k_auc_without_cross",
+        "ml100k_cross_lift",
         "additive_rare_pair_spearman",
     ),
     "security": (
@@ -453,13 +461,7 @@ def latency_by_load_view(result: Mapping[str, Any], link: str) -> list[str]:
     """The open-loop steps of a ``serving`` result as a table, and where their p99 crosses the
     benchmark's p99 mark (``p99_crossing``)."""
     steps = result.get("latency_by_load")
-    machine = result.get("machine") or {}
-    cpu = machine.get("cpu_model") or machine.get("processor")
-    cores = machine.get("usable_cpus") or machine.get("cpus")
-    source = (
-        f"From [`{link.rsplit('/', 1)[-1]}`]({link}): {cpu}, {cores} cores; commit "
-        f"`{str(result.get('git_commit'))[:12]}`."
-    )
+    source = source_line(result, link)
     if not isinstance(steps, list) or not steps:
         return [
             source,
@@ -512,7 +514,58 @@ def latency_by_load_view(result: Mapping[str, Any], link: str) -> list[str]:
     return [*lines, "", said]
 
 
-VIEWS = {"latency-by-load": latency_by_load_view}
+HEADLINES: dict[str, tuple[str, ...]] = {
+    "preranking": (
+        "cross_lift_same_position",
+        "ml100k_cross_lift",
+        "auc_ratio",
+        "feature_cost_ratio",
+        "pipeline_config_auc_ratio",
+        "latency_ratio_fscd_vs_teacher",
+    ),
+    "compilers": ("speedup_vs_best_fp32_peer", "speedup_vs_best_int8_peer", "auc_delta"),
+    "serving": ("p99_ms", "rps", "server_cpu_ms_per_request"),
+    "asr": ("cer_seen_speakers", "cer_fp32", "cer_delta", "rtf_int8_end_to_end"),
+    "events": ("lost", "duplicates", "latency_p50_s"),
+}
+"""The figures a ``headline`` view shows per benchmark (those the result has)."""
+
+
+def source_line(result: Mapping[str, Any], link: str) -> str:
+    """Where a view's figures come from: the JSON, the machine and the commit."""
+    machine = result.get("machine") or {}
+    cpu = machine.get("cpu_model") or machine.get("processor")
+    cores = machine.get("usable_cpus") or machine.get("cpus")
+    dirty = " (with uncommitted changes)" if result.get("git_dirty") else ""
+    return (
+        f"From [`{link.rsplit('/', 1)[-1]}`]({link}): {cpu}, {cores} cores; commit "
+        f"`{str(result.get('git_commit'))[:12]}`{dirty}."
+    )
+
+
+def headline_view(result: Mapping[str, Any], link: str) -> list[str]:
+    """A result's :data:`HEADLINES` figures as a table, each with the goal the docs state for
+    it and whether it held; a figure the result lacks is named as missing."""
+    name = str(result.get("benchmark"))
+    stated = {g.figure: g for g in goals_of(name)}
+    lines = [source_line(result, link), "", "| figure | value | goal |", "|---|---|---|"]
+    missing = []
+    for key in HEADLINES.get(name, ()):
+        value = charts.lookup(result, key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            missing.append(f"`{key}`")
+            continue
+        goal = stated.get(key)
+        verdict = "—"
+        if goal is not None:
+            verdict = f"{goal.statement()}: {'met' if goal.met(float(value)) else 'not met'}"
+        lines.append(f"| `{key}` | {number(value)} | {verdict} |")
+    if missing:
+        lines += ["", f"Not in this result (it predates them): {', '.join(missing)}."]
+    return lines
+
+
+VIEWS = {"latency-by-load": latency_by_load_view, "headline": headline_view}
 """The views a ``bench-view`` block may show: ``(result, link to its JSON) -> lines``."""
 
 
@@ -533,11 +586,12 @@ def render_views(page: str, page_path: Path, root: Path = REPO_ROOT) -> str:
 
 
 def view_pages(root: Path = REPO_ROOT) -> list[Path]:
-    """The docs pages (relative to ``root``) that hold a ``bench-view`` block."""
+    """The README and docs pages (relative to ``root``) that hold a ``bench-view`` block."""
+    pages = [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
     return [
         page.relative_to(root)
-        for page in sorted((root / "docs").rglob("*.md"))
-        if "<!-- bench-view " in page.read_text()
+        for page in pages
+        if page.is_file() and "<!-- bench-view " in page.read_text()
     ]
 
 

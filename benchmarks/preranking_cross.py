@@ -31,6 +31,14 @@ same rows: with every field, and without the ``cross`` ones. Keys:
   over the seeds; ``pipeline_config_goal_met`` tests them against the benchmark config's goals.
 - The planted effects of the generator (:mod:`jobs.impression_log`) the lift is measured on
   are listed under ``cross_setup.planted`` (:func:`planted`).
+- ``cross_lift_by_pair``: a per-pair ablation on the first seed (``cross_ablation`` says
+  which): for each cross pair (its explicit statistics and its learned field together), the
+  with-cross AUC less that of an arm without that pair only.
+- ``ml100k_cross_lift`` (``ml100k_auc_with_cross``, ``ml100k_auc_without_cross``): the same
+  with/without comparison on MovieLens-100k, data with no planted structure and no position
+  (:func:`ml100k_comparison`: its last :attr:`CrossSetup.ml100k_days` days through the engine,
+  the pairs ML-100k can key), median over the seeds; ``ml100k_setup`` holds its sizes, pairs
+  and digests.
 - ``cross_fields_kept``: the cross fields the chosen FSCD model kept (the seed with the median
   lift; every seed's in ``cross_per_seed``).
 - ``learned_cross_rare_pair_spearman``, ``additive_rare_pair_spearman``: the learned cross
@@ -133,6 +141,13 @@ class CrossSetup:
     """Generator seed (the log is the same for every training seed)."""
     pipeline_config: str = "pipeline"
     """Cascade config of the deployed ``ctr_preranking`` DAG, trained on the servable fields."""
+    ablation_pairs: tuple[str, ...] | None = None
+    """Cross pairs ablated one at a time on the first seed (None: every cross pair present)."""
+    ml100k_days: int = 56
+    """The last days of MovieLens-100k the engine builds a partition for: its training rows
+    (0: no ML-100k comparison). Its last 56 days hold ~25,000 ratings."""
+    ml100k_config: str = "ml100k"
+    """Cascade config of the ML-100k comparison (the networks made for ML-100k)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.engine_days < self.log_days:
@@ -161,6 +176,10 @@ QUICK = CrossSetup(
     processes=1,
     later_window=1,
     pipeline_config="debug_cross",  # a smoke run of the path: the pipeline config takes minutes
+    ablation_pairs=("user_cat",),
+    # A few ML-100k days are too few rows for any network to rank: the smoke run builds its
+    # training set only (tests/benchmarks/test_preranking_models.py), not the comparison.
+    ml100k_days=0,
 )
 
 
@@ -197,6 +216,25 @@ def without_cross_same_position(fields: FieldSet) -> FieldSet:
 def servable_crosses(fields: FieldSet) -> FieldSet:
     """The same fields with only the crosses whose every key the server fills."""
     return keep_crosses(fields, lambda pair: set(pair.keys) <= SERVED_KEYS)
+
+
+def cross_pairs(fields: FieldSet) -> list[str]:
+    """The names of the cross pairs the fields hold, in the engine's order."""
+    present = {cross_pair_of(spec.name).name for spec in fields if spec.kind == "cross"}
+    return [pair.name for pair in engine.CROSSES if pair.name in present]
+
+
+def ablation_arms(fields: FieldSet, setup: CrossSetup) -> dict[str, FieldSet]:
+    """``without_<pair>``: every field less one cross pair's, for each ablated pair."""
+    present = cross_pairs(fields)
+    chosen = present if setup.ablation_pairs is None else list(setup.ablation_pairs)
+    unknown = [name for name in chosen if name not in present]
+    if unknown:
+        raise ValueError(f"ablation pairs {unknown} hold no cross field here; present: {present}")
+    return {
+        f"without_{name}": keep_crosses(fields, lambda pair, name=name: pair.name != name)
+        for name in chosen
+    }
 
 
 ARMS: dict[str, Callable[[FieldSet], FieldSet] | None] = {
@@ -293,6 +331,90 @@ def train(
     return result
 
 
+def ml100k_log(spark: Any, out: Path) -> Path:
+    """MovieLens-100k in the engine's log schema (:func:`jobs.ctr_log_sources.from_ml100k`:
+    rating >= 4 a click, segment the age band, category the primary genre; no position, no
+    context) written as parquet to ``out``."""
+    from jobs.ctr_log_sources import LOG_SCHEMA, from_ml100k
+
+    log, _quarantined = from_ml100k(spark)
+    log.select(*[name for name, _ in LOG_SCHEMA]).write.mode("overwrite").parquet(str(out))
+    return out
+
+
+def build_ml100k_training_set(work: Path, days: int) -> dict[str, Any]:
+    """MovieLens-100k through the engine over its last ``days`` days, with the pairs it can
+    key (:data:`jobs.ctr_cross_config.ML100K_PAIRS`), joined into a training set under
+    ``work/training_set`` (a running Spark session is borrowed, else one is started)."""
+    settings = load_settings()
+    with active_or_new(lambda: engine.build_session(settings)) as spark:
+        return build_engine_training_set(
+            work / "training_set",
+            spark=spark,
+            log=ml100k_log(spark, work / "log"),
+            train_days=days,
+            settings=dataclasses.replace(settings, home=work / "home"),
+            pairs=engine.ML100K_PAIRS,
+        )
+
+
+def ml100k_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[str, Any]:
+    """FSCD with and without the cross fields on MovieLens-100k
+    (:func:`build_ml100k_training_set`), one training per arm and seed
+    (``setup.ml100k_config``): the check on data without planted structure. A training that
+    fails (too few rows to rank, say) is reported under ``ml100k_failed``, not raised: the
+    comparison is one part of a long benchmark."""
+    built = build_ml100k_training_set(work, setup.ml100k_days)
+    data, fields_file = Path(built["data"]), Path(built["fields_file"])
+    every = FieldSet.load(fields_file)
+    (work / "without_cross").mkdir(parents=True, exist_ok=True)
+    arm_files = {
+        "with_cross": fields_file,
+        "without_cross": without_cross(every).save(work / "without_cross"),
+    }
+    facts: dict[str, Any] = {
+        "engine_days": built["engine_days"],
+        "training_rows": built["rows"],
+        "fields": built["fields"],
+        "fields_without_cross": len(FieldSet.load(arm_files["without_cross"])),
+        "pairs": built["pairs"],
+        "config": setup.ml100k_config,
+        "seeds": seeds,
+        "rows_digest": frame_digest(pd.read_parquet(data)),
+    }
+    runs = []
+    for seed in seeds:
+        jobs = [
+            (setup, data, path, work / f"{arm}-seed{seed}", seed, setup.ml100k_config)
+            for arm, path in arm_files.items()
+        ]
+        try:
+            with ThreadPoolExecutor(max_workers=2 if setup.processes == 1 else 1) as pool:
+                results = dict(zip(arm_files, pool.map(lambda job: train(*job), jobs), strict=True))
+        except RuntimeError as exc:
+            reason = str(exc).splitlines()[0]
+            return {"ml100k_cross_lift": None, "ml100k_failed": reason, "ml100k_setup": facts}
+        aucs = {arm: float(result["fscd_auc"]) for arm, result in results.items()}
+        runs.append(
+            {
+                "seed": seed,
+                "auc_with_cross": aucs["with_cross"],
+                "auc_without_cross": aucs["without_cross"],
+                "cross_lift": aucs["with_cross"] - aucs["without_cross"],
+                "model_digests": {arm: r["model_digest"] for arm, r in results.items()},
+            }
+        )
+    medians = {
+        key: float(statistics.median(run[key] for run in runs))
+        for key in ("auc_with_cross", "auc_without_cross", "cross_lift")
+    }
+    digest = digest_of(d for r in runs for d in r["model_digests"].values())
+    return {
+        **{f"ml100k_{key}": value for key, value in medians.items()},
+        "ml100k_setup": {**facts, "per_seed": runs, "model_digest": digest},
+    }
+
+
 def rare_pairs(lake: Path, days: list[str], setup: CrossSetup) -> dict[str, Any]:
     """Learned vs additive on the rare user x genre pairs of the first engine partition,
     against their explicit CTR in the partition ``later_window`` days on."""
@@ -322,11 +444,19 @@ def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[st
         if subset is not None:
             (work / arm).mkdir(parents=True, exist_ok=True)
             arm_files[arm] = subset(every).save(work / arm)
+    ablated: dict[str, Path] = {}
+    for arm, subset in ablation_arms(every, setup).items():
+        (work / arm).mkdir(parents=True, exist_ok=True)
+        ablated[arm] = subset.save(work / arm)
     cross_names = {spec.name for spec in every if spec.kind == "cross"}
     runs: list[dict[str, Any]] = []
+    ablation: dict[str, float] = {}
+    ablation_base = float("nan")
     for seed in seeds:
         arms = [(arm, setup.config, path) for arm, path in arm_files.items()]
         arms.append(("pipeline", setup.pipeline_config, arm_files["servable_cross"]))
+        if seed == seeds[0]:
+            arms += [(arm, setup.config, path) for arm, path in ablated.items()]
         jobs = [
             (setup, data, path, work / f"{arm}-seed{seed}", seed, config)
             for arm, config, path in arms
@@ -341,6 +471,9 @@ def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[st
             trained["pipeline"],
         )
         aucs = {arm: float(trained[arm]["fscd_auc"]) for arm in arm_files}
+        if seed == seeds[0]:
+            ablation = {arm: float(trained[arm]["fscd_auc"]) for arm in ablated}
+            ablation_base = aucs["with_cross"]
         runs.append(
             {
                 "seed": seed,
@@ -368,8 +501,21 @@ def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[st
     frame = pd.read_parquet(data)
     config = get_cascade_config(setup.config)
     medians = {key: float(statistics.median(r[key] for r in runs)) for key in MEDIANS}
+    ml100k = ml100k_comparison(work / "ml100k", seeds, setup) if setup.ml100k_days > 0 else {}
     return {
         **medians,
+        "cross_lift_by_pair": {
+            arm.removeprefix("without_"): ablation_base - auc for arm, auc in ablation.items()
+        },
+        "cross_ablation": {
+            "seed": seeds[0],
+            "auc_with_cross": ablation_base,
+            "auc_without_pair": {arm.removeprefix("without_"): a for arm, a in ablation.items()},
+            "fields_by_arm": {arm: len(FieldSet.load(path)) for arm, path in ablated.items()},
+            "what": "the first seed's with-cross FSCD test AUC less that of an arm without one "
+            "cross pair (its explicit statistics and its learned field)",
+        },
+        **ml100k,
         "pipeline_config_goal_met": pipeline_goals(
             medians["pipeline_config_auc_ratio"], medians["pipeline_config_feature_cost_ratio"]
         ),

@@ -73,3 +73,42 @@ def test_the_materialization_partition_is_not_one_the_pipeline_runs_build(tmp_pa
     write_pair_partition(lake, 40, 2, ds=cluster.DS)  # the pipeline's day: another path
     with pytest.raises(FileExistsError):
         write_pair_partition(lake, 40, 2, ds=cluster.DS)
+
+
+def test_lost_and_duplicated_rows_are_counted_from_the_landed_log_to_the_training_set(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    import pandas as pd
+
+    from cascade.lake import TRAINING_PROVENANCE
+    from cascade.landing import landing_dir
+
+    stamps = pd.to_datetime(
+        ["2026-11-21 08:00:00", "2026-11-21 09:00:00", "2026-11-22 10:00:00", "2026-11-20 23:59:59"]
+    )
+    landed = pd.DataFrame(
+        {"user_id": [1, 2, 3, 4], "item_id": [7, 7, 8, 9], "event_timestamp": stamps}
+    ).assign(click=[1, 0, 0, 1], position=[1, 2, 3, 1])
+    settings = load_settings({"CASCADE_HOME": str(tmp_path)})
+    lake = Lake(settings.lake_root)
+    landing = landing_dir(lake, "impressions", "2026-11-23")
+    landing.mkdir(parents=True)
+    landed.to_parquet(landing / "part-0.parquet")
+    built = lake.training_set("preranking", "2026-11-23")
+    built.mkdir(parents=True)
+    (built / TRAINING_PROVENANCE).write_text(json.dumps({"days": ["2026-11-21", "2026-11-22"]}))
+    # The training days' three rows, each once (the 20th is not a training day): all accounted.
+    trained = landed.iloc[:3].drop(columns="position").assign(genre="x")
+    trained["event_timestamp"] = trained["event_timestamp"].dt.tz_localize("UTC")
+    trained.to_parquet(built / "data.parquet")
+    rows = cluster.faults_run_rows(settings, "2026-11-23")
+    assert rows == {"landed_rows": 3, "training_rows": 3, "lost": 0, "duplicates": 0}
+    # A row written twice and one never written: one duplicate, one lost.
+    pd.concat([trained.iloc[[0, 0, 2]]]).to_parquet(built / "data.parquet")
+    rows = cluster.faults_run_rows(settings, "2026-11-23")
+    assert rows == {"landed_rows": 3, "training_rows": 3, "lost": 1, "duplicates": 1}
+    # A click flipped on the way is one row lost and one that was never landed.
+    flipped = trained.assign(click=[1, 1, 0])
+    assert cluster.rows_accounted(landed.iloc[:3], flipped)["lost"] == 1

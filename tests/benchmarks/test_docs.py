@@ -128,6 +128,34 @@ def test_the_latency_by_load_view_shows_each_step_and_where_p99_crosses_the_goal
     assert "no open-loop steps (`latency_by_load`)" in (tmp_path / page).read_text()
 
 
+def test_the_readme_headline_view_shows_figures_with_their_goals_and_names_missing_ones(
+    tmp_path: Path,
+) -> None:
+    result = dict(
+        FIXTURE,
+        benchmark="preranking",
+        cross_lift_same_position=0.004,
+        auc_ratio=0.991,
+        ml100k_cross_lift=0.02,
+    )
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "preranking.json").write_text(json.dumps(result))
+    marker = "<!-- bench-view headline preranking: docs/results/preranking.json -->"
+    end = "<!-- end bench-view headline preranking -->"
+    (tmp_path / "README.md").write_text(f"# Project\n\n{marker}\nstale\n{end}\n")
+    assert docs.rerender_views(tmp_path) == [Path("README.md")]
+    text = (tmp_path / "README.md").read_text()
+    assert "stale" not in text and "[`preranking.json`](docs/results/preranking.json)" in text
+    assert (
+        "| `cross_lift_same_position` | 0.004 | `cross_lift_same_position` ≥ 0.01: not met |"
+        in (text)
+    )
+    assert "| `auc_ratio` | 0.991 | `auc_ratio` ≥ 0.98: met |" in text
+    assert "| `ml100k_cross_lift` | 0.02 | — |" in text
+    assert "Not in this result (it predates them): `feature_cost_ratio`" in text
+    assert docs.rerender_views(tmp_path) == []
+
+
 def test_a_block_notes_the_planted_effects_goals_and_failed_peers_it_has() -> None:
     result = {
         "cross_lift": 0.12,

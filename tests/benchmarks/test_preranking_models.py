@@ -181,8 +181,39 @@ def test_quick_cross_comparison_trains_with_and_without_the_engines_cross_fields
     assert 0 < result["pipeline_config_auc_ratio"] and setup["planted"]
     assert isinstance(result["pipeline_config_goal_met"], bool)
     assert result["cross_rare_pairs"]["rare_pairs"] >= 0
+    # The per-pair ablation (QUICK ablates user x genre only), on the first seed.
+    ablation = result["cross_ablation"]
+    assert ablation["seed"] == 0 and ablation["auc_with_cross"] == result["auc_with_cross"]
+    assert set(result["cross_lift_by_pair"]) == {"user_cat"}
+    assert result["cross_lift_by_pair"]["user_cat"] == pytest.approx(
+        ablation["auc_with_cross"] - ablation["auc_without_pair"]["user_cat"]
+    )
+    # Its explicit statistics and its learned field go together.
+    assert arms["with_cross"] - ablation["fields_by_arm"]["without_user_cat"] >= 2
     for key in ("input_digest", "rows_digest", "fields_digest", "model_digest"):
         assert result["cross_provenance"][key].startswith("sha256:"), key
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_movielens_goes_through_the_engine_with_only_the_pairs_it_can_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.preranking_cross import build_ml100k_training_set
+    from models.preranking.fields import FieldSet
+
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
+    built = build_ml100k_training_set(tmp_path / "ml100k", days=2)
+    # ML-100k's last two days (1998-04-21, -22), each joined with the statistics before it.
+    assert built["engine_days"] == ["1998-04-21", "1998-04-22"]
+    assert built["rows"] == 656 and built["pairs"] == [
+        "user", "item", "seg_cat", "user_cat", "seg_item"
+    ]  # fmt: skip
+    fields = FieldSet.load(Path(built["fields_file"]))
+    cross = {spec.name for spec in fields if spec.kind == "cross"}
+    assert cross and not any(name.startswith(("ctx_item", "item_pos")) for name in cross)
+    # The learned cross fields of the pairs ML-100k has (user x genre, segment x item).
+    assert {"user_cat_learned_ctr_30d", "seg_item_learned_ctr_30d"} <= cross
 
 
 def test_every_goal_met_key_tests_the_stated_goal_of_a_figure_present() -> None:
