@@ -368,6 +368,17 @@ def goal_lines(result: Mapping[str, Any], name: str) -> list[str]:
     return lines
 
 
+def load_note(result: Mapping[str, Any]) -> str:
+    """``; load average M (max X) on N cores`` from the result's ``machine_load``, or nothing
+    for a result from before it was recorded."""
+    load = result.get("machine_load")
+    if not isinstance(load, Mapping) or "load_average_mean" not in load:
+        return ""
+    mean, top = load["load_average_mean"], load.get("load_average_max")
+    cores = load.get("usable_cpus")
+    return f"; load average {number(mean)} (max {number(top)}) on {cores} cores"
+
+
 def render_block(result: Mapping[str, Any], name: str, path: str, root: Path = REPO_ROOT) -> str:
     """The generated part of the page for one benchmark result (``path``: the JSON it names,
     relative to ``root``; its chart is shown when one lies beside it)."""
@@ -386,7 +397,8 @@ def render_block(result: Mapping[str, Any], name: str, path: str, root: Path = R
         f"From [`{path}`]({page_link(path)}): {cpu}, "
         f"{cores} cores, {gpu}; commit `{str(commit)[:12]}`{dirty}; "
         f"inputs {_short(result.get('input_digest'))}, "
-        f"model {_short(result.get('model_digest'))}; repeats {result.get('repeats')}.",
+        f"model {_short(result.get('model_digest'))}; repeats {result.get('repeats')}"
+        f"{load_note(result)}.",
         "",
         "| figure | median | min–max | runs |",
         "|---|---|---|---|",

@@ -13,6 +13,9 @@ benchmark wrote itself:
 * ``model_digest`` and ``model_provenance``: set by benchmarks that involve a model (the
   digest of its files or weights; the registry name and version, or the training config);
   None where no model is involved;
+* ``machine_load``: the machine's load average over the run (:class:`LoadSampler`: mean, max,
+  start, end, against the usable cores), since other work on a shared machine shows in every
+  timed figure;
 * ``repeats``: timed runs behind each figure (a benchmark's own value is kept);
 * ``spread``: for every list of timed runs in the result (a key ending ``_runs``, at any
   depth; list items by their index), ``{"min", "median", "max", "n"}`` under the figure's
@@ -34,6 +37,7 @@ import os
 import platform
 import statistics
 import subprocess
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -262,6 +266,46 @@ def non_finite(result: Any, prefix: str = "") -> list[str]:
     elif isinstance(result, float) and not math.isfinite(result):
         bad.append(prefix.rstrip("."))
     return bad
+
+
+class LoadSampler:
+    """The machine's 1-minute load average sampled every ``every_s`` seconds while a benchmark
+    runs (a thread; ``with LoadSampler() as load: ...`` then ``load.summary()``): other work on
+    a shared machine shows in every timed figure, so each result says how busy it was."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.samples.append(os.getloadavg()[0])
+
+    def summary(self) -> dict[str, Any]:
+        """``load_average_mean``, ``_max``, ``_start`` and ``_end`` over the run, the samples'
+        count and the machine's usable cores to read them against."""
+        taken = self.samples or [os.getloadavg()[0]]
+        return {
+            "load_average_mean": round(statistics.fmean(taken), 2),
+            "load_average_max": round(max(taken), 2),
+            "load_average_start": round(taken[0], 2),
+            "load_average_end": round(taken[-1], 2),
+            "samples": len(taken),
+            "usable_cpus": usable_cpus(),
+        }
 
 
 # --- the stamp -------------------------------------------------------------------------------

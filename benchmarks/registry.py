@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from benchmarks.provenance import provenance
+from benchmarks.provenance import LoadSampler, provenance
 from cascade.config import scoped_environ
 from serving.allocator import keep_freed_memory
 
@@ -152,8 +152,10 @@ def run_benchmark(
         parameters = {"quick": quick} | {
             k: v for k, v in sorted(os.environ.items()) if k.startswith(BENCH_ENV_PREFIX)
         }
-        result = function(out, quick)
+        with LoadSampler() as load:
+            result = function(out, quick)
     result.setdefault("benchmark", name)
+    result.setdefault("machine_load", load.summary())
     generators = GENERATORS.get(name, (module_name,))
     stamp = provenance(result, generators=generators, parameters=parameters)
     for key, value in stamp.items():

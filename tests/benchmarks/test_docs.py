@@ -220,3 +220,10 @@ def test_the_page_names_each_result_s_commit_and_flags_a_mixed_set() -> None:
     assert "stale" not in rendered
     committed = json.loads((REPO_ROOT / "docs/results/ctr.json").read_text())
     assert f"Results by commit: `{committed['git_commit'][:12]}` ctr." in rendered
+
+
+def test_a_block_says_how_busy_the_machine_was_when_the_result_has_it() -> None:
+    load = {"load_average_mean": 3.21, "load_average_max": 5.5, "usable_cpus": 2}
+    text = docs.render_block(dict(FIXTURE, machine_load=load), "ctr", "docs/results/ctr.json")
+    assert "repeats 3; load average 3.21 (max 5.5) on 2 cores." in text
+    assert "load average" not in docs.render_block(FIXTURE, "ctr", "docs/results/ctr.json")

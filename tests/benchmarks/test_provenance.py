@@ -52,6 +52,9 @@ def test_every_result_carries_provenance_and_keeps_its_own_keys(
     assert result["spread"]["sizes.0.job_s"] == {"min": 1.0, "median": 2.0, "max": 3.0, "n": 3}
     assert result["spread"]["cascade_ms"]["median"] == 4.0
     assert result["sizes"][0]["job_s"] == 2.0 and result["cascade_ms"] == 4.0  # kept as is
+    load = result["machine_load"]  # how busy the machine was while it ran
+    assert load["samples"] >= 2 and load["usable_cpus"] == machine["usable_cpus"]
+    assert 0 <= load["load_average_mean"] <= load["load_average_max"]
 
     # Other parameters, other inputs: the digest follows them.
     again = registry.run_benchmark("ctr", out, quick=True, options={"impressions": "20"})
@@ -123,3 +126,16 @@ def test_spreads_and_non_finite_figures() -> None:
     found = spreads({"x_runs": [1, 2], "nested": {"y_runs": [5.0]}, "flag_runs": [True]})
     assert set(found) == {"x", "nested.y"} and found["nested.y"]["n"] == 1
     assert non_finite({"a": 1.0, "b": [0.0, math.nan], "c": {"d": math.inf}}) == ["b.1", "c.d"]
+
+
+def test_the_load_sampler_reads_the_load_average_until_it_is_stopped() -> None:
+    import time
+
+    from benchmarks.provenance import LoadSampler
+
+    with LoadSampler(every_s=0.05) as load:
+        time.sleep(0.3)
+    summary = load.summary()
+    assert summary["samples"] >= 4  # one per 0.05 s, and one at the end
+    assert summary["load_average_max"] >= summary["load_average_mean"] >= 0
+    assert summary["load_average_end"] == round(load.samples[-1], 2)
