@@ -68,12 +68,12 @@ def stack_env(workdir: Path) -> dict[str, str]:
 
 def prepare(workdir: Path, *, model: str) -> Path:
     """The ids file of the stack in ``workdir``, built first when the folder has none."""
-    from benchmarks.serving_load import build_stack
-    from cascade.config import load_settings, scoped_environ
-
     ids = workdir / "ids.json"
     if ids.exists():
         return ids
+    from benchmarks.serving_load import build_stack
+    from cascade.config import load_settings, scoped_environ
+
     env = {**stack_env(workdir), "CASCADE_BENCH_SERVING_MODEL": model}
     with scoped_environ(env):
         settings = load_settings()
