@@ -266,13 +266,17 @@ class OnlineCrossReader:
                 held = self._held[slot] = (version, {})
             rows = held[1]
             missing = [key for key in dict.fromkeys(keys) if key not in rows]
+            got = at = None
             if missing:
                 got, at = store.read_rows(self.config, table, join_keys, missing, features)
                 rows.update(zip(missing, zip(at.tolist(), got, strict=True), strict=True))
-            found = [rows[key] for key in keys]
-            values = np.array([row for _, row in found], dtype=np.float64)
-            values = values.reshape(len(keys), len(features))
-            events = np.fromiter((event for event, _ in found), dtype=np.int64, count=len(keys))
+            if got is not None and len(missing) == len(keys):  # none held: the rows as read
+                values, events = got.copy(), at  # the held rows are views of ``got``
+            else:
+                found = [rows[key] for key in keys]
+                values = np.array([row for _, row in found], dtype=np.float64)
+                values = values.reshape(len(keys), len(features))
+                events = np.fromiter((e for e, _ in found), dtype=np.int64, count=len(keys))
         limit = micros(oldest)
         if limit is not None:
             values[events < limit] = np.nan
