@@ -107,6 +107,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -876,12 +877,97 @@ def private_stack_env(home: Path, port: int) -> dict[str, str]:
     }
 
 
-def run(out: Path, quick: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ServedStack:
+    """A private stack that serves a champion, as :func:`build_stack` left it."""
+
+    ds: str
+    """The served partition: today (UTC)."""
+    network: dict[str, Any]
+    """Which network (:func:`serving_network`)."""
+    statistics: dict[str, Any]
+    """How the engine's partitions were computed and loaded (``cross_statistics``)."""
+    items: list[int]
+    """The catalogue's item ids."""
+    training: Any
+    """The training set of the served day (a DataFrame)."""
+    declared: list[str]
+    """Cross fields the training set declares."""
+    cross_fields: tuple[str, ...]
+    """Cross fields the served network kept."""
+    promoted: dict[str, Any]
+    """The registered, promoted version with its training."""
+    model_provenance: dict[str, Any]
+    ids: Path
+    """``{"users", "items"}`` the load generator draws requests from (JSON)."""
+    setup_s: float
+
+
+def build_stack(
+    workdir: Path, settings: Settings, *, quick: bool, candidates: int, cross_wanted: bool
+) -> ServedStack:
+    """In the private home of ``settings`` (:func:`private_stack_env`, below ``workdir``): the
+    engine's partitions of a synthetic log ending today (UTC) in the lake and the online store,
+    the training set, the network trained on it and promoted to ``champion``, and
+    ``workdir/ids.json``."""
     from benchmarks import serving_cross_features as cross
     from domains.ctr.catalogue import read_newest_catalogue
     from models.preranking.fields import FieldSet
     from models.preranking.synthetic_data import synthetic_training_frame
 
+    # Today's partition: the cross views' ttl (two days) would serve an older one as missing.
+    ds = cross.today_ds()
+    network = serving_network(settings, quick=quick)
+    settings.home.mkdir(parents=True)
+    started = time.monotonic()
+    frame = synthetic_training_frame(network["log_rows"], users=USERS, items=ITEMS, seed=7, end=ds)
+    log = cross.engine_log(frame)
+    statistics = cross.publish_engine_partitions(log, settings, ds, workdir)
+    catalogue = read_newest_catalogue(Lake(settings.lake_root), cross.SOURCE)
+    assert catalogue is not None  # publish_engine_partitions wrote partition ds
+    items = sorted(int(i) for i in catalogue[1]["item_id"])
+    if candidates > len(items):
+        raise ValueError(
+            f"--candidates {candidates}: the benchmark catalogue has {len(items)} items"
+        )
+    _progress(
+        f"engine partitions {statistics['days'][0]}..{ds} ({', '.join(statistics['pairs'])}) "
+        f"in {statistics['statistics_s']:.1f} s, {statistics['materialized_rows']:,} rows "
+        "in the online store"
+    )
+    training, folder = cross.write_engine_training_set(
+        log, settings, ds, cross_features=cross_wanted
+    )
+    fields = FieldSet.beside(folder)
+    _progress(
+        f"training {network['model']} ({network['training_config']}) on {len(training):,} "
+        f"rows, {len(fields)} fields"
+    )
+    if network["model"] == "fscd":
+        trained = train_fscd_and_promote(settings, ds, network)
+    else:
+        trained = cross.train_cold_and_promote(settings, ds, network)
+    promoted = {**trained, **network}
+    kept = cross.served_fields(settings, ds)
+    ids = workdir / "ids.json"
+    users = sorted(int(u) for u in training["user_id"].unique())
+    ids.write_text(json.dumps({"users": users, "items": items}))
+    return ServedStack(
+        ds=ds,
+        network=network,
+        statistics=statistics,
+        items=items,
+        training=training,
+        declared=[n for n in fields.names if n not in cross.ID_FIELDS],
+        cross_fields=tuple(name for name in kept if name not in cross.ID_FIELDS),
+        promoted=promoted,
+        model_provenance=served_model(settings, promoted),
+        ids=ids,
+        setup_s=time.monotonic() - started,
+    )
+
+
+def run(out: Path, quick: bool) -> dict[str, Any]:
     options = load_settings().bench
     candidates = options.serving_candidates
     clients = options.serving_clients
@@ -890,8 +976,6 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
     warmup = 1.0 if quick else 5.0
     repeats = bench_repeats(3, quick=quick, quick_default=1)
     cross_wanted = options.serving_cross_features
-    # Today's partition: the cross views' ttl (two days) would serve an older one as missing.
-    ds = cross.today_ds()
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         workdir = Path(tmp)
         home = workdir / "home"
@@ -904,53 +988,13 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
             "CASCADE_SERVING_PROFILE": "1",
         }
         settings = load_settings(env)
-        network = serving_network(settings, quick=quick)
-        home.mkdir(parents=True)
-        started = time.monotonic()
-        frame = synthetic_training_frame(
-            network["log_rows"], users=USERS, items=ITEMS, seed=7, end=ds
+        stack = build_stack(
+            workdir, settings, quick=quick, candidates=candidates, cross_wanted=cross_wanted
         )
-        log = cross.engine_log(frame)
-        statistics = cross.publish_engine_partitions(log, settings, ds, workdir)
-        catalogue = read_newest_catalogue(Lake(settings.lake_root), cross.SOURCE)
-        assert catalogue is not None  # publish_engine_partitions wrote partition ds
-        items = sorted(int(i) for i in catalogue[1]["item_id"])
-        if candidates > len(items):
-            raise ValueError(
-                f"--candidates {candidates}: the benchmark catalogue has {len(items)} items"
-            )
-        _progress(
-            f"engine partitions {statistics['days'][0]}..{ds} ({', '.join(statistics['pairs'])}) "
-            f"in {statistics['statistics_s']:.1f} s, {statistics['materialized_rows']:,} rows "
-            "in the online store"
-        )
-        training, folder = cross.write_engine_training_set(
-            log, settings, ds, cross_features=cross_wanted
-        )
-        fields = FieldSet.beside(folder)
-        _progress(
-            f"training {network['model']} ({network['training_config']}) on {len(training):,} "
-            f"rows, {len(fields)} fields"
-        )
-        if network["model"] == "fscd":
-            trained = train_fscd_and_promote(settings, ds, network)
-        else:
-            trained = cross.train_cold_and_promote(settings, ds, network)
-        promoted = {**trained, **network}
-        model_provenance = served_model(settings, promoted)
-        kept = cross.served_fields(settings, ds)
-        declared = [n for n in fields.names if n not in cross.ID_FIELDS]
-        cross_fields = tuple(name for name in kept if name not in cross.ID_FIELDS)
-        ids = workdir / "ids.json"
-        ids.write_text(
-            json.dumps(
-                {
-                    "users": sorted(int(u) for u in training["user_id"].unique()),
-                    "items": items,
-                }
-            )
-        )
-        setup_s = time.monotonic() - started
+        network, statistics, training = stack.network, stack.statistics, stack.training
+        promoted, cross_fields, ids = stack.promoted, stack.cross_fields, stack.ids
+        model_provenance = dict(stack.model_provenance)
+        declared, items, setup_s, ds = stack.declared, stack.items, stack.setup_s, stack.ds
         load = functools.partial(
             measure,
             workdir=workdir,

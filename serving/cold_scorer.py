@@ -58,6 +58,8 @@ class CompiledColdScorer:
 
     PARITY_ATOL = 1e-4
     """Largest logit difference to the eager scorer :meth:`check_against` accepts."""
+    MEMO_ENTRIES = 8_192
+    """Encoded rows of numbers :meth:`_numbers` remembers."""
 
     def __init__(
         self,
@@ -110,6 +112,7 @@ class CompiledColdScorer:
             self.item_codes[:-1, position] = encoder.encode_column(name, columns[name])
             if name == "item_id":
                 self._item_id_position = position
+        self._memo: dict[tuple[Any, ...], np.ndarray] = {}
         self._keyed_cross = getattr(run, "inputs", 4) == 4
         """The package takes the cross side per key (``cross_codes``, ``cross_rows``); a
         package built before that takes each candidate's cross codes in its row."""
@@ -186,7 +189,7 @@ class CompiledColdScorer:
             factors.append((per_candidate, np.arange(n, dtype=np.int64)))
         if numeric_user:
             names, positions, scalars = zip(*numeric_user, strict=True)
-            user[0, list(positions)] = self.encoder.encode_numbers(names, np.array([scalars]))[0]
+            user[0, list(positions)] = self._numbers(names, np.array([scalars]))[0]
         for group in by_keys.values():  # one view's fields: the same keys, one encoding
             table = self._encode_keyed(group)
             first = group[0][3]
@@ -224,11 +227,28 @@ class CompiledColdScorer:
         if numeric:  # encoded together
             names, positions, columns = zip(*numeric, strict=True)
             per_key = np.column_stack([c.values for c in columns])
-            table[:-1, list(positions)] = self.encoder.encode_numbers(names, per_key)
+            table[:-1, list(positions)] = self._numbers(names, per_key)
         for name, position, _, column in group:
             if name not in self._numeric:
                 table[:-1, position] = self.encoder.encode_column(name, column.values)
         return table
+
+    def _numbers(self, names: Sequence[str], values: np.ndarray) -> np.ndarray:
+        """:meth:`FieldEncoder.encode_numbers` of ``values`` (float ``[R, len(names)]``),
+        remembered by the values' bytes: a user's fields and its per-key fields come again with
+        every request of that user, with the same values until the online store changes. The
+        codes are a function of the values alone (a served version's encoder is never refitted),
+        so a remembered answer is the one encoding gives; at most :attr:`MEMO_ENTRIES` are
+        held (then all are dropped)."""
+        values = np.ascontiguousarray(values, dtype=np.float64)
+        key = (tuple(names), values.shape, values.tobytes())
+        codes = self._memo.get(key)
+        if codes is None:
+            codes = self.encoder.encode_numbers(names, values)
+            if len(self._memo) >= self.MEMO_ENTRIES:
+                self._memo.clear()
+            self._memo[key] = codes
+        return codes
 
     def check_against(self, eager: CompiledColdScorer, candidates: int = 64) -> None:
         """Raise unless the package scores a probe request (the first table items, an item not

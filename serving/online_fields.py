@@ -198,9 +198,13 @@ class OnlineFieldPlan:
             wanted = [(j, f) for j, f in enumerate(read.fields) if f not in given]
             if not wanted:
                 continue
-            keys, inverse, valid = _distinct_keys(
-                read.join_keys, user_id, item_ids, genre_codes, genres
-            )
+            if read.join_keys == (USER_KEY,) and all(read.kinds[j] == "user" for j, _ in wanted):
+                # One key, one value per field for the whole request: no candidate keys.
+                keys, inverse, valid = [(int(user_id),)], np.empty(0, np.int64), np.empty(0, bool)
+            else:
+                keys, inverse, valid = _distinct_keys(
+                    read.join_keys, user_id, item_ids, genre_codes, genres
+                )
             features = [f for _, f in wanted]
             started = time.perf_counter()
             found = reader.read(read.view, read.join_keys, keys, features)

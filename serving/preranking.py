@@ -24,10 +24,12 @@ with it: they are the store's values at that load until the next version loads. 
 cross fields (``user_cat_ctr_7d``: the view ``cross_user_cat`` keyed by the user and each
 candidate's genre) are read from the online store per request, one batched read per view with
 the candidates' keys deduplicated (:mod:`serving.online_fields`, timed in
-``cascade_online_feature_read_seconds``). A field no view serves comes as one more input named
-after the field (FP32/FP64/INT64; shape ``[1]`` for a user field, ``[N]`` otherwise; JSON null:
-unknown), and a request without one gets a 400 naming it. A request may send a served field
-too: its values win.
+``cascade_online_feature_read_seconds``); from the local profile's SQLite store the rows read are
+held by the reader until the store's data changes (:class:`domains.ctr.online_cross.
+OnlineCrossReader`), so a user seen again is read without a query. A field no view serves
+comes as one more input named after the field (FP32/FP64/INT64; shape ``[1]`` for a user
+field, ``[N]`` otherwise; JSON null: unknown), and a request without one gets a 400 naming it.
+A request may send a served field too: its values win.
 
 Any other version (a dense PreRanker, a ColdPreRanker that reads the MovieLens-shaped fields of
 :data:`domains.ctr.schema.MODEL_FEATURES`, one whose run names no source) is refused when it

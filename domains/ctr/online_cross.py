@@ -43,6 +43,9 @@ CROSS_VIEW_PREFIX = "cross_"
 
 REFRESH_S = 10.0
 """How long a reader trusts the newest partition it read from the registry for a view."""
+CACHE_KEYS = 65_536
+"""Keys of a view (per feature list) whose rows a reader holds between reads of a packed SQLite
+store (see :class:`OnlineCrossReader`); past that the held rows are dropped and read again."""
 
 _KEY_VALUE_FIELDS = {"INT64": "int64_val", "INT32": "int32_val", "STRING": "string_val"}
 """Join key types the reader builds entity keys of (ValueType name -> ValueProto field)."""
@@ -110,6 +113,15 @@ class OnlineCrossReader:
     age is measured at (UTC now by default; a test pins it). ``online_store``: the store's
     online store object when the caller already has one. ``refresh_s``: how long the newest
     partition read from the registry is trusted (0: re-read on every read).
+
+    From a packed SQLite store (:mod:`domains.ctr.online_packed`) the rows read are held, at
+    most ``cache_keys`` keys per view and feature list (0: none), as the store answered them
+    (values and event time, before any age bound), so a user read again costs no query: they
+    are used only while the store's :meth:`~domains.ctr.online_packed.PackedSqliteOnlineStore.
+    data_version` is the one read before they were fetched, so any committed write (a
+    partition loaded by another process, a rerun of the same one) drops them all; the newest
+    partition and the ttl are applied to their event times on every read, as to rows just
+    fetched. The answer is the uncached read's, value for value.
     """
 
     def __init__(
@@ -119,6 +131,7 @@ class OnlineCrossReader:
         clock: Callable[[], dt.datetime] = _utc_now,
         online_store: Any = None,
         refresh_s: float = REFRESH_S,
+        cache_keys: int = CACHE_KEYS,
     ) -> None:
         from feast.infra.online_stores.helpers import get_online_store_from_config
 
@@ -129,6 +142,12 @@ class OnlineCrossReader:
         self.refresh_s = refresh_s
         self._views: dict[str, tuple[Any, dict[str, str]]] = {}
         self._newest: dict[str, tuple[float, dt.datetime | None]] = {}
+        if cache_keys < 0:
+            raise ValueError(f"cache_keys must be >= 0, got {cache_keys}")
+        self.cache_keys = cache_keys
+        self._held: dict[tuple[Any, ...], tuple[Any, dict[tuple[Any, ...], Any]]] = {}
+        """Per (view, join keys, features): the store's data version the rows were read at,
+        and ``{key: (event µs, values)}``."""
 
     def sources(self, fields: Iterable[str]) -> dict[str, CrossFeatureSource]:
         """:func:`cross_feature_sources` on this reader's store."""
@@ -226,13 +245,39 @@ class OnlineCrossReader:
         features: Sequence[str],
         oldest: dt.datetime | None,
     ) -> np.ndarray | None:
-        """The same answer straight from a packed view (:mod:`domains.ctr.online_packed`): keys
-        serialized from fixed parts, one query, payloads decoded as one array; None when the
-        view is not stored packed."""
-        from domains.ctr.online_packed import PackedSqliteOnlineStore, wants_packed
+        """The same answer straight from a packed view (:mod:`domains.ctr.online_packed`): the
+        rows held since the store last changed, the others fetched with one query (keys
+        serialized from fixed parts, payloads decoded as one array); None when the view is not
+        stored packed."""
+        from domains.ctr.online_packed import PackedSqliteOnlineStore, micros, wants_packed
 
-        if not (isinstance(self.online_store, PackedSqliteOnlineStore) and wants_packed(table)):
+        store = self.online_store
+        if not (isinstance(store, PackedSqliteOnlineStore) and wants_packed(table)):
             return None
-        return self.online_store.read_keys(
-            self.config, table, join_keys, keys, features, oldest=oldest
-        )
+        if not self.cache_keys:
+            values, events = store.read_rows(self.config, table, join_keys, keys, features)
+        else:
+            # The version first: rows fetched after it are at least as new as it says.
+            version = store.data_version(self.config)
+            slot = (table.name, tuple(join_keys), tuple(features))
+            held = self._held.get(slot)
+            keys = [tuple(key) for key in keys]
+            if held is None or held[0] != version or len(held[1]) + len(keys) > self.cache_keys:
+                held = self._held[slot] = (version, {})
+            rows = held[1]
+            missing = [key for key in dict.fromkeys(keys) if key not in rows]
+            got = at = None
+            if missing:
+                got, at = store.read_rows(self.config, table, join_keys, missing, features)
+                rows.update(zip(missing, zip(at.tolist(), got, strict=True), strict=True))
+            if got is not None and len(missing) == len(keys):  # none held: the rows as read
+                values, events = got.copy(), at  # the held rows are views of ``got``
+            else:
+                found = [rows[key] for key in keys]
+                values = np.array([row for _, row in found], dtype=np.float64)
+                values = values.reshape(len(keys), len(features))
+                events = np.fromiter((e for e, _ in found), dtype=np.int64, count=len(keys))
+        limit = micros(oldest)
+        if limit is not None:
+            values[events < limit] = np.nan
+        return values

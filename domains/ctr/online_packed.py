@@ -24,10 +24,12 @@ Everything Feast does with a store works on packed views (``materialize``,
 :meth:`PackedSqliteOnlineStore.online_read` returns the ``ValueProto`` values Feast's store
 would), and two paths skip the per-value objects:
 :class:`domains.ctr.online_bulk.PackedBulkWriter` (Arrow batches in, runs sorted by key, one
-``executemany`` of packed rows per run) and :meth:`PackedSqliteOnlineStore.read_keys` /
+``executemany`` of packed rows per run) and :meth:`PackedSqliteOnlineStore.read_rows` /
 :meth:`~PackedSqliteOnlineStore.read_matrix` (key values or serialized keys in, a float64
-matrix out: what the model server's cross reader uses). A row replaces a stored one only when its
-event time is not older (an older partition loaded after a newer one leaves the newer values).
+matrix out: what the model server's cross reader uses, with the rows' event times: it holds
+them until :meth:`~PackedSqliteOnlineStore.data_version` changes). A row replaces a stored one
+only when its event time is not older (an older partition loaded after a newer one leaves the
+newer values).
 
 The local profile names it in ``features/profiles/local/feature_store.yaml``::
 
@@ -125,6 +127,19 @@ def packed_table(project: str, view: FeatureView, versioning: bool = False) -> s
     return (
         f"{_table_id(project, view, versioning)}__packed_{hashlib.sha256(layout).hexdigest()[:12]}"
     )
+
+
+NOT_STORED = np.iinfo(np.int64).min
+"""The event time :meth:`PackedSqliteOnlineStore.read_rows` gives a key the store does not hold
+(older than any bound)."""
+
+
+def _bounded(values: np.ndarray, events: np.ndarray, oldest: dt.datetime | None) -> np.ndarray:
+    """``values`` with the rows whose event time is before ``oldest`` missing (NaN)."""
+    limit = micros(oldest)
+    if limit is not None:
+        values[events < limit] = np.nan
+    return values
 
 
 def micros(moment: dt.datetime | None) -> int | None:
@@ -547,35 +562,43 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
         (:func:`serialize_keys` or :func:`domains.ctr.online_encoding.encode_keys`; None: no
         key): NaN where the key is not stored, its row is older than ``oldest``, or the value is
         null."""
+        return _bounded(*self._rows(config, table, keys, features), oldest)
+
+    def _rows(
+        self, config: RepoConfig, table: FeatureView, keys: Sequence[bytes | None], features: Any
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, event µs)`` of serialized ``keys``: float64 ``[K, len(features)]`` (NaN
+        where not stored or null) and int64 ``[K]`` (:data:`NOT_STORED` where not stored)."""
         layout = self._layout(config, table)
         columns = layout.columns(table.name, features)
         out = np.full((len(keys), len(features)), np.nan, dtype=np.float64)
+        events = np.full(len(keys), NOT_STORED, dtype=np.int64)
         found = self._fetch(config, table, keys)
-        limit = micros(oldest)
         rows: list[int] = []
         payloads: list[bytes] = []
         for row, key in enumerate(keys):
             hit = found.get(key) if key is not None else None
-            if hit is not None and (limit is None or hit[0] >= limit):
+            if hit is not None:
                 rows.append(row)
+                events[row] = hit[0]
                 payloads.append(hit[1])
-        if not rows:
-            return out
-        records = decode_payloads(layout.dtype, payloads, layout.table)
-        out[np.asarray(rows)] = records_matrix(records, layout.integer, columns)
-        return out
+        if rows:
+            records = decode_payloads(layout.dtype, payloads, layout.table)
+            out[np.asarray(rows)] = records_matrix(records, layout.integer, columns)
+        return out, events
 
-    def read_keys(
+    def read_rows(
         self,
         config: RepoConfig,
         table: FeatureView,
         join_keys: Sequence[str],
         keys: Sequence[Sequence[Any]],
         features: Sequence[str],
-        *,
-        oldest: dt.datetime | None = None,
-    ) -> np.ndarray:
-        """:meth:`read_matrix` for keys given as values (tuples in ``join_keys`` order)."""
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The features of keys given as values (tuples in ``join_keys`` order), with each
+        row's event time, for a caller that applies the age bound itself: float64
+        ``[len(keys), len(features)]`` (NaN where not stored or null) and int64 event µs
+        (:data:`NOT_STORED` where not stored)."""
         layout = self._layout(config, table)
         unknown = [k for k in join_keys if k not in layout.key_types]
         if unknown or len(join_keys) != len(layout.key_types):
@@ -583,4 +606,12 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
                 f"view {table.name} is keyed by {sorted(layout.key_types)}, not {list(join_keys)}"
             )
         encoded = serialize_keys(layout.key_types, join_keys, keys)
-        return self.read_matrix(config, table, encoded, features, oldest=oldest)
+        return self._rows(config, table, encoded, features)
+
+    def data_version(self, config: RepoConfig) -> tuple[int, int]:
+        """A value that changes whenever a committed write may have changed what a read
+        answers: SQLite's ``data_version`` (commits by any other connection, another process's
+        load included) with this connection's own changes (``total_changes``). Rows held
+        under one value are what the store holds until it changes."""
+        conn = self._get_conn(config)
+        return conn.execute("PRAGMA data_version").fetchone()[0], conn.total_changes

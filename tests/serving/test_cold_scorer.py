@@ -96,3 +96,44 @@ def test_factors_combine_into_the_distinct_pairs_candidates_have() -> None:
     np.testing.assert_array_equal(table[rows], genre[genre_rows] + view[view_rows])
     alone, zeros = _combine([], 6, width)
     assert alone.shape == (1, width) and not alone.any() and (zeros == 0).all()
+
+
+def test_remembered_encodings_give_the_codes_and_scores_encoding_gives() -> None:
+    model, encoder = serving_fakes.engine_network(3, cross=True)
+    eager = eager_run(model)
+    codes_in: list[torch.Tensor] = []
+
+    def run(*inputs: torch.Tensor) -> torch.Tensor:
+        codes_in.append(torch.cat([inputs[0], inputs[2]]))  # the user's and the keys' codes
+        return eager(*inputs)
+
+    scorer = scorer_of(run, model, encoder)
+    user_id, rows, item_ids, codes = request(200, seed=3)
+    valid = codes >= 0
+    by_genre = KeyedColumn(values=np.array([0.1, np.nan, 0.4]), inverse=codes[valid], valid=valid)
+    parity = KeyedColumn(values=np.array([0.2, 0.9]), inverse=item_ids[valid] % 2, valid=valid)
+    columns = {"user_cat_ctr_7d": by_genre, CROSS_FIELD: parity}
+    user = {f: np.array([serving_fakes.user_value(f, user_id)]) for f in USER_FIELDS}
+    first = scorer.logits(user_id, rows, item_ids, extra=user, keyed=columns)
+    remembered = len(scorer._memo)
+    assert remembered > 0
+    again = scorer.logits(user_id, rows, item_ids, extra=user, keyed=columns)
+    assert len(scorer._memo) == remembered  # answered from memory
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    assert torch.equal(codes_in[0], codes_in[1])
+    # Each remembered answer is the encoder's own, NaN (unknown) included.
+    for (names, shape, raw), held in scorer._memo.items():
+        values = np.frombuffer(raw, dtype=np.float64).reshape(shape)
+        np.testing.assert_array_equal(held, encoder.encode_numbers(names, values))
+    # Other values are encoded afresh, not mistaken for the remembered ones.
+    other = {f: v + 0.5 for f, v in user.items()}
+    scorer.logits(user_id, rows, item_ids, extra=other, keyed=columns)
+    assert len(scorer._memo) == remembered + 1
+    # Bounded: past MEMO_ENTRIES all are dropped before the next is held.
+    scorer.MEMO_ENTRIES = len(scorer._memo)
+    shifted = {f: v + 1.5 for f, v in user.items()}
+    scorer.logits(user_id, rows, item_ids, extra=shifted, keyed=columns)
+    assert len(scorer._memo) <= scorer.MEMO_ENTRIES
+    assert any(
+        raw == np.concatenate(list(shifted.values())).tobytes() for _, _, raw in scorer._memo
+    )

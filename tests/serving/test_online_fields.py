@@ -140,15 +140,16 @@ def served(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iter
         return online_read(**kwargs)
 
     reader.online_store.online_read = counted  # type: ignore[method-assign]
-    # The local profile stores the pair views packed: the reader's one call is read_matrix.
-    read_matrix = getattr(reader.online_store, "read_matrix", None)
-    if read_matrix is not None:
+    # The local profile stores the pair views packed: the reader's one call is read_rows (the
+    # keys it does not hold since the store last changed).
+    read_rows = getattr(reader.online_store, "read_rows", None)
+    if read_rows is not None:
 
-        def counted_matrix(config: Any, table: Any, keys: Any, *args: Any, **kwargs: Any) -> Any:
+        def counted_rows(config: Any, table: Any, join_keys: Any, keys: Any, *args: Any) -> Any:
             reads.append(list(keys))
-            return read_matrix(config, table, keys, *args, **kwargs)
+            return read_rows(config, table, join_keys, keys, *args)
 
-        reader.online_store.read_matrix = counted_matrix  # type: ignore[method-assign]
+        reader.online_store.read_rows = counted_rows  # type: ignore[method-assign]
     champion = tmp_path_factory.mktemp("champion") / "champion.json"
     backends = dataclasses.replace(
         serving_fakes.backends(champion),

@@ -150,3 +150,47 @@ def test_a_key_that_left_the_window_is_missing_online_as_in_training(settings: S
     # Loading the older partition again (a backfill) does not bring the left keys back.
     cf.materialize_cross(DS1, settings=settings, pairs=["user_cat"])
     np.testing.assert_array_equal(served(reader, keys), want)
+
+
+def test_rows_the_reader_holds_give_way_to_any_load_and_to_the_ttl(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cf.materialize_cross(DS2, settings=settings, pairs=["user_cat"])
+    now = [AT]
+    reader = OnlineCrossReader(fs.feature_store(settings), clock=lambda: now[0], refresh_s=3600)
+    store = reader.online_store
+    fetch, fetched = store._fetch, []
+    monkeypatch.setattr(store, "_fetch", lambda *a: fetched.append(len(a[2])) or fetch(*a))
+    keys = every_key()
+    first = served(reader, keys)
+    assert np.isfinite(first[keys.index(KEYS[DS2][0])]).all()
+    # Read again (the unknown key too): answered from the rows held, no query.
+    some = [*keys[:4], UNKNOWN]
+    np.testing.assert_array_equal(served(reader, some), first[[keys.index(k) for k in some]])
+    assert fetched == [len(keys)]
+
+    # The same partition loaded again with other values (a rerun: the registry's newest
+    # partition does not move): the next read answers with the new rows.
+    frame = partition(DS2)
+    changed = [c for c in FEATURES if frame[c].dtype.kind == "f"]
+    frame[changed] += 0.5
+    where = job.CrossLake(Lake(settings.lake_root), "generated").pair(job.USER_CAT, DS2)
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), where / "p.parquet")
+    cf.materialize_cross(DS2, settings=settings, pairs=["user_cat"])
+    after = served(reader, keys)
+    assert len(fetched) == 2
+    uncached = OnlineCrossReader(
+        fs.feature_store(settings), clock=lambda: now[0], refresh_s=3600, cache_keys=0
+    )
+    np.testing.assert_array_equal(after, served(uncached, keys))
+    rows = [keys.index(k) for k in KEYS[DS2]]
+    np.testing.assert_array_equal(
+        after[rows][:, [FEATURES.index(c) for c in changed]],
+        first[rows][:, [FEATURES.index(c) for c in changed]] + 0.5,
+    )
+    # Past the views' two-day ttl the held rows answer missing, as a fresh read does.
+    now[0] = AT + dt.timedelta(days=3)
+    assert np.isnan(served(reader, keys)).all()
+    assert len(fetched) == 2
+    with pytest.raises(ValueError, match="cache_keys must be >= 0"):
+        OnlineCrossReader(fs.feature_store(settings), cache_keys=-1)
