@@ -50,9 +50,9 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
    ``train_s``: seconds of the training this run did (null with ``train_s_reason`` when
    ``--model`` was given).
    **Recorded people** (:mod:`benchmarks.asr_people`): the Debian package sources
-   ``asterisk_en`` and ``fillets_cs`` (``CASCADE_BENCH_ASR_CLIPS`` clips each; a few with
-   ``--quick``, else all) in one corpus, split by speaker and by sentence; their training part
-   joins the training corpus (a config with ``train_people=False`` leaves it out:
+   ``asterisk_en``, ``fillets_cs`` and ``fillets_nl`` (``CASCADE_BENCH_ASR_CLIPS`` clips each;
+   a few with ``--quick``, else all) in one corpus, split by speaker and by sentence; their
+   training part joins the training corpus (a config with ``train_people=False`` leaves it out:
    ``human_trained``). ``cer_seen_speakers`` (held-out sentences of speakers heard in
    training), ``cer_unseen_speakers_by_language`` (held-out speakers, with the training minutes
    and speakers each language had), ``human_train_minutes_by_language``. **The English peer**:
