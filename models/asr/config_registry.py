@@ -44,6 +44,11 @@ class AsrTrainConfig:
     """Train on the recordings of people in the training split as well as the synthesizers'
     voices; False keeps only synthetic voices (a config judged on synthetic speech spends its
     steps there)."""
+    people_share: float = 0.0
+    """Least share of each epoch's training utterances that are people's recordings: when the
+    corpus holds fewer, each recording is used a whole number of times per epoch (the fewest
+    that reach the share, :func:`models.asr.train.people_repeats`); 0 keeps the corpus's own
+    balance. The synthesizers' voices outnumber the recorded people many times over."""
     batch_size: int = 16
     """Utterances per micro-batch and process; the global batch is ``batch_size * world``."""
     bucket_batches: int = 32
@@ -123,6 +128,11 @@ class AsrTrainConfig:
             raise ValueError("warmup_steps, eval_beam and seed must be >= 0")
         if not (self.lr > 0 and self.qat_lr > 0) or self.weight_decay < 0:
             raise ValueError("lr and qat_lr must be > 0 and weight_decay >= 0")
+        if not 0.0 <= self.people_share < 1.0:
+            raise ValueError(
+                f"people_share must be in [0, 1) (0 keeps the corpus's balance), got "
+                f"{self.people_share}"
+            )
         if not 0.0 <= self.distill_weight <= 1.0:
             raise ValueError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
         if not self.distill_temperature > 0:

@@ -23,7 +23,7 @@ from models.asr.config_registry import CONFIGS, AsrTrainConfig, get_config
 from models.asr.corpus import SILENCE, collate, epoch_batches, load_split
 from models.asr.evaluate import error_report, int8_model
 from models.asr.model import Alphabet
-from models.asr.train import RUN_MARKER, train_asr, training_utterances
+from models.asr.train import RUN_MARKER, people_repeats, train_asr, training_utterances
 
 
 def test_configs_are_complete_typed_and_validated() -> None:
@@ -360,3 +360,30 @@ def test_a_config_without_people_trains_on_synthetic_voices_only(tmp_path: Path)
     people_only = labelled_corpus(tmp_path / "people", {"train": [rows[1]]})
     with pytest.raises(ValueError, match="no training utterances for config 'fast'"):
         training_utterances(fast, people_only)
+
+
+def test_people_are_repeated_until_they_make_up_the_configured_share(tmp_path: Path) -> None:
+    assert people_repeats(10, 90, 0.5) == 9 and people_repeats(10, 25, 0.5) == 3
+    assert people_repeats(10, 90, 0.0) == people_repeats(60, 40, 0.5) == 1
+    assert people_repeats(10, 0, 0.5) == people_repeats(0, 10, 0.5) == 1
+    rows = [
+        ("hello", "en", "espeak-ng:en-1"),
+        ("bonjour", "fr", "human-tuxpaint-fr"),
+        ("world", "en", "flite:slt"),
+        ("salut", "fr", "espeak-ng:fr"),
+    ]
+    corpus = labelled_corpus(tmp_path / "corpus", {"train": rows})
+    debug = get_config("debug")
+    assert training_utterances(debug, corpus).voices == [voice for _, _, voice in rows]
+    balanced = training_utterances(dataclasses.replace(debug, people_share=0.5), corpus)
+    assert balanced.voices == [
+        "espeak-ng:en-1",
+        *["human-tuxpaint-fr"] * 3,
+        "flite:slt",
+        "espeak-ng:fr",
+    ]
+    # the repeats share the recording's features; each draw is augmented on its own
+    assert balanced.features[1] is balanced.features[3]
+    assert balanced.texts[1:4] == ["bonjour"] * 3
+    with pytest.raises(ValueError, match=r"people_share must be in \[0, 1\)"):
+        dataclasses.replace(debug, people_share=1.0)
