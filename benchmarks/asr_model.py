@@ -22,7 +22,7 @@ import torch
 from benchmarks.provenance import files_digest, private_tracking
 from cascade.config import Settings, load_settings
 
-FULL_CONFIG = "synthetic"
+FULL_CONFIG = "people"
 QUICK_CONFIG = "fast"
 """Training configs of ``bench asr`` and ``bench asr --quick`` when no model is given."""
 ESTIMATE_STEPS = 3

@@ -16,7 +16,7 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
 2. **Model**: ``--model`` (``CASCADE_BENCH_ASR_MODEL``), a folder with ``asr_model.pt`` or a
    training's output folder (``fp32/`` and ``int8/``); without it
    :func:`models.asr.train.train_asr` trains the ``CASCADE_BENCH_ASR_CONFIG`` config (default
-   ``fast`` with ``--quick``, minutes; else ``synthetic``, ~45 min on 2 cores) on that corpus,
+   ``fast`` with ``--quick``, minutes; else ``people``, about an hour on 2 cores) on that corpus,
    after printing an estimate of its duration
    (:func:`benchmarks.asr_model.estimate_training_s`: a few fp32 and QAT steps timed here,
    times the config's steps; ``train_estimate_s``) on stderr, and reporting its progress as

@@ -86,13 +86,13 @@ def test_a_given_model_folder_or_training_output_is_used_as_it_is(
     assert provenance["training"]["result"] == str(tmp_path / "result.json")
 
 
-def test_training_config_is_fast_with_quick_synthetic_else_and_unknown_names_fail_clearly(
+def test_training_config_is_fast_with_quick_people_else_and_unknown_names_fail_clearly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from models.asr.config_registry import CONFIGS
 
     monkeypatch.delenv("CASCADE_BENCH_ASR_CONFIG", raising=False)
-    assert training_config_name(quick=False) == "synthetic"
+    assert training_config_name(quick=False) == "people"
     if "fast" in CONFIGS:
         assert training_config_name(quick=True) == "fast"
     else:  # until the config exists, --quick says so rather than training something else

@@ -27,7 +27,7 @@ from models.asr.train import RUN_MARKER, people_repeats, train_asr, training_utt
 
 
 def test_configs_are_complete_typed_and_validated() -> None:
-    assert set(CONFIGS) == {"debug", "fast", "synthetic"}
+    assert set(CONFIGS) == {"debug", "fast", "synthetic", "people"}
     debug, fast, real = get_config("debug"), get_config("fast"), get_config("synthetic")
     # The output layer is sized by training, from the alphabet fitted to its corpus.
     sized = debug.sized_for(Alphabet("abc ", normalization=NORMALIZATION))
@@ -42,6 +42,11 @@ def test_configs_are_complete_typed_and_validated() -> None:
         assert AsrTrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     assert "augmentation.noise" in real.flat_params()
     assert real.flat_params()["model.blocks"] == "6" and real.levels == 127
+    # The config that learns people: normalized per utterance, people half of each epoch.
+    people = get_config("people")
+    assert people.model.cmvn and people.people_share == 0.5 and people.train_people
+    assert not (real.model.cmvn or fast.model.cmvn) and real.people_share == 0
+    assert AsrTrainConfig.from_dict(json.loads(json.dumps(people.to_dict()))) == people
     with pytest.raises(dataclasses.FrozenInstanceError):
         real.lr = 1.0  # type: ignore[misc]
     with pytest.raises(ValueError, match="unknown ASR config 'huge'"):
