@@ -22,7 +22,7 @@ import torch
 from benchmarks.provenance import files_digest, private_tracking
 from cascade.config import Settings, load_settings
 
-FULL_CONFIG = "synthetic"
+FULL_CONFIG = "people"
 QUICK_CONFIG = "fast"
 """Training configs of ``bench asr`` and ``bench asr --quick`` when no model is given."""
 ESTIMATE_STEPS = 3
@@ -85,12 +85,12 @@ def estimate_training_s(
         for index in range(steps + 1):
             batch = collate(data, batches[index % len(batches)], rng)
             began = time.perf_counter()
-            log_probs = model(batch.features)
+            log_probs = model(batch.features, batch.lengths)
             lengths = model.output_lengths(batch.lengths)  # type: ignore[operator]
             loss = ctc(log_probs, batch, lengths)
             if teacher is not None:
                 with torch.no_grad():
-                    target = teacher(batch.features)
+                    target = teacher(batch.features, batch.lengths)
                 loss = loss + distillation_loss(
                     log_probs, target, lengths, config.distill_temperature
                 )

@@ -16,7 +16,7 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
 2. **Model**: ``--model`` (``CASCADE_BENCH_ASR_MODEL``), a folder with ``asr_model.pt`` or a
    training's output folder (``fp32/`` and ``int8/``); without it
    :func:`models.asr.train.train_asr` trains the ``CASCADE_BENCH_ASR_CONFIG`` config (default
-   ``fast`` with ``--quick``, minutes; else ``synthetic``, ~45 min on 2 cores) on that corpus,
+   ``fast`` with ``--quick``, minutes; else ``people``, about an hour on 2 cores) on that corpus,
    after printing an estimate of its duration
    (:func:`benchmarks.asr_model.estimate_training_s`: a few fp32 and QAT steps timed here,
    times the config's steps; ``train_estimate_s``) on stderr, and reporting its progress as
@@ -50,9 +50,9 @@ In one process, on one Spark session (``settings.spark_master``, ``local[2]`` by
    ``train_s``: seconds of the training this run did (null with ``train_s_reason`` when
    ``--model`` was given).
    **Recorded people** (:mod:`benchmarks.asr_people`): the Debian package sources
-   ``asterisk_en`` and ``fillets_cs`` (``CASCADE_BENCH_ASR_CLIPS`` clips each; a few with
-   ``--quick``, else all) in one corpus, split by speaker and by sentence; their training part
-   joins the training corpus (a config with ``train_people=False`` leaves it out:
+   ``asterisk_en``, ``fillets_cs`` and ``fillets_nl`` (``CASCADE_BENCH_ASR_CLIPS`` clips each;
+   a few with ``--quick``, else all) in one corpus, split by speaker and by sentence; their
+   training part joins the training corpus (a config with ``train_people=False`` leaves it out:
    ``human_trained``). ``cer_seen_speakers`` (held-out sentences of speakers heard in
    training), ``cer_unseen_speakers_by_language`` (held-out speakers, with the training minutes
    and speakers each language had), ``human_train_minutes_by_language``. **The English peer**:

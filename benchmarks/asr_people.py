@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-RECORDING_SOURCES = ("asterisk_en", "fillets_cs")
+RECORDING_SOURCES = ("asterisk_en", "fillets_cs", "fillets_nl")
 """The named speech sources of recorded people that ``bench asr`` lands."""
 QUICK_CLIPS = 16
 """Clips per source with ``--quick`` (``CASCADE_BENCH_ASR_CLIPS`` overrides; unset without

@@ -28,12 +28,14 @@ apt_install() {
   # Human speech (spoken stamp descriptions) and captioned images.
   [ -d /usr/share/tuxpaint/stamps ] || missing+=(tuxpaint-stamps-default)
   # Recorded people with their text (jobs/speech_packages.py): English telephone prompts (the
-  # text package and its WAVs) and the Czech dialogue of Fish Fillets (the Lua scripts and the
-  # Ogg clips). Their licences (CC-BY-SA, GPL) travel with the packages; nothing is committed.
+  # text package and its WAVs) and the Czech and Dutch dialogue of Fish Fillets (the Lua scripts
+  # and the Ogg clips). Their licences (CC-BY-SA, GPL) travel with the packages; nothing is
+  # committed.
   [ -f /usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz ] || missing+=(asterisk-core-sounds-en)
   [ -d /usr/share/asterisk/sounds/en_US_f_Allison ] || missing+=(asterisk-core-sounds-en-wav)
   [ -d /usr/share/games/fillets-ng/script ] || missing+=(fillets-ng-data)
   [ -d /usr/share/games/fillets-ng/sound/airplane/cs ] || missing+=(fillets-ng-data-cs)
+  [ -d /usr/share/games/fillets-ng/sound/airplane/nl ] || missing+=(fillets-ng-data-nl)
   command -v npm >/dev/null || missing+=(npm)
   # cairo, under cairosvg (SVG images in the image-text corpus).
   { ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep -q 'libcairo\.so\.2' || missing+=(libcairo2)

@@ -2,6 +2,7 @@
 
     cascade land speech --source asterisk_en --ds 2026-11-29
     cascade land speech --source fillets_cs --ds 2026-11-29
+    cascade land speech --source fillets_nl --ds 2026-11-29
     cascade land speech /copy/of/fillets-ng --source fillets_cs --ds 2026-11-29
 
 Each source reads the folders its packages install (``infra/install.sh`` installs them; a copy
@@ -18,6 +19,8 @@ rate, quarantined per item with its reason, normalized later by the corpus job.
   font names: ``font_small`` the small fish (female lead), ``font_big`` the big fish (male lead),
   any other font a minor role. A few clips lie in a level folder other than their script's (the
   shared scripts): an id found in exactly one script is matched wherever its clip lies.
+- ``fillets_nl``: the same game's Dutch dialogue, read the same way: the scripts'
+  ``*dialogs_nl.lua`` and ``fillets-ng-data-nl`` (``sound/LEVEL/nl/ID.ogg``).
 
 What a source's own text needs before the common normalization
 (:func:`domains.speech.audio_features.normalize_transcript`) is :func:`clean_text`: stage
@@ -346,9 +349,18 @@ def land_fillets_cs(dest: Path, *, ds: str, limit: int | None = None) -> Mapping
     return land_fillets(dest, ds=ds, language="cs", limit=limit)
 
 
+def land_fillets_nl(dest: Path, *, ds: str, limit: int | None = None) -> Mapping[str, int]:
+    """The ``fillets_nl`` source: the installed Dutch dialogue."""
+    return land_fillets(dest, ds=ds, language="nl", limit=limit)
+
+
+FILLETS_LANGUAGES = {"fillets_cs": "cs", "fillets_nl": "nl"}
+"""The Fish Fillets sources and the language each reads."""
+
 PACKAGE_SOURCES: dict[str, Callable[..., Mapping[str, int]]] = {
     "asterisk_en": land_asterisk_en,
     "fillets_cs": land_fillets_cs,
+    "fillets_nl": land_fillets_nl,
 }
 """Source name -> its producer (``(dest, *, ds, limit=None) -> counts``, reading the installed
 packages)."""
@@ -356,11 +368,14 @@ packages)."""
 
 def package_source_importer(name: str) -> Callable[..., Mapping[str, int]]:
     """The importer of a copy of a source's package folder at a PATH: for ``asterisk_en`` the
-    ``/usr/share`` tree, for ``fillets_cs`` the game's data folder."""
+    ``/usr/share`` tree, for ``fillets_cs`` and ``fillets_nl`` the game's data folder."""
     if name == "asterisk_en":
         return lambda path, dest, *, ds: land_asterisk_en(dest, ds=ds, root=path, source=path)
-    if name == "fillets_cs":
-        return lambda path, dest, *, ds: land_fillets(dest, ds=ds, root=path, source=path)
+    if name in FILLETS_LANGUAGES:
+        language = FILLETS_LANGUAGES[name]
+        return lambda path, dest, *, ds: land_fillets(
+            dest, ds=ds, language=language, root=path, source=path
+        )
     raise ValueError(
         f"no speech source {name!r} reads a PATH; one of {', '.join(sorted(PACKAGE_SOURCES))}"
     )

@@ -120,7 +120,7 @@ SPEECH = Dataset(
     description="recorded utterances and their transcripts (jobs.speech_landing): a Kaldi data "
     "directory, a LibriSpeech folder, a Common Voice TSV, or wav/ + transcripts.jsonl; WAV, FLAC, "
     "Ogg or MP3 at any rate, resampled; bad items quarantined with their reason; people recorded "
-    "in Debian packages (asterisk_en, fillets_cs)",
+    "in Debian packages (asterisk_en, fillets_cs, fillets_nl)",
     formats={
         fmt: deferred(f"jobs.speech_landing:{function}")
         for fmt, function in (
@@ -135,6 +135,7 @@ SPEECH = Dataset(
         # recorded people from installed Debian packages (jobs.speech_packages)
         "asterisk_en": deferred("jobs.speech_packages:land_asterisk_en"),
         "fillets_cs": deferred("jobs.speech_packages:land_fillets_cs"),
+        "fillets_nl": deferred("jobs.speech_packages:land_fillets_nl"),
     },
     source_importer=deferred("jobs.speech_packages:package_source_importer"),
 )

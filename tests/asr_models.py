@@ -28,7 +28,10 @@ TINY = ConvDFSMNConfig(
     blocks=2,
     left=4,
     right=1,
+    cmvn=True,
 )
+"""With per-utterance CMVN inside the network, as the trained configs have it: the packages,
+ONNX and the server built from it must normalize as the eager model does."""
 
 
 def tiny_artifact(*, quantized: bool) -> AsrArtifact:

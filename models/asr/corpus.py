@@ -58,7 +58,11 @@ class Utterances:
 
     def subset(self, keep: Sequence[bool]) -> Utterances:
         """The utterances where ``keep`` is true, in order."""
-        picked = [i for i, k in enumerate(keep) if k]
+        return self.take([i for i, k in enumerate(keep) if k])
+
+    def take(self, picked: Sequence[int]) -> Utterances:
+        """The utterances at ``picked``, in that order; an index given twice is the same
+        utterance twice (its features shared, not copied)."""
 
         def take(values: list[Any]) -> list[Any]:
             return [values[i] for i in picked]

@@ -6,6 +6,15 @@ projects its input to a narrow memory dimension and adds a learned, per-channel 
 ``left`` past and ``right`` future projections (a depthwise Conv1d over time), plus the previous
 block's memory (the skip connection). Its look-ahead is bounded, ``right * stride`` frames per
 block, so the model streams with a fixed delay: :attr:`ConvDFSMN.lookahead_frames`.
+
+With ``cmvn`` the network's first operation is per-utterance mean and variance normalization of
+its input features (:func:`utterance_cmvn`): each mel bin to zero mean and unit variance over the
+utterance's frames, which removes what a speaker's voice, a microphone and a level add to every
+frame alike (a spectral tilt, a loudness). It is part of the forward pass, not of featurization,
+so whatever runs the model (training, evaluation, the fake-quant int8 model, the compiled
+packages, ONNX, the server) normalizes the same way from the same log-mel features; the int8
+model's first layer then sees inputs of a fixed scale. It needs the whole utterance, as the
+server transcribes one; a streaming decoder would need a running estimate instead.
 """
 
 from __future__ import annotations
@@ -45,6 +54,9 @@ class ConvDFSMNConfig:
     subsample: int = 2
     """Time subsampling of the front end (1 or 2): features every 10 ms -> outputs every 20 ms."""
     dropout: float = 0.1
+    cmvn: bool = False
+    """Normalize each utterance's features to zero mean and unit variance per mel bin before
+    the front end (:func:`utterance_cmvn`); False for models trained before it existed."""
 
     def __post_init__(self) -> None:
         if self.subsample not in (1, 2):
@@ -56,6 +68,27 @@ class ConvDFSMNConfig:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+CMVN_EPSILON = 1e-5
+"""Added to each bin's variance: a constant bin (digital silence) stays finite."""
+
+
+def utterance_cmvn(features: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """``features [B, T, n_mels]`` with each utterance's mean over its frames removed and each
+    bin divided by its standard deviation; with ``lengths`` only the first ``lengths[b]`` frames
+    of utterance ``b`` count (the statistics of a padded utterance are its own) and its padding
+    frames become 0, the normalized mean."""
+    if lengths is None:
+        mean = features.mean(dim=1, keepdim=True)
+        var = (features - mean).pow(2).mean(dim=1, keepdim=True)
+        return (features - mean) * torch.rsqrt(var + CMVN_EPSILON)
+    frames = torch.arange(features.shape[1], device=features.device)
+    mask = (frames[None, :] < lengths[:, None]).to(features.dtype)[:, :, None]
+    count = mask.sum(dim=1, keepdim=True).clamp_min(1.0)
+    mean = (features * mask).sum(dim=1, keepdim=True) / count
+    var = ((features - mean).pow(2) * mask).sum(dim=1, keepdim=True) / count
+    return (features - mean) * torch.rsqrt(var + CMVN_EPSILON) * mask
 
 
 class DFSMNBlock(nn.Module):
@@ -119,7 +152,12 @@ class ConvDFSMN(nn.Module):
             return lengths
         return (lengths + 1) // 2
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """``lengths`` (frames of each utterance of a padded batch) matter only with ``cmvn``:
+        each utterance is normalized over its own frames; None takes every frame (one
+        utterance, as inference runs)."""
+        if self.config.cmvn:
+            features = utterance_cmvn(features, lengths)
         x = self.front(features.transpose(1, 2)).transpose(1, 2)
         skip = None
         for block in self.blocks:
@@ -136,7 +174,7 @@ def ctc_loss(
     target_lengths: torch.Tensor,
 ) -> torch.Tensor:
     """Mean CTC loss of a padded batch (``targets`` concatenated or padded, blank = 0)."""
-    log_probs = model(features)
+    log_probs = model(features, lengths)
     return F.ctc_loss(
         log_probs.transpose(0, 1),
         targets,

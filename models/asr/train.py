@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -283,13 +284,13 @@ def train_phase(
             set_range_tracking(module, step < freeze_at)
 
     def loss_of(batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        log_probs = engine(batch.features)
+        log_probs = engine(batch.features, batch.lengths)
         output_lengths = module.output_lengths(batch.lengths)
         ctc_loss = ctc(log_probs, batch, output_lengths)
         if teacher is None:
             return ctc_loss, {}
         with torch.no_grad():
-            teacher_log_probs = teacher(batch.features)
+            teacher_log_probs = teacher(batch.features, batch.lengths)
         kl = distillation_loss(
             log_probs, teacher_log_probs, output_lengths, config.distill_temperature
         )
@@ -357,7 +358,27 @@ def training_utterances(config: AsrTrainConfig, corpus: Path) -> Utterances:
         data = data.encoded(None)
     if len(data) == 0:
         raise ValueError(f"{corpus} has no training utterances for config {config.name!r}")
-    return data
+    return with_people_share(data, config.people_share)
+
+
+def people_repeats(people: int, others: int, share: float) -> int:
+    """How many times each of ``people`` recordings is used per epoch beside ``others``
+    synthetic utterances so that people make up at least ``share`` of the epoch: the smallest
+    whole number that does (1 when they already do, or when either side is empty)."""
+    if share <= 0 or people == 0 or others == 0 or people >= share * (people + others):
+        return 1
+    return max(1, math.ceil(share * others / ((1.0 - share) * people) - 1e-9))
+
+
+def with_people_share(data: Utterances, share: float) -> Utterances:
+    """``data`` with each recording of a person repeated :func:`people_repeats` times (shared
+    features: the repeats differ only by the augmentation each draw gets), in id order."""
+    people = [source_of(voice) == "people" for voice in data.voices]
+    repeats = people_repeats(sum(people), len(people) - sum(people), share)
+    if repeats == 1:
+        return data
+    counts = [repeats if person else 1 for person in people]
+    return data.take([i for i, count in enumerate(counts) for _ in range(count)])
 
 
 def describe_alphabet(alphabet: Alphabet) -> dict[str, Any]:

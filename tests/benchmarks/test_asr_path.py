@@ -86,13 +86,13 @@ def test_a_given_model_folder_or_training_output_is_used_as_it_is(
     assert provenance["training"]["result"] == str(tmp_path / "result.json")
 
 
-def test_training_config_is_fast_with_quick_synthetic_else_and_unknown_names_fail_clearly(
+def test_training_config_is_fast_with_quick_people_else_and_unknown_names_fail_clearly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from models.asr.config_registry import CONFIGS
 
     monkeypatch.delenv("CASCADE_BENCH_ASR_CONFIG", raising=False)
-    assert training_config_name(quick=False) == "synthetic"
+    assert training_config_name(quick=False) == "people"
     if "fast" in CONFIGS:
         assert training_config_name(quick=True) == "fast"
     else:  # until the config exists, --quick says so rather than training something else
@@ -220,10 +220,12 @@ SMOKE_KEYS = (
     "cer_by_language_detected", "cer_by_language_oracle", "language_id_accuracy",
     "cer_fp32_detected",
 )  # fmt: skip
-RECORDINGS_INSTALLED = all(
-    Path(p).exists()
-    for p in ("/usr/share/asterisk/sounds/en_US_f_Allison", "/usr/share/games/fillets-ng/sound")
-)
+RECORDING_PACKAGES = {
+    "asterisk_en": "/usr/share/asterisk/sounds/en_US_f_Allison",
+    "fillets_cs": "/usr/share/games/fillets-ng/sound/airplane/cs",
+    "fillets_nl": "/usr/share/games/fillets-ng/sound/airplane/nl",
+}
+RECORDINGS_INSTALLED = all(Path(p).exists() for p in RECORDING_PACKAGES.values())
 
 
 def test_quick_run_trains_with_provenance_and_writes_finite_figures(
@@ -271,16 +273,17 @@ def test_quick_run_trains_with_provenance_and_writes_finite_figures(
     assert set(result["cer_by_language_detected"]) == set(result["cer_by_language_oracle"])
     assert "english" in result["language_id"]["languages"]
     if not RECORDINGS_INSTALLED:
-        assert result["recordings_reason"].startswith("no recordings")
+        if not any(Path(p).exists() for p in RECORDING_PACKAGES.values()):
+            assert result["recordings_reason"].startswith("no recordings")
         return
     recordings = result["recordings"]
-    assert set(recordings["sources"]) == {"asterisk_en", "fillets_cs"}
+    assert set(recordings["sources"]) == {"asterisk_en", "fillets_cs", "fillets_nl"}
     assert all(counts["utterances"] == 12 for counts in recordings["sources"].values())
     # The recordings' training part is in the training corpus, and the debug config uses it.
     assert result["human_trained"] is True
     assert corpus["recordings"]["train_utterances"] == recordings["parts"]["train"] > 0
     minutes = result["human_train_minutes_by_language"]
-    assert set(minutes) == {"english", "cs"} and all(m > 0 for m in minutes.values())
+    assert set(minutes) == {"english", "cs", "dutch"} and all(m > 0 for m in minutes.values())
     assert result["cer_seen_speakers"] is not None and result["seen_speakers_utterances"] > 0
     unseen = result["cer_unseen_speakers_by_language"]
     assert unseen["english"]["cer"] is None and "one speaker" in unseen["english"]["reason"]

@@ -207,6 +207,34 @@ def test_fillets_dialogue_lands_with_roles_and_counts_what_it_drops(tmp_path: Pa
     ]
 
 
+def test_dutch_dialogue_lands_from_the_same_scripts_folder_as_its_own_source(
+    tmp_path: Path,
+) -> None:
+    """Beside the Czech copy, a Dutch script and clip: ``fillets_nl`` reads only the Dutch
+    ones, with Dutch speakers and language; ``fillets_cs`` still reads only the Czech ones."""
+    root = _fillets(tmp_path / "fillets-ng")
+    (root / "script" / "airplane" / "dialogs_nl.lua").write_text(
+        'dialogId("let-m-oko", "font_small", "This is not a glass eye.")\n'
+        'dialogStr("Dit is geen glazen oog.")\n'
+        'dialogId("let-v-vrak2", "font_big", "This is the wreck of Poseidon 737.")\n'
+        'dialogStr("Dat is het wrak van de Poseidon 737.")\n',
+        encoding="utf-8",
+    )
+    write_audio(root / "sound" / "airplane" / "nl" / "let-m-oko.ogg", 1.0, 22_050)
+    dutch, czech = tmp_path / "nl", tmp_path / "cs"
+    dutch.mkdir()
+    czech.mkdir()
+    counts = package_source_importer("fillets_nl")(root, dutch, ds=DS)
+    assert (counts["utterances"], counts["speakers"], counts["quarantined"]) == (1, 1, 1)
+    records = landed(dutch)
+    assert {uid: (r["voice"], r["language"], r["text"]) for uid, r in records.items()} == {
+        "fillets-nl-airplane-let-m-oko": ("human-fillets-nl-small", "nl", "Dit is geen glazen oog.")
+    }
+    assert quarantined(dutch)["fillets-nl-airplane-let-v-vrak2"].startswith("audio missing")
+    assert package_source_importer("fillets_cs")(root, czech, ds=DS)["utterances"] == 4
+    assert {r["language"] for r in landed(czech).values()} == {"cs"}
+
+
 def test_evenly_spaced_spreads_a_limit_over_the_items() -> None:
     items = list(range(10))
     assert evenly_spaced(items, 3) == [0, 3, 6]  # type: ignore[arg-type]
@@ -225,22 +253,26 @@ def test_a_missing_package_is_named_with_its_fix(tmp_path: Path) -> None:
     (tmp_path / "script").mkdir()
     with pytest.raises(FileNotFoundError, match="apt-get install fillets-ng-data-cs"):
         land_fillets(dest, ds=DS, root=tmp_path)
-    with pytest.raises(ValueError, match="one of asterisk_en, fillets_cs"):
+    with pytest.raises(FileNotFoundError, match="apt-get install fillets-ng-data-nl"):
+        land_fillets(dest, ds=DS, root=tmp_path, language="nl")
+    with pytest.raises(ValueError, match="one of asterisk_en, fillets_cs, fillets_nl"):
         package_source_importer("hedgewars")
 
 
-@pytest.mark.skipif(
-    not (FILLETS_ROOT / "sound/airplane/cs").is_dir(),
-    reason="fillets-ng-data-cs is not installed: run `make venv` (infra/install.sh installs it)",
-)
-def test_the_installed_czech_dialogue_has_two_lead_voices_and_minor_roles(tmp_path: Path) -> None:
+@pytest.mark.parametrize("language", ["cs", "nl"])
+def test_the_installed_dialogue_has_two_lead_voices_and_minor_roles(language: str) -> None:
     from jobs.speech_packages import fillets_lines
 
-    lines, problems = fillets_lines(FILLETS_ROOT, "cs")
+    if not (FILLETS_ROOT / "sound/airplane" / language).is_dir():
+        pytest.skip(
+            f"fillets-ng-data-{language} is not installed: run `make venv` (infra/install.sh "
+            "installs it)"
+        )
+    lines, problems = fillets_lines(FILLETS_ROOT, language)
     assert problems == [] and len(lines) > 1500
     fonts = {line.font for line in lines}
     assert {"font_small", "font_big"} <= fonts and len(fonts) > 10
-    clips = sorted((FILLETS_ROOT / "sound").glob("*/cs/*.ogg"))
+    clips = sorted((FILLETS_ROOT / "sound").glob(f"*/{language}/*.ogg"))
     ids = {line.dialog_id for line in lines}
     # nearly every clip has its line in some script
     assert sum(clip.stem in ids for clip in clips) / len(clips) > 0.95
@@ -278,4 +310,4 @@ def test_cascade_land_reads_a_copy_of_the_packages_as_the_named_source(
     assert len(landed(folder)) == 4
     wrong = ["land", "speech", str(copy), "--source", "hedgewars", "--ds", "2026-11-30"]
     assert cli.main([*wrong, "--no-publish"]) == cli.EXIT_USAGE
-    assert "one of asterisk_en, fillets_cs" in capsys.readouterr().err
+    assert "one of asterisk_en, fillets_cs, fillets_nl" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from models.asr.model import (
     beam_decode,
     ctc_loss,
     greedy_decode,
+    utterance_cmvn,
 )
 
 SMALL = ConvDFSMNConfig(
@@ -34,6 +35,30 @@ def test_output_shape_lengths_and_a_finite_loss_with_gradients() -> None:
     )  # fmt: skip
     loss.backward()
     assert torch.isfinite(loss) and model.output.weight.grad is not None
+
+
+def test_cmvn_makes_the_model_deaf_to_a_speakers_level_and_tilt_and_ignores_padding() -> None:
+    """With ``cmvn`` a per-bin gain and offset on every frame (a voice's tilt, a microphone's
+    level) leaves the output as it was; without it the output moves. A padded batch normalizes
+    each utterance over its own frames: its valid frames equal the utterance's alone."""
+    torch.manual_seed(0)
+    features = torch.randn(1, 60, 16) * 2 - 6
+    tilt = torch.linspace(0.5, 2.0, 16) * features + torch.linspace(-3.0, 1.0, 16)
+    normalized = ConvDFSMN(ConvDFSMNConfig(**{**SMALL.to_dict(), "cmvn": True})).eval()
+    plain = ConvDFSMN(SMALL).eval()
+    plain.load_state_dict(normalized.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(normalized(tilt), normalized(features), atol=1e-4, rtol=1e-4)
+        assert (plain(tilt) - plain(features)).abs().max() > 0.1
+    x = utterance_cmvn(features)
+    torch.testing.assert_close(x.mean(1), torch.zeros(1, 16), atol=1e-5, rtol=0)
+    torch.testing.assert_close(x.std(1, correction=0), torch.ones(1, 16), atol=1e-4, rtol=0)
+    padded = torch.cat([features, torch.full((1, 20, 16), -13.8)], dim=1)
+    batch = torch.cat([padded, torch.randn(1, 80, 16)])
+    y = utterance_cmvn(batch, torch.tensor([60, 80]))
+    torch.testing.assert_close(y[0, :60], x[0], atol=1e-5, rtol=1e-5)
+    assert torch.all(y[0, 60:] == 0)
+    torch.testing.assert_close(y[1], utterance_cmvn(batch[1:])[0], atol=1e-5, rtol=1e-5)
 
 
 def test_lookahead_is_bounded() -> None:

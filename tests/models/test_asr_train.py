@@ -23,11 +23,11 @@ from models.asr.config_registry import CONFIGS, AsrTrainConfig, get_config
 from models.asr.corpus import SILENCE, collate, epoch_batches, load_split
 from models.asr.evaluate import error_report, int8_model
 from models.asr.model import Alphabet
-from models.asr.train import RUN_MARKER, train_asr, training_utterances
+from models.asr.train import RUN_MARKER, people_repeats, train_asr, training_utterances
 
 
 def test_configs_are_complete_typed_and_validated() -> None:
-    assert set(CONFIGS) == {"debug", "fast", "synthetic"}
+    assert set(CONFIGS) == {"debug", "fast", "synthetic", "people"}
     debug, fast, real = get_config("debug"), get_config("fast"), get_config("synthetic")
     # The output layer is sized by training, from the alphabet fitted to its corpus.
     sized = debug.sized_for(Alphabet("abc ", normalization=NORMALIZATION))
@@ -42,6 +42,11 @@ def test_configs_are_complete_typed_and_validated() -> None:
         assert AsrTrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     assert "augmentation.noise" in real.flat_params()
     assert real.flat_params()["model.blocks"] == "6" and real.levels == 127
+    # The config for people: normalized per utterance, trained on people and synthesizers.
+    people = get_config("people")
+    assert people.model.cmvn and people.train_people and people.augmentation.speed > 0
+    assert not (real.model.cmvn or fast.model.cmvn)
+    assert AsrTrainConfig.from_dict(json.loads(json.dumps(people.to_dict()))) == people
     with pytest.raises(dataclasses.FrozenInstanceError):
         real.lr = 1.0  # type: ignore[misc]
     with pytest.raises(ValueError, match="unknown ASR config 'huge'"):
@@ -360,3 +365,30 @@ def test_a_config_without_people_trains_on_synthetic_voices_only(tmp_path: Path)
     people_only = labelled_corpus(tmp_path / "people", {"train": [rows[1]]})
     with pytest.raises(ValueError, match="no training utterances for config 'fast'"):
         training_utterances(fast, people_only)
+
+
+def test_people_are_repeated_until_they_make_up_the_configured_share(tmp_path: Path) -> None:
+    assert people_repeats(10, 90, 0.5) == 9 and people_repeats(10, 25, 0.5) == 3
+    assert people_repeats(10, 90, 0.0) == people_repeats(60, 40, 0.5) == 1
+    assert people_repeats(10, 0, 0.5) == people_repeats(0, 10, 0.5) == 1
+    rows = [
+        ("hello", "en", "espeak-ng:en-1"),
+        ("bonjour", "fr", "human-tuxpaint-fr"),
+        ("world", "en", "flite:slt"),
+        ("salut", "fr", "espeak-ng:fr"),
+    ]
+    corpus = labelled_corpus(tmp_path / "corpus", {"train": rows})
+    debug = get_config("debug")
+    assert training_utterances(debug, corpus).voices == [voice for _, _, voice in rows]
+    balanced = training_utterances(dataclasses.replace(debug, people_share=0.5), corpus)
+    assert balanced.voices == [
+        "espeak-ng:en-1",
+        *["human-tuxpaint-fr"] * 3,
+        "flite:slt",
+        "espeak-ng:fr",
+    ]
+    # the repeats share the recording's features; each draw is augmented on its own
+    assert balanced.features[1] is balanced.features[3]
+    assert balanced.texts[1:4] == ["bonjour"] * 3
+    with pytest.raises(ValueError, match=r"people_share must be in \[0, 1\)"):
+        dataclasses.replace(debug, people_share=1.0)
