@@ -249,7 +249,7 @@ class OnlineCrossReader:
         rows held since the store last changed, the others fetched with one query (keys
         serialized from fixed parts, payloads decoded as one array); None when the view is not
         stored packed."""
-        from domains.ctr.online_packed import PackedSqliteOnlineStore, micros, wants_packed
+        from domains.ctr.online_packed import PackedSqliteOnlineStore, age_bounded, wants_packed
 
         store = self.online_store
         if not (isinstance(store, PackedSqliteOnlineStore) and wants_packed(table)):
@@ -277,7 +277,4 @@ class OnlineCrossReader:
                 values = np.array([row for _, row in found], dtype=np.float64)
                 values = values.reshape(len(keys), len(features))
                 events = np.fromiter((e for e, _ in found), dtype=np.int64, count=len(keys))
-        limit = micros(oldest)
-        if limit is not None:
-            values[events < limit] = np.nan
-        return values
+        return age_bounded(values, events, oldest)

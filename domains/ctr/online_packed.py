@@ -134,8 +134,9 @@ NOT_STORED = np.iinfo(np.int64).min
 (older than any bound)."""
 
 
-def _bounded(values: np.ndarray, events: np.ndarray, oldest: dt.datetime | None) -> np.ndarray:
-    """``values`` with the rows whose event time is before ``oldest`` missing (NaN)."""
+def age_bounded(values: np.ndarray, events: np.ndarray, oldest: dt.datetime | None) -> np.ndarray:
+    """``values`` (in place) with the rows whose event time (µs, as :meth:`PackedSqliteOnlineStore.
+    read_rows` gives them) is before ``oldest`` missing (NaN)."""
     limit = micros(oldest)
     if limit is not None:
         values[events < limit] = np.nan
@@ -562,7 +563,7 @@ class PackedSqliteOnlineStore(SqliteOnlineStore):
         (:func:`serialize_keys` or :func:`domains.ctr.online_encoding.encode_keys`; None: no
         key): NaN where the key is not stored, its row is older than ``oldest``, or the value is
         null."""
-        return _bounded(*self._rows(config, table, keys, features), oldest)
+        return age_bounded(*self._rows(config, table, keys, features), oldest)
 
     def _rows(
         self, config: RepoConfig, table: FeatureView, keys: Sequence[bytes | None], features: Any
