@@ -331,6 +331,20 @@ def train(
     return result
 
 
+def train_arms(
+    setup: CrossSetup, data: Path, arms: list[tuple[str, str, Path]], work: Path, seed: int
+) -> dict[str, dict[str, Any]]:
+    """:func:`train` of each ``(arm, config, fields file)`` on ``data`` with ``seed``, each in
+    ``work/<arm>-seed<seed>``: ``{arm: result}``. One-process runs (the smoke path) go two side
+    by side: each leaves a core idle otherwise."""
+    jobs = [
+        (setup, data, path, work / f"{arm}-seed{seed}", seed, config) for arm, config, path in arms
+    ]
+    with ThreadPoolExecutor(max_workers=2 if setup.processes == 1 else 1) as pool:
+        results = list(pool.map(lambda job: train(*job), jobs))
+    return {arm: result for (arm, _, _), result in zip(arms, results, strict=True)}
+
+
 def ml100k_log(spark: Any, out: Path) -> Path:
     """MovieLens-100k in the engine's log schema (:func:`jobs.ctr_log_sources.from_ml100k`:
     rating >= 4 a click, segment the age band, category the primary genre; no position, no
@@ -366,17 +380,13 @@ def ml100k_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[s
     comparison is one part of a long benchmark."""
     built = build_ml100k_training_set(work, setup.ml100k_days)
     data, fields_file = Path(built["data"]), Path(built["fields_file"])
-    every = FieldSet.load(fields_file)
-    (work / "without_cross").mkdir(parents=True, exist_ok=True)
-    arm_files = {
-        "with_cross": fields_file,
-        "without_cross": without_cross(every).save(work / "without_cross"),
-    }
+    without = without_cross(FieldSet.load(fields_file))
+    arm_files = {"with_cross": fields_file, "without_cross": without.save(work / "without_cross")}
     facts: dict[str, Any] = {
         "engine_days": built["engine_days"],
         "training_rows": built["rows"],
         "fields": built["fields"],
-        "fields_without_cross": len(FieldSet.load(arm_files["without_cross"])),
+        "fields_without_cross": len(without),
         "pairs": built["pairs"],
         "config": setup.ml100k_config,
         "seeds": seeds,
@@ -384,13 +394,9 @@ def ml100k_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[s
     }
     runs = []
     for seed in seeds:
-        jobs = [
-            (setup, data, path, work / f"{arm}-seed{seed}", seed, setup.ml100k_config)
-            for arm, path in arm_files.items()
-        ]
+        arms = [(arm, setup.ml100k_config, path) for arm, path in arm_files.items()]
         try:
-            with ThreadPoolExecutor(max_workers=2 if setup.processes == 1 else 1) as pool:
-                results = dict(zip(arm_files, pool.map(lambda job: train(*job), jobs), strict=True))
+            results = train_arms(setup, data, arms, work, seed)
         except RuntimeError as exc:
             reason = str(exc).splitlines()[0]
             return {"ml100k_cross_lift": None, "ml100k_failed": reason, "ml100k_setup": facts}
@@ -442,12 +448,9 @@ def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[st
     arm_files = {"with_cross": fields_file}
     for arm, subset in ARMS.items():
         if subset is not None:
-            (work / arm).mkdir(parents=True, exist_ok=True)
             arm_files[arm] = subset(every).save(work / arm)
-    ablated: dict[str, Path] = {}
-    for arm, subset in ablation_arms(every, setup).items():
-        (work / arm).mkdir(parents=True, exist_ok=True)
-        ablated[arm] = subset.save(work / arm)
+    ablation_sets = ablation_arms(every, setup)
+    ablated = {arm: fields.save(work / arm) for arm, fields in ablation_sets.items()}
     cross_names = {spec.name for spec in every if spec.kind == "cross"}
     runs: list[dict[str, Any]] = []
     ablation: dict[str, float] = {}
@@ -457,14 +460,7 @@ def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[st
         arms.append(("pipeline", setup.pipeline_config, arm_files["servable_cross"]))
         if seed == seeds[0]:
             arms += [(arm, setup.config, path) for arm, path in ablated.items()]
-        jobs = [
-            (setup, data, path, work / f"{arm}-seed{seed}", seed, config)
-            for arm, config, path in arms
-        ]
-        # One-process runs (the smoke path) go two side by side: each leaves a core idle otherwise.
-        with ThreadPoolExecutor(max_workers=2 if setup.processes == 1 else 1) as pool:
-            results = list(pool.map(lambda job: train(*job), jobs))
-        trained = {arm: result for (arm, _, _), result in zip(arms, results, strict=True)}
+        trained = train_arms(setup, data, arms, work, seed)
         with_run, without_run, pipeline = (
             trained["with_cross"],
             trained["without_cross"],
@@ -511,7 +507,7 @@ def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[st
             "seed": seeds[0],
             "auc_with_cross": ablation_base,
             "auc_without_pair": {arm.removeprefix("without_"): a for arm, a in ablation.items()},
-            "fields_by_arm": {arm: len(FieldSet.load(path)) for arm, path in ablated.items()},
+            "fields_by_arm": {arm: len(fields) for arm, fields in ablation_sets.items()},
             "what": "the first seed's with-cross FSCD test AUC less that of an arm without one "
             "cross pair (its explicit statistics and its learned field)",
         },

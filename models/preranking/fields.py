@@ -276,8 +276,9 @@ class FieldSet(tuple[FieldSpec, ...]):
         return cls.from_declarations(data, frame)
 
     def save(self, folder: Path) -> Path:
-        """Write ``folder/fields.json``; returns its path."""
+        """Write ``folder/fields.json`` (the folder made if need be); returns its path."""
         path = Path(folder) / FIELDS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
         return path
 

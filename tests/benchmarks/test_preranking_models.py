@@ -138,13 +138,12 @@ def test_trained_models_give_the_digest_and_each_seed_its_own(tmp_path: Path) ->
 
 @pytest.mark.slow
 @pytest.mark.spark
+@pytest.mark.usefixtures("settings")  # a private state folder and MLflow store
 def test_quick_cross_comparison_trains_with_and_without_the_engines_cross_fields(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     from benchmarks.preranking_cross import QUICK, cross_comparison
 
-    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("CASCADE_MLFLOW_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     result = cross_comparison(tmp_path / "cross", [0], QUICK)
 
     for key in ("auc_with_cross", "auc_without_cross", "cross_lift"):
@@ -196,13 +195,11 @@ def test_quick_cross_comparison_trains_with_and_without_the_engines_cross_fields
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_movielens_goes_through_the_engine_with_only_the_pairs_it_can_key(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("settings")  # a private state folder
+def test_movielens_goes_through_the_engine_with_only_the_pairs_it_can_key(tmp_path: Path) -> None:
     from benchmarks.preranking_cross import build_ml100k_training_set
     from models.preranking.fields import FieldSet
 
-    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
     built = build_ml100k_training_set(tmp_path / "ml100k", days=2)
     # ML-100k's last two days (1998-04-21, -22), each joined with the statistics before it.
     assert built["engine_days"] == ["1998-04-21", "1998-04-22"]
