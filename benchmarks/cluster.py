@@ -531,12 +531,13 @@ def faults_run_rows(settings: Settings, ds: str) -> dict[str, int]:
     against the set's rows."""
     from cascade.lake import TRAINING_PROVENANCE, Lake
     from cascade.landing import landing_dir
+    from jobs.ctr_training_set import DATA_FILE
 
     lake = Lake(settings.lake_root)
     built = lake.training_set("preranking", ds)
     days = json.loads((built / TRAINING_PROVENANCE).read_text())["days"]
     landed = pd.read_parquet(landing_dir(lake, "impressions", ds))
-    trained = pd.read_parquet(built / "data.parquet", columns=list(ROW_KEY))
+    trained = pd.read_parquet(built / DATA_FILE, columns=list(ROW_KEY))
     return rows_accounted(landed_rows_of_days(landed, days), trained)
 
 

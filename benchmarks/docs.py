@@ -368,6 +368,13 @@ def goal_lines(result: Mapping[str, Any], name: str) -> list[str]:
     return lines
 
 
+def cpu_and_cores(result: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The CPU model and the cores a result's ``machine`` names (usable ones first)."""
+    machine = result.get("machine") or {}
+    cpu = machine.get("cpu_model") or machine.get("processor")
+    return cpu, machine.get("usable_cpus") or machine.get("cpus")
+
+
 def load_note(result: Mapping[str, Any]) -> str:
     """``; load average M (max X) on N cores`` from the result's ``machine_load``, or nothing
     for a result from before it was recorded."""
@@ -382,12 +389,10 @@ def load_note(result: Mapping[str, Any]) -> str:
 def render_block(result: Mapping[str, Any], name: str, path: str, root: Path = REPO_ROOT) -> str:
     """The generated part of the page for one benchmark result (``path``: the JSON it names,
     relative to ``root``; its chart is shown when one lies beside it)."""
-    machine = result.get("machine") or {}
     commit = result.get("git_commit")
     dirty = " (with uncommitted changes)" if result.get("git_dirty") else ""
-    gpu = machine.get("cuda_device") or "no GPU"
-    cores = machine.get("usable_cpus") or machine.get("cpus")
-    cpu = machine.get("cpu_model") or machine.get("processor")
+    gpu = (result.get("machine") or {}).get("cuda_device") or "no GPU"
+    cpu, cores = cpu_and_cores(result)
     lines = [
         f"<!-- bench {name}: {path} -->",
         "```bash",
@@ -545,9 +550,7 @@ HEADLINES: dict[str, tuple[str, ...]] = {
 
 def source_line(result: Mapping[str, Any], link: str) -> str:
     """Where a view's figures come from: the JSON, the machine and the commit."""
-    machine = result.get("machine") or {}
-    cpu = machine.get("cpu_model") or machine.get("processor")
-    cores = machine.get("usable_cpus") or machine.get("cpus")
+    cpu, cores = cpu_and_cores(result)
     dirty = " (with uncommitted changes)" if result.get("git_dirty") else ""
     return (
         f"From [`{link.rsplit('/', 1)[-1]}`]({link}): {cpu}, {cores} cores; commit "
