@@ -12,7 +12,9 @@ process, as before.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +28,9 @@ if TYPE_CHECKING:
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# py4j logs each gateway connection it closes; at interpreter exit pytest's capture streams are
+# already closed, and those lines become pages of logging tracebacks that bury the summary.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 EXCLUSIVE = (
@@ -121,6 +126,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
             return None
 
     return ExclusiveFirst(config, log)
+
+
+@pytest.fixture(autouse=True)
+def mlflow_experiment_reset() -> Iterator[None]:
+    """After each test: no MLflow run left active and no experiment chosen for the process.
+
+    ``mlflow.set_experiment`` keeps the experiment's id for the whole process (and in
+    ``MLFLOW_EXPERIMENT_ID``); a later test's ``mlflow.start_run()`` against a fresh store would
+    then ask that store for an experiment it never had (``No Experiment with id=1 exists``),
+    depending on which tests a worker happened to run before it."""
+    yield
+    fluent = sys.modules.get("mlflow.tracking.fluent")
+    if fluent is None:  # MLflow never imported: nothing to reset
+        return
+    while fluent.active_run() is not None:
+        fluent.end_run()
+    fluent._active_experiment_id = None
+    os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,12 @@ def test_the_scan_finds_a_secret_on_a_command_line(tmp_path: Path) -> None:
         [sys.executable, "-c", "import sys, time; time.sleep(30)", promoter[1]]
     )
     try:
+        # Popen returns once the child's exec has closed its descriptors, which the kernel does
+        # a moment before it sets the new command line up: wait for the line, then scan.
+        deadline = time.monotonic() + 10
+        while promoter[1] not in privilege.command_lines().get(leaky.pid, ""):
+            assert time.monotonic() < deadline, "the child's command line never showed up"
+            time.sleep(0.01)
         privilege.scan_command_lines(secrets, seen)
     finally:
         leaky.kill()
