@@ -329,11 +329,10 @@ BARS: dict[str, tuple[BarSpec, ...]] = {
                 ("local profile", (("local stack", "local_run_s"),)),
             ),
         ),
-        # No bar for `lost`: it counts the fault run's tasks that did not end in success, so it
-        # is zero whenever that run succeeded (`run_state`) and says nothing about lost data.
-        # `duplicates` (extra registry versions) is measured and keeps its bar.
+        # `lost` and `duplicates` compare the fault run's landed rows with its training set
+        # (`rows_accounted`): both bars are meant to be empty.
         BarSpec(
-            "Workers and faults",
+            "Workers, brokers and faults",
             "count",
             (
                 (
@@ -341,11 +340,16 @@ BARS: dict[str, tuple[BarSpec, ...]] = {
                     (
                         ("Spark workers used", "spark_workers_used"),
                         ("Airflow workers used", "airflow_workers_used"),
+                        ("Kafka brokers", "kafka_brokers"),
                     ),
                 ),
                 (
                     "faults",
-                    (("faults survived", "faults_survived"), ("duplicate versions", "duplicates")),
+                    (
+                        ("faults survived", "faults_survived"),
+                        ("rows lost", "lost"),
+                        ("rows duplicated", "duplicates"),
+                    ),
                 ),
             ),
             counts=True,
