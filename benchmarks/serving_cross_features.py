@@ -348,8 +348,8 @@ def _quantile_bound_ms(buckets: dict[str, float], count: float, q: float) -> flo
 
 def summarize_online_reads(per_worker: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """The workers' :data:`READ_METRIC` histograms summed per view: reads, mean ms per read,
-    the bucket bounds holding the median and the 99th percentile, and ``per_request_mean_ms``
-    (one read per view per request: the views' means added)."""
+    the bucket bounds holding the median and the 99th percentile, and ``one_read_per_view_ms``
+    (the views' means added: what reading each view once costs)."""
     totals: dict[str, dict[str, Any]] = {}
     for views in per_worker.values():
         for view, h in views.items():
@@ -372,7 +372,7 @@ def summarize_online_reads(per_worker: dict[str, dict[str, dict[str, Any]]]) -> 
         "metric": READ_METRIC,
         "workers_scraped": sorted(per_worker),
         "reads": sum(v["reads"] for v in by_view.values()),
-        "per_request_mean_ms": sum(means) if means else None,
+        "one_read_per_view_ms": sum(means) if means else None,
         "by_view": by_view,
         "includes": "every request the workers answered: warm-ups and probes included",
     }

@@ -23,8 +23,11 @@ running local stack is never touched; its partition is today's (UTC), where its 
   its ``cascade_online_feature_read_seconds`` histogram counted reads; ``cross_fields_served``
   names those it said it reads per request (FSCD may drop declared ones:
   ``cross_fields_declared`` / ``cross_fields_kept``), ``online_reads`` holds the histogram
-  summed over the workers and ``online_read_ms_per_request`` its views' means added (the run's
-  whole life, warm-ups and version loads included);
+  summed over the workers, with the server's good answers (``answers``) and its reads and read
+  milliseconds per answer; ``online_read_ms_per_request`` is the latter (the run's whole life,
+  warm-ups and version loads included). A user's share of the network's inputs is held between
+  its requests (:mod:`serving.user_sides`), so the views are read when a user's share is
+  built, not on every request;
 * the network the pipeline's train step trains, trained on that set, logged to a SQLite MLflow
   and promoted to ``champion`` by :func:`cascade.promotion.register_and_promote` under the
   pipeline's promotion rule. The kind is ``fscd`` (or ``CASCADE_BENCH_SERVING_MODEL``), the
@@ -804,7 +807,10 @@ def measure(
     # Every good answer (warm-ups included) logged all its candidates, written by shutdown.
     logged = sum(pq.ParquetFile(p).metadata.num_rows for p in feedback.rglob("part-*.parquet"))
     answered = closed["answered_total"] + open_["answered_total"] + binary["answered_total"]
-    expected = (answered + sum(s["answered_total"] for s in steps)) * candidates
+    answered += sum(s["answered_total"] for s in steps)
+    expected = answered * candidates
+    if online_reads is not None:
+        online_reads = per_answer(online_reads, answered)
     by_load = latency_by_load(steps)
     return {
         **closed,
@@ -827,6 +833,25 @@ def measure(
         "bad_request_status": bad,
         "online_reads": online_reads,
         "cross_fields_read_online": cross_fields_read(server_log, cross_fields),
+    }
+
+
+def per_answer(reads: dict[str, Any], answered: int) -> dict[str, Any]:
+    """The online-read summary with the server's good answers over its life (``answers``)
+    and, per answer, its reads (``reads_per_answer``) and read milliseconds
+    (``ms_per_answer``): a user's share of the inputs is held between its requests
+    (:mod:`serving.user_sides`), so a view is read when a user's share is built, not on
+    every request."""
+    total_ms = sum(
+        view["mean_ms"] * view["reads"]
+        for view in reads["by_view"].values()
+        if view["mean_ms"] is not None
+    )
+    return {
+        **reads,
+        "answers": answered,
+        "reads_per_answer": reads["reads"] / answered if answered else None,
+        "ms_per_answer": total_ms / answered if answered else None,
     }
 
 
@@ -1037,7 +1062,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "cross_fields_declared": declared,
         "cross_fields_kept": list(cross_fields),
         "cross_fields_served": read_online,
-        "online_read_ms_per_request": reads["per_request_mean_ms"] if reads else None,
+        "online_read_ms_per_request": reads["ms_per_answer"] if reads else None,
         "cross_statistics": statistics,
         "repeats": repeats,
         "training_config": network["training_config"],

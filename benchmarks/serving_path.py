@@ -27,6 +27,9 @@ Each request's stages are timed by the server's own :class:`serving.request_prof
   server's process spends on a request outside HTTP and the event loop;
 * ``wall_ms``: median and p99 of each call (noisy on a shared machine: compare CPU).
 
+``held_vs_full``: requests scored both from the user's held share of the inputs
+(:mod:`serving.user_sides`) and by the full path, with how many came out bit-identical.
+
 Thread CPU does not count time the machine gave to other processes, so figures taken on a busy
 shared machine compare with each other. With ``--cprofile N`` the JSON requests run once more
 under cProfile (thread-CPU clock) and the N functions with the most own time are printed.
@@ -66,8 +69,10 @@ def stack_env(workdir: Path) -> dict[str, str]:
     }
 
 
-def prepare(workdir: Path, *, model: str) -> Path:
-    """The ids file of the stack in ``workdir``, built first when the folder has none."""
+def prepare(workdir: Path, *, model: str, config: str | None = None) -> Path:
+    """The ids file of the stack in ``workdir``, built first when the folder has none: the
+    ``debug`` network, or the training config named by ``config`` (``pipeline``: the network
+    ``cascade bench serving`` serves, on its full log; several minutes to build)."""
     ids = workdir / "ids.json"
     if ids.exists():
         return ids
@@ -75,6 +80,8 @@ def prepare(workdir: Path, *, model: str) -> Path:
     from cascade.config import load_settings, scoped_environ
 
     env = {**stack_env(workdir), "CASCADE_BENCH_SERVING_MODEL": model}
+    if config is not None:
+        env["CASCADE_BENCH_SERVING_CONFIG"] = config
     with scoped_environ(env):
         settings = load_settings()
         stack = build_stack(workdir, settings, quick=True, candidates=1, cross_wanted=True)
@@ -174,6 +181,9 @@ def profile_path(
                 timed = asyncio.run(_call_all(model, drawn[warmup:]))
                 _flush_feedback(model)
                 result[name] = summarize(timed, time.process_time_ns() - started)
+            result["held_vs_full"] = held_vs_full(
+                model, ids, count=min(count, 500), candidates=candidates, seed=seed
+            )
             if cprofile:
                 drawn = requests(ids, count=count, candidates=candidates, binary=False, seed=seed)
                 profiler = cProfile.Profile(time.thread_time)  # CPU: robust on a busy machine
@@ -186,6 +196,45 @@ def profile_path(
         finally:
             model.stop()
     return result
+
+
+def held_vs_full(
+    model: Any, ids: Path, *, count: int, candidates: int, seed: int
+) -> dict[str, Any]:
+    """Each of ``count`` requests scored twice in this process, from the user's held share of
+    the inputs (:mod:`serving.user_sides`) and by the full path (read and encode per request):
+    how many came out bit-identical, the largest difference, and the held sides' counts.
+    ``{"held_sides": False}`` when the served version holds none."""
+    served = model._serving()
+    sides = served.user_sides
+    if sides is None:
+        return {"held_sides": False}
+    drawn = json.loads(ids.read_text())
+    rng = np.random.default_rng(seed)
+    users = np.asarray(drawn["users"], dtype=np.int64)
+    items = np.asarray(drawn["items"], dtype=np.int64)
+    identical, worst = 0, 0.0
+    for _ in range(count):
+        user = int(users[rng.integers(len(users))])
+        chosen = rng.choice(items, candidates, replace=False)
+        held = model.score_request(served, user, chosen, None).scores
+        object.__setattr__(served, "user_sides", None)
+        try:
+            full = model.score_request(served, user, chosen, None).scores
+        finally:
+            object.__setattr__(served, "user_sides", sides)
+        identical += bool(np.array_equal(held, full))
+        worst = max(worst, float(np.abs(held.astype(np.float64) - full).max()))
+    return {
+        "held_sides": True,
+        "views": list(sides.views),
+        "requests": count,
+        "identical": identical,
+        "max_abs_diff": worst,
+        "users_held": len(sides),
+        "builds": sides.builds,
+        "hits": sides.hits,
+    }
 
 
 def _flush_feedback(model: Any) -> None:
@@ -211,6 +260,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", type=Path, required=True, help="the private stack's folder")
     parser.add_argument("--model", choices=("fscd", "cold"), default="fscd")
+    parser.add_argument(
+        "--training-config",
+        help="training config of the network the stack serves (default: debug; pipeline: the "
+        "one cascade bench serving serves); read when the stack is built",
+    )
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--candidates", type=int, default=1000)
@@ -220,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.requests < 1 or args.warmup < 0 or args.candidates < 1:
         parser.error("--requests and --candidates must be >= 1, --warmup >= 0")
     args.workdir.mkdir(parents=True, exist_ok=True)
-    prepare(args.workdir, model=args.model)
+    prepare(args.workdir, model=args.model, config=args.training_config)
     result = profile_path(
         args.workdir,
         count=args.requests,
@@ -230,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     result["pid"] = os.getpid()
     print(table(result))
+    print("held vs full path:", json.dumps(result["held_vs_full"]))
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=2))
 

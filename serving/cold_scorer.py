@@ -4,6 +4,7 @@ AOTInductor package, or eagerly by the network's own request call behind the sam
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,30 @@ from models.preranking.fields import FieldEncoder
 from models.preranking.model import ColdPreRanker, request_fields
 from serving.online_fields import KeyedColumn
 from serving.request_profile import StageClock
+
+
+@dataclass(frozen=True, slots=True)
+class UserSide:
+    """One user's share of a request's network inputs, the same for every request of that user
+    while the online store answers the same (:meth:`CompiledColdScorer.user_side`)."""
+
+    user: np.ndarray
+    """The user's codes ``[1, F]``."""
+    cross_columns: np.ndarray
+    """The columns of ``F`` where :meth:`genre_cross` holds a code other than 0."""
+    cross_codes: np.ndarray
+    """``[G + 1, len(cross_columns)]``: those columns of :meth:`genre_cross` (held compact: a
+    user's share is then about a kilobyte for a few dozen fields)."""
+    width: int
+    values: dict[str, float]
+    """The user fields' values the request is scored with (the feedback log keeps them)."""
+
+    def genre_cross(self) -> np.ndarray:
+        """``[G + 1, F]``: row ``g`` the cross codes of the user and genre code ``g``, the last
+        row those of a candidate without a genre."""
+        out = np.zeros((len(self.cross_codes), self.width), dtype=np.int64)
+        out[:, self.cross_columns] = self.cross_codes
+        return out
 
 
 def eager_run(model: ColdPreRanker) -> Callable[..., torch.Tensor]:
@@ -117,6 +142,11 @@ class CompiledColdScorer:
         """The package takes the cross side per key (``cross_codes``, ``cross_rows``); a
         package built before that takes each candidate's cross codes in its row."""
 
+    @property
+    def keyed_cross(self) -> bool:
+        """Whether the package takes the cross side per key (its four-input signature)."""
+        return self._keyed_cross
+
     def logits(
         self,
         user_id: int,
@@ -133,6 +163,72 @@ class CompiledColdScorer:
         in place of their ``[N]`` values in ``extra``: encoded once per key and gathered, the
         codes encoding each candidate's value would give. ``clock``: laps ``encode`` before
         the network runs (:mod:`serving.request_profile`)."""
+        inputs = self.encode(user_id, rows, item_ids, extra, keyed)
+        if clock is not None:
+            clock.lap("encode")
+        return self.run_inputs(*inputs)
+
+    def side_logits(
+        self,
+        side: UserSide,
+        rows: np.ndarray,
+        item_ids: np.ndarray,
+        genre_codes: np.ndarray,
+        clock: StageClock | None = None,
+    ) -> torch.Tensor:
+        """:meth:`logits` of a request whose every field beyond the ids is the user's or a
+        cross of the user and the candidate's genre, from the user's :class:`UserSide`
+        (:meth:`user_side`): the candidates' rows gathered from the item table, each one's
+        cross codes the side's row of its genre (``genre_codes [N]``, -1: none). The same
+        codes :meth:`logits` gives the request, without reading or encoding per request."""
+        candidates = self._candidates(rows, item_ids)
+        cross = side.genre_cross()
+        cross_rows = np.where(genre_codes >= 0, genre_codes, len(cross) - 1)
+        if clock is not None:
+            clock.lap("encode")
+        return self.run_inputs(side.user, candidates, cross, cross_rows)
+
+    def user_side(
+        self,
+        user_id: int,
+        genres: int,
+        extra: Mapping[str, np.ndarray],
+        keyed: Mapping[str, KeyedColumn],
+        values: Mapping[str, float],
+    ) -> UserSide:
+        """The :class:`UserSide` of ``user_id`` from its fields as read for ``genres + 1``
+        pseudo-candidates, one of each genre code ``0..genres - 1`` and the last without a
+        genre (``extra``: the user fields; ``keyed``: the user x genre ones, per genre):
+        :meth:`encode` of them, its cross codes put in genre order. ``values``: the user
+        fields' values as the feedback log keeps them."""
+        count = genres + 1
+        user, _, cross, cross_rows = self.encode(
+            user_id,
+            np.full(count, -1, dtype=np.int64),
+            np.zeros(count, dtype=np.int64),
+            extra,
+            keyed,
+        )
+        by_genre = cross[cross_rows]
+        columns = np.flatnonzero(by_genre.any(axis=0))
+        return UserSide(
+            user=user,
+            cross_columns=columns,
+            cross_codes=np.ascontiguousarray(by_genre[:, columns]),
+            width=self.width,
+            values=dict(values),
+        )
+
+    def encode(
+        self,
+        user_id: int,
+        rows: np.ndarray,
+        item_ids: np.ndarray,
+        extra: Mapping[str, np.ndarray] | None = None,
+        keyed: Mapping[str, KeyedColumn] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The package's inputs of :meth:`logits`: ``(user [1, F], candidates [N, F], cross
+        [K, F], cross_rows [N])``."""
         extra = extra or {}
         keyed = keyed or {}
         absent = [n for n in self.request_fields if n not in extra and n not in keyed]
@@ -144,13 +240,7 @@ class CompiledColdScorer:
             user[0, self._user_id_position] = code
         rows = np.asarray(rows, dtype=np.int64)
         n = len(rows)
-        # Row -1 picks the last row: an unknown item (take: half the time of a[rows] here).
-        candidates = np.take(self.item_codes, rows, axis=0)
-        missing = rows < 0
-        if self._item_id_position is not None and missing.any():
-            candidates[missing, self._item_id_position] = self.encoder.encode_column(
-                "item_id", np.asarray(item_ids, dtype=np.int64)[missing]
-            )
+        candidates = self._candidates(rows, item_ids)
         # The cross fields are encoded per key, not per candidate: each source of them is a
         # factor (a code table [n, F] and each candidate's row in it), combined below.
         factors: list[tuple[np.ndarray, np.ndarray]] = []
@@ -203,8 +293,24 @@ class CompiledColdScorer:
                 table[:, item_side] = 0
                 factors.append((table, key_rows))
         cross, cross_rows = _combine(factors, n, self.width)
-        if clock is not None:
-            clock.lap("encode")
+        return user, candidates, cross, cross_rows
+
+    def _candidates(self, rows: np.ndarray, item_ids: np.ndarray) -> np.ndarray:
+        """The candidates' item codes ``[N, F]``: their rows of the item code table, an item
+        not in the table (row -1) with its id encoded."""
+        # Row -1 picks the last row: an unknown item (take: half the time of a[rows] here).
+        candidates = np.take(self.item_codes, rows, axis=0)
+        missing = rows < 0
+        if self._item_id_position is not None and missing.any():
+            candidates[missing, self._item_id_position] = self.encoder.encode_column(
+                "item_id", np.asarray(item_ids, dtype=np.int64)[missing]
+            )
+        return candidates
+
+    def run_inputs(
+        self, user: np.ndarray, candidates: np.ndarray, cross: np.ndarray, cross_rows: np.ndarray
+    ) -> torch.Tensor:
+        """Logits ``[N]`` of the package's inputs (:meth:`encode`)."""
         with torch.inference_mode():
             if self._keyed_cross:
                 out = self.run(
@@ -214,7 +320,7 @@ class CompiledColdScorer:
                     torch.from_numpy(cross_rows),
                 )
             else:  # a package of the per-candidate signature: the cross codes on each row
-                candidates += cross[cross_rows]
+                candidates = candidates + cross[cross_rows]
                 out = self.run(torch.from_numpy(user), torch.from_numpy(candidates))
         return torch.as_tensor(out).reshape(-1)
 

@@ -22,6 +22,7 @@ not per request.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -182,6 +183,7 @@ class OnlineFieldPlan:
         given: Mapping[str, np.ndarray] | None = None,
         timed: Callable[[str, float], None] | None = None,
         keyed: dict[str, KeyedColumn] | None = None,
+        expires: list[int] | None = None,
     ) -> dict[str, np.ndarray]:
         """``{field: values}`` read from the online store for one user and N candidates: float64
         ``[1]`` for a user field, ``[N]`` otherwise, NaN where unknown. Fields in ``given``
@@ -190,8 +192,29 @@ class OnlineFieldPlan:
         ``timed(view, seconds)`` is told each read's duration. ``keyed``, when given,
         receives each per-candidate field read as a :class:`KeyedColumn` (its values per
         distinct key) in place of its ``[N]`` values, which are then not built (a scorer encodes
-        per key and gathers; :meth:`KeyedColumn.expanded` gives the ``[N]`` values)."""
+        per key and gathers; :meth:`KeyedColumn.expanded` gives the ``[N]`` values). A reader
+        with a ``one_version`` context (:class:`domains.ctr.online_cross.OnlineCrossReader`)
+        reads every view of the request inside one. ``expires`` (a reader with a ``stamp``)
+        receives, per view read, when its ttl first turns a value of the answer missing."""
         given = given or {}
+        one_version = getattr(reader, "one_version", None)
+        with contextlib.nullcontext() if one_version is None else one_version():
+            return self._values(
+                reader, user_id, item_ids, genre_codes, genres, given, timed, keyed, expires
+            )
+
+    def _values(
+        self,
+        reader: CrossReader,
+        user_id: int,
+        item_ids: np.ndarray,
+        genre_codes: np.ndarray,
+        genres: Sequence[str],
+        given: Mapping[str, np.ndarray],
+        timed: Callable[[str, float], None] | None,
+        keyed: dict[str, KeyedColumn] | None,
+        expires: list[int] | None,
+    ) -> dict[str, np.ndarray]:
         n = len(item_ids)
         out: dict[str, np.ndarray] = {}
         for read in self.reads:
@@ -207,7 +230,10 @@ class OnlineFieldPlan:
                 )
             features = [f for _, f in wanted]
             started = time.perf_counter()
-            found = reader.read(read.view, read.join_keys, keys, features)
+            if expires is None:
+                found = reader.read(read.view, read.join_keys, keys, features)
+            else:
+                found = reader.read(read.view, read.join_keys, keys, features, expires=expires)
             if timed is not None:
                 timed(read.view, time.perf_counter() - started)
             per_candidate: np.ndarray | None = None

@@ -71,6 +71,7 @@ from cascade.artifacts import TamperedArtifact
 from cascade.config import Settings, load_settings
 from domains.ctr.schema import ITEM_GENRE, MODEL_FEATURES
 from models.preranking.model import ColdPreRanker, request_fields
+from serving.cold_scorer import UserSide
 from serving.item_table import ItemTable
 from serving.metrics import FEATURE_OVERRIDES, INFERENCE_ERRORS, ONLINE_READ_SECONDS
 from serving.online_fields import CrossReader, KeyedColumn, OnlineFieldPlan
@@ -90,6 +91,7 @@ from serving.preranking_inputs import (
 )
 from serving.request_profile import StageClock
 from serving.served_version import ServedVersion, freeze_heap
+from serving.user_sides import UserSides
 from serving.v2_codec import (
     V2Answer,
     binary_header_length,
@@ -574,6 +576,14 @@ class PreRankingModel(Model):
         items = served.items
         rows = items.rows(item_ids)
         sent = extra or {}
+        if served.user_sides is not None and not sent:
+            side = self._user_side(served, served.user_sides, user_id)
+            if side is not None:
+                codes = items.codes(rows)
+                if clock is not None:
+                    clock.lap("features")
+                logits = served.scorer.side_logits(side, rows, item_ids, codes, clock)
+                return self._scored(served, logits, item_ids, rows, dict(side.values), clock)
         keyed: dict[str, KeyedColumn] = {}
         if served.online.reads:
             codes = items.codes(rows)
@@ -594,6 +604,17 @@ class PreRankingModel(Model):
         logits = served.scorer.logits(
             user_id, rows, item_ids, extra=extra, keyed=keyed, clock=clock
         )
+        return self._scored(served, logits, item_ids, rows, user, clock)
+
+    def _scored(
+        self,
+        served: ServedVersion,
+        logits: torch.Tensor,
+        item_ids: np.ndarray,
+        rows: np.ndarray,
+        user: dict[str, float],
+        clock: StageClock | None,
+    ) -> Scored:
         scores = torch.sigmoid(logits.detach().float()).reshape(-1).numpy()
         if scores.shape[0] != len(item_ids) or not np.isfinite(scores).all():
             raise InferenceError(
@@ -612,6 +633,7 @@ class PreRankingModel(Model):
         codes: np.ndarray,
         given: Mapping[str, np.ndarray] | None,
         keyed: dict[str, KeyedColumn] | None = None,
+        expires: list[int] | None = None,
     ) -> dict[str, np.ndarray]:
         """The values of ``served.online``'s fields for this request from the online store
         (fields ``given`` in the request are not read); each view's read is timed. ``keyed``
@@ -629,11 +651,47 @@ class PreRankingModel(Model):
                 given=given,
                 timed=self._observe_read,
                 keyed=keyed,
+                expires=expires,
             )
         except Exception as exc:
             if is_lock_timeout(exc):
                 raise FeatureStoreBusy(self.name) from exc
             raise
+
+    def _user_side(self, served: ServedVersion, sides: UserSides, user_id: int) -> UserSide | None:
+        """The user's :class:`~serving.cold_scorer.UserSide` for ``served``: the one held while
+        the store's stamp is the same and no value has aged out, else built from one read per
+        view of the user's fields for every genre and held. None when the reader cannot
+        stamp its answers (a store that is not packed): the request takes the full path."""
+        from domains.ctr.online_packed import micros  # Feast's modules: imported with the reader
+
+        reader = self._cross()
+        stamp_of = getattr(reader, "stamp", None)
+        if stamp_of is None:
+            return None
+        with reader.one_version():  # type: ignore[union-attr]
+            stamp = stamp_of(sides.views)
+            if stamp is None:
+                return None
+            now = micros(reader.clock())  # type: ignore[union-attr]
+            side = sides.get(user_id, stamp, now)
+            if side is not None:
+                return side
+            genres = len(served.items.genres)
+            codes = np.append(np.arange(genres, dtype=np.int64), -1)  # each genre, and none
+            keyed: dict[str, KeyedColumn] = {}
+            expires: list[int] = []
+            values = self._online_values(
+                served, user_id, np.zeros(genres + 1, np.int64), codes, None, keyed, expires
+            )
+            user = {
+                name: float(np.asarray(values[name], dtype=np.float64).reshape(-1)[0])
+                for name, kind in served.request_fields.items()
+                if kind == "user" and name in values
+            }
+            side = served.scorer.user_side(user_id, genres, values, keyed, user)
+            sides.put(user_id, stamp, min(expires, default=None), side)
+            return side
 
     def _store_user_values(
         self,

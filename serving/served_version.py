@@ -17,6 +17,7 @@ from models.preranking.model import ColdPreRanker, request_fields
 from serving.cold_scorer import CompiledColdScorer, eager_run
 from serving.item_table import ItemTable
 from serving.online_fields import OnlineFieldPlan
+from serving.user_sides import UserSides, user_side_views
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,10 @@ class ServedVersion:
     field set): every request carries them as inputs of that name, one value for a user field,
     one per candidate otherwise; those in :attr:`online` may be left out (the server reads
     them), and so may the item fields the item table holds (:attr:`table_fields`)."""
+    user_sides: UserSides | None = field(init=False)
+    """Each user's share of the network's inputs, held between requests, when every field the
+    version reads beyond the ids is the user's or a user x genre cross read online
+    (:mod:`serving.user_sides`); None otherwise."""
     table_fields: frozenset[str] = field(init=False)
     """The fields of :attr:`request_fields` whose values the item table holds (read from the
     online store once, when the version loaded); a request may still carry them."""
@@ -98,6 +103,10 @@ class ServedVersion:
         object.__setattr__(self, "request_fields", needs)
         held = frozenset(n for n, k in needs.items() if k == "item" and n in self.items.columns)
         object.__setattr__(self, "table_fields", held)
+        views = user_side_views(
+            self.online, keyed_cross=scorer.keyed_cross, required=self.required_fields
+        )
+        object.__setattr__(self, "user_sides", UserSides(views) if views else None)
 
     @cached_property
     def served_fields(self) -> frozenset[str]:

@@ -29,10 +29,11 @@ do, so a request at time ``t`` sees the values a training row at ``t`` saw:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +149,48 @@ class OnlineCrossReader:
         self._held: dict[tuple[Any, ...], tuple[Any, dict[tuple[Any, ...], Any]]] = {}
         """Per (view, join keys, features): the store's data version the rows were read at,
         and ``{key: (event µs, values)}``."""
+        self._pinned: list[Any] | None = None
+        """Inside :meth:`one_version`: the data version its first packed read asked for (empty
+        until then)."""
+
+    @contextlib.contextmanager
+    def one_version(self) -> Iterator[None]:
+        """Reads inside (one request's views) ask the packed store's data version once, at
+        the first of them, and hold rows under it: a write committed between two of them is
+        seen by the next request, as one committed just after the last would be. Rows fetched
+        inside are at least as new as that version, so the cache's rule still holds. Nested
+        inside another, it shares the outer one's version."""
+        if self._pinned is not None:
+            yield
+            return
+        self._pinned = []
+        try:
+            yield
+        finally:
+            self._pinned = None
+
+    def stamp(self, views: Sequence[str]) -> tuple[Any, ...] | None:
+        """What the answers of ``views`` depend on besides the clock, for a caller that holds
+        something derived from them: the packed store's data version (inside
+        :meth:`one_version`, the one its reads use) and each view's newest partition as this
+        reader applies it. None when a view is not stored packed: there is no version to
+        compare, so nothing derived may be held."""
+        from domains.ctr.online_packed import PackedSqliteOnlineStore, wants_packed
+
+        store = self.online_store
+        if not isinstance(store, PackedSqliteOnlineStore):
+            return None
+        if not all(wants_packed(self._view(view)[0]) for view in views):
+            return None
+        return (self._data_version(store), *(self.newest_partition(view) for view in views))
+
+    def _data_version(self, store: Any) -> Any:
+        pinned = self._pinned
+        if pinned is None:
+            return store.data_version(self.config)
+        if not pinned:
+            pinned.append(store.data_version(self.config))
+        return pinned[0]
 
     def sources(self, fields: Iterable[str]) -> dict[str, CrossFeatureSource]:
         """:func:`cross_feature_sources` on this reader's store."""
@@ -186,11 +229,15 @@ class OnlineCrossReader:
         join_keys: Sequence[str],
         keys: Sequence[Sequence[Any]],
         features: Sequence[str],
+        expires: list[int] | None = None,
     ) -> np.ndarray:
         """float64 ``[len(keys), len(features)]``: the features of ``view`` for each key (a
         tuple of values in ``join_keys`` order), one online-store call for all of them. NaN
         for a key the store does not hold, a row older than the view's newest loaded partition
-        (the key is not in it) or than its ttl, or a null value."""
+        (the key is not in it) or than its ttl, or a null value. ``expires``, from a packed
+        store (see :meth:`stamp`): receives the moment (µs since the epoch, the clock's) the
+        ttl first turns a row of this answer missing, when the view has a ttl and a row
+        answered."""
         table, types = self._view(view)
         unknown = [k for k in join_keys if k not in types]
         if unknown:
@@ -203,7 +250,7 @@ class OnlineCrossReader:
         if ttl > 0:
             bounds.append(self.clock() - dt.timedelta(seconds=ttl))
         oldest = max((b for b in bounds if b is not None), default=None)
-        packed = self._packed_read(table, join_keys, keys, features, oldest)
+        packed = self._packed_read(table, join_keys, keys, features, oldest, ttl, expires)
         if packed is not None:
             return packed
         from feast.protos.feast.types.EntityKey_pb2 import EntityKey
@@ -244,12 +291,20 @@ class OnlineCrossReader:
         keys: Sequence[Sequence[Any]],
         features: Sequence[str],
         oldest: dt.datetime | None,
+        ttl: float = 0.0,
+        expires: list[int] | None = None,
     ) -> np.ndarray | None:
         """The same answer straight from a packed view (:mod:`domains.ctr.online_packed`): the
         rows held since the store last changed, the others fetched with one query (keys
         serialized from fixed parts, payloads decoded as one array); None when the view is not
         stored packed."""
-        from domains.ctr.online_packed import PackedSqliteOnlineStore, age_bounded, wants_packed
+        from domains.ctr.online_packed import (
+            NOT_STORED,
+            PackedSqliteOnlineStore,
+            age_bounded,
+            micros,
+            wants_packed,
+        )
 
         store = self.online_store
         if not (isinstance(store, PackedSqliteOnlineStore) and wants_packed(table)):
@@ -258,7 +313,7 @@ class OnlineCrossReader:
             values, events = store.read_rows(self.config, table, join_keys, keys, features)
         else:
             # The version first: rows fetched after it are at least as new as it says.
-            version = store.data_version(self.config)
+            version = self._data_version(store)
             slot = (table.name, tuple(join_keys), tuple(features))
             held = self._held.get(slot)
             keys = [tuple(key) for key in keys]
@@ -277,4 +332,10 @@ class OnlineCrossReader:
                 values = np.array([row for _, row in found], dtype=np.float64)
                 values = values.reshape(len(keys), len(features))
                 events = np.fromiter((e for e, _ in found), dtype=np.int64, count=len(keys))
+        if expires is not None and ttl > 0:
+            limit = micros(oldest)
+            kept = events if limit is None else events[events >= limit]
+            kept = kept[kept != NOT_STORED]
+            if len(kept):
+                expires.append(int(kept.min()) + int(ttl * 1_000_000))
         return age_bounded(values, events, oldest)

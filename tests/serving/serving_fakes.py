@@ -12,6 +12,7 @@ the server refuses (see :func:`write_champion`).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -313,3 +314,13 @@ def backends(
         open_cross_reader=lambda settings: reader,
         item_catalogue=lambda settings, source: items.copy(),
     )
+
+
+@dataclass
+class PinnedClock:
+    """A clock a test moves: it says ``now``."""
+
+    now: dt.datetime
+
+    def __call__(self) -> dt.datetime:
+        return self.now

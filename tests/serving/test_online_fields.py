@@ -116,21 +116,13 @@ def network_rows() -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-@dataclasses.dataclass
-class Clock:
-    now: dt.datetime = SERVED_AT
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-
 @pytest.fixture(scope="module")
 def served(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """``(model, reader, reads, clock)``: the server with the version loaded; ``reads`` lists
     the keys of every online-store call of the reader."""
     net, encoder = serving_fakes.engine_network(7, extra=network_rows(), declared=DECLARATIONS)
     loaded = serving_fakes.FakeLoaded(model=net, version="1", run_id="run-1", encoder=encoder)
-    clock = Clock()
+    clock = serving_fakes.PinnedClock(SERVED_AT)
     reader = OnlineCrossReader(fs.feature_store(settings), clock=clock)
     reads: list[list[Any]] = []
     online_read = reader.online_store.online_read

@@ -23,6 +23,7 @@ from cascade.config import Settings
 from cascade.lake import Lake
 from domains.ctr import feature_store as fs
 from domains.ctr.online_cross import OnlineCrossReader
+from domains.ctr.online_packed import from_micros, micros
 from jobs import ctr_cross_features as cf
 from jobs import ctr_cross_stats as job
 from jobs.ctr_training_set import training_set
@@ -194,3 +195,67 @@ def test_rows_the_reader_holds_give_way_to_any_load_and_to_the_ttl(
     assert len(fetched) == 2
     with pytest.raises(ValueError, match="cache_keys must be >= 0"):
         OnlineCrossReader(fs.feature_store(settings), cache_keys=-1)
+
+
+def test_one_requests_reads_ask_the_store_version_once_and_the_next_sees_a_load(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cf.materialize_cross(DS2, settings=settings, pairs=["user_cat"])
+    reader = OnlineCrossReader(fs.feature_store(settings), clock=lambda: AT, refresh_s=3600)
+    store = reader.online_store
+    version, asked = store.data_version, []
+    monkeypatch.setattr(store, "data_version", lambda c: asked.append(1) or version(c))
+    keys = every_key()
+    with reader.one_version():
+        first = served(reader, keys)
+        served(reader, keys[:3])
+        with reader.one_version():  # nested: the outer one's version
+            stamp = reader.stamp(["cross_user_cat"])
+            served(reader, keys[:2])
+        assert len(asked) == 1
+    assert stamp == (version(reader.config), reader.newest_partition("cross_user_cat"))
+    served(reader, keys[:2])
+    assert len(asked) == 2  # outside one: asked on every read
+
+    frame = partition(DS2)
+    changed = [c for c in FEATURES if frame[c].dtype.kind == "f"]
+    frame[changed] += 0.5
+    where = job.CrossLake(Lake(settings.lake_root), "generated").pair(job.USER_CAT, DS2)
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), where / "p.parquet")
+    with reader.one_version():
+        np.testing.assert_array_equal(served(reader, keys), first)
+        cf.materialize_cross(DS2, settings=settings, pairs=["user_cat"])
+        # Committed inside the request: the request keeps the version it started with.
+        np.testing.assert_array_equal(served(reader, keys), first)
+    with reader.one_version():  # the next request reads the load, under another stamp
+        after = served(reader, keys)
+        assert reader.stamp(["cross_user_cat"]) != stamp
+    rows = [keys.index(k) for k in KEYS[DS2]]
+    columns = [FEATURES.index(c) for c in changed]
+    np.testing.assert_array_equal(after[rows][:, columns], first[rows][:, columns] + 0.5)
+
+
+def test_an_answer_says_when_the_ttl_first_turns_one_of_its_values_missing(
+    settings: Settings,
+) -> None:
+    cf.materialize_cross(DS2, settings=settings, pairs=["user_cat"])
+    now = [AT]
+    reader = OnlineCrossReader(fs.feature_store(settings), clock=lambda: now[0], refresh_s=3600)
+    keys = every_key()
+    expires: list[int] = []
+    first = reader.read("cross_user_cat", ["user_id", "item_category"], keys, FEATURES, expires)
+    (moment,) = expires
+    ttl = reader._view("cross_user_cat")[0].ttl
+    # Every row of the partition has the day's midnight as its event time.
+    assert moment == micros(dt.datetime.fromisoformat(DS2).replace(tzinfo=dt.UTC) + ttl)
+    at = micros(AT)
+    assert moment > at
+    # At that moment the rows still answer; a microsecond later, none does.
+    now[0] = from_micros(moment)
+    np.testing.assert_array_equal(served(reader, keys), first)
+    now[0] = from_micros(moment + 1)
+    assert np.isnan(served(reader, keys)).all()
+    # Nothing answered: nothing to expire.
+    expires.clear()
+    reader.read("cross_user_cat", ["user_id", "item_category"], [UNKNOWN], FEATURES, expires)
+    assert expires == []
