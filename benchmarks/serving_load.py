@@ -27,7 +27,9 @@ running local stack is never touched; its partition is today's (UTC), where its 
   milliseconds per answer; ``online_read_ms_per_request`` is the latter (the run's whole life,
   warm-ups and version loads included). A user's share of the network's inputs is held between
   its requests (:mod:`serving.user_sides`), so the views are read when a user's share is
-  built, not on every request;
+  built, not on every request; ``scores_held_vs_full`` scores requests in process both from
+  the held shares and by the full path (read and encode per request), and ``scores_identical``
+  is true when every one came out bit-identical;
 * the network the pipeline's train step trains, trained on that set, logged to a SQLite MLflow
   and promoted to ``champion`` by :func:`cascade.promotion.register_and_promote` under the
   pipeline's promotion rule. The kind is ``fscd`` (or ``CASCADE_BENCH_SERVING_MODEL``), the
@@ -118,6 +120,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.goals import goal, goals_met
 from benchmarks.provenance import bench_repeats, rotated
+from benchmarks.serving_path import held_vs_full_of_stack
 from cascade.config import REPO_ROOT, Settings, load_settings
 from cascade.lake import Lake
 from cascade.ports import free_port
@@ -992,6 +995,10 @@ def build_stack(
     )
 
 
+HELD_VS_FULL_REQUESTS = {False: 300, True: 40}
+"""Requests ``scores_held_vs_full`` scores both ways (full run, ``--quick``)."""
+
+
 def run(out: Path, quick: bool) -> dict[str, Any]:
     options = load_settings().bench
     candidates = options.serving_candidates
@@ -1046,6 +1053,10 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         if main["backend"] == "compiled" and not quick:
             eager = load(workers=workers, env={**env, "CASCADE_SERVING_COMPILED": "0"})
         other = None if quick else load(workers=1 if workers > 1 else 2, env=env)
+        # The same requests scored from the held user shares and by the full path, in process.
+        held = held_vs_full_of_stack(
+            env, ids, count=HELD_VS_FULL_REQUESTS[quick], candidates=candidates
+        )
     threads = set(main["torch_threads_by_worker"].values())
     reads = main["online_reads"]
     read_online = main["cross_fields_read_online"]
@@ -1063,6 +1074,10 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         "cross_fields_kept": list(cross_fields),
         "cross_fields_served": read_online,
         "online_read_ms_per_request": reads["ms_per_answer"] if reads else None,
+        "scores_held_vs_full": held,
+        "scores_identical": (
+            held["identical"] == held["requests"] if held.get("held_sides") else None
+        ),
         "cross_statistics": statistics,
         "repeats": repeats,
         "training_config": network["training_config"],

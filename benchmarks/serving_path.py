@@ -237,6 +237,24 @@ def held_vs_full(
     }
 
 
+def held_vs_full_of_stack(
+    env: dict[str, str], ids: Path, *, count: int, candidates: int, seed: int = 11
+) -> dict[str, Any]:
+    """:func:`held_vs_full` on the champion of a private stack (``env``: its settings), loaded
+    in this process as the server loads it."""
+    from cascade.config import load_settings, scoped_environ
+    from serving.preranking import PreRankingModel, ServingConfig
+
+    with scoped_environ(env):
+        model = PreRankingModel(settings=load_settings(), config=ServingConfig.from_env())
+        if not model.load():
+            return {"held_sides": None, "error": "no champion to load"}
+        try:
+            return held_vs_full(model, ids, count=count, candidates=candidates, seed=seed)
+        finally:
+            model.stop()
+
+
 def _flush_feedback(model: Any) -> None:
     """Write what the feedback log holds now (its writer thread's work for the requests)."""
     feedback = model.observer.feedback if model.observer is not None else None

@@ -245,6 +245,10 @@ def test_quick_serving_benchmark_reports_latency_without_errors(
     assert reads["reads_per_answer"] == pytest.approx(2 * built / every_answer)
     assert result["setup"]["catalogue_items"] >= 200 and result["setup"]["training_rows"] > 1_000
     assert 0 < result["online_read_ms_per_request"] < reads["one_read_per_view_ms"]
+    # The held shares score the requests bit for bit as the full path does.
+    held = result["scores_held_vs_full"]
+    assert held["held_sides"] and held["views"] == ["cross_user", "cross_user_cat"]
+    assert held["requests"] == 40 and result["scores_identical"] is True
     # Every candidate of every good answer (warm-up included) was logged, none lost at stop.
     assert result["setup"]["feedback_logging"]
     assert result["feedback_complete"], (result["feedback_rows_logged"], result["answered_total"])
