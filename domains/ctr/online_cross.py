@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -149,9 +150,10 @@ class OnlineCrossReader:
         self._held: dict[tuple[Any, ...], tuple[Any, dict[tuple[Any, ...], Any]]] = {}
         """Per (view, join keys, features): the store's data version the rows were read at,
         and ``{key: (event µs, values)}``."""
-        self._pinned: list[Any] | None = None
-        """Inside :meth:`one_version`: the data version its first packed read asked for (empty
-        until then)."""
+        self._local = threading.local()
+        """Per thread (the server scores on its event loop, a shadow version on its observer
+        thread): ``pinned``, inside :meth:`one_version`, the data version its first packed
+        read asked for (empty until then)."""
 
     @contextlib.contextmanager
     def one_version(self) -> Iterator[None]:
@@ -160,14 +162,15 @@ class OnlineCrossReader:
         seen by the next request, as one committed just after the last would be. Rows fetched
         inside are at least as new as that version, so the cache's rule still holds. Nested
         inside another, it shares the outer one's version."""
-        if self._pinned is not None:
+        local = self._local
+        if getattr(local, "pinned", None) is not None:
             yield
             return
-        self._pinned = []
+        local.pinned = []
         try:
             yield
         finally:
-            self._pinned = None
+            local.pinned = None
 
     def stamp(self, views: Sequence[str]) -> tuple[Any, ...] | None:
         """What the answers of ``views`` depend on besides the clock, for a caller that holds
@@ -185,7 +188,7 @@ class OnlineCrossReader:
         return (self._data_version(store), *(self.newest_partition(view) for view in views))
 
     def _data_version(self, store: Any) -> Any:
-        pinned = self._pinned
+        pinned = getattr(self._local, "pinned", None)
         if pinned is None:
             return store.data_version(self.config)
         if not pinned:

@@ -11,6 +11,7 @@ time join (:func:`jobs.ctr_cross_features.cross_features_at`) must answer the sa
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -213,9 +214,14 @@ def test_one_requests_reads_ask_the_store_version_once_and_the_next_sees_a_load(
             stamp = reader.stamp(["cross_user_cat"])
             served(reader, keys[:2])
         assert len(asked) == 1
+        # Another thread (a shadow version scored by the observer) asks for its own.
+        other = threading.Thread(target=served, args=(reader, keys[:1]))
+        other.start()
+        other.join()
+        assert len(asked) == 2
     assert stamp == (version(reader.config), reader.newest_partition("cross_user_cat"))
     served(reader, keys[:2])
-    assert len(asked) == 2  # outside one: asked on every read
+    assert len(asked) == 3  # outside one: asked on every read
 
     frame = partition(DS2)
     changed = [c for c in FEATURES if frame[c].dtype.kind == "f"]
