@@ -58,6 +58,7 @@ same rows: with every field, and without the ``cross`` ones. Keys:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +69,7 @@ from typing import Any
 import pandas as pd
 
 from benchmarks.goals import goal
+from benchmarks.kept_trainings import KeptTrainings
 from benchmarks.provenance import code_digest, digest_of, files_digest, frame_digest
 from cascade.config import load_settings
 from compilers.export import torch_threads
@@ -302,6 +304,13 @@ def build_training_set(work: Path, setup: CrossSetup) -> dict[str, Any]:
         )
 
 
+@functools.cache
+def _rows_digest(data: str, modified_ns: int) -> str:
+    """:func:`frame_digest` of a training set's rows (the file's modification time in the key:
+    a rebuilt file is read again)."""
+    return frame_digest(pd.read_parquet(data))
+
+
 def train(
     setup: CrossSetup,
     data: Path,
@@ -309,9 +318,33 @@ def train(
     run_dir: Path,
     seed: int,
     config: str | None = None,
+    kept: KeptTrainings | None = None,
 ) -> dict[str, Any]:
     """One cascade (``config``, default the setup's) on the training set with the given fields;
-    its ``result.json``."""
+    its ``result.json``. With a keep folder (``kept``), the one kept at this commit for the same
+    rows, fields, config and seed is reused (:mod:`benchmarks.kept_trainings`)."""
+    kept = kept or KeptTrainings(None)
+    inputs = {
+        "training": "cross",
+        "config": config or setup.config,
+        "seed": seed,
+        "processes": setup.processes,
+        "rows_digest": _rows_digest(str(data), data.stat().st_mtime_ns) if kept.root else None,
+        "fields_digest": files_digest([fields_file]),
+    }
+    return kept.run(
+        run_dir, inputs, lambda: _train(setup, data, fields_file, run_dir, seed, config)
+    )
+
+
+def _train(
+    setup: CrossSetup,
+    data: Path,
+    fields_file: Path,
+    run_dir: Path,
+    seed: int,
+    config: str | None,
+) -> dict[str, Any]:
     from benchmarks.preranking_models import _read, tracking_settings, trained_models_digest
 
     settings = tracking_settings(run_dir)
@@ -332,13 +365,19 @@ def train(
 
 
 def train_arms(
-    setup: CrossSetup, data: Path, arms: list[tuple[str, str, Path]], work: Path, seed: int
+    setup: CrossSetup,
+    data: Path,
+    arms: list[tuple[str, str, Path]],
+    work: Path,
+    seed: int,
+    kept: KeptTrainings | None = None,
 ) -> dict[str, dict[str, Any]]:
     """:func:`train` of each ``(arm, config, fields file)`` on ``data`` with ``seed``, each in
     ``work/<arm>-seed<seed>``: ``{arm: result}``. One-process runs (the smoke path) go two side
     by side: each leaves a core idle otherwise."""
     jobs = [
-        (setup, data, path, work / f"{arm}-seed{seed}", seed, config) for arm, config, path in arms
+        (setup, data, path, work / f"{arm}-seed{seed}", seed, config, kept)
+        for arm, config, path in arms
     ]
     with ThreadPoolExecutor(max_workers=2 if setup.processes == 1 else 1) as pool:
         results = list(pool.map(lambda job: train(*job), jobs))
@@ -372,7 +411,9 @@ def build_ml100k_training_set(work: Path, days: int) -> dict[str, Any]:
         )
 
 
-def ml100k_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[str, Any]:
+def ml100k_comparison(
+    work: Path, seeds: list[int], setup: CrossSetup, kept: KeptTrainings | None = None
+) -> dict[str, Any]:
     """FSCD with and without the cross fields on MovieLens-100k
     (:func:`build_ml100k_training_set`), one training per arm and seed
     (``setup.ml100k_config``): the check on data without planted structure. A training that
@@ -396,7 +437,7 @@ def ml100k_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[s
     for seed in seeds:
         arms = [(arm, setup.ml100k_config, path) for arm, path in arm_files.items()]
         try:
-            results = train_arms(setup, data, arms, work, seed)
+            results = train_arms(setup, data, arms, work, seed, kept)
         except RuntimeError as exc:
             reason = str(exc).splitlines()[0]
             return {"ml100k_cross_lift": None, "ml100k_failed": reason, "ml100k_setup": facts}
@@ -440,8 +481,10 @@ def rare_pairs(lake: Path, days: list[str], setup: CrossSetup) -> dict[str, Any]
     ) | {"fitted_partition": before, "later_partition": after}
 
 
-def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[str, Any]:
-    """The keys of the module docstring."""
+def cross_comparison(
+    work: Path, seeds: list[int], setup: CrossSetup, kept: KeptTrainings | None = None
+) -> dict[str, Any]:
+    """The keys of the module docstring (``kept``: the run's keep folder, if any)."""
     built = build_training_set(work, setup)
     data, fields_file = Path(built["data"]), Path(built["fields_file"])
     every = FieldSet.load(fields_file)
@@ -460,7 +503,7 @@ def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[st
         arms.append(("pipeline", setup.pipeline_config, arm_files["servable_cross"]))
         if seed == seeds[0]:
             arms += [(arm, setup.config, path) for arm, path in ablated.items()]
-        trained = train_arms(setup, data, arms, work, seed)
+        trained = train_arms(setup, data, arms, work, seed, kept)
         with_run, without_run, pipeline = (
             trained["with_cross"],
             trained["without_cross"],
@@ -497,7 +540,7 @@ def cross_comparison(work: Path, seeds: list[int], setup: CrossSetup) -> dict[st
     frame = pd.read_parquet(data)
     config = get_cascade_config(setup.config)
     medians = {key: float(statistics.median(r[key] for r in runs)) for key in MEDIANS}
-    ml100k = ml100k_comparison(work / "ml100k", seeds, setup) if setup.ml100k_days > 0 else {}
+    ml100k = ml100k_comparison(work / "ml100k", seeds, setup, kept) if setup.ml100k_days > 0 else {}
     return {
         **medians,
         "cross_lift_by_pair": {

@@ -45,7 +45,6 @@ that scoring network's.
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -54,6 +53,7 @@ from typing import Any
 import torch
 
 from benchmarks.goals import goal, goals_of
+from benchmarks.kept_trainings import KeptTrainings, keep_root
 from benchmarks.provenance import digest_of, files_digest, frame_digest, weights_digest
 from cascade.config import Settings, load_settings
 from cascade.progress import track
@@ -138,25 +138,42 @@ def summarize_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-def train_seeds(config_name: str, out: Path, seeds: list[int]) -> dict[str, Any]:
-    """Train the cascade once per seed (2 processes) and summarize the runs."""
+def train_seeds(
+    config_name: str, out: Path, seeds: list[int], kept: KeptTrainings | None = None
+) -> dict[str, Any]:
+    """Train the cascade once per seed (2 processes) and summarize the runs; with a keep
+    folder, a seed's training kept at this commit is reused (:mod:`benchmarks.kept_trainings`)."""
+    kept = kept or KeptTrainings(None)
     runs = []
     for seed in track(seeds, desc="bench preranking seeds", unit="seeds"):
-        run_dir = out.parent / f"{out.stem}-run" / f"seed{seed}"
-        shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run, not a resume of an old one
-        settings = tracking_settings(run_dir)
-        print(f"[bench] preranking {config_name} seed {seed}: training in {run_dir}", flush=True)
-        code, tail = launch_cascade(
-            config_name, run_dir, processes=2, settings=settings, extra_args=["--seed", str(seed)]
-        )
-        trained = _read(run_dir / "result.json", f"cascade training (exit {code})", tail)
-        trained.update(
-            seed=seed,
-            run_dir=str(run_dir),
-            mlflow_uri=settings.tracking_uri,
-            model_digest=trained_models_digest(run_dir),
-        )
-        runs.append(trained)
+        if kept.root is None:
+            run_dir = out.parent / f"{out.stem}-run" / f"seed{seed}"
+        else:
+            run_dir = kept.root / "seeds" / f"{config_name}-seed{seed}"
+
+        def trained(run_dir: Path = run_dir, seed: int = seed) -> dict[str, Any]:
+            settings = tracking_settings(run_dir)
+            print(
+                f"[bench] preranking {config_name} seed {seed}: training in {run_dir}", flush=True
+            )
+            code, tail = launch_cascade(
+                config_name,
+                run_dir,
+                processes=2,
+                settings=settings,
+                extra_args=["--seed", str(seed)],
+            )
+            result = _read(run_dir / "result.json", f"cascade training (exit {code})", tail)
+            result.update(
+                seed=seed,
+                run_dir=str(run_dir),
+                mlflow_uri=settings.tracking_uri,
+                model_digest=trained_models_digest(run_dir),
+            )
+            return result
+
+        inputs = {"training": "seeds", "config": config_name, "seed": seed, "processes": 2}
+        runs.append(kept.run(run_dir, inputs, trained))
     return summarize_seeds(runs)
 
 
@@ -338,17 +355,19 @@ def goals_met(result: dict[str, Any]) -> dict[str, bool]:
 def run(out: Path, quick: bool) -> dict[str, Any]:
     config_name = "debug" if quick else load_settings().bench.preranking_config
     result: dict[str, Any] = {"config": config_name, "quick": quick}
+    kept = KeptTrainings(keep_root())
     with tempfile.TemporaryDirectory(prefix="bench-preranking-") as tmp:
-        work = Path(tmp)
+        work = Path(tmp) if kept.root is None else kept.root
         fields: tuple[str, ...] = FIELDS.names
         if not quick:
-            result.update(train_seeds(config_name, out, bench_seeds()))
+            result.update(train_seeds(config_name, out, bench_seeds(), kept))
             fields = tuple(result["fscd_fields"])
         if load_settings().bench.preranking_config == CROSS_CONFIG:
             from benchmarks.preranking_cross import FULL, QUICK, cross_comparison
 
             seeds = [SCORING_SEED] if quick else bench_seeds()
-            result.update(cross_comparison(work / "cross", seeds, QUICK if quick else FULL))
+            setup = QUICK if quick else FULL
+            result.update(cross_comparison(work / "cross", seeds, setup, kept))
         steps = 10 if quick else 200
         one = throughput(config_name, 1, steps, work)
         result["torch_samples_per_s"] = one["torch_samples_per_s"]
@@ -404,6 +423,7 @@ def run(out: Path, quick: bool) -> dict[str, Any]:
         )
     )
     result.update(goals_met(result))
+    result["kept_trainings"] = kept.summary()
     result["model_digest"], result["model_provenance"] = model_record(
         result,
         config_name,

@@ -44,6 +44,7 @@ OPTIONS: dict[str, dict[str, str]] = {
     "preranking": {
         "config": "CASCADE_BENCH_PRERANKING_CONFIG",
         "seeds": "CASCADE_BENCH_PRERANKING_SEEDS",
+        "keep": "CASCADE_BENCH_KEEP",
     },
     "compilers": {
         "model": "CASCADE_BENCH_COMPILE_MODEL",

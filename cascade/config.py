@@ -269,6 +269,10 @@ class BenchSettings:
     """Training config of ``bench preranking``."""
     preranking_seeds: Seeds = (0,)
     """Seeds of ``bench preranking`` (``0,1,2``)."""
+    keep: Path | None = None
+    """Folder where ``bench preranking`` keeps each training (``--keep``): a later run at the same
+    commit from a clean tree reuses those with the same inputs, so a run cut short resumes
+    (:mod:`benchmarks.kept_trainings`); unset: nothing is kept."""
     compile_model: Literal["preranking", "asr"] = "preranking"
     """Model of ``bench compile``."""
     asr_model: Path | None = None

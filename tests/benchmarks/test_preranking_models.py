@@ -38,6 +38,7 @@ def test_quick_preranking_benchmark_writes_its_figures(
     assert provenance["config_values"]["name"] == "debug" and provenance["rows"] > 0
     assert provenance["rows_digest"].startswith("sha256:")
     assert "cross_lift" not in result  # only with --config generated
+    assert result["kept_trainings"]["dir"] is None  # no --keep: nothing kept
     # The measured cost beside the field-weight sum: one request timed on each model.
     assert result["latency_ratio_fscd_vs_teacher"] == pytest.approx(
         result["fscd_request_ms"] / result["teacher_request_ms"]
