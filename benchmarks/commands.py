@@ -26,6 +26,8 @@ BENCH_OPTIONS = {
     "repeats": "timed repeats behind each figure, variants alternating (every benchmark)",
     "config": "named training config (preranking, multimodal, serving)",
     "seeds": "training seeds, comma-separated: one run each, medians reported (preranking)",
+    "keep": "folder keeping each training: a run cut short resumes from those it finished, at "
+    "the same commit from a clean tree (preranking)",
     "corpus": "corpus folder to train on instead of generated pairs (multimodal)",
     "model": "model to compile: preranking (compile); an asr_model.pt folder to evaluate (asr)",
     "model-dir": "trained ASR model folder that --model asr compiles (compile)",

@@ -52,3 +52,11 @@ def test_bench_command_takes_the_aliases_the_readme_uses() -> None:
     args = parser.parse_args(["bench", "ctr-features", "--out", "x.json", "--repeats", "3"])
     assert (args.name, args.repeats) == ("ctr-features", "3")
     assert registry.ALIASES["ctr-features"] == "ctr"
+
+
+def test_every_benchmark_option_is_an_option_of_the_bench_command() -> None:
+    from benchmarks.registry import COMMON_OPTIONS, OPTIONS
+
+    for name, options in OPTIONS.items():
+        assert set(options) <= set(BENCH_OPTIONS), name
+    assert set(COMMON_OPTIONS) <= set(BENCH_OPTIONS)
