@@ -442,6 +442,8 @@ class Panel:
     series: list[Series] = field(default_factory=list)
     x_label: str = ""
     log_x: bool = False
+    log_y: bool = False
+    """A curve's value axis in log scale (latencies that grow a hundredfold past saturation)."""
     counts: bool = False
     log: bool = False
     start: float = 0.0
@@ -528,6 +530,7 @@ def serving_load(result: Mapping[str, Any]) -> Panel:
         "ms",
         x_label="requests/s answered",
         line=(p99.bound, f"p99 goal ({p99.bound:g} ms)"),
+        log_y=True,  # past saturation a step's latency is seconds: milliseconds stay readable
     )
     steps = result.get("latency_by_load")
     for label, prefix in LOADS:
@@ -652,7 +655,10 @@ def _draw_curve(ax: Any, panel: Panel) -> None:
         ax.set_xscale("log")
     ax.set_xlabel(panel.x_label, fontsize=8)
     ax.set_ylabel(panel.unit, fontsize=8)
-    ax.set_ylim(bottom=0)
+    if panel.log_y:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
 

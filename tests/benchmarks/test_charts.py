@@ -52,6 +52,7 @@ def test_serving_plots_latency_against_the_loads_it_measured_and_invents_none() 
     assert series["eager, 2 workers, p50"].x == [863.0]  # one load point: one point
     assert "compiled, 1 worker, p50" not in series
     assert panel.line is not None and panel.line[0] == goal("serving", "p99_ms").bound
+    assert panel.log_y  # a saturated step's seconds would flatten the milliseconds
     # With a load sweep the main configuration is drawn step by step.
     steps = [{"achieved_rps": r, "p50_ms": r / 400, "p99_ms": r / 100} for r in (200, 600, 1000)]
     swept = {s.label: s for s in charts.serving_load({**result, "latency_by_load": steps}).series}
