@@ -6,9 +6,8 @@ inputs (config, seed, processes, digests of the rows and fields it read) and wha
 took from it (its result and the networks' digest). A later run at the same commit, from a
 clean tree, with the same inputs, takes that instead of training again; anything else
 (another commit, a tree with uncommitted changes, other inputs, a folder without a result)
-trains afresh. Timed figures
-(throughput, scoring latency) are never kept: every run measures them itself. The result
-names the folder and how many trainings it reused (``kept_trainings``).
+trains afresh. Timed figures (throughput, scoring latency) are never kept: every run measures
+them itself. The result names the folder and how many trainings it reused (``kept_trainings``).
 """
 
 from __future__ import annotations

@@ -197,56 +197,46 @@ class OnlineFieldPlan:
         reads every view of the request inside one. ``expires`` (a reader with a ``stamp``)
         receives, per view read, when its ttl first turns a value of the answer missing."""
         given = given or {}
-        one_version = getattr(reader, "one_version", None)
-        with contextlib.nullcontext() if one_version is None else one_version():
-            return self._values(
-                reader, user_id, item_ids, genre_codes, genres, given, timed, keyed, expires
-            )
-
-    def _values(
-        self,
-        reader: CrossReader,
-        user_id: int,
-        item_ids: np.ndarray,
-        genre_codes: np.ndarray,
-        genres: Sequence[str],
-        given: Mapping[str, np.ndarray],
-        timed: Callable[[str, float], None] | None,
-        keyed: dict[str, KeyedColumn] | None,
-        expires: list[int] | None,
-    ) -> dict[str, np.ndarray]:
         n = len(item_ids)
         out: dict[str, np.ndarray] = {}
-        for read in self.reads:
-            wanted = [(j, f) for j, f in enumerate(read.fields) if f not in given]
-            if not wanted:
-                continue
-            if read.join_keys == (USER_KEY,) and all(read.kinds[j] == "user" for j, _ in wanted):
-                # One key, one value per field for the whole request: no candidate keys.
-                keys, inverse, valid = [(int(user_id),)], np.empty(0, np.int64), np.empty(0, bool)
-            else:
-                keys, inverse, valid = _distinct_keys(
-                    read.join_keys, user_id, item_ids, genre_codes, genres
-                )
-            features = [f for _, f in wanted]
-            started = time.perf_counter()
-            if expires is None:
-                found = reader.read(read.view, read.join_keys, keys, features)
-            else:
-                found = reader.read(read.view, read.join_keys, keys, features, expires=expires)
-            if timed is not None:
-                timed(read.view, time.perf_counter() - started)
-            per_candidate: np.ndarray | None = None
-            for k, (j, name) in enumerate(wanted):
-                if read.kinds[j] == "user":
-                    out[name] = found[:1, k] if len(found) else np.full(1, np.nan)
-                elif keyed is not None:
-                    keyed[name] = KeyedColumn(found[:, k], inverse, valid)
+        one_version = getattr(reader, "one_version", None)
+        with contextlib.nullcontext() if one_version is None else one_version():
+            for read in self.reads:
+                wanted = [(j, f) for j, f in enumerate(read.fields) if f not in given]
+                if not wanted:
+                    continue
+                if read.join_keys == (USER_KEY,) and all(
+                    read.kinds[j] == "user" for j, _ in wanted
+                ):
+                    # One key, one value per field for the whole request: no candidate keys.
+                    keys, inverse, valid = (
+                        [(int(user_id),)],
+                        np.empty(0, np.int64),
+                        np.empty(0, bool),
+                    )
                 else:
-                    if per_candidate is None:
-                        per_candidate = np.full((n, len(features)), np.nan, dtype=np.float64)
-                        per_candidate[valid] = found[inverse]
-                    out[name] = per_candidate[:, k]
+                    keys, inverse, valid = _distinct_keys(
+                        read.join_keys, user_id, item_ids, genre_codes, genres
+                    )
+                features = [f for _, f in wanted]
+                started = time.perf_counter()
+                if expires is None:
+                    found = reader.read(read.view, read.join_keys, keys, features)
+                else:
+                    found = reader.read(read.view, read.join_keys, keys, features, expires=expires)
+                if timed is not None:
+                    timed(read.view, time.perf_counter() - started)
+                per_candidate: np.ndarray | None = None
+                for k, (j, name) in enumerate(wanted):
+                    if read.kinds[j] == "user":
+                        out[name] = found[:1, k] if len(found) else np.full(1, np.nan)
+                    elif keyed is not None:
+                        keyed[name] = KeyedColumn(found[:, k], inverse, valid)
+                    else:
+                        if per_candidate is None:
+                            per_candidate = np.full((n, len(features)), np.nan, dtype=np.float64)
+                            per_candidate[valid] = found[inverse]
+                        out[name] = per_candidate[:, k]
         return out
 
 

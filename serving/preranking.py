@@ -169,6 +169,16 @@ class Scored:
     """Each candidate's row in the served item table (-1: unknown item)."""
 
 
+def _user_values(served: ServedVersion, given: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """The user fields of ``served`` among ``given`` (each ``[1]``), as the scorer takes them
+    and the feedback log keeps them."""
+    return {
+        name: float(np.asarray(given[name], dtype=np.float64).reshape(-1)[0])
+        for name, kind in served.request_fields.items()
+        if kind == "user" and name in given
+    }
+
+
 class PreRankingModel(Model):
     """KServe model ``preranking`` with hot swap of the registry's champion."""
 
@@ -561,12 +571,16 @@ class PreRankingModel(Model):
         item_ids: np.ndarray,
         extra: Mapping[str, np.ndarray] | None = None,
         clock: StageClock | None = None,
+        *,
+        held: bool = True,
     ) -> Scored:
         """:meth:`score` with the features it used: the fields of ``served.online`` the request
         does not carry read from the online store, one batched read per view
         (:mod:`serving.online_fields`); the item fields from the item table; the user side of
         the network once. ``extra``: the request's values of ``served.request_fields``
-        (InvalidInput naming a missing one that the server does not supply)."""
+        (InvalidInput naming a missing one that the server does not supply). ``held=False``
+        reads and encodes per request even where the user's share could be held
+        (:mod:`serving.user_sides`): the full path, to compare the two."""
         if served.request_fields:
             absent = [n for n in served.required_fields if n not in (extra or {})]
             if absent:
@@ -576,7 +590,7 @@ class PreRankingModel(Model):
         items = served.items
         rows = items.rows(item_ids)
         sent = extra or {}
-        if served.user_sides is not None and not sent:
+        if held and served.user_sides is not None and not sent:
             side = self._user_side(served, served.user_sides, user_id)
             if side is not None:
                 codes = items.codes(rows)
@@ -591,12 +605,7 @@ class PreRankingModel(Model):
                 **self._online_values(served, user_id, item_ids, codes, extra, keyed),
                 **(extra or {}),
             }
-        given = extra or {}
-        user = {
-            name: float(np.asarray(given[name], dtype=np.float64).reshape(-1)[0])
-            for name, kind in served.request_fields.items()
-            if kind == "user" and name in given
-        }
+        user = _user_values(served, extra or {})
         if served.online.reads and any(n in served.online.fields for n in sent):
             user.update(self._store_user_values(served, user_id, item_ids, codes, sent, user))
         if clock is not None:
@@ -684,11 +693,7 @@ class PreRankingModel(Model):
             values = self._online_values(
                 served, user_id, np.zeros(genres + 1, np.int64), codes, None, keyed, expires
             )
-            user = {
-                name: float(np.asarray(values[name], dtype=np.float64).reshape(-1)[0])
-                for name, kind in served.request_fields.items()
-                if kind == "user" and name in values
-            }
+            user = _user_values(served, values)
             side = served.scorer.user_side(user_id, genres, values, keyed, user)
             sides.put(user_id, stamp, min(expires, default=None), side)
             return side

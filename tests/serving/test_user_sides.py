@@ -140,13 +140,7 @@ def both_paths(model: PreRankingModel, user_id: int, item_ids: list[int]) -> tup
     served = model._serving()
     ids = np.asarray(item_ids, dtype=np.int64)
     held = model.score_request(served, user_id, ids, None)
-    sides = served.user_sides
-    object.__setattr__(served, "user_sides", None)
-    try:
-        full = model.score_request(served, user_id, ids, None)
-    finally:
-        object.__setattr__(served, "user_sides", sides)
-    return held, full
+    return held, model.score_request(served, user_id, ids, None, held=False)
 
 
 def test_a_held_side_scores_every_request_as_the_full_path_and_reads_once_per_user(
