@@ -2,6 +2,7 @@
 
     python -m benchmarks.serving_path --workdir /tmp/serving-path --out /tmp/path.json
     python -m benchmarks.serving_path --workdir /tmp/serving-path --requests 300 --cprofile 25
+    python -m benchmarks.serving_path --workdir /tmp/serving-pipeline --training-config pipeline
 
 The first run builds a private stack in ``--workdir`` as ``cascade bench serving --quick`` does
 (:func:`benchmarks.serving_load.build_stack`: the engine's partitions of today in the lake and
