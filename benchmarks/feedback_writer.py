@@ -39,7 +39,7 @@ import pandas as pd
 from benchmarks.provenance import provenance, rotated
 from serving.feedback import FeedbackConfig, FeedbackLog
 from serving.feedback_read import with_item_features, with_request_features
-from serving.feedback_rows import Coded, Gathered, ItemSnapshot
+from serving.feedback_rows import ITEM_SNAPSHOT, Coded, Gathered, ItemSnapshot
 
 LAYOUTS = ("copied", "by_reference")
 DAY = 1_795_000_000.0
@@ -100,13 +100,13 @@ def log_all(root: Path, layout: str, table: ItemSnapshot, drawn: list[dict[str, 
 
 def joined(root: Path) -> pd.DataFrame:
     """Every candidate row of ``root`` with its request's and its item's features, in request
-    order (part files have random names) and each request's candidates in their order."""
+    order (part files have random names) and each request's candidates in their order; the
+    item snapshot's name dropped (only the by-reference layout has one)."""
     parts = sorted((root / "feedback").rglob("part-*.parquet"))
     frame = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
     asked = sorted((root / "feedback_requests").rglob("part-*.parquet"))
-    if asked:
-        frame = with_request_features(frame, pd.concat([pd.read_parquet(p) for p in asked]))
-    frame = with_item_features(frame, root)
+    frame = with_request_features(frame, pd.concat([pd.read_parquet(p) for p in asked]))
+    frame = with_item_features(frame, root).drop(columns=ITEM_SNAPSHOT)
     order = frame["request_id"].str.removeprefix("r").astype(int)
     return frame.iloc[np.argsort(order.to_numpy(), kind="stable")].reset_index(drop=True)
 

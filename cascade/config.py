@@ -211,9 +211,10 @@ class ServingSettings:
     """Intra-op threads per server process (the compile gate times with the same count)."""
     request_log: bool = False
     """Log a line per request (uvicorn access log and KServe timing)."""
-    profile: Flag = False
-    """Time each stage of a pre-ranking infer request (wall and CPU) into a ``Server-Timing``
-    response header (``serving.request_profile``); ``cascade bench serving`` turns it on."""
+    profile: int = Field(default=0, ge=0)
+    """Time the stages of one pre-ranking infer request in this many (wall and CPU) into its
+    ``Server-Timing`` response header (``serving.request_profile``): ``0`` none, ``1`` every
+    request; ``cascade bench serving`` samples one in eight."""
     max_body_bytes: int = Field(default=1 << 20, ge=1)
     """Largest request body in bytes, counted while it streams (chunked uploads included);
     larger bodies get a 413. The ASR infer route has its own limit (16 MiB)."""

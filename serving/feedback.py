@@ -37,7 +37,6 @@ import pyarrow.parquet as pq
 
 from cascade.config import Settings, load_settings
 from serving.feedback_rows import (
-    ITEM_SNAPSHOT,
     REQUEST_COLUMNS,
     RESERVED,
     Chunk,
@@ -84,6 +83,12 @@ class FeedbackConfig:
             raise ValueError("max_buffered_rows must be >= flush_rows")
         if self.max_retry_rows < 0 or self.max_write_attempts < 1:
             raise ValueError("max_retry_rows must be >= 0 and max_write_attempts >= 1")
+
+
+_TAKEN = frozenset((*RESERVED, *REQUEST_COLUMNS))
+"""Names a request feature may not have."""
+_OWN = ("item_id", "score")
+"""The columns :meth:`FeedbackLog.log` builds from the ids and scores themselves."""
 
 
 def _array(values: Any) -> np.ndarray:
@@ -270,9 +275,9 @@ class FeedbackLog:
         per candidate; so does each feature, or it is one scalar for all candidates (the
         user's features), :class:`Coded` strings or :class:`Gathered` rows of a table.
         ``items``: the item table the candidates were scored with, logged by reference
-        (column ``item_snapshot``; written once, before the first row naming it).
+        (the request row's ``item_snapshot``; written once, before the first row naming it).
         ``request_features``: scalars of the whole request (the user's features), written
-        once as its request row instead of on each candidate's.
+        in its request row (as its ts, user and versions are) instead of on each candidate's.
         ``request_id``: the server's id of the request (clicks join on it);
         ``client_request_id``: the id the client sent, if any, kept in its own column and
         never joined on.
@@ -284,6 +289,13 @@ class FeedbackLog:
             "item_id": ids,
             "score": np.array(scores, dtype=np.float64),
         }
+        for name in _OWN:
+            shape = columns[name].shape  # type: ignore[union-attr]
+            if shape != (n,):
+                raise ValueError(
+                    f"feedback column {name!r} has shape {shape}; expected ({n},), one "
+                    "value per candidate"
+                )
         if shadow_scores is not None:
             columns["shadow_score"] = np.array(shadow_scores, dtype=np.float64)
         for name, values in (features or {}).items():
@@ -301,8 +313,11 @@ class FeedbackLog:
         if request_features:
             request = {}
             for name, value in request_features.items():
-                if name in RESERVED or name in REQUEST_COLUMNS or name in columns:
+                if name in _TAKEN or name in columns:
                     raise ValueError(f"request feature {name!r} clashes with a feedback column")
+                if type(value) is float:  # the common case, checked first
+                    request[name] = value
+                    continue
                 if isinstance(value, np.generic):
                     value = value.item()
                 if not (value is None or isinstance(value, str | int | float)) or isinstance(
@@ -313,13 +328,14 @@ class FeedbackLog:
                         f"{type(value).__name__}"
                     )
                 request[name] = value
-        if items is not None:
+        if items is not None and not (
+            columns.keys().isdisjoint(items.columns)
+            and (request or {}).keys().isdisjoint(items.columns)
+        ):
             clash = sorted(set(items.columns) & (set(columns) | set(request or {})))
-            if clash:
-                raise ValueError(f"features {clash} are also columns of the item snapshot")
-            columns[ITEM_SNAPSHOT] = Repeat(items.digest)
+            raise ValueError(f"features {clash} are also columns of the item snapshot")
         for name, column in columns.items():
-            if isinstance(column, Repeat):
+            if name in _OWN or isinstance(column, Repeat):  # _OWN: checked above
                 continue
             if isinstance(column, Coded):
                 shape = column.codes.shape
@@ -410,10 +426,10 @@ class FeedbackLog:
                     self._keep_for_retry(group, failed=False)
                     continue
                 try:
-                    self._write_snapshots(c.items for c, _ in group)
-                    if any(c.request for c, _ in group):  # the requests before their rows
-                        self._write_requests(ds, requests_table([c for c, _ in group]))
-                    self._write_row_group(ds, feedback_table([c for c, _ in group]))
+                    chunks = [c for c, _ in group]
+                    self._write_snapshots(c.items for c in chunks)
+                    self._write_requests(ds, requests_table(chunks))  # before their rows
+                    self._write_row_group(ds, feedback_table(chunks))
                 except Exception as exc:
                     io_failed = isinstance(exc, OSError)
                     self.write_errors += 1
@@ -479,13 +495,15 @@ class FeedbackLog:
 
     def _write_row_group(self, ds: str, table: pa.Table) -> None:
         """Append ``table`` to day ``ds``'s open part (opened here if needed); publish the
-        part once it holds ``part_rows``. When the write fails, the part is closed with the
-        row groups it holds (:meth:`_OpenPart.close_after_failure`) and the error raised."""
+        part once it holds ``part_rows``. When the write fails, the day's requests part is
+        published and this part closed with the row groups it holds
+        (:meth:`_OpenPart.close_after_failure`), and the error raised."""
         part = self._part_for(self._parts, "feedback", ds, table, self._publish)
         try:
             part.write(table)
         except Exception:
             self._parts.pop(ds, None)
+            self._publish_requests(ds)  # the rows published below name requests in it
             if part.close_after_failure() is not None:
                 self.written_rows += part.rows
             else:

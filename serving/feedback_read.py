@@ -14,8 +14,8 @@ import pandas as pd
 from cascade.config import Settings, load_settings
 from serving.feedback_rows import (
     ITEM_SNAPSHOT,
+    JOINED_COLUMNS,
     MODEL,
-    REQUEST_COLUMNS,
     feedback_dir,
     item_snapshot_path,
     snapshot_digest,
@@ -64,26 +64,28 @@ def with_item_features(scored: pd.DataFrame, root: Path) -> pd.DataFrame:
 
 
 def with_request_features(scored: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
-    """``scored`` (feedback rows) with the features of their request row (``requests``: the
-    day's ``feedback_requests`` rows) joined on ``request_id``, in row order. A request
-    written twice (a retried write) counts once; where a row already has the column (an older
-    part logged it per candidate) its own value wins."""
+    """``scored`` (feedback rows) with the columns of their request row (``requests``: the
+    day's ``feedback_requests`` rows: ts, user, versions, item snapshot and the request's
+    features) joined on ``request_id``, in :data:`JOINED_COLUMNS` order then the rest. A
+    request written twice (a retried write) counts once; where a row already has the column (a
+    part of the earlier layout logged it per candidate) its own value wins."""
     if requests.empty or scored.empty:
         return scored
-    features = [c for c in requests.columns if c not in REQUEST_COLUMNS]
-    if not features:
+    columns = [c for c in requests.columns if c not in ("request_id", "candidates")]
+    if not columns:
         return scored
-    one = requests.drop_duplicates("request_id", keep="last")[["request_id", *features]]
+    one = requests.drop_duplicates("request_id", keep="last")[["request_id", *columns]]
     joined = scored.merge(
-        one.rename(columns={f: f"__request_{f}" for f in features}),
+        one.rename(columns={c: f"__request_{c}" for c in columns}),
         on="request_id",
         how="left",
         validate="many_to_one",
     )
-    for name in features:
+    for name in columns:
         value = joined.pop(f"__request_{name}")
         joined[name] = joined[name].where(joined[name].notna(), value) if name in joined else value
-    return joined
+    lead = [c for c in JOINED_COLUMNS if c in joined.columns]
+    return joined[[*lead, *(c for c in joined.columns if c not in lead)]]
 
 
 def load_joined_feedback(ds: str, *, settings: Settings | None = None) -> pd.DataFrame:

@@ -6,16 +6,17 @@ to, the column forms a request is buffered in, and the Arrow tables a buffer is 
     lake/feedback_requests/preranking/dt=YYYY-MM-DD/part-*.parquet   one row per request
     lake/clicks/preranking/dt=YYYY-MM-DD/part-*.parquet     (request_id, item_id, click)
 
-The item side of a candidate's features is logged by reference: the server's item table is
-the same for every request until it is refreshed, so it is written once as an
-:class:`ItemSnapshot` (``item_id`` and each column, named by the SHA-256 of its content) and
-each row carries that name in ``item_snapshot``; :func:`serving.feedback_read.load_joined_feedback`
-joins the two back into one row per candidate with its item features. Copying ~15 item
-columns into every row of every request was half of the writer's CPU (and most of the bytes
-written). The same holds for the user's features, one value per request: given as
-``request_features`` they are written once per request (``feedback_requests``: ts,
-request_id, user_id, model_version, ``candidates`` and the features) and joined back by
-``request_id``.
+What is the same for every candidate of a request is written once, in the request's row
+(``feedback_requests``: :data:`REQUEST_COLUMNS`, then the user's features given as
+``request_features``); a candidate's row holds only what is its own (:data:`ROW_COLUMNS`, then
+any per-candidate feature) and is joined back to its request by ``request_id``. The item side
+of a candidate's features is logged by reference: the server's item table is the same for
+every request until it is refreshed, so it is written once as an :class:`ItemSnapshot`
+(``item_id`` and each column, named by the SHA-256 of its content) and each request row names
+it in ``item_snapshot``. :func:`serving.feedback_read.load_joined_feedback` joins all three
+back into one row per candidate with its request's columns and its item features. Copying ~15
+item columns into every row of every request was half of the writer's CPU; repeating the
+request's six scalars on each of its 1,000 rows was half of what was left.
 
 A request is buffered as it came, one :class:`Chunk` of column arrays (its 1,000 candidates
 are not turned into 1,000 row objects; a caller may give per-candidate features as row
@@ -212,7 +213,7 @@ class Chunk:
     columns: dict[str, Column]
     """``item_id``, ``score``, ``shadow_score`` (when shadowed) and the features."""
     items: ItemSnapshot | None = None
-    """The item snapshot ``columns[ITEM_SNAPSHOT]`` names, written before the rows."""
+    """The item snapshot the request row names (``item_snapshot``), written before it."""
     request: dict[str, Any] | None = None
     """Features with one value for the request (the user's), written as its request row."""
     client_request_id: str | None = None
@@ -320,46 +321,62 @@ def _ts_ns(chunks: list[Chunk]) -> np.ndarray:
     return np.array([round(c.ts * 1e6) * 1000 for c in chunks], dtype=np.int64)
 
 
+ROW_COLUMNS = ("request_id", "item_id", "score", "shadow_score")
+"""The leading columns of a candidate's row; its per-candidate features follow."""
+REQUEST_COLUMNS = (
+    "ts", "request_id", "user_id", "model_version", "shadow_version", "client_request_id",
+    ITEM_SNAPSHOT, "candidates",
+)  # fmt: skip
+"""The leading columns of a request's row; the features given as ``request_features`` follow."""
+JOINED_COLUMNS = (
+    "ts", "request_id", "user_id", "item_id", "score", "model_version", "shadow_version",
+    "shadow_score", "client_request_id",
+)  # fmt: skip
+"""The leading columns of a candidate's row joined back with its request's
+(:func:`serving.feedback_read.load_joined_feedback`)."""
+
+
 def feedback_table(chunks: list[Chunk]) -> pa.Table:
-    """The rows of ``chunks`` in the feedback schema: ts, request_id, user_id, item_id, score,
-    model_version, shadow_version, shadow_score, client_request_id, then the features in
-    first-seen order."""
+    """The candidates' rows of ``chunks``: :data:`ROW_COLUMNS`, then the per-candidate
+    features in first-seen order. ``request_id`` is a dictionary column over the chunks (one
+    entry per request, no hashing of 1,000 equal strings); ``item_id`` and ``score`` are the
+    chunks' own arrays, chunked, not copied into one."""
     counts = np.array([c.rows for c in chunks], dtype=np.int64)
-    ts_ns = np.repeat(_ts_ns(chunks), counts)
+    total = int(counts.sum())
     features: dict[str, None] = {}
     for chunk in chunks:
         features.update(dict.fromkeys(k for k in chunk.columns if k not in _FIXED))
-    shadow_score = (
-        _column(chunks, counts, "shadow_score")
-        if any("shadow_score" in c.columns for c in chunks)
-        else pa.nulls(int(counts.sum()), pa.float64())
-    )
-    arrays: dict[str, pa.Array] = {
-        "ts": pa.array(ts_ns, type=pa.timestamp("ns", tz="UTC")),
-        "request_id": _repeat_strings([c.request_id for c in chunks], counts),
-        "user_id": pa.array(
-            np.repeat(np.array([c.user_id for c in chunks], dtype=np.int64), counts)
+    request = np.repeat(np.arange(len(chunks), dtype=np.int32), counts)
+    arrays: dict[str, pa.Array | pa.ChunkedArray] = {
+        "request_id": pa.DictionaryArray.from_arrays(
+            pa.array(request), pa.array([c.request_id for c in chunks], type=pa.string())
         ),
-        "item_id": _column(chunks, counts, "item_id"),
-        "score": _column(chunks, counts, "score"),
-        "model_version": _repeat_strings([c.model_version for c in chunks], counts),
-        "shadow_version": _repeat_strings([c.shadow_version for c in chunks], counts),
-        "shadow_score": shadow_score,
-        "client_request_id": _repeat_strings([c.client_request_id for c in chunks], counts),
+        "item_id": _own_arrays(chunks, "item_id", pa.int64()),
+        "score": _own_arrays(chunks, "score", pa.float64()),
+        "shadow_score": (
+            _column(chunks, counts, "shadow_score")
+            if any("shadow_score" in c.columns for c in chunks)
+            else pa.nulls(total, pa.float64())
+        ),
     }
     for name in features:
         arrays[name] = _column(chunks, counts, name)
     return pa.table(arrays)
 
 
-REQUEST_COLUMNS = ("ts", "request_id", "user_id", "model_version", "candidates")
-"""The leading columns of a request row; its features follow."""
+def _own_arrays(chunks: list[Chunk], name: str, kind: pa.DataType) -> pa.ChunkedArray:
+    """Column ``name`` that every chunk holds as its own array of ``kind``: wrapped, not
+    copied (the chunks' arrays are never changed once logged)."""
+    return pa.chunked_array([pa.array(c.columns[name], type=kind) for c in chunks], type=kind)
+
+
+def _optional_strings(values: list[str | None]) -> pa.Array:
+    return pa.array(values, type=pa.string())
 
 
 def requests_table(chunks: list[Chunk]) -> pa.Table:
-    """One row per chunk with request features: :data:`REQUEST_COLUMNS`, then the features in
-    first-seen order (null where a request lacks one)."""
-    chunks = [c for c in chunks if c.request]
+    """One row per chunk: :data:`REQUEST_COLUMNS`, then the request features in first-seen
+    order (null where a request lacks one)."""
     names: dict[str, None] = {}
     for chunk in chunks:
         names.update(dict.fromkeys(chunk.request or {}))
@@ -368,6 +385,11 @@ def requests_table(chunks: list[Chunk]) -> pa.Table:
         "request_id": pa.array([c.request_id for c in chunks], type=pa.string()),
         "user_id": pa.array([c.user_id for c in chunks], type=pa.int64()),
         "model_version": pa.array([c.model_version for c in chunks], type=pa.string()),
+        "shadow_version": _optional_strings([c.shadow_version for c in chunks]),
+        "client_request_id": _optional_strings([c.client_request_id for c in chunks]),
+        ITEM_SNAPSHOT: _optional_strings(
+            [None if c.items is None else c.items.digest for c in chunks]
+        ),
         "candidates": pa.array([c.rows for c in chunks], type=pa.int64()),
     }
     for name in names:

@@ -12,7 +12,7 @@ Response: output ``scores`` (FP32, shape ``[N]``, sigmoid of the logits) and
 the v2 binary tensor extension (``Inference-Header-Content-Length``: a JSON header, then the ids
 as raw little-endian INT64 bytes, each input declaring its ``binary_data_size``) and answers the
 scores as raw FP32 bytes when asked (``parameters.binary_data_output``); the scores are the
-JSON answer's, bit for bit. With ``CASCADE_SERVING_PROFILE=1`` every answer carries a
+JSON answer's, bit for bit. With ``CASCADE_SERVING_PROFILE=N`` one answer in N carries a
 ``Server-Timing`` header with each stage's wall and CPU time (:mod:`serving.request_profile`).
 
 The server serves versions trained on the cross-statistics engine's training set: an FSCD
@@ -53,9 +53,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -202,8 +202,10 @@ class PreRankingModel(Model):
         self._refresh_lock = threading.Lock()
         self._predict_seconds = PREDICT_HIST_TIME.labels(**get_labels(name))
         self.profile = self.settings.serving.profile
-        """Time each stage of an infer request into its answer's ``Server-Timing``
-        (``CASCADE_SERVING_PROFILE``, :mod:`serving.request_profile`)."""
+        """Time each stage of one infer request in this many (0: none) into its answer's
+        ``Server-Timing`` (``CASCADE_SERVING_PROFILE``, :mod:`serving.request_profile`)."""
+        self._unprofiled = 0
+        """Infer requests since the last one timed."""
         self.feature_store_timeouts = 0
         """Requests answered 503 because the online store was locked or timed out."""
         self.feature_overrides = 0
@@ -763,7 +765,7 @@ class PreRankingModel(Model):
         checks, cost ~0.1 ms a request). Raises MalformedRequest (422), InvalidInput (400),
         ModelNotReady (503) or InferenceError (500).
         """
-        clock = StageClock() if self.profile else None
+        clock = self._stage_clock()
         request = decode_v2_request(body, binary_header_length(headers))
         if clock is not None:
             clock.lap("parse")
@@ -798,6 +800,16 @@ class PreRankingModel(Model):
             return answer
         clock.lap("respond")
         return V2Answer(answer.body, answer.json_length, clock.header_value())
+
+    def _stage_clock(self) -> StageClock | None:
+        """A clock for this request when it is the one in :attr:`profile` to time."""
+        if not self.profile:
+            return None
+        self._unprofiled += 1
+        if self._unprofiled < self.profile:
+            return None
+        self._unprofiled = 0
+        return StageClock()
 
     async def predict(
         self,
@@ -873,7 +885,7 @@ class PreRankingModel(Model):
             if self.observer is not None:
                 self.observer.failed(served)
             raise
-        server_id = uuid.uuid4().hex
+        server_id = os.urandom(16).hex()  # 128 random bits, as a uuid4's hex, in a fifth the time
         if self.observer is not None:  # counted and buffered now; written off the response path
             self.observer.observed(
                 served, server_id, user_id, item_ids, scored.scores, scored.user,

@@ -1,9 +1,9 @@
 """Where one request's time goes: wall and thread-CPU time per stage of the infer path.
 
-With ``CASCADE_SERVING_PROFILE=1`` the pre-ranking server times each stage of every infer
-request with two clocks (``time.perf_counter_ns`` and ``time.thread_time_ns``: about a
-microsecond for both, a few per request) and answers with a ``Server-Timing`` header (W3C
-Server Timing) holding them, in milliseconds::
+With ``CASCADE_SERVING_PROFILE=N`` the pre-ranking server times each stage of one infer
+request in N (``1``: every request) with two clocks (``time.perf_counter_ns`` and
+``time.thread_time_ns``: about a microsecond for both, eight laps a request) and answers it
+with a ``Server-Timing`` header (W3C Server Timing) holding them, in milliseconds::
 
     Server-Timing: parse;dur=0.041, parse-cpu;dur=0.040, validate;dur=0.012, ...
 

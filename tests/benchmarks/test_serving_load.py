@@ -291,7 +291,12 @@ def test_quick_serving_benchmark_reports_latency_without_errors(
     assert stage_ms["score"]["median"] > 0 and stage_ms["features"]["median"] > 0
     handled = stage_ms["in_handler"]["median"]
     assert 0 < handled < result["p50_ms"]  # the handler is part of the round trip
-    assert result["profiled_requests"] == result["requests"]
+    # One request in PROFILE_EVERY is timed, each worker counting its own (the window's first
+    # and last of each worker's cycle may fall outside it).
+    from benchmarks.serving_load import PROFILE_EVERY
+
+    timed, requests = result["profiled_requests"], result["requests"]
+    assert abs(timed * PROFILE_EVERY - requests) <= 2 * PROFILE_EVERY * result["workers"], timed
     assert result["cpu_outside_stages_ms_per_request"] is not None
     # The same load in the binary tensor extension, without errors, beside the JSON figures.
     versus = result["binary_vs_json"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import re
 import threading
 import time
 from pathlib import Path
@@ -32,6 +33,15 @@ def parts(root: Path) -> list[Path]:
 
 def read(root: Path) -> pd.DataFrame:
     return pd.concat([pd.read_parquet(p) for p in parts(root)], ignore_index=True)
+
+
+def requests_of(root: Path) -> pd.DataFrame:
+    return pd.read_parquet(root / "feedback_requests")
+
+
+def read_joined(root: Path) -> pd.DataFrame:
+    """The candidates' rows with their request rows' columns."""
+    return with_request_features(read(root), requests_of(root))
 
 
 def log_request(feedback: FeedbackLog, n: int, request: str, user: int = 7) -> None:
@@ -70,12 +80,22 @@ def test_rows_read_back_one_per_candidate_with_their_features(tmp_path: Path) ->
     )
     (part,) = feedback.flush()
     assert part.parent == feedback_dir(tmp_path, "feedback", "2026-11-22")
-    frame = pd.read_parquet(part)
-    assert len(frame) == 7 and feedback.written_rows == 7 and feedback.buffered_rows == 0
+    raw = pd.read_parquet(part)
+    assert len(raw) == 7 and feedback.written_rows == 7 and feedback.buffered_rows == 0
+    # A candidate's row holds only its own values; the request's are in its request row.
+    assert list(raw.columns) == [
+        "request_id", "item_id", "score", "shadow_score", "user_ctr", "item_ctr", "genre",
+    ]  # fmt: skip
+    requests = pd.read_parquet(feedback_dir(tmp_path, "feedback_requests", "2026-11-22"))
+    assert requests.request_id.tolist() == ["r1", "r2"]
+    assert requests.candidates.tolist() == [5, 2]
+    frame = with_request_features(raw, requests)
     assert list(frame.columns) == [
         "ts", "request_id", "user_id", "item_id", "score", "model_version",
         "shadow_version", "shadow_score", "client_request_id", "user_ctr", "item_ctr", "genre",
+        "item_snapshot",
     ]  # fmt: skip
+    assert frame.item_snapshot.isna().all()  # logged without an item table
     assert frame.client_request_id.tolist() == [None] * 5 + ["r1"] * 2
     assert str(frame.ts.dtype) == "datetime64[ns, UTC]"
     assert (frame.ts == pd.Timestamp(DAY, unit="s", tz="UTC")).all()
@@ -159,14 +179,14 @@ def test_item_features_logged_by_reference_join_back_to_the_copied_values(
     by_copy.flush()
     by_reference.flush()
     raw = read(tmp_path / "ref")
-    assert not {"item_ctr", "genre", "user_ctr", "segment"} & set(raw.columns)
-    assert raw.item_snapshot.tolist() == [tables[0].digest] * 180 + [tables[1].digest] * 60
+    assert not {"item_ctr", "genre", "user_ctr", "segment", "item_snapshot"} & set(raw.columns)
     written = sorted((tmp_path / "ref" / "feedback_items").rglob("*.parquet"))
     assert written == sorted(item_snapshot_path(tmp_path / "ref", t.digest) for t in tables)
-    asked = pd.read_parquet(tmp_path / "ref" / "feedback_requests")
+    asked = requests_of(tmp_path / "ref")
     assert len(asked) == 40 and asked.candidates.tolist() == [6] * 40
+    assert asked.item_snapshot.tolist() == [tables[0].digest] * 30 + [tables[1].digest] * 10
     joined = with_item_features(with_request_features(raw, asked), tmp_path / "ref")
-    want = read(tmp_path / "copy")
+    want = read_joined(tmp_path / "copy").drop(columns="item_snapshot")
     pd.testing.assert_frame_equal(joined[want.columns], want)
 
 
@@ -176,7 +196,7 @@ def test_item_snapshots_are_checked_when_read(tmp_path: Path, caplog: Any) -> No
     feedback.log(request_id="r", user_id=1, item_ids=[100, 103], scores=[0.1, 0.2],
                  model_version="3", items=table)  # fmt: skip
     feedback.flush()
-    raw = read(tmp_path)
+    raw = read_joined(tmp_path)
     # A snapshot changed in the lake no longer hashes to its name: refused, not joined.
     path = item_snapshot_path(tmp_path, table.digest)
     kept = path.read_bytes()
@@ -218,8 +238,8 @@ def test_rows_are_not_written_before_their_snapshot(tmp_path: Path) -> None:
     assert feedback.flush() == []
     assert feedback.retry_rows == 2 and parts(tmp_path) == [] and feedback.write_errors == 1
     blocker.unlink()
-    (part,) = feedback.flush()
-    joined = with_item_features(pd.read_parquet(part), tmp_path)
+    feedback.flush()
+    joined = with_item_features(read_joined(tmp_path), tmp_path)
     np.testing.assert_array_equal(joined.item_ctr, [0.1, 0.2])
 
 
@@ -262,6 +282,19 @@ def test_a_request_row_is_written_before_its_candidates_and_counted_once(
     with pytest.raises(ValueError, match="clashes"):
         feedback.log(request_id="x", user_id=1, item_ids=[1], scores=[0.1], model_version="3",
                      features={"user_ctr": 0.1}, request_features={"user_ctr": 0.2})  # fmt: skip
+
+
+def test_ids_and_scores_must_be_one_per_candidate(tmp_path: Path) -> None:
+    feedback = FeedbackLog(tmp_path, clock=lambda: DAY)
+    for ids, scores, bad in (
+        ([1, 2], [0.1], "'score' has shape (1,); expected (2,)"),
+        ([[1, 2]], [0.1], "'item_id' has shape (1, 2); expected (1,)"),
+        ([1], [[0.1]], "'score' has shape (1, 1); expected (1,)"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(bad)):
+            feedback.log(request_id="r", user_id=1, item_ids=ids, scores=scores,
+                         model_version="3")  # fmt: skip
+    assert feedback.buffered_rows == 0
 
 
 def test_writer_thread_loses_nothing_when_closed(tmp_path: Path) -> None:
@@ -398,18 +431,21 @@ def test_a_failed_write_keeps_the_rows_already_written_and_retries_the_failed_on
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     failing = FailingWrites(monkeypatch)
+    failing.when = lambda table: "item_id" in table.column_names  # the candidates' rows
     config = FeedbackConfig(flush_rows=1000, flush_s=3600, max_buffered_rows=10_000)
     feedback = FeedbackLog(tmp_path, config, clock=lambda: DAY)
     errors_before = metric("cascade_feedback_write_errors_total")
     log_request(feedback, 5, "a")
-    feedback.write()  # one row group in the open (hidden) part
-    assert parts(tmp_path) == [] and len(list(tmp_path.rglob(".part-*.tmp"))) == 1
+    feedback.write()  # one row group in each open (hidden) part: requests, candidates
+    assert parts(tmp_path) == [] and len(list(tmp_path.rglob(".part-*.tmp"))) == 2
 
     failing.error = OSError(28, "No space left on device")
     log_request(feedback, 7, "b")
     feedback.write()
-    # The part was closed with the row group written before the failure, and published.
+    # The part was closed with the row group written before the failure, and published, after
+    # the requests part its rows name.
     assert list(read(tmp_path).request_id) == ["a"] * 5
+    assert list(requests_of(tmp_path).request_id) == ["a", "b"]
     assert feedback.written_rows == 5 and feedback.retry_rows == 7
     assert feedback.write_errors == 1 and feedback.dropped_rows == 0
     assert metric("cascade_feedback_write_errors_total") == errors_before + 1
@@ -490,7 +526,9 @@ def test_a_part_broken_by_an_io_error_is_kept_aside_and_its_rows_counted(
     FillingDisk.full = True
     log_request(feedback, 2, "b")
     feedback.flush()
-    assert len(list(tmp_path.rglob(".part-*.parquet.failed"))) == 1
+    # Both open parts, the candidates' and their requests', are kept aside.
+    failed = sorted(p.parent.parent.parent.name for p in tmp_path.rglob(".part-*.parquet.failed"))
+    assert failed == ["feedback", "feedback_requests"]
     assert feedback.stranded_rows == 5 and feedback.retry_rows == 2 and parts(tmp_path) == []
     assert feedback.write_errors >= 1
     FillingDisk.full = False  # room again: the kept rows are written

@@ -981,7 +981,7 @@ def test_a_profiled_request_times_every_stage_in_its_answer(
     from serving.request_profile import STAGES, parse_server_timing
 
     profiled = PreRankingModel(
-        settings=Settings(home=tmp_path / "home", serving=ServingSettings(profile=True)),
+        settings=Settings(home=tmp_path / "home", serving=ServingSettings(profile=1)),
         config=ServingConfig(poll_s=0.05, max_candidates=100),
         backends=serving_fakes.backends(champion_file, store),
     )
@@ -999,6 +999,10 @@ def test_a_profiled_request_times_every_stage_in_its_answer(
 
     served = asyncio.run(profiled.infer_v2(text, ()))
     assert orjson.loads(served.body)["outputs"] == orjson.loads(answer.body)["outputs"]
+    # Sampled: one request in three is timed, the others answer without the header.
+    profiled.profile = 3
+    timed = [asyncio.run(profiled.infer_v2(text, ())).timing is not None for _ in range(6)]
+    assert timed == [False, False, True, False, False, True]
 
 
 def test_server_timing_is_read_back_stage_by_stage() -> None:

@@ -285,7 +285,17 @@ def test_every_scored_candidate_is_in_the_lake_after_sigterm(tmp_path: Path) -> 
         server.stop()
     assert server.proc.returncode == 0, server.log()
     lake = tmp_path / "home" / "lake" / "feedback"
-    frame = pd.concat([pd.read_parquet(p) for p in lake.rglob("part-*.parquet")])
+    raw = pd.concat([pd.read_parquet(p) for p in lake.rglob("part-*.parquet")])
+    assert len(raw) == 60 * 50
+    assert not list(lake.rglob("*.tmp"))
+    # The request's columns and the user's features: one request row per request, published
+    # with the candidates.
+    asked = pd.concat(
+        pd.read_parquet(p) for p in (lake.parent / "feedback_requests").rglob("part-*.parquet")
+    )
+    assert sorted(asked.request_id) == sorted(raw.request_id.unique())
+    assert (asked.candidates == 50).all()
+    frame = with_request_features(raw, asked)
     assert len(frame) == 60 * 50
     # Rows carry the server's own request ids; the client's is kept beside them, untrusted.
     assert frame.groupby("client_request_id").size().to_dict() == {f"fb-{n}": 50 for n in range(60)}
@@ -294,19 +304,10 @@ def test_every_scored_candidate_is_in_the_lake_after_sigterm(tmp_path: Path) -> 
         == {rid: 50 for rid in frame.request_id.unique()}
         and frame.request_id.nunique() == 60
     )
-    assert not list(lake.rglob("*.tmp"))
     # Both workers logged the same item table: one snapshot, joined back on every row.
     (snapshot,) = (tmp_path / "home" / "lake" / "feedback_items").rglob("*.parquet")
     assert frame.item_snapshot.unique().tolist() == [snapshot.stem]
     frame = with_item_features(frame, tmp_path / "home" / "lake")
-    # The user's features: one request row per request, published with the candidates.
-    asked = pd.concat(
-        pd.read_parquet(p) for p in (lake.parent / "feedback_requests").rglob("part-*.parquet")
-    )
-    assert sorted(asked.request_id) == sorted(frame.request_id.unique())
-    assert (asked.candidates == 50).all()
-    frame = with_request_features(frame, asked)
-    assert len(frame) == 60 * 50
     for name in serving_fakes.USER_FIELDS:  # as read from the store: NaN for ABSENT_USER
         want = [serving_fakes.user_value(name, u) for u in frame.user_id]
         pd.testing.assert_series_equal(
