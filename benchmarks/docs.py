@@ -121,6 +121,14 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "cer_fp32",
         "cer_int8",
         "cer_delta",
+        "cer_seen_speakers_median",
+        "cer_en",
+        "pocketsphinx_cer_en",
+        "cer_en_over_pocketsphinx",
+        "cer_fp32_detected",
+        "language_id_accuracy",
+        "rtf_int8_end_to_end",
+        "rtf_pocketsphinx_en",
     ),
     "multimodal": (
         "moe_steps_per_s",
@@ -542,7 +550,15 @@ HEADLINES: dict[str, tuple[str, ...]] = {
     ),
     "compilers": ("speedup_vs_best_fp32_peer", "speedup_vs_best_int8_peer", "auc_delta"),
     "serving": ("p99_ms", "rps", "server_cpu_ms_per_request"),
-    "asr": ("cer_seen_speakers", "cer_fp32", "cer_delta", "rtf_int8_end_to_end"),
+    "asr": (
+        "cer_seen_speakers_median",
+        "cer_en",
+        "cer_en_over_pocketsphinx",
+        "cer_fp32_detected",
+        "language_id_accuracy",
+        "cer_delta",
+        "rtf_int8_end_to_end",
+    ),
     "events": ("lost", "duplicates", "latency_p50_s"),
 }
 """The figures a ``headline`` view shows per benchmark (those the result has)."""
