@@ -87,8 +87,6 @@ class FeedbackConfig:
 
 _TAKEN = frozenset((*RESERVED, *REQUEST_COLUMNS))
 """Names a request feature may not have."""
-_OWN = ("item_id", "score")
-"""The columns :meth:`FeedbackLog.log` builds from the ids and scores themselves."""
 
 
 def _array(values: Any) -> np.ndarray:
@@ -289,13 +287,6 @@ class FeedbackLog:
             "item_id": ids,
             "score": np.array(scores, dtype=np.float64),
         }
-        for name in _OWN:
-            shape = columns[name].shape  # type: ignore[union-attr]
-            if shape != (n,):
-                raise ValueError(
-                    f"feedback column {name!r} has shape {shape}; expected ({n},), one "
-                    "value per candidate"
-                )
         if shadow_scores is not None:
             columns["shadow_score"] = np.array(shadow_scores, dtype=np.float64)
         for name, values in (features or {}).items():
@@ -335,7 +326,7 @@ class FeedbackLog:
             clash = sorted(set(items.columns) & (set(columns) | set(request or {})))
             raise ValueError(f"features {clash} are also columns of the item snapshot")
         for name, column in columns.items():
-            if name in _OWN or isinstance(column, Repeat):  # _OWN: checked above
+            if isinstance(column, Repeat):
                 continue
             if isinstance(column, Coded):
                 shape = column.codes.shape

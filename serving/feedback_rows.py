@@ -348,9 +348,7 @@ def feedback_table(chunks: list[Chunk]) -> pa.Table:
         features.update(dict.fromkeys(k for k in chunk.columns if k not in _FIXED))
     request = np.repeat(np.arange(len(chunks), dtype=np.int32), counts)
     arrays: dict[str, pa.Array | pa.ChunkedArray] = {
-        "request_id": pa.DictionaryArray.from_arrays(
-            pa.array(request), pa.array([c.request_id for c in chunks], type=pa.string())
-        ),
+        "request_id": _strings(request, [c.request_id for c in chunks], in_range=True),
         "item_id": _own_arrays(chunks, "item_id", pa.int64()),
         "score": _own_arrays(chunks, "score", pa.float64()),
         "shadow_score": (
@@ -370,10 +368,6 @@ def _own_arrays(chunks: list[Chunk], name: str, kind: pa.DataType) -> pa.Chunked
     return pa.chunked_array([pa.array(c.columns[name], type=kind) for c in chunks], type=kind)
 
 
-def _optional_strings(values: list[str | None]) -> pa.Array:
-    return pa.array(values, type=pa.string())
-
-
 def requests_table(chunks: list[Chunk]) -> pa.Table:
     """One row per chunk: :data:`REQUEST_COLUMNS`, then the request features in first-seen
     order (null where a request lacks one)."""
@@ -385,10 +379,10 @@ def requests_table(chunks: list[Chunk]) -> pa.Table:
         "request_id": pa.array([c.request_id for c in chunks], type=pa.string()),
         "user_id": pa.array([c.user_id for c in chunks], type=pa.int64()),
         "model_version": pa.array([c.model_version for c in chunks], type=pa.string()),
-        "shadow_version": _optional_strings([c.shadow_version for c in chunks]),
-        "client_request_id": _optional_strings([c.client_request_id for c in chunks]),
-        ITEM_SNAPSHOT: _optional_strings(
-            [None if c.items is None else c.items.digest for c in chunks]
+        "shadow_version": pa.array([c.shadow_version for c in chunks], type=pa.string()),
+        "client_request_id": pa.array([c.client_request_id for c in chunks], type=pa.string()),
+        ITEM_SNAPSHOT: pa.array(
+            [None if c.items is None else c.items.digest for c in chunks], type=pa.string()
         ),
         "candidates": pa.array([c.rows for c in chunks], type=pa.int64()),
     }

@@ -238,7 +238,8 @@ def test_rows_are_not_written_before_their_snapshot(tmp_path: Path) -> None:
     assert feedback.flush() == []
     assert feedback.retry_rows == 2 and parts(tmp_path) == [] and feedback.write_errors == 1
     blocker.unlink()
-    feedback.flush()
+    (part,) = feedback.flush()
+    assert parts(tmp_path) == [part]
     joined = with_item_features(read_joined(tmp_path), tmp_path)
     np.testing.assert_array_equal(joined.item_ctr, [0.1, 0.2])
 
