@@ -44,6 +44,7 @@ def language_figures(
     data = load_split(training, "train", artifact.alphabet)
     per_language = QUICK_PER_LANGUAGE if quick else PER_LANGUAGE
     model, alphabet = artifact.model.eval(), artifact.alphabet
+    lms = artifact.language_models  # each language's n-gram, for the language decoded
     identifier = train_language_identifier(model, alphabet, data, per_language=per_language)
     fit_s = time.perf_counter() - started
     rows: list[dict[str, Any]] = []
@@ -57,10 +58,18 @@ def language_figures(
             detected = identifier.predict(utterance_vector(x, log_probs, alphabet))[0]
             subsample = model.config.subsample
             oracle = decode(
-                log_probs, alphabet, subsample, language=decoding_language(alphabet, language, True)
+                log_probs,
+                alphabet,
+                subsample,
+                language=decoding_language(alphabet, language, True),
+                language_models=lms,
             ).text
             guided = decode(
-                log_probs, alphabet, subsample, language=decoding_language(alphabet, detected, True)
+                log_probs,
+                alphabet,
+                subsample,
+                language=decoding_language(alphabet, detected, True),
+                language_models=lms,
             ).text
             rows.append(
                 {

@@ -207,10 +207,14 @@ def held_out_split(corpus: Path, n_mels: int, limit: int | None) -> pd.DataFrame
     return frame
 
 
-def error_rates(forward: Any, alphabet: Any, frame: pd.DataFrame) -> dict[str, Any]:
+def error_rates(
+    forward: Any, alphabet: Any, frame: pd.DataFrame, language_models: Any = None
+) -> dict[str, Any]:
     """CER/WER of ``forward`` on ``frame``, each utterance decoded for its own language (when
-    the alphabet knows it), with the transcripts and how many output characters fall outside
-    the utterance's language, restricted and not (one forward pass serves both)."""
+    the alphabet knows it) with that language's n-gram from ``language_models`` when there is
+    one (``cer``, ``wer``) and greedily (``cer_greedy``), with the transcripts and how many
+    output characters fall outside the utterance's language, restricted and not (one forward
+    pass serves all)."""
     from models.asr.compiled import MIN_FRAMES
     from models.asr.evaluate import decoding_language
     from models.asr.inference import decode, log_probs_of
@@ -218,18 +222,28 @@ def error_rates(forward: Any, alphabet: Any, frame: pd.DataFrame) -> dict[str, A
 
     usable = frame[[len(x) >= MIN_FRAMES for x in frame["x"]]]
     refs, languages = list(usable["transcript"]), list(usable["language"])
-    hyps, foreign, foreign_plain = [], 0, 0
+    hyps, greedy, foreign, foreign_plain = [], [], 0, 0
+    subsample = forward.config.subsample
     for x, language in zip(usable["x"], languages, strict=True):
         log_probs = log_probs_of(forward, x)
         lang = decoding_language(alphabet, language, True)
-        text = decode(log_probs, alphabet, forward.config.subsample, language=lang).text
-        plain = decode(log_probs, alphabet, forward.config.subsample).text
+        greedy.append(decode(log_probs, alphabet, subsample, language=lang).text)
+        text = (
+            decode(
+                log_probs, alphabet, subsample, language=lang, language_models=language_models
+            ).text
+            if language_models is not None and lang is not None
+            else greedy[-1]
+        )
+        plain = decode(log_probs, alphabet, subsample).text
         hyps.append(text)
         foreign += alphabet.foreign_tokens(text, language)
         foreign_plain += alphabet.foreign_tokens(plain, language)
     return {
         "cer": cer(refs, hyps),
         "wer": wer(refs, hyps),
+        "cer_greedy": cer(refs, greedy),
+        "decoding": "n-gram beam search" if language_models is not None else "greedy",
         "utterances": len(refs),
         "foreign_tokens": foreign,
         "foreign_tokens_unrestricted": foreign_plain,
@@ -237,6 +251,7 @@ def error_rates(forward: Any, alphabet: Any, frame: pd.DataFrame) -> dict[str, A
         "unseen_characters": sum(sum(alphabet.unseen(r).values()) for r in refs),
         "references": refs,
         "hypotheses": hyps,
+        "greedy_hypotheses": greedy,
         "languages": languages,
     }
 
@@ -516,8 +531,10 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
         """The eager fp32 and int8 package rates on ``frame``."""
         int8 = variants.get("int8")
         return (
-            error_rates(artifact.model, artifact.alphabet, frame),
-            None if int8 is None else error_rates(int8, quantized.alphabet, frame),
+            error_rates(artifact.model, artifact.alphabet, frame, artifact.language_models),
+            None
+            if int8 is None
+            else error_rates(int8, quantized.alphabet, frame, quantized.language_models),
         )
 
     def rates_on(source: Path) -> tuple[pd.DataFrame, dict[str, Any], dict[str, Any] | None]:
@@ -682,6 +699,8 @@ def _measure(
         cer_int8=None if int8_rates is None else int8_rates["cer"],
         wer_int8=None if int8_rates is None else int8_rates["wer"],
         cer_delta=None if int8_rates is None else (int8_rates["cer"] - fp32_rates["cer"]) * 100,
+        cer_fp32_greedy=fp32_rates["cer_greedy"],
+        decoding=fp32_rates["decoding"],
         test_utterances=fp32_rates["utterances"],
         cer_people_fp32=None,
         cer_people_int8=None,

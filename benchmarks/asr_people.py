@@ -177,14 +177,12 @@ def with_recordings(corpus: Path, recordings: Recordings, work: Path) -> Path:
     return out
 
 
-def _by_language(rates: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _by_language(rates: dict[str, Any], key: str = "hypotheses") -> dict[str, dict[str, Any]]:
     from domains.speech.audio_features import language_group
     from models.asr.metrics import cer
 
     pairs: dict[str, tuple[list[str], list[str]]] = {}
-    for ref, hyp, language in zip(
-        rates["references"], rates["hypotheses"], rates["languages"], strict=True
-    ):
+    for ref, hyp, language in zip(rates["references"], rates[key], rates["languages"], strict=True):
         refs, hyps = pairs.setdefault(language_group(language), ([], []))
         refs.append(ref)
         hyps.append(hyp)
@@ -238,6 +236,11 @@ def recordings_figures(
         "cer_seen_speakers_by_language": {
             g: v["cer"] for g, v in (_by_language(seen) if seen else {}).items()
         },
+        "cer_seen_speakers_greedy_by_language": {
+            g: v["cer"]
+            for g, v in (_by_language(seen, "greedy_hypotheses") if seen else {}).items()
+        },
+        "seen_speakers_decoding": seen["decoding"] if seen else None,
         "seen_speakers_utterances": seen["utterances"] if seen else 0,
         "cer_unseen_speakers_by_language": per_language,
         "unseen_speakers_note": SPEAKER_NOTE,
@@ -478,7 +481,13 @@ def people_figures(
     def model_text(wav: bytes) -> str:
         samples, rate = decode_wav(wav)
         features = log_mel(resample(samples, rate), used.n_mels)
-        return transcribe(forward, used.alphabet, features, language=language).text
+        return transcribe(
+            forward,
+            used.alphabet,
+            features,
+            language=language,
+            language_models=used.language_models,
+        ).text
 
     variant = "int8 package" if int8_forward is not None else "eager fp32 (no compile)"
     import torch

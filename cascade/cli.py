@@ -404,6 +404,10 @@ TOOLS: dict[str, tuple[str, dict[str, tuple[tuple[str, ...], str]]]] = {
             "gate": (("jobs.audio_corpus_gate",), "the corpus's data-quality gate"),
             "train": (("models.asr.train",), "train the ASR model (DeepSpeed processes)"),
             "evaluate": (("models.asr.evaluate",), "character error rate, fp32 against int8"),
+            "lm": (
+                ("models.asr.language_model",),
+                "fit a corpus's character n-grams and store them with a model",
+            ),
             "compile": (("compilers.asr",), "compile a model folder for serving"),
             "serve": (("serving.asr",), "serve a model folder as the KServe model asr"),
         },

@@ -439,6 +439,7 @@ class AsrModel(Model):
             loaded.artifact.alphabet,
             features,
             language=language,
+            language_models=loaded.artifact.language_models,
         )
         return {"text": result.text, "words": result.words(), "seconds": audio.seconds}
 

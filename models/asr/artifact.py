@@ -12,7 +12,10 @@ Training writes both, evaluation, the compiler passes, serving and the benchmark
 - ``state_dict``: fp32 weights;
 - ``quantization``: ``None`` for a float model, else what range-scaled int8 inference needs
   (``bits`` and per-layer ``activation_ranges``, module name -> clipping range of its input);
-- ``meta``: free-form facts (training config name, data fingerprint, metrics, MLflow run id).
+- ``meta``: free-form facts (training config name, data fingerprint, metrics, MLflow run id);
+- ``language_model`` (optional): ``{"file": NAME, "sha256": DIGEST}``, the character n-grams
+  decoding uses for a known language (:mod:`models.asr.language_model`), beside it as
+  ``asr_model.lm.json``; tied to the model file as the vocabulary is.
 
 The vocabulary file (:meth:`~models.asr.model.Alphabet.to_json`) holds the characters fitted
 from the training transcripts (id ``i + 1`` for ``characters[i]``, 0 is the CTC blank), each
@@ -36,10 +39,12 @@ from typing import Any
 
 import torch
 
+from models.asr.language_model import LanguageModels, parse_language_models, save_language_models
 from models.asr.model import Alphabet, ConvDFSMN, ConvDFSMNConfig
 
 FILENAME = "asr_model.pt"
 VOCABULARY_SUFFIX = ".vocabulary.json"
+LANGUAGE_MODEL_SUFFIX = ".lm.json"
 
 
 @dataclass
@@ -49,6 +54,8 @@ class AsrArtifact:
     n_mels: int
     quantization: dict[str, Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    language_models: LanguageModels | None = None
+    """Character n-grams per language for decoding a known language; None: greedy only."""
 
 
 def artifact_file(path: Path) -> Path:
@@ -64,12 +71,19 @@ def vocabulary_file(path: Path) -> Path:
     return target.with_name(target.stem + VOCABULARY_SUFFIX)
 
 
+def language_model_file(path: Path) -> Path:
+    """The language-model file of the model file ``path`` (``asr_model.lm.json``)."""
+    target = artifact_file(path)
+    return target.with_name(target.stem + LANGUAGE_MODEL_SUFFIX)
+
+
 def artifact_files(path: Path) -> list[Path]:
     """The files one stored model is made of (what a copy of it must take): the ``.pt`` and,
-    for a model with a fitted alphabet, its vocabulary file."""
+    for a model with a fitted alphabet, its vocabulary file, and its language models when it
+    has them."""
     target = artifact_file(path)
-    vocabulary = vocabulary_file(target)
-    return [target, vocabulary] if vocabulary.is_file() else [target]
+    beside = (vocabulary_file(target), language_model_file(target))
+    return [target, *(p for p in beside if p.is_file())]
 
 
 def _atomic_write(target: Path, write: Any) -> None:
@@ -87,6 +101,11 @@ def save_artifact(path: Path, artifact: AsrArtifact) -> Path:
     text = json.dumps(artifact.alphabet.to_json(), ensure_ascii=False, indent=1) + "\n"
     data = text.encode("utf-8")
     _atomic_write(vocabulary, lambda tmp: tmp.write_bytes(data))
+    lm_reference = None
+    lm_path = language_model_file(target)
+    if artifact.language_models is not None:
+        lm_data = save_language_models(lm_path, artifact.language_models)
+        lm_reference = {"file": lm_path.name, "sha256": hashlib.sha256(lm_data).hexdigest()}
     state = {k: v.detach().cpu().clone() for k, v in artifact.model.state_dict().items()}
     payload = {
         "config": artifact.model.config.to_dict(),
@@ -96,8 +115,44 @@ def save_artifact(path: Path, artifact: AsrArtifact) -> Path:
         "quantization": artifact.quantization,
         "meta": dict(artifact.meta),
     }
+    if lm_reference is not None:
+        payload["language_model"] = lm_reference
     _atomic_write(target, lambda tmp: torch.save(payload, tmp))
+    if lm_reference is None:
+        lm_path.unlink(missing_ok=True)  # a model saved without one keeps no stale file
     return target
+
+
+def _referenced(
+    target: Path, reference: Any, key: str, holds: str, what: str
+) -> tuple[Path, bytes]:
+    """The path and bytes of the file beside ``target`` that its ``key`` entry names, checked
+    against the sha256 the entry records."""
+    if not isinstance(reference, dict) or not isinstance(reference.get("file"), str):
+        raise ValueError(f"{target}: its '{key}' entry must name a file and its sha256")
+    path = target.with_name(Path(reference["file"]).name)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{target} keeps its {holds} in {path.name}, which is missing; copy that file "
+            "with the model (training writes and logs them together)"
+        )
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != reference.get("sha256"):
+        raise ValueError(
+            f"{path} is not the {what} {target.name} was saved with (its sha256 differs); "
+            "restore the file saved with the model"
+        )
+    return path, data
+
+
+def _stored_language_models(target: Path, payload: dict[str, Any]) -> LanguageModels | None:
+    reference = payload.get("language_model")
+    if reference is None:
+        return None
+    path, data = _referenced(
+        target, reference, "language_model", "language models", "language model"
+    )
+    return parse_language_models(data, where=str(path))
 
 
 def _stored_alphabet(target: Path, payload: dict[str, Any]) -> Alphabet:
@@ -106,20 +161,7 @@ def _stored_alphabet(target: Path, payload: dict[str, Any]) -> Alphabet:
     reference = payload.get("vocabulary")
     if reference is None:
         return Alphabet(payload["alphabet"], payload.get("languages"))
-    if not isinstance(reference, dict) or not isinstance(reference.get("file"), str):
-        raise ValueError(f"{target}: its 'vocabulary' entry must name a file and its sha256")
-    path = target.with_name(Path(reference["file"]).name)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{target} keeps its alphabet in {path.name}, which is missing; copy that file "
-            "with the model (training writes and logs the two together)"
-        )
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != reference.get("sha256"):
-        raise ValueError(
-            f"{path} is not the vocabulary {target.name} was saved with (its sha256 differs); "
-            "restore the file saved with the model"
-        )
+    path, data = _referenced(target, reference, "vocabulary", "alphabet", "vocabulary")
     try:
         parsed = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -153,4 +195,5 @@ def load_artifact(path: Path) -> AsrArtifact:
         n_mels=int(payload["n_mels"]),
         quantization=payload.get("quantization"),
         meta=dict(payload.get("meta") or {}),
+        language_models=_stored_language_models(target, payload),
     )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from models.asr.language_model import LanguageModels, lm_beam_decode
 from models.asr.model import BLANK, Alphabet, ConvDFSMN, beam_decode, greedy_decode, restrict
 
 FRAME_SECONDS = 0.010
@@ -54,15 +55,29 @@ def decode(
     *,
     beam: int = 0,
     language: str | None = None,
+    language_models: LanguageModels | None = None,
 ) -> Transcript:
     """The transcript of one utterance's log-probabilities ``[T', V]`` (any forward pass's:
     eager, fake-quantized int8 or a compiled package). ``language`` (a name or code the
     alphabet knows, :meth:`~models.asr.model.Alphabet.language_of`) restricts the output to
-    that language's characters; ``None`` lets every token through."""
+    that language's characters; ``None`` lets every token through. With ``language_models``
+    holding an n-gram of that language, the text is their beam search's
+    (:func:`~models.asr.language_model.lm_beam_decode`, which ``beam`` does not change)."""
     allowed = alphabet.allowed(language)
     log_probs = restrict(log_probs, allowed)
     times = emission_times(log_probs, subsample)
-    ids = beam_decode(log_probs, beam=beam) if beam > 0 else greedy_decode(log_probs)
+    ngram = (
+        language_models.get(alphabet.language_of(language))
+        if language_models is not None and language is not None
+        else None
+    )
+    if ngram is not None:
+        assert language_models is not None
+        ids = lm_beam_decode(log_probs, alphabet.characters, ngram, language_models.weights)
+    elif beam > 0:
+        ids = beam_decode(log_probs, beam=beam)
+    else:
+        ids = greedy_decode(log_probs)
     text = alphabet.decode(ids)
     if len(times) != len(text):
         times = [float("nan")] * len(text)
@@ -84,9 +99,18 @@ def transcribe(
     *,
     beam: int = 0,
     language: str | None = None,
+    language_models: LanguageModels | None = None,
 ) -> Transcript:
     """One utterance ``[frames, n_mels]``; ``beam`` > 0 uses prefix beam search for the text
     (timings then come from the greedy path and are kept only when the two agree in length);
-    ``language`` restricts the output to its characters (:func:`decode`)."""
+    ``language`` restricts the output to its characters and, with ``language_models``, decodes
+    with that language's n-gram (:func:`decode`)."""
     log_probs = log_probs_of(model, features)
-    return decode(log_probs, alphabet, model.config.subsample, beam=beam, language=language)
+    return decode(
+        log_probs,
+        alphabet,
+        model.config.subsample,
+        beam=beam,
+        language=language,
+        language_models=language_models,
+    )

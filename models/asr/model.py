@@ -19,6 +19,7 @@ server transcribes one; a streaming decoder would need a running estimate instea
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -199,6 +200,16 @@ def restrict(log_probs: torch.Tensor, allowed: torch.Tensor | None) -> torch.Ten
     return torch.log_softmax(masked, dim=-1)
 
 
+def log_add(a: float, b: float) -> float:
+    """``log(exp(a) + exp(b))`` of two log-probabilities, either possibly ``-inf``."""
+    if a == -math.inf:
+        return b
+    if b == -math.inf:
+        return a
+    hi = max(a, b)
+    return hi + math.log1p(math.exp(-abs(a - b)))
+
+
 def greedy_decode(
     log_probs: torch.Tensor, length: int | None = None, allowed: torch.Tensor | None = None
 ) -> list[int]:
@@ -222,18 +233,9 @@ def beam_decode(
 ) -> list[int]:
     """CTC prefix beam search over one utterance ``[T, V]`` (no language model); with
     ``allowed`` (bool ``[V]``) no prefix holds a token outside it."""
-    import math
-
     steps = restrict(log_probs[: length if length is not None else log_probs.shape[0]], allowed)
     steps = steps.tolist()
-
-    def add(a: float, b: float) -> float:
-        if a == -math.inf:
-            return b
-        if b == -math.inf:
-            return a
-        hi = max(a, b)
-        return hi + math.log1p(math.exp(-abs(a - b)))
+    add = log_add
 
     # prefix -> (log p ending in blank, log p ending in non-blank)
     beams: dict[tuple[int, ...], tuple[float, float]] = {(): (0.0, -math.inf)}

@@ -45,6 +45,7 @@ def test_configs_are_complete_typed_and_validated() -> None:
     # The config for people: normalized per utterance, trained on people and synthesizers.
     people = get_config("people")
     assert people.model.cmvn and people.train_people and people.augmentation.speed > 0
+    assert people.people_share > 0.5 and people.fp32_steps > real.fp32_steps
     assert not (real.model.cmvn or fast.model.cmvn)
     assert AsrTrainConfig.from_dict(json.loads(json.dumps(people.to_dict()))) == people
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -173,6 +174,10 @@ def test_two_process_debug_run_learns_writes_both_models_and_resumes_after_a_kil
     assert int8.alphabet.fitted and int8.alphabet == fp32.alphabet
     assert set(int8.alphabet.characters) == set("".join(trained_on)) | {" "}
     assert int8_model(int8)(torch.randn(1, 30, 40)).shape[-1] == len(int8.alphabet)
+    # Both carry the n-grams of the training transcripts, one per language of the alphabet.
+    for artifact in (fp32, int8):
+        assert artifact.language_models is not None
+        assert set(artifact.language_models.models) == set(artifact.alphabet.languages)
     assert result["alphabet"]["size"] == len(int8.alphabet)
     assert result["unseen_characters_test"] == sum(result["unseen"]["test"].values())
     assert 0.0 <= result["cer_fp32"] <= 1.0 and 0.0 <= result["cer_int8"] <= 1.0

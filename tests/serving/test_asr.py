@@ -99,6 +99,51 @@ def test_serves_eager_when_the_package_is_missing_or_from_another_model(tmp_path
     assert load_model_dir(directory).backend == "eager"
 
 
+def test_a_request_naming_its_language_is_decoded_with_that_languages_ngram(
+    tmp_path: Path,
+) -> None:
+    """In process, on the eager tiny model with n-grams stored beside it: a request naming
+    English is decoded by beam search with the English n-gram (what the model's own decoder
+    gives with them), one naming no language greedily, as before."""
+    import asyncio
+
+    from kserve import InferRequest
+    from kserve.protocol.infer_type import InferInput
+
+    from models.asr.language_model import DecoderWeights, LanguageModels
+    from serving.asr import AsrModel
+
+    artifact = tiny_artifact(quantized=False)
+    # Heavy weights: the n-gram's choice, not the random network's, makes the text.
+    artifact.language_models = LanguageModels.fit(
+        ["the weather", "hello there"], ["en", "en"], order=3,
+        weights=DecoderWeights(alpha=3.0, beta=4.0, beam=4),
+    ).only(artifact.alphabet.languages)  # fmt: skip
+    save_artifact(tmp_path, artifact)
+    model = AsrModel(tmp_path, prefer_compiled=False)
+    assert model.load() and model.backend == "eager"
+    wav = espeak_wav()
+    audio = InferInput(name="audio", shape=[1], datatype="BYTES", data=[wav])
+
+    def infer(parameters: dict[str, Any] | None) -> str:
+        request = InferRequest(
+            model_name="asr", infer_inputs=[audio], request_id="r", parameters=parameters
+        )
+        return str(asyncio.run(model.predict(request)).outputs[0].data[0])
+
+    samples, rate = decode_wav(wav)
+    features = log_mel(resample(samples, rate), artifact.n_mels)
+    loaded = load_artifact(tmp_path)
+    expected = transcribe(
+        loaded.model, loaded.alphabet, features, language="en",
+        language_models=loaded.language_models,
+    ).text  # fmt: skip
+    greedy = transcribe(loaded.model, loaded.alphabet, features, language="en").text
+    assert expected != greedy
+    assert infer({"language": "en"}) == expected
+    assert infer(None) == transcribe(loaded.model, loaded.alphabet, features).text
+
+
 def test_a_reference_with_characters_the_model_never_saw_is_counted_not_refused(
     tmp_path: Path,
 ) -> None:
