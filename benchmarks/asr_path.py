@@ -542,11 +542,11 @@ def _run(quick: bool, threads: int) -> dict[str, Any]:
         frame = held_out_split(source, artifact.n_mels, 60 if quick else None)
         return (frame, *rates_of(frame))
 
-    trained_on_people = None
-    if provenance["source"] == "trained":
-        from models.asr.config_registry import get_config
+    from models.asr.config_registry import CONFIGS, get_config
 
-        trained_on_people = get_config(provenance["config"]).train_people
+    # A given model's config is known when its training's result.json is beside it.
+    config_name = provenance.get("config") or (provenance.get("training") or {}).get("config")
+    trained_on_people = get_config(config_name).train_people if config_name in CONFIGS else None
     measured = _measure(
         result, quick, artifact, quantized, variants, rates_on, corpus, people, people_reason,
         landing, work,
