@@ -238,9 +238,13 @@ def recordings_figures(
         },
         "cer_seen_speakers_greedy_by_language": {
             g: v["cer"]
-            for g, v in (_by_language(seen, "greedy_hypotheses") if seen else {}).items()
+            for g, v in (
+                _by_language(seen, "greedy_hypotheses")
+                if seen and "greedy_hypotheses" in seen
+                else {}
+            ).items()
         },
-        "seen_speakers_decoding": seen["decoding"] if seen else None,
+        "seen_speakers_decoding": seen.get("decoding") if seen else None,
         "seen_speakers_utterances": seen["utterances"] if seen else 0,
         "cer_unseen_speakers_by_language": per_language,
         "unseen_speakers_note": SPEAKER_NOTE,

@@ -261,6 +261,8 @@ def test_quick_run_trains_with_provenance_and_writes_finite_figures(
     assert result["people_reason"].startswith("skipped")
     assert result["utterances_per_s"] > 0 and result["rtf_eager"] > 0
     assert 0 <= result["cer_fp32"] and result["test_utterances"] > 0
+    # The trained model carries its languages' n-grams: the headline is theirs, greedy beside.
+    assert result["decoding"] == "n-gram beam search" and 0 <= result["cer_fp32_greedy"]
     provenance = result["model_provenance"]
     assert provenance["source"] == "trained" and provenance["config"] == "debug"
     assert provenance["train_s"] > 0 and result["train_estimate_s"] > 0
