@@ -251,11 +251,14 @@ def log4j_properties(log_file: Path) -> str:
 
 def cluster_id(settings: Settings) -> str:
     """The KRaft cluster id of the stack, made once (base64url of a random UUID, as Kafka's
-    ``random-uuid`` prints it) and kept under the state folder."""
+    ``random-uuid`` prints it, drawn again while it starts with ``-`` as Kafka's own are: a
+    command line would read it as an option) and kept under the state folder."""
     path = state_dir(settings) / "cluster.id"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        raw = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        raw = "-"
+        while raw.startswith("-"):
+            raw = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         path.write_text(raw + "\n")
     return path.read_text().strip()
 
@@ -300,8 +303,9 @@ def prepare(settings: Settings, node: Node) -> list[str]:
     jvm = jvm_command(settings, verify(libs_dir()), log4j)
     if not (state_dir(settings) / node.name / "meta.properties").exists():
         subprocess.run(
-            [*jvm, STORAGE_TOOL, "format", "--ignore-formatted", "-t", cluster_id(settings)]
-            + ["-c", str(config)],
+            # One argument with its value: an id kept from before may start with "-".
+            [*jvm, STORAGE_TOOL, "format", "--ignore-formatted"]
+            + [f"--cluster-id={cluster_id(settings)}", "-c", str(config)],
             check=True,
             stdout=subprocess.DEVNULL,
         )
