@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from models.asr.language_model import LanguageModels, parse_language_models, save_language_models
+from models.asr.language_model import LanguageModels, dump_language_models, parse_language_models
 from models.asr.model import Alphabet, ConvDFSMN, ConvDFSMNConfig
 
 FILENAME = "asr_model.pt"
@@ -104,7 +104,8 @@ def save_artifact(path: Path, artifact: AsrArtifact) -> Path:
     lm_reference = None
     lm_path = language_model_file(target)
     if artifact.language_models is not None:
-        lm_data = save_language_models(lm_path, artifact.language_models)
+        lm_data = dump_language_models(artifact.language_models)
+        _atomic_write(lm_path, lambda tmp: tmp.write_bytes(lm_data))
         lm_reference = {"file": lm_path.name, "sha256": hashlib.sha256(lm_data).hexdigest()}
     state = {k: v.detach().cpu().clone() for k, v in artifact.model.state_dict().items()}
     payload = {

@@ -12,7 +12,7 @@ with ``T(h)`` the number of distinct characters seen after ``h``, ``h'`` the his
 character shorter, and a uniform distribution over the characters seen (plus the end symbol)
 below the empty history. It needs only the counts, so what is stored is the counts.
 
-On disk (:func:`save_language_models`, beside the model file; the model file names it with its
+On disk (:func:`dump_language_models`, beside the model file; the model file names it with its
 digest, as it does its vocabulary) it is plain JSON, bounded on load: an order, the decoder's
 weights, and per language a map from each n-gram string (of 1 to ``order`` characters, the
 history padded with :data:`START`) to its count.
@@ -42,6 +42,9 @@ MAX_GRAMS = 4_000_000
 """Most n-gram entries a stored file may hold over all its languages (a bound on load)."""
 MAX_FILE_BYTES = 256 * 1024 * 1024
 FORMAT = "cascade-asr-char-ngram/1"
+CACHE_ENTRIES = 200_000
+"""Most ``(history, symbol)`` probabilities one n-gram keeps computed (a served model's n-grams
+live as long as the server; the cache must not grow with its traffic)."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ class CharNgram:
             distinct = self._types[context]
             p = (self.grams.get(context + symbol, 0) + distinct * p) / (total + distinct)
         value = math.log(p)
-        if len(self._cache) < 1_000_000:
+        if len(self._cache) < CACHE_ENTRIES:
             self._cache[key] = value
         return value
 
@@ -167,8 +170,8 @@ class LanguageModels:
         models = {g: m for g, m in self.models.items() if g in keep}
         return LanguageModels(self.order, models, self.weights, dict(self.meta))
 
-    def get(self, language: str | None) -> CharNgram | None:
-        return None if language is None else self.models.get(language)
+    def get(self, language: str) -> CharNgram | None:
+        return self.models.get(language)
 
     def to_json(self) -> dict[str, Any]:
         w = self.weights
@@ -231,14 +234,9 @@ class LanguageModels:
         return cls(order, models, weights, meta)
 
 
-def save_language_models(path: Path, models: LanguageModels) -> bytes:
-    """Write ``models`` to ``path``; returns the bytes written (the model file keeps their
-    digest)."""
-    data = (json.dumps(models.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-    return data
+def dump_language_models(models: LanguageModels) -> bytes:
+    """The bytes of ``models``'s file (the model file keeps their digest)."""
+    return (json.dumps(models.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
 def parse_language_models(data: bytes, *, where: str) -> LanguageModels:
@@ -314,6 +312,16 @@ def corpus_transcripts(corpus: Path, split: str = "train") -> tuple[list[str], l
     return list(frame["transcript"]), list(frame["language"])
 
 
+def fit_corpus(
+    corpus: Path, languages: Iterable[str] | None = None, *, order: int = 8
+) -> LanguageModels:
+    """The n-grams of ``corpus``'s training transcripts, for ``languages`` only when given (a
+    model's alphabet's)."""
+    texts, tagged = corpus_transcripts(corpus)
+    models = LanguageModels.fit(texts, tagged, order=order, meta={"corpus": str(corpus)})
+    return models if languages is None else models.only(languages)
+
+
 def attach(model: Path, corpus: Path, *, order: int = 8) -> list[Path]:
     """Fit the n-grams of ``corpus``'s training transcripts and store them with the model at
     ``model`` (a model folder or file, or a training run's folder: its ``fp32`` and ``int8``
@@ -324,8 +332,7 @@ def attach(model: Path, corpus: Path, *, order: int = 8) -> list[Path]:
     model = Path(model)
     folders = [model / kind for kind in ("fp32", "int8") if artifact_file(model / kind).is_file()]
     targets = [artifact_file(f) for f in folders] or [artifact_file(model)]
-    texts, languages = corpus_transcripts(corpus)
-    models = LanguageModels.fit(texts, languages, order=order, meta={"corpus": str(corpus)})
+    models = fit_corpus(corpus, order=order)
     written = []
     for target in targets:
         artifact = load_artifact(target)

@@ -90,7 +90,7 @@ from models.asr.artifact import AsrArtifact, artifact_files, save_artifact
 from models.asr.config_registry import CONFIGS, AsrTrainConfig, get_config
 from models.asr.corpus import Batch, Utterances, collate, corpus_n_mels, epoch_batches, load_split
 from models.asr.evaluate import source_of
-from models.asr.language_model import LanguageModels, corpus_transcripts
+from models.asr.language_model import fit_corpus
 from models.asr.model import BLANK, Alphabet, ConvDFSMN
 from models.asr.rsq import (
     distillation_loss,
@@ -501,9 +501,7 @@ def finish(
         distill_weight=config.distill_weight,
     )
     # Character n-grams of the training transcripts, for decoding a known language.
-    texts, languages = corpus_transcripts(corpus)
-    fitted = LanguageModels.fit(texts, languages, meta={"corpus": str(corpus)})
-    language_models = fitted.only(alphabet.languages)
+    language_models = fit_corpus(corpus, alphabet.languages)
 
     def save(
         model: ConvDFSMN, kind: str, quantization: dict[str, Any] | None, extra: dict[str, Any]
