@@ -36,8 +36,9 @@ The utterance's language, optional: ``"parameters": {"language": "en"}`` on the 
 or the binary extension's JSON header) or an HTTP ``Content-Language: en`` header (either body
 type; the two must agree). A name or code of a language the model knows (``english``, ``en``,
 ``en-us``, ``mandarin``, ``cmn``, ``zh``: :meth:`models.asr.model.Alphabet.language_of`)
-restricts decoding to that language's characters (the space and the blank always allowed);
-anything else is a 400 naming the languages the model knows. Without one, decoding is
+restricts decoding to that language's characters (the space and the blank always allowed)
+and, when the model carries that language's character n-gram (``asr_model.lm.json``,
+:mod:`models.asr.language_model`), decodes by beam search with it; anything else is a 400 naming the languages the model knows. Without one, decoding is
 unrestricted (every character of the output layer; no language detection), and the response's
 ``language`` parameter is null.
 

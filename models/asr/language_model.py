@@ -15,7 +15,10 @@ below the empty history. It needs only the counts, so what is stored is the coun
 On disk (:func:`dump_language_models`, beside the model file; the model file names it with its
 digest, as it does its vocabulary) it is plain JSON, bounded on load: an order, the decoder's
 weights, and per language a map from each n-gram string (of 1 to ``order`` characters, the
-history padded with :data:`START`) to its count.
+history padded with :data:`START`) to its count. Training fits them from its corpus; a model
+stored before, or a corpus with more text, gets them with::
+
+    cascade asr lm --model RUN_OR_MODEL_DIR --corpus CORPUS [--order N]
 """
 
 from __future__ import annotations
