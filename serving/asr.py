@@ -38,7 +38,8 @@ type; the two must agree). A name or code of a language the model knows (``engli
 ``en-us``, ``mandarin``, ``cmn``, ``zh``: :meth:`models.asr.model.Alphabet.language_of`)
 restricts decoding to that language's characters (the space and the blank always allowed)
 and, when the model carries that language's character n-gram (``asr_model.lm.json``,
-:mod:`models.asr.language_model`), decodes by beam search with it; anything else is a 400 naming the languages the model knows. Without one, decoding is
+:mod:`models.asr.language_model`), decodes by beam search with it; anything else is a 400
+naming the languages the model knows. Without one, decoding is
 unrestricted (every character of the output layer; no language detection), and the response's
 ``language`` parameter is null.
 
