@@ -3,8 +3,10 @@
 A language identifier (:mod:`models.asr.language_id`: pooled log-mel statistics and the fp32
 model's output, a logistic regression) is fitted on the training split of the corpus the model
 trained on, at most :data:`PER_LANGUAGE` utterances a language (:data:`QUICK_PER_LANGUAGE` with
-``--quick``). Every test utterance the benchmark decodes (the synthetic test split, Tux Paint's
-people, the recordings' held-out sentences and speakers) is then decoded by the eager fp32
+``--quick``), split evenly between people and synthetic voices
+(:func:`~models.asr.language_id.identifier_draw`). Every test utterance the benchmark
+decodes (the synthetic test split, Tux Paint's people, the recordings' held-out sentences and
+speakers) is then decoded by the eager fp32
 model twice: restricted to the detected language's characters (unrestricted when the model's
 alphabet does not know that language), and restricted to the labelled one. Keys:
 ``language_id_accuracy`` (over the utterances whose language the identifier knows; the others

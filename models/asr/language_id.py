@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from domains.speech.audio_features import language_group
+from domains.speech.audio_features import HUMAN_VOICE_PREFIX, language_group
 from models.asr.corpus import Utterances
 from models.asr.inference import log_probs_of
 from models.asr.model import BLANK, Alphabet, ConvDFSMN
@@ -171,6 +171,32 @@ def model_vector(
     return utterance_vector(features, log_probs_of(model, features), alphabet)
 
 
+def identifier_draw(data: Utterances, *, per_language: int | None, seed: int) -> list[int]:
+    """Indices of at most ``per_language`` utterances of each language group of ``data``
+    (``None``: all), drawn with ``seed``. Within a language the draw is split evenly between
+    recordings of people and synthetic voices, each taking what the other leaves: drawn in
+    proportion, a language whose people are a small part of its utterances would be heard from
+    people hardly at all, and the identifier would take a recording of a person as a cue for
+    the languages that are mostly people's."""
+    rng = np.random.default_rng(seed)
+    picked: list[int] = []
+    groups = np.array([language_group(lang) for lang in data.languages])
+    people = np.array([voice.startswith(HUMAN_VOICE_PREFIX) for voice in data.voices])
+    for group in sorted(set(groups)):
+        parts = [
+            np.flatnonzero((groups == group) & (people == of_people)) for of_people in (True, False)
+        ]
+        parts = sorted((part for part in parts if len(part)), key=len)
+        budget = per_language
+        for left, members in zip(range(len(parts), 0, -1), parts, strict=True):
+            if budget is not None:
+                take = min(len(members), budget // left)
+                members = np.sort(rng.choice(members, take, replace=False))
+                budget -= take
+            picked.extend(int(i) for i in members)
+    return picked
+
+
 def train_language_identifier(
     model: ConvDFSMN | None,
     alphabet: Alphabet | None,
@@ -179,18 +205,11 @@ def train_language_identifier(
     per_language: int | None = 500,
     seed: int = 0,
 ) -> LanguageIdentifier:
-    """An identifier fitted on ``data`` (a training split): at most ``per_language`` utterances
-    of each language group, drawn with ``seed``; with ``model``, its output is in the vectors."""
+    """An identifier fitted on ``data`` (a training split): the utterances
+    :func:`identifier_draw` picks; with ``model``, its output is in the vectors."""
     if len(data) == 0:
         raise ValueError("no utterances to fit a language identifier on: give a training split")
-    rng = np.random.default_rng(seed)
-    picked: list[int] = []
-    groups = np.array([language_group(lang) for lang in data.languages])
-    for group in sorted(set(groups)):
-        members = np.flatnonzero(groups == group)
-        if per_language is not None and len(members) > per_language:
-            members = np.sort(rng.choice(members, per_language, replace=False))
-        picked.extend(int(i) for i in members)
+    picked = identifier_draw(data, per_language=per_language, seed=seed)
     if model is not None:
         model.eval()
     vectors = np.stack([model_vector(model, alphabet, data.features[i].float()) for i in picked])

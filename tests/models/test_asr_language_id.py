@@ -13,6 +13,7 @@ from models.asr.corpus import Utterances
 from models.asr.language_id import (
     LanguageIdentifier,
     fit_language_identifier,
+    identifier_draw,
     identify,
     train_language_identifier,
     utterance_vector,
@@ -73,3 +74,31 @@ def test_the_model_output_joins_the_vector_and_one_language_is_always_the_answer
         fit_language_identifier(np.ones((3, 2)), ["cs"])
     with pytest.raises(ValueError, match="no utterances"):
         train_language_identifier(None, None, _data(0, seed=0))
+
+
+def test_the_draw_splits_each_language_between_people_and_synthetic_voices() -> None:
+    data = _data(300, seed=3)  # 200 English, 100 Czech
+    # A tenth of the English utterances (20) and half of the Czech ones are people's.
+    data.voices = [
+        ("human-a" if i % 10 == 1 else "en-voice")
+        if lang.startswith("en")
+        else ("human-b" if i % 2 else "cs-voice")
+        for i, lang in enumerate(data.languages)
+    ]
+
+    def counts(picked: list[int]) -> dict[tuple[str, bool], int]:
+        out: dict[tuple[str, bool], int] = {}
+        for i in picked:
+            key = (data.languages[i][:2], data.voices[i].startswith("human-"))
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    picked = identifier_draw(data, per_language=60, seed=0)
+    assert len(set(picked)) == len(picked)
+    # English: its 20 people are fewer than half of 60, so the synthetic voices take the rest.
+    assert counts(picked) == {
+        ("en", True): 20, ("en", False): 40, ("cs", True): 30, ("cs", False): 30
+    }  # fmt: skip
+    assert identifier_draw(data, per_language=60, seed=0) == picked
+    assert identifier_draw(data, per_language=60, seed=1) != picked
+    assert len(identifier_draw(data, per_language=None, seed=0)) == 300
