@@ -6,9 +6,9 @@ trained on, at most :data:`PER_LANGUAGE` utterances a language (:data:`QUICK_PER
 ``--quick``), split evenly between people and synthetic voices
 (:func:`~models.asr.language_id.identifier_draw`). Every test utterance the benchmark
 decodes (the synthetic test split, Tux Paint's people, the recordings' held-out sentences and
-speakers) is then decoded by the eager fp32
-model twice: restricted to the detected language's characters (unrestricted when the model's
-alphabet does not know that language), and restricted to the labelled one. Keys:
+speakers) is then decoded by the eager fp32 model twice: restricted to the detected language's
+characters (unrestricted when the model's alphabet does not know that language), and restricted
+to the labelled one. Keys:
 ``language_id_accuracy`` (over the utterances whose language the identifier knows; the others
 are counted in ``language_id_unknown_utterances``), per language and the confusions;
 ``cer_by_language_detected`` and, over the same utterances, ``cer_by_language_oracle``;

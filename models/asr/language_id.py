@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from domains.speech.audio_features import HUMAN_VOICE_PREFIX, language_group
+from domains.speech.audio_features import language_group
 from models.asr.corpus import Utterances
+from models.asr.evaluate import source_of
 from models.asr.inference import log_probs_of
 from models.asr.model import BLANK, Alphabet, ConvDFSMN
 
@@ -181,10 +182,10 @@ def identifier_draw(data: Utterances, *, per_language: int | None, seed: int) ->
     rng = np.random.default_rng(seed)
     picked: list[int] = []
     groups = np.array([language_group(lang) for lang in data.languages])
-    people = np.array([voice.startswith(HUMAN_VOICE_PREFIX) for voice in data.voices])
+    sources = np.array([source_of(voice) for voice in data.voices])
     for group in sorted(set(groups)):
         parts = [
-            np.flatnonzero((groups == group) & (people == of_people)) for of_people in (True, False)
+            np.flatnonzero((groups == group) & (sources == s)) for s in ("people", "synthetic")
         ]
         parts = sorted((part for part in parts if len(part)), key=len)
         budget = per_language

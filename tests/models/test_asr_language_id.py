@@ -4,6 +4,7 @@ into its vectors, survives a JSON round trip, and refuses vectors of another sha
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -86,12 +87,8 @@ def test_the_draw_splits_each_language_between_people_and_synthetic_voices() -> 
         for i, lang in enumerate(data.languages)
     ]
 
-    def counts(picked: list[int]) -> dict[tuple[str, bool], int]:
-        out: dict[tuple[str, bool], int] = {}
-        for i in picked:
-            key = (data.languages[i][:2], data.voices[i].startswith("human-"))
-            out[key] = out.get(key, 0) + 1
-        return out
+    def counts(picked: list[int]) -> Counter[tuple[str, bool]]:
+        return Counter((data.languages[i][:2], data.voices[i].startswith("human-")) for i in picked)
 
     picked = identifier_draw(data, per_language=60, seed=0)
     assert len(set(picked)) == len(picked)
