@@ -203,7 +203,7 @@ def train_language_identifier(
     alphabet: Alphabet | None,
     data: Utterances,
     *,
-    per_language: int | None = 500,
+    per_language: int | None = 2000,
     seed: int = 0,
 ) -> LanguageIdentifier:
     """An identifier fitted on ``data`` (a training split): the utterances
@@ -211,12 +211,20 @@ def train_language_identifier(
     if len(data) == 0:
         raise ValueError("no utterances to fit a language identifier on: give a training split")
     picked = identifier_draw(data, per_language=per_language, seed=seed)
+    return fit_language_identifier(
+        draw_vectors(model, alphabet, data, picked),
+        [data.languages[i] for i in picked],
+        uses_model=model is not None,
+    )
+
+
+def draw_vectors(
+    model: ConvDFSMN | None, alphabet: Alphabet | None, data: Utterances, picked: Sequence[int]
+) -> np.ndarray:
+    """``[len(picked), inputs]``: :func:`model_vector` of each picked utterance of ``data``."""
     if model is not None:
         model.eval()
-    vectors = np.stack([model_vector(model, alphabet, data.features[i].float()) for i in picked])
-    return fit_language_identifier(
-        vectors, [data.languages[i] for i in picked], uses_model=model is not None
-    )
+    return np.stack([model_vector(model, alphabet, data.features[i].float()) for i in picked])
 
 
 def identify(

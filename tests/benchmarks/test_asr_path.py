@@ -225,7 +225,7 @@ SMOKE_KEYS = (
     "cer_unseen_speakers_by_language", "human_train_minutes_by_language", "pocketsphinx_cer_en",
     "cer_en", "rtf_pocketsphinx_en", "rtf_en_end_to_end", "rtf_int8_end_to_end",
     "cer_by_language_detected", "cer_by_language_oracle", "language_id_accuracy",
-    "cer_fp32_detected",
+    "cer_fp32_detected", "language_id_accuracy_by_draw", "language_id_accuracy_by_part",
 )  # fmt: skip
 RECORDING_PACKAGES = {
     "asterisk_en": "/usr/share/asterisk/sounds/en_US_f_Allison",
@@ -281,6 +281,12 @@ def test_quick_run_trains_with_provenance_and_writes_finite_figures(
     assert 0 <= result["language_id_accuracy"] <= 1 and result["language_id_utterances"] > 0
     assert set(result["cer_by_language_detected"]) == set(result["cer_by_language_oracle"])
     assert "english" in result["language_id"]["languages"]
+    # One fit a draw seed; seed 0's identifier is the one that decodes.
+    by_draw = result["language_id_accuracy_by_draw"]
+    assert len(by_draw) == len(result["language_id"]["draw_seeds"]) > 1
+    assert by_draw[0] == pytest.approx(result["language_id_accuracy"])
+    by_part = result["language_id_accuracy_by_part"]
+    assert set(by_part) <= set(result["language_id"]["parts"]) and "synthetic" in by_part
     if not RECORDINGS_INSTALLED:
         if not any(Path(p).exists() for p in RECORDING_PACKAGES.values()):
             assert result["recordings_reason"].startswith("no recordings")
