@@ -4,16 +4,17 @@ A language identifier (:mod:`models.asr.language_id`: pooled log-mel statistics 
 model's output, a logistic regression) is fitted on the training split of the corpus the model
 trained on, at most :data:`PER_LANGUAGE` utterances a language (:data:`QUICK_PER_LANGUAGE` with
 ``--quick``), split evenly between people and synthetic voices
-(:func:`~models.asr.language_id.identifier_draw`, seed 0). The same fit on the draws of the
-other :data:`DRAW_SEEDS` measures how much the figure owes to the draw. Every test utterance the
-benchmark decodes (the synthetic test split, Tux Paint's people, the recordings' held-out
-sentences and speakers) is then decoded by the eager fp32 model twice: restricted to the
-detected language's characters (unrestricted when the model's alphabet does not know that
-language), and restricted to the labelled one. Keys:
+(:func:`~models.asr.language_id.identifier_draw`, seed 0), unless the model carries the one
+training fitted (``asr_model.language_id.json``, what the server uses; ``language_id.source``
+says which). Fits on the draws of :data:`DRAW_SEEDS` measure how much the figure owes to the
+draw. Every test utterance the benchmark decodes (the synthetic test split, Tux Paint's people,
+the recordings' held-out sentences and speakers) is then decoded by the eager fp32 model twice:
+restricted to the detected language's characters (unrestricted when the model's alphabet does
+not know that language), and restricted to the labelled one. Keys:
 ``language_id_accuracy`` (over the utterances whose language the identifier knows; the others
 are counted in ``language_id_unknown_utterances``), per language, per test part and the
 confusions; ``language_id_accuracy_by_draw``, the accuracy of the identifier fitted on each
-seed's draw (seed 0's is ``language_id_accuracy``, the one that decodes);
+seed's draw (seed 0's is the one that decodes when the model has none);
 ``cer_by_language_detected`` and, over the same utterances, ``cer_by_language_oracle``;
 ``cer_fp32_detected``, the synthetic test split's CER with detected languages (``cer_fp32``
 is the same with the label).
@@ -72,7 +73,8 @@ def language_figures(
         )
         for seed in DRAW_SEEDS
     ]
-    identifier = identifiers[0]
+    # The model's own identifier (what the server uses) when it has one; else the first draw's.
+    identifier = artifact.language_identifier or identifiers[0]
     fit_s = time.perf_counter() - started
     vectors: list[np.ndarray] = []
     rows: list[dict[str, Any]] = []
@@ -155,6 +157,7 @@ def language_figures(
             "inputs": len(identifier.mean),
             "training_utterances_per_language": per_language,
             "draw_seeds": list(DRAW_SEEDS),
+            "source": "model" if artifact.language_identifier is not None else "fitted",
             "fit_s": fit_s,
             "parts": sorted({r["part"] for r in rows}),
         },

@@ -129,6 +129,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
         "cer_en_over_pocketsphinx",
         "cer_fp32_detected",
         "language_id_accuracy",
+        "language_id_accuracy_by_part.tuxpaint",
         "rtf_int8_end_to_end",
         "rtf_pocketsphinx_en",
     ),

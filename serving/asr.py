@@ -39,9 +39,13 @@ type; the two must agree). A name or code of a language the model knows (``engli
 restricts decoding to that language's characters (the space and the blank always allowed)
 and, when the model carries that language's character n-gram (``asr_model.lm.json``,
 :mod:`models.asr.language_model`), decodes by beam search with it; anything else is a 400
-naming the languages the model knows. Without one, decoding is
-unrestricted (every character of the output layer; no language detection), and the response's
-``language`` parameter is null.
+naming the languages the model knows. Without one, the model's language identifier
+(``asr_model.language_id.json``, :mod:`models.asr.language_id`, fitted at training on the fp32
+model's output) picks the language from the utterance's features and the served forward pass's
+output, and decoding goes on as if the request had named it; the response's
+``language_detected`` parameter says which of the two happened. A model stored without an
+identifier decodes such an utterance unrestricted (every character of the output layer), and the
+response's ``language`` parameter is null.
 
 The utterance's known transcript, optional: ``"parameters": {"reference": "..."}`` (a client
 that labels its audio, or checks a model on it). The utterance is transcribed all the same; the
@@ -54,8 +58,8 @@ reason to refuse the utterance.
 
 Response outputs: ``transcript`` (BYTES ``[1]``), ``words`` (BYTES ``[W]``), ``word_start_s`` and
 ``word_end_s`` (FP32 ``[W]``), ``duration_s`` (FP32 ``[1]``); ``parameters`` name the backend
-the model digest and the language decoded for. Errors: 422 not a v2 request, 400 an unknown
-language / wrong tensor / not a WAV file / empty
+the model digest, the language decoded for and whether it was detected. Errors: 422 not a v2
+request, 400 an unknown language / wrong tensor / not a WAV file / empty
 audio / a header or data cut short (fewer frames than the header declares) / audio shorter than
 ``CorpusConfig.min_seconds`` (:data:`~domains.speech.audio_features.MIN_SECONDS`, the corpus's), 413
 audio longer than the limit (or a body past :data:`MAX_BODY_BYTES`, counted while it streams),
@@ -108,7 +112,8 @@ from models.asr.compiled import (
     load_compiled,
     model_digest,
 )
-from models.asr.inference import transcribe
+from models.asr.inference import decode, log_probs_of
+from models.asr.language_id import identify_output
 from models.asr.metrics import cer
 from models.asr.model import Alphabet
 from serving.asr_client import AUDIO_INPUT, MODEL_NAME
@@ -435,15 +440,29 @@ class AsrModel(Model):
         """Decode, featurize and transcribe one WAV file with ``loaded`` (restricted to
         ``language``'s characters when given)."""
         audio = decode_request_audio(content, self.config)
-        features = log_mel(audio.samples, loaded.artifact.n_mels)
-        result = transcribe(
-            loaded.forward,  # type: ignore[arg-type]
-            loaded.artifact.alphabet,
-            features,
+        artifact = loaded.artifact
+        features = log_mel(audio.samples, artifact.n_mels)
+        log_probs = log_probs_of(loaded.forward, features)  # type: ignore[arg-type]
+        detected = language is None and artifact.language_identifier is not None
+        if detected:
+            assert artifact.language_identifier is not None
+            language = identify_output(
+                artifact.language_identifier, features, log_probs, artifact.alphabet
+            )
+        result = decode(
+            log_probs,
+            artifact.alphabet,
+            loaded.forward.config.subsample,
             language=language,
-            language_models=loaded.artifact.language_models,
+            language_models=artifact.language_models,
         )
-        return {"text": result.text, "words": result.words(), "seconds": audio.seconds}
+        return {
+            "text": result.text,
+            "words": result.words(),
+            "seconds": audio.seconds,
+            "language": language,
+            "language_detected": detected,
+        }
 
     async def predict(
         self,
@@ -502,7 +521,8 @@ class AsrModel(Model):
                 "backend": loaded.backend,
                 "model_digest": loaded.digest[:16],
                 "model_version": loaded.version,
-                "language": language,
+                "language": result["language"],
+                "language_detected": result["language_detected"],
                 **checked,
             },
         )

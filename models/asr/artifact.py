@@ -16,6 +16,10 @@ Training writes both, evaluation, the compiler passes, serving and the benchmark
 - ``language_model`` (optional): ``{"file": NAME, "sha256": DIGEST}``, the character n-grams
   decoding uses for a known language (:mod:`models.asr.language_model`), beside it as
   ``asr_model.lm.json``; tied to the model file as the vocabulary is.
+- ``language_identifier`` (optional): ``{"file": NAME, "sha256": DIGEST}``, the language
+  identifier (:mod:`models.asr.language_id`) that picks the language of an utterance given
+  without one, beside it as ``asr_model.language_id.json`` (JSON numbers); tied the same way,
+  and its inputs must be those the model's vectors have.
 
 The vocabulary file (:meth:`~models.asr.model.Alphabet.to_json`) holds the characters fitted
 from the training transcripts (id ``i + 1`` for ``characters[i]``, 0 is the CTC blank), each
@@ -39,12 +43,20 @@ from typing import Any
 
 import torch
 
+from models.asr.language_id import (
+    LanguageIdentifier,
+    dump_language_identifier,
+    expected_inputs,
+    parse_language_identifier,
+)
 from models.asr.language_model import LanguageModels, dump_language_models, parse_language_models
 from models.asr.model import Alphabet, ConvDFSMN, ConvDFSMNConfig
+from models.asr.stored_json import parse_stored_json
 
 FILENAME = "asr_model.pt"
 VOCABULARY_SUFFIX = ".vocabulary.json"
 LANGUAGE_MODEL_SUFFIX = ".lm.json"
+LANGUAGE_ID_SUFFIX = ".language_id.json"
 
 
 @dataclass
@@ -56,6 +68,9 @@ class AsrArtifact:
     meta: dict[str, Any] = field(default_factory=dict)
     language_models: LanguageModels | None = None
     """Character n-grams per language for decoding a known language; None: greedy only."""
+    language_identifier: LanguageIdentifier | None = None
+    """Picks an utterance's language when none is given; None: such an utterance is decoded
+    unrestricted."""
 
 
 def artifact_file(path: Path) -> Path:
@@ -77,12 +92,22 @@ def language_model_file(path: Path) -> Path:
     return target.with_name(target.stem + LANGUAGE_MODEL_SUFFIX)
 
 
+def language_identifier_file(path: Path) -> Path:
+    """The language-identifier file of the model file ``path`` (``asr_model.language_id.json``)."""
+    target = artifact_file(path)
+    return target.with_name(target.stem + LANGUAGE_ID_SUFFIX)
+
+
 def artifact_files(path: Path) -> list[Path]:
     """The files one stored model is made of (what a copy of it must take): the ``.pt`` and,
-    for a model with a fitted alphabet, its vocabulary file, and its language models when it
-    has them."""
+    for a model with a fitted alphabet, its vocabulary file, and its language models and
+    language identifier when it has them."""
     target = artifact_file(path)
-    beside = (vocabulary_file(target), language_model_file(target))
+    beside = (
+        vocabulary_file(target),
+        language_model_file(target),
+        language_identifier_file(target),
+    )
     return [target, *(p for p in beside if p.is_file())]
 
 
@@ -92,35 +117,50 @@ def _atomic_write(target: Path, write: Any) -> None:
     tmp.replace(target)
 
 
+def _write_beside(path: Path, data: bytes) -> dict[str, str]:
+    """Write ``data`` to ``path`` and return the entry the model file keeps for it."""
+    _atomic_write(path, lambda tmp: tmp.write_bytes(data))
+    return {"file": path.name, "sha256": hashlib.sha256(data).hexdigest()}
+
+
 def save_artifact(path: Path, artifact: AsrArtifact) -> Path:
     """Write the model file and its vocabulary file (the vocabulary first: a model file is
     never there without the vocabulary it names)."""
     target = artifact_file(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    vocabulary = vocabulary_file(target)
     text = json.dumps(artifact.alphabet.to_json(), ensure_ascii=False, indent=1) + "\n"
-    data = text.encode("utf-8")
-    _atomic_write(vocabulary, lambda tmp: tmp.write_bytes(data))
-    lm_reference = None
-    lm_path = language_model_file(target)
-    if artifact.language_models is not None:
-        lm_data = dump_language_models(artifact.language_models)
-        _atomic_write(lm_path, lambda tmp: tmp.write_bytes(lm_data))
-        lm_reference = {"file": lm_path.name, "sha256": hashlib.sha256(lm_data).hexdigest()}
+    vocabulary = _write_beside(vocabulary_file(target), text.encode("utf-8"))
+    optional = {
+        "language_model": (
+            language_model_file(target),
+            None
+            if artifact.language_models is None
+            else dump_language_models(artifact.language_models),
+        ),
+        "language_identifier": (
+            language_identifier_file(target),
+            None
+            if artifact.language_identifier is None
+            else dump_language_identifier(artifact.language_identifier),
+        ),
+    }
+    beside = {
+        key: _write_beside(file, data) for key, (file, data) in optional.items() if data is not None
+    }
     state = {k: v.detach().cpu().clone() for k, v in artifact.model.state_dict().items()}
     payload = {
         "config": artifact.model.config.to_dict(),
-        "vocabulary": {"file": vocabulary.name, "sha256": hashlib.sha256(data).hexdigest()},
+        "vocabulary": vocabulary,
         "n_mels": int(artifact.n_mels),
         "state_dict": state,
         "quantization": artifact.quantization,
         "meta": dict(artifact.meta),
+        **beside,
     }
-    if lm_reference is not None:
-        payload["language_model"] = lm_reference
     _atomic_write(target, lambda tmp: torch.save(payload, tmp))
-    if lm_reference is None:
-        lm_path.unlink(missing_ok=True)  # a model saved without one keeps no stale file
+    for key, (file, _) in optional.items():
+        if key not in beside:  # a model saved without one keeps no stale file
+            file.unlink(missing_ok=True)
     return target
 
 
@@ -156,6 +196,28 @@ def _stored_language_models(target: Path, payload: dict[str, Any]) -> LanguageMo
     return parse_language_models(data, where=str(path))
 
 
+def _stored_language_identifier(
+    target: Path, payload: dict[str, Any], alphabet: Alphabet
+) -> LanguageIdentifier | None:
+    reference = payload.get("language_identifier")
+    if reference is None:
+        return None
+    path, data = _referenced(
+        target, reference, "language_identifier", "language identifier", "language identifier"
+    )
+    identifier = parse_language_identifier(data, where=str(path))
+    inputs = expected_inputs(int(payload["n_mels"]), alphabet if identifier.uses_model else None)
+    unknown = sorted(set(identifier.languages) - set(alphabet.languages))
+    if len(identifier.mean) != inputs or unknown:
+        raise ValueError(
+            f"{path} does not fit {target.name}: it takes {len(identifier.mean)} inputs "
+            f"(the model's vectors have {inputs})"
+            + (f" and names languages the alphabet lacks ({', '.join(unknown)})" if unknown else "")
+            + "; restore the file saved with the model"
+        )
+    return identifier
+
+
 def _stored_alphabet(target: Path, payload: dict[str, Any]) -> Alphabet:
     """The model's alphabet: from the vocabulary file its ``.pt`` names, or for a model stored
     before alphabets were fitted, the fixed alphabet listed in the ``.pt`` itself."""
@@ -163,11 +225,7 @@ def _stored_alphabet(target: Path, payload: dict[str, Any]) -> Alphabet:
     if reference is None:
         return Alphabet(payload["alphabet"], payload.get("languages"))
     path, data = _referenced(target, reference, "vocabulary", "alphabet", "vocabulary")
-    try:
-        parsed = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path} is not JSON: {exc}") from None
-    return Alphabet.from_json(parsed, where=str(path))
+    return Alphabet.from_json(parse_stored_json(data, where=str(path)), where=str(path))
 
 
 def load_artifact(path: Path) -> AsrArtifact:
@@ -197,4 +255,5 @@ def load_artifact(path: Path) -> AsrArtifact:
         quantization=payload.get("quantization"),
         meta=dict(payload.get("meta") or {}),
         language_models=_stored_language_models(target, payload),
+        language_identifier=_stored_language_identifier(target, payload, alphabet),
     )

@@ -21,8 +21,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from domains.speech.audio_features import NORMALIZATION, features_of
+from domains.speech.audio_features import HUMAN_VOICE_PREFIX, NORMALIZATION, features_of
 from models.asr.model import Alphabet
+
+SOURCES = ("synthetic", "people")
+
+
+def source_of(voice: str) -> str:
+    """``people`` for recordings of people
+    (:data:`~domains.speech.audio_features.HUMAN_VOICE_PREFIX`), else ``synthetic``."""
+    return "people" if voice.startswith(HUMAN_VOICE_PREFIX) else "synthetic"
+
 
 SILENCE = math.log(1e-6)
 """The log-mel floor (digital silence): padding looks like the silence around an utterance."""

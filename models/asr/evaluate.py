@@ -31,24 +31,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from domains.speech.audio_features import HUMAN_VOICE_PREFIX, language_group
+from domains.speech.audio_features import language_group
 from models.asr.artifact import AsrArtifact, load_artifact
-from models.asr.corpus import Utterances, load_split
+from models.asr.corpus import SOURCES, Utterances, load_split, source_of
 from models.asr.inference import decode, log_probs_of
 from models.asr.metrics import EditCounts, character_errors, word_errors
 from models.asr.model import Alphabet, ConvDFSMN
 from models.asr.rsq import quantized_model
 
 TOP_CONFUSIONS = 15
-
-
-SOURCES = ("synthetic", "people")
-
-
-def source_of(voice: str) -> str:
-    """``people`` for recordings of people
-    (:data:`~domains.speech.audio_features.HUMAN_VOICE_PREFIX`), else ``synthetic``."""
-    return "people" if voice.startswith(HUMAN_VOICE_PREFIX) else "synthetic"
 
 
 def _counts(counts: EditCounts) -> dict[str, Any]:

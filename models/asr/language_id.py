@@ -16,6 +16,7 @@ model's alphabet: numbers, never a pickle.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,12 +25,15 @@ import numpy as np
 import torch
 
 from domains.speech.audio_features import language_group
-from models.asr.corpus import Utterances
-from models.asr.evaluate import source_of
+from models.asr.corpus import Utterances, source_of
 from models.asr.inference import log_probs_of
 from models.asr.model import BLANK, Alphabet, ConvDFSMN
+from models.asr.stored_json import parse_stored_json
 
 LANGUAGE_ID_FORMAT = "cascade.asr.language_id/1"
+MAX_LANGUAGES = 64
+MAX_INPUTS = 65_536
+MAX_FILE_BYTES = 64 * 1024 * 1024
 EMITTING = 0.5
 """A frame counts as emitting when its blank posterior is below this."""
 
@@ -105,23 +109,71 @@ class LanguageIdentifier:
         }
 
     @classmethod
-    def from_json(cls, payload: dict[str, Any]) -> LanguageIdentifier:
-        if payload.get("format") != LANGUAGE_ID_FORMAT:
-            raise ValueError(
-                f"not a language identifier: format {payload.get('format')!r}, expected "
-                f"{LANGUAGE_ID_FORMAT!r}"
-            )
+    def from_json(cls, payload: Any, *, where: str = "language identifier") -> LanguageIdentifier:
+        """The identifier of a stored payload; ValueError naming ``where`` and what is wrong
+        (every field is checked: its type, its size and that its numbers are finite)."""
+
+        def bad(what: str) -> ValueError:
+            return ValueError(f"{where}: {what}; train the model again to write it")
+
+        if not isinstance(payload, dict) or payload.get("format") != LANGUAGE_ID_FORMAT:
+            found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+            raise bad(f"not a {LANGUAGE_ID_FORMAT} file (format {found!r})")
+        languages = payload.get("languages")
+        if (
+            not isinstance(languages, list)
+            or not 0 < len(languages) <= MAX_LANGUAGES
+            or not all(isinstance(v, str) and 0 < len(v) <= 64 for v in languages)
+            or len(set(languages)) != len(languages)
+        ):
+            raise bad(f"languages must be 1-{MAX_LANGUAGES} distinct names of 1-64 characters")
+        uses_model = payload.get("uses_model")
+        if not isinstance(uses_model, bool):
+            raise bad("uses_model must be true or false")
+
+        def numbers(key: str, shape: tuple[int, ...]) -> np.ndarray:
+            value = payload.get(key)
+            try:
+                array = np.asarray(value, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise bad(f"{key} must be numbers") from None
+            if array.shape != shape or not np.isfinite(array).all():
+                raise bad(f"{key} must be {list(shape)} finite numbers")
+            return array
+
+        mean = payload.get("mean")
+        if not isinstance(mean, list) or not 0 < len(mean) <= MAX_INPUTS:
+            raise bad(f"mean must list 1-{MAX_INPUTS} numbers, one an input")
+        inputs = len(mean)
         identifier = cls(
-            languages=[str(v) for v in payload["languages"]],
-            mean=np.asarray(payload["mean"], dtype=np.float64),
-            scale=np.asarray(payload["scale"], dtype=np.float64),
-            weight=np.asarray(payload["weight"], dtype=np.float64),
-            bias=np.asarray(payload["bias"], dtype=np.float64),
-            uses_model=bool(payload["uses_model"]),
+            languages=list(languages),
+            mean=numbers("mean", (inputs,)),
+            scale=numbers("scale", (inputs,)),
+            weight=numbers("weight", (len(languages), inputs)),
+            bias=numbers("bias", (len(languages),)),
+            uses_model=uses_model,
         )
-        if identifier.weight.shape != (len(identifier.languages), len(identifier.mean)):
-            raise ValueError("language identifier: weight is not [languages, inputs]")
+        if not (identifier.scale > 0).all():
+            raise bad("scale must be positive")
         return identifier
+
+
+def expected_inputs(n_mels: int, alphabet: Alphabet | None) -> int:
+    """The length of :func:`utterance_vector` for ``n_mels`` features, with a model's output
+    over ``alphabet`` (None: the log-mel statistics only)."""
+    statistics = 2 * n_mels
+    return statistics if alphabet is None else statistics + len(alphabet) + len(alphabet.languages)
+
+
+def dump_language_identifier(identifier: LanguageIdentifier) -> bytes:
+    """The bytes of ``identifier``'s file (the model file keeps their digest)."""
+    return (json.dumps(identifier.to_json(), separators=(",", ":")) + "\n").encode()
+
+
+def parse_language_identifier(data: bytes, *, where: str) -> LanguageIdentifier:
+    """An identifier file's :class:`LanguageIdentifier` (JSON numbers, never a pickle)."""
+    payload = parse_stored_json(data, where=where, max_bytes=MAX_FILE_BYTES)
+    return LanguageIdentifier.from_json(payload, where=where)
 
 
 def fit_language_identifier(
@@ -237,3 +289,16 @@ def identify(
     return identifier.predict(
         model_vector(model if identifier.uses_model else None, alphabet, features)
     )[0]
+
+
+def identify_output(
+    identifier: LanguageIdentifier,
+    features: np.ndarray | torch.Tensor,
+    log_probs: torch.Tensor,
+    alphabet: Alphabet,
+) -> str:
+    """The language group of one utterance from its features and the output of the forward
+    pass that decodes it (an identifier fitted without the model's output uses the features
+    only)."""
+    output = log_probs if identifier.uses_model else None
+    return identifier.predict(utterance_vector(features, output, alphabet))[0]

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from models.asr.model import BLANK, log_add
+from models.asr.stored_json import parse_stored_json
 
 START = "\x02"
 """Pads the history before a transcript's first character."""
@@ -243,12 +244,7 @@ def dump_language_models(models: LanguageModels) -> bytes:
 
 
 def parse_language_models(data: bytes, *, where: str) -> LanguageModels:
-    if len(data) > MAX_FILE_BYTES:
-        raise ValueError(f"{where}: {len(data)} bytes, more than {MAX_FILE_BYTES}")
-    try:
-        payload = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{where} is not JSON: {exc}") from None
+    payload = parse_stored_json(data, where=where, max_bytes=MAX_FILE_BYTES)
     return LanguageModels.from_json(payload, where=where)
 
 

@@ -88,8 +88,16 @@ from cascade.training.resumable_run import (
 )
 from models.asr.artifact import AsrArtifact, artifact_files, save_artifact
 from models.asr.config_registry import CONFIGS, AsrTrainConfig, get_config
-from models.asr.corpus import Batch, Utterances, collate, corpus_n_mels, epoch_batches, load_split
-from models.asr.evaluate import source_of
+from models.asr.corpus import (
+    Batch,
+    Utterances,
+    collate,
+    corpus_n_mels,
+    epoch_batches,
+    load_split,
+    source_of,
+)
+from models.asr.language_id import train_language_identifier
 from models.asr.language_model import fit_corpus
 from models.asr.model import BLANK, Alphabet, ConvDFSMN
 from models.asr.rsq import (
@@ -348,8 +356,8 @@ def _mlflow_run(
     )
 
 
-def training_utterances(config: AsrTrainConfig, corpus: Path) -> Utterances:
-    """The corpus's training split as ``config`` trains on it: its first
+def trained_split(config: AsrTrainConfig, corpus: Path) -> Utterances:
+    """The corpus's training split as ``config`` uses it, each utterance once: its first
     ``max_train_utterances`` by id, without the recordings of people unless
     ``config.train_people``; its ``alphabet`` fitted from exactly these transcripts (every
     rank fits the same one: the fit is a function of the rows)."""
@@ -359,7 +367,12 @@ def training_utterances(config: AsrTrainConfig, corpus: Path) -> Utterances:
         data = data.encoded(None)
     if len(data) == 0:
         raise ValueError(f"{corpus} has no training utterances for config {config.name!r}")
-    return with_people_share(data, config.people_share)
+    return data
+
+
+def training_utterances(config: AsrTrainConfig, corpus: Path) -> Utterances:
+    """:func:`trained_split` with people's recordings repeated to ``config.people_share``."""
+    return with_people_share(trained_split(config, corpus), config.people_share)
 
 
 def people_repeats(people: int, others: int, share: float) -> int:
@@ -500,8 +513,16 @@ def finish(
         qat_steps=config.qat_steps,
         distill_weight=config.distill_weight,
     )
-    # Character n-grams of the training transcripts, for decoding a known language.
+    # Character n-grams of the training transcripts, for decoding a known language, and the
+    # identifier that picks the language of an utterance given without one (fitted on the
+    # fp32 model's output over the utterances it trained on).
     language_models = fit_corpus(corpus, alphabet.languages)
+    identifier = train_language_identifier(fp32, alphabet, trained_split(config, corpus))
+    print(
+        f"[asr] language identifier: {', '.join(identifier.languages)} "
+        f"({len(identifier.mean)} inputs)",
+        flush=True,
+    )
 
     def save(
         model: ConvDFSMN, kind: str, quantization: dict[str, Any] | None, extra: dict[str, Any]
@@ -515,6 +536,7 @@ def finish(
                 quantization=quantization,
                 meta={**meta, "precision": kind, **extra},
                 language_models=language_models,
+                language_identifier=identifier,
             ),
         )
 

@@ -281,10 +281,12 @@ def test_quick_run_trains_with_provenance_and_writes_finite_figures(
     assert 0 <= result["language_id_accuracy"] <= 1 and result["language_id_utterances"] > 0
     assert set(result["cer_by_language_detected"]) == set(result["cer_by_language_oracle"])
     assert "english" in result["language_id"]["languages"]
-    # One fit a draw seed; seed 0's identifier is the one that decodes.
+    # The model training wrote carries its identifier, which decodes; one fit a draw seed
+    # beside it.
+    assert result["language_id"]["source"] == "model"
     by_draw = result["language_id_accuracy_by_draw"]
     assert len(by_draw) == len(result["language_id"]["draw_seeds"]) > 1
-    assert by_draw[0] == pytest.approx(result["language_id_accuracy"])
+    assert all(0 <= accuracy <= 1 for accuracy in by_draw)
     by_part = result["language_id_accuracy_by_part"]
     assert set(by_part) <= set(result["language_id"]["parts"]) and "synthetic" in by_part
     if not RECORDINGS_INSTALLED:

@@ -174,10 +174,14 @@ def test_two_process_debug_run_learns_writes_both_models_and_resumes_after_a_kil
     assert int8.alphabet.fitted and int8.alphabet == fp32.alphabet
     assert set(int8.alphabet.characters) == set("".join(trained_on)) | {" "}
     assert int8_model(int8)(torch.randn(1, 30, 40)).shape[-1] == len(int8.alphabet)
-    # Both carry the n-grams of the training transcripts, one per language of the alphabet.
+    # Both carry the n-grams of the training transcripts, one per language of the alphabet,
+    # and the language identifier fitted on the fp32 model's output over the training split.
     for artifact in (fp32, int8):
         assert artifact.language_models is not None
         assert set(artifact.language_models.models) == set(artifact.alphabet.languages)
+        identifier = artifact.language_identifier
+        assert identifier is not None and identifier.uses_model
+        assert identifier.languages == sorted(artifact.alphabet.languages)
     assert result["alphabet"]["size"] == len(int8.alphabet)
     assert result["unseen_characters_test"] == sum(result["unseen"]["test"].values())
     assert 0.0 <= result["cer_fp32"] <= 1.0 and 0.0 <= result["cer_int8"] <= 1.0

@@ -144,6 +144,56 @@ def test_a_request_naming_its_language_is_decoded_with_that_languages_ngram(
     assert infer(None) == transcribe(loaded.model, loaded.alphabet, features).text
 
 
+def test_a_request_naming_no_language_is_decoded_in_the_language_the_identifier_detects(
+    tmp_path: Path,
+) -> None:
+    """In process, on the eager tiny model with a language identifier stored beside it (one
+    fitted on Mandarin only, so it always answers Mandarin): a request naming no language is
+    decoded restricted to Mandarin and says the language was detected; one naming English is
+    decoded in English, not detected; a model without an identifier decodes unrestricted."""
+    import asyncio
+
+    from kserve import InferRequest
+    from kserve.protocol.infer_type import InferInput
+
+    from models.asr.language_id import expected_inputs, fit_language_identifier
+    from serving.asr import AsrModel
+
+    artifact = tiny_artifact(quantized=False)
+    wav = espeak_wav()
+    samples, rate = decode_wav(wav)
+    features = log_mel(resample(samples, rate), artifact.n_mels)
+    inputs = expected_inputs(artifact.n_mels, artifact.alphabet)
+    rng = np.random.default_rng(0)
+    artifact.language_identifier = fit_language_identifier(
+        rng.standard_normal((4, inputs)), ["cmn"] * 4, uses_model=True
+    )
+    save_artifact(tmp_path / "with", artifact)
+    artifact.language_identifier = None
+    save_artifact(tmp_path / "without", artifact)
+    audio = InferInput(name="audio", shape=[1], datatype="BYTES", data=[wav])
+
+    def infer(folder: str, parameters: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+        model = AsrModel(tmp_path / folder, prefer_compiled=False)
+        assert model.load() and model.backend == "eager"
+        request = InferRequest(
+            model_name="asr", infer_inputs=[audio], request_id="r", parameters=parameters
+        )
+        response = asyncio.run(model.predict(request))
+        return str(response.outputs[0].data[0]), dict(response.parameters or {})
+
+    loaded = load_artifact(tmp_path / "with")
+    text, parameters = infer("with", None)
+    assert parameters["language"] == "mandarin" and parameters["language_detected"] is True
+    assert text == transcribe(loaded.model, loaded.alphabet, features, language="cmn").text
+    text, parameters = infer("with", {"language": "en"})
+    assert parameters["language"] == "english" and parameters["language_detected"] is False
+    assert text == transcribe(loaded.model, loaded.alphabet, features, language="en").text
+    text, parameters = infer("without", None)
+    assert parameters["language"] is None and parameters["language_detected"] is False
+    assert text == transcribe(loaded.model, loaded.alphabet, features).text
+
+
 def test_a_reference_with_characters_the_model_never_saw_is_counted_not_refused(
     tmp_path: Path,
 ) -> None:
