@@ -559,6 +559,7 @@ HEADLINES: dict[str, tuple[str, ...]] = {
         "cer_en_over_pocketsphinx",
         "cer_fp32_detected",
         "language_id_accuracy",
+        "language_id_accuracy_by_part.tuxpaint",
         "cer_delta",
         "rtf_int8_end_to_end",
     ),
