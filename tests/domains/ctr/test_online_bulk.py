@@ -199,6 +199,13 @@ def key_rows(home: Path, pair: str) -> list[dict]:
 
 
 def online_answers(home: Path, pair: str, rows: list[dict]) -> dict:
+    # Feast keeps one process-wide cache of resolved feature references
+    # (feast.utils._feature_resolution_cache), keyed by the project and the references, not by
+    # the registry. The homes compared here share both, so a read of one home could resolve the
+    # views of another (another layout tag): each read starts from an empty cache.
+    import feast.utils
+
+    feast.utils._feature_resolution_cache.clear()
     store = fs.feature_store(Settings(home=home))
     view = store.get_feature_view(f"cross_{pair}")
     response = store.get_online_features(
