@@ -443,12 +443,10 @@ class AsrModel(Model):
         artifact = loaded.artifact
         features = log_mel(audio.samples, artifact.n_mels)
         log_probs = log_probs_of(loaded.forward, features)  # type: ignore[arg-type]
-        detected = language is None and artifact.language_identifier is not None
-        if detected:
-            assert artifact.language_identifier is not None
-            language = identify_output(
-                artifact.language_identifier, features, log_probs, artifact.alphabet
-            )
+        identifier, detected = artifact.language_identifier, False
+        if language is None and identifier is not None:
+            language = identify_output(identifier, features, log_probs, artifact.alphabet)
+            detected = True
         result = decode(
             log_probs,
             artifact.alphabet,

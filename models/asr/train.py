@@ -370,11 +370,6 @@ def trained_split(config: AsrTrainConfig, corpus: Path) -> Utterances:
     return data
 
 
-def training_utterances(config: AsrTrainConfig, corpus: Path) -> Utterances:
-    """:func:`trained_split` with people's recordings repeated to ``config.people_share``."""
-    return with_people_share(trained_split(config, corpus), config.people_share)
-
-
 def people_repeats(people: int, others: int, share: float) -> int:
     """How many times each of ``people`` recordings is used per epoch beside ``others``
     synthetic utterances so that people make up at least ``share`` of the epoch: the smallest
@@ -414,7 +409,10 @@ def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] 
     rank, world = rank_world()
     corpus, out = Path(corpus), Path(out)
     n_mels = corpus_n_mels(corpus)
-    data = training_utterances(config, corpus)
+    # Each utterance once (what the language identifier is fitted on), then the epoch's draw
+    # with people's recordings repeated to config.people_share.
+    split = trained_split(config, corpus)
+    data = with_people_share(split, config.people_share)
     assert data.alphabet is not None
     alphabet = data.alphabet
     config = config.sized_for(alphabet)
@@ -469,6 +467,7 @@ def train(config: AsrTrainConfig, *, corpus: Path, out: Path) -> dict[str, Any] 
                 out,
                 states,
                 alphabet=alphabet,
+                split=split,
                 run_id=run_id,
                 started=started,
                 world=world,
@@ -483,11 +482,13 @@ def finish(
     states: dict[str, dict[str, torch.Tensor]],
     *,
     alphabet: Alphabet,
+    split: Utterances,
     run_id: str,
     started: float,
     world: int,
 ) -> dict[str, Any]:
-    """Rank 0: write both model files, evaluate them on the test split, log everything."""
+    """Rank 0: write both model files (with the language identifier fitted on ``split``, the
+    training utterances each once), evaluate them on the test split, log everything."""
     import mlflow
 
     from models.asr.evaluate import evaluate_artifacts, summary_lines
@@ -517,7 +518,7 @@ def finish(
     # identifier that picks the language of an utterance given without one (fitted on the
     # fp32 model's output over the utterances it trained on).
     language_models = fit_corpus(corpus, alphabet.languages)
-    identifier = train_language_identifier(fp32, alphabet, trained_split(config, corpus))
+    identifier = train_language_identifier(fp32, alphabet, split)
     print(
         f"[asr] language identifier: {', '.join(identifier.languages)} "
         f"({len(identifier.mean)} inputs)",

@@ -20,10 +20,16 @@ from jobs.audio_corpus import process_one
 from jobs.speech_synth import synthesize, utterance_spec, write_wav
 from models.asr.artifact import load_artifact
 from models.asr.config_registry import CONFIGS, AsrTrainConfig, get_config
-from models.asr.corpus import SILENCE, collate, epoch_batches, load_split
+from models.asr.corpus import SILENCE, Utterances, collate, epoch_batches, load_split
 from models.asr.evaluate import error_report, int8_model
 from models.asr.model import Alphabet
-from models.asr.train import RUN_MARKER, people_repeats, train_asr, training_utterances
+from models.asr.train import (
+    RUN_MARKER,
+    people_repeats,
+    train_asr,
+    trained_split,
+    with_people_share,
+)
 
 
 def test_configs_are_complete_typed_and_validated() -> None:
@@ -351,6 +357,11 @@ def test_launch_without_a_tracking_server_fails_in_one_line_before_any_process(
     with pytest.raises(TrackingUnavailable, match="does not answer; start the local stack"):
         train_asr(dead, "debug", corpus, out)
     assert not (out / "train.log").exists()  # nothing was launched
+
+
+def training_utterances(config: AsrTrainConfig, corpus: Path) -> Utterances:
+    """What training draws its epochs from, as ``train`` composes it."""
+    return with_people_share(trained_split(config, corpus), config.people_share)
 
 
 def test_a_config_without_people_trains_on_synthetic_voices_only(tmp_path: Path) -> None:
